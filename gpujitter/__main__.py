@@ -1,0 +1,5 @@
+"""`python -m gpujitter` is the console script."""
+
+from gpujitter.cli import main
+
+raise SystemExit(main())

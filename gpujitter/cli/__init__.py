@@ -1,0 +1,54 @@
+"""The `gpujitter` console script: one module per subcommand, listed in COMMANDS.
+
+Each subcommand module exposes `COMMAND`, a `Command`. Heavy imports (bcc, textual, NVML)
+happen inside `run`, so `gpujitter --help` stays instant and a missing optional part only
+breaks the subcommand that needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from gpujitter import __version__
+from gpujitter.cli.command import Command
+from gpujitter.errors import GpujitterError
+
+# Order is the order `gpujitter --help` lists them in.
+COMMANDS = ("probe",)
+
+
+def load_commands() -> list[Command]:
+    return [importlib.import_module(f"gpujitter.cli.{name}").COMMAND for name in COMMANDS]
+
+
+def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpujitter",
+        description="Find out why the GPUs of this node sit idle: host jitter probes (eBPF), "
+        "GPU idle-gap detection and attribution of each gap to its causes.",
+        epilog="Run `gpujitter COMMAND --help` for a command's options and examples.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpujitter {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in commands:
+        command.install(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    commands = load_commands()
+    args = build_parser(commands).parse_args(argv)
+    try:
+        return int(args.run(args))
+    except GpujitterError as err:
+        print(f"gpujitter {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `gpujitter probe sched | head`: the reader left; not an error worth a traceback.
+        sys.stderr.close()
+        return 0

@@ -1,0 +1,34 @@
+"""Printing results: JSON documents and NDJSON streams through orjson, aligned text tables."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+
+_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+def print_json(obj: Any) -> None:
+    """One indented JSON document (results of one-shot commands)."""
+    sys.stdout.buffer.write(orjson.dumps(obj, option=_OPTS | orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.flush()
+
+
+def print_ndjson(obj: Any) -> None:
+    """One line of an NDJSON stream (live commands); flushed so pipes see it at once."""
+    sys.stdout.buffer.write(orjson.dumps(obj, option=_OPTS) + b"\n")
+    sys.stdout.flush()
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Left-aligned columns separated by two spaces; the last column is never padded."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        padded = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)] + [row[-1]]
+        lines.append("  ".join(padded).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,209 @@
+"""What every probe is, and the bcc plumbing they share.
+
+A Probe is started with a ProbeContext (topology, thresholds, where events go), polled for
+its ring-buffer records, sampled once a second for its in-kernel aggregates, and asked for
+its health. BpfProbe implements that for a probe backed by one `.bpf.c` file next to its
+module: compile with -D options, open its ring buffers, count lost records.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from gpujitter.probes.events import Event, ProbeStatus
+
+if TYPE_CHECKING:
+    from gpujitter.probes.registry import ProbeSpec
+    from gpujitter.probes.topology import Topology
+
+BPF_DIR = Path(__file__).with_name("bpf")
+SHARED_HEADER = "gpujitter.h"
+
+# Called with each event; returns False when the consumer had to drop it (counted as lost).
+Emit = Callable[[Event], bool | None]
+
+
+class ProbeUnavailable(Exception):
+    """The kernel refused this probe (missing hook, verifier, compile error): one line why."""
+
+
+@dataclass(slots=True)
+class ProbeContext:
+    topology: Topology
+    emit: Emit
+    # Per-probe threshold overrides in ns: {"sched": {"offcpu": 1_000_000}}.
+    thresholds: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # Per-probe options a probe understands (malloc's precise mode: {"malloc": {...}}).
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+class Probe(abc.ABC):
+    def __init__(self, spec: ProbeSpec) -> None:
+        self.spec = spec
+        self.events = 0
+        self.lost_user = 0
+        self.state: str = "off"
+        self.reason = ""
+        self._emit: Emit = lambda ev: True
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def threshold(self, ctx: ProbeContext, key: str) -> int:
+        return int(ctx.thresholds.get(self.name, {}).get(key, self.spec.thresholds[key]))
+
+    @abc.abstractmethod
+    def start(self, ctx: ProbeContext) -> None:
+        """Compile and attach; raise ProbeUnavailable when the kernel refuses."""
+
+    def poll(self) -> None:  # noqa: B027 (a probe without a ring buffer has nothing to poll)
+        """Deliver what the kernel has queued (called every few tens of ms)."""
+
+    def sample(self, now_ns: int) -> Iterable[Event]:
+        """Periodic aggregates read from kernel maps (called about once a second)."""
+        return ()
+
+    def lost_kernel(self) -> int:
+        return 0
+
+    def close(self) -> None:  # noqa: B027 (a probe that holds nothing frees nothing)
+        """Detach and free kernel resources."""
+
+    def deliver(self, ev: Event) -> None:
+        self.events += 1
+        if self._emit(ev) is False:
+            self.lost_user += 1
+
+    def status(self, now_ns: int) -> ProbeStatus:
+        return ProbeStatus(
+            ts_ns=now_ns,
+            probe=self.name,
+            state=self.state,  # type: ignore[arg-type]
+            reason=self.reason,
+            events=self.events,
+            lost_kernel=self.lost_kernel(),
+            lost_user=self.lost_user,
+        )
+
+
+@contextlib.contextmanager
+def captured_stderr() -> Iterator[Callable[[], str]]:
+    """Capture fd 2 (where libbcc and clang print compile errors) so a refused probe can be
+    reported in one line instead of a screenful of clang output."""
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lambda: _read(tmp)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def bpf_source(path: Path) -> str:
+    """The .bpf.c text with gpujitter.h pasted in place of its #include. bcc rewrites map
+    calls (`m.lookup(&k)`) only in the main file, so the header's inline helpers must be part
+    of it; #line directives keep compiler messages pointing at the real files."""
+    header = BPF_DIR / SHARED_HEADER
+    out = []
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip() == f'#include "{SHARED_HEADER}"':
+            out += [f'#line 1 "{header}"', header.read_text(), f'#line {lineno + 1} "{path}"']
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _read(tmp: Any) -> str:
+    tmp.seek(0)
+    return str(tmp.read().decode(errors="replace"))
+
+
+def first_error_line(text: str, fallback: str) -> str:
+    for line in text.splitlines():
+        if "error" in line.lower():
+            return line.strip()
+    return fallback
+
+
+class BpfProbe(Probe):
+    """A probe backed by `<module>.bpf.c`, compiled by bcc with gpujitter.h pasted in.
+    Subclasses name their ring buffers in `rings` and turn records into events in `decode`;
+    tracepoints attach themselves (TRACEPOINT_PROBE), other hooks in `attach`."""
+
+    source: ClassVar[str]
+    rings: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, spec: ProbeSpec) -> None:
+        super().__init__(spec)
+        self.bpf: Any = None
+
+    def cflags(self, ctx: ProbeContext) -> list[str]:
+        """-D options: every threshold as THRESHOLD_<KEY>_NS, plus what subclasses add."""
+        return [
+            f"-DTHRESHOLD_{key.upper()}_NS={self.threshold(ctx, key)}ULL"
+            for key in self.spec.thresholds
+        ]
+
+    def attach(self, ctx: ProbeContext) -> None:
+        """Attach hooks that bcc does not attach by itself (perf events, uprobes)."""
+
+    @abc.abstractmethod
+    def decode(self, ring: str, rec: Any) -> Event | None:
+        """Turn one ring-buffer record (bcc's ctypes view) into an event, or None to skip."""
+
+    def start(self, ctx: ProbeContext) -> None:
+        from bcc import BPF  # imported here: the registry must load on nodes without bcc
+
+        self._emit = ctx.emit
+        text = bpf_source(Path(__file__).with_name(self.source))
+        with captured_stderr() as err:
+            try:
+                self.bpf = BPF(text=text.encode(), cflags=self.cflags(ctx))
+                self.attach(ctx)
+            except Exception as exc:
+                self.close()
+                raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
+        for ring in self.rings:
+            self.bpf[ring].open_ring_buffer(self._callback(ring))
+        self.state = "running"
+
+    def _callback(self, ring: str) -> Callable[[Any, int, int], int]:
+        table = self.bpf[ring]
+
+        def on_record(_ctx: Any, data: int, _size: int) -> int:
+            ev = self.decode(ring, table.event(data))
+            if ev is not None:
+                self.deliver(ev)
+            return 0
+
+        return on_record
+
+    def poll(self) -> None:
+        if self.bpf is not None and self.rings:
+            self.bpf.ring_buffer_consume()
+
+    def lost_kernel(self) -> int:
+        if self.bpf is None:
+            return 0
+        return sum(int(v) for v in self.bpf["gj_lost"][0])
+
+    def close(self) -> None:
+        if self.bpf is not None:
+            self.bpf.cleanup()
+            self.bpf = None
+        if self.state == "running":
+            self.state = "stopped"
+
+
+def comm_str(raw: bytes) -> str:
+    """A kernel comm/char array as text (NUL-terminated, not always valid UTF-8)."""
+    return raw.split(b"\0", 1)[0].decode(errors="replace")

@@ -1,0 +1,81 @@
+/* Shared by every probe's .bpf.c: the watched set, the CPU -> NUMA node map and the
+ * lost-event counter. The maps are owned by watch.bpf.c (loaded first, exported to the
+ * process); probes reference them as extern, so one user-space update reaches all probes.
+ *
+ * The loader pastes this file into each .bpf.c (bcc rewrites map calls only in the main
+ * file). Options arrive as -D flags from the loader (thresholds in ns).
+ */
+#ifndef GPUJITTER_H
+#define GPUJITTER_H
+
+#include <uapi/linux/ptrace.h>
+#include <linux/sched.h>
+
+#define GJ_MAX_WATCHED 16384
+#define GJ_MAX_CPUS 1024
+#define GJ_MAX_THREADS 65536
+
+/* gj_config slots */
+#define GJ_CFG_FLAGS 0
+#define GJ_CFG_SELF_TGID 1
+/* GJ_CFG_FLAGS bits */
+#define GJ_WATCH_ALL 1ULL
+
+#ifdef GJ_CORE
+BPF_TABLE_PUBLIC("hash", u32, u8, gj_watched, GJ_MAX_WATCHED);
+BPF_TABLE_PUBLIC("array", u32, u64, gj_config, 4);
+BPF_TABLE_PUBLIC("array", u32, u32, gj_cpu_node, GJ_MAX_CPUS);
+#else
+BPF_TABLE("extern", u32, u8, gj_watched, GJ_MAX_WATCHED);
+BPF_TABLE("extern", u32, u64, gj_config, 4);
+BPF_TABLE("extern", u32, u32, gj_cpu_node, GJ_MAX_CPUS);
+#endif
+
+/* Ring-buffer reserve failures of this probe, per CPU; user space sums and reports them. */
+BPF_PERCPU_ARRAY(gj_lost, u64, 1);
+
+static __always_inline void gj_count_lost(void)
+{
+    u32 zero = 0;
+    u64 *n = gj_lost.lookup(&zero);
+    if (n)
+        (*n)++;
+}
+
+/* Ring-buffer use, in every probe (bcc rewrites map calls, so no macro can wrap them):
+ *     struct rec *e = ring.ringbuf_reserve(sizeof(*e));
+ *     if (!e) { gj_count_lost(); return 0; }
+ *     ...
+ *     ring.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+ * BPF_RB_NO_WAKEUP: user space consumes on a timer, so no wake-up (a syscall and a context
+ * switch) per record. */
+
+static __always_inline u64 gj_config_get(u32 slot)
+{
+    u64 *v = gj_config.lookup(&slot);
+    return v ? *v : 0;
+}
+
+/* Is process `tgid` watched? The idle task and gpujitter itself never are. */
+static __always_inline bool gj_tgid_watched(u32 tgid)
+{
+    if (tgid == 0 || tgid == (u32)gj_config_get(GJ_CFG_SELF_TGID))
+        return false;
+    if (gj_config_get(GJ_CFG_FLAGS) & GJ_WATCH_ALL)
+        return true;
+    return gj_watched.lookup(&tgid) != NULL;
+}
+
+static __always_inline bool gj_current_watched(void)
+{
+    return gj_tgid_watched(bpf_get_current_pid_tgid() >> 32);
+}
+
+/* NUMA node of a CPU as user space configured it (topology override honoured); 0 if unset. */
+static __always_inline u32 gj_node_of(u32 cpu)
+{
+    u32 *node = gj_cpu_node.lookup(&cpu);
+    return node ? *node : 0;
+}
+
+#endif /* GPUJITTER_H */

@@ -1,0 +1,348 @@
+"""Typed events: what probes and the GPU side hand to the daemon, and what a trace records.
+
+One frozen, slotted dataclass per kind, registered under a stable type name ("sched.offcpu")
+that traces and sockets carry. Every timestamp is CLOCK_MONOTONIC nanoseconds (the clock of
+bpf_ktime_get_ns and time.monotonic_ns); wall time exists only at the edges, through the
+ClockRef recorded with each trace. Common fields: ts_ns (when the interval or fact began),
+tid/tgid (kernel thread and process ids), cpu.
+
+Compatibility (docs/schema.md): adding a kind or an optional field (with a default) is a
+minor schema change; renaming or removing one, or changing a unit, is a major one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, TypeVar
+
+SCHEMA_MAJOR = 1
+SCHEMA_MINOR = 0
+
+_KINDS: dict[str, type[Event]] = {}
+
+E = TypeVar("E", bound="type[Event]")
+
+
+def event_kind(name: str):
+    """Register a dataclass as an event kind under `name` (the "type" field on the wire)."""
+
+    def register(cls: E) -> E:
+        if name in _KINDS:
+            raise ValueError(f"event kind {name!r} registered twice")
+        cls.KIND = name
+        _KINDS[name] = cls
+        return cls
+
+    return register
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    KIND: ClassVar[str] = ""
+    ts_ns: int
+
+
+def event_kinds() -> dict[str, type[Event]]:
+    return dict(_KINDS)
+
+
+def to_record(ev: Event) -> dict[str, Any]:
+    """The event as a plain dict with its kind under "type" (what orjson writes)."""
+    rec: dict[str, Any] = {"type": ev.KIND}
+    for f in dataclasses.fields(ev):
+        rec[f.name] = getattr(ev, f.name)
+    return rec
+
+
+class UnknownEvent(ValueError):
+    pass
+
+
+def from_record(rec: dict[str, Any]) -> Event:
+    """Inverse of to_record. Unknown fields are dropped (a newer minor version added them);
+    lists become tuples so that events stay hashable and compare equal after a round trip."""
+    kind = rec.get("type")
+    cls = _KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise UnknownEvent(f"unknown event type {kind!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: _freeze(v) for k, v in rec.items() if k in names}
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        raise UnknownEvent(f"bad {kind} record: {err}") from None
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+# ---------------------------------------------------------------------------------------
+# Meta: clocks, probe health, processes.
+
+
+@event_kind("meta.clock")
+@dataclass(frozen=True, slots=True)
+class ClockRef(Event):
+    """A pair of readings taken back to back: wall = realtime_ns + (mono - ts_ns)."""
+
+    realtime_ns: int
+
+
+@event_kind("meta.probe")
+@dataclass(frozen=True, slots=True)
+class ProbeStatus(Event):
+    """A probe's health, sent at start, on every state change and periodically."""
+
+    probe: str
+    state: Literal["running", "degraded", "unavailable", "off", "stopped"]
+    reason: str = ""  # why not running, or what a degraded probe lacks
+    events: int = 0  # delivered to user space since start
+    lost_kernel: int = 0  # ring-buffer reserve failures counted in BPF
+    lost_user: int = 0  # dropped in Python (queue full)
+
+
+@event_kind("meta.exec")
+@dataclass(frozen=True, slots=True)
+class ProcExec(Event):
+    """A process started a new program (sched_process_exec); feeds the watched set."""
+
+    tgid: int
+    comm: str
+    filename: str = ""
+
+
+@event_kind("meta.exit")
+@dataclass(frozen=True, slots=True)
+class ProcExit(Event):
+    tgid: int
+    comm: str
+
+
+@event_kind("meta.watch")
+@dataclass(frozen=True, slots=True)
+class WatchChange(Event):
+    """The watched set gained or lost processes (and why: pid, comm, cgroup, gpu, fork)."""
+
+    added: tuple[int, ...]
+    removed: tuple[int, ...]
+    reason: str
+
+
+# ---------------------------------------------------------------------------------------
+# sched: off-CPU intervals, run-queue waits, migrations, per-node on-CPU time.
+
+
+@event_kind("sched.offcpu")
+@dataclass(frozen=True, slots=True)
+class OffCpu(Event):
+    """A watched thread was off CPU from ts_ns to end_ns. It left `cpu` in `state`; it became
+    runnable at runnable_ns (== ts_ns when preempted) and waited on the run queue of cpu_in
+    until end_ns, while other_tid/other_comm ran there (the task it switched in after).
+    Emitted when the whole interval or the run-queue wait exceeds the probe's thresholds."""
+
+    end_ns: int
+    tid: int
+    tgid: int
+    cpu: int
+    cpu_in: int
+    state: Literal["preempted", "uninterruptible", "sleeping", "stopped", "other"]
+    runnable_ns: int
+    waker_tid: int = 0
+    syscall: int = -1  # syscall number the thread blocked in, -1 when not in a syscall
+    other_tid: int = 0
+    other_comm: str = ""
+    comm: str = ""
+
+    @property
+    def blocked_ns(self) -> int:
+        return self.runnable_ns - self.ts_ns
+
+    @property
+    def runq_ns(self) -> int:
+        return self.end_ns - self.runnable_ns
+
+
+@event_kind("sched.migrate")
+@dataclass(frozen=True, slots=True)
+class Migration(Event):
+    tid: int
+    tgid: int
+    src_cpu: int
+    dst_cpu: int
+    src_node: int
+    dst_node: int
+    comm: str = ""
+
+    @property
+    def cross_node(self) -> bool:
+        return self.src_node != self.dst_node
+
+
+@event_kind("sched.nodetime")
+@dataclass(frozen=True, slots=True)
+class NodeTime(Event):
+    """On-CPU time of one watched thread per NUMA node over [ts_ns, ts_ns + interval_ns)."""
+
+    interval_ns: int
+    tid: int
+    tgid: int
+    node_ns: tuple[tuple[int, int], ...]  # (node, on-CPU ns) pairs
+
+
+# ---------------------------------------------------------------------------------------
+# irq: interrupt work that ran while a watched thread was current on that CPU.
+
+
+@event_kind("irq.stolen")
+@dataclass(frozen=True, slots=True)
+class IrqStolen(Event):
+    """`count` handlers of one IRQ/softirq/vector ran on `cpu` between ts_ns and end_ns while
+    watched thread `tid` was current there, taking total_ns of its time. `remote` marks an IRQ
+    whose device sits on another NUMA node than the CPU that handled it."""
+
+    end_ns: int
+    tid: int
+    tgid: int
+    cpu: int
+    irq_kind: Literal["hardirq", "softirq", "vector"]
+    irq: int  # IRQ number, softirq vector number, or x86 vector id
+    name: str
+    count: int
+    total_ns: int
+    remote: bool = False
+
+
+@event_kind("cpu.stats")
+@dataclass(frozen=True, slots=True)
+class CpuStats(Event):
+    """Per-CPU totals over [ts_ns, ts_ns + interval_ns): interrupt time and idle residency."""
+
+    interval_ns: int
+    cpu: int
+    hardirq_ns: int = 0
+    softirq_ns: int = 0
+    vector_ns: int = 0
+    idle_ns: tuple[tuple[str, int], ...] = ()  # (idle state name, residency ns)
+    top_irqs: tuple[tuple[str, int, int], ...] = ()  # (name, ns, count), largest first
+
+
+# ---------------------------------------------------------------------------------------
+# faults and swap.
+
+
+@event_kind("fault.minor")
+@dataclass(frozen=True, slots=True)
+class MinorFaults(Event):
+    """`count` minor faults of one thread between ts_ns and end_ns, total_ns spent in them."""
+
+    end_ns: int
+    tid: int
+    tgid: int
+    cpu: int
+    count: int
+    total_ns: int
+
+
+@event_kind("fault.major")
+@dataclass(frozen=True, slots=True)
+class MajorFault(Event):
+    """One major fault from ts_ns for dur_ns. kind: "file" (read a file page) or "swap"
+    (an anonymous or shmem page read back from swap)."""
+
+    dur_ns: int
+    tid: int
+    tgid: int
+    cpu: int
+    kind: Literal["file", "swap"]
+    address: int
+    comm: str = ""
+
+
+# ---------------------------------------------------------------------------------------
+# cstate: wake-ups of watched threads onto CPUs that were idle.
+
+
+@event_kind("cstate.wake")
+@dataclass(frozen=True, slots=True)
+class IdleWake(Event):
+    """Watched thread `tid` was woken at ts_ns onto `cpu`, which had idled idle_ns in `state`
+    (exit latency from cpuidle sysfs); it ran wake_to_run_ns later."""
+
+    tid: int
+    tgid: int
+    cpu: int
+    state: int
+    state_name: str
+    idle_ns: int
+    exit_latency_ns: int
+    wake_to_run_ns: int
+
+
+# ---------------------------------------------------------------------------------------
+# malloc: allocator system calls (default) and allocator calls (uprobes, opt-in).
+
+
+@event_kind("malloc.syscall")
+@dataclass(frozen=True, slots=True)
+class AllocSyscall(Event):
+    dur_ns: int
+    tid: int
+    tgid: int
+    cpu: int
+    syscall: Literal["mmap", "munmap", "brk", "madvise", "mremap"]
+    length: int  # bytes asked for (brk: the new break minus the old one when known, else 0)
+    ret: int
+
+
+@event_kind("malloc.call")
+@dataclass(frozen=True, slots=True)
+class AllocCall(Event):
+    dur_ns: int
+    tid: int
+    tgid: int
+    cpu: int
+    func: str  # malloc, calloc, realloc, free, posix_memalign, aligned_alloc, ...
+    allocator: str  # glibc, jemalloc, tcmalloc
+    size: int
+
+
+# ---------------------------------------------------------------------------------------
+# GPU side: NVML samples and libcuda API calls.
+
+
+@event_kind("gpu.sample")
+@dataclass(frozen=True, slots=True)
+class GpuSample(Event):
+    """One NVML sample, ts_ns mapped onto CLOCK_MONOTONIC (see docs/gpu.md, calibration)."""
+
+    gpu: int
+    metric: Literal["util", "power"]
+    value: float  # util: percent busy over the sample period; power: watts
+    period_ns: int  # how long the sample covers (util 200 ms and power 20 ms on the H200)
+
+
+@event_kind("gpu.procs")
+@dataclass(frozen=True, slots=True)
+class GpuProcesses(Event):
+    gpu: int
+    pids: tuple[int, ...]
+
+
+@event_kind("cuda.call")
+@dataclass(frozen=True, slots=True)
+class CudaCall(Event):
+    """A libcuda API call of a watched process. Launches are reported as the first launch
+    after a quiet stretch (`after_idle_ns` since the process's previous launch); syncs and
+    copies with their duration."""
+
+    dur_ns: int
+    tid: int
+    tgid: int
+    cpu: int
+    api: Literal["launch", "copy", "sync", "graph"]
+    func: str
+    after_idle_ns: int = 0

@@ -1,0 +1,76 @@
+"""The probe registry: every jitter source, its default, the kernel hooks it needs and what is
+lost when it cannot run. `gpujitter doctor`, `gpujitter probe` and the daemon all read it,
+so switches and health reporting come from one place (as node_exporter's collector registry).
+
+A probe module declares `SPECS`, a tuple of ProbeSpec; the modules are listed in
+PROBE_MODULES and imported on first use. Probe modules import bcc only when started, so the
+registry itself loads on a node without bcc (where doctor must still run).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from gpujitter.probes.base import Probe
+
+PROBE_MODULES = ("malloc",)
+
+TRACEFS = Path("/sys/kernel/tracing")
+
+
+@dataclass(frozen=True, slots=True)
+class Hook:
+    """One kernel attachment point. kind: tracepoint ("sched:sched_switch"), perf_event
+    ("software:page-faults-maj") or uprobe ("libc:malloc"). An optional hook only narrows
+    what the probe reports (its `degrades` text says how) when it is missing."""
+
+    kind: Literal["tracepoint", "perf_event", "uprobe"]
+    target: str
+    optional: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.target}"
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSpec:
+    name: str
+    summary: str
+    default_on: bool
+    hooks: tuple[Hook, ...]
+    degrades: str  # what the operator loses when this probe cannot run
+    factory: Callable[[ProbeSpec], Probe] = field(repr=False, compare=False)
+    # Emission thresholds in ns, configurable per probe: name -> default.
+    thresholds: dict[str, int] = field(default_factory=dict)
+
+
+_SPECS: dict[str, ProbeSpec] = {}
+
+
+def specs() -> dict[str, ProbeSpec]:
+    """All registered probes by name, in PROBE_MODULES order."""
+    if not _SPECS:
+        for module in PROBE_MODULES:
+            for spec in importlib.import_module(f"gpujitter.probes.{module}").SPECS:
+                if spec.name in _SPECS:
+                    raise ValueError(f"probe {spec.name!r} registered twice")
+                _SPECS[spec.name] = spec
+    return dict(_SPECS)
+
+
+def get(name: str) -> ProbeSpec:
+    from gpujitter.errors import GpujitterError
+
+    all_specs = specs()
+    if name not in all_specs:
+        raise GpujitterError(f"unknown probe {name!r}; known: {', '.join(all_specs)}")
+    return all_specs[name]
+
+
+def default_names() -> list[str]:
+    return [name for name, spec in specs().items() if spec.default_on]

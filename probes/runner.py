@@ -1,0 +1,148 @@
+"""Run a set of probes: the core module first, then each probe; a probe the kernel refuses is
+reported unavailable and the rest keep running. One thread does all bcc work (bcc objects
+are not thread-safe): it consumes ring buffers every `poll_ms` and, once a second, reads
+in-kernel aggregates, refreshes the watched set and reports probe health.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from gpujitter.probes import registry
+from gpujitter.probes.base import Emit, Probe, ProbeContext, ProbeUnavailable
+from gpujitter.probes.events import ProbeStatus
+from gpujitter.probes.host import HostPaths
+from gpujitter.probes.topology import Topology
+from gpujitter.probes.watch import CoreBpf, WatchSpec
+
+from gpujitter.errors import GpujitterError
+
+
+class ProbeSet:
+    def __init__(
+        self,
+        names: Sequence[str],
+        *,
+        topology: Topology,
+        watch: WatchSpec,
+        emit: Emit,
+        thresholds: Mapping[str, Mapping[str, int]] | None = None,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+        paths: HostPaths | None = None,
+    ) -> None:
+        self.specs = [registry.get(n) for n in names]
+        self.emit = emit
+        self.ctx = ProbeContext(
+            topology=topology, emit=emit, thresholds=thresholds or {}, options=options or {}
+        )
+        self.core = CoreBpf(watch, topology, paths or HostPaths())
+        self.probes: list[Probe] = []
+        self._last_tick = 0
+
+    def start(self) -> list[ProbeStatus]:
+        """Load the core, then every probe. Returns each probe's status; raises only when
+        the core cannot load (then no probe can run)."""
+        try:
+            self.core.start(self.emit)
+        except ProbeUnavailable as err:
+            raise GpujitterError(f"cannot load the core BPF module: {err}") from None
+        now = time.monotonic_ns()
+        statuses = []
+        for spec in self.specs:
+            probe = spec.factory(spec)
+            try:
+                probe.start(self.ctx)
+            except ProbeUnavailable as err:
+                probe.state, probe.reason = "unavailable", str(err)
+            self.probes.append(probe)
+            status = probe.status(now)
+            self.emit(status)
+            statuses.append(status)
+        return statuses
+
+    @property
+    def running(self) -> list[Probe]:
+        return [p for p in self.probes if p.state in ("running", "degraded")]
+
+    def poll(self) -> None:
+        self.core.poll()
+        for probe in self.running:
+            probe.poll()
+
+    def tick(self, now_ns: int) -> None:
+        """Once a second: aggregates, watched-set refresh, health."""
+        self.core.refresh(now_ns)
+        for probe in self.running:
+            for ev in probe.sample(now_ns):
+                self.emit(ev)
+        for probe in self.probes:
+            self.emit(probe.status(now_ns))
+
+    def run(self, should_stop: Callable[[], bool], poll_ms: int = 50, tick_ms: int = 1000) -> None:
+        while not should_stop():
+            self.poll()
+            now = time.monotonic_ns()
+            if now - self._last_tick >= tick_ms * 1_000_000:
+                self._last_tick = now
+                self.tick(now)
+            time.sleep(poll_ms / 1000)
+        self.poll()
+
+    def close(self) -> None:
+        for probe in reversed(self.probes):
+            probe.close()
+        self.core.close()
+
+    def __enter__(self) -> ProbeSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ProbeThread:
+    """A ProbeSet owned by a background thread (bcc objects stay on the thread that made
+    them), for callers that do other work meanwhile: tests that generate load, the CLI.
+
+        with ProbeThread(["sched"], topology=t, watch=w, emit=events.append) as pt:
+            pt.started.wait()  # statuses in pt.statuses
+            ...generate load...
+        # leaving the block stops, drains the ring buffers and closes
+    """
+
+    def __init__(self, names: Sequence[str], **kwargs: Any) -> None:
+        import threading
+
+        self._set_args = (names, kwargs)
+        self.started = threading.Event()
+        self.statuses: list[ProbeStatus] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="gpujitter-probes", daemon=True)
+
+    def _main(self) -> None:
+        names, kwargs = self._set_args
+        try:
+            with ProbeSet(names, **kwargs) as probes:
+                self.statuses = probes.start()
+                self.started.set()
+                probes.run(self._stop.is_set)
+        except BaseException as err:  # handed to the owner thread, which re-raises it
+            self.error = err
+        finally:
+            self.started.set()
+
+    def __enter__(self) -> ProbeThread:
+        self._thread.start()
+        self.started.wait()
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.error is not None and exc[0] is None:
+            raise self.error

@@ -1,0 +1,76 @@
+/* The core module, loaded before every probe: owns the maps that all probes share (the
+ * watched processes, configuration, CPU -> NUMA node) and keeps the watched set current in
+ * the kernel: children of watched processes are watched from their first instruction, and
+ * exits drop out. Execs are streamed (rare: tens per second on a busy node) so user space
+ * can match command-name patterns at once instead of on its next /proc scan.
+ */
+#define GJ_CORE
+#include "gpujitter.h"
+
+/* gj_watched values: why a process is watched (bits, user space decides the rest). */
+#define GJ_WHY_FORK 0x80
+
+struct proc_event {
+    u64 ts_ns;
+    u32 tgid;
+    u32 exited;  /* 0: exec, 1: exit of a watched process */
+    char comm[TASK_COMM_LEN];
+    char filename[64];
+};
+BPF_RINGBUF_OUTPUT(proc_events, 16);
+
+TRACEPOINT_PROBE(sched, sched_process_fork)
+{
+    /* The parent is current; fork from any of its threads counts. A new thread (same
+     * tgid) needs nothing: probes filter by tgid. */
+    u32 parent = bpf_get_current_pid_tgid() >> 32;
+    u32 child = args->child_pid;
+    if (child == parent || !gj_watched.lookup(&parent))
+        return 0;
+    u8 why = GJ_WHY_FORK;
+    gj_watched.update(&child, &why);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+    struct proc_event *e = proc_events.ringbuf_reserve(sizeof(*e));
+    if (!e) {
+        gj_count_lost();
+        return 0;
+    }
+    e->ts_ns = bpf_ktime_get_ns();
+    e->tgid = bpf_get_current_pid_tgid() >> 32;
+    e->exited = 0;
+    bpf_get_current_comm(&e->comm, sizeof(e->comm));
+    TP_DATA_LOC_READ_STR(&e->filename, filename, sizeof(e->filename));
+    proc_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    if (tid != tgid) {
+        /* Forks of watched processes add every new task id, threads too (the tracepoint
+         * cannot tell them apart); a thread's entry goes when the thread does. */
+        gj_watched.delete(&tid);
+        return 0;
+    }
+    if (!gj_watched.lookup(&tgid))
+        return 0;
+    gj_watched.delete(&tgid);
+    struct proc_event *e = proc_events.ringbuf_reserve(sizeof(*e));
+    if (!e) {
+        gj_count_lost();
+        return 0;
+    }
+    e->ts_ns = bpf_ktime_get_ns();
+    e->tgid = tgid;
+    e->exited = 1;
+    bpf_get_current_comm(&e->comm, sizeof(e->comm));
+    e->filename[0] = 0;
+    proc_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    return 0;
+}

@@ -1,0 +1,195 @@
+"""The watched set: which processes the probes follow, and the core BPF module that holds it.
+
+Processes are chosen by PID, by command-name pattern (fnmatch, on comm and on the program's
+basename), by cgroup (v1 or v2 directory: its cgroup.procs), and "every process using a GPU"
+(a callable the GPU side supplies). The set is resolved to process ids in user space and
+written into one kernel map that every probe filters on; the kernel itself adds children of
+watched processes as they fork and drops processes as they exit, so threads and workers
+created after start are watched from their first instruction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes as ct
+import fnmatch
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpujitter.probes.base import (
+    ProbeUnavailable,
+    bpf_source,
+    captured_stderr,
+    comm_str,
+    first_error_line,
+)
+from gpujitter.probes.events import Event, ProcExec, ProcExit, WatchChange
+from gpujitter.probes.host import HostPaths, read_text
+from gpujitter.probes.topology import Topology
+
+# Why a process is in the kernel map (the map's value, bits): must match watch.bpf.c.
+WHY_PID, WHY_COMM, WHY_CGROUP, WHY_GPU, WHY_FORK = 0x01, 0x02, 0x04, 0x08, 0x80
+_WHY_NAMES = {WHY_PID: "pid", WHY_COMM: "comm", WHY_CGROUP: "cgroup", WHY_GPU: "gpu"}
+
+CFG_FLAGS, CFG_SELF_TGID = 0, 1
+WATCH_ALL = 1
+
+
+@dataclass(slots=True)
+class WatchSpec:
+    pids: set[int] = field(default_factory=set)
+    comms: list[str] = field(default_factory=list)  # fnmatch patterns
+    cgroups: list[Path] = field(default_factory=list)
+    gpu_processes: Callable[[], Iterable[int]] | None = None
+    all: bool = False  # every process (system-wide view); thresholds keep the rate sane
+
+    def describe(self) -> str:
+        if self.all:
+            return "all processes"
+        parts = [f"pid {p}" for p in sorted(self.pids)]
+        parts += [f"comm {c}" for c in self.comms]
+        parts += [f"cgroup {c}" for c in self.cgroups]
+        if self.gpu_processes is not None:
+            parts.append("GPU processes")
+        return ", ".join(parts) or "nothing"
+
+
+def resolve(spec: WatchSpec, paths: HostPaths) -> dict[int, int]:
+    """tgid -> why-bits for the processes the spec selects right now."""
+    chosen: dict[int, int] = {}
+
+    def add(tgid: int, why: int) -> None:
+        chosen[tgid] = chosen.get(tgid, 0) | why
+
+    for pid in spec.pids:
+        if (paths.proc / str(pid)).is_dir():
+            add(pid, WHY_PID)
+    if spec.comms:
+        for tgid in _pids(paths):
+            names = {read_text(paths.proc / str(tgid) / "comm") or ""}
+            cmdline = read_text(paths.proc / str(tgid) / "cmdline") or ""
+            if cmdline:
+                names.add(os.path.basename(cmdline.split("\0", 1)[0]))
+            if any(fnmatch.fnmatchcase(n, pat) for n in names if n for pat in spec.comms):
+                add(tgid, WHY_COMM)
+    for cgroup in spec.cgroups:
+        for line in (read_text(Path(cgroup) / "cgroup.procs") or "").split():
+            add(int(line), WHY_CGROUP)
+    if spec.gpu_processes is not None:
+        for pid in spec.gpu_processes():
+            add(int(pid), WHY_GPU)
+    return chosen
+
+
+def _pids(paths: HostPaths) -> list[int]:
+    try:
+        return [int(n) for n in os.listdir(paths.proc) if n.isdigit()]
+    except OSError:
+        return []
+
+
+class CoreBpf:
+    """watch.bpf.c: the shared maps (exported to every probe loaded after it in this
+    process) and the exec/exit stream. Everything else depends on it, so a failure here is
+    fatal to profiling, and is reported as such."""
+
+    def __init__(self, spec: WatchSpec, topology: Topology, paths: HostPaths) -> None:
+        self.spec = spec
+        self.topology = topology
+        self.paths = paths
+        self.bpf: Any = None
+        self.watched: dict[int, int] = {}
+        self._emit: Callable[[Event], Any] = lambda ev: None
+
+    def start(self, emit: Callable[[Event], Any]) -> None:
+        from bcc import BPF
+
+        self._emit = emit
+        text = bpf_source(Path(__file__).with_name("watch.bpf.c"))
+        with captured_stderr() as err:
+            try:
+                self.bpf = BPF(text=text.encode())
+            except Exception as exc:
+                raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
+        config = self.bpf["gj_config"]
+        config[ct.c_uint(CFG_FLAGS)] = ct.c_ulonglong(WATCH_ALL if self.spec.all else 0)
+        config[ct.c_uint(CFG_SELF_TGID)] = ct.c_ulonglong(os.getpid())
+        cpu_node = self.bpf["gj_cpu_node"]
+        for cpu, node in self.topology.cpu_node.items():
+            cpu_node[ct.c_uint(cpu)] = ct.c_uint(node)
+        self.bpf["proc_events"].open_ring_buffer(self._on_proc)
+        self.refresh(now_ns=0)
+
+    def _on_proc(self, _ctx: Any, data: int, _size: int) -> int:
+        rec = self.bpf["proc_events"].event(data)
+        comm = comm_str(rec.comm)
+        if rec.exited:
+            self.watched.pop(rec.tgid, None)
+            self._emit(ProcExit(ts_ns=rec.ts_ns, tgid=rec.tgid, comm=comm))
+            return 0
+        filename = comm_str(rec.filename)
+        self._emit(ProcExec(ts_ns=rec.ts_ns, tgid=rec.tgid, comm=comm, filename=filename))
+        if self.spec.comms and any(
+            fnmatch.fnmatchcase(n, p)
+            for n in (comm, os.path.basename(filename))
+            for p in self.spec.comms
+        ):
+            why = self.watched.get(rec.tgid, 0) | WHY_COMM
+            self._set({**self.watched, rec.tgid: why}, rec.ts_ns, "exec")
+        return 0
+
+    def poll(self) -> None:
+        if self.bpf is not None:
+            self.bpf.ring_buffer_consume()
+
+    def refresh(self, now_ns: int) -> None:
+        """Re-resolve the spec (new PIDs of patterns, cgroup members, GPU processes); keep
+        the processes the kernel added because a watched parent forked them."""
+        kernel = {k.value: v.value for k, v in self.bpf["gj_watched"].items()}
+        wanted = resolve(self.spec, self.paths)
+        for tgid, why in kernel.items():
+            # Fork-followed entries stay while the process lives; thread ids that the fork
+            # hook added go (their /proc entry names another Tgid).
+            if why & WHY_FORK and _is_process(self.paths, tgid):
+                wanted[tgid] = wanted.get(tgid, 0) | WHY_FORK
+        self.watched = kernel
+        self._set(wanted, now_ns, "refresh")
+
+    def _set(self, wanted: dict[int, int], now_ns: int, reason: str) -> None:
+        table = self.bpf["gj_watched"]
+        added = sorted(set(wanted) - set(self.watched))
+        removed = sorted(set(self.watched) - set(wanted))
+        for tgid in removed:
+            with contextlib.suppress(KeyError):  # the kernel saw it exit first
+                del table[ct.c_uint(tgid)]
+        for tgid, why in wanted.items():
+            if self.watched.get(tgid) != why:
+                table[ct.c_uint(tgid)] = ct.c_ubyte(why)
+        self.watched = dict(wanted)
+        if added or removed:
+            self._emit(
+                WatchChange(ts_ns=now_ns, added=tuple(added), removed=tuple(removed), reason=reason)
+            )
+
+    def close(self) -> None:
+        if self.bpf is not None:
+            self.bpf.cleanup()
+            self.bpf = None
+
+
+def _is_process(paths: HostPaths, tgid: int) -> bool:
+    status = read_text(paths.proc / str(tgid) / "status") or ""
+    for line in status.splitlines():
+        if line.startswith("Tgid:"):
+            return int(line.split()[1]) == tgid
+    return False
+
+
+def why_names(why: int) -> list[str]:
+    names = [name for bit, name in _WHY_NAMES.items() if why & bit]
+    if why & WHY_FORK:
+        names.append("fork")
+    return names

@@ -1,0 +1,82 @@
+"""Real-kernel probe tests: attach probes to this kernel, generate exactly the jitter under
+test, assert what the probes report."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpujitter.probes.events import Event, ProbeStatus
+from gpujitter.probes.runner import ProbeThread
+from gpujitter.probes.topology import Topology, load_topology
+from gpujitter.probes.watch import WatchSpec
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kernel_prerequisites() -> None:
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("not root")
+    if not Path("/sys/kernel/tracing/events").is_dir():
+        problems.append("tracefs not mounted at /sys/kernel/tracing")
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        problems.append("bcc not importable")
+    if problems:
+        pytest.fail("kernel tests need " + ", ".join(problems) + " (run `make test` as root)")
+
+
+class Recorded:
+    """Events one probe run delivered, with helpers to pick them."""
+
+    def __init__(self, events: list[Event], statuses: list[ProbeStatus]) -> None:
+        self.events = events
+        self.statuses = statuses
+
+    def of(self, cls: type, **match: Any) -> list[Any]:
+        return [
+            e
+            for e in self.events
+            if isinstance(e, cls) and all(getattr(e, k) == v for k, v in match.items())
+        ]
+
+    def status(self, probe: str) -> ProbeStatus:
+        return [
+            s
+            for s in self.events + self.statuses
+            if isinstance(s, ProbeStatus) and s.probe == probe
+        ][-1]
+
+
+def run_probes(
+    names: Sequence[str],
+    load: Callable[[], Any],
+    *,
+    watch: WatchSpec,
+    thresholds: Mapping[str, Mapping[str, int]] | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    topology: Topology | None = None,
+    settle_s: float = 0.3,
+) -> Recorded:
+    """Start the probes, run `load()` (which generates the jitter), let the ring buffers
+    drain, stop. `watch` may be filled in by `load` before it starts its workload (e.g. a
+    child pid), since the watched set is refreshed every second and on every exec."""
+    events: list[Event] = []
+    with ProbeThread(
+        names,
+        topology=topology or load_topology(),
+        watch=watch,
+        emit=events.append,
+        thresholds=thresholds,
+        options=options,
+    ) as pt:
+        load()
+        time.sleep(settle_s)
+    return Recorded(events, pt.statuses)

@@ -1,0 +1,85 @@
+"""malloc probe, cheap mode: glibc large allocations go through mmap/munmap, and the probe
+must report each one of the watched process with its length and latency."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+
+from gpujitter.probes.events import AllocSyscall
+from gpujitter.probes.watch import WatchSpec
+
+from tests.kernel.conftest import run_probes
+
+# Allocations above glibc's mmap threshold (128 KiB by default) are served by mmap and
+# returned by munmap; touching every page makes munmap free real memory.
+LARGE_ALLOCS = textwrap.dedent("""
+    import ctypes, sys, time
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    sys.stdin.readline()              # wait until the probes watch us
+    for _ in range({n}):
+        p = libc.malloc({size})
+        ctypes.memset(p, 1, {size})
+        libc.free(p)
+""")
+
+
+def allocating_child(n: int, size: int) -> tuple[subprocess.Popen[str], Callable[[], None]]:
+    """A process that makes n malloc/free pairs of `size` bytes once `load()` releases it."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", LARGE_ALLOCS.format(n=n, size=size)],
+        stdin=subprocess.PIPE,
+        text=True,
+    )
+
+    def load() -> None:
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.wait(timeout=60) == 0
+
+    return child, load
+
+
+def test_glibc_large_allocations_are_seen_as_mmap_and_munmap() -> None:
+    n, size = 20, 32 << 20
+    child, load = allocating_child(n, size)
+    rec = run_probes(
+        ["malloc"], load, watch=WatchSpec(pids={child.pid}), thresholds={"malloc": {"syscall": 0}}
+    )
+
+    mine = rec.of(AllocSyscall, tgid=child.pid)
+    maps = [e for e in mine if e.syscall == "mmap" and e.length >= size]
+    unmaps = [e for e in mine if e.syscall == "munmap" and e.length >= size]
+    assert len(maps) == n
+    assert len(unmaps) == n
+    assert all(e.ret > 0 for e in maps)  # mapped addresses, not errors
+    assert all(e.ret == 0 for e in unmaps)
+    # munmap of 32 MiB of touched memory frees 8192 pages: it is never free of cost.
+    assert min(e.dur_ns for e in unmaps) > 10_000
+    assert all(e.tid == child.pid for e in mine)  # single-threaded child
+    assert rec.status("malloc").lost_kernel == 0
+
+
+def test_threshold_filters_fast_calls_in_the_kernel() -> None:
+    child, load = allocating_child(20, 1 << 20)
+    rec = run_probes(
+        ["malloc"],
+        load,
+        watch=WatchSpec(pids={child.pid}),
+        thresholds={"malloc": {"syscall": 10_000_000_000}},
+    )
+    assert rec.of(AllocSyscall, tgid=child.pid) == []
+    assert rec.status("malloc").state == "running"
+
+
+def test_unwatched_processes_are_filtered_out() -> None:
+    child, load = allocating_child(5, 1 << 20)
+    rec = run_probes(
+        ["malloc"], load, watch=WatchSpec(pids={1}), thresholds={"malloc": {"syscall": 0}}
+    )
+    assert rec.of(AllocSyscall, tgid=child.pid) == []
