@@ -1,0 +1,77 @@
+"""The exact command for each fix, in one place: the node audit's findings and the
+attribution engine's one-line remedies both come from here, so they never disagree."""
+
+from __future__ import annotations
+
+from gpujitter.probes.host import format_cpulist
+
+SYSCTL_FILE = "/etc/sysctl.d/90-gpujitter.conf"
+JEMALLOC_CONF = "narenas:8,dirty_decay_ms:10000,muzzy_decay_ms:10000,background_thread:true"
+
+
+def irq_affinity(irq: int, cpus: list[int] | tuple[int, ...]) -> str:
+    return f"echo {format_cpulist(list(cpus))} > /proc/irq/{irq}/smp_affinity_list"
+
+
+def irqbalance_off() -> str:
+    return "systemctl disable --now irqbalance  # or set IRQBALANCE_BANNED_CPULIST"
+
+
+def sysctl(key: str, value: int | str) -> str:
+    return f"sysctl -w {key}={value} && echo '{key} = {value}' >> {SYSCTL_FILE}"
+
+
+def swappiness(value: int = 10) -> str:
+    return sysctl("vm.swappiness", value)
+
+
+def swap_off() -> str:
+    return "swapoff -a  # and remove swap entries from /etc/fstab"
+
+
+def thp(setting: str = "never", knob: str = "enabled") -> str:
+    return f"echo {setting} > /sys/kernel/mm/transparent_hugepage/{knob}"
+
+
+def numa_balancing_off() -> str:
+    return sysctl("kernel.numa_balancing", 0)
+
+
+def governor_performance() -> str:
+    return "cpupower frequency-set -g performance"
+
+
+def limit_idle_latency(max_exit_latency_us: int) -> str:
+    """Disable idle states whose exit latency exceeds the bound (power cost)."""
+    return f"cpupower idle-set -D {max_exit_latency_us}"
+
+
+def gpu_persistence(gpu: int) -> str:
+    return f"nvidia-smi -i {gpu} -pm 1"
+
+
+def bind_process(pid: int, node: int, cpus: list[int] | tuple[int, ...]) -> str:
+    """Move a running process's threads and memory to one node; for new processes launch
+    them under `numactl --cpunodebind=N --membind=N`."""
+    return f"taskset -acp {format_cpulist(list(cpus))} {pid} && migratepages {pid} all {node}"
+
+
+def launch_bound(node: int) -> str:
+    return f"numactl --cpunodebind={node} --membind={node} <command>"
+
+
+def move_away(pid: int, cpus: list[int] | tuple[int, ...]) -> str:
+    """Move a competing task off the GPU-feeding CPUs."""
+    return f"taskset -acp {format_cpulist(list(cpus))} {pid}"
+
+
+def memlock_unlimited(pid: int) -> str:
+    return f"prlimit --pid {pid} --memlock=unlimited:unlimited  # and LimitMEMLOCK=infinity"
+
+
+def allocator() -> str:
+    return f"LD_PRELOAD=libjemalloc.so.2 MALLOC_CONF={JEMALLOC_CONF} <command>"
+
+
+def prefault() -> str:
+    return "pre-fault and pin host buffers (pin_memory=True, mlock); " + thp("never")
