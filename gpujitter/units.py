@@ -39,3 +39,29 @@ def format_ns(ns: int | float) -> str:
     if abs(ns) < 1_000_000_000:
         return f"{ns / 1e6:.2f}ms"
     return f"{ns / 1e9:.2f}s"
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "m": 1000**2,
+    "g": 1000**3,
+    "t": 1000**4,
+    "ki": 1024,
+    "mi": 1024**2,
+    "gi": 1024**3,
+    "ti": 1024**4,
+}
+
+
+def parse_size_bytes(text: str | int) -> int:
+    """'100MiB' -> 104857600, '1.5G' -> 1500000000, 4096 -> 4096."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(text)
+    if not m:
+        raise GpujitterError(f"bad size {text!r}: want a number with a unit, e.g. 100MiB or 1G")
+    unit = (m.group(2) or "").lower().removesuffix("b")
+    return round(float(m.group(1)) * _SIZE_UNITS[unit])

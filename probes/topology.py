@@ -17,14 +17,13 @@ Override file (TOML):
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpujitter.probes.host import HostPaths, parse_cpulist, read_text
-
 from gpujitter.errors import GpujitterError
+from gpujitter.probes.host import HostPaths, parse_cpulist, read_text
+from gpujitter.tomlfile import load_toml
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +89,7 @@ class Override:
 def load_override(path: str | Path) -> Override:
     """The override file's maps; GpujitterError with one line on any problem."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as err:
-        raise GpujitterError(f"topology override {path}: {err.strerror}") from None
-    except tomllib.TOMLDecodeError as err:
-        raise GpujitterError(f"topology override {path}: {err}") from None
+    data = load_toml(path, "topology override")
     unknown = set(data) - {"nodes", "irqs", "gpus"}
     if unknown:
         raise GpujitterError(

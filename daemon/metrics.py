@@ -1,0 +1,99 @@
+"""Prometheus metrics of the daemon, for clusters that aggregate many nodes: gaps and
+attributed time by GPU and cause, probe health and lost events, stream clients, and the
+daemon's own CPU and memory (prometheus_client's process collector). Served on a localhost
+port only when asked (`metrics.listen`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.exposition import generate_latest
+from prometheus_client.process_collector import ProcessCollector
+
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.events import ProbeStatus
+
+PROBE_STATES = ("running", "degraded", "unavailable", "off", "stopped")
+
+
+class DaemonMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        ProcessCollector(namespace="gpujitter", registry=r)
+        self.gaps = Counter("gpujitter_gaps", "GPU idle gaps detected", ["gpu"], registry=r)
+        self.gap_seconds = Counter(
+            "gpujitter_gap_seconds", "GPU idle time in detected gaps", ["gpu"], registry=r
+        )
+        self.attributed = Counter(
+            "gpujitter_attributed_seconds",
+            "GPU idle time attributed to each cause (unexplained included)",
+            ["gpu", "cause"],
+            registry=r,
+        )
+        self.probe_state = Gauge(
+            "gpujitter_probe_state",
+            "1 for the state each probe is in",
+            ["probe", "state"],
+            registry=r,
+        )
+        self.probe_events = Gauge(
+            "gpujitter_probe_events",
+            "events a probe delivered since start",
+            ["probe"],
+            registry=r,
+        )
+        self.probe_lost = Gauge(
+            "gpujitter_probe_lost_events",
+            "events a probe lost since start, in the kernel (ring buffer full) or in Python",
+            ["probe", "where"],
+            registry=r,
+        )
+        self.stream_clients = Gauge(
+            "gpujitter_stream_clients", "clients connected to the stream socket", registry=r
+        )
+        self.stream_dropped = Gauge(
+            "gpujitter_stream_dropped_records",
+            "records dropped for slow stream clients since start",
+            registry=r,
+        )
+        self.engine_lost = Counter(
+            "gpujitter_engine_dropped_events",
+            "events dropped between the probes and the engine (queue full)",
+            registry=r,
+        )
+
+    def observe_gap(self, gpu: int, seconds: float) -> None:
+        self.gaps.labels(gpu=str(gpu)).inc()
+        self.gap_seconds.labels(gpu=str(gpu)).inc(seconds)
+
+    def observe_attribution(self, gpu: int, parts: Iterable[tuple[str, float]]) -> None:
+        for cause, seconds in parts:
+            self.attributed.labels(gpu=str(gpu), cause=cause).inc(seconds)
+
+    def observe_probe(self, status: ProbeStatus) -> None:
+        for state in PROBE_STATES:
+            self.probe_state.labels(probe=status.probe, state=state).set(
+                1 if status.state == state else 0
+            )
+        self.probe_events.labels(probe=status.probe).set(status.events)
+        self.probe_lost.labels(probe=status.probe, where="kernel").set(status.lost_kernel)
+        self.probe_lost.labels(probe=status.probe, where="user").set(status.lost_user)
+
+    def observe_stream(self, clients: int, dropped_total: int) -> None:
+        self.stream_clients.set(clients)
+        self.stream_dropped.set(dropped_total)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def serve(self, listen: str) -> None:
+        """Serve /metrics on HOST:PORT in a background thread."""
+        host, sep, port = listen.rpartition(":")
+        if not sep or not port.isdigit():
+            raise GpujitterError(f"metrics.listen {listen!r}: want HOST:PORT, e.g. 127.0.0.1:9464")
+        try:
+            start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        except OSError as err:
+            raise GpujitterError(f"metrics.listen {listen}: {err.strerror}") from None

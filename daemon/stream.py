@@ -1,0 +1,296 @@
+"""The daemon's unix-socket stream: NDJSON to any number of clients (the TUI, scripts).
+
+On connect a client gets a hello (schema version, host, daemon pid, what it may see), then a
+snapshot of current state, then live records as the daemon publishes them. Each client has
+a bounded queue: a client that reads too slowly loses records (counted, and told so in a
+"dropped" message once it catches up) and never slows the daemon. Clients may send one JSON
+request per line ({"cmd": "snapshot"} or {"cmd": "ping"}); a bad request gets an error line.
+
+Peer credentials (SO_PEERCRED) decide visibility: root sees everything; another user sees
+node-wide records (CPUs, probes) and only records about processes that user owns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import selectors
+import socket
+import struct
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gpujitter.errors import GpujitterError
+
+STREAM_SCHEMA = "gpujitter.stream/1"
+_READ_LIMIT = 64 * 1024  # a request line longer than this is refused
+BAD_REQUEST = 'bad request: want {"cmd": "snapshot"} or {"cmd": "ping"}'
+
+
+@dataclass(slots=True)
+class _Client:
+    sock: socket.socket
+    uid: int
+    pid: int
+    queue: deque[bytes] = field(default_factory=deque)
+    pending: bytes = b""  # partly sent line
+    inbox: bytes = b""  # partly received request
+    dropped: int = 0  # records lost since the last "dropped" notice
+    dropped_total: int = 0
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a unix socket."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", creds)
+    return pid, uid, gid
+
+
+def process_owner(tgid: int, proc: Path = Path("/proc")) -> int | None:
+    try:
+        return (proc / str(tgid)).stat().st_uid
+    except OSError:
+        return None
+
+
+class StreamServer:
+    """Serve the stream on `path`. `hello` and `snapshot` build the first messages for a
+    client; `owner` maps a process id to its uid (injectable for tests)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        hello: Callable[[], dict[str, Any]],
+        snapshot: Callable[[], Iterable[dict[str, Any]]],
+        queue_limit: int = 4096,
+        mode: int = 0o660,
+        group: str = "",
+        owner: Callable[[int], int | None] = process_owner,
+    ) -> None:
+        self.path = Path(path)
+        self.hello = hello
+        self.snapshot = snapshot
+        self.queue_limit = queue_limit
+        self.owner = owner
+        self._clients: dict[int, _Client] = {}
+        self._lock = threading.Lock()
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stop = threading.Event()
+        self._listener = self._listen(mode, group)
+        self._thread = threading.Thread(target=self._serve, name="gpujitter-stream", daemon=True)
+        self.dropped_total = 0
+
+    def _listen(self, mode: int, group: str) -> socket.socket:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if self.path.is_socket():
+                self.path.unlink()  # a previous run's socket
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(str(self.path))
+        except OSError as err:
+            sock.close()
+            raise GpujitterError(f"socket {self.path}: {err.strerror}") from None
+        if group:
+            try:
+                os.chown(self.path, -1, grp.getgrnam(group).gr_gid)
+            except KeyError:
+                sock.close()
+                raise GpujitterError(f"socket group {group!r} does not exist") from None
+        os.chmod(self.path, mode)
+        sock.listen(16)
+        sock.setblocking(False)
+        return sock
+
+    def start(self) -> StreamServer:
+        self._sel.register(self._listener, selectors.EVENT_READ, "accept")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._thread.start()
+        return self
+
+    @property
+    def clients(self) -> int:
+        with self._lock:
+            return len(self._clients)
+
+    # -- publishing (any thread) --------------------------------------------------------
+
+    def publish(self, record: dict[str, Any], tgids: Iterable[int] | None = None) -> None:
+        """Queue `record` for every client allowed to see it. `tgids`: the processes it
+        concerns; None for node-wide records every client may see."""
+        line = orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS) + b"\n"
+        concerned = None if tgids is None else tuple(tgids)
+        owners: dict[int, int | None] = {}
+        with self._lock:
+            for client in self._clients.values():
+                if concerned is not None and client.uid != 0:
+                    if not owners and concerned:
+                        owners = {t: self.owner(t) for t in concerned}
+                    if client.uid not in owners.values():
+                        continue
+                self._enqueue(client, line)
+        self._wake()
+
+    def _enqueue(self, client: _Client, line: bytes) -> None:
+        if len(client.queue) >= self.queue_limit:
+            client.dropped += 1
+            client.dropped_total += 1
+            self.dropped_total += 1
+            return
+        if client.dropped:
+            # Say what was lost before the first record after the loss.
+            notice = {"type": "dropped", "count": client.dropped, "total": client.dropped_total}
+            client.queue.append(orjson.dumps(notice) + b"\n")
+            client.dropped = 0
+        client.queue.append(line)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._wake_w.send(b"\0")
+
+    # -- the server thread --------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            for key, events in self._sel.select(timeout=1.0):
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "wake":
+                    with contextlib.suppress(BlockingIOError):
+                        self._wake_r.recv(4096)
+                else:
+                    client = key.data
+                    if events & selectors.EVENT_READ:
+                        self._read(client)
+                    if events & selectors.EVENT_WRITE and client.sock.fileno() != -1:
+                        self._flush(client)
+            with self._lock:
+                clients = list(self._clients.values())
+            for client in clients:
+                self._flush(client)
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self._listener.accept()
+        except BlockingIOError:
+            return
+        sock.setblocking(False)
+        pid, uid, _ = peer_credentials(sock)
+        client = _Client(sock=sock, uid=uid, pid=pid)
+        first = [
+            {
+                **self.hello(),
+                "type": "hello",
+                "schema": STREAM_SCHEMA,
+                "scope": "all" if uid == 0 else f"uid {uid}",
+            }
+        ]
+        first += list(self._visible(client, self.snapshot()))
+        with self._lock:
+            for rec in first:
+                client.queue.append(orjson.dumps(rec, option=orjson.OPT_NON_STR_KEYS) + b"\n")
+            self._clients[sock.fileno()] = client
+        self._sel.register(sock, selectors.EVENT_READ, client)
+
+    def _visible(self, client: _Client, records: Iterable[dict[str, Any]]) -> Iterable[dict]:
+        for rec in records:
+            tgids = rec.get("tgids")
+            if client.uid == 0 or tgids is None or client.uid in {self.owner(t) for t in tgids}:
+                yield rec
+
+    def _read(self, client: _Client) -> None:
+        try:
+            data = client.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(client)
+            return
+        client.inbox += data
+        if len(client.inbox) > _READ_LIMIT and b"\n" not in client.inbox:
+            self._reply(client, {"type": "error", "message": "request line too long"})
+            client.inbox = b""
+        while b"\n" in client.inbox:
+            line, client.inbox = client.inbox.split(b"\n", 1)
+            if line.strip():
+                self._request(client, line)
+
+    def _request(self, client: _Client, line: bytes) -> None:
+        try:
+            req = orjson.loads(line)
+            cmd = req["cmd"] if isinstance(req, dict) else None
+        except (orjson.JSONDecodeError, KeyError):
+            cmd = None
+        if cmd == "ping":
+            self._reply(client, {"type": "pong"})
+        elif cmd == "snapshot":
+            for rec in self._visible(client, self.snapshot()):
+                self._reply(client, rec)
+        else:
+            self._reply(client, {"type": "error", "message": BAD_REQUEST})
+
+    def _reply(self, client: _Client, rec: dict[str, Any]) -> None:
+        with self._lock:
+            self._enqueue(client, orjson.dumps(rec, option=orjson.OPT_NON_STR_KEYS) + b"\n")
+
+    def _flush(self, client: _Client) -> None:
+        with self._lock:
+            if not client.pending and client.queue:
+                client.pending = b"".join(client.queue)
+                client.queue.clear()
+            data = client.pending
+        if not data:
+            self._want_write(client, False)
+            return
+        try:
+            sent = client.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._drop(client)
+            return
+        with self._lock:
+            client.pending = client.pending[sent:]
+            more = bool(client.pending or client.queue)
+        self._want_write(client, more)
+
+    def _want_write(self, client: _Client, more: bool) -> None:
+        if client.sock.fileno() == -1:
+            return
+        mask = selectors.EVENT_READ | (selectors.EVENT_WRITE if more else 0)
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.modify(client.sock, mask, client)
+
+    def _drop(self, client: _Client) -> None:
+        with self._lock:
+            self._clients.pop(client.sock.fileno(), None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(client.sock)
+        client.sock.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self._lock:
+            clients = list(self._clients.values())
+        for client in clients:
+            self._drop(client)
+        self._sel.close()
+        self._listener.close()
+        self._wake_r.close()
+        self._wake_w.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()

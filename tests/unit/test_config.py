@@ -1,0 +1,97 @@
+"""Daemon configuration: file < environment < flags, and one-line errors naming the source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpujitter.daemon.config import SETTINGS, load_config
+from gpujitter.errors import GpujitterError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gpujitter.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_file_env_or_flags(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, ""), environ={})
+    assert cfg["socket.mode"] == 0o660
+    assert cfg["log.max_bytes"] == 64 * 1024**2
+    assert cfg["watch.gpu_processes"] is True
+    assert {src for _, _, src in cfg.explain()} == {"default"}
+    assert len(cfg.explain()) == len(SETTINGS)
+
+
+def test_file_then_env_then_flags_win(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        [socket]
+        path = "/tmp/a.sock"
+        mode = "0640"
+        [log]
+        max_bytes = "10MiB"
+        [probes]
+        thresholds = { "sched.offcpu" = "2ms" }
+        [watch]
+        comms = ["python*", "torchrun"]
+    """.replace("\n        ", "\n"),
+    )
+    env = {
+        "GPUJITTER_SOCKET_PATH": "/tmp/b.sock",
+        "GPUJITTER_LOG_KEEP": "3",
+        "GPUJITTER_UNRELATED": "x",
+    }
+    cfg = load_config(path, environ=env, flags={"socket.path": "/tmp/c.sock", "log.keep": None})
+    assert cfg["socket.path"] == "/tmp/c.sock"
+    assert cfg.sources["socket.path"] == "flag"
+    assert cfg["socket.mode"] == 0o640
+    assert cfg["log.keep"] == 3 and cfg.sources["log.keep"] == "env GPUJITTER_LOG_KEEP"
+    assert cfg["log.max_bytes"] == 10 * 1024**2
+    assert cfg["probes.thresholds"] == (("sched.offcpu", 2_000_000),)
+    assert cfg["watch.comms"] == ("python*", "torchrun")
+
+
+def test_env_lists_and_thresholds_are_comma_separated(tmp_path: Path) -> None:
+    env = {"GPUJITTER_WATCH_PIDS": "12, 34", "GPUJITTER_PROBES_THRESHOLDS": "irq.stolen=50us"}
+    cfg = load_config(write(tmp_path, ""), environ=env)
+    assert cfg["watch.pids"] == (12, 34)
+    assert cfg["probes.thresholds"] == (("irq.stolen", 50_000),)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[socket]\nmode = "abc"\n', "socket.mode"),
+        ('[socket]\nmode = "01777"\n', "octal file mode"),
+        ('[log]\nmax_bytes = "lots"\n', "bad size"),
+        ('[sockett]\npath = "x"\n', "unknown setting sockett.path"),
+        ('[socket]\npaht = "x"\n', "known in [socket]: socket.path"),
+        ("[socket\n", "config"),
+        ("socket = 3\n", "must be a [table]"),
+        ('[watch]\npids = ["a"]\n', "watch.pids"),
+        ('[watch]\ngpu_processes = "maybe"\n', "expected true or false"),
+        ('[probes]\nthresholds = { "offcpu" = "1ms" }\n', "PROBE.KEY"),
+    ],
+)
+def test_bad_file_is_one_line_naming_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(GpujitterError) as err:
+        load_config(path, environ={})
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_env_and_flag_name_their_source(tmp_path: Path) -> None:
+    with pytest.raises(GpujitterError, match=r"environment GPUJITTER_LOG_KEEP: log\.keep"):
+        load_config(write(tmp_path, ""), environ={"GPUJITTER_LOG_KEEP": "many"})
+    with pytest.raises(GpujitterError, match=r"flag --record-max-bytes: record\.max_bytes"):
+        load_config(write(tmp_path, ""), environ={}, flags={"record.max_bytes": "huge"})
+
+
+def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(GpujitterError, match="No such file"):
+        load_config(tmp_path / "nope.toml", environ={})

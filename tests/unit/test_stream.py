@@ -1,0 +1,185 @@
+"""The daemon's unix-socket stream, over real sockets: order, slow clients, peer
+credentials, requests, permissions."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpujitter.daemon.stream import STREAM_SCHEMA, StreamServer
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[StreamServer]:
+    srv = StreamServer(
+        tmp_path / "run" / "gpujitter.sock",
+        hello=lambda: {"host": "test"},
+        snapshot=lambda: [{"type": "snapshot", "cpus": 2}],
+        queue_limit=50,
+    ).start()
+    yield srv
+    srv.close()
+
+
+def connect(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(path))
+    sock.settimeout(5)
+    return sock
+
+
+def read_lines(sock: socket.socket, n: int) -> list[dict]:
+    buf = b""
+    while buf.count(b"\n") < n:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    return [orjson.loads(line) for line in buf.split(b"\n")[:n]]
+
+
+def wait_for_clients(srv: StreamServer, n: int) -> None:
+    deadline = time.monotonic() + 5
+    while srv.clients < n:
+        assert time.monotonic() < deadline, "client never registered"
+        time.sleep(0.01)
+
+
+def test_hello_then_snapshot_then_live_records_in_order(server: StreamServer) -> None:
+    sock = connect(server.path)
+    wait_for_clients(server, 1)
+    for i in range(5):
+        server.publish({"type": "gap", "n": i})
+    lines = read_lines(sock, 7)
+    assert lines[0]["type"] == "hello" and lines[0]["schema"] == STREAM_SCHEMA
+    assert lines[0]["host"] == "test" and lines[0]["scope"] == "all"
+    assert lines[1] == {"type": "snapshot", "cpus": 2}
+    assert [rec["n"] for rec in lines[2:]] == [0, 1, 2, 3, 4]
+    sock.close()
+
+
+def test_slow_client_loses_counted_records_and_never_blocks_the_publisher(
+    server: StreamServer,
+) -> None:
+    slow = connect(server.path)
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    wait_for_clients(server, 1)
+    payload = "x" * 2000
+    n = 3000  # far more than the socket buffers and the 50-record queue hold
+    for i in range(n):
+        server.publish({"type": "gap", "n": i, "pad": payload})
+    assert server.dropped_total > 0
+    received, dropped_notices = 0, 0
+
+    def drain(until_n: int | None) -> None:
+        nonlocal received, dropped_notices
+        buf = b""
+        slow.settimeout(0.5)
+        while True:
+            try:
+                chunk = slow.recv(1 << 20)
+            except TimeoutError:
+                if until_n is None:
+                    return  # quiet: the queue is empty
+                continue
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                rec = orjson.loads(line)
+                if rec["type"] == "gap":
+                    received += 1
+                    if rec["n"] == until_n:
+                        return
+                elif rec["type"] == "dropped":
+                    dropped_notices += rec["count"]
+
+    drain(None)
+    server.publish({"type": "gap", "n": n, "pad": ""})  # the first record after the loss
+    drain(n)
+    assert dropped_notices == server.dropped_total
+    assert received + dropped_notices == n + 1
+    slow.close()
+
+
+def test_requests_ping_snapshot_and_bad_input(server: StreamServer) -> None:
+    sock = connect(server.path)
+    read_lines(sock, 2)
+    sock.sendall(b'{"cmd": "ping"}\nnot json\n{"cmd": "snapshot"}\n{"cmd": "shutdown"}\n')
+    replies = read_lines(sock, 4)
+    assert replies[0] == {"type": "pong"}
+    assert replies[1]["type"] == "error" and "bad request" in replies[1]["message"]
+    assert replies[2] == {"type": "snapshot", "cpus": 2}
+    assert replies[3]["type"] == "error"
+    sock.close()
+
+
+def test_non_root_client_sees_node_records_and_only_its_own_processes() -> None:
+    nobody = 65534
+    rundir = Path(tempfile.mkdtemp(prefix="gpujitter-stream-"))
+    rundir.chmod(0o755)  # pytest's tmp_path is private to root; nobody must reach the socket
+    mine, theirs = 1000, 1001
+    srv = StreamServer(
+        rundir / "gpujitter.sock",
+        hello=dict,
+        snapshot=lambda: [
+            {"type": "attribution", "tgids": [theirs]},
+            {"type": "attribution", "tgids": [mine]},
+        ],
+        mode=0o666,
+        owner=lambda tgid: {mine: nobody, theirs: 0}.get(tgid),
+    ).start()
+    read_r, read_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the client, as user nobody
+        try:
+            os.close(read_r)
+            os.setgid(nobody)
+            os.setuid(nobody)
+            sock = connect(srv.path)
+            lines = read_lines(sock, 5)
+            os.write(read_w, orjson.dumps(lines))
+        finally:
+            os._exit(0)
+    os.close(read_w)
+    try:
+        wait_for_clients(srv, 1)
+        srv.publish({"type": "attribution", "tgids": [theirs], "n": 1}, tgids=[theirs])
+        srv.publish({"type": "cpu", "n": 2})
+        srv.publish({"type": "attribution", "tgids": [mine], "n": 3}, tgids=[mine])
+        srv.publish({"type": "probe", "n": 4})
+        got = orjson.loads(os.fdopen(read_r, "rb").read())
+    finally:
+        os.waitpid(pid, 0)
+        srv.close()
+        shutil.rmtree(rundir)
+    assert got[0]["type"] == "hello" and got[0]["scope"] == f"uid {nobody}"
+    assert got[1] == {"type": "attribution", "tgids": [mine]}  # snapshot, filtered
+    assert [rec["n"] for rec in got[2:]] == [2, 3, 4]
+
+
+def test_socket_mode_and_removal(tmp_path: Path) -> None:
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=list, mode=0o660).start()
+    assert stat.S_IMODE(srv.path.stat().st_mode) == 0o660
+    srv.close()
+    assert not srv.path.exists()
+
+
+def test_stale_socket_is_replaced_and_missing_group_is_one_line(tmp_path: Path) -> None:
+    from gpujitter.errors import GpujitterError
+
+    path = tmp_path / "s.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()
+    StreamServer(path, hello=dict, snapshot=list).start().close()
+    with pytest.raises(GpujitterError, match="socket group 'no-such-group' does not exist"):
+        StreamServer(path, hello=dict, snapshot=list, group="no-such-group")
