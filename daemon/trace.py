@@ -64,6 +64,8 @@ def preamble(major: int = FORMAT_MAJOR, minor: int = FORMAT_MINOR) -> bytes:
 
 
 def frame(payload: bytes) -> bytes:
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise GpujitterError(f"a record of {len(payload)} bytes is larger than a trace holds")
     head = struct.pack("<II", len(payload), zlib.crc32(payload))
     return head + struct.pack("<I", zlib.crc32(head)) + payload
 

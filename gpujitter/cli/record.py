@@ -97,12 +97,12 @@ def run(args: argparse.Namespace) -> int:
     counts: Counter[str] = Counter()
     statuses: dict[str, ProbeStatus] = {}
     stop = threading.Event()
-    start_ns = time.monotonic_ns()
     with _stop_on_signals(stop), contextlib.ExitStack() as sources:
         for source in event_sources(names, topology, watch, overrides, queue.emit):
             sources.enter_context(source)
         header = TraceHeader.now(topology, names, in_force, watch.describe())
         recorder = TraceRecorder(out, header, rotation)
+        start_ns = time.monotonic_ns()  # --duration counts from here, once probes are attached
 
         def record(batch: Iterable[Event]) -> None:
             for ev in batch:

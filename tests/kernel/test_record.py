@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from gpujitter.daemon.trace import TraceReader, TraceSet
 from gpujitter.probes.events import AllocSyscall, Event, ProbeStatus
 from gpujitter.probes.topology import load_topology
@@ -71,14 +72,15 @@ def mapped(events: list[Event], pid: int, syscall: str) -> list[AllocSyscall]:
     ]
 
 
-def test_record_until_sigint_writes_what_the_probes_saw(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_record_until_signalled_writes_what_the_probes_saw(tmp_path: Path, stop: int) -> None:
     n = 25
     trace = tmp_path / "node.gjtrace"
     mapper = start_mapper(n)
     recorder = start_record(trace, mapper.pid)
     release_when_recording(recorder, mapper, trace)
     time.sleep(0.5)  # the ring buffers are drained every 50 ms
-    recorder.send_signal(signal.SIGINT)
+    recorder.send_signal(stop)
     out, err = recorder.communicate(timeout=60)
     assert recorder.returncode == 0, err
     summary = json.loads(out)
@@ -110,7 +112,7 @@ def test_rotated_recording_reads_back_as_one_stream(tmp_path: Path) -> None:
     n = 120
     target = tmp_path / "traces"
     mapper = start_mapper(n)
-    recorder = start_record(target, mapper.pid, "--rotate-size", "4K", "--duration", "6s")
+    recorder = start_record(target, mapper.pid, "--rotate-size", "4K", "--duration", "3s")
     release_when_recording(recorder, mapper, target)
     out, err = recorder.communicate(timeout=120)
     assert recorder.returncode == 0, err
