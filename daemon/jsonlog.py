@@ -134,7 +134,8 @@ class JsonLog:
             fsync_dir(self.path.parent)
         except OSError as err:
             raise GpujitterError(f"cannot rotate log {self.path}: {err.strerror}") from None
-        self._open()
+        finally:
+            self._open()  # the new file, or the same one again when renaming failed
         self.rotation.prune(rotated_files(self.path))
 
     def reopen(self) -> None:
@@ -147,9 +148,15 @@ class JsonLog:
             self._open()
 
     def close(self) -> None:
+        """fsync and close; the log is then durable up to its last line."""
         with self._lock:
-            if self._fd is not None:
+            if self._fd is None:
+                return
+            try:
                 os.fsync(self._fd)
+            except OSError as err:
+                raise GpujitterError(f"cannot write log {self.path}: {err.strerror}") from None
+            finally:
                 os.close(self._fd)
                 self._fd = None
 
