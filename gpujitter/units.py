@@ -41,27 +41,24 @@ def format_ns(ns: int | float) -> str:
     return f"{ns / 1e9:.2f}s"
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "m": 1000**2,
-    "g": 1000**3,
-    "t": 1000**4,
-    "ki": 1024,
-    "mi": 1024**2,
-    "gi": 1024**3,
-    "ti": 1024**4,
-}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def parse_size_bytes(text: str | int) -> int:
-    """'100MiB' -> 104857600, '1.5G' -> 1500000000, 4096 -> 4096."""
+    """'100M' -> 104_857_600. K, M, G, T are powers of 1024 (with or without 'B'/'iB'), as in
+    logrotate and most tools operators know; a bare number or an int is bytes."""
     if isinstance(text, int):
         return text
-    m = _SIZE.match(text)
+    m = _SIZE.match(str(text))
     if not m:
-        raise GpujitterError(f"bad size {text!r}: want a number with a unit, e.g. 100MiB or 1G")
-    unit = (m.group(2) or "").lower().removesuffix("b")
-    return round(float(m.group(1)) * _SIZE_UNITS[unit])
+        raise GpujitterError(f"bad size {text!r}: want a number with K, M, G or T, e.g. 100M")
+    return round(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def format_bytes(n: int | float) -> str:
+    """A size for people: 512B, 12.3KiB, 4.56MiB, 1.20GiB."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.{1 if unit == 'KiB' else 2}f}{unit}"
+    return f"{n:.0f}B"

@@ -1,0 +1,229 @@
+"""`gpujitter record`: run the probes and write every event they emit into a trace file (or a
+rotating directory of them) for `gpujitter report` and `gpujitter trace` to read later."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from gpujitter.cli.command import Command
+from gpujitter.cli.options import parse_thresholds, topology_from_args, watch_from_args
+from gpujitter.cli.output import print_json
+from gpujitter.cli.probe import add_arguments as add_probe_arguments
+from gpujitter.daemon.recorder import EventQueue, TraceRecorder
+from gpujitter.daemon.rotation import Rotation
+from gpujitter.daemon.trace import TraceHeader
+from gpujitter.errors import GpujitterError
+from gpujitter.probes import registry
+from gpujitter.probes.base import Emit
+from gpujitter.probes.events import Event, ProbeStatus
+from gpujitter.probes.topology import Topology
+from gpujitter.probes.watch import WatchSpec
+from gpujitter.units import format_bytes, format_ns, parse_duration_ns, parse_size_bytes
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Without a terminal (a log, a pipe), progress is one line this often rather than every second.
+PROGRESS_PLAIN_EVERY_NS = 10_000_000_000
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        type=Path,
+        metavar="TRACE",
+        help="trace file to write (must not exist); with rotation, a directory",
+    )
+    add_probe_arguments(p)
+    g = p.add_argument_group("rotation (writes a directory of traces, each complete)")
+    g.add_argument("--rotate-size", metavar="SIZE", help="start a new file at SIZE (e.g. 100M)")
+    g.add_argument("--rotate-age", metavar="TIME", help="start a new file every TIME (e.g. 1h)")
+    g.add_argument("--keep-files", type=int, default=0, metavar="N", help="keep at most N files")
+    g.add_argument("--keep-size", metavar="SIZE", help="keep at most SIZE of files in all")
+
+
+def rotation_from_args(args: argparse.Namespace) -> Rotation | None:
+    if not (args.rotate_size or args.rotate_age):
+        if args.keep_files or args.keep_size:
+            raise GpujitterError("--keep-files/--keep-size need --rotate-size or --rotate-age")
+        return None
+    return Rotation(
+        max_bytes=parse_size_bytes(args.rotate_size) if args.rotate_size else 0,
+        max_age_ns=parse_duration_ns(args.rotate_age, "s") if args.rotate_age else 0,
+        keep_files=args.keep_files,
+        keep_bytes=parse_size_bytes(args.keep_size) if args.keep_size else 0,
+    )
+
+
+def event_sources(
+    names: list[str],
+    topology: Topology,
+    watch: WatchSpec,
+    thresholds: dict[str, dict[str, int]],
+    emit: Emit,
+) -> list[AbstractContextManager[Any]]:
+    """Everything `record` takes events from. Each runs on its own thread and calls `emit`
+    from there; leaving its context stops it after it handed over what it still had."""
+    from gpujitter.probes.runner import ProbeThread
+
+    return [ProbeThread(names, topology=topology, watch=watch, emit=emit, thresholds=thresholds)]
+
+
+def run(args: argparse.Namespace) -> int:
+    names = args.sources or registry.default_names()
+    overrides = parse_thresholds(args.threshold)
+    in_force = {n: {**registry.get(n).thresholds, **overrides.get(n, {})} for n in names}
+    rotation = rotation_from_args(args)
+    duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
+    out: Path = args.output
+    if rotation is None and out.exists():
+        raise GpujitterError(f"{out} exists; remove it or choose another name")
+    if rotation is not None and out.exists() and not out.is_dir():
+        raise GpujitterError(f"{out}: rotation writes a directory, and this is a file")
+    topology, watch = topology_from_args(args), watch_from_args(args)
+
+    queue = EventQueue()
+    counts: Counter[str] = Counter()
+    statuses: dict[str, ProbeStatus] = {}
+    stop = threading.Event()
+    with _stop_on_signals(stop), contextlib.ExitStack() as sources:
+        for source in event_sources(names, topology, watch, overrides, queue.emit):
+            sources.enter_context(source)
+        header = TraceHeader.now(topology, names, in_force, watch.describe())
+        recorder = TraceRecorder(out, header, rotation)
+        start_ns = time.monotonic_ns()  # --duration counts from here, once probes are attached
+
+        def record(batch: Iterable[Event]) -> None:
+            for ev in batch:
+                if isinstance(ev, ProbeStatus):
+                    statuses[ev.probe] = ev
+                counts[ev.KIND] += 1
+                recorder.write(ev)
+
+        def lost() -> int:
+            return sum(s.lost_kernel for s in statuses.values()) + queue.dropped
+
+        progress = _Progress(args.quiet, lambda: recorder.events, lambda: recorder.bytes, lost)
+        try:
+            while not stop.is_set():
+                elapsed_ns = time.monotonic_ns() - start_ns
+                if duration_ns is not None and elapsed_ns >= duration_ns:
+                    break
+                record(queue.drain(timeout_s=0.2))
+                recorder.tick()
+                progress.show(out, elapsed_ns)
+            sources.close()  # the sources stop and hand over what they still held
+            while batch := list(queue.drain()):
+                record(batch)
+        finally:
+            recorder.close()
+        progress.done()
+
+    kept = [str(p) for p in recorder.files if p not in recorder.removed]
+    summary = {
+        "output": str(out),
+        "files": kept,
+        "removed": [str(p) for p in recorder.removed],
+        "events": recorder.events,
+        "bytes": recorder.bytes,
+        "lost": lost(),
+        "dropped": queue.dropped,
+        "duration_s": round((time.monotonic_ns() - start_ns) / 1e9, 3),
+        "kinds": dict(sorted(counts.items())),
+        "probes": {name: dataclasses.asdict(s) for name, s in statuses.items()},
+    }
+    if args.json:
+        print_json(summary)
+    else:
+        print(
+            f"recorded {recorder.events} events ({format_bytes(recorder.bytes)}) into {out}"
+            + (f" ({len(kept)} files)" if rotation is not None else "")
+            + f"; {summary['lost']} lost",
+            file=sys.stderr,
+        )
+        for s in statuses.values():
+            print(f"  probe {s.probe}: {s.state} {s.reason}".rstrip(), file=sys.stderr)
+    unavailable = [s for s in statuses.values() if s.state == "unavailable"]
+    return 1 if unavailable and len(unavailable) == len(statuses) else 0
+
+
+class _Progress:
+    """Events, bytes and losses on stderr: one refreshed line on a terminal, else a line every
+    PROGRESS_PLAIN_EVERY_NS."""
+
+    def __init__(
+        self,
+        quiet: bool,
+        events: Callable[[], int],
+        size: Callable[[], int],
+        lost: Callable[[], int],
+    ) -> None:
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self.every_ns = 1_000_000_000 if self.tty else PROGRESS_PLAIN_EVERY_NS
+        self.last_ns = 0
+        self.values = (events, size, lost)
+
+    def show(self, out: Path, elapsed_ns: int) -> None:
+        if self.quiet or elapsed_ns - self.last_ns < self.every_ns:
+            return
+        self.last_ns = elapsed_ns
+        events, size, lost = (f() for f in self.values)
+        line = (
+            f"recording {out}: {format_ns(elapsed_ns)}, {events} events, "
+            f"{format_bytes(size)}, {lost} lost"
+        )
+        print(
+            f"\r{line}\x1b[K" if self.tty else line, end="" if self.tty else "\n", file=sys.stderr
+        )
+
+    def done(self) -> None:
+        if self.tty and not self.quiet and self.last_ns:
+            print(file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM end the recording cleanly (the trace is closed, not torn)."""
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+COMMAND = Command(
+    name="record",
+    summary="record what the probes see into a trace file, for later analysis",
+    description="""
+        Attach the probes (the default set, or the SOURCEs named) and write every event they
+        emit, with their health reports, into TRACE: a checksummed, append-only file whose
+        header records this node's topology, the clock reference, the probes and thresholds
+        (docs/trace-format.md). Ctrl-C or SIGTERM stops cleanly. With --rotate-size or
+        --rotate-age, TRACE is a directory of complete traces that `gpujitter report` and
+        `gpujitter trace` read as one, and --keep-files/--keep-size bound what it holds.
+        Progress (events, bytes, lost) goes to stderr; --json prints a summary at the end.
+    """,
+    examples="""
+        # one minute of the default probes into one file
+        gpujitter record -o node.gjtrace --duration 60s
+        # a long recording of one job, 100 MiB per file, at most 2 GiB kept
+        gpujitter record -o traces/ --comm 'python*' --rotate-size 100M --keep-size 2G
+        # what was recorded
+        gpujitter trace node.gjtrace
+    """,
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -1,0 +1,131 @@
+"""`gpujitter trace`: what a trace holds (header, events per kind, time span) and what damage
+a reader finds in it, for people checking a recording and for scripts (--json)."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from gpujitter.cli.command import Command
+from gpujitter.cli.output import print_json, table
+from gpujitter.daemon.trace import TraceHeader, TraceReader, TraceSet
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.clock import format_wall
+from gpujitter.units import format_bytes, format_ns
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="TRACE",
+        help="trace files, directories of them (a rotated recording) or glob patterns",
+    )
+
+
+def inspect(path: Path) -> dict[str, Any]:
+    """One file's header, counts and damage; corruption is reported, not raised."""
+    kinds: Counter[str] = Counter()
+    first = last = None
+    error = None
+    with TraceReader(path) as reader:
+        try:
+            for ev in reader:
+                kinds[ev.KIND] += 1
+                first = ev.ts_ns if first is None else min(first, ev.ts_ns)
+                last = ev.ts_ns if last is None else max(last, ev.ts_ns)
+        except GpujitterError as err:
+            error = str(err)
+        header = reader.header
+        return {
+            "path": str(path),
+            "bytes": path.stat().st_size,
+            "format": ".".join(map(str, reader.format_version)),
+            "header": header.to_record(),
+            "events": reader.records,
+            "kinds": dict(sorted(kinds.items())),
+            "first_ns": first,
+            "last_ns": last,
+            "damage": reader.damage_notes() + ([error] if error else []),
+            "readable": error is None,
+        }
+
+
+def run(args: argparse.Namespace) -> int:
+    traces = TraceSet(args.paths)
+    files = [inspect(p) for p in traces.paths]
+    kinds: Counter[str] = Counter()
+    for f in files:
+        kinds.update(f["kinds"])
+    result = {
+        "files": files,
+        "events": sum(f["events"] for f in files),
+        "kinds": dict(sorted(kinds.items())),
+        "damaged": sum(1 for f in files if f["damage"]),
+    }
+    if args.json:
+        print_json(result)
+    else:
+        for f, header in zip(files, traces.headers, strict=True):
+            print(describe(f, header))
+        if len(files) > 1:
+            print(f"total: {len(files)} files, {result['events']} events")
+            print(table(["KIND", "EVENTS"], sorted(kinds.items())))
+    return 0 if all(f["readable"] for f in files) else 1
+
+
+def describe(f: dict[str, Any], header: TraceHeader) -> str:
+    h = f["header"]
+    topo = header.topology
+    span = ""
+    if f["first_ns"] is not None:
+        span = (
+            f"{format_wall(header.clock, f['first_ns'], date=True)} .. "
+            f"{format_wall(header.clock, f['last_ns'])} "
+            f"({format_ns(f['last_ns'] - f['first_ns'])})"
+        )
+    thresholds = "; ".join(
+        f"{p} " + ", ".join(f"{k}={format_ns(v)}" for k, v in t.items())
+        for p, t in h["thresholds"].items()
+        if t
+    )
+    lines = [
+        f"{f['path']}  ({format_bytes(f['bytes'])}, format {f['format']}, "
+        f"schema {h['schema'][0]}.{h['schema'][1]}, gpujitter {h['gpujitter']})",
+        f"  host {h['host']}, kernel {h['kernel']}, session {h['session']} segment {h['segment']}",
+        f"  started {format_wall(header.clock, header.start_ns, date=True)}; "
+        f"events {span or 'none'}",
+        f"  probes {', '.join(h['probes']) or 'none'}"
+        + (f" (thresholds: {thresholds})" if thresholds else "")
+        + f"; watching {h['watch'] or 'unknown'}",
+        f"  topology: {len(topo.cpus)} CPUs on {len(topo.nodes)} node(s)"
+        + (f", override {topo.override}" if topo.override else ""),
+        f"  {f['events']} events: "
+        + (", ".join(f"{k} {n}" for k, n in f["kinds"].items()) or "none"),
+    ]
+    damage = [d.removeprefix(f"{f['path']}: ") for d in f["damage"]]
+    lines += [f"  damage: {d}" for d in damage] or ["  damage: none"]
+    return "\n".join(lines)
+
+
+COMMAND = Command(
+    name="trace",
+    summary="show what a trace holds and whether it is damaged",
+    description="""
+        Read trace files (from `gpujitter record` or the daemon's --record) and print each
+        one's header (host, kernel, probes, thresholds, topology), its events per kind and
+        time span, and any damage: a torn last record (the recorder stopped mid-write) and
+        records of kinds this version does not know are tolerated and listed; corruption
+        elsewhere is listed and makes the exit status 1.
+    """,
+    examples="""
+        # one recording
+        gpujitter trace node.gjtrace
+        # a rotated recording (a directory), as JSON
+        gpujitter trace traces/ --json
+    """,
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -1,0 +1,139 @@
+"""`gpujitter record` on the real kernel: a process maps and unmaps a known number of buffers
+of a distinctive size while the recorder runs; the trace read back must hold exactly those
+calls, the counts the recorder reported, and a header that describes this node."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gpujitter.daemon.trace import TraceReader, TraceSet
+from gpujitter.probes.events import AllocSyscall, Event, ProbeStatus
+from gpujitter.probes.topology import load_topology
+
+SIZE = (3 << 20) + 7 * 4096  # no allocator maps exactly this much by itself
+
+MAPPER = textwrap.dedent("""
+    import mmap, sys
+    n, size = int(sys.argv[1]), int(sys.argv[2])
+    sys.stdin.readline()              # wait until the recorder watches us
+    for _ in range(n):
+        m = mmap.mmap(-1, size)       # mmap(2)
+        m[0] = 1
+        m.close()                     # munmap(2)
+""")
+
+
+def start_mapper(n: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", MAPPER, str(n), str(SIZE)], stdin=subprocess.PIPE, text=True
+    )
+
+
+def start_record(output: Path, pid: int, *extra: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "gpujitter", "record", "-o", str(output), "malloc"]
+    return subprocess.Popen(
+        [*command, "--pid", str(pid), "-t", "malloc.syscall=0", "--json", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def release_when_recording(recorder: subprocess.Popen[str], mapper: subprocess.Popen[str],
+                           started: Path) -> None:  # fmt: skip
+    """The recorder creates its output only once the probes are attached."""
+    deadline = time.monotonic() + 120
+    while not started.exists():
+        assert recorder.poll() is None, recorder.communicate()
+        assert time.monotonic() < deadline, "the recorder never started"
+        time.sleep(0.1)
+    assert mapper.stdin is not None
+    mapper.stdin.write("go\n")
+    mapper.stdin.flush()
+    assert mapper.wait(timeout=60) == 0
+
+
+def mapped(events: list[Event], pid: int, syscall: str) -> list[AllocSyscall]:
+    return [
+        e
+        for e in events
+        if isinstance(e, AllocSyscall) and e.tgid == pid and e.syscall == syscall
+        if e.length == SIZE
+    ]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_record_until_signalled_writes_what_the_probes_saw(tmp_path: Path, stop: int) -> None:
+    n = 25
+    trace = tmp_path / "node.gjtrace"
+    mapper = start_mapper(n)
+    recorder = start_record(trace, mapper.pid)
+    release_when_recording(recorder, mapper, trace)
+    time.sleep(0.5)  # the ring buffers are drained every 50 ms
+    recorder.send_signal(stop)
+    out, err = recorder.communicate(timeout=60)
+    assert recorder.returncode == 0, err
+    summary = json.loads(out)
+
+    with TraceReader(trace) as reader:
+        events = list(reader)
+        # A clean stop: nothing torn, nothing unknown.
+        assert (reader.torn_tail_bytes, reader.skipped) == (0, Counter())
+        header = reader.header
+    assert len(events) == summary["events"]
+    assert dict(Counter(e.KIND for e in events)) == summary["kinds"]
+    maps = mapped(events, mapper.pid, "mmap")
+    assert len(maps) == n
+    assert len(mapped(events, mapper.pid, "munmap")) == n
+    assert summary["lost"] == 0 and summary["files"] == [str(trace)]
+
+    assert header.probes == ("malloc",)
+    assert header.thresholds == {"malloc": {"syscall": 0}}
+    assert header.watch == f"pid {mapper.pid}"
+    assert (header.host, header.kernel) == (socket.gethostname(), os.uname().release)
+    assert header.topology == load_topology()
+    assert header.clock.ts_ns < header.start_ns < maps[0].ts_ns
+    statuses = [e for e in events if isinstance(e, ProbeStatus) and e.probe == "malloc"]
+    assert statuses and all(s.state == "running" and s.lost_kernel == 0 for s in statuses)
+    assert trace.stat().st_mode & 0o777 == 0o640
+
+
+def test_rotated_recording_reads_back_as_one_stream(tmp_path: Path) -> None:
+    n = 120
+    target = tmp_path / "traces"
+    mapper = start_mapper(n)
+    recorder = start_record(target, mapper.pid, "--rotate-size", "4K", "--duration", "3s")
+    release_when_recording(recorder, mapper, target)
+    out, err = recorder.communicate(timeout=120)
+    assert recorder.returncode == 0, err
+    summary = json.loads(out)
+
+    traces = TraceSet([target])
+    events = list(traces)
+    assert traces.damage == []
+    assert [str(p) for p in traces.paths] == summary["files"] and len(traces.paths) >= 5
+    assert [h.segment for h in traces.headers] == list(range(len(traces.paths)))
+    assert len({h.session for h in traces.headers}) == 1
+    assert all(p.stat().st_size <= 4096 for p in traces.paths)
+    assert len(events) == summary["events"]
+    assert len(mapped(events, mapper.pid, "mmap")) == n
+    assert len(mapped(events, mapper.pid, "munmap")) == n
+
+    info = subprocess.run(
+        [sys.executable, "-m", "gpujitter", "trace", "--json", str(target)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(info.stdout)["events"] == summary["events"]

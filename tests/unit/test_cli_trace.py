@@ -1,0 +1,88 @@
+"""`gpujitter trace` and the checks `gpujitter record` makes before it attaches anything."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpujitter.cli import main
+from gpujitter.daemon.trace import TraceWriter
+from tests.unit.trace_samples import every_kind, header
+
+
+def write(path: Path, n_kinds: int = 5) -> bytes:
+    with TraceWriter(path, header()) as w:
+        for ev in every_kind()[:n_kinds]:
+            w.write(ev)
+    return path.read_bytes()
+
+
+def test_trace_shows_header_counts_span_and_damage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = write(tmp_path / "a.gjtrace")
+    (tmp_path / "torn.gjtrace").write_bytes(raw[:-5])
+    assert main(["trace", str(tmp_path / "a.gjtrace"), str(tmp_path / "torn.gjtrace")]) == 0
+    out = capsys.readouterr().out
+    assert "host node-7, kernel 6.18.0-test" in out
+    assert "probes malloc, sched (thresholds: malloc syscall=100.0us; sched offcpu=1.00ms)" in out
+    assert "2 CPUs on 2 node(s), override t" in out
+    assert "damage: none" in out
+    assert "damage: torn last record dropped (" in out
+    assert "total: 2 files, 9 events" in out
+
+    assert main(["trace", "--json", str(tmp_path / "a.gjtrace")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (f,) = doc["files"]
+    kinds = sorted(ev.KIND for ev in every_kind()[:5])
+    assert f["kinds"] == dict.fromkeys(kinds, 1) and doc["events"] == 5
+    assert f["header"] == json.loads(json.dumps(header().to_record()))
+    assert f["first_ns"] == min(ev.ts_ns for ev in every_kind()[:5])
+    assert (f["damage"], f["readable"], f["format"]) == ([], True, "1.0")
+
+
+def test_trace_reports_corruption_with_exit_1_and_refuses_foreign_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = bytearray(write(tmp_path / "a.gjtrace"))
+    raw[-200] ^= 0x10  # inside an event that is not the last
+    (tmp_path / "a.gjtrace").write_bytes(raw)
+    assert main(["trace", "--json", str(tmp_path / "a.gjtrace")]) == 1
+    (f,) = json.loads(capsys.readouterr().out)["files"]
+    assert not f["readable"] and "checksum mismatch" in f["damage"][0]
+
+    (tmp_path / "x.txt").write_text("hello")
+    assert main(["trace", str(tmp_path / "x.txt")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a gpujitter trace" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--keep-files", "3"], "need --rotate-size or --rotate-age"),
+        (["--rotate-size", "10Q"], "bad size"),
+        (["--rotate-size", "1M", "--keep-size", "100k"], "at least the file size"),
+        (["--rotate-age", "soon"], "bad duration"),
+        (["nosuchprobe"], "unknown probe"),
+        (["-t", "malloc.nope=1ms"], "has no threshold"),
+    ],
+)
+def test_record_refuses_bad_options_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    assert main(["record", "-o", str(tmp_path / "t.gjtrace"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_record_never_overwrites(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "t.gjtrace").write_text("precious")
+    assert main(["record", "-o", str(tmp_path / "t.gjtrace")]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert main(["record", "-o", str(tmp_path / "t.gjtrace"), "--rotate-size", "1M"]) == 2
+    assert "this is a file" in capsys.readouterr().err
+    assert (tmp_path / "t.gjtrace").read_text() == "precious"

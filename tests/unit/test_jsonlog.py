@@ -1,0 +1,202 @@
+"""The attribution log: one schema-tagged JSON line per record, O_APPEND, mode 0640, torn last
+lines cut on reopen, rotation with retention, reopen after logrotate."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpujitter.daemon.jsonlog import LOG_SCHEMA, JsonLog, JsonLogReader, rotated_files
+from gpujitter.daemon.records import GpuGap
+from gpujitter.daemon.rotation import Rotation
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.events import from_record
+from tests.unit.sink_child import kill_when_ready, sink_writer
+
+
+def gap(i: int) -> GpuGap:
+    return GpuGap(
+        ts_ns=i * 10**6, end_ns=i * 10**6 + 40_000, gpu=i % 8, sources=("cuda",),
+        resolution_ns=1000, confidence=0.9, tgids=(4121,),
+    )  # fmt: skip
+
+
+def lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def test_one_line_per_record_each_with_its_schema(tmp_path: Path) -> None:
+    path = tmp_path / "attributions.jsonl"
+    with JsonLog(path) as log:
+        log.write(gap(1))
+        log.write({"type": "gpu.attribution", "gap": "0:1", "causes": {"swap": 12}})
+    raw = lines(path)
+    assert len(raw) == 2 and all(line.endswith(b"\n") for line in raw)
+    first = orjson.loads(raw[0])
+    assert (
+        next(iter(first)) == "schema" and first["schema"] == LOG_SCHEMA == "gpujitter.attribution/1"
+    )
+    assert from_record(first) == gap(1)  # the schema key is not a field: dropped
+    assert list(JsonLogReader(path))[1] == {
+        "schema": LOG_SCHEMA, "type": "gpu.attribution", "gap": "0:1", "causes": {"swap": 12},
+    }  # fmt: skip
+
+
+def test_file_mode_is_0640_whatever_the_umask_and_the_fd_appends(tmp_path: Path) -> None:
+    for umask in (0o000, 0o077):
+        old = os.umask(umask)
+        try:
+            log = JsonLog(tmp_path / f"{umask}.jsonl")
+        finally:
+            os.umask(old)
+        assert (tmp_path / f"{umask}.jsonl").stat().st_mode & 0o777 == 0o640
+        assert log._fd is not None and fcntl.fcntl(log._fd, fcntl.F_GETFL) & os.O_APPEND
+        log.close()
+    # An existing file keeps the mode its owner gave it.
+    existing = tmp_path / "63.jsonl"
+    existing.chmod(0o600)
+    JsonLog(existing).close()
+    assert existing.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("torn", [b'{"schema": "gpujitter.attr', b"x" * 200_000])
+def test_torn_last_line_is_skipped_by_readers_and_cut_on_reopen(
+    tmp_path: Path, torn: bytes
+) -> None:
+    path = tmp_path / "a.jsonl"
+    with JsonLog(path) as log:
+        for i in range(3):
+            log.write(gap(i))
+    with open(path, "ab") as f:
+        f.write(torn)  # a crash in the middle of a write
+    reader = JsonLogReader(path)
+    assert [from_record(r) for r in reader] == [gap(0), gap(1), gap(2)]
+    assert reader.torn_bytes == len(torn)
+    with JsonLog(path) as log:
+        assert log.repaired_bytes == len(torn)
+        log.write(gap(3))
+    assert [from_record(r) for r in JsonLogReader(path)] == [gap(i) for i in range(4)]
+    assert all(orjson.loads(line) for line in lines(path))
+
+
+def test_a_file_holding_only_a_torn_line_is_emptied(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"schema"')
+    with JsonLog(path) as log:
+        assert log.repaired_bytes == 9 and log.size == 0
+        log.write(gap(0))
+    assert len(lines(path)) == 1
+
+
+def test_readers_refuse_broken_lines_and_other_schemas_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    ok = orjson.dumps({"schema": LOG_SCHEMA, "type": "x"}) + b"\n"
+    for content, message in [
+        (ok + b'{"schema": "gpuj\n' + ok, ":2: not a JSON line"),
+        (ok + b'{"type": "x"}\n', ":2: not a gpujitter.attribution/N record"),
+        (
+            b'{"schema": "gpujitter.attribution/2"}\n',
+            ":1: record of schema gpujitter.attribution/2",
+        ),
+        (b"[1]\n", ":1: not a gpujitter.attribution/N record"),
+    ]:
+        path.write_bytes(content)
+        with pytest.raises(GpujitterError) as err:
+            list(JsonLogReader(path))
+        assert message in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(GpujitterError, match="cannot open log"):
+        list(JsonLogReader(tmp_path / "missing.jsonl"))
+
+
+def test_size_rotation_keeps_numbered_files_newest_first(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    with JsonLog(path, Rotation(max_bytes=2000, keep_files=4)) as log:
+        for i in range(300):
+            log.write(gap(i))
+    files = rotated_files(path)
+    assert [p.name for p in files] == ["a.jsonl.3", "a.jsonl.2", "a.jsonl.1", "a.jsonl"]
+    assert not (tmp_path / "a.jsonl.4").exists()
+    assert all(p.stat().st_size <= 2000 for p in files)
+    assert all(p.stat().st_mode & 0o777 == 0o640 for p in files)
+    got = [from_record(r) for r in JsonLogReader(path, rotated=True)]
+    assert got == [gap(i) for i in range(300 - len(got), 300)] and len(got) > 20
+
+
+def test_size_retention_bounds_the_total(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    with JsonLog(path, Rotation(max_bytes=2000, keep_bytes=7000)) as log:
+        for i in range(300):
+            log.write(gap(i))
+            assert sum(p.stat().st_size for p in rotated_files(path)) <= 7000
+    assert len(rotated_files(path)) == 3
+
+
+def test_reopen_after_logrotate_moved_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    log = JsonLog(path)
+    log.write(gap(0))
+    path.rename(tmp_path / "a.jsonl-20250101")  # what logrotate does before SIGHUP
+    log.write(gap(1))  # still the old file until reopened
+    log.reopen()
+    log.write(gap(2))
+    log.close()
+    old = [from_record(r) for r in JsonLogReader(tmp_path / "a.jsonl-20250101")]
+    assert old == [gap(0), gap(1)]
+    assert [from_record(r) for r in JsonLogReader(path)] == [gap(2)]
+    assert path.stat().st_mode & 0o777 == 0o640
+    with pytest.raises(GpujitterError, match="after close"):
+        log.write(gap(3))
+
+
+def test_threads_never_interleave_inside_a_line(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    log = JsonLog(path, Rotation(max_bytes=50_000))
+
+    def writer(t: int) -> None:
+        for i in range(1500):
+            log.write({"type": "t", "thread": t, "i": i, "pad": "x" * (i % 300)})
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log.close()
+    records = list(JsonLogReader(path, rotated=True))
+    assert len(records) == 6000
+    for t in range(4):
+        assert [r["i"] for r in records if r["thread"] == t] == list(range(1500))
+
+
+def child(path: Path, fsize_limit: int = 0) -> subprocess.Popen[str]:
+    return sink_writer(
+        path,
+        imports="from gpujitter.daemon.jsonlog import JsonLog",
+        open_sink="JsonLog(path)",
+        write='sink.write({"type": "t", "i": i, "pad": "y" * 97})',
+        ready=200,
+        fsize_limit=fsize_limit,
+    )
+
+
+def test_killed_writer_leaves_only_whole_lines(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    kill_when_ready(child(path))
+    records = list(JsonLogReader(path))
+    assert [r["i"] for r in records] == list(range(len(records))) and len(records) >= 200
+
+
+def test_disk_full_mid_line_takes_the_fragment_back(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    out, _ = child(path, fsize_limit=5000).communicate(timeout=60)
+    assert "short write" in out  # 31 whole lines fit in 5000 bytes, the 32nd in part
+    reader = JsonLogReader(path)
+    records = list(reader)
+    assert reader.torn_bytes == 0 and path.read_bytes().endswith(b"\n")
+    assert [r["i"] for r in records] == list(range(len(records))) and records

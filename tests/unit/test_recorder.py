@@ -1,0 +1,171 @@
+"""The trace recorder: one file or a rotating directory whose every file is a complete trace,
+retention by count and size, and the event queue that feeds it from other threads."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpujitter.daemon.recorder import EventQueue, TraceRecorder
+from gpujitter.daemon.rotation import Rotation
+from gpujitter.daemon.trace import TraceReader, TraceSet
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.clock import clock_ref
+from gpujitter.probes.events import AllocSyscall
+from gpujitter.units import format_bytes, parse_size_bytes
+from tests.unit.trace_samples import header
+
+
+def alloc(i: int) -> AllocSyscall:
+    return AllocSyscall(
+        ts_ns=i, dur_ns=i, tid=3, tgid=3, cpu=0, syscall="munmap", length=1 << 20, ret=0
+    )
+
+
+def record(
+    target: Path, n: int, rotation: Rotation | None, session: str = "0123456789ab"
+) -> TraceRecorder:
+    hdr = header(session=session, clock=clock_ref(), start_ns=time.monotonic_ns())
+    with TraceRecorder(target, hdr, rotation) as rec:
+        for i in range(n):
+            rec.write(alloc(i))
+    return rec
+
+
+def test_without_rotation_one_file_holds_everything(tmp_path: Path) -> None:
+    rec = record(tmp_path / "one.gjtrace", 500, None)
+    assert rec.files == [tmp_path / "one.gjtrace"]
+    with TraceReader(rec.files[0]) as reader:
+        assert list(reader) == [alloc(i) for i in range(500)]
+    assert rec.bytes == rec.files[0].stat().st_size and rec.events == 500
+
+
+def test_size_rotation_makes_complete_traces_read_back_as_one(tmp_path: Path) -> None:
+    rec = record(tmp_path / "dir", 1000, Rotation(max_bytes=8192))
+    files = sorted((tmp_path / "dir").iterdir())
+    assert files == rec.files and len(files) > 10
+    segments = []
+    for path in files:
+        assert path.stat().st_size <= 8192
+        assert path.stat().st_mode & 0o777 == 0o640
+        with TraceReader(path) as reader:  # each one a trace of its own, with a header
+            assert list(reader)
+            segments.append(reader.header.segment)
+            assert reader.header.session == header().session
+    assert segments == list(range(len(files)))
+    assert list(TraceSet([tmp_path / "dir"])) == [alloc(i) for i in range(1000)]
+    assert rec.bytes == sum(p.stat().st_size for p in files)
+    assert (tmp_path / "dir").stat().st_mode & 0o777 == 0o750
+
+
+def test_retention_by_count_keeps_the_newest_files(tmp_path: Path) -> None:
+    rec = record(tmp_path / "dir", 1000, Rotation(max_bytes=8192, keep_files=3))
+    kept = sorted((tmp_path / "dir").iterdir())
+    assert kept == rec.files[-3:]
+    assert rec.removed == rec.files[:-3]
+    events = list(TraceSet(kept))
+    assert events == [alloc(i) for i in range(1000 - len(events), 1000)]
+
+
+def test_retention_by_size_bounds_the_directory(tmp_path: Path) -> None:
+    rec = record(tmp_path / "dir", 2000, Rotation(max_bytes=8192, keep_bytes=30_000))
+    kept = sorted((tmp_path / "dir").iterdir())
+    assert sum(p.stat().st_size for p in kept) <= 30_000
+    assert len(kept) == 3  # three files of at most 8 KiB fit, a fourth would not
+    assert kept == rec.files[-3:]
+
+
+def test_retention_covers_earlier_recordings_but_not_foreign_files(tmp_path: Path) -> None:
+    target = tmp_path / "dir"
+    first = record(target, 300, Rotation(max_bytes=4096))
+    (target / "notes.txt").write_text("kept")
+    (target / "mine.gjtrace").write_bytes(b"named by a person: not the recorder's to delete")
+    second = record(target, 50, Rotation(max_bytes=4096, keep_files=2), session="abc")
+    left = sorted(p.name for p in target.iterdir())
+    assert set(first.files).isdisjoint(target.iterdir())
+    assert left == sorted(["notes.txt", "mine.gjtrace", *(p.name for p in second.files[-2:])])
+
+
+def test_age_rotation_happens_on_tick_and_never_leaves_an_empty_file(tmp_path: Path) -> None:
+    rotation = Rotation(max_age_ns=60 * 10**9)
+    with TraceRecorder(tmp_path / "dir", header(), rotation) as rec:
+        start = rec._started_ns
+        rec.tick(start + 61 * 10**9)  # old but empty: kept open
+        assert len(rec.files) == 1
+        rec.write(alloc(1))
+        rec.tick(start + 59 * 10**9)
+        assert len(rec.files) == 1
+        rec.tick(start + 60 * 10**9)
+        assert len(rec.files) == 2
+        rec.write(alloc(2))
+    assert [len(list(TraceReader(p))) for p in rec.files] == [1, 1]
+
+
+def test_recorder_refuses_bad_targets_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(GpujitterError, match="needs a directory"):
+        TraceRecorder(tmp_path / "file", header(), Rotation(max_bytes=1000))
+    with pytest.raises(GpujitterError, match="exists"):
+        TraceRecorder(tmp_path / "file", header())
+    with pytest.raises(GpujitterError, match="cannot create"):
+        TraceRecorder(tmp_path / "file" / "sub", header(), Rotation(max_bytes=1000))
+
+
+def test_rotation_policy_checks_its_limits() -> None:
+    with pytest.raises(GpujitterError, match="negative"):
+        Rotation(max_bytes=-1)
+    with pytest.raises(GpujitterError, match="at least the file size"):
+        Rotation(max_bytes=100 << 20, keep_bytes=10 << 20)
+    policy = Rotation(max_bytes=1000, max_age_ns=10)
+    assert not policy.due(1000, 9)
+    assert policy.due(1001, 0) and policy.due(10, 10)
+    assert not Rotation().due(10**12, 10**15)
+
+
+def test_queue_drops_and_counts_when_the_consumer_falls_behind() -> None:
+    q = EventQueue(maxsize=3)
+    assert [q.emit(alloc(i)) for i in range(5)] == [True, True, True, False, False]
+    assert q.dropped == 2
+    assert list(q.drain()) == [alloc(0), alloc(1), alloc(2)]
+    assert list(q.drain(timeout_s=0.01)) == []
+
+
+def test_queue_keeps_each_sources_order_across_threads() -> None:
+    q = EventQueue(maxsize=1 << 20)
+    per_thread = 5000
+
+    def produce(t: int) -> None:
+        for i in range(per_thread):
+            q.emit(dataclasses.replace(alloc(i), tid=t))
+
+    threads = [threading.Thread(target=produce, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = []
+    while batch := list(q.drain(limit=777)):
+        got += batch
+    assert len(got) == 4 * per_thread and q.dropped == 0
+    for t in range(4):
+        assert [e.ts_ns for e in got if e.tid == t] == list(range(per_thread))
+
+
+def test_sizes_parse_and_print() -> None:
+    assert parse_size_bytes("100M") == 100 << 20
+    assert parse_size_bytes("1.5GiB") == 3 << 29
+    assert parse_size_bytes("512k") == 512 << 10
+    assert parse_size_bytes("4096") == 4096
+    for bad in ("", "1X", "M", "-1M"):
+        with pytest.raises(GpujitterError, match="bad size"):
+            parse_size_bytes(bad)
+    assert [format_bytes(n) for n in (512, 12_595, 5 << 20, 3 << 29)] == [
+        "512B",
+        "12.3KiB",
+        "5.00MiB",
+        "1.50GiB",
+    ]

@@ -1,0 +1,368 @@
+"""The trace format: round trips, and what a reader does with every kind of damage (torn
+tails tolerated and reported, everything else one GpujitterError line, never wrong data)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import subprocess
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpujitter.daemon.trace import (
+    FRAME_HEADER_SIZE,
+    PREAMBLE_SIZE,
+    TraceHeader,
+    TraceReader,
+    TraceSet,
+    TraceWriter,
+    encode,
+    frame,
+    preamble,
+)
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.events import AllocSyscall, Event, OffCpu, from_record, to_record
+from tests.unit.sink_child import kill_when_ready, sink_writer
+from tests.unit.trace_samples import every_kind, header
+
+
+def write_trace(path: Path, events: list[Event], hdr: TraceHeader | None = None) -> bytes:
+    with TraceWriter(path, hdr or header()) as w:
+        for ev in events:
+            w.write(ev)
+    return path.read_bytes()
+
+
+def read(path: Path) -> tuple[list[Event], TraceReader]:
+    with TraceReader(path) as reader:
+        return list(reader), reader
+
+
+def one_line_error(path: Path) -> str:
+    with pytest.raises(GpujitterError) as err:
+        read(path)
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message
+    return message
+
+
+def alloc(i: int) -> AllocSyscall:
+    return AllocSyscall(
+        ts_ns=1_000_000 * i, dur_ns=i, tid=7, tgid=7, cpu=i % 2, syscall="mmap", length=4096, ret=i
+    )
+
+
+def data_start(raw: bytes) -> int:
+    """Offset of the first event frame (after the preamble and the header frame)."""
+    length = int.from_bytes(raw[PREAMBLE_SIZE : PREAMBLE_SIZE + 4], "little")
+    return PREAMBLE_SIZE + FRAME_HEADER_SIZE + length
+
+
+def frame_starts(raw: bytes) -> list[int]:
+    """Offsets of every event frame, and the end of the file last."""
+    starts, off = [], data_start(raw)
+    while off < len(raw):
+        starts.append(off)
+        off += FRAME_HEADER_SIZE + int.from_bytes(raw[off : off + 4], "little")
+    return [*starts, off]
+
+
+def test_every_kind_round_trips_with_the_header(tmp_path: Path) -> None:
+    events = every_kind()
+    path = tmp_path / "t.gjtrace"
+    write_trace(path, events)
+    got, reader = read(path)
+    assert got == events
+    assert reader.header == header()
+    assert reader.format_version == (1, 0)
+    assert (reader.records, reader.torn_tail_bytes, reader.skipped) == (len(events), 0, {})
+    assert reader.damage_notes() == []
+
+
+def test_truncation_at_every_offset_keeps_every_whole_record_or_fails_in_one_line(
+    tmp_path: Path,
+) -> None:
+    events = [alloc(i) for i in range(4)]
+    raw = write_trace(tmp_path / "full.gjtrace", events)
+    starts = frame_starts(raw)
+    path = tmp_path / "cut.gjtrace"
+    for cut in range(len(raw)):
+        path.write_bytes(raw[:cut])
+        if cut < starts[0]:
+            message = one_line_error(path)
+            assert ("truncated" in message) or ("empty" in message and cut == 0)
+            continue
+        whole = sum(1 for end in starts[1:] if end <= cut)
+        got, reader = read(path)
+        assert got == events[:whole], cut
+        torn = cut - starts[whole]
+        assert reader.torn_tail_bytes == torn
+        assert bool(reader.damage_notes()) == (torn > 0)
+
+
+def test_every_bit_flip_is_an_error_or_a_dropped_last_record(tmp_path: Path) -> None:
+    events = [alloc(1), every_kind()[-1], alloc(2)]
+    raw = write_trace(tmp_path / "full.gjtrace", events)
+    last = frame_starts(raw)[-2]
+    path = tmp_path / "flipped.gjtrace"
+    errors = 0
+    for bit in range(len(raw) * 8):
+        flipped = bytearray(raw)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        path.write_bytes(flipped)
+        try:
+            got, reader = read(path)
+        except GpujitterError as err:
+            assert "\n" not in str(err)
+            errors += 1
+            continue
+        # Tolerated only as a torn tail: a damaged last payload is dropped and reported.
+        assert bit // 8 >= last + FRAME_HEADER_SIZE, bit
+        assert got == events[:-1]
+        assert reader.torn_tail_bytes == len(raw) - last
+    # Everything up to the last record's payload (its frame header included) is an error.
+    assert errors == (last + FRAME_HEADER_SIZE) * 8
+
+
+def test_zero_filled_tail_is_a_torn_tail(tmp_path: Path) -> None:
+    # A crash after the file grew but before its data reached the disk leaves zeros.
+    events = [alloc(i) for i in range(3)]
+    path = tmp_path / "t.gjtrace"
+    path.write_bytes(write_trace(path, events) + bytes(5000))
+    got, reader = read(path)
+    assert got == events
+    assert reader.torn_tail_bytes == 5000
+
+
+def test_garbage_after_the_last_record_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.gjtrace"
+    path.write_bytes(write_trace(path, [alloc(1)]) + b"\x01" * 40)
+    assert "corrupt record header" in one_line_error(path)
+
+
+def test_unknown_major_version_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.gjtrace"
+    raw = write_trace(path, [alloc(1)])
+    path.write_bytes(preamble(2, 0) + raw[PREAMBLE_SIZE:])
+    assert "trace format 2.0 is not readable" in one_line_error(path)
+
+
+def test_unknown_event_schema_major_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.gjtrace"
+    write_trace(path, [alloc(1)], header(schema=(2, 0)))
+    assert "events of schema 2.0 are not readable" in one_line_error(path)
+
+
+def test_newer_minor_is_read_and_its_unknown_kinds_skipped_and_counted(tmp_path: Path) -> None:
+    hdr = header().to_record() | {"schema": [1, 9], "added_in_1_9": {"x": 1}}
+    known = [alloc(1), alloc(2)]
+    newer_field = to_record(known[1]) | {"numa_hint": 3}  # a field a newer minor added
+    records = [
+        to_record(known[0]),
+        {"type": "future.thing", "ts_ns": 5, "what": "?"},
+        newer_field,
+        {"type": "future.thing", "ts_ns": 6},
+        {"type": "future.other", "ts_ns": 7},
+    ]
+    path = tmp_path / "t.gjtrace"
+    path.write_bytes(
+        preamble(1, 7)
+        + frame(orjson.dumps(hdr))
+        + b"".join(frame(orjson.dumps(r)) for r in records)
+    )
+    got, reader = read(path)
+    assert got == known
+    assert reader.format_version == (1, 7)
+    assert reader.header.schema == (1, 9)
+    assert reader.skipped == {"future.thing": 2, "future.other": 1}
+    (note,) = reader.damage_notes()
+    assert "skipped 3 records" in note and "future.thing (2)" in note
+
+
+def test_empty_and_foreign_files_are_refused_in_one_line(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.gjtrace"
+    empty.write_bytes(b"")
+    assert "empty file" in one_line_error(empty)
+    for name, content in [
+        ("text", b"hello, this is not a trace\n"),
+        ("jsonl", b'{"schema": "gpujitter.attribution/1"}\n'),
+        ("short", b"\x89GJ"[:2] + b"x"),
+        ("elf", b"\x7fELF" + bytes(100)),
+    ]:
+        path = tmp_path / name
+        path.write_bytes(content)
+        assert "not a gpujitter trace" in one_line_error(path)
+    assert "No such file" in one_line_error(tmp_path / "missing.gjtrace")
+    assert "Is a directory" in one_line_error(tmp_path)
+
+
+def test_malformed_but_checksummed_input_is_refused_in_one_line(tmp_path: Path) -> None:
+    # Frames whose checksums hold but whose content no writer makes.
+    hdr = frame(orjson.dumps(header().to_record()))
+    length_crc = struct.pack("<II", 32 << 20, 0)
+    huge_frame_header = length_crc + struct.pack("<I", zlib.crc32(length_crc))
+    cases = {
+        "malformed trace header (JSONDecodeError": preamble() + frame(b"{not json"),
+        "no 'schema'": preamble() + frame(orjson.dumps({"host": "x"})),
+        "malformed trace header (AttributeError": preamble()
+        + frame(orjson.dumps(header().to_record() | {"thresholds": [1, 2]})),
+        "record is not JSON": preamble() + hdr + frame(b"\xff\xfe"),
+        "record without a type": preamble() + hdr + frame(b"[1, 2]"),
+        "bad sched.offcpu record": preamble()
+        + hdr
+        + frame(orjson.dumps({"type": "sched.offcpu", "ts_ns": 1})),
+        "larger than any writer makes": preamble() + hdr + huge_frame_header + bytes(64),
+    }
+    for i, (expected, raw) in enumerate(cases.items()):
+        path = tmp_path / f"case{i}"
+        path.write_bytes(raw + encode(alloc(1)))  # not the last record: no torn tail
+        assert expected in one_line_error(path)
+
+
+def test_writer_flushes_by_size_and_by_time_and_fsyncs_on_close(tmp_path: Path) -> None:
+    path = tmp_path / "t.gjtrace"
+    writer = TraceWriter(path, header(), flush_bytes=1000, flush_interval_ns=10**9)
+    frame_bytes = writer.write(alloc(0))
+    assert read(path)[0] == []  # buffered: a header-only trace, already readable
+    while writer.size - len(path.read_bytes()) + frame_bytes < 1000:
+        writer.write(alloc(1))
+    writer.write(alloc(2))  # crosses flush_bytes: everything is in the file
+    assert len(read(path)[0]) == writer.events
+    writer.write(alloc(3))
+    writer.flush_if_due(now_ns=writer._last_flush_ns + 10**9 - 1)
+    assert len(read(path)[0]) == writer.events - 1
+    writer.flush_if_due(now_ns=writer._last_flush_ns + 10**9)
+    assert len(read(path)[0]) == writer.events
+    writer.write(alloc(4))
+    writer.close()
+    writer.close()  # idempotent
+    assert len(path.read_bytes()) == writer.size
+    assert read(path)[0][-1] == alloc(4)
+
+
+def test_writer_refuses_an_existing_file_and_sets_mode_0640_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    for umask in (0o000, 0o077):
+        old = os.umask(umask)
+        try:
+            path = tmp_path / f"t{umask}.gjtrace"
+            TraceWriter(path, header()).close()
+        finally:
+            os.umask(old)
+        assert path.stat().st_mode & 0o777 == 0o640
+    with pytest.raises(GpujitterError, match="exists"):
+        TraceWriter(path, header())
+    assert read(path)[0] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t0.gjtrace", "t63.gjtrace"]
+
+
+def child_writer(path: Path, fsize_limit: int = 0) -> subprocess.Popen[str]:
+    return sink_writer(
+        path,
+        imports="""
+            from gpujitter.daemon.trace import TraceWriter
+            from tests.unit.test_trace_format import alloc
+            from tests.unit.trace_samples import header
+        """,
+        open_sink="TraceWriter(path, header(), flush_bytes=700)",
+        write="sink.write(alloc(i))",
+        ready=50,
+        fsize_limit=fsize_limit,
+    )
+
+
+def test_killed_writer_leaves_a_readable_prefix(tmp_path: Path) -> None:
+    path = tmp_path / "t.gjtrace"
+    kill_when_ready(child_writer(path))
+    got, _ = read(path)
+    assert len(got) >= 40  # all but the last unflushed buffer
+    assert got == [alloc(i) for i in range(len(got))]
+
+
+def test_failed_write_cuts_the_file_back_to_its_last_whole_record(tmp_path: Path) -> None:
+    path = tmp_path / "t.gjtrace"
+    child = child_writer(path, fsize_limit=3000)
+    out, _ = child.communicate(timeout=60)
+    assert "File too large" in out
+    got, reader = read(path)
+    assert reader.torn_tail_bytes == 0
+    assert got == [alloc(i) for i in range(len(got))] and got
+
+
+def test_long_trace_is_written_and_read_in_bounded_memory(tmp_path: Path) -> None:
+    path = tmp_path / "long.gjtrace"
+    n = 40_000
+
+    def offcpu(i: int) -> OffCpu:
+        return OffCpu(
+            ts_ns=i * 1000, end_ns=i * 1000 + 500, tid=i % 64, tgid=1, cpu=i % 2, cpu_in=0,
+            state="sleeping", runnable_ns=i * 1000 + 400, comm="worker",
+        )  # fmt: skip
+
+    tracemalloc.start()
+    try:
+        with TraceWriter(path, header()) as w:
+            for i in range(n):
+                w.write(offcpu(i))
+        _, write_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        count = 0
+        with TraceReader(path) as reader:
+            for count, ev in enumerate(reader, start=1):
+                if count % 9973 == 0:
+                    assert ev == offcpu(count - 1)
+        _, read_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    size = path.stat().st_size
+    # Peaks stay near the write buffer (256 KiB), an eighth of the trace or less.
+    assert count == n and size > 8 << 20
+    assert write_peak < 1 << 20 and read_peak < 1 << 20, (write_peak, read_peak, size)
+
+
+def test_a_set_reads_in_recording_order_whatever_the_names(tmp_path: Path) -> None:
+    hdr = header()
+    later = dataclasses.replace(hdr, segment=1, start_ns=hdr.start_ns + 10**9)
+    other_session = dataclasses.replace(hdr, session="ffff", start_ns=hdr.start_ns + 5 * 10**9)
+    write_trace(tmp_path / "c.gjtrace", [alloc(1), alloc(2)], hdr)
+    write_trace(tmp_path / "b.gjtrace", [alloc(3)], later)
+    write_trace(tmp_path / "a.gjtrace", [alloc(4)], other_session)
+    (tmp_path / "notes.txt").write_text("not a trace, not read")
+    expected = [alloc(i) for i in range(1, 5)]
+    for args in ([tmp_path], [str(tmp_path / "*.gjtrace")], sorted(tmp_path.glob("*.gjtrace"))):
+        traces = TraceSet(args)
+        assert list(traces) == expected
+        assert [p.name for p in traces.paths] == ["c.gjtrace", "b.gjtrace", "a.gjtrace"]
+        assert traces.damage == []
+    # The same file named twice is read once.
+    assert len(list(TraceSet([tmp_path / "b.gjtrace", tmp_path / "b.gjtrace"]))) == 1
+
+
+def test_a_set_reports_each_files_damage_and_refuses_what_is_missing(tmp_path: Path) -> None:
+    raw = write_trace(tmp_path / "a.gjtrace", [alloc(1), alloc(2)])
+    (tmp_path / "a.gjtrace").write_bytes(raw[:-3])
+    traces = TraceSet([tmp_path])
+    assert list(traces) == [alloc(1)]
+    (note,) = traces.damage
+    assert "a.gjtrace: torn last record dropped" in note
+    for args, message in [
+        ([tmp_path / "none"], "no such file"),
+        ([str(tmp_path / "*.nothing")], "no file matches"),
+        ([tmp_path / "empty"], "no *.gjtrace files"),
+    ]:
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        with pytest.raises(GpujitterError, match=message.replace("*", r"\*")):
+            TraceSet(args)
+
+
+def test_events_survive_json_unchanged() -> None:
+    # The trace stores to_record(); from_record must give back an equal event for every
+    # kind, big integers and non-ASCII text included.
+    for ev in every_kind():
+        assert from_record(orjson.loads(orjson.dumps(to_record(ev)))) == ev

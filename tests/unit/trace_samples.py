@@ -1,0 +1,64 @@
+"""Test data for the storage tests: one event of every registered kind (built from the
+dataclass annotations, so a kind added later is covered without touching the tests) and a
+fixed trace header."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import typing
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from gpujitter.daemon.trace import TraceHeader
+from gpujitter.probes.events import ClockRef, Event, event_kinds
+from gpujitter.probes.topology import Topology
+
+
+def _value(hint: Any, name: str, counter: Iterator[int]) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return args[-1]
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return (_value(args[0], name, counter), _value(args[0], name, counter))
+        return tuple(_value(a, name, counter) for a in args)
+    if hint is bool:
+        return True
+    if hint is int:
+        # Past 2**32 (and for addresses past 2**63) so that no narrowing goes unnoticed.
+        return (1 << 63) + next(counter) if name == "address" else (1 << 33) + next(counter)
+    if hint is float:
+        return 0.25 + next(counter)
+    if hint is str:
+        return f"{name}-é{next(counter)}"
+    raise TypeError(f"no sample value for {name}: {hint!r}")
+
+
+def sample_event(cls: type[Event], counter: Iterator[int]) -> Event:
+    hints = typing.get_type_hints(cls)
+    kwargs = {f.name: _value(hints[f.name], f.name, counter) for f in dataclasses.fields(cls)}
+    return cls(**kwargs)
+
+
+def every_kind() -> list[Event]:
+    """The same events on every call: distinct values in every field."""
+    counter = itertools.count(1)
+    return [sample_event(cls, counter) for _, cls in sorted(event_kinds().items())]
+
+
+def header(**changes: Any) -> TraceHeader:
+    base = TraceHeader(
+        host="node-7",
+        kernel="6.18.0-test",
+        topology=Topology(
+            cpu_node={0: 0, 1: 1}, irq_node={36: 1}, gpu_node={"0000:00:06.0": 0}, override="t"
+        ),
+        clock=ClockRef(ts_ns=5_000_000_000, realtime_ns=1_700_000_000_000_000_000),
+        start_ns=5_000_100_000,
+        probes=("malloc", "sched"),
+        thresholds={"malloc": {"syscall": 100_000}, "sched": {"offcpu": 1_000_000}},
+        watch="comm python*",
+        session="0123456789ab",
+    )
+    return dataclasses.replace(base, **changes)
