@@ -20,6 +20,8 @@ SCHEMA_MAJOR = 1
 SCHEMA_MINOR = 0
 
 _KINDS: dict[str, type[Event]] = {}
+_FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> field names
+_TUPLE_FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> fields JSON gives back as lists
 
 E = TypeVar("E", bound="type[Event]")
 
@@ -32,6 +34,10 @@ def event_kind(name: str):
             raise ValueError(f"event kind {name!r} registered twice")
         cls.KIND = name
         _KINDS[name] = cls
+        # Computed once per kind: dataclasses.fields() per event dominated trace reading.
+        fields = dataclasses.fields(cls)
+        _FIELDS[name] = tuple(f.name for f in fields)
+        _TUPLE_FIELDS[name] = tuple(f.name for f in fields if str(f.type).startswith("tuple"))
         return cls
 
     return register
@@ -50,8 +56,8 @@ def event_kinds() -> dict[str, type[Event]]:
 def to_record(ev: Event) -> dict[str, Any]:
     """The event as a plain dict with its kind under "type" (what orjson writes)."""
     rec: dict[str, Any] = {"type": ev.KIND}
-    for f in dataclasses.fields(ev):
-        rec[f.name] = getattr(ev, f.name)
+    for name in _FIELDS[ev.KIND]:
+        rec[name] = getattr(ev, name)
     return rec
 
 
@@ -66,8 +72,11 @@ def from_record(rec: dict[str, Any]) -> Event:
     cls = _KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise UnknownEvent(f"unknown event type {kind!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {k: _freeze(v) for k, v in rec.items() if k in names}
+    names = _FIELDS[cls.KIND]
+    kwargs = {k: v for k, v in rec.items() if k in names}
+    for name in _TUPLE_FIELDS[cls.KIND]:
+        if name in kwargs:
+            kwargs[name] = _freeze(kwargs[name])
     try:
         return cls(**kwargs)
     except TypeError as err:

@@ -14,6 +14,7 @@ import contextlib
 import ctypes as ct
 import fnmatch
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,7 +122,7 @@ class CoreBpf:
         for cpu, node in self.topology.cpu_node.items():
             cpu_node[ct.c_uint(cpu)] = ct.c_uint(node)
         self.bpf["proc_events"].open_ring_buffer(self._on_proc)
-        self.refresh(now_ns=0)
+        self.refresh(now_ns=time.monotonic_ns())
 
     def _on_proc(self, _ctx: Any, data: int, _size: int) -> int:
         rec = self.bpf["proc_events"].event(data)
