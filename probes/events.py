@@ -40,6 +40,9 @@ def event_kind(name: str):
 @dataclass(frozen=True, slots=True)
 class Event:
     KIND: ClassVar[str] = ""
+    # True for kinds whose fields hold dataclasses (the daemon's derived records): to_record
+    # then turns those into dicts, and the kind rebuilds them from dicts in __post_init__.
+    NESTED: ClassVar[bool] = False
     ts_ns: int
 
 
@@ -52,7 +55,17 @@ def to_record(ev: Event) -> dict[str, Any]:
     rec: dict[str, Any] = {"type": ev.KIND}
     for f in dataclasses.fields(ev):
         rec[f.name] = getattr(ev, f.name)
+    if ev.NESTED:
+        return {k: _plain(v) for k, v in rec.items()}
     return rec
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return value
 
 
 class UnknownEvent(ValueError):
@@ -77,6 +90,8 @@ def from_record(rec: dict[str, Any]) -> Event:
 def _freeze(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _freeze(v) for k, v in value.items()}
     return value
 
 
