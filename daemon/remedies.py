@@ -116,4 +116,4 @@ def blocked_hint(syscall: str, state: str) -> str:
         where = f" ({syscall})" if syscall else ""
         return f"waited on I/O{where}: keep inputs in page cache or on local NVMe"
     where = f" in {syscall}" if syscall else ""
-    return f"blocked{where}: trace the waker (gpujitter report shows the chain)"
+    return f"blocked{where}: the thread that wakes it is not watched; watch its process too"

@@ -220,8 +220,18 @@ class MinorFaultTime(WindowedCause):
 
 
 class IdleWakeDelay(ExactCause):
+    """The wake-to-run delay of a wake-up onto an idle CPU; where the sched probe saw
+    another task run during that wait, the wait is contention (runq_wait) instead."""
+
     name = "idle_wake"
     kind = "idle"
+
+    def claim(
+        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+    ) -> int:
+        if seg.off is not None and seg.runq and seg.off.event.other_tid > 0:
+            return 0
+        return super().claim(seg, remaining, ctx, depth, path)
 
     def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
         out = []

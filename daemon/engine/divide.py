@@ -10,9 +10,10 @@ nanoseconds throughout, so the parts add up to the window exactly.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
+from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING, Any
 
 from gpujitter.daemon.engine.timeline import KINDS, Span, Timeline
@@ -78,7 +79,8 @@ class Divider:
         self.gap_end = gap_end
         self.tally = Tally()
         self.wakers: dict[int, int] = {}  # waker tid -> its explained time on the path
-        self._eligible: dict[tuple[int, int], int] = {}
+        # Per window: its off-CPU intervals (starts, ends, time off before each).
+        self._offcpu: dict[int, tuple[list[int], list[int], list[int]]] = {}
 
     def add(self, cause: str, tid: int, key: Any, ns: int) -> None:
         self.tally.add(cause, tid, key, ns)
@@ -139,17 +141,29 @@ class Divider:
         return total_ns * upto_e // full - total_ns * upto_s // full
 
     def _eligible_until(self, tl: Timeline, window: Span, x: int) -> int:
+        """Time in [window start, x) in which the thread was not known to be off CPU."""
         x = _clip(window, x)
-        key = (id(window), x)
-        if key not in self._eligible:
-            self._eligible[key] = (x - window.start) - tl.offcpu_ns(window.start, x)
-        return self._eligible[key]
+        index = self._offcpu.get(id(window))
+        if index is None:
+            index = self._offcpu[id(window)] = _offcpu_index(tl, window)
+        starts, ends, before = index
+        i = bisect_right(starts, x)  # off-CPU intervals that began by x
+        off = before[i] - (max(0, ends[i - 1] - x) if i else 0)
+        return (x - window.start) - off
 
     def node_of(self, cpu: int) -> int:
         return self.topology.node_of(cpu)
 
     def remote(self, node: int) -> bool:
         return self.gpu_node is not None and node != self.gpu_node
+
+
+def _offcpu_index(tl: Timeline, window: Span) -> tuple[list[int], list[int], list[int]]:
+    spans = tl.overlapping("offcpu", window.start, window.end)
+    starts = [max(s.start, window.start) for s in spans]
+    ends = [min(s.end, window.end) for s in spans]
+    off = (e - s for s, e in zip(starts, ends, strict=True))
+    return starts, ends, list(accumulate(off, initial=0))
 
 
 def _clip(span: Span, x: int) -> int:

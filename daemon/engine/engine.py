@@ -256,10 +256,12 @@ class Engine:
 
     def _critical(self, gap: GpuGap, tgids: tuple[int, ...]) -> int:
         """The thread whose timeline is the gap's path: the one whose launch ended the gap,
-        else the one that launched last before it, else the feeding processes' latest
-        launcher, else a feeding process's main thread; 0 when none is known."""
-        if gap.tid_after or gap.tid_before:
-            return gap.tid_after or gap.tid_before
+        else the one that launched last before it (the first of these that left events),
+        else the feeding processes' latest launcher, else a feeding process's main thread;
+        0 when none is known."""
+        named = [t for t in (gap.tid_after, gap.tid_before) if t]
+        if named:
+            return next((t for t in named if t in self._timelines), named[0])
         launches = [
             (s.start, tid)
             for tgid in tgids

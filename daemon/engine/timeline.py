@@ -176,10 +176,6 @@ class Timeline:
             if s.end > a or (s.start == s.end and s.start >= a)  # points at a count
         ]
 
-    def offcpu_ns(self, a: int, b: int) -> int:
-        """Time in [a, b) the thread is known to have been off CPU."""
-        return sum(min(b, s.end) - max(a, s.start) for s in self.overlapping("offcpu", a, b))
-
     def cpu_at(self, t: int) -> int | None:
         """The CPU the thread ran on at t: after the last place point before t, else before
         the first one after it; None when nothing places the thread."""

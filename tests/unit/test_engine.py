@@ -417,3 +417,39 @@ def test_the_worked_example_in_docs_attribution_md():
     assert roles(attr) == [(101, "critical", "host_work", 50), (102, "waker", "swap_in", 18)]
     assert [r.comm for r in attr.threads] == ["trainer", "loader"]
     assert attr.remedies[1] == f"swap_in: {remedies.swappiness(10)}"
+
+
+def test_a_wake_up_delay_during_which_another_task_ran_is_contention():
+    s = Stream().offcpu(100, 120, runnable=110, cpu_in=1, other=555, other_comm="hog")
+    s.idle(110, 10, cpu=1)
+    attr = s.ran(0, 1000).gap(100, 140).one()
+    assert parts_ms(attr) == {"host_work": 20, "runq_wait": 10, "blocked": 10}
+
+
+def test_a_named_launcher_without_events_gives_way_to_the_other_named_one():
+    s = Stream().ran(0, 1000, tid=103)
+    attr = s.gap(100, 140, tid_after=4242, tid_before=103).one()
+    assert (attr.tid, parts_ms(attr)) == (103, {"host_work": 40})
+
+
+def test_a_placement_the_on_cpu_windows_contradict_yields_to_their_proportions():
+    # Last seen on CPU 2 (node 1), but the window saw no time on node 1: a migration the
+    # probe missed. The window's own split (all node 0) decides.
+    s = Stream().offcpu(50, 60, cpu=2, cpu_in=2).ran(0, 1000, node=0)
+    attr = s.gap(100, 140).one()
+    assert parts_ms(attr) == {"host_work": 40}
+
+
+def test_an_irq_window_shorter_than_its_total_is_widened_to_hold_it():
+    # One 8 ms handler reported as first = last = 110 ms: it took [110, 118).
+    attr = Stream().irq(110, 110, 36, "nvme0q1", 1, 8).ran(0, 1000).gap(100, 140).one()
+    assert parts_ms(attr) == {"host_work": 32, "irq": 8}
+    attr = Stream().irq(136, 136, 36, "nvme0q1", 1, 8).ran(0, 1000).gap(100, 140).one()
+    assert parts_ms(attr) == {"host_work": 36, "irq": 4}
+
+
+def test_syscall_names_follow_the_traced_hosts_abi():
+    s = Stream().offcpu(100, 140, syscall=98).gap(100, 140)
+    assert evidence(s.one(), "blocked")[0].syscall == "syscall 98"
+    arm = s.one(replace(CONFIG, syscall_abi="arm64"))
+    assert evidence(arm, "blocked")[0].syscall == "futex"
