@@ -49,9 +49,9 @@ class GpuGap(Event):
 CAUSES = (
     "swap_in",
     "major_fault",
+    "idle_wake",
     "irq",
     "minor_faults",
-    "idle_wake",
     "runq_wait",
     "alloc_stall",
     "blocked",

@@ -547,9 +547,9 @@ class Unexplained(Cause):
 CAUSE_ORDER: tuple[Cause, ...] = (
     SwapIn(),
     FileFault(),
+    IdleWakeDelay(),
     IrqTime(),
     MinorFaultTime(),
-    IdleWakeDelay(),
     RunqWait(),
     AllocStall(),
     Blocked(),

@@ -214,7 +214,7 @@ class Engine:
         critical = self._critical(gap, tgids)
         divider = self._divider(gpu_node, b)
         divider.divide(critical, a, b)
-        parts = self._parts(divider, b - a)
+        parts = self._parts(divider)
         tl = self._timelines.get(critical)
         probes_off = tuple(
             sorted(p for p, hist in self._probes.items() if _at(hist, b) not in (None, "running"))
@@ -272,7 +272,7 @@ class Engine:
             return max(launches)[1]
         return next((t for t in tgids if t in self._timelines), 0)
 
-    def _parts(self, divider: Divider, dur_ns: int) -> tuple[Part, ...]:
+    def _parts(self, divider: Divider) -> tuple[Part, ...]:
         parts = []
         for name, items in divider.tally.by_cause().items():
             cause = CAUSE_BY_NAME[name]

@@ -453,3 +453,11 @@ def test_syscall_names_follow_the_traced_hosts_abi():
     assert evidence(s.one(), "blocked")[0].syscall == "syscall 98"
     arm = s.one(replace(CONFIG, syscall_abi="arm64"))
     assert evidence(arm, "blocked")[0].syscall == "futex"
+
+
+def test_a_thread_waiting_to_run_takes_no_irq_time():
+    # No off-CPU event (below threshold) but a wake-up delay [120, 128): the IRQ window's
+    # share of those 8 ms is the delay's; the IRQs took their time elsewhere in the window.
+    s = Stream().idle(120, 8).irq(100, 140, 36, "nvme0q1", count=40, total=8)
+    attr = s.ran(0, 1000).gap(100, 140).one()
+    assert parts_ms(attr) == {"host_work": 25.6, "idle_wake": 8, "irq": 6.4}
