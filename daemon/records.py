@@ -205,14 +205,19 @@ _EVIDENCE: dict[str, type] = {
 
 
 def _rebuild(value: Any, cls: type | None = None) -> Any:
-    """A nested record back from its dict form (from_record hands dicts to __post_init__)."""
+    """A nested record back from its JSON form (from_record hands the outer record dicts and
+    lists): fields it does not know are dropped, lists become tuples."""
     if not isinstance(value, dict):
         return value
     cls = cls or _EVIDENCE.get(value.get("what", ""))
     if cls is None:
         raise ValueError(f"unknown evidence {value.get('what')!r}")
     names = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in value.items() if k in names})
+    return cls(**{k: _tuples(v) for k, v in value.items() if k in names})
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list | tuple) else value
 
 
 @dataclass(frozen=True, slots=True)

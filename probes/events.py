@@ -41,7 +41,7 @@ def event_kind(name: str):
 class Event:
     KIND: ClassVar[str] = ""
     # True for kinds whose fields hold dataclasses (the daemon's derived records): to_record
-    # then turns those into dicts, and the kind rebuilds them from dicts in __post_init__.
+    # then turns those into dicts, and the kind rebuilds them from dicts (and lists) itself.
     NESTED: ClassVar[bool] = False
     ts_ns: int
 
@@ -90,8 +90,6 @@ def from_record(rec: dict[str, Any]) -> Event:
 def _freeze(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_freeze(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _freeze(v) for k, v in value.items()}
     return value
 
 
