@@ -10,14 +10,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.base import Emit, Probe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import ProbeStatus
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import CoreBpf, WatchSpec
-
-from gpujitter.errors import GpujitterError
 
 
 class ProbeSet:

@@ -22,9 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpujitter.probes.host import HostPaths, parse_cpulist, read_text
-
 from gpujitter.errors import GpujitterError
+from gpujitter.probes.host import HostPaths, parse_cpulist, read_text
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,10 +20,9 @@ from gpujitter.daemon.engine.causes import CAUSE_BY_NAME, CAUSE_ORDER, RemedyCon
 from gpujitter.daemon.engine.divide import CLAIMING_KINDS, Divider, Tally
 from gpujitter.daemon.engine.timeline import SPAN_RULES, SpanRule, Timeline, content
 from gpujitter.daemon.records import CAUSES, Attribution, GpuGap, Part, ThreadRole
+from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import Event, GpuProcesses, ProbeStatus
 from gpujitter.probes.topology import Topology
-
-from gpujitter.errors import GpujitterError
 
 _HISTORY = 16  # probe states and GPU process lists kept per probe / GPU
 

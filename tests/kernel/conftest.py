@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gpujitter.probes.events import Event, ProbeStatus
 from gpujitter.probes.runner import ProbeThread
 from gpujitter.probes.topology import Topology, load_topology

@@ -10,7 +10,6 @@ from collections.abc import Callable
 
 from gpujitter.probes.events import AllocSyscall
 from gpujitter.probes.watch import WatchSpec
-
 from tests.kernel.conftest import run_probes
 
 # Allocations above glibc's mmap threshold (128 KiB by default) are served by mmap and

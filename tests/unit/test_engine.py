@@ -18,7 +18,6 @@ from gpujitter.daemon.records import (
     SyscallEvidence,
     TaskEvidence,
 )
-
 from tests.fixtures.streams.synthetic import CONFIG, MS, Stream, evidence, ns, parts_ms
 
 FUTEX, NANOSLEEP, READ = 202, 35, 0

@@ -10,9 +10,11 @@ from dataclasses import replace
 
 import orjson
 import pytest
+
 from gpujitter.daemon.engine import Engine, EngineConfig, replay
 from gpujitter.daemon.engine.causes import CAUSE_ORDER
 from gpujitter.daemon.records import CAUSES, Attribution
+from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import (
     IrqStolen,
     NodeTime,
@@ -21,8 +23,6 @@ from gpujitter.probes.events import (
     from_record,
     to_record,
 )
-
-from gpujitter.errors import GpujitterError
 from tests.fixtures.streams.feeding import FeedingLoop
 from tests.fixtures.streams.synthetic import (
     CONFIG,
