@@ -4,7 +4,8 @@ log, the socket stream and replay all use one serialisation."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from gpujitter.probes.events import Event, event_kind
 
@@ -38,3 +39,258 @@ class GpuGap(Event):
     @property
     def gap_id(self) -> str:
         return f"{self.gpu}:{self.ts_ns}"
+
+
+# ---------------------------------------------------------------------------------------
+# Attribution: what one gap's time went to (docs/attribution.md).
+
+# The causes, in precedence order: where two causes cover the same instant of a thread's
+# time, the earlier one takes it. A wire contract: the names are what logs and sockets carry.
+CAUSES = (
+    "swap_in",
+    "major_fault",
+    "idle_wake",
+    "irq",
+    "minor_faults",
+    "runq_wait",
+    "alloc_stall",
+    "blocked",
+    "remote_oncpu",
+    "host_work",
+    "unexplained",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class IrqEvidence:
+    """An interrupt that stole time from a feeding thread. remote_to_gpu: its device sits on
+    another NUMA node than the GPU; handled_remote: the probe saw it handled on a CPU off its
+    device's node. device_node is -1 when unknown (softirqs and vectors have no device)."""
+
+    irq_kind: str  # hardirq, softirq, vector
+    irq: int
+    name: str
+    cpus: tuple[int, ...]
+    count: int
+    ns: int
+    device_node: int = -1
+    remote_to_gpu: bool = False
+    handled_remote: bool = False
+    what: str = "irq"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEvidence:
+    """A task that ran on the CPU a runnable feeding thread waited for (tid 0: the CPU was
+    idle, or the task is unknown). after_migration: some of these waits followed a
+    cross-NUMA migration of the waiting thread."""
+
+    tid: int
+    comm: str
+    cpus: tuple[int, ...]
+    count: int
+    ns: int
+    after_migration: bool = False
+    what: str = "task"
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationEvidence:
+    """A cross-NUMA migration of a feeding thread behind a run-queue wait or remote on-CPU time."""
+
+    at_ns: int
+    tid: int
+    src_cpu: int
+    dst_cpu: int
+    src_node: int
+    dst_node: int
+    what: str = "migration"
+
+
+@dataclass(frozen=True, slots=True)
+class IdleEvidence:
+    """Wake-ups of a feeding thread onto CPUs that were idle in `state_name`."""
+
+    state: int
+    state_name: str
+    cpus: tuple[int, ...]
+    count: int
+    ns: int
+    exit_latency_ns: int
+    what: str = "idle"
+
+
+@dataclass(frozen=True, slots=True)
+class SyscallEvidence:
+    """Off-CPU time in one state and system call ("" and nr -1: not in a system call)."""
+
+    state: str
+    syscall: str
+    nr: int
+    count: int
+    ns: int
+    what: str = "syscall"
+
+
+@dataclass(frozen=True, slots=True)
+class FaultEvidence:
+    """Page faults: kind swap (read back from swap), file (major, file-backed) or minor.
+    Minor fault counts are the share of each in-kernel window that fell inside the gap."""
+
+    kind: str
+    count: int
+    ns: int
+    cpus: tuple[int, ...]
+    addresses: tuple[int, ...] = ()  # faulting addresses of major faults, earliest first
+    what: str = "fault"
+
+
+@dataclass(frozen=True, slots=True)
+class AllocEvidence:
+    """Slow allocator calls: a system call (allocator "") or a uprobe-timed library call."""
+
+    call: str
+    allocator: str
+    count: int
+    ns: int
+    bytes: int
+    what: str = "alloc"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEvidence:
+    """On-CPU time on one NUMA node (cpus: where it ran, when known)."""
+
+    node: int
+    cpus: tuple[int, ...]
+    ns: int
+    remote: bool
+    what: str = "node"
+
+
+@dataclass(frozen=True, slots=True)
+class ReasonEvidence:
+    """Why time stayed unexplained: no_thread, no_data, short_offcpu, evicted."""
+
+    reason: str
+    ns: int
+    what: str = "reason"
+
+
+Evidence = (
+    IrqEvidence
+    | TaskEvidence
+    | MigrationEvidence
+    | IdleEvidence
+    | SyscallEvidence
+    | FaultEvidence
+    | AllocEvidence
+    | NodeEvidence
+    | ReasonEvidence
+)
+_EVIDENCE: dict[str, type] = {
+    str(cls.__dataclass_fields__["what"].default): cls
+    for cls in (
+        IrqEvidence,
+        TaskEvidence,
+        MigrationEvidence,
+        IdleEvidence,
+        SyscallEvidence,
+        FaultEvidence,
+        AllocEvidence,
+        NodeEvidence,
+        ReasonEvidence,
+    )
+}
+
+
+def _rebuild(value: Any, cls: type | None = None) -> Any:
+    """A nested record back from its JSON form (from_record hands the outer record dicts and
+    lists): fields it does not know are dropped, lists become tuples."""
+    if not isinstance(value, dict):
+        return value
+    cls = cls or _EVIDENCE.get(value.get("what", ""))
+    if cls is None:
+        raise ValueError(f"unknown evidence {value.get('what')!r}")
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: _tuples(v) for k, v in value.items() if k in names})
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list | tuple) else value
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """The share of a gap that went to one cause; tids: the threads whose time it was."""
+
+    cause: str
+    ns: int
+    tids: tuple[int, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "evidence", tuple(_rebuild(e) for e in self.evidence))
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadRole:
+    """A thread behind an attribution. role: critical (its timeline is the gap's path), waker
+    (the critical thread waited on it: its time replaced the wait), before (launched last
+    before the gap), sibling (another thread of a feeding process). ns: its time on the path
+    (critical, waker) or, for the others, the time of its own top cause inside the gap."""
+
+    tid: int
+    tgid: int
+    comm: str
+    role: str
+    ns: int
+    top_cause: str = ""
+
+
+@event_kind("gpu.attribution")
+@dataclass(frozen=True, slots=True)
+class Attribution(Event):
+    """Where the feeding threads' time went while GPU `gpu` sat idle from ts_ns to end_ns.
+
+    parts: one per cause with time, largest first; they sum to the gap exactly. tid/tgid/comm:
+    the critical thread (0 and "" when no feeding thread was known). sources, resolution_ns
+    and confidence are the gap's. gpu_node: -1 when unknown. remedies: one line per top
+    cause. probes_off: probes not running at the gap's end (their causes cannot be seen).
+    """
+
+    NESTED = True
+
+    end_ns: int
+    gpu: int
+    sources: tuple[str, ...]
+    resolution_ns: int
+    confidence: float
+    parts: tuple[Part, ...]
+    tgids: tuple[int, ...] = ()
+    tid: int = 0
+    tgid: int = 0
+    comm: str = ""
+    gpu_node: int = -1
+    threads: tuple[ThreadRole, ...] = ()
+    remedies: tuple[str, ...] = ()
+    probes_off: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", tuple(_rebuild(p, Part) for p in self.parts))
+        object.__setattr__(self, "threads", tuple(_rebuild(t, ThreadRole) for t in self.threads))
+
+    @property
+    def dur_ns(self) -> int:
+        return self.end_ns - self.ts_ns
+
+    @property
+    def gap_id(self) -> str:
+        return f"{self.gpu}:{self.ts_ns}"
+
+    @property
+    def top_cause(self) -> str:
+        return self.parts[0].cause if self.parts else "unexplained"
+
+    def ns_of(self, cause: str) -> int:
+        return sum(p.ns for p in self.parts if p.cause == cause)

@@ -75,3 +75,45 @@ def allocator() -> str:
 
 def prefault() -> str:
     return "pre-fault and pin host buffers (pin_memory=True, mlock); " + thp("never")
+
+
+def page_cache_warm() -> str:
+    """File-backed major faults: the pages were not cached when the feeding thread read them."""
+    return (
+        "cat <dataset and model files> > /dev/null before the run (or vmtouch -t), "
+        "or keep them on local NVMe"
+    )
+
+
+def enable_probes(probes: list[str] | tuple[str, ...]) -> str:
+    return f"probes {', '.join(probes)} were not running: see gpujitter doctor"
+
+
+def host_work_hint() -> str:
+    return (
+        "the feeding thread was busy on CPU: overlap host work with GPU work "
+        "(prefetch, more DataLoader workers, pinned async copies, CUDA graphs)"
+    )
+
+
+_BLOCKED_HINTS = {
+    "futex": "waited on a lock or queue (futex): the producer feeding it is late; "
+    "add DataLoader workers or prefetch",
+    "nanosleep": "slept on the feeding path (nanosleep): remove the sleep",
+    "clock_nanosleep": "slept on the feeding path (clock_nanosleep): remove the sleep",
+    "ioctl": "waited in a driver call (ioctl): check GPU persistence mode and driver waits",
+}
+_WAIT_SYSCALLS = ("poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait", "recvfrom")
+
+
+def blocked_hint(syscall: str, state: str) -> str:
+    """What to look at for off-CPU time that no other cause explains."""
+    if syscall in _BLOCKED_HINTS:
+        return _BLOCKED_HINTS[syscall]
+    if syscall in _WAIT_SYSCALLS:
+        return f"waited for data on a socket or pipe ({syscall}): the producer is late"
+    if state == "uninterruptible":
+        where = f" ({syscall})" if syscall else ""
+        return f"waited on I/O{where}: keep inputs in page cache or on local NVMe"
+    where = f" in {syscall}" if syscall else ""
+    return f"blocked{where}: the thread that wakes it is not watched; watch its process too"

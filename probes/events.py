@@ -46,6 +46,9 @@ def event_kind(name: str):
 @dataclass(frozen=True, slots=True)
 class Event:
     KIND: ClassVar[str] = ""
+    # True for kinds whose fields hold dataclasses (the daemon's derived records): to_record
+    # then turns those into dicts, and the kind rebuilds them from dicts (and lists) itself.
+    NESTED: ClassVar[bool] = False
     ts_ns: int
 
 
@@ -58,7 +61,17 @@ def to_record(ev: Event) -> dict[str, Any]:
     rec: dict[str, Any] = {"type": ev.KIND}
     for name in _FIELDS[ev.KIND]:
         rec[name] = getattr(ev, name)
+    if ev.NESTED:
+        return {k: _plain(v) for k, v in rec.items()}
     return rec
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return value
 
 
 class UnknownEvent(ValueError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import types
 import typing
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -23,6 +24,10 @@ def _value(hint: Any, name: str, counter: Iterator[int]) -> Any:
         if len(args) == 2 and args[1] is Ellipsis:
             return (_value(args[0], name, counter), _value(args[0], name, counter))
         return tuple(_value(a, name, counter) for a in args)
+    if origin is types.UnionType:  # a tagged union of nested records: its first member
+        return _value(args[0], name, counter)
+    if dataclasses.is_dataclass(hint):
+        return _nested(hint, counter)
     if hint is bool:
         return True
     if hint is int:
@@ -35,10 +40,14 @@ def _value(hint: Any, name: str, counter: Iterator[int]) -> Any:
     raise TypeError(f"no sample value for {name}: {hint!r}")
 
 
-def sample_event(cls: type[Event], counter: Iterator[int]) -> Event:
+def _nested(cls: Any, counter: Iterator[int]) -> Any:
     hints = typing.get_type_hints(cls)
-    kwargs = {f.name: _value(hints[f.name], f.name, counter) for f in dataclasses.fields(cls)}
-    return cls(**kwargs)
+    fields = [f for f in dataclasses.fields(cls) if f.name != "what"]  # evidence tags stay
+    return cls(**{f.name: _value(hints[f.name], f.name, counter) for f in fields})
+
+
+def sample_event(cls: type[Event], counter: Iterator[int]) -> Event:
+    return _nested(cls, counter)
 
 
 def every_kind() -> list[Event]:

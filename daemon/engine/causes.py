@@ -1,0 +1,560 @@
+"""The causes a gap's time is divided among, in precedence order: how each claims a segment
+of a thread's time, what evidence it reports, and its one-line remedy (daemon/remedies.py).
+
+Where causes overlap, the earlier in CAUSE_ORDER takes the time: a swap-in inside an off-CPU
+interval is the swap-in, not "blocked"; IRQ time inside an allocator call is the IRQ's. The
+reasoning for the order is in docs/attribution.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gpujitter.daemon import remedies
+from gpujitter.daemon.engine.divide import Divider, Segment
+from gpujitter.daemon.engine.syscalls import SLEEPS, syscall_name
+from gpujitter.daemon.engine.timeline import Span, Timeline
+from gpujitter.daemon.records import (
+    AllocEvidence,
+    Evidence,
+    FaultEvidence,
+    IdleEvidence,
+    IrqEvidence,
+    MigrationEvidence,
+    NodeEvidence,
+    Part,
+    ReasonEvidence,
+    SyscallEvidence,
+    TaskEvidence,
+)
+from gpujitter.probes.events import IrqStolen, OffCpu
+from gpujitter.probes.topology import Topology
+
+Claimed = tuple[int, Any, int]  # (tid, key, ns)
+
+
+@dataclass(frozen=True, slots=True)
+class RemedyContext:
+    """What a remedy needs to name exact CPUs and processes."""
+
+    topology: Topology
+    gpu_node: int | None
+    tgid: int  # the critical thread's process (0 when unknown)
+    feeding_cpus: tuple[int, ...]  # CPUs the critical thread ran or waited on in the gap
+    probes_off: tuple[str, ...]
+
+    def gpu_cpus(self) -> list[int]:
+        if self.gpu_node is None:
+            return self.topology.cpus
+        return self.topology.cpus_of(self.gpu_node)
+
+
+class Cause:
+    name: ClassVar[str]
+
+    def claim(
+        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+    ) -> int:
+        """Take time from the segment (at most `remaining`) into ctx's tally; return it."""
+        raise NotImplementedError
+
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        raise NotImplementedError
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        return None
+
+
+def _largest_first(evidence: Iterable[Evidence], tie: Callable[[Any], Any]) -> tuple[Any, ...]:
+    return tuple(sorted(evidence, key=lambda e: (-e.ns, tie(e))))
+
+
+def _group(items: list[Claimed], key: Callable[[Any], Hashable]) -> list[list[Claimed]]:
+    """Claims grouped by key(span), groups in first-claimed order (deterministic)."""
+    groups: dict[Hashable, list[Claimed]] = {}
+    for item in items:
+        groups.setdefault(key(item[1]), []).append(item)
+    return list(groups.values())
+
+
+def _cpus(group: list[Claimed], attr: str = "cpu") -> tuple[int, ...]:
+    return tuple(sorted({getattr(span.event, attr) for _, span, _ in group}))
+
+
+def _ns(group: list[Claimed]) -> int:
+    return sum(ns for _, _, ns in group)
+
+
+def _scaled_count(group: list[Claimed]) -> int:
+    """An aggregate's count in proportion to the time of it claimed (rounded up)."""
+    n = 0
+    for _, span, ns in group:
+        total = span.event.total_ns
+        n += span.event.count if total <= 0 else -(-span.event.count * min(ns, total) // total)
+    return n
+
+
+class ExactCause(Cause):
+    """A cause backed by exact intervals: the first covering span takes all that remains."""
+
+    kind: ClassVar[str]
+
+    def claim(
+        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+    ) -> int:
+        spans = seg.active[self.kind]
+        if not spans:
+            return 0
+        ctx.add(self.name, seg.tl.tid, spans[0], remaining)
+        return remaining
+
+
+class WindowedCause(Cause):
+    """A cause backed by in-kernel aggregates over a window (count, total time, first..last
+    occurrence): each window's total is spread uniformly over the window's time in which the
+    thread was not known to be off CPU, and only on-CPU segments can take it."""
+
+    kind: ClassVar[str]
+
+    def claim(
+        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+    ) -> int:
+        if seg.off is not None:
+            return 0
+        got = 0
+        for span in seg.active[self.kind]:
+            share = ctx.share(seg.tl, span, span.event.total_ns, seg.start, seg.end)
+            ns = min(remaining - got, share)
+            ctx.add(self.name, seg.tl.tid, span, ns)
+            got += max(0, ns)
+        seg.oncpu_claimed += got
+        return got
+
+
+class MajorFaultCause(ExactCause):
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        spans = sorted({id(s): s for _, s, _ in items}.values(), key=lambda s: s.start)
+        return (
+            FaultEvidence(
+                kind=spans[0].event.kind,
+                count=len(spans),
+                ns=_ns(items),
+                cpus=tuple(sorted({s.event.cpu for s in spans})),
+                addresses=tuple(s.event.address for s in spans[: ctx.config.max_addresses]),
+            ),
+        )
+
+
+class SwapIn(MajorFaultCause):
+    name = "swap_in"
+    kind = "swap"
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        return remedies.swappiness(10)
+
+
+class FileFault(MajorFaultCause):
+    name = "major_fault"
+    kind = "major"
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        return remedies.page_cache_warm()
+
+
+class IrqTime(WindowedCause):
+    name = "irq"
+    kind = "irq"
+
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        out = []
+        for group in _group(items, lambda s: (s.event.irq_kind, s.event.irq, s.event.name)):
+            ev: IrqStolen = group[0][1].event
+            device = ctx.topology.irq_node.get(ev.irq, -1) if ev.irq_kind == "hardirq" else -1
+            out.append(
+                IrqEvidence(
+                    irq_kind=ev.irq_kind,
+                    irq=ev.irq,
+                    name=ev.name,
+                    cpus=_cpus(group),
+                    count=_scaled_count(group),
+                    ns=_ns(group),
+                    device_node=device,
+                    remote_to_gpu=device >= 0 and ctx.remote(device),
+                    handled_remote=any(span.event.remote for _, span, _ in group),
+                )
+            )
+        return _largest_first(out, lambda e: (e.irq_kind, e.irq, e.name))
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        top = part.evidence[0]
+        assert isinstance(top, IrqEvidence)
+        avoid = set(top.cpus) | set(ctx.feeding_cpus)
+        if top.irq_kind == "hardirq":
+            # Its own node's CPUs (the GPU's when the device's is unknown), off the feeding ones.
+            node = top.device_node if top.device_node >= 0 else ctx.gpu_node
+            pool = ctx.topology.cpus if node is None else ctx.topology.cpus_of(node)
+            cpus = [c for c in pool if c not in avoid] or [
+                c for c in ctx.topology.cpus if c not in avoid
+            ]
+            return remedies.irq_affinity(top.irq, cpus) if cpus else None
+        # Softirqs and vectors follow the CPU they are raised on: move the feeding threads.
+        cpus = [c for c in ctx.gpu_cpus() if c not in top.cpus]
+        return remedies.move_away(ctx.tgid, cpus) if cpus and ctx.tgid else None
+
+
+class MinorFaultTime(WindowedCause):
+    name = "minor_faults"
+    kind = "minor"
+
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        return (
+            FaultEvidence(
+                kind="minor", count=_scaled_count(items), ns=_ns(items), cpus=_cpus(items)
+            ),
+        )
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        return remedies.prefault()
+
+
+class IdleWakeDelay(ExactCause):
+    """The wake-to-run delay of a wake-up onto an idle CPU; where the sched probe saw
+    another task run during that wait, the wait is contention (runq_wait) instead."""
+
+    name = "idle_wake"
+    kind = "idle"
+
+    def claim(
+        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+    ) -> int:
+        if seg.off is not None and seg.runq and seg.off.event.other_tid > 0:
+            return 0
+        return super().claim(seg, remaining, ctx, depth, path)
+
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        out = []
+        for group in _group(items, lambda s: (s.event.state, s.event.state_name)):
+            ev = group[0][1].event
+            out.append(
+                IdleEvidence(
+                    state=ev.state,
+                    state_name=ev.state_name,
+                    cpus=_cpus(group),
+                    count=len({id(span) for _, span, _ in group}),
+                    ns=_ns(group),
+                    exit_latency_ns=max(span.event.exit_latency_ns for _, span, _ in group),
+                )
+            )
+        return _largest_first(out, lambda e: e.state)
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        top = part.evidence[0]
+        assert isinstance(top, IdleEvidence)
+        # cpupower idle-set -D N disables states whose exit latency is N us or more.
+        return remedies.limit_idle_latency(max(1, top.exit_latency_ns // 1000))
+
+
+def cross_node_migrations(tl: Timeline, a: int, b: int, ctx: Divider) -> list[Span]:
+    return [m for m in tl.overlapping("migration", a, b + 1) if m.event.cross_node]
+
+
+class RunqWait(Cause):
+    name = "runq_wait"
+
+    def claim(
+        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+    ) -> int:
+        if seg.off is None or not seg.runq:
+            return 0
+        ctx.add(self.name, seg.tl.tid, seg.off, remaining)
+        return remaining
+
+    def _migrations(self, tid: int, span: Span, ctx: Divider) -> list[Span]:
+        """Cross-node migrations that led into this wait: while it was off CPU, or shortly
+        before (config.migration_window_ns)."""
+        tl = ctx.timelines[tid]
+        return cross_node_migrations(tl, span.start - ctx.config.migration_window_ns, span.end, ctx)
+
+    def _after_migration(self, tid: int, span: Span, ctx: Divider) -> bool:
+        ev: OffCpu = span.event
+        moved = ctx.node_of(ev.cpu) != ctx.node_of(ev.cpu_in)
+        return moved or bool(self._migrations(tid, span, ctx))
+
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        tasks = []
+        for group in _group(items, lambda s: (s.event.other_tid, s.event.other_comm)):
+            ev = group[0][1].event
+            tasks.append(
+                TaskEvidence(
+                    tid=ev.other_tid,
+                    comm=ev.other_comm,
+                    cpus=_cpus(group, "cpu_in"),
+                    count=len({id(span) for _, span, _ in group}),
+                    ns=_ns(group),
+                    after_migration=any(self._after_migration(t, s, ctx) for t, s, _ in group),
+                )
+            )
+        moves = {
+            (m.start, m.event.tid): m.event
+            for tid, span, _ in items
+            for m in self._migrations(tid, span, ctx)
+        }
+        return _largest_first(tasks, lambda e: (e.tid, e.comm)) + migration_evidence(moves)
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        top = part.evidence[0]
+        assert isinstance(top, TaskEvidence)
+        if top.after_migration and ctx.gpu_node is not None and ctx.tgid:
+            return remedies.bind_process(ctx.tgid, ctx.gpu_node, ctx.gpu_cpus())
+        if top.tid <= 0:
+            return None
+        cpus = [c for c in ctx.topology.cpus if c not in set(top.cpus) | set(ctx.feeding_cpus)]
+        return remedies.move_away(top.tid, cpus) if cpus else None
+
+
+def migration_evidence(moves: dict[tuple[int, int], Any]) -> tuple[Evidence, ...]:
+    return tuple(
+        MigrationEvidence(
+            at_ns=m.ts_ns,
+            tid=m.tid,
+            src_cpu=m.src_cpu,
+            dst_cpu=m.dst_cpu,
+            src_node=m.src_node,
+            dst_node=m.dst_node,
+        )
+        for _, m in sorted(moves.items())
+    )
+
+
+class AllocStall(ExactCause):
+    name = "alloc_stall"
+    kind = "alloc"
+
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        out = []
+        for group in _group(items, _alloc_call):
+            spans = {id(span): span.event for _, span, _ in group}.values()
+            call, allocator = _alloc_call(group[0][1])
+            out.append(
+                AllocEvidence(
+                    call=call,
+                    allocator=allocator,
+                    count=len(spans),
+                    ns=_ns(group),
+                    bytes=sum(getattr(e, "length", 0) or getattr(e, "size", 0) for e in spans),
+                )
+            )
+        return _largest_first(out, lambda e: (e.call, e.allocator))
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        return remedies.allocator()
+
+
+def _alloc_call(span: Span) -> tuple[str, str]:
+    ev = span.event
+    return (ev.syscall, "") if hasattr(ev, "syscall") else (ev.func, ev.allocator)
+
+
+class Blocked(Cause):
+    """Off CPU and not runnable, with no more specific cause. When a watched thread woke it
+    (futex, pipe, socket: not a timed sleep), the wait is followed into the waker's timeline
+    over the same stretch, up to config.waker_depth hops: what the waker's time went to is
+    what the critical thread waited for. Only the waker's explained time replaces the wait."""
+
+    name = "blocked"
+
+    def claim(
+        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+    ) -> int:
+        if seg.off is None or seg.runq:
+            return 0
+        ev: OffCpu = seg.off.event
+        tid = seg.tl.tid
+        waker = ev.waker_tid
+        if (
+            ev.state == "sleeping"
+            and syscall_name(ev.syscall, ctx.config.syscall_abi) not in SLEEPS
+            and waker not in (0, tid)
+            and waker not in path
+            and waker in ctx.timelines
+            and depth < ctx.config.waker_depth
+            and remaining == seg.end - seg.start
+        ):
+            got = ctx.divide(
+                waker, seg.start, seg.end, depth=depth + 1, path=path | {tid}, explain_only=True
+            )
+            if got:
+                ctx.wakers[waker] = ctx.wakers.get(waker, 0) + got
+            remaining -= got
+            ctx.add(self.name, tid, seg.off, remaining)
+            return got + remaining
+        ctx.add(self.name, tid, seg.off, remaining)
+        return remaining
+
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        out = []
+        for group in _group(items, lambda s: (s.event.state, s.event.syscall)):
+            ev = group[0][1].event
+            out.append(
+                SyscallEvidence(
+                    state=ev.state,
+                    syscall=syscall_name(ev.syscall, ctx.config.syscall_abi),
+                    nr=ev.syscall,
+                    count=len({id(span) for _, span, _ in group}),
+                    ns=_ns(group),
+                )
+            )
+        return _largest_first(out, lambda e: (e.state, e.nr))
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        top = part.evidence[0]
+        assert isinstance(top, SyscallEvidence)
+        return remedies.blocked_hint(top.syscall, top.state)
+
+
+def oncpu_split(seg: Segment, remaining: int, ctx: Divider) -> list[tuple[int, int, int]]:
+    """The segment's on-CPU time as (node, cpu, ns): the per-node on-CPU windows' uniform
+    share, less what IRQs and faults already took (they ran on CPU too). The node is the
+    one of the CPU the thread was last placed on when the windows confirm that node, else the
+    windows' per-node proportions (cpu -1)."""
+    if seg.oncpu is not None:
+        return seg.oncpu
+    seg.oncpu = []
+    windows = seg.active["nodetime"]
+    if seg.off is not None or not windows:
+        return seg.oncpu
+    per_node: dict[int, int] = {}
+    total = 0
+    for w in windows:
+        ns = ctx.share(seg.tl, w, sum(n for _, n in w.event.node_ns), seg.start, seg.end)
+        total += ns
+        for node, n in w.event.node_ns:
+            per_node[node] = per_node.get(node, 0) + n
+    budget = max(0, min(total - seg.oncpu_claimed, remaining))
+    if budget == 0:
+        return seg.oncpu
+    cpu = seg.tl.cpu_at(seg.start)
+    if cpu is not None and per_node.get(ctx.node_of(cpu), 0) > 0:
+        seg.oncpu = [(ctx.node_of(cpu), cpu, budget)]
+        return seg.oncpu
+    weight = sum(per_node.values())
+    done = 0
+    acc = 0
+    for node in sorted(per_node):
+        acc += per_node[node]
+        upto = budget * acc // weight
+        if upto > done:
+            seg.oncpu.append((node, -1, upto - done))
+        done = upto
+    return seg.oncpu
+
+
+class OnCpuCause(Cause):
+    remote: ClassVar[bool]
+
+    def claim(
+        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+    ) -> int:
+        got = 0
+        for node, cpu, ns in oncpu_split(seg, remaining, ctx):
+            if ctx.remote(node) == self.remote:
+                take = min(ns, remaining - got)
+                ctx.add(self.name, seg.tl.tid, (node, cpu), take)
+                got += take
+        return got
+
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        nodes: dict[int, tuple[set[int], int]] = {}
+        for _, (node, cpu), ns in items:
+            cpus, total = nodes.get(node, (set(), 0))
+            if cpu >= 0:
+                cpus.add(cpu)
+            nodes[node] = (cpus, total + ns)
+        return _largest_first(
+            (
+                NodeEvidence(node=n, cpus=tuple(sorted(c)), ns=ns, remote=self.remote)
+                for n, (c, ns) in nodes.items()
+            ),
+            lambda e: e.node,
+        )
+
+
+class RemoteOnCpu(OnCpuCause):
+    name = "remote_oncpu"
+    remote = True
+
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        """Nodes, and the cross-node migrations that put the threads there (the last one of
+        each thread before its remote time)."""
+        moves = {}
+        for tid in sorted({tid for tid, _, _ in items}):
+            cross = cross_node_migrations(ctx.timelines[tid], 0, ctx.gap_end, ctx)
+            remote = [m for m in cross if ctx.remote(m.event.dst_node)]
+            if remote:
+                moves[(remote[-1].start, tid)] = remote[-1].event
+        return super().evidence(items, ctx) + migration_evidence(moves)
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        if ctx.gpu_node is None or not ctx.tgid:
+            return None
+        return remedies.bind_process(ctx.tgid, ctx.gpu_node, ctx.gpu_cpus())
+
+
+class HostWork(OnCpuCause):
+    name = "host_work"
+    remote = False
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        return remedies.host_work_hint()
+
+
+class Unexplained(Cause):
+    """Time no other cause claims. Why, per segment: no_data (no on-CPU windows cover it:
+    the sched probe was off, or the thread left no trace), short_offcpu (on-CPU windows
+    cover it, but the thread ran less than the time not otherwise explained: it was off CPU
+    in stretches below the sched probe's threshold), evicted (older than the timeline's
+    retained history)."""
+
+    name = "unexplained"
+
+    def claim(
+        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+    ) -> int:
+        if seg.start < seg.tl.horizon:
+            reason = "evicted"
+        elif seg.active["nodetime"]:
+            reason = "short_offcpu"
+        else:
+            reason = "no_data"
+        ctx.add(self.name, seg.tl.tid, (reason,), remaining)
+        return remaining
+
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        reasons: dict[str, int] = {}
+        for _, (reason,), ns in items:
+            reasons[reason] = reasons.get(reason, 0) + ns
+        return _largest_first(
+            (ReasonEvidence(reason=r, ns=ns) for r, ns in reasons.items()), lambda e: e.reason
+        )
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        return remedies.enable_probes(ctx.probes_off) if ctx.probes_off else None
+
+
+# Precedence order. A test checks it against records.CAUSES, the wire contract.
+CAUSE_ORDER: tuple[Cause, ...] = (
+    SwapIn(),
+    FileFault(),
+    IdleWakeDelay(),
+    IrqTime(),
+    MinorFaultTime(),
+    RunqWait(),
+    AllocStall(),
+    Blocked(),
+    RemoteOnCpu(),
+    HostWork(),
+    Unexplained(),
+)
+CAUSE_BY_NAME = {c.name: c for c in CAUSE_ORDER}

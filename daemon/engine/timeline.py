@@ -1,0 +1,231 @@
+"""Per-thread timelines: what the probes reported about each watched thread, as time spans
+indexed by start, so that any window (a gap) can be read back. Bounded by age (the engine
+evicts spans that ended before its retention horizon) and by count (the largest timeline
+gives up its oldest spans first).
+
+Ordering never depends on arrival order: spans sort by (start, end) and, on a tie, by their
+event's content, so any interleaving of the same events builds the same timeline.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from gpujitter.probes.events import (
+    AllocCall,
+    AllocSyscall,
+    CudaCall,
+    Event,
+    IdleWake,
+    IrqStolen,
+    MajorFault,
+    Migration,
+    MinorFaults,
+    NodeTime,
+    OffCpu,
+)
+
+# Span kinds, one list each per timeline. Windowed kinds (irq, minor, nodetime) are in-kernel
+# aggregates whose time is spread over their window; the others are exact intervals, and
+# migration holds points.
+KINDS = ("offcpu", "swap", "major", "irq", "minor", "idle", "alloc", "nodetime", "cuda")
+POINT_KINDS = ("migration",)
+
+
+@dataclass(eq=False, slots=True)
+class Span:
+    start: int
+    end: int
+    event: Any  # the probe event behind it (typed per kind)
+
+
+def _bounds(ev: Any, dur_ns: int) -> tuple[int, int]:
+    return ev.ts_ns, ev.ts_ns + max(0, dur_ns)
+
+
+def _window(ev: Any) -> tuple[int, int]:
+    # An aggregate covers first..last occurrence; its total time can exceed that stretch
+    # (one long handler, or end_ns marking the last one's start), so the window is widened
+    # to hold at least total_ns.
+    return ev.ts_ns, max(ev.end_ns, ev.ts_ns + ev.total_ns)
+
+
+def _no_places(ev: Any) -> tuple[tuple[int, int, int], ...]:
+    return ()
+
+
+def _at(ev: Any) -> tuple[tuple[int, int, int], ...]:
+    return ((ev.ts_ns, ev.cpu, ev.cpu),)
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRule:
+    """How one event type enters a timeline: its span kind and bounds, and the place points
+    it gives, (time, CPU before, CPU after), that tell where the thread ran around an instant."""
+
+    kind: Callable[[Any], str]
+    bounds: Callable[[Any], tuple[int, int]]
+    places: Callable[[Any], tuple[tuple[int, int, int], ...]] = _no_places
+
+
+# The registry of what enters a timeline.
+SPAN_RULES: dict[type[Event], SpanRule] = {
+    OffCpu: SpanRule(
+        lambda e: "offcpu",
+        lambda e: (e.ts_ns, max(e.ts_ns, e.end_ns)),
+        lambda e: ((e.ts_ns, e.cpu, e.cpu), (e.end_ns, e.cpu_in, e.cpu_in)),
+    ),
+    MajorFault: SpanRule(
+        lambda e: "swap" if e.kind == "swap" else "major", lambda e: _bounds(e, e.dur_ns), _at
+    ),
+    IrqStolen: SpanRule(lambda e: "irq", _window),
+    MinorFaults: SpanRule(lambda e: "minor", _window),
+    IdleWake: SpanRule(
+        lambda e: "idle",
+        lambda e: _bounds(e, e.wake_to_run_ns),
+        lambda e: ((e.ts_ns + e.wake_to_run_ns, e.cpu, e.cpu),),
+    ),
+    AllocSyscall: SpanRule(lambda e: "alloc", lambda e: _bounds(e, e.dur_ns), _at),
+    AllocCall: SpanRule(lambda e: "alloc", lambda e: _bounds(e, e.dur_ns), _at),
+    NodeTime: SpanRule(lambda e: "nodetime", lambda e: _bounds(e, e.interval_ns)),
+    Migration: SpanRule(
+        lambda e: "migration",
+        lambda e: (e.ts_ns, e.ts_ns),
+        lambda e: ((e.ts_ns, e.src_cpu, e.dst_cpu),),
+    ),
+    CudaCall: SpanRule(lambda e: "cuda", lambda e: _bounds(e, e.dur_ns), _at),
+}
+
+
+def content(ev: Event) -> tuple[Any, ...]:
+    """A total order among events of one kind that does not depend on when they arrived."""
+    return (ev.KIND, *(getattr(ev, f.name) for f in fields(ev)))
+
+
+def _span_bounds(span: Span) -> tuple[int, int]:
+    return span.start, span.end
+
+
+def _insert(spans: list[Span], span: Span) -> None:
+    key = (span.start, span.end)
+    if not spans or (spans[-1].start, spans[-1].end) < key:  # the usual case: in order
+        spans.append(span)
+        return
+    pos = bisect_right(spans, key, key=_span_bounds)
+    if pos and _span_bounds(spans[pos - 1]) == key:
+        lo = bisect_left(spans, key, key=_span_bounds)
+        mine = content(span.event)
+        while lo < pos and content(spans[lo].event) <= mine:
+            lo += 1
+        pos = lo
+    spans.insert(pos, span)
+
+
+class Timeline:
+    """One thread's spans by kind, each list sorted, plus the CPUs it was seen on."""
+
+    __slots__ = ("_comm_ts", "comm", "horizon", "longest", "places", "spans", "tgid", "tid")
+
+    def __init__(self, tid: int, tgid: int) -> None:
+        self.tid = tid
+        self.tgid = tgid
+        self.comm = ""
+        self._comm_ts = -1
+        self.spans: dict[str, list[Span]] = {k: [] for k in (*KINDS, *POINT_KINDS)}
+        self.longest: dict[str, int] = dict.fromkeys(self.spans, 0)
+        self.places: list[tuple[int, int, int]] = []
+        # Spans ending before this may have been evicted: time there is not known.
+        self.horizon = 0
+
+    def add(self, rule: SpanRule, start: int, end: int, ev: Event) -> int:
+        """Store one event as [start, end); returns how many entries (spans and place
+        points) it added."""
+        comm = getattr(ev, "comm", "")
+        if comm and ev.ts_ns >= self._comm_ts:
+            self.comm, self._comm_ts = comm, ev.ts_ns
+        kind = rule.kind(ev)
+        _insert(self.spans[kind], Span(start, end, ev))
+        if end - start > self.longest[kind]:
+            self.longest[kind] = end - start
+        points = rule.places(ev)
+        places = self.places
+        for p in points:
+            if not places or places[-1] <= p:
+                places.append(p)
+            else:
+                places.insert(bisect_right(places, p), p)
+        return 1 + len(points)
+
+    @property
+    def size(self) -> int:
+        return sum(len(s) for s in self.spans.values()) + len(self.places)
+
+    def overlapping(self, kind: str, a: int, b: int) -> list[Span]:
+        """Spans of `kind` that share time with [a, b); points inside [a, b)."""
+        spans = self.spans[kind]
+        hi = bisect_left(spans, b, key=lambda s: s.start)
+        lo = bisect_left(spans, a - self.longest[kind], key=lambda s: s.start)
+        return [
+            s
+            for s in spans[lo:hi]
+            if s.end > a or (s.start == s.end and s.start >= a)  # points at a count
+        ]
+
+    def cpu_at(self, t: int) -> int | None:
+        """The CPU the thread ran on at t: after the last place point before t, else before
+        the first one after it; None when nothing places the thread."""
+        i = bisect_right(self.places, (t, 1 << 62, 1 << 62))
+        if i:
+            return self.places[i - 1][2]
+        return self.places[0][1] if self.places else None
+
+    def cpus_in(self, a: int, b: int) -> set[int]:
+        """CPUs the thread ran or waited on during [a, b]."""
+        lo = bisect_left(self.places, (a, -1, -1))
+        hi = bisect_right(self.places, (b, 1 << 62, 1 << 62))
+        cpus = {c for _, before, after in self.places[lo:hi] for c in (before, after)}
+        at = self.cpu_at(a)
+        return cpus if at is None else cpus | {at}
+
+    def evict_older(self, cutoff: int) -> int:
+        """Drop spans that ended before cutoff (from the front of each list: a long span holds
+        later ones until it goes) and place points before it, keeping the last of those so
+        the thread's CPU stays known. Returns the entries removed."""
+        removed = 0
+        for spans in self.spans.values():
+            n = 0
+            while n < len(spans) and spans[n].end < cutoff:
+                self.horizon = max(self.horizon, spans[n].end)
+                n += 1
+            del spans[:n]
+            removed += n
+        keep_from = bisect_left(self.places, (cutoff, -1, -1)) - 1
+        if keep_from > 0:
+            del self.places[:keep_from]
+            removed += keep_from
+        return removed
+
+    def drop_oldest(self, n: int) -> int:
+        """Drop the n oldest spans across kinds (count-based eviction); place points go only
+        when no span is left to drop."""
+        oldest = heapq.merge(
+            *(((s.start, k) for s in spans) for k, spans in self.spans.items() if spans)
+        )
+        counts: dict[str, int] = {}
+        for _, kind in itertools.islice(oldest, n):
+            counts[kind] = counts.get(kind, 0) + 1
+        for kind, k in counts.items():
+            spans = self.spans[kind]
+            self.horizon = max([self.horizon, *(s.end for s in spans[:k])])
+            del spans[:k]
+        dropped = sum(counts.values())
+        if dropped < n and len(self.places) > 1:
+            k = min(n - dropped, len(self.places) - 1)
+            del self.places[:k]
+            dropped += k
+        return dropped
