@@ -1,0 +1,112 @@
+"""Attributions in words, the way an operator reads them:
+
+    GPU0 idle 38.0ms at 12:01:07.250: 29.0ms swap-in (pid 4121 tid 4130), 6.0ms IRQs
+    nvme0q3 on CPU 17, 3.0ms unexplained [cuda, ±5us]
+
+`report`, `drill` and the daemon's console output share these phrases, so a cause reads the
+same everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpujitter.daemon.records import (
+    AllocEvidence,
+    Attribution,
+    FaultEvidence,
+    IdleEvidence,
+    IrqEvidence,
+    NodeEvidence,
+    Part,
+    SyscallEvidence,
+    TaskEvidence,
+)
+from gpujitter.probes.clock import format_wall
+from gpujitter.probes.events import ClockRef
+from gpujitter.units import format_bytes, format_ns
+
+CAUSE_LABELS = {
+    "swap_in": "swap-in",
+    "major_fault": "major faults (file)",
+    "idle_wake": "wake-up from idle",
+    "irq": "IRQs",
+    "minor_faults": "minor faults",
+    "runq_wait": "run-queue wait",
+    "alloc_stall": "allocator stall",
+    "blocked": "blocked",
+    "remote_oncpu": "on-CPU on a remote node",
+    "host_work": "host work",
+    "unexplained": "unexplained",
+}
+
+
+def cpus_text(cpus: tuple[int, ...]) -> str:
+    if not cpus:
+        return ""
+    return f" on CPU {cpus[0]}" if len(cpus) == 1 else f" on CPUs {','.join(map(str, cpus))}"
+
+
+def _top(part: Part, cls: type[Any]) -> list[Any]:
+    return sorted((e for e in part.evidence if isinstance(e, cls)), key=lambda e: -e.ns)
+
+
+def detail(part: Part, attr: Attribution) -> str:
+    """What a part's evidence names: which IRQ, which task, which state, which call."""
+    cause = part.cause
+    if cause in ("swap_in", "major_fault", "minor_faults"):
+        faults = _top(part, FaultEvidence)
+        count = sum(f.count for f in faults)
+        who = f"pid {attr.tgid} tid {','.join(map(str, part.tids))}" if part.tids else ""
+        what = f"{count} fault{'s' if count != 1 else ''}" if count else ""
+        return ", ".join(x for x in (who, what) if x)
+    if cause == "irq":
+        irqs = _top(part, IrqEvidence)
+        if not irqs:
+            return ""
+        top = irqs[0]
+        remote = " (remote to GPU)" if top.remote_to_gpu else ""
+        more = f" +{len(irqs) - 1} more" if len(irqs) > 1 else ""
+        return f"{top.name}{cpus_text(top.cpus)}{remote}{more}"
+    if cause == "runq_wait":
+        tasks = _top(part, TaskEvidence)
+        if not tasks:
+            return ""
+        top = tasks[0]
+        who = f"behind {top.comm} (tid {top.tid})" if top.tid else "behind an unknown task"
+        flag = ", after a cross-NUMA migration" if any(t.after_migration for t in tasks) else ""
+        return f"{who}{cpus_text(top.cpus)}{flag}"
+    if cause == "idle_wake":
+        states = _top(part, IdleEvidence)
+        return f"from {states[0].state_name}{cpus_text(states[0].cpus)}" if states else ""
+    if cause == "blocked":
+        calls = _top(part, SyscallEvidence)
+        return f"in {calls[0].syscall}" if calls and calls[0].syscall else ""
+    if cause == "alloc_stall":
+        calls = _top(part, AllocEvidence)
+        if not calls:
+            return ""
+        size = f" {format_bytes(calls[0].bytes)}" if calls[0].bytes else ""
+        return f"{calls[0].call}{size} x{sum(c.count for c in calls)}"
+    if cause == "remote_oncpu":
+        nodes = _top(part, NodeEvidence)
+        gpu = f", GPU on node {attr.gpu_node}" if attr.gpu_node >= 0 else ""
+        return f"node {nodes[0].node}{gpu}" if nodes else ""
+    return ""
+
+
+def part_text(part: Part, attr: Attribution) -> str:
+    more = detail(part, attr)
+    return f"{format_ns(part.ns)} {CAUSE_LABELS.get(part.cause, part.cause)}" + (
+        f" ({more})" if more else ""
+    )
+
+
+def one_line(attr: Attribution, clock: ClockRef | None = None) -> str:
+    when = format_wall(clock, attr.ts_ns)[:-3] if clock else f"t={attr.ts_ns}ns"
+    parts = ", ".join(part_text(p, attr) for p in attr.parts)
+    sources = "+".join(attr.sources)
+    return (
+        f"GPU{attr.gpu} idle {format_ns(attr.dur_ns)} at {when}: {parts} "
+        f"[{sources}, ±{format_ns(attr.resolution_ns)}]"
+    )

@@ -1,0 +1,66 @@
+"""Attributions in words: each cause names what its evidence says."""
+
+from __future__ import annotations
+
+from gpujitter.daemon.describe import one_line, part_text
+from gpujitter.daemon.records import (
+    AllocEvidence,
+    Attribution,
+    FaultEvidence,
+    IdleEvidence,
+    IrqEvidence,
+    NodeEvidence,
+    Part,
+    SyscallEvidence,
+    TaskEvidence,
+)
+from gpujitter.probes.events import ClockRef
+
+MS = 1_000_000
+
+
+def attribution(*parts: Part) -> Attribution:
+    return Attribution(
+        ts_ns=5 * 10**9, end_ns=5 * 10**9 + sum(p.ns for p in parts), gpu=0, sources=("cuda",),
+        resolution_ns=5_000, confidence=0.9, parts=parts, tgid=4121, tid=4130, comm="python",
+        gpu_node=0,
+    )  # fmt: skip
+
+
+def test_the_operators_sentence() -> None:
+    attr = attribution(
+        Part("swap_in", 29 * MS, (4130,), (FaultEvidence("swap", 120, 29 * MS, (17,)),)),
+        Part("irq", 6 * MS, (4130,),
+             (IrqEvidence("hardirq", 36, "nvme0q3", (17,), 40, 6 * MS, remote_to_gpu=True),)),
+        Part("unexplained", 3 * MS),
+    )  # fmt: skip
+    # 2026-01-01 12:01:07 UTC at monotonic 0 -> the gap starts 5 s later
+    clock = ClockRef(ts_ns=0, realtime_ns=1_767_268_867_000_000_000)
+    text = one_line(attr, clock)
+    assert text.startswith("GPU0 idle 38.00ms at ")
+    assert text.endswith(
+        ": 29.00ms swap-in (pid 4121 tid 4130, 120 faults), 6.00ms IRQs (nvme0q3 on CPU 17 "
+        "(remote to GPU)), 3.00ms unexplained [cuda, ±5.0us]"
+    )
+
+
+def test_each_cause_names_its_evidence() -> None:
+    attr = attribution()
+    cases = {
+        Part("runq_wait", MS, (1,), (TaskEvidence(812, "kworker/3:1", (3,), 4, MS, True),)):
+            "1.00ms run-queue wait (behind kworker/3:1 (tid 812) on CPU 3, after a cross-NUMA "
+            "migration)",
+        Part("idle_wake", MS, (1,), (IdleEvidence(3, "C6", (4, 5), 2, MS, 133_000),)):
+            "1.00ms wake-up from idle (from C6 on CPUs 4,5)",
+        Part("blocked", MS, (1,), (SyscallEvidence("sleeping", "futex", 202, 1, MS),)):
+            "1.00ms blocked (in futex)",
+        Part("alloc_stall", MS, (1,), (AllocEvidence("munmap", "", 2, MS, 64 << 20),)):
+            "1.00ms allocator stall (munmap 64.00MiB x2)",
+        Part("remote_oncpu", MS, (1,), (NodeEvidence(1, (8,), MS, True),)):
+            "1.00ms on-CPU on a remote node (node 1, GPU on node 0)",
+        Part("host_work", MS, (1,)): "1.00ms host work",
+        Part("runq_wait", MS, (1,), (TaskEvidence(0, "", (2,), 1, MS),)):
+            "1.00ms run-queue wait (behind an unknown task on CPU 2)",
+    }  # fmt: skip
+    for part, text in cases.items():
+        assert part_text(part, attr) == text
