@@ -9,6 +9,7 @@ the visible view.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from datetime import datetime, tzinfo
@@ -17,7 +18,9 @@ from typing import ClassVar
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
+from textual.css.query import NoMatches
 from textual.message import Message
+from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
 from gpujitter.errors import GpujitterError
@@ -149,7 +152,7 @@ class GpujitterTop(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#prompt").display = False
+        self.main.query_one("#prompt").display = False
         self._draw_title()
         self._pump()
         self._load_audit()
@@ -175,6 +178,10 @@ class GpujitterTop(App[None]):
         return self._stopping or self.inbox.closed
 
     def on_records_ready(self, _message: RecordsReady) -> None:
+        with contextlib.suppress(NoMatches):  # an exit under way removes the widgets
+            self._take_batch()
+
+    def _take_batch(self) -> None:
         batch = self.inbox.take()
         if batch.reset:
             self.model.reset()
@@ -189,13 +196,18 @@ class GpujitterTop(App[None]):
         self._redraw()
         if batch.selected_gap is not None:
             self.action_view("gaps")
-            self.query_one(GapsTable).select_gap(batch.selected_gap)
+            self.main.query_one(GapsTable).select_gap(batch.selected_gap)
 
     # -- drawing --------------------------------------------------------------------
 
     @property
+    def main(self) -> Screen[None]:
+        """The screen the views live on (a breakdown may be open over it)."""
+        return self.screen_stack[0]
+
+    @property
     def active_view(self) -> str:
-        return self.query_one(TabbedContent).active or "gpus"
+        return self.main.query_one(TabbedContent).active or "gpus"
 
     def _redraw(self, force: bool = False) -> None:
         """Redraw the visible view if its data changed (unless paused), and the status."""
@@ -204,7 +216,7 @@ class GpujitterTop(App[None]):
             self.dirty.discard(view)
             self._view_widget(view).update_from_model()
         self._draw_title()
-        self.query_one("#status", Static).update(
+        self.main.query_one("#status", Static).update(
             status_text(
                 self.model,
                 self.connection,
@@ -216,12 +228,12 @@ class GpujitterTop(App[None]):
 
     def _view_widget(self, view: str) -> GpusView | GapsTable | CpusTable | AuditView:
         if view == "gaps":
-            return self.query_one(GapsTable)
+            return self.main.query_one(GapsTable)
         if view == "cpus":
-            return self.query_one(CpusTable)
+            return self.main.query_one(CpusTable)
         if view == "audit":
-            return self.query_one(AuditView)
-        return self.query_one(GpusView)
+            return self.main.query_one(AuditView)
+        return self.main.query_one(GpusView)
 
     def _draw_title(self) -> None:
         h = self.model.hello
@@ -233,13 +245,14 @@ class GpujitterTop(App[None]):
         parts.append((self.source.label, "dim"))
         if h.override:
             parts.append((f"topology override {h.override}", "bold yellow"))
-        self.query_one("#title", Static).update(join(*parts, sep="  "))
+        self.main.query_one("#title", Static).update(join(*parts, sep="  "))
 
     @on(TabbedContent.TabActivated)
     def _view_shown(self, event: TabbedContent.TabActivated) -> None:
         view = self.active_view
-        self._redraw(force=view in self.dirty and not self.paused)
-        self._focus_view()
+        with contextlib.suppress(NoMatches):  # an exit under way removes the widgets
+            self._redraw(force=view in self.dirty and not self.paused)
+            self._focus_view()
 
     # -- the audit ------------------------------------------------------------------
 
@@ -253,7 +266,7 @@ class GpujitterTop(App[None]):
             except GpujitterError as err:
                 report = AuditReport(error=str(err))
         if not self._stopping:
-            self.call_from_thread(self.query_one(AuditView).show, report)
+            self.call_from_thread(self.main.query_one(AuditView).show, report)
 
     @on(AuditView.Rerun)
     def _rerun_audit(self) -> None:
@@ -273,7 +286,7 @@ class GpujitterTop(App[None]):
         self.action_view(VIEWS[(n + step) % len(VIEWS)])
 
     def action_view(self, view: str) -> None:
-        self.query_one(TabbedContent).active = view
+        self.main.query_one(TabbedContent).active = view
 
     def action_open(self) -> None:
         view = self._view_widget(self.active_view)
@@ -310,7 +323,7 @@ class GpujitterTop(App[None]):
             self.source.replay.faster(factor)
 
     def action_zoom(self, step: int) -> None:
-        self.query_one(GpusView).zoom(step)
+        self.main.query_one(GpusView).zoom(step)
 
     def action_filter(self) -> None:
         view = self._view_widget(self.active_view)
@@ -320,7 +333,7 @@ class GpujitterTop(App[None]):
         self._open_prompt("seek", "", "seek to HH:MM:SS[.ms], +10s, -1m, 50%, start or end")
 
     def _open_prompt(self, mode: str, value: str, placeholder: str) -> None:
-        prompt = self.query_one("#prompt", Input)
+        prompt = self.main.query_one("#prompt", Input)
         self.prompt_mode = mode
         prompt.placeholder = placeholder
         prompt.value = value
@@ -334,7 +347,7 @@ class GpujitterTop(App[None]):
 
     def _close_prompt(self) -> None:
         self.prompt_mode = ""
-        prompt = self.query_one("#prompt", Input)
+        prompt = self.main.query_one("#prompt", Input)
         prompt.display = False
         self._focus_view()
 

@@ -164,6 +164,12 @@ class Inbox:
             self._cond.notify_all()
             return batch
 
+    @property
+    def pending(self) -> bool:
+        """Something waits for the app (records, or a wake-up not yet taken)."""
+        with self._cond:
+            return bool(self._fifo or self._state or self._pending)
+
     def close(self) -> None:
         with self._cond:
             self._closed = True

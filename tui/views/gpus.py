@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
+from textual.geometry import Size
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -16,6 +17,7 @@ from gpujitter.tui.views.timeline import bars, columns, gap_marks
 LABEL = 6  # "util  "
 VALUE = 7  # " 100% " / " 412W"
 WINDOWS_S = (10, 30, 60, 120, 300, 600)
+PANEL_LINES = 6  # header, feeders, util, power, gaps, time axis
 
 
 class GpuPanel(Widget):
@@ -80,7 +82,12 @@ class GpuPanel(Widget):
         left, right = m.clock.time(t0, 0), m.clock.time(t1, 0)
         axis = " " * LABEL + left + right.rjust(max(bar_w - len(left), len(right) + 1))
         lines.append(Text(axis, style="dim", no_wrap=True))
-        return Text("\n", no_wrap=True).join(lines)
+        out = Text("\n").join(lines)
+        out.no_wrap, out.overflow = True, "crop"  # a stale width must never wrap a row
+        return out
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return PANEL_LINES
 
 
 class GpusView(VerticalScroll):
