@@ -178,8 +178,9 @@ class GpujitterTop(App[None]):
         return self._stopping or self.inbox.closed
 
     def on_records_ready(self, _message: RecordsReady) -> None:
-        with contextlib.suppress(NoMatches):  # an exit under way removes the widgets
-            self._take_batch()
+        if self.screen_stack:  # (empty while the app exits)
+            with contextlib.suppress(NoMatches):  # an exit under way removes the widgets
+                self._take_batch()
 
     def _take_batch(self) -> None:
         batch = self.inbox.take()

@@ -1,8 +1,8 @@
 """Replay of a recording: a trace (`gpujitter record`; its events go through StreamPipeline as
 the embedded source's do) or an NDJSON file of stream records (a captured socket stream, the
-attribution log). The records are ordered by when the daemon would have sent them and
-played against a replay clock: play/pause, step, jump to the next gap, seek (backwards
-starts the model over and plays up to the target at once), speed.
+attribution log). The records keep the recording's order and play against a replay clock:
+play/pause, step, jump to the next gap, seek (backwards starts the model over and plays up
+to the target at once), speed.
 
 Commands arrive from the app's thread (ReplayControl) and are carried out on the worker's.
 """
@@ -43,7 +43,8 @@ def emitted_at(rec: Record) -> int | None:
 
 
 def load_recording(path: Path) -> tuple[list[Record], list[Record]]:
-    """(records that set the scene: hello and snapshot; timed records in emission order)."""
+    """(records that set the scene: the hello and snapshot before the first timed record;
+    the rest, in the order they were sent or recorded)."""
     try:
         with open(path, "rb") as f:
             magic = f.read(len(TRACE_MAGIC))
@@ -53,18 +54,13 @@ def load_recording(path: Path) -> tuple[list[Record], list[Record]]:
         raise GpujitterError(f"cannot read {path}: {err.strerror}") from None
     records = _trace_records(path) if magic == TRACE_MAGIC else _ndjson_records(path)
     scene: list[Record] = []
-    timed: list[tuple[int, int, Record]] = []
-    last = 0
-    for n, rec in enumerate(records):
-        kind = rec.get("type")
-        if kind in ("hello", "snapshot") and not timed:
+    rest: list[Record] = []
+    for rec in records:
+        if rec.get("type") in ("hello", "snapshot") and not rest:
             scene.append(rec)
-            continue
-        at = emitted_at(rec)
-        last = last if at is None else at
-        timed.append((last, n, rec))
-    timed.sort(key=lambda t: (t[0], t[1]))
-    return scene, [rec for _, _, rec in timed]
+        else:
+            rest.append(rec)
+    return scene, rest
 
 
 def _ndjson_records(path: Path) -> Iterable[Record]:
@@ -115,9 +111,12 @@ class ReplaySource(Source):
         self.path = Path(path)
         self.label = f"replay {self.path.name}"
         self.scene, self.records = load_recording(self.path)
-        self.times = [emitted_at(r) or 0 for r in self.records]
-        for n in range(1, len(self.times)):  # untimed records keep their predecessor's time
-            self.times[n] = max(self.times[n], self.times[n - 1])
+        # Each record plays at its sending time; the order stays the recording's, so a
+        # record timed before its predecessor (or not timed) plays with the predecessor.
+        self.times: list[int] = []
+        for rec in self.records:
+            sent = emitted_at(rec) or 0
+            self.times.append(max(sent, self.times[-1]) if self.times else sent)
         self.start_ns = self.times[0] if self.times else 0
         self.end_ns = self.times[-1] if self.times else 0
         if at == "start":

@@ -18,19 +18,25 @@ def columns(
     covers [ts - period, ts]. None where no sample falls."""
     if width <= 0 or t1 <= t0:
         return []
-    span = t1 - t0
     sums = [0.0] * width
     counts = [0] * width
     for ts, value, period in samples:
         start, end = ts - max(period, 0), ts
         if end < t0 or start >= t1:
             continue
-        first = max(0, (max(start, t0) - t0) * width // span)
-        last = min(width - 1, (min(end, t1 - 1) - t0) * width // span)
+        first, last = _span(start, end, t0, t1, width)
         for c in range(first, last + 1):
             sums[c] += value
             counts[c] += 1
     return [s / n if n else None for s, n in zip(sums, counts, strict=True)]
+
+
+def _span(start: int, end: int, t0: int, t1: int, width: int) -> tuple[int, int]:
+    """The first and last column [start, end) touches (a point: the column it falls in)."""
+    span = t1 - t0
+    first = max(0, (max(start, t0) - t0) * width // span)
+    last_ns = min(end, t1) - 1 if end > start else min(end, t1 - 1)
+    return first, min(width - 1, max(first, (last_ns - t0) * width // span))
 
 
 def bars(values: Sequence[float | None], top: float, style: str) -> Text:
@@ -51,13 +57,11 @@ def gap_marks(
     still waiting for their attribution in yellow), and how many gaps the window holds."""
     cells: list[str | None] = [None] * width
     n = 0
-    span = max(t1 - t0, 1)
     for start, end, attributed in gaps:
-        if end < t0 or start >= t1 or width <= 0:
+        if end < t0 or start >= t1 or width <= 0 or t1 <= t0:
             continue
         n += 1
-        first = max(0, (max(start, t0) - t0) * width // span)
-        last = min(width - 1, (min(end, t1 - 1) - t0) * width // span)
+        first, last = _span(start, end, t0, t1, width)
         for c in range(first, last + 1):
             if cells[c] != "red":
                 cells[c] = "red" if attributed else "yellow"
