@@ -74,7 +74,7 @@ def load_file(path: Path) -> AuditReport:
         raise GpujitterError(f"cannot read {path}: {err.strerror}") from None
     except orjson.JSONDecodeError:
         raise GpujitterError(f"{path}: not JSON (want `gpujitter audit --json` output)") from None
-    return parse(doc, str(path))
+    return parse(doc, Path(path).name)
 
 
 def run_audit(argv: tuple[str, ...] = ()) -> AuditReport:

@@ -148,9 +148,9 @@ def run(args: argparse.Namespace) -> int:
     from gpujitter.tui import audit
     from gpujitter.tui.app import GpujitterTop
 
+    source = make_source(args)  # bad input is reported first, terminal or not
     if not sys.stdin.isatty() or not sys.stderr.isatty():
         raise GpujitterError("top needs a terminal (for scripts: gpujitter probe --json)")
-    source = make_source(args)
     loader = audit.run_audit if args.audit is None else partial(audit.load_file, args.audit)
     with probe_output_aside() as driver:
         GpujitterTop(source, audit=loader, driver_class=driver).run()

@@ -187,3 +187,7 @@ def test_kernel_counter_sampler_gives_deltas_and_flags_remote_irqs(tmp_path: Pat
     idle_only = ProcCpuSampler(topo, paths, irq=False)
     idle_only.sample(1)
     assert all(r["top_irqs"] == () and r["idle_ns"] for r in idle_only.sample(2))
+
+
+def test_the_committed_stream_fixture_is_what_its_generator_writes() -> None:
+    assert STREAM.read_bytes() == node_stream.ndjson(node_stream.stream())

@@ -121,6 +121,7 @@ class GapScreen(ModalScreen[None]):
         self._draw()
 
     def _draw(self) -> None:
-        width = self.query_one("#breakdown-text").content_size.width or 60
+        # Leave room for the scrollbar a long breakdown brings, so the bar never wraps.
+        width = (self.query_one("#breakdown-text").content_size.width or 62) - 2
         text = breakdown_text(self.gap, self.attribution, self.clock, width)
         self.query_one("#breakdown-text", Static).update(text)
