@@ -187,9 +187,7 @@ class GpujitterTop(App[None]):
         if batch.reset:
             self.model.reset()
         self.model.apply_all(batch.records)
-        if batch.connection != self.connection:
-            self.connection = batch.connection
-            self._draw_title()
+        self.connection = batch.connection
         self.position = batch.position
         if batch.more:
             self.post_message(RecordsReady())

@@ -216,3 +216,23 @@ def test_hostile_names_are_shown_literally_and_never_run(tmp_path: Path) -> None
             assert app.is_running
 
     asyncio.run(scenario())
+
+
+def test_a_source_that_breaks_is_shown_and_the_app_stays_up(tmp_path: Path) -> None:
+    from gpujitter.tui.sources import Sink, Source
+
+    class Broken(Source):
+        label = "broken"
+
+        def run(self, sink: Sink, stopped: object) -> None:
+            sink.records([{"type": "meta.probe", "ts_ns": 1, "probe": "irq", "state": "running"}])
+            raise OSError("the disk went away")
+
+    async def scenario() -> None:
+        app = make_app(Broken())
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: "source failed" in status_line(app), "the failure")
+            assert "OSError: the disk went away" in status_line(app)
+            assert app.model.probes["irq"].state == "running" and app.is_running
+
+    asyncio.run(scenario())

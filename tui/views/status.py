@@ -35,6 +35,8 @@ def connection_text(conn: Connection | None, model: NodeModel, pos: ReplayPositi
             f"{mark} replay {model.clock.time(pos.at_ns, 1)} {done:.0f}%{end} {speed}".rstrip(),
             style="bold magenta",
         )
+    if conn.state == "failed":
+        return Text(f"✗ source failed: {conn.detail}", style="bold red")
     return Text(f"○ {conn.state}", style="dim")
 
 
