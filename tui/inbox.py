@@ -15,7 +15,6 @@ worker calls `notify` only when no wake-up is pending.
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -46,7 +45,6 @@ class Connection:
 
     state: str
     detail: str = ""
-    since: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True, slots=True)
