@@ -1,0 +1,189 @@
+"""`gpujitter top`: the live TUI. Connects to the daemon's socket when one listens; otherwise
+runs the probes in-process (embedded); with --replay, plays a recording through the same
+views."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpujitter.cli.command import Command
+from gpujitter.cli.options import (
+    add_topology_args,
+    add_watch_args,
+    topology_from_args,
+    watch_from_args,
+)
+from gpujitter.errors import GpujitterError
+
+if TYPE_CHECKING:
+    from gpujitter.tui.sources import Source
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--socket",
+        type=Path,
+        metavar="PATH",
+        help="the daemon's stream socket (default: socket.path of the daemon's configuration, "
+        "/run/gpujitter/gpujitter.sock)",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--replay",
+        type=Path,
+        metavar="TRACE",
+        help="play a recording: a trace (file or directory from `gpujitter record`) or an "
+        "NDJSON file of stream records (a captured socket stream, the attribution log)",
+    )
+    mode.add_argument(
+        "--embedded",
+        action="store_true",
+        help="run the probes in this process even if a daemon listens",
+    )
+    mode.add_argument(
+        "--daemon",
+        action="store_true",
+        help="only show the daemon's stream: wait for it instead of running the probes here",
+    )
+    p.add_argument(
+        "--at",
+        default="start",
+        metavar="WHERE",
+        help="replay: where to start (start, end, or HH:MM:SS, +TIME, N%%; default start)",
+    )
+    p.add_argument("--paused", action="store_true", help="replay: start paused")
+    p.add_argument("--speed", type=float, default=1.0, help="replay: playback speed (default 1)")
+    p.add_argument(
+        "--audit",
+        type=Path,
+        metavar="FILE",
+        help="show this `gpujitter audit --json` output in the Audit view instead of auditing "
+        "this node (e.g. the audit of the node a trace was recorded on)",
+    )
+    add_watch_args(p)
+    add_topology_args(p)
+
+
+def socket_path(args: argparse.Namespace) -> Path:
+    if args.socket is not None:
+        return Path(args.socket)
+    from gpujitter.daemon.config import load_config
+
+    return Path(load_config()["socket.path"])
+
+
+def make_source(args: argparse.Namespace) -> Source:
+    from gpujitter.probes import registry
+    from gpujitter.tui.sources.embedded import EmbeddedSource
+    from gpujitter.tui.sources.replay import ReplaySource
+    from gpujitter.tui.sources.socket import SocketSource, daemon_listening
+
+    if args.replay is not None:
+        return replay_source(args, ReplaySource)
+    path = socket_path(args)
+    if args.daemon or (not args.embedded and daemon_listening(path)):
+        return SocketSource(path)
+    names = registry.default_names()
+    return EmbeddedSource(
+        names,
+        topology=topology_from_args(args),
+        watch=watch_from_args(args),
+    )
+
+
+def replay_source(args: argparse.Namespace, cls: Any) -> Source:
+    where = args.at
+    if where in ("start", "end"):
+        return cls(args.replay, at=where, playing=not args.paused, speed=args.speed)
+    source = cls(args.replay, at="start", playing=not args.paused, speed=args.speed)
+    from gpujitter.tui.app import seek_target
+    from gpujitter.tui.inbox import ReplayPosition
+    from gpujitter.tui.model import NodeModel
+
+    model = NodeModel()
+    model.apply_all(source.scene)
+    pos = ReplayPosition(source.start_ns, source.start_ns, source.end_ns, False, 1.0)
+    source.at_ns = seek_target(where, model.clock, pos)
+    return source
+
+
+@contextlib.contextmanager
+def probe_output_aside() -> Iterator[type[Any]]:
+    """Yield a Textual driver that draws on a duplicate of the terminal, and point fd 2 at a
+    file while the app runs: bcc and clang write to fd 2 (the probes capture it while they
+    compile), which must neither tear the screen nor mix the screen's bytes into a probe's
+    error text. What was said there is summed up in one line afterwards."""
+    from textual.drivers.linux_driver import LinuxDriver
+
+    terminal = os.fdopen(os.dup(2), "w")
+
+    class TerminalDriver(LinuxDriver):
+        def __init__(self, app: Any, **kwargs: Any) -> None:
+            super().__init__(app, **kwargs)
+            self._file = terminal
+
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as aside, terminal:
+        os.dup2(aside.fileno(), 2)
+        try:
+            yield TerminalDriver
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            aside.seek(0)
+            said = aside.read().decode(errors="replace").strip().splitlines()
+            if said:
+                print(f"gpujitter top: last message on stderr: {said[-1]}", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpujitter.tui import audit
+    from gpujitter.tui.app import GpujitterTop
+
+    source = make_source(args)  # bad input is reported first, terminal or not
+    if not sys.stdin.isatty() or not sys.stderr.isatty():
+        raise GpujitterError("top needs a terminal (for scripts: gpujitter probe --json)")
+    loader = audit.run_audit if args.audit is None else partial(audit.load_file, args.audit)
+    with probe_output_aside() as driver:
+        GpujitterTop(source, audit=loader, driver_class=driver).run()
+    return 0
+
+
+COMMAND = Command(
+    name="top",
+    summary="the live view: GPUs, idle gaps and their causes, CPUs, the node's audit",
+    description="""
+        Open the live view of this node: per GPU its utilisation and power with idle gaps
+        marked; every gap with its top cause, and on enter its breakdown (causes in ms and
+        %, the evidence, the remedy); per CPU its NUMA node, interrupt load, idle states
+        and the watched threads there (remote-node placements in red); the node's tuning
+        audit. The status line shows the data source, probe health, lost events, the
+        daemon's own CPU and dropped records.
+
+        Connects to the daemon's socket when a daemon listens, and reconnects when it
+        restarts; with no daemon it runs the probes itself (needs root; without, it shows
+        the kernel's interrupt and idle counters). --replay plays a recording through the
+        same views: p play/pause, n next gap, . step, g seek.
+    """,
+    examples="""
+        # this node, live (the daemon's stream, or the probes in-process)
+        gpujitter top
+        # only processes named python*, probes in-process
+        gpujitter top --embedded --comm 'python*'
+        # a recorded trace, from its end, paused
+        gpujitter top --replay /var/lib/gpujitter/traces --at end --paused
+        # the attribution log, with the audit of the node it came from
+        gpujitter top --replay attributions.jsonl --audit node-audit.json
+    """,
+    add_arguments=add_arguments,
+    run=run,
+    json_flag=False,
+)

@@ -1,0 +1,104 @@
+"""Helpers for the TUI's tests: the fixed node stream, apps over a replay or a real daemon
+stream socket, and waiting for the app to have taken in what its source sent."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+
+from gpujitter.daemon.stream import StreamServer
+from gpujitter.tui import audit
+from gpujitter.tui.app import GpujitterTop
+from gpujitter.tui.sources import Source
+from gpujitter.tui.sources.replay import ReplaySource
+from tests.tui import node_stream
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "tui"
+AUDIT = FIXTURES / "audit-two-node-bad.json"
+STREAM = FIXTURES / "node-stream.ndjson"
+
+
+def make_app(source: Source, **kwargs: Any) -> GpujitterTop:
+    """The app as `gpujitter top` builds it, with wall times in UTC and a saved audit."""
+    return GpujitterTop(source, audit=lambda: audit.load_file(AUDIT), tz=UTC, **kwargs)
+
+
+def replay_app(path: Path = STREAM, at: str = "end", playing: bool = False) -> GpujitterTop:
+    return make_app(ReplaySource(path, at=at, playing=playing))
+
+
+def write_stream(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_bytes(node_stream.ndjson(records))
+    return path
+
+
+async def until(pilot: Pilot, ready: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    """Let the app run until `ready()` holds (the source's thread and the UI's messages
+    need real time; the test asserts on the state reached, never on how long it took)."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.02)
+    await pilot.pause()
+
+
+async def settled(pilot: Pilot) -> None:
+    """A replay app has delivered everything up to its position and filled every view."""
+    app = pilot.app
+    assert isinstance(app, GpujitterTop)
+
+    def ready() -> bool:
+        pos = app.position
+        audit_view = app.query_one("#audit-view")
+        return (
+            pos is not None
+            and not app.inbox.pending
+            and app.model.now_ns >= pos.at_ns - 1_000_000_000
+            and getattr(audit_view, "report", None) is not None
+        )
+
+    await until(pilot, ready, "the replay to settle")
+
+
+class Daemon:
+    """A real daemon.stream.StreamServer on a path, serving a recorded hello and snapshot,
+    that a test can stop and start again (a daemon restart)."""
+
+    def __init__(self, path: Path, records: list[dict[str, Any]], pid: int = 2301) -> None:
+        self.path = path
+        self.hello = {k: v for k, v in records[0].items() if k not in ("type", "schema", "scope")}
+        self.hello["pid"] = pid
+        self.snapshot = records[1]
+        self.live = records[2:]
+        self.server: StreamServer | None = None
+
+    def start(self, pid: int | None = None) -> StreamServer:
+        if pid is not None:
+            self.hello["pid"] = pid
+        self.server = StreamServer(
+            self.path, hello=lambda: dict(self.hello), snapshot=lambda: [self.snapshot]
+        ).start()
+        return self.server
+
+    def publish_all(self) -> None:
+        assert self.server is not None
+        for rec in self.live:
+            self.server.publish(rec)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(tmp_path / "gpujitter.sock", node_stream.stream())
+    yield d
+    d.stop()

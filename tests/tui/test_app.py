@@ -1,0 +1,238 @@
+"""The app driven by Pilot as a person would: views, opening a gap, filtering, pausing, the
+replay controls, a small terminal, a daemon restart, hostile names."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from textual.widgets import DataTable, Input, Static, TabbedContent
+
+from gpujitter.tui.app import GpujitterTop
+from gpujitter.tui.sources.socket import SocketSource
+from gpujitter.tui.views.breakdown import GapScreen
+from gpujitter.tui.views.gaps import GapsTable
+from gpujitter.tui.views.gpus import GpuPanel
+from tests.tui import node_stream
+from tests.tui.conftest import Daemon, make_app, replay_app, settled, until, write_stream
+
+S = 1_000_000_000
+
+
+def status_line(app: GpujitterTop) -> str:
+    return str(app.query_one("#status", Static).render())
+
+
+def table_rows(table: DataTable) -> list[str]:
+    return [" ".join(c.plain for c in table.get_row_at(n)) for n in range(table.row_count)]
+
+
+def test_tab_and_number_keys_switch_views_and_enter_opens_the_selected_gap() -> None:
+    async def scenario() -> None:
+        app = replay_app()
+        async with app.run_test(size=(120, 36)) as pilot:
+            await settled(pilot)
+            tabs = app.query_one(TabbedContent)
+            seen = [tabs.active]
+            for _ in range(4):
+                await pilot.press("tab")
+                seen.append(tabs.active)
+            assert seen == ["gpus", "gaps", "cpus", "audit", "gpus"]
+            await pilot.press("shift+tab")
+            assert tabs.active == "audit"
+            await pilot.press("2")
+            assert tabs.active == "gaps"
+            table = app.query_one(GapsTable)
+            assert table.row_count == len(node_stream.GAPS)
+            assert "attributing" in table_rows(table)[0]  # newest first: not attributed yet
+            await pilot.press("down", "down", "down", "down", "enter")
+            await until(pilot, lambda: isinstance(app.screen, GapScreen), "the breakdown")
+            text = app.screen.query_one("#breakdown-text", Static).render()
+            shown = str(text)
+            # The 120 ms gap at 12:00:33.050: allocator stall 70 ms of 120, its evidence,
+            # the remedy line.
+            assert "GPU 0 idle 120.00ms" in shown and "12:00:33.050" in shown
+            assert "allocator stall" in shown and "70.0 ms" in shown and "58%" in shown
+            assert "munmap: 6× 70.00ms, 512.00MiB" in shown
+            assert "LD_PRELOAD=libjemalloc.so.2" in shown
+            await pilot.press("escape")
+            assert not isinstance(app.screen, GapScreen)
+            await pilot.click(GapsTable, offset=(5, 3))  # the mouse: a row, then open it
+            await pilot.click(GapsTable, offset=(5, 3))
+            await until(pilot, lambda: isinstance(app.screen, GapScreen), "a clicked gap")
+
+    asyncio.run(scenario())
+
+
+def test_filter_narrows_the_view_and_escape_clears_it() -> None:
+    async def scenario() -> None:
+        app = replay_app()
+        async with app.run_test(size=(120, 36)) as pilot:
+            await settled(pilot)
+            await pilot.press("2", "slash")
+            assert app.query_one("#prompt", Input).has_focus
+            await pilot.press(*"swap")
+            rows = table_rows(app.query_one(GapsTable))
+            assert len(rows) == 2 and all("swap-in" in r for r in rows)
+            await pilot.press("enter")  # keeps the filter, back to the table
+            assert app.query_one(GapsTable).has_focus
+            assert len(table_rows(app.query_one(GapsTable))) == 2
+            await pilot.press("slash", "escape")
+            assert len(table_rows(app.query_one(GapsTable))) == len(node_stream.GAPS)
+            await pilot.press("3", "slash", *"remote")  # the CPUs view filters the same way
+            cpus = table_rows(app.query_one("#cpus-table", DataTable))
+            assert [r.split()[0] for r in cpus] == ["2", "5"]
+
+    asyncio.run(scenario())
+
+
+def test_replay_controls_next_gap_step_seek_and_play(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        app = replay_app(at="start", playing=False)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await until(pilot, lambda: app.position is not None, "the replay position")
+            start = app.position.start_ns
+            assert not app.model.gaps
+            await pilot.press("n")  # the first gap and its attribution, then paused
+            first = f"0:{node_stream.T0 + 6200 * 1_000_000}"
+            await until(pilot, lambda: first in app.model.attributions, "the first gap")
+            assert list(app.model.gaps) == [first]
+            assert app.query_one(TabbedContent).active == "gaps"
+            assert app.query_one(GapsTable).selected_gap() == first
+            assert not app.position.playing
+            at = app.position.at_ns
+            await pilot.press("full_stop")
+            await until(pilot, lambda: app.position.at_ns == at + S, "a step")
+            await pilot.press("g", *"+10s", "enter")
+            await until(pilot, lambda: app.position.at_ns == at + 11 * S, "a relative seek")
+            assert len(app.model.gaps) == 2  # 6.2 s and 12.75 s
+            await pilot.press("g", *"12:00:05", "enter")  # backwards: the model starts over
+            await until(pilot, lambda: not app.model.gaps, "a seek back")
+            assert app.position.at_ns == node_stream.T0 + 5 * S
+            await pilot.press("g", *"end", "enter")
+            await until(pilot, lambda: app.position.done, "the end")
+            assert len(app.model.gaps) == len(node_stream.GAPS)
+            await pilot.press("g", *"start", "enter")
+            await until(pilot, lambda: app.position.at_ns == start, "the start")
+            await pilot.press("greater_than_sign", "greater_than_sign", "p")
+            await until(pilot, lambda: app.position.playing, "playing")
+            assert app.position.speed == 4
+            await until(pilot, lambda: app.model.now_ns > start, "the replay clock to move")
+            await pilot.press("p")
+            await until(pilot, lambda: not app.position.playing, "paused")
+            assert "replay" in status_line(app) and "×4" in status_line(app)
+            await pilot.press("g", *"tomorrow", "enter")  # a bad target says why, in a toast
+            await pilot.pause()
+            assert any("cannot seek" in str(n.message) for n in app._notifications)
+
+    asyncio.run(scenario())
+
+
+def test_live_pause_freezes_the_views_and_resume_shows_what_came_meanwhile(
+    daemon: Daemon,
+) -> None:
+    async def scenario() -> None:
+        daemon.start()
+        app = make_app(SocketSource(daemon.path))
+        async with app.run_test(size=(120, 36)) as pilot:
+            await until(pilot, lambda: app.model.hello.pid == 2301, "the hello")
+            await pilot.press("2", "p")
+            assert "PAUSED" in status_line(app)
+            daemon.publish_all()
+            n = len(node_stream.GAPS)
+            await until(pilot, lambda: len(app.model.gaps) == n, "the live gaps")
+            assert app.query_one(GapsTable).row_count == 0  # frozen while paused
+            await pilot.press("p")
+            assert app.query_one(GapsTable).row_count == n
+            assert "PAUSED" not in status_line(app)
+
+    asyncio.run(scenario())
+
+
+def test_resizes_down_to_80x24_and_everything_still_fits() -> None:
+    async def scenario() -> None:
+        app = replay_app()
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settled(pilot)
+            await pilot.resize_terminal(80, 24)
+            await pilot.pause()
+            assert app.screen.size == (80, 24)
+            panels = list(app.query(GpuPanel))
+            assert len(panels) == 2 and all(76 <= p.region.width <= 80 for p in panels)
+            assert all(p.region.bottom <= 22 for p in panels)  # above status and footer
+            status = app.query_one("#status")
+            assert status.region.y == 22 and "replay" in status_line(app)
+            await pilot.press("2", "enter")
+            await until(pilot, lambda: isinstance(app.screen, GapScreen), "the breakdown")
+            box = app.screen.query_one("#breakdown")
+            assert box.region.right <= 80 and box.region.bottom <= 24
+
+    asyncio.run(scenario())
+
+
+def test_reconnects_when_the_daemon_restarts(daemon: Daemon) -> None:
+    async def scenario() -> None:
+        daemon.start(pid=2301)
+        source = SocketSource(daemon.path, retry_s=0.05, retry_max_s=0.2)
+        app = make_app(source)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await until(pilot, lambda: "daemon pid 2301" in status_line(app), "the daemon")
+            daemon.publish_all()
+            n = len(node_stream.GAPS)
+            await until(pilot, lambda: len(app.model.gaps) == n, "the gaps")
+            daemon.stop()
+            await until(pilot, lambda: "no daemon, retrying" in status_line(app), "the loss")
+            daemon.start(pid=2302)  # the restarted daemon: new pid, its own snapshot
+            await until(pilot, lambda: "daemon pid 2302" in status_line(app), "reconnected")
+            assert source.connections >= 2  # (one more if it got in as the old one closed)
+            assert len(app.model.gaps) == n  # what was seen before the restart stays
+
+    asyncio.run(scenario())
+
+
+def test_hostile_names_are_shown_literally_and_never_run(tmp_path: Path) -> None:
+    """Process, thread and IRQ names that are Textual markup or action links appear as
+    typed on every view, and clicking them does nothing."""
+    hostile = node_stream.names(hostile=True)
+    path = write_stream(tmp_path / "hostile.ndjson", node_stream.stream(hostile=True))
+
+    async def scenario() -> None:
+        app = replay_app(path)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await settled(pilot)
+            gpus = " ".join(str(p.render()) for p in app.query(GpuPanel))
+            assert hostile["trainer"] in gpus and hostile["worker"] in gpus
+            await pilot.press("2")
+            assert hostile["trainer"] in " ".join(table_rows(app.query_one(GapsTable)))
+            await pilot.press("3")
+            cpus = " ".join(table_rows(app.query_one("#cpus-table", DataTable)))
+            for name in ("trainer", "loader", "worker", "nvme"):
+                assert hostile[name] in cpus
+            await pilot.click("#cpus-table", offset=(100, 6))  # on "[@click=quit]"
+            await pilot.press("2", *["down"] * 7, "enter")  # 12:00:12.750: IRQ, then a wait
+            await until(pilot, lambda: isinstance(app.screen, GapScreen), "the breakdown")
+            shown = str(app.screen.query_one("#breakdown-text", Static).render())
+            assert hostile["kworker"] in shown and hostile["nvme"] in shown
+            assert app.is_running
+
+    asyncio.run(scenario())
+
+
+def test_a_source_that_breaks_is_shown_and_the_app_stays_up(tmp_path: Path) -> None:
+    from gpujitter.tui.sources import Sink, Source
+
+    class Broken(Source):
+        label = "broken"
+
+        def run(self, sink: Sink, stopped: object) -> None:
+            sink.records([{"type": "meta.probe", "ts_ns": 1, "probe": "irq", "state": "running"}])
+            raise OSError("the disk went away")
+
+    async def scenario() -> None:
+        app = make_app(Broken())
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: "source failed" in status_line(app), "the failure")
+            assert "OSError: the disk went away" in status_line(app)
+            assert app.model.probes["irq"].state == "running" and app.is_running
+
+    asyncio.run(scenario())

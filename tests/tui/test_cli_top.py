@@ -1,0 +1,62 @@
+"""`gpujitter top`'s command line: which source it picks, where a replay starts, and the
+one-line errors (the app itself is tested through Pilot)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from gpujitter.cli import build_parser, load_commands
+from gpujitter.cli.top import make_source
+from gpujitter.tui.sources.embedded import EmbeddedSource
+from gpujitter.tui.sources.replay import ReplaySource
+from gpujitter.tui.sources.socket import SocketSource
+from tests.tui import node_stream
+from tests.tui.conftest import STREAM, Daemon
+
+S = 1_000_000_000
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return build_parser(load_commands()).parse_args(["top", *argv])
+
+
+def test_picks_the_daemon_when_one_listens_else_runs_embedded(daemon: Daemon) -> None:
+    assert isinstance(make_source(parse("--socket", str(daemon.path))), EmbeddedSource)
+    daemon.start()
+    assert isinstance(make_source(parse("--socket", str(daemon.path))), SocketSource)
+    assert isinstance(
+        make_source(parse("--socket", str(daemon.path), "--embedded")), EmbeddedSource
+    )
+    daemon.stop()
+    waiting = make_source(parse("--socket", str(daemon.path), "--daemon"))
+    assert isinstance(waiting, SocketSource)
+
+
+def test_replay_starts_where_asked() -> None:
+    source = make_source(parse("--replay", str(STREAM), "--at", "12:00:30", "--paused"))
+    assert isinstance(source, ReplaySource) and not source.playing
+    assert source.at_ns == node_stream.T0 + 30 * S
+    end = make_source(parse("--replay", str(STREAM), "--at", "end"))
+    assert isinstance(end, ReplaySource) and end.at_ns == end.end_ns and end.playing
+
+
+def run_top(*argv: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "gpujitter", "top", *argv]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False
+    )
+
+
+def test_errors_are_one_line(tmp_path: Path) -> None:
+    missing = run_top("--replay", str(tmp_path / "nope.gjtrace"))
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert "cannot read" in missing.stderr or "no such file" in missing.stderr
+    no_tty = run_top("--replay", str(STREAM))
+    assert no_tty.returncode == 2
+    assert (
+        no_tty.stderr
+        == "gpujitter top: error: top needs a terminal (for scripts: gpujitter probe --json)\n"
+    )

@@ -1,0 +1,48 @@
+"""`gpujitter top` with no daemon: the probes run in-process and the CPUs view fills from the
+kernel's counters where no probe covers them. Attaches the default probes to this kernel (run
+under the shared lock, like the kernel tests)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from textual.widgets import DataTable
+
+from gpujitter.probes import registry
+from gpujitter.probes.topology import load_topology
+from gpujitter.probes.watch import WatchSpec
+from gpujitter.tui.sources.embedded import EmbeddedSource
+from tests.tui.conftest import make_app, until
+from tests.tui.test_app import status_line
+
+pytestmark = pytest.mark.kernel
+
+
+def test_embedded_mode_shows_live_cpu_idle_and_probe_health() -> None:
+    topo = load_topology()
+    names = registry.default_names()
+    source = EmbeddedSource(names, topology=topo, watch=WatchSpec(all=True), tick_s=0.5)
+
+    async def scenario() -> None:
+        app = make_app(source)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await until(
+                pilot,
+                lambda: all(p in app.model.probes for p in names) and len(app.model.cpus) > 0,
+                "probe health and CPU figures",
+                timeout=60,
+            )
+            await until(pilot, lambda: app.model.status is not None, "the self status")
+            assert {p.state for p in app.model.probes.values()} <= {"running", "degraded"}
+            line = status_line(app)
+            assert "● embedded" in line and "self cpu" in line and f"{len(names)} on" in line
+            await pilot.press("3")
+            rows = app.model.cpu_rows()
+            assert sorted(r.cpu for r in rows) == topo.cpus
+            # Without the cstate probe, idle time comes from /proc/stat (or cpuidle sysfs):
+            # every CPU's shares add up to at most its window.
+            assert all(r.idle and sum(share for _, share in r.idle) <= 1.05 for r in rows)
+            assert app.query_one("#cpus-table", DataTable).row_count == len(topo.cpus)
+
+    asyncio.run(scenario())

@@ -1,0 +1,137 @@
+"""The model and the decoding of stream records: what each view reads after the fixed node
+stream, CPU halves merged and aged, placements judged, bad input counted not raised."""
+
+from __future__ import annotations
+
+from datetime import UTC
+
+import pytest
+
+from gpujitter.tui import decode
+from gpujitter.tui.model import GAP_LIMIT, NodeModel
+from gpujitter.tui.text import WallClock
+from gpujitter.tui.views.breakdown import stacked_bar
+from gpujitter.tui.views.status import status_text
+from gpujitter.tui.views.timeline import columns, gap_marks
+from tests.tui import node_stream
+
+S = 1_000_000_000
+MS = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def model() -> NodeModel:
+    m = NodeModel(WallClock(tz=UTC))
+    m.apply_all(node_stream.stream())
+    return m
+
+
+def test_gaps_newest_first_with_their_attribution_and_top_cause(model: NodeModel) -> None:
+    rows = model.gaps_newest_first()
+    assert [round((g.ts_ns - node_stream.T0) / MS) for g, _ in rows] == sorted(
+        (round(s * 1000) for s, *_ in node_stream.GAPS), reverse=True
+    )
+    newest, pending = rows[0]
+    assert pending is None and newest.dur_ns == 12 * MS
+    gap, a = rows[4]  # 12:00:33.050, 120 ms on GPU 0
+    assert a is not None and a.top is not None
+    assert (a.top.cause, a.top.ns, round(a.share(a.top), 3)) == ("alloc_stall", 70 * MS, 0.583)
+    assert sum(p.ns for p in a.parts) == gap.dur_ns
+    assert a.remedies == (node_stream.REMEDIES["alloc_stall"],)
+    assert model.clock.time(gap.ts_ns) == "12:00:33.050"
+
+
+def test_cpu_rows_merge_the_irq_and_idle_halves_and_flag_remote_placement(
+    model: NodeModel,
+) -> None:
+    rows = {r.cpu: r for r in model.cpu_rows()}
+    assert sorted(rows) == list(range(8)) and [rows[c].node for c in range(8)] == [0] * 4 + [1] * 4
+    busy = rows[2]
+    assert 0.041 <= busy.hardirq <= 0.0416  # 41 ms + 0.3 ms of vectors + up to 0.3 ms jitter
+    assert busy.top_irqs[0][0] == "nvme0q3" and busy.remote_irqs[0][0] == "nvme0q3"
+    assert dict(busy.idle)["C1"] == pytest.approx(0.1)  # the other half, same window
+    placed = {t.tid: remote for row in rows.values() for t, remote in row.threads}
+    # 4125 (GPU 0's feeder) on node 0: local. 4126 feeds GPU 1 (node 1) from CPU 2 (node 0),
+    # 4130 feeds GPU 0 (node 0) from CPU 5 (node 1): remote. 4131 feeds GPU 1 from node 1.
+    assert placed == {4125: False, 4130: True, 4126: True, 4131: False}
+
+
+def test_interrupt_figures_age_out_after_quiet_windows_but_idle_ones_stay() -> None:
+    m = NodeModel()
+    m.apply({"type": "cpu.stats", "ts_ns": 0, "interval_ns": S, "cpu": 0, "hardirq_ns": S // 2})
+    m.apply({"type": "cpu.stats", "ts_ns": 0, "interval_ns": S, "cpu": 0, "idle_ns": [["C1", S]]})
+    assert m.cpu_rows()[0].hardirq == 0.5
+    m.apply({"type": "daemon.status", "ts_ns": 5 * S})  # time moves on; the irq probe is quiet
+    row = m.cpu_rows()[0]
+    assert row.hardirq == 0.0 and row.idle == (("C1", 1.0),)
+
+
+def test_status_counts_probes_lost_events_and_drops(model: NodeModel) -> None:
+    assert {p.probe: p.state for p in model.probes.values()}["cstate"] == "degraded"
+    assert model.lost_events() == 3
+    text = status_text(model, None, None, inbox_dropped=5, paused=False).plain
+    assert "lost 3" in text and "dropped 5" in text and "daemon cpu" in text
+    assert "3 on" in text and "1 degr" in text and "1 unavail" in text and "1 off" in text
+    model.apply({"type": "dropped", "count": 7, "total": 7})
+    assert "dropped 12" in status_text(model, None, None, inbox_dropped=5, paused=True).plain
+
+
+def test_unknown_and_malformed_records_are_counted_not_raised() -> None:
+    m = NodeModel()
+    m.apply({"type": "gpu.frobnicate", "ts_ns": 1})
+    m.apply({"type": "gpu.sample", "ts_ns": 1, "gpu": 0})  # no metric, no value
+    m.apply({"no": "type"})
+    assert m.ignored == {"gpu.frobnicate": 1, "gpu.sample (malformed)": 1, "None": 1}
+
+
+def test_only_the_newest_gaps_are_kept() -> None:
+    m = NodeModel()
+    for n in range(GAP_LIMIT + 10):
+        m.apply({"type": "gpu.gap", "ts_ns": n * S, "end_ns": n * S + MS, "gpu": 0})
+    assert len(m.gaps) == GAP_LIMIT and min(g.ts_ns for g in m.gaps.values()) == 10 * S
+
+
+def test_evidence_lines_per_kind_and_fallback() -> None:
+    start = 100 * MS
+    lines = [
+        decode.describe_evidence(e, start)
+        for e in [
+            {"what": "irq", "irq_kind": "hardirq", "irq": 36, "name": "nvme0q3", "cpus": [2, 3],
+             "count": 4, "ns": 2 * MS, "device_node": 1, "remote_to_gpu": True},
+            {"what": "task", "tid": 0, "comm": "", "cpus": [1], "count": 1, "ns": MS},
+            {"what": "migration", "at_ns": start + 3 * MS, "tid": 7, "src_cpu": 1, "dst_cpu": 5,
+             "src_node": 0, "dst_node": 1},
+            {"what": "idle", "state_name": "C6", "cpus": [4], "count": 2, "ns": 300_000,
+             "exit_latency_ns": 133_000},
+            {"what": "telepathy", "ns": 5},
+        ]
+    ]  # fmt: skip
+    assert lines == [
+        "hardirq 36 nvme0q3 on CPU 2,3: 4× 2.00ms (device on node 1, remote to the GPU)",
+        "waited behind an idle CPU or an unknown task on CPU 1: 1× 1.00ms",
+        "tid 7 migrated CPU 1 → 5 (node 0 → 1) at +3.00ms",
+        "woken from C6 on CPU 4: 2× 300.0us (exit latency 133.0us)",
+        "what=telepathy ns=5",
+    ]
+
+
+def test_a_sparse_attribution_decodes_with_defaults() -> None:
+    a = decode.attribution({"type": "gpu.attribution", "ts_ns": 0, "end_ns": 10, "gpu": 1,
+                            "parts": [{"cause": "irq", "ns": 4}, {"cause": "blocked", "ns": 6}],
+                            "future_field": {"x": 1}})  # fmt: skip
+    assert [p.cause for p in a.parts] == ["blocked", "irq"]  # largest first
+    assert (a.gap.gap_id, a.tid, a.gpu_node, a.remedies) == ("1:0", 0, -1, ())
+
+
+def test_timeline_columns_gap_marks_and_the_cause_bar() -> None:
+    samples = [(t * S, 100.0 if t % 2 else 0.0, S) for t in range(1, 11)]
+    assert columns(samples, 0, 10 * S, 5) == [50.0, 50.0, 50.0, 50.0, 50.0]
+    assert columns([], 0, S, 3) == [None, None, None]
+    marks, n = gap_marks([(2 * S, 3 * S, True), (20 * S, 21 * S, False)], 0, 10 * S, 10)
+    assert n == 1 and marks.plain == "··━·······"
+    parts = [("swap_in", 66), ("irq", 33), ("blocked", 1)]
+    a = decode.attribution(
+        {"ts_ns": 0, "end_ns": 100, "parts": [{"cause": c, "ns": ns} for c, ns in parts]}
+    )
+    bar = stacked_bar(a, 10)
+    assert len(bar.plain) == 10 and [s.end - s.start for s in bar.spans] == [7, 3]

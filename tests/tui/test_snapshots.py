@@ -1,0 +1,80 @@
+"""Pinned screenshots of every view on the fixed node stream (tests/tui/node_stream.py), wall
+times in UTC: a change to how the app looks fails here until the new look is accepted with
+`pytest tests/tui/test_snapshots.py --snapshot-update` (and then checked by eye: a report
+of the differences is written when these fail). docs/tui.md shows these same files."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from textual.pilot import Pilot
+
+from tests.tui.conftest import replay_app, settled, until
+
+DOCS = (120, 36)
+SMALL = (80, 24)
+SnapCompare = Callable[..., bool]
+
+
+def after(*keys: str) -> Callable[[Pilot], Coroutine[Any, Any, None]]:
+    """Wait for the replay to settle, then press `keys` (and let the screen settle)."""
+
+    async def run_before(pilot: Pilot) -> None:
+        await settled(pilot)
+        await pilot.press(*keys)
+        await pilot.pause()
+
+    return run_before
+
+
+def test_gpus_view(snap_compare: SnapCompare) -> None:
+    assert snap_compare(replay_app(), terminal_size=DOCS, run_before=after())
+
+
+def test_gaps_view(snap_compare: SnapCompare) -> None:
+    assert snap_compare(replay_app(), terminal_size=DOCS, run_before=after("2"))
+
+
+def test_gap_breakdown(snap_compare: SnapCompare) -> None:
+    keys = ("2", "down", "down", "down", "down", "enter")  # the 120 ms allocator stall
+    assert snap_compare(replay_app(), terminal_size=DOCS, run_before=after(*keys))
+
+
+def test_cpus_view(snap_compare: SnapCompare) -> None:
+    assert snap_compare(replay_app(), terminal_size=DOCS, run_before=after("3"))
+
+
+def test_audit_view(snap_compare: SnapCompare) -> None:
+    assert snap_compare(replay_app(), terminal_size=DOCS, run_before=after("4"))
+
+
+def test_audit_finding(snap_compare: SnapCompare) -> None:
+    assert snap_compare(replay_app(), terminal_size=DOCS, run_before=after("4", "enter"))
+
+
+def test_gpus_view_at_80x24(snap_compare: SnapCompare) -> None:
+    assert snap_compare(replay_app(), terminal_size=SMALL, run_before=after())
+
+
+def test_gaps_view_filtered_at_80x24(snap_compare: SnapCompare) -> None:
+    keys = ("2", "slash", *"irq")
+    assert snap_compare(replay_app(), terminal_size=SMALL, run_before=after(*keys))
+
+
+def test_gap_breakdown_at_80x24(snap_compare: SnapCompare) -> None:
+    keys = ("2", "down", "enter")  # swap-in, with the task it waited behind
+    assert snap_compare(replay_app(), terminal_size=SMALL, run_before=after(*keys))
+
+
+def test_replay_at_its_first_gap(snap_compare: SnapCompare) -> None:
+    app = replay_app(at="start")
+
+    async def run_before(pilot: Pilot) -> None:
+        await settled(pilot)
+        await pilot.press("n")
+        await until(pilot, lambda: len(app.model.attributions) == 1, "the first gap")
+        await pilot.press("1")
+        await settled(pilot)
+
+    assert snap_compare(app, terminal_size=DOCS, run_before=run_before)

@@ -1,0 +1,193 @@
+"""The sources and the inbox between them and the app: coalescing and bounded hand-over,
+replay order and controls, recordings of both kinds, the kernel-counter sampler."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gpujitter.daemon.trace import TraceHeader, TraceWriter
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.events import CpuStats, ProbeStatus
+from gpujitter.probes.host import HostPaths
+from gpujitter.probes.topology import Topology
+from gpujitter.tui.inbox import Batch, Inbox, ReplayPosition
+from gpujitter.tui.sources.procstat import ProcCpuSampler
+from gpujitter.tui.sources.replay import ReplaySource, load_recording
+from tests.tui import node_stream
+from tests.tui.conftest import STREAM, write_stream
+
+S = 1_000_000_000
+
+
+def cpu(n: int, ts: int, idle: bool = False) -> dict:
+    half = {"idle_ns": [["C1", 5]]} if idle else {"hardirq_ns": 5}
+    return {"type": "cpu.stats", "ts_ns": ts, "interval_ns": S, "cpu": n, **half}
+
+
+def test_inbox_keeps_the_latest_state_wakes_once_and_counts_drops() -> None:
+    wakes = []
+    inbox = Inbox(limit=3, notify=lambda: wakes.append(1))
+    inbox.records([cpu(0, 1), cpu(0, 1, idle=True), {"type": "gpu.gap", "ts_ns": 1}])
+    inbox.records([cpu(0, 2), {"type": "daemon.status", "ts_ns": 2}])
+    inbox.records({"type": "gpu.sample", "ts_ns": t} for t in range(5))
+    assert len(wakes) == 1  # one wake-up until the app takes
+    batch = inbox.take()
+    assert [r["type"] for r in batch.records] == [
+        "gpu.gap",
+        "gpu.sample",
+        "gpu.sample",
+        "cpu.stats",
+        "cpu.stats",
+        "daemon.status",
+    ]
+    assert [r["ts_ns"] for r in batch.records if r["type"] == "cpu.stats"] == [2, 1]
+    assert inbox.coalesced == 1 and inbox.dropped == {"gpu.sample": 3}
+    assert not batch.more and not inbox.pending
+    inbox.records([{"type": "gpu.gap", "ts_ns": 3}])
+    assert len(wakes) == 2
+
+
+def test_a_replay_inbox_makes_the_worker_wait_instead_of_dropping() -> None:
+    inbox = Inbox(limit=2, block=True)
+    done = threading.Event()
+
+    def worker() -> None:
+        inbox.records({"type": "gpu.gap", "ts_ns": t} for t in range(5))
+        done.set()
+
+    threading.Thread(target=worker, daemon=True).start()
+    got: list[int] = []
+    deadline = time.monotonic() + 5
+    while len(got) < 5:
+        assert time.monotonic() < deadline, "the worker never finished"
+        got += [r["ts_ns"] for r in inbox.take(limit=1).records]
+        time.sleep(0.01)
+    assert done.wait(5) and got == [0, 1, 2, 3, 4] and not inbox.dropped
+
+
+def test_recordings_are_ordered_by_when_the_daemon_sends_each_record(tmp_path: Path) -> None:
+    scene, records = load_recording(STREAM)
+    assert [r["type"] for r in scene] == ["hello", "snapshot"]
+    assert records == node_stream.stream()[2:]  # in the order they were sent
+    log = tmp_path / "attributions.jsonl"
+    gap = {"schema": "gpujitter.attribution/1", "type": "gpu.gap", "ts_ns": 5, "end_ns": 9}
+    sample = {"type": "gpu.sample", "ts_ns": 7, "gpu": 0, "metric": "util", "value": 1.0}
+    write_stream(log, [gap, sample])
+    log.write_bytes(log.read_bytes() + b'{"type": "gpu.ga')  # a torn last line
+    scene, records = load_recording(log)
+    assert scene == [] and [r["type"] for r in records] == ["gpu.gap", "gpu.sample"]
+    assert "schema" not in records[0]
+    (tmp_path / "bad.jsonl").write_bytes(b'{"type": "x"}\nnot json\n{"type": "y"}\n')
+    with pytest.raises(GpujitterError, match=r"bad.jsonl:2: not a JSON line"):
+        load_recording(tmp_path / "bad.jsonl")
+
+
+def test_a_recorded_trace_replays_with_its_header_as_the_hello(tmp_path: Path) -> None:
+    topo = Topology(cpu_node={0: 0, 1: 1})
+    header = TraceHeader.now(topo, ["irq", "cstate"], {})
+    path = tmp_path / "node.gjtrace"
+    start = header.start_ns
+    with TraceWriter(path, header) as w:
+        w.write(ProbeStatus(ts_ns=start, probe="irq", state="running"))
+        w.write(CpuStats(ts_ns=start, interval_ns=S, cpu=1, hardirq_ns=S // 4))
+    source = ReplaySource(path, at="end", playing=False)
+    hello = source.scene[0]
+    assert hello["type"] == "hello" and hello["topology"]["cpu_node"] == {"0": 0, "1": 1}
+    assert hello["clock"]["realtime_ns"] == header.clock.realtime_ns
+    assert [r["type"] for r in source.records] == ["meta.probe", "cpu.stats"]
+    assert source.end_ns == start + S
+
+
+def run_replay(source: ReplaySource) -> tuple[Inbox, threading.Event]:
+    inbox = Inbox(block=True)
+    stop = threading.Event()
+    threading.Thread(target=source.run, args=(inbox, stop.is_set), daemon=True).start()
+    return inbox, stop
+
+
+def wait_position(
+    inbox: Inbox, ok: Callable[[ReplayPosition], bool], what: str
+) -> tuple[Batch, list[dict]]:
+    deadline = time.monotonic() + 5
+    records: list[dict] = []
+    while True:
+        batch = inbox.take()
+        records += batch.records
+        if batch.position is not None and ok(batch.position):
+            return batch, records
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_replay_next_gap_brings_its_attribution_and_seeking_back_starts_over() -> None:
+    source = ReplaySource(STREAM, at="start", playing=False)
+    inbox, stop = run_replay(source)
+    try:
+        wait_position(inbox, lambda p: p.at_ns == source.start_ns, "the start")
+        source.next_gap()
+        batch, records = wait_position(inbox, lambda p: p.at_ns > source.start_ns, "a gap")
+        gap_start = node_stream.T0 + 6200 * 1_000_000
+        assert batch.selected_gap == f"0:{gap_start}"
+        gaps = [r for r in records if r["type"] in ("gpu.gap", "gpu.attribution")]
+        assert [(r["type"], r["ts_ns"]) for r in gaps] == [
+            ("gpu.gap", gap_start),
+            ("gpu.attribution", gap_start),
+        ]
+        source.seek(source.start_ns + S)
+        batch, _ = wait_position(inbox, lambda p: p.at_ns == source.start_ns + S, "a seek")
+        assert batch.reset and [r["type"] for r in batch.records[:2]] == ["hello", "snapshot"]
+    finally:
+        stop.set()
+
+
+def write_proc(root: Path, irq36: int, timer: int, idle_us: int, stat_irq: int) -> HostPaths:
+    paths = HostPaths.under(root)
+    (root / "proc").mkdir(parents=True, exist_ok=True)
+    (root / "proc/stat").write_text(
+        "cpu  1 0 1 100 0 0 0 0 0 0\n"
+        f"cpu0 1 0 1 50 0 {stat_irq} 7 0 0 0\n"
+        "cpu1 1 0 1 50 0 0 3 0 0 0\n"
+        "intr 0\n"
+    )
+    (root / "proc/interrupts").write_text(
+        "           CPU0       CPU1       \n"
+        f" 36:   {irq36}    0   PCI-MSI 1-edge      nvme0q3\n"
+        " LOC:   10    20   Local timer interrupts\n"
+    )
+    (root / "proc/softirqs").write_text(
+        f"                    CPU0       CPU1       \n       TIMER:   {timer}   0\n"
+    )
+    for cpu_n in (0, 1):
+        state = root / f"sys/devices/system/cpu/cpu{cpu_n}/cpuidle/state1"
+        state.mkdir(parents=True, exist_ok=True)
+        (state / "name").write_text("C1\n")
+        (state / "time").write_text(f"{idle_us}\n")
+    return paths
+
+
+def test_kernel_counter_sampler_gives_deltas_and_flags_remote_irqs(tmp_path: Path) -> None:
+    topo = Topology(cpu_node={0: 0, 1: 1}, irq_node={36: 1})
+    paths = write_proc(tmp_path, irq36=100, timer=10, idle_us=1000, stat_irq=2)
+    sampler = ProcCpuSampler(topo, paths)
+    assert sampler.sample(10 * S) == []  # the baseline
+    write_proc(tmp_path, irq36=160, timer=15, idle_us=401_000, stat_irq=5)
+    rows = {r["cpu"]: r for r in sampler.sample(11 * S)}
+    tick = sampler._tick_ns
+    zero = rows[0]
+    assert (zero["ts_ns"], zero["interval_ns"], zero["hardirq_ns"]) == (10 * S, S, 3 * tick)
+    assert zero["idle_ns"] == (("C1", 400_000_000),)
+    assert zero["top_irqs"] == (("nvme0q3", 0, 60), ("TIMER", 0, 5))
+    assert zero["remote_irqs"] == (("nvme0q3", 0, 60),)  # device on node 1, CPU 0 on node 0
+    assert rows[1]["top_irqs"] == () and rows[1]["hardirq_ns"] == 0
+    idle_only = ProcCpuSampler(topo, paths, irq=False)
+    idle_only.sample(1)
+    assert all(r["top_irqs"] == () and r["idle_ns"] for r in idle_only.sample(2))
+
+
+def test_the_committed_stream_fixture_is_what_its_generator_writes() -> None:
+    assert STREAM.read_bytes() == node_stream.ndjson(node_stream.stream())

@@ -1,0 +1,374 @@
+"""`gpujitter top`: the live view of a node's GPUs, their idle gaps and why, its CPUs and its
+tuning audit; the same views over a recording in replay.
+
+The app is handed a Source and never touches a socket or a probe itself: the source runs in
+a thread worker and fills an Inbox, which wakes the app with one RecordsReady message per
+batch (later ones coalesce into it); the app folds the batch into the NodeModel and redraws
+the visible view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable
+from datetime import datetime, tzinfo
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.css.query import NoMatches
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
+
+from gpujitter.errors import GpujitterError
+from gpujitter.tui.audit import AuditReport
+from gpujitter.tui.inbox import Connection, Inbox, ReplayPosition
+from gpujitter.tui.model import NodeModel
+from gpujitter.tui.sources import Source
+from gpujitter.tui.text import WallClock, join
+from gpujitter.tui.views.audit import AuditView
+from gpujitter.tui.views.breakdown import GapScreen
+from gpujitter.tui.views.cpus import CpusTable
+from gpujitter.tui.views.gaps import GapsTable
+from gpujitter.tui.views.gpus import GpusView
+from gpujitter.tui.views.status import status_text
+from gpujitter.units import parse_duration_ns
+
+VIEWS = ("gpus", "gaps", "cpus", "audit")
+REPLAY_ACTIONS = {"next_gap", "seek", "step", "speed"}
+STEP_NS = 1_000_000_000
+
+
+class RecordsReady(Message):
+    """The inbox holds records. A newer one supersedes a waiting one (the handler drains
+    everything there is), so a flood costs one wake-up."""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, RecordsReady)
+
+
+def seek_target(text: str, clock: WallClock, pos: ReplayPosition) -> int:
+    """Where a seek goes: "12:01:07[.250]" (wall clock, on the recording's day), "+10s" /
+    "-1m" (from here), "50%" (of the recording), "start" or "end". Monotonic ns."""
+    text = text.strip()
+    if text in ("start", "end"):
+        return pos.start_ns if text == "start" else pos.end_ns
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1]) / 100
+        except ValueError:
+            raise GpujitterError(f"bad position {text!r}") from None
+        return pos.start_ns + round((pos.end_ns - pos.start_ns) * share)
+    if text[:1] in "+-" and len(text) > 1:
+        sign = -1 if text[0] == "-" else 1
+        return pos.at_ns + sign * parse_duration_ns(text[1:], "s")
+    if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?", text) and clock.known:
+        day = datetime.fromtimestamp(clock.wall_ns(pos.at_ns) / 1e9, tz=clock.tz).astimezone(
+            clock.tz
+        )
+        parts = text.split(":")
+        seconds = float(parts[2]) if len(parts) > 2 else 0.0
+        wall = day.replace(
+            hour=int(parts[0]),
+            minute=int(parts[1]),
+            second=int(seconds),
+            microsecond=round((seconds % 1) * 1e6),
+        )
+        return clock.mono_of(wall)
+    raise GpujitterError(
+        f"cannot seek to {text!r}: want HH:MM:SS[.ms], +10s, -1m, 50%, start or end"
+    )
+
+
+class GpujitterTop(App[None]):
+    """The app. `source`: where records come from; `audit`: what fills the Audit view
+    (called in a worker thread); `tz`: the zone for wall times (None: local)."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "gpujitter top"
+    ENABLE_COMMAND_PALETTE = False  # every action has a key; the footer's room is for them
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit"),
+        Binding("tab", "switch_view(1)", "Next view", priority=True),
+        Binding("shift+tab", "switch_view(-1)", "Previous view", show=False, priority=True),
+        Binding("enter", "open", "Open"),
+        Binding("slash", "filter", "Filter"),
+        Binding("p", "pause", "Pause"),
+        Binding("n", "next_gap", "Next gap"),
+        Binding("full_stop", "step(1)", "Step"),
+        Binding("comma", "step(-1)", "Step back", show=False),
+        Binding("g", "seek", "Seek"),
+        Binding("greater_than_sign", "speed(2)", "Faster", show=False),
+        Binding("less_than_sign", "speed(0.5)", "Slower", show=False),
+        Binding("plus,equals_sign", "zoom(-1)", "Zoom in", show=False),
+        Binding("minus", "zoom(1)", "Zoom out", show=False),
+        Binding("1", "view('gpus')", "GPUs", show=False),
+        Binding("2", "view('gaps')", "Gaps", show=False),
+        Binding("3", "view('cpus')", "CPUs", show=False),
+        Binding("4", "view('audit')", "Audit", show=False),
+        Binding("escape", "close_prompt", "Close", show=False),
+    ]
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        audit: Callable[[], AuditReport] | None = None,
+        tz: tzinfo | None = None,
+        inbox_limit: int = 50_000,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.source = source
+        self.audit_loader = audit
+        self.model = NodeModel(WallClock(tz=tz))
+        self.inbox = Inbox(inbox_limit, block=not source.live, notify=self._wake)
+        self.connection: Connection | None = None
+        self.position: ReplayPosition | None = None
+        self.paused = False
+        self.dirty: set[str] = set()
+        self.prompt_mode = ""  # "filter" or "seek" while the prompt is open
+        self._stopping = False
+
+    # -- layout ---------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="title")
+        with TabbedContent(initial="gpus", id="views"):
+            with TabPane("GPUs", id="gpus"):
+                yield GpusView(self.model)
+            with TabPane("Gaps", id="gaps"):
+                yield GapsTable(self.model)
+            with TabPane("CPUs", id="cpus"):
+                yield CpusTable(self.model)
+            with TabPane("Audit", id="audit"):
+                yield AuditView()
+        yield Input(id="prompt")
+        yield Static(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.main.query_one("#prompt").display = False
+        self._draw_title()
+        self._pump()
+        self._load_audit()
+
+    def _wake(self) -> None:
+        """Called on the source's thread (post_message is thread-safe)."""
+        self.post_message(RecordsReady())
+
+    def on_unmount(self) -> None:
+        self._stopping = True
+        self.inbox.close()
+
+    # -- the source's worker --------------------------------------------------------
+
+    @work(thread=True, exit_on_error=False, name="source")
+    def _pump(self) -> None:
+        try:
+            self.source.run(self.inbox, self._stopped)
+        except Exception as err:  # a source that breaks says so; the app stays up
+            self.inbox.connection("failed", f"{type(err).__name__}: {err}")
+
+    def _stopped(self) -> bool:
+        return self._stopping or self.inbox.closed
+
+    def on_records_ready(self, _message: RecordsReady) -> None:
+        if self.screen_stack:  # (empty while the app exits)
+            with contextlib.suppress(NoMatches):  # an exit under way removes the widgets
+                self._take_batch()
+
+    def _take_batch(self) -> None:
+        batch = self.inbox.take()
+        if batch.reset:
+            self.model.reset()
+        self.model.apply_all(batch.records)
+        self.connection = batch.connection
+        self.position = batch.position
+        if batch.more:
+            self.post_message(RecordsReady())
+        self.dirty |= self.model.take_changes()
+        self._redraw()
+        if batch.selected_gap is not None:
+            self.action_view("gaps")
+            self.main.query_one(GapsTable).select_gap(batch.selected_gap)
+
+    # -- drawing --------------------------------------------------------------------
+
+    @property
+    def main(self) -> Screen[None]:
+        """The screen the views live on (a breakdown may be open over it)."""
+        return self.screen_stack[0]
+
+    @property
+    def active_view(self) -> str:
+        return self.main.query_one(TabbedContent).active or "gpus"
+
+    def _redraw(self, force: bool = False) -> None:
+        """Redraw the visible view if its data changed (unless paused), and the status."""
+        view = self.active_view
+        if force or (not self.paused and view in self.dirty):
+            self.dirty.discard(view)
+            self._view_widget(view).update_from_model()
+        self._draw_title()
+        self.main.query_one("#status", Static).update(
+            status_text(
+                self.model,
+                self.connection,
+                self.position,
+                inbox_dropped=self.inbox.dropped_total,
+                paused=self.paused,
+            )
+        )
+
+    def _view_widget(self, view: str) -> GpusView | GapsTable | CpusTable | AuditView:
+        if view == "gaps":
+            return self.main.query_one(GapsTable)
+        if view == "cpus":
+            return self.main.query_one(CpusTable)
+        if view == "audit":
+            return self.main.query_one(AuditView)
+        return self.main.query_one(GpusView)
+
+    def _draw_title(self) -> None:
+        h = self.model.hello
+        parts: list[tuple[object, str] | str] = [("gpujitter top", "bold")]
+        if h.host:
+            parts.append((h.host, "bold cyan"))  # a host name is node data: literal text
+        if h.kernel:
+            parts.append((h.kernel, "dim"))
+        parts.append((self.source.label, "dim"))
+        if h.override:
+            parts.append((f"topology override {h.override}", "bold yellow"))
+        self.main.query_one("#title", Static).update(join(*parts, sep="  "))
+
+    @on(TabbedContent.TabActivated)
+    def _view_shown(self, event: TabbedContent.TabActivated) -> None:
+        view = self.active_view
+        with contextlib.suppress(NoMatches):  # an exit under way removes the widgets
+            self._redraw(force=view in self.dirty and not self.paused)
+            self._focus_view()
+
+    # -- the audit ------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="audit", exit_on_error=False)
+    def _load_audit(self) -> None:
+        if self.audit_loader is None:
+            report = AuditReport(error="no audit for this source")
+        else:
+            try:
+                report = self.audit_loader()
+            except GpujitterError as err:
+                report = AuditReport(error=str(err))
+        if not self._stopping:
+            self.call_from_thread(self.main.query_one(AuditView).show, report)
+
+    @on(AuditView.Rerun)
+    def _rerun_audit(self) -> None:
+        self._load_audit()
+
+    # -- actions --------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in REPLAY_ACTIONS:
+            return self.source.replay is not None
+        return True
+
+    def action_switch_view(self, step: int) -> None:
+        if self.prompt_mode:
+            return
+        n = VIEWS.index(self.active_view)
+        self.action_view(VIEWS[(n + step) % len(VIEWS)])
+
+    def action_view(self, view: str) -> None:
+        self.main.query_one(TabbedContent).active = view
+
+    def action_open(self) -> None:
+        view = self._view_widget(self.active_view)
+        if isinstance(view, GapsTable) and view.row_count:
+            view.action_select_cursor()
+        elif isinstance(view, AuditView):
+            view.query_one(DataTable).action_select_cursor()
+
+    @on(GapsTable.Open)
+    def _open_gap(self, event: GapsTable.Open) -> None:
+        gap = self.model.gaps.get(event.gap_id)
+        if gap is not None:
+            self.push_screen(
+                GapScreen(gap, self.model.attributions.get(gap.gap_id), self.model.clock)
+            )
+
+    def action_pause(self) -> None:
+        if self.source.replay is not None:
+            self.source.replay.toggle()
+            return
+        self.paused = not self.paused
+        self._redraw(force=not self.paused)
+
+    def action_next_gap(self) -> None:
+        if self.source.replay is not None:
+            self.source.replay.next_gap()
+
+    def action_step(self, direction: int) -> None:
+        if self.source.replay is not None:
+            self.source.replay.step(direction * STEP_NS)
+
+    def action_speed(self, factor: float) -> None:
+        if self.source.replay is not None:
+            self.source.replay.faster(factor)
+
+    def action_zoom(self, step: int) -> None:
+        self.main.query_one(GpusView).zoom(step)
+
+    def action_filter(self) -> None:
+        view = self._view_widget(self.active_view)
+        self._open_prompt("filter", view.filter, "filter this view (enter keeps it, esc clears)")
+
+    def action_seek(self) -> None:
+        self._open_prompt("seek", "", "seek to HH:MM:SS[.ms], +10s, -1m, 50%, start or end")
+
+    def _open_prompt(self, mode: str, value: str, placeholder: str) -> None:
+        prompt = self.main.query_one("#prompt", Input)
+        self.prompt_mode = mode
+        prompt.placeholder = placeholder
+        prompt.value = value
+        prompt.display = True
+        prompt.focus()
+
+    def action_close_prompt(self) -> None:
+        if self.prompt_mode == "filter":
+            self._set_filter("")
+        self._close_prompt()
+
+    def _close_prompt(self) -> None:
+        self.prompt_mode = ""
+        prompt = self.main.query_one("#prompt", Input)
+        prompt.display = False
+        self._focus_view()
+
+    def _focus_view(self) -> None:
+        widget = self._view_widget(self.active_view)
+        (widget.query_one(DataTable) if isinstance(widget, AuditView) else widget).focus()
+
+    def _set_filter(self, text: str) -> None:
+        view = self._view_widget(self.active_view)
+        view.filter = text
+        view.update_from_model()
+
+    @on(Input.Changed, "#prompt")
+    def _prompt_changed(self, event: Input.Changed) -> None:
+        if self.prompt_mode == "filter":
+            self._set_filter(event.value)
+
+    @on(Input.Submitted, "#prompt")
+    def _prompt_submitted(self, event: Input.Submitted) -> None:
+        if self.prompt_mode == "seek" and self.source.replay and self.position:
+            try:
+                self.source.replay.seek(seek_target(event.value, self.model.clock, self.position))
+            except GpujitterError as err:
+                self.notify(str(err), severity="error")
+        self._close_prompt()

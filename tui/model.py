@@ -1,0 +1,363 @@
+"""What the app knows about the node, built only from stream records: the same whether they
+come from the daemon's socket, the in-process probes or a recorded trace.
+
+`apply(record)` folds one record in; the views read the result. Time is the data's own: `now_ns`
+is the latest monotonic timestamp seen (the replay clock in replay), never the machine's
+clock, so a screen depends only on the records that built it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpujitter.tui import decode
+from gpujitter.tui.decode import (
+    Attribution,
+    CpuIdle,
+    CpuIrq,
+    DaemonStatus,
+    Gap,
+    GpuInfo,
+    ProbeState,
+    WatchedThread,
+)
+from gpujitter.tui.text import WallClock
+
+Record = Mapping[str, Any]
+Handler = Callable[["NodeModel", Record], None]
+_HANDLERS: dict[str, Handler] = {}
+
+GAP_LIMIT = 2000  # gaps kept (newest); the daemon's log keeps them all
+SAMPLES_KEPT_NS = 600 * 1_000_000_000  # GPU samples kept: the widest timeline window
+STALE_INTERVALS = 3  # a CPU's interrupt figures count as zero after this many quiet windows
+
+
+def handles(*kinds: str) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        for kind in kinds:
+            _HANDLERS[kind] = fn
+        return fn
+
+    return register
+
+
+def known_kinds() -> frozenset[str]:
+    return frozenset(_HANDLERS)
+
+
+@dataclass(slots=True)
+class Hello:
+    host: str = ""
+    kernel: str = ""
+    version: str = ""
+    pid: int = 0
+    scope: str = ""
+    cpu_node: dict[int, int] = field(default_factory=dict)
+    gpu_node: dict[str, int] = field(default_factory=dict)
+    override: str | None = None
+
+
+@dataclass(slots=True)
+class CpuState:
+    cpu: int
+    irq: CpuIrq | None = None
+    idle: CpuIdle | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CpuRow:
+    """One CPU as the CPUs view shows it: shares of its time over its latest windows."""
+
+    cpu: int
+    node: int
+    hardirq: float  # fraction of the window
+    softirq: float
+    idle: tuple[tuple[str, float], ...]  # (state, fraction), largest first
+    top_irqs: tuple[tuple[str, int, int], ...]
+    remote_irqs: tuple[tuple[str, int, int], ...]
+    threads: tuple[tuple[WatchedThread, bool], ...]  # (thread, placed remote from its GPU)
+
+
+class NodeModel:
+    def __init__(self, clock: WallClock | None = None) -> None:
+        self.clock = clock or WallClock()
+        self._tz = self.clock.tz
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (a replay seeking backwards starts over)."""
+        self.clock = WallClock(tz=self._tz)
+        self.hello = Hello()
+        self.now_ns = 0
+        self.gpus: dict[int, GpuInfo] = {}
+        self.samples: dict[tuple[int, str], deque[tuple[int, float, int]]] = {}
+        self.procs: dict[int, tuple[int, ...]] = {}
+        self.gaps: dict[str, Gap] = {}
+        self.attributions: dict[str, Attribution] = {}
+        self.cpus: dict[int, CpuState] = {}
+        self.probes: dict[str, ProbeState] = {}
+        self.status: DaemonStatus | None = None
+        self.names: dict[int, str] = {}  # tgid or tid -> command name, from any record
+        self.daemon_dropped = 0  # records the daemon dropped for this client
+        self.ignored: Counter[str] = Counter()  # record types this version does not show
+        self.changed: set[str] = {"gpus", "gaps", "cpus", "status"}
+
+    # -- folding records in ---------------------------------------------------------
+
+    def apply(self, rec: Record) -> None:
+        kind = rec.get("type")
+        handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            self.ignored[str(kind)] += 1
+            return
+        try:
+            handler(self, rec)
+        except (TypeError, ValueError, KeyError, AttributeError):
+            self.ignored[f"{kind} (malformed)"] += 1
+
+    def apply_all(self, records: Iterable[Record]) -> None:
+        for rec in records:
+            self.apply(rec)
+
+    def _saw(self, ts_ns: int) -> None:
+        self.now_ns = max(self.now_ns, ts_ns)
+
+    def take_changes(self) -> set[str]:
+        """Which parts changed since the last call ("gpus", "gaps", "cpus", "status")."""
+        changed, self.changed = self.changed, set()
+        return changed
+
+    # -- what the views read --------------------------------------------------------
+
+    def gaps_newest_first(self) -> list[tuple[Gap, Attribution | None]]:
+        ordered = sorted(self.gaps.values(), key=lambda g: (g.ts_ns, g.gpu), reverse=True)
+        return [(g, self.attributions.get(g.gap_id)) for g in ordered]
+
+    def gpu_indexes(self) -> list[int]:
+        seen = set(self.gpus) | {g for g, _ in self.samples} | set(self.procs)
+        seen |= {g.gpu for g in self.gaps.values()}
+        return sorted(seen)
+
+    def gpu_node(self, gpu: int) -> int:
+        info = self.gpus.get(gpu)
+        if info is None:
+            return -1
+        if info.numa_node >= 0:
+            return info.numa_node
+        return self.hello.gpu_node.get(info.pci_bus_id, -1)
+
+    def gpu_of_process(self, tgid: int) -> int | None:
+        for gpu, pids in self.procs.items():
+            if tgid in pids:
+                return gpu
+        return None
+
+    def series(self, gpu: int, metric: str) -> deque[tuple[int, float, int]]:
+        return self.samples.get((gpu, metric), deque())
+
+    def gaps_of(self, gpu: int, since_ns: int) -> list[Gap]:
+        return [g for g in self.gaps.values() if g.gpu == gpu and g.end_ns >= since_ns]
+
+    def name_of(self, pid: int) -> str:
+        return self.names.get(pid, "")
+
+    def cpu_node(self, cpu: int) -> int:
+        return self.hello.cpu_node.get(cpu, -1)
+
+    def cpu_rows(self) -> list[CpuRow]:
+        cpus = sorted(set(self.cpus) | set(self.hello.cpu_node))
+        threads = self.status.threads if self.status else ()
+        rows = []
+        for cpu in cpus:
+            state = self.cpus.get(cpu) or CpuState(cpu)
+            irq = state.irq
+            if irq is not None and irq.interval_ns > 0:
+                stale = irq.ts_ns + irq.interval_ns * STALE_INTERVALS < self.now_ns
+                irq = None if stale else irq
+            hard = soft = 0.0
+            if irq is not None and irq.interval_ns > 0:
+                hard, soft = irq.hardirq_ns / irq.interval_ns, irq.softirq_ns / irq.interval_ns
+            idle: tuple[tuple[str, float], ...] = ()
+            if state.idle is not None and state.idle.interval_ns > 0:
+                share = [(name, ns / state.idle.interval_ns) for name, ns in state.idle.states]
+                idle = tuple(sorted(share, key=lambda s: s[1], reverse=True))
+            here = tuple((t, self.placed_remote(t)) for t in threads if t.cpu == cpu)
+            rows.append(
+                CpuRow(
+                    cpu=cpu,
+                    node=self.cpu_node(cpu),
+                    hardirq=hard,
+                    softirq=soft,
+                    idle=idle,
+                    top_irqs=irq.top_irqs if irq else (),
+                    remote_irqs=irq.remote_irqs if irq else (),
+                    threads=here,
+                )
+            )
+        return rows
+
+    def placed_remote(self, thread: WatchedThread) -> bool:
+        """The thread runs on a NUMA node other than its GPU's (both known)."""
+        gpu = self.gpu_of_process(thread.tgid)
+        if gpu is None:
+            return False
+        node = thread.node if thread.node >= 0 else self.cpu_node(thread.cpu)
+        gpu_node = self.gpu_node(gpu)
+        return node >= 0 and gpu_node >= 0 and node != gpu_node
+
+    def lost_events(self) -> int:
+        """Events the probes lost (kernel ring buffers, Python queues) plus the engine's."""
+        lost = sum(p.lost_kernel + p.lost_user for p in self.probes.values())
+        if self.status is not None:
+            lost = max(lost, self.status.lost_kernel + self.status.lost_user)
+            lost += self.status.engine_dropped
+        return lost
+
+
+# ---------------------------------------------------------------------------------------
+# Handlers, one per record type the views use.
+
+
+@handles("hello")
+def _hello(m: NodeModel, rec: Record) -> None:
+    clock = rec.get("clock") or {}
+    if clock.get("realtime_ns"):
+        m.clock = WallClock(int(clock["ts_ns"]), int(clock["realtime_ns"]), m._tz)
+    topo = rec.get("topology") or {}
+    m.hello = Hello(
+        host=str(rec.get("host", "")),
+        kernel=str(rec.get("kernel", "")),
+        version=str(rec.get("version", "")),
+        pid=int(rec.get("pid", 0)),
+        scope=str(rec.get("scope", "")),
+        cpu_node={int(c): int(n) for c, n in (topo.get("cpu_node") or {}).items()},
+        gpu_node={str(b): int(n) for b, n in (topo.get("gpu_node") or {}).items()},
+        override=topo.get("override"),
+    )
+    m.changed |= {"gpus", "cpus", "status"}
+
+
+@handles("snapshot")
+def _snapshot(m: NodeModel, rec: Record) -> None:
+    for g in rec.get("gpus") or ():
+        info = decode.gpu_info(g)
+        m.gpus[info.index] = info
+    for key in ("probes", "gaps", "attributions", "cpus"):
+        for item in rec.get(key) or ():
+            m.apply(item)
+    if rec.get("status"):
+        m.apply(rec["status"])
+    m._saw(int(rec.get("ts_ns", 0)))
+    m.changed |= {"gpus", "gaps", "cpus", "status"}
+
+
+@handles("gpu.gap")
+def _gap(m: NodeModel, rec: Record) -> None:
+    g = decode.gap(rec)
+    m.gaps[g.gap_id] = g
+    _trim_gaps(m)
+    m._saw(g.end_ns)
+    m.changed |= {"gaps", "gpus"}
+
+
+@handles("gpu.attribution")
+def _attribution(m: NodeModel, rec: Record) -> None:
+    a = decode.attribution(rec)
+    m.gaps.setdefault(a.gap.gap_id, a.gap)
+    m.attributions[a.gap.gap_id] = a
+    if a.tgid and a.comm:
+        m.names[a.tgid] = a.comm
+    for t in a.threads:
+        if t.comm:
+            m.names.setdefault(t.tgid, t.comm)
+    _trim_gaps(m)
+    m._saw(a.gap.end_ns)
+    m.changed |= {"gaps", "gpus"}
+
+
+def _trim_gaps(m: NodeModel) -> None:
+    if len(m.gaps) <= GAP_LIMIT:
+        return
+    oldest = sorted(m.gaps.values(), key=lambda g: g.ts_ns)[: len(m.gaps) - GAP_LIMIT]
+    for g in oldest:
+        del m.gaps[g.gap_id]
+        m.attributions.pop(g.gap_id, None)
+
+
+@handles("gpu.sample")
+def _sample(m: NodeModel, rec: Record) -> None:
+    gpu, metric = int(rec["gpu"]), str(rec["metric"])
+    ts = int(rec["ts_ns"])
+    series = m.samples.setdefault((gpu, metric), deque())
+    series.append((ts, float(rec["value"]), int(rec.get("period_ns", 0))))
+    while series and series[0][0] < ts - SAMPLES_KEPT_NS:
+        series.popleft()
+    m._saw(ts)
+    m.changed.add("gpus")
+
+
+@handles("gpu.procs")
+def _procs(m: NodeModel, rec: Record) -> None:
+    m.procs[int(rec["gpu"])] = tuple(int(p) for p in rec.get("pids") or ())
+    m._saw(int(rec.get("ts_ns", 0)))
+    m.changed |= {"gpus", "cpus"}
+
+
+@handles("cpu.stats")
+def _cpu(m: NodeModel, rec: Record) -> None:
+    cpu, irq, idle = decode.cpu_stats(rec)
+    state = m.cpus.setdefault(cpu, CpuState(cpu))
+    if irq is not None:
+        state.irq = irq
+    if idle is not None:
+        state.idle = idle
+    m._saw(int(rec.get("ts_ns", 0)) + int(rec.get("interval_ns", 0)))
+    m.changed.add("cpus")
+
+
+@handles("meta.probe")
+def _probe(m: NodeModel, rec: Record) -> None:
+    p = decode.probe_state(rec)
+    m.probes[p.probe] = p
+    m._saw(int(rec.get("ts_ns", 0)))
+    m.changed.add("status")
+
+
+@handles("daemon.status")
+def _status(m: NodeModel, rec: Record) -> None:
+    m.status = decode.daemon_status(rec)
+    for t in m.status.threads:
+        if t.comm:
+            m.names.setdefault(t.tgid, t.comm)
+    m._saw(m.status.ts_ns)
+    m.changed |= {"status", "cpus"}
+
+
+@handles("meta.exec")
+def _exec(m: NodeModel, rec: Record) -> None:
+    m.names[int(rec["tgid"])] = str(rec.get("comm", ""))
+
+
+@handles("meta.clock")
+def _clock(m: NodeModel, rec: Record) -> None:
+    m.clock = WallClock(int(rec["ts_ns"]), int(rec["realtime_ns"]), m._tz)
+    m.changed |= {"gaps", "status"}
+
+
+@handles("dropped")
+def _dropped(m: NodeModel, rec: Record) -> None:
+    m.daemon_dropped = max(m.daemon_dropped + int(rec.get("count", 0)), int(rec.get("total", 0)))
+    m.changed.add("status")
+
+
+@handles("meta.watch", "meta.exit", "pong")
+def _ignored_quietly(m: NodeModel, rec: Record) -> None:
+    """Known and not shown (yet): not counted as unknown."""
+
+
+@handles("error")
+def _error(m: NodeModel, rec: Record) -> None:
+    m.ignored[f"error: {rec.get('message', '')}"] += 1

@@ -1,0 +1,127 @@
+"""The breakdown of one gap (a modal screen): what the feeding threads' time went to, as a bar
+of causes and a legend in ms and %, the evidence behind each cause, the threads, and the
+remedy lines; or, for a gap still being attributed, what is known of it so far."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Static
+
+from gpujitter.tui.decode import Attribution, Gap, cause_colour, cause_label
+from gpujitter.tui.text import WallClock, duration, ms, percent
+
+BAR = "█"
+
+
+def stacked_bar(a: Attribution, width: int) -> Text:
+    """One row of `width` cells shared among the causes by their time (largest remainder, so
+    the row is always full and a cause above zero gets at least a cell when it can)."""
+    total = sum(p.ns for p in a.parts) or 1
+    exact = [p.ns * width / total for p in a.parts]
+    cells = [int(x) for x in exact]
+    order = sorted(range(len(exact)), key=lambda i: exact[i] - cells[i], reverse=True)
+    for i in order[: width - sum(cells)]:
+        cells[i] += 1
+    out = Text(no_wrap=True)
+    for part, n in zip(a.parts, cells, strict=True):
+        out.append(BAR * n, style=cause_colour(part.cause))
+    return out
+
+
+def describe_gap(gap: Gap, clock: WallClock) -> Text:
+    out = Text()
+    out.append(f"GPU {gap.gpu} idle {duration(gap.dur_ns)}", style="bold")
+    out.append(f"  {clock.date(gap.ts_ns)} {clock.time(gap.ts_ns)} → {clock.time(gap.end_ns)}\n")
+    sources = ", ".join(gap.sources) or "unknown"
+    out.append(f"placed by {sources} (±{duration(gap.resolution_ns)}), ", style="dim")
+    out.append(f"confidence {gap.confidence:.2f}", style="dim")
+    if gap.tgids:
+        out.append(f"  feeding pids {', '.join(map(str, gap.tgids))}", style="dim")
+    return out
+
+
+def breakdown_text(gap: Gap, a: Attribution | None, clock: WallClock, width: int) -> Text:
+    out = describe_gap(gap, clock)
+    out.append("\n")
+    if a is None:
+        out.append("\nNot attributed yet: the engine waits for the probes' data about the gap.\n")
+        return out
+    if a.tid:
+        out.append("critical thread ")
+        out.append(a.comm or "?", style="bold")  # untrusted name, appended literally
+        out.append(f"  tid {a.tid}, pid {a.tgid}")
+    if a.gpu_node >= 0:
+        out.append(f"  GPU node {a.gpu_node}")
+    out.append("\n\n")
+    out.append_text(stacked_bar(a, max(width, 10)))
+    out.append("\n\n")
+    label_w = max((len(cause_label(p.cause)) for p in a.parts), default=10)
+    for part in a.parts:
+        out.append(
+            f"{cause_label(part.cause):<{label_w}}", style=f"bold {cause_colour(part.cause)}"
+        )
+        out.append(f" {ms(part.ns):>7} ms {percent(part.ns, gap.dur_ns):>5}\n")
+    evidence = [(p, line) for p in a.parts for line in p.evidence]
+    if evidence:
+        out.append("\nEvidence\n", style="bold underline")
+        for part, line in evidence:
+            out.append(f"  {cause_label(part.cause):<{label_w}}  ", style=cause_colour(part.cause))
+            out.append(line + "\n")
+    if a.threads:
+        out.append("\nThreads\n", style="bold underline")
+        for t in a.threads:
+            out.append(f"  {t.role:<9}")
+            out.append(t.comm or "?", style="bold")
+            out.append(f"  tid {t.tid} pid {t.tgid}  {duration(t.ns)}")
+            if t.top_cause:
+                out.append(f"  mostly {cause_label(t.top_cause)}", style="dim")
+            out.append("\n")
+    if a.remedies:
+        out.append("\nRemedy\n", style="bold underline")
+        for line in a.remedies:
+            out.append("  ")
+            out.append(line + "\n", style="green")
+    if a.probes_off:
+        out.append(
+            f"\nProbes off at the time (their causes cannot be seen): {', '.join(a.probes_off)}\n",
+            style="yellow",
+        )
+    return out
+
+
+class GapScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "dismiss", "Close"),
+        Binding("enter", "dismiss", "Close", show=False),
+    ]
+
+    def __init__(self, gap: Gap, a: Attribution | None, clock: WallClock) -> None:
+        super().__init__(id="gap-screen")
+        self.gap = gap
+        self.attribution = a
+        self.clock = clock
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="breakdown"):
+            yield Static(id="breakdown-text")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        title = f"GPU {self.gap.gpu} gap at {self.clock.time(self.gap.ts_ns)}"
+        self.query_one("#breakdown").border_title = title
+        self._draw()
+
+    def on_resize(self) -> None:
+        self._draw()
+
+    def _draw(self) -> None:
+        # Leave room for the scrollbar a long breakdown brings, so the bar never wraps.
+        width = (self.query_one("#breakdown-text").content_size.width or 62) - 2
+        text = breakdown_text(self.gap, self.attribution, self.clock, width)
+        self.query_one("#breakdown-text", Static).update(text)

@@ -1,0 +1,80 @@
+"""The status line: where the data comes from and whether that works (daemon connected,
+retrying, embedded, replay position), probe health, events lost, the daemon's own CPU, and
+records dropped on the way (by the daemon for this client, and by this app's inbox)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.text import Text
+
+from gpujitter.tui.inbox import Connection, ReplayPosition
+from gpujitter.tui.model import NodeModel
+
+SHORT = {"running": "on", "degraded": "degr", "unavailable": "unavail"}
+STATE_STYLE = {"running": "green", "degraded": "yellow", "unavailable": "red", "off": "dim"}
+
+
+def connection_text(conn: Connection | None, model: NodeModel, pos: ReplayPosition | None) -> Text:
+    if conn is None:
+        return Text("○ starting", style="dim")
+    if conn.state == "connected":
+        pid = f" pid {model.hello.pid}" if model.hello.pid else ""
+        return Text(f"● daemon{pid}", style="bold green")
+    if conn.state == "waiting":
+        return Text("○ no daemon, retrying", style="bold yellow")
+    if conn.state == "embedded":
+        return Text("● embedded", style="bold cyan")
+    if conn.state == "replay" and pos is not None:
+        mark = "▶" if pos.playing else "⏸"
+        span = max(pos.end_ns - pos.start_ns, 1)
+        done = 100 * (pos.at_ns - pos.start_ns) / span
+        speed = f"×{pos.speed:g}" if pos.speed != 1 else ""
+        end = " end" if pos.done else ""
+        return Text(
+            f"{mark} replay {model.clock.time(pos.at_ns, 1)} {done:.0f}%{end} {speed}".rstrip(),
+            style="bold magenta",
+        )
+    if conn.state == "failed":
+        return Text(f"✗ source failed: {conn.detail}", style="bold red")
+    return Text(f"○ {conn.state}", style="dim")
+
+
+def probes_text(model: NodeModel) -> Text:
+    states = Counter(p.state for p in model.probes.values())
+    if not states:
+        return Text("probes ?", style="dim")
+    out = Text("probes ")
+    for state in ("running", "degraded", "unavailable", "off", "stopped"):
+        if states[state]:
+            label = {"running": "on", "degraded": "degr", "unavailable": "unavail"}.get(
+                state, state
+            )
+            out.append(f"{states[state]} {label}", style=STATE_STYLE.get(state, ""))
+            out.append(" ")
+    out.rstrip()
+    return out
+
+
+def status_text(
+    model: NodeModel,
+    conn: Connection | None,
+    pos: ReplayPosition | None,
+    *,
+    inbox_dropped: int,
+    paused: bool,
+) -> Text:
+    # Most telling first: at 80 columns the probe list is what gets cut.
+    parts = [connection_text(conn, model, pos)]
+    lost = model.lost_events()
+    parts.append(Text(f"lost {lost}", style="bold red" if lost else "dim"))
+    dropped = inbox_dropped + model.daemon_dropped
+    parts.append(Text(f"dropped {dropped}", style="bold red" if dropped else "dim"))
+    if model.status is not None:
+        who = "self" if conn is not None and conn.state == "embedded" else "daemon"
+        parts.append(Text(f"{who} cpu {model.status.cpu_percent:.1f}%"))
+    parts.append(probes_text(model))
+    out = Text(" │ ", style="dim", no_wrap=True, overflow="ellipsis").join(parts)
+    if paused:
+        out = Text.assemble(Text(" PAUSED ", style="bold reverse yellow"), " ", out)
+    return out
