@@ -26,11 +26,25 @@ from gpujitter.probes import registry
 from gpujitter.probes.host import HostPaths, read_int, read_text, status_fields
 from gpujitter.probes.nvml import Nvml, NvmlUnavailable, open_nvml
 from gpujitter.probes.registry import Hook, ProbeSpec
-from gpujitter.probes.topology import load_topology
+from gpujitter.probes.topology import load_topology, read_cpu_nodes, read_gpus_sysfs, read_pci
 
 from gpujitter.errors import GpujitterError
 
 Status = Literal["pass", "warn", "fail", "info"]
+
+# Files the checks read, as record_tree patterns (tests/fixtures/hosts/); tree_patterns()
+# adds the tracefs formats of every registered tracepoint hook.
+TREE = (
+    "proc/sys/kernel/{osrelease,perf_event_paranoid}",
+    "proc/mounts",
+    "proc/self/{status,limits}",
+    "proc/config.gz",
+    "sys/kernel/btf/vmlinux",
+    "sys/kernel/security/lockdown",
+    "sys/kernel/tracing/{uprobe_events,kprobe_events}",
+    "sys/bus/event_source/devices/*/type",
+    "sys/devices/system/clocksource/clocksource0/{current_clocksource,available_clocksource}",
+)
 
 RINGBUF_KERNEL = (5, 8)  # BPF ring buffers, which every probe streams through
 MEMCG_BPF_KERNEL = (5, 11)  # BPF memory charged to the memory cgroup, not RLIMIT_MEMLOCK
@@ -57,6 +71,7 @@ class DoctorEnv:
     load: bool = False  # really load the core module and every probe (--load)
     load_s: float = 0.5  # how long each loaded probe set runs
     open_nvml: Callable[[], Nvml] = open_nvml  # the NVML boundary: tests replay recordings
+    specs: Callable[[], dict[str, ProbeSpec]] = registry.specs  # the probes whose hooks count
 
     @property
     def release(self) -> str:
@@ -92,6 +107,16 @@ def run_checks(env: DoctorEnv) -> list[Result]:
     for fn in CHECKS:
         results.extend(fn(env))
     return results
+
+
+def tree_patterns() -> tuple[str, ...]:
+    formats = {
+        "sys/kernel/tracing/events/{}/{}/format".format(*h.target.split(":", 1))
+        for spec in registry.specs().values()
+        for h in spec.hooks
+        if h.kind == "tracepoint"
+    }
+    return TREE + tuple(sorted(formats))
 
 
 def can_profile(results: list[Result]) -> bool:
@@ -294,7 +319,7 @@ def check_lockdown(env: DoctorEnv) -> Iterator[Result]:
 def check_probe_hooks(env: DoctorEnv) -> Iterator[Result]:
     """One line per registered probe: are the kernel hooks it needs there?"""
     runnable = 0
-    for spec in registry.specs().values():
+    for spec in env.specs().values():
         missing = [(h, why) for h in spec.hooks if (why := hook_problem(env, h)) is not None]
         required = [(h, why) for h, why in missing if not h.optional]
         hooks = f"{len(spec.hooks)} hooks"
@@ -553,16 +578,22 @@ def check_nvml(env: DoctorEnv) -> Iterator[Result]:
         )
         return
     except NvmlUnavailable as err:
+        on_pci = read_gpus_sysfs(env.paths, read_pci(env.paths))
+        seen = (
+            f"{len(on_pci)} NVIDIA GPU(s) on PCI but {err}"
+            if on_pci
+            else f"no NVIDIA GPU on PCI ({err})"
+        )
         yield Result(
             "nvml",
             "warn",
-            f"{err}: GPU idle gaps are not measured (host probes still run)",
+            f"{seen}: GPU idle gaps are not measured (host probes still run)",
             fix=remedies.install_nvml(),
         )
         return
     try:
         driver = session.driver_version() or "unknown"
-        gpus = session.gpus(os.cpu_count() or 1)
+        gpus = session.gpus(max(read_cpu_nodes(env.paths)) + 1)
     finally:
         session.close()
     if not gpus:
@@ -638,7 +669,7 @@ def check_load(env: DoctorEnv) -> Iterator[Result]:
     from gpujitter.probes.watch import WatchSpec
 
     topo = load_topology(env.paths, env.override, nvml=False)
-    names = list(registry.specs())
+    names = list(env.specs())
     seen: list[Any] = []
     try:
         with ProbeSet(
@@ -660,7 +691,7 @@ def check_load(env: DoctorEnv) -> Iterator[Result]:
             status: Status = "pass" if st.state == "running" else "warn"
             yield Result(f"load {st.probe}", status, f"{st.state} {st.reason}".strip())
         else:
-            spec: ProbeSpec = registry.get(st.probe)
+            spec = env.specs()[st.probe]
             yield Result(
                 f"load {st.probe}",
                 "warn",

@@ -60,7 +60,6 @@ TREE = (
     "sys/bus/pci/devices/*/{class,vendor,device,numa_node,local_cpulist,irq}",
     "sys/bus/pci/devices/*/msi_irqs/*",
     "sys/class/{net,nvme,block}/*/device",
-    "sys/class/block/*/partition",
     "sys/kernel/irq/*/{actions,chip_name,hwirq}",
 )
 
@@ -352,7 +351,7 @@ def _default_idle_state(paths: HostPaths) -> IdleState:
 
 
 @dataclass(frozen=True, slots=True)
-class _Pci:
+class PciDevice:
     bus_id: str
     pci_class: str
     vendor: str
@@ -362,14 +361,14 @@ class _Pci:
     irqs: tuple[int, ...]  # MSI/MSI-X vectors, or the legacy INTx line when it has none
 
 
-def read_pci(paths: HostPaths) -> dict[str, _Pci]:
+def read_pci(paths: HostPaths) -> dict[str, PciDevice]:
     out = {}
     for dev in sorted((paths.sys / "bus/pci/devices").glob("*")):
         msi = dev / "msi_irqs"
         irqs = sorted(int(p.name) for p in msi.glob("[0-9]*")) if msi.is_dir() else []
         if not irqs and (read_int(dev / "irq") or 0) > 0:
             irqs = [read_int(dev / "irq") or 0]
-        out[dev.name] = _Pci(
+        out[dev.name] = PciDevice(
             bus_id=dev.name,
             pci_class=read_text(dev / "class") or "",
             vendor=read_text(dev / "vendor") or "",
@@ -381,7 +380,7 @@ def read_pci(paths: HostPaths) -> dict[str, _Pci]:
     return out
 
 
-def read_gpus_sysfs(paths: HostPaths, pci: dict[str, _Pci]) -> list[GpuDevice]:
+def read_gpus_sysfs(paths: HostPaths, pci: dict[str, PciDevice]) -> list[GpuDevice]:
     """NVIDIA display/3D controllers on PCI, named by the driver's /proc file when present."""
     gpus = []
     for p in pci.values():
@@ -414,7 +413,7 @@ def _nvidia_proc_info(paths: HostPaths, bus_id: str) -> dict[str, str]:
 
 
 def read_gpus(
-    paths: HostPaths, pci: dict[str, _Pci], cpu_count: int, nvml: Nvml | bool | None
+    paths: HostPaths, pci: dict[str, PciDevice], cpu_count: int, nvml: Nvml | bool | None
 ) -> tuple[list[GpuDevice], str]:
     """GPUs from NVML when it answers (its NUMA node and CPU affinity, sysfs filling what it
     does not know), else from sysfs; and a line saying which source was used and why."""
@@ -458,9 +457,9 @@ def read_gpus(
     return gpus + list(by_bus.values()), "nvml"
 
 
-def read_devices(paths: HostPaths, pci: dict[str, _Pci]) -> list[HostDevice]:
-    """Physical NICs (those with a `device` link), NVMe controllers and whole block devices
-    (not partitions, not loop/zram/dm, which have no device link)."""
+def read_devices(paths: HostPaths, pci: dict[str, PciDevice]) -> list[HostDevice]:
+    """Physical NICs, NVMe controllers and whole block devices: those with a `device` link
+    (virtual NICs, partitions, loop, zram and dm devices have none)."""
     found: list[HostDevice] = []
     sources: tuple[tuple[Literal["nic", "nvme", "block"], str], ...] = (
         ("nic", "class/net"),
@@ -470,7 +469,7 @@ def read_devices(paths: HostPaths, pci: dict[str, _Pci]) -> list[HostDevice]:
     for kind, where in sources:
         for entry in sorted((paths.sys / where).glob("*")):
             link = entry / "device"
-            if not link.exists() or (entry / "partition").exists():
+            if not link.exists():  # virtual devices and partitions have no device link
                 continue
             bus_id = pci_address_of(link)
             p = pci.get(bus_id) if bus_id else None
@@ -518,7 +517,7 @@ def read_interrupts(paths: HostPaths) -> tuple[dict[int, dict[int, int]], list[I
 
 def read_irqs(
     paths: HostPaths,
-    pci: dict[str, _Pci],
+    pci: dict[str, PciDevice],
     kinds: dict[str, DeviceKind],
 ) -> tuple[list[IrqInfo], list[IrqVector]]:
     counts, vectors, rest = read_interrupts(paths)
@@ -689,7 +688,12 @@ def load_topology(
     pci = read_pci(paths)
     gpus, gpu_source = read_gpus(paths, pci, max(cpu_node, default=0) + 1, nvml)
     devices = read_devices(paths, pci)
-    kinds: dict[str, DeviceKind] = {d.bus_id: d.kind for d in devices if d.bus_id}
+    # A PCI function can back several entries (nvme0 and its nvme0n1): the most specific
+    # kind names its IRQs.
+    rank = {"block": 0, "nic": 1, "nvme": 2}
+    kinds: dict[str, DeviceKind] = {
+        d.bus_id: d.kind for d in sorted(devices, key=lambda d: rank[d.kind]) if d.bus_id
+    }
     kinds.update({g.bus_id: "gpu" for g in gpus})
     irqs, vectors = read_irqs(paths, pci, kinds)
     real = Topology(

@@ -24,7 +24,7 @@ def persistence(ctx: AuditContext) -> Iterator[Finding]:
         return
     daemon = pids_named(ctx, "nvidia-persistenced")
     for g in gpus:
-        subject = f"GPU {g.index if g.index is not None else '?'} {g.bus_id}"
+        subject = f"GPU {g.bus_id}" if g.index is None else f"GPU {g.index} ({g.bus_id})"
         if g.persistence_mode is True:
             yield Finding(
                 "gpu.persistence",
