@@ -46,7 +46,8 @@ def limit_idle_latency(max_exit_latency_us: int) -> str:
     return f"cpupower idle-set -D {max_exit_latency_us}"
 
 
-def gpu_persistence(gpu: int) -> str:
+def gpu_persistence(gpu: int | str) -> str:
+    """gpu: NVML index or PCI bus id (nvidia-smi -i takes both)."""
     return f"nvidia-smi -i {gpu} -pm 1"
 
 
@@ -117,3 +118,63 @@ def blocked_hint(syscall: str, state: str) -> str:
         return f"waited on I/O{where}: keep inputs in page cache or on local NVMe"
     where = f" in {syscall}" if syscall else ""
     return f"blocked{where}: the thread that wakes it is not watched; watch its process too"
+
+
+def irqbalance_ban(cpus: list[int] | tuple[int, ...]) -> str:
+    """Keep irqbalance running but away from the GPU-feeding CPUs."""
+    return (
+        f"echo 'IRQBALANCE_BANNED_CPULIST={format_cpulist(list(cpus))}' >> /etc/default/irqbalance"
+        " && systemctl restart irqbalance"
+    )
+
+
+def jemalloc_conf() -> str:
+    return f"MALLOC_CONF={JEMALLOC_CONF} <command>"
+
+
+def haltpoll() -> str:
+    """KVM guests without a cpuidle driver: poll briefly before HLT instead of exiting."""
+    return "modprobe cpuidle-haltpoll"
+
+
+def clocksource(name: str) -> str:
+    return f"echo {name} > /sys/devices/system/clocksource/clocksource0/current_clocksource"
+
+
+# Fixes for `gpujitter doctor`: what profiling itself needs.
+
+
+def mount_tracefs() -> str:
+    return "mount -t tracefs tracefs /sys/kernel/tracing"
+
+
+def install_bcc() -> str:
+    return "apt-get install -y python3-bpfcc  # and a venv made with --system-site-packages"
+
+
+def install_headers(release: str) -> str:
+    return f"apt-get install -y linux-headers-{release}"
+
+
+def link_headers(release: str, build: str, source: str) -> str:
+    """The fallback when no headers package matches the running kernel (see doctor.md)."""
+    return (
+        f"ln -sfn {build} /lib/modules/{release}/build && "
+        f"ln -sfn {source} /lib/modules/{release}/source"
+    )
+
+
+def run_as_root() -> str:
+    return "sudo gpujitter ...  # or grant CAP_BPF,CAP_PERFMON (AmbientCapabilities= in the unit)"
+
+
+def memlock_limit() -> str:
+    return "ulimit -l unlimited  # LimitMEMLOCK=infinity in the unit"
+
+
+def install_nvml() -> str:
+    return "apt-get install -y nvidia-driver  # on a node with NVIDIA GPUs; none needed otherwise"
+
+
+def install_pynvml() -> str:
+    return "pip install nvidia-ml-py"

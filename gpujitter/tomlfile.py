@@ -15,5 +15,7 @@ def load_toml(path: Path, what: str) -> dict[str, Any]:
         return tomllib.loads(path.read_text())
     except OSError as err:
         raise GpujitterError(f"{what} {path}: {err.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+    except UnicodeDecodeError:
+        raise GpujitterError(f"{what} {path}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as err:
         raise GpujitterError(f"{what} {path}: {err}") from None

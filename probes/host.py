@@ -1,10 +1,17 @@
-"""Where the host's /proc and /sys are: injectable, so every reader runs on recorded trees
-in tests (the way psutil's PROCFS_PATH and node_exporter's --path.sysfs do)."""
+"""Where the host's /proc, /sys, /etc and /lib/modules are: injectable, so every reader runs on
+recorded trees in tests (the way psutil's PROCFS_PATH and node_exporter's --path.sysfs do),
+plus the small parsers those readers share (CPU lists, sysfs choices, PCI addresses)."""
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+# A PCI address as sysfs spells it: domain:bus:device.function.
+PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,23 +19,45 @@ class HostPaths:
     proc: Path = Path("/proc")
     sys: Path = Path("/sys")
     etc: Path = Path("/etc")
+    modules: Path = Path("/lib/modules")  # kernel headers links (build, source) per release
+    src: Path = Path("/usr/src")  # installed kernel headers trees
 
     @classmethod
     def under(cls, root: str | Path) -> HostPaths:
-        """A recorded tree laid out as root/proc, root/sys and root/etc."""
+        """A recorded tree laid out as root/proc, root/sys, root/etc, root/lib/modules and
+        root/usr/src."""
         root = Path(root)
-        return cls(proc=root / "proc", sys=root / "sys", etc=root / "etc")
+        return cls(
+            proc=root / "proc",
+            sys=root / "sys",
+            etc=root / "etc",
+            modules=root / "lib/modules",
+            src=root / "usr/src",
+        )
 
     @property
     def live(self) -> bool:
         return self.proc == Path("/proc")
+
+    @property
+    def tracefs(self) -> Path:
+        return self.sys / "kernel/tracing"
 
 
 def read_text(path: Path) -> str | None:
     """A sysfs/procfs file's text without its trailing newline, None when absent or unreadable."""
     try:
         return path.read_text().rstrip("\n")
-    except OSError:
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def read_int(path: Path) -> int | None:
+    """A file holding one integer (decimal, or hex with 0x), None when absent or not a number."""
+    text = read_text(path)
+    try:
+        return None if text is None else int(text.strip(), 0)
+    except ValueError:
         return None
 
 
@@ -43,6 +72,14 @@ def parse_cpulist(text: str) -> list[int]:
     return cpus
 
 
+def read_cpulist(path: Path) -> tuple[int, ...]:
+    """A cpulist file as CPU numbers; () when absent or malformed."""
+    try:
+        return tuple(parse_cpulist(read_text(path) or ""))
+    except ValueError:
+        return ()
+
+
 def format_cpulist(cpus: list[int] | set[int] | tuple[int, ...]) -> str:
     """[0, 1, 2, 3, 8] -> '0-3,8': the form /proc/irq/N/smp_affinity_list and taskset accept."""
     ordered = sorted(set(cpus))
@@ -55,3 +92,110 @@ def format_cpulist(cpus: list[int] | set[int] | tuple[int, ...]) -> str:
         spans.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
         i = j + 1
     return ",".join(spans)
+
+
+def selected_choice(text: str | None) -> str | None:
+    """The bracketed word of a sysfs choice file: 'always [madvise] never' -> 'madvise'."""
+    match = re.search(r"\[([^\]]+)\]", text or "")
+    return match.group(1) if match else None
+
+
+def pci_address_of(path: Path) -> str | None:
+    """The PCI device a sysfs device path (link) sits under: the last PCI address among the
+    components of its resolved path (a NIC's `device` link may point at a virtio or USB child
+    of the PCI function); None for virtual and non-PCI devices."""
+    try:
+        resolved = Path(os.path.realpath(path))
+    except OSError:
+        return None
+    if not resolved.exists():
+        return None
+    found = [part for part in resolved.parts if PCI_ADDRESS.match(part)]
+    return found[-1] if found else None
+
+
+def numa_node(text: str | None) -> int | None:
+    """A sysfs numa_node value: the node, or None where the kernel says -1 (unknown)."""
+    try:
+        node = int((text or "").strip())
+    except ValueError:
+        return None
+    return node if node >= 0 else None
+
+
+def proc_pids(paths: HostPaths) -> list[int]:
+    """Process ids under /proc, ascending; [] when /proc cannot be listed."""
+    try:
+        return sorted(int(n) for n in os.listdir(paths.proc) if n.isdigit())
+    except OSError:
+        return []
+
+
+def status_fields(paths: HostPaths, pid: int | str) -> dict[str, str]:
+    """/proc/PID/status as {'Name': 'python3', 'Cpus_allowed_list': '0-3', ...}."""
+    fields = {}
+    for line in (read_text(paths.proc / str(pid) / "status") or "").splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key] = value.strip()
+    return fields
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """'a/{b,c}/d' -> ['a/b/d', 'a/c/d'] (one level per brace pair, as tree patterns need)."""
+    head, sep, tail = pattern.partition("{")
+    if not sep:
+        return [pattern]
+    choices, _, rest = tail.partition("}")
+    return [p for c in choices.split(",") for p in expand_braces(head + c + rest)]
+
+
+def record_tree(
+    dest: Path,
+    patterns: list[str] | tuple[str, ...],
+    *,
+    root: Path = Path("/"),
+    filters: dict[str, Callable[[bytes], bytes]] | None = None,
+) -> list[str]:
+    """Copy the files that match `patterns` (globs relative to root, with {a,b} choices) from
+    root into dest, recreating every symlink on their way (sysfs's class/ and bus/ entries are
+    relative links into devices/), so that HostPaths.under(dest) reads what the host has.
+    `filters` maps a file name (e.g. "environ") to a function that redacts its bytes.
+    Returns the paths copied, relative to dest."""
+    copied: list[str] = []
+    dest.mkdir(parents=True, exist_ok=True)
+    for pattern in patterns:
+        for expanded in expand_braces(pattern):
+            for live in sorted(root.glob(expanded)):
+                rel = os.path.relpath(live, root)
+                if _mirror(root, dest, rel, filters or {}):
+                    copied.append(rel)
+    return copied
+
+
+def _mirror(root: Path, dest: Path, rel: str, filters: dict[str, Callable[[bytes], bytes]]) -> bool:
+    out = dest / rel
+    if os.path.lexists(out):
+        return True
+    parent = os.path.dirname(rel)
+    if parent and not _mirror(root, dest, parent, filters):
+        return False
+    live = root / rel
+    if live.is_symlink():
+        target = os.readlink(live)
+        if os.path.isabs(target):
+            return False  # /proc/self and the like point outside any recorded tree
+        real_parent = os.path.relpath(os.path.realpath(live.parent), root)
+        if not _mirror(root, dest, os.path.normpath(os.path.join(real_parent, target)), filters):
+            return False
+        out.symlink_to(target)
+    elif live.is_dir():
+        out.mkdir()
+    else:
+        try:
+            data = live.read_bytes()
+        except OSError:
+            return False
+        keep = filters.get(live.name)
+        out.write_bytes(keep(data) if keep else data)
+    return True

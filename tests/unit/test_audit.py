@@ -1,0 +1,648 @@
+"""Every audit rule on a good and a bad recorded tree, asserting the exact finding: the
+two-socket server tuned well (two-node-gpu) and badly (two-node-gpu-bad laid over it), this
+dev VM and the H200 VM (NVML replayed)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpujitter.daemon.audit import AuditContext, Evidence, Finding, GpuProcess, run_audit
+from gpujitter.daemon.audit.processes import find_gpu_processes, keep_allocator_env
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.host import HostPaths
+from gpujitter.probes.nvml import Nvml
+from gpujitter.probes.topology import Topology, load_topology
+from tests.nvml_replay import ReplayBackend
+from tests.unit.conftest import MakeTree
+
+GOOD = ("two-node-gpu",)
+BAD = ("two-node-gpu", "two-node-gpu-bad")
+JEMALLOC_CONF = "narenas:8,dirty_decay_ms:10000,muzzy_decay_ms:10000,background_thread:true"
+
+
+def audit(
+    paths: HostPaths,
+    rule: str,
+    *,
+    pids: tuple[int, ...] = (),
+    nvml: Nvml | None = None,
+    topology: Topology | None = None,
+    override: Path | None = None,
+) -> list[Finding]:
+    topo = topology or load_topology(paths, override, nvml=nvml or False)
+    procs = find_gpu_processes(paths, topo, pids, nvml)
+    return run_audit(AuditContext(paths=paths, topology=topo, processes=procs), [rule])
+
+
+def ev(paths: HostPaths, rel: str, value: str) -> Evidence:
+    root = paths.proc.parent
+    return Evidence(str(root / rel), value)
+
+
+# --- memory -------------------------------------------------------------------------------
+
+SWAPS_NONE = "no swap device listed"
+SWAPS_ONE = "/swapfile file 8388604 524288 -2"
+
+
+def test_swappiness_good(host_tree: MakeTree) -> None:
+    p = host_tree(*GOOD)
+    assert audit(p, "memory.swappiness") == [
+        Finding(
+            "memory.swappiness",
+            "ok",
+            "vm.swappiness",
+            "10: page cache is reclaimed well before anonymous memory is swapped",
+            (ev(p, "proc/sys/vm/swappiness", "10"),),
+        )
+    ]
+
+
+def test_swappiness_bad(host_tree: MakeTree) -> None:
+    p = host_tree(*BAD)
+    assert audit(p, "memory.swappiness") == [
+        Finding(
+            "memory.swappiness",
+            "warn",
+            "vm.swappiness",
+            "60: anonymous memory is swapped early; 1-10 is the usual advice",
+            (ev(p, "proc/sys/vm/swappiness", "60"), ev(p, "proc/swaps", SWAPS_ONE)),
+            "sysctl -w vm.swappiness=10 && echo 'vm.swappiness = 10' >> "
+            "/etc/sysctl.d/90-gpujitter.conf",
+        )
+    ]
+
+
+def test_swappiness_zero_does_not_disable_swap(host_tree: MakeTree) -> None:
+    p = host_tree(*GOOD, files={"proc/sys/vm/swappiness": "0\n"})
+    (finding,) = audit(p, "memory.swappiness")
+    assert finding.severity == "warn"
+    assert finding.message.startswith("0 does not fully disable swap on current kernels")
+    assert finding.fix.startswith("sysctl -w vm.swappiness=10")
+
+
+def test_swappiness_without_swap_devices_is_information(host_tree: MakeTree) -> None:
+    p = host_tree("dev-vm")
+    (finding,) = audit(p, "memory.swappiness")
+    assert finding.severity == "info"
+    assert "no swap device is active now" in finding.message
+    assert finding.evidence[1] == ev(p, "proc/swaps", SWAPS_NONE)
+
+
+def test_swap_devices_good(host_tree: MakeTree) -> None:
+    p = host_tree(*GOOD)
+    assert audit(p, "memory.swap") == [
+        Finding(
+            "memory.swap",
+            "ok",
+            "swap devices",
+            "no swap device is active",
+            (ev(p, "proc/swaps", SWAPS_NONE),),
+        )
+    ]
+
+
+def test_swap_devices_bad(host_tree: MakeTree) -> None:
+    p = host_tree(*BAD)
+    assert audit(p, "memory.swap") == [
+        Finding(
+            "memory.swap",
+            "warn",
+            "swap devices",
+            "1 active: /swapfile (file, 8191 MiB, 512 MiB used); a swap-in on the GPU-feeding "
+            "path costs orders of magnitude more than RAM (GPU nodes usually run without swap)",
+            (ev(p, "proc/swaps", SWAPS_ONE),),
+            "swapoff -a  # and remove swap entries from /etc/fstab",
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("knob", "good", "bad_message"),
+    [
+        (
+            "enabled",
+            "always madvise [never]",
+            "always: every anonymous fault may allocate a huge page and khugepaged collapses "
+            "pages behind running threads (latency-critical nodes: madvise or never)",
+        ),
+        (
+            "defrag",
+            "always defer [defer+madvise] madvise never",
+            "always: page faults compact memory synchronously when no huge page is free "
+            "(latency-critical nodes: madvise or never)",
+        ),
+    ],
+)
+def test_transparent_hugepages(host_tree: MakeTree, knob: str, good: str, bad_message: str) -> None:
+    rel = f"sys/kernel/mm/transparent_hugepage/{knob}"
+    g = host_tree(*GOOD)
+    mode = good.split("[")[1].split("]")[0]
+    assert audit(g, f"memory.thp_{knob}") == [
+        Finding(
+            f"memory.thp_{knob}", "ok", f"transparent_hugepage/{knob}", mode, (ev(g, rel, good),)
+        )
+    ]
+    b = host_tree(*BAD)
+    (finding,) = audit(b, f"memory.thp_{knob}")
+    assert finding == Finding(
+        f"memory.thp_{knob}",
+        "warn",
+        f"transparent_hugepage/{knob}",
+        bad_message,
+        (ev(b, rel, (Path(b.sys) / f"kernel/mm/transparent_hugepage/{knob}").read_text().strip()),),
+        f"echo madvise > /sys/kernel/mm/transparent_hugepage/{knob}",
+    )
+
+
+def test_numa_balancing(host_tree: MakeTree) -> None:
+    g = host_tree(*GOOD)
+    assert audit(g, "memory.numa_balancing") == [
+        Finding(
+            "memory.numa_balancing",
+            "ok",
+            "kernel.numa_balancing",
+            "0 (off)",
+            (ev(g, "proc/sys/kernel/numa_balancing", "0"),),
+        )
+    ]
+    b = host_tree(*BAD)
+    fix = (
+        "sysctl -w kernel.numa_balancing=0 && echo 'kernel.numa_balancing = 0' >> "
+        "/etc/sysctl.d/90-gpujitter.conf"
+    )
+    assert audit(b, "memory.numa_balancing") == [
+        Finding(
+            "memory.numa_balancing",
+            "warn",
+            "kernel.numa_balancing",
+            "1 (on): NUMA hinting faults and page migrations hit GPU-feeding threads; bind "
+            "processes to their GPU's node instead",
+            (ev(b, "proc/sys/kernel/numa_balancing", "1"),),
+            fix,
+        )
+    ]
+    one_node = host_tree("dev-vm", files={"proc/sys/kernel/numa_balancing": "1\n"})
+    (finding,) = audit(one_node, "memory.numa_balancing")
+    assert (
+        finding.severity == "info"
+        and "with one NUMA node it has nothing to move" in finding.message
+    )
+
+
+# --- cpu ----------------------------------------------------------------------------------
+
+
+def test_governor(host_tree: MakeTree) -> None:
+    g = host_tree(*GOOD)
+    rel = "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"
+    assert audit(g, "cpu.governor") == [
+        Finding(
+            "cpu.governor", "ok", "cpufreq", "performance on CPUs 0-7", (ev(g, rel, "performance"),)
+        )
+    ]
+    b = host_tree(*BAD)
+    assert audit(b, "cpu.governor") == [
+        Finding(
+            "cpu.governor",
+            "warn",
+            "cpufreq",
+            "powersave on CPUs 0-7: CPUs ramp up only after work arrives, so bursts of launches "
+            "run slow",
+            (ev(b, rel, "powersave"),),
+            "cpupower frequency-set -g performance",
+        )
+    ]
+    vm = host_tree("dev-vm")
+    assert audit(vm, "cpu.governor") == [
+        Finding(
+            "cpu.governor",
+            "info",
+            "cpufreq",
+            "no cpufreq driver: the platform or the hypervisor sets the CPU frequency",
+            (ev(vm, rel, "absent"),),
+        )
+    ]
+
+
+def test_idle_states(host_tree: MakeTree) -> None:
+    g = host_tree(*GOOD)
+    assert audit(g, "cpu.idle_states") == [
+        Finding(
+            "cpu.idle_states",
+            "ok",
+            "cpuidle",
+            "driver intel_idle: deepest enabled state C1E exits in 10 us (<= 10 us)",
+            (ev(g, "sys/devices/system/cpu/cpuidle/current_driver", "intel_idle"),),
+        )
+    ]
+    b = host_tree(*BAD)
+    assert audit(b, "cpu.idle_states") == [
+        Finding(
+            "cpu.idle_states",
+            "warn",
+            "cpuidle",
+            "driver intel_idle: enabled states that take over 10 us to leave: C6 (133 us) on "
+            "CPUs 0-7; a thread woken there starts that much later (disabling them costs power)",
+            (ev(b, "sys/devices/system/cpu/cpu0/cpuidle/state3/latency", "133"),),
+            "cpupower idle-set -D 10",
+        )
+    ]
+
+
+def test_idle_states_without_a_cpuidle_driver(host_tree: MakeTree) -> None:
+    vm = host_tree("dev-vm")
+    assert audit(vm, "cpu.idle_states") == [
+        Finding(
+            "cpu.idle_states",
+            "info",
+            "cpuidle",
+            "no cpuidle driver: CPUs idle in the default HLT state, whose exit latency the "
+            "kernel does not know; in a VM every HLT exits to the hypervisor, so a wake-up "
+            "costs tens of us",
+            (ev(vm, "sys/devices/system/cpu/cpuidle/current_driver", "none"),),
+            "modprobe cpuidle-haltpoll",
+        )
+    ]
+
+
+# --- irqs ---------------------------------------------------------------------------------
+
+
+def test_irqbalance(host_tree: MakeTree) -> None:
+    g = host_tree(*GOOD)
+    assert audit(g, "irq.irqbalance") == [
+        Finding(
+            "irq.irqbalance",
+            "ok",
+            "irqbalance",
+            "running (pid 1500), keeps IRQs off CPUs 0-1,4-5",
+            (
+                ev(g, "proc/1500/comm", "irqbalance"),
+                ev(g, "etc/default/irqbalance", "IRQBALANCE_BANNED_CPULIST=0-1,4-5"),
+            ),
+        )
+    ]
+    b = host_tree(*BAD)
+    assert audit(b, "irq.irqbalance") == [
+        Finding(
+            "irq.irqbalance",
+            "warn",
+            "irqbalance",
+            "running (pid 1500) with no banned CPUs: it moves IRQs, GPU and NIC ones included, "
+            "onto GPU-feeding CPUs and undoes affinity set by hand",
+            (ev(b, "proc/1500/comm", "irqbalance"),),
+            "systemctl disable --now irqbalance  # or set IRQBALANCE_BANNED_CPULIST",
+        )
+    ]
+    vm = host_tree("dev-vm")
+    (finding,) = audit(vm, "irq.irqbalance")
+    assert (finding.severity, finding.message) == (
+        "ok",
+        "not running: IRQ affinity stays where it is set",
+    )
+
+
+def test_irqbalance_ban_mask_from_its_environment(host_tree: MakeTree) -> None:
+    env = b"PATH=/usr/bin\0IRQBALANCE_BANNED_CPUS=00000033\0"
+    p = host_tree(*BAD)
+    (p.proc / "1500/environ").write_bytes(env)
+    (finding,) = audit(p, "irq.irqbalance")
+    assert finding.severity == "ok" and finding.message.endswith("keeps IRQs off CPUs 0-1,4-5")
+    assert finding.evidence[1] == ev(p, "proc/1500/environ", "IRQBALANCE_BANNED_CPUS=00000033")
+
+
+def test_irq_affinity_good(host_tree: MakeTree) -> None:
+    g = host_tree(*GOOD)
+    eff = "proc/irq/{}/effective_affinity_list"
+    assert audit(g, "irq.affinity") == [
+        Finding(
+            "irq.affinity",
+            "ok",
+            "gpu 0000:17:00.0",
+            "1 of 1 IRQ(s) handled on node 0's CPUs",
+            (ev(g, eff.format(100), "1"),),
+        ),
+        Finding(
+            "irq.affinity",
+            "ok",
+            "nic ens1f0",
+            "4 of 4 IRQ(s) handled on node 0's CPUs",
+            tuple(ev(g, eff.format(i), str(i - 110)) for i in (110, 111, 112, 113)),
+        ),
+        Finding(
+            "irq.affinity",
+            "ok",
+            "gpu 0000:b1:00.0",
+            "1 of 1 IRQ(s) handled on node 1's CPUs",
+            (ev(g, eff.format(101), "5"),),
+        ),
+        Finding(
+            "irq.affinity",
+            "ok",
+            "nvme nvme0",
+            "2 of 4 IRQ(s) handled on node 1's CPUs; 2 kernel-managed queue vector(s) "
+            "(nvme0q1, nvme0q2) sit on other nodes' CPUs by design and fire only for I/O "
+            "submitted there",
+            (
+                ev(g, eff.format(120), "4"),
+                ev(g, eff.format(123), "6"),
+                ev(g, eff.format(121), "0"),
+                ev(g, eff.format(122), "2"),
+            ),
+        ),
+    ]
+
+
+def test_irq_affinity_bad(host_tree: MakeTree) -> None:
+    b = host_tree(*BAD)
+    warned = [f for f in audit(b, "irq.affinity") if f.severity != "ok"]
+    assert warned == [
+        Finding(
+            "irq.affinity",
+            "warn",
+            "IRQ 111 mlx5_comp0@pci:0000:41:00.0",
+            "nic ens1f0: handled on CPUs 6 (node 1), remote from its device on node 0",
+            (
+                ev(b, "proc/irq/111/effective_affinity_list", "6"),
+                ev(b, "sys/bus/pci/devices/0000:41:00.0/numa_node", "0"),
+            ),
+            "echo 0-3 > /proc/irq/111/smp_affinity_list",
+        ),
+        Finding(
+            "irq.affinity",
+            "warn",
+            "IRQ 101 nvidia",
+            "gpu 0000:b1:00.0: handled on CPUs 0 (node 0), remote from its device on node 1",
+            (
+                ev(b, "proc/irq/101/effective_affinity_list", "0"),
+                ev(b, "sys/bus/pci/devices/0000:b1:00.0/numa_node", "1"),
+            ),
+            "echo 4-7 > /proc/irq/101/smp_affinity_list",
+        ),
+    ]
+
+
+def test_irq_affinity_against_an_override(host_tree: MakeTree, tmp_path: Path) -> None:
+    """On the one-node VM, an override puts the disk on node 0 and CPU 1 on node 1: the disk
+    IRQ, pinned to CPU 1, becomes remote, and the evidence names the override file."""
+    p = host_tree("dev-vm", files={"proc/irq/36/effective_affinity_list": "1\n"})
+    override = tmp_path / "split.toml"
+    override.write_text('[nodes]\n0 = "0"\n1 = "1"\n[irqs]\n35 = 0\n36 = 0\n')
+    findings = audit(p, "irq.affinity", override=override)
+    (disk,) = [f for f in findings if f.subject == "IRQ 36 virtio1-req.0"]
+    assert disk == Finding(
+        "irq.affinity",
+        "warn",
+        "IRQ 36 virtio1-req.0",
+        "block vda: handled on CPUs 1 (node 1), remote from its device on node 0",
+        (
+            ev(p, "proc/irq/36/effective_affinity_list", "1"),
+            Evidence(str(override), "[irqs] 36 = 0"),
+        ),
+        "echo 0 > /proc/irq/36/smp_affinity_list",
+    )
+    (nic,) = [f for f in findings if f.subject == "nic eth0"]
+    assert nic.severity == "info" and nic.message.startswith("NUMA node of the device unknown")
+
+
+# --- gpus ---------------------------------------------------------------------------------
+
+
+def test_persistence_from_nvml(host_tree: MakeTree, h200_nvml: ReplayBackend) -> None:
+    p = host_tree("h200-vm")
+    nvml = Nvml(h200_nvml).open()
+    assert audit(p, "gpu.persistence", nvml=nvml) == [
+        Finding(
+            "gpu.persistence",
+            "ok",
+            "GPU 0 (0000:00:06.0)",
+            "persistence mode on",
+            (Evidence("NVML nvmlDeviceGetPersistenceMode", "enabled"),),
+        )
+    ]
+    topo = load_topology(p, nvml=Nvml(h200_nvml).open())
+    off = replace(topo, gpus=tuple(replace(g, persistence_mode=False) for g in topo.gpus))
+    assert audit(p, "gpu.persistence", topology=off) == [
+        Finding(
+            "gpu.persistence",
+            "warn",
+            "GPU 0 (0000:00:06.0)",
+            "persistence mode off: when no process holds the GPU the driver unloads its state, "
+            "and the next CUDA start takes a second or two",
+            (Evidence("NVML nvmlDeviceGetPersistenceMode", "disabled"),),
+            "nvidia-smi -i 0 -pm 1",
+        )
+    ]
+
+
+def test_persistence_from_sysfs(host_tree: MakeTree) -> None:
+    daemon = host_tree(*GOOD, files={"proc/2100/comm": "nvidia-persistenced\n"})
+    findings = audit(daemon, "gpu.persistence")
+    assert [(f.subject, f.severity, f.message) for f in findings] == [
+        ("GPU 0000:17:00.0", "ok", "nvidia-persistenced is running (pid 2100)"),
+        ("GPU 0000:b1:00.0", "ok", "nvidia-persistenced is running (pid 2100)"),
+    ]
+    b = host_tree(*BAD)
+    unknown = audit(b, "gpu.persistence")
+    assert [(f.severity, f.fix) for f in unknown] == [
+        ("info", "nvidia-smi -i 0000:17:00.0 -pm 1"),
+        ("info", "nvidia-smi -i 0000:b1:00.0 -pm 1"),
+    ]
+    assert audit(host_tree("dev-vm"), "gpu.persistence")[0].message.startswith("no NVIDIA GPU")
+
+
+# --- processes ----------------------------------------------------------------------------
+
+
+def test_gpu_processes_found_by_libcuda_and_dev_nvidia(host_tree: MakeTree) -> None:
+    p = host_tree(*BAD)
+    topo = load_topology(p)
+    assert find_gpu_processes(p, topo) == [
+        GpuProcess(4242, "python3", ("0000:b1:00.0",), "libcuda"),
+        GpuProcess(4343, "python3", ("0000:17:00.0",), "libcuda"),
+    ]
+
+
+def test_gpu_processes_from_nvml(host_tree: MakeTree, h200_nvml: ReplayBackend) -> None:
+    p = host_tree("h200-vm")
+    nvml = Nvml(h200_nvml).open()
+    topo = load_topology(p, nvml=nvml)
+    assert find_gpu_processes(p, topo, (), nvml) == [
+        GpuProcess(523, "python3", ("0000:00:06.0",), "nvml")
+    ]
+
+
+def test_pid_option(host_tree: MakeTree) -> None:
+    p = host_tree("dev-vm")
+    topo = load_topology(p)
+    (proc,) = find_gpu_processes(p, topo, (4467,))
+    assert (proc.pid, proc.gpus, proc.found_by) == (4467, (), "--pid")
+    with pytest.raises(GpujitterError, match="--pid 999999: no such process"):
+        find_gpu_processes(p, topo, (999999,))
+
+
+def test_no_gpu_process(host_tree: MakeTree) -> None:
+    vm = host_tree("dev-vm")
+    assert audit(vm, "process.gpus") == [
+        Finding(
+            "process.gpus",
+            "info",
+            "GPU processes",
+            "none found (no NVML compute process, no process with libcuda mapped); name one "
+            "with --pid",
+            (Evidence(str(vm.proc / "*/maps"), "no libcuda.so"),),
+        )
+    ]
+
+
+def test_cpu_affinity(host_tree: MakeTree) -> None:
+    g = host_tree(*GOOD)
+    assert audit(g, "process.cpu_affinity") == [
+        Finding(
+            "process.cpu_affinity",
+            "ok",
+            "pid 4242 (python3)",
+            "runs on node 1's CPUs only",
+            (ev(g, "proc/4242/status", "Cpus_allowed_list: 4-7"),),
+        )
+    ]
+    b = host_tree(*BAD)
+    assert audit(b, "process.cpu_affinity") == [
+        Finding(
+            "process.cpu_affinity",
+            "warn",
+            "pid 4242 (python3)",
+            "may run on CPUs 0-3, remote from its GPU's node 1",
+            (ev(b, "proc/4242/status", "Cpus_allowed_list: 0-7"),),
+            "taskset -acp 4-7 4242 && migratepages 4242 all 1",
+        ),
+        Finding(
+            "process.cpu_affinity",
+            "critical",
+            "pid 4343 (python3)",
+            "may run on CPUs 4-7, remote from its GPU's node 0 (it may not run on any local CPU)",
+            (ev(b, "proc/4343/status", "Cpus_allowed_list: 4-7"),),
+            "taskset -acp 0-3 4343 && migratepages 4343 all 0",
+        ),
+    ]
+
+
+def test_memory_policy(host_tree: MakeTree) -> None:
+    g = host_tree(*GOOD)
+    assert audit(g, "process.memory_policy") == [
+        Finding(
+            "process.memory_policy",
+            "ok",
+            "pid 4242 (python3)",
+            "memory bound to node 1",
+            (
+                ev(g, "proc/4242/status", "Mems_allowed_list: 1"),
+                ev(g, "proc/4242/numa_maps", "pages N1=90040; policies bind:1 x2"),
+            ),
+        )
+    ]
+    b = host_tree(*BAD)
+    assert audit(b, "process.memory_policy") == [
+        Finding(
+            "process.memory_policy",
+            "warn",
+            "pid 4242 (python3)",
+            "90% of its resident pages are off node 1, where its GPU is",
+            (
+                ev(b, "proc/4242/status", "Mems_allowed_list: 0-1"),
+                ev(b, "proc/4242/numa_maps", "pages N0=81040 N1=9000; policies default x2"),
+            ),
+            "taskset -acp 4-7 4242 && migratepages 4242 all 1",
+        ),
+        Finding(
+            "process.memory_policy",
+            "info",
+            "pid 4343 (python3)",
+            "memory not bound to node 0: its pages are local now (first touch), later "
+            "allocations may land remote",
+            (
+                ev(b, "proc/4343/status", "Mems_allowed_list: 0-1"),
+                ev(b, "proc/4343/numa_maps", "pages N0=100; policies default x1"),
+            ),
+            "numactl --cpunodebind=0 --membind=0 <command>",
+        ),
+    ]
+
+
+def test_memlock(host_tree: MakeTree) -> None:
+    g = host_tree(*GOOD)
+    assert audit(g, "process.memlock") == [
+        Finding(
+            "process.memlock",
+            "ok",
+            "pid 4242 (python3)",
+            "RLIMIT_MEMLOCK unlimited",
+            (ev(g, "proc/4242/limits", "Max locked memory unlimited unlimited bytes"),),
+        )
+    ]
+    b = host_tree(*BAD)
+    (finding, _stray) = audit(b, "process.memlock")
+    assert finding == Finding(
+        "process.memlock",
+        "warn",
+        "pid 4242 (python3)",
+        "RLIMIT_MEMLOCK 8192 KiB: mlock() and RDMA registration (NCCL over InfiniBand, "
+        "GPUDirect) of pinned buffers are capped there",
+        (ev(b, "proc/4242/limits", "Max locked memory 8388608 8388608 bytes"),),
+        "prlimit --pid 4242 --memlock=unlimited:unlimited  # and LimitMEMLOCK=infinity",
+    )
+
+
+def test_allocator(host_tree: MakeTree) -> None:
+    g = host_tree(*GOOD)
+    jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    env = f"MALLOC_CONF={JEMALLOC_CONF} LD_PRELOAD={jemalloc}"
+    assert audit(g, "process.allocator") == [
+        Finding(
+            "process.allocator",
+            "ok",
+            "pid 4242 (python3)",
+            "jemalloc in use",
+            (ev(g, "proc/4242/maps", jemalloc), ev(g, "proc/4242/environ", env)),
+        )
+    ]
+    b = host_tree(*BAD)
+    (finding, _stray) = audit(b, "process.allocator")
+    assert finding == Finding(
+        "process.allocator",
+        "info",
+        "pid 4242 (python3)",
+        "glibc malloc: arena locks and trims (madvise/munmap) can stall data-loader threads",
+        (
+            ev(b, "proc/4242/maps", "no jemalloc/tcmalloc/mimalloc mapped"),
+            ev(b, "proc/4242/environ", "no allocator variables"),
+        ),
+        f"LD_PRELOAD=libjemalloc.so.2 MALLOC_CONF={JEMALLOC_CONF} <command>",
+    )
+    defaults = host_tree(*GOOD, files={"proc/4242/environ": ""})
+    (plain,) = audit(defaults, "process.allocator")
+    assert plain.severity == "info" and plain.message.startswith("jemalloc with default settings")
+    assert plain.fix == f"MALLOC_CONF={JEMALLOC_CONF} <command>"
+
+
+def test_recorded_environ_keeps_only_allocator_variables() -> None:
+    raw = b"HOME=/root\0AWS_SECRET_ACCESS_KEY=x\0MALLOC_CONF=narenas:8\0LD_PRELOAD=/j.so\0"
+    assert keep_allocator_env(raw) == b"MALLOC_CONF=narenas:8\0LD_PRELOAD=/j.so\0"
+    assert keep_allocator_env(b"HOME=/root\0") == b""
+
+
+def test_whole_audit_of_the_bad_tree_counts(host_tree: MakeTree) -> None:
+    p = host_tree(*BAD)
+    topo = load_topology(p)
+    findings = run_audit(AuditContext(p, topo, find_gpu_processes(p, topo)))
+    rules = [f.rule for f in findings]
+    # Families print in order: memory, cpu, irq, gpu, process.
+    families = [r.split(".")[0] for r in rules]
+    assert families == sorted(families, key=["memory", "cpu", "irq", "gpu", "process"].index)
+    severities = [f.severity for f in findings]
+    assert severities.count("critical") == 1 and severities.count("warn") == 13
+    assert all(f.fix for f in findings if f.severity in ("warn", "critical"))

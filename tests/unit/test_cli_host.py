@@ -1,0 +1,110 @@
+"""Live smoke tests of `gpujitter doctor`, `audit` and `topo` on this host: valid JSON,
+doctor's exit status, the override named wherever it is used, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HOSTS = Path(__file__).parents[1] / "fixtures" / "hosts"
+
+
+def gpujitter(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpujitter", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_doctor_json_exits_0_here() -> None:
+    proc = gpujitter("doctor", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True and report["topology_override"] is None
+    checks = {c["check"]: c for c in report["checks"]}
+    assert {"kernel", "btf", "tracefs", "bcc", "headers", "privileges", "nvml"} <= set(checks)
+    assert all(c["status"] in ("pass", "warn", "info") for c in report["checks"])
+
+
+def test_doctor_text_has_one_line_per_check_and_fixes() -> None:
+    proc = gpujitter("doctor")
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("PASS  kernel")
+    warned = [n for n, line in enumerate(lines) if line.startswith("WARN")]
+    assert warned and all(lines[n + 1].strip().startswith("fix: ") for n in warned)
+    assert lines[-1].startswith("profiling can run: ")
+
+
+def test_audit_json_here() -> None:
+    proc = gpujitter("audit", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    rules = {f["rule"] for f in report["findings"]}
+    assert {"memory.swappiness", "cpu.idle_states", "irq.affinity", "gpu.persistence"} <= rules
+    assert all(f["evidence"] for f in report["findings"])
+
+
+def test_audit_fail_on_and_rule_filter() -> None:
+    clean = gpujitter("audit", "--root", str(HOSTS / "two-node-gpu"), "--fail-on", "warn")
+    assert clean.returncode == 0, clean.stdout
+    only = gpujitter("audit", "--json", "--root", str(HOSTS / "two-node-gpu"), "--rule", "memory")
+    assert {f["rule"].split(".")[0] for f in json.loads(only.stdout)["findings"]} == {"memory"}
+
+
+def test_topo_json_here() -> None:
+    proc = gpujitter("topo", "--json")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    assert record["override"] is None and record["cpu_node"]
+    assert record["idle"]["states"] and record["irqs"]
+
+
+def test_override_is_named_by_topo_audit_and_doctor(tmp_path: Path) -> None:
+    override = tmp_path / "split.toml"
+    cpus = json.loads(gpujitter("topo", "--json").stdout)["cpu_node"]
+    first = min(int(c) for c in cpus)
+    rest = ",".join(c for c in cpus if int(c) != first) or str(first)
+    nodes = f'0 = "{first}"\n1 = "{rest}"\n' if len(cpus) > 1 else f'0 = "{first}"\n'
+    override.write_text("[nodes]\n" + nodes)
+    banner = f"TOPOLOGY OVERRIDE {override} in force"
+    topo = gpujitter("topo", "--topology-override", str(override))
+    assert topo.stdout.startswith(banner)
+    assert json.loads(gpujitter("topo", "--json", "--topology-override", str(override)).stdout)[
+        "override"
+    ] == str(override)
+    audit = gpujitter("audit", "--topology-override", str(override))
+    assert audit.stdout.startswith(banner)
+    assert json.loads(gpujitter("audit", "--json", "--topology-override", str(override)).stdout)[
+        "topology_override"
+    ] == str(override)
+    doctor = json.loads(gpujitter("doctor", "--json", "--topology-override", str(override)).stdout)
+    assert doctor["topology_override"] == str(override)
+    (line,) = [c for c in doctor["checks"] if c["check"] == "topology"]
+    assert f"OVERRIDE {override} in force" in line["detail"]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("topo", "--root", "/nonexistent"), "--root /nonexistent: not a recorded tree"),
+        (("audit", "--pid", "999999999"), "--pid 999999999: no such process"),
+        (("topo", "--topology-override", "/nonexistent.toml"), "No such file or directory"),
+    ],
+)
+def test_bad_input_is_one_line(args: tuple[str, ...], said: str) -> None:
+    proc = gpujitter(*args)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and said in proc.stderr
+    assert proc.stderr.startswith(f"gpujitter {args[0]}: error: ")
+
+
+@pytest.mark.parametrize("command", ["doctor", "audit", "topo"])
+def test_help_has_examples(command: str) -> None:
+    proc = gpujitter(command, "--help")
+    assert proc.returncode == 0
+    assert "examples:" in proc.stdout and f"gpujitter {command}" in proc.stdout
+    assert "--json" in proc.stdout

@@ -1,0 +1,310 @@
+"""Doctor checks on this VM's recorded tree (the passing case) with single files changed for
+each failing case, NVML replayed from the H200 machine, and live on this host."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpujitter.daemon import doctor
+from gpujitter.daemon.doctor import DoctorEnv, Result, can_profile, hook_problem, run_checks
+from gpujitter.probes import registry
+from gpujitter.probes.host import HostPaths
+from gpujitter.probes.nvml import Nvml, NvmlUnavailable, open_nvml
+from gpujitter.probes.registry import Hook
+from tests.nvml_replay import ReplayBackend
+from tests.unit.conftest import MakeTree
+
+RELEASE = "6.18.44-fc-v657"  # the kernel the dev-vm tree was recorded on
+ROOT_STATUS = "Name:\tpython\nUid:\t0\t0\t0\t0\nCapEff:\t000001fffeffffff\n"
+USER_STATUS = "Name:\tpython\nUid:\t1000\t1000\t1000\t1000\nCapEff:\t0000000000000000\n"
+BPF_PERFMON = "Name:\tpython\nUid:\t1000\t1000\t1000\t1000\nCapEff:\t000000c000000000\n"
+
+
+def one(fn: doctor.Check, env: DoctorEnv) -> Result:
+    (result,) = list(fn(env))
+    return result
+
+
+def env_of(paths: HostPaths, **kw: object) -> DoctorEnv:
+    return DoctorEnv(paths=paths, **kw)  # type: ignore[arg-type]
+
+
+def test_kernel(host_tree: MakeTree) -> None:
+    ok = one(doctor.check_kernel, env_of(host_tree("dev-vm")))
+    assert ok == Result("kernel", "pass", f"{RELEASE} (BPF ring buffer needs >= 5.8)")
+    old = host_tree("dev-vm", files={"proc/sys/kernel/osrelease": "5.4.0-42-generic\n"})
+    bad = one(doctor.check_kernel, env_of(old))
+    assert (bad.status, bad.fix) == ("fail", "boot a kernel >= 5.8")
+    assert bad.detail.startswith("5.4.0-42-generic: the probes stream through BPF ring buffers")
+
+
+def test_btf(host_tree: MakeTree) -> None:
+    assert one(doctor.check_btf, env_of(host_tree("dev-vm"))).status == "pass"
+    bare = host_tree("dev-vm", files={"sys/kernel/btf/vmlinux": None})
+    missing = one(doctor.check_btf, env_of(bare))
+    assert (missing.status, missing.fix) == (
+        "warn",
+        "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y",
+    )
+
+
+def test_tracefs(host_tree: MakeTree) -> None:
+    ok = one(doctor.check_tracefs, env_of(host_tree("dev-vm")))
+    assert (ok.status, ok.detail) == ("pass", "mounted at /sys/kernel/tracing")
+    mounts = "proc /proc proc rw 0 0\ndebugfs /sys/kernel/debug debugfs rw 0 0\n"
+    unmounted = host_tree("dev-vm", files={"proc/mounts": mounts})
+    bad = one(doctor.check_tracefs, env_of(unmounted))
+    assert bad.status == "fail"
+    assert bad.fix == "mount -t tracefs tracefs /sys/kernel/tracing"
+    elsewhere = mounts + "tracefs /sys/kernel/debug/tracing tracefs rw 0 0\n"
+    moved = one(doctor.check_tracefs, env_of(host_tree("dev-vm", files={"proc/mounts": elsewhere})))
+    assert moved.status == "fail" and "(mounted only at /sys/kernel/debug/tracing)" in moved.detail
+
+
+def test_bcc_importable_here(host_tree: MakeTree) -> None:
+    result = one(doctor.check_bcc, env_of(host_tree("dev-vm")))
+    assert result.status == "pass" and result.detail.startswith("bcc 0.26")
+
+
+def test_without_bcc_doctor_fails_with_the_install_command() -> None:
+    """A Python that cannot import bcc: doctor says so, with the fix, and exits 1."""
+    code = (
+        "import sys; sys.modules['bcc'] = None\n"
+        "from gpujitter.cli import main\n"
+        "sys.exit(main(['doctor', '--json']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    import json
+
+    report = json.loads(proc.stdout)
+    (bcc,) = [c for c in report["checks"] if c["check"] == "bcc"]
+    assert bcc["status"] == "fail" and bcc["fix"].startswith("apt-get install -y python3-bpfcc")
+    assert report["ok"] is False
+
+
+def headers_tree(host_tree: MakeTree, uts: str | None, source: bool = True) -> HostPaths:
+    files: dict[str, str | None] = {
+        "usr/src/linux-headers-6.1.0-57-amd64/Makefile": "include ../common/Makefile\n",
+        "usr/src/linux-headers-6.1.0-57-common/Makefile": "# common\n",
+    }
+    if uts is not None:
+        build = f"lib/modules/{RELEASE}/build"
+        files[f"{build}/Makefile"] = "# kbuild\n"
+        files[f"{build}/include/generated/utsrelease.h"] = f'#define UTS_RELEASE "{uts}"\n'
+        if source:
+            files[f"lib/modules/{RELEASE}/source/Makefile"] = "# source\n"
+    return host_tree("dev-vm", files=files)
+
+
+def test_headers(host_tree: MakeTree) -> None:
+    matching = one(doctor.check_headers, env_of(headers_tree(host_tree, RELEASE)))
+    assert (matching.status, matching.detail) == ("pass", f"matching headers for {RELEASE}")
+
+    fallback = one(doctor.check_headers, env_of(headers_tree(host_tree, "6.1.0-57-amd64")))
+    assert fallback.status == "warn"
+    assert fallback.detail.startswith(f"fallback headers 6.1.0-57-amd64 linked for {RELEASE}")
+    assert "must never be read" in fallback.detail
+    assert fallback.fix.startswith(f"apt-get install -y linux-headers-{RELEASE}")
+
+    paths = headers_tree(host_tree, None)
+    absent = one(doctor.check_headers, env_of(paths))
+    assert absent.status == "fail"
+    assert absent.fix == (
+        f"ln -sfn {paths.src}/linux-headers-6.1.0-57-amd64 /lib/modules/{RELEASE}/build && "
+        f"ln -sfn {paths.src}/linux-headers-6.1.0-57-common /lib/modules/{RELEASE}/source"
+    )
+
+    split = one(doctor.check_headers, env_of(headers_tree(host_tree, RELEASE, source=False)))
+    assert split.status == "fail" and "source is missing" in split.detail
+
+
+@pytest.mark.parametrize(
+    ("status", "expect"),
+    [
+        (ROOT_STATUS, ("pass", "root: may load tracing BPF programs")),
+        (BPF_PERFMON, ("pass", "CAP_BPF+CAP_PERFMON: may load tracing BPF programs")),
+        (
+            USER_STATUS,
+            ("fail", "neither root nor CAP_BPF+CAP_PERFMON: tracing BPF programs cannot be loaded"),
+        ),
+    ],
+)
+def test_privileges(host_tree: MakeTree, status: str, expect: tuple[str, str]) -> None:
+    result = one(
+        doctor.check_privileges, env_of(host_tree("dev-vm", files={"proc/self/status": status}))
+    )
+    assert (result.status, result.detail) == expect
+    assert bool(result.fix) == (expect[0] == "fail")
+
+
+@pytest.mark.parametrize(
+    ("status", "paranoid", "expect"),
+    [
+        (ROOT_STATUS, "2", ("pass", "2 (CAP_PERFMON is not bound by it)")),
+        (USER_STATUS, "-1", ("pass", "-1")),
+        (USER_STATUS, "2", ("fail", "2 without CAP_PERFMON: system-wide perf events are refused")),
+    ],
+)
+def test_perf_event_paranoid(
+    host_tree: MakeTree, status: str, paranoid: str, expect: tuple[str, str]
+) -> None:
+    files = {"proc/self/status": status, "proc/sys/kernel/perf_event_paranoid": paranoid}
+    result = one(doctor.check_perf_paranoid, env_of(host_tree("dev-vm", files=files)))
+    assert (result.status, result.detail) == expect
+    if result.status == "fail":
+        assert result.fix.startswith("sysctl -w kernel.perf_event_paranoid=-1")
+
+
+def test_lockdown(host_tree: MakeTree) -> None:
+    assert one(doctor.check_lockdown, env_of(host_tree("dev-vm"))).status == "pass"
+    lockdown = "sys/kernel/security/lockdown"
+    integrity = host_tree("dev-vm", files={lockdown: "none [integrity] confidentiality\n"})
+    assert one(doctor.check_lockdown, env_of(integrity)).detail == "lockdown=integrity"
+    conf = host_tree("dev-vm", files={lockdown: "none integrity [confidentiality]\n"})
+    assert one(doctor.check_lockdown, env_of(conf)).status == "fail"
+
+
+def test_probe_hooks_on_the_recorded_tree(host_tree: MakeTree) -> None:
+    env = env_of(host_tree("dev-vm"), specs=lambda: {"malloc": registry.get("malloc")})
+    assert list(doctor.check_probe_hooks(env)) == [
+        Result("probe malloc", "pass", "10 hooks available")
+    ]
+
+
+def test_probe_without_its_tracepoints_is_unavailable(host_tree: MakeTree) -> None:
+    gone = {"sys/kernel/tracing/events/syscalls/sys_enter_mmap/format": None}
+    env = env_of(host_tree("dev-vm", files=gone), specs=lambda: {"malloc": registry.get("malloc")})
+    line, verdict = list(doctor.check_probe_hooks(env))
+    assert line.check == "probe malloc" and line.status == "warn"
+    assert line.detail.startswith("unavailable: tracepoint syscalls:sys_enter_mmap is not in ")
+    assert "allocator stalls are not attributed" in line.detail
+    assert verdict == Result(
+        "probes",
+        "fail",
+        "no registered probe can attach on this kernel",
+        fix="mount -t tracefs tracefs /sys/kernel/tracing",
+    )
+
+
+def test_hook_checks(host_tree: MakeTree, tmp_path: Path) -> None:
+    env = env_of(host_tree("dev-vm"))
+    assert hook_problem(env, Hook("tracepoint", "syscalls:sys_enter_brk")) is None
+    assert hook_problem(env, Hook("tracepoint", "sched:no_such_event")).startswith("is not in ")  # type: ignore[union-attr]
+    # perf events: a real perf_event_open on this kernel.
+    assert hook_problem(env, Hook("perf_event", "software:page-faults-maj")) is None
+    assert hook_problem(env, Hook("perf_event", "software:PAGE_FAULTS_MIN")) is None
+    assert hook_problem(env, Hook("perf_event", "software:page-flips")) == (
+        "is not a perf event gpujitter knows (see docs/doctor.md)"
+    )
+    # uprobes: resolved in this host's libraries.
+    assert hook_problem(env, Hook("uprobe", "libc:malloc")) is None
+    assert hook_problem(env, Hook("uprobe", "libc:no_such_symbol_here")) == (
+        "cannot attach: libc has no symbol no_such_symbol_here"
+    )
+    assert hook_problem(env, Hook("uprobe", "libcuda:cuLaunchKernel")) == (
+        "cannot attach: library libcuda is not installed"
+    )
+    no_uprobes = env_of(HostPaths.under(tmp_path))
+    assert "no uprobe support" in hook_problem(no_uprobes, Hook("uprobe", "libc:malloc"))  # type: ignore[operator]
+
+
+def test_unused_hooks_are_information(host_tree: MakeTree) -> None:
+    paths = host_tree("dev-vm")
+    kprobes, fentry = list(doctor.check_unused_hooks(env_of(paths)))
+    assert kprobes == Result(
+        "kprobes",
+        "info",
+        "absent (CONFIG_KPROBES=n); gpujitter does not use them",
+        source=str(paths.sys / "bus/event_source/devices"),
+    )
+    assert fentry.status == "info" and "--load tries one" in fentry.detail
+
+
+def test_memlock(host_tree: MakeTree) -> None:
+    new = one(doctor.check_memlock, env_of(host_tree("dev-vm")))
+    assert new.status == "pass" and "charged to the memory cgroup" in new.detail
+    limits = "Limit  Soft Limit  Hard Limit  Units\nMax locked memory  8388608  8388608  bytes\n"
+    files = {"proc/sys/kernel/osrelease": "5.4.0-42-generic", "proc/self/limits": limits}
+    old = one(doctor.check_memlock, env_of(host_tree("dev-vm", files=files)))
+    assert (old.status, old.fix) == (
+        "warn",
+        "ulimit -l unlimited  # LimitMEMLOCK=infinity in the unit",
+    )
+    assert old.detail.startswith("RLIMIT_MEMLOCK 8192 KiB")
+
+
+def test_nvml_replayed_from_the_h200(host_tree: MakeTree, h200_nvml: ReplayBackend) -> None:
+    env = env_of(host_tree("h200-vm"), open_nvml=lambda: Nvml(h200_nvml).open())
+    assert one(doctor.check_nvml, env) == Result(
+        "nvml", "pass", "driver 580.159.04, 1 GPU(s): 0: NVIDIA H200 at 0000:00:06.0"
+    )
+
+
+def test_nvml_on_this_host(host_tree: MakeTree) -> None:
+    result = one(doctor.check_nvml, env_of(host_tree("dev-vm")))
+    try:
+        open_nvml().close()
+    except (NvmlUnavailable, ImportError):
+        # No GPU here: a warning, never a failure.
+        assert result.status == "warn"
+        assert result.detail.startswith("no NVIDIA GPU on PCI (")
+        assert result.fix.startswith("apt-get install -y nvidia-driver")
+    else:
+        assert result.status == "pass"
+
+
+@pytest.mark.parametrize(
+    ("current", "available", "status"),
+    [
+        ("tsc", "tsc kvm-clock", "pass"),
+        ("kvm-clock", "kvm-clock tsc", "pass"),
+        ("hpet", "hpet acpi_pm tsc", "warn"),
+    ],
+)
+def test_clocksource(host_tree: MakeTree, current: str, available: str, status: str) -> None:
+    base = "sys/devices/system/clocksource/clocksource0"
+    files = {f"{base}/current_clocksource": current, f"{base}/available_clocksource": available}
+    result = one(doctor.check_clocksource, env_of(host_tree("dev-vm", files=files)))
+    assert result.status == status and result.detail.startswith(current)
+    if status == "warn":
+        assert (
+            result.fix
+            == "echo tsc > /sys/devices/system/clocksource/clocksource0/current_clocksource"
+        )
+
+
+def test_topology_line_names_the_override(host_tree: MakeTree, tmp_path: Path) -> None:
+    plain = one(doctor.check_topology, env_of(host_tree("dev-vm")))
+    assert plain.detail.startswith("1 node(s), 2 CPUs, 0 GPU(s) on PCI,")
+    override = tmp_path / "two.toml"
+    override.write_text('[nodes]\n0 = "0"\n1 = "1"\n')
+    emulated = one(doctor.check_topology, env_of(host_tree("dev-vm"), override=override))
+    assert emulated.status == "pass"
+    assert f"OVERRIDE {override} in force: NUMA nodes are emulated" in emulated.detail
+    override.write_text('[nodes]\n0 = "0"\n')
+    broken = one(doctor.check_topology, env_of(host_tree("dev-vm"), override=override))
+    assert (
+        broken.status == "fail" and "CPUs [1] of this node are in no [nodes] entry" in broken.detail
+    )
+
+
+def test_checks_are_a_registry_in_print_order() -> None:
+    names = [fn.__name__ for fn in doctor.CHECKS]
+    assert names[:4] == ["check_kernel", "check_btf", "check_tracefs", "check_bcc"]
+    assert names[-1] == "check_load" and len(set(names)) == len(names)
+
+
+def test_live_host_can_profile() -> None:
+    """This machine after setup: nothing fails (warnings for the fallback headers and the
+    absent GPU are expected)."""
+    results = run_checks(DoctorEnv())
+    failed = [r for r in results if r.status == "fail"]
+    assert failed == [] and can_profile(results)
+    assert all(r.fix for r in results if r.status in ("warn", "fail"))
+    assert os.geteuid() == 0 or any(r.check == "privileges" for r in results)
