@@ -105,22 +105,14 @@ class CoreBpf:
         self._emit: Callable[[Event], Any] = lambda ev: None
 
     def start(self, emit: Callable[[Event], Any]) -> None:
-        from bcc import BPF
-
         self._emit = emit
-        text = bpf_source(Path(__file__).with_name("watch.bpf.c"))
-        with captured_stderr() as err:
-            try:
-                self.bpf = BPF(text=text.encode())
-            except Exception as exc:
-                raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
+        self.bpf = _borrow_core(self)
         config = self.bpf["gj_config"]
         config[ct.c_uint(CFG_FLAGS)] = ct.c_ulonglong(WATCH_ALL if self.spec.all else 0)
         config[ct.c_uint(CFG_SELF_TGID)] = ct.c_ulonglong(os.getpid())
         cpu_node = self.bpf["gj_cpu_node"]
         for cpu, node in self.topology.cpu_node.items():
             cpu_node[ct.c_uint(cpu)] = ct.c_uint(node)
-        self.bpf["proc_events"].open_ring_buffer(self._on_proc)
         self.refresh(now_ns=0)
 
     def _on_proc(self, _ctx: Any, data: int, _size: int) -> int:
@@ -176,8 +168,51 @@ class CoreBpf:
 
     def close(self) -> None:
         if self.bpf is not None:
-            self.bpf.cleanup()
+            _return_core(self.bpf)
             self.bpf = None
+
+
+# bcc keeps the tables a module exports in one registry per process, by name: a destroyed
+# module leaves its entries behind (descriptors closed) and a later export of the same name
+# does not replace them, so probes compiled after a second core module would refer to dead
+# maps. The core is therefore compiled once per process and lent to one CoreBpf at a time
+# (the ProbeSets of one process, such as tests or a restarted daemon, run in turn); between
+# loans its tracepoints are detached and the watched set is empty.
+_core: dict[str, Any] = {}
+
+
+def _borrow_core(owner: CoreBpf) -> Any:
+    from bcc import BPF
+
+    bpf = _core.get("bpf")
+    if bpf is None:
+        text = bpf_source(Path(__file__).with_name("watch.bpf.c"))
+        with captured_stderr() as err:
+            try:
+                bpf = BPF(text=text.encode())
+            except Exception as exc:
+                raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
+        bpf["proc_events"].open_ring_buffer(_on_proc)
+        _core.update(bpf=bpf, tracepoints=[tp.decode() for tp in bpf.tracepoint_fds])
+    else:
+        for tp in _core["tracepoints"]:
+            category, _, event = tp.partition(":")
+            bpf.attach_tracepoint(tp=tp, fn_name=f"tracepoint__{category}__{event}")
+    _core["owner"] = owner
+    return bpf
+
+
+def _return_core(bpf: Any) -> None:
+    for tp in _core["tracepoints"]:
+        bpf.detach_tracepoint(tp)
+    _core["owner"] = None
+    bpf.ring_buffer_consume()  # what the last owner left unread goes nowhere
+    bpf["gj_watched"].clear()
+
+
+def _on_proc(ctx: Any, data: int, size: int) -> int:
+    owner = _core.get("owner")
+    return owner._on_proc(ctx, data, size) if owner is not None else 0
 
 
 def _is_process(paths: HostPaths, tgid: int) -> bool:

@@ -50,7 +50,7 @@ class Recorded:
     def status(self, probe: str) -> ProbeStatus:
         return [
             s
-            for s in self.events + self.statuses
+            for s in self.statuses + self.events  # the latest last
             if isinstance(s, ProbeStatus) and s.probe == probe
         ][-1]
 
