@@ -72,7 +72,6 @@ def test_swap_ins_are_counted_and_timed_like_pswpin(
 
     counted = totals(rec, toucher.pid)
     swapins = rec.of(MajorFault, tid=toucher.pid, kind="swap")
-    print(f"pswpin {pswpin}, probe {counted}, majflt {toucher.report['majflt']}")
     assert pswpin > 10_000, "the cgroup limit must force real swap-ins"
     assert abs(counted["swap_count"] - pswpin) <= 0.1 * pswpin
     # One event per swap-in, streamed once although both probes run, by the swap probe.
