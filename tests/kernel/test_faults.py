@@ -207,6 +207,15 @@ def test_major_threshold_keeps_fast_faults_in_the_kernel(
     assert totals(rec, reader.pid)["file_count"] == 100
 
 
+def test_swap_alone_streams_no_file_faults_but_counts_them(
+    spawn: Callable[..., Workload], tmp_path: Path
+) -> None:
+    reader, rec, _ = read_dropped_file(spawn, tmp_path, 100, ["swap"], {"swap": {"swapin": 0}})
+    assert rec.of(MajorFault) == rec.of(MinorFaults) == []
+    assert totals(rec, reader.pid)["file_count"] == 100
+    assert rec.status("swap").state == "running"
+
+
 def test_probe_command_shows_faults_and_swap_working(spawn: Callable[..., Workload]) -> None:
     touch = spawn(FIRST_TOUCH, "20000")
     command = ["probe", "faults", "swap", "--json", "--pid", str(touch.pid), "--duration", "4s"]
