@@ -150,6 +150,31 @@ def test_minor_threshold_keeps_windows_in_the_kernel(spawn: Callable[..., Worklo
     assert totals(rec, touch.pid)["minor_count"] >= 5000
 
 
+# Let the kernel write `pages` fresh pages (read() from /dev/zero into an untouched mapping):
+# the faults are taken in kernel mode, on user memory.
+KERNEL_WRITES = """
+import mmap, os
+pages = int(sys.argv[1])
+m = mmap.mmap(-1, pages * mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+m.madvise(mmap.MADV_NOHUGEPAGE)
+fd = os.open("/dev/zero", os.O_RDONLY)
+report(lambda: os.readv(fd, [m]))
+"""
+
+
+def test_faults_taken_by_the_kernel_on_user_memory_are_counted(
+    spawn: Callable[..., Workload],
+) -> None:
+    pages = 2000
+    reader = spawn(KERNEL_WRITES, str(pages))
+    rec, _ = observe(["faults"], reader.run, watch=WatchSpec(pids={reader.pid}))
+    assert reader.report["result"] == pages * PAGE
+    counted = totals(rec, reader.pid)
+    assert pages <= counted["minor_count"] <= reader.report["minflt"] + 200
+    assert counted["minor_ns"] > 0
+    assert counted["untimed_count"] == 0
+
+
 def file_of_pages(path: Path, pages: int) -> Path:
     """A file of `pages` pages on disk, written back so its page cache can be dropped."""
     with path.open("wb") as f:
