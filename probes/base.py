@@ -42,6 +42,9 @@ class ProbeContext:
     thresholds: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     # Per-probe options a probe understands (malloc's precise mode: {"malloc": {...}}).
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Objects the probes of one set share, by name: a BPF object that serves two registry
+    # entries (faults and swap) lives here while either of them runs.
+    shared: dict[str, Any] = field(default_factory=dict)
 
 
 class Probe(abc.ABC):
@@ -58,7 +61,7 @@ class Probe(abc.ABC):
         return self.spec.name
 
     def threshold(self, ctx: ProbeContext, key: str) -> int:
-        return int(ctx.thresholds.get(self.name, {}).get(key, self.spec.thresholds[key]))
+        return threshold_ns(self.spec, ctx, key)
 
     @abc.abstractmethod
     def start(self, ctx: ProbeContext) -> None:
@@ -134,6 +137,36 @@ def first_error_line(text: str, fallback: str) -> str:
     return fallback
 
 
+def threshold_ns(spec: ProbeSpec, ctx: ProbeContext, key: str) -> int:
+    """A threshold of `spec`: the context's override, else the registry default."""
+    return int(ctx.thresholds.get(spec.name, {}).get(key, spec.thresholds[key]))
+
+
+def threshold_cflags(spec: ProbeSpec, ctx: ProbeContext) -> list[str]:
+    """-D options: every threshold of `spec` as THRESHOLD_<KEY>_NS."""
+    return [
+        f"-DTHRESHOLD_{key.upper()}_NS={threshold_ns(spec, ctx, key)}ULL" for key in spec.thresholds
+    ]
+
+
+def compile_bpf(source: Path, cflags: list[str], attach: Callable[[Any], None]) -> Any:
+    """Compile `source` with gpujitter.h pasted in, then `attach(bpf)` the hooks bcc does not
+    attach by itself. Either failing raises ProbeUnavailable with the first error line (not
+    a screenful of clang output) and frees what was loaded."""
+    from bcc import BPF  # imported here: the registry must load on nodes without bcc
+
+    bpf = None
+    with captured_stderr() as err:
+        try:
+            bpf = BPF(text=bpf_source(source).encode(), cflags=cflags)
+            attach(bpf)
+        except Exception as exc:
+            if bpf is not None:
+                bpf.cleanup()
+            raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
+    return bpf
+
+
 class BpfProbe(Probe):
     """A probe backed by `<module>.bpf.c`, compiled by bcc with gpujitter.h pasted in.
     Subclasses name their ring buffers in `rings` and turn records into events in `decode`;
@@ -148,10 +181,7 @@ class BpfProbe(Probe):
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
         """-D options: every threshold as THRESHOLD_<KEY>_NS, plus what subclasses add."""
-        return [
-            f"-DTHRESHOLD_{key.upper()}_NS={self.threshold(ctx, key)}ULL"
-            for key in self.spec.thresholds
-        ]
+        return threshold_cflags(self.spec, ctx)
 
     def attach(self, ctx: ProbeContext) -> None:
         """Attach hooks that bcc does not attach by itself (perf events, uprobes)."""
@@ -161,17 +191,17 @@ class BpfProbe(Probe):
         """Turn one ring-buffer record (bcc's ctypes view) into an event, or None to skip."""
 
     def start(self, ctx: ProbeContext) -> None:
-        from bcc import BPF  # imported here: the registry must load on nodes without bcc
-
         self._emit = ctx.emit
-        text = bpf_source(Path(__file__).with_name(self.source))
-        with captured_stderr() as err:
-            try:
-                self.bpf = BPF(text=text.encode(), cflags=self.cflags(ctx))
-                self.attach(ctx)
-            except Exception as exc:
-                self.close()
-                raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
+
+        def attach(bpf: Any) -> None:
+            self.bpf = bpf
+            self.attach(ctx)
+
+        try:
+            compile_bpf(Path(__file__).with_name(self.source), self.cflags(ctx), attach)
+        except ProbeUnavailable:
+            self.bpf = None
+            raise
         for ring in self.rings:
             self.bpf[ring].open_ring_buffer(self._callback(ring))
         self.state = "running"

@@ -284,6 +284,28 @@ class MajorFault(Event):
     comm: str = ""
 
 
+@event_kind("fault.stats")
+@dataclass(frozen=True, slots=True)
+class FaultStats(Event):
+    """Page faults of one thread over [ts_ns, ts_ns + interval_ns), from in-kernel counters:
+    how many of each class and the time spent in them. unclassified: major faults that were
+    neither a file read nor a swap read (device memory, zswap hits, waits on another
+    thread's read); untimed: completions whose entry was not seen (in no other count)."""
+
+    interval_ns: int
+    tid: int
+    tgid: int
+    minor_count: int = 0
+    minor_ns: int = 0
+    file_count: int = 0
+    file_ns: int = 0
+    swap_count: int = 0
+    swap_ns: int = 0
+    unclassified_count: int = 0
+    unclassified_ns: int = 0
+    untimed_count: int = 0
+
+
 # ---------------------------------------------------------------------------------------
 # cstate: wake-ups of watched threads onto CPUs that were idle.
 

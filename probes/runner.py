@@ -48,6 +48,7 @@ class ProbeSet:
         except ProbeUnavailable as err:
             raise GpujitterError(f"cannot load the core BPF module: {err}") from None
         now = time.monotonic_ns()
+        self._last_tick = now  # start() refreshed the watched set and reported health
         statuses = []
         for spec in self.specs:
             probe = spec.factory(spec)
@@ -111,10 +112,13 @@ class ProbeThread:
         # leaving the block stops, drains the ring buffers and closes
     """
 
-    def __init__(self, names: Sequence[str], **kwargs: Any) -> None:
+    def __init__(
+        self, names: Sequence[str], *, poll_ms: int = 50, tick_ms: int = 1000, **kwargs: Any
+    ) -> None:
         import threading
 
         self._set_args = (names, kwargs)
+        self._periods = (poll_ms, tick_ms)
         self.started = threading.Event()
         self.statuses: list[ProbeStatus] = []
         self.error: BaseException | None = None
@@ -127,7 +131,7 @@ class ProbeThread:
             with ProbeSet(names, **kwargs) as probes:
                 self.statuses = probes.start()
                 self.started.set()
-                probes.run(self._stop.is_set)
+                probes.run(self._stop.is_set, *self._periods)
         except BaseException as err:  # handed to the owner thread, which re-raises it
             self.error = err
         finally:

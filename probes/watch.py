@@ -14,6 +14,7 @@ import contextlib
 import ctypes as ct
 import fnmatch
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -92,10 +93,64 @@ def _pids(paths: HostPaths) -> list[int]:
         return []
 
 
+class _LoadedCore:
+    """watch.bpf.c, compiled once and kept for the life of the process. libbcc keeps the
+    tables a module exports in one registry per process, by name: a destroyed module leaves
+    its entries behind (descriptors closed) and a later export of the same name does not
+    replace them, so probes compiled after a second core would refer to dead maps (the
+    kernel then refuses them). Probe sets borrow this one, one at a time; between loans its
+    tracepoints are detached and the watched set is empty, so an idle core costs nothing."""
+
+    def __init__(self) -> None:
+        from bcc import BPF
+
+        text = bpf_source(Path(__file__).with_name("watch.bpf.c"))
+        with captured_stderr() as err:
+            try:
+                self.bpf = BPF(text=text.encode())
+            except Exception as exc:
+                raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
+        self.tracepoints = [tp.decode() for tp in self.bpf.tracepoint_fds]
+        self.attached = True
+        self.owner: CoreBpf | None = None
+        self.bpf["proc_events"].open_ring_buffer(self._on_proc)
+
+    def _on_proc(self, ctx: Any, data: int, size: int) -> int:
+        if self.owner is not None:  # what a finished borrower left unread goes nowhere
+            self.owner.on_proc(self.bpf["proc_events"].event(data))
+        return 0
+
+    def lend(self, owner: CoreBpf) -> Any:
+        if self.owner is not None:
+            raise ProbeUnavailable("another probe set is already running in this process")
+        if not self.attached:
+            for tp in self.tracepoints:
+                category, _, event = tp.partition(":")
+                self.bpf.attach_tracepoint(tp=tp, fn_name=f"tracepoint__{category}__{event}")
+            self.attached = True
+        self.owner = owner
+        return self.bpf
+
+    def give_back(self, owner: CoreBpf) -> None:
+        if self.owner is not owner:
+            return
+        for tp in self.tracepoints:
+            self.bpf.detach_tracepoint(tp)
+        self.attached = False
+        self.owner = None
+        self.bpf.ring_buffer_consume()
+        self.bpf["gj_watched"].clear()
+        self.bpf["gj_config"][ct.c_uint(CFG_FLAGS)] = ct.c_ulonglong(0)
+
+
+_core: _LoadedCore | None = None
+_core_lock = threading.Lock()
+
+
 class CoreBpf:
-    """watch.bpf.c: the shared maps (exported to every probe loaded after it in this
-    process) and the exec/exit stream. Everything else depends on it, so a failure here is
-    fatal to profiling, and is reported as such."""
+    """The core module as one probe set uses it: the shared maps (exported to every probe
+    loaded after it in this process) and the exec/exit stream. Everything else depends on
+    it, so a failure here is fatal to profiling, and is reported as such."""
 
     def __init__(self, spec: WatchSpec, topology: Topology, paths: HostPaths) -> None:
         self.spec = spec
@@ -106,31 +161,26 @@ class CoreBpf:
         self._emit: Callable[[Event], Any] = lambda ev: None
 
     def start(self, emit: Callable[[Event], Any]) -> None:
-        from bcc import BPF
-
+        global _core
         self._emit = emit
-        text = bpf_source(Path(__file__).with_name("watch.bpf.c"))
-        with captured_stderr() as err:
-            try:
-                self.bpf = BPF(text=text.encode())
-            except Exception as exc:
-                raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
+        with _core_lock:
+            if _core is None:
+                _core = _LoadedCore()
+            self.bpf = _core.lend(self)
         config = self.bpf["gj_config"]
         config[ct.c_uint(CFG_FLAGS)] = ct.c_ulonglong(WATCH_ALL if self.spec.all else 0)
         config[ct.c_uint(CFG_SELF_TGID)] = ct.c_ulonglong(os.getpid())
         cpu_node = self.bpf["gj_cpu_node"]
         for cpu, node in self.topology.cpu_node.items():
             cpu_node[ct.c_uint(cpu)] = ct.c_uint(node)
-        self.bpf["proc_events"].open_ring_buffer(self._on_proc)
         self.refresh(now_ns=time.monotonic_ns())
 
-    def _on_proc(self, _ctx: Any, data: int, _size: int) -> int:
-        rec = self.bpf["proc_events"].event(data)
+    def on_proc(self, rec: Any) -> None:
         comm = comm_str(rec.comm)
         if rec.exited:
             self.watched.pop(rec.tgid, None)
             self._emit(ProcExit(ts_ns=rec.ts_ns, tgid=rec.tgid, comm=comm))
-            return 0
+            return
         filename = comm_str(rec.filename)
         self._emit(ProcExec(ts_ns=rec.ts_ns, tgid=rec.tgid, comm=comm, filename=filename))
         if self.spec.comms and any(
@@ -140,7 +190,6 @@ class CoreBpf:
         ):
             why = self.watched.get(rec.tgid, 0) | WHY_COMM
             self._set({**self.watched, rec.tgid: why}, rec.ts_ns, "exec")
-        return 0
 
     def poll(self) -> None:
         if self.bpf is not None:
@@ -176,9 +225,13 @@ class CoreBpf:
             )
 
     def close(self) -> None:
-        if self.bpf is not None:
-            self.bpf.cleanup()
-            self.bpf = None
+        """Hand the core back (it stays loaded, see _LoadedCore)."""
+        if self.bpf is None:
+            return
+        with _core_lock:
+            if _core is not None:
+                _core.give_back(self)
+        self.bpf = None
 
 
 def _is_process(paths: HostPaths, tgid: int) -> bool:

@@ -51,7 +51,7 @@ class Recorded:
     def status(self, probe: str) -> ProbeStatus:
         return [
             s
-            for s in self.events + self.statuses
+            for s in self.statuses + self.events  # the latest last
             if isinstance(s, ProbeStatus) and s.probe == probe
         ][-1]
 
@@ -65,6 +65,7 @@ def run_probes(
     options: Mapping[str, Mapping[str, Any]] | None = None,
     topology: Topology | None = None,
     settle_s: float = 0.3,
+    tick_ms: int = 1000,
 ) -> Recorded:
     """Start the probes, run `load()` (which generates the jitter), let the ring buffers
     drain, stop. `watch` may be filled in by `load` before it starts its workload (e.g. a
@@ -77,6 +78,7 @@ def run_probes(
         emit=events.append,
         thresholds=thresholds,
         options=options,
+        tick_ms=tick_ms,
     ) as pt:
         load()
         time.sleep(settle_s)

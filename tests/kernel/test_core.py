@@ -1,0 +1,131 @@
+"""The core BPF module: the watched set in the kernel (forks followed, execs matched at
+once) and its life across probe sets in one process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.events import AllocSyscall, ProcExec, WatchChange
+from gpujitter.probes.runner import ProbeThread
+from gpujitter.probes.topology import load_topology
+from gpujitter.probes.watch import WatchSpec
+from tests.kernel.conftest import run_probes
+from tests.kernel.test_malloc import allocating_child
+
+MAPS = 8
+SIZE = 24 << 20  # a size nothing else on the node maps in these tests
+
+# The parent waits for the go line, then forks a child that maps MAPS blocks of SIZE; the
+# child's pid is printed so the test can look for its events.
+FORKER = textwrap.dedent(f"""
+    import mmap, os, sys
+    sys.stdin.readline()
+    pid = os.fork()
+    if pid == 0:
+        for _ in range({MAPS}):
+            m = mmap.mmap(-1, {SIZE})
+            m.close()
+        os._exit(0)
+    print(pid, flush=True)
+    os.waitpid(pid, 0)
+""")
+
+
+def test_children_of_a_watched_process_are_watched_from_their_first_call() -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", FORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    child_pid: list[int] = []
+
+    def load() -> None:
+        assert parent.stdin is not None and parent.stdout is not None
+        parent.stdin.write("go\n")
+        parent.stdin.flush()
+        child_pid.append(int(parent.stdout.readline()))
+        assert parent.wait(timeout=30) == 0
+
+    rec = run_probes(
+        ["malloc"], load, watch=WatchSpec(pids={parent.pid}), thresholds={"malloc": {"syscall": 0}}
+    )
+    maps = [
+        e
+        for e in rec.of(AllocSyscall, tgid=child_pid[0])
+        if e.syscall == "mmap" and e.length == SIZE
+    ]
+    # The child never went through a user-space refresh: only the kernel's fork hook can
+    # have watched it, and it did before the child's first mmap.
+    assert len(maps) == MAPS
+
+
+def test_a_process_matching_a_comm_pattern_is_watched_when_it_execs(tmp_path: Path) -> None:
+    name = f"gj-exec-{os.getpid()}"
+    # The kernel names a process after the file it executed: a link with a distinctive name
+    # gives the exec event a comm the pattern matches. The script waits a little so that
+    # its calls come after user space (polling every 50 ms) has added it.
+    link = tmp_path / name
+    link.symlink_to(sys.executable)
+    script = (
+        f"import mmap, time\ntime.sleep(0.5)\n"
+        f"for _ in range({MAPS}):\n    mmap.mmap(-1, {SIZE}).close()\n"
+    )
+    children: list[subprocess.Popen[bytes]] = []
+
+    def load() -> None:
+        children.append(subprocess.Popen([str(link), "-c", script]))
+        assert children[0].wait(timeout=30) == 0
+
+    # No /proc scan after the one at start: only the exec record can add the process.
+    rec = run_probes(
+        ["malloc"],
+        load,
+        watch=WatchSpec(comms=[name]),
+        thresholds={"malloc": {"syscall": 0}},
+        tick_ms=60_000,
+    )
+    pid = children[0].pid
+    assert rec.of(ProcExec, tgid=pid)
+    # Added on its exec record, not by the once-a-second /proc scan.
+    assert any(pid in w.added and w.reason == "exec" for w in rec.of(WatchChange))
+    maps = [e for e in rec.of(AllocSyscall, tgid=pid) if e.syscall == "mmap" and e.length == SIZE]
+    assert len(maps) == MAPS
+
+
+def test_probe_sets_run_one_after_another_in_one_process() -> None:
+    for _ in range(3):
+        # Above glibc's largest dynamic mmap threshold (32 MiB): every call maps.
+        child, load = allocating_child(4, 40 << 20)
+        rec = run_probes(
+            ["malloc"],
+            load,
+            watch=WatchSpec(pids={child.pid}),
+            thresholds={"malloc": {"syscall": 0}},
+        )
+        assert rec.status("malloc").state == "running"
+        assert (
+            len(
+                [
+                    e
+                    for e in rec.of(AllocSyscall, tgid=child.pid)
+                    if e.syscall == "mmap" and e.length >= 40 << 20  # glibc adds a header page
+                ]
+            )
+            == 4
+        )
+
+
+def test_a_second_probe_set_at_the_same_time_is_refused_in_one_line() -> None:
+    kwargs = {
+        "topology": load_topology(nvml=False),
+        "watch": WatchSpec(pids={1}),
+        "emit": lambda ev: True,
+    }
+    with ProbeThread(["malloc"], **kwargs), pytest.raises(GpujitterError) as err:
+        ProbeThread(["malloc"], **kwargs).__enter__()
+    assert "already running in this process" in str(err.value)
