@@ -2,7 +2,7 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test lint unit bench clean
+.PHONY: setup run test lint unit bench clean install install-files uninstall
 
 setup:
 	./scripts/setup.sh
@@ -23,6 +23,16 @@ unit:
 
 bench: setup
 	$(BIN)/python -m bench
+
+# The daemon as a systemd service (docs/operations.md). install-files does the copying
+# alone; DESTDIR=dir stages it under another root.
+install: setup install-files
+
+install-files:
+	DESTDIR=$(DESTDIR) ./scripts/install.sh
+
+uninstall:
+	DESTDIR=$(DESTDIR) ./scripts/install.sh --uninstall
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
