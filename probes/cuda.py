@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import struct
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from gpujitter.probes.registry import Hook, ProbeSpec
 LAUNCH, GRAPH, COPY, COPY_SYNC, SYNC = 1, 2, 3, 4, 5
 API = {LAUNCH: "launch", GRAPH: "graph", COPY: "copy", COPY_SYNC: "copy", SYNC: "sync"}
 MAX_FUNCS = 48  # entry programs in cuda.bpf.c
+LATE_LOAD_NS = 60_000_000_000
 
 
 def _variants(base: str, role: int, suffix: str) -> list[tuple[str, int]]:
@@ -54,6 +56,7 @@ TRACED: tuple[tuple[str, int], ...] = tuple(
     + _variants("cuMemcpy3DAsync_v2", COPY, "_ptsz")
     + _variants("cuMemcpyPeerAsync", COPY, "_ptsz")
     + _variants("cuMemcpyBatchAsync", COPY, "_ptsz")
+    + _variants("cuMemcpyBatchAsync_v2", COPY, "_ptsz")
     + _variants("cuMemsetD8Async", COPY, "_ptsz")
     + _variants("cuMemsetD32Async", COPY, "_ptsz")
     + _variants("cuMemcpy", COPY_SYNC, "_ptds")
@@ -208,7 +211,10 @@ class CudaProbe(BpfProbe):
         self.libs: dict[tuple[int, int], str] = {}  # attached files: (dev, inode) -> path
         self.symbols: dict[str, int] = {}  # traced function -> files it is attached in
         self.failed: dict[str, str] = {}  # path -> why it could not be attached
-        self._scanned: set[int] = set()
+        # (path, address, entry program, with a return probe): what attach put in place.
+        self.attachments: list[tuple[str, int, str, bool]] = []
+        self._scanned: set[int] = set()  # processes done with: libcuda found, or too old
+        self._first_seen: dict[int, int] = {}
         self._explicit: list[str] = []
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
@@ -257,6 +263,7 @@ class CudaProbe(BpfProbe):
                 self.failed[path] = f"{symbol}: {err}"
                 continue
             attached += 1
+            self.attachments.append((path, addr, f"enter_{func_id}", role in (SYNC, COPY_SYNC)))
             self.symbols[symbol] = self.symbols.get(symbol, 0) + 1
         if not attached:
             self.failed.setdefault(path, "exports none of the traced functions")
@@ -274,19 +281,23 @@ class CudaProbe(BpfProbe):
 
     def scan_processes(self) -> None:
         """Attach libcuda files that watched processes mapped and are not attached yet.
-        With every process watched, each process is looked at once (its first second);
-        named processes are looked at until they map a libcuda (frameworks load it late)."""
+        Frameworks load libcuda late (at their first CUDA call), so a process is looked at
+        every second until it has mapped one; with every process watched, only during its
+        first LATE_LOAD_NS (older processes have been looked at often enough)."""
+        now = time.monotonic_ns()
         watched = self._watched()
         if watched is None:
-            pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
-            pids = [p for p in pids if p not in self._scanned and p != os.getpid()]
+            pids = [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != os.getpid()]
         else:
-            pids = [p for p in watched if p not in self._scanned]
+            pids = watched
         for pid in pids:
+            if pid in self._scanned:
+                continue
+            first = self._first_seen.setdefault(pid, now)
             paths = mapped_libcuda(pid)
             for path in paths:
                 self.add_library(path)
-            if paths or watched is None:
+            if paths or (watched is None and now - first > LATE_LOAD_NS):
                 self._scanned.add(pid)
         self._update_state()
 
@@ -301,6 +312,9 @@ class CudaProbe(BpfProbe):
             if not os.path.exists(f"/proc/{key.value}"):
                 del procs[key]
                 self._scanned.discard(key.value)
+        for pid in [p for p in self._first_seen if not os.path.exists(f"/proc/{p}")]:
+            del self._first_seen[pid]
+            self._scanned.discard(pid)
         # A thread that exited inside a synchronisation never returns from it: drop it, or
         # its process would count as synchronising (GPU busy) for good.
         syncs = self.bpf["syncs"]

@@ -2,9 +2,10 @@
 probes/nvml.py: CI runs the NVML code against what a real GPU answered (tests/fixtures/nvml/),
 never against invented numbers.
 
-A recording is JSON lines: a header, then one line per call with its CLOCK_MONOTONIC time, the
-function, the GPU (device handles are stored as GPU indexes), the other arguments, and either
-the result as plain data or the NVML error code.
+A recording is JSON lines: a header (the host clocks read together), then one line per call
+with its CLOCK_MONOTONIC start and end, the function, the GPU (device handles are stored as
+GPU indexes), the other arguments, and either the result as plain data or the NVML error
+code.
 
 Replay answers each (function, GPU) with the recorded results in order (the last one again
 once they run out: identity does not change). Sample rings (nvmlDeviceGetSamples,
@@ -32,6 +33,7 @@ import orjson
 FORMAT = "gpujitter-nvml-recording"
 VERSION = 1
 RING_FUNCS = ("nvmlDeviceGetSamples", "nvmlDeviceGetProcessUtilization")
+JITTER_US = 5  # how far apart two reads of one sample's timestamp were seen (H200: 1 µs)
 
 
 class ReplayMissing(AssertionError):
@@ -112,9 +114,11 @@ class Recorder:
             try:
                 result = target(*args)
             except self._nv.NVMLError as err:
+                entry["t_end"] = self._clock()
                 entry["err"] = int(err.value)
                 self.entries.append(entry)
                 raise
+            entry["t_end"] = self._clock()
             if name == "nvmlDeviceGetHandleByIndex":
                 key = _handle_key(result)
                 if key is not None:
@@ -167,6 +171,7 @@ class _Ring:
 
     samples: dict[tuple[int, int], Any] = field(default_factory=dict)  # (ts, pid) -> sample
     horizons: list[int | None] = field(default_factory=list)  # newest ts at each call
+    entries: list[dict[str, Any]] = field(default_factory=list)  # the recorded calls
     span_us: int = 0  # how far back the ring reaches
     value_type: int = 1
 
@@ -188,6 +193,8 @@ class Replay:
         self._answers: dict[tuple[str, int | None], list[dict[str, Any]]] = defaultdict(list)
         self._rings: dict[tuple[str, int | None, tuple[Any, ...]], _Ring] = {}
         for e in entries:
+            if e["fn"] == "nvmlDeviceGetHandleByIndex":
+                e = {**e, "gpu": int(e["args"][0])}
             if e["fn"] in RING_FUNCS:
                 self._add_ring(e)
             else:
@@ -197,10 +204,21 @@ class Replay:
         self.lose_gpu = dict(lose_gpu or {})
         self.refuse = set(refuse)
         self.calls: list[tuple[str, int | None]] = []
+        self._now = int(self.header.get("mono_ns", 0))
+
+    def now(self) -> int:
+        """The clock a replayed session runs on: when the real session's sample read that
+        was replayed last returned (sample reads pace a sampler: one per stream per poll)."""
+        return self._now
+
+    def _answered(self, e: dict[str, Any]) -> None:
+        if e["fn"] == "nvmlDeviceGetSamples":
+            self._now = max(self._now, int(e.get("t_end", e["t"])))
 
     def _add_ring(self, e: dict[str, Any]) -> None:
         extra = tuple(e["args"][:-1])  # the sampling type; the last argument is lastSeen
         ring = self._rings.setdefault((e["fn"], e["gpu"], extra), _Ring())
+        ring.entries.append(e)
         if "err" in e:
             ring.horizons.append(ring.horizons[-1] if ring.horizons else None)
             return
@@ -211,7 +229,11 @@ class Replay:
             raw = ret
         stamps = [int(s["timeStamp"]) for s in raw]
         for s in raw:
-            ring.samples[(int(s["timeStamp"]), int(s.get("pid", 0)))] = s
+            ts, pid = int(s["timeStamp"]), int(s.get("pid", 0))
+            # NVML re-derives timestamps at each read: the same sample can come back a few
+            # µs off. The ring holds it once, as first seen.
+            if not any((ts + d, pid) in ring.samples for d in range(-JITTER_US, JITTER_US + 1)):
+                ring.samples[(ts, pid)] = s
         newest = max(stamps) if stamps else None
         previous = ring.horizons[-1] if ring.horizons else None
         ring.horizons.append(newest if previous is None or (newest or 0) > previous else previous)
@@ -245,6 +267,7 @@ class Replay:
         i = self._next[(name, gpu)]
         self._next[(name, gpu)] = i + 1
         e = answers[min(i, len(answers) - 1)]
+        self._answered(e)
         if "err" in e:
             raise self._fail(int(e["err"]))
         return _namespace(e["ret"])
@@ -258,6 +281,7 @@ class Replay:
         i = self._next[key]
         self._next[key] = i + 1
         horizon = ring.horizons[min(i, len(ring.horizons) - 1)]
+        self._answered(ring.entries[min(i, len(ring.entries) - 1)])
         last_seen = int(args[-1])
         oldest = (horizon or 0) - ring.span_us if ring.span_us else 0
         picked = [

@@ -17,7 +17,7 @@ from gpujitter.cli.command import Command
 from gpujitter.errors import GpujitterError
 
 # Order is the order `gpujitter --help` lists them in.
-COMMANDS = ("probe",)
+COMMANDS = ("probe", "gpus", "gaps")
 
 
 def load_commands() -> list[Command]:

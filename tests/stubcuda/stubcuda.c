@@ -147,6 +147,8 @@ COPY_PEER(cuMemcpyPeerAsync_ptsz)
       enqueue(b / 1000); return 0; }
 COPY_BATCH(cuMemcpyBatchAsync)
 COPY_BATCH(cuMemcpyBatchAsync_ptsz)
+COPY_BATCH(cuMemcpyBatchAsync_v2)
+COPY_BATCH(cuMemcpyBatchAsync_v2_ptsz)
 
 #define COPY_SYNC(name) \
     CUresult name(CUdeviceptr dst, CUdeviceptr src, size_t bytes) \
