@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpujitter.daemon.records import GpuGap
 from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample
@@ -223,10 +223,13 @@ class GapDetector:
         out: list[GpuGap] = []
         keep: list[_Candidate] = []
         for c in self.pending:
-            if force or self._settled(c):
-                out += self._remember(self._decide_host(c))
-            else:
+            if not (force or self._settled(c)):
                 keep.append(c)
+                continue
+            # A process NVML had not listed yet when its gap arrived may be listed now.
+            gpus = self.gpus_of(c.tgid) if c.gpu == UNKNOWN_GPU else [c.gpu]
+            for g in gpus:
+                out += self._remember(self._decide_host(replace(c, gpu=g)))
         self.pending = keep
         for index, st in sorted(self.gpus.items()):
             waiting: list[_Candidate] = []
@@ -248,8 +251,10 @@ class GapDetector:
         return gaps
 
     def _settled(self, c: _Candidate) -> bool:
-        if c.gpu == UNKNOWN_GPU or self.now_ns >= c.end + self.config.settle_ns:
-            return True  # (no NVML sample can speak for an unknown GPU)
+        if self.now_ns >= c.end + self.config.settle_ns:
+            return True
+        if c.gpu == UNKNOWN_GPU:
+            return not self.gpus  # no NVML on this node: nothing more will come
         st = self.gpus.get(c.gpu)
         return (
             st is not None and bool(st.power) and st.power_end() >= c.end + st.power[-1].period_ns

@@ -50,7 +50,7 @@ for step in $steps; do
         ;;
     cost)
         log "cost"
-        timeout 120 python3 "$tree/bench/cuda_cost.py" --json "$out/cost.json"
+        timeout 170 python3 "$tree/bench/cuda_cost.py" --json "$out/cost.json"
         ;;
     cli)
         log "cli: gpujitter gaps --json beside a workload with stalls"
