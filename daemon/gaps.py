@@ -65,6 +65,8 @@ class _Candidate:
 class _Quiet:
     start: int
     end: int
+    tid_before: int  # the thread active at its start
+    tid_after: int  # the thread that ended it
 
 
 @dataclass(slots=True)
@@ -129,7 +131,7 @@ class GapDetector:
             return
         start = ev.ts_ns - ev.after_idle_ns
         stretches = self.quiet.setdefault(ev.tgid, deque())
-        stretches.append(_Quiet(start, ev.ts_ns))
+        stretches.append(_Quiet(start, ev.ts_ns, ev.prev_tid, ev.tid))
         while stretches and stretches[0].end < self.now_ns - self.config.history_ns:
             stretches.popleft()
         if ev.after_idle_ns < self.config.min_gap_ns:
@@ -269,27 +271,33 @@ class GapDetector:
             t for t in listed if t == c.tgid or self.last_call.get(t, 0) >= c.start - window
         )
 
-    def _all_quiet(self, c: _Candidate, feeders: list[int]) -> list[tuple[int, int]]:
-        """The parts of c where every other feeder was inside a known quiet stretch."""
-        parts = [(c.start, c.end)]
+    def _all_quiet(self, c: _Candidate, feeders: list[int]) -> list[_Quiet]:
+        """The parts of c where every other feeder was inside a known quiet stretch, each
+        with the threads active at its edges (whichever stretch bounds it there)."""
+        parts = [_Quiet(c.start, c.end, c.tid_before, c.tid_after)]
         for tgid in feeders:
             if tgid == c.tgid:
                 continue
-            stretches = self.quiet.get(tgid, deque())
             parts = [
-                (max(a, q.start), min(b, q.end))
-                for a, b in parts
-                for q in stretches
-                if max(a, q.start) < min(b, q.end)
+                _Quiet(
+                    max(p.start, q.start),
+                    min(p.end, q.end),
+                    q.tid_before if q.start > p.start else p.tid_before,
+                    q.tid_after if q.end < p.end else p.tid_after,
+                )
+                for p in parts
+                for q in self.quiet.get(tgid, ())
+                if max(p.start, q.start) < min(p.end, q.end)
             ]
-        return [(a, b) for a, b in parts if b - a >= self.config.min_gap_ns]
+        return [p for p in parts if p.end - p.start >= self.config.min_gap_ns]
 
     def _decide_host(self, c: _Candidate) -> list[GpuGap]:
         cfg = self.config
         st = self.gpu(c.gpu)
         feeders = self._feeders(c)
         gaps = []
-        for start, end in self._all_quiet(c, feeders):
+        for part in self._all_quiet(c, feeders):
+            start, end = part.start, part.end
             if self._overlaps_emitted(st, start, end):
                 continue
             sources = ["cuda"]
@@ -321,8 +329,8 @@ class GapDetector:
                     resolution_ns=cfg.cuda_resolution_ns,
                     confidence=confidence,
                     tgids=tuple(feeders),
-                    tid_before=c.tid_before if start == c.start else 0,
-                    tid_after=c.tid_after if end == c.end else 0,
+                    tid_before=part.tid_before,
+                    tid_after=part.tid_after,
                 )
             )
         return gaps

@@ -55,6 +55,7 @@ class _Stream:
     last_seen_us: int = 0
     period_ns: int = 0
     read: int = 0
+    ring: int = 0  # how many samples NVML keeps (what a read from lastSeen 0 returns)
     skipped: int = 0  # samples the ring dropped before they were read
 
 
@@ -113,6 +114,9 @@ class GpuSampler:
         for gpu in self.gpus.values():
             for metric in METRICS:
                 self._read_stream(gpu, metric, offsets)
+            if gpu.index in self.nvml.lost and gpu.pids:
+                with self._lock:
+                    gpu.pids = ()  # nothing is known to run on a lost GPU
         if now - self._last_procs_ns >= self.procs_every_ns:
             self._last_procs_ns = now
             for gpu in self.gpus.values():
@@ -137,11 +141,14 @@ class GpuSampler:
         fresh = [s for s in got if first_read or s.ts_us > stream.last_seen_us + half_us]
         previous = stream.last_seen_us
         stream.last_seen_us = max(previous, got[-1].ts_us)
+        if first_read:
+            stream.ring = len(got)
         if not fresh or gpu.calibration is None:
             return
         if len(fresh) > 1:  # the mean spacing of this batch
             stream.period_ns = (fresh[-1].ts_us - fresh[0].ts_us) * 1000 // (len(fresh) - 1)
-        if previous:
+        if previous and len(got) >= stream.ring:
+            # A full ring of unread samples: older ones may have been overwritten.
             self._count_skipped(stream, metric, previous, fresh[0].ts_us)
         for sample in fresh:
             self._emit_sample(gpu, metric, stream, sample, offsets)
