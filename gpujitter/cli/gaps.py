@@ -18,7 +18,7 @@ import orjson
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.gpus import add_nvml_source_args, nvml_backend, save_recording
-from gpujitter.cli.options import add_watch_args, parse_thresholds, watch_from_args
+from gpujitter.cli.options import add_watch_args, watch_from_args
 from gpujitter.cli.output import print_ndjson
 from gpujitter.cli.probe import _stop_on_signals
 from gpujitter.daemon.gaps import UNKNOWN_GPU, GapConfig, GapDetector
@@ -38,13 +38,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="report idle gaps at least this long (default 5ms)",
     )
     p.add_argument(
-        "-t",
-        "--threshold",
-        action="append",
-        default=[],
-        metavar="PROBE.KEY=TIME",
-        help="override a cuda probe threshold: cuda.quiet (launch after a quiet stretch, "
-        "default 1ms), cuda.sync (blocking sync, default 1ms)",
+        "--quiet-stretch",
+        default="1ms",
+        metavar="TIME",
+        help="the tracer reports launches after a quiet stretch this long (default 1ms)",
+    )
+    p.add_argument(
+        "--sync-block",
+        default="1ms",
+        metavar="TIME",
+        help="the tracer reports synchronisations blocked this long (default 1ms)",
     )
     p.add_argument(
         "--libcuda",
@@ -155,7 +158,12 @@ def run(args: argparse.Namespace) -> int:
     from gpujitter.probes.topology import load_topology
 
     duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
-    thresholds = parse_thresholds(args.threshold)
+    thresholds = {
+        "cuda": {
+            "quiet": parse_duration_ns(args.quiet_stretch, "ms"),
+            "sync": parse_duration_ns(args.sync_block, "ms"),
+        }
+    }
     detector = detector_from_args(args)
     events: queue.Queue[Event] = queue.Queue()
     sink: IO[bytes] | None = open(args.save_events, "wb") if args.save_events else None  # noqa: SIM115

@@ -18,7 +18,7 @@ from gpujitter.probes.cuda import COPY_SYNC, SYNC, TRACED
 from gpujitter.probes.events import CudaCall
 from gpujitter.probes.watch import WatchSpec
 
-from tests.kernel.conftest import run_probes
+from tests.kernel.conftest import Recorded, run_probes
 from tests.stubcuda.build import build
 
 FEED = Path(__file__).parents[1] / "stubcuda" / "feed.py"
@@ -51,6 +51,27 @@ def feeder(stub: Path, schedule: list[Any]) -> tuple[subprocess.Popen[str], Call
     return child, load
 
 
+def trace(
+    stub: Path,
+    schedule: list[Any],
+    *,
+    quiet_ms: int = 20,
+    sync_ms: int = 10,
+    watch: WatchSpec | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+) -> tuple[subprocess.Popen[str], Recorded]:
+    """Run the feeding loop under the cuda probe (watching the loop unless told otherwise)."""
+    child, load = feeder(stub, schedule)
+    rec = run_probes(
+        ["cuda"],
+        load,
+        watch=watch or WatchSpec(pids={child.pid}),
+        thresholds={"cuda": {"quiet": quiet_ms * MS, "sync": sync_ms * MS}},
+        options=options,
+    )
+    return child, rec
+
+
 def quiet_launches(events: list[Any], tgid: int) -> list[CudaCall]:
     return [e for e in events if isinstance(e, CudaCall) and e.tgid == tgid and e.api != "sync"]
 
@@ -66,13 +87,7 @@ def test_launch_after_a_host_pause_carries_the_pause(stub: Path) -> None:
             ["pause", pause_ms],
         ]
     schedule.append(["call", "cuLaunchKernel", 250, 1])
-    child, load = feeder(stub, schedule)
-    rec = run_probes(
-        ["cuda"],
-        load,
-        watch=WatchSpec(pids={child.pid}),
-        thresholds={"cuda": {"quiet": 20 * MS, "sync": 5 * MS}},
-    )
+    child, rec = trace(stub, schedule, sync_ms=5)
     truth = child.truth  # type: ignore[attr-defined]
     pauses = [t for t in truth if t["op"] == "pause"]
     syncs = [t for t in truth if t["op"] == "call" and t["func"] == "cuStreamSynchronize"]
@@ -105,13 +120,7 @@ def test_every_traced_variant_is_seen_with_its_role(stub: Path) -> None:
             schedule += [["call", "cuLaunchKernel", 30_000, 1], ["call", name, 0, 1]]
         else:
             schedule += [["pause", 30], ["call", name, 30_000 if role == COPY_SYNC else 1, 1]]
-    child, load = feeder(stub, schedule)
-    rec = run_probes(
-        ["cuda"],
-        load,
-        watch=WatchSpec(pids={child.pid}),
-        thresholds={"cuda": {"quiet": 20 * MS, "sync": 10 * MS}},
-    )
+    child, rec = trace(stub, schedule)
     mine = rec.of(CudaCall, tgid=child.pid)
     seen_after_quiet = {e.func for e in mine if e.api != "sync"}
     seen_blocking = {e.func for e in mine if e.api == "sync"}
@@ -138,13 +147,7 @@ def test_a_sync_in_another_thread_keeps_the_gpu_busy(stub: Path) -> None:
         ["call", "cuLaunchKernel_ptsz", 10, 1],
         ["join"],
     ]
-    child, load = feeder(stub, schedule)
-    rec = run_probes(
-        ["cuda"],
-        load,
-        watch=WatchSpec(pids={child.pid}),
-        thresholds={"cuda": {"quiet": 20 * MS, "sync": 10 * MS}},
-    )
+    child, rec = trace(stub, schedule)
     mine = rec.of(CudaCall, tgid=child.pid)
     assert quiet_launches(mine, child.pid) == []
     (blocked,) = [e for e in mine if e.api == "sync"]
@@ -154,13 +157,8 @@ def test_a_sync_in_another_thread_keeps_the_gpu_busy(stub: Path) -> None:
 
 def test_unwatched_processes_are_filtered_in_the_kernel(stub: Path) -> None:
     schedule = [["call", "cuLaunchKernel", 1, 10], ["pause", 40], ["call", "cuLaunchKernel", 1, 1]]
-    child, load = feeder(stub, schedule)
-    rec = run_probes(
-        ["cuda"],
-        load,
-        watch=WatchSpec(pids={1}),
-        options={"cuda": {"libcuda": [str(stub)]}},
-        thresholds={"cuda": {"quiet": 20 * MS}},
+    child, rec = trace(
+        stub, schedule, watch=WatchSpec(pids={1}), options={"cuda": {"libcuda": [str(stub)]}}
     )
     assert rec.of(CudaCall, tgid=child.pid) == []
     assert rec.status("cuda").state == "running"  # attached to the stub, filtered the calls
