@@ -317,7 +317,8 @@ class AllocCall(Event):
 @event_kind("gpu.sample")
 @dataclass(frozen=True, slots=True)
 class GpuSample(Event):
-    """One NVML sample, ts_ns mapped onto CLOCK_MONOTONIC (see docs/gpu.md, calibration)."""
+    """One NVML sample: the GPU's activity over [ts_ns, ts_ns + period_ns), ts_ns mapped
+    onto CLOCK_MONOTONIC from NVML's timestamp (docs/gpu.md, "Clock calibration")."""
 
     gpu: int
     metric: Literal["util", "power"]

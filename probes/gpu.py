@@ -2,7 +2,7 @@
 with last-seen timestamps so that no sample is read twice or skipped, mapped onto
 CLOCK_MONOTONIC (probes/gpu_clock.py); compute processes and their SM share once a second.
 It feeds the gap detector (GpuSample, GpuProcesses) and the watched set
-(`gpu_processes`, the hook of WatchSpec). Costs ~1.7 ms of NVML time per sample read on the
+(`gpu_processes`, the hook of WatchSpec). Costs ~1.5 ms of NVML time per sample read on the
 H200, so two reads per GPU every 500 ms.
 
 NVML faults are per GPU and per reading: a GPU that is lost, or a reading its driver does not
