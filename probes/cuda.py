@@ -215,6 +215,7 @@ class CudaProbe(BpfProbe):
         self.attachments: list[tuple[str, int, str, bool]] = []
         self._scanned: set[int] = set()  # processes done with: libcuda found, or too old
         self._first_seen: dict[int, int] = {}
+        self._started = False  # past the first scan
         self._explicit: list[str] = []
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
@@ -282,8 +283,8 @@ class CudaProbe(BpfProbe):
     def scan_processes(self) -> None:
         """Attach libcuda files that watched processes mapped and are not attached yet.
         Frameworks load libcuda late (at their first CUDA call), so a process is looked at
-        every second until it has mapped one; with every process watched, only during its
-        first LATE_LOAD_NS (older processes have been looked at often enough)."""
+        every second until it has mapped one; with every process watched, only during the
+        first LATE_LOAD_NS after it appeared (older ones have been looked at often enough)."""
         now = time.monotonic_ns()
         watched = self._watched()
         if watched is None:
@@ -293,12 +294,15 @@ class CudaProbe(BpfProbe):
         for pid in pids:
             if pid in self._scanned:
                 continue
-            first = self._first_seen.setdefault(pid, now)
+            # Processes already running at start are looked at once: rescanning every
+            # process of a busy node for a minute would cost more than the probe itself.
+            first = self._first_seen.setdefault(pid, now if self._started else 0)
             paths = mapped_libcuda(pid)
             for path in paths:
                 self.add_library(path)
             if paths or (watched is None and now - first > LATE_LOAD_NS):
                 self._scanned.add(pid)
+        self._started = True
         self._update_state()
 
     def sample(self, now_ns: int) -> tuple[()]:
