@@ -361,7 +361,8 @@ class AllocCall(Event):
 @event_kind("gpu.sample")
 @dataclass(frozen=True, slots=True)
 class GpuSample(Event):
-    """One NVML sample, ts_ns mapped onto CLOCK_MONOTONIC (see docs/gpu.md, calibration)."""
+    """One NVML sample: the GPU's activity over [ts_ns, ts_ns + period_ns), ts_ns mapped
+    onto CLOCK_MONOTONIC from NVML's timestamp (docs/gpu.md, "Clock calibration")."""
 
     gpu: int
     metric: Literal["util", "power"]
@@ -369,19 +370,41 @@ class GpuSample(Event):
     period_ns: int  # how long the sample covers (util 200 ms and power 20 ms on the H200)
 
 
+@event_kind("gpu.clock")
+@dataclass(frozen=True, slots=True)
+class GpuClockMap(Event):
+    """How GPU `gpu`'s NVML sample timestamps (µs on host clock `source`) are mapped onto
+    CLOCK_MONOTONIC: mono_ns = ts_us * 1000 - offset_ns (offset_ns as read at ts_ns; it is
+    re-read at every poll). lag_*: measured delay from a sample's timestamp to its read."""
+
+    gpu: int
+    source: str
+    offset_ns: int
+    lag_min_ns: int
+    lag_median_ns: int
+    lag_max_ns: int
+    observations: int
+
+
 @event_kind("gpu.procs")
 @dataclass(frozen=True, slots=True)
 class GpuProcesses(Event):
+    """Compute processes of GPU `gpu` at ts_ns; sm_util: (pid, percent of the SM time it
+    used) over the samples since the previous event, where NVML gives them."""
+
     gpu: int
     pids: tuple[int, ...]
+    sm_util: tuple[tuple[int, int], ...] = ()
 
 
 @event_kind("cuda.call")
 @dataclass(frozen=True, slots=True)
 class CudaCall(Event):
-    """A libcuda API call of a watched process. Launches are reported as the first launch
-    after a quiet stretch (`after_idle_ns` since the process's previous launch); syncs and
-    copies with their duration."""
+    """A libcuda API call of a watched process. Launches (and copies, graph launches) are
+    reported as the first one after a quiet stretch: `after_idle_ns` since the process's
+    previous activity, which was `prev_api` by thread `prev_tid` ("launch", "copy", "graph":
+    work was enqueued then; "sync": a synchronisation returned then, so the queue it waited
+    for had drained). Synchronisations are reported with their duration (time blocked)."""
 
     dur_ns: int
     tid: int
@@ -390,3 +413,5 @@ class CudaCall(Event):
     api: Literal["launch", "copy", "sync", "graph"]
     func: str
     after_idle_ns: int = 0
+    prev_tid: int = 0
+    prev_api: str = ""

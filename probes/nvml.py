@@ -3,7 +3,13 @@ session per process, and errors mapped per call, so a missing library, a lost GP
 function this driver lacks disables one reading of one GPU and never crashes a caller.
 
 The backend is pynvml by default. Tests pass a backend that replays calls recorded on a real
-GPU (tests/fixtures/nvml/), which exposes the same function names; nothing else is faked.
+GPU (probes/gpu_record.py, tests/fixtures/nvml/), which exposes the same function names;
+nothing else is faked.
+
+Readings beyond identity: the sample streams (nvmlDeviceGetSamples: GPU utilisation every
+200 ms and board power every 20 ms on the H200) read with last-seen timestamps, per-process
+utilisation, compute processes, instantaneous utilisation and power. Each returns None when
+this GPU cannot answer and records why in `Nvml.problems`, so callers report it per GPU.
 """
 
 from __future__ import annotations
@@ -19,6 +25,36 @@ T = TypeVar("T")
 
 class NvmlUnavailable(Exception):
     """NVML cannot be used on this node at all (no library, no driver): one line why."""
+
+
+# nvmlDeviceGetSamples sampling types (nvmlSamplingType_t) by the names the engine uses.
+SAMPLE_TYPES = {"power": 0, "util": 1}  # NVML_TOTAL_POWER_SAMPLES, NVML_GPU_UTILIZATION_SAMPLES
+# nvmlValueType_t -> the field of nvmlValue_t that holds the value.
+_VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+_NOT_FOUND = 6  # NVML_ERROR_NOT_FOUND: "no sample newer than lastSeenTimeStamp", not a fault
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlSample:
+    """One entry of an NVML sample ring: ts_us on NVML's clock (see probes/gpu_clock.py);
+    value in percent (util) or watts (power)."""
+
+    ts_us: int
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessUtil:
+    pid: int
+    ts_us: int
+    sm_percent: int
+    mem_percent: int
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeProcess:
+    pid: int
+    used_bytes: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +93,9 @@ class Nvml:
         self._lock = threading.Lock()
         self._open = False
         self.lost: dict[int, str] = {}  # GPU index -> why it is no longer read
+        # (GPU index or None, NVML function) -> why it returned nothing, for reports.
+        self.problems: dict[tuple[int | None, str], str] = {}
+        self._handles: dict[int, Any] = {}
 
     def open(self) -> Nvml:
         with self._lock:
@@ -81,17 +120,27 @@ class Nvml:
     def call(self, fn_name: str, *args: Any, gpu: int | None = None) -> Any:
         """NVML function `fn_name`, or None where this driver or GPU cannot answer it.
         Marks `gpu` lost on GPU_IS_LOST so later calls for it return None at once."""
+        value, _ = self.try_call(fn_name, *args, gpu=gpu)
+        return value
+
+    def try_call(self, fn_name: str, *args: Any, gpu: int | None = None) -> tuple[Any, int]:
+        """(result, 0), or (None, NVML error code) with the reason kept in `problems`;
+        code -1 when the binding is missing or the GPU was lost before."""
         if gpu is not None and gpu in self.lost:
-            return None
+            return None, -1
         fn: Callable[..., Any] | None = getattr(self.nv, fn_name, None)
         if fn is None:
-            return None  # older pynvml without this binding
+            self.problems[(gpu, fn_name)] = "not in this pynvml"
+            return None, -1
         try:
-            return fn(*args)
+            return fn(*args), 0
         except self.nv.NVMLError as err:
+            code = int(getattr(err, "value", -1))
             if gpu is not None and _is(self.nv, err, "NVMLError_GpuIsLost"):
                 self.lost[gpu] = "GPU is lost (fell off the bus or driver reset)"
-            return None
+            if code != _NOT_FOUND:
+                self.problems[(gpu, fn_name)] = str(err)
+            return None, code
 
     def driver_version(self) -> str | None:
         version = self.call("nvmlSystemGetDriverVersion")
@@ -101,7 +150,74 @@ class Nvml:
         return int(self.call("nvmlDeviceGetCount") or 0)
 
     def handle(self, index: int) -> Any:
-        return self.call("nvmlDeviceGetHandleByIndex", index, gpu=index)
+        if index not in self._handles:
+            h = self.call("nvmlDeviceGetHandleByIndex", index, gpu=index)
+            if h is None:
+                return None
+            self._handles[index] = h
+        return None if index in self.lost else self._handles[index]
+
+    def samples(self, index: int, kind: str, last_seen_us: int) -> list[NvmlSample] | None:
+        """Samples of `kind` ("util" or "power") newer than last_seen_us, oldest first;
+        [] when there is none yet, None when this GPU cannot give them. Passing the newest
+        timestamp returned so far reads every sample exactly once (as long as the caller
+        comes back before the ring wraps: ~14 s for util, ~2.4 s for power on the H200)."""
+        h = self.handle(index)
+        if h is None:
+            return None
+        result, code = self.try_call(
+            "nvmlDeviceGetSamples", h, SAMPLE_TYPES[kind], last_seen_us, gpu=index
+        )
+        if result is None:
+            return [] if code == _NOT_FOUND else None
+        value_type, raw = result
+        field_name = _VALUE_FIELDS[value_type] if 0 <= value_type < len(_VALUE_FIELDS) else "uiVal"
+        scale = 1e-3 if kind == "power" else 1.0  # power samples are in mW
+        out = [
+            NvmlSample(int(s.timeStamp), float(getattr(s.sampleValue, field_name)) * scale)
+            for s in raw
+            if int(s.timeStamp) > last_seen_us
+        ]
+        out.sort(key=lambda s: s.ts_us)
+        return out
+
+    def process_utilization(self, index: int, last_seen_us: int) -> list[ProcessUtil] | None:
+        """Per-process utilisation samples newer than last_seen_us ([] when none)."""
+        h = self.handle(index)
+        if h is None:
+            return None
+        raw, code = self.try_call("nvmlDeviceGetProcessUtilization", h, last_seen_us, gpu=index)
+        if raw is None:
+            return [] if code == _NOT_FOUND else None
+        return [
+            ProcessUtil(int(s.pid), int(s.timeStamp), int(s.smUtil), int(s.memUtil))
+            for s in raw
+            if int(s.timeStamp) > last_seen_us
+        ]
+
+    def compute_processes(self, index: int) -> list[ComputeProcess] | None:
+        h = self.handle(index)
+        if h is None:
+            return None
+        raw = self.call("nvmlDeviceGetComputeRunningProcesses", h, gpu=index)
+        if raw is None:
+            return None
+        return [ComputeProcess(int(p.pid), _opt_int(p.usedGpuMemory)) for p in raw]
+
+    def utilization_percent(self, index: int) -> int | None:
+        """The driver's current duty cycle (it changes once per 200 ms period)."""
+        h = self.handle(index)
+        rates = None if h is None else self.call("nvmlDeviceGetUtilizationRates", h, gpu=index)
+        return None if rates is None else int(rates.gpu)
+
+    def power_watts(self, index: int) -> float | None:
+        h = self.handle(index)
+        mw = None if h is None else self.call("nvmlDeviceGetPowerUsage", h, gpu=index)
+        return None if mw is None else int(mw) / 1000.0
+
+    def why_not(self, index: int, fn_name: str) -> str:
+        """Why `fn_name` gave nothing for GPU `index`, in a few words."""
+        return self.lost.get(index) or self.problems.get((index, fn_name), "no answer")
 
     def gpu_info(self, index: int, cpu_count: int) -> GpuInfo | None:
         h = self.handle(index)
@@ -132,6 +248,10 @@ class Nvml:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _cpus_from_mask(words: Any) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ from gpujitter.cli.command import Command
 from gpujitter.errors import GpujitterError
 
 # Order is the order `gpujitter --help` lists them in.
-COMMANDS = ("top", "doctor", "audit", "topo", "probe", "record", "trace")
+COMMANDS = ("top", "doctor", "audit", "topo", "gpus", "probe", "gaps", "record", "trace")
 
 
 def load_commands() -> list[Command]:

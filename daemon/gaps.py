@@ -1,0 +1,381 @@
+"""GPU idle-gap detection: a deterministic function of the event stream (the daemon replays
+traces through the same code, so live and replayed results are identical). Feed events in
+stream order; gaps come out once the evidence for them is in.
+
+Evidence, finest first (docs/gpu.md):
+- cuda (CudaCall from probes/cuda.py): a launch after a quiet stretch of a process feeding the
+  GPU. The stretch began at the process's previous activity: a sync return (the queue had
+  drained then: µs placement) or a launch (the GPU may have run queued work for a while
+  after it: the start is uncertain). Time blocked in a sync is GPU busy and never part of a
+  stretch. With several processes on one GPU, a gap is where all of them were quiet.
+- power (GpuSample "power", 20 ms on the H200): samples near the GPU's idle floor.
+- util (GpuSample "util", 200 ms duty cycle): periods with 0 % busy.
+
+A host-side gap is confirmed or contradicted by the NVML samples inside it; NVML-only gaps
+(no host-side stretch covers them, e.g. a process the tracer cannot see) are reported at the
+samples' resolution. Every gap names its sources, resolution and confidence.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from gpujitter.daemon.records import GpuGap
+from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample
+
+UNKNOWN_GPU = -1  # a process NVML did not (yet) list on any GPU
+
+
+@dataclass(frozen=True, slots=True)
+class GapConfig:
+    min_gap_ns: int = 5_000_000  # shorter idle stretches are not reported
+    # How long (stream time) a host-side gap waits for NVML samples covering it.
+    settle_ns: int = 3_000_000_000
+    # A process counts as feeding a GPU if it made a traced CUDA call this recently.
+    feeder_window_ns: int = 10_000_000_000
+    # Host-side placement: uprobe timestamps are exact; the GPU starts a launch and a sync
+    # returns some µs away from the host's view of it.
+    cuda_resolution_ns: int = 50_000
+    # A power sample counts as idle below this fraction of the way from the GPU's idle floor
+    # to its busy level (the lowest and highest power seen): board power follows activity
+    # with a lag and smoothing of ~20 ms (docs/gpu.md), so the samples inside a 50 ms gap sit
+    # between the two, not at the floor ...
+    power_idle_fraction: float = 0.5
+    # ... once the GPU has shown a swing at least this large between idle and busy.
+    power_min_swing_w: float = 80.0
+    power_min_samples: int = 3  # consecutive idle samples for an NVML-only gap
+    history_ns: int = 60_000_000_000  # how much NVML and gap history is kept
+
+
+@dataclass(slots=True)
+class _Candidate:
+    gpu: int
+    start: int
+    end: int
+    tgid: int
+    tid_before: int
+    tid_after: int
+    drained: bool  # the stretch began at a sync return
+    source: str = "cuda"
+
+
+@dataclass(slots=True)
+class _Quiet:
+    start: int
+    end: int
+    tid_before: int  # the thread active at its start
+    tid_after: int  # the thread that ended it
+
+
+@dataclass(slots=True)
+class _GpuState:
+    pids: tuple[int, ...] = ()
+    power: deque[GpuSample] = field(default_factory=deque)
+    util: deque[GpuSample] = field(default_factory=deque)
+    power_floor: float | None = None
+    power_peak: float | None = None
+    power_run: list[GpuSample] = field(default_factory=list)  # current run of idle samples
+    util_run: list[GpuSample] = field(default_factory=list)
+    nvml_only: list[_Candidate] = field(default_factory=list)
+    emitted: deque[GpuGap] = field(default_factory=deque)
+
+    def power_end(self) -> int:
+        return self.power[-1].ts_ns + self.power[-1].period_ns if self.power else 0
+
+
+class GapDetector:
+    def __init__(self, config: GapConfig | None = None) -> None:
+        self.config = config or GapConfig()
+        self.now_ns = 0
+        self.gpus: dict[int, _GpuState] = {}
+        self.pending: list[_Candidate] = []
+        self.last_call: dict[int, int] = {}  # tgid -> end of its latest traced call
+        self.quiet: dict[int, deque[_Quiet]] = {}  # tgid -> recent quiet stretches
+
+    def gpu(self, index: int) -> _GpuState:
+        if index not in self.gpus:
+            self.gpus[index] = _GpuState()
+        return self.gpus[index]
+
+    def gpus_of(self, tgid: int) -> list[int]:
+        found = [g for g, st in sorted(self.gpus.items()) if tgid in st.pids]
+        return found or [UNKNOWN_GPU]
+
+    # ---- input -------------------------------------------------------------------------
+
+    def feed(self, ev: Event) -> list[GpuGap]:
+        self.now_ns = max(self.now_ns, ev.ts_ns + getattr(ev, "dur_ns", 0))
+        if isinstance(ev, CudaCall):
+            self._on_cuda(ev)
+        elif isinstance(ev, GpuSample):
+            self._on_sample(ev)
+        elif isinstance(ev, GpuProcesses):
+            self.gpu(ev.gpu).pids = ev.pids
+        return self._finalise(force=False)
+
+    def feed_all(self, events: Iterable[Event]) -> list[GpuGap]:
+        out: list[GpuGap] = []
+        for ev in events:
+            out += self.feed(ev)
+        return out + self.flush()
+
+    def flush(self) -> list[GpuGap]:
+        """End of the stream: decide every pending gap with the evidence there is."""
+        return self._finalise(force=True)
+
+    def _on_cuda(self, ev: CudaCall) -> None:
+        self.last_call[ev.tgid] = max(self.last_call.get(ev.tgid, 0), ev.ts_ns + ev.dur_ns)
+        if ev.api == "sync" or ev.after_idle_ns <= 0:
+            return
+        start = ev.ts_ns - ev.after_idle_ns
+        stretches = self.quiet.setdefault(ev.tgid, deque())
+        stretches.append(_Quiet(start, ev.ts_ns, ev.prev_tid, ev.tid))
+        while stretches and stretches[0].end < self.now_ns - self.config.history_ns:
+            stretches.popleft()
+        if ev.after_idle_ns < self.config.min_gap_ns:
+            return
+        for g in self.gpus_of(ev.tgid):
+            self.pending.append(
+                _Candidate(
+                    gpu=g,
+                    start=start,
+                    end=ev.ts_ns,
+                    tgid=ev.tgid,
+                    tid_before=ev.prev_tid,
+                    tid_after=ev.tid,
+                    drained=ev.prev_api == "sync",
+                )
+            )
+
+    def _on_sample(self, ev: GpuSample) -> None:
+        st = self.gpu(ev.gpu)
+        cfg = self.config
+        if ev.metric == "power":
+            st.power.append(ev)
+            st.power_floor = ev.value if st.power_floor is None else min(st.power_floor, ev.value)
+            st.power_peak = ev.value if st.power_peak is None else max(st.power_peak, ev.value)
+            idle = self._power_idle(st, ev)
+            self._extend_run(st, st.power_run, ev, idle, cfg.power_min_samples)
+        else:
+            st.util.append(ev)
+            self._extend_run(st, st.util_run, ev, ev.value <= 0.0, 1)
+        horizon = self.now_ns - cfg.history_ns
+        for samples in (st.power, st.util):
+            while samples and samples[0].ts_ns < horizon:
+                samples.popleft()
+
+    def _power_idle(self, st: _GpuState, s: GpuSample) -> bool | None:
+        """Idle, busy, or None while the GPU has not shown how far apart those are."""
+        if st.power_floor is None or st.power_peak is None:
+            return None
+        swing = st.power_peak - st.power_floor
+        if swing < self.config.power_min_swing_w:
+            return None
+        return s.value < st.power_floor + self.config.power_idle_fraction * swing
+
+    def _extend_run(
+        self,
+        st: _GpuState,
+        run: list[GpuSample],
+        s: GpuSample,
+        idle: bool | None,
+        min_samples: int,
+    ) -> None:
+        """Runs of idle samples bounded by busy ones on both sides become NVML-only
+        candidates (a GPU idle from the start or to the end is not a gap in feeding)."""
+        if idle is None:
+            run.clear()
+            return
+        if idle:
+            if run or self._was_busy(st, s):
+                run.append(s)
+            return
+        if len(run) >= min_samples and st.pids:
+            start, end = run[0].ts_ns, run[-1].ts_ns + run[-1].period_ns
+            if end - start >= self.config.min_gap_ns:
+                st.nvml_only.append(
+                    _Candidate(
+                        gpu=s.gpu,
+                        start=start,
+                        end=end,
+                        tgid=0,
+                        tid_before=0,
+                        tid_after=0,
+                        drained=False,
+                        source=s.metric,
+                    )
+                )
+        run.clear()
+
+    def _was_busy(self, st: _GpuState, s: GpuSample) -> bool:
+        """Whether the sample before `s` in its stream was busy (a run starts at an edge)."""
+        samples = st.power if s.metric == "power" else st.util
+        if len(samples) < 2:
+            return False
+        before = samples[-2]
+        if s.metric == "power":
+            return self._power_idle(st, before) is False
+        return before.value > 0.0
+
+    # ---- decisions ---------------------------------------------------------------------
+
+    def _finalise(self, force: bool) -> list[GpuGap]:
+        out: list[GpuGap] = []
+        keep: list[_Candidate] = []
+        for c in self.pending:
+            if not (force or self._settled(c)):
+                keep.append(c)
+                continue
+            # A process NVML had not listed yet when its gap arrived may be listed now.
+            gpus = self.gpus_of(c.tgid) if c.gpu == UNKNOWN_GPU else [c.gpu]
+            for g in gpus:
+                out += self._remember(self._decide_host(replace(c, gpu=g)))
+        self.pending = keep
+        for index, st in sorted(self.gpus.items()):
+            waiting: list[_Candidate] = []
+            for c in sorted(st.nvml_only, key=lambda c: (c.start, c.source)):
+                if force or self.now_ns >= c.end + self.config.settle_ns:
+                    out += self._remember(self._decide_nvml_only(index, st, c))
+                else:
+                    waiting.append(c)
+            st.nvml_only = waiting
+        out.sort(key=lambda g: (g.ts_ns, g.gpu))
+        return out
+
+    def _remember(self, gaps: list[GpuGap]) -> list[GpuGap]:
+        for gap in gaps:
+            emitted = self.gpu(gap.gpu).emitted
+            emitted.append(gap)
+            while emitted and emitted[0].end_ns < self.now_ns - self.config.history_ns:
+                emitted.popleft()
+        return gaps
+
+    def _settled(self, c: _Candidate) -> bool:
+        if self.now_ns >= c.end + self.config.settle_ns:
+            return True
+        if c.gpu == UNKNOWN_GPU:
+            return not self.gpus  # no NVML on this node: nothing more will come
+        st = self.gpus.get(c.gpu)
+        return (
+            st is not None and bool(st.power) and st.power_end() >= c.end + st.power[-1].period_ns
+        )
+
+    def _feeders(self, c: _Candidate) -> list[int]:
+        """Processes feeding c's GPU around c: listed on it (or c's own) and recently active."""
+        listed = set(self.gpu(c.gpu).pids) if c.gpu != UNKNOWN_GPU else set()
+        listed.add(c.tgid)
+        window = self.config.feeder_window_ns
+        return sorted(
+            t for t in listed if t == c.tgid or self.last_call.get(t, 0) >= c.start - window
+        )
+
+    def _all_quiet(self, c: _Candidate, feeders: list[int]) -> list[_Quiet]:
+        """The parts of c where every other feeder was inside a known quiet stretch, each
+        with the threads active at its edges (whichever stretch bounds it there)."""
+        parts = [_Quiet(c.start, c.end, c.tid_before, c.tid_after)]
+        for tgid in feeders:
+            if tgid == c.tgid:
+                continue
+            parts = [
+                _Quiet(
+                    max(p.start, q.start),
+                    min(p.end, q.end),
+                    q.tid_before if q.start > p.start else p.tid_before,
+                    q.tid_after if q.end < p.end else p.tid_after,
+                )
+                for p in parts
+                for q in self.quiet.get(tgid, ())
+                if max(p.start, q.start) < min(p.end, q.end)
+            ]
+        return [p for p in parts if p.end - p.start >= self.config.min_gap_ns]
+
+    def _decide_host(self, c: _Candidate) -> list[GpuGap]:
+        cfg = self.config
+        st = self.gpu(c.gpu)
+        feeders = self._feeders(c)
+        gaps = []
+        for part in self._all_quiet(c, feeders):
+            start, end = part.start, part.end
+            if self._overlaps_emitted(st, start, end):
+                continue
+            sources = ["cuda"]
+            verdict = self._power_verdict(st, start, end)
+            if verdict == "idle":
+                sources.append("power")
+                confidence = 0.97 if c.drained else 0.8
+            elif c.drained:
+                # The queue had drained at the start; power busy all along means a process
+                # the tracer does not see fed the GPU.
+                confidence = 0.4 if verdict == "busy" else 0.9
+            elif st.power or (c.gpu != UNKNOWN_GPU and self._has_nvml(c.gpu)):
+                # No sync showed the queue drained, and power does not show idle: the host was
+                # quiet, but queued work may have kept the GPU busy. Not a gap we can claim.
+                continue
+            else:
+                confidence = 0.3  # no NVML evidence at all: host-side quiet only
+            if self._util_idle_inside(st, start, end):
+                sources.append("util")
+                confidence = min(0.99, confidence + 0.02)
+            if len(feeders) > 1:
+                confidence = min(confidence, 0.8)
+            gaps.append(
+                GpuGap(
+                    ts_ns=start,
+                    end_ns=end,
+                    gpu=c.gpu,
+                    sources=tuple(sources),
+                    resolution_ns=cfg.cuda_resolution_ns,
+                    confidence=confidence,
+                    tgids=tuple(feeders),
+                    tid_before=part.tid_before,
+                    tid_after=part.tid_after,
+                )
+            )
+        return gaps
+
+    def _power_verdict(self, st: _GpuState, start: int, end: int) -> str | None:
+        """ "idle" if most power samples lying wholly inside [start, end] are idle, "busy" if
+        none of at least two is, else None (too short for 20 ms samples, or no swing yet)."""
+        inside = [s for s in st.power if s.ts_ns >= start and s.ts_ns + s.period_ns <= end]
+        verdicts = [self._power_idle(st, s) for s in inside]
+        known = [v for v in verdicts if v is not None]
+        if not known:
+            return None
+        idle = sum(known)
+        if idle * 2 >= len(known):
+            return "idle"
+        if idle == 0 and len(known) >= 2:
+            return "busy"
+        return None
+
+    def _has_nvml(self, gpu: int) -> bool:
+        st = self.gpus.get(gpu)
+        return st is not None and bool(st.power or st.util)
+
+    def _util_idle_inside(self, st: _GpuState, start: int, end: int) -> bool:
+        return any(
+            s.value <= 0.0 and s.ts_ns >= start and s.ts_ns + s.period_ns <= end for s in st.util
+        )
+
+    def _overlaps_emitted(self, st: _GpuState, start: int, end: int) -> bool:
+        return any(g.ts_ns < end and start < g.end_ns for g in st.emitted)
+
+    def _decide_nvml_only(self, index: int, st: _GpuState, c: _Candidate) -> list[GpuGap]:
+        if self._overlaps_emitted(st, c.start, c.end) or any(
+            p.gpu == index and p.start < c.end and c.start < p.end for p in self.pending
+        ):
+            return []  # a host-side gap covers it, with finer placement
+        samples = st.power if c.source == "power" else st.util
+        return [
+            GpuGap(
+                ts_ns=c.start,
+                end_ns=c.end,
+                gpu=index,
+                sources=(c.source,),
+                resolution_ns=max((s.period_ns for s in samples), default=0),
+                confidence=0.6 if c.source == "power" else 0.5,
+                tgids=st.pids,
+            )
+        ]

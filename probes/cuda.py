@@ -1,0 +1,374 @@
+"""cuda: how watched processes feed their GPUs, from uprobes on the libcuda they have mapped.
+
+Traced: kernel launches (plain, Ex, cooperative, host functions), graph launches, async copies
+and memsets, synchronous copies, and stream/event/context synchronisation (entry and return),
+each in every variant the driver exports (_v2, per-thread-stream _ptsz/_ptds). The kernel
+keeps per-process state and streams only what gap detection needs (cuda.bpf.c): the first
+launch after a quiet stretch of `quiet` or more, and synchronisations blocked `sync` or more.
+
+Where: the system's libcuda (ldconfig's and the usual driver folders) from the start, and any
+other libcuda a watched process maps (/proc/PID/maps, through /proc/PID/root for containers),
+attached as it appears. Uprobes are per file, so one attachment serves every process; the BPF
+side filters on the watched set. Cost: every call of a traced function by any process takes
+a uprobe trap (~0.7 us on the GPU VM), synchronisations also a uretprobe (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpujitter.probes.base import BpfProbe, ProbeContext
+from gpujitter.probes.events import CudaCall
+from gpujitter.probes.registry import Hook, ProbeSpec
+
+# Roles: must match the enum in cuda.bpf.c.
+LAUNCH, GRAPH, COPY, COPY_SYNC, SYNC = 1, 2, 3, 4, 5
+API = {LAUNCH: "launch", GRAPH: "graph", COPY: "copy", COPY_SYNC: "copy", SYNC: "sync"}
+MAX_FUNCS = 48  # entry programs in cuda.bpf.c
+LATE_LOAD_NS = 60_000_000_000
+
+
+def _variants(base: str, role: int, suffix: str) -> list[tuple[str, int]]:
+    return [(base, role), (base + suffix, role)]
+
+
+# Function id = index here. The driver exports each entry point once per variant: _v2 names
+# replaced the first ABI, _ptsz/_ptds are the per-thread-default-stream forms that code
+# compiled with --default-stream per-thread calls.
+TRACED: tuple[tuple[str, int], ...] = tuple(
+    _variants("cuLaunchKernel", LAUNCH, "_ptsz")
+    + _variants("cuLaunchKernelEx", LAUNCH, "_ptsz")
+    + _variants("cuLaunchCooperativeKernel", LAUNCH, "_ptsz")
+    + [("cuLaunchCooperativeKernelMultiDevice", LAUNCH)]
+    + _variants("cuLaunchHostFunc", LAUNCH, "_ptsz")
+    + _variants("cuGraphLaunch", GRAPH, "_ptsz")
+    + _variants("cuMemcpyAsync", COPY, "_ptsz")
+    + _variants("cuMemcpyHtoDAsync_v2", COPY, "_ptsz")
+    + _variants("cuMemcpyDtoHAsync_v2", COPY, "_ptsz")
+    + _variants("cuMemcpyDtoDAsync_v2", COPY, "_ptsz")
+    + _variants("cuMemcpy2DAsync_v2", COPY, "_ptsz")
+    + _variants("cuMemcpy3DAsync_v2", COPY, "_ptsz")
+    + _variants("cuMemcpyPeerAsync", COPY, "_ptsz")
+    + _variants("cuMemcpyBatchAsync", COPY, "_ptsz")
+    + _variants("cuMemcpyBatchAsync_v2", COPY, "_ptsz")
+    + _variants("cuMemsetD8Async", COPY, "_ptsz")
+    + _variants("cuMemsetD32Async", COPY, "_ptsz")
+    + _variants("cuMemcpy", COPY_SYNC, "_ptds")
+    + _variants("cuMemcpyHtoD_v2", COPY_SYNC, "_ptds")
+    + _variants("cuMemcpyDtoH_v2", COPY_SYNC, "_ptds")
+    + _variants("cuMemcpyDtoD_v2", COPY_SYNC, "_ptds")
+    + [("cuCtxSynchronize", SYNC), ("cuCtxSynchronize_v2", SYNC)]
+    + _variants("cuStreamSynchronize", SYNC, "_ptsz")
+    + [("cuEventSynchronize", SYNC)]
+)
+assert len(TRACED) <= MAX_FUNCS
+FUNC_NAMES = tuple(name for name, _ in TRACED)
+
+ENDBR64 = b"\xf3\x0f\x1e\xfa"
+# Driver folders searched besides ldconfig's cache (container images, NVIDIA's own layout).
+LIB_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/nvidia/lib64",
+    "/usr/local/nvidia/lib",
+    "/usr/lib/wsl/lib",
+)
+
+
+# ---------------------------------------------------------------------------------------
+# ELF: exported functions and the bytes they start with (no binutils needed).
+
+
+@dataclass(frozen=True, slots=True)
+class ElfImage:
+    functions: dict[str, int]  # exported function -> virtual address
+    loads: tuple[tuple[int, int, int], ...]  # PT_LOAD (vaddr, file offset, file size)
+
+    def file_offset(self, vaddr: int) -> int | None:
+        for start, offset, size in self.loads:
+            if start <= vaddr < start + size:
+                return vaddr - start + offset
+        return None
+
+
+def read_elf(path: str | Path) -> ElfImage:
+    """Exported (defined, global or weak) functions of a 64-bit little-endian ELF file."""
+    data = Path(path).read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
+    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    loads = []
+    for i in range(phnum):
+        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
+            "<IIQQQQ", data, phoff + i * phentsize
+        )
+        if p_type == 1:  # PT_LOAD
+            loads.append((p_vaddr, p_offset, p_filesz))
+    sections = [
+        struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)
+    ]
+    functions: dict[str, int] = {}
+    for sh in sections:
+        if sh[1] != 11:  # SHT_DYNSYM
+            continue
+        strtab = sections[sh[6]]  # sh_link: the string table
+        str_off = strtab[4]
+        offset, size, entsize = sh[4], sh[5], sh[9] or 24
+        for pos in range(offset, offset + size, entsize):
+            st_name, st_info, _other, st_shndx, st_value, _size = struct.unpack_from(
+                "<IBBHQQ", data, pos
+            )
+            if st_info & 0xF != 2 or st_shndx == 0 or st_info >> 4 not in (1, 2):
+                continue  # not a defined global/weak function
+            end = data.index(b"\0", str_off + st_name)
+            functions[data[str_off + st_name : end].decode(errors="replace")] = st_value
+    return ElfImage(functions=functions, loads=tuple(loads))
+
+
+def probe_address(path: str | Path, image: ElfImage, symbol: str) -> int | None:
+    """Where to put the uprobe for `symbol`: past an endbr64 if the function starts with one
+    (a uprobe on endbr64 is single-stepped, ~5x the cost), else at its first instruction."""
+    vaddr = image.functions.get(symbol)
+    if vaddr is None:
+        return None
+    offset = image.file_offset(vaddr)
+    if offset is None:
+        return None
+    with open(path, "rb") as f:
+        f.seek(offset)
+        head = f.read(4)
+    return vaddr + 4 if head == ENDBR64 else vaddr
+
+
+# ---------------------------------------------------------------------------------------
+# Finding libcuda.
+
+
+def is_libcuda(path: str) -> bool:
+    return os.path.basename(path).startswith("libcuda.so")
+
+
+def mapped_libcuda(pid: int, proc: Path = Path("/proc")) -> list[str]:
+    """The libcuda files process `pid` has mapped, as paths this process can open."""
+    try:
+        text = (proc / str(pid) / "maps").read_text()
+    except OSError:
+        return []
+    found = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and is_libcuda(parts[5]) and parts[5] not in found:
+            found.append(parts[5])
+    return [str(proc / str(pid) / "root") + p if p.startswith("/") else p for p in found]
+
+
+def system_libcuda() -> list[str]:
+    """libcuda files of this node's driver: ldconfig's cache, then the usual folders."""
+    found: list[str] = []
+    try:
+        out = subprocess.run(
+            ["ldconfig", "-p"], capture_output=True, text=True, timeout=5, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for line in out.splitlines():
+        if "libcuda.so" in line and "=>" in line:
+            found.append(line.split("=>", 1)[1].strip())
+    for folder in LIB_DIRS:
+        for name in ("libcuda.so.1", "libcuda.so"):
+            path = os.path.join(folder, name)
+            if os.path.exists(path):
+                found.append(path)
+    return found
+
+
+def file_key(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+# ---------------------------------------------------------------------------------------
+# The probe.
+
+
+class CudaProbe(BpfProbe):
+    source = "cuda.bpf.c"
+    rings = ("cuda_events",)
+
+    def __init__(self, spec: ProbeSpec) -> None:
+        super().__init__(spec)
+        self.libs: dict[tuple[int, int], str] = {}  # attached files: (dev, inode) -> path
+        self.symbols: dict[str, int] = {}  # traced function -> files it is attached in
+        self.failed: dict[str, str] = {}  # path -> why it could not be attached
+        # (path, address, entry program, with a return probe): what attach put in place.
+        self.attachments: list[tuple[str, int, str, bool]] = []
+        self._scanned: set[int] = set()  # processes done with: libcuda found, or too old
+        self._first_seen: dict[int, int] = {}
+        self._started = False  # past the first scan
+        self._explicit: list[str] = []
+
+    def cflags(self, ctx: ProbeContext) -> list[str]:
+        roles = [role for _, role in TRACED] + [0] * (MAX_FUNCS - len(TRACED))
+        return super().cflags(ctx) + [f"-DGJ_ROLE_{i}={r}" for i, r in enumerate(roles)]
+
+    def attach(self, ctx: ProbeContext) -> None:
+        opts = ctx.options.get(self.name, {})
+        self._explicit = [str(p) for p in opts.get("libcuda", ())]
+        for path in self._explicit or system_libcuda():
+            self.add_library(path)
+        self.scan_processes()
+
+    def start(self, ctx: ProbeContext) -> None:
+        super().start(ctx)
+        self._update_state()
+
+    def _update_state(self) -> None:
+        if self.libs:
+            self.state, self.reason = "running", ""
+        else:
+            why = "; ".join(f"{p}: {r}" for p, r in self.failed.items())
+            self.state = "degraded"
+            self.reason = "no libcuda attached yet" + (f" ({why})" if why else "")
+
+    def add_library(self, path: str) -> bool:
+        """Attach every traced function `path` exports; False if it is not usable."""
+        key = file_key(path)
+        if key is None or key in self.libs:
+            return key is not None
+        try:
+            image = read_elf(path)
+        except (OSError, ValueError) as err:
+            self.failed[path] = str(err)
+            return False
+        attached = 0
+        for func_id, (symbol, role) in enumerate(TRACED):
+            addr = probe_address(path, image, symbol)
+            if addr is None:
+                continue
+            try:
+                self.bpf.attach_uprobe(name=path, addr=addr, fn_name=f"enter_{func_id}")
+                if role in (SYNC, COPY_SYNC):
+                    self.bpf.attach_uretprobe(name=path, addr=addr, fn_name="leave_sync")
+            except Exception as err:
+                self.failed[path] = f"{symbol}: {err}"
+                continue
+            attached += 1
+            self.attachments.append((path, addr, f"enter_{func_id}", role in (SYNC, COPY_SYNC)))
+            self.symbols[symbol] = self.symbols.get(symbol, 0) + 1
+        if not attached:
+            self.failed.setdefault(path, "exports none of the traced functions")
+            return False
+        self.libs[key] = path
+        self.failed.pop(path, None)
+        return True
+
+    def _watched(self) -> list[int] | None:
+        """Watched process ids from the shared map; None when every process is watched."""
+        config = self.bpf["gj_config"]
+        if int(config[config.Key(0)].value) & 1:
+            return None
+        return [k.value for k in self.bpf["gj_watched"]]
+
+    def scan_processes(self) -> None:
+        """Attach libcuda files that watched processes mapped and are not attached yet.
+        Frameworks load libcuda late (at their first CUDA call), so a process is looked at
+        every second until it has mapped one; with every process watched, only during the
+        first LATE_LOAD_NS after it appeared (older ones have been looked at often enough)."""
+        now = time.monotonic_ns()
+        watched = self._watched()
+        if watched is None:
+            pids = [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != os.getpid()]
+        else:
+            pids = watched
+        for pid in pids:
+            if pid in self._scanned:
+                continue
+            # Processes already running at start are looked at once: rescanning every
+            # process of a busy node for a minute would cost more than the probe itself.
+            first = self._first_seen.setdefault(pid, now if self._started else 0)
+            paths = mapped_libcuda(pid)
+            for path in paths:
+                self.add_library(path)
+            if paths or (watched is None and now - first > LATE_LOAD_NS):
+                self._scanned.add(pid)
+        self._started = True
+        self._update_state()
+
+    def sample(self, now_ns: int) -> tuple[()]:
+        self.scan_processes()
+        self._forget_exited()
+        return ()
+
+    def _forget_exited(self) -> None:
+        procs = self.bpf["procs"]
+        for key in list(procs):
+            if not os.path.exists(f"/proc/{key.value}"):
+                del procs[key]
+                self._scanned.discard(key.value)
+        for pid in [p for p in self._first_seen if not os.path.exists(f"/proc/{p}")]:
+            del self._first_seen[pid]
+            self._scanned.discard(pid)
+        # A thread that exited inside a synchronisation never returns from it: drop it, or
+        # its process would count as synchronising (GPU busy) for good.
+        syncs = self.bpf["syncs"]
+        for key, entry in list(syncs.items()):
+            if os.path.exists(f"/proc/{key.value}"):
+                continue
+            del syncs[key]
+            tgid = procs.Key(entry.tgid)
+            state = procs.get(tgid)
+            if state is not None and state.syncing > 0:
+                state.syncing -= 1
+                procs[tgid] = state
+
+    def hit_counts(self) -> dict[str, int]:
+        """Calls per traced function so far (watched processes), summed over CPUs."""
+        table = self.bpf["hits"]
+        return {
+            name: int(sum(table[table.Key(i)]))
+            for i, name in enumerate(FUNC_NAMES)
+            if sum(table[table.Key(i)])
+        }
+
+    def decode(self, ring: str, rec: Any) -> CudaCall:
+        role = int(rec.role)
+        return CudaCall(
+            ts_ns=rec.ts_ns,
+            dur_ns=rec.dur_ns,
+            tid=rec.tid,
+            tgid=rec.tgid,
+            cpu=rec.cpu,
+            api=API[role],  # type: ignore[arg-type]
+            func=FUNC_NAMES[rec.func],
+            after_idle_ns=rec.after_idle_ns,
+            prev_tid=rec.prev_tid,
+            prev_api=API.get(int(rec.prev_role), ""),
+        )
+
+
+SPECS = (
+    ProbeSpec(
+        name="cuda",
+        summary="libcuda launches, copies and synchronisations of watched processes (uprobes)",
+        default_on=True,
+        hooks=tuple(
+            Hook("uprobe", f"libcuda:{name}", optional=name != "cuLaunchKernel")
+            for name in FUNC_NAMES
+        ),
+        degrades="GPU gaps are placed from NVML samples only (20 ms power, 200 ms utilisation), "
+        "and the threads feeding the GPU are not known",
+        factory=CudaProbe,
+        thresholds={"quiet": 1_000_000, "sync": 1_000_000},
+    ),
+)

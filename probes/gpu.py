@@ -1,0 +1,307 @@
+"""The NVML sampler: per GPU, the utilisation (200 ms) and power (20 ms) sample streams read
+with last-seen timestamps so that no sample is read twice or skipped, mapped onto
+CLOCK_MONOTONIC (probes/gpu_clock.py); compute processes and their SM share once a second.
+It feeds the gap detector (GpuSample, GpuProcesses) and the watched set
+(`gpu_processes`, the hook of WatchSpec). Costs ~1.5 ms of NVML time per sample read on the
+H200, so two reads per GPU every 500 ms.
+
+NVML faults are per GPU and per reading: a GPU that is lost, or a reading its driver does not
+support, is reported in the sampler's status and skipped; the rest keeps going.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gpujitter.probes.base import Emit
+from gpujitter.probes.events import Event, GpuClockMap, GpuProcesses, GpuSample, ProbeStatus
+from gpujitter.probes.gpu_clock import (
+    Calibration,
+    CalibrationFailed,
+    Observation,
+    calibrate,
+    live_offsets,
+)
+from gpujitter.probes.nvml import Nvml, NvmlSample
+
+METRICS: tuple[Literal["util", "power"], ...] = ("util", "power")
+# Nominal sample periods (measured on the H200: docs/gpu.md); the observed spacing is used
+# once a stream has shown two samples.
+NOMINAL_PERIOD_NS = {"util": 200_000_000, "power": 20_000_000}
+# Where the activity a sample reflects lies, relative to its timestamp (measured on the
+# H200 against known idle/busy edges, docs/gpu.md): a utilisation sample covers the period
+# that ends at its timestamp; board power follows activity about 10 ms late, so a power
+# sample reflects the period ending 10 ms before its timestamp. GpuSample.ts_ns is when the
+# period it reflects began.
+LAG_NS = {"util": 0, "power": 10_000_000}
+# The readings the sampler depends on; other NVML problems (identity, NUMA) are `gpus`'s.
+SAMPLER_READINGS = (
+    "nvmlDeviceGetSamples",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetProcessUtilization",
+    "clock",
+)
+# Sample reads whose lag (read time - sample time) the clock mapping is judged on; the
+# mapping is reported when first made and once more when these are in.
+CALIBRATION_OBSERVATIONS = 64
+
+
+@dataclass(slots=True)
+class _Stream:
+    last_seen_us: int = 0
+    period_ns: int = 0
+    read: int = 0
+    ring: int = 0  # how many samples NVML keeps (what a read from lastSeen 0 returns)
+    skipped: int = 0  # samples the ring dropped before they were read
+
+
+@dataclass(slots=True)
+class _Gpu:
+    index: int
+    streams: dict[str, _Stream] = field(default_factory=lambda: {m: _Stream() for m in METRICS})
+    pids: tuple[int, ...] = ()
+    proc_last_us: int = 0
+    calibration: Calibration | None = None
+    observations: list[Observation] = field(default_factory=list)
+
+
+class GpuSampler:
+    """Poll NVML: call `poll()` every `poll_ns` (or `run()` on a thread of its own). The
+    first poll reads each ring whole, which both calibrates the clock mapping and tells how
+    deep the ring is; only samples taken after `start()` are emitted."""
+
+    name = "nvml"
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        emit: Emit,
+        *,
+        cpu_count: int,
+        poll_ns: int = 500_000_000,
+        procs_every_ns: int = 1_000_000_000,
+        offsets: Callable[[], Mapping[str, int]] = live_offsets,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.nvml = nvml
+        self._emit = emit
+        self.poll_ns = poll_ns
+        self.procs_every_ns = procs_every_ns
+        self._offsets = offsets
+        self._clock = clock
+        self.gpus = {g.index: _Gpu(g.index) for g in nvml.gpus(cpu_count)}
+        self.start_ns = 0
+        self._last_procs_ns = -procs_every_ns
+        self._lock = threading.Lock()
+        self._status: tuple[str, str] | None = None
+        self.events = 0
+
+    def emit(self, ev: Event) -> None:
+        self.events += 1
+        self._emit(ev)
+
+    def start(self) -> None:
+        self.start_ns = self._clock()
+        self.poll()
+
+    def poll(self) -> None:
+        now = self._clock()
+        offsets = self._offsets()
+        for gpu in self.gpus.values():
+            for metric in METRICS:
+                self._read_stream(gpu, metric, offsets)
+            if gpu.index in self.nvml.lost and gpu.pids:
+                with self._lock:
+                    gpu.pids = ()  # nothing is known to run on a lost GPU
+        if now - self._last_procs_ns >= self.procs_every_ns:
+            self._last_procs_ns = now
+            for gpu in self.gpus.values():
+                self._read_processes(gpu, now)
+        self._report(now)
+
+    def _read_stream(
+        self, gpu: _Gpu, metric: Literal["util", "power"], offsets: Mapping[str, int]
+    ) -> None:
+        stream = gpu.streams[metric]
+        got = self.nvml.samples(gpu.index, metric, stream.last_seen_us)
+        read_at = self._clock()  # every sample returned existed by now
+        if not got:
+            return
+        first_read = stream.last_seen_us == 0
+        if len(gpu.observations) < CALIBRATION_OBSERVATIONS:
+            self._calibrate(gpu, got, read_at, offsets, newest_only=first_read)
+        # NVML derives a sample's timestamp anew at each read, and it can come back a
+        # microsecond later than before: within half a period of the newest one read, it is
+        # that sample again (seen on the H200), not a new one.
+        half_us = (stream.period_ns or NOMINAL_PERIOD_NS[metric]) // 2000
+        fresh = [s for s in got if first_read or s.ts_us > stream.last_seen_us + half_us]
+        previous = stream.last_seen_us
+        stream.last_seen_us = max(previous, got[-1].ts_us)
+        if first_read:
+            stream.ring = len(got)
+        if not fresh or gpu.calibration is None:
+            return
+        if len(fresh) > 1:  # the mean spacing of this batch
+            stream.period_ns = (fresh[-1].ts_us - fresh[0].ts_us) * 1000 // (len(fresh) - 1)
+        if previous and len(got) >= stream.ring:
+            # A full ring of unread samples: older ones may have been overwritten.
+            self._count_skipped(stream, metric, previous, fresh[0].ts_us)
+        for sample in fresh:
+            self._emit_sample(gpu, metric, stream, sample, offsets)
+
+    def _calibrate(
+        self,
+        gpu: _Gpu,
+        got: list[NvmlSample],
+        now: int,
+        offsets: Mapping[str, int],
+        newest_only: bool,
+    ) -> None:
+        # A whole-ring read only says when its newest sample was taken (about now).
+        fresh = got[-1:] if newest_only else got
+        first = not gpu.observations
+        gpu.observations += [Observation(s.ts_us, now, dict(offsets)) for s in fresh]
+        try:
+            gpu.calibration = calibrate(gpu.observations)
+        except CalibrationFailed:
+            gpu.calibration = None
+            self.nvml.problems[(gpu.index, "clock")] = "NVML timestamps match no host clock"
+            return
+        if not first and len(gpu.observations) < CALIBRATION_OBSERVATIONS:
+            return
+        cal = gpu.calibration
+        self.emit(
+            GpuClockMap(
+                ts_ns=now,
+                gpu=gpu.index,
+                source=cal.source,
+                offset_ns=offsets[cal.source],
+                lag_min_ns=cal.lag_min_ns,
+                lag_median_ns=cal.lag_median_ns,
+                lag_max_ns=cal.lag_max_ns,
+                observations=cal.observations,
+            )
+        )
+
+    def _count_skipped(self, stream: _Stream, metric: str, last_us: int, next_us: int) -> None:
+        period = stream.period_ns or NOMINAL_PERIOD_NS[metric]
+        hole_ns = (next_us - last_us) * 1000
+        if hole_ns > period * 3 // 2:
+            stream.skipped += round(hole_ns / period) - 1
+
+    def _emit_sample(
+        self,
+        gpu: _Gpu,
+        metric: Literal["util", "power"],
+        stream: _Stream,
+        sample: NvmlSample,
+        offsets: Mapping[str, int],
+    ) -> None:
+        assert gpu.calibration is not None
+        period = stream.period_ns or NOMINAL_PERIOD_NS[metric]
+        begin = gpu.calibration.to_mono_ns(sample.ts_us, offsets) - LAG_NS[metric] - period
+        if begin < self.start_ns:
+            return  # history from before the start: the ring's older contents
+        stream.read += 1
+        self.emit(
+            GpuSample(
+                ts_ns=begin, gpu=gpu.index, metric=metric, value=sample.value, period_ns=period
+            )
+        )
+
+    def _read_processes(self, gpu: _Gpu, now: int) -> None:
+        procs = self.nvml.compute_processes(gpu.index)
+        if procs is None:
+            return
+        util = self.nvml.process_utilization(gpu.index, gpu.proc_last_us) or []
+        if util:
+            gpu.proc_last_us = max(u.ts_us for u in util)
+        share: dict[int, list[int]] = {}
+        for u in util:
+            share.setdefault(u.pid, []).append(u.sm_percent)
+        pids = tuple(sorted({p.pid for p in procs}))
+        with self._lock:
+            gpu.pids = pids
+        self.emit(
+            GpuProcesses(
+                ts_ns=now,
+                gpu=gpu.index,
+                pids=pids,
+                sm_util=tuple((pid, round(sum(v) / len(v))) for pid, v in sorted(share.items())),
+            )
+        )
+
+    def gpu_processes(self) -> list[int]:
+        """Every process using a GPU now (WatchSpec.gpu_processes)."""
+        with self._lock:
+            return sorted({pid for gpu in self.gpus.values() for pid in gpu.pids})
+
+    def problems(self) -> list[str]:
+        """What this node's NVML cannot give, per GPU, in a few words each."""
+        out = []
+        for (index, fn), why in sorted(self.nvml.problems.items(), key=str):
+            if fn in SAMPLER_READINGS and (index is None or index not in self.nvml.lost):
+                out.append(f"GPU {index if index is not None else '-'}: {fn}: {why}")
+        out += [f"GPU {index}: {why}" for index, why in sorted(self.nvml.lost.items())]
+        for gpu in self.gpus.values():
+            for metric, stream in gpu.streams.items():
+                if stream.skipped:
+                    out.append(f"GPU {gpu.index}: {stream.skipped} {metric} samples overwritten")
+        return out
+
+    def status(self, now_ns: int) -> ProbeStatus:
+        problems = self.problems()
+        if not self.gpus:
+            state, reason = "unavailable", "NVML sees no GPU"
+        elif len(self.nvml.lost) == len(self.gpus):
+            state, reason = "unavailable", "; ".join(problems)
+        else:
+            state, reason = ("degraded" if problems else "running"), "; ".join(problems)
+        return ProbeStatus(
+            ts_ns=now_ns,
+            probe=self.name,
+            state=state,  # type: ignore[arg-type]
+            reason=reason,
+            events=self.events,
+            lost_user=sum(s.skipped for g in self.gpus.values() for s in g.streams.values()),
+        )
+
+    def _report(self, now: int) -> None:
+        status = self.status(now)
+        key = (status.state, status.reason)
+        if key != self._status:
+            self._status = key
+            self.emit(status)
+
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        next_poll = self._clock()
+        while not should_stop():
+            next_poll += self.poll_ns
+            time.sleep(max(0.0, (next_poll - self._clock()) / 1e9))
+            self.poll()
+
+
+class SamplerThread:
+    """A GpuSampler polling on a background thread until the block ends."""
+
+    def __init__(self, sampler: GpuSampler) -> None:
+        self.sampler = sampler
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="gpujitter-nvml", daemon=True)
+
+    def _main(self) -> None:
+        self.sampler.run(self._stop.is_set)
+
+    def __enter__(self) -> SamplerThread:
+        self.sampler.start()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sampler.poll()

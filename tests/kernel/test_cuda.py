@@ -1,0 +1,164 @@
+"""cuda probe on this kernel, for real: uprobes on a stub libcuda (tests/stubcuda: same
+entry points, same prologue, a simulated GPU queue) that a feeding process has mapped. The
+feeding loop injects host pauses and synchronisations; the probe must report the launch after
+each pause with the pause's placement, never count time blocked in a sync as quiet, trace
+every variant, and ignore processes it does not watch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpujitter.probes.cuda import COPY_SYNC, SYNC, TRACED
+from gpujitter.probes.events import CudaCall
+from gpujitter.probes.watch import WatchSpec
+
+from tests.kernel.conftest import Recorded, run_probes
+from tests.stubcuda.build import build
+
+FEED = Path(__file__).parents[1] / "stubcuda" / "feed.py"
+MS = 1_000_000
+# Host timestamps of the same instant seen by the feeding loop and by the probe differ by
+# the Python call overhead around a libcuda call: tens of µs; 2 ms leaves room for a busy VM.
+SLACK_NS = 2 * MS
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("stubcuda"))
+
+
+def feeder(stub: Path, schedule: list[Any]) -> tuple[subprocess.Popen[str], Callable[[], None]]:
+    child = subprocess.Popen(
+        [sys.executable, str(FEED), str(stub), json.dumps(schedule)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def load() -> None:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        child.truth = json.loads(child.stdout.readline())  # type: ignore[attr-defined]
+        assert child.wait(timeout=60) == 0
+
+    return child, load
+
+
+def trace(
+    stub: Path,
+    schedule: list[Any],
+    *,
+    quiet_ms: int = 20,
+    sync_ms: int = 10,
+    watch: WatchSpec | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+) -> tuple[subprocess.Popen[str], Recorded]:
+    """Run the feeding loop under the cuda probe (watching the loop unless told otherwise)."""
+    child, load = feeder(stub, schedule)
+    rec = run_probes(
+        ["cuda"],
+        load,
+        watch=watch or WatchSpec(pids={child.pid}),
+        thresholds={"cuda": {"quiet": quiet_ms * MS, "sync": sync_ms * MS}},
+        options=options,
+    )
+    return child, rec
+
+
+def quiet_launches(events: list[Any], tgid: int) -> list[CudaCall]:
+    return [e for e in events if isinstance(e, CudaCall) and e.tgid == tgid and e.api != "sync"]
+
+
+def test_launch_after_a_host_pause_carries_the_pause(stub: Path) -> None:
+    # Three steps of 40 launches of 250 µs each (10 ms of queued GPU work) ended by a stream
+    # sync (blocked ~10 ms, which is GPU-busy time), then a host pause of 40/60/80 ms.
+    schedule: list[Any] = []
+    for pause_ms in (40, 60, 80):
+        schedule += [
+            ["call", "cuLaunchKernel", 250, 40],
+            ["call", "cuStreamSynchronize", 0, 1],
+            ["pause", pause_ms],
+        ]
+    schedule.append(["call", "cuLaunchKernel", 250, 1])
+    child, rec = trace(stub, schedule, sync_ms=5)
+    truth = child.truth  # type: ignore[attr-defined]
+    pauses = [t for t in truth if t["op"] == "pause"]
+    syncs = [t for t in truth if t["op"] == "call" and t["func"] == "cuStreamSynchronize"]
+
+    launches = quiet_launches(rec.events, child.pid)
+    assert len(launches) == len(pauses)  # each pause, and no sync, read as quiet
+    for ev, pause in zip(launches, pauses, strict=True):
+        start = ev.ts_ns - ev.after_idle_ns
+        assert pause["t0"] - SLACK_NS <= start <= pause["t0"]
+        assert pause["t1"] <= ev.ts_ns <= pause["t1"] + SLACK_NS
+        assert ev.func == "cuLaunchKernel" and ev.api == "launch"
+        assert ev.prev_api == "sync"  # the quiet stretch began when the sync returned
+        assert ev.tid == ev.prev_tid == child.pid
+
+    blocked = [e for e in rec.of(CudaCall, tgid=child.pid) if e.api == "sync"]
+    assert len(blocked) == len(syncs)
+    for ev, sync in zip(blocked, syncs, strict=True):
+        assert sync["t0"] <= ev.ts_ns and ev.ts_ns + ev.dur_ns <= sync["t1"]
+        assert ev.dur_ns >= 5 * MS  # it waited for the queued ~10 ms of work
+    assert rec.status("cuda").lost_kernel == 0
+    assert rec.status("cuda").state == "running"
+
+
+def test_every_traced_variant_is_seen_with_its_role(stub: Path) -> None:
+    # Each entry point once after a 30 ms pause; synchronising ones wait for 30 ms of work.
+    # (The very first launch of a process follows no activity, so it is never "after quiet".)
+    schedule: list[Any] = [["call", "cuLaunchKernel", 1, 1]]
+    for name, role in TRACED:
+        if role == SYNC:
+            schedule += [["call", "cuLaunchKernel", 30_000, 1], ["call", name, 0, 1]]
+        else:
+            schedule += [["pause", 30], ["call", name, 30_000 if role == COPY_SYNC else 1, 1]]
+    child, rec = trace(stub, schedule)
+    mine = rec.of(CudaCall, tgid=child.pid)
+    seen_after_quiet = {e.func for e in mine if e.api != "sync"}
+    seen_blocking = {e.func for e in mine if e.api == "sync"}
+    for name, role in TRACED:
+        if role == SYNC:
+            assert name in seen_blocking, name
+        else:
+            assert name in seen_after_quiet, name
+        if role == COPY_SYNC:
+            assert name in seen_blocking, name  # a synchronous copy also blocks
+    api = {e.func: e.api for e in mine if e.api != "sync"}
+    assert api["cuGraphLaunch_ptsz"] == "graph"
+    assert api["cuMemcpyHtoDAsync_v2_ptsz"] == "copy"
+    assert api["cuLaunchKernelEx_ptsz"] == "launch"
+
+
+def test_a_sync_in_another_thread_keeps_the_gpu_busy(stub: Path) -> None:
+    # Thread B blocks in cuCtxSynchronize on 150 ms of queued work; meanwhile the main thread
+    # pauses 60 ms and launches: the GPU was busy all along, so that launch is not after quiet.
+    schedule = [
+        ["call", "cuLaunchKernel", 150_000, 1],
+        ["thread", [["call", "cuCtxSynchronize", 0, 1]]],
+        ["pause", 60],
+        ["call", "cuLaunchKernel_ptsz", 10, 1],
+        ["join"],
+    ]
+    child, rec = trace(stub, schedule)
+    mine = rec.of(CudaCall, tgid=child.pid)
+    assert quiet_launches(mine, child.pid) == []
+    (blocked,) = [e for e in mine if e.api == "sync"]
+    assert blocked.func == "cuCtxSynchronize" and blocked.tid != child.pid
+    assert blocked.dur_ns >= 100 * MS
+
+
+def test_unwatched_processes_are_filtered_in_the_kernel(stub: Path) -> None:
+    schedule = [["call", "cuLaunchKernel", 1, 10], ["pause", 40], ["call", "cuLaunchKernel", 1, 1]]
+    child, rec = trace(
+        stub, schedule, watch=WatchSpec(pids={1}), options={"cuda": {"libcuda": [str(stub)]}}
+    )
+    assert rec.of(CudaCall, tgid=child.pid) == []
+    assert rec.status("cuda").state == "running"  # attached to the stub, filtered the calls

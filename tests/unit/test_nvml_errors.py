@@ -1,0 +1,98 @@
+"""NVML faults are reported per GPU and never crash: no NVML at all (recorded on this CI
+machine, which has no NVIDIA driver), and, injected into the real H200 recordings at a chosen
+call because a healthy GPU never shows them, a GPU lost mid-run and readings the driver does
+not support."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gpujitter.probes.events import GpuProcesses, GpuSample, ProbeStatus
+from gpujitter.probes.gpu_record import Replay
+from gpujitter.probes.nvml import NvmlUnavailable, open_nvml
+
+from gpujitter.cli import main
+from tests.conftest import FIXTURES
+from tests.unit.test_nvml_replay import IDLE, TRAINING, replay_sampler
+
+NO_DRIVER = FIXTURES / "nvml" / "no-driver.jsonl"
+
+
+def test_no_driver_is_one_line_why() -> None:
+    with pytest.raises(NvmlUnavailable) as err:
+        open_nvml(Replay(NO_DRIVER))
+    assert str(err.value) == (
+        "NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver on this node"
+    )
+
+
+def test_gpus_without_a_gpu_says_so_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gpus", "--nvml-replay", str(NO_DRIVER)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    assert out.startswith("no NVIDIA GPU usable: NVML library")
+    assert main(["gpus", "--json", "--nvml-replay", str(NO_DRIVER)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["gpus"] == [] and "not found" in doc["reason"]
+
+
+def test_gpus_shows_placement_readings_and_problems(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gpus", "--nvml-replay", str(IDLE)]) == 0
+    header, row, problem = capsys.readouterr().out.splitlines()
+    assert header.split() == ["GPU", "NAME", "PCI", "NODE", "CPUS", "UTIL", "POWER", "PROCESSES"]
+    assert row.split() == ["0", "NVIDIA", "H200", "0000:00:06.0", "?", "0-15", "0%", "80W", "-"]
+    assert problem == "GPU 0: nvmlDeviceGetNumaNodeId: Not Supported"
+    assert main(["gpus", "--json", "--nvml-replay", str(IDLE)]) == 0
+    (gpu,) = json.loads(capsys.readouterr().out)["gpus"]
+    assert gpu["local_cpus"] == "0-15" and gpu["numa_node"] is None
+    assert gpu["processes"] == [] and gpu["persistence_mode"] is True
+
+
+def test_no_gpu_listed_when_nvml_cannot_count_them() -> None:
+    nvml = open_nvml(Replay(IDLE, refuse={("nvmlDeviceGetCount", None)}))
+    assert nvml.device_count() == 0
+    assert nvml.gpus(cpu_count=16) == []
+    assert nvml.problems[(None, "nvmlDeviceGetCount")] == "Not Supported"
+
+
+def test_gpu_lost_mid_run_stops_that_gpu_and_nothing_else() -> None:
+    replay, sampler, events = replay_sampler(TRAINING, lose_gpu={0: 40})
+    sampler.start()
+    for _ in range(30):
+        sampler.poll()
+    calls_after_loss = replay.gpu_calls(0)
+    for _ in range(10):
+        sampler.poll()
+    assert replay.gpu_calls(0) == calls_after_loss  # a lost GPU is not asked again
+    assert any(isinstance(e, GpuSample) for e in events)  # what came before the loss stays
+    final = sampler.status(0)
+    assert final.state == "unavailable"
+    assert "GPU is lost" in final.reason
+    states = [e.state for e in events if isinstance(e, ProbeStatus)]
+    assert states[0] == "running" and states[-1] == "unavailable"
+    assert sampler.gpu_processes() == []  # nothing is known to run on a lost GPU
+
+
+def test_unsupported_sample_streams_degrade_to_processes_only() -> None:
+    _, sampler, events = replay_sampler(TRAINING, refuse={("nvmlDeviceGetSamples", 0)})
+    sampler.start()
+    for _ in range(10):
+        sampler.poll()
+    assert not any(isinstance(e, GpuSample) for e in events)
+    assert any(isinstance(e, GpuProcesses) and e.pids for e in events)
+    status = sampler.status(0)
+    assert status.state == "degraded"
+    assert status.reason == "GPU 0: nvmlDeviceGetSamples: Not Supported"
+
+
+def test_unsupported_process_utilisation_keeps_the_process_list() -> None:
+    refused = {("nvmlDeviceGetProcessUtilization", 0)}
+    _, sampler, events = replay_sampler(TRAINING, refuse=refused)
+    sampler.start()
+    for _ in range(10):
+        sampler.poll()
+    listed = [e for e in events if isinstance(e, GpuProcesses)]
+    assert listed and all(e.pids and e.sm_util == () for e in listed)
+    assert any(isinstance(e, GpuSample) for e in events)
+    assert "nvmlDeviceGetProcessUtilization: Not Supported" in sampler.status(0).reason

@@ -1,0 +1,153 @@
+"""The NVML side against what a real H200 answered: the recording of the GPU proof run
+(bench/gpu_proof.py, tests/fixtures/nvml/h200-training.jsonl) and of `gpujitter gpus` on the
+idle GPU, replayed through probes/nvml.py's backend. Sample rings are replayed as rings, so a
+sampler that passed a wrong lastSeenTimeStamp would read samples twice or miss them."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from pathlib import Path
+
+import pytest
+from gpujitter.probes.events import GpuClockMap, GpuProcesses, GpuSample, ProbeStatus
+from gpujitter.probes.gpu import LAG_NS, GpuSampler
+from gpujitter.probes.gpu_clock import Observation, calibrate, offsets_from_header
+from gpujitter.probes.gpu_record import Replay, load
+from gpujitter.probes.nvml import Nvml
+
+from tests.conftest import FIXTURES
+
+TRAINING = FIXTURES / "nvml" / "h200-training.jsonl"
+IDLE = FIXTURES / "nvml" / "h200-idle.jsonl"
+MS = 1_000_000
+
+
+def sample_reads(path: Path) -> int:
+    """How many sample reads (one per stream per poll) the real session made."""
+    _, entries = load(path)
+    return sum(1 for e in entries if e["fn"] == "nvmlDeviceGetSamples" and e["args"][0] == 0)
+
+
+def replay_sampler(path: Path, **replay_args: object) -> tuple[Replay, GpuSampler, list]:
+    replay = Replay(path, **replay_args)  # type: ignore[arg-type]
+    events: list = []
+    sampler = GpuSampler(
+        Nvml(replay).open(),
+        events.append,
+        cpu_count=16,
+        offsets=lambda: offsets_from_header(replay.header),
+        clock=replay.now,
+    )
+    return replay, sampler, events
+
+
+@pytest.fixture(scope="module")
+def training() -> tuple[Replay, GpuSampler, list]:
+    replay, sampler, events = replay_sampler(TRAINING)
+    sampler.start()
+    for _ in range(sample_reads(TRAINING) - 1):
+        sampler.poll()
+    return replay, sampler, events
+
+
+def distinct_recorded(metric: str, since_us: int) -> int:
+    """Samples of one stream the H200 took after `since_us`, each counted once (a sample
+    read twice can come back with its timestamp a microsecond apart)."""
+    _, entries = load(TRAINING)
+    kind = {"power": 0, "util": 1}[metric]
+    stamps = sorted(
+        {
+            s["timeStamp"]
+            for e in entries
+            if e["fn"] == "nvmlDeviceGetSamples" and e["args"][0] == kind and "ret" in e
+            for s in e["ret"][1]
+        }
+    )
+    distinct = [stamps[0]]
+    for ts in stamps[1:]:
+        if ts - distinct[-1] > 5:
+            distinct.append(ts)
+    return sum(1 for ts in distinct if ts > since_us)
+
+
+def test_every_sample_is_read_once_and_none_is_skipped(training) -> None:
+    replay, sampler, events = training
+    realtime = offsets_from_header(replay.header)["realtime"]
+    for metric, period_ms in (("power", 20), ("util", 200)):
+        samples = [e for e in events if isinstance(e, GpuSample) and e.metric == metric]
+        # The first one emitted, as NVML stamped it: everything after it must come once.
+        first = samples[0]
+        first_us = (first.ts_ns + first.period_ns + LAG_NS[metric] + realtime) // 1000
+        assert len(samples) == 1 + distinct_recorded(metric, first_us + 5), metric
+        # The H200 spaces power samples 8 to 45 ms apart around 20 ms, utilisation ones
+        # 200 ms apart: a re-read sample (µs apart) or a hole would show here.
+        gaps = [b.ts_ns - a.ts_ns for a, b in itertools.pairwise(samples)]
+        assert min(gaps) > period_ms * MS // 3, metric
+        assert max(gaps) < period_ms * MS * 5 // 2, metric
+        assert abs(statistics.median(s.period_ns for s in samples) - period_ms * MS) < MS
+    streams = sampler.gpus[0].streams
+    assert streams["power"].skipped == streams["util"].skipped == 0
+    assert (streams["power"].ring, streams["util"].ring) == (119, 71)  # ~2.4 s and ~14 s
+
+
+def test_samples_map_onto_the_monotonic_clock(training) -> None:
+    _, _, events = training
+    (first, *_, final) = [e for e in events if isinstance(e, GpuClockMap)]
+    assert first.source == final.source == "realtime"
+    assert final.observations >= 64
+    assert 0 <= final.lag_min_ns < 5 * MS  # a power sample is readable within ms
+    assert final.lag_max_ns < 3_000 * MS  # read before the 2.4 s power ring wraps
+    # Mapped samples lie in the session's time span, none in the future of their read.
+    _, entries = load(TRAINING)
+    start, end = entries[0]["t"], entries[-1]["t_end"]
+    samples = [e for e in events if isinstance(e, GpuSample)]
+    assert all(start - 15_000 * MS < s.ts_ns < end for s in samples)
+
+
+def test_calibration_from_the_recorded_reads_alone() -> None:
+    header, entries = load(TRAINING)
+    offsets = offsets_from_header(header)
+    observations = [
+        Observation(max(s["timeStamp"] for s in e["ret"][1]), e["t_end"], offsets)
+        for e in entries
+        if e["fn"] == "nvmlDeviceGetSamples" and "ret" in e and e["args"][1]
+    ]
+    cal = calibrate(observations)
+    assert cal.source == "realtime"
+    assert cal.lag_min_ns >= 0
+    assert cal.lag_median_ns < 600 * MS  # read every 500 ms
+
+
+def test_compute_processes_and_their_share(training) -> None:
+    _, sampler, events = training
+    listed = [e for e in events if isinstance(e, GpuProcesses)]
+    assert len(listed) >= 20  # once a second
+    workload = {pid for e in listed for pid in e.pids}
+    assert len(workload) == 1  # the proof's PyTorch process, alone on the GPU
+    busy = [share for e in listed for pid, share in e.sm_util]
+    assert max(busy) >= 50  # it kept the SMs busy for most of the run
+    assert sampler.gpu_processes() == sorted(workload)  # what WatchSpec.gpu_processes sees
+
+
+def test_status_reports_what_the_h200_could_not_give(training) -> None:
+    _, sampler, events = training
+    statuses = [e for e in events if isinstance(e, ProbeStatus)]
+    assert statuses[0].state == "running"
+    assert sampler.status(0).lost_user == 0
+    # The VM's H200 has no NUMA id for NVML: that is for `gpujitter gpus`, not the sampler.
+    assert "NumaNode" not in sampler.status(0).reason
+
+
+def test_gpu_identity_from_the_idle_recording() -> None:
+    nvml = Nvml(Replay(IDLE)).open()
+    (gpu,) = nvml.gpus(cpu_count=16)
+    assert gpu.name == "NVIDIA H200"
+    assert gpu.pci_bus_id == "0000:00:06.0"
+    assert gpu.local_cpus == tuple(range(16))
+    assert gpu.numa_node is None
+    assert nvml.why_not(0, "nvmlDeviceGetNumaNodeId") == "Not Supported"
+    assert nvml.compute_processes(0) == []
+    assert nvml.utilization_percent(0) == 0
+    power = nvml.power_watts(0)
+    assert power is not None and 60 < power < 150  # an idle H200 draws ~80 W

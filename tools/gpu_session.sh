@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One batched session on a GPU node (as root): sets up bcc and gpujitter from a copy of the
+# tree, then runs what only a real GPU can answer, each step with its own time limit, and
+# leaves the results in $OUT. Steps (pick with arguments; default: all):
+#   info         GPU, driver, kernel, libcuda, `gpujitter gpus` (+ its NVML recording)
+#   entrypoints  which libcuda entry points PyTorch reaches (tools/cuda_entrypoints.py)
+#   proof        the injected-stall proof (bench/gpu_proof.py) + its trace and NVML recording
+#   cost         the cuda probe's cost (bench/cuda_cost.py)
+#   cli          `gpujitter gaps --json` live beside a workload with stalls
+# Usage: tools/gpu_session.sh TREE BCC_TARBALL [STEP...]   (TREE: a copy of the repository
+# holding .whl/ with an orjson wheel for the node's python3)
+set -uo pipefail
+tree=$(cd "$1" && pwd)
+bundle=$2
+shift 2
+steps=${*:-info entrypoints proof cost cli}
+out=${OUT:-/tmp/gpujitter-out}
+mkdir -p "$out" /tmp/gj
+log() { printf '==> %s\n' "$*"; }
+
+log "setup: bcc bundle, orjson, gpujitter link tree"
+mkdir -p /opt/bcc && tar -C /opt/bcc -xJf "$bundle" && eval "$(/opt/bcc/activate-bcc)"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$tree"/.whl/*.whl
+rm -rf /tmp/pkg && mkdir -p /tmp/pkg/gpujitter
+for f in "$tree"/gpujitter/*; do ln -s "$f" /tmp/pkg/gpujitter/; done
+for part in probes daemon tui; do ln -s "$tree/$part" "/tmp/pkg/gpujitter/$part"; done
+export PYTHONPATH=/tmp/pkg:/tmp/site:${PYTHONPATH:-}
+export PYTHONUNBUFFERED=1
+
+for step in $steps; do
+    case $step in
+    info)
+        log "info"
+        nvidia-smi -L; uname -r; nproc
+        python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
+        ldconfig -p | grep -i libcuda; ls -la /usr/local/nvidia/lib64/libcuda.so* 2>/dev/null
+        timeout 60 python3 -P -m gpujitter gpus
+        timeout 60 python3 -P -m gpujitter gpus --json --nvml-record /tmp/gj/gpus-nvml.jsonl > /tmp/gj/gpus.json
+        cat /tmp/gj/gpus.json
+        ;;
+    entrypoints)
+        log "entrypoints"
+        BCC_PROBE_LIMIT=5000 timeout 120 python3 "$tree/tools/cuda_entrypoints.py" --json "$out/entrypoints.json"
+        ;;
+    proof)
+        log "proof"
+        timeout 150 python3 "$tree/bench/gpu_proof.py" --out /tmp/gj/proof
+        cp /tmp/gj/proof/events.ndjson /tmp/gj/proof/truth.json /tmp/gj/proof/nvml.jsonl "$out/"
+        cp /tmp/gj/proof/table.md /tmp/gj/proof/gaps.json /tmp/gj/
+        ;;
+    cost)
+        log "cost"
+        timeout 170 python3 "$tree/bench/cuda_cost.py" --json "$out/cost.json"
+        ;;
+    cli)
+        log "cli: gpujitter gaps --json beside a workload with stalls"
+        timeout 45 python3 -P -m gpujitter gaps --json --duration 25s --min-gap 5ms \
+            --save-events /tmp/gj/cli-events.ndjson --nvml-record /tmp/gj/cli-nvml.jsonl \
+            > /tmp/gj/cli-gaps.ndjson &
+        gaps_pid=$!
+        sleep 4
+        script='[["clean",500],["stall","sleep50"],["clean",500],["idle",300],["clean",500],["stall","cpu20"],["clean",500]]'
+        printf 'script %s\nquit\n' "$script" | timeout 60 python3 "$tree/bench/gpu_workload.py" > /tmp/gj/cli-truth.json
+        wait $gaps_pid
+        cat /tmp/gj/cli-gaps.ndjson /tmp/gj/cli-truth.json
+        python3 -P -m gpujitter gaps --replay-events /tmp/gj/cli-events.ndjson --json > /tmp/gj/cli-replay.ndjson
+        cmp <(grep gpu.gap /tmp/gj/cli-gaps.ndjson) /tmp/gj/cli-replay.ndjson && echo "cli replay identical"
+        ;;
+    esac
+done
+tar -C /tmp/gj -czf "$out/extra.tar.gz" --exclude proof .
+ls -la "$out"
