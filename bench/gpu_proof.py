@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
 from gpujitter.daemon.gaps import GapDetector
 from gpujitter.daemon.records import GpuGap
 from gpujitter.probes.events import Event, to_record

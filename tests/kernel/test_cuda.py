@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gpujitter.probes.cuda import COPY_SYNC, SYNC, TRACED
 from gpujitter.probes.events import CudaCall
 from gpujitter.probes.watch import WatchSpec
-
 from tests.kernel.conftest import Recorded, run_probes
 from tests.stubcuda.build import build
 

@@ -12,10 +12,10 @@ import json
 
 import orjson
 import pytest
-from gpujitter.daemon.gaps import UNKNOWN_GPU, GapConfig, GapDetector
-from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample, from_record
 
 from gpujitter.cli import main
+from gpujitter.daemon.gaps import UNKNOWN_GPU, GapConfig, GapDetector
+from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample, from_record
 from tests.conftest import FIXTURES
 
 EVENTS = FIXTURES / "gaps" / "h200-proof-events.ndjson"

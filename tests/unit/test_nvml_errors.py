@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from gpujitter.cli import main
 from gpujitter.probes.events import GpuProcesses, GpuSample, ProbeStatus
 from gpujitter.probes.gpu_record import Replay
 from gpujitter.probes.nvml import NvmlUnavailable, open_nvml
-
-from gpujitter.cli import main
 from tests.conftest import FIXTURES
 from tests.unit.test_nvml_replay import IDLE, TRAINING, replay_sampler
 

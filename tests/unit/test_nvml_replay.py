@@ -10,12 +10,12 @@ import statistics
 from pathlib import Path
 
 import pytest
+
 from gpujitter.probes.events import GpuClockMap, GpuProcesses, GpuSample, ProbeStatus
 from gpujitter.probes.gpu import LAG_NS, GpuSampler
 from gpujitter.probes.gpu_clock import Observation, calibrate, offsets_from_header
 from gpujitter.probes.gpu_record import Replay, load
 from gpujitter.probes.nvml import Nvml
-
 from tests.conftest import FIXTURES
 
 TRAINING = FIXTURES / "nvml" / "h200-training.jsonl"
