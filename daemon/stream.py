@@ -106,6 +106,11 @@ class StreamServer:
             except KeyError:
                 sock.close()
                 raise GpujitterError(f"socket group {group!r} does not exist") from None
+            except PermissionError:
+                sock.close()
+                raise GpujitterError(
+                    f"socket {self.path}: cannot give it to group {group!r} (needs CAP_CHOWN)"
+                ) from None
         os.chmod(self.path, mode)
         sock.listen(16)
         sock.setblocking(False)
@@ -202,10 +207,20 @@ class StreamServer:
         self._sel.register(sock, selectors.EVENT_READ, client)
 
     def _visible(self, client: _Client, records: Iterable[dict[str, Any]]) -> Iterable[dict]:
+        """The records (and, inside a snapshot, the listed records) this client may see."""
         for rec in records:
-            tgids = rec.get("tgids")
-            if client.uid == 0 or tgids is None or client.uid in {self.owner(t) for t in tgids}:
+            if client.uid == 0:
                 yield rec
+            elif self._allowed(client, rec):
+                yield {
+                    key: [r for r in value if not isinstance(r, dict) or self._allowed(client, r)]
+                    if isinstance(value, list) else value
+                    for key, value in rec.items()
+                }  # fmt: skip
+
+    def _allowed(self, client: _Client, rec: dict[str, Any]) -> bool:
+        tgids = rec.get("tgids", rec.get("pids"))
+        return tgids is None or client.uid in {self.owner(t) for t in tgids}
 
     def _read(self, client: _Client) -> None:
         try:

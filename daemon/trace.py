@@ -21,7 +21,7 @@ import uuid
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -94,6 +94,9 @@ class TraceHeader:
     schema: tuple[int, int] = (SCHEMA_MAJOR, SCHEMA_MINOR)  # of the events (docs/schema.md)
     session: str = ""
     segment: int = 0
+    # Gap-detection and attribution settings in force while recording (AnalysisConfig),
+    # so that `report` replays with them; empty: the defaults of the reading version.
+    analysis: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def now(
@@ -102,6 +105,7 @@ class TraceHeader:
         probes: Iterable[str],
         thresholds: Mapping[str, Mapping[str, int]],
         watch: str = "",
+        analysis: Mapping[str, Any] | None = None,
     ) -> TraceHeader:
         uname = os.uname()
         return cls(
@@ -114,6 +118,7 @@ class TraceHeader:
             thresholds={p: dict(t) for p, t in thresholds.items()},
             watch=watch,
             session=uuid.uuid4().hex[:12],
+            analysis=dict(analysis or {}),
         )
 
     @property
@@ -134,6 +139,7 @@ class TraceHeader:
             "thresholds": {p: dict(t) for p, t in self.thresholds.items()},
             "watch": self.watch,
             "topology": self.topology.to_record(),
+            "analysis": dict(self.analysis),
         }
 
     @classmethod
@@ -157,6 +163,7 @@ class TraceHeader:
             schema=(major, minor),
             session=str(rec.get("session", "")),
             segment=int(rec.get("segment", 0)),
+            analysis=dict(rec.get("analysis") or {}),
         )
 
 

@@ -48,6 +48,10 @@ class WatchSpec:
     gpu_processes: Callable[[], Iterable[int]] | None = None
     all: bool = False  # every process (system-wide view); thresholds keep the rate sane
 
+    def selects_any(self) -> bool:
+        """Does the spec name any process by itself (pid, comm, cgroup)?"""
+        return bool(self.pids or self.comms or self.cgroups)
+
     def describe(self) -> str:
         if self.all:
             return "all processes"

@@ -17,7 +17,9 @@ from gpujitter.cli.command import Command
 from gpujitter.errors import GpujitterError
 
 # Order is the order `gpujitter --help` lists them in.
-COMMANDS = ("top", "doctor", "audit", "topo", "gpus", "probe", "gaps", "record", "trace")
+COMMANDS = (
+    "top", "run", "doctor", "audit", "topo", "gpus", "probe", "gaps", "record", "report", "trace",
+)  # fmt: skip
 
 
 def load_commands() -> list[Command]:

@@ -56,6 +56,17 @@ def topology_from_args(args: argparse.Namespace) -> Topology:
     return load_topology(override=args.topology_override)
 
 
+def add_threshold_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-t",
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="PROBE.KEY=TIME",
+        help="override an emission threshold, e.g. sched.offcpu=500us (repeatable)",
+    )
+
+
 def parse_thresholds(items: list[str]) -> dict[str, dict[str, int]]:
     """['sched.offcpu=1ms'] -> {'sched': {'offcpu': 1_000_000}}, checked against the registry."""
     from gpujitter.probes import registry

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import (
+    add_threshold_arg,
     add_topology_args,
     add_watch_args,
     parse_thresholds,
@@ -35,14 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "see `gpujitter doctor` for the list",
     )
     p.add_argument("-d", "--duration", metavar="TIME", help="stop after TIME (e.g. 10s)")
-    p.add_argument(
-        "-t",
-        "--threshold",
-        action="append",
-        default=[],
-        metavar="PROBE.KEY=TIME",
-        help="override an emission threshold, e.g. sched.offcpu=500us (repeatable)",
-    )
+    add_threshold_arg(p)
     p.add_argument("--quiet", action="store_true", help="print only the summary at the end")
     add_watch_args(p)
     add_topology_args(p)

@@ -133,6 +133,7 @@ def test_non_root_client_sees_node_records_and_only_its_own_processes() -> None:
         snapshot=lambda: [
             {"type": "attribution", "tgids": [theirs]},
             {"type": "attribution", "tgids": [mine]},
+            {"type": "snapshot", "gaps": [{"tgids": [theirs]}, {"tgids": [mine]}], "cpus": [1]},
         ],
         mode=0o666,
         owner=lambda tgid: {mine: nobody, theirs: 0}.get(tgid),
@@ -145,7 +146,7 @@ def test_non_root_client_sees_node_records_and_only_its_own_processes() -> None:
             os.setgid(nobody)
             os.setuid(nobody)
             sock = connect(srv.path)
-            lines = read_lines(sock, 5)
+            lines = read_lines(sock, 6)
             os.write(read_w, orjson.dumps(lines))
         finally:
             os._exit(0)
@@ -163,7 +164,9 @@ def test_non_root_client_sees_node_records_and_only_its_own_processes() -> None:
         shutil.rmtree(rundir)
     assert got[0]["type"] == "hello" and got[0]["scope"] == f"uid {nobody}"
     assert got[1] == {"type": "attribution", "tgids": [mine]}  # snapshot, filtered
-    assert [rec["n"] for rec in got[2:]] == [2, 3, 4]
+    # inside a snapshot record, the listed records about other users' processes go too
+    assert got[2] == {"type": "snapshot", "gaps": [{"tgids": [mine]}], "cpus": [1]}
+    assert [rec["n"] for rec in got[3:]] == [2, 3, 4]
 
 
 def test_socket_mode_and_removal(tmp_path: Path) -> None:

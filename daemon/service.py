@@ -1,0 +1,319 @@
+"""`gpujitter run`: the daemon. Evidence sources (probes, libcuda tracer, NVML sampler) feed
+one queue; the main thread takes each event, records it (trace, when asked), feeds the
+pipeline (gaps, then attributions) and publishes what the stream carries; attributions go
+to the JSON-lines log and the console. Once a second: health, footprint, watchdog.
+
+Signals: SIGTERM/SIGINT stop cleanly (pending gaps are attributed, files closed);
+SIGHUP reopens the log and starts a new trace file (logrotate). sd_notify: READY only once
+the probes are attached, WATCHDOG from the main loop, RELOADING/READY around SIGHUP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+import psutil
+
+from gpujitter import __version__
+from gpujitter.daemon.config import Config
+from gpujitter.daemon.describe import one_line
+from gpujitter.daemon.jsonlog import JsonLog
+from gpujitter.daemon.metrics import DaemonMetrics
+from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
+from gpujitter.daemon.recorder import EventQueue, TraceRecorder
+from gpujitter.daemon.records import Attribution, GpuGap
+from gpujitter.daemon.rotation import Rotation
+from gpujitter.daemon.sdnotify import Notifier
+from gpujitter.daemon.state import NodeState
+from gpujitter.daemon.stream import StreamServer
+from gpujitter.daemon.trace import TraceHeader
+from gpujitter.errors import GpujitterError
+from gpujitter.probes import registry
+from gpujitter.probes.clock import clock_ref
+from gpujitter.probes.events import Event, ProbeStatus, to_record
+from gpujitter.probes.sources import EvidenceSources
+from gpujitter.probes.topology import Topology, load_topology
+from gpujitter.probes.watch import WatchSpec
+
+TICK_NS = 1_000_000_000
+
+
+@dataclass(slots=True)
+class Console:
+    """Where attributions are printed as they are made: one line each, or NDJSON."""
+
+    out: TextIO
+    as_json: bool
+    clock: Any
+
+    def attribution(self, attr: Attribution) -> None:
+        if self.as_json:
+            self.out.write(orjson.dumps(to_record(attr)).decode() + "\n")
+        else:
+            self.out.write(one_line(attr, self.clock) + "\n")
+        self.out.flush()
+
+    def note(self, text: str) -> None:
+        if not self.as_json:
+            print(f"# {text}", file=sys.stderr, flush=True)
+
+
+def probe_names(config: Config) -> list[str]:
+    names = list(config["probes.enable"]) or registry.default_names()
+    disabled = set(config["probes.disable"])
+    for name in [*names, *disabled]:
+        registry.get(name)  # unknown names: one-line error
+    return [n for n in names if n not in disabled]
+
+
+def thresholds_of(config: Config) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for key, ns in config["probes.thresholds"]:
+        probe, _, name = key.partition(".")
+        spec = registry.get(probe)
+        if name not in spec.thresholds:
+            known = ", ".join(spec.thresholds) or "none"
+            raise GpujitterError(f"probes.thresholds: {probe} has no {name!r} (it has: {known})")
+        out.setdefault(probe, {})[name] = ns
+    return out
+
+
+def watch_of(config: Config) -> WatchSpec:
+    spec = WatchSpec(
+        pids=set(config["watch.pids"]),
+        comms=list(config["watch.comms"]),
+        cgroups=[Path(c) for c in config["watch.cgroups"]],
+    )
+    # Nothing named and no GPU processes to follow: watch everything (thresholds keep the
+    # rate down), so a daemon on a node without GPUs still shows its jitter.
+    spec.all = not (spec.selects_any() or config["watch.gpu_processes"])
+    return spec
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        console: Console | None = None,
+        nvml: bool | Any = True,
+        duration_ns: int | None = None,
+        environ: dict[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.console = console
+        self.nvml = nvml
+        self.duration_ns = duration_ns
+        self.names = probe_names(config)
+        self.thresholds = thresholds_of(config)
+        self.watch = watch_of(config)
+        override = config["topology.override"] or None
+        self.topology: Topology = load_topology(override=override)
+        self.notifier = Notifier(environ)
+        self.queue = EventQueue()
+        self.metrics = DaemonMetrics()
+        self.me = psutil.Process()
+        self._stop = False
+        self._reload = False
+        self.log: JsonLog | None = None
+        self.recorder: TraceRecorder | None = None
+        self.stream: StreamServer | None = None
+
+    # -- signals ----------------------------------------------------------------------
+
+    def _on_stop(self, signum: int, frame: object) -> None:
+        self._stop = True
+
+    def _on_hup(self, signum: int, frame: object) -> None:
+        self._reload = True
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    # -- main -------------------------------------------------------------------------
+
+    def run(self, ready: Callable[[], None] | None = None) -> int:
+        """Run until stopped; `ready` is called once the probes are attached."""
+        faulthandler.enable()  # a watchdog abort (SIGABRT) leaves a stack in the journal
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_hup)
+        clock = clock_ref()
+        sources = EvidenceSources(
+            self.names,
+            topology=self.topology,
+            watch=self.watch,
+            emit=self.queue.emit,
+            thresholds=self.thresholds,
+            nvml=self.nvml,
+            gpu_processes=self.config["watch.gpu_processes"],
+        )
+        # Sinks close after the sources stopped and what they held was analysed.
+        with contextlib.ExitStack() as sinks:
+            with sources:
+                analysis = AnalysisConfig()
+                analysis = replace(
+                    analysis,
+                    engine=replace(analysis.engine, gpu_bus_ids=sources.gpu_bus_ids()),
+                )
+                self.pipeline = Pipeline(self.topology, analysis)
+                self.state = NodeState(self.topology, sources.gpus)
+                self._open_sinks(sinks, clock, analysis)
+                running = [s.probe for s in sources.statuses if s.state in ("running", "degraded")]
+                summary = (
+                    f"probes attached: {', '.join(running) or 'none'}; "
+                    f"watching {self.watch.describe()}"
+                )
+                if self.console:
+                    self.console.note(summary)
+                self.notifier.ready(summary)
+                if ready is not None:
+                    ready()
+                self._loop()
+                self.notifier.stopping()
+            self._drain()
+            for out in self.pipeline.flush():
+                self._finding(out)
+        self.notifier.close()
+        return 0
+
+    def _open_sinks(
+        self, stack: contextlib.ExitStack, clock: Any, analysis: AnalysisConfig
+    ) -> None:
+        cfg = self.config
+        log_path = cfg["log.path"]
+        if log_path:
+            self.log = JsonLog(log_path, Rotation(max_bytes=cfg["log.max_bytes"],
+                                                  keep_files=cfg["log.keep"]))  # fmt: skip
+            stack.callback(self.log.close)
+        if cfg["record.path"]:
+            in_force = {n: {**registry.get(n).thresholds, **self.thresholds.get(n, {})}
+                        for n in self.names}  # fmt: skip
+            header = TraceHeader.now(self.topology, self.names, in_force, self.watch.describe(),
+                                     analysis=analysis.to_record())  # fmt: skip
+            rotation = Rotation(max_bytes=cfg["record.max_bytes"], keep_files=cfg["record.keep"])
+            self.recorder = TraceRecorder(cfg["record.path"], header, rotation)
+            stack.callback(self.recorder.close)
+        if cfg["socket.path"]:
+            self.stream = StreamServer(
+                Path(cfg["socket.path"]),
+                hello=lambda: self._hello(clock),
+                snapshot=lambda: [self.state.snapshot(time.monotonic_ns(), self._status())],
+                queue_limit=cfg["socket.queue"],
+                mode=cfg["socket.mode"],
+                group=cfg["socket.group"],
+            ).start()
+            stack.callback(self.stream.close)
+        if cfg["metrics.listen"]:
+            self.metrics.serve(cfg["metrics.listen"])
+
+    def _hello(self, clock: Any) -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "host": socket.gethostname(),
+            "kernel": os.uname().release,
+            "pid": os.getpid(),
+            "clock": to_record(clock),
+            "topology": self.topology.to_record(),
+            "probes": self.names,
+        }
+
+    def _loop(self) -> None:
+        start = last_tick = time.monotonic_ns()
+        self.me.cpu_percent()  # first call primes psutil's CPU measurement
+        self._events_at_tick = 0
+        while not self._stop:
+            now = time.monotonic_ns()
+            if self.duration_ns is not None and now - start >= self.duration_ns:
+                break
+            for ev in self.queue.drain(timeout_s=0.1):
+                self._event(ev)
+            if self._reload:
+                self._reload = False
+                self._reopen()
+            now = time.monotonic_ns()
+            if now - last_tick >= TICK_NS:
+                self._tick(now, (now - last_tick) / 1e9)
+                last_tick = now
+            self.notifier.watchdog()
+
+    def _drain(self) -> None:
+        while batch := list(self.queue.drain()):
+            for ev in batch:
+                self._event(ev)
+
+    def _event(self, ev: Event) -> None:
+        if self.recorder is not None:
+            self.recorder.write(ev)
+        self.state.observe(ev)
+        if isinstance(ev, ProbeStatus):
+            self.metrics.observe_probe(ev)
+        if self.stream is not None and self.state.streamed(ev):
+            self.stream.publish(to_record(ev), self.state.tgids_of(ev))
+        for out in self.pipeline.feed(ev):
+            self._finding(out)
+
+    def _finding(self, out: Event) -> None:
+        self.state.observe(out)
+        if self.stream is not None:
+            self.stream.publish(to_record(out), self.state.tgids_of(out))
+        if isinstance(out, GpuGap):
+            self.metrics.observe_gap(out.gpu, out.dur_ns / 1e9)
+        elif isinstance(out, Attribution):
+            self.metrics.observe_attribution(out.gpu, [(p.cause, p.ns / 1e9) for p in out.parts])
+            if self.log is not None:
+                self.log.write(out)
+            if self.console is not None:
+                self.console.attribution(out)
+
+    def _status(self) -> dict[str, Any]:
+        probes = self.state.probes.values()
+        with self.me.oneshot():
+            own = {
+                "cpu_percent": self._cpu_percent,
+                "rss_bytes": self.me.memory_info().rss,
+            }
+        return self.state.status(
+            time.monotonic_ns(),
+            **own,
+            events_per_s=self._events_per_s,
+            lost_kernel=sum(p.lost_kernel for p in probes),
+            lost_user=sum(p.lost_user for p in probes) + self.queue.dropped,
+            engine_dropped=self.queue.dropped,
+            clients=self.stream.clients if self.stream else 0,
+            client_dropped=self.stream.dropped_total if self.stream else 0,
+        )
+
+    _cpu_percent = 0.0
+    _events_per_s = 0.0
+
+    def _tick(self, now: int, elapsed_s: float) -> None:
+        self._cpu_percent = self.me.cpu_percent()
+        self._events_per_s = (self.state.events - self._events_at_tick) / max(elapsed_s, 1e-9)
+        self._events_at_tick = self.state.events
+        status = self._status()
+        if self.stream is not None:
+            self.stream.publish(status)
+            self.metrics.observe_stream(self.stream.clients, self.stream.dropped_total)
+        if self.recorder is not None:
+            self.recorder.tick(now)
+
+    def _reopen(self) -> None:
+        """SIGHUP: reopen the log (after logrotate moved it) and start a new trace file."""
+        self.notifier.reloading()
+        if self.log is not None:
+            self.log.reopen()
+        if self.recorder is not None:
+            self.recorder.rotate()
+        self.notifier.ready()

@@ -1,0 +1,165 @@
+"""`gpujitter report`: the post-mortem. Replays recorded traces through the daemon's own
+pipeline (gap detection, then attribution, with the settings recorded in the trace header),
+and summarises per GPU and per cause, with the top gaps and their breakdown."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import Counter, defaultdict
+from datetime import datetime
+from typing import Any
+
+from gpujitter.cli.command import Command
+from gpujitter.cli.output import print_json, table
+from gpujitter.daemon.describe import CAUSE_LABELS, one_line
+from gpujitter.daemon.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.records import Attribution, GpuGap
+from gpujitter.daemon.trace import TraceHeader, TraceSet
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.clock import format_wall
+from gpujitter.probes.events import to_record
+from gpujitter.units import format_ns, parse_duration_ns
+
+_OFFSET = re.compile(r"^\+(.+)$")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "traces",
+        nargs="+",
+        metavar="TRACE",
+        help="trace files, directories of them (a rotated recording) or globs",
+    )
+    p.add_argument(
+        "--from",
+        dest="start",
+        metavar="WHEN",
+        help="only gaps starting at or after WHEN: HH:MM:SS[.fff] or a date and "
+        "time (local), or +OFFSET from the recording's start (+90s)",
+    )
+    p.add_argument("--to", dest="end", metavar="WHEN", help="only gaps starting before WHEN")
+    p.add_argument("--gpu", type=int, action="append", default=[], help="only this GPU")
+    p.add_argument("--top", type=int, default=10, metavar="N",
+                   help="show the N longest gaps with their breakdown (default 10)")  # fmt: skip
+
+
+def parse_when(text: str, header: TraceHeader) -> int:
+    """A user's point in time -> CLOCK_MONOTONIC ns of the recording."""
+    m = _OFFSET.match(text.strip())
+    if m:
+        return header.start_ns + parse_duration_ns(m.group(1), "s")
+    start = datetime.fromtimestamp(header.start_wall_ns / 1e9).astimezone()
+    for fmt in ("%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S.%f",
+                "%Y-%m-%dT%H:%M:%S", "%H:%M:%S.%f", "%H:%M:%S"):  # fmt: skip
+        try:
+            parsed = datetime.strptime(text.strip(), fmt)
+        except ValueError:
+            continue
+        if "%Y" not in fmt:
+            parsed = parsed.replace(year=start.year, month=start.month, day=start.day)
+        wall = parsed.replace(tzinfo=start.tzinfo).timestamp()
+        return header.clock.ts_ns + (round(wall * 1e9) - header.clock.realtime_ns)
+    raise GpujitterError(
+        f"bad time {text!r}: want HH:MM:SS[.fff], 'YYYY-MM-DD HH:MM:SS' or +OFFSET (e.g. +90s)"
+    )
+
+
+def summarise(attrs: list[Attribution]) -> dict[int, dict[str, Any]]:
+    per_gpu: dict[int, dict[str, Any]] = defaultdict(
+        lambda: {"gaps": 0, "idle_ns": 0, "causes": Counter()}
+    )
+    for a in attrs:
+        s = per_gpu[a.gpu]
+        s["gaps"] += 1
+        s["idle_ns"] += a.dur_ns
+        for part in a.parts:
+            s["causes"][part.cause] += part.ns
+    return {
+        gpu: {**s, "causes": dict(s["causes"].most_common())} for gpu, s in sorted(per_gpu.items())
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    traces = TraceSet(args.traces)
+    header = traces.headers[0]
+    start = parse_when(args.start, header) if args.start else None
+    end = parse_when(args.end, header) if args.end else None
+    config = AnalysisConfig.from_record(header.analysis)
+
+    def wanted(ev: GpuGap | Attribution) -> bool:
+        return (
+            (start is None or ev.ts_ns >= start)
+            and (end is None or ev.ts_ns < end)
+            and (not args.gpu or ev.gpu in args.gpu)
+        )
+
+    attrs: list[Attribution] = []
+    gaps = 0
+    for out in analyse(traces, header.topology, config):
+        if isinstance(out, Attribution) and wanted(out):
+            attrs.append(out)
+        elif isinstance(out, GpuGap) and wanted(out):
+            gaps += 1
+    summary = summarise(attrs)
+    if args.json:
+        print_json({
+            "traces": [str(p) for p in traces.paths],
+            "host": header.host,
+            "kernel": header.kernel,
+            "start_wall_ns": header.start_wall_ns,
+            "topology_override": header.topology.override,
+            "damage": traces.damage,
+            "summary": {str(g): s for g, s in summary.items()},
+            "attributions": [to_record(a) for a in attrs],
+        })  # fmt: skip
+        return 0
+    print(f"{header.host} ({header.kernel}), recorded from "
+          f"{format_wall(header.clock, header.start_ns, date=True)[:-3]}; "
+          f"{len(traces.paths)} file(s); probes: {', '.join(header.probes)}")  # fmt: skip
+    if header.topology.override:
+        print(f"topology override in force: {header.topology.override}")
+    for note in traces.damage:
+        print(f"damage: {note}")
+    if not attrs:
+        print(
+            "no GPU idle gaps in this range" + (f" ({gaps} gaps, none attributed)" if gaps else "")
+        )
+        return 0
+    for gpu, s in summary.items():
+        print(f"\nGPU{gpu}: {s['gaps']} gaps, {format_ns(s['idle_ns'])} idle")
+        rows = [
+            (CAUSE_LABELS.get(cause, cause), format_ns(ns), f"{100 * ns / s['idle_ns']:.1f}%")
+            for cause, ns in s["causes"].items()
+        ]
+        print(table(["CAUSE", "TIME", "SHARE"], rows))
+    print(f"\nlongest {min(args.top, len(attrs))} gaps:")
+    for a in sorted(attrs, key=lambda a: (-a.dur_ns, a.ts_ns))[: args.top]:
+        print(one_line(a, header.clock))
+        for remedy in a.remedies:
+            print(f"    fix: {remedy}")
+    return 0
+
+
+COMMAND = Command(
+    name="report",
+    summary="post-mortem: attribute the gaps of recorded traces",
+    description="""
+        Replay recorded traces (`gpujitter record`, `gpujitter run --record`) through the
+        daemon's own gap detection and attribution, with the settings recorded in the
+        trace, and summarise: per GPU, the gaps and where their time went by cause; then
+        the longest gaps, each with its breakdown and the fix for its main cause. The
+        attributions are exactly those the daemon logged live for the same recording.
+        --json gives the summary and every attribution.
+    """,
+    examples="""
+        # everything in a rotated recording
+        gpujitter report /var/lib/gpujitter/traces
+        # ten minutes of it, GPU 3 only, as JSON
+        gpujitter report run.gjtrace --from 12:00:00 --to 12:10:00 --gpu 3 --json
+        # the first 90 seconds after the recording started
+        gpujitter report run.gjtrace --to +90s
+    """,
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -1,0 +1,121 @@
+"""`gpujitter run`: the daemon (daemon/service.py), configured from a TOML file, GPUJITTER_*
+environment variables and these flags (flags win)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpujitter.cli.command import Command
+from gpujitter.cli.options import add_threshold_arg, add_watch_args, parse_thresholds
+from gpujitter.units import parse_duration_ns
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="TOML configuration (default /etc/gpujitter/gpujitter.toml if present)",
+    )
+    p.add_argument("--log", metavar="PATH", help="attribution log, JSON lines ('' for none)")
+    p.add_argument(
+        "--record", metavar="PATH", help="also record the raw event stream as trace files in PATH"
+    )
+    p.add_argument("--socket", metavar="PATH", help="stream socket ('' for none)")
+    p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics there")
+    p.add_argument("--probes", metavar="LIST", help="probes to run, comma-separated")
+    p.add_argument("--disable", metavar="LIST", help="probes not to run, comma-separated")
+    add_threshold_arg(p)
+    p.add_argument(
+        "--no-gpu-processes",
+        action="store_true",
+        help="do not watch every process NVML lists on a GPU",
+    )
+    p.add_argument(
+        "--topology-override",
+        metavar="FILE",
+        help="TOML file assigning CPUs to emulated NUMA nodes (docs/topology.md)",
+    )
+    p.add_argument(
+        "-d", "--duration", metavar="TIME", help="stop after TIME (default: run until stopped)"
+    )
+    p.add_argument("--no-nvml", action="store_true", help="do not use NVML (host evidence only)")
+    p.add_argument("--quiet", action="store_true", help="do not print attributions")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the configuration in force (and where each value came from), then exit",
+    )
+    add_watch_args(p)  # fmt: skip
+
+
+def flags_of(args: argparse.Namespace) -> dict[str, Any]:
+    """Command-line values as configuration keys (None: not given, the file/env decide)."""
+    thresholds = parse_thresholds(args.threshold)
+    return {
+        "log.path": args.log,
+        "record.path": args.record,
+        "socket.path": args.socket,
+        "metrics.listen": args.metrics,
+        "probes.enable": args.probes,
+        "probes.disable": args.disable,
+        "probes.thresholds": ",".join(
+            f"{p}.{k}={v}ns" for p, kv in thresholds.items() for k, v in kv.items()
+        ) or None,
+        "watch.pids": [str(p) for p in args.pid] or None,
+        "watch.comms": list(args.comm) or None,
+        "watch.cgroups": [str(c) for c in args.cgroup] or None,
+        "watch.gpu_processes": False if args.no_gpu_processes else None,
+        "topology.override": args.topology_override,
+    }  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpujitter.cli.output import print_json, table
+    from gpujitter.daemon.config import load_config
+    from gpujitter.daemon.service import Console, Daemon
+    from gpujitter.probes.clock import clock_ref
+
+    config = load_config(args.config, flags=flags_of(args))
+    if args.print_config:
+        rows = config.explain()
+        if args.json:
+            print_json({key: {"value": value, "source": src} for key, value, src in rows})
+        else:
+            print(table(["SETTING", "VALUE", "FROM"], rows))
+        return 0
+    duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
+    console = None if args.quiet else Console(sys.stdout, args.json, clock_ref())
+    daemon = Daemon(config, console=console, nvml=not args.no_nvml, duration_ns=duration_ns)
+    return daemon.run()
+
+
+COMMAND = Command(
+    name="run",
+    summary="the daemon: probes, GPU side and attribution; log, socket, metrics",
+    description="""
+        Run the probes, the libcuda tracer and the NVML sampler, detect GPU idle gaps and
+        attribute each one to its causes. Attributions are printed (one line each, or
+        NDJSON with --json), appended to the JSON-lines log, and streamed on the unix
+        socket with per-CPU and per-probe status (what `gpujitter top` shows); --record
+        also keeps the raw event stream as trace files, for `gpujitter report`. Settings
+        come from /etc/gpujitter/gpujitter.toml (or --config), then GPUJITTER_* variables,
+        then these flags. Under systemd it speaks sd_notify (READY once the probes are
+        attached, WATCHDOG), SIGTERM stops it cleanly and SIGHUP reopens the log.
+    """,
+    examples="""
+        # the daemon in the foreground, watching every GPU process NVML lists
+        gpujitter run
+        # one training job, its raw events recorded for a post-mortem
+        gpujitter run --pid 4121 --record /var/lib/gpujitter/traces --log /tmp/attr.jsonl
+        # what the configuration resolves to, and where each value came from
+        gpujitter run --print-config
+        # metrics for Prometheus on localhost
+        gpujitter run --metrics 127.0.0.1:9464
+    """,
+    add_arguments=add_arguments,
+    run=run,
+)

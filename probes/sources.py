@@ -1,0 +1,104 @@
+"""Every source of evidence at once: the eBPF probes (host jitter and libcuda) and the NVML
+sampler, each on its own thread, all emitting into one callable. `gpujitter run`, `record`
+and the TUI's embedded mode take their events from here, so they see the same evidence.
+
+A missing GPU or NVML is one unavailable source (an `nvml` ProbeStatus says why), never an
+error; when NVML is there, the processes it lists on each GPU join the watched set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpujitter.probes.base import Emit
+from gpujitter.probes.events import ProbeStatus
+from gpujitter.probes.nvml import GpuInfo, Nvml, NvmlUnavailable, open_nvml
+from gpujitter.probes.topology import Topology
+from gpujitter.probes.watch import WatchSpec
+
+
+class EvidenceSources:
+    """Start with `with EvidenceSources(...) as sources:`; leaving the block stops every
+    source after it handed over what it still held.
+
+    nvml: True to open NVML (pynvml), False for none, or a backend object (a recording
+    replayed, for tests). gpu_processes: watch every process NVML lists on a GPU."""
+
+    def __init__(
+        self,
+        probes: Sequence[str],
+        *,
+        topology: Topology,
+        watch: WatchSpec,
+        emit: Emit,
+        thresholds: Mapping[str, Mapping[str, int]] | None = None,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+        nvml: bool | Any = True,
+        gpu_processes: bool = True,
+    ) -> None:
+        self.probes = list(probes)
+        self.topology = topology
+        self.watch = watch
+        self.emit = emit
+        self.thresholds = thresholds or {}
+        self.options = options or {}
+        self.nvml_choice = nvml
+        self.gpu_processes = gpu_processes
+        self.nvml: Nvml | None = None
+        self.gpus: list[GpuInfo] = []
+        self.statuses: list[ProbeStatus] = []
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> EvidenceSources:
+        from gpujitter.probes.gpu import GpuSampler, SamplerThread
+        from gpujitter.probes.runner import ProbeThread
+
+        try:
+            sampler = self._sampler(GpuSampler)
+            if sampler is not None:
+                self._stack.enter_context(SamplerThread(sampler))
+                if self.gpu_processes:
+                    self.watch.gpu_processes = sampler.gpu_processes
+            elif self.gpu_processes and not self.watch.selects_any():
+                # Asked to follow GPU processes on a node without NVML, nothing else named:
+                # watch everything rather than nothing (thresholds keep the rate down).
+                self.watch.all = True
+            probes = ProbeThread(
+                self.probes,
+                topology=self.topology,
+                watch=self.watch,
+                emit=self.emit,
+                thresholds=self.thresholds,
+                options=self.options,
+            )
+            self._stack.enter_context(probes)
+            self.statuses = probes.statuses
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def _sampler(self, sampler_cls: Any) -> Any:
+        if self.nvml_choice is False:
+            return None
+        backend = None if self.nvml_choice is True else self.nvml_choice
+        try:
+            self.nvml = open_nvml(backend)
+        except NvmlUnavailable as err:
+            self.emit(ProbeStatus(ts_ns=time.monotonic_ns(), probe="nvml", state="unavailable",
+                                  reason=str(err)))  # fmt: skip
+            return None
+        self._stack.callback(self.nvml.close)
+        self.gpus = self.nvml.gpus(os.cpu_count() or 1)
+        return sampler_cls(self.nvml, self.emit, cpu_count=os.cpu_count() or 1)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def gpu_bus_ids(self) -> dict[int, str]:
+        """GPU index -> PCI bus id, for the engine's GPU-node lookups."""
+        return {g.index: g.pci_bus_id for g in self.gpus if g.pci_bus_id}
