@@ -1,10 +1,9 @@
-/* The core module, loaded before every probe: owns the maps that all probes share (the
- * watched processes, configuration, CPU -> NUMA node) and keeps the watched set current in
- * the kernel: children of watched processes are watched from their first instruction, and
- * exits drop out. Execs are streamed (rare: tens per second on a busy node) so user space
- * can match command-name patterns at once instead of on its next /proc scan.
+/* The core module, loaded before every probe: keeps the watched set (a map all probes
+ * share, owned by the process-wide holder in watch.py) current in the kernel: children of
+ * watched processes are watched from their first instruction, and exits drop out. Execs
+ * are streamed (rare: tens per second on a busy node) so user space can match command-name
+ * patterns at once instead of on its next /proc scan.
  */
-#define GJ_CORE
 #include "gpujitter.h"
 
 /* gj_watched values: why a process is watched (bits, user space decides the rest). */

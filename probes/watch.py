@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.probes.base import (
+    BPF_DIR,
+    SHARED_HEADER,
     ProbeUnavailable,
     bpf_source,
     captured_stderr,
@@ -91,16 +93,40 @@ def _pids(paths: HostPaths) -> list[int]:
         return []
 
 
+_SHARED_MAPS: Any = None
+
+
+def shared_maps() -> Any:
+    """The bcc module that owns the maps every probe shares (gj_watched, gj_config,
+    gj_cpu_node), made once and kept for the life of the process. bcc exports a public
+    table under its name process-wide and never replaces that entry (a later export of the
+    same name is ignored, and the old entry keeps its file descriptor), so maps owned by a
+    module that is closed and loaded again would leave later probes bound to stale maps."""
+    global _SHARED_MAPS
+    if _SHARED_MAPS is None:
+        from bcc import BPF
+
+        header = (BPF_DIR / SHARED_HEADER).read_text()
+        with captured_stderr() as err:
+            try:
+                _SHARED_MAPS = BPF(text=f"#define GJ_CORE\n{header}".encode())
+            except Exception as exc:
+                raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
+    return _SHARED_MAPS
+
+
 class CoreBpf:
-    """watch.bpf.c: the shared maps (exported to every probe loaded after it in this
-    process) and the exec/exit stream. Everything else depends on it, so a failure here is
-    fatal to profiling, and is reported as such."""
+    """watch.bpf.c and the shared maps, which it resets for this run: the watched set, the
+    configuration, the CPU -> node map; and the exec/exit stream. Everything else depends
+    on it, so a failure here is fatal to profiling, and is reported as such. One run at a
+    time per process (the shared maps are the process's)."""
 
     def __init__(self, spec: WatchSpec, topology: Topology, paths: HostPaths) -> None:
         self.spec = spec
         self.topology = topology
         self.paths = paths
         self.bpf: Any = None
+        self.maps: Any = None
         self.watched: dict[int, int] = {}
         self._emit: Callable[[Event], Any] = lambda ev: None
 
@@ -108,18 +134,21 @@ class CoreBpf:
         from bcc import BPF
 
         self._emit = emit
+        self.maps = shared_maps()
+        self.maps["gj_watched"].clear()
+        config = self.maps["gj_config"]
+        config[ct.c_uint(CFG_FLAGS)] = ct.c_ulonglong(WATCH_ALL if self.spec.all else 0)
+        config[ct.c_uint(CFG_SELF_TGID)] = ct.c_ulonglong(os.getpid())
+        cpu_node = self.maps["gj_cpu_node"]
+        cpu_node.clear()
+        for cpu, node in self.topology.cpu_node.items():
+            cpu_node[ct.c_uint(cpu)] = ct.c_uint(node)
         text = bpf_source(Path(__file__).with_name("watch.bpf.c"))
         with captured_stderr() as err:
             try:
                 self.bpf = BPF(text=text.encode())
             except Exception as exc:
                 raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
-        config = self.bpf["gj_config"]
-        config[ct.c_uint(CFG_FLAGS)] = ct.c_ulonglong(WATCH_ALL if self.spec.all else 0)
-        config[ct.c_uint(CFG_SELF_TGID)] = ct.c_ulonglong(os.getpid())
-        cpu_node = self.bpf["gj_cpu_node"]
-        for cpu, node in self.topology.cpu_node.items():
-            cpu_node[ct.c_uint(cpu)] = ct.c_uint(node)
         self.bpf["proc_events"].open_ring_buffer(self._on_proc)
         self.refresh(now_ns=0)
 
@@ -148,7 +177,7 @@ class CoreBpf:
     def refresh(self, now_ns: int) -> None:
         """Re-resolve the spec (new PIDs of patterns, cgroup members, GPU processes); keep
         the processes the kernel added because a watched parent forked them."""
-        kernel = {k.value: v.value for k, v in self.bpf["gj_watched"].items()}
+        kernel = {k.value: v.value for k, v in self.maps["gj_watched"].items()}
         wanted = resolve(self.spec, self.paths)
         for tgid, why in kernel.items():
             # Fork-followed entries stay while the process lives; thread ids that the fork
@@ -159,7 +188,7 @@ class CoreBpf:
         self._set(wanted, now_ns, "refresh")
 
     def _set(self, wanted: dict[int, int], now_ns: int, reason: str) -> None:
-        table = self.bpf["gj_watched"]
+        table = self.maps["gj_watched"]
         added = sorted(set(wanted) - set(self.watched))
         removed = sorted(set(self.watched) - set(wanted))
         for tgid in removed:
