@@ -22,16 +22,19 @@ from tests.cet import build_cet_program
 from tests.kernel.conftest import Recorded, run_probes
 
 MB = 1 << 20
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 SLOW = 30 * MB  # glibc serves it from the heap and must zero it: milliseconds
 THRESHOLD_NS = 1_000_000
 
 # glibc's calloc clears a block unless it comes fresh from the kernel. Keeping large blocks
 # on the heap (no mmap, no trim) and dirtying one first makes every calloc of that size
 # reuse dirty memory and memset all of it. Each "go N" line: N timed slow callocs (one
-# "t0 t1" line each), then 2000 small, fast allocations.
-GLIBC_CALLER = textwrap.dedent(f"""
+# "t0 t1" line each), then 2000 small, fast allocations. The functions are looked up in the
+# process's global scope, as the program's own calls resolve them (a preloaded allocator
+# first).
+ALLOC_CALLER = textwrap.dedent(f"""
     import ctypes, sys, time
-    libc = ctypes.CDLL("libc.so.6")
+    libc = ctypes.CDLL(None)  # the process's allocator: glibc's, or a preloaded one
     libc.malloc.restype = libc.calloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = [ctypes.c_size_t]
     libc.calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
@@ -58,10 +61,13 @@ class Caller:
     """A process that makes timed allocator calls on request and reports (t0, t1) around
     each slow one, measured by itself."""
 
-    def __init__(self, argv: list[str]) -> None:
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
         self.pid = self.proc.pid
         self.spans: list[tuple[int, int]] = []
+        self.ready = False
 
     def call(self, n: int, size: int = SLOW) -> list[tuple[int, int]]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -81,14 +87,22 @@ class Caller:
     def wait_ready(self) -> None:
         """Until the allocator is mapped and the start-up allocations are done."""
         deadline = time.monotonic() + 10
-        while not allocator_sites(self.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.3)
+        while not self.ready and time.monotonic() < deadline:
+            self.ready = any(s.func == "calloc" for s in allocator_sites(self.pid))
+            time.sleep(0.3)
 
 
 @pytest.fixture
 def glibc_caller() -> Iterator[Caller]:
-    caller = Caller([sys.executable, "-c", GLIBC_CALLER])
+    caller = Caller([sys.executable, "-c", ALLOC_CALLER])
+    yield caller
+    caller.proc.kill()
+    caller.proc.wait()
+
+
+@pytest.fixture
+def jemalloc_caller() -> Iterator[Caller]:
+    caller = Caller([sys.executable, "-c", ALLOC_CALLER], env={"LD_PRELOAD": JEMALLOC})
     yield caller
     caller.proc.kill()
     caller.proc.wait()
@@ -106,22 +120,27 @@ def precise(pid: int, window_s: float) -> dict[str, dict[str, object]]:
     return {"malloc": {"precise_pids": [pid], "precise_window_ns": int(window_s * 1e9)}}
 
 
-def run_precise(caller: Caller, load, window_s: float = 30) -> Recorded:
+def run_precise(
+    caller: Caller, load, window_s: float = 30, threshold_ns: int = THRESHOLD_NS
+) -> Recorded:
     caller.wait_ready()
     return run_probes(
         ["malloc"],
         load,
         watch=WatchSpec(pids={caller.pid}),
-        thresholds={"malloc": {"call": THRESHOLD_NS}},
+        thresholds={"malloc": {"call": threshold_ns}},
         options=precise(caller.pid, window_s),
     )
+
+
+def within(call: AllocCall, span: tuple[int, int]) -> bool:
+    return span[0] <= call.ts_ns and call.ts_ns + call.dur_ns <= span[1]
 
 
 def matches(call: AllocCall, span: tuple[int, int]) -> bool:
     """The probe's interval lies inside the caller's and covers nearly all of it (the
     rest: the caller's clock reads, the call into C and the probe's own traps)."""
-    t0, t1 = span
-    return t0 <= call.ts_ns and call.ts_ns + call.dur_ns <= t1 and call.dur_ns >= 0.9 * (t1 - t0)
+    return within(call, span) and call.dur_ns >= 0.9 * (span[1] - span[0])
 
 
 def ended_status(rec: Recorded) -> ProbeStatus:
@@ -154,6 +173,7 @@ def test_slow_glibc_calloc_is_timed_as_the_caller_measured_it(glibc_caller: Call
 
 def test_window_closes_on_time_and_leaves_the_process(glibc_caller: Caller) -> None:
     window_s = 3.0
+    glibc_caller.wait_ready()
     site = next(s for s in allocator_sites(glibc_caller.pid) if s.func == "calloc")
     code = [b""]
 
@@ -207,6 +227,17 @@ def test_cet_entry_points_are_probed_past_endbr64(cet_caller: Caller) -> None:
     assert [(c.allocator, c.func, c.size) for c in slow] == [("jemalloc", "calloc", 48 * MB)] * 3
     for span in cet_caller.spans:
         assert sum(matches(c, span) for c in slow) == 1
+
+
+def test_preloaded_jemalloc_is_probed_instead_of_glibc_alone(jemalloc_caller: Caller) -> None:
+    rec = run_precise(jemalloc_caller, lambda: jemalloc_caller.call(3), threshold_ns=0)
+    calls = rec.of(AllocCall, tgid=jemalloc_caller.pid)
+    big = [c for c in calls if c.func == "calloc" and c.size == SLOW]
+    # The calls resolve to the preloaded jemalloc, and that is where they are timed.
+    assert [c.allocator for c in big] == ["jemalloc"] * 3
+    for span in jemalloc_caller.spans:
+        assert sum(within(c, span) for c in big) == 1
+    assert {c.allocator for c in calls if c.func == "malloc"} == {"jemalloc"}
 
 
 def test_cheap_mode_is_the_default(glibc_caller: Caller) -> None:
