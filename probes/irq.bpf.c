@@ -50,16 +50,17 @@ struct cpu_state {
 };
 BPF_PERCPU_ARRAY(cpu_state, struct cpu_state, 1);
 
-/* Per CPU and source, cumulative since load: the system-wide facts. */
-struct stat_key {
-    struct source src;
-    u32 cpu;
-};
+/* Per CPU and source, cumulative since load: the system-wide facts. A per-CPU array (the
+ * verifier inlines its lookup; no hashing on the hot path), one slot per source: hard IRQs
+ * 0..HARDIRQ_SLOTS-2 by number (HARDIRQ_SLOTS comes from the highest IRQ number at load,
+ * with room to spare; a higher one shares the last slot), then softirqs, then vectors. */
+#define SOFTIRQ_SLOT(vec) (HARDIRQ_SLOTS + ((vec) & 15))
+#define VECTOR_SLOT(sub) (HARDIRQ_SLOTS + 16 + ((sub) & 15))
 struct stat {
     u64 ns;
     u64 count;
 };
-BPF_HASH(stats, struct stat_key, struct stat, 16384);
+BPF_PERCPU_ARRAY(stats, struct stat, HARDIRQ_SLOTS + 32);
 
 /* Work stolen from one watched thread on one CPU by one source, in one window. */
 struct window_key {
@@ -77,7 +78,7 @@ struct window {
     u32 tgid;
     u32 pad;
 };
-BPF_HASH(stolen, struct window_key, struct window, 16384);
+BPF_HASH(stolen, struct window_key, struct window, 32768);
 
 static __always_inline struct cpu_state *state(void)
 {
@@ -88,16 +89,13 @@ static __always_inline struct cpu_state *state(void)
 static __always_inline void account(u16 kind, u16 sub, u32 irq, u64 start, u64 end)
 {
     u64 dur = end - start;
-    u32 cpu = bpf_get_smp_processor_id();
-    struct stat_key sk = {.src = {.irq = irq, .kind = kind, .sub = sub}, .cpu = cpu};
-    struct stat *s = stats.lookup(&sk);
+    u32 slot = kind == KIND_HARDIRQ ? (irq < HARDIRQ_SLOTS ? irq : HARDIRQ_SLOTS - 1)
+               : kind == KIND_SOFTIRQ ? SOFTIRQ_SLOT(irq)
+                                      : VECTOR_SLOT(sub);
+    struct stat *s = stats.lookup(&slot);
     if (s) {
         s->ns += dur;
         s->count++;
-    } else {
-        struct stat first = {.ns = dur, .count = 1};
-        if (stats.update(&sk, &first))
-            gj_count_lost();
     }
 
     u64 id = bpf_get_current_pid_tgid();
@@ -108,9 +106,9 @@ static __always_inline void account(u16 kind, u16 sub, u32 irq, u64 start, u64 e
      * a softirq's program) write other keys. So plain updates are safe. */
     struct window_key wk = {
         .window = end / THRESHOLD_WINDOW_NS,
-        .src = sk.src,
+        .src = {.irq = irq, .kind = kind, .sub = sub},
         .tid = (u32)id,
-        .cpu = cpu,
+        .cpu = bpf_get_smp_processor_id(),
     };
     struct window *w = stolen.lookup(&wk);
     if (w) {

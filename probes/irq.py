@@ -10,19 +10,22 @@ names them (the handlers' names: "virtio1-req.0", "nvme0q3", "mlx5_comp2@pci:...
 from __future__ import annotations
 
 import time
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import CpuStats, Event, IrqStolen
-from gpujitter.probes.host import HostPaths, read_text
+from gpujitter.probes.host import HostPaths, parse_cpulist, read_text
 from gpujitter.probes.progstats import loaded_prog_stats
 from gpujitter.probes.registry import TRACEFS, Hook, ProbeSpec
 from gpujitter.probes.topology import Topology
 
 KINDS = ("hardirq", "softirq", "vector")  # index = KIND_* in irq.bpf.c
 HARDIRQ, SOFTIRQ, VECTOR = range(3)
+OVERFLOW = 1  # Source.sub of the stats slot that counts hard IRQs above the array's range
+IRQ_HEADROOM = 256
 
 # Softirq vector names, as /proc/softirqs and the softirq tracepoints print them.
 SOFTIRQS = (
@@ -98,13 +101,33 @@ class IrqProbe(BpfProbe):
         self.missing_vectors: list[str] = []
         self._names: dict[int, str] = {}
         self._swept_window = 0
-        self._last_stats: dict[tuple[int, Source], tuple[int, int]] = {}
+        self._last_stats: dict[int, bytes] = {}  # stats slot -> its per-CPU values, raw
+        self._possible_cpus: list[int] = []
+        self.hardirq_slots = 0
         self._last_sample_ns = 0
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
         present = [v for v in VECTORS if (TRACEFS / "events/irq_vectors" / f"{v}_entry").is_dir()]
         self.missing_vectors = [v for v in VECTORS if v not in present]
-        return super().cflags(ctx) + [f"-DHAVE_{v.upper()}" for v in present]
+        # One stats slot per IRQ number up to the highest now, with room for IRQs that
+        # drivers request later (a GPU's at its first use); the last slot takes the rest.
+        numbered = [int(k) for k in read_interrupts(HostPaths()) if k.isdigit()]
+        self.hardirq_slots = (max(numbered, default=0) + IRQ_HEADROOM) // 64 * 64 + 64
+        return [
+            *super().cflags(ctx),
+            f"-DHARDIRQ_SLOTS={self.hardirq_slots}",
+            *(f"-DHAVE_{v.upper()}" for v in present),
+        ]
+
+    def source_of_slot(self, slot: int) -> Source:
+        """Which source a slot of the per-CPU stats array counts (see irq.bpf.c)."""
+        if slot < self.hardirq_slots - 1:
+            return Source(HARDIRQ, 0, slot)
+        if slot == self.hardirq_slots - 1:
+            return Source(HARDIRQ, OVERFLOW, slot)
+        if slot < self.hardirq_slots + 16:
+            return Source(SOFTIRQ, 0, slot - self.hardirq_slots)
+        return Source(VECTOR, slot - self.hardirq_slots - 16, 0)
 
     def start(self, ctx: ProbeContext) -> None:
         self.topology = ctx.topology
@@ -114,6 +137,9 @@ class IrqProbe(BpfProbe):
             raise ProbeUnavailable(f"irq.window must be positive, not {self.window_ns} ns")
         super().start(ctx)
         self._last_sample_ns = time.monotonic_ns()
+        # Per-CPU map values come in the order of the possible CPUs.
+        possible = read_text(HostPaths().sys / "devices/system/cpu/possible") or "0"
+        self._possible_cpus = parse_cpulist(possible)
         self._swept_window = self._last_sample_ns // self.window_ns
         if self.missing_vectors:
             self.state = "degraded"
@@ -168,15 +194,20 @@ class IrqProbe(BpfProbe):
             return []
         interval = now_ns - self._last_sample_ns
         per_cpu: dict[int, list[tuple[Source, int, int]]] = defaultdict(list)
-        current: dict[tuple[int, Source], tuple[int, int]] = {}
-        for key, st in self.bpf["stats"].items_lookup_batch():
-            src = Source(int(key.src.kind), int(key.src.sub), int(key.src.irq))
-            ns, count = int(st.ns), int(st.count)
-            current[(key.cpu, src)] = (ns, count)
-            old_ns, old_count = self._last_stats.get((key.cpu, src), (0, 0))
-            if count > old_count:
-                per_cpu[key.cpu].append((src, ns - old_ns, count - old_count))
-        self._last_stats = current
+        table = self.bpf["stats"]
+        for slot, per_cpu_stats in table.items_lookup_batch():  # array keys come as ints
+            raw = bytes(per_cpu_stats)
+            previous = self._last_stats.get(slot)
+            if raw == previous:
+                continue  # unused, or nothing new on any CPU: no Python loop over CPUs
+            self._last_stats[slot] = raw
+            src = self.source_of_slot(slot)
+            now = array("Q", raw)
+            old = array("Q", previous) if previous else array("Q", bytes(len(raw)))
+            for i, cpu in enumerate(self._possible_cpus):
+                count = now[2 * i + 1] - old[2 * i + 1]
+                if count:
+                    per_cpu[cpu].append((src, now[2 * i] - old[2 * i], count))
         out: list[Event] = []
         for cpu in sorted(per_cpu):
             rows = sorted(per_cpu[cpu], key=lambda r: r[1], reverse=True)
@@ -203,6 +234,8 @@ class IrqProbe(BpfProbe):
             return SOFTIRQS[src.irq] if src.irq < len(SOFTIRQS) else f"softirq{src.irq}"
         if src.kind == VECTOR:
             return VECTORS[src.sub] if src.sub < len(VECTORS) else f"vector{src.irq}"
+        if src.sub == OVERFLOW:
+            return f"irqs>={src.irq}"
         if src.irq not in self._names:
             lines = read_interrupts(HostPaths()).items()
             self._names = {int(irq): row.name for irq, row in lines if irq.isdigit()}
@@ -211,7 +244,7 @@ class IrqProbe(BpfProbe):
     def remote(self, src: Source, cpu: int) -> bool:
         """A hard IRQ whose device's node is known and is not the node of the CPU that
         handled it (topology override honoured: its [irqs] table and CPU nodes)."""
-        if src.kind != HARDIRQ:
+        if src.kind != HARDIRQ or src.sub == OVERFLOW:
             return False
         node = self.topology.irq_node.get(src.irq, -1)
         return node >= 0 and node != self.topology.node_of(cpu)

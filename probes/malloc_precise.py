@@ -38,6 +38,7 @@ class PreciseWindow:
         self.deadline_ns = 0
         self.timed = self.slow = self.lost = 0
         self.skipped: list[str] = []  # pids that could not be probed, and why
+        self._ring_open = False
 
     def start(self) -> str:
         """Find each process's allocator entry points and attach; the description of what
@@ -85,6 +86,7 @@ class PreciseWindow:
                 self.close()
                 raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
         self.bpf["slow_calls"].open_ring_buffer(self._on_call)
+        self._ring_open = True
         return self.describe(per_pid)
 
     def describe(self, per_pid: dict[int, list[Site]]) -> str:
@@ -147,7 +149,8 @@ class PreciseWindow:
         """Detach (the breakpoints leave the processes' code), keep the final counters."""
         if self.bpf is None:
             return
-        self.bpf.ring_buffer_consume()
+        if self._ring_open:
+            self.bpf.ring_buffer_consume()
         self._read_counters()
         self.bpf.cleanup()
         self.bpf = None
