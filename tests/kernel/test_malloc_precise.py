@@ -250,3 +250,16 @@ def test_cheap_mode_is_the_default(glibc_caller: Caller) -> None:
     )
     assert rec.of(AllocCall) == []
     assert "precise" not in rec.status("malloc").reason
+
+
+def test_a_process_that_cannot_be_probed_is_named_and_cheap_mode_goes_on() -> None:
+    gone = next(p for p in range(4_194_303, 0, -1) if not Path(f"/proc/{p}").exists())
+    rec = run_probes(
+        ["malloc"],
+        lambda: time.sleep(0.2),
+        watch=WatchSpec(pids={gone}),
+        options=precise(gone, 5),
+    )
+    status = rec.status("malloc")
+    assert status.state == "running"
+    assert status.reason.startswith(f"precise mode unavailable: pid {gone}:")
