@@ -156,6 +156,10 @@ def describe(ev: Event, ref: ClockRef) -> str:
             parts.append(f"{f.name[:-3]}={format_ns(value)}")
         elif f.name == "end_ns":
             parts.append(f"dur={format_ns(value - ev.ts_ns)}")
+        elif f.name.endswith("_irqs") and value:
+            # (name, ns, count) rows: name:time/count
+            rows = ",".join(f"{name}:{format_ns(ns)}/{n}" for name, ns, n in value)
+            parts.append(f"{f.name}={rows}")
         elif value not in ("", (), None):
             parts.append(f"{f.name}={value}")
     return " ".join(parts)

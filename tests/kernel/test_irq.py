@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from gpujitter.probes import irq as irq_probe
 from gpujitter.probes.events import CpuStats, IrqStolen
 from gpujitter.probes.host import HostPaths, format_cpulist, parse_cpulist
 from gpujitter.probes.irq import read_interrupts
@@ -300,3 +301,30 @@ def test_unwatched_threads_lose_nothing_that_is_reported() -> None:
     ticks_on_cpu = cpu_count_of(rec, "local_timer", CPU)
     ticks_stolen = sum(e.count for e in stolen if e.name == "local_timer")
     assert ticks_on_cpu > ticks_stolen > 0
+
+
+def test_missing_vector_hooks_degrade_the_probe_and_the_rest_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel without most irq_vectors tracepoints (forced: the probe looks them up in a
+    tracefs that has only the local timer's) gets a degraded probe that says what it
+    cannot see and still reports the rest."""
+    fake = tmp_path / "events/irq_vectors"
+    for edge in ("entry", "exit"):
+        (fake / f"local_timer_{edge}").mkdir(parents=True)
+    monkeypatch.setattr(irq_probe, "TRACEFS", tmp_path)
+    with children() as kids:
+        spinner = kids.spinner(seconds=1.0, rt=1)
+
+        def load() -> None:
+            kids.go()
+            kids.wait()
+
+        rec = run_probes(["irq"], load, watch=WatchSpec(pids={spinner}), thresholds=EVERY_WINDOW)
+    status = rec.status("irq")
+    assert status.state == "degraded"
+    assert "reschedule" in status.reason and "local_timer" not in status.reason
+    names = {e.name for e in rec.of(IrqStolen) if e.irq_kind == "vector"}
+    assert names == {"local_timer"}
+    seen = {n for s in rec.of(CpuStats) for n, _ns, _c in s.top_irqs}
+    assert not seen & {"reschedule", "call_function", "call_function_single", "irq_work"}
