@@ -91,6 +91,19 @@ def _pids(paths: HostPaths) -> list[int]:
         return []
 
 
+# The process's one core module. bcc never drops a public table from its registry (bcc
+# issue 1171): a second core would declare fresh maps, yet every probe compiled later would
+# still be bound to the first core's file descriptors, closed by then and soon reused by
+# unrelated maps. So the first core stays loaded for the life of the process; each CoreBpf
+# borrows it in turn and resets its maps.
+_SHARED: dict[str, Any] = {"bpf": None, "owner": None}
+
+
+def _on_proc_record(ctx: Any, data: int, size: int) -> int:
+    owner = _SHARED["owner"]
+    return owner._on_proc(ctx, data, size) if owner is not None else 0
+
+
 class CoreBpf:
     """watch.bpf.c: the shared maps (exported to every probe loaded after it in this
     process) and the exec/exit stream. Everything else depends on it, so a failure here is
@@ -105,23 +118,35 @@ class CoreBpf:
         self._emit: Callable[[Event], Any] = lambda ev: None
 
     def start(self, emit: Callable[[Event], Any]) -> None:
-        from bcc import BPF
-
+        if _SHARED["owner"] is not None:
+            raise ProbeUnavailable("another probe set of this process is running")
         self._emit = emit
-        text = bpf_source(Path(__file__).with_name("watch.bpf.c"))
-        with captured_stderr() as err:
-            try:
-                self.bpf = BPF(text=text.encode())
-            except Exception as exc:
-                raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
+        if _SHARED["bpf"] is None:
+            _SHARED["bpf"] = self._load()
+        self.bpf = _SHARED["bpf"]
+        _SHARED["owner"] = self
+        self.bpf["gj_watched"].clear()
         config = self.bpf["gj_config"]
         config[ct.c_uint(CFG_FLAGS)] = ct.c_ulonglong(WATCH_ALL if self.spec.all else 0)
         config[ct.c_uint(CFG_SELF_TGID)] = ct.c_ulonglong(os.getpid())
         cpu_node = self.bpf["gj_cpu_node"]
+        cpu_node.clear()
         for cpu, node in self.topology.cpu_node.items():
             cpu_node[ct.c_uint(cpu)] = ct.c_uint(node)
-        self.bpf["proc_events"].open_ring_buffer(self._on_proc)
         self.refresh(now_ns=0)
+
+    @staticmethod
+    def _load() -> Any:
+        from bcc import BPF
+
+        text = bpf_source(Path(__file__).with_name("watch.bpf.c"))
+        with captured_stderr() as err:
+            try:
+                bpf = BPF(text=text.encode())
+            except Exception as exc:
+                raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
+        bpf["proc_events"].open_ring_buffer(_on_proc_record)
+        return bpf
 
     def _on_proc(self, _ctx: Any, data: int, _size: int) -> int:
         rec = self.bpf["proc_events"].event(data)
@@ -175,9 +200,14 @@ class CoreBpf:
             )
 
     def close(self) -> None:
-        if self.bpf is not None:
-            self.bpf.cleanup()
-            self.bpf = None
+        """Watch nothing and hand the core back (it stays loaded: see _SHARED)."""
+        if self.bpf is None:
+            return
+        self.bpf["gj_config"][ct.c_uint(CFG_FLAGS)] = ct.c_ulonglong(0)
+        self.bpf["gj_watched"].clear()
+        self.bpf.ring_buffer_consume()
+        _SHARED["owner"] = None
+        self.bpf = None
 
 
 def _is_process(paths: HostPaths, tgid: int) -> bool:
