@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from gpujitter.probes.base import Probe
 
-PROBE_MODULES = ("malloc",)
+PROBE_MODULES = ("sched", "cstate", "malloc")
 
 TRACEFS = Path("/sys/kernel/tracing")
 
