@@ -149,8 +149,12 @@ TRACEPOINT_PROBE(sched, sched_switch)
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!gj_tgid_watched(tgid))
         return 0;
-    struct sleeper s = {.tgid = tgid, .armed = 1};
-    sleepers.update(&prev, &s);
+    struct sleeper fresh = {.tgid = tgid, .armed = 1};
+    struct sleeper *s = sleepers.lookup(&prev);
+    if (s)
+        *s = fresh; /* in place: cheaper than an update, which allocates */
+    else
+        sleepers.update(&prev, &fresh);
     return 0;
 }
 

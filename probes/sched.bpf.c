@@ -2,11 +2,12 @@
  * Traced: sched_switch (every context switch, system-wide), sched_waking (every wake-up) and
  * sched_migrate_task. Tracepoint arguments carry thread ids only, so a watched thread is
  * recognised when it switches out (it is current then, and its tgid is known) and recorded in
- * `offcpu`, keyed by thread id; the wake-up and the switch back in find it there (the runqlat
- * pattern). Every interval feeds per-thread counters and log2 histograms in the kernel; only
- * intervals longer than THRESHOLD_OFFCPU_NS, or whose run-queue wait exceeds
- * THRESHOLD_RUNQ_NS, are streamed. Cost per context switch: one watched-set lookup for the
- * thread leaving, one `offcpu` lookup for the thread arriving, more only for watched threads.
+ * `threads`, keyed by thread id; the wake-up and the switch back in find it there (the
+ * runqlat pattern). Every interval feeds per-thread counters and log2 histograms in the
+ * kernel; only intervals longer than THRESHOLD_OFFCPU_NS, or whose run-queue wait exceeds
+ * THRESHOLD_RUNQ_NS, are streamed. Cost per context switch: a watched-set lookup for the
+ * thread leaving, a `threads` lookup for the thread arriving, a clock read and a few
+ * per-CPU slots more when a watched thread is involved (docs/performance.md).
  *
  * -D options: THRESHOLD_OFFCPU_NS, THRESHOLD_RUNQ_NS, SCHED_NODES (NUMA nodes of the
  * topology), SCHED_SYSCALL_FROM_REGS (read the syscall a thread blocked in from its pt_regs).
@@ -29,31 +30,27 @@ enum { ST_PREEMPTED, ST_SLEEPING, ST_UNINTERRUPTIBLE, ST_STOPPED, ST_OTHER, ST_C
 
 #define LOG2_SLOTS 65 /* bpf_log2l() returns 1..64 */
 
-/* A watched thread that switched out and has not run since (ts_ns == 0: consumed). */
-struct offcpu_start {
-    u64 ts_ns;       /* switched out */
-    u64 runnable_ns; /* woken (== ts_ns when preempted), 0 while blocked */
+/* One entry per watched thread, keyed by thread id: the off-CPU interval in progress and the
+ * thread's cumulative totals, which user space reads once a second (and prunes of exited
+ * threads). One map, so that a switch costs one lookup per side. */
+struct thread {
+    u64 off_ns;      /* switched out; 0 while on CPU (or before it was first seen leaving) */
+    u64 runnable_ns; /* woken (== off_ns when preempted), 0 while blocked */
     u32 tgid;
     u32 waker_tid;
     s32 syscall;
-    u16 cpu;
+    u16 cpu; /* the CPU it left */
     u8 state;
-};
-BPF_HASH(offcpu, u32, struct offcpu_start, GJ_MAX_THREADS);
-
-/* Cumulative per-thread totals, read (and pruned of exited threads) by user space. */
-struct thread_stats {
+    u8 exited;
     u64 offcpu_ns;
     u64 runq_ns;
     u64 switches;
     u64 preemptions;
     u64 migrations;
     u64 cross_node;
-    u32 tgid;
-    u32 exited;
     u64 oncpu_ns[SCHED_NODES];
 };
-BPF_HASH(threads, u32, struct thread_stats, GJ_MAX_THREADS);
+BPF_HASH(threads, u32, struct thread, GJ_MAX_THREADS);
 
 /* The watched thread on this CPU since since_ns (tid 0: none), for on-CPU time per node. */
 struct running {
@@ -152,42 +149,35 @@ static __always_inline void switched_out(u32 tid, long prev_state, u64 *now, u32
     }
     u64 ts = clock_of(now);
     u8 state = state_of(prev_state);
-    struct thread_stats zero = {.tgid = tgid};
-    struct thread_stats *st = threads.lookup_or_try_init(&tid, &zero);
-    if (st) {
-        if (run && run->tid == tid) {
+    struct thread zero = {.tgid = tgid};
+    struct thread *t = threads.lookup_or_try_init(&tid, &zero);
+    if (t && t->exited)
+        *t = zero; /* the id of a thread that exited, reused before user space dropped it */
+    if (run) {
+        if (t && run->tid == tid) {
             u32 node = gj_node_of(cpu);
             if (node < SCHED_NODES)
-                st->oncpu_ns[node] += ts - run->since_ns;
+                t->oncpu_ns[node] += ts - run->since_ns;
         }
-        st->switches++;
-        if (state == ST_PREEMPTED)
-            st->preemptions++;
-    }
-    if (run)
         run->tid = 0;
+    }
+    if (!t)
+        return;
+    t->switches++;
     if (exiting) {
         /* The thread's last switch: user space reports its totals once more, then drops it. */
-        if (st)
-            st->exited = 1;
-        offcpu.delete(&tid);
+        t->exited = 1;
+        t->off_ns = 0;
         return;
     }
-    struct offcpu_start start = {
-        .ts_ns = ts,
-        .runnable_ns = state == ST_PREEMPTED ? ts : 0,
-        .tgid = tgid,
-        .syscall = current_syscall(),
-        .cpu = cpu,
-        .state = state,
-    };
-    /* Overwrite the thread's entry in place when it has one (every switch after its first):
-     * cheaper than an update, which allocates. */
-    struct offcpu_start *s = offcpu.lookup(&tid);
-    if (s)
-        *s = start;
-    else
-        offcpu.update(&tid, &start);
+    if (state == ST_PREEMPTED)
+        t->preemptions++;
+    t->off_ns = ts;
+    t->runnable_ns = state == ST_PREEMPTED ? ts : 0;
+    t->waker_tid = 0;
+    t->syscall = current_syscall();
+    t->cpu = cpu;
+    t->state = state;
 }
 
 static __always_inline void count_log2(u32 state, u64 offcpu_ns, u64 runq_ns)
@@ -205,10 +195,10 @@ static __always_inline void count_log2(u32 state, u64 offcpu_ns, u64 runq_ns)
 static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid,
                                         const char *other_comm, u64 *now, u32 cpu)
 {
-    struct offcpu_start *s = offcpu.lookup(&tid);
+    struct thread *t = threads.lookup(&tid);
     u32 slot = 0;
     struct running *run = running.lookup(&slot);
-    if (!s || !s->ts_ns) {
+    if (!t || !t->off_ns) {
         if (run)
             run->tid = 0;
         return;
@@ -219,40 +209,38 @@ static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid
         run->since_ns = ts;
     }
     /* No wake-up seen (it happened before the probe attached): count it all as blocked. */
-    u64 runnable_ns = s->runnable_ns ? s->runnable_ns : ts;
-    u64 offcpu_ns = ts - s->ts_ns;
+    u64 off_ns = t->off_ns;
+    u64 runnable_ns = t->runnable_ns ? t->runnable_ns : ts;
+    u64 offcpu_ns = ts - off_ns;
     u64 runq_ns = ts - runnable_ns;
-    u32 state = s->state;
+    u32 state = t->state;
     count_log2(state, offcpu_ns, runq_ns);
-    struct thread_stats *st = threads.lookup(&tid);
-    if (st) {
-        st->offcpu_ns += offcpu_ns;
-        st->runq_ns += runq_ns;
+    t->offcpu_ns += offcpu_ns;
+    t->runq_ns += runq_ns;
+    t->off_ns = 0;
+    if (offcpu_ns < THRESHOLD_OFFCPU_NS && runq_ns < THRESHOLD_RUNQ_NS)
+        return;
+    struct offcpu_rec *e = offcpu_events.ringbuf_reserve(sizeof(*e));
+    if (!e) {
+        gj_count_lost();
+        return;
     }
-    if (offcpu_ns >= THRESHOLD_OFFCPU_NS || runq_ns >= THRESHOLD_RUNQ_NS) {
-        struct offcpu_rec *e = offcpu_events.ringbuf_reserve(sizeof(*e));
-        if (!e) {
-            gj_count_lost();
-        } else {
-            e->ts_ns = s->ts_ns;
-            e->end_ns = ts;
-            e->runnable_ns = runnable_ns;
-            e->tid = tid;
-            e->tgid = s->tgid;
-            e->cpu = s->cpu;
-            e->cpu_in = cpu;
-            e->waker_tid = s->waker_tid;
-            e->other_tid = other_tid;
-            e->syscall = s->syscall;
-            e->state = state;
-            /* the comms point into the tracepoint record, which only helpers may read
-             * once the pointer has moved from the start of it */
-            bpf_probe_read_kernel(e->comm, TASK_COMM_LEN, comm);
-            bpf_probe_read_kernel(e->other_comm, TASK_COMM_LEN, other_comm);
-            offcpu_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
-        }
-    }
-    s->ts_ns = 0;
+    e->ts_ns = off_ns;
+    e->end_ns = ts;
+    e->runnable_ns = runnable_ns;
+    e->tid = tid;
+    e->tgid = t->tgid;
+    e->cpu = t->cpu;
+    e->cpu_in = cpu;
+    e->waker_tid = t->waker_tid;
+    e->other_tid = other_tid;
+    e->syscall = t->syscall;
+    e->state = state;
+    /* the comms point into the tracepoint record, which only helpers may read once the
+     * pointer has moved from the start of it */
+    bpf_probe_read_kernel(e->comm, TASK_COMM_LEN, comm);
+    bpf_probe_read_kernel(e->other_comm, TASK_COMM_LEN, other_comm);
+    offcpu_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
 TRACEPOINT_PROBE(sched, sched_switch)
@@ -271,10 +259,10 @@ TRACEPOINT_PROBE(sched, sched_switch)
 TRACEPOINT_PROBE(sched, sched_waking)
 {
     u32 tid = args->pid;
-    struct offcpu_start *s = offcpu.lookup(&tid);
-    if (s && s->ts_ns && !s->runnable_ns) {
-        s->runnable_ns = bpf_ktime_get_ns();
-        s->waker_tid = (u32)bpf_get_current_pid_tgid();
+    struct thread *t = threads.lookup(&tid);
+    if (t && t->off_ns && !t->runnable_ns) {
+        t->runnable_ns = bpf_ktime_get_ns();
+        t->waker_tid = (u32)bpf_get_current_pid_tgid();
     }
     return 0;
 }
@@ -284,15 +272,15 @@ TRACEPOINT_PROBE(sched, sched_waking)
 TRACEPOINT_PROBE(sched, sched_migrate_task)
 {
     u32 tid = args->pid;
-    struct thread_stats *st = threads.lookup(&tid);
-    if (!st || st->exited)
+    struct thread *t = threads.lookup(&tid);
+    if (!t || t->exited)
         return 0;
     u32 src_cpu = args->orig_cpu, dst_cpu = args->dest_cpu;
     u32 src_node = gj_node_of(src_cpu), dst_node = gj_node_of(dst_cpu);
-    st->migrations++;
+    t->migrations++;
     if (src_node == dst_node)
         return 0;
-    st->cross_node++;
+    t->cross_node++;
     struct migration_rec *e = migrations.ringbuf_reserve(sizeof(*e));
     if (!e) {
         gj_count_lost();
@@ -300,7 +288,7 @@ TRACEPOINT_PROBE(sched, sched_migrate_task)
     }
     e->ts_ns = bpf_ktime_get_ns();
     e->tid = tid;
-    e->tgid = st->tgid;
+    e->tgid = t->tgid;
     e->src_cpu = src_cpu;
     e->dst_cpu = dst_cpu;
     e->src_node = src_node;

@@ -10,6 +10,7 @@ as ThreadSched and NodeTime, the histograms as Log2Hist.
 from __future__ import annotations
 
 import ctypes as ct
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -56,8 +57,6 @@ class SchedProbe(BpfProbe):
         return flags
 
     def start(self, ctx: ProbeContext) -> None:
-        import time
-
         self._cpu_node = dict(ctx.topology.cpu_node)
         self.nodes = max(self._cpu_node.values(), default=0) + 1
         try:
@@ -125,12 +124,14 @@ class SchedProbe(BpfProbe):
         table = self.bpf["threads"]
         running = self._running(now_ns)
         exited = []
-        for key, st in table.items():
-            tid = key.value
+        for tid, st in table.items_lookup_batch():
             oncpu = list(st.oncpu_ns)
             for node, ns in enumerate(running.get(tid, ())):
                 oncpu[node] += ns
-            last = self._last.get(tid) or _Totals(tgid=st.tgid, oncpu_ns=(0,) * self.nodes)
+            last = self._last.get(tid)
+            if last is None or last.tgid != st.tgid or st.switches < last.switches:
+                # new, or its id was reused by another thread and the kernel started over
+                last = _Totals(tgid=st.tgid, oncpu_ns=(0,) * self.nodes)
             # In-progress on-CPU time read a moment ago may exceed what the kernel adds at
             # the switch-out (the two maps are read apart): never report time backwards.
             now = _Totals(
@@ -145,7 +146,7 @@ class SchedProbe(BpfProbe):
             )
             self._last[tid] = now
             if st.exited:
-                exited.append(key)
+                exited.append(tid)
             node_ns = tuple(
                 (node, a - b)
                 for node, (a, b) in enumerate(zip(now.oncpu_ns, last.oncpu_ns, strict=True))
@@ -173,9 +174,9 @@ class SchedProbe(BpfProbe):
                     tgid=st.tgid,
                     node_ns=node_ns,
                 )
-        for key in exited:
-            del table[key]
-            self._last.pop(key.value, None)
+        for tid in exited:
+            del table[ct.c_uint(tid)]
+            self._last.pop(tid, None)
 
 
 SPECS = (
