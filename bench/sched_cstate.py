@@ -234,6 +234,7 @@ class Attached:
     probes: ProbeSet | None = None
     start_wall_s: float = 0.0
     start_cpu_s: float = 0.0
+    rss_mb: float = 0.0  # resident after start (the compiler's peak is gone by then)
 
     def emit(self, ev: Event) -> bool:
         self.events += 1
@@ -245,6 +246,7 @@ class Attached:
         self.probes = ProbeSet(PROBES, topology=load_topology(), watch=self.watch, emit=self.emit)
         statuses = self.probes.start()
         self.start_wall_s, self.start_cpu_s = time.monotonic() - t0, cpu_seconds() - c0
+        self.rss_mb = rss_mb()
         bad = [s for s in statuses if s.state != "running"]
         if bad:
             raise SystemExit(f"probe not running: {bad}")
@@ -269,6 +271,13 @@ class Attached:
     def __exit__(self, *exc: object) -> None:
         if self.probes is not None:
             self.probes.close()
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def cpu_seconds() -> float:
@@ -358,6 +367,7 @@ def kernel_cost(workload: Workload, watched: bool) -> dict[str, Any]:
             "python_cpu_share": cpu / wall,
             "start_wall_s": on.start_wall_s,
             "start_cpu_s": on.start_cpu_s,
+            "rss_mb": on.rss_mb,
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
 
@@ -383,7 +393,8 @@ def report(results: dict[str, Any]) -> str:
         lines.append(
             f"  python: {k['events_to_python_per_s']:.0f} events/s,"
             f" {k['python_cpu_share']:.1%} of a CPU; start {k['start_wall_s']:.2f} s wall,"
-            f" {k['start_cpu_s']:.2f} s CPU; max RSS {k['max_rss_mb']:.0f} MB"
+            f" {k['start_cpu_s']:.2f} s CPU; RSS {k['rss_mb']:.0f} MB after start,"
+            f" {k['max_rss_mb']:.0f} MB peak"
         )
     return "\n".join(lines)
 

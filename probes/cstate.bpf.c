@@ -46,7 +46,7 @@ BPF_HASH(sleepers, u32, struct sleeper, GJ_MAX_THREADS);
 struct idle_wake_rec {
     u64 ts_ns;
     u64 idle_ns;
-    u64 state_ns;
+    u64 in_state_ns;
     u64 wake_to_run_ns;
     u32 tid;
     u32 tgid;
@@ -113,7 +113,7 @@ static __always_inline void woken_in(u32 tid, u32 prev_pid, struct sleeper *s, u
     }
     e->ts_ns = wake_ns;
     e->idle_ns = c->exit_ns - c->idle_since_ns;
-    e->state_ns = c->exit_ns - c->entry_ns;
+    e->in_state_ns = c->exit_ns - c->entry_ns;
     e->wake_to_run_ns = wake_to_run;
     e->tid = tid;
     e->tgid = s->tgid;

@@ -90,7 +90,7 @@ class CstateProbe(BpfProbe):
             state=rec.state,
             state_name=state.name,
             idle_ns=rec.idle_ns,
-            state_ns=rec.state_ns,
+            in_state_ns=rec.in_state_ns,
             exit_latency_ns=state.exit_latency_ns,
             wake_to_run_ns=rec.wake_to_run_ns,
         )

@@ -302,7 +302,7 @@ class MajorFault(Event):
 @dataclass(frozen=True, slots=True)
 class IdleWake(Event):
     """Watched thread `tid` was woken at ts_ns onto `cpu`, which had idled idle_ns (since it
-    last ran a task), the last state_ns of it in `state` (exit latency from cpuidle sysfs,
+    last ran a task), the last in_state_ns of it in `state` (exit latency from cpuidle sysfs,
     -1 when not published); it ran wake_to_run_ns later."""
 
     tid: int
@@ -313,7 +313,7 @@ class IdleWake(Event):
     idle_ns: int
     exit_latency_ns: int
     wake_to_run_ns: int
-    state_ns: int = 0
+    in_state_ns: int = 0
 
 
 # ---------------------------------------------------------------------------------------

@@ -91,9 +91,9 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time() -> None:
         )
         exit_ns = min(e.ts_ns for e in log if e.kind == "exit" and e.ts_ns >= entry.ts_ns)
         assert w.state == entry.state
-        assert w.state_ns == pytest.approx(exit_ns - entry.ts_ns, abs=LOG_SLACK_NS)
+        assert w.in_state_ns == pytest.approx(exit_ns - entry.ts_ns, abs=LOG_SLACK_NS)
         assert w.idle_ns == pytest.approx(exit_ns - idle_since, abs=LOG_SLACK_NS)
-        assert 0 < w.state_ns <= w.idle_ns < 11 * MS  # never longer than the 10 ms sleep
+        assert 0 < w.in_state_ns <= w.idle_ns < 11 * MS  # never longer than the 10 ms sleep
     assert statistics.median(w.wake_to_run_ns for w in wakes) < 500_000
 
     # With threshold 0 every wake-up onto an idle CPU was streamed; the histograms counted
