@@ -1,0 +1,260 @@
+"""The default probe set as a whole (issue 3, "Cost"): start-up time and CPU, resident memory,
+and, in one run, four workloads with and without the probes attached — a context-switch
+heavy pipe ping-pong, a page-fault heavy loop, an allocation heavy loop and a steady
+feeding-like loop — as slowdown ratios, with the probes' in-kernel time per program run
+(kernel.bpf_stats_enabled) and the events delivered to Python per second.
+
+    flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.default_set [--rounds 5] [--json]
+
+Rounds interleave the modes (without, then with, the probes) so that drift on a shared
+machine hits both alike; figures are medians over rounds. The workloads are watched (by
+command name), which is the expensive case: unwatched processes only pay the filter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from gpujitter.probes import registry
+from gpujitter.probes.progstats import loaded_prog_stats
+from gpujitter.probes.runner import ProbeSet
+from gpujitter.probes.topology import load_topology
+from gpujitter.probes.watch import WatchSpec
+
+# Each program waits for a byte on stdin (so the probes watch it from its first call), runs,
+# and prints how long its work took (CLOCK_MONOTONIC ns).
+PROGRAMS = {
+    "pingpong": r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+static long long now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec; }
+int main(int argc, char **argv) {
+    long n = atol(argv[1]); int a[2], b[2]; char c = 0;
+    if (pipe(a) || pipe(b) || read(0, &c, 1) != 1) return 1;
+    long long t0 = now();
+    if (fork() == 0) { for (long i = 0; i < n; i++) { read(a[0], &c, 1); write(b[1], &c, 1); }
+        _exit(0); }
+    for (long i = 0; i < n; i++) { write(a[1], &c, 1); read(b[0], &c, 1); }
+    printf("%lld\n", now() - t0); return 0; }
+""",
+    "faults": r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+static long long now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec; }
+int main(int argc, char **argv) {
+    long loops = atol(argv[1]); size_t len = 64 << 20; char c;
+    if (read(0, &c, 1) != 1) return 1;
+    long long t0 = now();
+    for (long i = 0; i < loops; i++) {
+        char *p = mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        for (size_t off = 0; off < len; off += 4096) p[off] = 1;
+        munmap(p, len); }
+    printf("%lld\n", now() - t0); return 0; }
+""",
+    "alloc": r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+static long long now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec; }
+int main(int argc, char **argv) {
+    long n = atol(argv[1]); char c;
+    if (read(0, &c, 1) != 1) return 1;
+    long long t0 = now();
+    for (long i = 0; i < n; i++) {   /* small, mid and large blocks: heap and mmap paths */
+        size_t size = (i % 3 == 0) ? 64 : (i % 3 == 1) ? 96 << 10 : 40 << 20;
+        char *p = malloc(size); p[0] = 1; p[size - 1] = 1; free(p); }
+    printf("%lld\n", now() - t0); return 0; }
+""",
+    "steady": r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+static long long now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec; }
+int main(int argc, char **argv) {   /* ~1 ms of host work, then a 1 ms wait, like a feeder */
+    long n = atol(argv[1]), work = atol(argv[2]); char c; volatile unsigned long x = 0;
+    struct timespec wait = {0, 1000000};
+    if (read(0, &c, 1) != 1) return 1;
+    long long t0 = now();
+    for (long i = 0; i < n; i++) { for (long j = 0; j < work; j++) x += j;
+        nanosleep(&wait, NULL); }
+    printf("%lld\n", now() - t0); return 0; }
+""",
+}
+ARGS = {"pingpong": ["100000"], "faults": ["6"], "alloc": ["30000"], "steady": ["500"]}
+
+
+def build(where: Path) -> dict[str, Path]:
+    binaries = {}
+    for name, code in PROGRAMS.items():
+        src = where / f"gjb-{name}.c"
+        src.write_text(code)
+        binaries[name] = where / f"gjb-{name}"
+        subprocess.run(["gcc", "-O2", "-o", str(binaries[name]), str(src)], check=True)
+    return binaries
+
+
+def calibrate_steady(binary: Path) -> str:
+    """Iterations of the inner loop that take about 1 ms here."""
+    work = 200_000
+    proc = subprocess.Popen([str(binary), "20", str(work)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    out, _ = proc.communicate("g")
+    per_iter_ns = int(out) / 20 - 1_000_000
+    return str(max(1000, int(work * 1_000_000 / max(per_iter_ns, 1))))
+
+
+def run_workload(binary: Path, args: list[str], probes: ProbeSet | None) -> int:
+    """Elapsed ns of one run; while it runs, the probes (if any) are polled as the daemon
+    polls them."""
+    proc = subprocess.Popen([str(binary), *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    if probes is not None:
+        probes.core.refresh(time.monotonic_ns())  # watched before its first call
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("g")
+    proc.stdin.close()
+    while proc.poll() is None:
+        if probes is not None:
+            probes.poll()
+        time.sleep(0.05)
+    if probes is not None:
+        probes.poll()
+    return int(proc.stdout.read())
+
+
+@contextlib.contextmanager
+def bpf_stats() -> Iterator[None]:
+    path = Path("/proc/sys/kernel/bpf_stats_enabled")
+    old = path.read_text().strip()
+    path.write_text("1")
+    try:
+        yield
+    finally:
+        path.write_text(old)
+
+
+def program_totals(probes: ProbeSet) -> dict[str, tuple[int, int]]:
+    """(runs, ns) of every loaded program of every probe, by probe:program."""
+    out: dict[str, tuple[int, int]] = {}
+    seen: set[int] = set()
+    for probe in probes.running:
+        # faults and swap share one BPF object, held by their engine
+        bpf = getattr(probe, "bpf", None) or getattr(getattr(probe, "engine", None), "bpf", None)
+        if bpf is None or id(bpf) in seen:
+            continue
+        seen.add(id(bpf))
+        for fn, st in loaded_prog_stats(bpf).items():
+            out[f"{probe.name}:{fn}"] = (st.run_cnt, st.run_time_ns)
+    return out
+
+
+def measure(rounds: int, names: list[str]) -> dict[str, Any]:
+    topology = load_topology()
+    me = psutil.Process()
+    results: dict[str, Any] = {"probes": names, "startup": [], "rss_mb": [], "workloads": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        binaries = build(Path(tmp))
+        args = dict(ARGS)
+        args["steady"] = [ARGS["steady"][0], calibrate_steady(binaries["steady"])]
+        base: dict[str, list[int]] = {w: [] for w in PROGRAMS}
+        probed: dict[str, list[int]] = {w: [] for w in PROGRAMS}
+        rates: dict[str, list[float]] = {w: [] for w in PROGRAMS}
+        kernel: dict[str, list[float]] = {w: [] for w in PROGRAMS}
+        runs_per_op: dict[str, list[int]] = {w: [] for w in PROGRAMS}
+        for _ in range(rounds):
+            for w in PROGRAMS:
+                base[w].append(run_workload(binaries[w], args[w], None))
+            events: list[Any] = []
+            watch = WatchSpec(comms=[f"gjb-{w}" for w in PROGRAMS])
+            cpu0, wall0 = sum(me.cpu_times()[:2]), time.monotonic()
+            with ProbeSet(names, topology=topology, watch=watch, emit=events.append) as probes:
+                probes.start()
+                results["startup"].append(
+                    {"wall_s": time.monotonic() - wall0, "cpu_s": sum(me.cpu_times()[:2]) - cpu0}
+                )
+                results["rss_mb"].append(me.memory_info().rss / 2**20)
+                for w in PROGRAMS:
+                    n0 = len(events)
+                    elapsed = run_workload(binaries[w], args[w], probes)
+                    probed[w].append(elapsed)
+                    rates[w].append((len(events) - n0) / (elapsed / 1e9))
+                # A separate pass for the in-kernel time: the statistics themselves cost two
+                # clock reads per program run, which must not count in the slowdown.
+                with bpf_stats():
+                    for w in PROGRAMS:
+                        before = program_totals(probes)
+                        run_workload(binaries[w], args[w], probes)
+                        after = program_totals(probes)
+                        runs = sum(after[k][0] - before.get(k, (0, 0))[0] for k in after)
+                        ns = sum(after[k][1] - before.get(k, (0, 0))[1] for k in after)
+                        kernel[w].append(ns / runs if runs else 0.0)
+                        runs_per_op[w].append(runs)
+        for w in PROGRAMS:
+            b, p = statistics.median(base[w]), statistics.median(probed[w])
+            results["workloads"][w] = {
+                "without_s": b / 1e9,
+                "with_s": p / 1e9,
+                "slowdown_pct": 100 * (p - b) / b,
+                "kernel_ns_per_run": statistics.median(kernel[w]),
+                "program_runs": statistics.median(runs_per_op[w]),
+                "python_events_per_s": statistics.median(rates[w]),
+            }
+    results["startup_median"] = {
+        k: statistics.median(s[k] for s in results["startup"]) for k in ("wall_s", "cpu_s")
+    }
+    results["rss_mb_median"] = statistics.median(results["rss_mb"])
+    return results
+
+
+def report(r: dict[str, Any]) -> str:
+    lines = [
+        f"probes: {', '.join(r['probes'])}",
+        f"start-up (compile + attach, core included): {r['startup_median']['wall_s']:.2f} s "
+        f"wall, {r['startup_median']['cpu_s']:.2f} CPU-s; resident {r['rss_mb_median']:.0f} MB",
+        f"{'workload':10} {'without':>9} {'with':>9} {'slowdown':>9} {'kernel/run':>11} "
+        f"{'py ev/s':>8}",
+    ]
+    for w, x in r["workloads"].items():
+        lines.append(
+            f"{w:10} {x['without_s']:8.3f}s {x['with_s']:8.3f}s {x['slowdown_pct']:8.1f}% "
+            f"{x['kernel_ns_per_run']:9.0f}ns {x['python_events_per_s']:8.0f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--probes", help="comma-separated (default: the registry's default set)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    names = args.probes.split(",") if args.probes else registry.default_names()
+    results = measure(args.rounds, names)
+    print(json.dumps(results, indent=2) if args.json else report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
