@@ -514,13 +514,13 @@ def kernel_config(paths: HostPaths) -> dict[str, str]:
 
 
 def _try_fentry() -> str | None:
-    from gpujitter.probes.base import captured_stderr, first_error_line
+    from gpujitter.probes.base import captured_output, first_error_line
 
     try:
         from bcc import BPF
     except Exception as exc:
         return f"bcc: {exc}"
-    with captured_stderr() as stderr:
+    with captured_output() as stderr:
         try:
             BPF(text=b"KFUNC_PROBE(do_nanosleep) { return 0; }").cleanup()
         except Exception as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -98,17 +99,23 @@ class Probe(abc.ABC):
 
 
 @contextlib.contextmanager
-def captured_stderr() -> Iterator[Callable[[], str]]:
-    """Capture fd 2 (where libbcc and clang print compile errors) so a refused probe can be
-    reported in one line instead of a screenful of clang output."""
+def captured_output() -> Iterator[Callable[[], str]]:
+    """Capture fds 1 and 2 while bcc compiles: libbcc and clang print errors on stderr (a
+    refused probe is then reported in one line, not a screenful of clang output) and notes
+    such as "Unable to find kernel headers" on stdout, where they would corrupt the NDJSON
+    of `gpujitter probe --json`."""
+    sys.stdout.flush()
+    sys.stderr.flush()
     with tempfile.TemporaryFile(mode="w+b") as tmp:
-        saved = os.dup(2)
+        saved = [os.dup(1), os.dup(2)]
+        os.dup2(tmp.fileno(), 1)
         os.dup2(tmp.fileno(), 2)
         try:
             yield lambda: _read(tmp)
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+            for fd, copy in zip((1, 2), saved, strict=True):
+                os.dup2(copy, fd)
+                os.close(copy)
 
 
 def bpf_source(path: Path) -> str:
@@ -156,7 +163,7 @@ def compile_bpf(source: Path, cflags: list[str], attach: Callable[[Any], None]) 
     from bcc import BPF  # imported here: the registry must load on nodes without bcc
 
     bpf = None
-    with captured_stderr() as err:
+    with captured_output() as err:
         try:
             bpf = BPF(text=bpf_source(source).encode(), cflags=cflags)
             attach(bpf)

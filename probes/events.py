@@ -250,6 +250,8 @@ class CpuStats(Event):
     vector_ns: int = 0
     idle_ns: tuple[tuple[str, int], ...] = ()  # (idle state name, residency ns)
     top_irqs: tuple[tuple[str, int, int], ...] = ()  # (name, ns, count), largest first
+    # Hard IRQs handled here whose device sits on another NUMA node: (name, ns, count).
+    remote_irqs: tuple[tuple[str, int, int], ...] = ()
 
 
 # ---------------------------------------------------------------------------------------

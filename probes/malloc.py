@@ -1,23 +1,54 @@
-"""malloc: allocator stalls. Default mode traces the allocator's system calls (mmap, munmap,
-brk, madvise, mremap) of watched processes through syscalls tracepoints; calls slower than
-the `syscall` threshold (default 100 us) are streamed, all calls land in in-kernel log2
-latency histograms.
+"""malloc: allocator stalls, in two modes.
+
+Cheap (default): the allocator's system calls (mmap, munmap, brk, madvise, mremap) of
+watched processes through syscalls tracepoints; calls slower than the `syscall` threshold
+(default 100 us) are streamed, all calls land in in-kernel log2 latency histograms.
+
+Precise (opt-in, per process, for a bounded window): uprobes on the allocator entry points
+each chosen process maps (malloc_precise.py); calls slower than the `call` threshold
+(default 100 us) are streamed as AllocCall. Options, under ProbeContext.options["malloc"]:
+    precise_pids: [pid, ...]          processes to time (none: the mode stays off)
+    precise_window_ns: 30_000_000_000 how long before the uprobes detach themselves
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from gpujitter.probes.base import BpfProbe
+from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import AllocSyscall
+from gpujitter.probes.malloc_precise import PreciseWindow
 from gpujitter.probes.registry import Hook, ProbeSpec
 
 SYSCALLS = ("mmap", "munmap", "brk", "madvise", "mremap")  # index = SC_* in malloc.bpf.c
+DEFAULT_WINDOW_NS = 30_000_000_000
 
 
 class MallocProbe(BpfProbe):
     source = "malloc.bpf.c"
     rings = ("slow_syscalls",)
+
+    def __init__(self, spec: ProbeSpec) -> None:
+        super().__init__(spec)
+        self.precise: PreciseWindow | None = None
+
+    def start(self, ctx: ProbeContext) -> None:
+        super().start(ctx)
+        opts = ctx.options.get(self.name, {})
+        pids = opts.get("precise_pids") or ()
+        if not pids:
+            return
+        self.precise = PreciseWindow(
+            pids,
+            window_ns=opts.get("precise_window_ns", DEFAULT_WINDOW_NS),
+            threshold_ns=self.threshold(ctx, "call"),
+            deliver=self.deliver,
+        )
+        try:
+            self.reason = self.precise.start()
+        except ProbeUnavailable as err:
+            self.reason = f"precise mode unavailable: {err}"
 
     def decode(self, ring: str, rec: Any) -> AllocSyscall:
         return AllocSyscall(
@@ -31,19 +62,41 @@ class MallocProbe(BpfProbe):
             ret=rec.ret,
         )
 
+    def poll(self) -> None:
+        super().poll()
+        if self.precise is not None:
+            now = time.monotonic_ns()
+            if self.precise.poll(now):
+                self.reason = self.precise.summary(now)
+                self._emit(self.status(now))
+
+    def lost_kernel(self) -> int:
+        precise = self.precise.lost_kernel() if self.precise is not None else 0
+        return super().lost_kernel() + precise
+
+    def close(self) -> None:
+        if self.precise is not None and self.precise.open:
+            self.precise.close()
+            self.reason = self.precise.summary(time.monotonic_ns())
+        super().close()
+
 
 SPECS = (
     ProbeSpec(
         name="malloc",
-        summary="allocator system calls (mmap/munmap/brk/madvise/mremap) with latency",
+        summary="allocator system calls with latency; allocator calls (opt-in uprobes)",
         default_on=True,
-        hooks=tuple(
-            Hook("tracepoint", f"syscalls:sys_{edge}_{sc}")
-            for sc in SYSCALLS
-            for edge in ("enter", "exit")
+        hooks=(
+            *(
+                Hook("tracepoint", f"syscalls:sys_{edge}_{sc}")
+                for sc in SYSCALLS
+                for edge in ("enter", "exit")
+            ),
+            # precise mode only (opt-in); the allocator each process maps, glibc here
+            Hook("uprobe", "libc:malloc", optional=True),
         ),
         degrades="allocator stalls are not attributed (they show as on-CPU or blocked time)",
         factory=MallocProbe,
-        thresholds={"syscall": 100_000},
+        thresholds={"syscall": 100_000, "call": 100_000},
     ),
 )

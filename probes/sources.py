@@ -16,6 +16,7 @@ from typing import Any
 
 from gpujitter.probes.base import Emit
 from gpujitter.probes.events import ProbeStatus
+from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import GpuInfo, Nvml, NvmlUnavailable, open_nvml
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import WatchSpec
@@ -39,6 +40,7 @@ class EvidenceSources:
         options: Mapping[str, Mapping[str, Any]] | None = None,
         nvml: bool | Any = True,
         gpu_processes: bool = True,
+        paths: HostPaths | None = None,
     ) -> None:
         self.probes = list(probes)
         self.topology = topology
@@ -48,9 +50,11 @@ class EvidenceSources:
         self.options = options or {}
         self.nvml_choice = nvml
         self.gpu_processes = gpu_processes
+        self.paths = paths
         self.nvml: Nvml | None = None
         self.gpus: list[GpuInfo] = []
         self.statuses: list[ProbeStatus] = []
+        self._probes: Any = None
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> EvidenceSources:
@@ -74,8 +78,10 @@ class EvidenceSources:
                 emit=self.emit,
                 thresholds=self.thresholds,
                 options=self.options,
+                paths=self.paths,
             )
             self._stack.enter_context(probes)
+            self._probes = probes
             self.statuses = probes.statuses
         except BaseException:
             self._stack.close()
@@ -98,6 +104,11 @@ class EvidenceSources:
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
+
+    @property
+    def failed(self) -> bool:
+        """The probe thread died (its error is re-raised when the block ends)."""
+        return self._probes is not None and self._probes.error is not None
 
     def gpu_bus_ids(self) -> dict[int, str]:
         """GPU index -> PCI bus id, for the engine's GPU-node lookups."""

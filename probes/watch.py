@@ -23,10 +23,8 @@ from typing import Any
 
 from gpujitter.probes.base import (
     ProbeUnavailable,
-    bpf_source,
-    captured_stderr,
     comm_str,
-    first_error_line,
+    compile_bpf,
 )
 from gpujitter.probes.events import Event, ProcExec, ProcExit, WatchChange
 from gpujitter.probes.host import HostPaths, read_text
@@ -106,14 +104,7 @@ class _LoadedCore:
     tracepoints are detached and the watched set is empty, so an idle core costs nothing."""
 
     def __init__(self) -> None:
-        from bcc import BPF
-
-        text = bpf_source(Path(__file__).with_name("watch.bpf.c"))
-        with captured_stderr() as err:
-            try:
-                self.bpf = BPF(text=text.encode())
-            except Exception as exc:
-                raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
+        self.bpf = compile_bpf(Path(__file__).with_name("watch.bpf.c"), [], lambda bpf: None)
         self.tracepoints = [tp.decode() for tp in self.bpf.tracepoint_fds]
         self.attached = True
         self.owner: CoreBpf | None = None

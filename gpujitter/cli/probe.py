@@ -10,6 +10,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import (
@@ -21,9 +22,12 @@ from gpujitter.cli.options import (
     watch_from_args,
 )
 from gpujitter.cli.output import print_ndjson, table
+from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.clock import clock_ref, format_wall
 from gpujitter.probes.events import ClockRef, Event, ProbeStatus, to_record
+from gpujitter.probes.malloc_precise import MAX_WINDOW_NS
+from gpujitter.probes.watch import WatchSpec
 from gpujitter.units import format_ns, parse_duration_ns
 
 
@@ -38,6 +42,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-d", "--duration", metavar="TIME", help="stop after TIME (e.g. 10s)")
     add_threshold_arg(p)
     p.add_argument("--quiet", action="store_true", help="print only the summary at the end")
+    precise = p.add_argument_group("malloc precise mode (uprobes on the allocator, opt-in)")
+    precise.add_argument(
+        "--precise",
+        type=int,
+        action="append",
+        default=[],
+        metavar="PID",
+        help="time every allocator call of PID (repeatable); costs microseconds per call, "
+        "so it ends by itself after --window",
+    )
+    precise.add_argument(
+        "--window",
+        default="30s",
+        metavar="TIME",
+        help="how long --precise stays attached (default 30s, at most 1h)",
+    )
     add_watch_args(p)
     add_topology_args(p)
 
@@ -48,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     names = args.sources or registry.default_names()
     for name in names:
         registry.get(name)
+    options = precise_options(args, names)
     duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
     ref = clock_ref()
     counts: Counter[str] = Counter()
@@ -57,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(ev, ProbeStatus):
             previous = statuses.get(ev.probe)
             statuses[ev.probe] = ev
-            if previous is not None and previous.state == ev.state:
+            if previous is not None and (previous.state, previous.reason) == (ev.state, ev.reason):
                 return True
         counts[ev.KIND] += 1
         if args.quiet:
@@ -69,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         return True
 
     watch = watch_from_args(args)
+    if args.precise and watch.all:
+        watch = WatchSpec(pids=set(args.precise))
     if not args.json:
         print(f"# probes: {', '.join(names)}; watching {watch.describe()}", file=sys.stderr)
     stop = _stop_on_signals()
@@ -78,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         watch=watch,
         emit=emit,
         thresholds=parse_thresholds(args.threshold),
+        options=options,
     ):
         start = time.monotonic_ns()
         while not stop() and (duration_ns is None or time.monotonic_ns() - start < duration_ns):
@@ -103,6 +127,18 @@ def run(args: argparse.Namespace) -> int:
     return 1 if unavailable and len(unavailable) == len(statuses) else 0
 
 
+def precise_options(args: argparse.Namespace, names: list[str]) -> dict[str, dict[str, Any]]:
+    """ProbeContext.options for --precise/--window (checked here, so mistakes are one line)."""
+    if not args.precise:
+        return {}
+    if "malloc" not in names:
+        raise GpujitterError("--precise is a mode of the malloc probe: add `malloc` to SOURCE")
+    window_ns = parse_duration_ns(args.window, "s")
+    if not 0 < window_ns <= MAX_WINDOW_NS:
+        raise GpujitterError(f"--window {args.window}: want a time above 0 and at most 1h")
+    return {"malloc": {"precise_pids": args.precise, "precise_window_ns": window_ns}}
+
+
 def describe(ev: Event, ref: ClockRef) -> str:
     """One line per event: wall time, kind, then fields; *_ns durations in human units."""
     parts = [format_wall(ref, ev.ts_ns), ev.KIND]
@@ -114,6 +150,10 @@ def describe(ev: Event, ref: ClockRef) -> str:
             parts.append(f"{f.name[:-3]}={format_ns(value)}")
         elif f.name == "end_ns":
             parts.append(f"dur={format_ns(value - ev.ts_ns)}")
+        elif f.name.endswith("_irqs") and value:
+            # (name, ns, count) rows: name:time/count
+            rows = ",".join(f"{name}:{format_ns(ns)}/{n}" for name, ns, n in value)
+            parts.append(f"{f.name}={rows}")
         elif value not in ("", (), None):
             parts.append(f"{f.name}={value}")
     return " ".join(parts)
@@ -146,6 +186,10 @@ COMMAND = Command(
         gpujitter probe sched --pid 4121 -t sched.offcpu=1ms --json
         # allocator system calls of every python process
         gpujitter probe malloc --comm 'python*'
+        # interrupt time per CPU and IRQ time stolen from one process, for a minute
+        gpujitter probe irq --pid 4121 --duration 1m
+        # every allocator call of one process slower than 50us, for 30 seconds (uprobes)
+        gpujitter probe malloc --precise 4121 --window 30s -t malloc.call=50us
     """,
     add_arguments=add_arguments,
     run=run,

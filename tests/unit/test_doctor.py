@@ -173,7 +173,7 @@ def test_lockdown(host_tree: MakeTree) -> None:
 def test_probe_hooks_on_the_recorded_tree(host_tree: MakeTree) -> None:
     env = env_of(host_tree("dev-vm"), specs=lambda: {"malloc": registry.get("malloc")})
     assert list(doctor.check_probe_hooks(env)) == [
-        Result("probe malloc", "pass", "10 hooks available")
+        Result("probe malloc", "pass", "11 hooks available")  # 10 tracepoints, 1 uprobe
     ]
 
 

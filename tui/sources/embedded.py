@@ -85,19 +85,21 @@ class EmbeddedSource(Source):
     def run(self, sink: Sink, stopped: Callable[[], bool]) -> None:
         sink.connection("embedded", "starting the probes")
         sink.records([self.hello(), self.pipeline.snapshot(time.monotonic_ns())])
-        from gpujitter.probes.runner import ProbeThread
+        from gpujitter.probes.sources import EvidenceSources
 
         try:
-            with ProbeThread(
+            with EvidenceSources(
                 self.names,
                 topology=self.topology,
                 watch=self.watch,
                 emit=self._emit,
                 thresholds=self.thresholds,
                 paths=self.paths,
-            ) as probes:
+            ) as sources:
+                self.pipeline.state.gpus = sources.gpus
+                sink.records([self.pipeline.snapshot(time.monotonic_ns())])
                 sink.connection("embedded", f"probes: {', '.join(self.names) or 'none'}")
-                self._loop(sink, stopped, probes_failed=lambda: probes.error is not None)
+                self._loop(sink, stopped, probes_failed=lambda: sources.failed)
         except GpujitterError as err:
             self._without_probes(sink, stopped, str(err))
         except Exception as err:  # bcc missing, a probe thread that died: degrade, not crash
@@ -156,16 +158,15 @@ class EmbeddedSource(Source):
 
     def _status(self, me: psutil.Process, now_ns: int, events_per_s: float) -> dict[str, Any]:
         """This process in the daemon's place: its CPU and memory, what it lost."""
-        return {
-            "type": "daemon.status",
-            "ts_ns": now_ns,
-            "cpu_percent": me.cpu_percent(),
-            "rss_bytes": me.memory_info().rss,
-            "events_per_s": events_per_s,
-            "lost_kernel": 0,
-            "lost_user": self._lost,
-            "engine_dropped": 0,
-            "clients": 1,
-            "client_dropped": 0,
-            "threads": [],
-        }
+        probes = self.pipeline.state.probes.values()
+        return self.pipeline.state.status(
+            now_ns,
+            cpu_percent=me.cpu_percent(),
+            rss_bytes=me.memory_info().rss,
+            events_per_s=events_per_s,
+            lost_kernel=sum(p.lost_kernel for p in probes),
+            lost_user=sum(p.lost_user for p in probes) + self._lost,
+            engine_dropped=self._lost,
+            clients=1,
+            client_dropped=0,
+        )

@@ -1,30 +1,52 @@
 """Events -> the records the daemon's socket would carry: the one seam between the probes
-(or a trace's events) and the app for the embedded and replay sources.
-
-For now a pass-through: the kinds the stream carries as they are (cpu.stats, meta.probe,
-gpu.sample, gpu.procs, meta.watch, and gaps or attributions a trace recorded); raw probe
-events (sched.offcpu, irq.stolen, ...) go through too and the model ignores them. When the
-daemon's pipeline (gpujitter.daemon.pipeline) lands, `StreamPipeline` wraps it: feed it the
-events, return what it publishes (gaps, attributions, cpu.stats, meta.probe, daemon.status),
-and take `snapshot` from it.
-"""
+(or a trace's events) and the app for the embedded and replay sources. It wraps the
+daemon's own pipeline (gap detection, then attribution) and node state, so the app shows
+for an embedded run or a replayed trace exactly what a daemon would have streamed."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
+from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
+from gpujitter.daemon.state import NodeState
 from gpujitter.probes.events import Event, to_record
+from gpujitter.probes.nvml import GpuInfo
 from gpujitter.probes.topology import Topology
 
 
 class StreamPipeline:
-    def __init__(self, topology: Topology) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        config: AnalysisConfig | None = None,
+        gpus: list[GpuInfo] | None = None,
+    ) -> None:
         self.topology = topology
+        self.pipeline = Pipeline(topology, config)
+        self.state = NodeState(topology, gpus)
 
     def feed(self, events: Iterable[Event]) -> list[dict[str, Any]]:
-        """The stream records these events give (in order)."""
-        return [to_record(ev) for ev in events]
+        """The stream records these events give (in order): the kinds the stream carries,
+        and the gaps and attributions they settle."""
+        out: list[dict[str, Any]] = []
+        for ev in events:
+            self._take(ev, out)
+            for found in self.pipeline.feed(ev):
+                self._take(found, out)
+        return out
 
-    def snapshot(self, now_ns: int) -> dict[str, Any]:
-        return {"type": "snapshot", "ts_ns": now_ns, "gpus": []}
+    def flush(self) -> list[dict[str, Any]]:
+        """End of the stream: the findings still pending."""
+        out: list[dict[str, Any]] = []
+        for found in self.pipeline.flush():
+            self._take(found, out)
+        return out
+
+    def _take(self, ev: Event, out: list[dict[str, Any]]) -> None:
+        self.state.observe(ev)
+        if self.state.streamed(ev):
+            out.append(to_record(ev))
+
+    def snapshot(self, now_ns: int, status: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.state.snapshot(now_ns, status or self.state.status(now_ns))

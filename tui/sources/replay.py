@@ -82,12 +82,13 @@ def _ndjson_records(path: Path) -> Iterable[Record]:
 
 
 def _trace_records(path: Path) -> list[Record]:
+    from gpujitter.daemon.pipeline import AnalysisConfig
     from gpujitter.daemon.trace import TraceSet
     from gpujitter.tui.sources.pipeline import StreamPipeline
 
     traces = TraceSet([path])
     header = traces.headers[0]
-    pipeline = StreamPipeline(header.topology)
+    pipeline = StreamPipeline(header.topology, AnalysisConfig.from_record(header.analysis))
     hello = {
         "type": "hello",
         "host": header.host,
@@ -97,7 +98,7 @@ def _trace_records(path: Path) -> list[Record]:
         "topology": header.topology.to_record(),
         "probes": list(header.probes),
     }
-    return [hello, pipeline.snapshot(header.start_ns), *pipeline.feed(traces)]
+    return [hello, pipeline.snapshot(header.start_ns), *pipeline.feed(traces), *pipeline.flush()]
 
 
 class ReplaySource(Source):

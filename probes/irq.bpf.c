@@ -1,0 +1,194 @@
+/* irq: time spent in hard IRQ handlers, softirqs and x86 system vectors (local timer, IPIs),
+ * per CPU and per source for every CPU, and the part of it that was stolen from watched
+ * threads. Hooks: raw tracepoints irq_handler_entry/exit, softirq_entry/exit and, when the
+ * kernel has them, the irq_vectors <vector>_entry/exit pairs. Raw tracepoints hand over the
+ * tracepoint's arguments (all plain numbers here) without building a perf record, which
+ * halves the cost per hook. Cost: two short programs per interrupt, hash updates only
+ * (nothing is streamed: user space reads the maps).
+ *
+ * In interrupt context `current` is the task that was interrupted, so work that ran while a
+ * watched thread was current was stolen from it; no scheduler hook is needed. Softirqs run
+ * in ksoftirqd are not stolen (current is ksoftirqd): they compete for the CPU like any
+ * task, and the sched probe sees that as run-queue wait. Softirqs run on IRQ exit or at
+ * local_bh_enable() in a watched thread's context are stolen.
+ *
+ * Stolen time is summed per (thread, CPU, source) over windows of THRESHOLD_WINDOW_NS,
+ * keyed by the window's index: the kernel only ever writes the current window, so user
+ * space can read and delete closed windows without racing the kernel.
+ */
+#include "gpujitter.h"
+
+enum { KIND_HARDIRQ, KIND_SOFTIRQ, KIND_VECTOR };
+
+/* Vector sources (the `sub` of a key), in the order of VECTORS in irq.py. */
+enum {
+    VEC_LOCAL_TIMER,
+    VEC_RESCHEDULE,
+    VEC_CALL_FUNCTION,
+    VEC_CALL_FUNCTION_SINGLE,
+    VEC_IRQ_WORK,
+    VEC_X86_PLATFORM_IPI,
+};
+
+struct source {
+    u32 irq;  /* IRQ number, softirq vector or x86 vector */
+    u16 kind;
+    u16 sub;  /* vector source (VEC_*) for KIND_VECTOR, else 0 */
+};
+
+/* What is in progress on this CPU, one slot per kind. Hard IRQs and vectors run with
+ * interrupts off and never nest; either can interrupt a softirq, whose time then excludes
+ * theirs. */
+struct running {
+    u64 ts_ns;  /* 0: none */
+    u32 num;    /* IRQ, softirq vector or x86 vector */
+    u32 pad;
+};
+struct cpu_state {
+    struct running kind[3];
+    u64 soft_nested_ns;
+};
+BPF_PERCPU_ARRAY(cpu_state, struct cpu_state, 1);
+
+/* Per CPU and source, cumulative since load: the system-wide facts. A per-CPU array (the
+ * verifier inlines its lookup; no hashing on the hot path), one slot per source: hard IRQs
+ * 0..HARDIRQ_SLOTS-2 by number (HARDIRQ_SLOTS comes from the highest IRQ number at load,
+ * with room to spare; a higher one shares the last slot), then softirqs, then vectors. */
+#define SOFTIRQ_SLOT(vec) (HARDIRQ_SLOTS + ((vec) & 15))
+#define VECTOR_SLOT(sub) (HARDIRQ_SLOTS + 16 + ((sub) & 15))
+struct stat {
+    u64 ns;
+    u64 count;
+};
+BPF_PERCPU_ARRAY(stats, struct stat, HARDIRQ_SLOTS + 32);
+
+/* Work stolen from one watched thread on one CPU by one source, in one window. */
+struct window_key {
+    u64 window;  /* end of the last handler / THRESHOLD_WINDOW_NS */
+    struct source src;
+    u32 tid;
+    u32 cpu;
+    u32 pad;
+};
+struct window {
+    u64 first_ns;  /* start of the first handler */
+    u64 last_ns;   /* end of the last handler */
+    u64 count;
+    u64 total_ns;
+    u32 tgid;
+    u32 pad;
+};
+BPF_HASH(stolen, struct window_key, struct window, 32768);
+
+static __always_inline struct cpu_state *state(void)
+{
+    u32 zero = 0;
+    return cpu_state.lookup(&zero);
+}
+
+static __always_inline void account(u16 kind, u16 sub, u32 irq, u64 start, u64 end)
+{
+    u64 dur = end - start;
+    u32 slot = kind == KIND_HARDIRQ ? (irq < HARDIRQ_SLOTS ? irq : HARDIRQ_SLOTS - 1)
+               : kind == KIND_SOFTIRQ ? SOFTIRQ_SLOT(irq)
+                                      : VECTOR_SLOT(sub);
+    struct stat *s = stats.lookup(&slot);
+    if (s) {
+        s->ns += dur;
+        s->count++;
+    }
+
+    u64 id = bpf_get_current_pid_tgid();
+    if (!gj_tgid_watched(id >> 32))
+        return;
+    /* Only this CPU writes keys with its number, and a program never nests in itself (the
+     * kernel skips the inner run and counts it); programs that do nest (a hard IRQ during
+     * a softirq's program) write other keys. So plain updates are safe. */
+    struct window_key wk = {
+        .window = end / THRESHOLD_WINDOW_NS,
+        .src = {.irq = irq, .kind = kind, .sub = sub},
+        .tid = (u32)id,
+        .cpu = bpf_get_smp_processor_id(),
+    };
+    struct window *w = stolen.lookup(&wk);
+    if (w) {
+        w->last_ns = end;
+        w->count++;
+        w->total_ns += dur;
+    } else {
+        struct window first = {
+            .first_ns = start, .last_ns = end, .count = 1, .total_ns = dur, .tgid = id >> 32};
+        if (stolen.update(&wk, &first))
+            gj_count_lost();
+    }
+}
+
+static __always_inline int entered(u32 kind, u32 num)
+{
+    struct cpu_state *st = state();
+    if (!st)
+        return 0;
+    st->kind[kind].ts_ns = bpf_ktime_get_ns();
+    st->kind[kind].num = num;
+    if (kind == KIND_SOFTIRQ)
+        st->soft_nested_ns = 0;
+    return 0;
+}
+
+static __always_inline int exited(u32 kind, u16 sub, u32 num)
+{
+    u64 now = bpf_ktime_get_ns();
+    struct cpu_state *st = state();
+    if (!st)
+        return 0;
+    struct running *r = &st->kind[kind];
+    if (!r->ts_ns || r->num != num)
+        return 0; /* its start was not seen: the probe attached mid-handler */
+    u64 start = r->ts_ns;
+    r->ts_ns = 0;
+    if (kind == KIND_SOFTIRQ) {
+        /* Shift the start by the nested interrupts' time so that end - start is the
+         * softirq's own time; first_ns of a stolen window is approximate by that much. */
+        start += st->soft_nested_ns;
+        if (start > now)
+            start = now;
+    } else if (st->kind[KIND_SOFTIRQ].ts_ns) {
+        st->soft_nested_ns += now - start;
+    }
+    account(kind, sub, num, start, now);
+    return 0;
+}
+
+/* Raw tracepoint arguments: irq_handler_entry (int irq, struct irqaction *action),
+ * irq_handler_exit (int irq, struct irqaction *action, int ret), softirq_entry/exit
+ * (unsigned int vec_nr). */
+RAW_TRACEPOINT_PROBE(irq_handler_entry) { return entered(KIND_HARDIRQ, ctx->args[0]); }
+RAW_TRACEPOINT_PROBE(irq_handler_exit) { return exited(KIND_HARDIRQ, 0, ctx->args[0]); }
+RAW_TRACEPOINT_PROBE(softirq_entry) { return entered(KIND_SOFTIRQ, ctx->args[0]); }
+RAW_TRACEPOINT_PROBE(softirq_exit) { return exited(KIND_SOFTIRQ, 0, ctx->args[0]); }
+
+/* One entry/exit pair per vector, each (int vector), compiled in when its tracepoints exist
+ * (irq.py checks tracefs): bcc attaches every probe it compiles, and one missing hook would
+ * fail the whole probe. */
+#define VECTOR_PROBES(name, sub)                                                               \
+    RAW_TRACEPOINT_PROBE(name##_entry) { return entered(KIND_VECTOR, ctx->args[0]); }         \
+    RAW_TRACEPOINT_PROBE(name##_exit) { return exited(KIND_VECTOR, sub, ctx->args[0]); }
+
+#ifdef HAVE_LOCAL_TIMER
+VECTOR_PROBES(local_timer, VEC_LOCAL_TIMER)
+#endif
+#ifdef HAVE_RESCHEDULE
+VECTOR_PROBES(reschedule, VEC_RESCHEDULE)
+#endif
+#ifdef HAVE_CALL_FUNCTION
+VECTOR_PROBES(call_function, VEC_CALL_FUNCTION)
+#endif
+#ifdef HAVE_CALL_FUNCTION_SINGLE
+VECTOR_PROBES(call_function_single, VEC_CALL_FUNCTION_SINGLE)
+#endif
+#ifdef HAVE_IRQ_WORK
+VECTOR_PROBES(irq_work, VEC_IRQ_WORK)
+#endif
+#ifdef HAVE_X86_PLATFORM_IPI
+VECTOR_PROBES(x86_platform_ipi, VEC_X86_PLATFORM_IPI)
+#endif

@@ -1,0 +1,290 @@
+"""irq: interrupt time per CPU and per source (hard IRQs, softirqs, x86 system vectors) for
+every CPU, delivered once a second as CpuStats, and the interrupt work stolen from watched
+threads, delivered as IrqStolen windows (one per thread, CPU and source per window). The
+kernel side (irq.bpf.c) keeps everything in hash maps; this module reads them: closed
+windows as they close, per-CPU totals once a second. Nothing is streamed per interrupt, so
+100k IRQs/s reach Python as a handful of records. Hard IRQs are named as /proc/interrupts
+names them (the handlers' names: "virtio1-req.0", "nvme0q3", "mlx5_comp2@pci:...").
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
+from gpujitter.probes.events import CpuStats, Event, IrqStolen
+from gpujitter.probes.host import HostPaths, parse_cpulist, read_text
+from gpujitter.probes.progstats import loaded_prog_stats
+from gpujitter.probes.registry import TRACEFS, Hook, ProbeSpec
+from gpujitter.probes.topology import Topology
+
+KINDS = ("hardirq", "softirq", "vector")  # index = KIND_* in irq.bpf.c
+HARDIRQ, SOFTIRQ, VECTOR = range(3)
+OVERFLOW = 1  # Source.sub of the stats slot that counts hard IRQs above the array's range
+IRQ_HEADROOM = 256
+
+# Softirq vector names, as /proc/softirqs and the softirq tracepoints print them.
+SOFTIRQS = (
+    "HI",
+    "TIMER",
+    "NET_TX",
+    "NET_RX",
+    "BLOCK",
+    "IRQ_POLL",
+    "TASKLET",
+    "SCHED",
+    "HRTIMER",
+    "RCU",
+)
+
+# x86 system vectors traced, index = VEC_* in irq.bpf.c; the name is the tracepoint's stem.
+VECTORS = (
+    "local_timer",
+    "reschedule",
+    "call_function",
+    "call_function_single",
+    "irq_work",
+    "x86_platform_ipi",
+)
+
+# A window is read this long after it ended: a program that took its timestamp before the
+# boundary has long finished writing by then.
+SWEEP_GRACE_NS = 20_000_000
+TOP_IRQS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    kind: int
+    sub: int
+    irq: int
+
+
+@dataclass(frozen=True, slots=True)
+class IrqLine:
+    """One line of /proc/interrupts."""
+
+    counts: tuple[int, ...]  # per CPU column
+    name: str  # numbered IRQs: the handlers' names ("a, b" when shared); others: the legend
+
+
+def read_interrupts(paths: HostPaths) -> dict[str, IrqLine]:
+    """/proc/interrupts by first column ("36", "LOC", ...). A numbered line is `N: <one
+    count per CPU> <chip> <hwirq> <names>`; a system vector's is `LOC: <counts> <legend>`."""
+    text = read_text(paths.proc / "interrupts") or ""
+    lines = text.splitlines()
+    if not lines:
+        return {}
+    ncpu = len(lines[0].split())
+    out = {}
+    for line in lines[1:]:
+        head, _, rest = line.partition(":")
+        fields = rest.split()
+        counts = tuple(int(f) for f in fields[:ncpu] if f.isdigit())
+        skip = ncpu + 2 if head.strip().isdigit() else len(counts)
+        out[head.strip()] = IrqLine(counts, " ".join(fields[skip:]))
+    return out
+
+
+class IrqProbe(BpfProbe):
+    source = "irq.bpf.c"
+
+    def __init__(self, spec: ProbeSpec) -> None:
+        super().__init__(spec)
+        self.topology = Topology(cpu_node={})
+        self.window_ns = spec.thresholds["window"]
+        self.stolen_min_ns = spec.thresholds["stolen"]
+        self.missing_vectors: list[str] = []
+        self._names: dict[int, str] = {}
+        self._swept_window = 0
+        self._last_stats: dict[int, bytes] = {}  # stats slot -> its per-CPU values, raw
+        self._possible_cpus: list[int] = []
+        self.hardirq_slots = 0
+        self._last_sample_ns = 0
+
+    def cflags(self, ctx: ProbeContext) -> list[str]:
+        present = [v for v in VECTORS if (TRACEFS / "events/irq_vectors" / f"{v}_entry").is_dir()]
+        self.missing_vectors = [v for v in VECTORS if v not in present]
+        # One stats slot per IRQ number up to the highest now, with room for IRQs that
+        # drivers request later (a GPU's at its first use); the last slot takes the rest.
+        numbered = [int(k) for k in read_interrupts(HostPaths()) if k.isdigit()]
+        self.hardirq_slots = (max(numbered, default=0) + IRQ_HEADROOM) // 64 * 64 + 64
+        return [
+            *super().cflags(ctx),
+            f"-DHARDIRQ_SLOTS={self.hardirq_slots}",
+            *(f"-DHAVE_{v.upper()}" for v in present),
+        ]
+
+    def source_of_slot(self, slot: int) -> Source:
+        """Which source a slot of the per-CPU stats array counts (see irq.bpf.c)."""
+        if slot < self.hardirq_slots - 1:
+            return Source(HARDIRQ, 0, slot)
+        if slot == self.hardirq_slots - 1:
+            return Source(HARDIRQ, OVERFLOW, slot)
+        if slot < self.hardirq_slots + 16:
+            return Source(SOFTIRQ, 0, slot - self.hardirq_slots)
+        return Source(VECTOR, slot - self.hardirq_slots - 16, 0)
+
+    def start(self, ctx: ProbeContext) -> None:
+        self.topology = ctx.topology
+        self.window_ns = self.threshold(ctx, "window")
+        self.stolen_min_ns = self.threshold(ctx, "stolen")
+        if self.window_ns <= 0:
+            raise ProbeUnavailable(f"irq.window must be positive, not {self.window_ns} ns")
+        super().start(ctx)
+        self._last_sample_ns = time.monotonic_ns()
+        # Per-CPU map values come in the order of the possible CPUs.
+        possible = read_text(HostPaths().sys / "devices/system/cpu/possible") or "0"
+        self._possible_cpus = parse_cpulist(possible)
+        self._swept_window = self._last_sample_ns // self.window_ns
+        if self.missing_vectors:
+            self.state = "degraded"
+            self.reason = (
+                f"no irq_vectors tracepoints for {', '.join(self.missing_vectors)}: "
+                "time in those vectors is not seen"
+            )
+
+    def decode(self, ring: str, rec: Any) -> IrqStolen | None:
+        """One closed window of the `stolen` map: (key, value)."""
+        key, win = rec
+        if win.total_ns < self.stolen_min_ns:
+            return None
+        src = Source(int(key.src.kind), int(key.src.sub), int(key.src.irq))
+        return IrqStolen(
+            ts_ns=win.first_ns,
+            end_ns=win.last_ns,
+            tid=key.tid,
+            tgid=win.tgid,
+            cpu=key.cpu,
+            irq_kind=KINDS[src.kind],  # type: ignore[arg-type]
+            irq=src.irq,
+            name=self.name_of(src),
+            count=win.count,
+            total_ns=win.total_ns,
+            remote=self.remote(src, key.cpu),
+        )
+
+    def poll(self) -> None:
+        closed = (time.monotonic_ns() - SWEEP_GRACE_NS) // self.window_ns - 1
+        if closed > self._swept_window and self.bpf is not None:
+            self._sweep(closed)
+
+    def _sweep(self, last_closed: int | None) -> None:
+        """Deliver and delete every window up to index last_closed (None: all of them)."""
+        table = self.bpf["stolen"]
+        done = []
+        for key, win in table.items_lookup_batch():
+            if last_closed is None or key.window <= last_closed:
+                done.append(key)
+                ev = self.decode("stolen", (key, win))
+                if ev is not None:
+                    self.deliver(ev)
+        if done:
+            table.items_delete_batch((table.Key * len(done))(*done))
+        if last_closed is not None:
+            self._swept_window = last_closed
+
+    def sample(self, now_ns: int) -> list[Event]:
+        """CpuStats for each CPU that took interrupts since the previous sample."""
+        if self.bpf is None:
+            return []
+        interval = now_ns - self._last_sample_ns
+        per_cpu: dict[int, list[tuple[Source, int, int]]] = defaultdict(list)
+        table = self.bpf["stats"]
+        for slot, per_cpu_stats in table.items_lookup_batch():  # array keys come as ints
+            raw = bytes(per_cpu_stats)
+            previous = self._last_stats.get(slot)
+            if raw == previous:
+                continue  # unused, or nothing new on any CPU: no Python loop over CPUs
+            self._last_stats[slot] = raw
+            src = self.source_of_slot(slot)
+            now = array("Q", raw)
+            old = array("Q", previous) if previous else array("Q", bytes(len(raw)))
+            for i, cpu in enumerate(self._possible_cpus):
+                count = now[2 * i + 1] - old[2 * i + 1]
+                if count:
+                    per_cpu[cpu].append((src, now[2 * i] - old[2 * i], count))
+        out: list[Event] = []
+        for cpu in sorted(per_cpu):
+            rows = sorted(per_cpu[cpu], key=lambda r: r[1], reverse=True)
+            totals = [sum(ns for src, ns, _ in rows if src.kind == k) for k in range(3)]
+            out.append(
+                CpuStats(
+                    ts_ns=self._last_sample_ns,
+                    interval_ns=interval,
+                    cpu=cpu,
+                    hardirq_ns=totals[HARDIRQ],
+                    softirq_ns=totals[SOFTIRQ],
+                    vector_ns=totals[VECTOR],
+                    top_irqs=tuple((self.name_of(s), ns, n) for s, ns, n in rows[:TOP_IRQS]),
+                    remote_irqs=tuple(
+                        (self.name_of(s), ns, n) for s, ns, n in rows if self.remote(s, cpu)
+                    ),
+                )
+            )
+        self._last_sample_ns = now_ns
+        return out
+
+    def name_of(self, src: Source) -> str:
+        if src.kind == SOFTIRQ:
+            return SOFTIRQS[src.irq] if src.irq < len(SOFTIRQS) else f"softirq{src.irq}"
+        if src.kind == VECTOR:
+            return VECTORS[src.sub] if src.sub < len(VECTORS) else f"vector{src.irq}"
+        if src.sub == OVERFLOW:
+            return f"irqs>={src.irq}"
+        if src.irq not in self._names:
+            lines = read_interrupts(HostPaths()).items()
+            self._names = {int(irq): row.name for irq, row in lines if irq.isdigit()}
+        return self._names.get(src.irq) or f"irq{src.irq}"
+
+    def remote(self, src: Source, cpu: int) -> bool:
+        """A hard IRQ whose device's node is known and is not the node of the CPU that
+        handled it (topology override honoured: its [irqs] table and CPU nodes)."""
+        if src.kind != HARDIRQ or src.sub == OVERFLOW:
+            return False
+        node = self.topology.irq_node.get(src.irq, -1)
+        return node >= 0 and node != self.topology.node_of(cpu)
+
+    def lost_kernel(self) -> int:
+        """Map-full failures, plus handlers whose program the kernel skipped because one of
+        ours was already running on that CPU (an IRQ during a softirq's exit program)."""
+        if self.bpf is None:
+            return 0
+        misses = sum(s.recursion_misses for s in loaded_prog_stats(self.bpf).values())
+        return super().lost_kernel() + misses
+
+    def close(self) -> None:
+        """Stop the hooks, then hand over what the maps still hold: the open windows and
+        the totals since the last sample."""
+        if self.bpf is not None and self.state in ("running", "degraded"):
+            for tp in list(self.bpf.tracepoint_fds):
+                self.bpf.detach_tracepoint(tp)
+            self._sweep(None)
+            for ev in self.sample(time.monotonic_ns()):
+                self._emit(ev)
+        super().close()
+
+
+SPECS = (
+    ProbeSpec(
+        name="irq",
+        summary="hard IRQ, softirq and vector time per CPU; time stolen from watched threads",
+        default_on=True,
+        # Attached as raw tracepoints (same hooks, no perf record built per event).
+        hooks=tuple(
+            Hook("tracepoint", f"{group}:{name}_{edge}", optional=group == "irq_vectors")
+            for group, names in (("irq", ("irq_handler", "softirq")), ("irq_vectors", VECTORS))
+            for name in names
+            for edge in ("entry", "exit")
+        ),
+        degrades="interrupt time is not attributed (it shows as on-CPU time of the thread)",
+        factory=IrqProbe,
+        # stolen: windows with less stolen time are not delivered (the per-CPU totals still
+        # count them); window: how long stolen time is summed before it is delivered.
+        thresholds={"stolen": 10_000, "window": 100_000_000},
+    ),
+)
