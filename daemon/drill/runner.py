@@ -134,7 +134,7 @@ class Feeder:
 
     def __init__(self, cfg: FeederConfig, pass_fds: list[int]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpujitter.daemon.drill.feeder", cfg.to_json()],
+            [sys.executable, "-P", "-m", "gpujitter.daemon.drill.feeder", cfg.to_json()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             pass_fds=pass_fds,

@@ -64,7 +64,7 @@ class Stage:
         the write end as params["trigger_fd"]. It ends when the drill closes its end."""
         read, write = os.pipe()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpujitter.daemon.drill.helpers", role, str(read), *args],
+            [sys.executable, "-P", "-m", "gpujitter.daemon.drill.helpers", role, str(read), *args],
             pass_fds=(read,),
         )
         os.close(read)

@@ -1,5 +1,5 @@
 """System state the drills change, each as a context manager that puts it back however the
-block ends (failure, SIGINT): sysctls, a swap file, a memory cgroup (v1) with a limit, an
+block ends (failure, SIGINT): sysctls, a swap file, a memory cgroup with a limit, an
 IRQ's affinity, this process's CPU affinity. Also finding the IRQ that disk I/O raises."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.host import HostPaths, format_cpulist, parse_cpulist
+from gpujitter.probes.host import HostPaths, format_cpulist, parse_cpulist, read_text
 from gpujitter.probes.topology import read_interrupts
 
 MEMCG_V1 = Path("/sys/fs/cgroup/memory")
+CGROUP_V2 = Path("/sys/fs/cgroup")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -33,36 +34,51 @@ def sysctl(name: str, value: str) -> Iterator[None]:
         path.write_text(old)
 
 
+def _run(cmd: list[str]) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise GpujitterError(f"{' '.join(cmd)}: {why}")
+
+
 @contextlib.contextmanager
 def swap_file(path: Path, size_bytes: int) -> Iterator[Path]:
     """A swap file, on for the block; swapped off and removed afterwards, even on failure."""
     try:
-        subprocess.run(["fallocate", "-l", str(size_bytes), str(path)], check=True)
+        _run(["fallocate", "-l", str(size_bytes), str(path)])
         path.chmod(0o600)
-        subprocess.run(["mkswap", str(path)], check=True, capture_output=True)
-        subprocess.run(["swapon", str(path)], check=True)
+        _run(["mkswap", str(path)])
+        _run(["swapon", str(path)])
         yield path
     finally:
         if str(path) in Path("/proc/swaps").read_text():
-            subprocess.run(["swapoff", str(path)], check=True)
+            _run(["swapoff", str(path)])
         path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
 def memory_cgroup(name: str, limit_bytes: int) -> Iterator[Path]:
-    """A cgroup-v1 memory cgroup limited to limit_bytes. On exit its remaining processes
-    are moved back to the root cgroup and the directory is removed."""
-    if not (MEMCG_V1 / "cgroup.procs").is_file():
-        raise GpujitterError(f"no cgroup-v1 memory controller at {MEMCG_V1}")
-    group = MEMCG_V1 / name
+    """A memory cgroup limited to limit_bytes: cgroup v1's memory controller where it is
+    mounted, else a cgroup-v2 group (memory.max). On exit its remaining processes are moved
+    back to the root cgroup and the directory is removed."""
+    if (MEMCG_V1 / "cgroup.procs").is_file():
+        root, limit_file = MEMCG_V1, "memory.limit_in_bytes"
+    elif "memory" in (read_text(CGROUP_V2 / "cgroup.subtree_control") or "").split():
+        root, limit_file = CGROUP_V2, "memory.max"
+    else:
+        raise GpujitterError(
+            f"no memory cgroup controller: neither {MEMCG_V1} (v1) nor memory in "
+            f"{CGROUP_V2}/cgroup.subtree_control (v2)"
+        )
+    group = root / name
     group.mkdir()
     try:
-        (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        (group / limit_file).write_text(str(limit_bytes))
         yield group
     finally:
         for pid in (group / "cgroup.procs").read_text().split():
             with contextlib.suppress(ProcessLookupError):
-                (MEMCG_V1 / "cgroup.procs").write_text(pid)
+                (root / "cgroup.procs").write_text(pid)
         for _ in range(50):  # rmdir fails while the kernel still releases the last task
             try:
                 group.rmdir()
