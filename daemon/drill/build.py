@@ -113,3 +113,13 @@ def cached_stub() -> Path:
 
 def cached_inject() -> Path:
     return _cached(build_inject, INJECT_SOURCE, INJECT_FLAGS)
+
+
+if __name__ == "__main__":
+    # python -m gpujitter.daemon.drill.build [CACHE]: build the drills' C parts into a cache
+    # folder (for a node without gcc: carry it there and point GPUJITTER_CACHE at it).
+    import sys
+
+    if len(sys.argv) > 1:
+        os.environ["GPUJITTER_CACHE"] = sys.argv[1]
+    print(cached_inject(), cached_stub())

@@ -6,14 +6,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.output import print_json, table
-from gpujitter.daemon.drill.runner import DrillOptions, DrillResult, run_drill
 from gpujitter.daemon.drill.scenarios import SCENARIOS
 from gpujitter.daemon.drill.score import MIN_STALL_NS, TOLERANCE, TOP_CAUSE_SHARE
 from gpujitter.errors import GpujitterError
 from gpujitter.units import format_ns, parse_duration_ns
+
+if TYPE_CHECKING:
+    from gpujitter.daemon.drill.runner import DrillResult
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,6 +66,8 @@ def progress(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpujitter.daemon.drill.runner import DrillOptions, run_drill
+
     if args.stalls < 1:
         raise GpujitterError("--stalls must be at least 1")
     if args.stall_ms <= 0:
