@@ -14,6 +14,7 @@ They run until the pipe closes."""
 
 from __future__ import annotations
 
+import ctypes as ct
 import mmap
 import os
 import struct
@@ -24,6 +25,7 @@ import time
 from gpujitter.probes.host import parse_cpulist
 
 PAGE = mmap.PAGESIZE
+PR_SET_NAME = 15
 
 
 def deadlines(fd: int):
@@ -70,6 +72,8 @@ def io(fd: int, path: str, threads: int, cpus: list[int]) -> None:
 
 def main() -> None:
     role, fd = sys.argv[1], int(sys.argv[2])
+    # A name of its own, so that attributions name the helper (comm), not "python3".
+    ct.CDLL(None).prctl(PR_SET_NAME, f"gj-drill-{role}".encode(), 0, 0, 0)
     if role == "hog":
         hog(fd, int(sys.argv[3]))
     elif role == "io":

@@ -4,6 +4,7 @@
  */
 #define _GNU_SOURCE
 #include <stdint.h>
+#include <sys/resource.h>
 #include <time.h>
 
 static uint64_t now_ns(void)
@@ -31,18 +32,36 @@ uint64_t gj_touch_until(volatile char *base, uint64_t len, uint64_t stride, int 
     return off < len ? off : len;
 }
 
-/* CPU-bound work until the deadline: only the clock is read. Returns the time the thread
- * lost while it spun: the sum of the steps between two consecutive clock reads longer than
- * threshold_ns (interrupt handlers, preemption, the hypervisor: time the loop did not run). */
-uint64_t gj_spin_until(uint64_t deadline_ns, uint64_t threshold_ns)
+static long involuntary_switches(void)
 {
-    uint64_t prev = now_ns(), lost = 0;
+    struct rusage ru;
+    getrusage(RUSAGE_THREAD, &ru);
+    return ru.ru_nivcsw;
+}
+
+/* CPU-bound work until the deadline: only the clock is read. Returns the time the thread
+ * lost while it spun without being switched out: the sum of the steps between two
+ * consecutive clock reads longer than threshold_ns (interrupts, and in a VM the
+ * hypervisor). Steps in which the thread was preempted (its involuntary context switches
+ * rose) go to *preempted_ns instead. */
+uint64_t gj_spin_until(uint64_t deadline_ns, uint64_t threshold_ns, uint64_t *preempted_ns)
+{
+    long switches = involuntary_switches();
+    uint64_t prev = now_ns(), lost = 0, preempted = 0;
     while (prev < deadline_ns) {
         uint64_t t = now_ns();
-        if (t - prev > threshold_ns)
-            lost += t - prev;
+        if (t - prev > threshold_ns) {
+            long n = involuntary_switches();
+            if (n != switches)
+                preempted += t - prev;
+            else
+                lost += t - prev;
+            switches = n;
+            t = now_ns(); /* the time getrusage took is not a step */
+        }
         prev = t;
     }
+    *preempted_ns = preempted;
     return lost;
 }
 

@@ -30,7 +30,7 @@ from gpujitter.daemon.records import Attribution
 from gpujitter.daemon.trace import TraceHeader, TraceWriter
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
-from gpujitter.probes.events import Event
+from gpujitter.probes.events import Event, to_record
 from gpujitter.probes.nvml import NvmlUnavailable, open_nvml
 from gpujitter.probes.sources import EvidenceSources
 from gpujitter.probes.topology import Topology, load_topology
@@ -73,6 +73,7 @@ class DrillResult:
     trace: str | None = None
     topology_override: str | None = None
     stalls: tuple[dict[str, Any], ...] = field(default=())  # the loop's stall records
+    attributions: tuple[Attribution, ...] = ()
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -90,6 +91,7 @@ class DrillResult:
             "gaps_detected": self.gaps,
             "trace": self.trace,
             "topology_override": self.topology_override,
+            "attributions": [to_record(a) for a in self.attributions],
         }
 
 
@@ -272,6 +274,7 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
         trace=trace,
         topology_override=topology.override,
         stalls=tuple(stall_records),
+        attributions=tuple(attrs),
     )
 
 
