@@ -2,7 +2,7 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test lint unit bench clean install install-files uninstall
+.PHONY: setup run test test-matrix lint unit bench clean install install-files uninstall
 
 setup:
 	./scripts/setup.sh
@@ -20,6 +20,11 @@ lint:
 
 unit:
 	$(BIN)/python -m pytest -ra tests/unit
+
+# Each sandbox option of the systemd unit on its own (minutes); `make test` runs them all
+# together.
+test-matrix: setup
+	$(BIN)/python -m pytest -ra -m matrix
 
 bench: setup
 	$(BIN)/python -m bench

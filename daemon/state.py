@@ -38,7 +38,9 @@ class NodeState:
         self.topology = topology
         self.gpus = gpus or []
         self.probes: dict[str, ProbeStatus] = {}
-        self.cpus: dict[int, CpuStats] = {}
+        # The irq and cstate probes each send their half of a CPU's figures (interrupt time;
+        # idle residency): the latest of each half is kept.
+        self.cpus: dict[tuple[int, str], CpuStats] = {}
         self.procs: dict[int, GpuProcesses] = {}
         self.gaps: deque[GpuGap] = deque(maxlen=RECENT)
         self.attributions: deque[Attribution] = deque(maxlen=RECENT)
@@ -50,7 +52,7 @@ class NodeState:
         if isinstance(ev, ProbeStatus):
             self.probes[ev.probe] = ev
         elif isinstance(ev, CpuStats):
-            self.cpus[ev.cpu] = ev
+            self.cpus[(ev.cpu, "idle" if ev.idle_ns else "irq")] = ev
         elif isinstance(ev, GpuGap):
             self.gaps.append(ev)
         elif isinstance(ev, Attribution):

@@ -154,6 +154,19 @@ class WatchChange(Event):
     reason: str
 
 
+@event_kind("meta.hist")
+@dataclass(frozen=True, slots=True)
+class Log2Hist(Event):
+    """What one in-kernel log2 histogram of a probe counted over [ts_ns, ts_ns + interval_ns):
+    (lo, count) pairs, the bucket holding values in [lo, 2 * lo) of `unit` (lo 1 also 0)."""
+
+    interval_ns: int
+    probe: str
+    name: str  # e.g. "runq", "offcpu.sleeping", "wake_to_run.HLT"
+    buckets: tuple[tuple[int, int], ...]
+    unit: str = "ns"
+
+
 # ---------------------------------------------------------------------------------------
 # sched: off-CPU intervals, run-queue waits, migrations, per-node on-CPU time.
 
@@ -213,6 +226,25 @@ class NodeTime(Event):
     tid: int
     tgid: int
     node_ns: tuple[tuple[int, int], ...]  # (node, on-CPU ns) pairs
+
+
+@event_kind("sched.thread")
+@dataclass(frozen=True, slots=True)
+class ThreadSched(Event):
+    """Scheduling totals of one watched thread over [ts_ns, ts_ns + interval_ns), from the
+    in-kernel counters (every interval, not only those above the thresholds). Off-CPU and
+    run-queue time count when the interval ends (the thread runs again)."""
+
+    interval_ns: int
+    tid: int
+    tgid: int
+    oncpu_ns: int
+    offcpu_ns: int
+    runq_ns: int
+    switches: int  # times it left a CPU
+    preemptions: int  # of which while still runnable
+    migrations: int
+    cross_node_migrations: int
 
 
 # ---------------------------------------------------------------------------------------
@@ -316,8 +348,9 @@ class FaultStats(Event):
 @event_kind("cstate.wake")
 @dataclass(frozen=True, slots=True)
 class IdleWake(Event):
-    """Watched thread `tid` was woken at ts_ns onto `cpu`, which had idled idle_ns in `state`
-    (exit latency from cpuidle sysfs); it ran wake_to_run_ns later."""
+    """Watched thread `tid` was woken at ts_ns onto `cpu`, which had idled idle_ns (since it
+    last ran a task), the last in_state_ns of it in `state` (exit latency from cpuidle sysfs,
+    -1 when not published); it ran wake_to_run_ns later."""
 
     tid: int
     tgid: int
@@ -327,6 +360,7 @@ class IdleWake(Event):
     idle_ns: int
     exit_latency_ns: int
     wake_to_run_ns: int
+    in_state_ns: int = 0
 
 
 # ---------------------------------------------------------------------------------------

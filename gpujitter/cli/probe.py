@@ -139,6 +139,10 @@ def precise_options(args: argparse.Namespace, names: list[str]) -> dict[str, dic
     return {"malloc": {"precise_pids": args.precise, "precise_window_ns": window_ns}}
 
 
+# Fields other than ts_ns/end_ns that hold a CLOCK_MONOTONIC time, not a duration.
+TIMESTAMPS = frozenset({"runnable_ns"})
+
+
 def describe(ev: Event, ref: ClockRef) -> str:
     """One line per event: wall time, kind, then fields; *_ns durations in human units."""
     parts = [format_wall(ref, ev.ts_ns), ev.KIND]
@@ -146,10 +150,12 @@ def describe(ev: Event, ref: ClockRef) -> str:
         if f.name == "ts_ns":
             continue
         value = getattr(ev, f.name)
-        if f.name.endswith("_ns") and not f.name.startswith("end") and isinstance(value, int):
-            parts.append(f"{f.name[:-3]}={format_ns(value)}")
-        elif f.name == "end_ns":
+        if f.name == "end_ns":
             parts.append(f"dur={format_ns(value - ev.ts_ns)}")
+        elif f.name in TIMESTAMPS:  # a point in time: shown after the event's start
+            parts.append(f"{f.name[:-3]}=+{format_ns(value - ev.ts_ns)}")
+        elif f.name.endswith("_ns") and isinstance(value, int):
+            parts.append(f"{f.name[:-3]}={format_ns(value)}")
         elif f.name.endswith("_irqs") and value:
             # (name, ns, count) rows: name:time/count
             rows = ",".join(f"{name}:{format_ns(ns)}/{n}" for name, ns, n in value)

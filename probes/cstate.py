@@ -1,0 +1,144 @@
+"""cstate: per-CPU idle states and the wake-ups of watched threads onto idle CPUs. Traced
+through power:cpu_idle, sched_switch and sched_waking (see cstate.bpf.c for the in-kernel side
+and its cost). Wake-ups onto an idle CPU whose wake->run latency exceeds the `wake` threshold
+stream as IdleWake (state, how long the CPU idled, the state's exit latency from cpuidle
+sysfs); every CPU's idle residency per state arrives once a second as CpuStats, the
+wake->run histograms per state as Log2Hist.
+
+State names and exit latencies come from /sys/devices/system/cpu/cpuN/cpuidle/stateK. Without
+a cpuidle driver (no such directories) the kernel's default idle reports state 1 for HLT and
+state 0 for polling, whose exit latency is not published (reported as -1).
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gpujitter.probes.base import BpfProbe, ProbeContext
+from gpujitter.probes.events import CpuStats, Event, IdleWake
+from gpujitter.probes.host import HostPaths, read_text
+from gpujitter.probes.log2 import Log2Map
+from gpujitter.probes.registry import Hook, ProbeSpec
+
+IDLE_STATES = 16  # as in cstate.bpf.c; the last slot also holds higher state numbers
+
+
+@dataclass(frozen=True, slots=True)
+class IdleState:
+    name: str
+    exit_latency_ns: int  # -1: not published
+
+
+# The kernel's default idle without a cpuidle driver (default_idle_call, cpu_idle_poll).
+DEFAULT_IDLE = {0: IdleState("POLL", -1), 1: IdleState("HLT", -1)}
+
+
+def idle_states(paths: HostPaths, cpus: Iterable[int]) -> dict[int, dict[int, IdleState]]:
+    """Per CPU: idle state number -> name and exit latency, from cpuidle sysfs."""
+    out = {}
+    for cpu in cpus:
+        states = {}
+        for d in (paths.sys / f"devices/system/cpu/cpu{cpu}/cpuidle").glob("state[0-9]*"):
+            latency_us = read_text(d / "latency")
+            states[int(d.name[5:])] = IdleState(
+                name=read_text(d / "name") or d.name,
+                exit_latency_ns=int(latency_us) * 1000 if latency_us else -1,
+            )
+        out[cpu] = states or dict(DEFAULT_IDLE)
+    return out
+
+
+def _state(states: dict[int, IdleState], n: int) -> IdleState:
+    return states.get(n) or IdleState(f"state{n}", -1)
+
+
+class CstateProbe(BpfProbe):
+    source = "cstate.bpf.c"
+    rings = ("idle_wakes",)
+
+    def __init__(self, spec: ProbeSpec) -> None:
+        super().__init__(spec)
+        self.paths = HostPaths()
+        self.states: dict[int, dict[int, IdleState]] = {}
+        self._cpus: list[int] = []
+        self._last_ns = 0
+        self._last: dict[tuple[int, int], int] = {}  # (cpu, state) -> residency reported
+        self._hists: Log2Map | None = None
+
+    def start(self, ctx: ProbeContext) -> None:
+        self._cpus = ctx.topology.cpus
+        self.states = idle_states(self.paths, self._cpus)
+        super().start(ctx)
+        names = [_state(self.states[self._cpus[0]], n).name for n in range(IDLE_STATES)]
+        self._hists = Log2Map(
+            self.bpf["wake_log2"], [f"wake_to_run.{n}" for n in [*names, "busy"]], self.name
+        )
+        self._last_ns = time.monotonic_ns()
+        self._last = self._residency(self._last_ns)
+
+    def decode(self, ring: str, rec: Any) -> IdleWake:
+        state = _state(self.states.get(rec.cpu, DEFAULT_IDLE), rec.state)
+        return IdleWake(
+            ts_ns=rec.ts_ns,
+            tid=rec.tid,
+            tgid=rec.tgid,
+            cpu=rec.cpu,
+            state=rec.state,
+            state_name=state.name,
+            idle_ns=rec.idle_ns,
+            in_state_ns=rec.in_state_ns,
+            exit_latency_ns=state.exit_latency_ns,
+            wake_to_run_ns=rec.wake_to_run_ns,
+        )
+
+    def _residency(self, now_ns: int) -> dict[tuple[int, int], int]:
+        """(cpu, state) -> idle ns since load, the idle interval in progress included."""
+        out: dict[tuple[int, int], int] = {}
+        for key, per_cpu in self.bpf["residency_ns"].items_lookup_batch():
+            for cpu in self._cpus:
+                if per_cpu[cpu]:
+                    out[cpu, int(key)] = per_cpu[cpu]
+        for cpu, c in enumerate(self.bpf["idle_now"][ct.c_uint(0)]):
+            if c.in_idle and now_ns > c.entry_ns and cpu in self.states:
+                key = (cpu, min(c.state, IDLE_STATES - 1))
+                out[key] = out.get(key, 0) + now_ns - c.entry_ns
+        return out
+
+    def sample(self, now_ns: int) -> Iterable[Event]:
+        interval = now_ns - self._last_ns
+        idle: dict[int, list[tuple[str, int]]] = {cpu: [] for cpu in self._cpus}
+        for (cpu, state), ns in sorted(self._residency(now_ns).items()):
+            last = self._last.get((cpu, state), 0)
+            # The interval in progress is read apart from the totals: never go backwards.
+            if ns > last:
+                idle[cpu].append((_state(self.states[cpu], state).name, ns - last))
+                self._last[cpu, state] = ns
+        events: list[Event] = [
+            CpuStats(ts_ns=self._last_ns, interval_ns=interval, cpu=cpu, idle_ns=tuple(states))
+            for cpu, states in idle.items()
+        ]
+        if self._hists is not None:
+            events += self._hists.delta(now_ns, interval)
+        self._last_ns = now_ns
+        return events
+
+
+SPECS = (
+    ProbeSpec(
+        name="cstate",
+        summary="idle-state residency per CPU; wake-ups of watched threads onto idle CPUs",
+        default_on=True,
+        hooks=(
+            Hook("tracepoint", "power:cpu_idle"),
+            Hook("tracepoint", "sched:sched_switch"),
+            Hook("tracepoint", "sched:sched_waking"),
+        ),
+        degrades="wake-up delays from idle states are not attributed",
+        factory=CstateProbe,
+        thresholds={"wake": 50_000},
+    ),
+)

@@ -1,0 +1,299 @@
+/* sched: where watched threads spend their time off CPU, and who runs instead of them.
+ * Traced: sched_switch (every context switch, system-wide), sched_waking (every wake-up) and
+ * sched_migrate_task. Tracepoint arguments carry thread ids only, so a watched thread is
+ * recognised when it switches out (it is current then, and its tgid is known) and recorded in
+ * `threads`, keyed by thread id; the wake-up and the switch back in find it there (the
+ * runqlat pattern). Every interval feeds per-thread counters and log2 histograms in the
+ * kernel; only intervals longer than THRESHOLD_OFFCPU_NS, or whose run-queue wait exceeds
+ * THRESHOLD_RUNQ_NS, are streamed. Cost per context switch: a watched-set lookup for the
+ * thread leaving, a `threads` lookup for the thread arriving, a clock read and a few
+ * per-CPU slots more when a watched thread is involved (docs/performance.md).
+ *
+ * -D options: THRESHOLD_OFFCPU_NS, THRESHOLD_RUNQ_NS, SCHED_NODES (NUMA nodes of the
+ * topology), SCHED_SYSCALL_FROM_REGS (read the syscall a thread blocked in from its pt_regs).
+ */
+#include "gpujitter.h"
+
+/* sched_switch prev_state as the tracepoint reports it (one bit per state, see its format):
+ * TASK_REPORT_MAX marks a preemption; 0 a switch away from a task still runnable (yield). */
+#define REPORT_INTERRUPTIBLE 0x01
+#define REPORT_UNINTERRUPTIBLE 0x02
+#define REPORT_STOPPED 0x04
+#define REPORT_TRACED 0x08
+#define REPORT_EXIT_DEAD 0x10
+#define REPORT_EXIT_ZOMBIE 0x20
+#define REPORT_IDLE 0x80 /* TASK_IDLE: uninterruptible but not counted as load */
+#define REPORT_PREEMPTED 0x100
+
+/* OffCpu.state, index into STATES in sched.py */
+enum { ST_PREEMPTED, ST_SLEEPING, ST_UNINTERRUPTIBLE, ST_STOPPED, ST_OTHER, ST_COUNT };
+
+#define LOG2_SLOTS 65 /* bpf_log2l() returns 1..64 */
+
+/* One entry per watched thread, keyed by thread id: the off-CPU interval in progress and the
+ * thread's cumulative totals, which user space reads once a second (and prunes of exited
+ * threads). One map, so that a switch costs one lookup per side. */
+struct thread {
+    u64 off_ns;      /* switched out; 0 while on CPU (or before it was first seen leaving) */
+    u64 runnable_ns; /* woken (== off_ns when preempted), 0 while blocked */
+    u32 tgid;
+    u32 waker_tid;
+    s32 syscall;
+    u16 cpu; /* the CPU it left */
+    u8 state;
+    u8 exited;
+    u64 offcpu_ns;
+    u64 runq_ns;
+    u64 switches;
+    u64 preemptions;
+    u64 migrations;
+    u64 cross_node;
+    u64 oncpu_ns[SCHED_NODES];
+};
+BPF_HASH(threads, u32, struct thread, GJ_MAX_THREADS);
+
+/* The watched thread on this CPU since since_ns (tid 0: none), for on-CPU time per node. */
+struct running {
+    u64 since_ns;
+    u32 tid;
+};
+BPF_PERCPU_ARRAY(running, struct running, 1);
+
+/* Log2 histograms of every completed interval: off-CPU time per state, run-queue wait. */
+BPF_PERCPU_ARRAY(offcpu_log2, u64, ST_COUNT * LOG2_SLOTS);
+BPF_PERCPU_ARRAY(runq_log2, u64, LOG2_SLOTS);
+
+struct offcpu_rec {
+    u64 ts_ns;
+    u64 end_ns;
+    u64 runnable_ns;
+    u32 tid;
+    u32 tgid;
+    u32 cpu;
+    u32 cpu_in;
+    u32 waker_tid;
+    u32 other_tid;
+    s32 syscall;
+    u32 state;
+    char comm[TASK_COMM_LEN];
+    char other_comm[TASK_COMM_LEN];
+};
+BPF_RINGBUF_OUTPUT(offcpu_events, 128);
+
+struct migration_rec {
+    u64 ts_ns;
+    u32 tid;
+    u32 tgid;
+    u32 src_cpu;
+    u32 dst_cpu;
+    u32 src_node;
+    u32 dst_node;
+    char comm[TASK_COMM_LEN];
+};
+BPF_RINGBUF_OUTPUT(migrations, 16);
+
+static __always_inline u8 state_of(long prev_state)
+{
+    if (prev_state == 0 || (prev_state & REPORT_PREEMPTED))
+        return ST_PREEMPTED;
+    if (prev_state & REPORT_UNINTERRUPTIBLE)
+        return ST_UNINTERRUPTIBLE;
+    if (prev_state & (REPORT_INTERRUPTIBLE | REPORT_IDLE))
+        return ST_SLEEPING;
+    if (prev_state & (REPORT_STOPPED | REPORT_TRACED))
+        return ST_STOPPED;
+    return ST_OTHER;
+}
+
+/* The system call the current thread is in (orig_ax of its user-mode registers: pt_regs is
+ * part of the uapi, unlike task_struct), -1 outside one. */
+static __always_inline s32 current_syscall(void)
+{
+#ifdef SCHED_SYSCALL_FROM_REGS
+    struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+    long nr = regs->orig_ax;
+    return nr < 0 ? -1 : (s32)nr;
+#else
+    return -1;
+#endif
+}
+
+/* The tracepoint's argument struct is only declared inside TRACEPOINT_PROBE (bcc generates
+ * it there from tracefs), so helpers take its fields. */
+/* The clock, read at most once per switch and only when a watched thread is involved: a
+ * clock read is the dearest part of an unwatched switch (about 50 ns in a VM). */
+static __always_inline u64 clock_of(u64 *now)
+{
+    if (!*now)
+        *now = bpf_ktime_get_ns();
+    return *now;
+}
+
+static __always_inline void switched_out(u32 tid, long prev_state, u64 *now, u32 cpu)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    u32 slot = 0;
+    struct running *run = NULL;
+    bool exiting = prev_state & (REPORT_EXIT_DEAD | REPORT_EXIT_ZOMBIE);
+    if (!gj_tgid_watched(tgid)) {
+        /* An exiting process has left the watched set already (sched_process_exit runs
+         * before the last switch); its threads switched in as watched still count. */
+        if (!exiting)
+            return;
+        run = running.lookup(&slot);
+        if (!run || run->tid != tid)
+            return;
+    } else {
+        run = running.lookup(&slot);
+    }
+    u64 ts = clock_of(now);
+    u8 state = state_of(prev_state);
+    struct thread zero = {.tgid = tgid};
+    struct thread *t = threads.lookup_or_try_init(&tid, &zero);
+    if (t && t->exited)
+        *t = zero; /* the id of a thread that exited, reused before user space dropped it */
+    if (run) {
+        if (t && run->tid == tid) {
+            u32 node = gj_node_of(cpu);
+            if (node < SCHED_NODES)
+                t->oncpu_ns[node] += ts - run->since_ns;
+        }
+        run->tid = 0;
+    }
+    if (!t)
+        return;
+    t->switches++;
+    if (exiting) {
+        /* The thread's last switch: user space reports its totals once more, then drops it. */
+        t->exited = 1;
+        t->off_ns = 0;
+        return;
+    }
+    if (state == ST_PREEMPTED)
+        t->preemptions++;
+    t->off_ns = ts;
+    t->runnable_ns = state == ST_PREEMPTED ? ts : 0;
+    t->waker_tid = 0;
+    t->syscall = current_syscall();
+    t->cpu = cpu;
+    t->state = state;
+}
+
+static __always_inline void count_log2(u32 state, u64 offcpu_ns, u64 runq_ns)
+{
+    u32 slot = state * LOG2_SLOTS + bpf_log2l(offcpu_ns);
+    u64 *n = offcpu_log2.lookup(&slot);
+    if (n)
+        (*n)++;
+    slot = bpf_log2l(runq_ns);
+    n = runq_log2.lookup(&slot);
+    if (n)
+        (*n)++;
+}
+
+static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid,
+                                        const char *other_comm, u64 *now, u32 cpu)
+{
+    struct thread *t = threads.lookup(&tid);
+    u32 slot = 0;
+    struct running *run = running.lookup(&slot);
+    if (!t || !t->off_ns) {
+        if (run)
+            run->tid = 0;
+        return;
+    }
+    u64 ts = clock_of(now);
+    if (run) {
+        run->tid = tid;
+        run->since_ns = ts;
+    }
+    /* No wake-up seen (it happened before the probe attached): count it all as blocked. */
+    u64 off_ns = t->off_ns;
+    u64 runnable_ns = t->runnable_ns ? t->runnable_ns : ts;
+    u64 offcpu_ns = ts - off_ns;
+    u64 runq_ns = ts - runnable_ns;
+    u32 state = t->state;
+    count_log2(state, offcpu_ns, runq_ns);
+    t->offcpu_ns += offcpu_ns;
+    t->runq_ns += runq_ns;
+    t->off_ns = 0;
+    if (offcpu_ns < THRESHOLD_OFFCPU_NS && runq_ns < THRESHOLD_RUNQ_NS)
+        return;
+    struct offcpu_rec *e = offcpu_events.ringbuf_reserve(sizeof(*e));
+    if (!e) {
+        gj_count_lost();
+        return;
+    }
+    e->ts_ns = off_ns;
+    e->end_ns = ts;
+    e->runnable_ns = runnable_ns;
+    e->tid = tid;
+    e->tgid = t->tgid;
+    e->cpu = t->cpu;
+    e->cpu_in = cpu;
+    e->waker_tid = t->waker_tid;
+    e->other_tid = other_tid;
+    e->syscall = t->syscall;
+    e->state = state;
+    /* the comms point into the tracepoint record, which only helpers may read once the
+     * pointer has moved from the start of it */
+    bpf_probe_read_kernel(e->comm, TASK_COMM_LEN, comm);
+    bpf_probe_read_kernel(e->other_comm, TASK_COMM_LEN, other_comm);
+    offcpu_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+    u64 now = 0;
+    u32 cpu = bpf_get_smp_processor_id();
+    if (args->prev_pid)
+        switched_out(args->prev_pid, args->prev_state, &now, cpu);
+    if (args->next_pid)
+        switched_in(args->next_pid, args->next_comm, args->prev_pid, args->prev_comm, &now, cpu);
+    return 0;
+}
+
+/* sched_waking runs in the waker's context (sched_wakeup may run on the target CPU, after an
+ * idle CPU woke up): its time includes the target's wake-up, and current is the waker. */
+TRACEPOINT_PROBE(sched, sched_waking)
+{
+    u32 tid = args->pid;
+    struct thread *t = threads.lookup(&tid);
+    if (t && t->off_ns && !t->runnable_ns) {
+        t->runnable_ns = bpf_ktime_get_ns();
+        t->waker_tid = (u32)bpf_get_current_pid_tgid();
+    }
+    return 0;
+}
+
+/* Threads in `threads` are watched ones; same-node moves are counted, cross-node ones are
+ * streamed too (they are what costs remote memory access). */
+TRACEPOINT_PROBE(sched, sched_migrate_task)
+{
+    u32 tid = args->pid;
+    struct thread *t = threads.lookup(&tid);
+    if (!t || t->exited)
+        return 0;
+    u32 src_cpu = args->orig_cpu, dst_cpu = args->dest_cpu;
+    u32 src_node = gj_node_of(src_cpu), dst_node = gj_node_of(dst_cpu);
+    t->migrations++;
+    if (src_node == dst_node)
+        return 0;
+    t->cross_node++;
+    struct migration_rec *e = migrations.ringbuf_reserve(sizeof(*e));
+    if (!e) {
+        gj_count_lost();
+        return 0;
+    }
+    e->ts_ns = bpf_ktime_get_ns();
+    e->tid = tid;
+    e->tgid = t->tgid;
+    e->src_cpu = src_cpu;
+    e->dst_cpu = dst_cpu;
+    e->src_node = src_node;
+    e->dst_node = dst_node;
+    TP_DATA_LOC_READ_STR(&e->comm, comm, sizeof(e->comm));
+    migrations.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    return 0;
+}

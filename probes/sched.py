@@ -1,0 +1,196 @@
+"""sched: off-CPU intervals of watched threads (the state they left in, the syscall they
+blocked in, who woke them), run-queue waits with the task that ran instead (CPU
+contention), migrations with their NUMA nodes, and on-CPU time per node. Traced through
+sched_switch, sched_waking and sched_migrate_task (see sched.bpf.c for the in-kernel side and
+its cost); intervals above the `offcpu` or `runq` threshold are streamed as OffCpu,
+cross-node migrations as Migration, and once a second every watched thread's totals arrive
+as ThreadSched and NodeTime, the histograms as Log2Hist.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable, comm_str
+from gpujitter.probes.events import Event, Migration, NodeTime, OffCpu, ThreadSched
+from gpujitter.probes.log2 import Log2Map
+from gpujitter.probes.registry import Hook, ProbeSpec
+
+STATES = ("preempted", "sleeping", "uninterruptible", "stopped", "other")  # ST_* in the .bpf.c
+
+
+@dataclass(slots=True)
+class _Totals:
+    """One thread's cumulative counters as last reported."""
+
+    tgid: int
+    offcpu_ns: int = 0
+    runq_ns: int = 0
+    switches: int = 0
+    preemptions: int = 0
+    migrations: int = 0
+    cross_node: int = 0
+    oncpu_ns: tuple[int, ...] = ()
+
+
+class SchedProbe(BpfProbe):
+    source = "sched.bpf.c"
+    rings = ("offcpu_events", "migrations")
+
+    def __init__(self, spec: ProbeSpec) -> None:
+        super().__init__(spec)
+        self.syscall_from_regs = True
+        self.nodes = 1
+        self._last: dict[int, _Totals] = {}
+        self._last_ns = 0
+        self._cpu_node: dict[int, int] = {}
+        self._hists: list[Log2Map] = []
+
+    def cflags(self, ctx: ProbeContext) -> list[str]:
+        flags = [*super().cflags(ctx), f"-DSCHED_NODES={self.nodes}"]
+        if self.syscall_from_regs:
+            flags.append("-DSCHED_SYSCALL_FROM_REGS")
+        return flags
+
+    def start(self, ctx: ProbeContext) -> None:
+        self._cpu_node = dict(ctx.topology.cpu_node)
+        self.nodes = max(self._cpu_node.values(), default=0) + 1
+        try:
+            super().start(ctx)
+        except ProbeUnavailable as err:
+            # Reading the registers of the current task needs BTF-typed helpers; without
+            # them everything but the blocked-in syscall still works.
+            self.syscall_from_regs = False
+            super().start(ctx)
+            self.state = "degraded"
+            self.reason = f"syscall of blocked threads not reported (-1): {err}"
+        self._last_ns = time.monotonic_ns()
+        self._hists = [
+            Log2Map(self.bpf["offcpu_log2"], [f"offcpu.{s}" for s in STATES], self.name),
+            Log2Map(self.bpf["runq_log2"], ["runq"], self.name),
+        ]
+
+    def decode(self, ring: str, rec: Any) -> Event:
+        if ring == "migrations":
+            return Migration(
+                ts_ns=rec.ts_ns,
+                tid=rec.tid,
+                tgid=rec.tgid,
+                src_cpu=rec.src_cpu,
+                dst_cpu=rec.dst_cpu,
+                src_node=rec.src_node,
+                dst_node=rec.dst_node,
+                comm=comm_str(rec.comm),
+            )
+        return OffCpu(
+            ts_ns=rec.ts_ns,
+            end_ns=rec.end_ns,
+            tid=rec.tid,
+            tgid=rec.tgid,
+            cpu=rec.cpu,
+            cpu_in=rec.cpu_in,
+            state=STATES[rec.state],  # type: ignore[arg-type]
+            runnable_ns=rec.runnable_ns,
+            waker_tid=rec.waker_tid,
+            syscall=rec.syscall,
+            other_tid=rec.other_tid,
+            other_comm=comm_str(rec.other_comm),
+            comm=comm_str(rec.comm),
+        )
+
+    def sample(self, now_ns: int) -> Iterable[Event]:
+        interval = now_ns - self._last_ns
+        events = list(self._thread_totals(now_ns, interval))
+        for hists in self._hists:
+            events += hists.delta(now_ns, interval)
+        self._last_ns = now_ns
+        return events
+
+    def _running(self, now_ns: int) -> dict[int, list[int]]:
+        """On-CPU time of watched threads still running, not yet added by a switch-out:
+        tid -> ns per node."""
+        out: dict[int, list[int]] = {}
+        for cpu, run in enumerate(self.bpf["running"][ct.c_uint(0)]):
+            if run.tid and now_ns > run.since_ns:
+                per_node = out.setdefault(run.tid, [0] * self.nodes)
+                per_node[self._cpu_node.get(cpu, 0)] += now_ns - run.since_ns
+        return out
+
+    def _thread_totals(self, now_ns: int, interval: int) -> Iterator[Event]:
+        table = self.bpf["threads"]
+        running = self._running(now_ns)
+        exited = []
+        for tid, st in table.items_lookup_batch():
+            oncpu = list(st.oncpu_ns)
+            for node, ns in enumerate(running.get(tid, ())):
+                oncpu[node] += ns
+            last = self._last.get(tid)
+            if last is None or last.tgid != st.tgid or st.switches < last.switches:
+                # new, or its id was reused by another thread and the kernel started over
+                last = _Totals(tgid=st.tgid, oncpu_ns=(0,) * self.nodes)
+            # In-progress on-CPU time read a moment ago may exceed what the kernel adds at
+            # the switch-out (the two maps are read apart): never report time backwards.
+            now = _Totals(
+                tgid=st.tgid,
+                offcpu_ns=st.offcpu_ns,
+                runq_ns=st.runq_ns,
+                switches=st.switches,
+                preemptions=st.preemptions,
+                migrations=st.migrations,
+                cross_node=st.cross_node,
+                oncpu_ns=tuple(max(a, b) for a, b in zip(oncpu, last.oncpu_ns, strict=True)),
+            )
+            self._last[tid] = now
+            if st.exited:
+                exited.append(tid)
+            node_ns = tuple(
+                (node, a - b)
+                for node, (a, b) in enumerate(zip(now.oncpu_ns, last.oncpu_ns, strict=True))
+                if a > b
+            )
+            if now.switches != last.switches or node_ns or now.migrations != last.migrations:
+                yield ThreadSched(
+                    ts_ns=now_ns - interval,
+                    interval_ns=interval,
+                    tid=tid,
+                    tgid=st.tgid,
+                    oncpu_ns=sum(ns for _, ns in node_ns),
+                    offcpu_ns=now.offcpu_ns - last.offcpu_ns,
+                    runq_ns=now.runq_ns - last.runq_ns,
+                    switches=now.switches - last.switches,
+                    preemptions=now.preemptions - last.preemptions,
+                    migrations=now.migrations - last.migrations,
+                    cross_node_migrations=now.cross_node - last.cross_node,
+                )
+            if node_ns:
+                yield NodeTime(
+                    ts_ns=now_ns - interval,
+                    interval_ns=interval,
+                    tid=tid,
+                    tgid=st.tgid,
+                    node_ns=node_ns,
+                )
+        for tid in exited:
+            del table[ct.c_uint(tid)]
+            self._last.pop(tid, None)
+
+
+SPECS = (
+    ProbeSpec(
+        name="sched",
+        summary="off-CPU intervals, run-queue waits (CPU contention), migrations, NUMA time",
+        default_on=True,
+        hooks=(
+            Hook("tracepoint", "sched:sched_switch"),
+            Hook("tracepoint", "sched:sched_waking"),
+            Hook("tracepoint", "sched:sched_migrate_task"),
+        ),
+        degrades="off-CPU, run-queue (contention) and cross-NUMA time are not attributed",
+        factory=SchedProbe,
+        thresholds={"offcpu": 5_000_000, "runq": 1_000_000},
+    ),
+)

@@ -1,0 +1,208 @@
+"""Workloads for the sched and cstate probe tests: child processes that wait until the probes
+watch them, run a scripted piece of scheduling behaviour and report what they measured
+themselves (times, thread ids, kernel schedstat) as JSON; and a raw event log, to check a
+probe against what the same tracepoints reported."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PRELUDE = """
+import json, os, sys, threading, time
+def pin(cpu):
+    os.sched_setaffinity(0, {cpu})
+def spin(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+def schedstat():
+    # on-CPU ns, run-queue wait ns, timeslices: the kernel's own accounting of this thread
+    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+        return [int(v) for v in f.read().split()]
+out = {"tid": threading.get_native_id(), "comm": open("/proc/self/comm").read().strip()}
+"""
+
+
+class Child:
+    """A Python child running `body` (with PRELUDE's helpers, filling the dict `out`) once
+    `load()` releases it; `load()` returns when it exited, with `out` in `self.result`.
+    Leaving a `with Child(...)` block kills it if it still runs."""
+
+    def __init__(self, body: str) -> None:
+        script = PRELUDE + "sys.stdin.readline()\n" + textwrap.dedent(body)
+        script += "\nprint(json.dumps(out), flush=True)\n"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.pid = self.proc.pid
+        self.result: dict[str, Any] = {}
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def wait(self) -> dict[str, Any]:
+        stdout, _ = self.proc.communicate(timeout=60)
+        assert self.proc.returncode == 0, stdout
+        self.result = json.loads(stdout)
+        return self.result
+
+    def load(self) -> None:
+        self.go()
+        self.wait()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+def together(*children: Child) -> Callable[[], None]:
+    """A load that releases the children at once and returns when all have exited."""
+
+    def load() -> None:
+        for child in children:
+            child.go()
+        for child in children:
+            child.wait()
+
+    return load
+
+
+@contextlib.contextmanager
+def hog(
+    cpu: int, name: str, *, fifo_priority: int = 0, busy_s: float = 0.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    """An unwatched process named `name` on `cpu` for the block: spinning, or with `busy_s`,
+    spinning busy_s and sleeping as long in turn; SCHED_FIFO with a priority."""
+    code = f"""
+import os, time
+os.sched_setaffinity(0, {{{cpu}}})
+if {fifo_priority}:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param({fifo_priority}))
+with open("/proc/self/comm", "w") as f:
+    f.write({name!r})
+while True:
+    end = time.monotonic() + {busy_s}
+    while time.monotonic() < end or not {busy_s}:
+        pass
+    time.sleep({busy_s})
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def idle_ticks() -> dict[int, int]:
+    """Per CPU: idle + iowait time from /proc/stat, in USER_HZ ticks."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            out[int(name[3:])] = int(fields[3]) + int(fields[4])
+    return out
+
+
+def quietest_cpu(window_s: float = 0.3) -> int:
+    """The CPU that idled most over the last moment: where a test that needs idle time
+    has the best chance on a machine shared with other work."""
+    before = idle_ticks()
+    time.sleep(window_s)
+    after = idle_ticks()
+    return max(after, key=lambda cpu: after[cpu] - before[cpu])
+
+
+@dataclass(frozen=True, slots=True)
+class Logged:
+    """One event the recorder saw: an idle-state entry (state), its exit, or a switch."""
+
+    ts_ns: int
+    kind: str  # "entry", "exit" or "switch"
+    state: int = 0
+    prev_pid: int = 0
+    next_pid: int = 0
+
+
+# The kernel's own tracer cannot serve here: on this kernel ftrace and perf counting miss
+# most events raised by the idle task (power:cpu_idle, switches away from idle), which BPF
+# programs do see. So the ground truth is a second, deliberately naive BPF program that
+# logs every raw event on one CPU for the test to recompute from.
+RECORDER = r"""
+struct logged { u64 ts_ns; u32 kind; u32 a; u32 b; };
+BPF_RINGBUF_OUTPUT(logged, 4096);
+BPF_ARRAY(dropped, u64, 1);
+static __always_inline int put(u32 kind, u32 a, u32 b)
+{
+    if (bpf_get_smp_processor_id() != CPU)
+        return 0;
+    struct logged *e = logged.ringbuf_reserve(sizeof(*e));
+    if (!e) {
+        dropped.increment(0);
+        return 0;
+    }
+    e->ts_ns = bpf_ktime_get_ns();
+    e->kind = kind;
+    e->a = a;
+    e->b = b;
+    logged.ringbuf_submit(e, 0);
+    return 0;
+}
+TRACEPOINT_PROBE(power, cpu_idle)
+{
+    return put(args->state == 0xffffffff ? 1 : 0, args->state, 0);
+}
+TRACEPOINT_PROBE(sched, sched_switch) { return put(2, args->prev_pid, args->next_pid); }
+"""
+_KINDS = ("entry", "exit", "switch")
+
+
+@contextlib.contextmanager
+def idle_log(cpu: int) -> Iterator[Callable[[], list[Logged]]]:
+    """Log idle-state entries, exits and context switches of `cpu` for the block; yields a
+    function that returns them (in order) and checks that none was dropped."""
+    from bcc import BPF
+
+    bpf = BPF(text=RECORDER, cflags=[f"-DCPU={cpu}"])
+    try:
+        out: list[Logged] = []
+
+        def on_event(_ctx: Any, data: int, _size: int) -> int:
+            e = bpf["logged"].event(data)
+            if e.kind == 2:
+                out.append(Logged(e.ts_ns, "switch", prev_pid=e.a, next_pid=e.b))
+            else:
+                out.append(Logged(e.ts_ns, _KINDS[e.kind], state=e.a))
+            return 0
+
+        bpf["logged"].open_ring_buffer(on_event)
+
+        def logged() -> list[Logged]:
+            bpf.ring_buffer_consume()
+            assert bpf["dropped"][0].value == 0, "the idle log overflowed"
+            return out
+
+        yield logged
+    finally:
+        bpf.cleanup()

@@ -1,0 +1,176 @@
+"""cstate probe on the real kernel: sleeps that wake onto an idle CPU are reported with the
+idle state and an idle time matching the sleep, idle residency per CPU agrees with the
+kernel's own idle accounting (/proc/stat), the threshold filters in the kernel while the
+histograms count every wake-up, and unwatched processes produce nothing."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import threading
+import time
+
+import pytest
+
+from gpujitter.probes.cstate import idle_states
+from gpujitter.probes.events import CpuStats, IdleWake, Log2Hist
+from gpujitter.probes.host import HostPaths
+from gpujitter.probes.watch import WatchSpec
+from tests.kernel.conftest import run_probes
+from tests.kernel.sched_load import Child, hog, idle_log, idle_ticks, quietest_cpu, together
+
+MS = 1_000_000
+USER_HZ = 100  # /proc/stat's unit is 1/USER_HZ s
+# The log's program and the probe's run one after the other on the same tracepoint.
+LOG_SLACK_NS = 10_000
+
+
+def sleeper(cpu: int) -> Child:
+    """Pinned to `cpu`, the child sleeps 10 ms 21 times; nothing else of ours runs there, so
+    each sleep leaves the CPU idle (unless another task runs) and the timer wakes the child
+    onto it."""
+    return Child(
+        f"""
+    pin({cpu})
+    time.sleep(0.01)
+    out["t0"] = time.monotonic_ns()
+    for _ in range(20):
+        time.sleep(0.01)
+    out["t1"] = time.monotonic_ns()
+"""
+    )
+
+
+def wake_counts(rec: object, name_prefix: str = "wake_to_run.") -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for h in rec.of(Log2Hist, probe="cstate"):  # type: ignore[attr-defined]
+        if h.name.startswith(name_prefix):
+            state = h.name[len(name_prefix) :]
+            counts[state] = counts.get(state, 0) + sum(n for _, n in h.buckets)
+    return counts
+
+
+def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time() -> None:
+    # Other tasks may run on the CPU during a sleep (this machine is shared), so each wake-up
+    # is checked against a raw log of that CPU's idle entries, exits and switches: when it
+    # went idle, which state it entered last, when it left it.
+    cpu = quietest_cpu()
+    with sleeper(cpu) as child, idle_log(cpu) as logged:
+        rec = run_probes(
+            ["cstate"],
+            child.load,
+            watch=WatchSpec(pids={child.pid}),
+            thresholds={"cstate": {"wake": 0}},
+            settle_s=1.2,
+        )
+        log = logged()
+    res = child.result
+    wakes = [w for w in rec.of(IdleWake, tid=child.pid) if res["t0"] <= w.ts_ns <= res["t1"]]
+    names = idle_states(HostPaths(), [cpu])[cpu]
+    switches = [e for e in log if e.kind == "switch"]
+    from_idle = [
+        e
+        for e in switches
+        if e.next_pid == child.pid and e.prev_pid == 0 and res["t0"] <= e.ts_ns <= res["t1"]
+    ]
+    # A precondition, not the probe: other work kept the CPU busy if this fails.
+    assert len(from_idle) >= 5, f"CPU {cpu} was seldom idle when the child woke"
+    assert len(wakes) >= len(from_idle) - 2  # woken while the CPU idled: every one reported
+    for w in wakes:
+        assert w.cpu == cpu and w.tgid == child.pid
+        assert w.state_name == names[w.state].name
+        assert w.exit_latency_ns == names[w.state].exit_latency_ns
+        run_ns = w.ts_ns + w.wake_to_run_ns
+        switch_in = min(from_idle, key=lambda e: abs(e.ts_ns - run_ns))
+        assert abs(switch_in.ts_ns - run_ns) < LOG_SLACK_NS, (w, switch_in)
+        went_idle = max(e.ts_ns for e in switches if e.next_pid == 0 and e.ts_ns < switch_in.ts_ns)
+        idle_since = min(e.ts_ns for e in log if e.kind == "entry" and e.ts_ns > went_idle)
+        entry = max(
+            (e for e in log if e.kind == "entry" and e.ts_ns < switch_in.ts_ns),
+            key=lambda e: e.ts_ns,
+        )
+        exit_ns = min(e.ts_ns for e in log if e.kind == "exit" and e.ts_ns >= entry.ts_ns)
+        assert w.state == entry.state
+        assert w.in_state_ns == pytest.approx(exit_ns - entry.ts_ns, abs=LOG_SLACK_NS)
+        assert w.idle_ns == pytest.approx(exit_ns - idle_since, abs=LOG_SLACK_NS)
+        assert 0 < w.in_state_ns <= w.idle_ns < 11 * MS  # never longer than the 10 ms sleep
+    assert statistics.median(w.wake_to_run_ns for w in wakes) < 500_000
+
+    # With threshold 0 every wake-up onto an idle CPU was streamed; the histograms counted
+    # those and the ones onto a busy CPU: every one of the 21 sleeps after "go".
+    counts = wake_counts(rec)
+    assert sum(n for state, n in counts.items() if state != "busy") == len(
+        rec.of(IdleWake, tid=child.pid)
+    )
+    assert sum(counts.values()) >= 21
+    assert rec.status("cstate").lost_kernel == 0
+
+
+def test_threshold_filters_in_the_kernel_and_unwatched_processes_are_ignored() -> None:
+    cpu = quietest_cpu()
+    with sleeper(cpu) as watched, sleeper(cpu) as unwatched:
+        low = run_probes(
+            ["cstate"],
+            together(watched, unwatched),
+            watch=WatchSpec(pids={watched.pid}),
+            thresholds={"cstate": {"wake": 0}},
+        )
+    assert low.of(IdleWake, tgid=watched.pid)
+    assert low.of(IdleWake, tgid=unwatched.pid) == []
+
+    with sleeper(cpu) as child:
+        high = run_probes(
+            ["cstate"],
+            child.load,
+            watch=WatchSpec(pids={child.pid}),
+            thresholds={"cstate": {"wake": 10_000 * MS}},
+            settle_s=1.2,
+        )
+    assert high.of(IdleWake) == []
+    assert sum(wake_counts(high).values()) >= 21
+
+
+def test_idle_residency_agrees_with_the_kernels_idle_time() -> None:
+    # The kernel's idle time per CPU, read every 5 ms while the probe runs; CPU 0 is kept
+    # busy for part of the run so that its residency changes from one second to the next.
+    readings: list[tuple[int, dict[int, int]]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            readings.append((time.monotonic_ns(), idle_ticks()))
+            time.sleep(0.005)
+
+    def load() -> None:
+        time.sleep(1.2)
+        with hog(0, "gj-hog"):
+            time.sleep(1.5)
+        time.sleep(1.2)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        rec = run_probes(["cstate"], load, watch=WatchSpec(pids={1}))
+    finally:
+        stop.set()
+        sampler.join()
+
+    def idle_at(ts_ns: int, cpu: int) -> float:
+        """Kernel idle ns at ts_ns, interpolated between the readings around it."""
+        for (t0, a), (t1, b) in itertools.pairwise(readings):
+            if t0 <= ts_ns <= t1:
+                frac = (ts_ns - t0) / (t1 - t0)
+                return (a[cpu] + frac * (b[cpu] - a[cpu])) * 1e9 / USER_HZ
+        raise AssertionError(f"no /proc/stat reading around {ts_ns}")
+
+    full = [s for s in rec.of(CpuStats) if s.interval_ns > 900 * MS]
+    assert len(full) >= 2 * 3  # three whole seconds on each of the two CPUs
+    busy_seconds = 0
+    for s in full:
+        probe_ns = sum(ns for _, ns in s.idle_ns)
+        kernel_ns = idle_at(s.ts_ns + s.interval_ns, s.cpu) - idle_at(s.ts_ns, s.cpu)
+        assert probe_ns <= s.interval_ns
+        # /proc/stat counts in 10 ms ticks: allow a tick at each end plus 3 %.
+        assert probe_ns == pytest.approx(kernel_ns, abs=20 * MS + 0.03 * s.interval_ns)
+        busy_seconds += s.cpu == 0 and probe_ns < 0.5 * s.interval_ns
+    assert busy_seconds >= 1  # the hog's second on CPU 0 shows as (nearly) no idle time

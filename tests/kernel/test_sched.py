@@ -1,0 +1,275 @@
+"""sched probe on the real kernel: run-queue waits behind a CPU hog (checked against the
+kernel's own schedstat), off-CPU states with the syscall and the waker, a forced cross-node
+migration under a topology override, thresholds applied in the kernel, unwatched processes
+ignored, and a probe that the kernel refuses reported unavailable while the others run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpujitter.probes import registry
+from gpujitter.probes.events import (
+    IdleWake,
+    Log2Hist,
+    Migration,
+    NodeTime,
+    OffCpu,
+    ThreadSched,
+)
+from gpujitter.probes.sched import SchedProbe
+from gpujitter.probes.topology import load_topology
+from gpujitter.probes.watch import WatchSpec
+from tests.kernel.conftest import Recorded, run_probes
+from tests.kernel.sched_load import Child, hog, together
+
+MS = 1_000_000
+# x86_64 system call numbers
+SYS_READ, SYS_WRITE, SYS_PWRITE64, SYS_FSYNC, SYS_FDATASYNC = 0, 1, 18, 74, 75
+SYS_CLOCK_NANOSLEEP = 230
+
+EVERYTHING = {"sched": {"offcpu": 0, "runq": 0}}
+TOPOLOGY_2NODE = Path(__file__).parents[1] / "fixtures" / "topology-2node.toml"
+
+
+def in_window(events: list[Any], result: dict[str, Any]) -> list[Any]:
+    return [e for e in events if e.ts_ns >= result["t0"] and e.end_ns <= result["t1"]]
+
+
+def test_run_queue_wait_behind_a_hog_is_the_hogs_time_and_names_it() -> None:
+    # Child and hog are real-time on CPU 1, the hog above the child: every time the hog
+    # wakes (5 ms busy, 5 ms asleep) it preempts the child, which waits on the run queue
+    # for exactly the hog's stint; other tasks (real-time beats them) barely get in.
+    with (
+        hog(1, "gj-hog", fifo_priority=10, busy_s=0.005) as spinner,
+        Child(f"""
+        pin(1)
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(5))
+        def hog_oncpu():
+            with open("/proc/{spinner.pid}/schedstat") as f:
+                return int(f.read().split()[0])
+        before, hog0 = schedstat(), hog_oncpu()
+        out["t0"] = time.monotonic_ns()
+        spin(1.5)
+        out["t1"] = time.monotonic_ns()
+        out["run_delay_ns"] = schedstat()[1] - before[1]
+        out["hog_oncpu_ns"] = hog_oncpu() - hog0
+    """) as child,
+    ):
+        rec = run_probes(
+            ["sched"],
+            child.load,
+            watch=WatchSpec(pids={child.pid}),
+            thresholds=EVERYTHING,
+            settle_s=1.2,  # one more once-a-second sample after the child exited
+        )
+    res = child.result
+    waits = in_window(rec.of(OffCpu, tid=child.pid), res)
+    runq = sum(e.runq_ns for e in waits)
+
+    # The kernel's own run-queue accounting of the same thread over the same stretch.
+    assert runq == pytest.approx(res["run_delay_ns"], rel=0.05)
+    behind_hog = [e for e in waits if e.other_comm == "gj-hog"]
+    assert sum(e.runq_ns for e in behind_hog) == pytest.approx(res["hog_oncpu_ns"], rel=0.1)
+    assert sum(e.runq_ns for e in behind_hog) > 0.85 * runq
+    assert 100 < len(behind_hog) < 160  # one per 5 ms stint of 1.5 s, sleeps oversleep
+    assert all(e.other_tid == spinner.pid and e.state == "preempted" for e in behind_hog)
+    assert all(e.runnable_ns == e.ts_ns and e.cpu == e.cpu_in == 1 for e in behind_hog)
+    assert all(e.tgid == child.pid and e.comm == res["comm"] for e in waits)
+
+    # In-kernel counters and histograms saw every interval that was streamed (threshold 0).
+    everything = rec.of(OffCpu, tid=child.pid)
+    totals = rec.of(ThreadSched, tid=child.pid)
+    assert sum(t.runq_ns for t in totals) == sum(e.runq_ns for e in everything)
+    assert sum(t.offcpu_ns for t in totals) == sum(e.end_ns - e.ts_ns for e in everything)
+    assert sum(t.preemptions for t in totals) >= len(behind_hog)
+    runq_hist = rec.of(Log2Hist, probe="sched", name="runq")
+    assert sum(n for h in runq_hist for _, n in h.buckets) == len(everything)
+    assert rec.status("sched").lost_kernel == 0
+
+
+def test_off_cpu_states_carry_the_syscall_and_the_waker(tmp_path: Path) -> None:
+    with Child(f"""
+        for _ in range(5):
+            time.sleep(0.02)                   # clock_nanosleep: sleeping
+        r, w = os.pipe()
+        def writer():
+            out["writer_tid"] = threading.get_native_id()
+            time.sleep(0.03)
+            os.write(w, b"x")
+        t = threading.Thread(target=writer)
+        t.start()
+        os.read(r, 1)                          # read: sleeping, woken by the writer thread
+        t.join()
+        import mmap
+        buf = mmap.mmap(-1, 1 << 20)
+        buf.write(b"y" * (1 << 20))
+        fd = os.open({str(tmp_path / "direct")!r}, os.O_WRONLY | os.O_CREAT | os.O_DIRECT)
+        for _ in range(8):
+            os.write(fd, buf)                  # O_DIRECT: waits for the disk, uninterruptible
+        os.fsync(fd)
+        os.close(fd)
+    """) as child:
+        rec = run_probes(
+            ["sched"], child.load, watch=WatchSpec(pids={child.pid}), thresholds=EVERYTHING
+        )
+    mine = rec.of(OffCpu, tgid=child.pid)
+
+    main = [e for e in mine if e.tid == child.pid]
+    # 20 ms sleeps; a preemption on the way into one can shave a little off its interval
+    sleeps = [e for e in main if e.syscall == SYS_CLOCK_NANOSLEEP and e.blocked_ns >= 15 * MS]
+    assert len(sleeps) == 5
+    assert all(e.state == "sleeping" and e.blocked_ns < 30 * MS for e in sleeps)
+
+    reads = [e for e in mine if e.syscall == SYS_READ and e.waker_tid == child.result["writer_tid"]]
+    assert len(reads) == 1
+    assert reads[0].state == "sleeping"
+    assert 25 * MS <= reads[0].blocked_ns < 60 * MS  # the writer slept 30 ms
+    assert reads[0].tid == child.pid
+
+    disk = [e for e in mine if e.state == "uninterruptible"]
+    assert disk, "O_DIRECT writes and fsync must block uninterruptibly"
+    assert {e.syscall for e in disk} <= {SYS_WRITE, SYS_PWRITE64, SYS_FSYNC, SYS_FDATASYNC}
+    assert sum(e.blocked_ns for e in disk) > 0
+    assert rec.status("sched").state == "running"
+
+
+SLEEPS = """
+    for _ in range(10):
+        time.sleep(0.02)
+"""
+
+
+def sleeps_under(thresholds: dict[str, int], settle_s: float = 0.3) -> tuple[Child, Recorded]:
+    with Child(SLEEPS) as child:
+        rec = run_probes(
+            ["sched"],
+            child.load,
+            watch=WatchSpec(pids={child.pid}),
+            thresholds={"sched": thresholds},
+            settle_s=settle_s,
+        )
+    return child, rec
+
+
+def test_thresholds_filter_in_the_kernel_and_aggregates_still_count() -> None:
+    child, rec = sleeps_under({"offcpu": 15 * MS, "runq": 10_000 * MS})
+    streamed = rec.of(OffCpu, tgid=child.pid)
+    # Exactly the ten sleeps (the wait for "go" began before the probe watched the child).
+    assert len(streamed) == 10
+    assert all(15 * MS <= e.end_ns - e.ts_ns < 30 * MS for e in streamed)
+
+    child, rec = sleeps_under({"offcpu": 50 * MS, "runq": 10_000 * MS}, settle_s=1.2)
+    assert rec.of(OffCpu, tgid=child.pid) == []
+    # ...while the histogram saw the ten 20 ms sleeps: [16.8 ms, 33.6 ms) is bucket 2^24.
+    sleeping = rec.of(Log2Hist, probe="sched", name="offcpu.sleeping")
+    assert sum(n for h in sleeping for lo, n in h.buckets if lo == 1 << 24) >= 10
+    assert sum(t.switches for t in rec.of(ThreadSched, tid=child.pid)) >= 11  # and the exit
+
+
+def test_unwatched_processes_produce_nothing() -> None:
+    with Child(SLEEPS) as watched, Child(SLEEPS) as unwatched:
+        rec = run_probes(
+            ["sched"],
+            together(watched, unwatched),
+            watch=WatchSpec(pids={watched.pid}),
+            thresholds=EVERYTHING,
+        )
+    assert len(rec.of(OffCpu, tgid=watched.pid)) >= 10
+    for kind in (OffCpu, ThreadSched, NodeTime, Migration):
+        assert rec.of(kind, tgid=unwatched.pid) == []
+
+
+def test_forced_cross_node_migration_and_node_time_split() -> None:
+    # Under the override CPU 0 is node 0 and CPU 1 node 1: moving the thread by affinity
+    # crosses nodes twice, and its on-CPU time splits by the time spun on each.
+    with Child("""
+        pin(0)
+        spin(0.05)
+        out["t_move"] = time.monotonic_ns()
+        c0 = time.thread_time_ns()
+        spin(0.3)
+        c1 = time.thread_time_ns()
+        pin(1)
+        spin(0.2)
+        c2 = time.thread_time_ns()
+        pin(0)
+        spin(0.1)
+        c3 = time.thread_time_ns()
+        out["node0_ns"] = c1 - c0 + c3 - c2
+        out["node1_ns"] = c2 - c1
+    """) as child:
+        rec = run_probes(
+            ["sched"],
+            child.load,
+            watch=WatchSpec(pids={child.pid}),
+            topology=load_topology(override=TOPOLOGY_2NODE),
+            settle_s=1.2,
+        )
+    res = child.result
+    moves = [m for m in rec.of(Migration, tid=child.pid) if m.ts_ns > res["t_move"]]
+    assert [(m.src_cpu, m.dst_cpu, m.src_node, m.dst_node) for m in moves] == [
+        (0, 1, 0, 1),
+        (1, 0, 1, 0),
+    ]
+    assert all(m.cross_node and m.tgid == child.pid and m.comm == res["comm"] for m in moves)
+    totals = rec.of(ThreadSched, tid=child.pid)
+    assert sum(t.cross_node_migrations for t in totals) == len(rec.of(Migration, tid=child.pid))
+
+    node_ns = {0: 0, 1: 0}
+    for nt in rec.of(NodeTime, tid=child.pid):
+        for node, ns in nt.node_ns:
+            node_ns[node] += ns
+    # node 0 also holds the child's start (the pin and 50 ms spin before t_move)
+    assert res["node0_ns"] <= node_ns[0] < res["node0_ns"] + 80 * MS
+    assert node_ns[1] == pytest.approx(res["node1_ns"], rel=0.05, abs=2 * MS)
+
+
+class BadHookProbe(SchedProbe):
+    def attach(self, ctx: Any) -> None:
+        self.bpf.attach_tracepoint(
+            tp="sched:gj_no_such_event", fn_name=b"tracepoint__sched__sched_switch"
+        )
+
+
+class NoRegsProbe(SchedProbe):
+    """A kernel without BTF-typed task helpers: the first compile (with pt_regs) fails."""
+
+    def cflags(self, ctx: Any) -> list[str]:
+        flags = super().cflags(ctx)
+        if self.syscall_from_regs:
+            # an untyped task pointer: what the verifier refuses where BTF helpers are missing
+            flags.append("-Dbpf_get_current_task_btf()=bpf_get_current_task()")
+        return flags
+
+
+def test_a_refused_probe_is_unavailable_and_the_others_run(monkeypatch: Any) -> None:
+    sched = registry.get("sched")
+    broken = replace(sched, name="broken", factory=BadHookProbe)
+    no_regs = replace(sched, name="sched-noregs", factory=NoRegsProbe)
+    monkeypatch.setitem(registry._SPECS, "broken", broken)
+    monkeypatch.setitem(registry._SPECS, "sched-noregs", no_regs)
+    with Child(SLEEPS + "\n    time.sleep(0.02)\n") as child:
+        rec = run_probes(
+            ["broken", "sched-noregs", "cstate"],
+            child.load,
+            watch=WatchSpec(pids={child.pid}),
+            thresholds={
+                "broken": EVERYTHING["sched"],
+                "sched-noregs": EVERYTHING["sched"],
+                "cstate": {"wake": 0},
+            },
+        )
+    assert rec.status("broken").state == "unavailable"
+    assert "gj_no_such_event" in rec.status("broken").reason
+    degraded = rec.status("sched-noregs")
+    assert degraded.state == "degraded"
+    assert "syscall" in degraded.reason
+    sleeps = [e for e in rec.of(OffCpu, tgid=child.pid) if e.blocked_ns >= 15 * MS]
+    assert len(sleeps) == 11
+    assert {e.syscall for e in sleeps} == {-1}
+    assert rec.status("cstate").state == "running"
+    assert rec.of(IdleWake, tgid=child.pid)
