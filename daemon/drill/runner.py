@@ -39,7 +39,7 @@ from gpujitter.probes.watch import WatchSpec
 WARMUP_S = 1.0  # go -> first stall: the loop steady, the probes' first ticks done
 TAIL_S = 1.0  # last stall -> end
 MIN_SPACING_S = 0.5  # between stalls, beyond the stall itself (pools refill, faults settle)
-SETTLE_S = 1.5  # after the loop: aggregates read once a second arrive
+SETTLE_S = 0.5  # after the loop: the ring buffers drain (stalls end >= TAIL_S before it)
 READY_TIMEOUT_S = 300.0  # set-up (a swap fill, a CUDA context) before the loop starts
 WORK_ROOT = Path("/var/tmp")  # scratch files must be on a disk: tmpfs has no page cache to drop
 

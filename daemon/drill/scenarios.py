@@ -165,8 +165,11 @@ def _migrate(stage: Stage) -> None:
 
 def _cstate(stage: Stage) -> None:
     stage.params["sleep_us"] = 50
-    # Every wake-up onto an idle CPU, not only those slower than the default 50 us.
+    # Every wake-up onto an idle CPU, not only those slower than the default 50 us; every
+    # sleep as an off-CPU interval, not only those of 5 ms or more (else the engine has
+    # only the thread's on-CPU total to spread over the stall).
     stage.thresholds["cstate"] = {"wake": 1_000}
+    stage.thresholds["sched"] = {"offcpu": 20_000}
     idle = stage.topology.idle
     if idle is not None and idle.driver is None:
         stage.notes.append(

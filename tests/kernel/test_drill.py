@@ -23,6 +23,7 @@ from gpujitter.daemon.records import (
     AllocEvidence,
     Evidence,
     FaultEvidence,
+    IdleEvidence,
     IrqEvidence,
     MigrationEvidence,
     NodeEvidence,
@@ -50,7 +51,8 @@ def rows(r: DrillResult) -> str:
 
 
 def assert_meets_targets(r: DrillResult) -> None:
-    assert r.score.stalls and r.score.passed, rows(r)
+    met = bool(r.score.stalls) and r.score.passed
+    assert met, rows(r)
 
 
 def evidence(r: DrillResult, cause: str, kind: type[Evidence]) -> list[list[Any]]:
@@ -130,16 +132,22 @@ def test_disk_interrupts_on_the_feeding_cpu() -> None:
 
 
 def test_idle_wakeups() -> None:
+    """Without a cpuidle driver the CPUs idle in HLT: a wake-up from it costs microseconds,
+    so the stall stays the sleeps themselves (blocked). The loop's measure of the cause is
+    each sleep's lateness, which also holds the timer interrupt's way out of HLT before the
+    wake-up; idle_wake is wake-up to running: a part of it."""
     r = drill("cstate")
     s = r.score
     assert s.found == s.injected and not s.false_gaps, rows(r)
-    assert all(st.attributed_ns > 0 for st in s.stalls), rows(r)
+    for found, stall in zip(evidence(r, "idle_wake", IdleEvidence), r.stalls, strict=True):
+        assert found[0].count >= stall["wakes"] // 2, rows(r)
+    assert 0.2 * s.truth_ns <= s.attributed_ns <= s.truth_ns, rows(r)
 
 
 def test_the_control_has_no_gap() -> None:
-    r = drill("clean", duration_s=10.0)
+    r = drill("clean", duration_s=6.0)
     assert r.score.stalls == () and r.gaps == 0, rows(r)
-    assert r.feeder["done"]["steps"] > 500  # it did feed: ~10 ms of GPU work a step
+    assert r.feeder["done"]["steps"] > 300  # it did feed: ~10 ms of GPU work a step
 
 
 def test_cli_json_and_its_trace_replays_to_the_same_attributions(tmp_path: Path) -> None:
