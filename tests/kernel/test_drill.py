@@ -72,21 +72,19 @@ def test_malloc_munmaps_are_allocator_stalls() -> None:
         assert [(e.call, e.count) for e in found] == [("munmap", stall["munmaps"])], rows(r)
 
 
-def test_swap_ins_in_the_feeding_thread() -> None:
-    r = drill("swap")
+@pytest.mark.parametrize(
+    ("scenario", "cause", "kind"),
+    [
+        ("swap", "swap_in", "swap"),  # the cgroup limit forces real swap-ins
+        ("filefaults", "major_fault", "file"),  # the dropped page cache makes reads go to disk
+    ],
+)
+def test_major_faults_in_the_feeding_thread(scenario: str, cause: str, kind: str) -> None:
+    r = drill(scenario)
     assert_meets_targets(r)
-    for found, stall in zip(evidence(r, "swap_in", FaultEvidence), r.stalls, strict=True):
-        assert stall["majflt"] > 100, "the cgroup limit must force real swap-ins"
-        assert found[0].kind == "swap"
-        assert abs(found[0].count - stall["majflt"]) <= 0.1 * stall["majflt"], rows(r)
-
-
-def test_file_faults_after_the_page_cache_was_dropped() -> None:
-    r = drill("filefaults")
-    assert_meets_targets(r)
-    for found, stall in zip(evidence(r, "major_fault", FaultEvidence), r.stalls, strict=True):
-        assert stall["majflt"] > 50, "dropping the page cache must make reads go to the disk"
-        assert found[0].kind == "file"
+    for found, stall in zip(evidence(r, cause, FaultEvidence), r.stalls, strict=True):
+        assert stall["majflt"] > 50, "the stall must take real major faults"
+        assert found[0].kind == kind
         assert abs(found[0].count - stall["majflt"]) <= 0.1 * stall["majflt"], rows(r)
 
 
