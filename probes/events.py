@@ -293,7 +293,8 @@ class CpuStats(Event):
 @event_kind("fault.minor")
 @dataclass(frozen=True, slots=True)
 class MinorFaults(Event):
-    """`count` minor faults of one thread between ts_ns and end_ns, total_ns spent in them."""
+    """`count` minor faults of one thread between ts_ns and end_ns, total_ns spent in them
+    (with the trap exit and entry between faults that followed each other at once)."""
 
     end_ns: int
     tid: int

@@ -11,7 +11,8 @@
  * stream_modes map says which records to stream (minor windows and file majors for `faults`,
  * swap-ins for `swap` or, alone, `faults`), so one real fault yields at most one record.
  * Minor faults come in storms: they are summed per thread into windows, streamed when a
- * window's fault time reaches THRESHOLD_MINOR_NS. Cost: three perf-event programs run for
+ * window's fault time reaches THRESHOLD_MINOR_NS; a window's time includes the stretches
+ * between faults that follow each other within THRESHOLD_STORM_GAP_NS. Cost: three perf-event programs run for
  * every fault on the node (a filter lookup for unwatched threads), plus one map lookup per
  * file fault and per block read.
  */
@@ -125,6 +126,10 @@ static __always_inline void minor_done(struct thread_faults *t, u64 id, u64 star
     if (!t->win_count) {
         t->win_first_ns = start;
         t->win_total_ns = 0;
+    } else if (start >= t->win_last_ns && start - t->win_last_ns < THRESHOLD_STORM_GAP_NS) {
+        /* Back to back with the window's previous fault: the return to user space and the
+         * next trap in between, which no hook times, are the storm's cost too. */
+        t->win_total_ns += start - t->win_last_ns;
     }
     t->win_last_ns = now;
     t->win_count++;

@@ -273,8 +273,15 @@ SPECS = (
         degrades="page-fault time is not attributed (it shows as on-CPU time)",
         factory=FaultProbe,
         # minor: fault time that makes a window worth streaming; minor_window: longest span
-        # of one window; major: shortest file-backed major fault streamed.
-        thresholds={"minor": 1_000_000, "minor_window": 100_000_000, "major": 10_000},
+        # of one window; storm_gap: faults of a window closer than this are back to back, and
+        # the time between them (trap exit and entry) is fault time; major: shortest
+        # file-backed major fault streamed.
+        thresholds={
+            "minor": 1_000_000,
+            "minor_window": 100_000_000,
+            "storm_gap": 2_000,
+            "major": 10_000,
+        },
     ),
     ProbeSpec(
         name="swap",

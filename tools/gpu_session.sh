@@ -7,6 +7,8 @@
 #   proof        the injected-stall proof (bench/gpu_proof.py) + its trace and NVML recording
 #   cost         the cuda probe's cost (bench/cuda_cost.py)
 #   cli          `gpujitter gaps --json` live beside a workload with stalls
+#   drills       every `gpujitter drill` scenario with the PyTorch loop (bench/drills_gpu.sh;
+#                not in the default set: it takes most of a run call by itself)
 # Usage: tools/gpu_session.sh TREE BCC_TARBALL [STEP...]   (TREE: a copy of the repository
 # holding .whl/ with an orjson wheel for the node's python3)
 set -uo pipefail
@@ -65,6 +67,10 @@ for step in $steps; do
         cat /tmp/gj/cli-gaps.ndjson /tmp/gj/cli-truth.json
         python3 -P -m gpujitter gaps --replay-events /tmp/gj/cli-events.ndjson --json > /tmp/gj/cli-replay.ndjson
         cmp <(grep gpu.gap /tmp/gj/cli-gaps.ndjson) /tmp/gj/cli-replay.ndjson && echo "cli replay identical"
+        ;;
+    drills)
+        log "drills: every scenario, PyTorch loop"
+        OUT=$out "$tree/bench/drills_gpu.sh"
         ;;
     esac
 done

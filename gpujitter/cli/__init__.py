@@ -19,6 +19,7 @@ from gpujitter.errors import GpujitterError
 # Order is the order `gpujitter --help` lists them in.
 COMMANDS = (
     "top", "run", "doctor", "audit", "topo", "gpus", "probe", "gaps", "record", "report", "trace",
+    "drill",
 )  # fmt: skip
 
 

@@ -1,14 +1,12 @@
-"""System state for memory tests, always restored: a swap file, a memory cgroup (v1) with a
-limit, sysctls; and a workload child that waits until the probes watch it."""
+"""System state for memory tests, always restored (a swap file, a memory cgroup (v1) with a
+limit, sysctls: the drills' own helpers, daemon/drill/system.py); and a workload child that
+waits until the probes watch it."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,58 +14,9 @@ from typing import Any
 
 import pytest
 
-MEMCG_V1 = Path("/sys/fs/cgroup/memory")
-PAGE = os.sysconf("SC_PAGE_SIZE")
+from gpujitter.daemon.drill.system import MEMCG_V1, PAGE, memory_cgroup, swap_file, sysctl
 
-
-@contextlib.contextmanager
-def sysctl(name: str, value: str) -> Iterator[None]:
-    """Set /proc/sys/<name> (dots or slashes) for the block, then put the old value back."""
-    path = Path("/proc/sys") / name.replace(".", "/")
-    old = path.read_text().strip()
-    path.write_text(value)
-    try:
-        yield
-    finally:
-        path.write_text(old)
-
-
-@contextlib.contextmanager
-def swap_file(path: Path, size_bytes: int) -> Iterator[Path]:
-    """A swap file, on for the block; swapped off and removed afterwards, even on failure."""
-    try:
-        subprocess.run(["fallocate", "-l", str(size_bytes), str(path)], check=True)
-        path.chmod(0o600)
-        subprocess.run(["mkswap", str(path)], check=True, capture_output=True)
-        subprocess.run(["swapon", str(path)], check=True)
-        yield path
-    finally:
-        if str(path) in Path("/proc/swaps").read_text():
-            subprocess.run(["swapoff", str(path)], check=True)
-        path.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def memory_cgroup(name: str, limit_bytes: int) -> Iterator[Path]:
-    """A cgroup-v1 memory cgroup limited to limit_bytes. On exit its remaining processes
-    are moved back to the root cgroup and the directory is removed."""
-    group = MEMCG_V1 / name
-    group.mkdir()
-    try:
-        (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
-        yield group
-    finally:
-        for pid in (group / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError):
-                (MEMCG_V1 / "cgroup.procs").write_text(pid)
-        for _ in range(50):  # rmdir fails while the kernel still releases the last task
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            group.rmdir()
+__all__ = ["MEMCG_V1", "PAGE", "memory_cgroup", "swap_file", "sysctl"]
 
 
 def vmstat(name: str) -> int:

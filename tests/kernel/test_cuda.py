@@ -1,4 +1,4 @@
-"""cuda probe on this kernel, for real: uprobes on a stub libcuda (tests/stubcuda: same
+"""cuda probe on this kernel, for real: uprobes on a stub libcuda (gpujitter/daemon/drill: same
 entry points, same prologue, a simulated GPU queue) that a feeding process has mapped. The
 feeding loop injects host pauses and synchronisations; the probe must report the launch after
 each pause with the pause's placement, never count time blocked in a sync as quiet, trace
@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
+from gpujitter.daemon.drill.build import build_stub
 from gpujitter.probes.cuda import COPY_SYNC, SYNC, TRACED
 from gpujitter.probes.events import CudaCall
 from gpujitter.probes.watch import WatchSpec
 from tests.kernel.conftest import Recorded, run_probes
-from tests.stubcuda.build import build
 
-FEED = Path(__file__).parents[1] / "stubcuda" / "feed.py"
+FEED = ["-m", "gpujitter.daemon.drill.schedule"]  # the scripted feeding loop
 MS = 1_000_000
 # Host timestamps of the same instant seen by the feeding loop and by the probe differ by
 # the Python call overhead around a libcuda call: tens of µs; 2 ms leaves room for a busy VM.
@@ -30,12 +30,12 @@ SLACK_NS = 2 * MS
 
 @pytest.fixture(scope="module")
 def stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.mktemp("stubcuda"))
+    return build_stub(tmp_path_factory.mktemp("stubcuda"))
 
 
 def feeder(stub: Path, schedule: list[Any]) -> tuple[subprocess.Popen[str], Callable[[], None]]:
     child = subprocess.Popen(
-        [sys.executable, str(FEED), str(stub), json.dumps(schedule)],
+        [sys.executable, *FEED, str(stub), json.dumps(schedule)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
+from gpujitter.daemon.drill.build import build_stub
 from tests.kernel.test_cuda import FEED, MS, SLACK_NS
-from tests.stubcuda.build import build
 
 GPUJITTER = Path(sys.executable).with_name("gpujitter")
 
 
 @pytest.fixture(scope="module")
 def stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.mktemp("stubcuda"))
+    return build_stub(tmp_path_factory.mktemp("stubcuda"))
 
 
 def test_gaps_streams_each_pause_live(stub: Path) -> None:
@@ -35,7 +35,7 @@ def test_gaps_streams_each_pause_live(stub: Path) -> None:
         ]
     schedule.append(["call", "cuLaunchKernel", 1, 1])
     feeder = subprocess.Popen(
-        [sys.executable, str(FEED), str(stub), json.dumps(schedule)],
+        [sys.executable, *FEED, str(stub), json.dumps(schedule)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

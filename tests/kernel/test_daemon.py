@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from gpujitter.daemon.drill.build import build_stub
 from tests.kernel.test_cuda import FEED, SLACK_NS
-from tests.stubcuda.build import build
 
 GPUJITTER = Path(sys.executable).with_name("gpujitter")
 PAUSES_MS = (40, 80, 60)
@@ -26,7 +26,7 @@ PAUSES_MS = (40, 80, 60)
 
 @pytest.fixture(scope="module")
 def stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.mktemp("stubcuda"))
+    return build_stub(tmp_path_factory.mktemp("stubcuda"))
 
 
 def schedule() -> list[Any]:
@@ -74,7 +74,7 @@ def test_run_logs_streams_records_and_report_matches(stub: Path, tmp_path: Path)
     notify.bind(str(tmp_path / "notify"))
     notify.settimeout(60)
     feeder = subprocess.Popen(
-        [sys.executable, str(FEED), str(stub), json.dumps(schedule())],
+        [sys.executable, *FEED, str(stub), json.dumps(schedule())],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     log, trace, sock_path = tmp_path / "attr.jsonl", tmp_path / "traces", tmp_path / "gj.sock"

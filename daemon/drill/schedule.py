@@ -1,7 +1,9 @@
-"""A feeding loop for the stub libcuda, run as its own process: loads the stub (so that it
-shows in /proc/PID/maps like a real libcuda), waits for a line on stdin, then runs a schedule
-of CUDA calls and host pauses and prints what really happened (pause start/end, sync
-start/end, CLOCK_MONOTONIC ns) as one JSON line.
+"""A scripted feeding loop for the stub libcuda, run as its own process
+(`python -m gpujitter.daemon.drill.schedule LIB SCHEDULE`): loads the stub (so that it shows
+in /proc/PID/maps like a real libcuda), waits for a line on stdin, then runs a schedule of
+CUDA calls and host pauses and prints what really happened (pause start/end, sync
+start/end, CLOCK_MONOTONIC ns) as one JSON line. The probe and daemon tests drive it; the
+drills' steady loop (feeder.py) calls the stub the same way (`caller`).
 
 Schedule (JSON list): ["call", FUNC, WORK_US, COUNT] calls an entry point COUNT times, each
 enqueuing WORK_US of simulated GPU time (syncs ignore it); ["pause", MS] sleeps on the host;

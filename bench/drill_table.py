@@ -1,0 +1,50 @@
+"""The accuracy table of docs/accuracy.md from drill scores (`gpujitter drill --json`
+outputs, one file per scenario): one row per scenario, in the order given.
+
+    python -m bench.drill_table out/drills/*.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+TARGETS = ("found_all", "top_cause", "attributed", "no_false_gaps")
+
+
+def row(r: dict[str, Any]) -> str:
+    if not r["injected"]:
+        return (
+            f"| {r['scenario']} | — | — | — | {r['false_gaps']} in {r['window_s']:.0f} s | "
+            f"{'met' if r['passed'] else 'missed: false gaps'} |"
+        )
+    missed = [t for t in TARGETS if not r["targets"].get(t, True)]
+    top = sorted({s["top_cause"] or "not found" for s in r["stalls"]})
+    error = "—" if r["error_pct"] is None else f"{r['error_pct']:+.1f} %"
+    return (
+        f"| {r['scenario']} | {r['found']}/{r['injected']} "
+        f"({r['injected_ms'] / r['injected']:.1f} ms each) | {r['cause']}: "
+        f"{r['top_right']}/{r['injected']} (top: {', '.join(top)}) | "
+        f"{r['attributed_ms']:.1f} of {r['truth_ms']:.1f} ms ({r['truth']}), {error} | "
+        f"{r['false_gaps']} | {'met' if not missed else 'missed: ' + ', '.join(missed)} |"
+    )
+
+
+def main() -> None:
+    records = []
+    for path in map(Path, sys.argv[1:]):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            print(f"{path}: no score (the drill failed or was stopped: see its .log)")
+    print("| scenario | stalls found | top cause right | injected cause: attributed vs truth "
+          "| false gaps | targets |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for r in records:
+        print(row(r))
+
+
+if __name__ == "__main__":
+    main()

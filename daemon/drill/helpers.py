@@ -1,0 +1,86 @@
+"""Helper processes of the drills, started by the drill (never by the watched feeder, whose
+children the probes would watch too) and woken by the feeder through a pipe that carries
+each stall's deadline (8 bytes, CLOCK_MONOTONIC ns):
+
+    python -m gpujitter.daemon.drill.helpers hog FD CPU
+        SCHED_FIFO on CPU (the feeder's): spins until each deadline, so the feeder, woken
+        out of nothing, waits on the run queue the whole stall (contention).
+    python -m gpujitter.daemon.drill.helpers io FD FILE THREADS CPUS
+        page-sized O_DIRECT reads of FILE from THREADS threads on CPUS (a list, away from
+        the feeder) until each deadline: the disk's interrupts land wherever its IRQ is
+        routed (irq).
+
+They run until the pipe closes."""
+
+from __future__ import annotations
+
+import ctypes as ct
+import mmap
+import os
+import struct
+import sys
+import threading
+import time
+
+from gpujitter.probes.host import parse_cpulist
+
+PAGE = mmap.PAGESIZE
+PR_SET_NAME = 15
+
+
+def deadlines(fd: int):
+    """Each deadline the feeder sends, until it closes its end."""
+    while True:
+        data = os.read(fd, 8)
+        if len(data) < 8:
+            return
+        yield struct.unpack("<Q", data)[0]
+
+
+def hog(fd: int, cpu: int) -> None:
+    os.sched_setaffinity(0, {cpu})
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    for deadline in deadlines(fd):
+        while time.monotonic_ns() < deadline:
+            pass
+
+
+def io(fd: int, path: str, threads: int, cpus: list[int]) -> None:
+    os.sched_setaffinity(0, cpus)
+    until = [0]
+    wake = threading.Condition()
+
+    def reader(seed: int) -> None:
+        f = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        buf = mmap.mmap(-1, PAGE)  # page-aligned, as O_DIRECT wants
+        pages = max(1, os.fstat(f).st_size // PAGE)
+        i = seed
+        while True:
+            with wake:
+                wake.wait_for(lambda: time.monotonic_ns() < until[0])
+            while time.monotonic_ns() < until[0]:
+                i = (i * 1103515245 + 12345) % (1 << 31)
+                os.preadv(f, [buf], (i % pages) * PAGE)
+
+    for n in range(threads):
+        threading.Thread(target=reader, args=(n + 1,), daemon=True).start()
+    for deadline in deadlines(fd):
+        with wake:
+            until[0] = deadline
+            wake.notify_all()
+
+
+def main() -> None:
+    role, fd = sys.argv[1], int(sys.argv[2])
+    # A name of its own, so that attributions name the helper (comm), not "python3".
+    ct.CDLL(None).prctl(PR_SET_NAME, f"gj-drill-{role}".encode(), 0, 0, 0)
+    if role == "hog":
+        hog(fd, int(sys.argv[3]))
+    elif role == "io":
+        io(fd, sys.argv[3], int(sys.argv[4]), parse_cpulist(sys.argv[5]))
+    else:
+        sys.exit(f"unknown helper {role!r}")
+
+
+if __name__ == "__main__":
+    main()

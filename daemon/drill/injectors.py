@@ -1,0 +1,331 @@
+"""The feeding thread's side of each drill scenario: what it does in its critical path during
+an injected stall (inject), what it prepares or cleans up while the GPU is busy (background,
+bounded to a fraction of a step so that it never idles the GPU itself), and what it sets up
+before the loop starts (setup). Runs inside the feeder process (feeder.py); the system state
+around it (swap, cgroups, IRQ affinity, helper processes) is the drill's (scenarios.py).
+
+inject() returns facts about the stall for the truth record; "cause_ns" in it, where
+present, is the loop's own measure of the injected cause's time when that is not the whole
+stall (time stolen from a spinning loop, wake-up lateness).
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import mmap
+import os
+import struct
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, ClassVar
+
+PAGE = mmap.PAGESIZE
+MB = 1 << 20
+SPIN_LOST_NS = 1_000  # a step between two clock reads longer than this is time lost
+PR_SET_TIMERSLACK = 29
+
+
+def load_inject(path: str) -> ct.CDLL:
+    lib = ct.CDLL(path)
+    u64 = ct.c_uint64
+    lib.gj_touch_until.restype = u64
+    lib.gj_touch_until.argtypes = [ct.c_void_p, u64, u64, ct.c_int, u64]
+    lib.gj_spin_until.restype = u64
+    lib.gj_spin_until.argtypes = [u64, u64, ct.POINTER(u64)]
+    lib.gj_sleep_until.restype = u64
+    lib.gj_sleep_until.argtypes = [u64, u64, ct.POINTER(u64)]
+    return lib
+
+
+def spin(lib: ct.CDLL, deadline_ns: int) -> dict[str, int]:
+    """Spin until the deadline: the time lost to interrupts (and the hypervisor) while
+    running, and the time it was preempted."""
+    preempted = ct.c_uint64(0)
+    lost = lib.gj_spin_until(deadline_ns, SPIN_LOST_NS, preempted)
+    return {"lost_ns": lost, "preempted_ns": preempted.value}
+
+
+def address(m: mmap.mmap) -> int:
+    """Where a (writable) mapping starts; the ctypes view is dropped at once so that the
+    mapping can still be closed."""
+    view = (ct.c_char * len(m)).from_buffer(m)
+    try:
+        return ct.addressof(view)
+    finally:
+        del view
+
+
+class Injector:
+    """No injection: the control."""
+
+    name: ClassVar[str] = "clean"
+
+    def __init__(self, lib: ct.CDLL, stall_ns: int, params: dict[str, Any]) -> None:
+        self.lib = lib
+        self.stall_ns = stall_ns
+        self.params = params
+
+    def setup(self) -> dict[str, Any]:
+        return {}
+
+    def background(self) -> None:
+        return None
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        return None
+
+
+class Compute(Injector):
+    """A CPU-bound host step: spin until the deadline."""
+
+    name = "compute"
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        return spin(self.lib, deadline_ns)
+
+
+class Migrate(Injector):
+    """Moved to a CPU of another NUMA node (params remote_cpu) and made to work there, then
+    back home: on-CPU time remote from the GPU, after a cross-node migration."""
+
+    name = "migrate"
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        home = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {self.params["remote_cpu"]})
+        there = time.monotonic_ns()
+        facts = spin(self.lib, deadline_ns)
+        left = time.monotonic_ns()
+        os.sched_setaffinity(0, home)
+        return {"cause_ns": left - there, **facts}
+
+
+class Trigger(Injector):
+    """Wakes a helper process through a pipe (params trigger_fd) with the stall's deadline,
+    then spins until it: a helper that takes the feeder's CPU (contention) leaves it nothing
+    to spin; one that raises interrupts on it (irq) leaves gaps in its clock readings, whose
+    sum, where the thread was not switched out, is the time the interrupts stole (the
+    cause's truth; in a VM it holds the hypervisor's share too)."""
+
+    name = "trigger"
+    measure_lost = False
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        os.write(self.params["trigger_fd"], struct.pack("<Q", deadline_ns))
+        facts: dict[str, Any] = spin(self.lib, deadline_ns)
+        if self.measure_lost:
+            facts["cause_ns"] = facts["lost_ns"]
+        return facts
+
+
+class Contention(Trigger):
+    name = "contention"
+
+
+class Irq(Trigger):
+    name = "irq"
+    measure_lost = True
+
+
+class IdleWakeups(Injector):
+    """Short sleeps until the deadline, each leaving the feeder's CPU idle and waking the
+    thread onto it again (params sleep_us). The cause's truth is the summed lateness of the
+    wake-ups as the loop sees it (an upper bound of the wake-to-run delays: it also holds the
+    timer interrupt's own latency)."""
+
+    name = "cstate"
+
+    def setup(self) -> dict[str, Any]:
+        # The default 50 us timer slack would be most of every wake-up's lateness.
+        libc = ct.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_TIMERSLACK, ct.c_ulong(1), 0, 0, 0)
+        return {}
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        wakes = ct.c_uint64(0)
+        late = self.lib.gj_sleep_until(deadline_ns, self.params["sleep_us"] * 1000, wakes)
+        return {"cause_ns": late, "wakes": wakes.value}
+
+
+class MinorFaultStorm(Injector):
+    """First touch of fresh anonymous pages (4 KiB, no THP) until the deadline: one minor
+    fault per page. The touched region is given back in pieces while the GPU is busy."""
+
+    name = "faults"
+    RELEASE_BYTES = 16 * MB  # given back per step
+
+    def __init__(self, lib: ct.CDLL, stall_ns: int, params: dict[str, Any]) -> None:
+        super().__init__(lib, stall_ns, params)
+        self.fresh: mmap.mmap | None = None
+        self.used: deque[tuple[mmap.mmap, int]] = deque()  # (region, bytes still touched)
+
+    def _region_bytes(self) -> int:
+        # Generous: even at 0.5 us per fault a stall touches less than this.
+        return max(64 * MB, self.stall_ns // 500 * PAGE)
+
+    def background(self) -> None:
+        if self.fresh is None:
+            self.fresh = mmap.mmap(-1, self._region_bytes())
+            self.fresh.madvise(mmap.MADV_NOHUGEPAGE)
+            return
+        if self.used:
+            region, touched = self.used[0]
+            piece = min(self.RELEASE_BYTES, touched)
+            region.madvise(mmap.MADV_DONTNEED, touched - piece, piece)
+            if touched - piece:
+                self.used[0] = (region, touched - piece)
+            else:
+                self.used.popleft()
+                region.close()
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        region = self.fresh
+        if region is None:
+            return {"short": True}
+        self.fresh = None
+        touched = self.lib.gj_touch_until(address(region), len(region), PAGE, 1, deadline_ns)
+        self.used.append((region, -(-touched // PAGE) * PAGE))
+        return {"pages": touched // PAGE, "short": touched >= len(region)}
+
+    def close(self) -> None:
+        for region, _ in self.used:
+            region.close()
+        if self.fresh is not None:
+            self.fresh.close()
+
+
+class FileFaults(Injector):
+    """Reads, one byte a page, a file mapped after its page cache was dropped (params file):
+    one major fault per page, each a read from the disk (MADV_RANDOM: no read-around)."""
+
+    name = "filefaults"
+
+    def __init__(self, lib: ct.CDLL, stall_ns: int, params: dict[str, Any]) -> None:
+        super().__init__(lib, stall_ns, params)
+        self.fd = os.open(params["file"], os.O_RDONLY)
+        self.size = os.fstat(self.fd).st_size
+        self.mapping: mmap.mmap | None = None
+        self.stale = True  # the current mapping was read: drop and map again
+
+    def background(self) -> None:
+        if not self.stale:
+            return
+        if self.mapping is not None:
+            self.mapping.close()
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        # Private and writable only so that ctypes can take its address; it is only read.
+        self.mapping = mmap.mmap(self.fd, self.size, flags=mmap.MAP_PRIVATE,
+                                 prot=mmap.PROT_READ | mmap.PROT_WRITE)  # fmt: skip
+        self.mapping.madvise(mmap.MADV_RANDOM)
+        self.stale = False
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        if self.mapping is None or self.stale:
+            return {"short": True}
+        self.stale = True
+        read = self.lib.gj_touch_until(address(self.mapping), self.size, PAGE, 0, deadline_ns)
+        return {"pages": read // PAGE, "short": read >= self.size}
+
+    def close(self) -> None:
+        if self.mapping is not None:
+            self.mapping.close()
+        os.close(self.fd)
+
+
+class SwapIns(Injector):
+    """Joins a memory cgroup capped below a buffer it then fills (params cgroup,
+    buffer_bytes), so that the buffer's oldest pages go out to swap; each stall reads on
+    from where the last one stopped, one byte a page: one swap-in per page."""
+
+    name = "swap"
+
+    def __init__(self, lib: ct.CDLL, stall_ns: int, params: dict[str, Any]) -> None:
+        super().__init__(lib, stall_ns, params)
+        self.buffer: mmap.mmap | None = None
+        self.pos = 0
+
+    def setup(self) -> dict[str, Any]:
+        Path(self.params["cgroup"], "cgroup.procs").write_text(str(os.getpid()))
+        self.buffer = mmap.mmap(-1, self.params["buffer_bytes"])
+        self.buffer.madvise(mmap.MADV_NOHUGEPAGE)
+        t0 = time.monotonic_ns()
+        base = address(self.buffer)
+        self.lib.gj_touch_until(base, len(self.buffer), PAGE, 1, 1 << 63)
+        return {"fill_ns": time.monotonic_ns() - t0}
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        assert self.buffer is not None
+        left = len(self.buffer) - self.pos
+        read = self.lib.gj_touch_until(address(self.buffer) + self.pos, left, PAGE, 0,
+                                       deadline_ns)  # fmt: skip
+        self.pos += -(-read // PAGE) * PAGE
+        return {"pages": read // PAGE, "short": read >= left}
+
+    def close(self) -> None:
+        if self.buffer is not None:
+            self.buffer.close()
+
+
+class AllocatorStall(Injector):
+    """Gives back large touched blocks (munmap, as glibc's free does for big chunks) until
+    the deadline. The blocks are mapped populated (MAP_POPULATE: no page faults) while the GPU
+    is busy, a chunk per step, until the pool holds what a stall takes and half as much again
+    (the munmap rate is measured at setup)."""
+
+    name = "malloc"
+    CHUNK_BYTES = 8 * MB
+    CALIBRATE_BYTES = 64 * MB
+
+    def __init__(self, lib: ct.CDLL, stall_ns: int, params: dict[str, Any]) -> None:
+        super().__init__(lib, stall_ns, params)
+        self.pool: deque[mmap.mmap] = deque()
+        self.target = self.CHUNK_BYTES
+
+    def _chunk(self, size: int) -> mmap.mmap:
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
+        return mmap.mmap(-1, size, flags=flags)
+
+    def setup(self) -> dict[str, Any]:
+        block = self._chunk(self.CALIBRATE_BYTES)
+        t0 = time.monotonic_ns()
+        block.close()
+        ns_per_byte = max(1, time.monotonic_ns() - t0) / self.CALIBRATE_BYTES
+        self.target = int(1.5 * self.stall_ns / ns_per_byte) + self.CHUNK_BYTES
+        return {"munmap_ns_per_mb": round(ns_per_byte * MB), "pool_bytes": self.target}
+
+    def background(self) -> None:
+        if len(self.pool) * self.CHUNK_BYTES < self.target:
+            self.pool.append(self._chunk(self.CHUNK_BYTES))
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        calls = 0
+        while self.pool and time.monotonic_ns() < deadline_ns:
+            self.pool.popleft().close()
+            calls += 1
+        short = time.monotonic_ns() < deadline_ns
+        return {"munmaps": calls, "bytes": calls * self.CHUNK_BYTES, "short": short}
+
+    def close(self) -> None:
+        for block in self.pool:
+            block.close()
+
+
+INJECTORS: dict[str, type[Injector]] = {
+    cls.name: cls
+    for cls in (
+        Injector,
+        Compute,
+        Migrate,
+        Contention,
+        Irq,
+        IdleWakeups,
+        MinorFaultStorm,
+        FileFaults,
+        SwapIns,
+        AllocatorStall,
+    )
+}

@@ -1,0 +1,209 @@
+"""The drill scenarios: for each, the cause its injection is, how the loop measures that
+cause's time (the truth), the probes it needs to be seen, and the drill's side of the
+set-up (system state and helper processes, always restored) around the feeding thread's
+side (injectors.py). One registry; `gpujitter drill --help` lists it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpujitter.daemon.drill import system
+from gpujitter.daemon.gaps import UNKNOWN_GPU
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.host import format_cpulist
+from gpujitter.probes.topology import Topology
+
+MB = 1 << 20
+# The stub GPU has no PCI address (no NVML: its gaps are on GPU -1). Where a drill splits
+# the node into emulated NUMA nodes it declares the stub GPU on node 0 under this
+# address, which no real PCI device has (domain ffff).
+STUB_GPU_BUS_ID = "ffff:ff:1f.7"
+
+
+@dataclass
+class Stage:
+    """What a scenario's set-up decides: where the feeder runs, its parameters, system
+    state (entered into `stack`, so restored in reverse order however the drill ends),
+    helper processes, probe thresholds and a topology override."""
+
+    stack: contextlib.ExitStack
+    work: Path  # the drill's scratch folder (on disk, not tmpfs)
+    topology: Topology  # the node's real topology
+    backend: str
+    stalls: int
+    stall_ms: float
+    feeder_cpu: int = -1
+    params: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    thresholds: dict[str, dict[str, int]] = field(default_factory=dict)
+    override: Path | None = None
+    gpu_bus_ids: dict[int, str] = field(default_factory=dict)
+    pass_fds: list[int] = field(default_factory=list)  # the feeder's ends of helper pipes
+
+    def __post_init__(self) -> None:
+        if self.feeder_cpu < 0:
+            self.feeder_cpu = max(self.topology.cpus)
+
+    @property
+    def other_cpus(self) -> list[int]:
+        """Where the drill itself and helpers that must not disturb the feeder run."""
+        return [c for c in self.topology.cpus if c != self.feeder_cpu] or [self.feeder_cpu]
+
+    def enter(self, cm: contextlib.AbstractContextManager[Any]) -> Any:
+        return self.stack.enter_context(cm)
+
+    def helper(self, role: str, *args: str) -> None:
+        """Start a helper (helpers.py) woken by the feeder through a pipe; the feeder gets
+        the write end as params["trigger_fd"]. It ends when the drill closes its end."""
+        read, write = os.pipe()
+        proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "gpujitter.daemon.drill.helpers", role, str(read), *args],
+            pass_fds=(read,),
+        )
+        os.close(read)
+        self.stack.callback(_stop, proc, write)
+        self.params["trigger_fd"] = write
+        self.pass_fds.append(write)
+
+
+def _stop(proc: subprocess.Popen[bytes], write_fd: int) -> None:
+    os.close(write_fd)  # the helper sees the end of its pipe and exits
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    summary: str
+    cause: str  # the cause the injection is ("" for the control)
+    truth: str  # what the loop measures as that cause's time
+    needs: tuple[str, ...]  # probes without which the cause cannot be seen
+    stage: Callable[[Stage], None] = lambda stage: None
+    duration_s: float = 20.0  # default run length
+
+
+def _swap(stage: Stage) -> None:
+    limit = 64 * MB
+    # What the stalls will read back, with room: at 10 us a swap-in, 0.4 MB per stall ms.
+    swapped = max(128 * MB, int(stage.stalls * stage.stall_ms * 0.4 * MB))
+    stage.enter(system.sysctl("vm.page-cluster", "0"))
+    stage.enter(system.swap_file(stage.work / "swap", swapped + 2 * limit))
+    group = stage.enter(system.memory_cgroup(f"gpujitter-drill-{os.getpid()}", limit))
+    stage.params.update(cgroup=str(group), buffer_bytes=swapped + limit)
+    stage.notes.append(
+        f"swap: a {(swapped + 2 * limit) // MB} MiB swap file, the feeder in memory cgroup "
+        f"{group.name} capped at {limit // MB} MiB under a {(swapped + limit) // MB} MiB "
+        "buffer; vm.page-cluster=0 (one swap-in per page, no read-ahead)"
+    )
+
+
+def _data_file(stage: Stage) -> Path:
+    size = max(64 * MB, int(stage.stall_ms * 0.4 * MB))
+    path = stage.work / "data"
+    if not path.exists():
+        system.write_file(path, size)
+    return path
+
+
+def _filefaults(stage: Stage) -> None:
+    stage.params["file"] = str(_data_file(stage))
+
+
+def _contention(stage: Stage) -> None:
+    stage.helper("hog", str(stage.feeder_cpu))
+    stage.notes.append(f"contention: a SCHED_FIFO hog on CPU {stage.feeder_cpu}, the feeder's")
+
+
+def _irq(stage: Stage) -> None:
+    data = _data_file(stage)
+    irq, name = system.disk_irq(data)
+    if not stage.enter(system.irq_affinity(irq, [stage.feeder_cpu])):
+        stage.feeder_cpu = system.effective_cpus(irq)[0]
+        stage.notes.append(
+            f"irq: IRQ {irq} ({name}) is managed (its affinity cannot be set: EPERM); the "
+            f"feeder runs on CPU {stage.feeder_cpu}, where the kernel sends it"
+        )
+    else:
+        stage.notes.append(f"irq: IRQ {irq} ({name}) routed to CPU {stage.feeder_cpu}")
+    stage.helper("io", str(data), "4", format_cpulist(stage.other_cpus))
+
+
+def _migrate(stage: Stage) -> None:
+    cpus = stage.topology.cpus
+    if len(cpus) < 2:
+        raise GpujitterError("the migrate drill needs at least 2 CPUs")
+    half = len(cpus) // 2
+    near, far = cpus[:half], cpus[half:]
+    buses = [g.bus_id for g in stage.topology.gpus if g.bus_id]
+    if stage.backend == "stub":
+        buses.append(STUB_GPU_BUS_ID)
+        stage.gpu_bus_ids[UNKNOWN_GPU] = STUB_GPU_BUS_ID
+    gpus = "".join(f'"{bus}" = 0\n' for bus in buses)
+    stage.override = stage.work / "topology.toml"
+    stage.override.write_text(
+        f'[nodes]\n0 = "{format_cpulist(near)}"\n1 = "{format_cpulist(far)}"\n[gpus]\n{gpus}'
+    )
+    stage.feeder_cpu = near[-1]
+    stage.params["remote_cpu"] = far[-1]
+    stage.notes.append(
+        f"migrate: topology override: node 0 = CPUs {format_cpulist(near)} with the GPU, "
+        f"node 1 = CPUs {format_cpulist(far)}; the feeder works on CPU {near[-1]} and is "
+        f"moved to CPU {far[-1]} for each stall"
+    )
+
+
+def _cstate(stage: Stage) -> None:
+    stage.params["sleep_us"] = 50
+    # Every wake-up onto an idle CPU, not only those slower than the default 50 us; every
+    # sleep as an off-CPU interval, not only those of 5 ms or more (else the engine has
+    # only the thread's on-CPU total to spread over the stall).
+    stage.thresholds["cstate"] = {"wake": 1_000}
+    stage.thresholds["sched"] = {"offcpu": 20_000}
+    idle = stage.topology.idle
+    if idle is not None and idle.driver is None:
+        stage.notes.append(
+            "cstate: no cpuidle driver here: CPUs idle in the kernel's default routine "
+            "(HLT), whose exit latency the kernel does not know"
+        )
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("swap", "real swap-ins (swap file, memory-cgroup limit) in the feeding thread",
+                 "swap_in", "the stall", ("swap",), _swap),
+        Scenario("faults", "a minor-fault storm: first touch of fresh pages",
+                 "minor_faults", "the stall", ("faults",)),
+        Scenario("filefaults", "major faults: a file mapped after dropping its page cache, read",
+                 "major_fault", "the stall", ("faults",), _filefaults),
+        Scenario("migrate", "moved to a CPU of another (emulated) NUMA node and working there",
+                 "remote_oncpu", "the time on the remote CPU", ("sched",), _migrate),
+        Scenario("irq", "the disk's interrupts on the feeding CPU while it works",
+                 "irq", "time stolen from the spinning loop", ("irq",), _irq),
+        Scenario("contention", "a SCHED_FIFO hog takes the feeding thread's CPU",
+                 "runq_wait", "the stall", ("sched",), _contention),
+        Scenario("cstate", "short sleeps that wake the feeding thread onto an idle CPU",
+                 "idle_wake", "the wake-ups' lateness", ("cstate",), _cstate),
+        Scenario("malloc", "munmap of large touched blocks in the critical path",
+                 "alloc_stall", "the stall", ("malloc",)),
+        Scenario("compute", "a CPU-bound host step", "host_work", "the stall", ("sched",)),
+        Scenario("clean", "the control: no injection", "", "", (), duration_s=60.0),
+    )
+}  # fmt: skip
+
+
+def get(name: str) -> Scenario:
+    if name not in SCENARIOS:
+        raise GpujitterError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    return SCENARIOS[name]

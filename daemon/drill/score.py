@@ -1,0 +1,195 @@
+"""Scoring a drill: the attributions the pipeline made against the stalls the feeding loop
+injected (their times as the loop measured them, and its own measure of the injected
+cause's time). A pure function of the two lists, unit-tested on its own.
+
+A stall is found when a gap overlaps it; the gaps that overlap it are its gaps (normally
+one). Its top cause is the top cause of its longest gap; its attributed time is the time
+its gaps give to the injected cause. Gaps that overlap no stall are false gaps. Targets
+(issue 5): every stall of at least 10 ms found; the top cause right for at least 95 % of
+the stalls; the injected cause's attributed time within ±20 % of the truth (summed over
+the stalls); no false gap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from gpujitter.daemon.records import Attribution
+
+MIN_STALL_NS = 10_000_000  # stalls at least this long must be found
+TOP_CAUSE_SHARE = 0.95
+TOLERANCE = 0.20
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    """One injected stall: [t0_ns, t1_ns) as the loop measured it; cause_ns: the injected
+    cause's share of it by the loop's own measure (the whole stall unless it knows better)."""
+
+    index: int
+    t0_ns: int
+    t1_ns: int
+    cause_ns: int
+
+    @property
+    def dur_ns(self) -> int:
+        return self.t1_ns - self.t0_ns
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any]) -> Stall:
+        return cls(rec["index"], rec["t0_ns"], rec["t1_ns"], rec["cause_ns"])
+
+
+@dataclass(frozen=True, slots=True)
+class StallScore:
+    index: int
+    cause: str  # the injected cause
+    injected_ns: int
+    truth_ns: int  # the injected cause's time by the loop's measure
+    found: bool
+    gaps: int
+    gap_ns: int  # summed length of its gaps
+    top_cause: str  # "" when not found
+    attributed_ns: int  # its gaps' time given to the injected cause
+    parts: dict[str, int]  # cause -> ns over its gaps
+
+    @property
+    def top_right(self) -> bool:
+        return self.found and self.top_cause == self.cause
+
+
+@dataclass(frozen=True, slots=True)
+class FalseGap:
+    ts_ns: int
+    end_ns: int
+    top_cause: str
+    parts: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    cause: str  # the injected cause ("" for the control)
+    stalls: tuple[StallScore, ...]
+    false_gaps: tuple[FalseGap, ...]
+    window_ns: int  # how long the loop ran
+    targets: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def injected(self) -> int:
+        return len(self.stalls)
+
+    @property
+    def found(self) -> int:
+        return sum(s.found for s in self.stalls)
+
+    @property
+    def top_right(self) -> int:
+        return sum(s.top_right for s in self.stalls)
+
+    @property
+    def truth_ns(self) -> int:
+        return sum(s.truth_ns for s in self.stalls)
+
+    @property
+    def attributed_ns(self) -> int:
+        return sum(s.attributed_ns for s in self.stalls)
+
+    @property
+    def error(self) -> float | None:
+        """Attributed vs truth, relative (0.05: 5 % over); None without any truth."""
+        if self.truth_ns <= 0:
+            return None
+        return self.attributed_ns / self.truth_ns - 1.0
+
+    @property
+    def passed(self) -> bool:
+        return all(self.targets.values())
+
+    def to_record(self) -> dict[str, Any]:
+        error = self.error
+        return {
+            "cause": self.cause,
+            "injected": self.injected,
+            "found": self.found,
+            "top_right": self.top_right,
+            "injected_ms": round(sum(s.injected_ns for s in self.stalls) / 1e6, 3),
+            "truth_ms": round(self.truth_ns / 1e6, 3),
+            "attributed_ms": round(self.attributed_ns / 1e6, 3),
+            "error_pct": None if error is None else round(100 * error, 1),
+            "false_gaps": len(self.false_gaps),
+            "false_gap_ms": round(sum(g.end_ns - g.ts_ns for g in self.false_gaps) / 1e6, 3),
+            "window_s": round(self.window_ns / 1e9, 3),
+            "targets": dict(self.targets),
+            "passed": self.passed,
+            "stalls": [{**asdict(s), "top_right": s.top_right} for s in self.stalls],
+            "false": [asdict(g) for g in self.false_gaps],
+        }
+
+
+def _overlap(a0: int, a1: int, b0: int, b1: int) -> int:
+    return max(0, min(a1, b1) - max(a0, b0))
+
+
+def _parts(attrs: Iterable[Attribution]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for a in attrs:
+        for p in a.parts:
+            out[p.cause] = out.get(p.cause, 0) + p.ns
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def score(
+    cause: str,
+    stalls: Sequence[Stall],
+    attributions: Sequence[Attribution],
+    window_ns: int,
+) -> Score:
+    """cause: the cause the injection is (CAUSES name), "" for the control."""
+    matched: set[int] = set()
+    scored = []
+    for st in stalls:
+        mine = [
+            (i, a)
+            for i, a in enumerate(attributions)
+            if _overlap(a.ts_ns, a.end_ns, st.t0_ns, st.t1_ns) > 0
+        ]
+        matched.update(i for i, _ in mine)
+        gaps = [a for _, a in mine]
+        longest = max(gaps, key=lambda a: (a.dur_ns, -a.ts_ns), default=None)
+        parts = _parts(gaps)
+        scored.append(
+            StallScore(
+                index=st.index,
+                cause=cause,
+                injected_ns=st.dur_ns,
+                truth_ns=st.cause_ns,
+                found=bool(gaps),
+                gaps=len(gaps),
+                gap_ns=sum(a.dur_ns for a in gaps),
+                top_cause=longest.top_cause if longest else "",
+                attributed_ns=parts.get(cause, 0),
+                parts=parts,
+            )
+        )
+    false = tuple(
+        FalseGap(a.ts_ns, a.end_ns, a.top_cause, _parts([a]))
+        for i, a in enumerate(attributions)
+        if i not in matched
+    )
+    result = Score(cause, tuple(scored), false, window_ns)
+    return replace(result, targets=_targets(result))
+
+
+def _targets(s: Score) -> dict[str, bool]:
+    must = [st for st in s.stalls if st.injected_ns >= MIN_STALL_NS]
+    targets = {
+        "found_all": all(st.found for st in must),
+        "no_false_gaps": not s.false_gaps,
+    }
+    if s.stalls:
+        targets["top_cause"] = s.top_right >= TOP_CAUSE_SHARE * s.injected
+        error = s.error
+        targets["attributed"] = error is not None and abs(error) <= TOLERANCE
+    return targets

@@ -1,0 +1,187 @@
+"""System state the drills change, each as a context manager that puts it back however the
+block ends (failure, SIGINT): sysctls, a swap file, a memory cgroup with a limit, an
+IRQ's affinity, this process's CPU affinity. Also finding the IRQ that disk I/O raises."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.host import HostPaths, format_cpulist, parse_cpulist, read_text
+from gpujitter.probes.topology import read_interrupts
+
+MEMCG_V1 = Path("/sys/fs/cgroup/memory")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@contextlib.contextmanager
+def sysctl(name: str, value: str) -> Iterator[None]:
+    """Set /proc/sys/<name> (dots or slashes) for the block, then put the old value back."""
+    path = Path("/proc/sys") / name.replace(".", "/")
+    old = path.read_text().strip()
+    path.write_text(value)
+    try:
+        yield
+    finally:
+        path.write_text(old)
+
+
+def _run(cmd: list[str]) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise GpujitterError(f"{' '.join(cmd)}: {why}")
+
+
+@contextlib.contextmanager
+def swap_file(path: Path, size_bytes: int) -> Iterator[Path]:
+    """A swap file, on for the block; swapped off and removed afterwards, even on failure."""
+    try:
+        _run(["fallocate", "-l", str(size_bytes), str(path)])
+        path.chmod(0o600)
+        _run(["mkswap", str(path)])
+        _run(["swapon", str(path)])
+        yield path
+    finally:
+        if str(path) in Path("/proc/swaps").read_text():
+            _run(["swapoff", str(path)])
+        path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def memory_cgroup(name: str, limit_bytes: int) -> Iterator[Path]:
+    """A memory cgroup limited to limit_bytes: cgroup v1's memory controller where it is
+    mounted, else a cgroup-v2 group (memory.max). On exit its remaining processes are moved
+    back to the root cgroup and the directory is removed."""
+    if (MEMCG_V1 / "cgroup.procs").is_file():
+        root, limit_file = MEMCG_V1, "memory.limit_in_bytes"
+    elif "memory" in (read_text(CGROUP_V2 / "cgroup.subtree_control") or "").split():
+        root, limit_file = CGROUP_V2, "memory.max"
+    else:
+        raise GpujitterError(
+            f"no memory cgroup controller: neither {MEMCG_V1} (v1) nor memory in "
+            f"{CGROUP_V2}/cgroup.subtree_control (v2)"
+        )
+    group = root / name
+    group.mkdir()
+    try:
+        (group / limit_file).write_text(str(limit_bytes))
+        yield group
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                (root / "cgroup.procs").write_text(pid)
+        for _ in range(50):  # rmdir fails while the kernel still releases the last task
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            group.rmdir()
+
+
+@contextlib.contextmanager
+def irq_affinity(irq: int, cpus: list[int]) -> Iterator[bool]:
+    """Route IRQ `irq` to `cpus` for the block, then restore its affinity. Yields False
+    (and changes nothing) where the kernel refuses: managed IRQs (blk-mq and NVMe queues)
+    answer EPERM, and their effective CPU is the kernel's choice."""
+    path = Path(f"/proc/irq/{irq}/smp_affinity_list")
+    old = path.read_text().strip()
+    try:
+        path.write_text(format_cpulist(cpus))
+    except PermissionError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        path.write_text(old)
+
+
+def effective_cpus(irq: int) -> list[int]:
+    return parse_cpulist(Path(f"/proc/irq/{irq}/effective_affinity_list").read_text())
+
+
+@contextlib.contextmanager
+def own_affinity(cpus: list[int]) -> Iterator[None]:
+    """This process (threads it starts from now on included) on `cpus` for the block."""
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, old)
+
+
+@contextlib.contextmanager
+def interrupted_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP end the block as SIGINT does (KeyboardInterrupt), so that every
+    context above restores what it changed; a second signal while that runs is ignored."""
+    caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.getsignal(s) for s in caught}
+
+    def stop(signum: int, frame: object) -> None:
+        for s in caught:
+            signal.signal(s, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    for s in caught:
+        signal.signal(s, stop)
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def write_file(path: Path, size_bytes: int) -> Path:
+    """A file of real data blocks (not sparse, not unwritten extents, which read as zeros
+    without I/O), synced, so that reading it past the page cache goes to the disk."""
+    chunk = bytes(range(256)) * (1 << 12)  # 1 MiB
+    with open(path, "wb") as f:
+        for _ in range(size_bytes // len(chunk)):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+def direct_reads(path: Path, count: int) -> None:
+    """`count` page-sized O_DIRECT reads of `path` (the page cache bypassed: each one is a
+    request to the disk and, when it completes, an interrupt)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, PAGE)  # page-aligned, as O_DIRECT wants
+    try:
+        pages = max(1, os.fstat(fd).st_size // PAGE)
+        for i in range(count):
+            os.preadv(fd, [buf], (i * 7919 % pages) * PAGE)
+    finally:
+        buf.close()
+        os.close(fd)
+
+
+def disk_irq(path: Path, paths: HostPaths | None = None) -> tuple[int, str]:
+    """The IRQ that reads of `path`'s disk raise, found by doing some and seeing which
+    IRQ's count rose most: names differ by driver and hypervisor (virtio1-req.0 on PCI,
+    virtio0 on virtio-mmio, nvme0q3), the count does not."""
+    paths = paths or HostPaths()
+    before, _, _ = read_interrupts(paths)
+    direct_reads(path, 512)
+    after, _, names = read_interrupts(paths)
+    rises = {
+        irq: sum(counts.values()) - sum(before.get(irq, {}).values())
+        for irq, counts in after.items()
+    }
+    irq = max(rises, key=lambda n: rises[n], default=-1)
+    if irq < 0 or rises[irq] < 100:
+        raise GpujitterError(f"no IRQ fired for 512 direct reads of {path}: is it on a disk?")
+    return irq, (names.get(irq) or ["?"])[-1]

@@ -1,0 +1,182 @@
+"""`gpujitter drill SCENARIO`: inject one known jitter source into a steady feeding loop and
+measure how well gpujitter finds and attributes it (daemon/drill/, docs/accuracy.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpujitter.cli.command import Command
+from gpujitter.cli.output import print_json, table
+from gpujitter.daemon.drill.scenarios import SCENARIOS
+from gpujitter.daemon.drill.score import MIN_STALL_NS, TOLERANCE, TOP_CAUSE_SHARE
+from gpujitter.errors import GpujitterError
+from gpujitter.units import format_ns, parse_duration_ns
+
+if TYPE_CHECKING:
+    from gpujitter.daemon.drill.runner import DrillResult
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "scenario",
+        choices=list(SCENARIOS),
+        metavar="SCENARIO",
+        help="one of: " + ", ".join(SCENARIOS),
+    )
+    p.add_argument(
+        "-d",
+        "--duration",
+        metavar="TIME",
+        help="how long the loop runs (default 20s; 60s for clean)",
+    )
+    p.add_argument(
+        "--stalls",
+        type=int,
+        default=8,
+        metavar="N",
+        help="stalls to inject, spread evenly (default 8)",
+    )
+    p.add_argument(
+        "--stall-ms",
+        type=float,
+        default=25.0,
+        metavar="MS",
+        help="length of each stall in ms (default 25)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "stub", "torch"),
+        default="auto",
+        help="the feeding loop: the stub libcuda, or PyTorch on a GPU "
+        "(default auto: PyTorch when NVML finds a GPU and torch is installed)",
+    )
+    p.add_argument(
+        "--keep-trace",
+        type=Path,
+        metavar="PATH",
+        help="also write the drill's event stream as a trace (gpujitter report)",
+    )
+
+
+def progress(text: str) -> None:
+    print(f"# {text}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpujitter.daemon.drill.runner import DrillOptions, run_drill
+
+    if args.stalls < 1:
+        raise GpujitterError("--stalls must be at least 1")
+    if args.stall_ms <= 0:
+        raise GpujitterError("--stall-ms must be positive")
+    duration_s = parse_duration_ns(args.duration, "s") / 1e9 if args.duration else None
+    opts = DrillOptions(
+        duration_s=duration_s,
+        stalls=args.stalls,
+        stall_ms=args.stall_ms,
+        backend=args.backend,
+        keep_trace=args.keep_trace,
+    )
+    result = run_drill(args.scenario, opts, progress)
+    if args.json:
+        print_json(result.to_record())
+    else:
+        print_result(result)
+    return 0 if result.score.passed else 1
+
+
+def print_result(r: DrillResult) -> None:
+    s = r.score
+    what = f"{s.injected} stalls of {r.stall_ms:g} ms" if s.injected else "no injection"
+    print(
+        f"drill {r.scenario}: {what} over {r.duration_s:g}s, {r.backend} backend; "
+        f"{r.events} events, {r.gaps} gaps"
+    )
+    for note in r.notes:
+        print(f"  {note}")
+    if s.stalls:
+        rows = [
+            (
+                st.index + 1,
+                format_ns(st.injected_ns),
+                format_ns(st.gap_ns) if st.found else "-",
+                st.top_cause or "not found",
+                format_ns(st.truth_ns),
+                format_ns(st.attributed_ns),
+                _pct(st.attributed_ns, st.truth_ns),
+            )
+            for st in s.stalls
+        ]
+        print()
+        print(
+            table(
+                [
+                    "STALL",
+                    "INJECTED",
+                    "GAP",
+                    "TOP CAUSE",
+                    f"TRUTH ({r.truth})",
+                    s.cause.upper(),
+                    "ERROR",
+                ],
+                rows,
+            )
+        )
+    for g in s.false_gaps:
+        print(
+            f"false gap: {format_ns(g.end_ns - g.ts_ns)} at {g.ts_ns} ns, top cause {g.top_cause}"
+        )
+    print()
+    if s.stalls:
+        print(
+            f"found {s.found}/{s.injected} · top cause {s.cause} {s.top_right}/{s.injected} · "
+            f"{s.cause} {format_ns(s.attributed_ns)} of {format_ns(s.truth_ns)} "
+            f"({_pct(s.attributed_ns, s.truth_ns)}) · false gaps {len(s.false_gaps)}"
+        )
+    else:
+        print(f"gaps in {s.window_ns / 1e9:.0f}s of steady feeding: {len(s.false_gaps)}")
+    labels = {
+        "found_all": f"every stall ≥ {MIN_STALL_NS // 1_000_000} ms found",
+        "top_cause": f"top cause right ≥ {TOP_CAUSE_SHARE:.0%}",
+        "attributed": f"attributed within ±{TOLERANCE:.0%}",
+        "no_false_gaps": "no false gaps",
+    }
+    print(
+        "targets: "
+        + ", ".join(f"{labels[k]}: {'met' if ok else 'MISSED'}" for k, ok in s.targets.items())
+    )
+
+
+def _pct(got: int, truth: int) -> str:
+    return f"{100 * (got / truth - 1):+.1f}%" if truth > 0 else "-"
+
+
+COMMAND = Command(
+    name="drill",
+    summary="inject known jitter into a feeding loop and score the attributions",
+    description="""
+        Start a steady synthetic loop that keeps a GPU busy (the stub libcuda here, a
+        PyTorch loop on a GPU node), inject one known jitter source into its feeding thread
+        at known times and lengths so that the GPU goes idle, run the real probes, NVML
+        sampler and attribution pipeline beside it, and score what gpujitter says against
+        what was injected: stalls found, top cause right, the injected cause's attributed
+        time against the truth, false gaps. Needs root; every system change (swap file,
+        memory cgroup, sysctl, IRQ affinity, helper processes) is undone on exit, on
+        failure and on Ctrl-C. Progress goes to stderr. Exit status 0 when every target
+        is met, 1 when one is missed. Scenarios: """
+    + "; ".join(f"{s.name}: {s.summary}" for s in SCENARIOS.values())
+    + ".",
+    examples="""
+        # real swap-ins in the feeding thread, the default 8 stalls of 25 ms
+        sudo gpujitter drill swap
+        # the control: a minute of steady feeding must show no gap
+        sudo gpujitter drill clean --json
+        # short and few, with the event stream kept for `gpujitter report`
+        sudo gpujitter drill contention --duration 8s --stalls 3 --keep-trace c.gjtrace
+    """,
+    add_arguments=add_arguments,
+    run=run,
+)

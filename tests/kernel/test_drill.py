@@ -1,0 +1,198 @@
+"""Every drill scenario end to end on this kernel, CI-sized (three 25 ms stalls in 4 s): the
+stub feeding loop, the real probes and the daemon's pipeline, scored against the stalls the
+loop injected; plus the CLI with a kept trace that `gpujitter report` replays to the same
+attributions, and a drill stopped by SIGINT that leaves the system as it found it. Where
+this VM cannot meet a target (docs/accuracy.md says why and by how much), the test asserts
+what the drill does measure instead."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpujitter.daemon.drill.runner import DrillOptions, DrillResult, run_drill
+from gpujitter.daemon.drill.system import MEMCG_V1
+from gpujitter.daemon.records import (
+    AllocEvidence,
+    Evidence,
+    FaultEvidence,
+    IdleEvidence,
+    IrqEvidence,
+    MigrationEvidence,
+    NodeEvidence,
+    TaskEvidence,
+)
+
+GPUJITTER = Path(sys.executable).with_name("gpujitter")
+CI: dict[str, Any] = {"duration_s": 4.0, "stalls": 3, "stall_ms": 25.0}
+
+
+def drill(name: str, **options: Any) -> DrillResult:
+    return run_drill(name, DrillOptions(backend="stub", **{**CI, **options}), lambda text: None)
+
+
+def rows(r: DrillResult) -> str:
+    """What went wrong, for a failed assertion."""
+    lines = [f"{r.scenario}: targets {r.score.targets}"]
+    lines += [
+        f"  stall {s.index}: {s.injected_ns / 1e6:.1f} ms, top {s.top_cause or '-'}, "
+        f"{ {c: round(ns / 1e6, 2) for c, ns in s.parts.items()} }, truth {s.truth_ns / 1e6:.2f}"
+        for s in r.score.stalls
+    ]
+    lines += [f"  false gap {g.ts_ns}..{g.end_ns} {g.parts}" for g in r.score.false_gaps]
+    return "\n".join(lines)
+
+
+def assert_meets_targets(r: DrillResult) -> None:
+    met = bool(r.score.stalls) and r.score.passed
+    assert met, rows(r)
+
+
+def evidence(r: DrillResult, cause: str, kind: type[Evidence]) -> list[list[Any]]:
+    """Per attribution that overlaps a stall: the evidence of that kind in its `cause` part."""
+    out = []
+    for a in r.attributions:
+        if any(a.ts_ns < s["t1_ns"] and s["t0_ns"] < a.end_ns for s in r.stalls):
+            parts = [p for p in a.parts if p.cause == cause]
+            out.append([e for p in parts for e in p.evidence if isinstance(e, kind)])
+    return out
+
+
+def test_malloc_munmaps_are_allocator_stalls() -> None:
+    r = drill("malloc")
+    assert_meets_targets(r)
+    for found, stall in zip(evidence(r, "alloc_stall", AllocEvidence), r.stalls, strict=True):
+        assert [(e.call, e.count) for e in found] == [("munmap", stall["munmaps"])], rows(r)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "cause", "kind"),
+    [
+        ("swap", "swap_in", "swap"),  # the cgroup limit forces real swap-ins
+        ("filefaults", "major_fault", "file"),  # the dropped page cache makes reads go to disk
+    ],
+)
+def test_major_faults_in_the_feeding_thread(scenario: str, cause: str, kind: str) -> None:
+    r = drill(scenario)
+    assert_meets_targets(r)
+    for found, stall in zip(evidence(r, cause, FaultEvidence), r.stalls, strict=True):
+        assert stall["majflt"] > 50, "the stall must take real major faults"
+        assert found[0].kind == kind
+        assert abs(found[0].count - stall["majflt"]) <= 0.1 * stall["majflt"], rows(r)
+
+
+def test_minor_fault_storm() -> None:
+    r = drill("faults")
+    assert_meets_targets(r)
+    for found, stall in zip(evidence(r, "minor_faults", FaultEvidence), r.stalls, strict=True):
+        assert abs(found[0].count - stall["minflt"]) <= 0.1 * stall["minflt"], rows(r)
+
+
+def test_cpu_bound_host_step() -> None:
+    assert_meets_targets(drill("compute"))
+
+
+def test_contention_names_the_hog() -> None:
+    r = drill("contention")
+    assert_meets_targets(r)
+    for found in evidence(r, "runq_wait", TaskEvidence):
+        assert found[0].comm == "gj-drill-hog", rows(r)
+
+
+def test_migration_to_a_remote_node() -> None:
+    r = drill("migrate")
+    assert r.topology_override is not None
+    assert_meets_targets(r)
+    for nodes in evidence(r, "remote_oncpu", NodeEvidence):
+        assert [n.node for n in nodes] == [1], rows(r)
+    for moves in evidence(r, "remote_oncpu", MigrationEvidence):
+        assert moves and moves[-1].dst_node == 1 and moves[-1].src_node == 0, rows(r)
+
+
+def test_disk_interrupts_on_the_feeding_cpu() -> None:
+    """This VM's disk steals ~10-15 % of a CPU at most: the stall stays mostly the loop's own
+    work (host_work), with the IRQ's time beside it. The irq probe times handlers only, not
+    the interrupt entry and exit around them (and, in a VM, the exits to the hypervisor),
+    which the loop's clock sees too: its share of the loop's measure is asserted loosely."""
+    r = drill("irq")
+    s = r.score
+    assert s.found == s.injected and not s.false_gaps, rows(r)
+    for found in evidence(r, "irq", IrqEvidence):
+        assert found[0].irq_kind in ("hardirq", "softirq") and found[0].count > 50, rows(r)
+    assert 0.4 * s.truth_ns <= s.attributed_ns <= 1.2 * s.truth_ns, rows(r)
+
+
+def test_idle_wakeups() -> None:
+    """Without a cpuidle driver the CPUs idle in HLT: a wake-up from it costs microseconds,
+    so the stall stays the sleeps themselves (blocked). The loop's measure of the cause is
+    each sleep's lateness, which also holds the timer interrupt's way out of HLT before the
+    wake-up; idle_wake is wake-up to running: a part of it."""
+    r = drill("cstate")
+    s = r.score
+    assert s.found == s.injected and not s.false_gaps, rows(r)
+    for found, stall in zip(evidence(r, "idle_wake", IdleEvidence), r.stalls, strict=True):
+        assert found[0].count >= stall["wakes"] // 2, rows(r)
+    assert 0.2 * s.truth_ns <= s.attributed_ns <= s.truth_ns, rows(r)
+
+
+def test_the_control_has_no_gap() -> None:
+    r = drill("clean", duration_s=6.0)
+    assert r.score.stalls == () and r.gaps == 0, rows(r)
+    assert r.feeder["done"]["steps"] > 300  # it did feed: ~10 ms of GPU work a step
+
+
+def test_cli_json_and_its_trace_replays_to_the_same_attributions(tmp_path: Path) -> None:
+    trace = tmp_path / "drill.gjtrace"
+    done = subprocess.run(
+        [str(GPUJITTER), "drill", "malloc", "--json", "--duration", "4s", "--stalls", "2",
+         "--keep-trace", str(trace)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rec = json.loads(done.stdout)
+    assert (rec["scenario"], rec["injected"], rec["found"], rec["passed"]) == ("malloc", 2, 2, True)
+    assert "stall 2/2" in done.stderr  # progress
+    report = subprocess.run(
+        [str(GPUJITTER), "report", "--json", str(trace)], capture_output=True, text=True,
+        check=True,
+    )  # fmt: skip
+    assert json.loads(report.stdout)["attributions"] == rec["attributions"]
+
+
+@pytest.fixture
+def page_cluster() -> Iterator[str]:
+    path = Path("/proc/sys/vm/page-cluster")
+    before = path.read_text()
+    yield before
+    assert path.read_text() == before
+
+
+def test_sigint_leaves_the_system_as_it_was(page_cluster: str) -> None:
+    drill_proc = subprocess.Popen(
+        [str(GPUJITTER), "drill", "swap", "--duration", "30s", "--stalls", "4"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert drill_proc.stderr is not None
+    try:
+        for line in drill_proc.stderr:
+            if "stall 1/4" in line:
+                break
+        assert Path("/proc/sys/vm/page-cluster").read_text().strip() == "0"
+        assert "gpujitter-drill-" in Path("/proc/swaps").read_text()
+        drill_proc.send_signal(signal.SIGINT)
+        assert drill_proc.wait(timeout=60) == 130
+    finally:
+        if drill_proc.poll() is None:
+            drill_proc.kill()
+    assert "gpujitter-drill-" not in Path("/proc/swaps").read_text()
+    assert not list(MEMCG_V1.glob(f"gpujitter-drill-{drill_proc.pid}"))
+    assert not list(Path("/var/tmp").glob("gpujitter-drill-*"))
+    leftovers = subprocess.run(["pgrep", "-f", "gpujitter.daemon.drill"], capture_output=True)
+    assert leftovers.stdout == b"", "the feeding loop or a helper outlived the drill"

@@ -1,0 +1,109 @@
+"""Scoring of drills (daemon/drill/score.py): stalls against attributions, and the drill's
+stall schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpujitter.daemon.drill.runner import stall_times
+from gpujitter.daemon.drill.score import Stall, score
+from gpujitter.daemon.records import Attribution, Part
+from gpujitter.errors import GpujitterError
+
+MS = 1_000_000
+
+
+def attribution(start_ms: float, end_ms: float, **parts_ms: float) -> Attribution:
+    parts = tuple(
+        Part(cause, round(ms * MS)) for cause, ms in sorted(parts_ms.items(), key=lambda p: -p[1])
+    )
+    return Attribution(
+        ts_ns=round(start_ms * MS),
+        end_ns=round(end_ms * MS),
+        gpu=-1,
+        sources=("cuda",),
+        resolution_ns=50_000,
+        confidence=0.9,
+        parts=parts,
+    )
+
+
+def stall(index: int, start_ms: float, end_ms: float, cause_ms: float | None = None) -> Stall:
+    cause = end_ms - start_ms if cause_ms is None else cause_ms
+    return Stall(index, round(start_ms * MS), round(end_ms * MS), round(cause * MS))
+
+
+def test_a_perfect_drill_meets_every_target() -> None:
+    stalls = [stall(0, 100, 125), stall(1, 300, 325)]
+    attrs = [
+        attribution(99.9, 125.1, swap_in=24, unexplained=1.2),
+        attribution(299.9, 325.2, swap_in=25.1, host_work=0.2),
+    ]
+    s = score("swap_in", stalls, attrs, 1_000 * MS)
+    assert (s.found, s.top_right, s.false_gaps) == (2, 2, ())
+    assert s.attributed_ns == 49.1 * MS and s.truth_ns == 50 * MS
+    assert s.error == pytest.approx(-0.018)
+    assert s.targets == {
+        "found_all": True,
+        "no_false_gaps": True,
+        "top_cause": True,
+        "attributed": True,
+    }
+    assert s.passed
+    rec = s.to_record()
+    assert rec["error_pct"] == -1.8 and rec["stalls"][1]["parts"] == {
+        "swap_in": 25.1 * MS,
+        "host_work": 0.2 * MS,
+    }
+
+
+def test_missed_stalls_wrong_causes_and_false_gaps_each_miss_their_target() -> None:
+    stalls = [stall(0, 100, 130), stall(1, 300, 330), stall(2, 500, 505)]
+    attrs = [
+        attribution(100, 130, host_work=20, minor_faults=10),  # found, wrong top cause
+        attribution(700, 720, runq_wait=20),  # overlaps no stall: false
+    ]
+    s = score("minor_faults", stalls, attrs, 1_000 * MS)
+    assert [st.found for st in s.stalls] == [True, False, False]
+    assert [st.top_cause for st in s.stalls] == ["host_work", "", ""]
+    assert s.top_right == 0
+    # Stall 2 (5 ms) need not be found, stall 1 (30 ms) must.
+    assert s.targets["found_all"] is False
+    assert s.targets["top_cause"] is False
+    assert s.attributed_ns == 10 * MS and s.truth_ns == 65 * MS
+    assert s.targets["attributed"] is False
+    assert [(g.ts_ns, g.top_cause) for g in s.false_gaps] == [(700 * MS, "runq_wait")]
+    assert not s.passed
+
+
+def test_short_stalls_need_not_be_found() -> None:
+    s = score("alloc_stall", [stall(0, 100, 109)], [], 1_000 * MS)
+    assert s.targets["found_all"] is True
+    assert s.targets["attributed"] is False  # nothing attributed of 9 ms
+
+
+def test_a_stall_split_over_two_gaps_sums_them_and_takes_the_longer_ones_top_cause() -> None:
+    attrs = [
+        attribution(100, 104, irq=3, host_work=1),
+        attribution(104.2, 130, host_work=20, irq=5.8),
+    ]
+    s = score("irq", [stall(0, 100, 130, cause_ms=8)], attrs, 1_000 * MS)
+    st = s.stalls[0]
+    assert (st.gaps, st.gap_ns, st.top_cause) == (2, 29.8 * MS, "host_work")
+    assert st.attributed_ns == 8.8 * MS and st.truth_ns == 8 * MS
+    assert s.error == pytest.approx(0.1)
+    assert s.targets["attributed"] and not s.targets["top_cause"]
+
+
+def test_the_control_scores_false_gaps_only() -> None:
+    quiet = score("", [], [], 60_000 * MS)
+    assert quiet.targets == {"found_all": True, "no_false_gaps": True} and quiet.passed
+    noisy = score("", [], [attribution(10, 17, runq_wait=7)], 60_000 * MS)
+    assert not noisy.passed and noisy.to_record()["false_gap_ms"] == 7.0
+
+
+def test_stalls_are_spread_between_warm_up_and_tail() -> None:
+    assert stall_times(10, 4, 25) == (2.0, 4.0, 6.0, 8.0)
+    assert stall_times(60, 0, 25) == ()
+    with pytest.raises(GpujitterError, match="give --duration 7s or more"):
+        stall_times(5, 5, 500)
