@@ -2,7 +2,8 @@
 # Every drill scenario with the real PyTorch loop, on a GPU node, as root: each under its
 # own time limit (SIGINT first, so that the drill restores what it changed), all within a
 # budget; writes $OUT/drills/SCENARIO.json (`gpujitter drill --json`: the score) and
-# SCENARIO.log (its progress), then the accuracy table of docs/accuracy.md (table.md).
+# SCENARIO.log (its progress) and SCENARIO.gjtrace (its events, for `gpujitter report`),
+# then the accuracy table of docs/accuracy.md (table.md); all of it also as drills.tar.gz.
 # Run through tools/gpu_session.sh's `drills` step, which sets up bcc and the package:
 #   tools/gpu_session.sh . .gpu/bcc.tar.xz drills
 set -uo pipefail
@@ -27,8 +28,10 @@ for spec in "clean --duration 60s" "swap $injected" "faults $injected" \
     limit=$([ "$name" = clean ] && echo 110 || echo 60)
     # shellcheck disable=SC2086  # $spec is words
     timeout -s INT -k 15 "$limit" python3 -P -m gpujitter drill $spec --backend torch --json \
+        --keep-trace "$out/$name.gjtrace" \
         >"$out/$name.json" 2>"$out/$name.log"
     echo "==> $name: exit $? after $(($(date +%s) - start))s"
     tail -n 2 "$out/$name.log"
 done
 python3 "$here/drill_table.py" "$out"/*.json | tee "$out/table.md"
+tar -C "$out" -czf "$out/../drills.tar.gz" .

@@ -2,9 +2,11 @@
 children the probes would watch too) and woken by the feeder through a pipe that carries
 each stall's deadline (8 bytes, CLOCK_MONOTONIC ns):
 
-    python -m gpujitter.daemon.drill.helpers hog FD CPU
-        SCHED_FIFO on CPU (the feeder's): spins until each deadline, so the feeder, woken
-        out of nothing, waits on the run queue the whole stall (contention).
+    python -m gpujitter.daemon.drill.helpers hog FD CPU POLICY
+        on CPU (the feeder's), spins until each deadline, so that the feeder waits on the
+        run queue (contention): POLICY fifo (SCHED_FIFO: the feeder runs not at all until
+        the deadline) or nice (nice -20 where real-time is refused: the feeder still gets
+        about 1 % of the CPU, in the scheduler's slices).
     python -m gpujitter.daemon.drill.helpers io FD FILE THREADS CPUS
         page-sized O_DIRECT reads of FILE from THREADS threads on CPUS (a list, away from
         the feeder) until each deadline: the disk's interrupts land wherever its IRQ is
@@ -37,9 +39,12 @@ def deadlines(fd: int):
         yield struct.unpack("<Q", data)[0]
 
 
-def hog(fd: int, cpu: int) -> None:
+def hog(fd: int, cpu: int, policy: str) -> None:
     os.sched_setaffinity(0, {cpu})
-    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    if policy == "fifo":
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    else:
+        os.setpriority(os.PRIO_PROCESS, 0, -20)
     for deadline in deadlines(fd):
         while time.monotonic_ns() < deadline:
             pass
@@ -75,7 +80,7 @@ def main() -> None:
     # A name of its own, so that attributions name the helper (comm), not "python3".
     ct.CDLL(None).prctl(PR_SET_NAME, f"gj-drill-{role}".encode(), 0, 0, 0)
     if role == "hog":
-        hog(fd, int(sys.argv[3]))
+        hog(fd, int(sys.argv[3]), sys.argv[4])
     elif role == "io":
         io(fd, sys.argv[3], int(sys.argv[4]), parse_cpulist(sys.argv[5]))
     else:

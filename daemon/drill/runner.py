@@ -253,7 +253,7 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
         scenario.cause,
         [Stall.from_record(s) for s in stall_records],
         attrs,
-        done["end_ns"] - done["go_ns"],
+        (done["go_ns"], done["end_ns"]),
     )
     trace = None
     if opts.keep_trace is not None:

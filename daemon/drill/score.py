@@ -4,7 +4,8 @@ cause's time). A pure function of the two lists, unit-tested on its own.
 
 A stall is found when a gap overlaps it; the gaps that overlap it are its gaps (normally
 one). Its top cause is the top cause of its longest gap; its attributed time is the time
-its gaps give to the injected cause. Gaps that overlap no stall are false gaps. Targets
+its gaps give to the injected cause. Gaps that overlap no stall and begin while the loop
+runs (not the idle GPU before its start or after its end) are false gaps. Targets
 (issue 5): every stall of at least 10 ms found; the top cause right for at least 95 % of
 the stalls; the injected cause's attributed time within ±20 % of the truth (summed over
 the stalls); no false gap.
@@ -144,9 +145,11 @@ def score(
     cause: str,
     stalls: Sequence[Stall],
     attributions: Sequence[Attribution],
-    window_ns: int,
+    window: tuple[int, int],
 ) -> Score:
-    """cause: the cause the injection is (CAUSES name), "" for the control."""
+    """cause: the cause the injection is (CAUSES name), "" for the control; window: when the
+    loop started and ended (CLOCK_MONOTONIC ns)."""
+    go_ns, end_ns = window
     matched: set[int] = set()
     scored = []
     for st in stalls:
@@ -176,9 +179,9 @@ def score(
     false = tuple(
         FalseGap(a.ts_ns, a.end_ns, a.top_cause, _parts([a]))
         for i, a in enumerate(attributions)
-        if i not in matched
+        if i not in matched and go_ns <= a.ts_ns < end_ns
     )
-    result = Score(cause, tuple(scored), false, window_ns)
+    result = Score(cause, tuple(scored), false, end_ns - go_ns)
     return replace(result, targets=_targets(result))
 
 

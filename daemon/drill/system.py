@@ -34,6 +34,20 @@ def sysctl(name: str, value: str) -> Iterator[None]:
         path.write_text(old)
 
 
+def realtime_allowed() -> bool:
+    """Whether a process started here may take SCHED_FIFO: a cgroup-v1 CPU controller with
+    no real-time budget (cpu.rt_runtime_us 0, as in many containers) refuses it even to
+    root. Asked in a forked child, so that this process keeps its own policy."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        except OSError:
+            os._exit(1)
+        os._exit(0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
 def _run(cmd: list[str]) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:

@@ -39,7 +39,7 @@ def test_a_perfect_drill_meets_every_target() -> None:
         attribution(99.9, 125.1, swap_in=24, unexplained=1.2),
         attribution(299.9, 325.2, swap_in=25.1, host_work=0.2),
     ]
-    s = score("swap_in", stalls, attrs, 1_000 * MS)
+    s = score("swap_in", stalls, attrs, (0, 1_000 * MS))
     assert (s.found, s.top_right, s.false_gaps) == (2, 2, ())
     assert s.attributed_ns == 49.1 * MS and s.truth_ns == 50 * MS
     assert s.error == pytest.approx(-0.018)
@@ -63,7 +63,7 @@ def test_missed_stalls_wrong_causes_and_false_gaps_each_miss_their_target() -> N
         attribution(100, 130, host_work=20, minor_faults=10),  # found, wrong top cause
         attribution(700, 720, runq_wait=20),  # overlaps no stall: false
     ]
-    s = score("minor_faults", stalls, attrs, 1_000 * MS)
+    s = score("minor_faults", stalls, attrs, (0, 1_000 * MS))
     assert [st.found for st in s.stalls] == [True, False, False]
     assert [st.top_cause for st in s.stalls] == ["host_work", "", ""]
     assert s.top_right == 0
@@ -77,7 +77,7 @@ def test_missed_stalls_wrong_causes_and_false_gaps_each_miss_their_target() -> N
 
 
 def test_short_stalls_need_not_be_found() -> None:
-    s = score("alloc_stall", [stall(0, 100, 109)], [], 1_000 * MS)
+    s = score("alloc_stall", [stall(0, 100, 109)], [], (0, 1_000 * MS))
     assert s.targets["found_all"] is True
     assert s.targets["attributed"] is False  # nothing attributed of 9 ms
 
@@ -87,7 +87,7 @@ def test_a_stall_split_over_two_gaps_sums_them_and_takes_the_longer_ones_top_cau
         attribution(100, 104, irq=3, host_work=1),
         attribution(104.2, 130, host_work=20, irq=5.8),
     ]
-    s = score("irq", [stall(0, 100, 130, cause_ms=8)], attrs, 1_000 * MS)
+    s = score("irq", [stall(0, 100, 130, cause_ms=8)], attrs, (0, 1_000 * MS))
     st = s.stalls[0]
     assert (st.gaps, st.gap_ns, st.top_cause) == (2, 29.8 * MS, "host_work")
     assert st.attributed_ns == 8.8 * MS and st.truth_ns == 8 * MS
@@ -96,10 +96,18 @@ def test_a_stall_split_over_two_gaps_sums_them_and_takes_the_longer_ones_top_cau
 
 
 def test_the_control_scores_false_gaps_only() -> None:
-    quiet = score("", [], [], 60_000 * MS)
+    quiet = score("", [], [], (0, 60_000 * MS))
     assert quiet.targets == {"found_all": True, "no_false_gaps": True} and quiet.passed
-    noisy = score("", [], [attribution(10, 17, runq_wait=7)], 60_000 * MS)
+    noisy = score("", [], [attribution(10, 17, runq_wait=7)], (0, 60_000 * MS))
     assert not noisy.passed and noisy.to_record()["false_gap_ms"] == 7.0
+
+
+def test_the_idle_gpu_before_and_after_the_loop_is_no_false_gap() -> None:
+    attrs = [attribution(0, 1_000.2, host_work=1_000.2), attribution(61_000, 61_900, blocked=900)]
+    assert score("", [], attrs, (1_000 * MS, 61_000 * MS)).passed
+    inside = score("", [], [*attrs, attribution(30_000, 30_080, host_work=80)],
+                   (1_000 * MS, 61_000 * MS))  # fmt: skip
+    assert [g.ts_ns for g in inside.false_gaps] == [30_000 * MS]
 
 
 def test_stalls_are_spread_between_warm_up_and_tail() -> None:
