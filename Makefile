@@ -26,8 +26,10 @@ unit:
 test-matrix: setup
 	$(BIN)/python -m pytest -ra -m matrix
 
+# The headline overhead figure: the default probe set with and without, on host workloads
+# (root, no GPU, minutes). `$(BIN)/python -m bench` lists every benchmark and its command.
 bench: setup
-	$(BIN)/python -m bench
+	flock /tmp/gpujitter-kernel.lock $(BIN)/python -m bench.default_set --rounds 5
 
 # The daemon as a systemd service (docs/operations.md). install-files does the copying
 # alone; DESTDIR=dir stages it under another root.
