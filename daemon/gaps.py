@@ -13,7 +13,9 @@ Evidence, finest first (docs/gpu.md):
 
 A host-side gap is confirmed or contradicted by the NVML samples inside it; NVML-only gaps
 (no host-side stretch covers them, e.g. a process the tracer cannot see) are reported at the
-samples' resolution. Every gap names its sources, resolution and confidence.
+samples' resolution, unless traced syncs cover most of one: a thread blocked in a sync
+proves the GPU busy, whatever board power says (power dips under load, as the H200 showed
+early in a run). Every gap names its sources, resolution and confidence.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class GapConfig:
     # ... once the GPU has shown a swing at least this large between idle and busy.
     power_min_swing_w: float = 80.0
     power_min_samples: int = 3  # consecutive idle samples for an NVML-only gap
+    # Syncs at least this long are kept as proof of a busy GPU against NVML-only gaps
+    # (shorter ones cannot cover much of a gap made of 20 ms samples).
+    busy_sync_ns: int = 1_000_000
     history_ns: int = 60_000_000_000  # how much NVML and gap history is kept
 
 
@@ -93,6 +98,7 @@ class GapDetector:
         self.pending: list[_Candidate] = []
         self.last_call: dict[int, int] = {}  # tgid -> end of its latest traced call
         self.quiet: dict[int, deque[_Quiet]] = {}  # tgid -> recent quiet stretches
+        self.busy: dict[int, deque[tuple[int, int]]] = {}  # tgid -> recent long syncs
 
     def gpu(self, index: int) -> _GpuState:
         if index not in self.gpus:
@@ -127,7 +133,11 @@ class GapDetector:
 
     def _on_cuda(self, ev: CudaCall) -> None:
         self.last_call[ev.tgid] = max(self.last_call.get(ev.tgid, 0), ev.ts_ns + ev.dur_ns)
-        if ev.api == "sync" or ev.after_idle_ns <= 0:
+        if ev.api == "sync":
+            if ev.dur_ns >= self.config.busy_sync_ns:
+                self._remember_busy(ev.tgid, ev.ts_ns, ev.ts_ns + ev.dur_ns)
+            return
+        if ev.after_idle_ns <= 0:
             return
         start = ev.ts_ns - ev.after_idle_ns
         stretches = self.quiet.setdefault(ev.tgid, deque())
@@ -148,6 +158,28 @@ class GapDetector:
                     drained=ev.prev_api == "sync",
                 )
             )
+
+    def _remember_busy(self, tgid: int, start: int, end: int) -> None:
+        spans = self.busy.setdefault(tgid, deque())
+        spans.append((start, end))
+        while spans and spans[0][1] < self.now_ns - self.config.history_ns:
+            spans.popleft()
+
+    def _busy_ns(self, index: int, st: _GpuState, start: int, end: int) -> int:
+        """How much of [start, end] a process of GPU `index` (or of no known GPU) spent
+        blocked in a sync: the GPU was running its work then."""
+        spans = sorted(
+            (max(a, start), min(b, end))
+            for tgid, found in self.busy.items()
+            if tgid in st.pids or self.gpus_of(tgid) == [UNKNOWN_GPU]
+            for a, b in found
+            if a < end and start < b
+        )
+        covered, reach = 0, start
+        for a, b in spans:
+            covered += max(0, b - max(a, reach))
+            reach = max(reach, b)
+        return covered
 
     def _on_sample(self, ev: GpuSample) -> None:
         st = self.gpu(ev.gpu)
@@ -367,6 +399,8 @@ class GapDetector:
             p.gpu == index and p.start < c.end and c.start < p.end for p in self.pending
         ):
             return []  # a host-side gap covers it, with finer placement
+        if 2 * self._busy_ns(index, st, c.start, c.end) >= c.end - c.start:
+            return []  # traced syncs waited on the GPU through most of it: busy
         samples = st.power if c.source == "power" else st.util
         return [
             GpuGap(

@@ -18,7 +18,6 @@ the loop measured them, with what the injection reported); {"done": {...}} at th
 from __future__ import annotations
 
 import ctypes as ct
-import gc
 import json
 import os
 import resource
@@ -178,11 +177,6 @@ def main() -> None:
     gpu = TorchGpu(cfg) if cfg.backend == "torch" else StubGpu(cfg)
     setup = injector.setup()
     injector.background()
-    # Python's first full collection after `import torch` walks every object it made and
-    # stops the loop for tens of milliseconds: a gap nobody injected. Collect now, and keep
-    # what exists out of later collections, as latency-minded training loops do.
-    gc.collect()
-    gc.freeze()
     say(ready={"pid": os.getpid(), "tid": threading.get_native_id(), **gpu.describe(), **setup})
     if not sys.stdin.readline():  # the drill went away before the start
         sys.exit(1)

@@ -19,6 +19,11 @@ from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample, fr
 from tests.conftest import FIXTURES
 
 EVENTS = FIXTURES / "gaps" / "h200-proof-events.ndjson"
+# A drill's torch loop on the H200, 1 s before to 1.5 s after it started feeding, with no
+# stall: board power dipped to mid-swing for 80 ms while the loop kept syncing on 10 ms of
+# matmuls (its uprobe events and NVML samples as recorded).
+POWER_DIP = FIXTURES / "gaps" / "h200-power-dip-events.ndjson"
+POWER_DIP_GO_NS = 404_994_328_971
 TRUTH = FIXTURES / "gaps" / "h200-proof-truth.json"
 MS = 1_000_000
 
@@ -166,3 +171,12 @@ def test_a_gap_needs_every_feeder_of_the_gpu_quiet(stream: list[Event], truth: l
     # The last thread active before the gap was the other process's, the first after it
     # the workload's.
     assert (gap.tid_before, gap.tid_after) == (other, pid)
+
+
+def test_power_dips_while_syncs_wait_on_the_gpu_are_no_gap() -> None:
+    dip = [from_record(orjson.loads(line)) for line in POWER_DIP.read_bytes().splitlines()]
+    assert not [g for g in GapDetector().feed_all(dip) if g.end_ns > POWER_DIP_GO_NS]
+    # Without the syncs (a feeder the tracer cannot see), the same samples are a power gap.
+    unseen = [e for e in dip if not isinstance(e, CudaCall)]
+    (gap,) = GapDetector().feed_all(unseen)
+    assert gap.sources == ("power",) and 60 * MS < gap.end_ns - gap.ts_ns < 100 * MS
