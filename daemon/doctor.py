@@ -10,6 +10,7 @@ module and every probe for a moment.
 from __future__ import annotations
 
 import ctypes
+import errno
 import gzip
 import os
 import platform
@@ -24,7 +25,16 @@ from typing import Any, Literal
 from gpujitter.daemon import remedies
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
-from gpujitter.probes.host import HostPaths, read_int, read_text, status_fields
+from gpujitter.probes.host import (
+    CAP_BPF,
+    CAP_PERFMON,
+    CAP_SYS_ADMIN,
+    HostPaths,
+    capabilities,
+    read_int,
+    read_text,
+    status_fields,
+)
 from gpujitter.probes.nvml import Nvml, NvmlUnavailable, open_nvml
 from gpujitter.probes.registry import Hook, ProbeSpec
 from gpujitter.probes.topology import load_topology, read_cpu_nodes, read_gpus_sysfs, read_pci
@@ -49,7 +59,6 @@ RINGBUF_KERNEL = (5, 8)  # BPF ring buffers, which every probe streams through
 MEMCG_BPF_KERNEL = (5, 11)  # BPF memory charged to the memory cgroup, not RLIMIT_MEMLOCK
 
 # Capability bits (linux/capability.h).
-CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +111,19 @@ def check(fn: Check) -> Check:
 
 
 def run_checks(env: DoctorEnv) -> list[Result]:
+    """Every check's lines; a check that cannot read what it needs (e.g. tracefs, which only
+    root may list) fails with that reason instead of stopping the others."""
     results: list[Result] = []
     for fn in CHECKS:
-        results.extend(fn(env))
+        name = fn.__name__.removeprefix("check_")
+        try:
+            for result in fn(env):
+                results.append(result)
+                name = result.check
+        except OSError as err:
+            fix = "run `sudo gpujitter doctor`" if err.errno in (errno.EACCES, errno.EPERM) else ""
+            why = f"{err.strerror}: {err.filename}" if err.filename else str(err)
+            results.append(Result(name, "fail", f"could not be checked: {why}", fix=fix))
     return results
 
 
@@ -125,11 +144,6 @@ def can_profile(results: list[Result]) -> bool:
 def kernel_version(release: str) -> tuple[int, int]:
     match = re.match(r"(\d+)\.(\d+)", release)
     return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
-
-
-def capabilities(paths: HostPaths) -> set[int]:
-    mask = int(status_fields(paths, "self").get("CapEff", "0") or "0", 16)
-    return {bit for bit in range(64) if mask >> bit & 1}
 
 
 # ---------------------------------------------------------------------------------------

@@ -141,6 +141,22 @@ def status_fields(paths: HostPaths, pid: int | str) -> dict[str, str]:
     return fields
 
 
+CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
+
+
+def capabilities(paths: HostPaths) -> set[int]:
+    """This process's effective capabilities (bit numbers, as in linux/capability.h)."""
+    mask = int(status_fields(paths, "self").get("CapEff", "0") or "0", 16)
+    return {bit for bit in range(64) if mask >> bit & 1}
+
+
+def can_load_bpf(paths: HostPaths) -> bool:
+    """Whether this process holds what loading the probes takes (CAP_BPF with CAP_PERFMON,
+    or CAP_SYS_ADMIN, as root has)."""
+    caps = capabilities(paths)
+    return CAP_SYS_ADMIN in caps or {CAP_BPF, CAP_PERFMON} <= caps
+
+
 def expand_braces(pattern: str) -> list[str]:
     """'a/{b,c}/d' -> ['a/b/d', 'a/c/d'] (one level per brace pair, as tree patterns need)."""
     head, sep, tail = pattern.partition("{")

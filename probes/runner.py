@@ -14,7 +14,7 @@ from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.base import Emit, Probe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import ProbeStatus
-from gpujitter.probes.host import HostPaths
+from gpujitter.probes.host import HostPaths, can_load_bpf
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import CoreBpf, WatchSpec
 
@@ -46,6 +46,11 @@ class ProbeSet:
         try:
             self.core.start(self.emit)
         except ProbeUnavailable as err:
+            if not can_load_bpf(self.core.paths):
+                raise GpujitterError(
+                    "loading the probes needs root (CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN); "
+                    "run it with sudo (`gpujitter doctor` lists what is missing)"
+                ) from None
             raise GpujitterError(f"cannot load the core BPF module: {err}") from None
         now = time.monotonic_ns()
         self._last_tick = now  # start() refreshed the watched set and reported health

@@ -32,3 +32,25 @@ def test_doctor_load_core_every_probe_and_fentry() -> None:
     fentry = checks["fentry"]
     assert fentry["status"] == "info"
     assert fentry["detail"].startswith(("refused (", "available;")), fentry["detail"]
+
+
+def test_without_capabilities_probing_says_it_needs_root() -> None:
+    """Root's uid with every capability dropped (setpriv): the probes cannot load, and the
+    command says why in one line instead of bcc's compile errors."""
+    drop = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
+    proc = subprocess.run(
+        [*drop, sys.executable, "-m", "gpujitter", "probe", "sched", "--duration", "1s"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        "gpujitter probe: error: loading the probes needs root (CAP_BPF and CAP_PERFMON, or "
+        "CAP_SYS_ADMIN); run it with sudo (`gpujitter doctor` lists what is missing)"
+    )
+    doctor = subprocess.run([*drop, sys.executable, "-m", "gpujitter", "doctor", "--json"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert doctor.returncode == 1
+    checks = {c["check"]: c for c in json.loads(doctor.stdout)["checks"]}
+    assert checks["privileges"]["status"] == "fail"

@@ -308,3 +308,21 @@ def test_live_host_can_profile() -> None:
     assert failed == [] and can_profile(results)
     assert all(r.fix for r in results if r.status in ("warn", "fail"))
     assert os.geteuid() == 0 or any(r.check == "privileges" for r in results)
+
+
+def test_a_check_that_cannot_read_fails_alone(
+    host_tree: MakeTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def check_unreadable(env: DoctorEnv):  # what tracefs does to a user who is not root
+        yield Result("first", "pass", "read")
+        raise PermissionError(13, "Permission denied", "/sys/kernel/tracing/events")
+
+    monkeypatch.setattr(doctor, "CHECKS", [check_unreadable, doctor.check_kernel])
+    first, failed, kernel = run_checks(env_of(host_tree("dev-vm")))
+    assert first.status == "pass" and kernel.check == "kernel"
+    assert failed == Result(
+        "first",
+        "fail",
+        "could not be checked: Permission denied: /sys/kernel/tracing/events",
+        fix="run `sudo gpujitter doctor`",
+    )
