@@ -102,11 +102,16 @@ def part_text(part: Part, attr: Attribution) -> str:
     )
 
 
+def gpu_name(index: int) -> str:
+    """GPU0, or GPU? for gaps on no known GPU (no NVML: the feeder's GPU is not known)."""
+    return f"GPU{index}" if index >= 0 else "GPU?"
+
+
 def one_line(attr: Attribution, clock: ClockRef | None = None) -> str:
     when = format_wall(clock, attr.ts_ns)[:-3] if clock else f"t={attr.ts_ns}ns"
     parts = ", ".join(part_text(p, attr) for p in attr.parts)
     sources = "+".join(attr.sources)
     return (
-        f"GPU{attr.gpu} idle {format_ns(attr.dur_ns)} at {when}: {parts} "
+        f"{gpu_name(attr.gpu)} idle {format_ns(attr.dur_ns)} at {when}: {parts} "
         f"[{sources}, ±{format_ns(attr.resolution_ns)}]"
     )

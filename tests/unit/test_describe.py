@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpujitter.daemon.describe import one_line, part_text
 from gpujitter.daemon.records import (
     AllocEvidence,
@@ -64,3 +66,8 @@ def test_each_cause_names_its_evidence() -> None:
     }  # fmt: skip
     for part, text in cases.items():
         assert part_text(part, attr) == text
+
+
+def test_a_gap_on_no_known_gpu() -> None:
+    attr = dataclasses.replace(attribution(Part("runq_wait", 25 * MS)), gpu=-1)
+    assert one_line(attr).startswith("GPU? idle 25.00ms at t=5000000000ns: ")
