@@ -5,6 +5,9 @@ under the shared lock, like the kernel tests)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from textual.widgets import DataTable
@@ -14,7 +17,7 @@ from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.tui.sources.embedded import EmbeddedSource
 from tests.tui.conftest import make_app, until
-from tests.tui.test_app import status_line
+from tests.tui.test_app import status_line, table_rows
 
 pytestmark = pytest.mark.kernel
 
@@ -47,5 +50,47 @@ def test_embedded_mode_shows_live_cpu_idle_and_probe_health() -> None:
             # every CPU's shares add up to at most its window.
             assert all(r.idle and sum(share for _, share in r.idle) <= 1.05 for r in rows)
             assert app.query_one("#cpus-table", DataTable).row_count == len(topo.cpus)
+
+    asyncio.run(scenario())
+
+
+def test_a_drill_beside_it_shows_the_drills_gaps_and_their_cause() -> None:
+    """What an operator sees with `gpujitter top` open while `gpujitter drill contention`
+    runs: the drill's stalls as gaps, run-queue wait named as their cause, in the Gaps view
+    and in the breakdown of the one selected."""
+    names = registry.default_names()
+    source = EmbeddedSource(names, topology=load_topology(), watch=WatchSpec(all=True), tick_s=0.5)
+    gpujitter = Path(sys.executable).with_name("gpujitter")
+
+    async def scenario() -> None:
+        app = make_app(source)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await until(pilot, lambda: "sched" in app.model.probes, "the probes", timeout=60)
+            drill = await asyncio.create_subprocess_exec(
+                str(gpujitter), "drill", "contention", "--duration", "6s", "--stalls", "3",
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            try:
+                await until(
+                    pilot,
+                    lambda: (
+                        sum(
+                            a is not None and a.top is not None and a.top.cause == "runq_wait"
+                            for _, a in app.model.gaps_newest_first()
+                        )
+                        >= 3
+                    ),
+                    "the drill's three stalls, attributed",
+                    timeout=90,
+                )
+            finally:
+                assert await drill.wait() == 0
+            await pilot.press("2")
+            rows = table_rows(app.query_one("#gaps-table", DataTable))
+            assert sum("run-queue" in r for r in rows) >= 3, rows
+            await pilot.press("enter")
+            await pilot.pause()
+            assert "gj-drill-hog" in " ".join(str(w.render()) for w in app.screen.query("*")
+                                               if hasattr(w, "render"))  # fmt: skip
 
     asyncio.run(scenario())
