@@ -35,19 +35,28 @@ from gpujitter.probes.watch import WatchSpec
 # Each program waits for a byte on stdin (so the probes watch it from its first call), runs,
 # and prints how long its work took (CLOCK_MONOTONIC ns).
 PROGRAMS = {
+    # The two ends on CPUs 0 and 1 (where there are two): every hop wakes an idle CPU, the
+    # probes' worst case, and the same placement in every run (left to the scheduler, the
+    # ends share a CPU in some runs and not in others, which moved the time by 30 %).
     "pingpong": r"""
+#define _GNU_SOURCE
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 static long long now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec * 1000000000LL + t.tv_nsec; }
+static void pin(int cpu) { cpu_set_t s; CPU_ZERO(&s);
+    CPU_SET(cpu % sysconf(_SC_NPROCESSORS_ONLN), &s); sched_setaffinity(0, sizeof(s), &s); }
 int main(int argc, char **argv) {
     long n = atol(argv[1]); int a[2], b[2]; char c = 0;
     if (pipe(a) || pipe(b) || read(0, &c, 1) != 1) return 1;
     long long t0 = now();
-    if (fork() == 0) { for (long i = 0; i < n; i++) { read(a[0], &c, 1); write(b[1], &c, 1); }
+    if (fork() == 0) { pin(1);
+        for (long i = 0; i < n; i++) { read(a[0], &c, 1); write(b[1], &c, 1); }
         _exit(0); }
+    pin(0);
     for (long i = 0; i < n; i++) { write(a[1], &c, 1); read(b[0], &c, 1); }
     printf("%lld\n", now() - t0); return 0; }
 """,
@@ -102,7 +111,7 @@ int main(int argc, char **argv) {   /* ~1 ms of host work, then a 1 ms wait, lik
     printf("%lld\n", now() - t0); return 0; }
 """,
 }
-ARGS = {"pingpong": ["100000"], "faults": ["6"], "alloc": ["30000"], "steady": ["500"]}
+ARGS = {"pingpong": ["100000"], "faults": ["16"], "alloc": ["90000"], "steady": ["500"]}
 
 
 def build(where: Path) -> dict[str, Path]:
@@ -183,6 +192,7 @@ def measure(rounds: int, names: list[str]) -> dict[str, Any]:
         rates: dict[str, list[float]] = {w: [] for w in PROGRAMS}
         kernel: dict[str, list[float]] = {w: [] for w in PROGRAMS}
         runs_per_op: dict[str, list[int]] = {w: [] for w in PROGRAMS}
+        programs: dict[str, dict[str, list[float]]] = {w: {} for w in PROGRAMS}
         for _ in range(rounds):
             for w in PROGRAMS:
                 base[w].append(run_workload(binaries[w], args[w], None))
@@ -207,19 +217,36 @@ def measure(rounds: int, names: list[str]) -> dict[str, Any]:
                         before = program_totals(probes)
                         run_workload(binaries[w], args[w], probes)
                         after = program_totals(probes)
-                        runs = sum(after[k][0] - before.get(k, (0, 0))[0] for k in after)
-                        ns = sum(after[k][1] - before.get(k, (0, 0))[1] for k in after)
+                        delta = {
+                            k: (after[k][0] - before.get(k, (0, 0))[0],
+                                after[k][1] - before.get(k, (0, 0))[1])
+                            for k in after
+                        }  # fmt: skip
+                        runs = sum(d[0] for d in delta.values())
+                        ns = sum(d[1] for d in delta.values())
+                        for k, (n, t) in delta.items():
+                            if n:
+                                programs[w].setdefault(k, []).append(t / n)
                         kernel[w].append(ns / runs if runs else 0.0)
                         runs_per_op[w].append(runs)
         for w in PROGRAMS:
             b, p = statistics.median(base[w]), statistics.median(probed[w])
+            # Each round's ratio to its own run without probes: drift between rounds cancels.
+            ratios = sorted(100 * (pr - br) / br for br, pr in zip(base[w], probed[w], strict=True))
             results["workloads"][w] = {
                 "without_s": b / 1e9,
                 "with_s": p / 1e9,
-                "slowdown_pct": 100 * (p - b) / b,
+                "slowdown_pct": statistics.median(ratios),
+                "slowdown_pct_rounds": ratios,
+                "without_s_rounds": [x / 1e9 for x in base[w]],
+                "with_s_rounds": [x / 1e9 for x in probed[w]],
                 "kernel_ns_per_run": statistics.median(kernel[w]),
                 "program_runs": statistics.median(runs_per_op[w]),
                 "python_events_per_s": statistics.median(rates[w]),
+                "program_runs_per_op": statistics.median(runs_per_op[w]) / int(args[w][0]),
+                "kernel_ns_per_program": {
+                    k: statistics.median(v) for k, v in sorted(programs[w].items())
+                },
             }
     results["startup_median"] = {
         k: statistics.median(s[k] for s in results["startup"]) for k in ("wall_s", "cpu_s")
@@ -229,17 +256,22 @@ def measure(rounds: int, names: list[str]) -> dict[str, Any]:
 
 
 def report(r: dict[str, Any]) -> str:
+    each = ", ".join(f"{s['wall_s']:.1f}/{s['cpu_s']:.1f}" for s in r["startup"])
     lines = [
         f"probes: {', '.join(r['probes'])}",
-        f"start-up (compile + attach, core included): {r['startup_median']['wall_s']:.2f} s "
-        f"wall, {r['startup_median']['cpu_s']:.2f} CPU-s; resident {r['rss_mb_median']:.0f} MB",
-        f"{'workload':10} {'without':>9} {'with':>9} {'slowdown':>9} {'kernel/run':>11} "
-        f"{'py ev/s':>8}",
+        f"start-up (compile + attach; the core's compile in the first round only): "
+        f"{r['startup_median']['wall_s']:.2f} s wall, {r['startup_median']['cpu_s']:.2f} CPU-s "
+        f"(each round, wall/CPU: {each}); "
+        f"resident {r['rss_mb_median']:.0f} MB (max {max(r['rss_mb']):.0f})",
+        f"{'workload':10} {'without':>9} {'with':>9} {'slowdown':>9} {'(min..max)':>15} "
+        f"{'kernel/run':>11} {'runs/op':>8} {'py ev/s':>8}",
     ]
     for w, x in r["workloads"].items():
+        lo, hi = x["slowdown_pct_rounds"][0], x["slowdown_pct_rounds"][-1]
         lines.append(
             f"{w:10} {x['without_s']:8.3f}s {x['with_s']:8.3f}s {x['slowdown_pct']:8.1f}% "
-            f"{x['kernel_ns_per_run']:9.0f}ns {x['python_events_per_s']:8.0f}"
+            f"{f'({lo:.1f}..{hi:.1f})':>15} {x['kernel_ns_per_run']:9.0f}ns "
+            f"{x['program_runs_per_op']:8.1f} {x['python_events_per_s']:8.0f}"
         )
     return "\n".join(lines)
 
