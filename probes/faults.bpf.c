@@ -16,8 +16,21 @@
  * every fault on the node (a filter lookup for unwatched threads), plus one map lookup per
  * file fault and per block read.
  */
-#include <uapi/linux/bpf_perf_event.h>
 #include "gpujitter.h"
+
+/* The perf-event programs' context, struct bpf_perf_event_data of
+ * <uapi/linux/bpf_perf_event.h>, declared here: that header pulls in the kernel's
+ * <linux/ptrace.h> and with it most of the scheduler's headers, 1.6 s of compiling at every
+ * start for one field (docs/performance.md). On x86-64 bpf_user_pt_regs_t is struct pt_regs. */
+#ifdef __x86_64__
+struct bpf_perf_event_data {
+    struct pt_regs regs;
+    u64 sample_period;
+    u64 addr;
+};
+#else
+#include <uapi/linux/bpf_perf_event.h>
+#endif
 
 /* Fault classes: index into counters, histograms and lost counts (FAULT_CLASSES in faults.py). */
 enum { CLS_MINOR, CLS_FILE, CLS_SWAP, CLS_UNCLASSIFIED, CLS_COUNT };

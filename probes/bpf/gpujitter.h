@@ -9,7 +9,12 @@
 #define GPUJITTER_H
 
 #include <uapi/linux/ptrace.h>
-#include <linux/sched.h>
+
+/* Not <linux/sched.h> for this: clang parsing it took 0.75 s of each probe's ~1.1 s compile
+ * (docs/performance.md); a probe that needs kernel structures includes their header itself. */
+#ifndef TASK_COMM_LEN
+#define TASK_COMM_LEN 16
+#endif
 
 #define GJ_MAX_WATCHED 16384
 #define GJ_MAX_CPUS 1024
