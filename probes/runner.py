@@ -12,7 +12,13 @@ from typing import Any
 
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
-from gpujitter.probes.base import Emit, Probe, ProbeContext, ProbeUnavailable
+from gpujitter.probes.base import (
+    Emit,
+    Probe,
+    ProbeContext,
+    ProbeUnavailable,
+    release_compiler_memory,
+)
 from gpujitter.probes.events import ProbeStatus
 from gpujitter.probes.host import HostPaths, can_load_bpf
 from gpujitter.probes.topology import Topology
@@ -65,6 +71,7 @@ class ProbeSet:
             status = probe.status(now)
             self.emit(status)
             statuses.append(status)
+        release_compiler_memory()
         return statuses
 
     @property
