@@ -260,11 +260,16 @@ DEGRADED = {
     BIO_QUEUE: "swap-ins are counted as unclassified major faults",
 }
 
+# Why faults and swap are off by default (docs/performance.md, "Default set").
+FAULT_HOOKS_COST = (
+    "two BPF programs on every page fault of the node: +11 % on a watched page-fault storm"
+)
+
 SPECS = (
     ProbeSpec(
         name="faults",
         summary="minor and major page faults per thread, with time; major split file/swap",
-        default_on=True,
+        default_on=False,
         hooks=(
             *(Hook("perf_event", f"software:{name}") for name, _, _ in PERF_HOOKS),
             Hook("tracepoint", FILEMAP_FAULT, optional=True),
@@ -282,11 +287,12 @@ SPECS = (
             "storm_gap": 2_000,
             "major": 10_000,
         },
+        off_reason=FAULT_HOOKS_COST,
     ),
     ProbeSpec(
         name="swap",
         summary="swap-ins per thread (anonymous/shmem pages read back from swap), with time",
-        default_on=True,
+        default_on=False,
         hooks=(
             *(Hook("perf_event", f"software:{name}") for name, _, _ in PERF_HOOKS),
             Hook("tracepoint", FILEMAP_FAULT),
@@ -295,5 +301,6 @@ SPECS = (
         degrades="time blocked in swap-ins is not attributed (it shows as blocked time)",
         factory=FaultProbe,
         thresholds={"swapin": 10_000},
+        off_reason=FAULT_HOOKS_COST,
     ),
 )

@@ -47,6 +47,13 @@ class ProbeSpec:
     factory: Callable[[ProbeSpec], Probe] = field(repr=False, compare=False)
     # Emission thresholds in ns, configurable per probe: name -> default.
     thresholds: dict[str, int] = field(default_factory=dict)
+    # Why a probe is off by default, in one line (doctor shows it); required when default_on
+    # is False. Such a probe runs when named: `gpujitter probe NAME`, `probes.enable`.
+    off_reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.default_on and not self.off_reason:
+            raise ValueError(f"probe {self.name!r} is off by default without an off_reason")
 
 
 _SPECS: dict[str, ProbeSpec] = {}

@@ -221,7 +221,9 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
         stack.callback(feeder.stop)
         progress(f"starting the feeding loop on CPU {stage.feeder_cpu}")
         ready = feeder.read(READY_TIMEOUT_S)["ready"]
-        names = registry.default_names()
+        # the probes the scenario needs run even where they are off by default (cstate)
+        off = [p for p in scenario.needs if p in known and not known[p].default_on]
+        names = [*registry.default_names(), *off]
         sources = EvidenceSources(
             names,
             topology=topology,

@@ -3,6 +3,7 @@ each failing case, NVML replayed from the H200 machine, and live on this host.""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -174,6 +175,14 @@ def test_probe_hooks_on_the_recorded_tree(host_tree: MakeTree) -> None:
     env = env_of(host_tree("dev-vm"), specs=lambda: {"malloc": registry.get("malloc")})
     assert list(doctor.check_probe_hooks(env)) == [
         Result("probe malloc", "pass", "11 hooks available")  # 10 tracepoints, 1 uprobe
+    ]
+
+
+def test_a_probe_off_by_default_says_why(host_tree: MakeTree) -> None:
+    off = dataclasses.replace(registry.get("malloc"), default_on=False, off_reason="costly")
+    env = env_of(host_tree("dev-vm"), specs=lambda: {"malloc": off})
+    assert list(doctor.check_probe_hooks(env)) == [
+        Result("probe malloc", "pass", "11 hooks available; off by default (costly)")
     ]
 
 
