@@ -407,7 +407,10 @@ def _private_dev(dev_fds: dict[str, int]) -> None:
     _mount(None, "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
 
 
-def apply_mounts(entries: list[MountEntry], inaccessible_dir: Path) -> None:
+def apply_mounts(entries: list[MountEntry], inaccessible_dir: Path, keep: list[str]) -> None:
+    """keep: the checkout, which stands in for the installed program (/usr/local): where a
+    private /tmp would hide it (a clone under /tmp), it is bound back in, as an installed
+    program would stay visible."""
     _syscall_ok(_libc.unshare(CLONE_NEWNS), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     best: dict[str, MountEntry] = {}
@@ -426,10 +429,15 @@ def apply_mounts(entries: list[MountEntry], inaccessible_dir: Path) -> None:
     dev_fds = {
         n: os.open(f"/dev/{n}", os.O_PATH) for n in ("null", "zero", "full", "random", "urandom")
     }
+    kept = {path: os.open(path, os.O_PATH) for path in keep}
     mounted = {point for point, _ in _mountinfo()}
     for e in ordered:
         if e.mode == TMPFS:
             _mount("tmpfs", e.path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+            for path, fd in kept.items():
+                if _under(path, e.path):
+                    os.makedirs(path, exist_ok=True)
+                    _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         elif e.mode == PRIVATE_DEV:
             _private_dev(dev_fds)
         elif e.mode == PROC_SUBSET_PID:
@@ -459,7 +467,7 @@ def apply_sandbox(spec: dict[str, Any]) -> None:
         Path("/proc/self/oom_score_adj").write_text(settings["OOMScoreAdjust"])
     entries = mount_entries(settings)
     if entries:
-        apply_mounts(entries, Path(spec["inaccessible"]))
+        apply_mounts(entries, Path(spec["inaccessible"]), spec.get("keep", []))
     if settings.get("ProtectHostname") == "yes":
         _syscall_ok(_libc.unshare(CLONE_NEWUTS), "unshare uts")
     if settings.get("PrivateUsers") == "yes":
@@ -1100,6 +1108,7 @@ def run_sandboxed(
         spec = {
             "settings": settings,
             "inaccessible": str(env.inaccessible),
+            "keep": [str(REPO)],
             "kill": kill,
             "cgroups": cgroups,
         }

@@ -186,8 +186,11 @@ def test_unwatched_processes_produce_nothing() -> None:
 def test_forced_cross_node_migration_and_node_time_split() -> None:
     # Under the override CPU 0 is node 0 and CPU 1 node 1: moving the thread by affinity
     # crosses nodes twice, and its on-CPU time splits by the time spun on each.
+    # The sleep: on-CPU time counts from a switch-in that follows a switch-out the probe
+    # saw (docs/probes.md), and a spinning child on an idle CPU may not switch for 350 ms.
     with Child("""
         pin(0)
+        time.sleep(0.01)
         spin(0.05)
         out["t_move"] = time.monotonic_ns()
         c0 = time.thread_time_ns()
