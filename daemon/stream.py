@@ -31,6 +31,7 @@ from gpujitter.errors import GpujitterError
 
 STREAM_SCHEMA = "gpujitter.stream/1"
 _READ_LIMIT = 64 * 1024  # a request line longer than this is refused
+CLOSE_SEND_S = 1.0  # at close, how long a client may take to accept what is still queued
 BAD_REQUEST = 'bad request: want {"cmd": "snapshot"} or {"cmd": "ping"}'
 
 
@@ -294,6 +295,16 @@ class StreamServer:
             self._sel.unregister(client.sock)
         client.sock.close()
 
+    def _send_rest(self, client: _Client) -> None:
+        """At close: what is still queued for a client (the attributions the daemon decides
+        while stopping), within a short deadline, so that a stuck client cannot hold up the
+        stop."""
+        data = client.pending + b"".join(client.queue)
+        client.queue.clear()
+        with contextlib.suppress(OSError):
+            client.sock.settimeout(CLOSE_SEND_S)
+            client.sock.sendall(data)
+
     def close(self) -> None:
         self._stop.set()
         self._wake()
@@ -302,6 +313,7 @@ class StreamServer:
         with self._lock:
             clients = list(self._clients.values())
         for client in clients:
+            self._send_rest(client)
             self._drop(client)
         self._sel.close()
         self._listener.close()

@@ -8,6 +8,7 @@ import shutil
 import socket
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,6 +66,24 @@ def test_hello_then_snapshot_then_live_records_in_order(server: StreamServer) ->
     assert lines[1] == {"type": "snapshot", "cpus": 2}
     assert [rec["n"] for rec in lines[2:]] == [0, 1, 2, 3, 4]
     sock.close()
+
+
+def test_what_is_published_just_before_close_still_reaches_clients(
+    server: StreamServer,
+) -> None:
+    """The daemon publishes the attributions it decides while stopping, then closes: more
+    than the socket buffers hold, so most of it is still queued when close begins."""
+    sock = connect(server.path)
+    wait_for_clients(server, 1)
+    read_lines(sock, 2)  # hello, snapshot
+    got: list[dict] = []
+    reader = threading.Thread(target=lambda: got.extend(read_lines(sock, 40)))
+    reader.start()
+    for i in range(40):
+        server.publish({"type": "gpu.attribution", "n": i, "pad": "x" * 20_000})
+    server.close()
+    reader.join(timeout=10)
+    assert [r["n"] for r in got] == list(range(40))
 
 
 def test_slow_client_loses_counted_records_and_never_blocks_the_publisher(
