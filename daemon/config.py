@@ -95,7 +95,12 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("probes.enable", _list, (), "probes to run; empty: every probe on by default"),
+    Setting(
+        "probes.enable",
+        _list,
+        (),
+        'probes to run; empty: every probe on by default; "+name" adds one to that set',
+    ),
     Setting("probes.disable", _list, (), "probes not to run"),
     Setting("probes.thresholds", _thresholds, (), "emission thresholds, PROBE.KEY = TIME"),
     Setting("watch.pids", _pids, (), "process ids to watch"),

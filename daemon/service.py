@@ -70,11 +70,7 @@ class Console:
 
 
 def probe_names(config: Config) -> list[str]:
-    names = list(config["probes.enable"]) or registry.default_names()
-    disabled = set(config["probes.disable"])
-    for name in [*names, *disabled]:
-        registry.get(name)  # unknown names: one-line error
-    return [n for n in names if n not in disabled]
+    return registry.select(config["probes.enable"], config["probes.disable"])
 
 
 def thresholds_of(config: Config) -> dict[str, dict[str, int]]:

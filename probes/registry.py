@@ -10,7 +10,7 @@ registry itself loads on a node without bcc (where doctor must still run).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -81,3 +81,15 @@ def get(name: str) -> ProbeSpec:
 
 def default_names() -> list[str]:
     return [name for name, spec in specs().items() if spec.default_on]
+
+
+def select(names: Sequence[str] = (), disabled: Sequence[str] = ()) -> list[str]:
+    """The probes to run, from what a user named: plain names are exactly those ("sched,irq"),
+    "+name" adds to them or, alone, to the default set ("+faults,+swap": the default set and
+    faults and swap); `disabled` is taken out. Unknown names: a one-line error."""
+    plain = [n for n in names if not n.startswith("+")]
+    added = [n[1:] for n in names if n.startswith("+")]
+    for name in [*plain, *added, *disabled]:
+        get(name)
+    chosen = list(dict.fromkeys([*(plain or default_names()), *added]))
+    return [n for n in chosen if n not in disabled]

@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "sources",
         nargs="*",
         metavar="SOURCE",
-        help="probes to run (default: every probe that is on by default); "
+        help="probes to run (default: every probe that is on by default; +NAME adds one "
+        "to that set); "
         "see `gpujitter doctor` for the list",
     )
     p.add_argument("-d", "--duration", metavar="TIME", help="stop after TIME (e.g. 10s)")
@@ -65,9 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpujitter.probes.runner import ProbeThread
 
-    names = args.sources or registry.default_names()
-    for name in names:
-        registry.get(name)
+    names = registry.select(args.sources)
     options = precise_options(args, names)
     duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
     ref = clock_ref()

@@ -81,7 +81,7 @@ def event_sources(
 
 
 def run(args: argparse.Namespace) -> int:
-    names = args.sources or registry.default_names()
+    names = registry.select(args.sources)
     overrides = parse_thresholds(args.threshold)
     in_force = {n: {**registry.get(n).thresholds, **overrides.get(n, {})} for n in names}
     rotation = rotation_from_args(args)

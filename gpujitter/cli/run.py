@@ -26,7 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--socket", metavar="PATH", help="stream socket ('' for none)")
     p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics there")
-    p.add_argument("--probes", metavar="LIST", help="probes to run, comma-separated")
+    p.add_argument(
+        "--probes",
+        metavar="LIST",
+        help="probes to run, comma-separated; +NAME adds one to the default set "
+        "(--probes +faults,+swap)",
+    )
     p.add_argument("--disable", metavar="LIST", help="probes not to run, comma-separated")
     add_threshold_arg(p)
     p.add_argument(

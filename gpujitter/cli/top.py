@@ -35,6 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the daemon's stream socket (default: socket.path of the daemon's configuration, "
         "/run/gpujitter/gpujitter.sock)",
     )
+    p.add_argument(
+        "--probes",
+        metavar="LIST",
+        help="embedded: probes to run, comma-separated; +NAME adds one to the default set "
+        "(--probes +faults,+swap)",
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--replay",
@@ -91,7 +97,7 @@ def make_source(args: argparse.Namespace) -> Source:
     path = socket_path(args)
     if args.daemon or (not args.embedded and daemon_listening(path)):
         return SocketSource(path)
-    names = registry.default_names()
+    names = registry.select(args.probes.split(",") if args.probes else ())
     return EmbeddedSource(
         names,
         topology=topology_from_args(args),

@@ -8,6 +8,7 @@ import pytest
 
 from gpujitter.daemon.config import SETTINGS, load_config
 from gpujitter.errors import GpujitterError
+from gpujitter.probes import registry
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -95,3 +96,14 @@ def test_bad_env_and_flag_name_their_source(tmp_path: Path) -> None:
 def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(GpujitterError, match="No such file"):
         load_config(tmp_path / "nope.toml", environ={})
+
+
+def test_probe_selection_plain_names_replace_plus_names_add() -> None:
+    defaults = registry.default_names()
+    assert registry.select() == defaults
+    assert registry.select(["sched", "faults"]) == ["sched", "faults"]
+    assert registry.select(["+faults", "+swap"]) == [*defaults, "faults", "swap"]
+    assert registry.select(["sched", "+swap"]) == ["sched", "swap"]
+    assert registry.select(["+faults"], ["irq"]) == [n for n in [*defaults, "faults"] if n != "irq"]
+    with pytest.raises(GpujitterError, match="unknown probe 'fault'"):
+        registry.select(["+fault"])
