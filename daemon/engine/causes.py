@@ -8,6 +8,7 @@ reasoning for the order is in docs/attribution.md.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -51,17 +52,18 @@ class RemedyContext:
         return self.topology.cpus_of(self.gpu_node)
 
 
-class Cause:
+class Cause(abc.ABC):
     name: ClassVar[str]
 
+    @abc.abstractmethod
     def claim(
         self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
     ) -> int:
         """Take time from the segment (at most `remaining`) into ctx's tally; return it."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
-        raise NotImplementedError
+        """What the claimed items show, for the attribution's part."""
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         return None
