@@ -338,7 +338,11 @@ def check_probe_hooks(env: DoctorEnv) -> Iterator[Result]:
         hooks = f"{len(spec.hooks)} hooks"
         if not missing:
             runnable += 1
-            off = "" if spec.default_on else f"; off by default ({spec.off_reason})"
+            off = (
+                ""
+                if spec.default_on
+                else f"; off by default ({spec.off_reason}; --probes +{spec.name} runs it)"
+            )
             yield Result(f"probe {spec.name}", "pass", f"{hooks} available{off}")
         elif not required:
             runnable += 1

@@ -182,7 +182,11 @@ def test_a_probe_off_by_default_says_why(host_tree: MakeTree) -> None:
     off = dataclasses.replace(registry.get("malloc"), default_on=False, off_reason="costly")
     env = env_of(host_tree("dev-vm"), specs=lambda: {"malloc": off})
     assert list(doctor.check_probe_hooks(env)) == [
-        Result("probe malloc", "pass", "11 hooks available; off by default (costly)")
+        Result(
+            "probe malloc",
+            "pass",
+            "11 hooks available; off by default (costly; --probes +malloc runs it)",
+        )
     ]
 
 
