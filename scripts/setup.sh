@@ -13,8 +13,9 @@ skip() { printf '    %s\n' "$*"; }
 [ "$(id -u)" -eq 0 ] || { echo "setup: must run as root (bcc needs it): sudo $0" >&2; exit 1; }
 
 # libjemalloc2, libtcmalloc-minimal4: real allocators for the malloc probe's precise-mode tests
+# gcc, libc6-dev: `gpujitter drill` builds its stub libcuda and injection helpers at run time
 packages=(python3-bpfcc python3-venv python3-pip linux-headers-amd64 util-linux
-    libjemalloc2 libtcmalloc-minimal4)
+    libjemalloc2 libtcmalloc-minimal4 gcc libc6-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
