@@ -16,6 +16,7 @@ from gpujitter.probes import registry
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.tui.sources.embedded import EmbeddedSource
+from gpujitter.tui.views.breakdown import GapScreen
 from tests.tui.conftest import make_app, until
 from tests.tui.test_app import status_line, table_rows
 
@@ -88,9 +89,11 @@ def test_a_drill_beside_it_shows_the_drills_gaps_and_their_cause() -> None:
             await pilot.press("2")
             rows = table_rows(app.query_one("#gaps-table", DataTable))
             assert sum("run-queue" in r for r in rows) >= 3, rows
-            await pilot.press("enter")
-            await pilot.pause()
-            assert "gj-drill-hog" in " ".join(str(w.render()) for w in app.screen.query("*")
-                                               if hasattr(w, "render"))  # fmt: skip
+            first = next(i for i, r in enumerate(rows) if "run-queue" in r)
+            await pilot.press(*["down"] * first, "enter")
+            await until(pilot, lambda: isinstance(app.screen, GapScreen), "the breakdown")
+            top = app.screen.attribution.top  # type: ignore[attr-defined]
+            assert top.cause == "runq_wait", top
+            assert any("gj-drill-hog" in e for e in top.evidence), top.evidence
 
     asyncio.run(scenario())
