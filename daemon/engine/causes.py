@@ -89,6 +89,11 @@ def _ns(group: list[Claimed]) -> int:
     return sum(ns for _, _, ns in group)
 
 
+def _spans(group: list[Claimed]) -> int:
+    """How many distinct intervals the group's claims came from."""
+    return len({id(span) for _, span, _ in group})
+
+
 def _scaled_count(group: list[Claimed]) -> int:
     """An aggregate's count in proportion to the time of it claimed (rounded up)."""
     n = 0
@@ -244,7 +249,7 @@ class IdleWakeDelay(ExactCause):
                     state=ev.state,
                     state_name=ev.state_name,
                     cpus=_cpus(group),
-                    count=len({id(span) for _, span, _ in group}),
+                    count=_spans(group),
                     ns=_ns(group),
                     exit_latency_ns=max(span.event.exit_latency_ns for _, span, _ in group),
                 )
@@ -293,7 +298,7 @@ class RunqWait(Cause):
                     tid=ev.other_tid,
                     comm=ev.other_comm,
                     cpus=_cpus(group, "cpu_in"),
-                    count=len({id(span) for _, span, _ in group}),
+                    count=_spans(group),
                     ns=_ns(group),
                     after_migration=any(self._after_migration(t, s, ctx) for t, s, _ in group),
                 )
@@ -404,7 +409,7 @@ class Blocked(Cause):
                     state=ev.state,
                     syscall=syscall_name(ev.syscall, ctx.config.syscall_abi),
                     nr=ev.syscall,
-                    count=len({id(span) for _, span, _ in group}),
+                    count=_spans(group),
                     ns=_ns(group),
                 )
             )
