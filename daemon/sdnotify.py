@@ -36,7 +36,11 @@ class Notifier:
         if target.startswith("@"):  # abstract namespace
             target = "\0" + target[1:]
         if self._sock is None:
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            # Non-blocking: a manager that stops reading must not stop the main loop (a
+            # lost datagram is at worst a missed watchdog ping, and the next one follows).
+            self._sock = socket.socket(
+                socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+            )
         try:
             self._sock.sendto("\n".join(fields).encode(), target)
         except OSError:

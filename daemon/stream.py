@@ -2,12 +2,21 @@
 
 On connect a client gets a hello (schema version, host, daemon pid, what it may see), then a
 snapshot of current state, then live records as the daemon publishes them. Each client has
-a bounded queue: a client that reads too slowly loses records (counted, and told so in a
-"dropped" message once it catches up) and never slows the daemon. Clients may send one JSON
-request per line ({"cmd": "snapshot"} or {"cmd": "ping"}); a bad request gets an error line.
+a queue bounded in records and in bytes: a client that reads too slowly loses records
+(counted, and told so in a "dropped" message once it catches up) and never slows the daemon
+or grows its memory. Clients may send one JSON request per line ({"cmd": "snapshot"} or
+{"cmd": "ping"}); a bad request gets an error line; a snapshot asked for while the last one
+is still unsent is not built again. Past `max_clients` a new connection gets one error line
+and is closed.
+
+Threads: `publish` is called by the daemon's main thread and never blocks it for longer than
+a queue append (the wake-up socket is non-blocking); the server thread accepts, reads and
+writes. The snapshot callback runs on the server thread, so what it reads must be safe to
+read there (NodeState copies under its lock).
 
 Peer credentials (SO_PEERCRED) decide visibility: root sees everything; another user sees
-node-wide records (CPUs, probes) and only records about processes that user owns.
+node-wide records (CPUs, probes) and only records about processes that user owns, down to
+the entries of lists inside a record (a status record's threads, a watch change's pids).
 """
 
 from __future__ import annotations
@@ -15,10 +24,12 @@ from __future__ import annotations
 import contextlib
 import grp
 import os
+import select
 import selectors
 import socket
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -31,7 +42,11 @@ from gpujitter.errors import GpujitterError
 
 STREAM_SCHEMA = "gpujitter.stream/1"
 _READ_LIMIT = 64 * 1024  # a request line longer than this is refused
-CLOSE_SEND_S = 1.0  # at close, how long a client may take to accept what is still queued
+CLOSE_SEND_S = 1.0  # at close, how long all clients together may take to accept the rest
+QUEUE_BYTES = 4 << 20  # per client: what may wait unsent, a snapshot or two and live records
+MAX_CLIENTS = 64  # past this a connection is refused (the unit caps the daemon's fds)
+# Keys whose lists name processes: a non-root client sees only the entries it owns.
+_PID_LISTS = ("tgids", "pids", "added", "removed")
 BAD_REQUEST = 'bad request: want {"cmd": "snapshot"} or {"cmd": "ping"}'
 
 
@@ -41,10 +56,16 @@ class _Client:
     uid: int
     pid: int
     queue: deque[bytes] = field(default_factory=deque)
+    queued_bytes: int = 0  # in `queue` and `pending`
     pending: bytes = b""  # partly sent line
     inbox: bytes = b""  # partly received request
     dropped: int = 0  # records lost since the last "dropped" notice
     dropped_total: int = 0
+    snapshot_unsent: bool = False  # a snapshot is queued and not yet all sent
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    return orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS) + b"\n"
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -72,6 +93,8 @@ class StreamServer:
         hello: Callable[[], dict[str, Any]],
         snapshot: Callable[[], Iterable[dict[str, Any]]],
         queue_limit: int = 4096,
+        queue_bytes: int = QUEUE_BYTES,
+        max_clients: int = MAX_CLIENTS,
         mode: int = 0o660,
         group: str = "",
         owner: Callable[[int], int | None] = process_owner,
@@ -80,11 +103,18 @@ class StreamServer:
         self.hello = hello
         self.snapshot = snapshot
         self.queue_limit = queue_limit
+        self.queue_bytes = queue_bytes
+        self.max_clients = max_clients
         self.owner = owner
         self._clients: dict[int, _Client] = {}
         self._lock = threading.Lock()
         self._sel = selectors.DefaultSelector()
+        # Non-blocking at both ends: a wake-up that finds the pipe full is not needed (the
+        # server thread has wake-ups to read already), and publish must never wait on it.
         self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.refused = 0  # connections refused past max_clients
         self._stop = threading.Event()
         self._listener = self._listen(mode, group)
         self._thread = threading.Thread(target=self._serve, name="gpujitter-stream", daemon=True)
@@ -128,36 +158,59 @@ class StreamServer:
         with self._lock:
             return len(self._clients)
 
+    @property
+    def backlog_bytes(self) -> int:
+        """What waits unsent for all clients together (bounded by queue_bytes each)."""
+        with self._lock:
+            return sum(c.queued_bytes for c in self._clients.values())
+
     # -- publishing (any thread) --------------------------------------------------------
 
     def publish(self, record: dict[str, Any], tgids: Iterable[int] | None = None) -> None:
         """Queue `record` for every client allowed to see it. `tgids`: the processes it
         concerns; None for node-wide records every client may see."""
-        line = orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS) + b"\n"
+        line = _line(record)
         concerned = None if tgids is None else tuple(tgids)
         owners: dict[int, int | None] = {}
+        redacted: dict[int, bytes | None] = {}  # uid -> what that user may see of it
         with self._lock:
             for client in self._clients.values():
-                if concerned is not None and client.uid != 0:
+                if client.uid == 0:
+                    self._enqueue(client, line)
+                    continue
+                if concerned is not None:
                     if not owners and concerned:
                         owners = {t: self.owner(t) for t in concerned}
                     if client.uid not in owners.values():
                         continue
-                self._enqueue(client, line)
+                if client.uid not in redacted:
+                    seen = self._redact(client.uid, record)
+                    redacted[client.uid] = None if seen is None else _line(seen)
+                if (mine := redacted[client.uid]) is not None:
+                    self._enqueue(client, mine)
         self._wake()
 
-    def _enqueue(self, client: _Client, line: bytes) -> None:
-        if len(client.queue) >= self.queue_limit:
+    def _enqueue(self, client: _Client, line: bytes, *, first: bool = False) -> bool:
+        """Queue `line` unless the client's queue is full (then count it); `first`: the
+        client's first messages, which it always gets. Call with the lock held."""
+        full = (
+            len(client.queue) >= self.queue_limit
+            or client.queued_bytes + len(line) > self.queue_bytes
+        )
+        if full and not first:
             client.dropped += 1
             client.dropped_total += 1
             self.dropped_total += 1
-            return
+            return False
         if client.dropped:
             # Say what was lost before the first record after the loss.
             notice = {"type": "dropped", "count": client.dropped, "total": client.dropped_total}
-            client.queue.append(orjson.dumps(notice) + b"\n")
+            client.queue.append(_line(notice))
+            client.queued_bytes += len(client.queue[-1])
             client.dropped = 0
         client.queue.append(line)
+        client.queued_bytes += len(line)
+        return True
 
     def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
@@ -190,6 +243,12 @@ class StreamServer:
         except BlockingIOError:
             return
         sock.setblocking(False)
+        if self.clients >= self.max_clients:
+            self.refused += 1
+            with contextlib.suppress(OSError):
+                sock.send(_line({"type": "error", "message": "too many clients"}))
+            sock.close()
+            return
         pid, uid, _ = peer_credentials(sock)
         client = _Client(sock=sock, uid=uid, pid=pid)
         first = [
@@ -203,25 +262,51 @@ class StreamServer:
         first += list(self._visible(client, self.snapshot()))
         with self._lock:
             for rec in first:
-                client.queue.append(orjson.dumps(rec, option=orjson.OPT_NON_STR_KEYS) + b"\n")
+                self._enqueue(client, _line(rec), first=True)
+            client.snapshot_unsent = True
             self._clients[sock.fileno()] = client
         self._sel.register(sock, selectors.EVENT_READ, client)
 
     def _visible(self, client: _Client, records: Iterable[dict[str, Any]]) -> Iterable[dict]:
-        """The records (and, inside a snapshot, the listed records) this client may see."""
+        """The records (and, inside them, the listed entries) this client may see."""
         for rec in records:
             if client.uid == 0:
                 yield rec
-            elif self._allowed(client, rec):
-                yield {
-                    key: [r for r in value if not isinstance(r, dict) or self._allowed(client, r)]
-                    if isinstance(value, list) else value
-                    for key, value in rec.items()
-                }  # fmt: skip
+            elif (seen := self._redact(client.uid, rec)) is not None:
+                yield seen
 
-    def _allowed(self, client: _Client, rec: dict[str, Any]) -> bool:
+    def _redact(self, uid: int, rec: dict[str, Any]) -> dict[str, Any] | None:
+        """What user `uid` may see of `rec`: None when it concerns only others' processes;
+        else the record with the entries of its lists (records, threads, pids) that name
+        others' processes taken out, at any depth."""
+        if not self._allowed(uid, rec):
+            return None
+        out: dict[str, Any] = {}
+        for key, value in rec.items():
+            if isinstance(value, dict):
+                value = self._redact(uid, value) or {}
+            elif isinstance(value, list) and key in _PID_LISTS:
+                value = [v for v in value if not isinstance(v, int) or self.owner(v) == uid]
+            elif isinstance(value, list) and key == "sm_util":  # (pid, percent) pairs
+                value = [v for v in value if isinstance(v, list) and self.owner(v[0]) == uid]
+            elif isinstance(value, list):
+                value = [
+                    r if not isinstance(r, dict) else self._redact(uid, r)
+                    for r in value
+                    if not isinstance(r, dict) or self._allowed(uid, r)
+                ]
+            out[key] = value
+        return out
+
+    def _allowed(self, uid: int, rec: dict[str, Any]) -> bool:
+        """Whether a record (or an entry of a list) that names processes names one of
+        `uid`'s; one that names none is node-wide."""
+        if "tgid" in rec and isinstance(rec["tgid"], int):
+            return self.owner(rec["tgid"]) == uid
         tgids = rec.get("tgids", rec.get("pids"))
-        return tgids is None or client.uid in {self.owner(t) for t in tgids}
+        if not isinstance(tgids, list):
+            return True
+        return uid in {self.owner(t) for t in tgids if isinstance(t, int)}
 
     def _read(self, client: _Client) -> None:
         try:
@@ -251,14 +336,17 @@ class StreamServer:
         if cmd == "ping":
             self._reply(client, {"type": "pong"})
         elif cmd == "snapshot":
+            if client.snapshot_unsent:
+                return  # the one still on its way is as recent as a new one would be
             for rec in self._visible(client, self.snapshot()):
                 self._reply(client, rec)
+            client.snapshot_unsent = True
         else:
             self._reply(client, {"type": "error", "message": BAD_REQUEST})
 
     def _reply(self, client: _Client, rec: dict[str, Any]) -> None:
         with self._lock:
-            self._enqueue(client, orjson.dumps(rec, option=orjson.OPT_NON_STR_KEYS) + b"\n")
+            self._enqueue(client, _line(rec))
 
     def _flush(self, client: _Client) -> None:
         with self._lock:
@@ -278,7 +366,10 @@ class StreamServer:
             return
         with self._lock:
             client.pending = client.pending[sent:]
+            client.queued_bytes -= sent
             more = bool(client.pending or client.queue)
+            if not more:
+                client.snapshot_unsent = False
         self._want_write(client, more)
 
     def _want_write(self, client: _Client, more: bool) -> None:
@@ -295,15 +386,24 @@ class StreamServer:
             self._sel.unregister(client.sock)
         client.sock.close()
 
-    def _send_rest(self, client: _Client) -> None:
-        """At close: what is still queued for a client (the attributions the daemon decides
-        while stopping), within a short deadline, so that a stuck client cannot hold up the
-        stop."""
-        data = client.pending + b"".join(client.queue)
-        client.queue.clear()
-        with contextlib.suppress(OSError):
-            client.sock.settimeout(CLOSE_SEND_S)
-            client.sock.sendall(data)
+    def _send_rest(self, clients: list[_Client]) -> None:
+        """At close: what is still queued for the clients (the attributions the daemon
+        decides while stopping), within one deadline for all of them, so that stuck clients
+        cannot hold up the stop."""
+        rest = {c.sock: memoryview(c.pending + b"".join(c.queue)) for c in clients}
+        rest = {sock: data for sock, data in rest.items() if data}
+        deadline = time.monotonic() + CLOSE_SEND_S
+        while rest and (left := deadline - time.monotonic()) > 0:
+            _, writable, _ = select.select([], list(rest), [], left)
+            for sock in writable:
+                try:
+                    rest[sock] = rest[sock][sock.send(rest[sock]) :]
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    rest[sock] = memoryview(b"")
+                if not rest[sock]:
+                    del rest[sock]
 
     def close(self) -> None:
         self._stop.set()
@@ -312,8 +412,8 @@ class StreamServer:
             self._thread.join()
         with self._lock:
             clients = list(self._clients.values())
+        self._send_rest(clients)
         for client in clients:
-            self._send_rest(client)
             self._drop(client)
         self._sel.close()
         self._listener.close()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 0
+SCHEMA_MINOR = 1
 
 _KINDS: dict[str, type[Event]] = {}
 _FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> field names
@@ -140,8 +140,19 @@ class ProcExec(Event):
 @event_kind("meta.exit")
 @dataclass(frozen=True, slots=True)
 class ProcExit(Event):
+    """A watched process ended (its last thread)."""
+
     tgid: int
     comm: str
+
+
+@event_kind("meta.thread_exit")
+@dataclass(frozen=True, slots=True)
+class ThreadExit(Event):
+    """A thread of a watched process ended, the process living on."""
+
+    tgid: int
+    tid: int
 
 
 @event_kind("meta.watch")
@@ -152,6 +163,17 @@ class WatchChange(Event):
     added: tuple[int, ...]
     removed: tuple[int, ...]
     reason: str
+
+
+@event_kind("meta.lost")
+@dataclass(frozen=True, slots=True)
+class RecordsLost(Event):
+    """`count` events between since_ns and ts_ns are missing from the trace that holds this
+    record: the disk refused them (full, quota, I/O error); `reason` says what it said."""
+
+    count: int
+    since_ns: int
+    reason: str = ""
 
 
 @event_kind("meta.hist")

@@ -10,10 +10,16 @@
 /* gj_watched values: why a process is watched (bits, user space decides the rest). */
 #define GJ_WHY_FORK 0x80
 
+/* proc_event.exited */
+#define GJ_EXEC 0
+#define GJ_EXIT_PROCESS 1
+#define GJ_EXIT_THREAD 2
+
 struct proc_event {
     u64 ts_ns;
     u32 tgid;
-    u32 exited;  /* 0: exec, 1: exit of a watched process */
+    u32 tid;
+    u32 exited;  /* GJ_EXEC, or what of a watched process ended */
     char comm[TASK_COMM_LEN];
     char filename[64];
 };
@@ -39,9 +45,11 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
         gj_count_lost();
         return 0;
     }
+    u64 id = bpf_get_current_pid_tgid();
     e->ts_ns = bpf_ktime_get_ns();
-    e->tgid = bpf_get_current_pid_tgid() >> 32;
-    e->exited = 0;
+    e->tgid = id >> 32;
+    e->tid = (u32)id;
+    e->exited = GJ_EXEC;
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
     TP_DATA_LOC_READ_STR(&e->filename, filename, sizeof(e->filename));
     proc_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
@@ -56,11 +64,13 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
         /* Forks of watched processes add every new task id, threads too (the tracepoint
          * cannot tell them apart); a thread's entry goes when the thread does. */
         gj_watched.delete(&tid);
-        return 0;
     }
     if (!gj_watched.lookup(&tgid))
         return 0;
-    gj_watched.delete(&tgid);
+    /* A watched process's thread exits are streamed too, so that user space forgets the
+     * thread at once: short-lived threads would otherwise pile up in what it keeps. */
+    if (tid == tgid)
+        gj_watched.delete(&tgid);
     struct proc_event *e = proc_events.ringbuf_reserve(sizeof(*e));
     if (!e) {
         gj_count_lost();
@@ -68,7 +78,8 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     }
     e->ts_ns = bpf_ktime_get_ns();
     e->tgid = tgid;
-    e->exited = 1;
+    e->tid = tid;
+    e->exited = tid == tgid ? GJ_EXIT_PROCESS : GJ_EXIT_THREAD;
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
     e->filename[0] = 0;
     proc_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);

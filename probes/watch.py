@@ -26,12 +26,13 @@ from gpujitter.probes.base import (
     comm_str,
     compile_bpf,
 )
-from gpujitter.probes.events import Event, ProcExec, ProcExit, WatchChange
+from gpujitter.probes.events import Event, ProcExec, ProcExit, ThreadExit, WatchChange
 from gpujitter.probes.host import HostPaths, read_text
 from gpujitter.probes.topology import Topology
 
 # Why a process is in the kernel map (the map's value, bits): must match watch.bpf.c.
 WHY_PID, WHY_COMM, WHY_CGROUP, WHY_GPU, WHY_FORK = 0x01, 0x02, 0x04, 0x08, 0x80
+EXIT_PROCESS, EXIT_THREAD = 1, 2  # proc_event.exited (watch.bpf.c GJ_EXIT_*)
 _WHY_NAMES = {WHY_PID: "pid", WHY_COMM: "comm", WHY_CGROUP: "cgroup", WHY_GPU: "gpu"}
 
 CFG_FLAGS, CFG_SELF_TGID = 0, 1
@@ -172,9 +173,15 @@ class CoreBpf:
 
     def on_proc(self, rec: Any) -> None:
         comm = comm_str(rec.comm)
-        if rec.exited:
-            self.watched.pop(rec.tgid, None)
+        if rec.exited == EXIT_THREAD:
+            self._emit(ThreadExit(ts_ns=rec.ts_ns, tgid=rec.tgid, tid=rec.tid))
+            return
+        if rec.exited == EXIT_PROCESS:
             self._emit(ProcExit(ts_ns=rec.ts_ns, tgid=rec.tgid, comm=comm))
+            if self.watched.pop(rec.tgid, None) is not None:
+                # Said as a change of the watched set too: its readers see the removal.
+                self._emit(WatchChange(ts_ns=rec.ts_ns, added=(), removed=(rec.tgid,),
+                                       reason="exit"))  # fmt: skip
             return
         filename = comm_str(rec.filename)
         self._emit(ProcExec(ts_ns=rec.ts_ns, tgid=rec.tgid, comm=comm, filename=filename))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import AllocSyscall, ProcExec, WatchChange
+from gpujitter.probes.events import AllocSyscall, ProcExec, ProcExit, ThreadExit, WatchChange
 from gpujitter.probes.runner import ProbeThread
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
@@ -95,6 +95,40 @@ def test_a_process_matching_a_comm_pattern_is_watched_when_it_execs(tmp_path: Pa
     assert any(pid in w.added and w.reason == "exec" for w in rec.of(WatchChange))
     maps = [e for e in rec.of(AllocSyscall, tgid=pid) if e.syscall == "mmap" and e.length == SIZE]
     assert len(maps) == MAPS
+
+
+# Starts THREADS short-lived threads one after another, then exits.
+THREADS = 20
+THREADER = textwrap.dedent(f"""
+    import sys, threading, time
+    sys.stdin.readline()
+    for _ in range({THREADS}):
+        t = threading.Thread(target=time.sleep, args=(0.001,))
+        t.start()
+        t.join()
+    print(threading.get_native_id(), flush=True)
+""")
+
+
+def test_thread_and_process_exits_of_a_watched_process_are_said() -> None:
+    """Once only whole-process exits were streamed, and not as a change of the watched set:
+    the daemon kept dead threads in every status record, and clients never saw removals."""
+    job = subprocess.Popen(
+        [sys.executable, "-c", THREADER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+
+    def load() -> None:
+        assert job.stdin is not None and job.stdout is not None
+        job.stdin.write("go\n")
+        job.stdin.flush()
+        job.stdout.readline()
+        assert job.wait(timeout=30) == 0
+
+    rec = run_probes(["sched"], load, watch=WatchSpec(pids={job.pid}), settle_s=0.5)
+    ended = {e.tid for e in rec.of(ThreadExit, tgid=job.pid)}
+    assert len(ended) == THREADS and job.pid not in ended
+    assert rec.of(ProcExit, tgid=job.pid)
+    assert any(job.pid in w.removed and w.reason == "exit" for w in rec.of(WatchChange))
 
 
 def test_probe_sets_run_one_after_another_in_one_process() -> None:

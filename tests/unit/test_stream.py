@@ -165,7 +165,7 @@ def test_non_root_client_sees_node_records_and_only_its_own_processes() -> None:
             os.setgid(nobody)
             os.setuid(nobody)
             sock = connect(srv.path)
-            lines = read_lines(sock, 6)
+            lines = read_lines(sock, 8)
             os.write(read_w, orjson.dumps(lines))
         finally:
             os._exit(0)
@@ -176,6 +176,10 @@ def test_non_root_client_sees_node_records_and_only_its_own_processes() -> None:
         srv.publish({"type": "cpu", "n": 2})
         srv.publish({"type": "attribution", "tgids": [mine], "n": 3}, tgids=[mine])
         srv.publish({"type": "probe", "n": 4})
+        # Node-wide records that list processes: the entries of others' processes go.
+        threads = [{"tid": 7, "tgid": theirs}, {"tid": 8, "tgid": mine}]
+        srv.publish({"type": "daemon.status", "n": 5, "threads": threads})
+        srv.publish({"type": "meta.watch", "n": 6, "added": [theirs, mine], "removed": []})
         got = orjson.loads(os.fdopen(read_r, "rb").read())
     finally:
         os.waitpid(pid, 0)
@@ -185,7 +189,9 @@ def test_non_root_client_sees_node_records_and_only_its_own_processes() -> None:
     assert got[1] == {"type": "attribution", "tgids": [mine]}  # snapshot, filtered
     # inside a snapshot record, the listed records about other users' processes go too
     assert got[2] == {"type": "snapshot", "gaps": [{"tgids": [mine]}], "cpus": [1]}
-    assert [rec["n"] for rec in got[3:]] == [2, 3, 4]
+    assert [rec["n"] for rec in got[3:]] == [2, 3, 4, 5, 6]
+    assert got[6]["threads"] == [{"tid": 8, "tgid": mine}]
+    assert got[7]["added"] == [mine]
 
 
 def test_socket_mode_and_removal(tmp_path: Path) -> None:
@@ -205,3 +211,107 @@ def test_stale_socket_is_replaced_and_missing_group_is_one_line(tmp_path: Path) 
     StreamServer(path, hello=dict, snapshot=list).start().close()
     with pytest.raises(GpujitterError, match="socket group 'no-such-group' does not exist"):
         StreamServer(path, hello=dict, snapshot=list, group="no-such-group")
+
+
+def test_publish_never_blocks_on_a_server_thread_that_does_not_run(tmp_path: Path) -> None:
+    """Each publish wakes the server thread through a socket pair; when that thread is not
+    reading (stalled, or dead), the pair fills up and a blocking send would stop the
+    daemon's main loop for good."""
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=list)  # never started
+    done = threading.Event()
+
+    def publish_many() -> None:
+        for i in range(200_000):
+            srv.publish({"type": "gap", "n": i})
+        done.set()
+
+    threading.Thread(target=publish_many, daemon=True).start()
+    assert done.wait(30), "publish blocked on the wake-up socket"
+    srv.close()
+
+
+def test_clients_connecting_while_state_changes_all_get_their_snapshot(tmp_path: Path) -> None:
+    """The daemon's state is fed on the main thread while the stream's thread builds a new
+    client's snapshot from it: the snapshot must see a consistent copy (it once died of
+    "deque mutated during iteration", and the main thread then hung)."""
+    from gpujitter.daemon.records import Attribution
+    from gpujitter.daemon.state import NodeState
+    from gpujitter.probes.topology import Topology
+
+    state = NodeState(Topology(cpu_node={0: 0, 1: 0}))
+    srv = StreamServer(
+        tmp_path / "s.sock",
+        hello=dict,
+        snapshot=lambda: [state.snapshot(time.monotonic_ns(), state.status(0))],
+    ).start()
+    stop = threading.Event()
+
+    def feed() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            attr = Attribution(
+                ts_ns=n, end_ns=n + 1, gpu=0, sources=("cuda",), resolution_ns=1,
+                confidence=1.0, parts=(), tgids=(1,),
+            )  # fmt: skip
+            state.observe(attr)
+            srv.publish({"type": "gpu.attribution", "n": n})
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        for _ in range(40):
+            sock = connect(srv.path)
+            first = read_lines(sock, 2)
+            assert [r["type"] for r in first] == ["hello", "snapshot"]
+            sock.close()
+    finally:
+        stop.set()
+        feeder.join()
+        srv.close()
+
+
+def test_a_client_that_never_reads_holds_bounded_bytes(tmp_path: Path) -> None:
+    """Asking for snapshots (238 KB each on a busy node) and never reading once grew the
+    daemon by 470 MB in 30 s: the per-client bound counted records, not bytes."""
+    big = {"type": "snapshot", "pad": "x" * 200_000}
+    srv = StreamServer(
+        tmp_path / "s.sock", hello=dict, snapshot=lambda: [big], queue_bytes=1 << 20
+    ).start()
+    sock = connect(srv.path)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    wait_for_clients(srv, 1)
+    for _ in range(200):
+        sock.sendall(b'{"cmd": "snapshot"}\n')
+    for i in range(2000):
+        srv.publish({"type": "gap", "n": i, "pad": "y" * 2000})
+    time.sleep(0.5)
+    assert srv.backlog_bytes <= (1 << 20) + len(orjson.dumps(big)) + 100
+    assert srv.dropped_total > 0
+    sock.close()
+    srv.close()
+
+
+def test_close_gives_all_stuck_clients_one_deadline_together(tmp_path: Path) -> None:
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=list).start()
+    stuck = [connect(srv.path) for _ in range(10)]
+    wait_for_clients(srv, 10)
+    for i in range(3000):
+        srv.publish({"type": "gap", "n": i, "pad": "z" * 1000})
+    t0 = time.monotonic()
+    srv.close()
+    assert time.monotonic() - t0 < 3  # 10 clients, not 10 s
+    for sock in stuck:
+        sock.close()
+
+
+def test_too_many_clients_are_refused_in_one_line(tmp_path: Path) -> None:
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=list, max_clients=2).start()
+    kept = [connect(srv.path) for _ in range(2)]
+    wait_for_clients(srv, 2)
+    extra = connect(srv.path)
+    assert read_lines(extra, 1) == [{"type": "error", "message": "too many clients"}]
+    assert srv.refused == 1 and srv.clients == 2
+    for sock in [*kept, extra]:
+        sock.close()
+    srv.close()

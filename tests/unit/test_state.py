@@ -1,0 +1,61 @@
+"""The daemon's node state: which watched threads it keeps (for status records and the TUI's
+placement view) as threads and processes come and go."""
+
+from __future__ import annotations
+
+from gpujitter.daemon.state import NodeState
+from gpujitter.probes.events import OffCpu, ProcExit, ThreadExit
+from gpujitter.probes.topology import Topology
+
+
+def ran(ts_ns: int, tid: int, tgid: int, cpu: int = 1) -> OffCpu:
+    return OffCpu(
+        ts_ns=ts_ns, end_ns=ts_ns + 10, tid=tid, tgid=tgid, cpu=0, cpu_in=cpu,
+        state="sleeping", runnable_ns=ts_ns + 5, comm="worker",
+    )  # fmt: skip
+
+
+def tids(state: NodeState) -> list[int]:
+    return [t["tid"] for t in state.status(0)["threads"]]
+
+
+def state() -> NodeState:
+    return NodeState(Topology(cpu_node={0: 0, 1: 0}))
+
+
+def test_an_ended_thread_leaves_the_status_and_late_news_of_it_does_not_bring_it_back() -> None:
+    s = state()
+    s.observe(ran(100, tid=11, tgid=10))
+    s.observe(ran(110, tid=12, tgid=10))
+    s.observe(ThreadExit(ts_ns=200, tgid=10, tid=11))
+    assert tids(s) == [12]
+    # The sched ring is read after the core's: an off-CPU interval from before the exit
+    # arrives after it.
+    s.observe(ran(150, tid=11, tgid=10))
+    assert tids(s) == [12]
+    # The same id, reused by a new thread later, is a thread again.
+    s.observe(ran(300, tid=11, tgid=10))
+    assert tids(s) == [11, 12]
+
+
+def test_a_process_exit_takes_all_its_threads() -> None:
+    s = state()
+    for tid in (21, 22, 23):
+        s.observe(ran(100, tid=tid, tgid=21))
+    s.observe(ran(100, tid=31, tgid=31))
+    s.observe(ProcExit(ts_ns=200, tgid=21, comm="job"))
+    s.observe(ran(190, tid=22, tgid=21))
+    assert tids(s) == [31]
+
+
+def test_thousands_of_short_lived_children_leave_nothing_behind() -> None:
+    """Once: 303 dead threads in every status record, and after 6,000 short-lived children
+    the 4,096 cap (295 KB per status record, every second, to every client)."""
+    s = state()
+    s.observe(ran(1, tid=1, tgid=1))
+    for child in range(1000, 7000):
+        s.observe(ran(child * 10, tid=child, tgid=1))  # a thread of the job
+        s.observe(ThreadExit(ts_ns=child * 10 + 5, tgid=1, tid=child))
+        s.observe(ran(child * 10 + 1, tid=child + 10_000, tgid=child + 10_000))  # a child
+        s.observe(ProcExit(ts_ns=child * 10 + 6, tgid=child + 10_000, comm="sh"))
+    assert tids(s) == [1]
