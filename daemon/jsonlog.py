@@ -6,6 +6,10 @@ Each line goes to the file in one write() on an O_APPEND descriptor, so a crash 
 only the last line incomplete; reopening the file cuts such a torn line off before writing
 again. Rotation by size keeps name.1 (newest) .. name.N; `reopen()` (on SIGHUP) starts a
 new file after logrotate has moved the old one away.
+
+A write the disk refuses (full, quota, I/O error) drops that record and counts it
+(daemon/diskfull.py); every write tries again, and the first line that goes through after
+such a stretch is a `log.dropped` record with the count, the reason and the time span.
 """
 
 from __future__ import annotations
@@ -14,17 +18,19 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from gpujitter.daemon.diskfull import WriteFailures, no_room, to_stderr
 from gpujitter.daemon.rotation import Rotation, fsync_dir
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import SCHEMA_MAJOR, Event, to_record
 
 LOG_SCHEMA = f"gpujitter.attribution/{SCHEMA_MAJOR}"
+DROPPED = "log.dropped"  # the record that says how many records a failing disk cost
 _TAIL_CHUNK = 1 << 16
 
 
@@ -42,7 +48,8 @@ def rotated_files(path: Path) -> list[Path]:
 class JsonLog:
     """Appends records as JSON lines to `path` (created with `mode`, whatever the umask).
     Safe to call from several threads. `repaired_bytes`: how much of a torn last line a
-    previous crash left, cut off when the file was (re)opened."""
+    previous crash left, cut off when the file was (re)opened. `failures`: the records the
+    disk refused (`say` is told once when that starts and once when it ends)."""
 
     def __init__(
         self,
@@ -51,6 +58,7 @@ class JsonLog:
         *,
         schema: str = LOG_SCHEMA,
         mode: int = 0o640,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         self.path = Path(path)
         self.rotation = rotation
@@ -58,9 +66,18 @@ class JsonLog:
         self.mode = mode
         self.lines = 0
         self.repaired_bytes = 0
+        self.failures = WriteFailures(f"log {self.path}", say or to_stderr)
         self._lock = threading.Lock()
         self._fd: int | None = None
-        self._open()
+        self._closed = False
+        try:
+            self._open()
+        except GpujitterError as err:
+            # A disk that is full now may have room later: start, and try at each write.
+            # A place that cannot be written at all is a configuration error.
+            if not no_room(err):
+                raise
+            self.failures.failed(str(err), time.monotonic_ns(), 0)
 
     def _open(self) -> None:
         # Read access too: a torn last line is found by reading the tail.
@@ -96,17 +113,35 @@ class JsonLog:
         self.repaired_bytes += size - keep
         return keep
 
-    def write(self, record: Event | Mapping[str, Any]) -> None:
-        """Append one record (an event, or a plain mapping) as one line."""
+    def write(self, record: Event | Mapping[str, Any]) -> bool:
+        """Append one record (an event, or a plain mapping) as one line; False when the
+        disk refused it (dropped and counted in `failures`)."""
         rec = to_record(record) if isinstance(record, Event) else record
         line = orjson.dumps({"schema": self.schema, **rec}) + b"\n"
         with self._lock:
-            if self._fd is None:
+            if self._closed:
                 raise GpujitterError(f"log {self.path} written after close")
-            age_ns = time.monotonic_ns() - self._opened_ns
-            if self.rotation and self.size and self.rotation.due(self.size + len(line), age_ns):
-                self._rotate()
-            self._append(line)
+            now_ns = time.monotonic_ns()
+            try:
+                if self._fd is None:
+                    self._open()  # it failed after a rotation or a reopen: try again
+                if self.failures.failing:
+                    self._append(self._dropped_line(now_ns))
+                    self.failures.recovered()
+                age_ns = now_ns - self._opened_ns
+                if self.rotation and self.size and self.rotation.due(self.size + len(line), age_ns):
+                    self._rotate()
+                self._append(line)
+            except GpujitterError as err:
+                self.failures.failed(str(err), now_ns)
+                return False
+            return True
+
+    def _dropped_line(self, now_ns: int) -> bytes:
+        f = self.failures
+        rec = {"schema": self.schema, "type": DROPPED, "ts_ns": now_ns, "count": f.dropped,
+               "since_ns": f.since_ns, "reason": f.reason}  # fmt: skip
+        return orjson.dumps(rec) + b"\n"
 
     def _append(self, line: bytes) -> None:
         assert self._fd is not None
@@ -140,22 +175,26 @@ class JsonLog:
 
     def reopen(self) -> None:
         """Close and open the path again: after logrotate renamed the file (SIGHUP), new
-        lines go to a new file at the configured name."""
+        lines go to a new file at the configured name (or, if it cannot be opened now, at
+        the next write that can)."""
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
-            self._open()
+            with contextlib.suppress(GpujitterError):
+                self._open()
 
     def close(self) -> None:
-        """fsync and close; the log is then durable up to its last line."""
+        """fsync and close; the log is then durable up to its last line. What a failing
+        disk still holds back is said, not raised: the records are already counted."""
         with self._lock:
+            self._closed = True
             if self._fd is None:
                 return
             try:
                 os.fsync(self._fd)
             except OSError as err:
-                raise GpujitterError(f"cannot write log {self.path}: {err.strerror}") from None
+                self.failures.say(f"{self.failures.what}: fsync at close: {err.strerror}")
             finally:
                 os.close(self._fd)
                 self._fd = None

@@ -6,6 +6,10 @@ to the JSON-lines log and the console. Once a second: health, footprint, watchdo
 Signals: SIGTERM/SIGINT stop cleanly (pending gaps are attributed, files closed);
 SIGHUP reopens the log and starts a new trace file (logrotate). sd_notify: READY only once
 the probes are attached, WATCHDOG from the main loop, RELOADING/READY around SIGHUP.
+
+Nothing the main thread writes to can stop it: the console has a writer thread of its own,
+the stream and sd_notify sockets are non-blocking, and the file sinks drop and count what a
+failing disk refuses (daemon/diskfull.py) instead of raising.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
+import queue
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -49,24 +55,60 @@ from gpujitter.probes.watch import WatchSpec
 TICK_NS = 1_000_000_000
 
 
-@dataclass(slots=True)
 class Console:
-    """Where attributions are printed as they are made: one line each, or NDJSON."""
+    """Where the daemon's own lines go: attributions on `out` (one line each, or NDJSON;
+    none when `quiet`), notes for the operator on stderr. A thread of its own writes them,
+    so a terminal or pipe that stops reading never stops the main loop: past `QUEUE_LINES`
+    waiting lines, lines are dropped and counted, and the count is said once writing works
+    again."""
 
-    out: TextIO
-    as_json: bool
-    clock: Any
+    QUEUE_LINES = 1000
+
+    def __init__(self, out: TextIO, as_json: bool, clock: Any, *, quiet: bool = False) -> None:
+        self.out = out
+        self.as_json = as_json
+        self.clock = clock
+        self.quiet = quiet
+        self.dropped = 0
+        self._lines: queue.Queue[tuple[TextIO, str] | None] = queue.Queue(self.QUEUE_LINES)
+        self._thread = threading.Thread(target=self._write, name="gpujitter-console", daemon=True)
+        self._thread.start()
 
     def attribution(self, attr: Attribution) -> None:
+        if self.quiet:
+            return
         if self.as_json:
-            self.out.write(orjson.dumps(to_record(attr)).decode() + "\n")
+            self._put(self.out, orjson.dumps(to_record(attr)).decode())
         else:
-            self.out.write(one_line(attr, self.clock) + "\n")
-        self.out.flush()
+            self._put(self.out, one_line(attr, self.clock))
 
     def note(self, text: str) -> None:
-        if not self.as_json:
-            print(f"# {text}", file=sys.stderr, flush=True)
+        """A line for the operator (the journal under systemd)."""
+        self._put(sys.stderr, f"# {text}")
+
+    def _put(self, stream: TextIO, line: str) -> None:
+        try:
+            self._lines.put_nowait((stream, line))
+        except queue.Full:
+            self.dropped += 1
+
+    def _write(self) -> None:
+        said = 0
+        while (item := self._lines.get()) is not None:
+            stream, line = item
+            with contextlib.suppress(OSError, ValueError):
+                if self.dropped > said:
+                    print(f"# {self.dropped - said} console lines dropped (output blocked)",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                    said = self.dropped
+                stream.write(line + "\n")
+                stream.flush()
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Write what waits, within `timeout_s` (a stuck terminal cannot hold up the stop)."""
+        with contextlib.suppress(queue.Full):
+            self._lines.put(None, timeout=timeout_s)
+        self._thread.join(timeout_s)
 
 
 def probe_names(config: Config) -> list[str]:
@@ -125,6 +167,7 @@ class Daemon:
         self.log: JsonLog | None = None
         self.recorder: TraceRecorder | None = None
         self.stream: StreamServer | None = None
+        self.attributions = 0  # made since start: each is logged or counted as dropped
 
     # -- signals ----------------------------------------------------------------------
 
@@ -134,8 +177,12 @@ class Daemon:
     def _on_hup(self, signum: int, frame: object) -> None:
         self._reload = True
 
-    def request_stop(self) -> None:
-        self._stop = True
+    def _say(self, text: str) -> None:
+        """One line for the operator (the journal under systemd)."""
+        if self.console is not None:
+            self.console.note(text)
+        else:
+            print(f"# {text}", file=sys.stderr, flush=True)
 
     # -- main -------------------------------------------------------------------------
 
@@ -182,6 +229,8 @@ class Daemon:
             for out in self.pipeline.flush():
                 self._finding(out)
         self.notifier.close()
+        if self.console is not None:
+            self.console.close()
         return 0
 
     def _open_sinks(
@@ -190,8 +239,8 @@ class Daemon:
         cfg = self.config
         log_path = cfg["log.path"]
         if log_path:
-            self.log = JsonLog(log_path, Rotation(max_bytes=cfg["log.max_bytes"],
-                                                  keep_files=cfg["log.keep"]))  # fmt: skip
+            rotation = Rotation(max_bytes=cfg["log.max_bytes"], keep_files=cfg["log.keep"])
+            self.log = JsonLog(log_path, rotation, say=self._say)
             stack.callback(self.log.close)
         if cfg["record.path"]:
             in_force = {n: {**registry.get(n).thresholds, **self.thresholds.get(n, {})}
@@ -199,12 +248,13 @@ class Daemon:
             header = TraceHeader.now(self.topology, self.names, in_force, self.watch.describe(),
                                      analysis=analysis.to_record())  # fmt: skip
             rotation = Rotation(max_bytes=cfg["record.max_bytes"], keep_files=cfg["record.keep"])
-            self.recorder = TraceRecorder(cfg["record.path"], header, rotation)
+            self.recorder = TraceRecorder(cfg["record.path"], header, rotation, say=self._say)
             stack.callback(self.recorder.close)
         if cfg["socket.path"]:
+            hello = self._hello(clock)  # built here: the stream's thread only copies it
             self.stream = StreamServer(
                 Path(cfg["socket.path"]),
-                hello=lambda: self._hello(clock),
+                hello=lambda: dict(hello),
                 snapshot=lambda: [self.state.snapshot(time.monotonic_ns(), self._status())],
                 queue_limit=cfg["socket.queue"],
                 mode=cfg["socket.mode"],
@@ -228,6 +278,7 @@ class Daemon:
     def _loop(self) -> None:
         start = last_tick = time.monotonic_ns()
         self.me.cpu_percent()  # first call primes psutil's CPU measurement
+        self._rss_bytes = self.me.memory_info().rss
         self._events_at_tick = 0
         while not self._stop:
             now = time.monotonic_ns()
@@ -267,6 +318,7 @@ class Daemon:
         if isinstance(out, GpuGap):
             self.metrics.observe_gap(out.gpu, out.dur_ns / 1e9)
         elif isinstance(out, Attribution):
+            self.attributions += 1
             self.metrics.observe_attribution(out.gpu, [(p.cause, p.ns / 1e9) for p in out.parts])
             if self.log is not None:
                 self.log.write(out)
@@ -274,28 +326,35 @@ class Daemon:
                 self.console.attribution(out)
 
     def _status(self) -> dict[str, Any]:
-        probes = self.state.probes.values()
-        with self.me.oneshot():
-            own = {
-                "cpu_percent": self._cpu_percent,
-                "rss_bytes": self.me.memory_info().rss,
-            }
+        """The daemon.status record; built on the main thread and on the stream's (a
+        client's first snapshot): it reads only what is safe from both."""
+        lost_kernel, lost_user = self.state.lost()
         return self.state.status(
             time.monotonic_ns(),
-            **own,
+            cpu_percent=self._cpu_percent,
+            rss_bytes=self._rss_bytes,
             events_per_s=self._events_per_s,
-            lost_kernel=sum(p.lost_kernel for p in probes),
-            lost_user=sum(p.lost_user for p in probes) + self.queue.dropped,
+            lost_kernel=lost_kernel,
+            lost_user=lost_user + self.queue.dropped,
             engine_dropped=self.queue.dropped,
             clients=self.stream.clients if self.stream else 0,
             client_dropped=self.stream.dropped_total if self.stream else 0,
+            attributions=self.attributions,
+            log_dropped=self.log.failures.dropped_total if self.log else 0,
+            log_failing=self.log.failures.reason if self.log else "",
+            trace_lost=self.recorder.failures.dropped_total if self.recorder else 0,
+            trace_failing=self.recorder.failures.reason if self.recorder else "",
         )
 
+    # The footprint, measured on the main thread each tick (psutil is not for two threads).
     _cpu_percent = 0.0
+    _rss_bytes = 0
     _events_per_s = 0.0
 
     def _tick(self, now: int, elapsed_s: float) -> None:
-        self._cpu_percent = self.me.cpu_percent()
+        with self.me.oneshot():
+            self._cpu_percent = self.me.cpu_percent()
+            self._rss_bytes = self.me.memory_info().rss
         self._events_per_s = (self.state.events - self._events_at_tick) / max(elapsed_s, 1e-9)
         self._events_at_tick = self.state.events
         status = self._status()

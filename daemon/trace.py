@@ -194,6 +194,8 @@ class TraceWriter:
         self.flush_bytes = flush_bytes
         self.flush_interval_ns = flush_interval_ns
         self.events = 0
+        self.buffered_events = 0  # frames waiting in the buffer
+        self.lost_events = 0  # frames a failed write dropped (the file is cut back instead)
         self._buf = bytearray()
         self._last_flush_ns = time.monotonic_ns()
         if self.path.exists():
@@ -228,6 +230,7 @@ class TraceWriter:
         self._buf += data
         self.size += len(data)
         self.events += 1
+        self.buffered_events += 1
         if len(self._buf) >= self.flush_bytes:
             self.flush()
         return len(data)
@@ -243,16 +246,26 @@ class TraceWriter:
         self._last_flush_ns = time.monotonic_ns()
         if not self._buf:
             return
+        buffered, self.buffered_events = self.buffered_events, 0
         try:
             self._write(self._buf)
         except OSError as err:
             self._buf = bytearray()  # not clear(): the failed write's view may still hold it
             with contextlib.suppress(OSError):
+                # Back to the last whole frame, the offset too: the next write that works
+                # must continue there, not past a hole the partial write left.
                 os.ftruncate(self._fd_open(), self._on_disk)
+                os.lseek(self._fd_open(), self._on_disk, os.SEEK_SET)
             self.size = self._on_disk
+            self.lost_events += buffered
             raise _io_error(self.path, "write", err) from None
         self._on_disk += len(self._buf)
         self._buf.clear()
+
+    @property
+    def on_disk(self) -> int:
+        """Bytes handed to the file (the rest is in the buffer)."""
+        return self._on_disk
 
     def close(self) -> None:
         """Flush and fsync; the file is then a complete trace."""

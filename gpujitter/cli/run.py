@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             print(table(["SETTING", "VALUE", "FROM"], rows))
         return 0
     duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
-    console = None if args.quiet else Console(sys.stdout, args.json, clock_ref())
+    console = Console(sys.stdout, args.json, clock_ref(), quiet=args.quiet)
     daemon = Daemon(config, console=console, nvml=not args.no_nvml, duration_ns=duration_ns)
     return daemon.run()
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import orjson
 import pytest
 
-from gpujitter.daemon.jsonlog import LOG_SCHEMA, JsonLog, JsonLogReader, rotated_files
+from gpujitter.daemon.jsonlog import DROPPED, LOG_SCHEMA, JsonLog, JsonLogReader, rotated_files
 from gpujitter.daemon.records import GpuGap
 from gpujitter.daemon.rotation import Rotation
 from gpujitter.errors import GpujitterError
@@ -174,14 +175,13 @@ def test_threads_never_interleave_inside_a_line(tmp_path: Path) -> None:
         assert [r["i"] for r in records if r["thread"] == t] == list(range(1500))
 
 
-def child(path: Path, fsize_limit: int = 0) -> subprocess.Popen[str]:
+def child(path: Path) -> subprocess.Popen[str]:
     return sink_writer(
         path,
         imports="from gpujitter.daemon.jsonlog import JsonLog",
         open_sink="JsonLog(path)",
         write='sink.write({"type": "t", "i": i, "pad": "y" * 97})',
         ready=200,
-        fsize_limit=fsize_limit,
     )
 
 
@@ -192,11 +192,40 @@ def test_killed_writer_leaves_only_whole_lines(tmp_path: Path) -> None:
     assert [r["i"] for r in records] == list(range(len(records))) and len(records) >= 200
 
 
-def test_disk_full_mid_line_takes_the_fragment_back(tmp_path: Path) -> None:
+_DISK_FULL_CHILD = """
+import json, resource, signal, sys
+from gpujitter.daemon.jsonlog import JsonLog
+said = []
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+resource.setrlimit(resource.RLIMIT_FSIZE, (5000, hard))  # the disk is full at 5000 bytes
+log = JsonLog(sys.argv[1], say=said.append)
+ok = [log.write({"type": "t", "i": i, "pad": "y" * 97}) for i in range(100)]
+resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # space returns
+ok += [log.write({"type": "t", "i": i, "pad": "y" * 97}) for i in range(100, 110)]
+log.close()
+print(json.dumps({"ok": ok, "dropped": log.failures.dropped_total, "said": said}))
+"""
+
+
+def test_disk_full_drops_counts_says_once_and_recovers(tmp_path: Path) -> None:
+    """A real EFBIG from the kernel (RLIMIT_FSIZE) in a child: writing goes on, each refused
+    record is counted, the operator is told once when it starts and once when it ends, and
+    the first line after the stretch says how many records it cost."""
     path = tmp_path / "a.jsonl"
-    out, _ = child(path, fsize_limit=5000).communicate(timeout=60)
-    assert "short write" in out  # 31 whole lines fit in 5000 bytes, the 32nd in part
+    done = subprocess.run(
+        [sys.executable, "-c", _DISK_FULL_CHILD, str(path)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    out = orjson.loads(done.stdout)
     reader = JsonLogReader(path)
     records = list(reader)
     assert reader.torn_bytes == 0 and path.read_bytes().endswith(b"\n")
-    assert [r["i"] for r in records] == list(range(len(records))) and records
+    written = [r["i"] for r in records if r["type"] == "t"]
+    notices = [r for r in records if r["type"] == DROPPED]
+    assert out["ok"].count(False) == out["dropped"] > 0
+    assert len(written) + out["dropped"] == 110 and written[-10:] == list(range(100, 110))
+    assert [n["count"] for n in notices] == [out["dropped"]]
+    assert notices[0]["reason"].startswith(f"cannot write log {path}")
+    assert len(out["said"]) == 2 and "dropping records" in out["said"][0]
+    assert f"{out['dropped']} records were dropped" in out["said"][1]

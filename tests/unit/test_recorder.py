@@ -169,3 +169,54 @@ def test_sizes_parse_and_print() -> None:
         "5.00MiB",
         "1.50GiB",
     ]
+
+
+_DISK_FULL_CHILD = """
+import json, resource, signal, sys
+from pathlib import Path
+from gpujitter.daemon.recorder import TraceRecorder
+from tests.unit.test_recorder import alloc
+from tests.unit.trace_samples import header
+said = []
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, hard))  # the disk is full at 30 kB
+rec = TraceRecorder(Path(sys.argv[1]), header(), flush_bytes=4096, say=said.append)
+for i in range(1000):
+    rec.write(alloc(i))
+    if i % 100 == 99:
+        rec.tick(10**18)  # flush now
+resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # space returns
+for i in range(1000, 1100):
+    rec.write(alloc(i))
+rec.tick(10**18)
+rec.close()
+print(json.dumps({"lost": rec.failures.dropped_total, "said": said, "events": rec.events}))
+"""
+
+
+def test_disk_full_loses_counted_events_and_says_so_in_the_trace(tmp_path: Path) -> None:
+    """A real EFBIG (RLIMIT_FSIZE) in a child that records into a file: the recorder keeps
+    going, every event is either in the traces or counted as lost, the
+    traces hold meta.lost records with those counts, and writing resumes when space
+    returns."""
+    import subprocess
+    import sys
+
+    import orjson
+
+    from gpujitter.probes.events import RecordsLost
+
+    done = subprocess.run(
+        [sys.executable, "-c", _DISK_FULL_CHILD, str(tmp_path / "t.gjtrace")],
+        capture_output=True, text=True, timeout=60, check=True,
+        cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    out = orjson.loads(done.stdout)
+    events = list(TraceSet([tmp_path / "t.gjtrace"]))
+    kept = [e.ts_ns for e in events if isinstance(e, AllocSyscall)]
+    markers = [e for e in events if isinstance(e, RecordsLost)]
+    assert out["lost"] > 0 and len(kept) + out["lost"] == out["events"] == 1100
+    assert kept == sorted(set(kept)) and kept[-100:] == list(range(1000, 1100))
+    assert sum(m.count for m in markers) == out["lost"]
+    assert "dropping records" in out["said"][0] and "writing again" in out["said"][-1]
