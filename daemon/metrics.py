@@ -63,6 +63,7 @@ class DaemonMetrics:
             "events dropped between the probes and the engine (queue full)",
             registry=r,
         )
+        self._engine_dropped = 0
 
     def observe_gap(self, gpu: int, seconds: float) -> None:
         self.gaps.labels(gpu=str(gpu)).inc()
@@ -84,6 +85,11 @@ class DaemonMetrics:
     def observe_stream(self, clients: int, dropped_total: int) -> None:
         self.stream_clients.set(clients)
         self.stream_dropped.set(dropped_total)
+
+    def observe_engine(self, dropped_total: int) -> None:
+        """Called each tick with the event queue's running drop count."""
+        self.engine_lost.inc(max(dropped_total - self._engine_dropped, 0))
+        self._engine_dropped = dropped_total
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

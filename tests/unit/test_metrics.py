@@ -1,5 +1,5 @@
 """Prometheus metrics: what a scrape shows after the daemon observed gaps, attributions and
-probe health, served over real HTTP on localhost."""
+probe health and engine loss, served over real HTTP on localhost."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import urllib.request
 import pytest
 
 from gpujitter.daemon.metrics import DaemonMetrics
+from gpujitter.daemon.recorder import EventQueue
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import ProbeStatus
 
@@ -65,3 +66,16 @@ def test_served_over_http_on_localhost() -> None:
 def test_bad_listen_address_is_one_line(listen: str) -> None:
     with pytest.raises(GpujitterError, match="want HOST:PORT"):
         DaemonMetrics().serve(listen)
+
+
+def test_engine_dropped_events_count_what_the_queue_dropped() -> None:
+    m = DaemonMetrics()
+    q = EventQueue(maxsize=2)
+    for ts in range(5):
+        q.emit(ProbeStatus(ts_ns=ts, probe="irq", state="running"))
+    m.observe_engine(q.dropped)
+    assert scrape_value(m.exposition().decode(), "gpujitter_engine_dropped_events_total") == 3
+    q.emit(ProbeStatus(ts_ns=5, probe="irq", state="running"))
+    m.observe_engine(q.dropped)
+    m.observe_engine(q.dropped)  # a tick with no new drops adds nothing
+    assert scrape_value(m.exposition().decode(), "gpujitter_engine_dropped_events_total") == 4
