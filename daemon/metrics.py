@@ -1,16 +1,17 @@
 """Prometheus metrics of the daemon, for clusters that aggregate many nodes: gaps and
 attributed time by GPU and cause, probe health and lost events, stream clients, and the
-daemon's own CPU and memory (prometheus_client's process collector). Served on a localhost
-port only when asked (`metrics.listen`)."""
+daemon's own CPU and memory (prometheus_client's process collector), and the endpoint's own
+refusals. Served on a localhost port only when asked (`metrics.listen`, metrics_server.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
+from gpujitter.daemon.metrics_server import CONNECTION_TIMEOUT_S, MetricsServer
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import ProbeStatus
 
@@ -63,6 +64,14 @@ class DaemonMetrics:
             "events dropped between the probes and the engine (queue full)",
             registry=r,
         )
+        self.http_closed = Counter(
+            "gpujitter_metrics_connections_closed",
+            "connections to this endpoint closed for cause: over_limit, timeout, bad_request",
+            ["reason"],
+            registry=r,
+        )
+        self._engine_dropped = 0
+        self._server: MetricsServer | None = None
 
     def observe_gap(self, gpu: int, seconds: float) -> None:
         self.gaps.labels(gpu=str(gpu)).inc()
@@ -85,15 +94,34 @@ class DaemonMetrics:
         self.stream_clients.set(clients)
         self.stream_dropped.set(dropped_total)
 
+    def observe_engine(self, dropped_total: int) -> None:
+        """Called each tick with the event queue's running drop count."""
+        self.engine_lost.inc(max(dropped_total - self._engine_dropped, 0))
+        self._engine_dropped = dropped_total
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
-    def serve(self, listen: str) -> None:
-        """Serve /metrics on HOST:PORT in a background thread."""
+    def serve(self, listen: str, *, timeout_s: float = CONNECTION_TIMEOUT_S) -> None:
+        """Serve /metrics on HOST:PORT ([::1]:PORT for IPv6) from a background thread; a
+        listen address that cannot be bound is a GpujitterError at once."""
         host, sep, port = listen.rpartition(":")
-        if not sep or not port.isdigit():
+        if not sep or not port.isdigit() or int(port) > 65535:
             raise GpujitterError(f"metrics.listen {listen!r}: want HOST:PORT, e.g. 127.0.0.1:9464")
+        host = host.removeprefix("[").removesuffix("]") or "127.0.0.1"
         try:
-            start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+            server = MetricsServer(
+                host,
+                int(port),
+                self.exposition,
+                closed=lambda reason: self.http_closed.labels(reason=reason).inc(),
+                timeout_s=timeout_s,
+            )
         except OSError as err:
-            raise GpujitterError(f"metrics.listen {listen}: {err.strerror}") from None
+            raise GpujitterError(f"metrics.listen {listen}: {err.strerror or err}") from None
+        self._server = server.start()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None

@@ -358,6 +358,7 @@ class Daemon:
         self._events_per_s = (self.state.events - self._events_at_tick) / max(elapsed_s, 1e-9)
         self._events_at_tick = self.state.events
         status = self._status()
+        self.metrics.observe_engine(self.queue.dropped)
         if self.stream is not None:
             self.stream.publish(status)
             self.metrics.observe_stream(self.stream.clients, self.stream.dropped_total)

@@ -1,14 +1,23 @@
-"""Prometheus metrics: what a scrape shows after the daemon observed gaps, attributions and
-probe health, served over real HTTP on localhost."""
+"""Prometheus metrics: what a scrape shows after the daemon observed gaps, attributions,
+probe health and engine loss, served over real HTTP on localhost, and how the endpoint holds
+up against idle, slow and excess connections."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
+import time
+import urllib.error
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gpujitter.daemon.metrics import DaemonMetrics
+from gpujitter.daemon.metrics_server import MAX_CONNECTIONS, REQUEST_LIMIT_BYTES
+from gpujitter.daemon.recorder import EventQueue
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import ProbeStatus
 
@@ -50,18 +59,152 @@ def test_gaps_attributions_and_probe_health_are_exposed() -> None:
     assert scrape_value(text, "gpujitter_process_resident_memory_bytes") > 0
 
 
-def test_served_over_http_on_localhost() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def free_port(family: socket.AddressFamily = socket.AF_INET, host: str = "127.0.0.1") -> int:
+    with socket.socket(family) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def metrics() -> Iterator[DaemonMetrics]:
     m = DaemonMetrics()
-    m.observe_gap(1, 0.5)
-    m.serve(f"127.0.0.1:{port}")
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    assert scrape_value(body, "gpujitter_gaps_total", gpu="1") == 1
+    yield m
+    m.close()
 
 
-@pytest.mark.parametrize("listen", ["9464", "localhost:http", "127.0.0.1:"])
+def scrape(port: int, path: str = "/metrics", host: str = "127.0.0.1") -> str:
+    with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=2) as reply:
+        return reply.read().decode()
+
+
+def closed_by_server(sock: socket.socket, trickle: bytes = b"", within_s: float = 5.0) -> bool:
+    """Whether the server closes `sock` (sending `trickle` now and then meanwhile) before
+    `within_s` runs out; a reply instead of a close counts as not closed."""
+    sock.settimeout(0.1)
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if trickle:
+                sock.send(trickle)
+            return sock.recv(4096) == b""
+        except (BrokenPipeError, ConnectionResetError):
+            return True
+        except TimeoutError:
+            continue
+    return False
+
+
+def test_served_over_http_on_localhost(metrics: DaemonMetrics) -> None:
+    port = free_port()
+    metrics.observe_gap(1, 0.5)
+    metrics.serve(f"127.0.0.1:{port}")
+    assert scrape_value(scrape(port), "gpujitter_gaps_total", gpu="1") == 1
+
+
+def test_served_on_ipv6_loopback(metrics: DaemonMetrics) -> None:
+    try:
+        port = free_port(socket.AF_INET6, "::1")
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    metrics.observe_gap(2, 0.5)
+    metrics.serve(f"[::1]:{port}")
+    assert scrape_value(scrape(port, host="[::1]"), "gpujitter_gaps_total", gpu="2") == 1
+
+
+def test_other_paths_are_not_found_and_head_has_no_body(metrics: DaemonMetrics) -> None:
+    port = free_port()
+    metrics.serve(f"127.0.0.1:{port}")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        scrape(port, "/")
+    assert err.value.code == 404
+    head = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", method="HEAD")
+    with urllib.request.urlopen(head, timeout=2) as reply:
+        assert reply.status == 200
+        assert reply.headers["Content-Type"] == CONTENT_TYPE_LATEST
+        assert reply.read() == b""
+
+
+def test_port_in_use_is_one_line(metrics: DaemonMetrics) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(GpujitterError, match=f"127.0.0.1:{port}: Address already in use"):
+            metrics.serve(f"127.0.0.1:{port}")
+
+
+def test_flood_of_idle_connections_leaves_threads_bounded_and_scrapes_answered(
+    metrics: DaemonMetrics, capfd: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    metrics.serve(f"127.0.0.1:{port}")
+    threads = threading.active_count()
+    with contextlib.ExitStack() as idle:
+        for _ in range(200):
+            idle.enter_context(socket.create_connection(("127.0.0.1", port), timeout=2))
+        body = scrape(port)
+        assert threading.active_count() <= threads
+    over = scrape_value(body, "gpujitter_metrics_connections_closed_total", reason="over_limit")
+    assert over >= 200 - MAX_CONNECTIONS
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    assert len(err.splitlines()) <= 1  # one line for the connections over the limit
+
+
+def test_idle_connection_is_closed_after_the_timeout(metrics: DaemonMetrics) -> None:
+    port = free_port()
+    metrics.serve(f"127.0.0.1:{port}", timeout_s=0.3)
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as idle:
+        assert closed_by_server(idle)
+    body = scrape(port)
+    assert scrape_value(body, "gpujitter_metrics_connections_closed_total", reason="timeout") == 1
+
+
+def test_headers_trickled_in_are_cut_off(metrics: DaemonMetrics) -> None:
+    port = free_port()
+    metrics.serve(f"127.0.0.1:{port}", timeout_s=0.3)
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as slow:
+        slow.sendall(b"GET /metrics HTTP/1.1\r\n")
+        assert closed_by_server(slow, trickle=b"X-Slow: 1\r\n")
+
+
+def test_malformed_and_oversized_requests_are_refused_in_one_line(
+    metrics: DaemonMetrics, capfd: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    metrics.serve(f"127.0.0.1:{port}")
+    # One byte over the limit, all of it read before the reply (no reset from unread bytes).
+    oversized = (b"GET /metrics HTTP/1.1\r\n" + b"X" * REQUEST_LIMIT_BYTES)[
+        : REQUEST_LIMIT_BYTES + 1
+    ]
+    for request in (b"HELLO\r\n\r\n", oversized):
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as bad:
+            bad.sendall(request)
+            assert bad.recv(4096).split(b" ")[1] in (b"400", b"431")
+    body = scrape(port)
+    assert (
+        scrape_value(body, "gpujitter_metrics_connections_closed_total", reason="bad_request") == 2
+    )
+    err = capfd.readouterr().err
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1
+
+
+def test_engine_dropped_events_count_what_the_queue_dropped() -> None:
+    m = DaemonMetrics()
+    q = EventQueue(maxsize=2)
+    for ts in range(5):
+        q.emit(ProbeStatus(ts_ns=ts, probe="irq", state="running"))
+    m.observe_engine(q.dropped)
+    assert scrape_value(m.exposition().decode(), "gpujitter_engine_dropped_events_total") == 3
+    q.emit(ProbeStatus(ts_ns=5, probe="irq", state="running"))
+    m.observe_engine(q.dropped)
+    m.observe_engine(q.dropped)  # a tick with no new drops adds nothing
+    assert scrape_value(m.exposition().decode(), "gpujitter_engine_dropped_events_total") == 4
+
+
+@pytest.mark.parametrize("listen", ["9464", "localhost:http", "127.0.0.1:", "127.0.0.1:70000"])
 def test_bad_listen_address_is_one_line(listen: str) -> None:
     with pytest.raises(GpujitterError, match="want HOST:PORT"):
         DaemonMetrics().serve(listen)

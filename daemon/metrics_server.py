@@ -1,0 +1,255 @@
+"""The HTTP endpoint behind `metrics.listen`: one selector thread answers GET and HEAD of
+/metrics, whatever clients do. Connections are capped, each gets a few seconds for its request
+and as many for its reply, and client misbehaviour is counted, never written out as a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Scrapers open one connection at a time; more than this is a flood or a leak, and the unit's
+# TasksMax would not care (one thread serves them all) but file descriptors and memory would.
+MAX_CONNECTIONS = 16
+# For the request to arrive in full, then again for the reply to be taken: a scraper needs
+# milliseconds; an idle or trickling (slowloris) connection goes when this runs out.
+CONNECTION_TIMEOUT_S = 5.0
+REQUEST_LIMIT_BYTES = 8192  # request line and headers; a scrape sends a few hundred
+NOTE_INTERVAL_S = 600.0  # at most one line per kind of trouble this often
+_ACCEPT_BATCH = 64  # connections taken per wakeup, so that a flood cannot hold the loop
+
+_STATUS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+}
+
+
+@dataclass(slots=True)
+class _Connection:
+    sock: socket.socket
+    deadline_s: float
+    inbox: bytes = b""
+    outbox: bytes = b""
+    replying: bool = False
+
+
+class _Notes:
+    """One stderr line (the journal, under systemd) per kind of trouble per interval, saying
+    how many times it happened since the last line of that kind."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._last_s: dict[str, float] = {}
+        self._since: dict[str, int] = {}
+
+    def __call__(self, kind: str, text: str) -> None:
+        now = time.monotonic()
+        self._since[kind] = self._since.get(kind, 0) + 1
+        last = self._last_s.get(kind)
+        if last is not None and now - last < self.interval_s:
+            return
+        times = self._since.pop(kind)
+        again = f" ({times} times in the last {now - last:.0f} s)" if last is not None else ""
+        print(f"gpujitter metrics: {text}{again}", file=sys.stderr, flush=True)
+        self._last_s[kind] = now
+
+
+class MetricsServer:
+    """Serve `render()` as Prometheus text on (host, port). Binding happens here, so that the
+    caller learns of a bad address at once (OSError); `start` runs the selector thread.
+    `closed(reason)` is told of every connection closed for cause: "over_limit" (the one that
+    waited longest goes when a new one would pass MAX_CONNECTIONS), "timeout",
+    "bad_request"."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        render: Callable[[], bytes],
+        *,
+        closed: Callable[[str], None],
+        timeout_s: float = CONNECTION_TIMEOUT_S,
+    ) -> None:
+        self.render = render
+        self.closed = closed
+        self.timeout_s = timeout_s
+        self._note = _Notes(NOTE_INTERVAL_S)
+        self._conns: dict[socket.socket, _Connection] = {}  # in order of arrival
+        self._listener = self._listen(host, port)
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="gpujitter-metrics", daemon=True)
+
+    @staticmethod
+    def _listen(host: str, port: int) -> socket.socket:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        return sock
+
+    def start(self) -> MetricsServer:
+        self._sel.register(self._listener, selectors.EVENT_READ)
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+        if self._thread.is_alive():
+            self._thread.join()
+        for conn in list(self._conns.values()):
+            self._drop(conn)
+        self._sel.close()
+        for sock in (self._listener, self._wake_r, self._wake_w):
+            sock.close()
+
+    # -- the server thread --------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            first = min((c.deadline_s for c in self._conns.values()), default=now + 1.0)
+            for key, _ in self._sel.select(timeout=min(max(first - now, 0.0), 1.0)):
+                if key.fileobj is self._listener:
+                    self._accept()
+                elif key.fileobj is self._wake_r:
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(64)
+                elif key.data.replying:
+                    self._send(key.data)
+                else:
+                    self._receive(key.data)
+            now = time.monotonic()
+            late = f"closed a connection idle or slower than {self.timeout_s:g} s"
+            for conn in [c for c in self._conns.values() if c.deadline_s <= now]:
+                self._give_up(conn, "timeout", late)
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPT_BATCH):
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:  # none left, or the client already gone
+                return
+            sock.setblocking(False)
+            if len(self._conns) >= MAX_CONNECTIONS:
+                # The newest connection is likeliest a scraper about to send its request.
+                waiting = [c for c in self._conns.values() if not c.replying]
+                self._give_up(
+                    waiting[0] if waiting else _Connection(sock, 0.0),
+                    "over_limit",
+                    f"closed a connection over the limit of {MAX_CONNECTIONS}",
+                )
+                if not waiting:
+                    continue
+            conn = _Connection(sock, time.monotonic() + self.timeout_s)
+            self._conns[sock] = conn
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _receive(self, conn: _Connection) -> None:
+        try:
+            data = conn.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return
+        conn.inbox += data
+        head, sep, _ = conn.inbox.partition(b"\r\n\r\n")
+        if not sep and len(conn.inbox) > REQUEST_LIMIT_BYTES:
+            self._reply(conn, 431, bad="bad_request")
+        elif sep:
+            self._answer(conn, head.split(b"\r\n", 1)[0])
+
+    def _answer(self, conn: _Connection, request_line: bytes) -> None:
+        words = request_line.split()
+        if len(words) != 3 or not words[2].startswith(b"HTTP/"):
+            self._reply(conn, 400, bad="bad_request")
+            return
+        method, target = words[0], words[1].partition(b"?")[0]
+        if method not in (b"GET", b"HEAD"):
+            self._reply(conn, 405)
+        elif target != b"/metrics":
+            self._reply(conn, 404)
+        else:
+            try:
+                body = self.render()
+            except Exception as err:  # a collector's failure must not end the server
+                self._note("render", f"exposition failed: {type(err).__name__}: {err}")
+                self._reply(conn, 500)
+                return
+            self._reply(conn, 200, body, head_only=method == b"HEAD")
+
+    def _reply(
+        self,
+        conn: _Connection,
+        status: int,
+        body: bytes = b"",
+        *,
+        head_only: bool = False,
+        bad: str = "",
+    ) -> None:
+        """Send the reply, then close; `bad` counts the connection as closed for that
+        reason."""
+        if bad:
+            self.closed(bad)
+            self._note(bad, f"refused a malformed or oversized request ({status})")
+        head = (
+            f"HTTP/1.1 {status} {_STATUS[status]}\r\n"
+            f"Content-Type: {CONTENT_TYPE_LATEST if status == 200 else 'text/plain'}\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            + ("Allow: GET, HEAD\r\n" if status == 405 else "")
+            + "Connection: close\r\n\r\n"
+        )
+        conn.outbox = head.encode() + (b"" if head_only else body)
+        conn.replying = True
+        conn.deadline_s = time.monotonic() + self.timeout_s
+        self._sel.modify(conn.sock, selectors.EVENT_WRITE, conn)
+        self._send(conn)
+
+    def _send(self, conn: _Connection) -> None:
+        try:
+            sent = conn.sock.send(conn.outbox)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # the client left without its reply
+            self._drop(conn)
+            return
+        conn.outbox = conn.outbox[sent:]
+        if not conn.outbox:
+            self._drop(conn)
+
+    def _give_up(self, conn: _Connection, reason: str, text: str) -> None:
+        self.closed(reason)
+        self._note(reason, text)
+        self._drop(conn)
+
+    def _drop(self, conn: _Connection) -> None:
+        if self._conns.pop(conn.sock, None) is not None:
+            self._sel.unregister(conn.sock)
+        conn.sock.close()
