@@ -82,7 +82,7 @@ class TraceRecorder:
             if self.target.exists() and not self.target.is_dir():
                 raise GpujitterError(f"{self.target}: rotation needs a directory, not a file")
             try:
-                self.target.mkdir(mode=0o750, parents=True, exist_ok=True)
+                self.target.mkdir(mode=0o750, exist_ok=True)
             except OSError as err:
                 raise GpujitterError(f"cannot create {self.target}: {err.strerror}") from None
         self._writer = self._open(header)

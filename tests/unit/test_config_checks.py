@@ -1,6 +1,7 @@
-"""Every bad setting of `gpujitter run` (file, environment or flag) is refused in one line
-with exit status 2 before a probe is attached: the daemon's run loop (which starts the
-probes) fails the test if it is reached."""
+"""Every bad setting of `gpujitter run` (file, environment or flag), and the same options of
+`record`, `probe`, `gaps` and `top`, is refused in one line with exit status 2 before a probe
+is attached: the daemon's run loop (which starts the probes) or the probe thread of the
+other commands fails the test if it is reached."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def _no_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [k for k in os.environ if k.startswith("GPUJITTER_")]:
         monkeypatch.delenv(name)
     monkeypatch.setattr(Daemon, "run", _poison)
+    monkeypatch.setattr("gpujitter.probes.runner.ProbeThread", _poison)
+    monkeypatch.setattr("gpujitter.tui.sources.embedded.EmbeddedSource", _poison)
 
 
 def toml_of(settings: dict[str, Any]) -> str:
@@ -201,3 +204,28 @@ def test_good_settings_are_accepted_and_start(
         run_with(tmp_path, good)
     with pytest.raises(Attached):
         run_with(tmp_path, {"metrics.listen": f":{free_port(socket.AF_INET, '127.0.0.1')}"})
+
+
+# Other commands take the same options; each is refused before its probes are started.
+OTHERS = [
+    (("probe", "sched", "-p", "-1"), "--pid"),
+    (("probe", "sched", "-t", "sched.offcpu=2h"), "--threshold"),
+    (("probe", "sched", "-t", "sched.nope=1ms"), "'nope'"),
+    (("probe", "sched", "--cgroup", MISSING), "not a cgroup directory"),
+    (("probe", "sched", "--topology-override", MISSING), "No such file"),
+    (("record", "-o", MISSING + "/x.gjtrace"), "does not exist"),
+    (("record", "-o", MISSING + "/traces", "--rotate-size", "1M"), "does not exist"),
+    (("record", "-o", "{tmp}/x.gjtrace", "-p", "99999999999"), "--pid"),
+    (("gaps", "--no-nvml", "-p", "0"), "--pid"),
+    (("top", "--embedded", "-p", "-1"), "--pid"),
+]
+
+
+@pytest.mark.parametrize(("argv", "said"), OTHERS)
+def test_other_commands_check_the_same_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], said: str
+) -> None:
+    assert cli.main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpujitter {argv[0]}: error: ") and err.count("\n") == 1, err
+    assert said in err, err
