@@ -1,7 +1,9 @@
 """The daemon's configuration: a TOML file, then GPUJITTER_* environment variables, then
 command-line flags (flags win). Every setting is declared once in SETTINGS with its type,
-default and help; unknown keys and bad values are refused with one line naming the source
-(file, variable or flag) and what was expected.
+range, default and help; unknown keys and bad values are refused with one line naming the
+source (file, variable or flag), the key, the value and what is allowed. `check_node` then
+checks what the values name on this node (directories, cgroups, the metrics port), so that
+every mistake is found before a probe is attached.
 
 File layout: a setting "socket.path" is key `path` of table [socket]. Its environment
 variable is GPUJITTER_SOCKET_PATH. See systemd/gpujitter.toml for an annotated example.
@@ -9,17 +11,31 @@ variable is GPUJITTER_SOCKET_PATH. See systemd/gpujitter.toml for an annotated e
 
 from __future__ import annotations
 
+import grp
 import os
-from collections.abc import Callable, Mapping
+import re
+import socket
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpujitter.errors import GpujitterError
+from gpujitter.probes import registry
+from gpujitter.probes.topology import load_override
 from gpujitter.tomlfile import load_toml
 from gpujitter.units import parse_duration_ns, parse_size_bytes
 
 DEFAULT_PATH = Path("/etc/gpujitter/gpujitter.toml")
+# A threshold longer than this would stream nothing (and "100000000h" no longer fits the u64
+# that the BPF programs compare against: their compile fails and the probe is left out).
+MAX_THRESHOLD_NS = 3_600_000_000_000
+# Records a stream client may fall behind by; a client further behind is better told it
+# lost records than held in the daemon's memory (MemoryMax in the unit).
+MAX_SOCKET_QUEUE = 1 << 20
+PID_MAX = Path("/proc/sys/kernel/pid_max")
+# The kernel's ceiling on 64-bit machines, if pid_max cannot be read.
+PID_MAX_LIMIT = 4_194_304
 
 
 def _str(v: Any) -> str:
@@ -37,9 +53,23 @@ def _bool(v: Any) -> bool:
 
 
 def _int(v: Any) -> int:
-    if isinstance(v, bool):
-        raise ValueError("expected an integer")
-    return int(v)
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, str) and re.fullmatch(r"\s*[-+]?\d+\s*", v):
+        return int(v)
+    raise ValueError("expected a whole number")
+
+
+def _at_least(low: int, high: int | None = None) -> Callable[[Any], int]:
+    """A parser of whole numbers from `low` to `high` (None: no upper limit)."""
+
+    def parse(v: Any) -> int:
+        n = _int(v)
+        if n < low or (high is not None and n > high):
+            raise ValueError(f"expected at least {low}" + (f" and at most {high}" if high else ""))
+        return n
+
+    return parse
 
 
 def _duration(v: Any) -> int:
@@ -47,7 +77,10 @@ def _duration(v: Any) -> int:
 
 
 def _size(v: Any) -> int:
-    return parse_size_bytes(v if isinstance(v, str) else _int(v))
+    n = parse_size_bytes(v) if isinstance(v, str) else _int(v)
+    if n < 0:
+        raise ValueError("expected at least 0 bytes")
+    return n
 
 
 def _mode(v: Any) -> int:
@@ -67,19 +100,86 @@ def _list(v: Any) -> tuple[str, ...]:
     raise ValueError("expected a list of strings")
 
 
+def pid_max() -> int:
+    """The highest process id this kernel hands out."""
+    try:
+        return int(PID_MAX.read_text())
+    except (OSError, ValueError):
+        return PID_MAX_LIMIT
+
+
 def _pids(v: Any) -> tuple[int, ...]:
-    return tuple(int(p) for p in _list(v))
+    top = pid_max()
+    # A TOML list is taken as it is, so that [1.5] is called a bad number, not a bad string.
+    pids = tuple(_int(p) for p in (v if isinstance(v, list) else _list(v)))
+    for pid in pids:
+        if not 1 <= pid <= top:
+            raise ValueError(f"process id {pid}: expected one from 1 to {top} (kernel.pid_max)")
+    return pids
+
+
+def _probes(v: Any) -> tuple[str, ...]:
+    """Names of registered probes."""
+    names = _list(v)
+    for name in names:
+        registry.get(name)
+    return names
+
+
+def _enabled_probes(v: Any) -> tuple[str, ...]:
+    """Names of registered probes, "+name" adding one to the default set."""
+    names = _list(v)
+    _probes([n.removeprefix("+") for n in names])
+    return names
 
 
 def _thresholds(v: Any) -> tuple[tuple[str, int], ...]:
-    """{"sched.offcpu" = "1ms"} (file) or "sched.offcpu=1ms,irq.stolen=50us" (env, flags)."""
+    """{"sched.offcpu" = "1ms"} (file) or "sched.offcpu=1ms,irq.stolen=50us" (env, flags);
+    each names a threshold of a known probe and is above 0 and at most MAX_THRESHOLD_NS."""
     items = v.items() if isinstance(v, dict) else (s.partition("=")[::2] for s in _list(v))
     out = []
     for key, value in items:
-        if "." not in key or value == "":
+        probe, dot, name = str(key).partition(".")
+        if not dot or value == "":
             raise ValueError('expected PROBE.KEY = TIME entries, e.g. sched.offcpu = "1ms"')
-        out.append((str(key), _duration(value)))
+        known = registry.get(probe).thresholds
+        if name not in known:
+            raise ValueError(
+                f"probe {probe} has no threshold {name!r} (it has: {', '.join(known)})"
+            )
+        ns = _duration(value)
+        if not 0 < ns <= MAX_THRESHOLD_NS:
+            raise ValueError(f"{key} = {value!r}: expected a time above 0 and at most 1h")
+        out.append((str(key), ns))
     return tuple(sorted(out))
+
+
+def thresholds_by_probe(entries: Iterable[tuple[str, int]]) -> dict[str, dict[str, int]]:
+    """(("sched.offcpu", 1_000_000),) -> {"sched": {"offcpu": 1_000_000}}, as probes take them."""
+    out: dict[str, dict[str, int]] = {}
+    for key, ns in entries:
+        probe, _, name = key.partition(".")
+        out.setdefault(probe, {})[name] = ns
+    return out
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """HOST:PORT -> (host, port); an IPv6 address goes in brackets ("[::1]:9464"), and no
+    host means 127.0.0.1."""
+    m = re.fullmatch(r"(?:\[([^\[\]]+)\]|([^:\[\]]*)):(\d+)", text)
+    if not m:
+        raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:9464 or [::1]:9464")
+    port = int(m.group(3))
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port {port}: expected one from 1 to 65535")
+    return m.group(1) or m.group(2) or "127.0.0.1", port
+
+
+def _listen(v: Any) -> str:
+    text = _str(v)
+    if text:
+        parse_listen(text)
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,11 +197,11 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "probes.enable",
-        _list,
+        _enabled_probes,
         (),
         'probes to run; empty: every probe on by default; "+name" adds one to that set',
     ),
-    Setting("probes.disable", _list, (), "probes not to run"),
+    Setting("probes.disable", _probes, (), "probes not to run"),
     Setting("probes.thresholds", _thresholds, (), "emission thresholds, PROBE.KEY = TIME"),
     Setting("watch.pids", _pids, (), "process ids to watch"),
     Setting("watch.comms", _list, (), "command-name patterns to watch ('python*')"),
@@ -110,15 +210,20 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("topology.override", _str, "", "topology override file (emulated NUMA nodes)"),
     Setting("log.path", _str, "/var/log/gpujitter/attributions.jsonl", "attribution log"),
     Setting("log.max_bytes", _size, 64 * 1024**2, "rotate the log at this size"),
-    Setting("log.keep", _int, 8, "rotated log files kept"),
+    Setting("log.keep", _at_least(0), 8, "rotated log files kept (0: no limit)"),
     Setting("record.path", _str, "", "record the raw event stream here (empty: off)"),
     Setting("record.max_bytes", _size, 256 * 1024**2, "rotate the trace at this size"),
-    Setting("record.keep", _int, 8, "rotated trace files kept"),
+    Setting("record.keep", _at_least(0), 8, "rotated trace files kept (0: no limit)"),
     Setting("socket.path", _str, "/run/gpujitter/gpujitter.sock", "stream socket"),
     Setting("socket.group", _str, "", "group owning the socket (empty: root's)"),
     Setting("socket.mode", _mode, 0o660, "socket file mode"),
-    Setting("socket.queue", _int, 4096, "messages queued per client before dropping"),
-    Setting("metrics.listen", _str, "", "Prometheus metrics on HOST:PORT (empty: off)"),
+    Setting(
+        "socket.queue",
+        _at_least(1, MAX_SOCKET_QUEUE),
+        4096,
+        "messages queued per client before dropping",
+    ),
+    Setting("metrics.listen", _listen, "", "Prometheus metrics on HOST:PORT (empty: off)"),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -126,7 +231,9 @@ _BY_KEY = {s.key: s for s in SETTINGS}
 @dataclass(frozen=True, slots=True)
 class Config:
     values: Mapping[str, Any]
-    sources: Mapping[str, str]  # key -> where its value came from (default, file, env, flag)
+    # key -> where its value came from, as errors name it: "default", "config PATH",
+    # "environment VARIABLE" or "flag --NAME"
+    sources: Mapping[str, str]
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
@@ -135,11 +242,14 @@ class Config:
         return [(s.key, self.values[s.key], self.sources[s.key]) for s in SETTINGS]
 
 
-def _parse(setting: Setting, raw: Any, source: str) -> Any:
+def parse_value(key: str, raw: Any, source: str) -> Any:
+    """One setting's value from `raw`; a bad one is a GpujitterError naming `source`, the
+    key, what was expected and the value. The other commands' options of the same meaning
+    (--pid, --threshold) are checked here too."""
     try:
-        return setting.parse(raw)
+        return _BY_KEY[key].parse(raw)
     except (ValueError, TypeError, GpujitterError) as err:
-        raise GpujitterError(f"{source}: {setting.key}: {err} (got {raw!r})") from None
+        raise GpujitterError(f"{source}: {key}: {err} (got {raw!r})") from None
 
 
 def read_file(path: Path) -> dict[str, Any]:
@@ -166,28 +276,119 @@ def _near(name: str) -> str:
 def load_config(
     path: Path | None = None,
     environ: Mapping[str, str] | None = None,
-    flags: Mapping[str, Any] | None = None,
+    flags: Mapping[str, tuple[str, Any]] | None = None,
 ) -> Config:
     """Defaults < file < environment < flags. `path` None means the default path if it
-    exists; a path given explicitly must exist."""
+    exists; a path given explicitly must exist. `flags`: key -> (the option as typed, which
+    errors name; its value, None when not given)."""
     env = os.environ if environ is None else environ
     values = {s.key: s.default for s in SETTINGS}
     sources = dict.fromkeys(values, "default")
+    given: list[tuple[str, Any, str]] = []
     if path is None and DEFAULT_PATH.is_file():
         path = DEFAULT_PATH
     if path is not None:
-        for key, raw in read_file(path).items():
-            values[key] = _parse(_BY_KEY[key], raw, f"config {path}")
-            sources[key] = str(path)
+        given += [(key, raw, f"config {path}") for key, raw in read_file(path).items()]
     for var in sorted(k for k in env if k.startswith("GPUJITTER_")):
         setting = next((s for s in SETTINGS if s.env == var), None)
-        if setting is None:
-            continue  # GPUJITTER_* variables of other tools or later versions
-        values[setting.key] = _parse(setting, env[var], f"environment {var}")
-        sources[setting.key] = f"env {var}"
-    for key, raw in (flags or {}).items():
-        if raw is None:
-            continue
-        values[key] = _parse(_BY_KEY[key], raw, "flag --" + key.replace(".", "-").replace("_", "-"))
-        sources[key] = "flag"
+        if setting is not None:  # else a GPUJITTER_* variable of another tool or version
+            given.append((setting.key, env[var], f"environment {var}"))
+    given += [
+        (key, raw, f"flag {flag}") for key, (flag, raw) in (flags or {}).items() if raw is not None
+    ]
+    for key, raw, source in given:
+        values[key] = parse_value(key, raw, source)
+        sources[key] = source
     return Config(values=values, sources=sources)
+
+
+# -- what the values name on this node -------------------------------------------------
+
+
+def check_cgroup(path: Path) -> None:
+    if not (path / "cgroup.procs").is_file():
+        raise ValueError(f"{path} is not a cgroup directory (no cgroup.procs)")
+
+
+def check_parent(path: Path) -> None:
+    """A file (or rotated directory) to be made at `path`: the directory it goes in must
+    exist, since making missing parents would scatter directories over the file system."""
+    if not path.parent.is_dir():
+        raise ValueError(f"directory {path.parent} does not exist")
+
+
+def _cgroups(dirs: tuple[str, ...]) -> None:
+    for d in dirs:
+        check_cgroup(Path(d))
+
+
+def _log_path(value: str) -> None:
+    check_parent(Path(value))
+    if Path(value).is_dir():
+        raise ValueError(f"{value} is a directory; the log is a file")
+
+
+def _record_path(value: str) -> None:
+    check_parent(Path(value))
+    if Path(value).exists() and not Path(value).is_dir():
+        raise ValueError(f"{value} is a file; the daemon records into a directory")
+
+
+def _socket_path(value: str) -> None:
+    check_parent(Path(value))
+    if Path(value).exists() and not Path(value).is_socket():
+        raise ValueError(f"{value} exists and is not a socket")
+
+
+def _group(value: str) -> None:
+    try:
+        grp.getgrnam(value)
+    except KeyError:
+        raise ValueError(f"no such group {value!r}") from None
+
+
+def check_listen_free(listen: str) -> None:
+    """Bind HOST:PORT and let go: a port in use or a host that is not this node's is found
+    now, not once the probes are attached."""
+    host, port = parse_listen(listen)
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            # As the HTTP server does: a port whose last connections linger is free to it.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(addr)
+    except OSError as err:
+        raise ValueError(f"cannot listen there: {err.strerror or err}") from None
+
+
+_NODE_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "watch.cgroups": _cgroups,
+    "topology.override": load_override,
+    "socket.group": _group,
+}
+# Checked only when the daemon starts: under systemd these directories are the unit's, made
+# at start (and /run/gpujitter is gone while it is stopped), and a running daemon holds the
+# metrics port.
+_START_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "log.path": _log_path,
+    "record.path": _record_path,
+    "socket.path": _socket_path,
+    "metrics.listen": check_listen_free,
+}
+
+
+def check_node(config: Config, *, starting: bool) -> None:
+    """What the settings name on this node: cgroups, the topology override, the socket's
+    group; when `starting`, also the directories of the log, the recordings and the socket,
+    and the metrics address."""
+    checks = {**_NODE_CHECKS, **(_START_CHECKS if starting else {})}
+    for key, check in checks.items():
+        value = config[key]
+        if not value:
+            continue
+        try:
+            check(value)
+        except (ValueError, GpujitterError) as err:
+            raise GpujitterError(f"{config.sources[key]}: {key}: {err} (got {value!r})") from None

@@ -32,7 +32,7 @@ import orjson
 import psutil
 
 from gpujitter import __version__
-from gpujitter.daemon.config import Config
+from gpujitter.daemon.config import Config, check_node, parse_listen, thresholds_by_probe
 from gpujitter.daemon.describe import one_line
 from gpujitter.daemon.jsonlog import JsonLog
 from gpujitter.daemon.metrics import DaemonMetrics
@@ -44,7 +44,6 @@ from gpujitter.daemon.sdnotify import Notifier
 from gpujitter.daemon.state import NodeState
 from gpujitter.daemon.stream import StreamServer
 from gpujitter.daemon.trace import TraceHeader
-from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import Event, ProbeStatus, to_record
@@ -115,18 +114,6 @@ def probe_names(config: Config) -> list[str]:
     return registry.select(config["probes.enable"], config["probes.disable"])
 
 
-def thresholds_of(config: Config) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for key, ns in config["probes.thresholds"]:
-        probe, _, name = key.partition(".")
-        spec = registry.get(probe)
-        if name not in spec.thresholds:
-            known = ", ".join(spec.thresholds) or "none"
-            raise GpujitterError(f"probes.thresholds: {probe} has no {name!r} (it has: {known})")
-        out.setdefault(probe, {})[name] = ns
-    return out
-
-
 def watch_of(config: Config) -> WatchSpec:
     spec = WatchSpec(
         pids=set(config["watch.pids"]),
@@ -149,12 +136,15 @@ class Daemon:
         duration_ns: int | None = None,
         environ: dict[str, str] | None = None,
     ) -> None:
+        # Everything the settings name is checked before the probes are compiled and
+        # attached (a minute on a small node): a mistake is one line at once.
+        check_node(config, starting=True)
         self.config = config
         self.console = console
         self.nvml = nvml
         self.duration_ns = duration_ns
         self.names = probe_names(config)
-        self.thresholds = thresholds_of(config)
+        self.thresholds = thresholds_by_probe(config["probes.thresholds"])
         self.watch = watch_of(config)
         override = config["topology.override"] or None
         self.topology: Topology = load_topology(override=override)
@@ -262,7 +252,9 @@ class Daemon:
             ).start()
             stack.callback(self.stream.close)
         if cfg["metrics.listen"]:
-            self.metrics.serve(cfg["metrics.listen"])
+            # serve() splits at the last colon: an IPv6 host goes without its brackets.
+            host, port = parse_listen(cfg["metrics.listen"])
+            self.metrics.serve(f"{host}:{port}")
 
     def _hello(self, clock: Any) -> dict[str, Any]:
         return {

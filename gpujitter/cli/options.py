@@ -1,16 +1,15 @@
 """Options several subcommands share: which processes to watch, the topology override,
-threshold overrides."""
+threshold overrides; checked as the daemon's settings of the same meaning are."""
 
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
 from pathlib import Path
 
+from gpujitter.daemon.config import check_cgroup, parse_value, thresholds_by_probe
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
-from gpujitter.units import parse_duration_ns
 
 
 def add_watch_args(p: argparse.ArgumentParser) -> None:
@@ -35,10 +34,13 @@ def add_watch_args(p: argparse.ArgumentParser) -> None:
 
 
 def watch_from_args(args: argparse.Namespace) -> WatchSpec:
-    spec = WatchSpec(pids=set(args.pid), comms=list(args.comm), cgroups=list(args.cgroup))
+    pids = parse_value("watch.pids", args.pid, "flag --pid") if args.pid else ()
+    spec = WatchSpec(pids=set(pids), comms=list(args.comm), cgroups=list(args.cgroup))
     for cgroup in spec.cgroups:
-        if not (cgroup / "cgroup.procs").is_file():
-            raise GpujitterError(f"--cgroup {cgroup}: not a cgroup directory (no cgroup.procs)")
+        try:
+            check_cgroup(cgroup)
+        except ValueError as err:
+            raise GpujitterError(f"flag --cgroup: {err}") from None
     spec.all = not (spec.pids or spec.comms or spec.cgroups)
     return spec
 
@@ -68,20 +70,8 @@ def add_threshold_arg(p: argparse.ArgumentParser) -> None:
 
 
 def parse_thresholds(items: list[str]) -> dict[str, dict[str, int]]:
-    """['sched.offcpu=1ms'] -> {'sched': {'offcpu': 1_000_000}}, checked against the registry."""
-    from gpujitter.probes import registry
-
-    out: dict[str, dict[str, int]] = defaultdict(dict)
-    for item in items:
-        key, sep, value = item.partition("=")
-        probe, dot, name = key.partition(".")
-        if not sep or not dot:
-            raise GpujitterError(
-                f"bad threshold {item!r}: want PROBE.KEY=TIME, e.g. sched.offcpu=1ms"
-            )
-        spec = registry.get(probe)
-        if name not in spec.thresholds:
-            known = ", ".join(spec.thresholds) or "none"
-            raise GpujitterError(f"probe {probe} has no threshold {name!r} (it has: {known})")
-        out[probe][name] = parse_duration_ns(value)
-    return dict(out)
+    """['sched.offcpu=1ms'] -> {'sched': {'offcpu': 1_000_000}}, checked as the daemon's
+    probes.thresholds are."""
+    if not items:
+        return {}
+    return thresholds_by_probe(parse_value("probes.thresholds", items, "flag --threshold"))

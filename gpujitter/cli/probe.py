@@ -88,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
             print(describe(ev, ref), flush=True)
         return True
 
-    watch = watch_from_args(args)
+    # Every option is checked before the first line is printed: a mistake is one line.
+    watch, thresholds = watch_from_args(args), parse_thresholds(args.threshold)
+    topology = topology_from_args(args)
     if args.precise and watch.all:
         watch = WatchSpec(pids=set(args.precise))
     if not args.json:
@@ -96,10 +98,10 @@ def run(args: argparse.Namespace) -> int:
     stop = _stop_on_signals()
     with ProbeThread(
         names,
-        topology=topology_from_args(args),
+        topology=topology,
         watch=watch,
         emit=emit,
-        thresholds=parse_thresholds(args.threshold),
+        thresholds=thresholds,
         options=options,
     ):
         start = time.monotonic_ns()

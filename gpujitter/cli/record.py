@@ -20,6 +20,7 @@ from gpujitter.cli.command import Command
 from gpujitter.cli.options import parse_thresholds, topology_from_args, watch_from_args
 from gpujitter.cli.output import print_json
 from gpujitter.cli.probe import add_arguments as add_probe_arguments
+from gpujitter.daemon.config import check_parent
 from gpujitter.daemon.recorder import EventQueue, TraceRecorder
 from gpujitter.daemon.rotation import Rotation
 from gpujitter.daemon.trace import TraceHeader
@@ -91,6 +92,10 @@ def run(args: argparse.Namespace) -> int:
         raise GpujitterError(f"{out} exists; remove it or choose another name")
     if rotation is not None and out.exists() and not out.is_dir():
         raise GpujitterError(f"{out}: rotation writes a directory, and this is a file")
+    try:
+        check_parent(out)
+    except ValueError as err:
+        raise GpujitterError(f"--output {out}: {err}") from None
     topology, watch = topology_from_args(args), watch_from_args(args)
 
     queue = EventQueue()

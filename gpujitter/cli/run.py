@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.cli.command import Command
-from gpujitter.cli.options import add_threshold_arg, add_watch_args, parse_thresholds
+from gpujitter.cli.options import add_threshold_arg, add_watch_args
 from gpujitter.units import parse_duration_ns
 
 
@@ -57,35 +57,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_watch_args(p)  # fmt: skip
 
 
-def flags_of(args: argparse.Namespace) -> dict[str, Any]:
-    """Command-line values as configuration keys (None: not given, the file/env decide)."""
-    thresholds = parse_thresholds(args.threshold)
+def flags_of(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
+    """Command-line values as configuration keys, with the flag that gave each (errors name
+    it); a value None was not given, the file or the environment decide."""
     return {
-        "log.path": args.log,
-        "record.path": args.record,
-        "socket.path": args.socket,
-        "metrics.listen": args.metrics,
-        "probes.enable": args.probes,
-        "probes.disable": args.disable,
-        "probes.thresholds": ",".join(
-            f"{p}.{k}={v}ns" for p, kv in thresholds.items() for k, v in kv.items()
-        ) or None,
-        "watch.pids": [str(p) for p in args.pid] or None,
-        "watch.comms": list(args.comm) or None,
-        "watch.cgroups": [str(c) for c in args.cgroup] or None,
-        "watch.gpu_processes": False if args.no_gpu_processes else None,
-        "topology.override": args.topology_override,
-    }  # fmt: skip
+        "log.path": ("--log", args.log),
+        "record.path": ("--record", args.record),
+        "socket.path": ("--socket", args.socket),
+        "metrics.listen": ("--metrics", args.metrics),
+        "probes.enable": ("--probes", args.probes),
+        "probes.disable": ("--disable", args.disable),
+        "probes.thresholds": ("--threshold", list(args.threshold) or None),
+        "watch.pids": ("--pid", [str(p) for p in args.pid] or None),
+        "watch.comms": ("--comm", list(args.comm) or None),
+        "watch.cgroups": ("--cgroup", [str(c) for c in args.cgroup] or None),
+        "watch.gpu_processes": ("--no-gpu-processes", False if args.no_gpu_processes else None),
+        "topology.override": ("--topology-override", args.topology_override),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
     from gpujitter.cli.output import print_json, table
-    from gpujitter.daemon.config import load_config
+    from gpujitter.daemon.config import check_node, load_config
     from gpujitter.daemon.service import Console, Daemon
     from gpujitter.probes.clock import clock_ref
 
     config = load_config(args.config, flags=flags_of(args))
     if args.print_config:
+        check_node(config, starting=False)
         rows = config.explain()
         if args.json:
             print_json({key: {"value": value, "source": src} for key, value, src in rows})

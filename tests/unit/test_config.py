@@ -46,11 +46,12 @@ def test_file_then_env_then_flags_win(tmp_path: Path) -> None:
         "GPUJITTER_LOG_KEEP": "3",
         "GPUJITTER_UNRELATED": "x",
     }
-    cfg = load_config(path, environ=env, flags={"socket.path": "/tmp/c.sock", "log.keep": None})
+    flags = {"socket.path": ("--socket", "/tmp/c.sock"), "log.keep": ("--log-keep", None)}
+    cfg = load_config(path, environ=env, flags=flags)
     assert cfg["socket.path"] == "/tmp/c.sock"
-    assert cfg.sources["socket.path"] == "flag"
+    assert cfg.sources["socket.path"] == "flag --socket"
     assert cfg["socket.mode"] == 0o640
-    assert cfg["log.keep"] == 3 and cfg.sources["log.keep"] == "env GPUJITTER_LOG_KEEP"
+    assert cfg["log.keep"] == 3 and cfg.sources["log.keep"] == "environment GPUJITTER_LOG_KEEP"
     assert cfg["log.max_bytes"] == 10 * 1024**2
     assert cfg["probes.thresholds"] == (("sched.offcpu", 2_000_000),)
     assert cfg["watch.comms"] == ("python*", "torchrun")
@@ -89,8 +90,8 @@ def test_bad_file_is_one_line_naming_file_and_key(tmp_path: Path, text: str, mes
 def test_bad_env_and_flag_name_their_source(tmp_path: Path) -> None:
     with pytest.raises(GpujitterError, match=r"environment GPUJITTER_LOG_KEEP: log\.keep"):
         load_config(write(tmp_path, ""), environ={"GPUJITTER_LOG_KEEP": "many"})
-    with pytest.raises(GpujitterError, match=r"flag --record-max-bytes: record\.max_bytes"):
-        load_config(write(tmp_path, ""), environ={}, flags={"record.max_bytes": "huge"})
+    with pytest.raises(GpujitterError, match=r"flag --max: record\.max_bytes"):
+        load_config(write(tmp_path, ""), environ={}, flags={"record.max_bytes": ("--max", "huge")})
 
 
 def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:

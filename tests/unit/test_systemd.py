@@ -164,7 +164,7 @@ def test_umask_gives_0640_logs_and_0750_directories() -> None:
 
 def test_example_config_shows_every_setting_with_its_default() -> None:
     cfg = load_config(EXAMPLE_CONFIG, environ={})
-    from_file = {key for key, _, source in cfg.explain() if source == str(EXAMPLE_CONFIG)}
+    from_file = {key for key, _, source in cfg.explain() if source == f"config {EXAMPLE_CONFIG}"}
     assert from_file == {s.key for s in SETTINGS}
     assert {s.key: cfg[s.key] for s in SETTINGS} == {s.key: s.default for s in SETTINGS}
 

@@ -1,0 +1,231 @@
+"""Every bad setting of `gpujitter run` (file, environment or flag), and the same options of
+`record`, `probe`, `gaps` and `top`, is refused in one line with exit status 2 before a probe
+is attached: the daemon's run loop (which starts the probes) or the probe thread of the
+other commands fails the test if it is reached."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpujitter import cli
+from gpujitter.daemon.service import Daemon
+
+
+class Attached(Exception):
+    """Raised where probes would start: the bad value was not refused before."""
+
+
+def _poison(*args: Any, **kwargs: Any) -> None:
+    raise Attached
+
+
+@pytest.fixture(autouse=True)
+def _no_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [k for k in os.environ if k.startswith("GPUJITTER_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(Daemon, "run", _poison)
+    monkeypatch.setattr("gpujitter.probes.runner.ProbeThread", _poison)
+    monkeypatch.setattr("gpujitter.tui.sources.embedded.EmbeddedSource", _poison)
+
+
+def toml_of(settings: dict[str, Any]) -> str:
+    tables: dict[str, list[str]] = {}
+    for key, value in settings.items():
+        table, _, name = key.partition(".")
+        if isinstance(value, dict):
+            text = "{ " + ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())
+            text += " }"
+        else:
+            text = json.dumps(value)
+        tables.setdefault(table, []).append(f"{name} = {text}")
+    return "".join(f"[{t}]\n" + "\n".join(lines) + "\n" for t, lines in tables.items())
+
+
+def run_with(tmp_path: Path, settings: dict[str, Any], *argv: str) -> int:
+    """`gpujitter run` with a config file of `settings` over paths that work here."""
+    base = {"log.path": str(tmp_path / "attr.jsonl"), "socket.path": str(tmp_path / "gj.sock")}
+    path = tmp_path / "gpujitter.toml"
+    path.write_text(toml_of({**base, **settings}))
+    return cli.main(["run", "--config", str(path), "--no-nvml", "--quiet", *argv])
+
+
+@contextlib.contextmanager
+def port_in_use() -> Iterator[int]:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        yield held.getsockname()[1]
+
+
+MISSING = "/nonexistent-gpujitter/sub"
+
+# (settings in the file, flags, the key the message names, what else it must say)
+BAD: list[tuple[dict[str, Any], tuple[str, ...], str, str]] = [
+    ({"socket.queue": 0}, (), "socket.queue", "at least 1"),
+    ({"socket.queue": -1}, (), "socket.queue", "at least 1"),
+    ({"socket.queue": 1.5}, (), "socket.queue", "whole number"),
+    ({"socket.queue": 10**9}, (), "socket.queue", "at most"),
+    ({"log.keep": -1}, (), "log.keep", "at least 0"),
+    ({"record.keep": 2.5}, (), "record.keep", "whole number"),
+    ({"log.max_bytes": -5}, (), "log.max_bytes", "at least 0"),
+    ({"probes.thresholds": {"sched.offcpu": -5}}, (), "probes.thresholds", "above 0"),
+    ({"probes.thresholds": {"sched.offcpu": "0ms"}}, (), "probes.thresholds", "above 0"),
+    ({"probes.thresholds": {"sched.offcpu": "100000000h"}}, (), "probes.thresholds", "1h"),
+    ({"probes.thresholds": {"irq.window": "2h"}}, (), "probes.thresholds", "1h"),
+    ({"probes.thresholds": {"sched.offcpu": 1.5}}, (), "probes.thresholds", "whole number"),
+    ({"probes.thresholds": {"schedd.offcpu": "1ms"}}, (), "probes.thresholds", "'schedd'"),
+    ({"probes.thresholds": {"sched.off": "1ms"}}, (), "probes.thresholds", "'off'"),
+    ({"probes.enable": ["foo"]}, (), "probes.enable", "unknown probe 'foo'"),
+    ({"probes.disable": ["+sched"]}, (), "probes.disable", "unknown probe"),
+    ({"watch.pids": [-1]}, (), "watch.pids", "from 1 to"),
+    ({"watch.pids": [0]}, (), "watch.pids", "from 1 to"),
+    ({"watch.pids": [99999999999]}, (), "watch.pids", "from 1 to"),
+    ({"watch.cgroups": [MISSING]}, (), "watch.cgroups", "not a cgroup directory"),
+    ({"watch.cgroups": ["/tmp"]}, (), "watch.cgroups", "not a cgroup directory"),
+    ({"log.path": MISSING + "/attr.jsonl"}, (), "log.path", "does not exist"),
+    ({"log.path": "/tmp"}, (), "log.path", "is a directory"),
+    ({"record.path": MISSING + "/traces"}, (), "record.path", "does not exist"),
+    ({"socket.path": MISSING + "/gj.sock"}, (), "socket.path", "does not exist"),
+    ({"socket.path": "/etc/passwd"}, (), "socket.path", "not a socket"),
+    ({"socket.group": "no-such-group-gj"}, (), "socket.group", "no such group"),
+    ({"topology.override": MISSING + ".toml"}, (), "topology.override", "No such file"),
+    ({"metrics.listen": "127.0.0.1:99999"}, (), "metrics.listen", "1 to 65535"),
+    ({"metrics.listen": "127.0.0.1:0"}, (), "metrics.listen", "1 to 65535"),
+    ({"metrics.listen": "127.0.0.1"}, (), "metrics.listen", "HOST:PORT"),
+    ({"metrics.listen": "::1:9464"}, (), "metrics.listen", "[::1]:9464"),
+    ({"metrics.listen": "127.0.0.1:http"}, (), "metrics.listen", "HOST:PORT"),
+    ({}, ("--metrics", "127.0.0.1:99999"), "metrics.listen", "flag --metrics"),
+    ({}, ("--probes", "foo"), "probes.enable", "flag --probes"),
+    ({}, ("--disable", "foo"), "probes.disable", "flag --disable"),
+    ({}, ("-p", "-1"), "watch.pids", "flag --pid"),
+    ({}, ("-t", "sched.offcpu=0ns"), "probes.thresholds", "flag --threshold"),
+    ({}, ("-t", "sched.offcpu"), "probes.thresholds", "PROBE.KEY"),
+    ({}, ("--cgroup", MISSING), "watch.cgroups", "flag --cgroup"),
+    ({}, ("--record", MISSING + "/traces"), "record.path", "flag --record"),
+    ({}, ("--socket", MISSING + "/gj.sock"), "socket.path", "flag --socket"),
+    ({}, ("--log", MISSING + "/a.jsonl"), "log.path", "flag --log"),
+    ({}, ("--topology-override", "/etc/passwd"), "topology.override", "flag --topology"),
+]
+
+
+# The unit makes these directories when it starts the daemon; --print-config shows the
+# values without them.
+CHECKED_AT_START = {"log.path", "record.path", "socket.path"}
+
+
+def assert_one_line(err: str, *said: str) -> None:
+    assert err.startswith("gpujitter run: error: ") and err.count("\n") == 1, err
+    for text in said:
+        assert text in err, err
+
+
+@pytest.mark.parametrize(("settings", "flags", "key", "said"), BAD)
+@pytest.mark.parametrize("print_config", [False, True], ids=["start", "print-config"])
+def test_bad_setting_is_one_line_before_probes_attach(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    settings: dict[str, Any],
+    flags: tuple[str, ...],
+    key: str,
+    said: str,
+    print_config: bool,
+) -> None:
+    argv = (*flags, "--print-config") if print_config else flags
+    if print_config and key in CHECKED_AT_START:
+        assert run_with(tmp_path, settings, *argv) == 0
+        return
+    assert run_with(tmp_path, settings, *argv) == 2
+    err = capsys.readouterr().err
+    assert_one_line(err, f" {key}: ", said)
+    if settings:
+        assert str(tmp_path / "gpujitter.toml") in err
+
+
+def test_bad_environment_names_its_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUJITTER_SOCKET_QUEUE", "0")
+    assert run_with(tmp_path, {}) == 2
+    assert_one_line(capsys.readouterr().err, "environment GPUJITTER_SOCKET_QUEUE: socket.queue")
+
+
+def test_metrics_port_in_use_is_one_line_before_probes_attach(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with port_in_use() as port:
+        assert run_with(tmp_path, {"metrics.listen": f"127.0.0.1:{port}"}) == 2
+    assert_one_line(capsys.readouterr().err, "metrics.listen: ", "Address already in use")
+
+
+def good_settings(tmp_path: Path, port: int) -> dict[str, Any]:
+    cgroup = tmp_path / "cg"
+    cgroup.mkdir()
+    (cgroup / "cgroup.procs").touch()
+    return {
+        "socket.queue": 1,
+        "log.keep": 0,
+        "probes.enable": ["+faults"],
+        "probes.thresholds": {"sched.offcpu": "1h", "irq.stolen": 1},
+        "watch.pids": [1],
+        "watch.cgroups": [str(cgroup)],
+        "record.path": str(tmp_path / "traces"),  # made at start: its parent exists
+        "metrics.listen": f"[::1]:{port}",
+    }
+
+
+def free_port(family: socket.AddressFamily, host: str) -> int:
+    with socket.socket(family) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_good_settings_are_accepted_and_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port(socket.AF_INET6, "::1")
+    good = good_settings(tmp_path, port)
+    assert run_with(tmp_path, good, "--print-config", "--json") == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["metrics.listen"]["value"] == f"[::1]:{port}"
+    assert shown["probes.thresholds"]["value"] == [
+        ["irq.stolen", 1],
+        ["sched.offcpu", 3_600_000_000_000],
+    ]
+    with pytest.raises(Attached):  # every check passed: the daemon went on to start
+        run_with(tmp_path, good)
+    with pytest.raises(Attached):
+        run_with(tmp_path, {"metrics.listen": f":{free_port(socket.AF_INET, '127.0.0.1')}"})
+
+
+# Other commands take the same options; each is refused before its probes are started.
+OTHERS = [
+    (("probe", "sched", "-p", "-1"), "--pid"),
+    (("probe", "sched", "-t", "sched.offcpu=2h"), "--threshold"),
+    (("probe", "sched", "-t", "sched.nope=1ms"), "'nope'"),
+    (("probe", "sched", "--cgroup", MISSING), "not a cgroup directory"),
+    (("probe", "sched", "--topology-override", MISSING), "No such file"),
+    (("record", "-o", MISSING + "/x.gjtrace"), "does not exist"),
+    (("record", "-o", MISSING + "/traces", "--rotate-size", "1M"), "does not exist"),
+    (("record", "-o", "{tmp}/x.gjtrace", "-p", "99999999999"), "--pid"),
+    (("gaps", "--no-nvml", "-p", "0"), "--pid"),
+    (("top", "--embedded", "-p", "-1"), "--pid"),
+]
+
+
+@pytest.mark.parametrize(("argv", "said"), OTHERS)
+def test_other_commands_check_the_same_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], said: str
+) -> None:
+    assert cli.main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpujitter {argv[0]}: error: ") and err.count("\n") == 1, err
+    assert said in err, err
