@@ -119,6 +119,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("socket.mode", _mode, 0o660, "socket file mode"),
     Setting("socket.queue", _int, 4096, "messages queued per client before dropping"),
     Setting("metrics.listen", _str, "", "Prometheus metrics on HOST:PORT (empty: off)"),
+    Setting(
+        "state.dir",
+        _str,
+        "/var/lib/gpujitter",
+        "what the daemon learns and keeps across restarts: each GPU's idle power (empty: none)",
+    ),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 

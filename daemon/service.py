@@ -6,6 +6,9 @@ to the JSON-lines log and the console. Once a second: health, footprint, watchdo
 Signals: SIGTERM/SIGINT stop cleanly (pending gaps are attributed, files closed);
 SIGHUP reopens the log and starts a new trace file (logrotate). sd_notify: READY only once
 the probes are attached, WATCHDOG from the main loop, RELOADING/READY around SIGHUP.
+Each GPU's proven idle power is kept in the state directory (daemon/idle_floors.py): read at
+start, into the analysis settings the trace header carries; written when the detector
+proves a new one.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import psutil
 from gpujitter import __version__
 from gpujitter.daemon.config import Config
 from gpujitter.daemon.describe import one_line
+from gpujitter.daemon.idle_floors import FILE_NAME, IdleFloorStore
 from gpujitter.daemon.jsonlog import JsonLog
 from gpujitter.daemon.metrics import DaemonMetrics
 from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
@@ -42,6 +46,7 @@ from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import Event, ProbeStatus, to_record
+from gpujitter.probes.nvml import GpuInfo
 from gpujitter.probes.sources import EvidenceSources
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
@@ -125,6 +130,7 @@ class Daemon:
         self.log: JsonLog | None = None
         self.recorder: TraceRecorder | None = None
         self.stream: StreamServer | None = None
+        self.floors: IdleFloorStore | None = None
 
     # -- signals ----------------------------------------------------------------------
 
@@ -162,6 +168,7 @@ class Daemon:
                 analysis = replace(
                     analysis,
                     engine=replace(analysis.engine, gpu_bus_ids=sources.gpu_bus_ids()),
+                    idle_floors_w=self._kept_floors(sources.gpus),
                 )
                 self.pipeline = Pipeline(self.topology, analysis)
                 self.state = NodeState(self.topology, sources.gpus)
@@ -181,8 +188,29 @@ class Daemon:
             self._drain()
             for out in self.pipeline.flush():
                 self._finding(out)
+            self._keep_floors()
         self.notifier.close()
         return 0
+
+    def _kept_floors(self, gpus: list[GpuInfo]) -> dict[int, float]:
+        state_dir = self.config["state.dir"]
+        if not (state_dir and gpus):
+            return {}
+        self.floors = IdleFloorStore(Path(state_dir) / FILE_NAME, gpus)
+        floors, note = self.floors.load()
+        if note:
+            print(f"gpujitter: {note}", file=sys.stderr, flush=True)
+        return floors
+
+    def _keep_floors(self) -> None:
+        if self.floors is None:
+            return
+        try:
+            self.floors.save(self.pipeline.detector.idle_floors())
+        except OSError as err:
+            print(f"gpujitter: cannot keep GPU idle floors in {self.floors.path}: "
+                  f"{err.strerror}; not trying again", file=sys.stderr, flush=True)  # fmt: skip
+            self.floors = None
 
     def _open_sinks(
         self, stack: contextlib.ExitStack, clock: Any, analysis: AnalysisConfig
@@ -304,6 +332,7 @@ class Daemon:
             self.metrics.observe_stream(self.stream.clients, self.stream.dropped_total)
         if self.recorder is not None:
             self.recorder.tick(now)
+        self._keep_floors()
 
     def _reopen(self) -> None:
         """SIGHUP: reopen the log (after logrotate moved it) and start a new trace file."""
