@@ -224,6 +224,12 @@ SETTINGS: tuple[Setting, ...] = (
         "messages queued per client before dropping",
     ),
     Setting("metrics.listen", _listen, "", "Prometheus metrics on HOST:PORT (empty: off)"),
+    Setting(
+        "state.dir",
+        _str,
+        "/var/lib/gpujitter",
+        "what the daemon learns and keeps across restarts: each GPU's idle power (empty: none)",
+    ),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 

@@ -8,7 +8,10 @@ Evidence, finest first (docs/gpu.md):
   drained then: µs placement) or a launch (the GPU may have run queued work for a while
   after it: the start is uncertain). Time blocked in a sync is GPU busy and never part of a
   stretch. With several processes on one GPU, a gap is where all of them were quiet.
-- power (GpuSample "power", 20 ms on the H200): samples near the GPU's idle floor.
+- power (GpuSample "power", 20 ms on the H200): samples near the GPU's idle floor, once
+  that floor is known from evidence: power samples inside a utilisation window that read 0 %,
+  or a floor such evidence gave an earlier run (`idle_floors`). Until then power says nothing:
+  a GPU busy since the detector started swings and dips within its busy range.
 - util (GpuSample "util", 200 ms duty cycle): periods with 0 % busy.
 
 A host-side gap is confirmed or contradicted by the NVML samples inside it; NVML-only gaps
@@ -21,7 +24,7 @@ early in a run). Every gap names its sources, resolution and confidence.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpujitter.daemon.records import GpuGap
@@ -41,7 +44,8 @@ class GapConfig:
     # returns some µs away from the host's view of it.
     cuda_resolution_ns: int = 50_000
     # A power sample counts as idle below this fraction of the way from the GPU's idle floor
-    # to its busy level (the lowest and highest power seen): board power follows activity
+    # (its evidenced idle power) to its busy level (the highest power seen): board power
+    # follows activity
     # with a lag and smoothing of ~20 ms (docs/gpu.md), so the samples inside a 50 ms gap sit
     # between the two, not at the floor ...
     power_idle_fraction: float = 0.5
@@ -79,8 +83,9 @@ class _GpuState:
     pids: tuple[int, ...] = ()
     power: deque[GpuSample] = field(default_factory=deque)
     util: deque[GpuSample] = field(default_factory=deque)
-    power_floor: float | None = None
+    idle_floor: float | None = None  # lowest power proven idle (a 0 % utilisation window)
     power_peak: float | None = None
+    idle_windows: deque[GpuSample] = field(default_factory=deque)  # utilisation at 0 %
     power_run: list[GpuSample] = field(default_factory=list)  # current run of idle samples
     util_run: list[GpuSample] = field(default_factory=list)
     nvml_only: list[_Candidate] = field(default_factory=list)
@@ -91,10 +96,17 @@ class _GpuState:
 
 
 class GapDetector:
-    def __init__(self, config: GapConfig | None = None) -> None:
+    """idle_floors: GPU index -> idle power (W) that evidence gave an earlier run of this
+    GPU's board (the daemon's state directory; the trace header carries it to replays)."""
+
+    def __init__(
+        self, config: GapConfig | None = None, idle_floors: Mapping[int, float] | None = None
+    ) -> None:
         self.config = config or GapConfig()
         self.now_ns = 0
         self.gpus: dict[int, _GpuState] = {}
+        for index, watts in (idle_floors or {}).items():
+            self.gpu(index).idle_floor = watts
         self.pending: list[_Candidate] = []
         self.last_call: dict[int, int] = {}  # tgid -> end of its latest traced call
         self.quiet: dict[int, deque[_Quiet]] = {}  # tgid -> recent quiet stretches
@@ -104,6 +116,12 @@ class GapDetector:
         if index not in self.gpus:
             self.gpus[index] = _GpuState()
         return self.gpus[index]
+
+    def idle_floors(self) -> dict[int, float]:
+        """GPU index -> its evidenced idle power (W), for the GPUs where one is known."""
+        return {
+            i: st.idle_floor for i, st in sorted(self.gpus.items()) if st.idle_floor is not None
+        }
 
     def gpus_of(self, tgid: int) -> list[int]:
         found = [g for g, st in sorted(self.gpus.items()) if tgid in st.pids]
@@ -186,26 +204,52 @@ class GapDetector:
         cfg = self.config
         if ev.metric == "power":
             st.power.append(ev)
-            st.power_floor = ev.value if st.power_floor is None else min(st.power_floor, ev.value)
             st.power_peak = ev.value if st.power_peak is None else max(st.power_peak, ev.value)
+            self._learn_floor(st, [ev], st.idle_windows)
             idle = self._power_idle(st, ev)
             self._extend_run(st, st.power_run, ev, idle, cfg.power_min_samples)
         else:
             st.util.append(ev)
+            if ev.value <= 0.0:
+                st.idle_windows.append(ev)
+                self._learn_floor(st, st.power, [ev])
             self._extend_run(st, st.util_run, ev, ev.value <= 0.0, 1)
         horizon = self.now_ns - cfg.history_ns
         for samples in (st.power, st.util):
             while samples and samples[0].ts_ns < horizon:
                 samples.popleft()
+        # The power samples of a window arrive within a poll or two of it (500 ms each).
+        while st.idle_windows and st.idle_windows[0].ts_ns < self.now_ns - cfg.settle_ns:
+            st.idle_windows.popleft()
+
+    @staticmethod
+    def _learn_floor(
+        st: _GpuState, power: Iterable[GpuSample], windows: Iterable[GpuSample]
+    ) -> None:
+        """Power samples lying wholly inside a utilisation window that read 0 % were taken
+        while the GPU ran nothing: the lowest of them is its idle floor. Either may arrive
+        first (the sampler reads utilisation, then power, each up to the time of reading)."""
+        proven = [
+            s.value
+            for w in windows
+            for s in power
+            if w.ts_ns <= s.ts_ns and s.ts_ns + s.period_ns <= w.ts_ns + w.period_ns
+        ]
+        if st.idle_floor is not None:
+            proven.append(st.idle_floor)
+        if proven:
+            st.idle_floor = min(proven)
 
     def _power_idle(self, st: _GpuState, s: GpuSample) -> bool | None:
-        """Idle, busy, or None while the GPU has not shown how far apart those are."""
-        if st.power_floor is None or st.power_peak is None:
+        """Idle, busy, or None while the GPU has not shown how far apart those are: its idle
+        floor proven, and a busy level well above it. The lowest power seen is no floor: a
+        GPU busy since the start dips within its busy range (the H200 from ~720 W to ~490 W)."""
+        if st.idle_floor is None or st.power_peak is None:
             return None
-        swing = st.power_peak - st.power_floor
+        swing = st.power_peak - st.idle_floor
         if swing < self.config.power_min_swing_w:
             return None
-        return s.value < st.power_floor + self.config.power_idle_fraction * swing
+        return s.value < st.idle_floor + self.config.power_idle_fraction * swing
 
     def _extend_run(
         self,

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
+from gpujitter.daemon.config import parse_listen
 from gpujitter.daemon.metrics_server import CONNECTION_TIMEOUT_S, MetricsServer
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import ProbeStatus
@@ -105,14 +106,14 @@ class DaemonMetrics:
     def serve(self, listen: str, *, timeout_s: float = CONNECTION_TIMEOUT_S) -> None:
         """Serve /metrics on HOST:PORT ([::1]:PORT for IPv6) from a background thread; a
         listen address that cannot be bound is a GpujitterError at once."""
-        host, sep, port = listen.rpartition(":")
-        if not sep or not port.isdigit() or int(port) > 65535:
-            raise GpujitterError(f"metrics.listen {listen!r}: want HOST:PORT, e.g. 127.0.0.1:9464")
-        host = host.removeprefix("[").removesuffix("]") or "127.0.0.1"
+        try:
+            host, port = parse_listen(listen)
+        except ValueError as err:
+            raise GpujitterError(f"metrics.listen {listen!r}: {err}") from None
         try:
             server = MetricsServer(
                 host,
-                int(port),
+                port,
                 self.exposition,
                 closed=lambda reason: self.http_closed.labels(reason=reason).inc(),
                 timeout_s=timeout_s,

@@ -1,8 +1,9 @@
 """Events in, findings out: gap detection, then attribution of each gap. The daemon, `report`,
 drills and the TUI's embedded and replay modes all run this one path, so the attributions of
 one event stream are the same live and replayed. Both stages are pure functions of the
-stream; their configuration travels in the trace header (AnalysisConfig) so that a replay
-runs with what was in force live.
+stream; their configuration, and the GPUs' idle floors the daemon started with (kept from an
+earlier run), travel in the trace header (AnalysisConfig) so that a replay runs with what was
+in force live.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ from gpujitter.probes.topology import Topology
 class AnalysisConfig:
     gaps: GapConfig = field(default_factory=GapConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # GPU index -> idle power (W) an earlier run proved for its board (daemon/idle_floors.py).
+    idle_floors_w: Mapping[int, float] = field(default_factory=dict)
 
     def to_record(self) -> dict[str, Any]:
         engine = dataclasses.asdict(self.engine)
         engine["gpu_bus_ids"] = {str(k): v for k, v in self.engine.gpu_bus_ids.items()}
-        return {"gaps": dataclasses.asdict(self.gaps), "engine": engine}
+        floors = {str(k): v for k, v in self.idle_floors_w.items()}
+        return {"gaps": dataclasses.asdict(self.gaps), "engine": engine, "idle_floors_w": floors}
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> AnalysisConfig:
@@ -38,7 +42,8 @@ class AnalysisConfig:
             engine["gpu_bus_ids"] = {
                 int(k): str(v) for k, v in engine.get("gpu_bus_ids", {}).items()
             }
-            return cls(gaps=GapConfig(**gaps), engine=EngineConfig(**engine))
+            floors = {int(k): float(v) for k, v in rec.get("idle_floors_w", {}).items()}
+            return cls(gaps=GapConfig(**gaps), engine=EngineConfig(**engine), idle_floors_w=floors)
         except (TypeError, ValueError, AttributeError) as err:
             raise GpujitterError(f"bad analysis settings in trace header: {err}") from None
 
@@ -51,7 +56,7 @@ def _known(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
 class Pipeline:
     def __init__(self, topology: Topology, config: AnalysisConfig | None = None) -> None:
         self.config = config or AnalysisConfig()
-        self.detector = GapDetector(self.config.gaps)
+        self.detector = GapDetector(self.config.gaps, self.config.idle_floors_w)
         self.engine = Engine(topology, self.config.engine)
 
     def feed(self, ev: Event) -> list[Event]:

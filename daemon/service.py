@@ -10,6 +10,10 @@ the probes are attached, WATCHDOG from the main loop, RELOADING/READY around SIG
 Nothing the main thread writes to can stop it: the console has a writer thread of its own,
 the stream and sd_notify sockets are non-blocking, and the file sinks drop and count what a
 failing disk refuses (daemon/diskfull.py) instead of raising.
+
+Each GPU's proven idle power is kept in the state directory (daemon/idle_floors.py): read at
+start, into the analysis settings the trace header carries; written when the detector
+proves a new one.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ import orjson
 import psutil
 
 from gpujitter import __version__
-from gpujitter.daemon.config import Config, check_node, parse_listen, thresholds_by_probe
+from gpujitter.daemon.config import Config, check_node, thresholds_by_probe
 from gpujitter.daemon.describe import one_line
+from gpujitter.daemon.idle_floors import FILE_NAME, IdleFloorStore
 from gpujitter.daemon.jsonlog import JsonLog
 from gpujitter.daemon.metrics import DaemonMetrics
 from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
@@ -47,6 +52,7 @@ from gpujitter.daemon.trace import TraceHeader
 from gpujitter.probes import registry
 from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import Event, ProbeStatus, to_record
+from gpujitter.probes.nvml import GpuInfo
 from gpujitter.probes.sources import EvidenceSources
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
@@ -158,6 +164,7 @@ class Daemon:
         self.recorder: TraceRecorder | None = None
         self.stream: StreamServer | None = None
         self.attributions = 0  # made since start: each is logged or counted as dropped
+        self.floors: IdleFloorStore | None = None
 
     # -- signals ----------------------------------------------------------------------
 
@@ -199,6 +206,7 @@ class Daemon:
                 analysis = replace(
                     analysis,
                     engine=replace(analysis.engine, gpu_bus_ids=sources.gpu_bus_ids()),
+                    idle_floors_w=self._kept_floors(sources.gpus),
                 )
                 self.pipeline = Pipeline(self.topology, analysis)
                 self.state = NodeState(self.topology, sources.gpus)
@@ -218,10 +226,31 @@ class Daemon:
             self._drain()
             for out in self.pipeline.flush():
                 self._finding(out)
+            self._keep_floors()
         self.notifier.close()
         if self.console is not None:
             self.console.close()
         return 0
+
+    def _kept_floors(self, gpus: list[GpuInfo]) -> dict[int, float]:
+        state_dir = self.config["state.dir"]
+        if not (state_dir and gpus):
+            return {}
+        self.floors = IdleFloorStore(Path(state_dir) / FILE_NAME, gpus)
+        floors, note = self.floors.load()
+        if note:
+            self._say(note)
+        return floors
+
+    def _keep_floors(self) -> None:
+        if self.floors is None:
+            return
+        try:
+            self.floors.save(self.pipeline.detector.idle_floors())
+        except OSError as err:
+            self._say(f"cannot keep GPU idle floors in {self.floors.path}: {err.strerror}; "
+                      "not trying again")  # fmt: skip
+            self.floors = None
 
     def _open_sinks(
         self, stack: contextlib.ExitStack, clock: Any, analysis: AnalysisConfig
@@ -252,9 +281,7 @@ class Daemon:
             ).start()
             stack.callback(self.stream.close)
         if cfg["metrics.listen"]:
-            # serve() splits at the last colon: an IPv6 host goes without its brackets.
-            host, port = parse_listen(cfg["metrics.listen"])
-            self.metrics.serve(f"{host}:{port}")
+            self.metrics.serve(cfg["metrics.listen"])
 
     def _hello(self, clock: Any) -> dict[str, Any]:
         return {
@@ -356,6 +383,7 @@ class Daemon:
             self.metrics.observe_stream(self.stream.clients, self.stream.dropped_total)
         if self.recorder is not None:
             self.recorder.tick(now)
+        self._keep_floors()
 
     def _reopen(self) -> None:
         """SIGHUP: reopen the log (after logrotate moved it) and start a new trace file."""

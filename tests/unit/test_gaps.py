@@ -180,3 +180,60 @@ def test_power_dips_while_syncs_wait_on_the_gpu_are_no_gap() -> None:
     unseen = [e for e in dip if not isinstance(e, CudaCall)]
     (gap,) = GapDetector().feed_all(unseen)
     assert gap.sources == ("power",) and 60 * MS < gap.end_ns - gap.ts_ns < 100 * MS
+
+
+# -- a daemon attached to a GPU already busy (issue 11): power alone proves nothing until the
+# detector knows, from evidence, what this GPU's idle power is.
+
+
+def nvml_only(events: list[Event], attached_ns: int) -> list[Event]:
+    """What a detector started at `attached_ns` sees of a recording, without the traced
+    calls (a feeder the tracer does not see, or whose syncs are too short to prove it busy)."""
+    return [e for e in events if e.ts_ns >= attached_ns and not isinstance(e, CudaCall)]
+
+
+def test_attached_under_a_busy_gpu_power_dips_are_no_gap() -> None:
+    # Attached 100 ms into the drill's loop: the GPU never idled since, and its 80 ms dip
+    # from ~720 W to ~490 W lies below the midpoint of the lowest and highest power seen.
+    dip = [from_record(orjson.loads(line)) for line in POWER_DIP.read_bytes().splitlines()]
+    assert GapDetector().feed_all(nvml_only(dip, POWER_DIP_GO_NS + 100 * MS)) == []
+
+
+def busy_before_idles(truth: list[dict], index: int) -> int:
+    """100 ms into the `index`th busy 1.5 s stretch of the proof run."""
+    return [t for t in truth if t["cmd"] == "busy"][index]["t0"] + 100 * MS
+
+
+def test_once_the_gpu_idled_real_gaps_are_found_by_power_alone(
+    stream: list[Event], truth: list[dict]
+) -> None:
+    # Attached under load; 1.4 s later the workload idles 1.5 s (utilisation reads 0 %),
+    # which shows the detector this GPU's idle power: the later stalls are found in power.
+    gaps = GapDetector().feed_all(nvml_only(stream, busy_before_idles(truth, 2)))
+    later = [t for t in truth if t["cmd"] == "stall" and t["arg"] == "faults"]
+    idle = next(t for t in truth if t["cmd"] == "idle" and t["t0"] > busy_before_idles(truth, 2))
+    for t in [idle, *later]:
+        (gap,) = [g for g in gaps if g.ts_ns < t["t1"] and t["t0"] < g.end_ns]
+        assert abs(gap.ts_ns - t["t0"]) <= 60 * MS and abs(gap.end_ns - t["t1"]) <= 60 * MS, t
+    assert {g.sources for g in gaps} == {("util",), ("power",)}
+
+
+def test_a_floor_kept_from_a_previous_run_lets_power_find_real_gaps(
+    stream: list[Event], truth: list[dict]
+) -> None:
+    # Restarted under load after the GPU's last idle: the stalls that follow (sleeps and page
+    # fault storms, the GPU really idle) show only in power.
+    restart = busy_before_idles(truth, 3)
+    previous = GapDetector()
+    previous.feed_all([e for e in stream if e.ts_ns < restart])
+    floors = previous.idle_floors()
+    assert list(floors) == [0] and 110 < floors[0] < 130  # the H200's idle board power
+    assert GapDetector().feed_all(nvml_only(stream, restart)) == []  # not claimed unproven
+    gaps = GapDetector(idle_floors=floors).feed_all(nvml_only(stream, restart))
+    # The same gaps as a detector that ran all along.
+    always = GapDetector().feed_all(nvml_only(stream, 0))
+    assert gaps == [g for g in always if g.ts_ns >= restart] and len(gaps) == 5
+    for gap in gaps:
+        assert gap.sources == ("power",)
+        assert any(t["cmd"] == "stall" and t["t0"] < gap.end_ns and gap.ts_ns < t["t1"]
+                   for t in truth)  # fmt: skip
