@@ -17,10 +17,13 @@ import orjson
 import pytest
 
 from gpujitter.cli import build_parser, main, report, trace
+from gpujitter.daemon.jsonlog import JsonLog
 from gpujitter.daemon.pipeline import AnalysisConfig
 from gpujitter.daemon.trace import PREAMBLE_SIZE, TraceWriter, frame, preamble
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import Event, from_record, to_record
+from gpujitter.tui.model import NodeModel
+from gpujitter.tui.sources.replay import load_recording
 from tests.unit.trace_samples import every_kind, header
 
 REAL_EVENTS = Path(__file__).parents[1] / "fixtures" / "gaps" / "h200-power-dip-events.ndjson"
@@ -166,4 +169,36 @@ def test_fuzzed_field_types_in_a_trace_end_in_a_report_or_one_line(tmp_path: Pat
                 continue
             if rc not in (0, 1, 2) or "\n" in err:
                 failures.append(f"{command} record {index} {what}: {rc}, {err!r}")
+    assert not failures, f"{len(failures)} failures, e.g. " + "\n".join(failures[:20])
+
+
+def test_fuzzed_field_types_in_an_attribution_log_are_refused_not_shown(tmp_path: Path) -> None:
+    log = tmp_path / "attributions.jsonl"
+    with JsonLog(log) as w:
+        for ev in every_kind():
+            if ev.KIND in ("gpu.gap", "gpu.attribution"):
+                w.write(ev)
+    lines = log.read_bytes().splitlines(keepends=True)
+    rng = random.Random(7)
+    path = tmp_path / "fuzz.jsonl"
+    failures = []
+    for _ in range(500):
+        index = rng.randrange(len(lines))
+        rec, what = mutate(orjson.loads(lines[index]), rng)
+        path.write_bytes(
+            b"".join([*lines[:index], json.dumps(rec).encode() + b"\n", *lines[index + 1 :]])
+        )
+        try:
+            scene, rest = load_recording(path)
+        except GpujitterError as err:
+            if "\n" in str(err):
+                failures.append(f"line {index + 1} {what}: not one line: {err}")
+            continue
+        except Exception as exc:
+            failures.append(f"line {index + 1} {what}: {type(exc).__name__}: {exc}")
+            continue
+        model = NodeModel()
+        model.apply_all([*scene, *rest])
+        if any("malformed" in k for k in model.ignored):
+            failures.append(f"line {index + 1} {what}: dropped without a word: {model.ignored}")
     assert not failures, f"{len(failures)} failures, e.g. " + "\n".join(failures[:20])
