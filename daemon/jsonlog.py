@@ -27,10 +27,20 @@ import orjson
 from gpujitter.daemon.diskfull import WriteFailures, no_room, to_stderr
 from gpujitter.daemon.rotation import Rotation, fsync_dir
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import SCHEMA_MAJOR, Event, to_record
+from gpujitter.probes.events import (
+    SCHEMA_MAJOR,
+    BadRecord,
+    Event,
+    event_kinds,
+    from_record,
+    to_record,
+)
 
 LOG_SCHEMA = f"gpujitter.attribution/{SCHEMA_MAJOR}"
 DROPPED = "log.dropped"  # the record that says how many records a failing disk cost
+# Past any record the daemon writes (an attribution lists a bounded number of threads and
+# evidence): a longer run without a newline is damage, not a torn last line.
+MAX_LINE_BYTES = 1 << 20
 _TAIL_CHUNK = 1 << 16
 
 
@@ -207,15 +217,26 @@ class JsonLog:
 
 
 class JsonLogReader:
-    """Reads a log (and its rotated files, oldest first, with `rotated=True`) line by line.
-    A torn last line of a file is skipped and counted in `torn_bytes`; a broken line
-    elsewhere, or a record of another schema major, raises GpujitterError with one line."""
+    """Reads JSON lines that name their schema: the attribution log (and its rotated files,
+    oldest first, with `rotated=True`), each line naming it; or, given `stream_schema`, also
+    a captured socket stream, whose first line (the hello) names it for the lines after it.
+    A torn last line of a file (no newline, at most MAX_LINE_BYTES) is skipped and counted
+    in `torn_bytes`. A broken line elsewhere, a longer run without a newline, a record of
+    another schema, or a record of an event kind with a field of the wrong type raises
+    GpujitterError with one line."""
 
-    def __init__(self, path: str | Path, *, rotated: bool = False, schema: str = LOG_SCHEMA):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        rotated: bool = False,
+        schema: str = LOG_SCHEMA,
+        stream_schema: str | None = None,
+    ):
         self.path = Path(path)
         self.files = rotated_files(self.path) if rotated else [self.path]
-        self.schema_prefix = schema.rsplit("/", 1)[0] + "/"
-        self.major = schema.rsplit("/", 1)[1]
+        self.schema = schema
+        self.stream_schema = stream_schema
         self.torn_bytes = 0
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -228,24 +249,48 @@ class JsonLogReader:
             f = open(path, "rb")  # noqa: SIM115 (closed below, also when the caller stops)
         except OSError as err:
             raise GpujitterError(f"cannot open log {path}: {err.strerror}") from None
+        schema, named_once = self.schema, False
         with f:
-            for lineno, line in enumerate(f, start=1):
+            for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+                where = f"{path}:{lineno}"
                 if not line.endswith(b"\n"):
+                    if len(line) > MAX_LINE_BYTES:
+                        raise GpujitterError(
+                            f"{where}: over {MAX_LINE_BYTES} bytes without a newline, longer "
+                            "than any record; the log is damaged"
+                        )
                     self.torn_bytes += len(line)
                     return
-                yield self._parse(path, lineno, line)
+                rec = _json_line(where, line)
+                if lineno == 1 and self.stream_schema and _names(rec, self.stream_schema):
+                    schema, named_once = self.stream_schema, True
+                if not (named_once and isinstance(rec, dict) and "schema" not in rec):
+                    _check_schema(where, rec, schema)
+                if rec.get("type") in event_kinds():
+                    try:
+                        from_record(rec)
+                    except BadRecord as err:
+                        raise GpujitterError(f"{where}: {err}") from None
+                yield rec
 
-    def _parse(self, path: Path, lineno: int, line: bytes) -> dict[str, Any]:
-        try:
-            rec = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            raise GpujitterError(f"{path}:{lineno}: not a JSON line; the log is damaged") from None
-        schema = rec.get("schema") if isinstance(rec, dict) else None
-        if not isinstance(schema, str) or not schema.startswith(self.schema_prefix):
-            raise GpujitterError(f"{path}:{lineno}: not a {self.schema_prefix}N record")
-        if schema[len(self.schema_prefix) :] != self.major:
-            raise GpujitterError(
-                f"{path}:{lineno}: record of schema {schema}; this gpujitter reads "
-                f"{self.schema_prefix}{self.major}"
-            )
-        return dict(rec)
+
+def _json_line(where: str, line: bytes) -> Any:
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise GpujitterError(f"{where}: not a JSON line; the log is damaged") from None
+
+
+def _names(rec: Any, schema: str) -> bool:
+    """Whether the record is an object that names `schema`, in any major."""
+    got = rec.get("schema") if isinstance(rec, dict) else None
+    return isinstance(got, str) and got.startswith(schema.rsplit("/", 1)[0] + "/")
+
+
+def _check_schema(where: str, rec: Any, schema: str) -> None:
+    if not _names(rec, schema):
+        raise GpujitterError(f"{where}: not a {schema.rsplit('/', 1)[0]}/N record")
+    if rec["schema"] != schema:
+        raise GpujitterError(
+            f"{where}: record of schema {rec['schema']}; this gpujitter reads {schema}"
+        )

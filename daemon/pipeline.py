@@ -16,7 +16,7 @@ from typing import Any
 from gpujitter.daemon.engine.engine import Engine, EngineConfig
 from gpujitter.daemon.gaps import GapConfig, GapDetector
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import Event
+from gpujitter.probes.events import BadRecord, Event, typed
 from gpujitter.probes.topology import Topology
 
 
@@ -35,22 +35,19 @@ class AnalysisConfig:
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> AnalysisConfig:
-        """Settings a newer version added are ignored; missing ones take their defaults."""
+        """Settings a newer version added are ignored; missing ones take their defaults; one
+        of the wrong type is refused, named."""
         try:
-            gaps = _known(GapConfig, rec.get("gaps", {}))
-            engine = _known(EngineConfig, rec.get("engine", {}))
-            engine["gpu_bus_ids"] = {
-                int(k): str(v) for k, v in engine.get("gpu_bus_ids", {}).items()
-            }
-            floors = {int(k): float(v) for k, v in rec.get("idle_floors_w", {}).items()}
-            return cls(gaps=GapConfig(**gaps), engine=EngineConfig(**engine), idle_floors_w=floors)
-        except (TypeError, ValueError, AttributeError) as err:
+            config = typed(cls, rec)
+        except BadRecord as err:
             raise GpujitterError(f"bad analysis settings in trace header: {err}") from None
-
-
-def _known(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in values.items() if k in names}
+        # EngineConfig checks its own values; GapConfig does not yet, and the detector
+        # indexes its run of idle samples by this count.
+        if config.gaps.power_min_samples < 1:
+            raise GpujitterError(
+                "bad analysis settings in trace header: gaps.power_min_samples must be at least 1"
+            )
+        return config
 
 
 class Pipeline:

@@ -4,8 +4,7 @@ log, the socket stream and replay all use one serialisation."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from gpujitter.probes.events import Event, event_kind
 
@@ -177,6 +176,7 @@ class ReasonEvidence:
     what: str = "reason"
 
 
+# A tagged union: a record read back picks its member by "what" (probes/events.py TAG).
 Evidence = (
     IrqEvidence
     | TaskEvidence
@@ -188,36 +188,6 @@ Evidence = (
     | NodeEvidence
     | ReasonEvidence
 )
-_EVIDENCE: dict[str, type] = {
-    str(cls.__dataclass_fields__["what"].default): cls
-    for cls in (
-        IrqEvidence,
-        TaskEvidence,
-        MigrationEvidence,
-        IdleEvidence,
-        SyscallEvidence,
-        FaultEvidence,
-        AllocEvidence,
-        NodeEvidence,
-        ReasonEvidence,
-    )
-}
-
-
-def _rebuild(value: Any, cls: type | None = None) -> Any:
-    """A nested record back from its JSON form (from_record hands the outer record dicts and
-    lists): fields it does not know are dropped, lists become tuples."""
-    if not isinstance(value, dict):
-        return value
-    cls = cls or _EVIDENCE.get(value.get("what", ""))
-    if cls is None:
-        raise ValueError(f"unknown evidence {value.get('what')!r}")
-    names = {f.name for f in fields(cls)}
-    return cls(**{k: _tuples(v) for k, v in value.items() if k in names})
-
-
-def _tuples(value: Any) -> Any:
-    return tuple(_tuples(v) for v in value) if isinstance(value, list | tuple) else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +198,6 @@ class Part:
     ns: int
     tids: tuple[int, ...] = ()
     evidence: tuple[Evidence, ...] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "evidence", tuple(_rebuild(e) for e in self.evidence))
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,10 +242,6 @@ class Attribution(Event):
     threads: tuple[ThreadRole, ...] = ()
     remedies: tuple[str, ...] = ()
     probes_off: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "parts", tuple(_rebuild(p, Part) for p in self.parts))
-        object.__setattr__(self, "threads", tuple(_rebuild(t, ThreadRole) for t in self.threads))
 
     @property
     def dur_ns(self) -> int:

@@ -35,12 +35,13 @@ from gpujitter.probes.clock import clock_ref, wall_ns
 from gpujitter.probes.events import (
     SCHEMA_MAJOR,
     SCHEMA_MINOR,
+    BadRecord,
     ClockRef,
     Event,
-    UnknownEvent,
     event_kinds,
     from_record,
     to_record,
+    typed,
 )
 from gpujitter.probes.topology import Topology
 
@@ -144,26 +145,31 @@ class TraceHeader:
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> TraceHeader:
-        """Inverse of to_record; keys a newer minor version added are ignored. Raises
-        ValueError, KeyError or TypeError on a malformed header (the reader words them)."""
-        major, minor = (int(v) for v in rec["schema"])
-        clock = rec["clock"]
+        """Inverse of to_record, every key checked against its type; keys a newer minor
+        version added are ignored. Raises BadRecord naming the key that is missing or of the
+        wrong type (the reader words it)."""
+        rec = typed(dict[str, Any], rec)
+
+        def key(name: str, hint: Any, *default: Any) -> Any:
+            if name not in rec and not default:
+                raise BadRecord(f"no {name!r}")
+            return typed(hint, rec.get(name, *default), name)
+
+        schema = key("schema", tuple[int, int])  # first: another major may differ anywhere
         return cls(
-            host=str(rec["host"]),
-            kernel=str(rec["kernel"]),
-            topology=Topology.from_record(rec["topology"]),
-            clock=ClockRef(ts_ns=int(clock["ts_ns"]), realtime_ns=int(clock["realtime_ns"])),
-            start_ns=int(rec["start_ns"]),
-            probes=tuple(str(p) for p in rec["probes"]),
-            thresholds={
-                str(p): {str(k): int(v) for k, v in t.items()} for p, t in rec["thresholds"].items()
-            },
-            watch=str(rec.get("watch", "")),
-            gpujitter=str(rec["gpujitter"]),
-            schema=(major, minor),
-            session=str(rec.get("session", "")),
-            segment=int(rec.get("segment", 0)),
-            analysis=dict(rec.get("analysis") or {}),
+            host=key("host", str),
+            kernel=key("kernel", str),
+            topology=Topology.from_record(key("topology", dict[str, Any])),
+            clock=key("clock", ClockRef),
+            start_ns=key("start_ns", int),
+            probes=key("probes", tuple[str, ...]),
+            thresholds=key("thresholds", dict[str, dict[str, int]]),
+            watch=key("watch", str, ""),
+            gpujitter=key("gpujitter", str),
+            schema=schema,
+            session=key("session", str, ""),
+            segment=key("segment", int, 0),
+            analysis=key("analysis", dict[str, Any], {}),
         )
 
 
@@ -353,12 +359,11 @@ class TraceReader:
         if payload is None:
             raise GpujitterError(f"{self.path}: truncated trace header")
         try:
-            rec = orjson.loads(payload)
-            header = TraceHeader.from_record(rec)
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
-            why = f"no {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
-            what = f"malformed trace header ({why})"
-            raise self._fail(PREAMBLE_SIZE, what) from None
+            header = TraceHeader.from_record(orjson.loads(payload))
+        except orjson.JSONDecodeError as err:
+            raise self._fail(PREAMBLE_SIZE, f"malformed trace header (not JSON: {err})") from None
+        except BadRecord as err:
+            raise self._fail(PREAMBLE_SIZE, f"malformed trace header ({err})") from None
         if header.schema[0] != SCHEMA_MAJOR:
             raise GpujitterError(
                 f"{self.path}: events of schema {header.schema[0]}.{header.schema[1]} are not "
@@ -423,14 +428,14 @@ class TraceReader:
         kinds = event_kinds()
         self.records = 0
         self.skipped = Counter()
-        for offset, rec in self.raw():
+        for index, (offset, rec) in enumerate(self.raw()):
             if rec["type"] not in kinds:
                 self.skipped[rec["type"]] += 1
                 continue
             try:
                 ev = from_record(rec)
-            except UnknownEvent as err:
-                raise self._fail(offset, str(err)) from None
+            except BadRecord as err:
+                raise self._fail(offset, f"record {index}: {err}") from None
             self.records += 1
             yield ev
 

@@ -13,7 +13,11 @@ minor schema change; renaming or removing one, or changing a unit, is a major on
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import itertools
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
 SCHEMA_MAJOR = 1
@@ -21,7 +25,8 @@ SCHEMA_MINOR = 1
 
 _KINDS: dict[str, type[Event]] = {}
 _FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> field names
-_TUPLE_FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> fields JSON gives back as lists
+# Nested records of a union are told apart by this field (its default names the member).
+TAG = "what"
 
 E = TypeVar("E", bound="type[Event]")
 
@@ -35,9 +40,7 @@ def event_kind(name: str):
         cls.KIND = name
         _KINDS[name] = cls
         # Computed once per kind: dataclasses.fields() per event dominated trace reading.
-        fields = dataclasses.fields(cls)
-        _FIELDS[name] = tuple(f.name for f in fields)
-        _TUPLE_FIELDS[name] = tuple(f.name for f in fields if str(f.type).startswith("tuple"))
+        _FIELDS[name] = tuple(f.name for f in dataclasses.fields(cls))
         return cls
 
     return register
@@ -47,7 +50,7 @@ def event_kind(name: str):
 class Event:
     KIND: ClassVar[str] = ""
     # True for kinds whose fields hold dataclasses (the daemon's derived records): to_record
-    # then turns those into dicts, and the kind rebuilds them from dicts (and lists) itself.
+    # then turns those into dicts, and from_record builds them again from their annotations.
     NESTED: ClassVar[bool] = False
     ts_ns: int
 
@@ -74,32 +77,217 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class UnknownEvent(ValueError):
+class BadRecord(ValueError):
+    """A record that is not an event this version can build: its one-line reason."""
+
+
+class UnknownEvent(BadRecord):
     pass
 
 
 def from_record(rec: dict[str, Any]) -> Event:
-    """Inverse of to_record. Unknown fields are dropped (a newer minor version added them);
-    lists become tuples so that events stay hashable and compare equal after a round trip."""
+    """Inverse of to_record, checking every field against the kind's annotations (a record
+    read from a file or a socket is untrusted). Unknown fields are dropped (a newer minor
+    version added them); lists become tuples so that events stay hashable and compare equal
+    after a round trip. Raises UnknownEvent for a kind not registered, BadRecord for a
+    record that is not one of its kind, naming the field (e.g. parts[0].ns)."""
+    if not isinstance(rec, dict):
+        raise BadRecord(f"record is {_json_type(rec)}, not an object")
     kind = rec.get("type")
     cls = _KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise UnknownEvent(f"unknown event type {kind!r}")
-    names = _FIELDS[cls.KIND]
-    kwargs = {k: v for k, v in rec.items() if k in names}
-    for name in _TUPLE_FIELDS[cls.KIND]:
-        if name in kwargs:
-            kwargs[name] = _freeze(kwargs[name])
     try:
+        return typed(cls, rec)
+    except BadRecord as err:
+        raise BadRecord(f"bad {kind} record: {err}") from None
+
+
+def typed(hint: Any, value: Any, where: str = "") -> Any:
+    """`value` (as JSON gives it) checked against the annotation `hint`, and converted where
+    JSON cannot say the type: lists to tuples, objects to dataclasses, decimal keys of
+    dict[int, ...] to ints, ints to floats. Ints are ints, not bools or floats; strs and
+    bools likewise. Raises BadRecord naming the place (under `where`, e.g. "topology")."""
+    try:
+        return _check(hint)(value)
+    except _Misplaced as err:
+        raise err.at(where) if where else err from None
+
+
+Check = Callable[[Any], Any]
+_CHECKS: dict[Any, Check] = {}
+
+
+class _Misplaced(BadRecord):
+    """Raised where the wrong value sits; each enclosing check prefixes its place."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why, self.where = why, ""
+
+    def at(self, place: str) -> _Misplaced:
+        self.where = place + ("." if self.where[:1] not in ("", "[") else "") + self.where
+        return self
+
+    def __str__(self) -> str:
+        return f"{self.where or 'value'}: {self.why}"
+
+
+def _wrong(want: str, value: Any) -> _Misplaced:
+    return _Misplaced(f"want {want}, got {_json_type(value)}")
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "object"}
+    if value is None:
+        return "null"
+    return names.get(type(value), type(value).__name__)
+
+
+def _check(hint: Any) -> Check:
+    """The check for one annotation, built once and cached (reading a trace calls it per
+    field of every record)."""
+    check = _CHECKS.get(hint)
+    if check is None:
+        check = _CHECKS[hint] = _build(hint)
+    return check
+
+
+def _build(hint: Any) -> Check:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return lambda v: v
+    if hint in (int, str, bool):
+        return _exactly(hint)
+    if hint is float:
+        return _float
+    if origin is Literal:
+        return _exactly(type(args[0]))  # values a newer minor adds are kept, not refused
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return _items(_check(args[0]))
+    if origin is tuple:
+        return _row(tuple(_check(a) for a in args))
+    if origin in (dict, Mapping):
+        return _mapping(_int_key if args[0] is int else _check(args[0]), _check(args[1]))
+    if origin in (types.UnionType, typing.Union):
+        return _union(args)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _record(hint)
+    raise TypeError(f"no check for annotation {hint!r}")
+
+
+def _exactly(cls: type) -> Check:
+    want = _json_type(cls())
+
+    def check(v: Any) -> Any:
+        if type(v) is not cls:
+            raise _wrong(want, v)
+        return v
+
+    return check
+
+
+def _float(v: Any) -> float:
+    if type(v) not in (float, int):
+        raise _wrong("float", v)
+    return float(v)
+
+
+def _each(checks: Iterable[Check], values: Iterable[Any]) -> tuple[Any, ...]:
+    out = []
+    for i, (check, v) in enumerate(zip(checks, values, strict=False)):  # checks may repeat
+        try:
+            out.append(check(v))
+        except _Misplaced as err:
+            raise err.at(f"[{i}]") from None
+    return tuple(out)
+
+
+def _items(item: Check) -> Check:
+    def check(v: Any) -> tuple[Any, ...]:
+        if not isinstance(v, list | tuple):
+            raise _wrong("list", v)
+        return _each(itertools.repeat(item), v)
+
+    return check
+
+
+def _row(items: tuple[Check, ...]) -> Check:
+    def check(v: Any) -> tuple[Any, ...]:
+        if not isinstance(v, list | tuple) or len(v) != len(items):
+            raise _wrong(f"list of {len(items)}", v)
+        return _each(items, v)
+
+    return check
+
+
+def _int_key(k: Any) -> int:
+    """JSON object keys are strings: an int key is written in decimal."""
+    if type(k) is str and k.isascii() and k.removeprefix("-").isdigit():
+        return int(k)
+    raise _wrong("int key", k)
+
+
+def _mapping(key: Check, val: Check) -> Check:
+    def check(v: Any) -> dict[Any, Any]:
+        if not isinstance(v, dict):
+            raise _wrong("object", v)
+        out = {}
+        for k, x in v.items():
+            try:
+                out[key(k)] = val(x)
+            except _Misplaced as err:
+                raise err.at(str(k)) from None
+        return out
+
+    return check
+
+
+def _union(args: tuple[Any, ...]) -> Check:
+    optional = type(None) in args
+    members = [a for a in args if a is not type(None)]
+    if len(members) == 1:
+        one = _check(members[0])
+        return lambda v: None if v is None and optional else one(v)
+    if not all(dataclasses.is_dataclass(m) for m in members):
+        raise TypeError(f"a union of {args!r} has no tag to tell its members apart")
+    by_tag = {m.__dataclass_fields__[TAG].default: m for m in members}
+
+    def check(v: Any) -> Any:
+        if v is None and optional:
+            return None
+        tag = v.get(TAG) if isinstance(v, dict) else None
+        member = by_tag.get(tag) if isinstance(tag, str) else None
+        if member is None:
+            raise _Misplaced(f"want one of {', '.join(by_tag)}").at(TAG)
+        return _check(member)(v)
+
+    return check
+
+
+def _record(cls: type) -> Check:
+    hints = typing.get_type_hints(cls)
+    fields = [
+        (f.name, _check(hints[f.name]), f.default is MISSING and f.default_factory is MISSING)
+        for f in dataclasses.fields(cls)
+    ]
+    want = f"{cls.__name__} object"
+
+    def check(v: Any) -> Any:
+        if not isinstance(v, dict):
+            raise _wrong(want, v)
+        kwargs = {}
+        for name, field_check, required in fields:
+            if name in v:
+                try:
+                    kwargs[name] = field_check(v[name])
+                except _Misplaced as err:
+                    raise err.at(name) from None
+            elif required:
+                raise _Misplaced("missing").at(name)
         return cls(**kwargs)
-    except TypeError as err:
-        raise UnknownEvent(f"bad {kind} record: {err}") from None
 
-
-def _freeze(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
-    return value
+    return check
 
 
 # ---------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpujitter.errors import GpujitterError
+from gpujitter.probes.events import typed
 from gpujitter.probes.host import (
     HostPaths,
     numa_node,
@@ -178,39 +179,9 @@ class Topology:
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> Topology:
-        """Inverse of to_record; records written before a field existed lack it."""
-        idle = rec.get("idle")
-        return cls(
-            cpu_node=_int_keys(rec["cpu_node"]),
-            irq_node=_int_keys(rec.get("irq_node", {})),
-            gpu_node={str(b): int(n) for b, n in rec.get("gpu_node", {}).items()},
-            override=rec.get("override"),
-            node_distance={int(n): tuple(d) for n, d in rec.get("node_distance", {}).items()},
-            idle=None if idle is None else _idle_from(idle),
-            gpus=tuple(
-                GpuDevice(**{**g, "local_cpus": tuple(g["local_cpus"])})
-                for g in rec.get("gpus", ())
-            ),
-            gpu_source=rec.get("gpu_source", ""),
-            devices=tuple(
-                HostDevice(**{**d, "local_cpus": tuple(d["local_cpus"])})
-                for d in rec.get("devices", ())
-            ),
-            irqs=tuple(
-                IrqInfo(
-                    **{
-                        **i,
-                        "counts": _int_keys(i["counts"]),
-                        "affinity": tuple(i["affinity"]),
-                        "effective_affinity": tuple(i["effective_affinity"]),
-                    }
-                )
-                for i in rec.get("irqs", ())
-            ),
-            vectors=tuple(
-                IrqVector(**{**v, "counts": _int_keys(v["counts"])}) for v in rec.get("vectors", ())
-            ),
-        )
+        """Inverse of to_record, every field checked against its annotation (BadRecord names
+        the one that is not); records written before a field existed lack it."""
+        return typed(cls, rec, "topology")
 
     @property
     def cpus(self) -> list[int]:
@@ -241,10 +212,6 @@ def _str_keys(mapping: dict[int, Any]) -> dict[str, Any]:
     return {str(k): v for k, v in sorted(mapping.items())}
 
 
-def _int_keys(mapping: dict[str, Any]) -> dict[int, int]:
-    return {int(k): int(v) for k, v in mapping.items()}
-
-
 def _idle_record(idle: CpuIdle) -> dict[str, Any]:
     return {
         "driver": idle.driver,
@@ -252,15 +219,6 @@ def _idle_record(idle: CpuIdle) -> dict[str, Any]:
         "default_idle": idle.default_idle,
         "states": {str(c): [_plain(s) for s in sts] for c, sts in sorted(idle.states.items())},
     }
-
-
-def _idle_from(rec: dict[str, Any]) -> CpuIdle:
-    return CpuIdle(
-        driver=rec["driver"],
-        governor=rec["governor"],
-        default_idle=rec.get("default_idle", False),
-        states={int(c): tuple(IdleState(**s) for s in sts) for c, sts in rec["states"].items()},
-    )
 
 
 # ---------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from gpujitter.daemon.jsonlog import JsonLog
+from gpujitter.daemon.records import GpuGap
 from gpujitter.daemon.trace import TraceHeader, TraceWriter
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import CpuStats, ProbeStatus
@@ -19,7 +21,7 @@ from gpujitter.tui.inbox import Batch, Inbox, ReplayPosition
 from gpujitter.tui.sources.procstat import ProcCpuSampler
 from gpujitter.tui.sources.replay import ReplaySource, load_recording
 from tests.tui import node_stream
-from tests.tui.conftest import STREAM, write_stream
+from tests.tui.conftest import STREAM
 
 S = 1_000_000_000
 
@@ -75,16 +77,34 @@ def test_recordings_are_ordered_by_when_the_daemon_sends_each_record(tmp_path: P
     assert [r["type"] for r in scene] == ["hello", "snapshot"]
     assert records == node_stream.stream()[2:]  # in the order they were sent
     log = tmp_path / "attributions.jsonl"
-    gap = {"schema": "gpujitter.attribution/1", "type": "gpu.gap", "ts_ns": 5, "end_ns": 9}
-    sample = {"type": "gpu.sample", "ts_ns": 7, "gpu": 0, "metric": "util", "value": 1.0}
-    write_stream(log, [gap, sample])
+    with JsonLog(log) as w:
+        w.write(GpuGap(ts_ns=5, end_ns=9, gpu=0, sources=("util",), resolution_ns=1, confidence=1))
+        w.write(GpuGap(ts_ns=7, end_ns=9, gpu=1, sources=("util",), resolution_ns=1, confidence=1))
     log.write_bytes(log.read_bytes() + b'{"type": "gpu.ga')  # a torn last line
     scene, records = load_recording(log)
-    assert scene == [] and [r["type"] for r in records] == ["gpu.gap", "gpu.sample"]
+    assert scene == [] and [r["gpu"] for r in records] == [0, 1]
     assert "schema" not in records[0]
-    (tmp_path / "bad.jsonl").write_bytes(b'{"type": "x"}\nnot json\n{"type": "y"}\n')
+    tagged = b'{"schema": "gpujitter.attribution/1", "type": "x"}\n'
+    (tmp_path / "bad.jsonl").write_bytes(tagged + b"not json\n" + tagged)
     with pytest.raises(GpujitterError, match=r"bad.jsonl:2: not a JSON line"):
         load_recording(tmp_path / "bad.jsonl")
+
+
+def test_a_log_replay_refuses_another_schema_garbage_and_ill_typed_lines(tmp_path: Path) -> None:
+    log = tmp_path / "attributions.jsonl"
+    with JsonLog(log) as w:
+        w.write(GpuGap(ts_ns=5, end_ns=9, gpu=0, sources=("util",), resolution_ns=1, confidence=1))
+    good = log.read_bytes()
+    for content, message in [
+        (good.replace(b"attribution/1", b"attribution/2"), ":1: record of schema gpujitter.attr"),
+        (good + b"x" * (10 << 20), ":2: over 1048576 bytes without a newline"),
+        (good.replace(b'"gpu":0', b'"gpu":"0"'), ":1: bad gpu.gap record: gpu: want int, got str"),
+        (good.replace(b'"ts_ns":5', b'"ts_ns":5.5'), ":1: bad gpu.gap record: ts_ns: want int"),
+    ]:
+        log.write_bytes(content)
+        with pytest.raises(GpujitterError) as err:
+            load_recording(log)
+        assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_a_recorded_trace_replays_with_its_header_as_the_hello(tmp_path: Path) -> None:

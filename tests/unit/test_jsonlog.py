@@ -36,7 +36,7 @@ def test_one_line_per_record_each_with_its_schema(tmp_path: Path) -> None:
     path = tmp_path / "attributions.jsonl"
     with JsonLog(path) as log:
         log.write(gap(1))
-        log.write({"type": "gpu.attribution", "gap": "0:1", "causes": {"swap": 12}})
+        log.write({"type": "note", "gap": "0:1", "causes": {"swap": 12}})  # not an event kind
     raw = lines(path)
     assert len(raw) == 2 and all(line.endswith(b"\n") for line in raw)
     first = orjson.loads(raw[0])
@@ -45,7 +45,7 @@ def test_one_line_per_record_each_with_its_schema(tmp_path: Path) -> None:
     )
     assert from_record(first) == gap(1)  # the schema key is not a field: dropped
     assert list(JsonLogReader(path))[1] == {
-        "schema": LOG_SCHEMA, "type": "gpu.attribution", "gap": "0:1", "causes": {"swap": 12},
+        "schema": LOG_SCHEMA, "type": "note", "gap": "0:1", "causes": {"swap": 12},
     }  # fmt: skip
 
 

@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from gpujitter.errors import GpujitterError
 from gpujitter.tui.inbox import ReplayPosition
 from gpujitter.tui.sources import Sink, Source
@@ -64,21 +62,17 @@ def load_recording(path: Path) -> tuple[list[Record], list[Record]]:
 
 
 def _ndjson_records(path: Path) -> Iterable[Record]:
-    with open(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                if not line.endswith(b"\n"):
-                    break  # a torn last line (the writer stopped mid-line)
-                raise GpujitterError(f"{path}:{lineno}: not a JSON line") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("type"), str):
-                raise GpujitterError(f"{path}:{lineno}: not a stream record (no type)")
-            if rec["type"] != "hello":
-                rec.pop("schema", None)  # the attribution log's per-line schema tag
-            yield rec
+    """A captured socket stream or the attribution log, through the log's reader: schema,
+    torn last line and field types checked as for the daemon's own log."""
+    from gpujitter.daemon.jsonlog import JsonLogReader
+    from gpujitter.daemon.stream import STREAM_SCHEMA
+
+    for n, rec in enumerate(JsonLogReader(path, stream_schema=STREAM_SCHEMA), 1):
+        if not isinstance(rec.get("type"), str):
+            raise GpujitterError(f"{path}:{n}: not a stream record (no type)")
+        if rec["type"] != "hello":
+            rec.pop("schema", None)  # the attribution log's per-line schema tag
+        yield rec
 
 
 def _trace_records(path: Path) -> list[Record]:
