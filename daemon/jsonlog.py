@@ -23,6 +23,7 @@ import orjson
 from gpujitter.daemon.rotation import Rotation, fsync_dir
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import SCHEMA_MAJOR, Event, to_record
+from gpujitter.text import inert_json
 
 LOG_SCHEMA = f"gpujitter.attribution/{SCHEMA_MAJOR}"
 _TAIL_CHUNK = 1 << 16
@@ -99,7 +100,8 @@ class JsonLog:
     def write(self, record: Event | Mapping[str, Any]) -> None:
         """Append one record (an event, or a plain mapping) as one line."""
         rec = to_record(record) if isinstance(record, Event) else record
-        line = orjson.dumps({"schema": self.schema, **rec}) + b"\n"
+        # inert_json: names in it are other processes' choice, and people `tail -f` a log.
+        line = inert_json(orjson.dumps({"schema": self.schema, **rec})) + b"\n"
         with self._lock:
             if self._fd is None:
                 raise GpujitterError(f"log {self.path} written after close")

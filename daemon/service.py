@@ -45,6 +45,7 @@ from gpujitter.probes.events import Event, ProbeStatus, to_record
 from gpujitter.probes.sources import EvidenceSources
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
+from gpujitter.text import inert_json, printable
 
 TICK_NS = 1_000_000_000
 
@@ -59,14 +60,14 @@ class Console:
 
     def attribution(self, attr: Attribution) -> None:
         if self.as_json:
-            self.out.write(orjson.dumps(to_record(attr)).decode() + "\n")
+            self.out.write(inert_json(orjson.dumps(to_record(attr))).decode() + "\n")
         else:
             self.out.write(one_line(attr, self.clock) + "\n")
         self.out.flush()
 
     def note(self, text: str) -> None:
         if not self.as_json:
-            print(f"# {text}", file=sys.stderr, flush=True)
+            print(f"# {printable(text)}", file=sys.stderr, flush=True)
 
 
 def probe_names(config: Config) -> list[str]:

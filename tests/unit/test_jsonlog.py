@@ -200,3 +200,16 @@ def test_disk_full_mid_line_takes_the_fragment_back(tmp_path: Path) -> None:
     records = list(reader)
     assert reader.torn_bytes == 0 and path.read_bytes().endswith(b"\n")
     assert [r["i"] for r in records] == list(range(len(records))) and records
+
+
+def test_a_line_shown_with_tail_carries_no_control_character(tmp_path: Path) -> None:
+    """Names are other processes' choice: the C1 controls, DEL and bidi overrides that orjson
+    leaves raw are written as \\u escapes, so `tail -f` on the log cannot drive the terminal;
+    the value read back is the name itself."""
+    path = tmp_path / "attributions.jsonl"
+    comm = "\x9b2J\u202e\x7f\x1b]0;t\x07"
+    with JsonLog(path) as log:
+        log.write({"type": "gpu.attribution", "comm": comm})
+    text = path.read_text()
+    assert [ch for ch in text.rstrip("\n") if not ch.isprintable()] == []
+    assert orjson.loads(text)["comm"] == comm
