@@ -80,12 +80,17 @@ def test_runs_console_prints_names_inert_as_text_and_as_json() -> None:
     assert second["parts"][0]["evidence"][0]["comm"] == "\x9b\u202e"
 
 
-def test_report_prints_names_inert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    trace = tmp_path / "hostile.gjtrace"
-    writer = TraceWriter(trace, header(topology=TWO_NODES, host="node\x1b[8m-7"))
+def hostile_trace(path: Path) -> Path:
+    """A recording whose host, task and IRQ names are control sequences."""
+    writer = TraceWriter(path, header(topology=TWO_NODES, host="node\x1b[8m-7"))
     for ev in attribution_behind(TITLE, irq_name="\x9bq").in_emission_order():
         writer.write(ev)
     writer.close()
+    return path
+
+
+def test_report_prints_names_inert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = hostile_trace(tmp_path / "hostile.gjtrace")
     assert main(["report", str(trace)]) == 0
     out = capsys.readouterr().out
     assert controls(out) == []
@@ -93,6 +98,18 @@ def test_report_prints_names_inert(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["report", "--json", str(trace)]) == 0
     out = capsys.readouterr().out
     assert controls(out) == [] and "\\u009bq" in out
+
+
+def test_trace_and_error_lines_show_what_a_file_holds_inert(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = hostile_trace(tmp_path / "hostile.gjtrace")
+    assert main(["trace", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert controls(out) == [] and "host node\\x1b[8m-7" in out
+    assert main(["report", str(tmp_path / "\x1b]0;pwned\x07.gjtrace")]) == 2
+    err = capsys.readouterr().err
+    assert controls(err) == [] and "\\x1b]0;pwned\\x07.gjtrace" in err
 
 
 def test_probe_lines_show_names_inert() -> None:
