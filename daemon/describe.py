@@ -4,7 +4,8 @@
     nvme0q3 on CPU 17, 3.0ms unexplained [cuda, ±5us]
 
 `report`, `drill` and the daemon's console output share these phrases, so a cause reads the
-same everywhere.
+same everywhere. Names in them (tasks, IRQs) come from other processes and are shown through
+gpujitter.text.printable: a line never carries a control character.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from gpujitter.daemon.records import (
 )
 from gpujitter.probes.clock import format_wall
 from gpujitter.probes.events import ClockRef
+from gpujitter.text import printable
 from gpujitter.units import format_bytes, format_ns
 
 CAUSE_LABELS = {
@@ -97,9 +99,8 @@ def detail(part: Part, attr: Attribution) -> str:
 
 def part_text(part: Part, attr: Attribution) -> str:
     more = detail(part, attr)
-    return f"{format_ns(part.ns)} {CAUSE_LABELS.get(part.cause, part.cause)}" + (
-        f" ({more})" if more else ""
-    )
+    text = f"{format_ns(part.ns)} {CAUSE_LABELS.get(part.cause, part.cause)}"
+    return printable(text + (f" ({more})" if more else ""))
 
 
 def gpu_name(index: int) -> str:
@@ -111,7 +112,7 @@ def one_line(attr: Attribution, clock: ClockRef | None = None) -> str:
     when = format_wall(clock, attr.ts_ns)[:-3] if clock else f"t={attr.ts_ns}ns"
     parts = ", ".join(part_text(p, attr) for p in attr.parts)
     sources = "+".join(attr.sources)
-    return (
+    return printable(
         f"{gpu_name(attr.gpu)} idle {format_ns(attr.dur_ns)} at {when}: {parts} "
         f"[{sources}, ±{format_ns(attr.resolution_ns)}]"
     )

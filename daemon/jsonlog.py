@@ -35,6 +35,7 @@ from gpujitter.probes.events import (
     from_record,
     to_record,
 )
+from gpujitter.text import inert_json
 
 LOG_SCHEMA = f"gpujitter.attribution/{SCHEMA_MAJOR}"
 DROPPED = "log.dropped"  # the record that says how many records a failing disk cost
@@ -127,7 +128,8 @@ class JsonLog:
         """Append one record (an event, or a plain mapping) as one line; False when the
         disk refused it (dropped and counted in `failures`)."""
         rec = to_record(record) if isinstance(record, Event) else record
-        line = orjson.dumps({"schema": self.schema, **rec}) + b"\n"
+        # inert_json: names in it are other processes' choice, and people `tail -f` a log.
+        line = inert_json(orjson.dumps({"schema": self.schema, **rec})) + b"\n"
         with self._lock:
             if self._closed:
                 raise GpujitterError(f"log {self.path} written after close")

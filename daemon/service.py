@@ -56,6 +56,7 @@ from gpujitter.probes.nvml import GpuInfo
 from gpujitter.probes.sources import EvidenceSources
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
+from gpujitter.text import inert_json, printable
 
 TICK_NS = 1_000_000_000
 
@@ -83,13 +84,13 @@ class Console:
         if self.quiet:
             return
         if self.as_json:
-            self._put(self.out, orjson.dumps(to_record(attr)).decode())
+            self._put(self.out, inert_json(orjson.dumps(to_record(attr))).decode())
         else:
             self._put(self.out, one_line(attr, self.clock))
 
     def note(self, text: str) -> None:
         """A line for the operator (the journal under systemd)."""
-        self._put(sys.stderr, f"# {text}")
+        self._put(sys.stderr, f"# {printable(text)}")
 
     def _put(self, stream: TextIO, line: str) -> None:
         try:

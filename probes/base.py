@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpujitter.probes.events import Event, ProbeStatus
+from gpujitter.text import decode_name
 
 if TYPE_CHECKING:
     from gpujitter.probes.registry import ProbeSpec
@@ -253,5 +254,6 @@ class BpfProbe(Probe):
 
 
 def comm_str(raw: bytes) -> str:
-    """A kernel comm/char array as text (NUL-terminated, not always valid UTF-8)."""
-    return raw.split(b"\0", 1)[0].decode(errors="replace")
+    """A kernel comm/char array as text (NUL-terminated, not always valid UTF-8), decoded
+    without loss (gpujitter.text.decode_name): names differing in one byte stay different."""
+    return decode_name(raw)

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpujitter.text import decode_name
+
 # A PCI address as sysfs spells it: domain:bus:device.function.
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
@@ -50,6 +52,16 @@ def read_text(path: Path) -> str | None:
         return path.read_text().rstrip("\n")
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def read_name(path: Path) -> str | None:
+    """A process's name file (/proc/PID/comm) decoded as the probes decode comm
+    (gpujitter.text.decode_name), so both name a process alike; None when absent."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    return decode_name(raw[:-1] if raw.endswith(b"\n") else raw)
 
 
 def read_int(path: Path) -> int | None:

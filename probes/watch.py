@@ -27,7 +27,7 @@ from gpujitter.probes.base import (
     compile_bpf,
 )
 from gpujitter.probes.events import Event, ProcExec, ProcExit, ThreadExit, WatchChange
-from gpujitter.probes.host import HostPaths, read_text
+from gpujitter.probes.host import HostPaths, read_name, read_text
 from gpujitter.probes.topology import Topology
 
 # Why a process is in the kernel map (the map's value, bits): must match watch.bpf.c.
@@ -74,7 +74,7 @@ def resolve(spec: WatchSpec, paths: HostPaths) -> dict[int, int]:
             add(pid, WHY_PID)
     if spec.comms:
         for tgid in _pids(paths):
-            names = {read_text(paths.proc / str(tgid) / "comm") or ""}
+            names = {read_name(paths.proc / str(tgid) / "comm") or ""}
             cmdline = read_text(paths.proc / str(tgid) / "cmdline") or ""
             if cmdline:
                 names.add(os.path.basename(cmdline.split("\0", 1)[0]))

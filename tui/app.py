@@ -24,6 +24,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
 from gpujitter.errors import GpujitterError
+from gpujitter.text import printable
 from gpujitter.tui.audit import AuditReport
 from gpujitter.tui.inbox import Connection, Inbox, ReplayPosition
 from gpujitter.tui.model import NodeModel
@@ -370,5 +371,5 @@ class GpujitterTop(App[None]):
             try:
                 self.source.replay.seek(seek_target(event.value, self.model.clock, self.position))
             except GpujitterError as err:
-                self.notify(str(err), severity="error")
+                self.notify(printable(str(err)), severity="error", markup=False)
         self._close_prompt()

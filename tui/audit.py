@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from gpujitter.errors import GpujitterError
+from gpujitter.text import printable
 
 SEVERITY_ORDER = ("critical", "warn", "info", "ok")
 AUDIT_TIMEOUT_S = 120
@@ -40,21 +41,22 @@ class AuditReport:
 
 
 def parse(doc: Any, origin: str) -> AuditReport:
-    """`gpujitter audit --json`'s document; findings worst first, in rule order within."""
+    """`gpujitter audit --json`'s document; findings worst first, in rule order within.
+    Its text quotes the node (process names, command lines, files): made printable here."""
     if not isinstance(doc, Mapping) or not isinstance(doc.get("findings"), list):
         return AuditReport(origin=origin, error="not the output of `gpujitter audit --json`")
     findings = [
         Finding(
-            rule=str(f.get("rule", "")),
-            severity=str(f.get("severity", "info")),
-            subject=str(f.get("subject", "")),
-            message=str(f.get("message", "")),
+            rule=printable(str(f.get("rule", ""))),
+            severity=printable(str(f.get("severity", "info"))),
+            subject=printable(str(f.get("subject", ""))),
+            message=printable(str(f.get("message", ""))),
             evidence=tuple(
-                (str(e.get("file", "")), str(e.get("value", "")))
+                (printable(str(e.get("file", ""))), printable(str(e.get("value", ""))))
                 for e in f.get("evidence") or ()
                 if isinstance(e, Mapping)
             ),
-            fix=str(f.get("fix", "")),
+            fix=printable(str(f.get("fix", ""))),
         )
         for f in doc["findings"]
         if isinstance(f, Mapping)
@@ -64,7 +66,7 @@ def parse(doc: Any, origin: str) -> AuditReport:
     notes = [f"GPUs from {doc['gpu_source']}"] if doc.get("gpu_source") else []
     if doc.get("topology_override"):
         notes.append(f"topology override {doc['topology_override']}")
-    return AuditReport(tuple(findings), origin, "; ".join(notes))
+    return AuditReport(tuple(findings), printable(origin), printable("; ".join(notes)))
 
 
 def load_file(path: Path) -> AuditReport:
@@ -88,7 +90,8 @@ def run_audit(argv: tuple[str, ...] = ()) -> AuditReport:
     # Exit 1 is --fail-on's verdict, still a complete document.
     if done.returncode not in (0, 1):
         lines = done.stderr.decode(errors="replace").strip().splitlines()
-        return AuditReport(origin=origin, error=lines[-1] if lines else f"exit {done.returncode}")
+        error = printable(lines[-1]) if lines else f"exit {done.returncode}"
+        return AuditReport(origin=origin, error=error)
     try:
         return parse(orjson.loads(done.stdout), origin)
     except orjson.JSONDecodeError:

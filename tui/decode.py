@@ -4,6 +4,8 @@ The one place that knows the wire shape of gaps, attributions (parts with cause,
 evidence; the critical thread; remedies), CPU statistics, probe health and the daemon's
 status. Decoding is lenient, as the stream's compatibility rules ask: unknown fields are
 ignored, missing ones take defaults, and an unknown evidence kind is shown as its fields.
+Every string comes out printable (no control character: tui.text says why), so no view
+can pass a process's name to the terminal raw.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpujitter.text import printable
 from gpujitter.units import format_bytes, format_ns
 
 Record = Mapping[str, Any]
@@ -41,12 +44,18 @@ def cause_colour(cause: str) -> str:
     return CAUSES.get(cause, ("", "#87afaf"))[1]
 
 
+def _text(value: Any) -> str:
+    """A string from the wire as the views may show it: names and reasons come from other
+    processes, so every control character is escaped here (gpujitter.text.printable)."""
+    return printable(str(value))
+
+
 def _ints(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value) if isinstance(value, list | tuple) else ()
 
 
 def _strs(value: Any) -> tuple[str, ...]:
-    return tuple(str(v) for v in value) if isinstance(value, list | tuple) else ()
+    return tuple(_text(v) for v in value) if isinstance(value, list | tuple) else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +132,7 @@ def attribution(rec: Record) -> Attribution:
     g = gap(rec)
     parts = [
         Part(
-            cause=str(p.get("cause", "unexplained")),
+            cause=_text(p.get("cause", "unexplained")),
             ns=int(p.get("ns", 0)),
             tids=_ints(p.get("tids")),
             evidence=tuple(describe_evidence(e, g.ts_ns) for e in p.get("evidence") or ()),
@@ -136,10 +145,10 @@ def attribution(rec: Record) -> Attribution:
         Thread(
             tid=int(t.get("tid", 0)),
             tgid=int(t.get("tgid", 0)),
-            comm=str(t.get("comm", "")),
-            role=str(t.get("role", "")),
+            comm=_text(t.get("comm", "")),
+            role=_text(t.get("role", "")),
             ns=int(t.get("ns", 0)),
-            top_cause=str(t.get("top_cause", "")),
+            top_cause=_text(t.get("top_cause", "")),
         )
         for t in rec.get("threads") or ()
         if isinstance(t, Mapping)
@@ -149,7 +158,7 @@ def attribution(rec: Record) -> Attribution:
         parts=tuple(parts),
         tid=int(rec.get("tid", 0)),
         tgid=int(rec.get("tgid", 0)),
-        comm=str(rec.get("comm", "")),
+        comm=_text(rec.get("comm", "")),
         gpu_node=int(rec.get("gpu_node", -1)),
         threads=threads,
         remedies=_strs(rec.get("remedies")),
@@ -261,15 +270,16 @@ _DESCRIBE: dict[str, Callable[[Record, int], str]] = {
 
 
 def describe_evidence(e: Any, gap_start_ns: int) -> str:
+    """One line of evidence, shown inert: its names (tasks, IRQs) are other processes'."""
     if not isinstance(e, Mapping):
-        return str(e)
+        return _text(e)
     describe = _DESCRIBE.get(str(e.get("what", "")))
     if describe is not None:
         try:
-            return describe(e, gap_start_ns)
+            return _text(describe(e, gap_start_ns))
         except (TypeError, ValueError):
             pass  # a field of an unexpected type: fall back to the raw fields
-    return " ".join(f"{k}={v}" for k, v in e.items())
+    return _text(" ".join(f"{k}={v}" for k, v in e.items()))
 
 
 # ---------------------------------------------------------------------------------------
@@ -297,7 +307,7 @@ def _triples(value: Any) -> tuple[tuple[str, int, int], ...]:
     out = []
     for row in value or ():
         if isinstance(row, list | tuple) and len(row) >= 3:
-            out.append((str(row[0]), int(row[1]), int(row[2])))
+            out.append((_text(row[0]), int(row[1]), int(row[2])))
     return tuple(out)
 
 
@@ -307,7 +317,7 @@ def cpu_stats(rec: Record) -> tuple[int, CpuIrq | None, CpuIdle | None]:
     cpu = int(rec.get("cpu", 0))
     ts, interval = int(rec.get("ts_ns", 0)), int(rec.get("interval_ns", 0))
     idle_rows = tuple(
-        (str(r[0]), int(r[1]))
+        (_text(r[0]), int(r[1]))
         for r in rec.get("idle_ns") or ()
         if isinstance(r, list | tuple) and len(r) >= 2
     )
@@ -333,9 +343,9 @@ class ProbeState:
 
 def probe_state(rec: Record) -> ProbeState:
     return ProbeState(
-        probe=str(rec.get("probe", "?")),
-        state=str(rec.get("state", "off")),
-        reason=str(rec.get("reason", "")),
+        probe=_text(rec.get("probe", "?")),
+        state=_text(rec.get("state", "off")),
+        reason=_text(rec.get("reason", "")),
         events=int(rec.get("events", 0)),
         lost_kernel=int(rec.get("lost_kernel", 0)),
         lost_user=int(rec.get("lost_user", 0)),
@@ -369,7 +379,7 @@ def daemon_status(rec: Record) -> DaemonStatus:
         WatchedThread(
             tid=int(t.get("tid", 0)),
             tgid=int(t.get("tgid", 0)),
-            comm=str(t.get("comm", "")),
+            comm=_text(t.get("comm", "")),
             cpu=int(t.get("cpu", -1)),
             node=int(t.get("node", -1)),
         )
@@ -400,7 +410,7 @@ class GpuInfo:
 def gpu_info(rec: Record) -> GpuInfo:
     return GpuInfo(
         index=int(rec.get("index", 0)),
-        name=str(rec.get("name", "")),
-        pci_bus_id=str(rec.get("pci_bus_id", "")),
+        name=_text(rec.get("name", "")),
+        pci_bus_id=_text(rec.get("pci_bus_id", "")),
         numa_node=int(rec.get("numa_node", -1) if rec.get("numa_node") is not None else -1),
     )

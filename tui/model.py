@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpujitter.text import printable
 from gpujitter.tui import decode
 from gpujitter.tui.decode import (
     Attribution,
@@ -228,14 +229,14 @@ def _hello(m: NodeModel, rec: Record) -> None:
         m.clock = WallClock(int(clock["ts_ns"]), int(clock["realtime_ns"]), m._tz)
     topo = rec.get("topology") or {}
     m.hello = Hello(
-        host=str(rec.get("host", "")),
-        kernel=str(rec.get("kernel", "")),
-        version=str(rec.get("version", "")),
+        host=printable(str(rec.get("host", ""))),
+        kernel=printable(str(rec.get("kernel", ""))),
+        version=printable(str(rec.get("version", ""))),
         pid=int(rec.get("pid", 0)),
         scope=str(rec.get("scope", "")),
         cpu_node={int(c): int(n) for c, n in (topo.get("cpu_node") or {}).items()},
         gpu_node={str(b): int(n) for b, n in (topo.get("gpu_node") or {}).items()},
-        override=topo.get("override"),
+        override=printable(str(topo["override"])) if topo.get("override") else None,
     )
     m.changed |= {"gpus", "cpus", "status"}
 
@@ -338,7 +339,7 @@ def _status(m: NodeModel, rec: Record) -> None:
 
 @handles("meta.exec")
 def _exec(m: NodeModel, rec: Record) -> None:
-    m.names[int(rec["tgid"])] = str(rec.get("comm", ""))
+    m.names[int(rec["tgid"])] = printable(str(rec.get("comm", "")))
 
 
 @handles("meta.clock")
@@ -360,4 +361,4 @@ def _ignored_quietly(m: NodeModel, rec: Record) -> None:
 
 @handles("error")
 def _error(m: NodeModel, rec: Record) -> None:
-    m.ignored[f"error: {rec.get('message', '')}"] += 1
+    m.ignored[printable(f"error: {rec.get('message', '')}")] += 1

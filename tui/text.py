@@ -1,8 +1,12 @@
 """Text for the screen: untrusted strings made inert, times and durations as people read them.
 
 Process names, command lines, IRQ names and audit values come from the node and may hold
-anything, including Textual markup ("[@click=quit]"). They only ever reach a widget through
-`plain()` (a rich Text, which is never parsed as markup) or `Text.append` with a style.
+anything, including Textual markup ("[@click=quit]") and terminal control sequences (a name
+"ESC ] 0;title BEL" sets the terminal's title). Two rules keep them inert: every string
+decoded from a record is printable (tui.decode, tui.audit, the model's hello: control
+characters escaped by gpujitter.text.printable), and such strings reach a widget only as
+rich Text (`plain()`, `join()`, `Text.append` with a style), never parsed as markup.
+`plain()` and `join()` escape again (idempotent), for text that came another way.
 """
 
 from __future__ import annotations
@@ -11,12 +15,13 @@ from datetime import datetime, tzinfo
 
 from rich.text import Text
 
+from gpujitter.text import printable
 from gpujitter.units import format_ns
 
 
 def plain(value: object, style: str = "") -> Text:
     """`value` as literal text: brackets stay brackets."""
-    return Text(str(value), style=style, no_wrap=True, overflow="ellipsis")
+    return Text(printable(str(value)), style=style, no_wrap=True, overflow="ellipsis")
 
 
 def join(*parts: tuple[object, str] | str | Text, sep: str = "") -> Text:
@@ -26,11 +31,11 @@ def join(*parts: tuple[object, str] | str | Text, sep: str = "") -> Text:
         if n and sep:
             out.append(sep)
         if isinstance(part, tuple):
-            out.append(str(part[0]), style=part[1])
+            out.append(printable(str(part[0])), style=part[1])
         elif isinstance(part, Text):
             out.append_text(part)
         else:
-            out.append(part)
+            out.append(printable(part))
     return out
 
 

@@ -10,7 +10,13 @@ from pathlib import Path
 
 from gpujitter.daemon import remedies
 from gpujitter.daemon.audit.model import AuditContext, Evidence, Finding, rule
-from gpujitter.probes.host import format_cpulist, parse_cpulist, proc_pids, read_text
+from gpujitter.probes.host import (
+    format_cpulist,
+    parse_cpulist,
+    proc_pids,
+    read_name,
+    read_text,
+)
 from gpujitter.probes.topology import IrqInfo
 
 AUDITED_KINDS = ("gpu", "nic", "nvme", "block")
@@ -24,7 +30,7 @@ def pids_named(ctx: AuditContext, comm: str) -> list[int]:
     return [
         pid
         for pid in proc_pids(ctx.paths)
-        if (read_text(ctx.paths.proc / str(pid) / "comm") or "") == comm
+        if (read_name(ctx.paths.proc / str(pid) / "comm") or "") == comm
     ]
 
 

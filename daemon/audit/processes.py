@@ -18,6 +18,7 @@ from gpujitter.probes.host import (
     format_cpulist,
     parse_cpulist,
     proc_pids,
+    read_name,
     read_text,
     status_fields,
 )
@@ -70,7 +71,7 @@ def find_gpu_processes(
     for pid, (gpus, how) in sorted(found.items()):
         maps = read_text(paths.proc / str(pid) / "maps") or ""
         gpus |= {minors[int(m)] for m in NVIDIA_DEV.findall(maps) if int(m) in minors}
-        comm = read_text(paths.proc / str(pid) / "comm") or "?"
+        comm = read_name(paths.proc / str(pid) / "comm") or "?"
         out.append(GpuProcess(pid, comm, tuple(sorted(gpus)), how))  # type: ignore[arg-type]
     return out
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from gpujitter import __version__
 from gpujitter.cli.command import Command
 from gpujitter.errors import GpujitterError
+from gpujitter.text import printable
 
 # Order is the order `gpujitter --help` lists them in.
 COMMANDS = (
@@ -47,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except GpujitterError as err:
-        print(f"gpujitter {args.command}: error: {err}", file=sys.stderr)
+        # An error can quote a file's or a process's text: shown inert, like all output.
+        print(f"gpujitter {args.command}: error: {printable(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -10,6 +10,7 @@ from gpujitter.cli.command import Command
 from gpujitter.cli.options import add_topology_args
 from gpujitter.cli.output import print_json, table
 from gpujitter.cli.topo import add_root_arg, override_banner, paths_from_args
+from gpujitter.text import printable
 
 MARK = {"ok": "OK", "info": "INFO", "warn": "WARN", "critical": "CRIT"}
 
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if topo.override:
         print(override_banner(topo) + "\n")
     if args.root:
-        print(f"recorded tree {args.root}\n")
+        print(f"recorded tree {printable(str(args.root))}\n")
     print(
         table(
             ["#", "SEVERITY", "RULE", "SUBJECT", "FINDING"],
@@ -102,12 +103,13 @@ def run(args: argparse.Namespace) -> int:
     details = [(n, f) for n, f in enumerate(findings, 1) if f.severity != "ok"]
     if details:
         print("\nevidence and fixes:")
+    # Subjects and evidence hold process names, command lines and file contents: inert.
     for n, f in details:
-        print(f"[{n}] {f.rule} {f.subject}")
+        print(f"[{n}] {f.rule} {printable(f.subject)}")
         for ev in f.evidence:
-            print(f"      {ev.file}: {ev.value}")
+            print(f"      {printable(ev.file)}: {printable(ev.value)}")
         if f.fix:
-            print(f"      fix: {f.fix}")
+            print(f"      fix: {printable(f.fix)}")
     counts = {s: sum(f.severity == s for f in findings) for s in MARK}
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()))
     return 1 if failed else 0

@@ -9,6 +9,7 @@ import dataclasses
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import add_topology_args
 from gpujitter.cli.output import print_json
+from gpujitter.text import printable
 
 MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "info": "INFO"}
 
@@ -41,9 +42,10 @@ def run(args: argparse.Namespace) -> int:
         return 0 if ok else 1
     width = max(len(r.check) for r in results)
     for r in results:
-        print(f"{MARK[r.status]}  {r.check.ljust(width)}  {r.detail}")
+        # A detail can quote what the node holds (paths, process names, kernel messages).
+        print(f"{MARK[r.status]}  {r.check.ljust(width)}  {printable(r.detail)}")
         if r.fix and r.status in ("warn", "fail"):
-            print(f"{'':6}{'':{width}}  fix: {r.fix}")
+            print(f"{'':6}{'':{width}}  fix: {printable(r.fix)}")
     counts = {s: sum(r.status == s for r in results) for s in MARK}
     verdict = "profiling can run" if ok else "profiling cannot run"
     print(f"\n{verdict}: {counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail")

@@ -13,6 +13,7 @@ from gpujitter.cli.output import print_json, table
 from gpujitter.daemon.drill.scenarios import SCENARIOS
 from gpujitter.daemon.drill.score import MIN_STALL_NS, TOLERANCE, TOP_CAUSE_SHARE
 from gpujitter.errors import GpujitterError
+from gpujitter.text import printable
 from gpujitter.units import format_ns, parse_duration_ns
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def progress(text: str) -> None:
-    print(f"# {text}", file=sys.stderr, flush=True)
+    print(f"# {printable(text)}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,7 +97,7 @@ def print_result(r: DrillResult) -> None:
         f"{r.events} events, {r.gaps} gaps"
     )
     for note in r.notes:
-        print(f"  {note}")
+        print(f"  {printable(note)}")
     if s.stalls:
         rows = [
             (

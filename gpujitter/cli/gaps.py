@@ -26,6 +26,7 @@ from gpujitter.daemon.records import GpuGap
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref, format_wall
 from gpujitter.probes.events import ClockRef, Event, ProbeStatus, from_record, to_record
+from gpujitter.text import printable
 from gpujitter.units import format_ns, parse_duration_ns
 
 
@@ -105,7 +106,7 @@ class Printer:
             print_ndjson(to_record(st))
         else:
             reason = f": {st.reason}" if st.reason else ""
-            print(f"# {st.probe}: {st.state}{reason}", file=sys.stderr, flush=True)
+            print(printable(f"# {st.probe}: {st.state}{reason}"), file=sys.stderr, flush=True)
 
 
 def detector_from_args(args: argparse.Namespace) -> GapDetector:
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     if sampler is not None:
         watch.gpu_processes = sampler.gpu_processes
     if not args.json:
-        print(f"# gaps >= {args.min_gap}; watching {watch.describe()}", file=sys.stderr)
+        print(printable(f"# gaps >= {args.min_gap}; watching {watch.describe()}"), file=sys.stderr)
 
     def handle(ev: Event) -> None:
         if sink is not None:

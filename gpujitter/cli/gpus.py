@@ -10,7 +10,14 @@ from typing import Any
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.output import print_json, table
-from gpujitter.probes.host import HostPaths, format_cpulist, parse_cpulist, read_text
+from gpujitter.probes.host import (
+    HostPaths,
+    format_cpulist,
+    parse_cpulist,
+    read_name,
+    read_text,
+)
+from gpujitter.text import printable
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,7 +93,7 @@ def describe_gpus(nvml: Any, paths: HostPaths) -> list[dict[str, Any]]:
                 "processes": [
                     {
                         "pid": p.pid,
-                        "comm": read_text(paths.proc / str(p.pid) / "comm") or "",
+                        "comm": read_name(paths.proc / str(p.pid) / "comm") or "",
                         "used_bytes": p.used_bytes,
                     }
                     for p in procs or []
@@ -113,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print_json({"gpus": [], "reason": str(err)})
         else:
-            print(f"no NVIDIA GPU usable: {err}")
+            print(f"no NVIDIA GPU usable: {printable(str(err))}")
         return 0
     with nvml:
         gpus = describe_gpus(nvml, HostPaths())
@@ -145,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     )
     for g in gpus:
         for problem in g["problems"]:
-            print(f"GPU {g['index']}: {problem}")
+            print(printable(f"GPU {g['index']}: {problem}"))
     return 0
 
 

@@ -1,4 +1,6 @@
-"""Printing results: JSON documents and NDJSON streams through orjson, aligned text tables."""
+"""Printing results: JSON documents and NDJSON streams through orjson, aligned text tables.
+Both are safe on a terminal whatever names the node holds: JSON escapes every non-printable
+character, a table shows each cell through gpujitter.text.printable."""
 
 from __future__ import annotations
 
@@ -8,24 +10,28 @@ from typing import Any
 
 import orjson
 
+from gpujitter.text import inert_json, printable
+
 _OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
 def print_json(obj: Any) -> None:
     """One indented JSON document (results of one-shot commands)."""
-    sys.stdout.buffer.write(orjson.dumps(obj, option=_OPTS | orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.buffer.write(inert_json(orjson.dumps(obj, option=_OPTS | orjson.OPT_INDENT_2)))
+    sys.stdout.buffer.write(b"\n")
     sys.stdout.flush()
 
 
 def print_ndjson(obj: Any) -> None:
     """One line of an NDJSON stream (live commands); flushed so pipes see it at once."""
-    sys.stdout.buffer.write(orjson.dumps(obj, option=_OPTS) + b"\n")
+    sys.stdout.buffer.write(inert_json(orjson.dumps(obj, option=_OPTS)) + b"\n")
     sys.stdout.flush()
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """Left-aligned columns separated by two spaces; the last column is never padded."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    cells = [[str(h) for h in headers]]
+    cells += [["" if c is None else printable(str(c)) for c in r] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = []
     for row in cells:

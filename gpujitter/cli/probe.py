@@ -28,6 +28,7 @@ from gpujitter.probes.clock import clock_ref, format_wall
 from gpujitter.probes.events import ClockRef, Event, ProbeStatus, to_record
 from gpujitter.probes.malloc_precise import MAX_WINDOW_NS
 from gpujitter.probes.watch import WatchSpec
+from gpujitter.text import printable
 from gpujitter.units import format_ns, parse_duration_ns
 
 
@@ -94,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
     if args.precise and watch.all:
         watch = WatchSpec(pids=set(args.precise))
     if not args.json:
-        print(f"# probes: {', '.join(names)}; watching {watch.describe()}", file=sys.stderr)
+        print(
+            printable(f"# probes: {', '.join(names)}; watching {watch.describe()}"), file=sys.stderr
+        )
     stop = _stop_on_signals()
     with ProbeThread(
         names,
@@ -163,7 +166,7 @@ def describe(ev: Event, ref: ClockRef) -> str:
             parts.append(f"{f.name}={rows}")
         elif value not in ("", (), None):
             parts.append(f"{f.name}={value}")
-    return " ".join(parts)
+    return printable(" ".join(parts))  # names (comm, filename, IRQs) are other processes'
 
 
 def _stop_on_signals() -> Callable[[], bool]:

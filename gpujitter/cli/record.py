@@ -30,6 +30,7 @@ from gpujitter.probes.base import Emit
 from gpujitter.probes.events import Event, ProbeStatus
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import WatchSpec
+from gpujitter.text import printable
 from gpujitter.units import format_bytes, format_ns, parse_duration_ns, parse_size_bytes
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -158,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         for s in statuses.values():
-            print(f"  probe {s.probe}: {s.state} {s.reason}".rstrip(), file=sys.stderr)
+            print(printable(f"  probe {s.probe}: {s.state} {s.reason}".rstrip()), file=sys.stderr)
     unavailable = [s for s in statuses.values() if s.state == "unavailable"]
     return 1 if unavailable and len(unavailable) == len(statuses) else 0
 

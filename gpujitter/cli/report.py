@@ -19,6 +19,7 @@ from gpujitter.daemon.trace import TraceHeader, TraceSet
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import format_wall
 from gpujitter.probes.events import to_record
+from gpujitter.text import printable
 from gpujitter.units import format_ns, parse_duration_ns
 
 _OFFSET = re.compile(r"^\+(.+)$")
@@ -114,13 +115,14 @@ def run(args: argparse.Namespace) -> int:
             "attributions": [to_record(a) for a in attrs],
         })  # fmt: skip
         return 0
-    print(f"{header.host} ({header.kernel}), recorded from "
+    # A trace is a file from elsewhere: whatever it holds is shown inert (gpujitter.text).
+    print(printable(f"{header.host} ({header.kernel}), recorded from "
           f"{format_wall(header.clock, header.start_ns, date=True)[:-3]}; "
-          f"{len(traces.paths)} file(s); probes: {', '.join(header.probes)}")  # fmt: skip
+          f"{len(traces.paths)} file(s); probes: {', '.join(header.probes)}"))  # fmt: skip
     if header.topology.override:
-        print(f"topology override in force: {header.topology.override}")
+        print(f"topology override in force: {printable(header.topology.override)}")
     for note in traces.damage:
-        print(f"damage: {note}")
+        print(f"damage: {printable(note)}")
     if not attrs:
         print(
             "no GPU idle gaps in this range" + (f" ({gaps} gaps, none attributed)" if gaps else "")
@@ -137,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     for a in sorted(attrs, key=lambda a: (-a.dur_ns, a.ts_ns))[: args.top]:
         print(one_line(a, header.clock))
         for remedy in a.remedies:
-            print(f"    fix: {remedy}")
+            print(f"    fix: {printable(remedy)}")
     return 0
 
 

@@ -22,6 +22,7 @@ from gpujitter.cli.options import (
     watch_from_args,
 )
 from gpujitter.errors import GpujitterError
+from gpujitter.text import printable
 
 if TYPE_CHECKING:
     from gpujitter.tui.sources import Source
@@ -145,9 +146,10 @@ def probe_output_aside() -> Iterator[type[Any]]:
             os.dup2(saved, 2)
             os.close(saved)
             aside.seek(0)
-            said = aside.read().decode(errors="replace").strip().splitlines()
+            said = aside.read().decode(errors="backslashreplace").strip().splitlines()
             if said:
-                print(f"gpujitter top: last message on stderr: {said[-1]}", file=sys.stderr)
+                last = printable(said[-1])
+                print(f"gpujitter top: last message on stderr: {last}", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from gpujitter.cli.output import print_json, table
 from gpujitter.daemon.trace import TraceHeader, TraceReader, TraceSet
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import format_wall
+from gpujitter.text import printable
 from gpujitter.units import format_bytes, format_ns
 
 
@@ -107,7 +108,8 @@ def describe(f: dict[str, Any], header: TraceHeader) -> str:
     ]
     damage = [d.removeprefix(f"{f['path']}: ") for d in f["damage"]]
     lines += [f"  damage: {d}" for d in damage] or ["  damage: none"]
-    return "\n".join(lines)
+    # Every field comes from the file, which may come from anywhere: each line inert.
+    return "\n".join(printable(line) for line in lines)
 
 
 COMMAND = Command(

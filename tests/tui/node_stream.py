@@ -37,9 +37,19 @@ GPUS = [
 ]  # fmt: skip
 
 
-def names(hostile: bool) -> dict[str, str]:
-    """The untrusted strings of the stream; hostile ones are Textual markup and actions."""
-    if hostile:
+def names(hostile: str = "") -> dict[str, str]:
+    """The untrusted strings of the stream. Hostile "markup": Textual markup and actions;
+    "control": terminal control sequences (a title, CSI, the 8-bit CSI), a bidi override, a
+    line break and bytes that were not UTF-8 (as the probes decode them: \\xNN)."""
+    if hostile == "control":
+        return {
+            "trainer": "\x1b]0;pwned\x07",
+            "loader": "\x9b2J[/]",
+            "worker": "gpt\u202etxt.sh",
+            "kworker": "kw\nfix: rm -rf",
+            "nvme": "nvme\\xff\x1b[2J",
+        }
+    if hostile == "markup":
         return {
             "trainer": "[bold red]x[/]",
             "loader": "[@click=quit]",
@@ -199,7 +209,7 @@ def evidence(kind: str | None, ms: float, gpu: int, start: int, n: dict[str, str
     return []
 
 
-def stream(hostile: bool = False) -> list[dict[str, Any]]:
+def stream(hostile: str = "") -> list[dict[str, Any]]:
     """The records a client receives, in order: hello, snapshot, then the live minute."""
     n = names(hostile)
     rng = random.Random(7)

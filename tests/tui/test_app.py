@@ -4,17 +4,31 @@ replay controls, a small terminal, a daemon restart, hostile names."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC
 from pathlib import Path
 
+import orjson
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
+from gpujitter.text import printable
+from gpujitter.tui import audit
 from gpujitter.tui.app import GpujitterTop
+from gpujitter.tui.sources.replay import ReplaySource
 from gpujitter.tui.sources.socket import SocketSource
+from gpujitter.tui.views.audit import FindingScreen
 from gpujitter.tui.views.breakdown import GapScreen
 from gpujitter.tui.views.gaps import GapsTable
 from gpujitter.tui.views.gpus import GpuPanel
 from tests.tui import node_stream
-from tests.tui.conftest import Daemon, make_app, replay_app, settled, until, write_stream
+from tests.tui.conftest import (
+    AUDIT,
+    Daemon,
+    make_app,
+    replay_app,
+    settled,
+    until,
+    write_stream,
+)
 
 S = 1_000_000_000
 
@@ -193,8 +207,8 @@ def test_reconnects_when_the_daemon_restarts(daemon: Daemon) -> None:
 def test_hostile_names_are_shown_literally_and_never_run(tmp_path: Path) -> None:
     """Process, thread and IRQ names that are Textual markup or action links appear as
     typed on every view, and clicking them does nothing."""
-    hostile = node_stream.names(hostile=True)
-    path = write_stream(tmp_path / "hostile.ndjson", node_stream.stream(hostile=True))
+    hostile = node_stream.names("markup")
+    path = write_stream(tmp_path / "hostile.ndjson", node_stream.stream("markup"))
 
     async def scenario() -> None:
         app = replay_app(path)
@@ -213,6 +227,71 @@ def test_hostile_names_are_shown_literally_and_never_run(tmp_path: Path) -> None
             await until(pilot, lambda: isinstance(app.screen, GapScreen), "the breakdown")
             shown = str(app.screen.query_one("#breakdown-text", Static).render())
             assert hostile["kworker"] in shown and hostile["nvme"] in shown
+            assert app.is_running
+
+    asyncio.run(scenario())
+
+
+def shown_on_screen(app: GpujitterTop) -> str:
+    """Every Static's and every table cell's text on the current screen: what reaches the
+    terminal (the test driver writes nothing, so the widgets' output is checked)."""
+    out = []
+    for widget in app.screen.walk_children():
+        if isinstance(widget, Static):
+            out.append(str(widget.render()))
+        elif isinstance(widget, DataTable):
+            out += table_rows(widget)
+    return "\n".join(out)
+
+
+def test_control_sequences_in_names_are_shown_escaped_on_every_view(tmp_path: Path) -> None:
+    """A process named ESC ] 0;title BEL set the terminal's title when its gap's breakdown
+    opened; names with CSI, C1, bidi overrides or a line break broke the layout. Each view,
+    the title, the status line, the breakdown and an audit finding show them escaped."""
+    hostile = node_stream.names("control")
+    records = node_stream.stream("control")
+    records[0]["host"] = "gpu\x1b]2;host\x07-7"
+    for rec in records[1]["probes"]:
+        if rec["probe"] == "cuda":
+            rec["reason"] = "libcuda at /tmp/\x1b[8m/libcuda.so.1"
+    path = write_stream(tmp_path / "control.ndjson", records)
+    doc = orjson.loads(AUDIT.read_bytes())
+    worst = next(f for f in doc["findings"] if f["severity"] == "critical")  # listed first
+    worst["subject"] = "pid 4242 (\x1b]0;pwned\x07)"
+    worst["evidence"][0]["value"] = "\x9b2J\u202e"
+    saved = tmp_path / "audit.json"
+    saved.write_bytes(orjson.dumps(doc))
+
+    def inert(text: str) -> None:
+        assert [ch for line in text.split("\n") for ch in line if not ch.isprintable()] == []
+
+    async def scenario() -> None:
+        app = GpujitterTop(
+            ReplaySource(path, at="end"), audit=lambda: audit.load_file(saved), tz=UTC
+        )
+        async with app.run_test(size=(200, 48)) as pilot:
+            await settled(pilot)
+            seen = []
+            for key in ("1", "2", "3", "4"):
+                await pilot.press(key)
+                seen.append(shown_on_screen(app))
+            await pilot.press("2", *["down"] * 7, "enter")  # 12:00:12.750: IRQ, then a wait
+            await until(pilot, lambda: isinstance(app.screen, GapScreen), "the breakdown")
+            breakdown = str(app.screen.query_one("#breakdown-text", Static).render())
+            await pilot.press("escape", "4", "enter")
+            await until(pilot, lambda: isinstance(app.screen, FindingScreen), "a finding")
+            finding = shown_on_screen(app)
+            for text in (*seen, breakdown, finding):
+                inert(text)
+            everything = "\n".join(seen)
+            assert printable(hostile["trainer"]) in everything  # GPUs, gaps
+            assert "gpu\\x1b]2;host\\x07-7" in everything  # the title
+            assert "pid 4242 (\\x1b]0;pwned\\x07)" in everything  # the audit table
+            assert printable(hostile["loader"]) in everything  # CPUs
+            assert printable(hostile["worker"]) == "gpt\\u202etxt.sh" and "gpt\\u202e" in everything
+            assert "kw\\x0afix: rm -rf (tid 77)" in breakdown
+            assert "nvme\\xff\\x1b[2J" in breakdown
+            assert "pid 4242 (\\x1b]0;pwned\\x07)" in finding and "\\u009b2J\\u202e" in finding
             assert app.is_running
 
     asyncio.run(scenario())

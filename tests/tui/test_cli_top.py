@@ -4,12 +4,15 @@ one-line errors (the app itself is tested through Pilot)."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpujitter.cli import build_parser, load_commands
-from gpujitter.cli.top import make_source
+from gpujitter.cli.top import make_source, probe_output_aside
 from gpujitter.tui.sources.embedded import EmbeddedSource
 from gpujitter.tui.sources.replay import ReplaySource
 from gpujitter.tui.sources.socket import SocketSource
@@ -59,4 +62,18 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
     assert (
         no_tty.stderr
         == "gpujitter top: error: top needs a terminal (for scripts: gpujitter probe --json)\n"
+    )
+
+
+def test_the_last_message_the_probes_left_on_stderr_is_shown_inert(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """bcc's and clang's messages quote file and process names: the one line top prints
+    afterwards shows them escaped (and a byte that is not UTF-8 as \\xNN)."""
+    with probe_output_aside():
+        os.write(2, b"clang: /tmp/\x1b]0;pwned\x07/\xff.h: no such file\n")
+    err = capfd.readouterr().err
+    assert err == (
+        "gpujitter top: last message on stderr: clang: /tmp/\\x1b]0;pwned\\x07/\\xff.h: "
+        "no such file\n"
     )

@@ -229,3 +229,16 @@ def test_disk_full_drops_counts_says_once_and_recovers(tmp_path: Path) -> None:
     assert notices[0]["reason"].startswith(f"cannot write log {path}")
     assert len(out["said"]) == 2 and "dropping records" in out["said"][0]
     assert f"{out['dropped']} records were dropped" in out["said"][1]
+
+
+def test_a_line_shown_with_tail_carries_no_control_character(tmp_path: Path) -> None:
+    """Names are other processes' choice: the C1 controls, DEL and bidi overrides that orjson
+    leaves raw are written as \\u escapes, so `tail -f` on the log cannot drive the terminal;
+    the value read back is the name itself."""
+    path = tmp_path / "attributions.jsonl"
+    comm = "\x9b2J\u202e\x7f\x1b]0;t\x07"
+    with JsonLog(path) as log:
+        log.write({"type": "gpu.attribution", "comm": comm})
+    text = path.read_text()
+    assert [ch for ch in text.rstrip("\n") if not ch.isprintable()] == []
+    assert orjson.loads(text)["comm"] == comm

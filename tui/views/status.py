@@ -8,6 +8,7 @@ from collections import Counter
 
 from rich.text import Text
 
+from gpujitter.text import printable
 from gpujitter.tui.inbox import Connection, ReplayPosition
 from gpujitter.tui.model import NodeModel
 
@@ -36,7 +37,7 @@ def connection_text(conn: Connection | None, model: NodeModel, pos: ReplayPositi
             style="bold magenta",
         )
     if conn.state == "failed":
-        return Text(f"✗ source failed: {conn.detail}", style="bold red")
+        return Text(f"✗ source failed: {printable(conn.detail)}", style="bold red")
     return Text(f"○ {conn.state}", style="dim")
 
 

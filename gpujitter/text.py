@@ -1,0 +1,65 @@
+"""Text that came from other processes (comm, file names, IRQ and cgroup names, command lines),
+made lossless when decoded and inert when shown: the one rule every probe, command and view uses.
+
+Any local user chooses its process's name (up to 15 bytes, anything but NUL), so such text may
+hold terminal control sequences, bidi overrides and bytes that are not UTF-8. Two steps:
+`decode_name` turns kernel bytes into a str that keeps every byte (what events, traces and
+JSON carry); `printable` turns any str into one that a terminal shows as typed (what text
+output and the TUI show). Both are injective, so distinct names never read the same.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+def decode_name(raw: bytes) -> str:
+    """Kernel bytes (a NUL-terminated char array, or a /proc file's bytes) as text, losslessly:
+    UTF-8, each byte that is not part of valid UTF-8 written `\\xNN`, and a backslash written
+    `\\\\` (so that a name that really reads `\\xff` differs from one holding byte 0xff)."""
+    raw = raw.split(b"\0", 1)[0]
+    if raw.isascii() and b"\\" not in raw:
+        return raw.decode("ascii")
+    return raw.replace(b"\\", b"\\\\").decode("utf-8", errors="backslashreplace")
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    # ASCII as \xNN, the rest as \uNNNN or \UNNNNNNNN: decode_name's \xNN are bytes >= 0x80,
+    # so a C1 control (U+009B, bytes c2 9b) never reads like the lone byte 0x9b.
+    if code < 0x80:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on or hide written as an escape:
+    C0 and C1 controls, DEL, format characters (bidi overrides, zero-width ones), line and
+    paragraph separators, spaces other than ' ', surrogates, private-use and unassigned code
+    points (all that str.isprintable() refuses). Idempotent; the rest is kept as it is."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
+
+
+_NON_ASCII = re.compile("[^\x00-\x7e]")
+
+
+def _json_escape(m: re.Match[str]) -> str:
+    ch = m.group()
+    if ch.isprintable():
+        return ch
+    code = ord(ch)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    high, low = divmod(code - 0x10000, 0x400)
+    return f"\\u{0xD800 + high:04x}\\u{0xDC00 + low:04x}"
+
+
+def inert_json(data: bytes) -> bytes:
+    """orjson's output with the non-printable characters it leaves raw (DEL, C1 controls,
+    bidi overrides, line separators...) written as JSON \\u escapes: the same JSON value,
+    safe to print on a terminal. orjson already escapes the C0 controls."""
+    if data.isascii() and b"\x7f" not in data:
+        return data
+    return _NON_ASCII.sub(_json_escape, data.decode("utf-8")).encode("utf-8")
