@@ -6,6 +6,7 @@ refusals. Served on a localhost port only when asked (`metrics.listen`, metrics_
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import generate_latest
@@ -71,7 +72,25 @@ class DaemonMetrics:
             ["reason"],
             registry=r,
         )
-        self._engine_dropped = 0
+        self.attributions = Counter(
+            "gpujitter_attributions",
+            "attributions made; each is in the log or counted in gpujitter_sink_dropped_records",
+            ["gpu"],
+            registry=r,
+        )
+        self.sink_dropped = Counter(
+            "gpujitter_sink_dropped_records",
+            "records a sink could not write because the disk refused them (full, quota, I/O)",
+            ["sink"],
+            registry=r,
+        )
+        self.sink_failing = Gauge(
+            "gpujitter_sink_failing",
+            "1 while a sink's disk refuses writes (records are dropped and counted)",
+            ["sink"],
+            registry=r,
+        )
+        self._totals: dict[str, int] = {}  # running totals the daemon hands in
         self._server: MetricsServer | None = None
 
     def observe_gap(self, gpu: int, seconds: float) -> None:
@@ -79,6 +98,7 @@ class DaemonMetrics:
         self.gap_seconds.labels(gpu=str(gpu)).inc(seconds)
 
     def observe_attribution(self, gpu: int, parts: Iterable[tuple[str, float]]) -> None:
+        self.attributions.labels(gpu=str(gpu)).inc()
         for cause, seconds in parts:
             self.attributed.labels(gpu=str(gpu), cause=cause).inc(seconds)
 
@@ -97,8 +117,18 @@ class DaemonMetrics:
 
     def observe_engine(self, dropped_total: int) -> None:
         """Called each tick with the event queue's running drop count."""
-        self.engine_lost.inc(max(dropped_total - self._engine_dropped, 0))
-        self._engine_dropped = dropped_total
+        self._advance(self.engine_lost, "engine", dropped_total)
+
+    def observe_sink(self, sink: str, dropped_total: int, failing: bool) -> None:
+        """Called each tick with a file sink's running count of records the disk refused."""
+        self._advance(self.sink_dropped.labels(sink=sink), sink, dropped_total)
+        self.sink_failing.labels(sink=sink).set(1 if failing else 0)
+
+    def _advance(self, counter: Any, key: str, total: int) -> None:
+        """Counters only go up: add what a running total grew by since the last call."""
+        last = self._totals.get(key, 0)
+        counter.inc(max(total - last, 0))
+        self._totals[key] = total
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -379,6 +379,10 @@ class Daemon:
         self._events_at_tick = self.state.events
         status = self._status()
         self.metrics.observe_engine(self.queue.dropped)
+        for sink, failures in (("log", self.log and self.log.failures),
+                               ("trace", self.recorder and self.recorder.failures)):  # fmt: skip
+            if failures:
+                self.metrics.observe_sink(sink, failures.dropped_total, failures.failing)
         if self.stream is not None:
             self.stream.publish(status)
             self.metrics.observe_stream(self.stream.clients, self.stream.dropped_total)

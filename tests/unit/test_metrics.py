@@ -208,3 +208,22 @@ def test_engine_dropped_events_count_what_the_queue_dropped() -> None:
 def test_bad_listen_address_is_one_line(listen: str) -> None:
     with pytest.raises(GpujitterError, match=r"expected (HOST:PORT|one from 1 to 65535)"):
         DaemonMetrics().serve(listen)
+
+
+def test_disk_full_drops_and_attributions_are_counters_that_add_up() -> None:
+    """Issue 10: the disk-full policy's count reaches the metrics (it was in no metric), so
+    attributions made = logged + dropped can be checked from a scrape."""
+    m = DaemonMetrics()
+    m.observe_attribution(0, [("runq_wait", 0.02)])
+    m.observe_attribution(0, [("host_work", 0.01)])
+    m.observe_sink("log", 1, failing=True)
+    text = m.exposition().decode()
+    assert scrape_value(text, "gpujitter_attributions_total", gpu="0") == 2
+    assert scrape_value(text, "gpujitter_sink_dropped_records_total", sink="log") == 1
+    assert scrape_value(text, "gpujitter_sink_failing", sink="log") == 1
+    m.observe_sink("log", 1, failing=False)  # space returned; the total stays
+    m.observe_sink("trace", 40, failing=False)
+    text = m.exposition().decode()
+    assert scrape_value(text, "gpujitter_sink_dropped_records_total", sink="log") == 1
+    assert scrape_value(text, "gpujitter_sink_failing", sink="log") == 0
+    assert scrape_value(text, "gpujitter_sink_dropped_records_total", sink="trace") == 40
