@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from gpujitter.daemon.records import GpuGap
+from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample
 
 UNKNOWN_GPU = -1  # a process NVML did not (yet) list on any GPU
@@ -56,6 +57,20 @@ class GapConfig:
     # (shorter ones cannot cover much of a gap made of 20 ms samples).
     busy_sync_ns: int = 1_000_000
     history_ns: int = 60_000_000_000  # how much NVML and gap history is kept
+
+    def __post_init__(self) -> None:
+        # A trace header carries these (report replays with them): refuse what the detector
+        # cannot work with, e.g. a run of idle samples of length 0, which it indexes.
+        for name in ("min_gap_ns", "settle_ns", "feeder_window_ns", "cuda_resolution_ns",
+                     "busy_sync_ns", "history_ns"):  # fmt: skip
+            if getattr(self, name) < 0:
+                raise GpujitterError(f"gaps: {name} must not be negative")
+        if self.power_min_samples < 1:
+            raise GpujitterError("gaps: power_min_samples must be at least 1")
+        if not 0 < self.power_idle_fraction < 1:
+            raise GpujitterError("gaps: power_idle_fraction must be between 0 and 1")
+        if self.power_min_swing_w < 0:
+            raise GpujitterError("gaps: power_min_swing_w must not be negative")
 
 
 @dataclass(slots=True)

@@ -41,12 +41,8 @@ class AnalysisConfig:
             config = typed(cls, rec)
         except BadRecord as err:
             raise GpujitterError(f"bad analysis settings in trace header: {err}") from None
-        # EngineConfig checks its own values; GapConfig does not yet, and the detector
-        # indexes its run of idle samples by this count.
-        if config.gaps.power_min_samples < 1:
-            raise GpujitterError(
-                "bad analysis settings in trace header: gaps.power_min_samples must be at least 1"
-            )
+        except GpujitterError as err:  # a value GapConfig or EngineConfig refuses
+            raise GpujitterError(f"bad analysis settings in trace header: {err}") from None
         return config
 
 

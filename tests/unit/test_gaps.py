@@ -237,3 +237,25 @@ def test_a_floor_kept_from_a_previous_run_lets_power_find_real_gaps(
         assert gap.sources == ("power",)
         assert any(t["cmd"] == "stall" and t["t0"] < gap.end_ns and gap.ts_ns < t["t1"]
                    for t in truth)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "said"),
+    [
+        ("power_min_samples", 0, "power_min_samples must be at least 1"),
+        ("power_idle_fraction", 1.5, "power_idle_fraction must be between 0 and 1"),
+        ("min_gap_ns", -1, "min_gap_ns must not be negative"),
+    ],
+)
+def test_settings_the_detector_cannot_work_with_are_refused(
+    setting: str, value: float, said: str
+) -> None:
+    """A trace header carries these settings into `report`: power_min_samples 0 once ended in
+    an IndexError inside the detector."""
+    from gpujitter.daemon.pipeline import AnalysisConfig
+    from gpujitter.errors import GpujitterError
+
+    rec = AnalysisConfig().to_record()
+    rec["gaps"][setting] = value
+    with pytest.raises(GpujitterError, match=said):
+        AnalysisConfig.from_record(rec)
