@@ -336,3 +336,40 @@ def test_config_errors_are_one_line_errors():
         EngineConfig(retention_ns=dur(10), lateness_ns=dur(20))
     with pytest.raises(GpujitterError, match="max_spans must be at least 1"):
         EngineConfig(max_spans=0)
+
+
+def test_the_whole_analysis_levels_off_at_many_gaps_per_second():
+    """Issue 10: the daemon's memory grew ~0.33 MB/s at ~100 gaps/s over 36 s, and whether
+    it levels off was unknown. Gap detector, engine and node state together, fed a stall
+    every other step (~40 gaps a second) for 100 s of stream time: what they hold stops
+    growing once the detector's history and the engine's retention (here 10 s each; 60 s by
+    default, which is the warm-up the daemon's memory shows) are full."""
+    from gpujitter.daemon.gaps import GapConfig
+    from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
+    from gpujitter.daemon.state import NodeState
+
+    plan = [("contention", 12.0) if i % 2 == 0 else ("clean", 0.0) for i in range(7_000)]
+    stream = FeedingLoop(plan).build().delivered(seed=3)
+    ten_s = 10 * 10**9
+    config = AnalysisConfig(
+        gaps=GapConfig(history_ns=ten_s), engine=EngineConfig(retention_ns=ten_s)
+    )
+    pipeline = Pipeline(TWO_NODES, config)
+    state = NodeState(TWO_NODES)
+    held: list[tuple[float, int]] = []
+    tracemalloc.start()
+    try:
+        for i, ev in enumerate(stream):
+            state.observe(ev)
+            for out in pipeline.feed(ev):
+                state.observe(out)
+            if i % 1_000 == 0:
+                held.append(
+                    ((ev.ts_ns - stream[0].ts_ns) / 1e9, tracemalloc.get_traced_memory()[0])
+                )
+    finally:
+        tracemalloc.stop()
+    after_warm_up = [b for s, b in held if s > 30]
+    assert held[-1][0] > 80 and len(after_warm_up) >= 10
+    assert state.events > 0 and len(state.attributions) == state.attributions.maxlen
+    assert max(after_warm_up) - min(after_warm_up) < 200_000, held  # flat, not 0.33 MB/s
