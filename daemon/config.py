@@ -30,6 +30,8 @@ DEFAULT_PATH = Path("/etc/gpujitter/gpujitter.toml")
 # A threshold longer than this would stream nothing (and "100000000h" no longer fits the u64
 # that the BPF programs compare against: their compile fails and the probe is left out).
 MAX_THRESHOLD_NS = 3_600_000_000_000
+# Past this a "gap" is an idle GPU, which the NVML utilisation already shows.
+MAX_MIN_GAP_NS = 10_000_000_000
 # Records a stream client may fall behind by; a client further behind is better told it
 # lost records than held in the daemon's memory (MemoryMax in the unit).
 MAX_SOCKET_QUEUE = 1 << 20
@@ -74,6 +76,14 @@ def _at_least(low: int, high: int | None = None) -> Callable[[Any], int]:
 
 def _duration(v: Any) -> int:
     return parse_duration_ns(str(v)) if isinstance(v, str) else _int(v)
+
+
+def _gap_length(v: Any) -> int:
+    """The shortest GPU idle stretch reported: above 0, at most MAX_MIN_GAP_NS."""
+    ns = _duration(v)
+    if not 0 < ns <= MAX_MIN_GAP_NS:
+        raise ValueError("expected a time above 0 and at most 10s")
+    return ns
 
 
 def _size(v: Any) -> int:
@@ -224,6 +234,12 @@ SETTINGS: tuple[Setting, ...] = (
         "messages queued per client before dropping",
     ),
     Setting("metrics.listen", _listen, "", "Prometheus metrics on HOST:PORT (empty: off)"),
+    Setting(
+        "gaps.min_gap",
+        _gap_length,
+        5_000_000,
+        "GPU idle stretches shorter than this are not reported",
+    ),
     Setting(
         "state.dir",
         _str,

@@ -38,6 +38,7 @@ import psutil
 from gpujitter import __version__
 from gpujitter.daemon.config import Config, check_node, thresholds_by_probe
 from gpujitter.daemon.describe import one_line
+from gpujitter.daemon.gaps import GapConfig
 from gpujitter.daemon.idle_floors import FILE_NAME, IdleFloorStore
 from gpujitter.daemon.jsonlog import JsonLog
 from gpujitter.daemon.metrics import DaemonMetrics
@@ -115,6 +116,24 @@ class Console:
         with contextlib.suppress(queue.Full):
             self._lines.put(None, timeout=timeout_s)
         self._thread.join(timeout_s)
+
+
+def status_line(status: dict[str, Any]) -> str:
+    """What `systemctl status` shows while the daemon runs (sd_notify STATUS=), from the
+    daemon.status record: is it seeing, finding, keeping up, writing."""
+    parts = [
+        f"{status['attributions']} gaps attributed",
+        f"{status['events_per_s']:.0f} events/s",
+        f"lost {status['lost_kernel'] + status['lost_user']}",
+        f"{status['clients']} clients",
+        f"cpu {status['cpu_percent']:.1f}%",
+        f"rss {status['rss_bytes'] >> 20} MiB",
+    ]
+    for sink, failing, dropped in (("log", "log_failing", "log_dropped"),
+                                   ("trace", "trace_failing", "trace_lost")):  # fmt: skip
+        if status[failing]:
+            parts.append(f"{sink} failing ({status[dropped]} dropped): {status[failing]}")
+    return "; ".join(parts)
 
 
 def probe_names(config: Config) -> list[str]:
@@ -203,7 +222,7 @@ class Daemon:
         # Sinks close after the sources stopped and what they held was analysed.
         with contextlib.ExitStack() as sinks:
             with sources:
-                analysis = AnalysisConfig()
+                analysis = AnalysisConfig(gaps=GapConfig(min_gap_ns=self.config["gaps.min_gap"]))
                 analysis = replace(
                     analysis,
                     engine=replace(analysis.engine, gpu_bus_ids=sources.gpu_bus_ids()),
@@ -389,6 +408,7 @@ class Daemon:
         if self.recorder is not None:
             self.recorder.tick(now)
         self._keep_floors()
+        self.notifier.status(status_line(status))
 
     def _reopen(self) -> None:
         """SIGHUP: reopen the log (after logrotate moved it) and start a new trace file."""

@@ -28,6 +28,8 @@ def wall_ns(ref: ClockRef, mono_ns: int) -> int:
 
 
 def format_wall(ref: ClockRef, mono_ns: int, *, date: bool = False) -> str:
-    """Local wall time of a monotonic timestamp: 12:01:07.250123 (with the date if asked)."""
+    """Local wall time of a monotonic timestamp: 12:01:07.250123, or with the date and the
+    zone's UTC offset if asked (2026-12-01 12:01:07.250123 +0000), which journalctl,
+    Prometheus and Grafana times can be compared with."""
     dt = datetime.fromtimestamp(wall_ns(ref, mono_ns) / 1e9).astimezone()
-    return dt.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")
+    return dt.strftime("%Y-%m-%d %H:%M:%S.%f %z" if date else "%H:%M:%S.%f")

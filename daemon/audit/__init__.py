@@ -18,6 +18,7 @@ from gpujitter.daemon.audit.model import (
     GpuProcess,
     Severity,
 )
+from gpujitter.errors import GpujitterError
 
 RULE_MODULES = (memory, cpu, irqs, gpus, processes)
 
@@ -48,8 +49,16 @@ __all__ = [
 
 
 def run_audit(ctx: AuditContext, only: Iterable[str] = ()) -> list[Finding]:
-    """Every rule's findings, in rule order; `only` limits to rules or families by prefix."""
+    """Every rule's findings, in rule order; `only` limits to rules or families by prefix.
+    A name in `only` that is no rule or family is refused (it would audit nothing, silently)."""
     wanted = tuple(only)
+    unknown = [w for w in wanted if not any(n == w or n.startswith(w + ".") for n in RULES)]
+    if unknown:
+        families = sorted({name.split(".")[0] for name in RULES})
+        raise GpujitterError(
+            f"no audit rule {', '.join(map(repr, unknown))}: rules are FAMILY.NAME "
+            f"(families: {', '.join(families)}; `gpujitter audit --json` lists every rule)"
+        )
     findings: list[Finding] = []
     for name, fn in sorted(RULES.items(), key=_family_order):
         if wanted and not any(name == w or name.startswith(w + ".") for w in wanted):

@@ -110,6 +110,8 @@ def describe_gpus(nvml: Any, paths: HostPaths) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpujitter.errors import GpujitterError
+    from gpujitter.probes.gpu_record import ReplayMissing
     from gpujitter.probes.nvml import NvmlUnavailable, open_nvml
 
     backend = nvml_backend(args)
@@ -123,8 +125,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"no NVIDIA GPU usable: {printable(str(err))}")
         return 0
     with nvml:
-        gpus = describe_gpus(nvml, HostPaths())
-        driver = nvml.driver_version()
+        try:
+            gpus = describe_gpus(nvml, HostPaths())
+            driver = nvml.driver_version()
+        except ReplayMissing as err:
+            # A recording made by another command (the daemon's sampler, `record`) holds
+            # other calls than these.
+            raise GpujitterError(
+                f"--nvml-replay {args.nvml_replay}: {err}: it was not recorded by "
+                "`gpujitter gpus --nvml-record`"
+            ) from None
     save_recording(args, backend)
     if args.json:
         print_json({"driver": driver, "gpus": gpus})

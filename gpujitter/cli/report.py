@@ -36,13 +36,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--from",
         dest="start",
         metavar="WHEN",
-        help="only gaps starting at or after WHEN: HH:MM:SS[.fff] or a date and "
-        "time (local), or +OFFSET from the recording's start (+90s)",
+        help="only gaps starting at or after WHEN: HH:MM:SS[.fff] (local, on the "
+        "recording's first day), an ISO 8601 date and time (2026-12-01T08:34:19Z, with an "
+        "offset or Z; local without), or +OFFSET from the recording's start (+90s)",
     )
     p.add_argument("--to", dest="end", metavar="WHEN", help="only gaps starting before WHEN")
     p.add_argument("--gpu", type=int, action="append", default=[], help="only this GPU")
-    p.add_argument("--top", type=int, default=10, metavar="N",
+    p.add_argument("--top", type=count, default=10, metavar="N",
                    help="show the N longest gaps with their breakdown (default 10)")  # fmt: skip
+
+
+def count(text: str) -> int:
+    """A number of things to show: 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"want a whole number, 0 or more, not {text!r}")
+    return n
 
 
 def parse_when(text: str, header: TraceHeader) -> int:
@@ -51,19 +63,29 @@ def parse_when(text: str, header: TraceHeader) -> int:
     if m:
         return header.start_ns + parse_duration_ns(m.group(1), "s")
     start = datetime.fromtimestamp(header.start_wall_ns / 1e9).astimezone()
-    for fmt in ("%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S.%f",
-                "%Y-%m-%dT%H:%M:%S", "%H:%M:%S.%f", "%H:%M:%S"):  # fmt: skip
+    parsed = _clock_time(text.strip(), start)
+    if parsed is None:
+        raise GpujitterError(
+            f"bad time {text!r}: want HH:MM:SS[.fff], an ISO 8601 date and time "
+            "(2026-12-01T08:34:19Z, '2026-12-01 08:34:19') or +OFFSET (e.g. +90s)"
+        )
+    if parsed.tzinfo is None:  # local time, as the report prints it
+        parsed = parsed.replace(tzinfo=start.tzinfo)
+    return header.clock.ts_ns + (round(parsed.timestamp() * 1e9) - header.clock.realtime_ns)
+
+
+def _clock_time(text: str, start: datetime) -> datetime | None:
+    """HH:MM:SS[.fff] on the recording's first day, or an ISO 8601 date and time."""
+    for fmt in ("%H:%M:%S.%f", "%H:%M:%S"):
         try:
-            parsed = datetime.strptime(text.strip(), fmt)
+            t = datetime.strptime(text, fmt)
         except ValueError:
             continue
-        if "%Y" not in fmt:
-            parsed = parsed.replace(year=start.year, month=start.month, day=start.day)
-        wall = parsed.replace(tzinfo=start.tzinfo).timestamp()
-        return header.clock.ts_ns + (round(wall * 1e9) - header.clock.realtime_ns)
-    raise GpujitterError(
-        f"bad time {text!r}: want HH:MM:SS[.fff], 'YYYY-MM-DD HH:MM:SS' or +OFFSET (e.g. +90s)"
-    )
+        return t.replace(year=start.year, month=start.month, day=start.day)
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
 
 
 def summarise(attrs: list[Attribution]) -> dict[int, dict[str, Any]]:
@@ -97,7 +119,10 @@ def run(args: argparse.Namespace) -> int:
 
     attrs: list[Attribution] = []
     gaps = 0
+    seen_gpus: set[int] = set()
     for out in analyse(traces, header.topology, config):
+        if isinstance(out, (GpuGap, Attribution)):
+            seen_gpus.add(out.gpu)
         if isinstance(out, Attribution) and wanted(out):
             attrs.append(out)
         elif isinstance(out, GpuGap) and wanted(out):
@@ -117,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     # A trace is a file from elsewhere: whatever it holds is shown inert (gpujitter.text).
     print(printable(f"{header.host} ({header.kernel}), recorded from "
-          f"{format_wall(header.clock, header.start_ns, date=True)[:-3]}; "
+          f"{format_wall(header.clock, header.start_ns, date=True)}; "
           f"{len(traces.paths)} file(s); probes: {', '.join(header.probes)}"))  # fmt: skip
     if header.topology.override:
         print(f"topology override in force: {printable(header.topology.override)}")
@@ -127,6 +152,10 @@ def run(args: argparse.Namespace) -> int:
         print(
             "no GPU idle gaps in this range" + (f" ({gaps} gaps, none attributed)" if gaps else "")
         )
+        if missing := sorted(set(args.gpu) - seen_gpus):
+            known = ", ".join(gpu_name(g) for g in sorted(seen_gpus)) or "none"
+            print(f"{', '.join(gpu_name(g) for g in missing)}: not in this recording "
+                  f"(GPUs with gaps: {known})")  # fmt: skip
         return 0
     for gpu, s in summary.items():
         print(f"\n{gpu_name(gpu)}: {s['gaps']} gaps, {format_ns(s['idle_ns'])} idle")

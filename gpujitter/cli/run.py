@@ -45,6 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="TOML file assigning CPUs to emulated NUMA nodes (docs/topology.md)",
     )
     p.add_argument(
+        "--min-gap",
+        metavar="TIME",
+        help="report GPU idle stretches of at least TIME (default 5ms; gaps.min_gap)",
+    )
+    p.add_argument(
         "-d", "--duration", metavar="TIME", help="stop after TIME (default: run until stopped)"
     )
     p.add_argument("--no-nvml", action="store_true", help="do not use NVML (host evidence only)")
@@ -73,6 +78,7 @@ def flags_of(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
         "watch.cgroups": ("--cgroup", [str(c) for c in args.cgroup] or None),
         "watch.gpu_processes": ("--no-gpu-processes", False if args.no_gpu_processes else None),
         "topology.override": ("--topology-override", args.topology_override),
+        "gaps.min_gap": ("--min-gap", args.min_gap),
     }
 
 

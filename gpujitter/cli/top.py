@@ -28,6 +28,17 @@ if TYPE_CHECKING:
     from gpujitter.tui.sources import Source
 
 
+def speed(text: str) -> float:
+    """A playback speed: 0 or less would never move (the replay froze)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 1000:
+        raise argparse.ArgumentTypeError(f"want a speed above 0 and at most 1000, not {text!r}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--socket",
@@ -67,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="replay: where to start (start, end, or HH:MM:SS, +TIME, N%%; default start)",
     )
     p.add_argument("--paused", action="store_true", help="replay: start paused")
-    p.add_argument("--speed", type=float, default=1.0, help="replay: playback speed (default 1)")
+    p.add_argument("--speed", type=speed, default=1.0,
+                   help="replay: playback speed, above 0 (default 1; 0.5: half)")  # fmt: skip
     p.add_argument(
         "--audit",
         type=Path,

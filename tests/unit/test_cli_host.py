@@ -93,6 +93,15 @@ def test_override_is_named_by_topo_audit_and_doctor(tmp_path: Path) -> None:
         (("topo", "--root", "/nonexistent"), "--root /nonexistent: not a recorded tree"),
         (("audit", "--pid", "999999999"), "--pid 999999999: no such process"),
         (("topo", "--topology-override", "/nonexistent.toml"), "No such file or directory"),
+        # An unknown rule audited nothing and exited 0: a typo looked like a clean node.
+        (("audit", "--rule", "nosuchrule"), "no audit rule 'nosuchrule'"),
+        (("audit", "--rule", "memory.swapiness"), "families: cpu, gpu, irq, memory, process"),
+        # A recording of another command ended in a ReplayMissing traceback.
+        (
+            ("gpus", "--nvml-replay", "tests/fixtures/nvml/h200-training.jsonl"),
+            "not recorded by `gpujitter gpus --nvml-record`",
+        ),
+        (("run", "--print-config", "--min-gap", "0"), "gaps.min_gap: expected a time above 0"),
     ],
 )
 def test_bad_input_is_one_line(args: tuple[str, ...], said: str) -> None:
@@ -100,6 +109,13 @@ def test_bad_input_is_one_line(args: tuple[str, ...], said: str) -> None:
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and said in proc.stderr
     assert proc.stderr.startswith(f"gpujitter {args[0]}: error: ")
+
+
+def test_a_replay_speed_of_0_is_refused() -> None:
+    """Speed 0 (or below) froze the replay."""
+    proc = gpujitter("top", "--replay", "x.gjtrace", "--speed", "0")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1].endswith("want a speed above 0 and at most 1000, not '0'")
 
 
 @pytest.mark.parametrize("command", ["doctor", "audit", "topo"])

@@ -72,3 +72,21 @@ def test_without_systemd_everything_is_a_no_op() -> None:
     n = Notifier({})
     assert not n.enabled
     assert not n.ready() and not n.watchdog(now_s=1.0) and not n.stopping()
+
+
+def test_status_line_says_what_systemctl_status_should_show() -> None:
+    """`systemctl status` showed no live status after start: each tick now sends STATUS= from
+    the status record, with a failing disk named."""
+    from gpujitter.daemon.service import status_line
+
+    status = {
+        "attributions": 12, "events_per_s": 840.4, "lost_kernel": 0, "lost_user": 3,
+        "clients": 2, "cpu_percent": 1.25, "rss_bytes": 131 << 20,
+        "log_failing": "", "log_dropped": 0, "trace_failing": "", "trace_lost": 0,
+    }  # fmt: skip
+    line = status_line(status)
+    assert line == ("12 gaps attributed; 840 events/s; lost 3; 2 clients; cpu 1.2%; rss 131 MiB")
+    full = {**status, "log_failing": "cannot write log /l: No space left", "log_dropped": 4}
+    assert status_line(full).endswith(
+        "; log failing (4 dropped): cannot write log /l: No space left"
+    )

@@ -1,0 +1,72 @@
+"""`gpujitter report`'s options as an operator types them: times as journalctl, Prometheus
+and Grafana print them, counts, GPUs that are not in the recording."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from gpujitter.cli import main
+from gpujitter.daemon.trace import TraceWriter
+from gpujitter.probes.clock import wall_ns
+from tests.fixtures.streams.synthetic import MS, T0, TWO_NODES, Stream
+from tests.unit.trace_samples import header
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Path:
+    """One recording with one gap, at 100 ms of the stream's clock, on GPU 0."""
+    s = Stream().offcpu(100, 125, runnable=100, state="preempted", other=555, other_comm="hog")
+    path = tmp_path / "one.gjtrace"
+    writer = TraceWriter(path, header(topology=TWO_NODES))
+    for ev in s.ran(0, 1000).gap(100, 140).in_emission_order():
+        writer.write(ev)
+    writer.close()
+    return path
+
+
+def iso_z(path: Path, mono_ns: int) -> str:
+    """The wall time of a point of the recording as Prometheus and Grafana print it."""
+    clock = header(topology=TWO_NODES).clock
+    at = datetime.fromtimestamp(wall_ns(clock, T0 + mono_ns) / 1e9, UTC)
+    return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def gaps_listed(out: str) -> int:
+    return out.count("GPU0 idle")
+
+
+def test_from_and_to_take_iso_8601_times_in_utc(
+    trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(trace), "--from", iso_z(trace, 99 * MS)]) == 0
+    assert gaps_listed(capsys.readouterr().out) == 1
+    assert main(["report", str(trace), "--from", iso_z(trace, 101 * MS)]) == 0
+    assert gaps_listed(capsys.readouterr().out) == 0
+    assert main(["report", str(trace), "--to", iso_z(trace, 101 * MS)]) == 0
+    assert gaps_listed(capsys.readouterr().out) == 1
+
+
+def test_the_recordings_start_is_printed_with_its_zone(
+    trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(trace)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.split("recorded from ")[1].split(";")[0][-5:-4] in "+-"  # e.g. +0000
+
+
+def test_a_negative_top_is_refused(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(trace), "--top", "-3"])
+    assert exit_.value.code == 2
+    assert "want a whole number, 0 or more" in capsys.readouterr().err
+
+
+def test_a_gpu_not_in_the_recording_is_said(
+    trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(trace), "--gpu", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU7: not in this recording (GPUs with gaps: GPU0)" in out
