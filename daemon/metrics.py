@@ -8,7 +8,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.exposition import generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
@@ -16,23 +22,45 @@ from gpujitter.daemon.config import parse_listen
 from gpujitter.daemon.metrics_server import CONNECTION_TIMEOUT_S, MetricsServer
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import ProbeStatus
+from gpujitter.probes.nvml import GpuInfo
 
 PROBE_STATES = ("running", "degraded", "unavailable", "off", "stopped")
+# Per-GPU series carry the GPU's identity as NVIDIA's DCGM exporter gives it (the same
+# values), in snake_case as Prometheus' conventions (and promtool) want: `gpu` and
+# `pci_bus_id` match DCGM's labels as they are, its `UUID` and `modelName` are our `uuid` and
+# `model_name` (label_replace joins them: docs/operations.md, "Metrics").
+GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "model_name")
+GAP_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+def nvml_bus_id(sysfs_id: str) -> str:
+    """0000:3b:00.0 (sysfs, as gpujitter keeps it) -> 00000000:3B:00.0 (NVML's, DCGM's)."""
+    domain, _, rest = sysfs_id.partition(":")
+    return f"{int(domain, 16):08X}:{rest.upper()}" if rest else sysfs_id
 
 
 class DaemonMetrics:
     def __init__(self) -> None:
+        # Counters' *_created series only double what a scrape sends (process-wide switch).
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         r = self.registry
         ProcessCollector(namespace="gpujitter", registry=r)
-        self.gaps = Counter("gpujitter_gaps", "GPU idle gaps detected", ["gpu"], registry=r)
+        self.gaps = Counter("gpujitter_gaps", "GPU idle gaps detected", GPU_LABELS, registry=r)
         self.gap_seconds = Counter(
-            "gpujitter_gap_seconds", "GPU idle time in detected gaps", ["gpu"], registry=r
+            "gpujitter_gap_seconds", "GPU idle time in detected gaps", GPU_LABELS, registry=r
+        )
+        self.gap_duration = Histogram(
+            "gpujitter_gap_duration_seconds",
+            "how long detected GPU idle gaps lasted",
+            GPU_LABELS,
+            buckets=GAP_BUCKETS_S,
+            registry=r,
         )
         self.attributed = Counter(
             "gpujitter_attributed_seconds",
             "GPU idle time attributed to each cause (unexplained included)",
-            ["gpu", "cause"],
+            [*GPU_LABELS, "cause"],
             registry=r,
         )
         self.probe_state = Gauge(
@@ -41,24 +69,21 @@ class DaemonMetrics:
             ["probe", "state"],
             registry=r,
         )
-        self.probe_events = Gauge(
-            "gpujitter_probe_events",
-            "events a probe delivered since start",
-            ["probe"],
-            registry=r,
+        self.probe_events = Counter(
+            "gpujitter_probe_events", "events a probe delivered", ["probe"], registry=r
         )
-        self.probe_lost = Gauge(
+        self.probe_lost = Counter(
             "gpujitter_probe_lost_events",
-            "events a probe lost since start, in the kernel (ring buffer full) or in Python",
+            "events a probe lost, in the kernel (ring buffer full) or in Python (queue full)",
             ["probe", "where"],
             registry=r,
         )
         self.stream_clients = Gauge(
             "gpujitter_stream_clients", "clients connected to the stream socket", registry=r
         )
-        self.stream_dropped = Gauge(
+        self.stream_dropped = Counter(
             "gpujitter_stream_dropped_records",
-            "records dropped for slow stream clients since start",
+            "records dropped for stream clients that read too slowly",
             registry=r,
         )
         self.engine_lost = Counter(
@@ -75,7 +100,7 @@ class DaemonMetrics:
         self.attributions = Counter(
             "gpujitter_attributions",
             "attributions made; each is in the log or counted in gpujitter_sink_dropped_records",
-            ["gpu"],
+            GPU_LABELS,
             registry=r,
         )
         self.sink_dropped = Counter(
@@ -91,29 +116,49 @@ class DaemonMetrics:
             registry=r,
         )
         self._totals: dict[str, int] = {}  # running totals the daemon hands in
+        self._gpus: dict[int, dict[str, str]] = {}
         self._server: MetricsServer | None = None
 
+    def set_gpus(self, gpus: Iterable[GpuInfo]) -> None:
+        """The GPUs NVML knows: their identity goes on every per-GPU series."""
+        self._gpus = {
+            g.index: {"gpu": str(g.index), "uuid": g.uuid,
+                      "pci_bus_id": nvml_bus_id(g.pci_bus_id), "model_name": g.name}
+            for g in gpus
+        }  # fmt: skip
+
+    def _gpu(self, gpu: int) -> dict[str, str]:
+        # A GPU NVML does not know (the stub libcuda, no driver): its index alone.
+        return self._gpus.get(gpu) or {"gpu": str(gpu), "uuid": "", "pci_bus_id": "",
+                                        "model_name": ""}  # fmt: skip
+
     def observe_gap(self, gpu: int, seconds: float) -> None:
-        self.gaps.labels(gpu=str(gpu)).inc()
-        self.gap_seconds.labels(gpu=str(gpu)).inc(seconds)
+        labels = self._gpu(gpu)
+        self.gaps.labels(**labels).inc()
+        self.gap_seconds.labels(**labels).inc(seconds)
+        self.gap_duration.labels(**labels).observe(seconds)
 
     def observe_attribution(self, gpu: int, parts: Iterable[tuple[str, float]]) -> None:
-        self.attributions.labels(gpu=str(gpu)).inc()
+        labels = self._gpu(gpu)
+        self.attributions.labels(**labels).inc()
         for cause, seconds in parts:
-            self.attributed.labels(gpu=str(gpu), cause=cause).inc(seconds)
+            self.attributed.labels(**labels, cause=cause).inc(seconds)
 
     def observe_probe(self, status: ProbeStatus) -> None:
         for state in PROBE_STATES:
             self.probe_state.labels(probe=status.probe, state=state).set(
                 1 if status.state == state else 0
             )
-        self.probe_events.labels(probe=status.probe).set(status.events)
-        self.probe_lost.labels(probe=status.probe, where="kernel").set(status.lost_kernel)
-        self.probe_lost.labels(probe=status.probe, where="user").set(status.lost_user)
+        name = status.probe
+        self._advance(self.probe_events.labels(probe=name), f"events/{name}", status.events)
+        for where, total in (("kernel", status.lost_kernel), ("user", status.lost_user)):
+            self._advance(
+                self.probe_lost.labels(probe=name, where=where), f"lost/{name}/{where}", total
+            )
 
     def observe_stream(self, clients: int, dropped_total: int) -> None:
         self.stream_clients.set(clients)
-        self.stream_dropped.set(dropped_total)
+        self._advance(self.stream_dropped, "stream", dropped_total)
 
     def observe_engine(self, dropped_total: int) -> None:
         """Called each tick with the event queue's running drop count."""

@@ -229,6 +229,7 @@ class Daemon:
                     idle_floors_w=self._kept_floors(sources.gpus),
                 )
                 self.pipeline = Pipeline(self.topology, analysis)
+                self.metrics.set_gpus(sources.gpus)
                 self.state = NodeState(self.topology, sources.gpus)
                 self._open_sinks(sinks, clock, analysis)
                 running = [s.probe for s in sources.statuses if s.state in ("running", "degraded")]

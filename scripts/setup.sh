@@ -14,8 +14,10 @@ skip() { printf '    %s\n' "$*"; }
 
 # libjemalloc2, libtcmalloc-minimal4: real allocators for the malloc probe's precise-mode tests
 # gcc, libc6-dev: `gpujitter drill` builds its stub libcuda and injection helpers at run time
+# prometheus: its promtool checks the shipped alert rules and the daemon's metrics in the
+# tests (the server it also brings is not started)
 packages=(python3-bpfcc python3-venv python3-pip linux-headers-amd64 util-linux
-    libjemalloc2 libtcmalloc-minimal4 gcc libc6-dev)
+    libjemalloc2 libtcmalloc-minimal4 gcc libc6-dev prometheus)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -20,6 +20,7 @@ from gpujitter.daemon.metrics_server import MAX_CONNECTIONS, REQUEST_LIMIT_BYTES
 from gpujitter.daemon.recorder import EventQueue
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import ProbeStatus
+from gpujitter.probes.nvml import GpuInfo
 
 
 def scrape_value(text: str, name: str, **labels: str) -> float:
@@ -35,8 +36,22 @@ def scrape_value(text: str, name: str, **labels: str) -> float:
     raise AssertionError(f"{name}{{{want}}} not in scrape")
 
 
+H200 = GpuInfo(
+    index=0, name="NVIDIA H200", uuid="GPU-6f1f2c3d-0000-4000-8000-000000000000",
+    pci_bus_id="0000:3b:00.0", numa_node=0, local_cpus=(), persistence_mode=True,
+)  # fmt: skip
+# What DCGM's exporter puts on its series for the same GPU, in Prometheus' label case.
+DCGM = {"gpu": "0", "uuid": H200.uuid, "pci_bus_id": "00000000:3B:00.0", "model_name": H200.name}
+
+
+def unknown_gpu(index: int) -> dict[str, str]:
+    """The labels of a GPU NVML does not know: its index alone."""
+    return {"gpu": str(index), "uuid": "", "pci_bus_id": "", "model_name": ""}
+
+
 def test_gaps_attributions_and_probe_health_are_exposed() -> None:
     m = DaemonMetrics()
+    m.set_gpus([H200])
     m.observe_gap(0, 0.038)
     m.observe_gap(0, 0.012)
     m.observe_attribution(0, [("swap_in", 0.029), ("irq", 0.006), ("unexplained", 0.003)])
@@ -46,17 +61,37 @@ def test_gaps_attributions_and_probe_health_are_exposed() -> None:
     m.observe_probe(ProbeStatus(ts_ns=1, probe="swap", state="unavailable", reason="x"))
     m.observe_stream(clients=3, dropped_total=7)
     text = m.exposition().decode()
-    assert scrape_value(text, "gpujitter_gaps_total", gpu="0") == 2
-    assert scrape_value(text, "gpujitter_gap_seconds_total", gpu="0") == pytest.approx(0.05)
+    assert scrape_value(text, "gpujitter_gaps_total", **DCGM) == 2
+    assert scrape_value(text, "gpujitter_gap_seconds_total", **DCGM) == pytest.approx(0.05)
     assert scrape_value(
-        text, "gpujitter_attributed_seconds_total", gpu="0", cause="swap_in"
+        text, "gpujitter_attributed_seconds_total", **DCGM, cause="swap_in"
     ) == pytest.approx(0.029)
     assert scrape_value(text, "gpujitter_probe_state", probe="irq", state="running") == 1
     assert scrape_value(text, "gpujitter_probe_state", probe="swap", state="running") == 0
     assert scrape_value(text, "gpujitter_probe_state", probe="swap", state="unavailable") == 1
-    assert scrape_value(text, "gpujitter_probe_lost_events", probe="irq", where="kernel") == 2
-    assert scrape_value(text, "gpujitter_stream_dropped_records") == 7
+    assert scrape_value(text, "gpujitter_probe_lost_events_total", probe="irq", where="kernel") == 2
+    assert scrape_value(text, "gpujitter_stream_dropped_records_total") == 7
     assert scrape_value(text, "gpujitter_process_resident_memory_bytes") > 0
+
+
+def test_gap_durations_are_a_histogram_and_since_start_counts_are_counters() -> None:
+    """Issue 15: no p99 or "gaps over 50 ms" could be asked, since-start totals were gauges
+    (the documented increase() alert ran on one), and every counter had a _created twin."""
+    m = DaemonMetrics()
+    for seconds in (0.004, 0.012, 0.03, 0.3):
+        m.observe_gap(1, seconds)
+    for events in (10, 25):  # the probe's running total, as each status record brings it
+        m.observe_probe(ProbeStatus(ts_ns=1, probe="sched", state="running", events=events))
+    text = m.exposition().decode()
+    unknown = unknown_gpu(1)
+    bucket = "gpujitter_gap_duration_seconds_bucket"
+    assert scrape_value(text, bucket, **unknown, le="0.05") == 3
+    assert scrape_value(text, bucket, **unknown, le="0.5") == 4
+    assert scrape_value(text, "gpujitter_gap_duration_seconds_count", **unknown) == 4
+    assert scrape_value(text, "gpujitter_probe_events_total", probe="sched") == 25
+    assert "# TYPE gpujitter_probe_events_total counter" in text
+    assert "# TYPE gpujitter_stream_dropped_records_total counter" in text
+    assert "_created" not in text
 
 
 def free_port(family: socket.AddressFamily = socket.AF_INET, host: str = "127.0.0.1") -> int:
@@ -99,7 +134,7 @@ def test_served_over_http_on_localhost(metrics: DaemonMetrics) -> None:
     port = free_port()
     metrics.observe_gap(1, 0.5)
     metrics.serve(f"127.0.0.1:{port}")
-    assert scrape_value(scrape(port), "gpujitter_gaps_total", gpu="1") == 1
+    assert scrape_value(scrape(port), "gpujitter_gaps_total", **unknown_gpu(1)) == 1
 
 
 def test_served_on_ipv6_loopback(metrics: DaemonMetrics) -> None:
@@ -109,7 +144,7 @@ def test_served_on_ipv6_loopback(metrics: DaemonMetrics) -> None:
         pytest.skip("no IPv6 loopback here")
     metrics.observe_gap(2, 0.5)
     metrics.serve(f"[::1]:{port}")
-    assert scrape_value(scrape(port, host="[::1]"), "gpujitter_gaps_total", gpu="2") == 1
+    assert scrape_value(scrape(port, host="[::1]"), "gpujitter_gaps_total", **unknown_gpu(2)) == 1
 
 
 def test_other_paths_are_not_found_and_head_has_no_body(metrics: DaemonMetrics) -> None:
@@ -218,7 +253,7 @@ def test_disk_full_drops_and_attributions_are_counters_that_add_up() -> None:
     m.observe_attribution(0, [("host_work", 0.01)])
     m.observe_sink("log", 1, failing=True)
     text = m.exposition().decode()
-    assert scrape_value(text, "gpujitter_attributions_total", gpu="0") == 2
+    assert scrape_value(text, "gpujitter_attributions_total", **unknown_gpu(0)) == 2
     assert scrape_value(text, "gpujitter_sink_dropped_records_total", sink="log") == 1
     assert scrape_value(text, "gpujitter_sink_failing", sink="log") == 1
     m.observe_sink("log", 1, failing=False)  # space returned; the total stays
