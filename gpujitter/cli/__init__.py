@@ -19,8 +19,8 @@ from gpujitter.text import printable
 
 # Order is the order `gpujitter --help` lists them in.
 COMMANDS = (
-    "top", "run", "doctor", "audit", "topo", "gpus", "probe", "gaps", "record", "report", "trace",
-    "drill",
+    "top", "run", "doctor", "audit", "topo", "gpus", "probe", "gaps", "record", "report",
+    "export", "trace", "drill",
 )  # fmt: skip
 
 

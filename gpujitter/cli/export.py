@@ -1,0 +1,113 @@
+"""`gpujitter export`: a recording as a timeline for Perfetto's UI or chrome://tracing, with
+the GPU gaps and their causes over the feeding threads' evidence, optionally merged with a
+PyTorch profiler trace of the same run (daemon/timeline.py)."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+
+from gpujitter.cli.command import Command
+from gpujitter.cli.output import print_json
+from gpujitter.errors import GpujitterError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "traces",
+        nargs="+",
+        metavar="TRACE",
+        help="trace files, directories of them (a rotated recording) or globs",
+    )
+    p.add_argument(
+        "-o", "--output", required=True, type=Path, metavar="FILE",
+        help="the timeline to write (Chrome trace JSON; gzipped when FILE ends in .gz)",
+    )  # fmt: skip
+    p.add_argument(
+        "--merge", type=Path, metavar="PROFILER_TRACE",
+        help="a PyTorch profiler (Kineto) trace of the same run, put on the same clock",
+    )  # fmt: skip
+
+
+def _load_profiler(path: Path) -> Any:
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        return orjson.loads(raw)
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise GpujitterError(f"--merge {path}: {getattr(err, 'strerror', None) or err}") from None
+    except orjson.JSONDecodeError:
+        raise GpujitterError(f"--merge {path}: not JSON (want a Chrome trace)") from None
+
+
+def _open(path: Path) -> BinaryIO | gzip.GzipFile:
+    if path.exists():
+        raise GpujitterError(f"{path} exists; remove it or choose another name")
+    try:
+        if path.suffix == ".gz":
+            return gzip.open(path, "wb")
+        return open(path, "wb")
+    except OSError as err:
+        raise GpujitterError(f"cannot create {path}: {err.strerror}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpujitter.daemon.pipeline import AnalysisConfig
+    from gpujitter.daemon.timeline import export, profiler_clock, profiler_events
+    from gpujitter.daemon.trace import TraceSet
+
+    traces = TraceSet(args.traces)
+    header = traces.headers[0]
+    clock, extra = None, []
+    if args.merge:
+        profiler = _load_profiler(args.merge)
+        extra = profiler_events(profiler)
+        clock = profiler_clock(profiler, header.clock)
+    out = _open(args.output)
+    try:
+        with out:
+            writer = export(traces, out, header.topology,
+                            AnalysisConfig.from_record(header.analysis), clock, extra)  # fmt: skip
+    except BaseException:
+        os.unlink(args.output)  # never leave half a timeline behind
+        raise
+    summary = {"output": str(args.output), "gaps": writer.gaps, "slices": writer.slices,
+               "merged_events": len(extra), "damage": traces.damage}  # fmt: skip
+    if args.json:
+        print_json(summary)
+    else:
+        merged = f", {len(extra)} profiler events merged" if args.merge else ""
+        print(f"{args.output}: {writer.gaps} gaps, {writer.slices} slices{merged}; "
+              "open it in https://ui.perfetto.dev or chrome://tracing")  # fmt: skip
+        for note in traces.damage:
+            print(f"damage: {note}")
+    return 0
+
+
+COMMAND = Command(
+    name="export",
+    summary="a recording as a timeline for Perfetto or chrome://tracing",
+    description="""
+        Replay recorded traces through the daemon's own gap detection and attribution and
+        write a Chrome trace-event JSON timeline: a track per GPU (NVML utilisation and
+        power, each idle gap with its causes as child slices) and a track per watched
+        thread (off-CPU time, run-queue waits with the task that ran instead, faults, IRQ
+        time, allocator and CUDA calls). Perfetto's UI and chrome://tracing open it.
+        --merge adds a PyTorch profiler trace of the same run on the same clock, so that
+        a gap sits under the training step that suffered it.
+    """,
+    examples="""
+        # a recording as a timeline
+        gpujitter export /var/lib/gpujitter/traces -o run.json
+        # beside the PyTorch profiler's trace of the same run, compressed
+        gpujitter export run.gjtrace --merge trace.pt.trace.json -o merged.json.gz
+    """,
+    add_arguments=add_arguments,
+    run=run,
+)
