@@ -13,17 +13,13 @@ from typing import Any, BinaryIO
 import orjson
 
 from gpujitter.cli.command import Command
+from gpujitter.cli.options import add_traces_arg
 from gpujitter.cli.output import print_json
 from gpujitter.errors import GpujitterError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "traces",
-        nargs="+",
-        metavar="TRACE",
-        help="trace files, directories of them (a rotated recording) or globs",
-    )
+    add_traces_arg(p)
     p.add_argument(
         "-o", "--output", required=True, type=Path, metavar="FILE",
         help="the timeline to write (Chrome trace JSON; gzipped when FILE ends in .gz)",

@@ -12,6 +12,16 @@ from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 
 
+def add_traces_arg(p: argparse.ArgumentParser) -> None:
+    """The recordings an offline command reads (args.traces)."""
+    p.add_argument(
+        "traces",
+        nargs="+",
+        metavar="TRACE",
+        help="trace files, directories of them (a rotated recording) or glob patterns",
+    )
+
+
 def add_watch_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("processes to watch (default: all)")
     g.add_argument("-p", "--pid", type=int, action="append", default=[], help="a process id")

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from gpujitter.cli.command import Command
+from gpujitter.cli.options import add_traces_arg
 from gpujitter.cli.output import print_json, table
 from gpujitter.daemon.describe import CAUSE_LABELS, gpu_name, one_line
 from gpujitter.daemon.pipeline import AnalysisConfig, analyse
@@ -26,12 +27,7 @@ _OFFSET = re.compile(r"^\+(.+)$")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "traces",
-        nargs="+",
-        metavar="TRACE",
-        help="trace files, directories of them (a rotated recording) or globs",
-    )
+    add_traces_arg(p)
     p.add_argument(
         "--from",
         dest="start",

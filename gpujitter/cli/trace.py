@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.cli.command import Command
+from gpujitter.cli.options import add_traces_arg
 from gpujitter.cli.output import print_json, table
 from gpujitter.daemon.trace import TraceHeader, TraceReader, TraceSet
 from gpujitter.errors import GpujitterError
@@ -18,12 +19,7 @@ from gpujitter.units import format_bytes, format_ns
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "paths",
-        nargs="+",
-        metavar="TRACE",
-        help="trace files, directories of them (a rotated recording) or glob patterns",
-    )
+    add_traces_arg(p)
 
 
 def inspect(path: Path) -> dict[str, Any]:
@@ -55,7 +51,7 @@ def inspect(path: Path) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    traces = TraceSet(args.paths)
+    traces = TraceSet(args.traces)
     files = [inspect(p) for p in traces.paths]
     kinds: Counter[str] = Counter()
     for f in files:

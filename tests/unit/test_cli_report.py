@@ -9,22 +9,14 @@ from pathlib import Path
 import pytest
 
 from gpujitter.cli import main
-from gpujitter.daemon.trace import TraceWriter
 from gpujitter.probes.clock import wall_ns
-from tests.fixtures.streams.synthetic import MS, T0, TWO_NODES, Stream
-from tests.unit.trace_samples import header
+from tests.fixtures.streams.synthetic import MS, T0, TWO_NODES
+from tests.unit.trace_samples import header, one_gap_trace
 
 
 @pytest.fixture
 def trace(tmp_path: Path) -> Path:
-    """One recording with one gap, at 100 ms of the stream's clock, on GPU 0."""
-    s = Stream().offcpu(100, 125, runnable=100, state="preempted", other=555, other_comm="hog")
-    path = tmp_path / "one.gjtrace"
-    writer = TraceWriter(path, header(topology=TWO_NODES))
-    for ev in s.ran(0, 1000).gap(100, 140).in_emission_order():
-        writer.write(ev)
-    writer.close()
-    return path
+    return one_gap_trace(tmp_path / "one.gjtrace")
 
 
 def iso_z(path: Path, mono_ns: int) -> str:

@@ -12,23 +12,15 @@ import pytest
 
 from gpujitter.cli import main
 from gpujitter.daemon.timeline import GPU_PID
-from gpujitter.daemon.trace import TraceWriter
-from tests.fixtures.streams.synthetic import MS, T0, TWO_NODES, Stream
-from tests.unit.trace_samples import header
+from tests.fixtures.streams.synthetic import MS, T0
+from tests.unit.trace_samples import one_gap_trace
 
 PHASES = {"X", "C", "M"}
 
 
 @pytest.fixture
 def trace(tmp_path: Path) -> Path:
-    """A recording with one gap (100-140 ms): 25 ms run-queue wait behind `stress`."""
-    s = Stream().offcpu(100, 125, runnable=100, state="preempted", other=555, other_comm="stress")
-    path = tmp_path / "one.gjtrace"
-    writer = TraceWriter(path, header(topology=TWO_NODES))
-    for ev in s.ran(0, 1000).gap(100, 140).in_emission_order():
-        writer.write(ev)
-    writer.close()
-    return path
+    return one_gap_trace(tmp_path / "one.gjtrace")
 
 
 def load(path: Path) -> list[dict]:

@@ -9,6 +9,7 @@ import itertools
 import types
 import typing
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 from gpujitter.daemon.trace import TraceHeader
@@ -71,3 +72,17 @@ def header(**changes: Any) -> TraceHeader:
         session="0123456789ab",
     )
     return dataclasses.replace(base, **changes)
+
+
+def one_gap_trace(path: Path) -> Path:
+    """A recording with one gap at 100-140 ms of the synthetic stream's clock on GPU 0: 25 ms
+    run-queue wait behind `stress` (tid 555), the rest host work."""
+    from gpujitter.daemon.trace import TraceWriter
+    from tests.fixtures.streams.synthetic import TWO_NODES, Stream
+
+    s = Stream().offcpu(100, 125, runnable=100, state="preempted", other=555, other_comm="stress")
+    writer = TraceWriter(path, header(topology=TWO_NODES))
+    for ev in s.ran(0, 1000).gap(100, 140).in_emission_order():
+        writer.write(ev)
+    writer.close()
+    return path
