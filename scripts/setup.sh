@@ -16,8 +16,9 @@ skip() { printf '    %s\n' "$*"; }
 # gcc, libc6-dev: `gpujitter drill` builds its stub libcuda and injection helpers at run time
 # prometheus: its promtool checks the shipped alert rules and the daemon's metrics in the
 # tests (the server it also brings is not started)
+# chromium, fonts-dejavu-core: the tests render `report --html` in a real (headless) browser
 packages=(python3-bpfcc python3-venv python3-pip linux-headers-amd64 util-linux
-    libjemalloc2 libtcmalloc-minimal4 gcc libc6-dev prometheus)
+    libjemalloc2 libtcmalloc-minimal4 gcc libc6-dev prometheus chromium fonts-dejavu-core)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from gpujitter.cli.command import Command
@@ -19,7 +21,7 @@ from gpujitter.daemon.records import Attribution, GpuGap
 from gpujitter.daemon.trace import TraceHeader, TraceSet
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import format_wall
-from gpujitter.probes.events import to_record
+from gpujitter.probes.events import Event, to_record
 from gpujitter.text import printable
 from gpujitter.units import format_ns, parse_duration_ns
 
@@ -38,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--to", dest="end", metavar="WHEN", help="only gaps starting before WHEN")
     p.add_argument("--gpu", type=int, action="append", default=[], help="only this GPU")
+    p.add_argument("--html", type=Path, metavar="FILE",
+                   help="also write the report as one self-contained HTML page (charts "
+                   "of idle time by cause, gap durations, culprits, fixes)")  # fmt: skip
     p.add_argument("--top", type=count, default=10, metavar="N",
                    help="show the N longest gaps with their breakdown (default 10)")  # fmt: skip
 
@@ -84,6 +89,32 @@ def _clock_time(text: str, start: datetime) -> datetime | None:
         return None
 
 
+def write_html(
+    path: Path,
+    attrs: list[Attribution],
+    header: TraceHeader,
+    traces: TraceSet,
+    start_ns: int,
+    end_ns: int,
+    top: int,
+) -> None:
+    from gpujitter.daemon.html_report import render
+
+    meta = [
+        f"{header.host} ({header.kernel}); {len(traces.paths)} trace file(s); probes: "
+        f"{', '.join(header.probes)}; watching {header.watch or 'everything'}",
+        *(f"topology override in force: {header.topology.override}"
+          for _ in [0] if header.topology.override),
+        *(f"damage: {note}" for note in traces.damage),
+    ]  # fmt: skip
+    page = render(attrs, clock=header.clock, title=f"GPU idle gaps on {header.host}",
+                  meta=meta, start_ns=start_ns, end_ns=end_ns, top=top)  # fmt: skip
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as err:
+        raise GpujitterError(f"--html {path}: {err.strerror}") from None
+
+
 def summarise(attrs: list[Attribution]) -> dict[int, dict[str, Any]]:
     per_gpu: dict[int, dict[str, Any]] = defaultdict(
         lambda: {"gaps": 0, "idle_ns": 0, "causes": Counter()}
@@ -116,7 +147,14 @@ def run(args: argparse.Namespace) -> int:
     attrs: list[Attribution] = []
     gaps = 0
     seen_gpus: set[int] = set()
-    for out in analyse(traces, header.topology, config):
+    span: list[int] = []  # first and last event time, for the HTML charts
+
+    def events() -> Iterator[Event]:
+        for ev in traces:
+            span[:] = [min(span[0], ev.ts_ns), max(span[1], ev.ts_ns)] if span else [ev.ts_ns] * 2
+            yield ev
+
+    for out in analyse(events(), header.topology, config):
         if isinstance(out, (GpuGap, Attribution)):
             seen_gpus.add(out.gpu)
         if isinstance(out, Attribution) and wanted(out):
@@ -124,6 +162,9 @@ def run(args: argparse.Namespace) -> int:
         elif isinstance(out, GpuGap) and wanted(out):
             gaps += 1
     summary = summarise(attrs)
+    if args.html:
+        first, last = span or [header.start_ns] * 2
+        write_html(args.html, attrs, header, traces, start or first, end or last, args.top)
     if args.json:
         print_json({
             "traces": [str(p) for p in traces.paths],
@@ -182,6 +223,8 @@ COMMAND = Command(
     examples="""
         # everything in a rotated recording
         gpujitter report /var/lib/gpujitter/traces
+        # as a page to look at (or to mail: it needs nothing else)
+        gpujitter report /var/lib/gpujitter/traces --html report.html
         # ten minutes of it, GPU 3 only, as JSON
         gpujitter report run.gjtrace --from 12:00:00 --to 12:10:00 --gpu 3 --json
         # the first 90 seconds after the recording started
