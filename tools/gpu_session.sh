@@ -7,6 +7,7 @@
 #   proof        the injected-stall proof (bench/gpu_proof.py) + its trace and NVML recording
 #   cost         the cuda probe's cost (bench/cuda_cost.py)
 #   cli          `gpujitter gaps --json` live beside a workload with stalls
+#   profiler     a PyTorch profiler trace + a recording of the same run (bench/profiler_trace.py)
 #   drills       every `gpujitter drill` scenario with the PyTorch loop (bench/drills_gpu.sh;
 #                not in the default set: it takes most of a run call by itself)
 # Usage: tools/gpu_session.sh TREE BCC_TARBALL [STEP...]   (TREE: a copy of the repository
@@ -68,11 +69,16 @@ for step in $steps; do
         python3 -P -m gpujitter gaps --replay-events /tmp/gj/cli-events.ndjson --json > /tmp/gj/cli-replay.ndjson
         cmp <(grep gpu.gap /tmp/gj/cli-gaps.ndjson) /tmp/gj/cli-replay.ndjson && echo "cli replay identical"
         ;;
+    profiler)
+        log "profiler: a PyTorch profiler trace and a recording of the same run (export --merge)"
+        timeout 150 python3 "$tree/bench/profiler_trace.py" /tmp/gj/profiler
+        tar -C /tmp/gj -czf "$out/profiler.tar.gz" profiler
+        ;;
     drills)
         log "drills: every scenario, PyTorch loop"
         OUT=$out "$tree/bench/drills_gpu.sh"
         ;;
     esac
 done
-tar -C /tmp/gj -czf "$out/extra.tar.gz" --exclude proof .
+tar -C /tmp/gj -czf "$out/extra.tar.gz" --exclude proof --exclude profiler .
 ls -la "$out"
