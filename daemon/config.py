@@ -145,7 +145,8 @@ def _enabled_probes(v: Any) -> tuple[str, ...]:
 
 def _thresholds(v: Any) -> tuple[tuple[str, int], ...]:
     """{"sched.offcpu" = "1ms"} (file) or "sched.offcpu=1ms,irq.stolen=50us" (env, flags);
-    each names a threshold of a known probe and is above 0 and at most MAX_THRESHOLD_NS."""
+    each names a threshold of a known probe and is from 0 (stream every interval) to
+    MAX_THRESHOLD_NS; a window (irq.window, faults.minor_window) is a length, above 0."""
     items = v.items() if isinstance(v, dict) else (s.partition("=")[::2] for s in _list(v))
     out = []
     for key, value in items:
@@ -158,8 +159,10 @@ def _thresholds(v: Any) -> tuple[tuple[str, int], ...]:
                 f"probe {probe} has no threshold {name!r} (it has: {', '.join(known)})"
             )
         ns = _duration(value)
-        if not 0 < ns <= MAX_THRESHOLD_NS:
-            raise ValueError(f"{key} = {value!r}: expected a time above 0 and at most 1h")
+        least = 1 if name.endswith("window") else 0
+        if not least <= ns <= MAX_THRESHOLD_NS:
+            low = "above 0" if least else "from 0"
+            raise ValueError(f"{key} = {value!r}: expected a time {low} and at most 1h")
         out.append((str(key), ns))
     return tuple(sorted(out))
 

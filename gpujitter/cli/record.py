@@ -12,24 +12,24 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
 
 from gpujitter.cli.command import Command
+from gpujitter.cli.gpus import add_nvml_source_args, nvml_backend, save_recording
 from gpujitter.cli.options import parse_thresholds, topology_from_args, watch_from_args
 from gpujitter.cli.output import print_json
 from gpujitter.cli.probe import add_arguments as add_probe_arguments
+from gpujitter.cli.probe import precise_options
 from gpujitter.daemon.config import check_parent
+from gpujitter.daemon.engine import EngineConfig
+from gpujitter.daemon.pipeline import AnalysisConfig
 from gpujitter.daemon.recorder import EventQueue, TraceRecorder
 from gpujitter.daemon.rotation import Rotation
 from gpujitter.daemon.trace import TraceHeader
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
-from gpujitter.probes.base import Emit
 from gpujitter.probes.events import Event, ProbeStatus
-from gpujitter.probes.topology import Topology
-from gpujitter.probes.watch import WatchSpec
+from gpujitter.probes.sources import EvidenceSources
 from gpujitter.text import printable
 from gpujitter.units import format_bytes, format_ns, parse_duration_ns, parse_size_bytes
 
@@ -48,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="trace file to write (must not exist); with rotation, a directory",
     )
     add_probe_arguments(p)
+    p.add_argument("--no-nvml", action="store_true", help="do not sample the GPUs through NVML")
+    add_nvml_source_args(p)
     g = p.add_argument_group("rotation (writes a directory of traces, each complete)")
     g.add_argument("--rotate-size", metavar="SIZE", help="start a new file at SIZE (e.g. 100M)")
     g.add_argument("--rotate-age", metavar="TIME", help="start a new file every TIME (e.g. 1h)")
@@ -66,20 +68,6 @@ def rotation_from_args(args: argparse.Namespace) -> Rotation | None:
         keep_files=args.keep_files,
         keep_bytes=parse_size_bytes(args.keep_size) if args.keep_size else 0,
     )
-
-
-def event_sources(
-    names: list[str],
-    topology: Topology,
-    watch: WatchSpec,
-    thresholds: dict[str, dict[str, int]],
-    emit: Emit,
-) -> list[AbstractContextManager[Any]]:
-    """Everything `record` takes events from. Each runs on its own thread and calls `emit`
-    from there; leaving its context stops it after it handed over what it still had."""
-    from gpujitter.probes.runner import ProbeThread
-
-    return [ProbeThread(names, topology=topology, watch=watch, emit=emit, thresholds=thresholds)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,10 +91,21 @@ def run(args: argparse.Namespace) -> int:
     counts: Counter[str] = Counter()
     statuses: dict[str, ProbeStatus] = {}
     stop = threading.Event()
+    # The same evidence as the daemon's (probes, libcuda tracer, NVML sampler) and the same
+    # analysis settings in the header, so that `report` on this trace reads it as it would a
+    # `run --record` trace of the same stretch.
+    backend = nvml_backend(args)
+    evidence = EvidenceSources(
+        names, topology=topology, watch=watch, emit=queue.emit, thresholds=overrides,
+        options=precise_options(args, names),
+        nvml=False if args.no_nvml else (backend if backend is not None else True),
+        gpu_processes=False,
+    )  # fmt: skip
     with _stop_on_signals(stop), contextlib.ExitStack() as sources:
-        for source in event_sources(names, topology, watch, overrides, queue.emit):
-            sources.enter_context(source)
-        header = TraceHeader.now(topology, names, in_force, watch.describe())
+        sources.enter_context(evidence)
+        analysis = AnalysisConfig(engine=EngineConfig(gpu_bus_ids=evidence.gpu_bus_ids()))
+        header = TraceHeader.now(topology, names, in_force, watch.describe(),
+                                 analysis=analysis.to_record())  # fmt: skip
         recorder = TraceRecorder(out, header, rotation)
         start_ns = time.monotonic_ns()  # --duration counts from here, once probes are attached
 
@@ -135,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             recorder.close()
         progress.done()
+    save_recording(args, backend)
 
     kept = [str(p) for p in recorder.files if p not in recorder.removed]
     summary = {
@@ -214,10 +214,12 @@ COMMAND = Command(
     name="record",
     summary="record what the probes see into a trace file, for later analysis",
     description="""
-        Attach the probes (the default set, or the SOURCEs named) and write every event they
-        emit, with their health reports, into TRACE: a checksummed, append-only file whose
-        header records this node's topology, the clock reference, the probes and thresholds
-        (docs/trace-format.md). Ctrl-C or SIGTERM stops cleanly. With --rotate-size or
+        Attach the probes (the default set, or the SOURCEs named) and the NVML sampler, and
+        write every event they emit, with their health reports, into TRACE (the evidence
+        `gpujitter run --record` keeps, so `gpujitter report` reads both alike): a
+        checksummed, append-only file whose header records this node's topology, the clock
+        reference, the probes, thresholds and analysis settings (docs/trace-format.md).
+        Ctrl-C or SIGTERM stops cleanly. With --rotate-size or
         --rotate-age, TRACE is a directory of complete traces that `gpujitter report` and
         `gpujitter trace` read as one, and --keep-files/--keep-size bound what it holds.
         Progress (events, bytes, lost) goes to stderr; --json prints a summary at the end.

@@ -21,6 +21,7 @@ from gpujitter.daemon.trace import TraceReader, TraceSet
 from gpujitter.probes import registry
 from gpujitter.probes.events import AllocSyscall, Event, ProbeStatus
 from gpujitter.probes.topology import load_topology
+from tests.conftest import FIXTURES
 
 SIZE = (3 << 20) + 7 * 4096  # no allocator maps exactly this much by itself
 
@@ -114,6 +115,26 @@ def test_record_until_signalled_writes_what_the_probes_saw(tmp_path: Path, stop:
     statuses = [e for e in events if isinstance(e, ProbeStatus) and e.probe == "malloc"]
     assert statuses and all(s.state == "running" and s.lost_kernel == 0 for s in statuses)
     assert trace.stat().st_mode & 0o777 == 0o640
+
+
+def test_a_recording_holds_the_gpu_side_and_the_analysis_settings(tmp_path: Path) -> None:
+    """`record` once ran the kernel probes only: its traces had no NVML samples, no GPU
+    processes and no analysis settings, so `report` saw cuda-only gaps. It now takes the
+    daemon's evidence sources (here NVML answered from a recording made on the H200)."""
+    trace = tmp_path / "gpu.gjtrace"
+    nvml = FIXTURES / "nvml" / "h200-training.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "gpujitter", "record", "-o", str(trace), "sched",
+         "--pid", str(os.getpid()), "--nvml-replay", str(nvml), "--duration", "3s", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with TraceReader(trace) as reader:
+        kinds = Counter(e.KIND for e in reader)
+        header = reader.header
+    assert kinds["gpu.sample"] > 0 and kinds["gpu.procs"] > 0
+    assert header.analysis["engine"]["gpu_bus_ids"] == {"0": "0000:00:06.0"}
+    assert header.analysis["gaps"]["min_gap_ns"] > 0
 
 
 def test_rotated_recording_reads_back_as_one_stream(tmp_path: Path) -> None:
