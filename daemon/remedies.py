@@ -1,9 +1,22 @@
 """The exact command for each fix, in one place: the node audit's findings and the
-attribution engine's one-line remedies both come from here, so they never disagree."""
+attribution engine's one-line remedies both come from here, so they never disagree.
+Each attribution remedy is chosen so that it cannot make things worse where it is
+applied: no competitor moved onto the job's CPUs, no memory bound to an emulated node."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
+from gpujitter.daemon.records import (
+    AllocEvidence,
+    FaultEvidence,
+    IdleEvidence,
+    IrqEvidence,
+    TaskEvidence,
+)
 from gpujitter.probes.host import format_cpulist
+from gpujitter.probes.topology import Topology
 
 SYSCTL_FILE = "/etc/sysctl.d/90-gpujitter.conf"
 JEMALLOC_CONF = "narenas:8,dirty_decay_ms:10000,muzzy_decay_ms:10000,background_thread:true"
@@ -23,6 +36,15 @@ def sysctl(key: str, value: int | str) -> str:
 
 def swappiness(value: int = 10) -> str:
     return sysctl("vm.swappiness", value)
+
+
+def swappiness_at_most(value: int = 10) -> str:
+    """For an attribution, which does not know the node's setting: lower it only where it
+    is higher (a node at 1 must not be raised to 10)."""
+    return (
+        f'[ "$(sysctl -n vm.swappiness)" -gt {value} ] && {sysctl("vm.swappiness", value)}'
+        f"  # already <= {value}: the job is short of memory (RAM, its cgroup's memory limit)"
+    )
 
 
 def swap_off() -> str:
@@ -51,10 +73,16 @@ def gpu_persistence(gpu: int | str) -> str:
     return f"nvidia-smi -i {gpu} -pm 1"
 
 
-def bind_process(pid: int, node: int, cpus: list[int] | tuple[int, ...]) -> str:
+def bind_process(
+    pid: int, node: int, cpus: list[int] | tuple[int, ...], override: str | None = None
+) -> str:
     """Move a running process's threads and memory to one node; for new processes launch
-    them under `numactl --cpunodebind=N --membind=N`."""
-    return f"taskset -acp {format_cpulist(list(cpus))} {pid} && migratepages {pid} all {node}"
+    them under `numactl --cpunodebind=N --membind=N`. Under a topology override the nodes
+    are emulated: the CPUs are real, node N's memory is not, so only the CPUs move."""
+    pin = f"taskset -acp {format_cpulist(list(cpus))} {pid}"
+    if override is not None:
+        return f"{pin}  # node {node} is emulated ({override}): its memory cannot be bound"
+    return f"{pin} && migratepages {pid} all {node}"
 
 
 def launch_bound(node: int) -> str:
@@ -75,7 +103,13 @@ def allocator() -> str:
 
 
 def prefault() -> str:
-    return "pre-fault and pin host buffers (pin_memory=True, mlock); " + thp("never")
+    return "pre-fault and pin host buffers before the loop (pin_memory=True, mlock)"
+
+
+def thp_no_direct_compaction() -> str:
+    """Faults slow enough to be huge-page allocation and compaction: keep huge pages but
+    take compaction off the fault path (disabling THP would multiply the fault count)."""
+    return prefault() + "; " + thp("never", "defrag")
 
 
 def page_cache_warm() -> str:
@@ -132,6 +166,11 @@ def jemalloc_conf() -> str:
     return f"MALLOC_CONF={JEMALLOC_CONF} <command>"
 
 
+def tcmalloc_keep_freed() -> str:
+    """tcmalloc returns freed memory to the OS at TCMALLOC_RELEASE_RATE; 0 keeps it."""
+    return "TCMALLOC_RELEASE_RATE=0 <command>  # keep freed memory instead of unmapping it"
+
+
 def haltpoll() -> str:
     """KVM guests without a cpuidle driver: poll briefly before HLT instead of exiting."""
     return "modprobe cpuidle-haltpoll"
@@ -178,3 +217,176 @@ def install_nvml() -> str:
 
 def install_pynvml() -> str:
     return "pip install nvidia-ml-py"
+
+
+# Remedies for the attribution engine's causes (daemon/engine/causes.py): each takes the
+# part's top evidence and what the event stream says about the job, never the live host,
+# so a replayed trace gives the same lines.
+
+
+@dataclass(frozen=True, slots=True)
+class RemedyContext:
+    """What a remedy needs to name exact CPUs and processes."""
+
+    topology: Topology
+    gpu_node: int | None
+    tgid: int  # the critical thread's process (0 when unknown)
+    feeding_cpus: tuple[int, ...]  # CPUs the critical thread ran or waited on in the gap
+    probes_off: tuple[str, ...]
+    job_tids: frozenset[int] = frozenset()  # the feeding processes' threads in the stream
+    job_cpus: tuple[int, ...] = ()  # CPUs those threads ran or waited on up to the gap's end
+
+    def gpu_cpus(self) -> list[int]:
+        if self.gpu_node is None:
+            return self.topology.cpus
+        return self.topology.cpus_of(self.gpu_node)
+
+    def job(self) -> set[int]:
+        return set(self.job_cpus) | set(self.feeding_cpus)
+
+    def home_cpus(self) -> list[int]:
+        """Where the job belongs: its GPU's node, else the nodes it ran on."""
+        if self.gpu_node is not None:
+            return self.topology.cpus_of(self.gpu_node)
+        nodes = {self.topology.node_of(c) for c in self.job()}
+        return [c for c in self.topology.cpus if self.topology.node_of(c) in nodes]
+
+    def free_of_job(self, pool: list[int] | None = None) -> list[int]:
+        job = self.job()
+        return [c for c in (self.topology.cpus if pool is None else pool) if c not in job]
+
+
+def bind_to_gpu(ctx: RemedyContext) -> str | None:
+    """The feeding process onto its GPU's node (unknown node: no command)."""
+    if ctx.gpu_node is None or not ctx.tgid:
+        return None
+    override = str(ctx.topology.override) if ctx.topology.override else None
+    return bind_process(ctx.tgid, ctx.gpu_node, ctx.gpu_cpus(), override)
+
+
+def keep_job_off(ctx: RemedyContext, cpus: tuple[int, ...]) -> str | None:
+    """Move the feeding process off CPUs whose load cannot be moved (softirqs raised
+    there, per-CPU kernel threads), within the CPUs it belongs on."""
+    home = [c for c in ctx.home_cpus() if c not in cpus]
+    return move_away(ctx.tgid, home) if home and ctx.tgid else None
+
+
+def isolate(tid: int, ctx: RemedyContext) -> str:
+    """No CPU is free of the job: lower the competitor, or carve CPUs out for the job."""
+    return (
+        f"renice -n 19 -p {tid}  # no CPU is free of the job ({format_cpulist(sorted(ctx.job()))})"
+        ": or pin the job to fewer CPUs and keep other work off them "
+        "(systemctl set-property --runtime system.slice AllowedCPUs=<the other CPUs>, "
+        "and user.slice)"
+    )
+
+
+def _irq_affinity_off_job(
+    irq: int, node: int | None, seen: tuple[int, ...], ctx: RemedyContext
+) -> str | None:
+    """An IRQ's CPUs: its own node's (the GPU's when the device's is unknown), none of the
+    job's and none it was seen on; where every CPU runs the job, at least off the feeding
+    thread's and its own."""
+    pool = ctx.topology.cpus if node is None else ctx.topology.cpus_of(node)
+    cpus = [c for c in ctx.free_of_job(pool) if c not in seen]
+    cpus = cpus or [c for c in ctx.free_of_job() if c not in seen]
+    if cpus:
+        return irq_affinity(irq, cpus)
+    avoid = set(seen) | set(ctx.feeding_cpus)
+    cpus = [c for c in pool if c not in avoid] or [c for c in ctx.topology.cpus if c not in avoid]
+    if not cpus:
+        return None
+    return irq_affinity(irq, cpus) + "  # every CPU runs the job: this spares the feeding thread's"
+
+
+_VECTOR_HINTS = {
+    "LOC": "local timer ticks: boot with nohz_full=<feeding CPUs> to stop them there",
+    "TLB": "TLB shootdowns: another thread of the process unmaps memory (see alloc_stall: "
+    + allocator()
+    + ")",
+}
+
+
+def _vector_hint(name: str) -> str:
+    return _VECTOR_HINTS.get(
+        name,
+        f"{name} interrupts follow the work on a CPU, not a device: moving the job takes them "
+        "along; look at what signals its CPUs",
+    )
+
+
+def irq(top: IrqEvidence, ctx: RemedyContext) -> str | None:
+    if top.irq_kind == "hardirq":
+        node = top.device_node if top.device_node >= 0 else ctx.gpu_node
+        return _irq_affinity_off_job(top.irq, node, top.cpus, ctx)
+    if top.irq_kind == "softirq":
+        # Raised where their hard IRQ or the work ran: move the feeding threads instead.
+        return keep_job_off(ctx, top.cpus)
+    return _vector_hint(top.name)
+
+
+# Kernel threads bound to one CPU (taskset cannot move them); irq/N-name threads follow
+# their IRQ's affinity.
+_PER_CPU_KTHREAD = re.compile(
+    r"(ksoftirqd|migration|cpuhp|rcuc|rcuop|idle_inject|watchdog|kworker)/\d"
+)
+_IRQ_THREAD = re.compile(r"irq/(\d+)-")
+
+
+def runq_wait(top: TaskEvidence, ctx: RemedyContext) -> str | None:
+    """The task that ran while a feeding thread waited: moved to CPUs that none of the job's
+    threads use, never onto them."""
+    if top.after_migration:
+        bound = bind_to_gpu(ctx)
+        if bound:
+            return bound
+    if top.tid <= 0:
+        return None
+    if top.tid in ctx.job_tids:
+        return (
+            f"the job's own thread {top.tid} ({top.comm}) ran instead: it has more runnable "
+            "threads than CPUs; run fewer (OMP_NUM_THREADS, torch.set_num_threads, DataLoader "
+            "workers) or give it more CPUs"
+        )
+    irq_thread = _IRQ_THREAD.match(top.comm)
+    if irq_thread:
+        return _irq_affinity_off_job(int(irq_thread[1]), ctx.gpu_node, top.cpus, ctx)
+    if _PER_CPU_KTHREAD.match(top.comm):
+        return keep_job_off(ctx, top.cpus)
+    spare = [c for c in ctx.free_of_job() if c not in top.cpus]
+    return move_away(top.tid, spare) if spare else isolate(top.tid, ctx)
+
+
+# Faults slower than this on average are huge-page allocations (zeroing 2 MiB, compaction),
+# not 4 KiB first touches (a few us each).
+SLOW_MINOR_FAULT_NS = 20_000
+
+
+def minor_faults(top: FaultEvidence) -> str:
+    if top.count > 0 and top.ns // top.count >= SLOW_MINOR_FAULT_NS:
+        return thp_no_direct_compaction()
+    return prefault()
+
+
+def idle_wake(top: IdleEvidence, ctx: RemedyContext) -> str:
+    if top.exit_latency_ns < 0:
+        return (
+            haltpoll() + f"  # {top.state_name}: the kernel does not know its exit latency "
+            "(no cpuidle driver), so no state can be limited by latency; "
+            "a KVM guest polls before HLT"
+        )
+    if top.exit_latency_ns == 0:
+        return (
+            f"the CPU was in {top.state_name}, which has no exit latency: the delay is the "
+            "wake-up path, not an idle state (see runq_wait and irq on that CPU)"
+        )
+    # cpupower idle-set -D N disables the states whose exit latency is N us or more.
+    return limit_idle_latency(max(1, top.exit_latency_ns // 1000))
+
+
+def alloc_stall(top: AllocEvidence) -> str:
+    if top.allocator == "jemalloc":
+        return jemalloc_conf()
+    if top.allocator == "tcmalloc":
+        return tcmalloc_keep_freed()
+    return allocator()

@@ -246,16 +246,23 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
             feeder.go()
             stall_records, done = _follow(feeder, len(at), duration, progress)
             time.sleep(SETTLE_S)
+            helper_tids = stage.helper_tids()
         bus_ids = sources.gpu_bus_ids() or stage.gpu_bus_ids
     progress(f"analysing {len(events)} events")
     analysis = AnalysisConfig(engine=EngineConfig(gpu_bus_ids=bus_ids))
     found = list(analyse(events, topology, analysis))
     attrs = [e for e in found if isinstance(e, Attribution)]
+    # Waits behind any other task are outside contention (a busy machine), not the drill's.
+    feeder_tids = {
+        getattr(ev, "tid", 0) for ev in events if getattr(ev, "tgid", 0) == feeder.pid
+    } - {0}
     result = score(
         scenario.cause,
         [Stall.from_record(s) for s in stall_records],
         attrs,
         (done["go_ns"], done["end_ns"]),
+        own_tids=frozenset(feeder_tids | helper_tids | {feeder.pid}),
+        truth_holds_waits=scenario.truth_holds_waits,
     )
     trace = None
     if opts.keep_trace is not None:

@@ -46,6 +46,7 @@ class Stage:
     override: Path | None = None
     gpu_bus_ids: dict[int, str] = field(default_factory=dict)
     pass_fds: list[int] = field(default_factory=list)  # the feeder's ends of helper pipes
+    helpers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.feeder_cpu < 0:
@@ -55,6 +56,14 @@ class Stage:
     def other_cpus(self) -> list[int]:
         """Where the drill itself and helpers that must not disturb the feeder run."""
         return [c for c in self.topology.cpus if c != self.feeder_cpu] or [self.feeder_cpu]
+
+    def helper_tids(self) -> set[int]:
+        """The threads of the helpers still running (read while they are)."""
+        tids = set()
+        for proc in self.helpers:
+            with contextlib.suppress(OSError):
+                tids |= {int(t) for t in os.listdir(f"/proc/{proc.pid}/task")}
+        return tids
 
     def enter(self, cm: contextlib.AbstractContextManager[Any]) -> Any:
         return self.stack.enter_context(cm)
@@ -68,6 +77,7 @@ class Stage:
             pass_fds=(read,),
         )
         os.close(read)
+        self.helpers.append(proc)
         self.stack.callback(_stop, proc, write)
         self.params["trigger_fd"] = write
         self.pass_fds.append(write)
@@ -91,6 +101,7 @@ class Scenario:
     needs: tuple[str, ...]  # probes without which the cause cannot be seen
     stage: Callable[[Stage], None] = lambda stage: None
     duration_s: float = 20.0  # default run length
+    truth_holds_waits: bool = True  # the loop's measure includes time it waited to run
 
 
 def _swap(stage: Stage) -> None:
@@ -198,7 +209,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("migrate", "moved to a CPU of another (emulated) NUMA node and working there",
                  "remote_oncpu", "the time on the remote CPU", ("sched",), _migrate),
         Scenario("irq", "the disk's interrupts on the feeding CPU while it works",
-                 "irq", "time stolen from the spinning loop", ("irq",), _irq),
+                 "irq", "time stolen from the spinning loop", ("irq",), _irq,
+                 truth_holds_waits=False),
         Scenario("contention", "a SCHED_FIFO (else nice -20) hog takes the feeding thread's CPU",
                  "runq_wait", "the stall", ("sched",), _contention),
         Scenario("cstate", "short sleeps that wake the feeding thread onto an idle CPU",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gpujitter.daemon import remedies
@@ -30,26 +29,10 @@ from gpujitter.daemon.records import (
     SyscallEvidence,
     TaskEvidence,
 )
+from gpujitter.daemon.remedies import RemedyContext
 from gpujitter.probes.events import IrqStolen, OffCpu
-from gpujitter.probes.topology import Topology
 
 Claimed = tuple[int, Any, int]  # (tid, key, ns)
-
-
-@dataclass(frozen=True, slots=True)
-class RemedyContext:
-    """What a remedy needs to name exact CPUs and processes."""
-
-    topology: Topology
-    gpu_node: int | None
-    tgid: int  # the critical thread's process (0 when unknown)
-    feeding_cpus: tuple[int, ...]  # CPUs the critical thread ran or waited on in the gap
-    probes_off: tuple[str, ...]
-
-    def gpu_cpus(self) -> list[int]:
-        if self.gpu_node is None:
-            return self.topology.cpus
-        return self.topology.cpus_of(self.gpu_node)
 
 
 class Cause(abc.ABC):
@@ -159,7 +142,7 @@ class SwapIn(MajorFaultCause):
     kind = "swap"
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
-        return remedies.swappiness(10)
+        return remedies.swappiness_at_most(10)
 
 
 class FileFault(MajorFaultCause):
@@ -197,18 +180,7 @@ class IrqTime(WindowedCause):
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         top = part.evidence[0]
         assert isinstance(top, IrqEvidence)
-        avoid = set(top.cpus) | set(ctx.feeding_cpus)
-        if top.irq_kind == "hardirq":
-            # Its own node's CPUs (the GPU's when the device's is unknown), off the feeding ones.
-            node = top.device_node if top.device_node >= 0 else ctx.gpu_node
-            pool = ctx.topology.cpus if node is None else ctx.topology.cpus_of(node)
-            cpus = [c for c in pool if c not in avoid] or [
-                c for c in ctx.topology.cpus if c not in avoid
-            ]
-            return remedies.irq_affinity(top.irq, cpus) if cpus else None
-        # Softirqs and vectors follow the CPU they are raised on: move the feeding threads.
-        cpus = [c for c in ctx.gpu_cpus() if c not in top.cpus]
-        return remedies.move_away(ctx.tgid, cpus) if cpus and ctx.tgid else None
+        return remedies.irq(top, ctx)
 
 
 class MinorFaultTime(WindowedCause):
@@ -223,7 +195,9 @@ class MinorFaultTime(WindowedCause):
         )
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
-        return remedies.prefault()
+        top = part.evidence[0]
+        assert isinstance(top, FaultEvidence)
+        return remedies.minor_faults(top)
 
 
 class IdleWakeDelay(ExactCause):
@@ -259,8 +233,7 @@ class IdleWakeDelay(ExactCause):
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         top = part.evidence[0]
         assert isinstance(top, IdleEvidence)
-        # cpupower idle-set -D N disables states whose exit latency is N us or more.
-        return remedies.limit_idle_latency(max(1, top.exit_latency_ns // 1000))
+        return remedies.idle_wake(top, ctx)
 
 
 def cross_node_migrations(tl: Timeline, a: int, b: int, ctx: Divider) -> list[Span]:
@@ -313,12 +286,7 @@ class RunqWait(Cause):
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         top = part.evidence[0]
         assert isinstance(top, TaskEvidence)
-        if top.after_migration and ctx.gpu_node is not None and ctx.tgid:
-            return remedies.bind_process(ctx.tgid, ctx.gpu_node, ctx.gpu_cpus())
-        if top.tid <= 0:
-            return None
-        cpus = [c for c in ctx.topology.cpus if c not in set(top.cpus) | set(ctx.feeding_cpus)]
-        return remedies.move_away(top.tid, cpus) if cpus else None
+        return remedies.runq_wait(top, ctx)
 
 
 def migration_evidence(moves: dict[tuple[int, int], Any]) -> tuple[Evidence, ...]:
@@ -356,7 +324,9 @@ class AllocStall(ExactCause):
         return _largest_first(out, lambda e: (e.call, e.allocator))
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
-        return remedies.allocator()
+        top = part.evidence[0]
+        assert isinstance(top, AllocEvidence)
+        return remedies.alloc_stall(top)
 
 
 def _alloc_call(span: Span) -> tuple[str, str]:
@@ -504,9 +474,7 @@ class RemoteOnCpu(OnCpuCause):
         return super().evidence(items, ctx) + migration_evidence(moves)
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
-        if ctx.gpu_node is None or not ctx.tgid:
-            return None
-        return remedies.bind_process(ctx.tgid, ctx.gpu_node, ctx.gpu_cpus())
+        return remedies.bind_to_gpu(ctx)
 
 
 class HostWork(OnCpuCause):

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from bisect import insort
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpujitter.daemon.engine.causes import CAUSE_BY_NAME, CAUSE_ORDER, RemedyContext
+from gpujitter.daemon.engine.causes import CAUSE_BY_NAME, CAUSE_ORDER
 from gpujitter.daemon.engine.divide import CLAIMING_KINDS, Divider, Tally
 from gpujitter.daemon.engine.timeline import SPAN_RULES, SpanRule, Timeline, content
 from gpujitter.daemon.records import CAUSES, Attribution, GpuGap, Part, ThreadRole
+from gpujitter.daemon.remedies import RemedyContext
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import Event, GpuProcesses, ProbeStatus
 from gpujitter.probes.topology import Topology
@@ -239,7 +240,7 @@ class Engine:
             comm=tl.comm if tl else "",
             gpu_node=-1 if gpu_node is None else gpu_node,
             threads=self._threads(gap, tgids, critical, divider, parts, gpu_node),
-            remedies=self._remedies(parts, b - a, rctx),
+            remedies=self._remedies(parts, (a, b), rctx, tgids),
             probes_off=probes_off,
         )
 
@@ -287,8 +288,21 @@ class Engine:
         return tuple(parts)
 
     def _remedies(
-        self, parts: tuple[Part, ...], dur_ns: int, rctx: RemedyContext
+        self,
+        parts: tuple[Part, ...],
+        gap: tuple[int, int],
+        rctx: RemedyContext,
+        tgids: tuple[int, ...],
     ) -> tuple[str, ...]:
+        """One line per top cause. The job is what the stream says: the feeding processes'
+        threads (and those whose time the parts hold) and every CPU they ran or waited on up
+        to the gap's end, so that no remedy moves other work onto them."""
+        a, b = gap
+        dur_ns = b - a
+        tids = {t for tgid in {*tgids, rctx.tgid} for t in self._by_tgid.get(tgid, ())}
+        tids |= {t for p in parts for t in p.tids}
+        cpus = {c for t in tids if t in self._timelines for c in self._timelines[t].cpus_in(0, b)}
+        rctx = replace(rctx, job_tids=frozenset(tids), job_cpus=tuple(sorted(cpus - {-1})))
         lines: list[str] = []
         for i, part in enumerate(parts):
             if len(lines) == 2 or (i and part.ns * 100 < dur_ns * self.config.remedy_min_pct):

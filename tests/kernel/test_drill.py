@@ -29,6 +29,7 @@ from gpujitter.daemon.records import (
     NodeEvidence,
     TaskEvidence,
 )
+from gpujitter.probes import registry
 
 GPUJITTER = Path(sys.executable).with_name("gpujitter")
 CI: dict[str, Any] = {"duration_s": 4.0, "stalls": 3, "stall_ms": 25.0}
@@ -44,6 +45,7 @@ def rows(r: DrillResult) -> str:
     lines += [
         f"  stall {s.index}: {s.injected_ns / 1e6:.1f} ms, top {s.top_cause or '-'}, "
         f"{ {c: round(ns / 1e6, 2) for c, ns in s.parts.items()} }, truth {s.truth_ns / 1e6:.2f}"
+        f", outside contention {s.outside_ns / 1e6:.2f}"
         for s in r.score.stalls
     ]
     lines += [f"  false gap {g.ts_ns}..{g.end_ns} {g.parts}" for g in r.score.false_gaps]
@@ -89,10 +91,17 @@ def test_major_faults_in_the_feeding_thread(scenario: str, cause: str, kind: str
 
 
 def test_minor_fault_storm() -> None:
+    """Each stall's faults are counted within 10 %, less the last window of each, which the
+    probe never streams when its fault time stays under the `minor` threshold
+    (docs/accuracy.md): on a busy machine a stall holds fewer faulting ms, and that window
+    weighs more."""
     r = drill("faults")
     assert_meets_targets(r)
+    unstreamed_ns = registry.get("faults").thresholds["minor"]
     for found, stall in zip(evidence(r, "minor_faults", FaultEvidence), r.stalls, strict=True):
-        assert abs(found[0].count - stall["minflt"]) <= 0.1 * stall["minflt"], rows(r)
+        tail = unstreamed_ns * found[0].count // max(1, found[0].ns)  # faults in that window
+        assert -0.1 * stall["minflt"] <= stall["minflt"] - found[0].count, rows(r)
+        assert stall["minflt"] - found[0].count <= 0.1 * stall["minflt"] + tail, rows(r)
 
 
 def test_cpu_bound_host_step() -> None:
@@ -102,8 +111,9 @@ def test_cpu_bound_host_step() -> None:
 def test_contention_names_the_hog() -> None:
     r = drill("contention")
     assert_meets_targets(r)
+    # A busy machine adds tasks of its own beside the hog (scored as outside contention).
     for found in evidence(r, "runq_wait", TaskEvidence):
-        assert found[0].comm == "gj-drill-hog", rows(r)
+        assert "gj-drill-hog" in [e.comm for e in found], rows(r)
 
 
 def test_migration_to_a_remote_node() -> None:
@@ -133,13 +143,21 @@ def test_idle_wakeups() -> None:
     """Without a cpuidle driver the CPUs idle in HLT: a wake-up from it costs microseconds,
     so the stall stays the sleeps themselves (blocked). The loop's measure of the cause is
     each sleep's lateness, which also holds the timer interrupt's way out of HLT before the
-    wake-up; idle_wake is wake-up to running: a part of it."""
+    wake-up; idle_wake is wake-up to running: a part of it. On a busy machine a wake-up
+    finds its CPU running another task instead: that wait is run-queue wait, taken out of
+    the lateness the attribution is held to."""
     r = drill("cstate")
     s = r.score
     assert s.found == s.injected and not s.false_gaps, rows(r)
-    for found, stall in zip(evidence(r, "idle_wake", IdleEvidence), r.stalls, strict=True):
-        assert found[0].count >= stall["wakes"] // 2, rows(r)
-    assert 0.2 * s.truth_ns <= s.attributed_ns <= s.truth_ns, rows(r)
+    idle, behind = evidence(r, "idle_wake", IdleEvidence), evidence(r, "runq_wait", TaskEvidence)
+    onto_idle = onto_busy = 0
+    for woke, waited, stall in zip(idle, behind, r.stalls, strict=True):
+        onto_idle += sum(e.count for e in woke)
+        onto_busy += sum(e.count for e in waited)
+        assert sum(e.count for e in woke + waited) >= stall["wakes"] // 2, rows(r)
+    # Only wake-ups onto an idle CPU can be idle_wake: the lower bound scales with their share.
+    share = onto_idle / max(1, onto_idle + onto_busy)
+    assert 0.2 * share * s.truth_ns <= s.attributed_ns <= s.truth_ns, rows(r)
 
 
 def test_the_control_has_no_gap() -> None:

@@ -3,11 +3,13 @@ stall schedule."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gpujitter.daemon.drill.runner import stall_times
 from gpujitter.daemon.drill.score import Stall, score
-from gpujitter.daemon.records import Attribution, Part
+from gpujitter.daemon.records import Attribution, Part, TaskEvidence
 from gpujitter.errors import GpujitterError
 
 MS = 1_000_000
@@ -115,3 +117,69 @@ def test_stalls_are_spread_between_warm_up_and_tail() -> None:
     assert stall_times(60, 0, 25) == ()
     with pytest.raises(GpujitterError, match="give --duration 7s or more"):
         stall_times(5, 5, 500)
+
+
+def waited(start_ms: float, end_ms: float, behind: dict[int, float], **parts_ms: float):
+    """An attribution whose run-queue wait was spent behind the given tasks (tid -> ms)."""
+    a = attribution(start_ms, end_ms, runq_wait=sum(behind.values()), **parts_ms)
+    tasks = tuple(
+        TaskEvidence(tid=tid, comm=f"t{tid}", cpus=(1,), count=1, ns=round(ms * MS))
+        for tid, ms in behind.items()
+    )
+    parts = tuple(replace(p, evidence=tasks) if p.cause == "runq_wait" else p for p in a.parts)
+    return replace(a, parts=parts)
+
+
+OWN = frozenset({4242, 4243})  # the feeder's threads and the drill's helpers
+
+
+def test_outside_contention_is_explained_time_not_a_missed_target() -> None:
+    """A hog outside the drill took half of a CPU-bound stall: the stall's top cause is what
+    remains, and the truth the injected cause is held to is the stall less that wait."""
+    stalls = [stall(0, 100, 125), stall(1, 300, 325)]
+    attrs = [
+        waited(100, 125, {777: 13}, host_work=12),
+        waited(300, 325, {777: 10}, host_work=15),
+    ]
+    s = score("host_work", stalls, attrs, (0, 1_000 * MS), own_tids=OWN)
+    assert [st.top_cause for st in s.stalls] == ["host_work", "host_work"]
+    assert [st.outside_ns for st in s.stalls] == [13 * MS, 10 * MS]
+    assert s.truth_ns == 50 * MS and s.expected_ns == 27 * MS and s.attributed_ns == 27 * MS
+    assert s.passed, s.targets
+    # Without knowing the drill's own tasks, the same wait is a miss.
+    assert not score("host_work", stalls, attrs, (0, 1_000 * MS)).passed
+
+
+def test_waits_behind_the_drills_own_tasks_are_not_outside() -> None:
+    """The contention drill's hog is part of the drill: its wait is the injected cause; an
+    outside task's wait beside it is not counted as the drill's."""
+    attrs = [waited(100, 125, {4243: 20, 777: 5})]
+    s = score("runq_wait", [stall(0, 100, 125)], attrs, (0, 1_000 * MS), own_tids=OWN)
+    (st,) = s.stalls
+    assert (st.top_cause, st.outside_ns, st.attributed_ns) == ("runq_wait", 5 * MS, 20 * MS)
+    assert s.expected_ns == 20 * MS and s.passed
+    # All of it behind an outside task: nothing of the injected cause is left.
+    s = score("runq_wait", [stall(0, 100, 125)], [waited(100, 125, {777: 25})],
+              (0, 1_000 * MS), own_tids=OWN)  # fmt: skip
+    assert s.attributed_ns == 0 and s.stalls[0].top_cause == "" and not s.passed
+
+
+def test_a_gap_made_by_outside_contention_is_not_a_false_gap() -> None:
+    attrs = [
+        waited(500, 506, {777: 5.5}, host_work=0.5),  # the feeder preempted by a hog: real
+        waited(700, 706, {4243: 5.5}, host_work=0.5),  # behind the drill's own task: false
+        attribution(800, 806, host_work=6),  # nothing explains it: false
+    ]
+    s = score("", [], attrs, (0, 1_000 * MS), own_tids=OWN)
+    assert [g.ts_ns for g in s.false_gaps] == [700 * MS, 800 * MS]
+    assert s.outside_gaps == 1
+    assert s.to_record()["outside_gaps"] == 1
+
+
+def test_truth_that_excludes_waits_is_not_reduced() -> None:
+    """The irq drill measures time stolen while the loop was on CPU: an outside wait is not
+    part of that truth, so it is not taken from it."""
+    attrs = [waited(100, 125, {777: 10}, irq=5, host_work=10)]
+    s = score("irq", [stall(0, 100, 125, cause_ms=6)], attrs, (0, 1_000 * MS),
+              own_tids=OWN, truth_holds_waits=False)  # fmt: skip
+    assert (s.truth_ns, s.expected_ns, s.attributed_ns) == (6 * MS, 6 * MS, 5 * MS)

@@ -39,7 +39,7 @@ def test_swap_in_inside_an_off_cpu_interval_is_the_swap_in_not_blocked():
         FaultEvidence(kind="swap", count=1, ns=30 * MS, cpus=(0,), addresses=(0x7F0000001000,)),
     )
     assert attr.top_cause == "swap_in"
-    assert attr.remedies[0] == f"swap_in: {remedies.swappiness(10)}"
+    assert attr.remedies[0] == f"swap_in: {remedies.swappiness_at_most(10)}"
 
 
 def test_file_backed_major_fault():
@@ -415,7 +415,7 @@ def test_the_worked_example_in_docs_attribution_md():
     }
     assert roles(attr) == [(101, "critical", "host_work", 50), (102, "waker", "swap_in", 18)]
     assert [r.comm for r in attr.threads] == ["trainer", "loader"]
-    assert attr.remedies[1] == f"swap_in: {remedies.swappiness(10)}"
+    assert attr.remedies[1] == f"swap_in: {remedies.swappiness_at_most(10)}"
 
 
 def test_a_wake_up_delay_during_which_another_task_ran_is_contention():
