@@ -8,6 +8,13 @@ Evidence, finest first (docs/gpu.md):
   drained then: µs placement) or a launch (the GPU may have run queued work for a while
   after it: the start is uncertain). Time blocked in a sync is GPU busy and never part of a
   stretch. With several processes on one GPU, a gap is where all of them were quiet.
+- sched (OffCpu from probes/sched.py) inside a traced sync: a sync covers GPU work only while
+  work is queued. The driver wakes a thread blocked in a sync when the GPU completes, so the
+  wake-up of such a thread marks the queue drained; if the thread then waited on the run
+  queue until the sync returned, the GPU idled from that wake-up on: a gap (its cause is the
+  run-queue wait, which the engine finds in the same intervals). A thread spinning in a sync
+  that was preempted cannot have seen the GPU finish before the preemption began and saw it
+  finished when it ran again: the drain lies inside the preemption, and power places it.
 - power (GpuSample "power", 20 ms on the H200): samples near the GPU's idle floor, once
   that floor is known from evidence: power samples inside a utilisation window that read 0 %,
   or a floor such evidence gave an earlier run (`idle_floors`). Until then power says nothing:
@@ -18,7 +25,8 @@ A host-side gap is confirmed or contradicted by the NVML samples inside it; NVML
 (no host-side stretch covers them, e.g. a process the tracer cannot see) are reported at the
 samples' resolution, unless traced syncs cover most of one: a thread blocked in a sync
 proves the GPU busy, whatever board power says (power dips under load, as the H200 showed
-early in a run). Every gap names its sources, resolution and confidence.
+early in a run), except while that thread waited on the run queue (above). Every gap names
+its sources, resolution and confidence.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from gpujitter.daemon.records import GpuGap
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample
+from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample, OffCpu
 
 UNKNOWN_GPU = -1  # a process NVML did not (yet) list on any GPU
 
@@ -57,6 +65,12 @@ class GapConfig:
     # (shorter ones cannot cover much of a gap made of 20 ms samples).
     busy_sync_ns: int = 1_000_000
     history_ns: int = 60_000_000_000  # how much NVML and gap history is kept
+    # How long (stream time) past a sync's return its verdict waits for the sched probe's
+    # off-CPU intervals inside it: they come through another ring buffer, within a poll.
+    offcpu_settle_ns: int = 1_000_000_000
+    # Off-CPU intervals kept per thread (those with a run-queue wait of at least
+    # cuda_resolution_ns): a bound for threads that the sync verdicts never consume.
+    max_offcpu_per_thread: int = 4096
 
     def __post_init__(self) -> None:
         # A trace header carries these (report replays with them): refuse what the detector
@@ -81,8 +95,11 @@ class _Candidate:
     tgid: int
     tid_before: int
     tid_after: int
-    drained: bool  # the stretch began at a sync return
+    drained: bool  # the stretch began at a sync return (or a wake-up inside one)
     source: str = "cuda"
+    # The stretch holds the run-queue wait of a thread inside a sync (see the module's doc);
+    # without a wake-up to mark the drain (a spinning sync), power places its start.
+    starved: bool = False
 
 
 @dataclass(slots=True)
@@ -91,6 +108,14 @@ class _Quiet:
     end: int
     tid_before: int  # the thread active at its start
     tid_after: int  # the thread that ended it
+
+
+@dataclass(frozen=True, slots=True)
+class _Sync:
+    tgid: int
+    tid: int
+    start: int
+    end: int
 
 
 @dataclass(slots=True)
@@ -125,7 +150,10 @@ class GapDetector:
         self.pending: list[_Candidate] = []
         self.last_call: dict[int, int] = {}  # tgid -> end of its latest traced call
         self.quiet: dict[int, deque[_Quiet]] = {}  # tgid -> recent quiet stretches
-        self.busy: dict[int, deque[tuple[int, int]]] = {}  # tgid -> recent long syncs
+        self.busy: dict[int, deque[_Sync]] = {}  # tgid -> recent long syncs
+        self.syncs: deque[_Sync] = deque()  # syncs waiting for their off-CPU intervals
+        self.offcpu: dict[int, deque[OffCpu]] = {}  # tid -> intervals with a run-queue wait
+        self._offcpu_swept_ns = 0
 
     def gpu(self, index: int) -> _GpuState:
         if index not in self.gpus:
@@ -152,6 +180,8 @@ class GapDetector:
             self._on_sample(ev)
         elif isinstance(ev, GpuProcesses):
             self.gpu(ev.gpu).pids = ev.pids
+        elif isinstance(ev, OffCpu) and ev.runq_ns >= self.config.cuda_resolution_ns:
+            self._on_offcpu(ev)
         return self._finalise(force=False)
 
     def feed_all(self, events: Iterable[Event]) -> list[GpuGap]:
@@ -167,8 +197,11 @@ class GapDetector:
     def _on_cuda(self, ev: CudaCall) -> None:
         self.last_call[ev.tgid] = max(self.last_call.get(ev.tgid, 0), ev.ts_ns + ev.dur_ns)
         if ev.api == "sync":
+            sync = _Sync(ev.tgid, ev.tid, ev.ts_ns, ev.ts_ns + ev.dur_ns)
             if ev.dur_ns >= self.config.busy_sync_ns:
-                self._remember_busy(ev.tgid, ev.ts_ns, ev.ts_ns + ev.dur_ns)
+                self._remember_busy(sync)
+            if ev.dur_ns >= self.config.cuda_resolution_ns:
+                self.syncs.append(sync)
             return
         if ev.after_idle_ns <= 0:
             return
@@ -179,33 +212,58 @@ class GapDetector:
             stretches.popleft()
         if ev.after_idle_ns < self.config.min_gap_ns:
             return
-        for g in self.gpus_of(ev.tgid):
-            self.pending.append(
-                _Candidate(
-                    gpu=g,
-                    start=start,
-                    end=ev.ts_ns,
-                    tgid=ev.tgid,
-                    tid_before=ev.prev_tid,
-                    tid_after=ev.tid,
-                    drained=ev.prev_api == "sync",
-                )
-            )
+        self._propose(
+            _Candidate(UNKNOWN_GPU, start, ev.ts_ns, ev.tgid, ev.prev_tid, ev.tid,
+                       drained=ev.prev_api == "sync")
+        )  # fmt: skip
 
-    def _remember_busy(self, tgid: int, start: int, end: int) -> None:
-        spans = self.busy.setdefault(tgid, deque())
-        spans.append((start, end))
-        while spans and spans[0][1] < self.now_ns - self.config.history_ns:
+    def _propose(self, c: _Candidate) -> None:
+        """A candidate gap for each GPU its process feeds."""
+        for g in self.gpus_of(c.tgid):
+            self.pending.append(replace(c, gpu=g))
+
+    def _on_offcpu(self, ev: OffCpu) -> None:
+        kept = self.offcpu.setdefault(ev.tid, deque(maxlen=self.config.max_offcpu_per_thread))
+        kept.append(ev)
+        horizon = self.now_ns - self.config.history_ns
+        if self.now_ns - self._offcpu_swept_ns >= self.config.offcpu_settle_ns:
+            self._offcpu_swept_ns = self.now_ns  # threads gone quiet (exited) are dropped
+            for tid in [t for t, k in self.offcpu.items() if k[-1].end_ns < horizon]:
+                del self.offcpu[tid]
+        while kept and kept[0].end_ns < horizon:
+            kept.popleft()
+
+    def _remember_busy(self, sync: _Sync) -> None:
+        spans = self.busy.setdefault(sync.tgid, deque())
+        spans.append(sync)
+        while spans and spans[0].end < self.now_ns - self.config.history_ns:
             spans.popleft()
+
+    def _runq_inside(self, sync: _Sync) -> list[OffCpu]:
+        """The thread's off-CPU intervals with a run-queue wait that lie inside the sync, in
+        time order (uprobes and the sched tracepoints read one clock: the sync's entry comes
+        before the switch out, the switch back in before its return)."""
+        return sorted(
+            (
+                o
+                for o in self.offcpu.get(sync.tid, ())
+                if sync.start <= o.ts_ns <= o.end_ns <= sync.end
+            ),
+            key=lambda o: (o.ts_ns, o.end_ns),
+        )
 
     def _busy_ns(self, index: int, st: _GpuState, start: int, end: int) -> int:
         """How much of [start, end] a process of GPU `index` (or of no known GPU) spent
-        blocked in a sync: the GPU was running its work then."""
+        blocked in a sync: the GPU was running its work then. A sync's run-queue waits prove
+        nothing: a woken thread saw the GPU finish already, a preempted spinning one could
+        not see it finish."""
         spans = sorted(
             (max(a, start), min(b, end))
             for tgid, found in self.busy.items()
             if tgid in st.pids or self.gpus_of(tgid) == [UNKNOWN_GPU]
-            for a, b in found
+            for sync in found
+            if sync.start < end and start < sync.end
+            for a, b in self._waiting_parts(sync)
             if a < end and start < b
         )
         covered, reach = 0, start
@@ -213,6 +271,39 @@ class GapDetector:
             covered += max(0, b - max(a, reach))
             reach = max(reach, b)
         return covered
+
+    def _waiting_parts(self, sync: _Sync) -> list[tuple[int, int]]:
+        """The sync's span less its thread's run-queue waits."""
+        parts, at = [], sync.start
+        for o in self._runq_inside(sync):
+            if o.runnable_ns > at:
+                parts.append((at, o.runnable_ns))
+            at = max(at, o.end_ns)
+        if at < sync.end:
+            parts.append((at, sync.end))
+        return parts
+
+    def _starved_from(self, sync: _Sync) -> tuple[int, bool] | None:
+        """Where the GPU went idle before this sync returned, because its thread waited on
+        the run queue: (start, drained). drained: the start is the thread's wake-up (the
+        GPU's completion); else it is the start of a preemption of a spinning sync, inside
+        which the GPU finished at a time power must place. None when the thread was not
+        runnable for most of the stretch up to the return (it ran: the queue may still have
+        been running, or a wake-up before the last one was not the completion)."""
+        inside = self._runq_inside(sync)
+        if not inside:
+            return None
+        woken = [o for o in inside if o.state != "preempted"]
+        if woken:
+            start, drained = woken[-1].runnable_ns, True
+            # from the wake-up on: its run-queue wait and any preemption after it
+            runnable = sum(o.end_ns - max(o.runnable_ns, start) for o in inside if o.end_ns > start)
+        else:  # spinning: only the last preemption (after any other it ran, the GPU busy)
+            last = inside[-1]
+            start, drained, runnable = last.ts_ns, False, last.end_ns - last.ts_ns
+        if 2 * runnable < sync.end - start:
+            return None
+        return start, drained
 
     def _on_sample(self, ev: GpuSample) -> None:
         st = self.gpu(ev.gpu)
@@ -312,9 +403,31 @@ class GapDetector:
 
     # ---- decisions ---------------------------------------------------------------------
 
+    def _judge_syncs(self, force: bool) -> None:
+        """Syncs whose off-CPU intervals are in: a run-queue wait that starved the GPU
+        extends the host-side candidate that begins at the sync's return (the stretch after
+        it, when the thread was slow to launch again), or becomes a candidate of its own."""
+        settle = self.config.offcpu_settle_ns
+        while self.syncs and (force or self.now_ns >= self.syncs[0].end + settle):
+            sync = self.syncs.popleft()
+            found = self._starved_from(sync)
+            if found is None:
+                continue
+            start, drained = found
+            after = [c for c in self.pending if c.tgid == sync.tgid and c.start == sync.end]
+            for c in after:
+                c.start, c.drained, c.starved = start, drained, True
+            if after or sync.end - start < self.config.min_gap_ns:
+                continue
+            self._propose(
+                _Candidate(UNKNOWN_GPU, start, sync.end, sync.tgid, sync.tid, sync.tid,
+                           drained=drained, starved=True)
+            )  # fmt: skip
+
     def _finalise(self, force: bool) -> list[GpuGap]:
         out: list[GpuGap] = []
         keep: list[_Candidate] = []
+        self._judge_syncs(force)
         for c in self.pending:
             if not (force or self._settled(c)):
                 keep.append(c)
@@ -344,6 +457,8 @@ class GapDetector:
         return gaps
 
     def _settled(self, c: _Candidate) -> bool:
+        if any(s.tgid == c.tgid and s.end == c.start for s in self.syncs):
+            return False  # the sync it begins at may hold a starved stretch to prepend
         if self.now_ns >= c.end + self.config.settle_ns:
             return True
         if c.gpu == UNKNOWN_GPU:
@@ -391,11 +506,14 @@ class GapDetector:
             start, end = part.start, part.end
             if self._overlaps_emitted(st, start, end):
                 continue
-            sources = ["cuda"]
+            sources = ["cuda", "sched"] if c.starved else ["cuda"]
+            resolution = cfg.cuda_resolution_ns
             verdict = self._power_verdict(st, start, end)
             if verdict == "idle":
                 sources.append("power")
                 confidence = 0.97 if c.drained else 0.8
+                if c.starved and not c.drained:  # the drain lies inside a preemption
+                    start, resolution = self._power_drain(st, start, end)
             elif c.drained:
                 # The queue had drained at the start; power busy all along means a process
                 # the tracer does not see fed the GPU.
@@ -417,7 +535,7 @@ class GapDetector:
                     end_ns=end,
                     gpu=c.gpu,
                     sources=tuple(sources),
-                    resolution_ns=cfg.cuda_resolution_ns,
+                    resolution_ns=resolution,
                     confidence=confidence,
                     tgids=tuple(feeders),
                     tid_before=part.tid_before,
@@ -440,6 +558,14 @@ class GapDetector:
         if idle == 0 and len(known) >= 2:
             return "busy"
         return None
+
+    def _power_drain(self, st: _GpuState, start: int, end: int) -> tuple[int, int]:
+        """Where the GPU went idle within [start, end], by power: the start of the first idle
+        sample lying inside (no earlier than `start`), and that placement's resolution."""
+        for s in st.power:
+            if s.ts_ns >= start and s.ts_ns + s.period_ns <= end and self._power_idle(st, s):
+                return s.ts_ns, s.period_ns
+        return start, self.config.cuda_resolution_ns
 
     def _has_nvml(self, gpu: int) -> bool:
         st = self.gpus.get(gpu)

@@ -101,7 +101,7 @@ def _cached(build: Callable[[Path], Path], source: Path, flags: tuple[str, ...])
 # What the drills' feeding loop calls. Their stub exports nothing else: the cuda probe puts
 # a uprobe on every traced function a libcuda exports, and on this kernel each one takes
 # ~130 ms to detach (6.6 s for the 51 of a full libcuda), which would dominate short drills.
-DRILL_EXPORTS = ("cuInit", "cuLaunchKernel", "cuStreamSynchronize", "stubQueuedMicros")
+DRILL_EXPORTS = ("cuInit", "cuLaunchKernel", "cuStreamSynchronize", "stubDrainsAtNs")
 
 
 def cached_stub() -> Path:

@@ -8,7 +8,11 @@ bounded background work while the GPU runs, then synchronises. Between a synchro
 and the next launch the host takes microseconds, so the GPU never idles by itself. At each
 stall time it was given, right after a synchronisation (the GPU's queue is empty), the
 feeding thread runs the scenario's injection (injectors.py) until the stall's deadline, and
-the GPU sits idle until it launches again.
+the GPU sits idle until it launches again; or, for an injection that lands inside the
+synchronisation (sync-contention, stub only), the stall runs from the moment the simulated
+queue drains to the synchronisation's return. With `prefeed` the loop feeds from the start,
+before the go line (the daemon attaches to a GPU already busy), and the window it reports
+begins there.
 
 Protocol, one JSON object per line on stdout: {"ready": {...}} once set up; then it waits
 for a line on stdin; {"stall": {...}} as each stall ends (t0_ns..t1_ns, CLOCK_MONOTONIC, as
@@ -21,6 +25,7 @@ import ctypes as ct
 import json
 import os
 import resource
+import select
 import sys
 import threading
 import time
@@ -46,6 +51,7 @@ class FeederConfig:
     step_ms: float = 10.0
     stub: str = ""  # the stub libcuda (backend "stub")
     params: dict[str, Any] = field(default_factory=dict)
+    prefeed: bool = False  # feed between ready and go too
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -65,6 +71,8 @@ class StubGpu:
         lib = ct.CDLL(cfg.stub)
         self._launch = caller(lib, "cuLaunchKernel")
         self._sync = caller(lib, "cuStreamSynchronize")
+        self._drains_at = lib.stubDrainsAtNs
+        self._drains_at.restype = ct.c_ulonglong
         self.launches = max(1, round(cfg.step_ms * 1000 / KERNEL_US))
 
     def describe(self) -> dict[str, Any]:
@@ -76,6 +84,10 @@ class StubGpu:
 
     def sync(self) -> None:
         self._sync(0)
+
+    def drains_at_ns(self) -> int:
+        """When the simulated queue drains (CLOCK_MONOTONIC ns)."""
+        return int(self._drains_at())
 
 
 class TorchGpu:
@@ -138,6 +150,23 @@ def stall(injector: Injector, index: int, stall_ns: int) -> dict[str, Any]:
     }
 
 
+def stall_in_sync(injector: Injector, gpu: StubGpu, index: int, stall_ns: int) -> dict[str, Any]:
+    """The injection lands while the thread waits in the synchronisation: the GPU is idle
+    from the moment its queue drains until the synchronisation returns."""
+    drained = gpu.drains_at_ns()
+    facts = injector.inject(drained + stall_ns)
+    gpu.sync()
+    t1 = time.monotonic_ns()
+    return {"index": index, "t0_ns": drained, "t1_ns": t1, "cause_ns": t1 - drained, **facts}
+
+
+def prefeed(gpu: StubGpu | TorchGpu) -> None:
+    """Keep the GPU busy until the go line arrives."""
+    while not select.select([sys.stdin], [], [], 0)[0]:
+        gpu.step()
+        gpu.sync()
+
+
 def feed(cfg: FeederConfig, gpu: StubGpu | TorchGpu, injector: Injector) -> dict[str, Any]:
     """The loop, from go to the end of the run; returns its totals."""
     go = time.monotonic_ns()
@@ -151,12 +180,18 @@ def feed(cfg: FeederConfig, gpu: StubGpu | TorchGpu, injector: Injector) -> dict
         t = time.monotonic_ns()
         injector.background()
         slowest_background_ns = max(slowest_background_ns, time.monotonic_ns() - t)
-        gpu.sync()
+        index = len(cfg.stall_at_s) - len(due)
+        if injector.inside_sync and due and time.monotonic_ns() >= due[0]:
+            due.pop(0)
+            assert isinstance(gpu, StubGpu)  # the scenario refuses other backends
+            say(stall=stall_in_sync(injector, gpu, index, stall_ns))
+        else:
+            gpu.sync()
         steps += 1
         now = time.monotonic_ns()
-        if due and now >= due[0]:
+        if not injector.inside_sync and due and now >= due[0]:
             due.pop(0)
-            say(stall=stall(injector, len(cfg.stall_at_s) - len(due) - 1, stall_ns))
+            say(stall=stall(injector, index, stall_ns))
         elif now >= end:
             break
     gpu.step()  # the launch that ends the last stretch
@@ -178,10 +213,15 @@ def main() -> None:
     setup = injector.setup()
     injector.background()
     say(ready={"pid": os.getpid(), "tid": threading.get_native_id(), **gpu.describe(), **setup})
+    fed_since = time.monotonic_ns()
+    if cfg.prefeed:
+        prefeed(gpu)
     if not sys.stdin.readline():  # the drill went away before the start
         sys.exit(1)
     try:
         totals = feed(cfg, gpu, injector)
+        if cfg.prefeed:
+            totals["go_ns"] = fed_since
     finally:
         injector.close()
     say(done=totals)

@@ -2,11 +2,13 @@
 children the probes would watch too) and woken by the feeder through a pipe that carries
 each stall's deadline (8 bytes, CLOCK_MONOTONIC ns):
 
-    python -m gpujitter.daemon.drill.helpers hog FD CPU POLICY
+    python -m gpujitter.daemon.drill.helpers hog FD CPU POLICY [SPAN_MS]
         on CPU (the feeder's), spins until each deadline, so that the feeder waits on the
         run queue (contention): POLICY fifo (SCHED_FIFO: the feeder runs not at all until
         the deadline) or nice (nice -20 where real-time is refused: the feeder still gets
-        about 1 % of the CPU, in the scheduler's slices).
+        about 1 % of the CPU, in the scheduler's slices). With SPAN_MS it sleeps until
+        SPAN_MS before each deadline first (sync-contention: it lands while the feeder
+        waits in a synchronisation).
     python -m gpujitter.daemon.drill.helpers io FD FILE THREADS CPUS
         page-sized O_DIRECT reads of FILE from THREADS threads on CPUS (a list, away from
         the feeder) until each deadline: the disk's interrupts land wherever its IRQ is
@@ -39,13 +41,15 @@ def deadlines(fd: int):
         yield struct.unpack("<Q", data)[0]
 
 
-def hog(fd: int, cpu: int, policy: str) -> None:
+def hog(fd: int, cpu: int, policy: str, span_ns: int | None) -> None:
     os.sched_setaffinity(0, {cpu})
     if policy == "fifo":
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
     else:
         os.setpriority(os.PRIO_PROCESS, 0, -20)
     for deadline in deadlines(fd):
+        if span_ns is not None:
+            time.sleep(max(0, deadline - span_ns - time.monotonic_ns()) / 1e9)
         while time.monotonic_ns() < deadline:
             pass
 
@@ -80,7 +84,8 @@ def main() -> None:
     # A name of its own, so that attributions name the helper (comm), not "python3".
     ct.CDLL(None).prctl(PR_SET_NAME, f"gj-drill-{role}".encode(), 0, 0, 0)
     if role == "hog":
-        hog(fd, int(sys.argv[3]), sys.argv[4])
+        span = round(float(sys.argv[5]) * 1e6) if len(sys.argv) > 5 else None
+        hog(fd, int(sys.argv[3]), sys.argv[4], span)
     elif role == "io":
         io(fd, sys.argv[3], int(sys.argv[4]), parse_cpulist(sys.argv[5]))
     else:

@@ -60,6 +60,9 @@ class Injector:
     """No injection: the control."""
 
     name: ClassVar[str] = "clean"
+    # inject() only sets the stall up; it happens inside the synchronisation that follows
+    # (feeder.stall_in_sync), not after it.
+    inside_sync: ClassVar[bool] = False
 
     def __init__(self, lib: ct.CDLL, stall_ns: int, params: dict[str, Any]) -> None:
         self.lib = lib
@@ -77,6 +80,12 @@ class Injector:
 
     def close(self) -> None:
         return None
+
+
+class AttachBusy(Injector):
+    """No injection either: the probes attach while the loop already feeds (prefeed)."""
+
+    name = "attach-busy"
 
 
 class Compute(Injector):
@@ -124,6 +133,19 @@ class Trigger(Injector):
 
 class Contention(Trigger):
     name = "contention"
+
+
+class SyncContention(Injector):
+    """Wakes the hog (params trigger_fd) with the stall's deadline, which it spins until
+    from a little before the GPU's queue drains: it lands while the feeding thread sleeps in
+    the synchronisation, and keeps it waiting on the run queue after the drain woke it."""
+
+    name = "sync-contention"
+    inside_sync = True
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        os.write(self.params["trigger_fd"], struct.pack("<Q", deadline_ns))
+        return {}
 
 
 class Irq(Trigger):
@@ -324,9 +346,11 @@ INJECTORS: dict[str, type[Injector]] = {
     cls.name: cls
     for cls in (
         Injector,
+        AttachBusy,
         Compute,
         Migrate,
         Contention,
+        SyncContention,
         Irq,
         IdleWakeups,
         MinorFaultStorm,

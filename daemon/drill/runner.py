@@ -216,6 +216,7 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
             step_ms=opts.step_ms,
             stub=stub,
             params=stage.params,
+            prefeed=scenario.prefeed,
         )
         feeder = Feeder(cfg, stage.pass_fds)
         stack.callback(feeder.stop)

@@ -102,6 +102,7 @@ class Scenario:
     stage: Callable[[Stage], None] = lambda stage: None
     duration_s: float = 20.0  # default run length
     truth_holds_waits: bool = True  # the loop's measure includes time it waited to run
+    prefeed: bool = False  # the loop keeps the GPU busy before the probes attach
 
 
 def _swap(stage: Stage) -> None:
@@ -142,6 +143,26 @@ def _contention(stage: Stage) -> None:
             f"a nice -20 hog on CPU {stage.feeder_cpu}, the feeder's, which leaves the "
             "feeder about 1 % of the CPU"
         )
+
+
+# The sync-contention hog lands this long before the queue drains (a step's 10 ms of work
+# were enqueued just before: the feeder is asleep in the synchronisation by then).
+SYNC_HOG_LEAD_MS = 3.0
+
+
+def _sync_contention(stage: Stage) -> None:
+    if stage.backend != "stub":
+        raise GpujitterError(
+            "the sync-contention drill needs --backend stub: the truth is when the GPU's "
+            "queue drains, which only the stub libcuda knows"
+        )
+    policy = "fifo" if system.realtime_allowed() else "nice"
+    stage.helper("hog", str(stage.feeder_cpu), policy, str(stage.stall_ms + SYNC_HOG_LEAD_MS))
+    stage.notes.append(
+        f"sync-contention: a {policy} hog on CPU {stage.feeder_cpu}, the feeder's, from "
+        f"{SYNC_HOG_LEAD_MS:g} ms before the queue drains while the feeder sleeps in "
+        "cuStreamSynchronize, until the stall's end"
+    )
 
 
 def _irq(stage: Stage) -> None:
@@ -213,12 +234,16 @@ SCENARIOS: dict[str, Scenario] = {
                  truth_holds_waits=False),
         Scenario("contention", "a SCHED_FIFO (else nice -20) hog takes the feeding thread's CPU",
                  "runq_wait", "the stall", ("sched",), _contention),
+        Scenario("sync-contention", "a hog takes the feeding CPU while the thread waits in a sync",
+                 "runq_wait", "drain to the sync's return", ("sched",), _sync_contention),
         Scenario("cstate", "short sleeps that wake the feeding thread onto an idle CPU",
                  "idle_wake", "the wake-ups' lateness", ("cstate",), _cstate),
         Scenario("malloc", "munmap of large touched blocks in the critical path",
                  "alloc_stall", "the stall", ("malloc",)),
         Scenario("compute", "a CPU-bound host step", "host_work", "the stall", ("sched",)),
         Scenario("clean", "the control: no injection", "", "", (), duration_s=60.0),
+        Scenario("attach-busy", "the control, with the probes attached to a loop already busy",
+                 "", "", (), prefeed=True),
     )
 }  # fmt: skip
 

@@ -5,15 +5,21 @@
  *
  * Behind them sits a simulated GPU queue in CLOCK_MONOTONIC time: every launch, graph launch,
  * copy or memset enqueues work, and synchronisation blocks until the queue has drained, the
- * way a real stream does. Work sizes (an interface of the stub only): a kernel runs gridDimX
+ * way a real stream does: the waiting thread sleeps in poll() on a timerfd armed for the
+ * moment the queue drains, so that, as with the driver's blocking sync (a poll on its device
+ * file, woken by the GPU's completion interrupt), the kernel wakes it from interrupt context at
+ * the simulated completion: its sched wake-up marks the GPU going idle. Work sizes (an interface of the stub only): a kernel runs gridDimX
  * microseconds, a graph (uintptr_t)hGraphExec microseconds, a copy or memset bytes / 1000
  * microseconds (1 GB/s).
  */
 #define _GNU_SOURCE
+#include <poll.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/timerfd.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef void *CUfunction, *CUstream, *CUevent, *CUcontext, *CUgraphExec, *CUhostFn;
@@ -45,23 +51,35 @@ static __attribute__((noinline)) void enqueue(uint64_t work_us)
 
 static __attribute__((noinline)) void drain(void)
 {
+    int fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
+    for (;;) {
+        pthread_mutex_lock(&queue_lock);
+        uint64_t until = busy_until_ns;
+        pthread_mutex_unlock(&queue_lock);
+        if (now_ns() >= until) /* launches by other threads may have extended the queue */
+            break;
+        struct itimerspec at = {.it_value = {.tv_sec = until / 1000000000ull,
+                                             .tv_nsec = until % 1000000000ull}};
+        if (fd < 0 || timerfd_settime(fd, TFD_TIMER_ABSTIME, &at, NULL) < 0) {
+            struct timespec ts = at.it_value; /* no timerfd: sleep until the drain instead */
+            clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+            continue;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        poll(&p, 1, -1);
+    }
+    if (fd >= 0)
+        close(fd);
+}
+
+/* When the simulated queue drains (CLOCK_MONOTONIC ns; in the past when it is empty): the
+ * drills' truth for a GPU going idle inside a synchronisation. */
+unsigned long long stubDrainsAtNs(void)
+{
     pthread_mutex_lock(&queue_lock);
     uint64_t until = busy_until_ns;
     pthread_mutex_unlock(&queue_lock);
-    for (uint64_t now = now_ns(); now < until; now = now_ns()) {
-        uint64_t left = until - now;
-        struct timespec ts = {.tv_sec = left / 1000000000ull, .tv_nsec = left % 1000000000ull};
-        nanosleep(&ts, NULL);
-    }
-}
-
-/* How much simulated GPU time is still queued, in microseconds (for the feeding loop). */
-unsigned long long stubQueuedMicros(void)
-{
-    pthread_mutex_lock(&queue_lock);
-    uint64_t until = busy_until_ns, now = now_ns();
-    pthread_mutex_unlock(&queue_lock);
-    return until > now ? (until - now) / 1000ull : 0;
+    return until;
 }
 
 CUresult cuInit(unsigned int flags) { (void)flags; return 0; }

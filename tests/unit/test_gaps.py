@@ -9,13 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import orjson
 import pytest
 
 from gpujitter.cli import main
 from gpujitter.daemon.gaps import UNKNOWN_GPU, GapConfig, GapDetector
-from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample, from_record
+from gpujitter.daemon.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.records import Attribution, GpuGap
+from gpujitter.daemon.trace import TraceReader
+from gpujitter.probes.events import (
+    CudaCall,
+    Event,
+    GpuProcesses,
+    GpuSample,
+    OffCpu,
+    from_record,
+)
 from tests.conftest import FIXTURES
 
 EVENTS = FIXTURES / "gaps" / "h200-proof-events.ndjson"
@@ -259,3 +270,87 @@ def test_settings_the_detector_cannot_work_with_are_refused(
     rec["gaps"][setting] = value
     with pytest.raises(GpujitterError, match=said):
         AnalysisConfig.from_record(rec)
+
+
+# -- starved inside a synchronisation (issue 11): a sync covers GPU work only while work is
+# queued; a thread runnable inside it after the GPU drained is the stall itself.
+
+# Recorded by `gpujitter drill sync-contention --keep-trace` on the development VM (stub
+# libcuda, whose sync sleeps in poll() on a timerfd armed for the drain): a SCHED_FIFO hog
+# took the feeder's CPU 3 ms before the queue drained, while the feeder slept in
+# cuStreamSynchronize, and held it ~25 ms past the drain. Truth: when the stub's queue
+# drained and when the sync returned, as the loop measured them.
+SYNC_CONTENTION = FIXTURES / "gaps" / "stub-sync-contention.gjtrace"
+SYNC_CONTENTION_TRUTH = FIXTURES / "gaps" / "stub-sync-contention-truth.json"
+
+
+def replay_trace(path: Path) -> tuple[list[Event], list[Event]]:
+    """The trace's events and what the pipeline makes of them (as `gpujitter report`)."""
+    with TraceReader(path) as trace:
+        header, events = trace.header, list(trace)
+    return events, list(
+        analyse(events, header.topology, AnalysisConfig.from_record(header.analysis))
+    )
+
+
+def test_a_feeder_starved_inside_a_sync_is_a_gap_from_its_wake_up_caused_by_the_run_queue() -> None:
+    truth = json.loads(SYNC_CONTENTION_TRUTH.read_text())
+    _, found = replay_trace(SYNC_CONTENTION)
+    gaps = [e for e in found if isinstance(e, GpuGap)]
+    attributions = [e for e in found if isinstance(e, Attribution)]
+    assert len(truth["stalls"]) == 3 and len(gaps) == len(attributions) == 3
+    for stall in truth["stalls"]:
+        (gap,) = [g for g in gaps if g.ts_ns < stall["t1_ns"] and stall["t0_ns"] < g.end_ns]
+        # It starts at the wake-up (the timerfd firing at the drain) and ends at the sync's
+        # return, a few µs before the loop read its clock.
+        assert abs(gap.ts_ns - stall["t0_ns"]) <= 200_000, stall
+        assert abs(gap.end_ns - stall["t1_ns"]) <= 200_000, stall
+        assert gap.sources == ("cuda", "sched") and gap.confidence == 0.9
+        (attr,) = [a for a in attributions if a.ts_ns == gap.ts_ns]
+        assert attr.top_cause == "runq_wait"
+        runq = next(p for p in attr.parts if p.cause == "runq_wait")
+        assert abs(runq.ns - stall["cause_ns"]) <= 0.05 * stall["cause_ns"], stall
+
+
+def test_the_starved_gap_waits_for_the_off_cpu_intervals_however_the_rings_interleave() -> None:
+    # The sync comes from the cuda ring, the wake-up from the sched ring: either may be read
+    # first. Moving every off-CPU interval after the next 20 events gives the same gaps.
+    events, _ = replay_trace(SYNC_CONTENTION)
+    late = []
+    for i, ev in enumerate(events):
+        late.append((i + 20 if isinstance(ev, OffCpu) else i, i, ev))
+    reordered = [ev for _, _, ev in sorted(late, key=lambda t: (t[0], t[1]))]
+    assert GapDetector().feed_all(reordered) == GapDetector().feed_all(events)
+    assert len(GapDetector().feed_all(events)) == 3
+
+
+def spinning_sync_preempted(power_w: list[float]) -> list[Event]:
+    """A thread spinning in a 300 ms sync (as PyTorch's default schedule does), preempted
+    from 40 ms to 290 ms; one power sample per 20 ms from 0 (watts as given)."""
+    pid = 7
+    events: list[Event] = [GpuProcesses(ts_ns=0, gpu=0, pids=(pid,))]
+    events += [
+        GpuSample(ts_ns=k * 20 * MS, gpu=0, metric="power", value=w, period_ns=20 * MS)
+        for k, w in enumerate(power_w)
+    ]
+    events.append(
+        OffCpu(ts_ns=40 * MS, end_ns=290 * MS, tid=pid, tgid=pid, cpu=1, cpu_in=1,
+               state="preempted", runnable_ns=40 * MS, other_tid=99, other_comm="hog")
+    )  # fmt: skip
+    events.append(
+        CudaCall(ts_ns=0, dur_ns=300 * MS, tid=pid, tgid=pid, cpu=1, api="sync",
+                 func="cuStreamSynchronize", prev_tid=pid, prev_api="launch")
+    )  # fmt: skip
+    return sorted(events, key=lambda e: e.ts_ns)
+
+
+def test_a_spinning_sync_preempted_while_power_falls_idle_is_a_gap_placed_by_power() -> None:
+    # The H200 case of issue 11: a hog preempted the training thread spinning in a sync for
+    # ~290 ms; the GPU drained and idled ~250 ms. Power places the drain inside the preemption.
+    watts = [700.0] * 3 + [120.0] * 12 + [700.0] * 3  # idle from 60 ms to 300 ms
+    (gap,) = GapDetector(idle_floors={0: 115.0}).feed_all(spinning_sync_preempted(watts))
+    assert (gap.ts_ns, gap.end_ns) == (60 * MS, 300 * MS)
+    assert gap.sources == ("cuda", "sched", "power") and gap.resolution_ns == 20 * MS
+    # Busy all along (the hog ran while the queue still held work): no gap.
+    busy = GapDetector(idle_floors={0: 115.0}).feed_all(spinning_sync_preempted([700.0] * 18))
+    assert busy == []
