@@ -25,8 +25,10 @@ if [ -d "$tree/.gpu/drill-cache" ]; then export GPUJITTER_CACHE=$tree/.gpu/drill
 export PYTHONPATH=${PYTHONPATH:-}:$tree  # bench.*, after the package's link tree
 start=$(date +%s)
 cd /tmp  # a checkout in the working folder must not shadow the package
+# REALJOB_ARGS: more bench/real_job.py options (e.g. "--attaches 4 --stalls 4"), as words
+# shellcheck disable=SC2086
 timeout -s INT -k 30 $((budget_s + 30)) python3 -P -m bench.real_job "$mode" --out "$work" \
-    --summary "$out/realjob-$mode.json" --budget-s "$budget_s" "$@"
+    --summary "$out/realjob-$mode.json" --budget-s "$budget_s" "$@" ${REALJOB_ARGS:-}
 echo "==> real job ($mode): exit $? after $(($(date +%s) - start))s"
 python3 -P -m bench.real_job_table "$out/realjob-$mode.json" | tee "$work/table.md"
 tar -C "$work" -czf "$out/realjob-$mode.tar.gz" --exclude traces .
