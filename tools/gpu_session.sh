@@ -10,6 +10,10 @@
 #   profiler     a PyTorch profiler trace + a recording of the same run (bench/profiler_trace.py)
 #   drills       every `gpujitter drill` scenario with the PyTorch loop (bench/drills_gpu.sh;
 #                not in the default set: it takes most of a run call by itself)
+#   realjob      `gpujitter run` beside a real training job: restarts, false gaps, the
+#                injected scenarios scored (bench/real_job_gpu.sh accuracy; a run call of its own)
+#   realjob-cost the training job's step time with and without the daemon, its CPU and memory
+#                (bench/real_job_gpu.sh cost; a run call of its own)
 # Usage: tools/gpu_session.sh TREE BCC_TARBALL [STEP...]   (TREE: a copy of the repository
 # holding .whl/ with an orjson wheel for the node's python3)
 set -uo pipefail
@@ -77,6 +81,14 @@ for step in $steps; do
     drills)
         log "drills: every scenario, PyTorch loop"
         OUT=$out "$tree/bench/drills_gpu.sh"
+        ;;
+    realjob)
+        log "realjob: gpujitter run beside a real training job, restarted; scenarios scored"
+        OUT=$out "$tree/bench/real_job_gpu.sh" accuracy
+        ;;
+    realjob-cost)
+        log "realjob-cost: the training job with and without the daemon"
+        OUT=$out "$tree/bench/real_job_gpu.sh" cost
         ;;
     esac
 done

@@ -1,0 +1,112 @@
+"""The real training job's scoring and tables (bench/real_job.py, bench/real_job_table.py):
+daemon logs written by the daemon's own log writer, read back and scored as the drills
+score, against the job's step log and stall records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.real_job import attributions, clean_window, cost_summary, read_steps, scenario_score
+from bench.real_job_table import tables
+from gpujitter.daemon.jsonlog import JsonLog
+from gpujitter.daemon.records import Attribution, Part
+
+MS = 1_000_000
+S = 1_000 * MS
+
+
+def gap(start_ms: float, end_ms: float, **parts_ms: float) -> Attribution:
+    parts = tuple(
+        Part(c, round(ms * MS)) for c, ms in sorted(parts_ms.items(), key=lambda p: -p[1])
+    )
+    return Attribution(
+        ts_ns=round(start_ms * MS), end_ns=round(end_ms * MS), gpu=0, sources=("cuda",),
+        resolution_ns=50_000, confidence=0.9, parts=parts,
+    )  # fmt: skip
+
+
+def write_log(path: Path, attrs: list[Attribution]) -> Path:
+    log = JsonLog(path)
+    for a in attrs:
+        log.write(a)
+    log.close()
+    return path
+
+
+def write_steps(path: Path, idle_after_ms: dict[int, float]) -> Path:
+    """50 ms steps from t=1 s for 10 s; the GPU idles `idle_after_ms[n]` after step n."""
+    t = 1 * S
+    lines = []
+    for n in range(200):
+        t0, tf = t, t + MS // 5
+        t1 = t0 + 50 * MS
+        lines.append(f"{n + 1} {t0} {tf} {t1}")
+        t = t1 + round(idle_after_ms.get(n, 0.1) * MS)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_clean_window_counts_every_gap_as_false_and_says_which_the_job_really_had(
+    tmp_path: Path,
+) -> None:
+    steps = read_steps(write_steps(tmp_path / "steps.tsv", {40: 12.0}))
+    idle_start_ms = (steps[40][2]) / MS
+    log = write_log(tmp_path / "attach-1.jsonl", [
+        gap(6_000, 6_080, host_work=80),  # nothing there: false
+        gap(idle_start_ms, idle_start_ms + 12, blocked=12),  # the job's own 12 ms idle
+        gap(20_000, 20_050, host_work=50),  # after the window
+    ])  # fmt: skip
+    got = clean_window(attributions(log), steps, 2 * S, 10 * S)
+    assert (got["false_gaps"], got["false_on_job_idle"], got["job_idle_5ms"]) == (2, 1, 1)
+    assert got["window_s"] == 8.0 and got["steps"]["steps"] > 100
+    assert got["steps"]["median_ms"] == 50.0
+
+
+def test_a_scenario_is_scored_as_a_drill_with_its_false_gaps(tmp_path: Path) -> None:
+    spec = {"name": "sleep", "cause": "blocked", "truth": "the stall", "where": "after_sync",
+            "start_ns": 1 * S, "stall_ms": 30.0}  # fmt: skip
+    stalls = [{"scenario": "sleep", "index": k, "t0_ns": (2 + k) * S,
+               "t1_ns": (2 + k) * S + 30 * MS, "cause_ns": 30 * MS} for k in range(3)]  # fmt: skip
+    log = write_log(tmp_path / "attach-6.jsonl", [
+        gap(2_000, 2_030.2, blocked=29, host_work=1.2),
+        gap(3_000, 3_030.1, blocked=30.1),
+        gap(4_000, 4_030.3, host_work=20, blocked=10.3),  # top cause wrong
+        gap(4_500, 4_510, host_work=10),  # overlaps no stall: false
+    ])  # fmt: skip
+    got = scenario_score(spec, stalls, 5 * S, attributions(log))
+    assert (got["found"], got["top_right"], got["false_gaps"]) == (3, 2, 1)
+    assert got["attributed_ms"] == 69.4 and got["truth_ms"] == 90.0
+    assert got["targets"] == {"found_all": True, "no_false_gaps": False, "top_cause": False,
+                              "attributed": False}  # fmt: skip
+    failed = {"scenario": "swap", "error": "no swap"}
+    summary = {"mode": "accuracy", "notes": ["a note"], "attaches": [], "scenarios": [got, failed]}
+    text = "\n".join(tables(summary))
+    assert "| sleep | 3/3 (30.0 ms each) | blocked: 2/3 (top: blocked, host_work) |" in text
+    assert "| swap | not run: no swap |" in text and "- a note" in text
+
+
+def test_cost_is_the_median_paired_difference_and_rounds_without_steps_are_left_out() -> None:
+    def half(ms: float, cpu: float | None = None) -> dict[str, Any]:
+        got: dict[str, Any] = {"steps": 600, "median_ms": ms}
+        if cpu is not None:
+            got.update(daemon={"cpu_pct": cpu, "rss_mb": 180.0 + cpu}, false_gaps=0)
+        return got
+
+    rounds = [
+        {"round": 1, "off": half(50.0), "on": half(50.5, 2.0)},
+        {"round": 2, "off": half(51.0), "on": half(51.0, 3.0)},
+        {"round": 3, "off": half(50.0), "on": half(50.1, 1.0)},
+        {"round": 4, "off": {"steps": 0}, "on": half(99.0, 9.0)},
+    ]
+    c = cost_summary(rounds)
+    assert c["rounds"] == 3 and c["cost_pct"] == 0.2 and c["cost_pct_range"] == [0.0, 1.0]
+    assert (c["off_ms"], c["on_ms"], c["daemon_cpu_pct"], c["daemon_rss_mb"]) == (
+        50.0, 50.5, 2.5, 189.0)  # fmt: skip
+    text = "\n".join(tables({"mode": "cost", "rounds": rounds, "cost": c, "round_s": 30,
+                             "attaches": []}))  # fmt: skip
+    assert "| 3 × 30 s | 50.00 ms | 50.50 ms | +0.20 % (+0.00 to +1.00) | 2.5 % of a CPU |" in text
+
+
+def test_a_log_that_was_never_written_has_no_attributions(tmp_path: Path) -> None:
+    assert attributions(tmp_path / "none.jsonl") == []
