@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -80,13 +79,14 @@ def test_non_elf_files_are_refused(tmp_path: Path) -> None:
 @contextmanager
 def process(preload: str | None = None) -> Iterator[int]:
     env = {"LD_PRELOAD": preload} if preload else {}
+    # It says so once the interpreter runs: every library it needs is mapped by then (a
+    # count of mappings was reached half-way through the loader's work on a busy machine).
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, env=env
-    )
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+    )  # fmt: skip
     try:
-        deadline = time.monotonic() + 10
-        while len(file_mappings(HostPaths(), proc.pid)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
         yield proc.pid
     finally:
         proc.kill()
