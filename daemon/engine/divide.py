@@ -86,8 +86,9 @@ class Divider:
         # Waker tid -> (hops from the critical thread, the thread whose wait it ended), as
         # first reached in the sweep.
         self.chain: dict[int, tuple[int, int]] = {}
-        # Segments that following wakers may still sweep for this gap: the analysis budget
-        # (counted in work, not wall time, so that replay gives what live gave).
+        # Work that following wakers may still do for this gap, in segments swept (and one
+        # per stretch read): the analysis budget, counted in work rather than wall time so
+        # that replay gives what live gave.
         self.follow_left = follow_budget
         self.follow_cut = False  # a wait was left unfollowed because the budget ran out
         # Per window: its off-CPU intervals (starts, ends, time off before each).
@@ -120,10 +121,11 @@ class Divider:
         spans.sort(key=lambda ks: ks[1].start)  # stable: kind, then content order on ties
         cuts = _cuts(tl, spans, a, b)
         if explain_only:
-            if len(cuts) - 1 > self.follow_left:
+            # A stretch followed costs its segments and one more for reading its spans.
+            if len(cuts) > self.follow_left:
                 self.follow_cut = True
                 return 0
-            self.follow_left -= len(cuts) - 1
+            self.follow_left -= len(cuts)
         claimed = 0
         active: list[tuple[str, Span]] = []
         i = 0

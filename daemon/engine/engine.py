@@ -33,9 +33,9 @@ class EngineConfig:
     retention_ns: int = 60_000_000_000  # keep timelines this far behind the watermark
     max_spans: int = 100_000  # timeline entries over all threads (memory bound)
     max_pending_gaps: int = 1_000  # beyond this, the oldest gap is attributed at once
-    # Segments of wakers' timelines that following one gap's waits may sweep (wakers of
-    # wakers too, across processes): the analysis budget per gap.
-    waker_budget: int = 4_096
+    # Work that following one gap's waits into wakers' timelines (wakers of wakers too,
+    # across processes) may do: segments swept, plus one per stretch read.
+    waker_budget: int = 1_024
     migration_window_ns: int = 10_000_000  # a run-queue wait this soon after one is flagged
     gpu_bus_ids: Mapping[int, str] = field(default_factory=dict)  # GPU index -> PCI bus id
     syscall_abi: str = "x86_64"  # of the traced host: syscall numbers -> names

@@ -386,13 +386,13 @@ def test_a_wait_is_followed_across_processes_to_the_busy_worker():
 
 def test_following_wakers_stops_when_the_gaps_budget_is_spent():
     s = loader_chain()
-    # Each hop sweeps two segments (blocked, then on CPU): a budget of 5 reaches the worker's
-    # feeder thread, not the worker's main thread, whose wait stays blocked.
-    attr = s.one(replace(CONFIG, waker_budget=5))
+    # Each hop sweeps two segments (blocked, then on CPU) and costs one more for the visit: a
+    # budget of 7 reaches the worker's feeder thread, not the worker's main thread.
+    attr = s.one(replace(CONFIG, waker_budget=7))
     assert parts_ms(attr) == {"blocked": 38, "host_work": 2}
     assert part(attr, "blocked").tids == (302,)
     assert 301 not in [r.tid for r in attr.threads]
-    engine = Engine(TWO_NODES, replace(CONFIG, waker_budget=5))
+    engine = Engine(TWO_NODES, replace(CONFIG, waker_budget=7))
     for ev in s.in_emission_order():
         engine.feed(ev)
     engine.flush()
