@@ -30,6 +30,7 @@ MB = 1 << 20
 SPIN_LOST_NS = 1_000  # a step between two clock reads longer than this is time lost
 PR_SET_TIMERSLACK = 29
 PR_SET_NAME = 15
+BATCH_TIMEOUT_S = 30  # beyond the stall itself: the loader's worker is gone
 
 
 def load_inject(path: str) -> ct.CDLL:
@@ -391,11 +392,11 @@ class Loader(Injector):
         )
         self.worker.start()
         threading.Thread(target=_pin_memory, args=(result_q, self.data_q), daemon=True).start()
-        self.data_q.get()  # the worker's first (empty) batch: it is up
+        self._batch()  # the worker's first (empty) batch: it is up
 
     def inject(self, deadline_ns: int) -> dict[str, Any]:
         self.index_q.put(deadline_ns)
-        batch = self.data_q.get()
+        batch = self._batch()
         return {
             "cause_ns": batch["compute_ns"] - batch["preempted_ns"],
             "compute_ns": batch["compute_ns"],
@@ -403,6 +404,13 @@ class Loader(Injector):
             "worker_preempted_ns": batch["preempted_ns"],
             "culprit_tgid": self.worker.pid,
         }
+
+    def _batch(self) -> Any:
+        """The next batch; a worker that died or hangs ends the loop with a message."""
+        try:
+            return self.data_q.get(timeout=BATCH_TIMEOUT_S + self.stall_ns / 1e9)
+        except queue.Empty:
+            raise SystemExit(f"loader: no batch from the worker in {BATCH_TIMEOUT_S} s") from None
 
     def close(self) -> None:
         if self.worker is None:
