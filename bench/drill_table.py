@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-TARGETS = ("found_all", "top_cause", "attributed", "no_false_gaps")
+TARGETS = ("found_all", "top_cause", "attributed", "no_false_gaps", "culprit")
 
 
 def row(r: dict[str, Any]) -> str:

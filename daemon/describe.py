@@ -53,13 +53,34 @@ def _top(part: Part, cls: type[Any]) -> list[Any]:
     return sorted((e for e in part.evidence if isinstance(e, cls)), key=lambda e: -e.ns)
 
 
+def held_by(part: Part, attr: Attribution) -> str:
+    """Where a part's time lay when a wait was followed into the thread that ended it: the
+    waker holding most of it, named with its process and its hops from the critical thread
+    ("" when none does). Its time comes first when it holds only some of the part."""
+    holders = [
+        (c.ns, -r.tid, r)
+        for r in attr.threads
+        if r.role == "waker"
+        for c in r.causes
+        if c.cause == part.cause
+    ]
+    if not holders:
+        return ""
+    ns, _, r = max(holders, key=lambda h: h[:2])
+    share = f"{format_ns(ns)} " if ns < part.ns else ""
+    hops = f"{r.hops} hop{'s' if r.hops != 1 else ''}"
+    return f"{share}in {r.comm or '?'} pid {r.tgid} tid {r.tid}, {hops}"
+
+
 def detail(part: Part, attr: Attribution) -> str:
     """What a part's evidence names: which IRQ, which task, which state, which call."""
     cause = part.cause
     if cause in ("swap_in", "major_fault", "minor_faults"):
         faults = _top(part, FaultEvidence)
         count = sum(f.count for f in faults)
-        who = f"pid {attr.tgid} tid {','.join(map(str, part.tids))}" if part.tids else ""
+        tids = ",".join(map(str, part.tids))
+        # A waker's faults are named by held_by, with the waker's own process.
+        who = f"pid {attr.tgid} tid {tids}" if part.tids and not held_by(part, attr) else ""
         what = f"{count} fault{'s' if count != 1 else ''}" if count else ""
         return ", ".join(x for x in (who, what) if x)
     if cause == "irq":
@@ -98,7 +119,7 @@ def detail(part: Part, attr: Attribution) -> str:
 
 
 def part_text(part: Part, attr: Attribution) -> str:
-    more = detail(part, attr)
+    more = ", ".join(x for x in (detail(part, attr), held_by(part, attr)) if x)
     text = f"{format_ns(part.ns)} {CAUSE_LABELS.get(part.cause, part.cause)}"
     return printable(text + (f" ({more})" if more else ""))
 

@@ -202,11 +202,24 @@ class Part:
 
 
 @dataclass(frozen=True, slots=True)
+class CauseTime:
+    """One cause's time in one thread's own share of a gap."""
+
+    cause: str
+    ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class ThreadRole:
     """A thread behind an attribution. role: critical (its timeline is the gap's path), waker
-    (the critical thread waited on it: its time replaced the wait), before (launched last
-    before the gap), sibling (another thread of a feeding process). ns: its time on the path
-    (critical, waker) or, for the others, the time of its own top cause inside the gap."""
+    (a wait on the path ended when it woke the waiting thread: its time replaced the wait),
+    before (launched last before the gap), sibling (another thread of a feeding process).
+    ns: its time on the path (critical, waker: with the time of the wakers followed from
+    it) or, for the others, the time of its own top cause inside the gap. hops: a waker's
+    distance from the critical thread (1: it woke the critical thread); woke: the thread
+    whose wait it ended (0 for the other roles). causes: its own time per cause, largest
+    first (a waker's in another process too: a data-loader worker's host work, faults,
+    run-queue waits)."""
 
     tid: int
     tgid: int
@@ -214,6 +227,9 @@ class ThreadRole:
     role: str
     ns: int
     top_cause: str = ""
+    hops: int = 0
+    woke: int = 0
+    causes: tuple[CauseTime, ...] = ()
 
 
 @event_kind("gpu.attribution")

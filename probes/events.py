@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 1
+SCHEMA_MINOR = 2
 
 _KINDS: dict[str, type[Event]] = {}
 _FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> field names

@@ -106,6 +106,20 @@ class Thread:
     role: str
     ns: int
     top_cause: str = ""
+    hops: int = 0  # a waker's distance from the critical thread
+    woke: int = 0  # the thread whose wait a waker ended
+    causes: tuple[tuple[str, int], ...] = ()  # its own time per cause, largest first
+
+
+def _cause_times(value: Any) -> tuple[tuple[str, int], ...]:
+    """A thread's (cause, ns) list; entries that are not a cause and an integer are left out."""
+    if not isinstance(value, list | tuple):
+        return ()
+    return tuple(
+        (_text(c["cause"]), c["ns"])
+        for c in value
+        if isinstance(c, Mapping) and type(c.get("ns")) is int and "cause" in c
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +163,9 @@ def attribution(rec: Record) -> Attribution:
             role=_text(t.get("role", "")),
             ns=int(t.get("ns", 0)),
             top_cause=_text(t.get("top_cause", "")),
+            hops=int(t.get("hops", 0)),
+            woke=int(t.get("woke", 0)),
+            causes=_cause_times(t.get("causes")),
         )
         for t in rec.get("threads") or ()
         if isinstance(t, Mapping)

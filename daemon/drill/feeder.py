@@ -219,6 +219,7 @@ def main() -> None:
     if not sys.stdin.readline():  # the drill went away before the start
         sys.exit(1)
     try:
+        injector.start()
         totals = feed(cfg, gpu, injector)
         if cfg.prefeed:
             totals["go_ns"] = fed_since

@@ -1,8 +1,10 @@
 """The feeding thread's side of each drill scenario: what it does in its critical path during
 an injected stall (inject), what it prepares or cleans up while the GPU is busy (background,
 bounded to a fraction of a step so that it never idles the GPU itself), and what it sets up
-before the loop starts (setup). Runs inside the feeder process (feeder.py); the system state
-around it (swap, cgroups, IRQ affinity, helper processes) is the drill's (scenarios.py).
+before the loop starts (setup), and what it starts once the probes watch (start: a process
+forked then is watched too, as the kernel follows forks of watched processes). Runs inside
+the feeder process (feeder.py); the system state around it (swap, cgroups, IRQ affinity,
+helper processes) is the drill's (scenarios.py).
 
 inject() returns facts about the stall for the truth record; "cause_ns" in it, where
 present, is the loop's own measure of the injected cause's time when that is not the whole
@@ -13,8 +15,11 @@ from __future__ import annotations
 
 import ctypes as ct
 import mmap
+import multiprocessing
 import os
+import queue
 import struct
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -24,6 +29,8 @@ PAGE = mmap.PAGESIZE
 MB = 1 << 20
 SPIN_LOST_NS = 1_000  # a step between two clock reads longer than this is time lost
 PR_SET_TIMERSLACK = 29
+PR_SET_NAME = 15
+BATCH_TIMEOUT_S = 30  # beyond the stall itself: the loader's worker is gone
 
 
 def load_inject(path: str) -> ct.CDLL:
@@ -71,6 +78,9 @@ class Injector:
 
     def setup(self) -> dict[str, Any]:
         return {}
+
+    def start(self) -> None:
+        return None
 
     def background(self) -> None:
         return None
@@ -342,6 +352,98 @@ class AllocatorStall(Injector):
             block.close()
 
 
+def _name_thread(name: str) -> None:
+    """The calling thread's comm, so that attributions name it."""
+    ct.CDLL(None).prctl(PR_SET_NAME, name.encode(), 0, 0, 0)
+
+
+def _loader_worker(lib: ct.CDLL, cpus: list[int], index_q: Any, result_q: Any) -> None:
+    """A data-loader worker process: for each batch (a deadline on its index queue) it
+    computes, CPU-bound, until the deadline, and puts what it measured on its result queue
+    (a multiprocessing queue: its own feeder thread writes it to the pipe)."""
+    _name_thread("gj-loader-wkr")
+    os.sched_setaffinity(0, cpus)
+    # The queue's feeder thread starts on the first put: put one now, as a real loader's
+    # first batch does, so that the thread exists through the stalls' waits (a waker that
+    # did not exist yet explains nothing of the wait before it).
+    result_q.put({})
+    while (deadline := index_q.get()) is not None:
+        t0 = time.monotonic_ns()
+        facts = spin(lib, deadline)
+        result_q.put({"compute_ns": time.monotonic_ns() - t0, **facts})
+    result_q.put(None)
+    result_q.close()
+    result_q.join_thread()
+
+
+def _pin_memory(result_q: Any, data_q: queue.Queue[Any]) -> None:
+    """The intermediate thread (PyTorch's pin-memory thread): takes each batch off the
+    workers' queue and hands it to the feeding thread's in-process queue."""
+    _name_thread("gj-loader-pin")
+    while True:
+        batch = result_q.get()
+        data_q.put(batch)
+        if batch is None:
+            return
+
+
+class Loader(Injector):
+    """A DataLoader without torch: the feeding thread asks a worker process for a batch
+    (through a multiprocessing index queue) and waits on an in-process queue that an
+    intermediate thread fills from the worker's result queue; the worker, forked once the
+    probes watch (so it is watched), computes each batch until the stall's deadline (params
+    worker_cpus: where it runs). The cause's truth is the worker's compute time less what it
+    was preempted; the stall record names the worker's pid (culprit_tgid)."""
+
+    name = "loader"
+
+    def __init__(self, lib: ct.CDLL, stall_ns: int, params: dict[str, Any]) -> None:
+        super().__init__(lib, stall_ns, params)
+        self.ctx = multiprocessing.get_context("fork")
+        self.index_q: Any = None
+        self.worker: Any = None
+        self.data_q: queue.Queue[Any] = queue.Queue()
+
+    def start(self) -> None:
+        self.index_q = self.ctx.Queue()
+        result_q = self.ctx.Queue()
+        self.worker = self.ctx.Process(
+            target=_loader_worker,
+            args=(self.lib, self.params["worker_cpus"], self.index_q, result_q),
+            daemon=True,
+        )
+        self.worker.start()
+        threading.Thread(target=_pin_memory, args=(result_q, self.data_q), daemon=True).start()
+        self._batch()  # the worker's first (empty) batch: it is up
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        self.index_q.put(deadline_ns)
+        batch = self._batch()
+        return {
+            "cause_ns": batch["compute_ns"] - batch["preempted_ns"],
+            "compute_ns": batch["compute_ns"],
+            "worker_lost_ns": batch["lost_ns"],
+            "worker_preempted_ns": batch["preempted_ns"],
+            "culprit_tgid": self.worker.pid,
+        }
+
+    def _batch(self) -> Any:
+        """The next batch; a worker that died or hangs ends the loop with a message."""
+        try:
+            return self.data_q.get(timeout=BATCH_TIMEOUT_S + self.stall_ns / 1e9)
+        except queue.Empty:
+            raise SystemExit(f"loader: no batch from the worker in {BATCH_TIMEOUT_S} s") from None
+
+    def close(self) -> None:
+        if self.worker is None:
+            return
+        self.index_q.put(None)
+        self.worker.join(timeout=5)
+        if self.worker.is_alive():
+            self.worker.kill()
+            self.worker.join()
+
+
 INJECTORS: dict[str, type[Injector]] = {
     cls.name: cls
     for cls in (
@@ -357,5 +459,6 @@ INJECTORS: dict[str, type[Injector]] = {
         FileFaults,
         SwapIns,
         AllocatorStall,
+        Loader,
     )
 }

@@ -218,6 +218,15 @@ def _cstate(stage: Stage) -> None:
         )
 
 
+def _loader(stage: Stage) -> None:
+    stage.params["worker_cpus"] = stage.other_cpus
+    stage.notes.append(
+        f"loader: the feeder forks a worker process (watched: a child of a watched process) "
+        f"that computes each batch on CPUs {format_cpulist(stage.other_cpus)}; the feeder "
+        "waits on a queue an intermediate thread fills from the worker's result queue"
+    )
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -241,6 +250,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("malloc", "munmap of large touched blocks in the critical path",
                  "alloc_stall", "the stall", ("malloc",)),
         Scenario("compute", "a CPU-bound host step", "host_work", "the stall", ("sched",)),
+        Scenario("loader", "a data-loader worker process computes the batch the feeder waits for",
+                 "host_work", "the worker's compute time", ("sched",), _loader),
         Scenario("clean", "the control: no injection", "", "", (), duration_s=60.0),
         Scenario("attach-busy", "the control, with the probes attached to a loop already busy",
                  "", "", (), prefeed=True),

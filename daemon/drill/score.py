@@ -8,7 +8,9 @@ its gaps give to the injected cause. Gaps that overlap no stall and begin while 
 runs (not the idle GPU before its start or after its end) are false gaps. Targets
 (issue 5): every stall of at least 10 ms found; the top cause right for at least 95 % of
 the stalls; the injected cause's attributed time within ±20 % of the truth (summed over
-the stalls); no false gap.
+the stalls); no false gap. Where the injected cause ran in another process than the
+feeding loop's (a data-loader worker), the stall's longest gap must also name a thread of
+that process as holding the top cause (the culprit).
 
 Outside contention: on a busy machine the feeding thread also waits behind tasks that are
 no part of the drill. Given the drill's own threads (`own_tids`), run-queue wait behind any
@@ -39,6 +41,7 @@ class Stall:
     t0_ns: int
     t1_ns: int
     cause_ns: int
+    culprit_tgid: int = 0  # the process the cause ran in, when not the loop's own (0)
 
     @property
     def dur_ns(self) -> int:
@@ -46,7 +49,8 @@ class Stall:
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> Stall:
-        return cls(rec["index"], rec["t0_ns"], rec["t1_ns"], rec["cause_ns"])
+        return cls(rec["index"], rec["t0_ns"], rec["t1_ns"], rec["cause_ns"],
+                   rec.get("culprit_tgid", 0))  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,8 @@ class StallScore:
     parts: dict[str, int]  # cause -> ns over its gaps, outside contention taken out
     outside_ns: int = 0  # its gaps' run-queue wait behind tasks outside the drill
     expected_ns: int = 0  # the truth the injected cause is held to
+    culprit_tgid: int = 0
+    culprit: str = ""  # "comm pid P tid T": the culprit's thread named for the top cause
 
     @property
     def top_right(self) -> bool:
@@ -215,6 +221,8 @@ def score(
                 parts=parts,
                 outside_ns=outside,
                 expected_ns=max(0, st.cause_ns - outside) if truth_holds_waits else st.cause_ns,
+                culprit_tgid=st.culprit_tgid,
+                culprit=_culprit(longest, st.culprit_tgid) if longest else "",
             )
         )
     unmatched = [a for i, a in enumerate(attributions)
@@ -229,6 +237,17 @@ def score(
     return replace(result, targets=_targets(result))
 
 
+def _culprit(a: Attribution, tgid: int) -> str:
+    """The thread of process tgid that the attribution names as holding its top cause: one
+    of its listed threads, in that process, whose own time went mostly to that cause."""
+    if not tgid:
+        return ""
+    for r in a.threads:
+        if r.tgid == tgid and r.causes and r.causes[0].cause == a.top_cause:
+            return f"{r.comm} pid {r.tgid} tid {r.tid}"
+    return ""
+
+
 def _targets(s: Score) -> dict[str, bool]:
     must = [st for st in s.stalls if st.injected_ns >= MIN_STALL_NS]
     targets = {
@@ -239,4 +258,6 @@ def _targets(s: Score) -> dict[str, bool]:
         targets["top_cause"] = s.top_right >= TOP_CAUSE_SHARE * s.injected
         error = s.error
         targets["attributed"] = error is not None and abs(error) <= TOLERANCE
+    if any(st.culprit_tgid for st in s.stalls):
+        targets["culprit"] = all(st.culprit for st in s.stalls if st.culprit_tgid)
     return targets

@@ -337,8 +337,9 @@ def _alloc_call(span: Span) -> tuple[str, str]:
 class Blocked(Cause):
     """Off CPU and not runnable, with no more specific cause. When a watched thread woke it
     (futex, pipe, socket: not a timed sleep), the wait is followed into the waker's timeline
-    over the same stretch, up to config.waker_depth hops: what the waker's time went to is
-    what the critical thread waited for. Only the waker's explained time replaces the wait."""
+    over the same stretch, and a waker's own waits into theirs, while the gap's analysis
+    budget (config.waker_budget) lasts: what the waker's time went to is what the critical
+    thread waited for. Only the waker's explained time replaces the wait."""
 
     name = "blocked"
 
@@ -356,14 +357,14 @@ class Blocked(Cause):
             and waker not in (0, tid)
             and waker not in path
             and waker in ctx.timelines
-            and depth < ctx.config.waker_depth
+            and ctx.can_follow(depth)
             and remaining == seg.end - seg.start
         ):
             got = ctx.divide(
                 waker, seg.start, seg.end, depth=depth + 1, path=path | {tid}, explain_only=True
             )
             if got:
-                ctx.wakers[waker] = ctx.wakers.get(waker, 0) + got
+                ctx.followed(waker, tid, depth + 1, got)
             remaining -= got
             ctx.add(self.name, tid, seg.off, remaining)
             return got + remaining

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 # Spans that claim time (cuda calls only say who launched; migrations are points).
 CLAIMING_KINDS = tuple(k for k in KINDS if k != "cuda")
+# Wakers of wakers are followed while the gap's budget lasts; this only keeps a pathological
+# chain (every hop a thread not yet on it) from exhausting the interpreter's stack.
+MAX_HOPS = 32
 
 
 @dataclass(slots=True)
@@ -70,6 +73,7 @@ class Divider:
         config: EngineConfig,
         causes: Sequence[Cause],
         gap_end: int,
+        follow_budget: int = 0,
     ) -> None:
         self.timelines = timelines
         self.topology = topology
@@ -79,6 +83,14 @@ class Divider:
         self.gap_end = gap_end
         self.tally = Tally()
         self.wakers: dict[int, int] = {}  # waker tid -> its explained time on the path
+        # Waker tid -> (hops from the critical thread, the thread whose wait it ended), as
+        # first reached in the sweep.
+        self.chain: dict[int, tuple[int, int]] = {}
+        # Work that following wakers may still do for this gap, in segments swept (and one
+        # per stretch read): the analysis budget, counted in work rather than wall time so
+        # that replay gives what live gave.
+        self.follow_left = follow_budget
+        self.follow_cut = False  # a wait was left unfollowed because the budget ran out
         # Per window: its off-CPU intervals (starts, ends, time off before each).
         self._offcpu: dict[int, tuple[list[int], list[int], list[int]]] = {}
 
@@ -107,10 +119,17 @@ class Divider:
             return 0
         spans = [(k, s) for k in CLAIMING_KINDS for s in tl.overlapping(k, a, b) if s.end > s.start]
         spans.sort(key=lambda ks: ks[1].start)  # stable: kind, then content order on ties
+        cuts = _cuts(tl, spans, a, b)
+        if explain_only:
+            # A stretch followed costs its segments and one more for reading its spans.
+            if len(cuts) > self.follow_left:
+                self.follow_cut = True
+                return 0
+            self.follow_left -= len(cuts)
         claimed = 0
         active: list[tuple[str, Span]] = []
         i = 0
-        for s, e in pairwise(_cuts(tl, spans, a, b)):
+        for s, e in pairwise(cuts):
             while i < len(spans) and spans[i][1].start <= s:
                 active.append(spans[i])
                 i += 1
@@ -123,6 +142,15 @@ class Divider:
                 remaining -= cause.claim(seg, remaining, self, depth, path)
             claimed += (e - s) - remaining
         return claimed
+
+    def can_follow(self, depth: int) -> bool:
+        """May a wait at `depth` hops from the critical thread be followed into its waker?"""
+        return depth < MAX_HOPS and self.follow_left > 0
+
+    def followed(self, waker: int, woke: int, hops: int, ns: int) -> None:
+        """Note that `waker`'s timeline explained ns of the wait of `woke`."""
+        self.wakers[waker] = self.wakers.get(waker, 0) + ns
+        self.chain.setdefault(waker, (hops, woke))
 
     def share(self, tl: Timeline, window: Span, total_ns: int, s: int, e: int) -> int:
         """The part of a windowed aggregate's total that falls in [s, e): spread uniformly over

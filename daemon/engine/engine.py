@@ -19,7 +19,7 @@ from typing import Any
 from gpujitter.daemon.engine.causes import CAUSE_BY_NAME, CAUSE_ORDER
 from gpujitter.daemon.engine.divide import CLAIMING_KINDS, Divider, Tally
 from gpujitter.daemon.engine.timeline import SPAN_RULES, SpanRule, Timeline, content
-from gpujitter.daemon.records import CAUSES, Attribution, GpuGap, Part, ThreadRole
+from gpujitter.daemon.records import CAUSES, Attribution, CauseTime, GpuGap, Part, ThreadRole
 from gpujitter.daemon.remedies import RemedyContext
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import Event, GpuProcesses, ProbeStatus
@@ -34,7 +34,9 @@ class EngineConfig:
     retention_ns: int = 60_000_000_000  # keep timelines this far behind the watermark
     max_spans: int = 100_000  # timeline entries over all threads (memory bound)
     max_pending_gaps: int = 1_000  # beyond this, the oldest gap is attributed at once
-    waker_depth: int = 2  # hops a blocked wait is followed into its waker's timeline
+    # Work that following one gap's waits into wakers' timelines (wakers of wakers too,
+    # across processes) may do: segments swept, plus one per stretch read.
+    waker_budget: int = 1_024
     migration_window_ns: int = 10_000_000  # a run-queue wait this soon after one is flagged
     gpu_bus_ids: Mapping[int, str] = field(default_factory=dict)  # GPU index -> PCI bus id
     syscall_abi: str = "x86_64"  # of the traced host: syscall numbers -> names
@@ -44,7 +46,14 @@ class EngineConfig:
     evict_every_ns: int = 1_000_000_000
 
     def __post_init__(self) -> None:
-        for name in ("lateness_ns", "retention_ns", "migration_window_ns", "evict_every_ns"):
+        names = (
+            "lateness_ns",
+            "retention_ns",
+            "migration_window_ns",
+            "evict_every_ns",
+            "waker_budget",
+        )
+        for name in names:
             if getattr(self, name) < 0:
                 raise GpujitterError(f"engine: {name} must not be negative")
         for name in ("max_spans", "max_pending_gaps", "max_threads_listed"):
@@ -65,6 +74,7 @@ class EngineStats:
     threads: int
     pending: int
     evicted: int  # timeline entries dropped, by age or count
+    follow_cut: int = 0  # gaps with a wait left unfollowed: the waker budget ran out
 
 
 def _end_of(ev: Any) -> int:
@@ -85,7 +95,9 @@ class Engine:
         self._now = 0
         self._last_evict = 0
         self._size = 0
-        self._counts = dict.fromkeys(("events", "gaps", "attributions", "late", "forced"), 0)
+        self._counts = dict.fromkeys(
+            ("events", "gaps", "attributions", "late", "forced", "follow_cut"), 0
+        )
         self._evicted = 0
         self._handlers: dict[type, Callable[[Any], None]] = {
             GpuGap: self._on_gap,
@@ -128,6 +140,7 @@ class Engine:
             threads=len(self._timelines),
             pending=len(self._pending),
             evicted=self._evicted,
+            follow_cut=self._counts["follow_cut"],
         )
 
     def _on_span(self, ev: Any, rule: SpanRule, start: int, end: int) -> None:
@@ -214,6 +227,7 @@ class Engine:
         critical = self._critical(gap, tgids)
         divider = self._divider(gpu_node, b)
         divider.divide(critical, a, b)
+        self._counts["follow_cut"] += divider.follow_cut
         parts = self._parts(divider)
         tl = self._timelines.get(critical)
         probes_off = tuple(
@@ -244,8 +258,11 @@ class Engine:
             probes_off=probes_off,
         )
 
-    def _divider(self, gpu_node: int | None, gap_end: int) -> Divider:
-        return Divider(self._timelines, self.topology, gpu_node, self.config, CAUSE_ORDER, gap_end)
+    def _divider(self, gpu_node: int | None, gap_end: int, follow: bool = True) -> Divider:
+        budget = self.config.waker_budget if follow else 0
+        return Divider(
+            self._timelines, self.topology, gpu_node, self.config, CAUSE_ORDER, gap_end, budget
+        )
 
     def _gpu_node(self, gpu: int) -> int | None:
         bus = self.config.gpu_bus_ids.get(gpu)
@@ -321,17 +338,22 @@ class Engine:
         parts: tuple[Part, ...],
         gpu_node: int | None,
     ) -> tuple[ThreadRole, ...]:
-        """The critical thread, the wakers its waits were followed into, and, as evidence
-        only, the thread that launched before the gap and the feeding processes' other
-        threads that left spans inside it, each with its own top cause there."""
+        """The critical thread, the wakers its waits were followed into (those whose own
+        time explains most first, so that a busy worker at the end of a chain is listed),
+        and, as evidence only, the thread that launched before the gap and the feeding
+        processes' other threads that left spans inside it, each with its own causes there."""
         a, b = gap.ts_ns, max(gap.ts_ns, gap.end_ns)
         roles = []
         if critical:
             # The whole gap is its path; its top cause is the attribution's, wherever it lay.
             top = parts[0].cause if parts else "unexplained"
             roles.append(self._role(critical, "critical", b - a, divider.tally, top))
-        for tid, ns in sorted(divider.wakers.items(), key=lambda w: (-w[1], w[0])):
-            roles.append(self._role(tid, "waker", ns, divider.tally))
+        wakers = [
+            self._role(tid, "waker", ns, divider.tally, chain=divider.chain[tid])
+            for tid, ns in divider.wakers.items()
+        ]
+        wakers.sort(key=lambda r: (-sum(c.ns for c in r.causes), r.tid))
+        roles += wakers
         seen = {critical, *divider.wakers}
         others = []
         if gap.tid_before and gap.tid_before not in seen:
@@ -343,15 +365,24 @@ class Engine:
                 others.append((tid, "sibling"))
         evidence = []
         for tid, role in others:
-            own = self._divider(gpu_node, b)
-            own.divide(tid, a, b, depth=self.config.waker_depth)
+            own = self._divider(gpu_node, b, follow=False)
+            own.divide(tid, a, b)
             cause, ns = _top(own.tally, tid)
             evidence.append(self._role(tid, role, ns, own.tally, cause))
         evidence.sort(key=lambda r: (r.role != "before", -r.ns, r.tid))
         return tuple((roles + evidence)[: self.config.max_threads_listed])
 
-    def _role(self, tid: int, role: str, ns: int, tally: Tally, cause: str = "") -> ThreadRole:
+    def _role(
+        self,
+        tid: int,
+        role: str,
+        ns: int,
+        tally: Tally,
+        cause: str = "",
+        chain: tuple[int, int] = (0, 0),
+    ) -> ThreadRole:
         tl = self._timelines.get(tid)
+        mine = _own(tally, tid)
         return ThreadRole(
             tid=tid,
             tgid=tl.tgid if tl else 0,
@@ -359,15 +390,27 @@ class Engine:
             role=role,
             ns=ns,
             top_cause=cause or _top(tally, tid)[0],
+            hops=chain[0],
+            woke=chain[1],
+            causes=tuple(
+                CauseTime(c, n)
+                for c, n in sorted(mine.items(), key=lambda cn: (-cn[1], CAUSES.index(cn[0])))
+            ),
         )
 
 
-def _top(tally: Tally, tid: int) -> tuple[str, int]:
-    """A thread's largest explained cause in a tally (unexplained only when nothing else)."""
+def _own(tally: Tally, tid: int) -> dict[str, int]:
+    """A thread's own time per cause in a tally."""
     mine: dict[str, int] = {}
     for (cause, t, _), ns in tally.claims.items():
         if t == tid:
             mine[cause] = mine.get(cause, 0) + ns
+    return mine
+
+
+def _top(tally: Tally, tid: int) -> tuple[str, int]:
+    """A thread's largest explained cause in a tally (unexplained only when nothing else)."""
+    mine = _own(tally, tid)
     explained = [(ns, -CAUSES.index(c), c) for c, ns in mine.items() if c != "unexplained"]
     if explained:
         ns, _, cause = max(explained)

@@ -32,6 +32,7 @@ from gpujitter.daemon.records import (
 from gpujitter.probes import registry
 
 GPUJITTER = Path(sys.executable).with_name("gpujitter")
+MS = 1_000_000
 CI: dict[str, Any] = {"duration_s": 4.0, "stalls": 3, "stall_ms": 25.0}
 
 
@@ -252,3 +253,26 @@ def test_sigint_leaves_the_system_as_it_was(page_cluster: str) -> None:
     assert set(Path("/var/tmp").glob("gpujitter-drill-*")) == scratch_before
     leftovers = subprocess.run(["pgrep", "-f", "gpujitter.daemon.drill"], capture_output=True)
     assert leftovers.stdout == b"", "the feeding loop or a helper outlived the drill"
+
+
+def test_loader_names_the_worker_process_that_computed_the_batch() -> None:
+    """The feeder waits on a queue filled by an intermediate thread from a worker process's
+    result queue: the wait is followed three wakers down (intermediate thread, the worker's
+    queue feeder thread, the worker), into a process forked after the probes started. On
+    these 2 CPUs the worker shares its CPU with the drill and whatever else runs: time it
+    was preempted is run-queue wait, rightly, and may top a stall; the truth is its compute
+    time less that, and run-queue wait must fit in the rest of the stall."""
+    r = drill("loader")
+    s = r.score
+    assert s.found == s.injected and not s.false_gaps, rows(r)
+    assert s.targets["attributed"], rows(r)
+    for st, stall in zip(s.stalls, r.stalls, strict=True):
+        (a,) = [a for a in r.attributions if a.ts_ns < stall["t1_ns"] and stall["t0_ns"] < a.end_ns]
+        (worker,) = [t for t in a.threads if t.tgid == stall["culprit_tgid"] and t.hops == 3]
+        assert (worker.role, worker.comm, worker.tid) == ("waker", "gj-loader-wkr", worker.tgid)
+        own = {c.cause: c.ns for c in worker.causes}
+        assert own["host_work"] >= 0.8 * stall["cause_ns"], rows(r)
+        # Contention is only ever the stall's time outside the worker's own work.
+        assert st.parts.get("runq_wait", 0) <= st.injected_ns - stall["cause_ns"] + MS, rows(r)
+        if stall["worker_preempted_ns"] < 0.2 * stall["compute_ns"]:
+            assert st.top_cause == "host_work" and st.culprit.startswith("gj-loader-wkr"), rows(r)

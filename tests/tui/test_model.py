@@ -10,7 +10,7 @@ import pytest
 from gpujitter.tui import decode
 from gpujitter.tui.model import GAP_LIMIT, NodeModel
 from gpujitter.tui.text import WallClock
-from gpujitter.tui.views.breakdown import stacked_bar
+from gpujitter.tui.views.breakdown import breakdown_text, stacked_bar
 from gpujitter.tui.views.status import status_text
 from gpujitter.tui.views.timeline import columns, gap_marks
 from tests.tui import node_stream
@@ -135,3 +135,18 @@ def test_timeline_columns_gap_marks_and_the_cause_bar() -> None:
     )
     bar = stacked_bar(a, 10)
     assert len(bar.plain) == 10 and [s.end - s.start for s in bar.spans] == [7, 3]
+
+
+def test_the_breakdown_shows_where_a_followed_wait_went_in_the_waker() -> None:
+    worker = {"tid": 301, "tgid": 300, "comm": "pt_data_worker", "role": "waker", "ns": 38 * MS,
+              "top_cause": "host_work", "hops": 3, "woke": 302,
+              "causes": [{"cause": "host_work", "ns": 36 * MS}, {"cause": "runq_wait", "ns": MS},
+                         {"cause": "bogus", "ns": "x"}]}  # fmt: skip
+    a = decode.attribution({"ts_ns": 0, "end_ns": 40 * MS, "gpu": 0, "tid": 101, "tgid": 100,
+                            "parts": [{"cause": "host_work", "ns": 40 * MS, "tids": [301]}],
+                            "threads": [worker]})  # fmt: skip
+    (t,) = a.threads
+    assert (t.hops, t.woke, t.causes) == (3, 302, (("host_work", 36 * MS), ("runq_wait", MS)))
+    text = breakdown_text(a.gap, a, WallClock(tz=UTC), 60).plain
+    assert "waker    pt_data_worker  tid 301 pid 300  38.00ms  woke tid 302, 3 hops" in text
+    assert "host work 36.00ms, run-queue wait 1.00ms" in text

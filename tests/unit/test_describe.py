@@ -8,6 +8,7 @@ from gpujitter.daemon.describe import one_line, part_text
 from gpujitter.daemon.records import (
     AllocEvidence,
     Attribution,
+    CauseTime,
     FaultEvidence,
     IdleEvidence,
     IrqEvidence,
@@ -15,6 +16,7 @@ from gpujitter.daemon.records import (
     Part,
     SyscallEvidence,
     TaskEvidence,
+    ThreadRole,
 )
 from gpujitter.probes.events import ClockRef
 
@@ -71,3 +73,24 @@ def test_each_cause_names_its_evidence() -> None:
 def test_a_gap_on_no_known_gpu() -> None:
     attr = dataclasses.replace(attribution(Part("runq_wait", 25 * MS)), gpu=-1)
     assert one_line(attr).startswith("GPU? idle 25.00ms at t=5000000000ns: ")
+
+
+def test_time_followed_into_a_waker_names_its_thread_and_process() -> None:
+    worker = ThreadRole(301, 300, "pt_data_worker", "waker", 38 * MS, "host_work", hops=3,
+                        woke=302, causes=(CauseTime("host_work", 36 * MS),
+                                          CauseTime("swap_in", 2 * MS)))  # fmt: skip
+    pin = ThreadRole(4131, 4121, "pin_memory", "waker", 40 * MS, "host_work", hops=1, woke=4130,
+                     causes=(CauseTime("host_work", MS),))  # fmt: skip
+    attr = dataclasses.replace(
+        attribution(
+            Part("host_work", 37 * MS, (301, 4131)),
+            Part("swap_in", 2 * MS, (301,), (FaultEvidence("swap", 3, 2 * MS, (5,)),)),
+            Part("blocked", MS, (4130,), (SyscallEvidence("sleeping", "futex", 202, 1, MS),)),
+        ),
+        threads=(ThreadRole(4130, 4121, "python", "critical", 40 * MS, "host_work"), worker, pin),
+    )
+    assert one_line(attr).endswith(
+        ": 37.00ms host work (36.00ms in pt_data_worker pid 300 tid 301, 3 hops), "
+        "2.00ms swap-in (3 faults, in pt_data_worker pid 300 tid 301, 3 hops), "
+        "1.00ms blocked (in futex) [cuda, ±5.0us]"
+    )

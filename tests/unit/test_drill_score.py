@@ -9,7 +9,7 @@ import pytest
 
 from gpujitter.daemon.drill.runner import stall_times
 from gpujitter.daemon.drill.score import Stall, score
-from gpujitter.daemon.records import Attribution, Part, TaskEvidence
+from gpujitter.daemon.records import Attribution, CauseTime, Part, TaskEvidence, ThreadRole
 from gpujitter.errors import GpujitterError
 
 MS = 1_000_000
@@ -110,6 +110,25 @@ def test_the_idle_gpu_before_and_after_the_loop_is_no_false_gap() -> None:
     inside = score("", [], [*attrs, attribution(30_000, 30_080, host_work=80)],
                    (1_000 * MS, 61_000 * MS))  # fmt: skip
     assert [g.ts_ns for g in inside.false_gaps] == [30_000 * MS]
+
+
+def test_a_cause_in_another_process_must_be_named_in_that_process() -> None:
+    stalls = [
+        Stall(0, 100 * MS, 125 * MS, 24 * MS, culprit_tgid=300),
+        Stall(1, 300 * MS, 325 * MS, 24 * MS, culprit_tgid=300),
+    ]
+    worker = ThreadRole(301, 300, "gj-loader-wkr", "waker", 24 * MS, "host_work", hops=3,
+                        woke=302, causes=(CauseTime("host_work", 24 * MS),))  # fmt: skip
+    feeder = ThreadRole(101, 100, "python", "critical", 25 * MS, "host_work",
+                        causes=(CauseTime("host_work", 24 * MS),))  # fmt: skip
+    named = replace(attribution(99.9, 125.1, host_work=24, blocked=1.2), threads=(feeder, worker))
+    # The second stall's host work is the feeder's own: the worker is not named for it.
+    unnamed = replace(attribution(299.9, 325.1, host_work=24, blocked=1.2), threads=(feeder,))
+    s = score("host_work", stalls, [named, unnamed], (0, 1_000 * MS))
+    assert [st.culprit for st in s.stalls] == ["gj-loader-wkr pid 300 tid 301", ""]
+    assert s.targets["culprit"] is False and s.targets["attributed"] is True
+    s = score("host_work", stalls[:1], [named], (0, 1_000 * MS))
+    assert s.targets["culprit"] is True and s.passed
 
 
 def test_stalls_are_spread_between_warm_up_and_tail() -> None:

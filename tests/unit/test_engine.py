@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpujitter.daemon import remedies
+from gpujitter.daemon.engine import Engine
+from gpujitter.daemon.engine.divide import MAX_HOPS
 from gpujitter.daemon.records import (
     AllocEvidence,
     FaultEvidence,
@@ -18,7 +20,15 @@ from gpujitter.daemon.records import (
     SyscallEvidence,
     TaskEvidence,
 )
-from tests.fixtures.streams.synthetic import CONFIG, MS, Stream, evidence, ns, parts_ms
+from tests.fixtures.streams.synthetic import (
+    CONFIG,
+    MS,
+    TWO_NODES,
+    Stream,
+    evidence,
+    ns,
+    parts_ms,
+)
 
 FUTEX, NANOSLEEP, READ = 202, 35, 0
 
@@ -345,15 +355,58 @@ def test_what_the_waker_cannot_explain_stays_blocked_for_the_critical_thread():
     assert roles(attr) == [(101, "critical", "swap_in", 40), (102, "waker", "swap_in", 25)]
 
 
-def test_wakers_are_followed_up_to_the_configured_depth():
-    s = Stream().offcpu(90, 140, syscall=FUTEX, waker=102)
-    s.offcpu(90, 140, syscall=FUTEX, waker=103, tid=102)
-    s.offcpu(90, 140, state="uninterruptible", tid=103).fault(90, 50, "swap", 0x3000, tid=103)
-    s.gap(100, 140)
-    assert parts_ms(s.one()) == {"swap_in": 40}
-    shallow = replace(CONFIG, waker_depth=1)
-    assert parts_ms(s.one(shallow)) == {"blocked": 40}
-    assert part(s.one(shallow), "blocked").tids == (102,)
+def loader_chain() -> Stream:
+    """A DataLoader's shape: the trainer (101) waits on a futex for the pin-memory thread
+    (102), which waits in a pipe read for the worker process's queue feeder thread (302),
+    which waits on a futex for the worker's main thread (301), busy computing the batch."""
+    s = Stream().offcpu(100, 140, syscall=FUTEX, waker=102, comm="trainer")
+    s.offcpu(60, 139, syscall=READ, waker=302, tid=102, comm="pin_memory")
+    s.ran(0, 1000).ran(0, 1000, tid=102)
+    worker = Stream(tid=301, tgid=300)
+    worker.offcpu(60, 138, syscall=FUTEX, waker=301, tid=302, comm="QueueFeederThr")
+    worker.offcpu(70, 102, syscall=READ, waker=0, comm="pt_data_worker")
+    worker.ran(0, 1000).ran(0, 1000, tid=302)
+    return s.add(*worker.events).gap(100, 140)
+
+
+def test_a_wait_is_followed_across_processes_to_the_busy_worker():
+    attr = loader_chain().one()
+    assert parts_ms(attr) == {"host_work": 38, "blocked": 2}
+    assert part(attr, "host_work").tids == (102, 301, 302)
+    assert part(attr, "blocked").tids == (301,)  # before its index came: woken by nobody watched
+    worker = next(r for r in attr.threads if r.tid == 301)
+    assert (worker.tgid, worker.comm, worker.role, worker.hops, worker.woke) == (
+        300, "pt_data_worker", "waker", 3, 302,
+    )  # fmt: skip
+    assert [(c.cause, c.ns / MS) for c in worker.causes] == [("host_work", 36), ("blocked", 2)]
+    assert [(r.tid, r.hops, r.woke) for r in attr.threads] == [
+        (101, 0, 0), (301, 3, 302), (102, 1, 101), (302, 2, 102),
+    ]  # fmt: skip
+
+
+def test_following_wakers_stops_when_the_gaps_budget_is_spent():
+    s = loader_chain()
+    # Each hop sweeps two segments (blocked, then on CPU) and costs one more for the visit: a
+    # budget of 7 reaches the worker's feeder thread, not the worker's main thread.
+    attr = s.one(replace(CONFIG, waker_budget=7))
+    assert parts_ms(attr) == {"blocked": 38, "host_work": 2}
+    assert part(attr, "blocked").tids == (302,)
+    assert 301 not in [r.tid for r in attr.threads]
+    engine = Engine(TWO_NODES, replace(CONFIG, waker_budget=7))
+    for ev in s.in_emission_order():
+        engine.feed(ev)
+    engine.flush()
+    assert engine.stats().follow_cut == 1
+
+
+def test_a_chain_of_wakers_longer_than_the_hop_cap_ends_blocked():
+    s = Stream()
+    for k in range(MAX_HOPS + 2):  # each thread woken by the next; the last one computes
+        s.offcpu(90, 140, syscall=FUTEX, waker=102 + k, tid=101 + k)
+    s.ran(0, 1000, tid=101 + MAX_HOPS + 2)
+    attr = s.gap(100, 140).one()
+    assert parts_ms(attr) == {"blocked": 40}
+    assert part(attr, "blocked").tids == (101 + MAX_HOPS,)
 
 
 def test_threads_waiting_on_each_other_end_in_blocked():

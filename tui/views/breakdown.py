@@ -1,6 +1,7 @@
 """The breakdown of one gap (a modal screen): what the feeding threads' time went to, as a bar
-of causes and a legend in ms and %, the evidence behind each cause, the threads, and the
-remedy lines; or, for a gap still being attributed, what is known of it so far."""
+of causes and a legend in ms and %, the evidence behind each cause, the threads (a waker with
+the thread it woke, its hops from the critical thread and its own causes), and the remedy
+lines; or, for a gap still being attributed, what is known of it so far."""
 
 from __future__ import annotations
 
@@ -79,9 +80,15 @@ def breakdown_text(gap: Gap, a: Attribution | None, clock: WallClock, width: int
             out.append(f"  {t.role:<9}")
             out.append(t.comm or "?", style="bold")
             out.append(f"  tid {t.tid} pid {t.tgid}  {duration(t.ns)}")
-            if t.top_cause:
+            if t.hops:
+                out.append(f"  woke tid {t.woke}, {t.hops} hop{'s' if t.hops != 1 else ''}")
+            elif t.top_cause:
                 out.append(f"  mostly {cause_label(t.top_cause)}", style="dim")
             out.append("\n")
+            if t.hops and t.causes:
+                # A waker's own time: what the wait it ended went to (a worker's host work).
+                own = ", ".join(f"{cause_label(c)} {duration(ns)}" for c, ns in t.causes)
+                out.append(f"{'':11}{own}\n", style="dim")
     if a.remedies:
         out.append("\nRemedy\n", style="bold underline")
         for line in a.remedies:
