@@ -4,19 +4,23 @@ tuning audit; the same views over a recording in replay.
 The app is handed a Source and never touches a socket or a probe itself: the source runs in
 a thread worker and fills an Inbox, which wakes the app with one RecordsReady message per
 batch (later ones coalesce into it); the app folds the batch into the NodeModel and redraws
-the visible view.
+the visible view. Every key is a Binding below (`?` lists them from there, and the command
+palette offers them with the sorts and filters); the app may also be handed an Offer, a
+recording to replay in its place (the first screen of a node without a GPU offers one).
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, tzinfo
+from functools import partial
 from typing import ClassVar
 
 from textual import on, work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
 from textual.message import Message
@@ -26,6 +30,7 @@ from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, Tab
 from gpujitter.errors import GpujitterError
 from gpujitter.text import printable
 from gpujitter.tui.audit import AuditReport
+from gpujitter.tui.decode import CAUSES
 from gpujitter.tui.inbox import Connection, Inbox, ReplayPosition
 from gpujitter.tui.model import NodeModel
 from gpujitter.tui.sources import Source
@@ -33,14 +38,25 @@ from gpujitter.tui.text import WallClock, join
 from gpujitter.tui.views.audit import AuditView
 from gpujitter.tui.views.breakdown import GapScreen
 from gpujitter.tui.views.cpus import CpusTable
-from gpujitter.tui.views.gaps import GapsTable
-from gpujitter.tui.views.gpus import GpusView
+from gpujitter.tui.views.gaps import SORTS, GapsTable
+from gpujitter.tui.views.gpus import GpusView, no_gpu_note
+from gpujitter.tui.views.help import HelpScreen, expand, help_text
 from gpujitter.tui.views.status import status_text
 from gpujitter.units import parse_duration_ns
 
 VIEWS = ("gpus", "gaps", "cpus", "audit")
 REPLAY_ACTIONS = {"next_gap", "seek", "step", "speed"}
 STEP_NS = 1_000_000_000
+PALETTE_SKIP = {"quit", "open", "close_prompt", "help"}  # Textual's own, or need a row
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A recording the app offers to replay in place of its live source: `command` is how
+    to open it from a shell, `open` builds its source."""
+
+    command: str
+    open: Callable[[], Source]
 
 
 class RecordsReady(Message):
@@ -90,29 +106,43 @@ class GpujitterTop(App[None]):
 
     CSS_PATH = "app.tcss"
     TITLE = "gpujitter top"
-    ENABLE_COMMAND_PALETTE = False  # every action has a key; the footer's room is for them
-
+    # The tooltip is what `?` says a key does.
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("q", "quit", "Quit"),
-        Binding("tab", "switch_view(1)", "Next view", priority=True),
-        Binding("shift+tab", "switch_view(-1)", "Previous view", show=False, priority=True),
-        Binding("enter", "open", "Open"),
-        Binding("slash", "filter", "Filter"),
-        Binding("p", "pause", "Pause"),
-        Binding("n", "next_gap", "Next gap"),
-        Binding("full_stop", "step(1)", "Step"),
-        Binding("comma", "step(-1)", "Step back", show=False),
-        Binding("g", "seek", "Seek"),
-        Binding("greater_than_sign", "speed(2)", "Faster", show=False),
-        Binding("less_than_sign", "speed(0.5)", "Slower", show=False),
-        Binding("plus,equals_sign", "zoom(-1)", "Zoom in", show=False),
-        Binding("minus", "zoom(1)", "Zoom out", show=False),
-        Binding("1", "view('gpus')", "GPUs", show=False),
-        Binding("2", "view('gaps')", "Gaps", show=False),
-        Binding("3", "view('cpus')", "CPUs", show=False),
-        Binding("4", "view('audit')", "Audit", show=False),
-        Binding("escape", "close_prompt", "Close", show=False),
-    ]
+        Binding("q", "quit", "Quit", tooltip="quit"),
+        Binding("question_mark", "help", "Help", tooltip="this list of keys"),
+        Binding("tab", "switch_view(1)", "Next view", priority=True, tooltip="next view"),
+        Binding("shift+tab", "switch_view(-1)", "Previous view", show=False, priority=True,
+                tooltip="previous view"),
+        Binding("1", "view('gpus')", "GPUs", show=False, tooltip="the GPUs view"),
+        Binding("2", "view('gaps')", "Gaps", show=False, tooltip="the Gaps view"),
+        Binding("3", "view('cpus')", "CPUs", show=False, tooltip="the CPUs view"),
+        Binding("4", "view('audit')", "Audit", show=False, tooltip="the Audit view"),
+        Binding("enter", "open", "Open",
+                tooltip="open the selected gap (its breakdown) or audit finding"),
+        Binding("slash", "filter", "Filter",
+                tooltip="filter the current view on any column's text (enter keeps it)"),
+        Binding("escape", "close_prompt", "Close", show=False,
+                tooltip="close the breakdown, a finding or the prompt (clearing the filter)"),
+        Binding("p", "pause", "Pause",
+                tooltip="live: freeze the display (data keeps coming); replay: play / pause"),
+        Binding("plus,equals_sign", "zoom(-1)", "Zoom in", show=False,
+                tooltip="GPU timelines: a shorter window (down to 10 s)"),
+        Binding("minus", "zoom(1)", "Zoom out", show=False,
+                tooltip="GPU timelines: a longer window (up to 10 min)"),
+        Binding("n", "next_gap", "Next gap",
+                tooltip="replay: play to the next gap and its attribution, then pause"),
+        Binding("full_stop", "step(1)", "Step", tooltip="replay: one second forward"),
+        Binding("comma", "step(-1)", "Step back", show=False,
+                tooltip="replay: one second back"),
+        Binding("g", "seek", "Seek",
+                tooltip="replay: seek to HH:MM:SS[.ms], +10s, -1m, 50%, start or end"),
+        Binding("greater_than_sign", "speed(2)", "Faster", show=False,
+                tooltip="replay: twice as fast"),
+        Binding("less_than_sign", "speed(0.5)", "Slower", show=False,
+                tooltip="replay: half as fast"),
+        Binding("e", "example", "Example", show=False,
+                tooltip="live, no GPU seen: replay the example recording here"),
+    ]  # fmt: skip
 
     def __init__(
         self,
@@ -121,12 +151,15 @@ class GpujitterTop(App[None]):
         audit: Callable[[], AuditReport] | None = None,
         tz: tzinfo | None = None,
         inbox_limit: int = 50_000,
+        example: Offer | None = None,
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.source = source
         self.audit_loader = audit
+        self.example = example
         self.model = NodeModel(WallClock(tz=tz))
+        self.inbox_limit = inbox_limit
         self.inbox = Inbox(inbox_limit, block=not source.live, notify=self._wake)
         self.connection: Connection | None = None
         self.position: ReplayPosition | None = None
@@ -141,7 +174,8 @@ class GpujitterTop(App[None]):
         yield Static(id="title")
         with TabbedContent(initial="gpus", id="views"):
             with TabPane("GPUs", id="gpus"):
-                yield GpusView(self.model)
+                offer = self.example.command if self.example and self.source.live else None
+                yield GpusView(self.model, no_gpu_note(offer, live=self.source.live))
             with TabPane("Gaps", id="gaps"):
                 yield GapsTable(self.model)
             with TabPane("CPUs", id="cpus"):
@@ -170,13 +204,24 @@ class GpujitterTop(App[None]):
 
     @work(thread=True, exit_on_error=False, name="source")
     def _pump(self) -> None:
+        source, inbox = self.source, self.inbox  # a switch of source leaves this pair behind
         try:
-            self.source.run(self.inbox, self._stopped)
+            source.run(inbox, lambda: self._stopping or inbox.closed)
         except Exception as err:  # a source that breaks says so; the app stays up
-            self.inbox.connection("failed", f"{type(err).__name__}: {err}")
+            inbox.connection("failed", f"{type(err).__name__}: {err}")
 
-    def _stopped(self) -> bool:
-        return self._stopping or self.inbox.closed
+    def switch_source(self, source: Source) -> None:
+        """Show `source` instead: the old one's inbox closes (its worker ends), the model
+        starts over."""
+        self.inbox.close()
+        self.source = source
+        self.inbox = Inbox(self.inbox_limit, block=not source.live, notify=self._wake)
+        self.model.reset()
+        self.connection = self.position = None
+        self.paused = False
+        self.dirty |= set(VIEWS)
+        self._pump()
+        self._redraw(force=True)
 
     def on_records_ready(self, _message: RecordsReady) -> None:
         if self.screen_stack:  # (empty while the app exits)
@@ -223,6 +268,7 @@ class GpujitterTop(App[None]):
                 self.position,
                 inbox_dropped=self.inbox.dropped_total,
                 paused=self.paused,
+                filter_text=self._view_widget(view).filter,
             )
         )
 
@@ -277,7 +323,71 @@ class GpujitterTop(App[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in REPLAY_ACTIONS:
             return self.source.replay is not None
+        if action == "example":
+            return self.example is not None and self.source.live
         return True
+
+    def key_rows(self) -> list[tuple[str, list[tuple[str, str]]]]:
+        """What `?` lists: the app's keys (Textual's own among them), then the active view's,
+        from their BINDINGS (keys of one action on one row)."""
+        view = self._view_widget(self.active_view)
+        own = vars(type(view)).get("BINDINGS", [])
+        textual = [b for b in expand(App.BINDINGS) if b.description and not b.system]
+        palette = Binding(self.COMMAND_PALETTE_BINDING, "command_palette", "", tooltip=(
+            "the command palette: views, sorts, filters, replay controls, by name"
+        ))  # fmt: skip
+        return [
+            ("Everywhere", self._rows([*expand(self.BINDINGS), palette, *textual])),
+            (f"In the {self.active_view.capitalize()} view", self._rows(expand(own))),
+            ("Moving", [("arrows, pgup", "move in a view (pgdn, home, end and the mouse too)")]),
+        ]
+
+    def _rows(self, bindings: Iterable[Binding]) -> list[tuple[str, str]]:
+        keys: dict[str, list[str]] = {}
+        does: dict[str, str] = {}
+        for b in bindings:
+            keys.setdefault(b.action, []).append(self.get_key_display(b))
+            does.setdefault(b.action, b.tooltip or b.description)
+        return [(" ".join(keys[action]), does[action]) for action in keys]
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(help_text(self.key_rows())))
+
+    def action_example(self) -> None:
+        if self.example is not None and self.source.live:
+            self.switch_source(self.example.open())
+
+    def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
+        """The palette: Textual's commands, then every key's action by name (those the
+        source can do), each gaps order, and a filter per cause."""
+        yield from super().get_system_commands(screen)
+        for b in expand(self.BINDINGS):
+            name = b.action.partition("(")[0]
+            if name in PALETTE_SKIP or not self.check_action(name, ()):
+                continue
+            help_line = b.tooltip or b.description
+            yield SystemCommand(b.description, help_line, partial(self.run_action, b.action))
+        for sort, (_column, reads, _key) in SORTS.items():
+            yield SystemCommand(
+                f"Sort gaps by {sort}", f"the Gaps view, {reads}", partial(self.sort_gaps, sort)
+            )
+        for label, _colour in CAUSES.values():
+            yield SystemCommand(
+                f"Filter gaps: {label}",
+                f"the Gaps view, only the gaps whose row says {label}",
+                partial(self.filter_gaps, label),
+            )
+        yield SystemCommand(
+            "Clear the filter", "this view, every row", partial(self._set_filter, "")
+        )
+
+    def sort_gaps(self, sort: str) -> None:
+        self.action_view("gaps")
+        self.main.query_one(GapsTable).sort_by(sort)
+
+    def filter_gaps(self, text: str) -> None:
+        self.action_view("gaps")
+        self._set_filter(text)
 
     def action_switch_view(self, step: int) -> None:
         if self.prompt_mode:
@@ -359,6 +469,7 @@ class GpujitterTop(App[None]):
         view = self._view_widget(self.active_view)
         view.filter = text
         view.update_from_model()
+        self._redraw()
 
     @on(Input.Changed, "#prompt")
     def _prompt_changed(self, event: Input.Changed) -> None:

@@ -36,6 +36,15 @@ CAUSES: dict[str, tuple[str, str]] = {
 }
 
 
+# A gap the engine has not attributed yet, where a cause would go (timeline, idle bars).
+PENDING = ("attributing", "#e4e4e4")
+
+
+def cause_order(cause: str) -> int:
+    """Where a cause sorts: the table's order (worst-hurting first), unknown ones after."""
+    return list(CAUSES).index(cause) if cause in CAUSES else len(CAUSES)
+
+
 def cause_label(cause: str) -> str:
     return CAUSES.get(cause, (cause.replace("_", " "), ""))[0]
 

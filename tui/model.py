@@ -162,6 +162,24 @@ class NodeModel:
     def gaps_of(self, gpu: int, since_ns: int) -> list[Gap]:
         return [g for g in self.gaps.values() if g.gpu == gpu and g.end_ns >= since_ns]
 
+    def top_cause(self, gap: Gap) -> str | None:
+        """The gap's top cause; None while it waits for its attribution."""
+        a = self.attributions.get(gap.gap_id)
+        return a.top.cause if a is not None and a.top is not None else None
+
+    def idle_by_cause(self, gpu: int, since_ns: int) -> list[tuple[str | None, int]]:
+        """Where the GPU's idle time since `since_ns` went: ns per cause over its gaps (None:
+        gaps not attributed yet), largest first."""
+        spent: Counter[str | None] = Counter()
+        for gap in self.gaps_of(gpu, since_ns):
+            a = self.attributions.get(gap.gap_id)
+            if a is None or not a.parts:
+                spent[None] += gap.dur_ns
+                continue
+            for part in a.parts:
+                spent[part.cause] += part.ns
+        return sorted(spent.items(), key=lambda kv: (-kv[1], str(kv[0])))
+
     def name_of(self, pid: int) -> str:
         return self.names.get(pid, "")
 

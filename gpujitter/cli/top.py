@@ -25,7 +25,13 @@ from gpujitter.errors import GpujitterError
 from gpujitter.text import printable
 
 if TYPE_CHECKING:
+    from gpujitter.tui.app import Offer
     from gpujitter.tui.sources import Source
+
+# The recording a first look replays (from a real H200 run), relative to the checkout; the
+# live view offers it only where the file is there.
+EXAMPLE_TRACE = Path("examples/h200-training.gjtrace")
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def speed(text: str) -> float:
@@ -164,6 +170,17 @@ def probe_output_aside() -> Iterator[type[Any]]:
                 print(f"gpujitter top: last message on stderr: {last}", file=sys.stderr)
 
 
+def example_offer(path: Path = CHECKOUT / EXAMPLE_TRACE) -> Offer | None:
+    """The example recording as an offer of the live view, if it is there."""
+    from gpujitter.tui.app import Offer
+    from gpujitter.tui.sources.replay import ReplaySource
+
+    if not path.is_file():
+        return None
+    shown = EXAMPLE_TRACE if path == CHECKOUT / EXAMPLE_TRACE else path
+    return Offer(f"gpujitter top --replay {shown}", partial(ReplaySource, path))
+
+
 def run(args: argparse.Namespace) -> int:
     from gpujitter.tui import audit
     from gpujitter.tui.app import GpujitterTop
@@ -173,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         raise GpujitterError("top needs a terminal (for scripts: gpujitter probe --json)")
     loader = audit.run_audit if args.audit is None else partial(audit.load_file, args.audit)
     with probe_output_aside() as driver:
-        GpujitterTop(source, audit=loader, driver_class=driver).run()
+        GpujitterTop(source, audit=loader, example=example_offer(), driver_class=driver).run()
     return 0
 
 

@@ -15,13 +15,16 @@ from textual.pilot import Pilot
 from gpujitter.daemon.stream import StreamServer
 from gpujitter.tui import audit
 from gpujitter.tui.app import GpujitterTop
-from gpujitter.tui.sources import Source
+from gpujitter.tui.sources import Sink, Source
 from gpujitter.tui.sources.replay import ReplaySource
-from tests.tui import node_stream
+from tests.tui import eight_gpus, node_stream
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tui"
 AUDIT = FIXTURES / "audit-two-node-bad.json"
 STREAM = FIXTURES / "node-stream.ndjson"
+# `gpujitter drill contention --duration 6s --stalls 3 --keep-trace` on the development VM
+# (stub libcuda, no GPU): three stalls of 25 ms, each attributed to run-queue wait.
+DRILL_TRACE = FIXTURES / "drill-contention.gjtrace"
 
 
 def make_app(source: Source, **kwargs: Any) -> GpujitterTop:
@@ -31,6 +34,22 @@ def make_app(source: Source, **kwargs: Any) -> GpujitterTop:
 
 def replay_app(path: Path = STREAM, at: str = "end", playing: bool = False) -> GpujitterTop:
     return make_app(ReplaySource(path, at=at, playing=playing))
+
+
+class NothingYet(Source):
+    """A live source on a node with no GPU and no gap yet: running, and silent."""
+
+    label = "embedded"
+
+    def run(self, sink: Sink, stopped: Callable[[], bool]) -> None:
+        sink.connection("embedded")
+        while not stopped():
+            time.sleep(0.02)
+
+
+@pytest.fixture
+def eight_gpu_stream(tmp_path: Path) -> Path:
+    return eight_gpus.write(tmp_path / "eight-gpus.ndjson")
 
 
 def write_stream(path: Path, records: list[dict[str, Any]]) -> Path:

@@ -10,9 +10,9 @@ import pytest
 from gpujitter.tui import decode
 from gpujitter.tui.model import GAP_LIMIT, NodeModel
 from gpujitter.tui.text import WallClock
-from gpujitter.tui.views.breakdown import breakdown_text, stacked_bar
+from gpujitter.tui.views.breakdown import breakdown_text
 from gpujitter.tui.views.status import status_text
-from gpujitter.tui.views.timeline import columns, gap_marks
+from gpujitter.tui.views.timeline import cause_bar, columns, gap_marks
 from tests.tui import node_stream
 
 S = 1_000_000_000
@@ -127,13 +127,10 @@ def test_timeline_columns_gap_marks_and_the_cause_bar() -> None:
     samples = [(t * S, 100.0 if t % 2 else 0.0, S) for t in range(1, 11)]
     assert columns(samples, 0, 10 * S, 5) == [50.0, 50.0, 50.0, 50.0, 50.0]
     assert columns([], 0, S, 3) == [None, None, None]
-    marks, n = gap_marks([(2 * S, 3 * S, True), (20 * S, 21 * S, False)], 0, 10 * S, 10)
+    marks, n = gap_marks([(2 * S, 3 * S, "irq"), (20 * S, 21 * S, None)], 0, 10 * S, 10)
     assert n == 1 and marks.plain == "··━·······"
     parts = [("swap_in", 66), ("irq", 33), ("blocked", 1)]
-    a = decode.attribution(
-        {"ts_ns": 0, "end_ns": 100, "parts": [{"cause": c, "ns": ns} for c, ns in parts]}
-    )
-    bar = stacked_bar(a, 10)
+    bar = cause_bar(parts, 10)
     assert len(bar.plain) == 10 and [s.end - s.start for s in bar.spans] == [7, 3]
 
 

@@ -6,14 +6,18 @@ of the differences is written when these fail). docs/tui.md shows these same fil
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from textual.pilot import Pilot
 
-from tests.tui.conftest import replay_app, settled, until
+from gpujitter.cli.top import EXAMPLE_TRACE
+from gpujitter.tui.app import Offer
+from tests.tui.conftest import DRILL_TRACE, NothingYet, make_app, replay_app, settled, until
 
 DOCS = (120, 36)
 SMALL = (80, 24)
+EIGHT = (160, 48)
 SnapCompare = Callable[..., bool]
 
 
@@ -76,5 +80,32 @@ def test_replay_at_its_first_gap(snap_compare: SnapCompare) -> None:
         await until(pilot, lambda: len(app.model.attributions) == 1, "the first gap")
         await pilot.press("1")
         await settled(pilot)
+
+    assert snap_compare(app, terminal_size=DOCS, run_before=run_before)
+
+
+def test_eight_gpus_at_160x48(snap_compare: SnapCompare, eight_gpu_stream: Path) -> None:
+    assert snap_compare(replay_app(eight_gpu_stream), terminal_size=EIGHT, run_before=after())
+
+
+def test_gaps_by_top_cause(snap_compare: SnapCompare) -> None:
+    assert snap_compare(replay_app(), terminal_size=DOCS, run_before=after("2", "s", "s"))
+
+
+def test_help_on_the_gaps_view(snap_compare: SnapCompare) -> None:
+    keys = ("2", "question_mark")
+    assert snap_compare(replay_app(), terminal_size=DOCS, run_before=after(*keys))
+
+
+def test_first_screen_without_a_gpu(snap_compare: SnapCompare) -> None:
+    """`make run` on a node with no GPU and no daemon: what a newcomer sees first."""
+    from gpujitter.tui.sources.replay import ReplaySource
+
+    offer = Offer(f"gpujitter top --replay {EXAMPLE_TRACE}", lambda: ReplaySource(DRILL_TRACE))
+    app = make_app(NothingYet(), example=offer)
+
+    async def run_before(pilot: Pilot) -> None:
+        await until(pilot, lambda: app.connection is not None, "the source")
+        await until(pilot, lambda: app.query_one("#audit-view").report is not None, "audit")
 
     assert snap_compare(app, terminal_size=DOCS, run_before=run_before)

@@ -66,7 +66,9 @@ class FindingScreen(ModalScreen[None]):
 
 
 class AuditView(Vertical):
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("r", "rerun", "Re-run audit")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("r", "rerun", "Re-run audit", tooltip="run the audit again")
+    ]
 
     class Rerun(Message):
         """Ask the app to run the audit again."""

@@ -16,23 +16,7 @@ from textual.widgets import Footer, Static
 
 from gpujitter.tui.decode import Attribution, Gap, cause_colour, cause_label
 from gpujitter.tui.text import WallClock, duration, ms, percent
-
-BAR = "█"
-
-
-def stacked_bar(a: Attribution, width: int) -> Text:
-    """One row of `width` cells shared among the causes by their time (largest remainder, so
-    the row is always full and a cause above zero gets at least a cell when it can)."""
-    total = sum(p.ns for p in a.parts) or 1
-    exact = [p.ns * width / total for p in a.parts]
-    cells = [int(x) for x in exact]
-    order = sorted(range(len(exact)), key=lambda i: exact[i] - cells[i], reverse=True)
-    for i in order[: width - sum(cells)]:
-        cells[i] += 1
-    out = Text(no_wrap=True)
-    for part, n in zip(a.parts, cells, strict=True):
-        out.append(BAR * n, style=cause_colour(part.cause))
-    return out
+from gpujitter.tui.views.timeline import cause_bar
 
 
 def describe_gap(gap: Gap, clock: WallClock) -> Text:
@@ -60,7 +44,7 @@ def breakdown_text(gap: Gap, a: Attribution | None, clock: WallClock, width: int
     if a.gpu_node >= 0:
         out.append(f"  GPU node {a.gpu_node}")
     out.append("\n\n")
-    out.append_text(stacked_bar(a, max(width, 10)))
+    out.append_text(cause_bar([(p.cause, p.ns) for p in a.parts], max(width, 10)))
     out.append("\n\n")
     label_w = max((len(cause_label(p.cause)) for p in a.parts), default=10)
     for part in a.parts:

@@ -1,6 +1,7 @@
 """The status line: where the data comes from and whether that works (daemon connected,
-retrying, embedded, replay position), probe health, events lost, the daemon's own CPU, and
-records dropped on the way (by the daemon for this client, and by this app's inbox)."""
+retrying, embedded, replay position), the current view's filter, probe health, events lost,
+the daemon's own CPU, and records dropped on the way (by the daemon for this client, and by
+this app's inbox)."""
 
 from __future__ import annotations
 
@@ -64,9 +65,12 @@ def status_text(
     *,
     inbox_dropped: int,
     paused: bool,
+    filter_text: str = "",
 ) -> Text:
     # Most telling first: at 80 columns the probe list is what gets cut.
     parts = [connection_text(conn, model, pos)]
+    if filter_text:  # a narrowed view never passes for the whole picture
+        parts.append(Text(f'filter "{printable(filter_text)}"', style="bold yellow"))
     lost = model.lost_events()
     parts.append(Text(f"lost {lost}", style="bold red" if lost else "dim"))
     dropped = inbox_dropped + model.daemon_dropped

@@ -1,5 +1,6 @@
 """A GPU's timeline in text: one character column per slice of the window, as a block whose
-height is the value (utilisation, power), and a row marking where idle gaps fell."""
+height is the value (utilisation, power), a row marking where idle gaps fell in their top
+cause's colour, and bars sharing idle time among causes, with the legend of the colours."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ from collections.abc import Iterable, Sequence
 
 from rich.text import Text
 
+from gpujitter.tui.decode import PENDING, cause_colour, cause_label, cause_order
+
 BLOCKS = "▁▂▃▄▅▆▇█"
 GAP_MARK = "━"
+PENDING_MARK = "╍"
+BAR = "█"
 
 
 def columns(
@@ -51,21 +56,61 @@ def bars(values: Sequence[float | None], top: float, style: str) -> Text:
 
 
 def gap_marks(
-    gaps: Iterable[tuple[int, int, bool]], t0: int, t1: int, width: int
+    gaps: Iterable[tuple[int, int, str | None]], t0: int, t1: int, width: int
 ) -> tuple[Text, int]:
-    """The gap row: a mark under every column a gap overlaps (attributed gaps in red, those
-    still waiting for their attribution in yellow), and how many gaps the window holds."""
-    cells: list[str | None] = [None] * width
+    """The gap row: a mark under every column a gap (start, end, top cause or None while
+    the engine still works on it) overlaps, in its top cause's colour; an attributed gap
+    wins a column over a pending one, a longer one over a shorter. Also how many gaps the
+    window holds."""
+    cells: list[tuple[bool, int, str | None] | None] = [None] * width
     n = 0
-    for start, end, attributed in gaps:
+    for start, end, cause in gaps:
         if end < t0 or start >= t1 or width <= 0 or t1 <= t0:
             continue
         n += 1
         first, last = _span(start, end, t0, t1, width)
+        mark = (cause is not None, end - start, cause)
         for c in range(first, last + 1):
-            if cells[c] != "red":
-                cells[c] = "red" if attributed else "yellow"
+            held = cells[c]
+            if held is None or held[:2] < mark[:2]:
+                cells[c] = mark
     out = Text(no_wrap=True)
-    for style in cells:
-        out.append(GAP_MARK if style else "·", style=f"bold {style}" if style else "dim")
+    for cell in cells:
+        if cell is None:
+            out.append("·", style="dim")
+        elif cell[2] is None:
+            out.append(PENDING_MARK, style=f"bold {PENDING[1]}")
+        else:
+            out.append(GAP_MARK, style=f"bold {cause_colour(cell[2])}")
     return out, n
+
+
+def cause_bar(parts: Sequence[tuple[str | None, int]], width: int) -> Text:
+    """One row of `width` cells shared among causes (None: not attributed yet) by their ns,
+    largest remainder first, so the row is always full and a cause above zero gets a cell
+    when it can."""
+    total = sum(ns for _, ns in parts) or 1
+    exact = [ns * width / total for _, ns in parts]
+    cells = [int(x) for x in exact]
+    order = sorted(range(len(exact)), key=lambda i: exact[i] - cells[i], reverse=True)
+    for i in order[: width - sum(cells)]:
+        cells[i] += 1
+    out = Text(no_wrap=True)
+    for (cause, _), n in zip(parts, cells, strict=True):
+        out.append(BAR * n, style=PENDING[1] if cause is None else cause_colour(cause))
+    return out
+
+
+def legend(causes: Iterable[str | None]) -> Text:
+    """What the marks' colours mean, for the causes given (None: pending), in the cause
+    table's order."""
+    seen = set(causes)
+    out = Text(no_wrap=True, overflow="ellipsis")
+    for cause in sorted((c for c in seen if c is not None), key=cause_order):
+        out.append(GAP_MARK, style=f"bold {cause_colour(cause)}")
+        out.append(f" {cause_label(cause)}  ")
+    if None in seen:
+        out.append(PENDING_MARK, style=f"bold {PENDING[1]}")
+        out.append(f" {PENDING[0]}  ")
+    out.rstrip()
+    return out
