@@ -17,6 +17,7 @@ from gpujitter.daemon.records import (
     Attribution,
     FaultEvidence,
     IdleEvidence,
+    IoEvidence,
     IrqEvidence,
     NodeEvidence,
     Part,
@@ -36,6 +37,7 @@ CAUSE_LABELS = {
     "minor_faults": "minor faults",
     "runq_wait": "run-queue wait",
     "alloc_stall": "allocator stall",
+    "io_wait": "I/O wait",
     "blocked": "blocked",
     "remote_oncpu": "on-CPU on a remote node",
     "host_work": "host work",
@@ -102,6 +104,15 @@ def detail(part: Part, attr: Attribution) -> str:
     if cause == "idle_wake":
         states = _top(part, IdleEvidence)
         return f"from {states[0].state_name}{cpus_text(states[0].cpus)}" if states else ""
+    if cause == "io_wait":
+        disks = _top(part, IoEvidence)
+        if not disks:
+            return ""
+        top = disks[0]
+        node = f" (node {top.node})" if top.node >= 0 else ""
+        call = f" in {top.syscall}" if top.syscall else ""
+        count = sum(d.count for d in disks)
+        return f"{top.op or 'I/O'} on {top.name or top.dev}{node}{call} x{count}"
     if cause == "blocked":
         calls = _top(part, SyscallEvidence)
         return f"in {calls[0].syscall}" if calls and calls[0].syscall else ""

@@ -54,6 +54,7 @@ CAUSES = (
     "minor_faults",
     "runq_wait",
     "alloc_stall",
+    "io_wait",
     "blocked",
     "remote_oncpu",
     "host_work",
@@ -133,6 +134,27 @@ class SyscallEvidence:
 
 
 @dataclass(frozen=True, slots=True)
+class IoEvidence:
+    """Waits of a feeding thread on block I/O: uninterruptible sleeps that the completion of
+    a request to device `dev` (MAJ:MIN) ended. name: the disk (vda, nvme0n1; "" when the
+    topology does not list it); node: its NUMA node (-1 unknown); op: read, write or other;
+    syscall: the call the thread waited in ("" none: a page fault, say); count: waits;
+    bytes: the sizes of the requests whose completion woke it (what it waited for last,
+    not all it read)."""
+
+    dev: str
+    name: str
+    node: int
+    op: str
+    syscall: str
+    count: int
+    ns: int
+    bytes: int
+    remote_to_gpu: bool = False
+    what: str = "io"
+
+
+@dataclass(frozen=True, slots=True)
 class FaultEvidence:
     """Page faults: kind swap (read back from swap), file (major, file-backed) or minor.
     Minor fault counts are the share of each in-kernel window that fell inside the gap."""
@@ -184,6 +206,7 @@ Evidence = (
     | MigrationEvidence
     | IdleEvidence
     | SyscallEvidence
+    | IoEvidence
     | FaultEvidence
     | AllocEvidence
     | NodeEvidence

@@ -154,6 +154,25 @@ def blocked_hint(syscall: str, state: str) -> str:
     return f"blocked{where}: the thread that wakes it is not watched; watch its process too"
 
 
+def io_wait(device: str, op: str, device_node: int, gpu_node: int) -> str:
+    """The feeding thread slept on block I/O: take the I/O off its path, or make it hit RAM.
+    device_node/gpu_node: -1 when unknown."""
+    if op == "write":
+        fix = (
+            f"it waited on writes to {device}: write checkpoints and logs from another "
+            "thread or process (async checkpointing), not from the training loop"
+        )
+    else:
+        fix = (
+            f"it waited on reads from {device}: read ahead of use off the critical path "
+            "(DataLoader num_workers, prefetch_factor), warm the page cache first "
+            "(vmtouch -t FILES), or stage the data in RAM (/dev/shm) or on local NVMe"
+        )
+    if device_node >= 0 and gpu_node >= 0 and device_node != gpu_node:
+        fix += f"; {device} is on NUMA node {device_node}, the GPU on node {gpu_node}"
+    return fix
+
+
 def irqbalance_ban(cpus: list[int] | tuple[int, ...]) -> str:
     """Keep irqbalance running but away from the GPU-feeding CPUs."""
     return (

@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 2
+SCHEMA_MINOR = 3
 
 _KINDS: dict[str, type[Event]] = {}
 _FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> field names
@@ -387,7 +387,10 @@ class OffCpu(Event):
     """A watched thread was off CPU from ts_ns to end_ns. It left `cpu` in `state`; it became
     runnable at runnable_ns (== ts_ns when preempted) and waited on the run queue of cpu_in
     until end_ns, while other_tid/other_comm ran there (the task it switched in after).
-    Emitted when the whole interval or the run-queue wait exceeds the probe's thresholds."""
+    Emitted when the whole interval or the run-queue wait exceeds the probe's thresholds.
+    io_dev: when the completion of a block request woke it from uninterruptible sleep (an
+    I/O wait), that request's device as MAJ:MIN ("" otherwise), with its size and direction
+    (io_op: read, write or other)."""
 
     end_ns: int
     tid: int
@@ -401,6 +404,9 @@ class OffCpu(Event):
     other_tid: int = 0
     other_comm: str = ""
     comm: str = ""
+    io_dev: str = ""
+    io_bytes: int = 0
+    io_op: str = ""
 
     @property
     def blocked_ns(self) -> int:

@@ -27,7 +27,7 @@ from gpujitter.probes.base import (
     threshold_cflags,
 )
 from gpujitter.probes.events import Event, FaultStats, MajorFault, MinorFaults
-from gpujitter.probes.registry import TRACEFS, Hook, ProbeSpec
+from gpujitter.probes.registry import Hook, ProbeSpec, tracepoint_exists
 
 FAULT_CLASSES = ("minor", "file", "swap", "unclassified")  # index = CLS_* in faults.bpf.c
 CLS_MINOR, CLS_FILE, CLS_SWAP, CLS_UNCLASSIFIED = range(len(FAULT_CLASSES))
@@ -41,11 +41,6 @@ PERF_HOOKS = (
 )
 FILEMAP_FAULT = "filemap:mm_filemap_fault"
 BIO_QUEUE = "block:block_bio_queue"
-
-
-def tracepoint_exists(target: str) -> bool:
-    category, _, name = target.partition(":")
-    return (TRACEFS / "events" / category / name).is_dir()
 
 
 class FaultEngine:

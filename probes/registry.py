@@ -23,6 +23,12 @@ PROBE_MODULES = ("sched", "cstate", "irq", "faults", "malloc", "cuda")
 TRACEFS = Path("/sys/kernel/tracing")
 
 
+def tracepoint_exists(target: str) -> bool:
+    """Whether this kernel has the tracepoint "category:name" (tracefs lists it)."""
+    category, _, name = target.partition(":")
+    return (TRACEFS / "events" / category / name).is_dir()
+
+
 @dataclass(frozen=True, slots=True)
 class Hook:
     """One kernel attachment point. kind: tracepoint ("sched:sched_switch"), perf_event

@@ -4,13 +4,22 @@
  * recognised when it switches out (it is current then, and its tgid is known) and recorded in
  * `threads`, keyed by thread id; the wake-up and the switch back in find it there (the
  * runqlat pattern). Every interval feeds per-thread counters and log2 histograms in the
- * kernel; only intervals longer than THRESHOLD_OFFCPU_NS, or whose run-queue wait exceeds
- * THRESHOLD_RUNQ_NS, are streamed. Cost per context switch: a watched-set lookup for the
- * thread leaving, a `threads` lookup for the thread arriving, a clock read and a few
- * per-CPU slots more when a watched thread is involved (docs/performance.md).
+ * kernel; only intervals longer than THRESHOLD_OFFCPU_NS (THRESHOLD_IO_NS for I/O waits), or
+ * whose run-queue wait exceeds THRESHOLD_RUNQ_NS, are streamed. Cost per context switch: a
+ * watched-set lookup for the thread leaving, a `threads` lookup for the thread arriving, a
+ * clock read and a few per-CPU slots more when a watched thread is involved
+ * (docs/performance.md).
  *
- * -D options: THRESHOLD_OFFCPU_NS, THRESHOLD_RUNQ_NS, SCHED_NODES (NUMA nodes of the
- * topology), SCHED_SYSCALL_FROM_REGS (read the syscall a thread blocked in from its pt_regs).
+ * I/O waits: block_rq_complete and block_io_done bracket, on one CPU, the end of a block
+ * request, and the bios' end_io wakes the request's waiters in between; a watched thread
+ * woken from uninterruptible sleep there was waiting on that request, and its interval
+ * carries the request's device, size and direction. Cost per block request completed on the
+ * node: a clock read and two per-CPU stores.
+ *
+ * -D options: THRESHOLD_OFFCPU_NS, THRESHOLD_RUNQ_NS, THRESHOLD_IO_NS, SCHED_NODES (NUMA nodes
+ * of the topology), SCHED_SYSCALL_FROM_REGS (read the syscall a thread blocked in from its
+ * pt_regs), SCHED_IO_WAKE (block_rq_complete exists), SCHED_IO_DONE (block_io_done exists:
+ * without it a completion is only bounded by IO_WAKE_WINDOW_NS).
  */
 #include "gpujitter.h"
 
@@ -30,6 +39,14 @@ enum { ST_PREEMPTED, ST_SLEEPING, ST_UNINTERRUPTIBLE, ST_STOPPED, ST_OTHER, ST_C
 
 #define LOG2_SLOTS 65 /* bpf_log2l() returns 1..64 */
 
+/* A wake-up this long after a request's completion began is no longer that completion's:
+ * end_io runs microseconds after block_rq_complete; this bounds a completion whose
+ * block_io_done is never traced (a kernel without it, a batch completed without it). */
+#define IO_WAKE_WINDOW_NS 1000000
+
+/* OffCpu.io_op, index into IO_OPS in sched.py */
+enum { IO_NONE, IO_READ, IO_WRITE, IO_OTHER };
+
 /* One entry per watched thread, keyed by thread id: the off-CPU interval in progress and the
  * thread's cumulative totals, which user space reads once a second (and prunes of exited
  * threads). One map, so that a switch costs one lookup per side. */
@@ -42,6 +59,9 @@ struct thread {
     u16 cpu; /* the CPU it left */
     u8 state;
     u8 exited;
+    u32 io_dev;   /* the block device (kernel dev_t) whose request completion woke it, 0: none */
+    u32 io_bytes; /* that request's size */
+    u8 io_op;
     u64 offcpu_ns;
     u64 runq_ns;
     u64 switches;
@@ -75,6 +95,9 @@ struct offcpu_rec {
     u32 other_tid;
     s32 syscall;
     u32 state;
+    u32 io_dev;
+    u32 io_bytes;
+    u32 io_op;
     char comm[TASK_COMM_LEN];
     char other_comm[TASK_COMM_LEN];
 };
@@ -178,6 +201,9 @@ static __always_inline void switched_out(u32 tid, long prev_state, u64 *now, u32
     t->syscall = current_syscall();
     t->cpu = cpu;
     t->state = state;
+    t->io_dev = 0;
+    t->io_bytes = 0;
+    t->io_op = IO_NONE;
 }
 
 static __always_inline void count_log2(u32 state, u64 offcpu_ns, u64 runq_ns)
@@ -218,7 +244,8 @@ static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid
     t->offcpu_ns += offcpu_ns;
     t->runq_ns += runq_ns;
     t->off_ns = 0;
-    if (offcpu_ns < THRESHOLD_OFFCPU_NS && runq_ns < THRESHOLD_RUNQ_NS)
+    if (offcpu_ns < THRESHOLD_OFFCPU_NS && runq_ns < THRESHOLD_RUNQ_NS &&
+        (!t->io_dev || offcpu_ns < THRESHOLD_IO_NS))
         return;
     struct offcpu_rec *e = offcpu_events.ringbuf_reserve(sizeof(*e));
     if (!e) {
@@ -236,6 +263,9 @@ static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid
     e->other_tid = other_tid;
     e->syscall = t->syscall;
     e->state = state;
+    e->io_dev = t->io_dev;
+    e->io_bytes = t->io_bytes;
+    e->io_op = t->io_op;
     /* the comms point into the tracepoint record, which only helpers may read once the
      * pointer has moved from the start of it */
     bpf_probe_read_kernel(e->comm, TASK_COMM_LEN, comm);
@@ -254,15 +284,81 @@ TRACEPOINT_PROBE(sched, sched_switch)
     return 0;
 }
 
+#ifdef SCHED_IO_WAKE
+/* The block request whose completion this CPU is running (ts_ns 0: none). */
+struct completing {
+    u64 ts_ns;
+    u32 dev;
+    u32 bytes;
+    u8 op;
+};
+BPF_PERCPU_ARRAY(completing, struct completing, 1);
+
+static __always_inline u8 io_op_of(const char *rwbs)
+{
+    /* rwbs: an optional F (preflush), then R, W, D (discard), N (none), ... */
+    char c = rwbs[0] == 'F' ? rwbs[1] : rwbs[0];
+    if (c == 'R')
+        return IO_READ;
+    if (c == 'W')
+        return IO_WRITE;
+    return IO_OTHER;
+}
+
+/* Runs where the request completes (hard IRQ, block softirq, or the CPU it was issued from),
+ * right before its bios' end_io wakes their waiters on this same CPU. */
+TRACEPOINT_PROBE(block, block_rq_complete)
+{
+    u32 slot = 0;
+    struct completing *c = completing.lookup(&slot);
+    if (c) {
+        c->ts_ns = bpf_ktime_get_ns();
+        c->dev = args->dev;
+        c->bytes = args->nr_sector << 9;
+        c->op = io_op_of(args->rwbs);
+    }
+    return 0;
+}
+
+#ifdef SCHED_IO_DONE
+/* After end_io: later wake-ups on this CPU are not this request's. */
+TRACEPOINT_PROBE(block, block_io_done)
+{
+    u32 slot = 0;
+    struct completing *c = completing.lookup(&slot);
+    if (c)
+        c->ts_ns = 0;
+    return 0;
+}
+#endif
+
+static __always_inline void io_woken(struct thread *t, u64 now)
+{
+    u32 slot = 0;
+    struct completing *c = completing.lookup(&slot);
+    if (c && c->ts_ns && now - c->ts_ns < IO_WAKE_WINDOW_NS) {
+        t->io_dev = c->dev;
+        t->io_bytes = c->bytes;
+        t->io_op = c->op;
+    }
+}
+#endif
+
 /* sched_waking runs in the waker's context (sched_wakeup may run on the target CPU, after an
- * idle CPU woke up): its time includes the target's wake-up, and current is the waker. */
+ * idle CPU woke up): its time includes the target's wake-up, and current is the waker (in a
+ * block completion, the interrupted task; the completing request is what woke it). */
 TRACEPOINT_PROBE(sched, sched_waking)
 {
     u32 tid = args->pid;
     struct thread *t = threads.lookup(&tid);
     if (t && t->off_ns && !t->runnable_ns) {
-        t->runnable_ns = bpf_ktime_get_ns();
+        u64 now = bpf_ktime_get_ns();
+        t->runnable_ns = now;
         t->waker_tid = (u32)bpf_get_current_pid_tgid();
+#ifdef SCHED_IO_WAKE
+        if (t->state == ST_UNINTERRUPTIBLE)
+            io_woken(t, now);
+#endif
     }
     return 0;
 }

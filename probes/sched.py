@@ -1,10 +1,12 @@
 """sched: off-CPU intervals of watched threads (the state they left in, the syscall they
-blocked in, who woke them), run-queue waits with the task that ran instead (CPU
-contention), migrations with their NUMA nodes, and on-CPU time per node. Traced through
-sched_switch, sched_waking and sched_migrate_task (see sched.bpf.c for the in-kernel side and
-its cost); intervals above the `offcpu` or `runq` threshold are streamed as OffCpu,
-cross-node migrations as Migration, and once a second every watched thread's totals arrive
-as ThreadSched and NodeTime, the histograms as Log2Hist.
+blocked in, who woke them, and, for an uninterruptible wait that a block request's
+completion ended, that request's device, size and direction: an I/O wait), run-queue waits
+with the task that ran instead (CPU contention), migrations with their NUMA nodes, and
+on-CPU time per node. Traced through sched_switch, sched_waking, sched_migrate_task,
+block_rq_complete and block_io_done (see sched.bpf.c for the in-kernel side and its cost);
+intervals above the `offcpu` or `runq` threshold, and I/O waits above `io`, are streamed as
+OffCpu, cross-node migrations as Migration, and once a second every watched thread's totals
+arrive as ThreadSched and NodeTime, the histograms as Log2Hist.
 """
 
 from __future__ import annotations
@@ -18,9 +20,18 @@ from typing import Any
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable, comm_str
 from gpujitter.probes.events import Event, Migration, NodeTime, OffCpu, ThreadSched
 from gpujitter.probes.log2 import Log2Map
-from gpujitter.probes.registry import Hook, ProbeSpec
+from gpujitter.probes.registry import Hook, ProbeSpec, tracepoint_exists
 
 STATES = ("preempted", "sleeping", "uninterruptible", "stopped", "other")  # ST_* in the .bpf.c
+IO_OPS = ("", "read", "write", "other")  # IO_* in the .bpf.c
+BLOCK_COMPLETE = "block:block_rq_complete"
+BLOCK_DONE = "block:block_io_done"
+MINOR_BITS = 20  # the kernel's dev_t: major << 20 | minor (block tracepoints' dev field)
+
+
+def dev_name(dev: int) -> str:
+    """A kernel dev_t as MAJ:MIN, the form of /sys/dev/block and /sys/class/block/*/dev."""
+    return f"{dev >> MINOR_BITS}:{dev & ((1 << MINOR_BITS) - 1)}" if dev else ""
 
 
 @dataclass(slots=True)
@@ -54,6 +65,10 @@ class SchedProbe(BpfProbe):
         flags = [*super().cflags(ctx), f"-DSCHED_NODES={self.nodes}"]
         if self.syscall_from_regs:
             flags.append("-DSCHED_SYSCALL_FROM_REGS")
+        if tracepoint_exists(BLOCK_COMPLETE):
+            flags.append("-DSCHED_IO_WAKE")
+        if tracepoint_exists(BLOCK_DONE):
+            flags.append("-DSCHED_IO_DONE")
         return flags
 
     def start(self, ctx: ProbeContext) -> None:
@@ -68,6 +83,10 @@ class SchedProbe(BpfProbe):
             super().start(ctx)
             self.state = "degraded"
             self.reason = f"syscall of blocked threads not reported (-1): {err}"
+        if not tracepoint_exists(BLOCK_COMPLETE):
+            self.state = "degraded"
+            why = f"no {BLOCK_COMPLETE}: I/O waits are not told from other uninterruptible waits"
+            self.reason = "; ".join(r for r in (self.reason, why) if r)
         self._last_ns = time.monotonic_ns()
         self._hists = [
             Log2Map(self.bpf["offcpu_log2"], [f"offcpu.{s}" for s in STATES], self.name),
@@ -100,6 +119,9 @@ class SchedProbe(BpfProbe):
             other_tid=rec.other_tid,
             other_comm=comm_str(rec.other_comm),
             comm=comm_str(rec.comm),
+            io_dev=dev_name(rec.io_dev),
+            io_bytes=rec.io_bytes,
+            io_op=IO_OPS[rec.io_op] if rec.io_dev else "",
         )
 
     def sample(self, now_ns: int) -> Iterable[Event]:
@@ -188,9 +210,13 @@ SPECS = (
             Hook("tracepoint", "sched:sched_switch"),
             Hook("tracepoint", "sched:sched_waking"),
             Hook("tracepoint", "sched:sched_migrate_task"),
+            Hook("tracepoint", BLOCK_COMPLETE, optional=True),
+            Hook("tracepoint", BLOCK_DONE, optional=True),
         ),
         degrades="off-CPU, run-queue (contention) and cross-NUMA time are not attributed",
         factory=SchedProbe,
-        thresholds={"offcpu": 5_000_000, "runq": 1_000_000},
+        # io: I/O waits are streamed from this length, below offcpu: read-ahead windows on a
+        # fast disk are waits of a few ms, each too short for offcpu yet many in a gap.
+        thresholds={"offcpu": 5_000_000, "runq": 1_000_000, "io": 1_000_000},
     ),
 )

@@ -60,6 +60,7 @@ TREE = (
     "sys/bus/pci/devices/*/{class,vendor,device,numa_node,local_cpulist,irq}",
     "sys/bus/pci/devices/*/msi_irqs/*",
     "sys/class/{net,nvme,block}/*/device",
+    "sys/class/block/*/dev",
     "sys/kernel/irq/*/{actions,chip_name,hwirq}",
 )
 
@@ -117,6 +118,7 @@ class HostDevice:
     bus_id: str | None  # PCI address; None when not on PCI
     numa_node: int | None
     local_cpus: tuple[int, ...]
+    dev: str = ""  # block devices: MAJ:MIN, as block tracepoints name them
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,6 +439,7 @@ def read_devices(paths: HostPaths, pci: dict[str, PciDevice]) -> list[HostDevice
                     bus_id=bus_id,
                     numa_node=p.numa_node if p else None,
                     local_cpus=p.local_cpus if p else (),
+                    dev=(read_text(entry / "dev") or "").strip() if kind == "block" else "",
                 )
             )
     return found

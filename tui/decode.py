@@ -29,6 +29,7 @@ CAUSES: dict[str, tuple[str, str]] = {
     "idle_wake": ("idle wake-up", "#5fafd7"),
     "runq_wait": ("run-queue wait", "#af5fd7"),
     "alloc_stall": ("allocator stall", "#d75faf"),
+    "io_wait": ("I/O wait", "#00afaf"),
     "blocked": ("blocked", "#5f87af"),
     "remote_oncpu": ("remote-node on-CPU", "#ff5f00"),
     "host_work": ("host work", "#5faf5f"),
@@ -249,6 +250,20 @@ def _syscall(e: Record, _start: int) -> str:
     return f"{e.get('state', 'off-CPU')}{where}: {_times(e)}"
 
 
+def _io(e: Record, _start: int) -> str:
+    disk = e.get("name") or e.get("dev", "?")
+    call = f" in {e['syscall']}" if e.get("syscall") else ""
+    size = int(e.get("bytes", 0))
+    text = f"{e.get('op') or 'I/O'} on {disk}{call}: {_times(e)}"
+    text += f", {format_bytes(size)}" if size else ""
+    notes = []
+    if int(e.get("node", -1)) >= 0:
+        notes.append(f"device on node {e['node']}")
+    if e.get("remote_to_gpu"):
+        notes.append("remote to the GPU")
+    return text + (f" ({', '.join(notes)})" if notes else "")
+
+
 def _fault(e: Record, _start: int) -> str:
     addresses = _ints(e.get("addresses"))
     first = f", first at {addresses[0]:#x}" if addresses else ""
@@ -288,6 +303,7 @@ _DESCRIBE: dict[str, Callable[[Record, int], str]] = {
     "migration": _migration,
     "idle": _idle,
     "syscall": _syscall,
+    "io": _io,
     "fault": _fault,
     "alloc": _alloc,
     "node": _node,

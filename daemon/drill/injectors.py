@@ -268,6 +268,58 @@ class FileFaults(Injector):
         os.close(self.fd)
 
 
+def schedstat() -> tuple[int, int]:
+    """The calling thread's on-CPU and run-queue ns, as the kernel accounts them."""
+    with open("/proc/thread-self/schedstat") as f:
+        run, runq, _ = f.read().split()
+    return int(run), int(runq)
+
+
+class SequentialRead(Injector):
+    """Reads a file (params file) on from where the last stall stopped, params chunk_bytes a
+    read(), its page cache dropped at every step, from a cgroup that throttles the disk
+    (params cgroup, where there is one): the kernel reads ahead and the thread sleeps
+    uninterruptibly until the disk completes the window it reached. The truth is the
+    thread's blocked time in the stall (the stall less its on-CPU and run-queue time, from
+    the kernel's schedstat)."""
+
+    name = "readahead"
+
+    def __init__(self, lib: ct.CDLL, stall_ns: int, params: dict[str, Any]) -> None:
+        super().__init__(lib, stall_ns, params)
+        self.fd = os.open(params["file"], os.O_RDONLY)
+        # One buffer for every read: a fresh 1 MiB object per read would be an mmap and a
+        # munmap each (the allocator's, seen by the malloc probe).
+        self.buffer = bytearray(params.get("chunk_bytes", MB))
+
+    def setup(self) -> dict[str, Any]:
+        if "cgroup" in self.params:  # the disk's read throttle
+            Path(self.params["cgroup"], "cgroup.procs").write_text(str(os.getpid()))
+        return {}
+
+    def background(self) -> None:
+        # Every step: what the last stall read ahead is still under I/O for a while after it,
+        # and the kernel drops only pages that are not.
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        run0, runq0 = schedstat()
+        t0 = time.monotonic_ns()
+        read = 0
+        while time.monotonic_ns() < deadline_ns:
+            n = os.readv(self.fd, [self.buffer])
+            if n == 0:  # the end of the file: on from its start
+                os.lseek(self.fd, 0, os.SEEK_SET)
+            read += n
+        elapsed = time.monotonic_ns() - t0
+        run1, runq1 = schedstat()
+        blocked = max(0, elapsed - (run1 - run0) - (runq1 - runq0))
+        return {"cause_ns": blocked, "bytes": read}
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 class SwapIns(Injector):
     """Joins a memory cgroup capped below a buffer it then fills (params cgroup,
     buffer_bytes), so that the buffer's oldest pages go out to swap; each stall reads on
@@ -457,6 +509,7 @@ INJECTORS: dict[str, type[Injector]] = {
         IdleWakeups,
         MinorFaultStorm,
         FileFaults,
+        SequentialRead,
         SwapIns,
         AllocatorStall,
         Loader,

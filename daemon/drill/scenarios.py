@@ -21,6 +21,9 @@ from gpujitter.probes.host import format_cpulist
 from gpujitter.probes.topology import Topology
 
 MB = 1 << 20
+# The readahead drill's disk: read-ahead windows of WINDOW_KB, read at READ_BPS.
+WINDOW_KB = 512
+READ_BPS = 32 * MB
 # The stub GPU has no PCI address (no NVML: its gaps are on GPU -1). Where a drill splits
 # the node into emulated NUMA nodes it declares the stub GPU on node 0 under this
 # address, which no real PCI device has (domain ffff).
@@ -132,6 +135,35 @@ def _filefaults(stage: Stage) -> None:
     stage.params["file"] = str(_data_file(stage))
 
 
+def _readahead(stage: Stage) -> None:
+    # The development VM's virtio disk reads at 1.5-2 GB/s from its host's cache: there a
+    # read-ahead window is a few ms of waiting, and copying it out costs more on CPU.
+    # Throttled to a network volume's speed, the waits are most of the stall, as for a
+    # data loader on slow storage. The throttle (blk-throttle) lets a slice's worth of
+    # bytes through at once (100 ms on a rotational queue: 3.2 MiB here, a few ms of
+    # copying) and holds the read that exceeds it to the slice's end: a stall runs on to
+    # about 100 ms whatever its length, in waits of whole windows (small ones, so that
+    # one window never holds it over several slices).
+    data = _data_file(stage)
+    disk = system.whole_disk(data)
+    stage.params["file"] = str(data)
+    stage.params["chunk_bytes"] = WINDOW_KB * 1024
+    stage.enter(system.read_ahead_kb(disk, WINDOW_KB))
+    group = stage.enter(system.read_throttle(f"gpujitter-drill-{os.getpid()}", disk, READ_BPS))
+    if group is None:
+        stage.notes.append(
+            f"readahead: no block-I/O cgroup controller: the disk {disk} reads at full speed, "
+            "and a fast disk makes the stall mostly on-CPU copying"
+        )
+        return
+    stage.params["cgroup"] = str(group)
+    stage.notes.append(
+        f"readahead: the feeder in cgroup {group.name}, reads from disk {disk} throttled "
+        f"to {READ_BPS // MB} MiB/s, read-ahead {WINDOW_KB} KiB; the file's page cache "
+        "dropped at every step"
+    )
+
+
 def _contention(stage: Stage) -> None:
     if system.realtime_allowed():
         stage.helper("hog", str(stage.feeder_cpu), "fifo")
@@ -236,6 +268,8 @@ SCENARIOS: dict[str, Scenario] = {
                  "minor_faults", "the stall", ("faults",)),
         Scenario("filefaults", "major faults: a file mapped after dropping its page cache, read",
                  "major_fault", "the stall", ("faults",), _filefaults),
+        Scenario("readahead", "a sequential read of a file after dropping its page cache",
+                 "io_wait", "the stall's blocked time (schedstat)", ("sched",), _readahead),
         Scenario("migrate", "moved to a CPU of another (emulated) NUMA node and working there",
                  "remote_oncpu", "the time on the remote CPU", ("sched",), _migrate),
         Scenario("irq", "the disk's interrupts on the feeding CPU while it works",

@@ -1,6 +1,7 @@
 """System state the drills change, each as a context manager that puts it back however the
 block ends (failure, SIGINT): sysctls, a swap file, a memory cgroup with a limit, an
-IRQ's affinity, this process's CPU affinity. Also finding the IRQ that disk I/O raises."""
+IRQ's affinity, this process's CPU affinity, a disk read throttle. Also finding the IRQ that
+disk I/O raises and the disk under a file."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from gpujitter.probes.host import HostPaths, format_cpulist, parse_cpulist, read
 from gpujitter.probes.topology import read_interrupts
 
 MEMCG_V1 = Path("/sys/fs/cgroup/memory")
+BLKIO_V1 = Path("/sys/fs/cgroup/blkio")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -70,24 +72,24 @@ def swap_file(path: Path, size_bytes: int) -> Iterator[Path]:
         path.unlink(missing_ok=True)
 
 
+def _cgroup_root(v1: Path, controller: str) -> Path | None:
+    """Where groups of a controller go: its cgroup-v1 hierarchy where mounted, else the v2
+    root when the controller is enabled for its children; None when neither."""
+    if (v1 / "cgroup.procs").is_file():
+        return v1
+    if controller in (read_text(CGROUP_V2 / "cgroup.subtree_control") or "").split():
+        return CGROUP_V2
+    return None
+
+
 @contextlib.contextmanager
-def memory_cgroup(name: str, limit_bytes: int) -> Iterator[Path]:
-    """A memory cgroup limited to limit_bytes: cgroup v1's memory controller where it is
-    mounted, else a cgroup-v2 group (memory.max). On exit its remaining processes are moved
-    back to the root cgroup and the directory is removed."""
-    if (MEMCG_V1 / "cgroup.procs").is_file():
-        root, limit_file = MEMCG_V1, "memory.limit_in_bytes"
-    elif "memory" in (read_text(CGROUP_V2 / "cgroup.subtree_control") or "").split():
-        root, limit_file = CGROUP_V2, "memory.max"
-    else:
-        raise GpujitterError(
-            f"no memory cgroup controller: neither {MEMCG_V1} (v1) nor memory in "
-            f"{CGROUP_V2}/cgroup.subtree_control (v2)"
-        )
+def _cgroup(root: Path, name: str, setting: str, value: str) -> Iterator[Path]:
+    """A cgroup `name` under `root` with one setting written. On exit its remaining
+    processes are moved back to the root cgroup and the directory is removed."""
     group = root / name
     group.mkdir()
     try:
-        (group / limit_file).write_text(str(limit_bytes))
+        (group / setting).write_text(value)
         yield group
     finally:
         for pid in (group / "cgroup.procs").read_text().split():
@@ -101,6 +103,60 @@ def memory_cgroup(name: str, limit_bytes: int) -> Iterator[Path]:
                 time.sleep(0.1)
         else:
             group.rmdir()
+
+
+@contextlib.contextmanager
+def memory_cgroup(name: str, limit_bytes: int) -> Iterator[Path]:
+    """A memory cgroup limited to limit_bytes: cgroup v1's memory controller where it is
+    mounted, else a cgroup-v2 group (memory.max)."""
+    root = _cgroup_root(MEMCG_V1, "memory")
+    if root is None:
+        raise GpujitterError(
+            f"no memory cgroup controller: neither {MEMCG_V1} (v1) nor memory in "
+            f"{CGROUP_V2}/cgroup.subtree_control (v2)"
+        )
+    setting = "memory.limit_in_bytes" if root == MEMCG_V1 else "memory.max"
+    with _cgroup(root, name, setting, str(limit_bytes)) as group:
+        yield group
+
+
+@contextlib.contextmanager
+def read_throttle(name: str, dev: str, bps: int) -> Iterator[Path | None]:
+    """A cgroup whose processes read from disk `dev` (MAJ:MIN of a whole disk) at most at
+    bps bytes/s: cgroup v1's blkio throttle where mounted, else cgroup v2's io.max. Yields
+    None (and changes nothing) where neither controller is there."""
+    root = _cgroup_root(BLKIO_V1, "io")
+    if root is None:
+        yield None
+        return
+    if root == BLKIO_V1:
+        setting, value = "blkio.throttle.read_bps_device", f"{dev} {bps}"
+    else:
+        setting, value = "io.max", f"{dev} rbps={bps}"
+    with _cgroup(root, name, setting, value) as group:
+        yield group
+
+
+@contextlib.contextmanager
+def read_ahead_kb(disk: str, kb: int) -> Iterator[None]:
+    """The read-ahead window of a disk (MAJ:MIN) set for the block, then put back."""
+    path = Path(f"/sys/dev/block/{disk}/queue/read_ahead_kb")
+    old = path.read_text().strip()
+    path.write_text(str(kb))
+    try:
+        yield
+    finally:
+        path.write_text(old)
+
+
+def whole_disk(path: Path) -> str:
+    """MAJ:MIN of the disk a file lives on (a partition's parent): the device its block
+    requests go to."""
+    dev = os.stat(path).st_dev
+    sysfs = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}").resolve()
+    if (sysfs / "partition").exists():
+        sysfs = sysfs.parent
+    return (sysfs / "dev").read_text().strip()
 
 
 @contextlib.contextmanager

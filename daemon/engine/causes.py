@@ -21,6 +21,7 @@ from gpujitter.daemon.records import (
     Evidence,
     FaultEvidence,
     IdleEvidence,
+    IoEvidence,
     IrqEvidence,
     MigrationEvidence,
     NodeEvidence,
@@ -334,6 +335,52 @@ def _alloc_call(span: Span) -> tuple[str, str]:
     return (ev.syscall, "") if hasattr(ev, "syscall") else (ev.func, ev.allocator)
 
 
+class IoWait(Cause):
+    """The blocked part of an off-CPU interval that a block request's completion ended (the
+    sched probe's io_dev): the thread slept uninterruptibly until the disk answered. Its
+    waker is whoever the completion interrupted, so it is not followed."""
+
+    name = "io_wait"
+
+    def claim(
+        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+    ) -> int:
+        if seg.off is None or seg.runq or not seg.off.event.io_dev:
+            return 0
+        ctx.add(self.name, seg.tl.tid, seg.off, remaining)
+        return remaining
+
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        disks = {d.dev: d for d in ctx.topology.devices if d.dev}
+        out = []
+        key = lambda s: (s.event.io_dev, s.event.io_op, s.event.syscall)  # noqa: E731
+        for group in _group(items, key):
+            ev: OffCpu = group[0][1].event
+            disk = disks.get(ev.io_dev)
+            node = -1 if disk is None or disk.numa_node is None else disk.numa_node
+            spans = {id(span): span.event for _, span, _ in group}.values()
+            out.append(
+                IoEvidence(
+                    dev=ev.io_dev,
+                    name=disk.name if disk else "",
+                    node=node,
+                    op=ev.io_op,
+                    syscall=syscall_name(ev.syscall, ctx.config.syscall_abi),
+                    count=len(spans),
+                    ns=_ns(group),
+                    bytes=sum(e.io_bytes for e in spans),
+                    remote_to_gpu=node >= 0 and ctx.remote(node),
+                )
+            )
+        return _largest_first(out, lambda e: (e.dev, e.op, e.syscall))
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        top = part.evidence[0]
+        assert isinstance(top, IoEvidence)
+        gpu_node = -1 if ctx.gpu_node is None else ctx.gpu_node
+        return remedies.io_wait(top.name or top.dev, top.op, top.node, gpu_node)
+
+
 class Blocked(Cause):
     """Off CPU and not runnable, with no more specific cause. When a watched thread woke it
     (futex, pipe, socket: not a timed sleep), the wait is followed into the waker's timeline
@@ -528,6 +575,7 @@ CAUSE_ORDER: tuple[Cause, ...] = (
     MinorFaultTime(),
     RunqWait(),
     AllocStall(),
+    IoWait(),
     Blocked(),
     RemoteOnCpu(),
     HostWork(),

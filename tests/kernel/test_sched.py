@@ -5,12 +5,15 @@ ignored, and a probe that the kernel refuses reported unavailable while the othe
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpujitter.daemon.drill import system
 from gpujitter.probes import registry
 from gpujitter.probes.events import (
     IdleWake,
@@ -276,3 +279,46 @@ def test_a_refused_probe_is_unavailable_and_the_others_run(monkeypatch: Any) -> 
     assert {e.syscall for e in sleeps} == {-1}
     assert rec.status("cstate").state == "running"
     assert rec.of(IdleWake, tgid=child.pid)
+
+
+def test_waits_on_block_reads_carry_the_disk(tmp_path: Path) -> None:
+    # A sequential read of a file whose page cache was dropped: the thread sleeps
+    # uninterruptibly on read-ahead windows, and each completion wakes it. Its sleeps are
+    # the control: the same thread's waits that no block request ended.
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as scratch:  # on the disk, not tmpfs
+        data = Path(scratch) / "data"
+        with data.open("wb") as f:
+            f.write(os.urandom(1 << 20) * 96)
+        with Child(f"""
+            for _ in range(3):
+                time.sleep(0.02)
+            fd = os.open({str(data)!r}, os.O_RDONLY)
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            before = schedstat()
+            out["t0"] = time.monotonic_ns()
+            while os.read(fd, 1 << 20):
+                pass
+            out["t1"] = time.monotonic_ns()
+            after = schedstat()
+            elapsed = out["t1"] - out["t0"]
+            out["blocked_ns"] = elapsed - (after[0] - before[0]) - (after[1] - before[1])
+        """) as child:
+            rec = run_probes(
+                ["sched"], child.load, watch=WatchSpec(pids={child.pid}), thresholds=EVERYTHING
+            )
+        disk = system.whole_disk(data)
+    res = child.result
+    mine = rec.of(OffCpu, tid=child.pid)
+    io = [e for e in in_window(mine, res) if e.io_dev]
+    assert io, "a read after dropping the page cache must wait on the disk"
+    assert {(e.io_dev, e.io_op, e.state, e.syscall) for e in io} == {
+        (disk, "read", "uninterruptible", SYS_READ)
+    }
+    assert all(e.io_bytes > 0 for e in io)
+    # The kernel's own accounting: nearly all of the thread's blocked time was these waits.
+    assert sum(e.blocked_ns for e in io) == pytest.approx(res["blocked_ns"], rel=0.1)
+    sleeps = [e for e in mine if e.syscall == SYS_CLOCK_NANOSLEEP]
+    assert len(sleeps) == 3
+    assert all(e.io_dev == "" and e.io_bytes == 0 and e.io_op == "" for e in sleeps)
+    assert rec.status("sched").state == "running"

@@ -348,7 +348,7 @@ def test_the_whole_analysis_levels_off_at_many_gaps_per_second():
     from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
     from gpujitter.daemon.state import NodeState
 
-    plan = [("contention", 12.0) if i % 2 == 0 else ("clean", 0.0) for i in range(7_000)]
+    plan = [("contention", 12.0) if i % 2 == 0 else ("clean", 0.0) for i in range(5_000)]
     stream = FeedingLoop(plan).build().delivered(seed=3)
     ten_s = 10 * 10**9
     config = AnalysisConfig(
@@ -356,6 +356,8 @@ def test_the_whole_analysis_levels_off_at_many_gaps_per_second():
     )
     pipeline = Pipeline(TWO_NODES, config)
     state = NodeState(TWO_NODES)
+    # Only what the analysis allocated counts: other tests' threads may still be running.
+    mine = [tracemalloc.Filter(True, "*/daemon/*")]
     held: list[tuple[float, int]] = []
     tracemalloc.start()
     try:
@@ -364,12 +366,12 @@ def test_the_whole_analysis_levels_off_at_many_gaps_per_second():
             for out in pipeline.feed(ev):
                 state.observe(out)
             if i % 1_000 == 0:
-                held.append(
-                    ((ev.ts_ns - stream[0].ts_ns) / 1e9, tracemalloc.get_traced_memory()[0])
-                )
+                traced = tracemalloc.take_snapshot().filter_traces(mine).statistics("filename")
+                at_s = (ev.ts_ns - stream[0].ts_ns) / 1e9
+                held.append((at_s, sum(stat.size for stat in traced)))
     finally:
         tracemalloc.stop()
-    after_warm_up = [b for s, b in held if s > 30]
-    assert held[-1][0] > 80 and len(after_warm_up) >= 10
+    after_warm_up = [b for s, b in held if s > 25]
+    assert held[-1][0] > 55 and len(after_warm_up) >= 8
     assert state.events > 0 and len(state.attributions) == state.attributions.maxlen
     assert max(after_warm_up) - min(after_warm_up) < 200_000, held  # flat, not 0.33 MB/s

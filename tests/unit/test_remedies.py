@@ -21,6 +21,7 @@ from gpujitter.daemon.records import (
     Evidence,
     FaultEvidence,
     IdleEvidence,
+    IoEvidence,
     IrqEvidence,
     Part,
     ReasonEvidence,
@@ -174,6 +175,15 @@ CASES = {
     "a futex wait is the producer's": Case(
         "blocked", SyscallEvidence("sleeping", "futex", 202, 3, 20 * MS), JOB,
         lambda line: "producer" in line and "taskset" not in line,
+    ),
+    # Prefetching does nothing for writes; a node is named only when both are known.
+    "writes from the training loop": Case(
+        "io_wait", IoEvidence("259:0", "nvme0n1", 0, "write", "write", 3, 20 * MS, 1 << 20), JOB,
+        lambda line: "prefetch" not in line and "checkpoint" in line and "NUMA" not in line,
+    ),
+    "reads from a disk on another node": Case(
+        "io_wait", IoEvidence("259:0", "nvme0n1", 1, "read", "read", 3, 20 * MS, 1 << 20), JOB,
+        lambda line: "prefetch_factor" in line and "nvme0n1 is on NUMA node 1" in line,
     ),
     "host work": Case(
         "host_work", irq("softirq", 3, "NET_RX"), JOB,  # evidence unused

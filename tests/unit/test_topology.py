@@ -54,7 +54,7 @@ def test_dev_vm_devices_and_irqs(host_tree: MakeTree) -> None:
     assert topo.gpus == ()
     assert topo.devices == (
         HostDevice("nic", "eth0", "0000:00:03.0", None, (0, 1)),
-        HostDevice("block", "vda", "0000:00:02.0", None, (0, 1)),
+        HostDevice("block", "vda", "0000:00:02.0", None, (0, 1), dev="254:0"),
     )
     disk = topo.irq(36)
     assert disk is not None
