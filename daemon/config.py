@@ -342,13 +342,27 @@ def check_parent(path: Path) -> None:
         raise ValueError(f"directory {path.parent} does not exist")
 
 
+def own_dir(path: Path, mode: int) -> None:
+    """A directory the daemon keeps files in (its socket's, its log's, its state). Under
+    systemd the unit makes it (RuntimeDirectory, LogsDirectory, StateDirectory); started by
+    hand, the daemon makes that one directory where its parent exists, never the parents."""
+    if path.is_dir():
+        return
+    if not path.parent.is_dir():
+        raise ValueError(f"directory {path} does not exist, nor its parent {path.parent}")
+    try:
+        path.mkdir(mode=mode)
+    except OSError as err:
+        raise ValueError(f"cannot create {path}: {err.strerror}") from None
+
+
 def _cgroups(dirs: tuple[str, ...]) -> None:
     for d in dirs:
         check_cgroup(Path(d))
 
 
 def _log_path(value: str) -> None:
-    check_parent(Path(value))
+    own_dir(Path(value).parent, 0o750)
     if Path(value).is_dir():
         raise ValueError(f"{value} is a directory; the log is a file")
 
@@ -360,7 +374,7 @@ def _record_path(value: str) -> None:
 
 
 def _socket_path(value: str) -> None:
-    check_parent(Path(value))
+    own_dir(Path(value).parent, 0o755)  # clients reach the socket through it (0660 itself)
     if Path(value).exists() and not Path(value).is_socket():
         raise ValueError(f"{value} exists and is not a socket")
 
@@ -400,6 +414,7 @@ _START_CHECKS: dict[str, Callable[[Any], Any]] = {
     "log.path": _log_path,
     "record.path": _record_path,
     "socket.path": _socket_path,
+    "state.dir": lambda value: own_dir(Path(value), 0o750),
     "metrics.listen": check_listen_free,
 }
 
