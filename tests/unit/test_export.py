@@ -12,6 +12,7 @@ import pytest
 
 from gpujitter.cli import main
 from gpujitter.daemon.timeline import GPU_PID
+from tests.conftest import FIXTURES
 from tests.fixtures.streams.synthetic import MS, T0
 from tests.unit.trace_samples import one_gap_trace
 
@@ -78,3 +79,44 @@ def test_bad_input_is_one_line(trace: Path, tmp_path: Path, capsys) -> None:
     assert main(["export", str(trace), "-o", str(tmp_path / "u.json"), "--merge", str(bad)]) == 2
     assert "not JSON" in capsys.readouterr().err
     assert not (tmp_path / "u.json").exists()
+
+
+PROFILER = FIXTURES / "profiler"
+
+
+def test_a_pytorch_profiler_trace_of_the_same_run_is_merged_on_its_clock(tmp_path: Path) -> None:
+    """Recorded on the H200 (bench/profiler_trace.py): a training loop under torch.profiler
+    while the daemon recorded it, with a 40 ms sleep before step 5 and 30 ms of host work
+    before step 8. Merged, each gap lies between the steps it stalled (the loop's own clock
+    readings, put on the profiler's clock by a pair read back to back) and no operator of
+    the training thread runs inside the sleep."""
+    out = tmp_path / "merged.json"
+    profiler = PROFILER / "h200.pt.trace.json.gz"
+    assert main(["export", str(PROFILER / "h200-run.gjtrace"), "--merge", str(profiler),
+                 "-o", str(out)]) == 0  # fmt: skip
+    events = load(out)
+    check_structure([e for e in events if e.get("cat") == "gpujitter"])
+    truth = orjson.loads((PROFILER / "h200-steps.json").read_bytes())
+    base = orjson.loads(gzip.decompress(profiler.read_bytes()))["baseTimeNanoseconds"]
+    pair = truth["clocks"][0]
+
+    def on_profiler_clock(mono_ns: int) -> float:
+        return (mono_ns + pair["realtime_ns"] - pair["monotonic_ns"] - base) / 1000
+
+    steps = {s["step"]: s for s in truth["steps"]}
+    gaps = [e for e in events if e.get("pid") == GPU_PID and e["name"].startswith("idle ")]
+    for before, stall in ((5, "sleep"), (8, "cpu")):
+        assert steps[before]["stall_before"] == stall
+        after_us = on_profiler_clock(steps[before - 1]["end_ns"])
+        start_us = on_profiler_clock(steps[before]["start_ns"])
+        # The loop reads its clock a little before its first launch of a step: 2 ms slack.
+        (gap,) = [g for g in gaps if after_us - 2000 <= g["ts"] <= start_us]
+        assert start_us - 2000 <= gap["ts"] + gap["dur"] <= start_us + 2000
+    sleep = next(g for g in gaps if g["name"].startswith("idle 40"))
+    thread = {e["tid"] for e in events if e.get("cat") == "user_annotation"}
+    inside = [
+        e for e in events
+        if e.get("cat") == "cpu_op" and e.get("tid") in thread
+        and sleep["ts"] + 1000 < e["ts"] < sleep["ts"] + sleep["dur"] - 1000
+    ]  # fmt: skip
+    assert inside == [] and any(e.get("cat") == "kernel" for e in events)
