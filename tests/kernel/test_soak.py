@@ -1,4 +1,7 @@
-"""The log's behaviour on a disk that fills, as a follower of the file sees it."""
+"""The soak and fault suite (bench/soak.py) in its short form: the real daemon under slow,
+stuck and spamming clients, floods, a disk that fills and frees, SIGHUP, SIGKILL and SIGTERM
+for about 100 s; and the log's behaviour on a disk that fills, as a follower of the file
+sees it. `make soak` runs the same suite for 30 minutes."""
 
 from __future__ import annotations
 
@@ -9,8 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from bench.soak import Plan, soak, summary
 from gpujitter.daemon import jsonlog
 from gpujitter.daemon.jsonlog import JsonLog
+
+
+def test_short_soak_accounts_for_every_attribution_and_never_hangs() -> None:
+    result = soak(Plan.short(100.0), say=lambda line: None)
+    assert result["passed"], summary(result)
 
 
 @pytest.fixture
