@@ -2,7 +2,7 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test test-matrix lint unit bench clean install install-files uninstall
+.PHONY: setup run test test-matrix lint unit bench soak clean install install-files uninstall
 
 setup:
 	./scripts/setup.sh
@@ -30,6 +30,13 @@ test-matrix: setup
 # (root, no GPU, minutes). `$(BIN)/python -m bench` lists every benchmark and its command.
 bench: setup
 	flock /tmp/gpujitter-kernel.lock $(BIN)/python -m bench.default_set --rounds 5
+
+# The soak and fault suite (30 min, root): the daemon under slow and stuck clients, floods,
+# a disk that fills, SIGHUP, SIGKILL and SIGTERM; fails on any lost record, leak, stall or
+# slow exit. `make test` runs its short form (tests/kernel/test_soak.py). No kernel lock:
+# its probes watch only its own feeding loop, and other work on the node is welcome load.
+soak: setup
+	$(BIN)/python -m bench.soak --minutes 30 --json bench/results/dev-vm/soak.json
 
 # The daemon as a systemd service (docs/operations.md). install-files does the copying
 # alone; DESTDIR=dir stages it under another root.

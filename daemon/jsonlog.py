@@ -15,6 +15,8 @@ such a stretch is a `log.dropped` record with the count, the reason and the time
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import threading
 import time
@@ -43,6 +45,22 @@ DROPPED = "log.dropped"  # the record that says how many records a failing disk 
 # evidence): a longer run without a newline is damage, not a torn last line.
 MAX_LINE_BYTES = 1 << 20
 _TAIL_CHUNK = 1 << 16
+
+
+_FALLOC_FL_KEEP_SIZE = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+
+
+def reserve(fd: int, offset: int, length: int) -> None:
+    """Allocate the file's blocks for [offset, offset+length) without changing its size;
+    OSError when the disk has no room. Where the file system cannot (EOPNOTSUPP), nothing
+    is reserved and a full disk shows as a short write instead."""
+    if _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0:
+        return
+    err = ctypes.get_errno()
+    if err not in (errno.EOPNOTSUPP, errno.ENOSYS):
+        raise OSError(err, os.strerror(err))
 
 
 def rotated_files(path: Path) -> list[Path]:
@@ -158,6 +176,9 @@ class JsonLog:
     def _append(self, line: bytes) -> None:
         assert self._fd is not None
         try:
+            # Room first: a write into reserved blocks cannot stop halfway, so a reader
+            # following the file (a log shipper) never sees a fragment that is cut off later.
+            reserve(self._fd, self.size, len(line))
             written = os.write(self._fd, line)
         except OSError as err:
             raise GpujitterError(f"cannot write log {self.path}: {err.strerror}") from None

@@ -62,60 +62,81 @@ from gpujitter.text import inert_json, printable
 TICK_NS = 1_000_000_000
 
 
-class Console:
-    """Where the daemon's own lines go: attributions on `out` (one line each, or NDJSON;
-    none when `quiet`), notes for the operator on stderr. A thread of its own writes them,
-    so a terminal or pipe that stops reading never stops the main loop: past `QUEUE_LINES`
-    waiting lines, lines are dropped and counted, and the count is said once writing works
-    again."""
+class _LineWriter:
+    """Lines to one stream, written by a thread of its own: a stream that stops taking them
+    stops only this thread. Past `QUEUE_LINES` waiting lines, lines are dropped and counted,
+    and the count is said (on stderr) once writing works again."""
 
     QUEUE_LINES = 1000
+
+    def __init__(self, stream: TextIO, name: str) -> None:
+        self.stream = stream
+        self.dropped = 0
+        self._lines: queue.Queue[str | None] = queue.Queue(self.QUEUE_LINES)
+        self._thread = threading.Thread(target=self._write, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, line: str) -> None:
+        try:
+            self._lines.put_nowait(line)
+        except queue.Full:
+            self.dropped += 1
+
+    def _write(self) -> None:
+        said = 0
+        while (line := self._lines.get()) is not None:
+            with contextlib.suppress(OSError, ValueError):
+                if self.dropped > said:
+                    print(f"# {self.dropped - said} console lines dropped (output blocked)",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                    said = self.dropped
+                self.stream.write(line + "\n")
+                self.stream.flush()
+
+    def close(self, deadline_s: float) -> None:
+        """Write what waits until `deadline_s`, or until a 50 ms wait writes nothing (the
+        reader is stuck: waiting longer only delays the stop)."""
+        with contextlib.suppress(queue.Full):
+            self._lines.put_nowait(None)
+        while self._thread.is_alive() and (left := deadline_s - time.monotonic()) > 0:
+            waiting = self._lines.qsize()
+            self._thread.join(min(left, 0.05))
+            if waiting and self._lines.qsize() >= waiting:
+                return
+
+
+class Console:
+    """Where the daemon's own lines go: attributions on `out` (one line each, or NDJSON;
+    none when `quiet`), notes for the operator on stderr. Each stream has a writer thread of
+    its own (_LineWriter), so a terminal or pipe that stops reading never stops the main
+    loop, and a stuck `out` never silences the notes (the journal)."""
 
     def __init__(self, out: TextIO, as_json: bool, clock: Any, *, quiet: bool = False) -> None:
         self.out = out
         self.as_json = as_json
         self.clock = clock
         self.quiet = quiet
-        self.dropped = 0
-        self._lines: queue.Queue[tuple[TextIO, str] | None] = queue.Queue(self.QUEUE_LINES)
-        self._thread = threading.Thread(target=self._write, name="gpujitter-console", daemon=True)
-        self._thread.start()
+        self._out = _LineWriter(out, "gpujitter-console")
+        self._err = _LineWriter(sys.stderr, "gpujitter-notes")
 
     def attribution(self, attr: Attribution) -> None:
         if self.quiet:
             return
         if self.as_json:
-            self._put(self.out, inert_json(orjson.dumps(to_record(attr))).decode())
+            self._out.put(inert_json(orjson.dumps(to_record(attr))).decode())
         else:
-            self._put(self.out, one_line(attr, self.clock))
+            self._out.put(one_line(attr, self.clock))
 
     def note(self, text: str) -> None:
         """A line for the operator (the journal under systemd)."""
-        self._put(sys.stderr, f"# {printable(text)}")
+        self._err.put(f"# {printable(text)}")
 
-    def _put(self, stream: TextIO, line: str) -> None:
-        try:
-            self._lines.put_nowait((stream, line))
-        except queue.Full:
-            self.dropped += 1
-
-    def _write(self) -> None:
-        said = 0
-        while (item := self._lines.get()) is not None:
-            stream, line = item
-            with contextlib.suppress(OSError, ValueError):
-                if self.dropped > said:
-                    print(f"# {self.dropped - said} console lines dropped (output blocked)",
-                          file=sys.stderr, flush=True)  # fmt: skip
-                    said = self.dropped
-                stream.write(line + "\n")
-                stream.flush()
-
-    def close(self, timeout_s: float = 1.0) -> None:
-        """Write what waits, within `timeout_s` (a stuck terminal cannot hold up the stop)."""
-        with contextlib.suppress(queue.Full):
-            self._lines.put(None, timeout=timeout_s)
-        self._thread.join(timeout_s)
+    def close(self, timeout_s: float = 0.3) -> None:
+        """Write what waits, within `timeout_s` in all (a stuck terminal cannot hold up the
+        stop: its lines are lost, as they would have been anyway)."""
+        deadline = time.monotonic() + timeout_s
+        self._err.close(deadline)
+        self._out.close(deadline)
 
 
 def status_line(status: dict[str, Any]) -> str:
@@ -179,6 +200,7 @@ class Daemon:
         self.metrics = DaemonMetrics()
         self.me = psutil.Process()
         self._stop = False
+        self._ready = False  # READY sent: from then on a stop is clean and saves what waits
         self._reload = False
         self.log: JsonLog | None = None
         self.recorder: TraceRecorder | None = None
@@ -189,6 +211,11 @@ class Daemon:
     # -- signals ----------------------------------------------------------------------
 
     def _on_stop(self, signum: int, frame: object) -> None:
+        if not self._ready:
+            # Still compiling and attaching probes (seconds): nothing has been attributed,
+            # so nothing is lost by stopping at once, as the signal's default would.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
         self._stop = True
 
     def _on_hup(self, signum: int, frame: object) -> None:
@@ -239,6 +266,7 @@ class Daemon:
                 )
                 if self.console:
                     self.console.note(summary)
+                self._ready = True
                 self.notifier.ready(summary)
                 if ready is not None:
                     ready()
@@ -248,6 +276,7 @@ class Daemon:
             for out in self.pipeline.flush():
                 self._finding(out)
             self._keep_floors()
+            self._final_status()
         self.notifier.close()
         if self.console is not None:
             self.console.close()
@@ -410,6 +439,16 @@ class Daemon:
             self.recorder.tick(now)
         self._keep_floors()
         self.notifier.status(status_line(status))
+
+    def _final_status(self) -> None:
+        """The last daemon.status, sent after the last attribution and before the socket
+        closes, and its count in the journal: a reader reconciles the log with it (every
+        attribution made is a log line or counted in log_dropped)."""
+        status = self._status()
+        if self.stream is not None:
+            self.stream.publish(status)
+        self._say(f"stopped: {status['attributions']} attributions made, "
+                  f"{status['log_dropped']} of them dropped by the log")  # fmt: skip
 
     def _reopen(self) -> None:
         """SIGHUP: reopen the log (after logrotate moved it) and start a new trace file."""

@@ -42,7 +42,8 @@ from gpujitter.errors import GpujitterError
 
 STREAM_SCHEMA = "gpujitter.stream/1"
 _READ_LIMIT = 64 * 1024  # a request line longer than this is refused
-CLOSE_SEND_S = 1.0  # at close, how long all clients together may take to accept the rest
+CLOSE_SEND_S = 0.5  # at close, how long all clients together may take to accept the rest
+CLOSE_IDLE_S = 0.1  # at close, a client that takes nothing for this long is given up
 QUEUE_BYTES = 4 << 20  # per client: what may wait unsent, a snapshot or two and live records
 MAX_CLIENTS = 64  # past this a connection is refused (the unit caps the daemon's fds)
 # Keys whose lists name processes: a non-root client sees only the entries it owns.
@@ -389,21 +390,25 @@ class StreamServer:
     def _send_rest(self, clients: list[_Client]) -> None:
         """At close: what is still queued for the clients (the attributions the daemon
         decides while stopping), within one deadline for all of them, so that stuck clients
-        cannot hold up the stop."""
+        cannot hold up the stop; a client that takes nothing for CLOSE_IDLE_S (one that
+        never reads) is given up at once rather than at the deadline."""
         rest = {c.sock: memoryview(c.pending + b"".join(c.queue)) for c in clients}
         rest = {sock: data for sock, data in rest.items() if data}
-        deadline = time.monotonic() + CLOSE_SEND_S
-        while rest and (left := deadline - time.monotonic()) > 0:
-            _, writable, _ = select.select([], list(rest), [], left)
+        start = time.monotonic()
+        took = dict.fromkeys(rest, start)  # when each last took something
+        while rest and (left := start + CLOSE_SEND_S - time.monotonic()) > 0:
+            _, writable, _ = select.select([], list(rest), [], min(left, CLOSE_IDLE_S))
+            now = time.monotonic()
             for sock in writable:
                 try:
                     rest[sock] = rest[sock][sock.send(rest[sock]) :]
+                    took[sock] = now
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError:
                     rest[sock] = memoryview(b"")
-                if not rest[sock]:
-                    del rest[sock]
+            for sock in [s for s in rest if not rest[s] or now - took[s] >= CLOSE_IDLE_S]:
+                del rest[sock]
 
     def close(self) -> None:
         self._stop.set()

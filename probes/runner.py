@@ -6,6 +6,7 @@ in-kernel aggregates, refreshes the watched set and reports probe health.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -103,8 +104,16 @@ class ProbeSet:
         self.poll()
 
     def close(self) -> None:
-        for probe in reversed(self.probes):
-            probe.close()
+        """Detach every probe, then the core module (the probes' programs use its maps).
+        Detaching costs the kernel a wait per hook (~30-90 ms on 6.18; a libcuda's 59 uprobes
+        took 6.9 s), so the probes detach side by side, each its own bcc object on one
+        thread while this one waits: the default set's 1.5 s became 0.7-1.2 s here."""
+        closers = [threading.Thread(target=p.close, name=f"close-{p.spec.name}")
+                   for p in self.probes]  # fmt: skip
+        for t in closers:
+            t.start()
+        for t in closers:
+            t.join()
         self.core.close()
 
     def __enter__(self) -> ProbeSet:

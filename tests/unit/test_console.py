@@ -1,0 +1,58 @@
+"""`gpujitter run`'s console: a terminal that stops reading costs it lines, never the
+journal's notes and never the stop."""
+
+from __future__ import annotations
+
+import io
+import queue
+import sys
+import threading
+
+import pytest
+
+from gpujitter.daemon.service import Console
+from tests.unit.test_hostile_names import attribution_behind
+
+
+class StuckTerminal(io.StringIO):
+    """An output whose reader went away: every write waits until the test ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.released.wait()
+        return len(text)
+
+
+class Journal(io.StringIO):
+    """stderr as the journal: each line written lands in `lines`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: queue.Queue[str] = queue.Queue()
+
+    def write(self, text: str) -> int:
+        if text.strip():
+            self.lines.put(text.strip())
+        return len(text)
+
+
+def test_a_stuck_stdout_neither_silences_the_notes_nor_holds_up_the_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The soak found the journal silent while stdout was stuck: one writer thread served
+    both streams, so the disk-full and stop notes waited behind an attribution line."""
+    journal, terminal = Journal(), StuckTerminal()
+    monkeypatch.setattr(sys, "stderr", journal)
+    attr = attribution_behind("trainer").one()
+    console = Console(terminal, as_json=True, clock=None)
+    try:
+        for _ in range(3):
+            console.attribution(attr)  # the first blocks the terminal's writer for good
+        console.note("cannot write log: No space left on device")
+        assert journal.lines.get(timeout=10) == "# cannot write log: No space left on device"
+        console.close()  # returns: the stuck terminal's line is given up
+    finally:
+        terminal.released.set()
