@@ -86,7 +86,32 @@ def resolve(spec: WatchSpec, paths: HostPaths) -> dict[int, int]:
     if spec.gpu_processes is not None:
         for pid in spec.gpu_processes():
             add(int(pid), WHY_GPU)
+    # Children are followed from their first instruction once a process is watched (the
+    # fork hook); those it had before (a job met already running: its DataLoader workers)
+    # are found here, or the chain from the training thread to a busy worker breaks.
+    for tgid in _descendants(paths, list(chosen)):
+        add(tgid, WHY_FORK)
     return chosen
+
+
+def _descendants(paths: HostPaths, roots: list[int]) -> set[int]:
+    """The processes below `roots` (from /proc/PID/task/TID/children)."""
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        try:
+            tasks = os.listdir(paths.proc / str(pid) / "task")
+        except OSError:
+            continue  # gone, or not readable
+        for tid in tasks:
+            for child in (
+                read_text(paths.proc / str(pid) / "task" / tid / "children") or ""
+            ).split():
+                if child.isdigit() and int(child) not in found:
+                    found.add(int(child))
+                    todo.append(int(child))
+    return found - set(roots)
 
 
 def _pids(paths: HostPaths) -> list[int]:

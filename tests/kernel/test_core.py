@@ -64,6 +64,44 @@ def test_children_of_a_watched_process_are_watched_from_their_first_call() -> No
     assert len(maps) == MAPS
 
 
+# A parent whose child exists before anything watches it (a job met already running, with its
+# DataLoader workers): the child waits for the go line on the shared stdin, then maps.
+EARLY_CHILD = textwrap.dedent(f"""
+    import mmap, os, sys
+    pid = os.fork()
+    if pid == 0:
+        sys.stdin.readline()
+        for _ in range({MAPS}):
+            mmap.mmap(-1, {SIZE}).close()
+        os._exit(0)
+    print(pid, flush=True)
+    os.waitpid(pid, 0)
+""")
+
+
+def test_children_a_watched_process_had_before_the_probes_attached_are_watched() -> None:
+    """Attached to a job already running, its DataLoader workers (forked before) went
+    unwatched: a wait of the training thread on them then read as plain `blocked`."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", EARLY_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert parent.stdout is not None and parent.stdin is not None
+    child = int(parent.stdout.readline())
+
+    def load() -> None:
+        assert parent.stdin is not None
+        parent.stdin.write("go\n")
+        parent.stdin.flush()
+        assert parent.wait(timeout=30) == 0
+
+    rec = run_probes(
+        ["malloc"], load, watch=WatchSpec(pids={parent.pid}), thresholds={"malloc": {"syscall": 0}}
+    )
+    maps = [e for e in rec.of(AllocSyscall, tgid=child) if e.syscall == "mmap" and e.length == SIZE]
+    assert len(maps) == MAPS
+
+
 def test_a_process_matching_a_comm_pattern_is_watched_when_it_execs(tmp_path: Path) -> None:
     name = f"gj-exec-{os.getpid()}"
     # The kernel names a process after the file it executed: a link with a distinctive name
