@@ -262,7 +262,7 @@ JOB_SCENARIOS: dict[str, JobScenario] = {
                     "host_work", "the time on the other CPU", AFTER_SYNC, INJECTORS["migrate"]),
         JobScenario("faults", "a page-fault storm: first touch of fresh memory", "minor_faults",
                     "the stall", AFTER_SYNC, MinorFaultStorm),
-        JobScenario("readahead", "reads a file after dropping its page cache", "blocked",
+        JobScenario("readahead", "reads a file after dropping its page cache", "io_wait",
                     "the stall", AFTER_SYNC, ReadAhead),
         JobScenario("loader", "a DataLoader worker computes on the next batch until released",
                     "host_work", "the step's wait for the batch", LOADER),
