@@ -44,6 +44,7 @@ STREAM_SCHEMA = "gpujitter.stream/1"
 _READ_LIMIT = 64 * 1024  # a request line longer than this is refused
 CLOSE_SEND_S = 0.5  # at close, how long all clients together may take to accept the rest
 CLOSE_IDLE_S = 0.1  # at close, a client that takes nothing for this long is given up
+SNAPSHOT_EVERY_S = 1.0  # per client: snapshots asked for faster are built once a second
 QUEUE_BYTES = 4 << 20  # per client: what may wait unsent, a snapshot or two and live records
 MAX_CLIENTS = 64  # past this a connection is refused (the unit caps the daemon's fds)
 # Keys whose lists name processes: a non-root client sees only the entries it owns.
@@ -63,6 +64,8 @@ class _Client:
     dropped: int = 0  # records lost since the last "dropped" notice
     dropped_total: int = 0
     snapshot_unsent: bool = False  # a snapshot is queued and not yet all sent
+    snapshot_due: float = 0.0  # monotonic s from which it may have another one built
+    snapshot_wanted: bool = False  # asked for one sooner: it is built when due
 
 
 def _line(record: dict[str, Any]) -> bytes:
@@ -236,6 +239,8 @@ class StreamServer:
             with self._lock:
                 clients = list(self._clients.values())
             for client in clients:
+                if client.snapshot_wanted and not client.snapshot_unsent:
+                    self._send_snapshot_if_due(client)
                 self._flush(client)
 
     def _accept(self) -> None:
@@ -265,6 +270,7 @@ class StreamServer:
             for rec in first:
                 self._enqueue(client, _line(rec), first=True)
             client.snapshot_unsent = True
+            client.snapshot_due = time.monotonic() + SNAPSHOT_EVERY_S
             self._clients[sock.fileno()] = client
         self._sel.register(sock, selectors.EVENT_READ, client)
 
@@ -339,11 +345,22 @@ class StreamServer:
         elif cmd == "snapshot":
             if client.snapshot_unsent:
                 return  # the one still on its way is as recent as a new one would be
-            for rec in self._visible(client, self.snapshot()):
-                self._reply(client, rec)
-            client.snapshot_unsent = True
+            client.snapshot_wanted = True
+            self._send_snapshot_if_due(client)
         else:
             self._reply(client, {"type": "error", "message": BAD_REQUEST})
+
+    def _send_snapshot_if_due(self, client: _Client) -> None:
+        """A snapshot costs the daemon a copy of its state and its encoding: a client that
+        asks in a loop gets one a second (the soak saw ten such clients hold 60 % of a CPU)."""
+        now = time.monotonic()
+        if not client.snapshot_wanted or now < client.snapshot_due:
+            return
+        client.snapshot_wanted = False
+        client.snapshot_due = now + SNAPSHOT_EVERY_S
+        for rec in self._visible(client, self.snapshot()):
+            self._reply(client, rec)
+        client.snapshot_unsent = True
 
     def _reply(self, client: _Client, rec: dict[str, Any]) -> None:
         with self._lock:
