@@ -675,6 +675,7 @@ def check_topology(env: DoctorEnv) -> Iterator[Result]:
     ]
     if topo.override:
         parts.append(f"OVERRIDE {topo.override} in force: NUMA nodes are emulated")
+    parts += filter(None, [topo.unknown_gpu_note()])
     yield Result("topology", "pass", ", ".join(parts))
 
 

@@ -15,6 +15,7 @@ Override file (TOML, docs/topology.md):
     36 = 1
     [gpus]             # GPU PCI bus id -> NUMA node (optional)
     "0000:00:06.0" = 0
+    unknown = 0        # the GPU with no bus id (no NVML: its gaps are on GPU -1)
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ from gpujitter.tomlfile import load_toml
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0302", "0x0300")  # 3D controller, VGA controller
+# The [gpus] key that places the GPU nothing gives a bus id: the stub libcuda's, or any
+# GPU when NVML does not answer, whose gaps land on GPU -1.
+UNKNOWN_GPU_KEY = "unknown"
 DeviceKind = Literal["gpu", "nic", "nvme", "block", ""]
 
 # Without a cpuidle driver the kernel idles through the architecture's default idle routine
@@ -155,6 +159,7 @@ class Topology:
     irq_node: dict[int, int] = field(default_factory=dict)  # IRQ -> its device's node, if known
     gpu_node: dict[str, int] = field(default_factory=dict)  # GPU PCI bus id -> node, if known
     override: str | None = None  # path of the override file in force, None for the real map
+    unknown_gpu_node: int | None = None  # GPU -1's node: only an override's `unknown` says it
     node_distance: dict[int, tuple[int, ...]] = field(default_factory=dict)  # real nodes only
     idle: CpuIdle | None = None
     gpus: tuple[GpuDevice, ...] = ()
@@ -170,6 +175,7 @@ class Topology:
             "irq_node": _str_keys(self.irq_node),
             "gpu_node": dict(sorted(self.gpu_node.items())),
             "override": self.override,
+            "unknown_gpu_node": self.unknown_gpu_node,
             "node_distance": {str(n): list(d) for n, d in sorted(self.node_distance.items())},
             "idle": None if self.idle is None else _idle_record(self.idle),
             "gpus": [_plain(g) for g in self.gpus],
@@ -204,6 +210,12 @@ class Topology:
 
     def gpu(self, bus_id: str) -> GpuDevice | None:
         return next((g for g in self.gpus if g.bus_id == bus_id), None)
+
+    def unknown_gpu_note(self) -> str:
+        """What every view of the topology adds when the override placed GPU -1; "" else."""
+        if self.unknown_gpu_node is None:
+            return ""
+        return f"GPU -1 (no bus id) placed on node {self.unknown_gpu_node} by the override"
 
 
 def _plain(obj: Any) -> dict[str, Any]:
@@ -523,6 +535,7 @@ class Override:
     cpu_node: dict[int, int]
     irq_node: dict[int, int]
     gpu_node: dict[str, int]
+    unknown_gpu_node: int | None = None
 
 
 def load_override(path: str | Path) -> Override:
@@ -554,11 +567,17 @@ def load_override(path: str | Path) -> Override:
                 raise GpujitterError(f"topology override {path}: CPU {cpu} is in two nodes")
             cpu_node[cpu] = node_id
     defined = set(cpu_node.values())
+    gpu_node = _node_map(path, "gpus", data.get("gpus", {}), _gpu_key, defined)
     return Override(
         cpu_node=cpu_node,
         irq_node=_node_map(path, "irqs", data.get("irqs", {}), int, defined),
-        gpu_node=_node_map(path, "gpus", data.get("gpus", {}), _bus_id, defined),
+        unknown_gpu_node=gpu_node.pop(UNKNOWN_GPU_KEY, None),
+        gpu_node=gpu_node,
     )
+
+
+def _gpu_key(text: str) -> str:
+    return UNKNOWN_GPU_KEY if text.strip().lower() == UNKNOWN_GPU_KEY else _bus_id(text)
 
 
 def _bus_id(text: str) -> str:
@@ -622,6 +641,7 @@ def apply_override(real: Topology, emulated: Override, source: str) -> Topology:
         irq_node=irq_node,
         gpu_node=gpu_node,
         override=source,
+        unknown_gpu_node=emulated.unknown_gpu_node,
         node_distance={},
         gpus=gpus,
         irqs=irqs,

@@ -248,7 +248,7 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
             stall_records, done = _follow(feeder, len(at), duration, progress)
             time.sleep(SETTLE_S)
             helper_tids = stage.helper_tids()
-        bus_ids = sources.gpu_bus_ids() or stage.gpu_bus_ids
+        bus_ids = sources.gpu_bus_ids()
     progress(f"analysing {len(events)} events")
     analysis = AnalysisConfig(engine=EngineConfig(gpu_bus_ids=bus_ids))
     found = list(analyse(events, topology, analysis))

@@ -15,19 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.daemon.drill import system
-from gpujitter.daemon.gaps import UNKNOWN_GPU
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import format_cpulist
-from gpujitter.probes.topology import Topology
+from gpujitter.probes.topology import UNKNOWN_GPU_KEY, Topology
 
 MB = 1 << 20
 # The readahead drill's disk: read-ahead windows of WINDOW_KB, read at READ_BPS.
 WINDOW_KB = 512
 READ_BPS = 32 * MB
-# The stub GPU has no PCI address (no NVML: its gaps are on GPU -1). Where a drill splits
-# the node into emulated NUMA nodes it declares the stub GPU on node 0 under this
-# address, which no real PCI device has (domain ffff).
-STUB_GPU_BUS_ID = "ffff:ff:1f.7"
 
 
 @dataclass
@@ -47,7 +42,6 @@ class Stage:
     notes: list[str] = field(default_factory=list)
     thresholds: dict[str, dict[str, int]] = field(default_factory=dict)
     override: Path | None = None
-    gpu_bus_ids: dict[int, str] = field(default_factory=dict)
     pass_fds: list[int] = field(default_factory=list)  # the feeder's ends of helper pipes
     helpers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -217,11 +211,12 @@ def _migrate(stage: Stage) -> None:
         raise GpujitterError("the migrate drill needs at least 2 CPUs")
     half = len(cpus) // 2
     near, far = cpus[:half], cpus[half:]
-    buses = [g.bus_id for g in stage.topology.gpus if g.bus_id]
+    # The stub GPU has no PCI address (no NVML: its gaps are on GPU -1): the override
+    # places it by the key for a GPU without a bus id.
+    buses = [f'"{g.bus_id}"' for g in stage.topology.gpus if g.bus_id]
     if stage.backend == "stub":
-        buses.append(STUB_GPU_BUS_ID)
-        stage.gpu_bus_ids[UNKNOWN_GPU] = STUB_GPU_BUS_ID
-    gpus = "".join(f'"{bus}" = 0\n' for bus in buses)
+        buses.append(UNKNOWN_GPU_KEY)
+    gpus = "".join(f"{bus} = 0\n" for bus in buses)
     stage.override = stage.work / "topology.toml"
     stage.override.write_text(
         f'[nodes]\n0 = "{format_cpulist(near)}"\n1 = "{format_cpulist(far)}"\n[gpus]\n{gpus}'

@@ -19,6 +19,7 @@ from typing import Any
 from gpujitter.daemon.engine.causes import CAUSE_BY_NAME, CAUSE_ORDER
 from gpujitter.daemon.engine.divide import CLAIMING_KINDS, Divider, Tally
 from gpujitter.daemon.engine.timeline import SPAN_RULES, SpanRule, Timeline, content
+from gpujitter.daemon.gaps import UNKNOWN_GPU
 from gpujitter.daemon.records import CAUSES, Attribution, CauseTime, GpuGap, Part, ThreadRole
 from gpujitter.daemon.remedies import RemedyContext
 from gpujitter.errors import GpujitterError
@@ -268,6 +269,10 @@ class Engine:
         bus = self.config.gpu_bus_ids.get(gpu)
         if bus is not None and bus in self.topology.gpu_node:
             return self.topology.gpu_node[bus]
+        # GPU -1 has no bus id; an override may still place it (from the trace header's
+        # topology in replay, so replay places it as live did).
+        if gpu == UNKNOWN_GPU and bus is None and self.topology.unknown_gpu_node is not None:
+            return self.topology.unknown_gpu_node
         nodes = self.topology.nodes
         return nodes[0] if len(nodes) == 1 else None
 

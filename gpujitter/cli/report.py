@@ -22,6 +22,7 @@ from gpujitter.daemon.trace import TraceHeader, TraceSet
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import format_wall
 from gpujitter.probes.events import Event, to_record
+from gpujitter.probes.topology import Topology
 from gpujitter.text import printable
 from gpujitter.units import format_ns, parse_duration_ns
 
@@ -89,6 +90,15 @@ def _clock_time(text: str, start: datetime) -> datetime | None:
         return None
 
 
+def override_line(topo: Topology) -> str:
+    """The header line naming the override in force and what it placed; "" without one."""
+    if not topo.override:
+        return ""
+    return "; ".join(
+        filter(None, [f"topology override in force: {topo.override}", topo.unknown_gpu_note()])
+    )
+
+
 def write_html(
     path: Path,
     attrs: list[Attribution],
@@ -103,8 +113,7 @@ def write_html(
     meta = [
         f"{header.host} ({header.kernel}); {len(traces.paths)} trace file(s); probes: "
         f"{', '.join(header.probes)}; watching {header.watch or 'everything'}",
-        *(f"topology override in force: {header.topology.override}"
-          for _ in [0] if header.topology.override),
+        *filter(None, [override_line(header.topology)]),
         *(f"damage: {note}" for note in traces.damage),
     ]  # fmt: skip
     page = render(attrs, clock=header.clock, title=f"GPU idle gaps on {header.host}",
@@ -172,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
             "kernel": header.kernel,
             "start_wall_ns": header.start_wall_ns,
             "topology_override": header.topology.override,
+            "topology_unknown_gpu_node": header.topology.unknown_gpu_node,
             "damage": traces.damage,
             "summary": {str(g): s for g, s in summary.items()},
             "attributions": [to_record(a) for a in attrs],
@@ -182,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
           f"{format_wall(header.clock, header.start_ns, date=True)}; "
           f"{len(traces.paths)} file(s); probes: {', '.join(header.probes)}"))  # fmt: skip
     if header.topology.override:
-        print(f"topology override in force: {printable(header.topology.override)}")
+        print(printable(override_line(header.topology)))
     for note in traces.damage:
         print(f"damage: {printable(note)}")
     if not attrs:

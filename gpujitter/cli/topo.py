@@ -61,7 +61,7 @@ def override_banner(topo: Topology) -> str:
 def render(topo: Topology) -> str:
     out: list[str] = []
     if topo.override:
-        out += [override_banner(topo), ""]
+        out += [override_banner(topo), *filter(None, [topo.unknown_gpu_note()]), ""]
     out.append("NUMA nodes")
     out.append(
         table(

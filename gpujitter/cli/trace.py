@@ -98,7 +98,8 @@ def describe(f: dict[str, Any], header: TraceHeader) -> str:
         + (f" (thresholds: {thresholds})" if thresholds else "")
         + f"; watching {h['watch'] or 'unknown'}",
         f"  topology: {len(topo.cpus)} CPUs on {len(topo.nodes)} node(s)"
-        + (f", override {topo.override}" if topo.override else ""),
+        + (f", override {topo.override}" if topo.override else "")
+        + (f"; {topo.unknown_gpu_note()}" if topo.unknown_gpu_note() else ""),
         f"  {f['events']} events: "
         + (", ".join(f"{k} {n}" for k, n in f["kinds"].items()) or "none"),
     ]

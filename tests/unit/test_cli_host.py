@@ -87,6 +87,20 @@ def test_override_is_named_by_topo_audit_and_doctor(tmp_path: Path) -> None:
     assert f"OVERRIDE {override} in force" in line["detail"]
 
 
+def test_gpu_minus_1_placed_by_the_override_is_named_by_topo_and_doctor(tmp_path: Path) -> None:
+    override = tmp_path / "placed.toml"
+    cpus = ",".join(json.loads(gpujitter("topo", "--json").stdout)["cpu_node"])
+    override.write_text(f'[nodes]\n0 = "{cpus}"\n[gpus]\nunknown = 0\n')
+    said = "GPU -1 (no bus id) placed on node 0 by the override"
+    topo = gpujitter("topo", "--no-nvml", "--topology-override", str(override)).stdout
+    assert topo.splitlines()[1] == said
+    topo_json = gpujitter("topo", "--json", "--no-nvml", "--topology-override", str(override))
+    assert json.loads(topo_json.stdout)["unknown_gpu_node"] == 0
+    doctor = json.loads(gpujitter("doctor", "--json", "--topology-override", str(override)).stdout)
+    (line,) = [c for c in doctor["checks"] if c["check"] == "topology"]
+    assert said in line["detail"]
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [

@@ -3,14 +3,18 @@ and Grafana print them, counts, GPUs that are not in the recording."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from gpujitter.cli import main
+from gpujitter.daemon.gaps import UNKNOWN_GPU
+from gpujitter.daemon.trace import TraceWriter
 from gpujitter.probes.clock import wall_ns
-from tests.fixtures.streams.synthetic import MS, T0, TWO_NODES
+from tests.fixtures.streams.synthetic import MS, T0, TWO_NODES, Stream
 from tests.unit.trace_samples import header, one_gap_trace
 
 
@@ -62,3 +66,23 @@ def test_a_gpu_not_in_the_recording_is_said(
     assert main(["report", str(trace), "--gpu", "7"]) == 0
     out = capsys.readouterr().out
     assert "GPU7: not in this recording (GPUs with gaps: GPU0)" in out
+
+
+def test_the_header_line_says_the_override_placed_gpu_minus_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    placed = replace(TWO_NODES, override="split.toml", unknown_gpu_node=0)
+    s = Stream(placed).migrate(90, 0, 2).ran(0, 1000, node=1).gap(100, 140, gpu=UNKNOWN_GPU)
+    with TraceWriter(tmp_path / "placed.gjtrace", header(topology=placed)) as writer:
+        for ev in s.in_emission_order():
+            writer.write(ev)
+    assert main(["report", str(tmp_path / "placed.gjtrace")]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "topology override in force: split.toml; "
+        "GPU -1 (no bus id) placed on node 0 by the override"
+    ) in out.splitlines()
+    assert main(["report", "--json", str(tmp_path / "placed.gjtrace")]) == 0
+    (attr,) = json.loads(capsys.readouterr().out)["attributions"]
+    assert attr["gpu"] == UNKNOWN_GPU and attr["gpu_node"] == 0
+    assert "remote_oncpu" in {p["cause"] for p in attr["parts"]}

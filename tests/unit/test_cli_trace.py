@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -41,6 +42,17 @@ def test_trace_shows_header_counts_span_and_damage(
     assert f["header"] == json.loads(json.dumps(header().to_record()))
     assert f["first_ns"] == min(ev.ts_ns for ev in every_kind()[:5])
     assert (f["damage"], f["readable"], f["format"]) == ([], True, "1.0")
+
+
+def test_trace_says_the_override_placed_gpu_minus_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    placed = dataclasses.replace(header().topology, unknown_gpu_node=1)
+    with TraceWriter(tmp_path / "a.gjtrace", header(topology=placed)):
+        pass
+    assert main(["trace", str(tmp_path / "a.gjtrace")]) == 0
+    out = capsys.readouterr().out
+    assert "2 CPUs on 2 node(s), override t; GPU -1 (no bus id) placed on node 1 by the" in out
 
 
 def test_trace_reports_corruption_with_exit_1_and_refuses_foreign_files(

@@ -9,6 +9,7 @@ from dataclasses import replace
 from gpujitter.daemon import remedies
 from gpujitter.daemon.engine import Engine
 from gpujitter.daemon.engine.divide import MAX_HOPS
+from gpujitter.daemon.gaps import UNKNOWN_GPU
 from gpujitter.daemon.records import (
     AllocEvidence,
     FaultEvidence,
@@ -180,6 +181,21 @@ def test_remote_on_cpu_time_follows_the_thread_to_the_remote_node():
         at_ns=ns(90), tid=101, src_cpu=0, dst_cpu=2, src_node=0, dst_node=1
     )
     assert attr.remedies[0] == "remote_oncpu: taskset -acp 0-1 100 && migratepages 100 all 0"
+
+
+def test_the_override_places_gpu_minus_1_so_remote_time_is_found() -> None:
+    # The stub libcuda's GPU has no bus id (gaps on GPU -1): only the override's
+    # `[gpus] unknown = 0` says its node, and with it the time on node 1 is remote.
+    placed = replace(TWO_NODES, unknown_gpu_node=0, override="split.toml")
+    for topology, remote in ((placed, True), (TWO_NODES, False)):
+        s = Stream(topology).migrate(90, 0, 2).migrate(130, 2, 0)
+        s.add(*Stream(topology).ran(0, 1000).events)
+        s.events[-1] = replace(s.events[-1], node_ns=((0, 960 * MS), (1, 40 * MS)))
+        attr = s.gap(100, 140, gpu=UNKNOWN_GPU).one()
+        assert attr.gpu == UNKNOWN_GPU
+        assert attr.gpu_node == (0 if remote else -1)
+        assert ("remote_oncpu" in parts_ms(attr)) is remote, parts_ms(attr)
+    assert parts_ms(attr) == {"host_work": 40}  # unplaced: nothing is remote
 
 
 def test_without_a_placement_on_cpu_time_splits_by_the_windows_node_shares():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.topology import load_override, load_topology
+from gpujitter.probes.topology import Topology, load_override, load_topology
 from tests.unit.conftest import MakeTree
 
 SPLIT_DEV_VM = """
@@ -52,6 +52,17 @@ def test_override_moves_a_gpu_and_its_local_cpus(host_tree: MakeTree, tmp_path: 
     assert topo.irq_node[100] == 0
 
 
+def test_override_places_the_gpu_without_a_bus_id(host_tree: MakeTree, tmp_path: Path) -> None:
+    # The stub libcuda's (or an NVML-less) GPU has no bus id: its gaps are on GPU -1.
+    path = write(tmp_path, SPLIT_DEV_VM + '[gpus]\nunknown = 1\n"00:06.0" = 0\n')
+    topo = load_topology(host_tree("dev-vm"), path)
+    assert topo.unknown_gpu_node == 1
+    assert topo.gpu_node == {"0000:00:06.0": 0}  # "unknown" is no bus id
+    assert topo.unknown_gpu_note() == "GPU -1 (no bus id) placed on node 1 by the override"
+    assert Topology.from_record(topo.to_record()) == topo
+    assert load_topology(host_tree("dev-vm")).unknown_gpu_note() == ""
+
+
 def test_without_override_nothing_is_emulated(host_tree: MakeTree) -> None:
     assert load_topology(host_tree("dev-vm")).override is None
 
@@ -74,6 +85,8 @@ BAD = [
     ('[nodes]\n0 = "0-1"\n[irqs]\n36 = 2\n', "[irqs] 36 = 2, but [nodes] has no node 2"),
     ('[nodes]\n0 = "0-1"\n[gpus]\n"gpu0" = 0\n', "bad [gpus] entry gpu0 = 0"),
     ('gpus = 3\n[nodes]\n0 = "0-1"\n', "[gpus] must be a table"),
+    ('[nodes]\n0 = "0-1"\n[gpus]\nunknown = "far"\n', "bad [gpus] entry unknown = 'far'"),
+    ('[nodes]\n0 = "0-1"\n[gpus]\nunknown = 1\n', "[gpus] unknown = 1, but [nodes] has no node 1"),
 ]
 
 
