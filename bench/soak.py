@@ -79,6 +79,7 @@ class Plan:
     stall_every_s: float = 0.5
     stall_ms: float = 30.0
     warmup_s: float = 60.0  # of the long first lifetime, before RSS is measured
+    exit_limit_s: float = EXIT_LIMIT_S  # SIGTERM -> exit, the service's target
     seed: int = 1
 
     @classmethod
@@ -92,6 +93,9 @@ class Plan:
             fill_every_s=20.0,
             feed_segment_s=30.0,
             warmup_s=25.0,
+            # In `make test` (beside other tests on 2 CPUs) the stop is checked for a hang;
+            # the 2 s target is the 30-minute soak's, where it is measured and reported.
+            exit_limit_s=10.0,
         )
 
 
@@ -977,9 +981,10 @@ class Soak:
             failures.append(f"{max_threads} threads (limit {thread_limit})")
         if max_fds > fd_limit:
             failures.append(f"{max_fds} open files (limit {fd_limit})")
-        slow = [e for e in exits if e > EXIT_LIMIT_S]
+        limit = self.plan.exit_limit_s
+        slow = [e for e in exits if e > limit]
         if slow:
-            failures.append(f"{len(slow)} exits after SIGTERM took over {EXIT_LIMIT_S} s")
+            failures.append(f"{len(slow)} exits after SIGTERM took over {limit} s")
         if traces:
             failures.append(f"{len(traces)} tracebacks in the daemon's stderr: {traces[:3]}")
         if scraper.failed:
