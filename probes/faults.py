@@ -5,8 +5,9 @@ faults streams minor faults summed per thread into short windows (MinorFaults, o
 window's fault time reaches the `minor` threshold) and file-backed major faults one by one
 above `major` (MajorFault kind "file"); swap streams swap-ins above `swapin` (MajorFault kind
 "swap"; faults streams them itself when swap is not running). Per-thread counts and times of
-every class come once a second (FaultStats). Cost: three perf-event programs on every page
-fault of the node; see docs/performance.md.
+every class come once a second (FaultStats). Cost: one raw-tracepoint program per page fault
+of the node (a filter for unwatched threads), one perf-event program per major fault; see
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -27,18 +28,17 @@ from gpujitter.probes.base import (
     threshold_cflags,
 )
 from gpujitter.probes.events import Event, FaultStats, MajorFault, MinorFaults
+from gpujitter.probes.progstats import program_fds
 from gpujitter.probes.registry import TRACEFS, Hook, ProbeSpec
 
 FAULT_CLASSES = ("minor", "file", "swap", "unclassified")  # index = CLS_* in faults.bpf.c
 CLS_MINOR, CLS_FILE, CLS_SWAP, CLS_UNCLASSIFIED = range(len(FAULT_CLASSES))
 STREAM_MINOR, STREAM_FILE, STREAM_SWAP = 1, 2, 4  # stream_modes bits in faults.bpf.c
 
+# Every fault's entry (x86 exception tracepoints, raw: bcc attaches them itself).
+ENTRY_HOOKS = ("exceptions:page_fault_user", "exceptions:page_fault_kernel")
 # perf software event configs (PERF_COUNT_SW_*) and the program each one runs.
-PERF_HOOKS = (
-    ("page-faults", 2, "on_fault_entry"),
-    ("minor-faults", 5, "on_minor_done"),
-    ("major-faults", 6, "on_major_done"),
-)
+PERF_HOOKS = (("major-faults", 6, "on_major_done"),)
 FILEMAP_FAULT = "filemap:mm_filemap_fault"
 BIO_QUEUE = "block:block_bio_queue"
 
@@ -249,6 +249,14 @@ class FaultProbe(Probe):
     def histograms(self) -> dict[str, list[int]]:
         return self.joined.histograms()
 
+    def programs(self) -> list[int]:
+        """The shared object's programs, counted once: with the first member that joined
+        (swap's own cost is then in faults')."""
+        engine = self.engine
+        if engine is None or next(iter(engine.members.values()), None) is not self:
+            return []
+        return program_fds(engine.bpf)
+
     def close(self) -> None:
         if self.engine is not None and self.state in ("running", "degraded"):
             self.engine.leave(self)
@@ -260,47 +268,45 @@ DEGRADED = {
     BIO_QUEUE: "swap-ins are counted as unclassified major faults",
 }
 
-# Why faults and swap are off by default (docs/performance.md, "Default set").
-FAULT_HOOKS_COST = (
-    "two BPF programs on every page fault of the node: +11 % on a watched page-fault storm"
+FAULT_HOOKS = (
+    *(Hook("tracepoint", target) for target in ENTRY_HOOKS),
+    *(Hook("perf_event", f"software:{name}") for name, _, _ in PERF_HOOKS),
 )
 
 SPECS = (
     ProbeSpec(
         name="faults",
         summary="minor and major page faults per thread, with time; major split file/swap",
-        default_on=False,
+        default_on=True,
         hooks=(
-            *(Hook("perf_event", f"software:{name}") for name, _, _ in PERF_HOOKS),
+            *FAULT_HOOKS,
             Hook("tracepoint", FILEMAP_FAULT, optional=True),
             Hook("tracepoint", BIO_QUEUE, optional=True),
         ),
         degrades="page-fault time is not attributed (it shows as on-CPU time)",
         factory=FaultProbe,
         # minor: fault time that makes a window worth streaming; minor_window: longest span
-        # of one window; storm_gap: faults of a window closer than this are back to back, and
-        # the time between them (trap exit and entry) is fault time; major: shortest
-        # file-backed major fault streamed.
+        # of one window; storm_gap: faults that came at most this far apart on average are a
+        # storm, whose time is all fault time (a fault costs 2.5-3.6 us here); major:
+        # shortest file-backed major fault streamed.
         thresholds={
             "minor": 1_000_000,
             "minor_window": 100_000_000,
-            "storm_gap": 2_000,
+            "storm_gap": 10_000,
             "major": 10_000,
         },
-        off_reason=FAULT_HOOKS_COST,
     ),
     ProbeSpec(
         name="swap",
         summary="swap-ins per thread (anonymous/shmem pages read back from swap), with time",
-        default_on=False,
+        default_on=True,
         hooks=(
-            *(Hook("perf_event", f"software:{name}") for name, _, _ in PERF_HOOKS),
+            *FAULT_HOOKS,
             Hook("tracepoint", FILEMAP_FAULT),
             Hook("tracepoint", BIO_QUEUE),
         ),
         degrades="time blocked in swap-ins is not attributed (it shows as blocked time)",
         factory=FaultProbe,
         thresholds={"swapin": 10_000},
-        off_reason=FAULT_HOOKS_COST,
     ),
 )

@@ -28,16 +28,19 @@ def vmstat(name: str) -> int:
 
 
 # Prepended to every workload: run `body` once the parent writes a line, then print the
-# thread's fault counts over the body (getrusage) and what the body returned, as JSON.
+# thread's fault counts over the body (getrusage), how long it took and what it returned, as
+# JSON.
 _GATED = """
-import json, resource, sys
+import json, resource, sys, time
 def report(body):
     if not sys.stdin.readline():  # the parent went away before releasing us
         sys.exit(1)
     before = resource.getrusage(resource.RUSAGE_THREAD)
+    t0 = time.monotonic_ns()
     result = body()
+    body_ns = time.monotonic_ns() - t0
     after = resource.getrusage(resource.RUSAGE_THREAD)
-    print(json.dumps({"minflt": after.ru_minflt - before.ru_minflt,
+    print(json.dumps({"minflt": after.ru_minflt - before.ru_minflt, "body_ns": body_ns,
                       "majflt": after.ru_majflt - before.ru_majflt, "result": result}))
 """
 
