@@ -7,8 +7,10 @@
  * themselves (docs/performance.md). No hook marks a minor fault's completion, so minor
  * faults are timed by their spacing: the clock is read at a window's first fault and then
  * every STORM_READ_EVERY faults; a stretch whose faults came at most THRESHOLD_STORM_GAP_NS
- * apart on average is a storm, and all of its time is fault time (the trap's entry and
- * exit, which no hook would time, included). Spread-out faults are counted, not timed.
+ * apart on average, without a context switch of the thread (task_struct's nvcsw + nivcsw,
+ * at offsets from the running kernel's BTF), is a storm, and all of its time is fault time
+ * (the trap's entry and exit, which no hook would time, included). Other faults are
+ * counted, not timed.
  *
  * Major faults: the perf software event "major-faults" (mm_account_fault, at completion;
  * it fires for major faults only, so minor ones run nothing there) ends them. Two
@@ -63,6 +65,7 @@ struct thread_faults {
     u64 win_total_ns;
     u32 win_count;
     u32 since_read;    /* faults since win_last_ns; 0: no window open */
+    u64 switches;      /* the thread's context switches at win_last_ns (FAULTS_SWITCHES) */
     u32 seen;
     u32 tgid;
     u32 untimed;       /* faults counted outside a storm, and majors without a stamp */
@@ -124,8 +127,24 @@ static __always_inline void timed(struct thread_faults *t, u32 cls, u64 dur, u32
         *c += n;
 }
 
+/* The current thread's context switches so far (task_struct nvcsw + nivcsw, at offsets
+ * from the running kernel's BTF: TASK_NVCSW, TASK_NIVCSW); 0 without them. */
+static __always_inline u64 switches_now(void)
+{
+#ifdef FAULTS_SWITCHES
+    u64 task = (u64)bpf_get_current_task();
+    unsigned long nv = 0, niv = 0;
+    bpf_probe_read_kernel(&nv, sizeof(nv), (void *)(task + TASK_NVCSW));
+    bpf_probe_read_kernel(&niv, sizeof(niv), (void *)(task + TASK_NIVCSW));
+    return nv + niv;
+#else
+    return 0;
+#endif
+}
+
 static __always_inline void open_window(struct thread_faults *t, u64 now, u32 count)
 {
+    t->switches = switches_now();
     t->win_first_ns = now;
     t->win_last_ns = now;
     t->win_total_ns = 0;
@@ -135,24 +154,31 @@ static __always_inline void open_window(struct thread_faults *t, u64 now, u32 co
 
 /* A clock read at a minor fault's entry: the `n` faults since the window's last read
  * (this one included) took `now - win_last_ns`. Dense enough, that stretch is fault time;
- * otherwise the window ends (it did not reach the threshold, or it would have been
- * streamed) and a new one opens here. A window spans at most THRESHOLD_MINOR_WINDOW_NS. */
+ * otherwise (the faults were spread out, or the thread was switched out between them: its
+ * context-switch count moved) they are counted, not timed, and the window goes on from here. A window spans at most
+ * THRESHOLD_MINOR_WINDOW_NS; one that ends below the threshold is dropped (its faults stay
+ * in the counters and histograms). */
 static __always_inline void storm_read(struct thread_faults *t, u64 id, u64 now)
 {
     u32 n = t->since_read;
-    u64 gap = now - t->win_last_ns;
-    if (!n || gap > (u64)n * THRESHOLD_STORM_GAP_NS ||
-        now - t->win_first_ns > THRESHOLD_MINOR_WINDOW_NS) {
-        if (n)
-            t->untimed += n;
+    if (!n || now - t->win_first_ns > THRESHOLD_MINOR_WINDOW_NS) {
+        t->untimed += n;
         open_window(t, now, 1);
+        return;
+    }
+    u64 gap = now - t->win_last_ns;
+    u64 switches = switches_now();
+    bool switched = switches != t->switches;
+    t->switches = switches;
+    t->win_last_ns = now;
+    t->since_read = 1;
+    if (switched || gap > (u64)n * THRESHOLD_STORM_GAP_NS) {
+        t->untimed += n;
         return;
     }
     timed(t, CLS_MINOR, gap, n);
     t->win_count += n;
     t->win_total_ns += gap;
-    t->win_last_ns = now;
-    t->since_read = 1;
     if (t->win_total_ns < THRESHOLD_MINOR_NS)
         return;
     if (streaming(STREAM_MINOR)) {

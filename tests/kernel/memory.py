@@ -28,8 +28,8 @@ def vmstat(name: str) -> int:
 
 
 # Prepended to every workload: run `body` once the parent writes a line, then print the
-# thread's fault counts over the body (getrusage), how long it took and what it returned, as
-# JSON.
+# thread's fault counts over the body (getrusage), how long it took (wall and CPU time) and
+# what it returned, as JSON.
 _GATED = """
 import json, resource, sys, time
 def report(body):
@@ -40,7 +40,9 @@ def report(body):
     result = body()
     body_ns = time.monotonic_ns() - t0
     after = resource.getrusage(resource.RUSAGE_THREAD)
+    cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     print(json.dumps({"minflt": after.ru_minflt - before.ru_minflt, "body_ns": body_ns,
+                      "cpu_ns": int(cpu_s * 1e9),
                       "majflt": after.ru_majflt - before.ru_majflt, "result": result}))
 """
 
