@@ -184,6 +184,9 @@ def run_workload(binary: Path, args: list[str], probes: ProbeSet | None) -> int:
     while proc.poll() is None:
         if probes is not None:
             probes.poll()
+            # as the daemon's loop does: BPF statistics switched on for a probe's cost are
+            # switched off again after their second (progstats.CostMeter)
+            probes.measure_cost(time.monotonic_ns())
         time.sleep(0.05)
     if probes is not None:
         probes.poll()
