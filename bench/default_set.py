@@ -1,8 +1,10 @@
-"""The default probe set as a whole (issue 3, "Cost"): start-up time and CPU, resident memory,
-and, in one run, four workloads with and without the probes attached — a context-switch
-heavy pipe ping-pong, a page-fault heavy loop, an allocation heavy loop and a steady
-feeding-like loop — as slowdown ratios, with the probes' in-kernel time per program run
-(kernel.bpf_stats_enabled) and the events delivered to Python per second.
+"""The default probe set as a whole (issues 3 and 12, "Cost"): start-up time and CPU, resident
+memory after start and at the peak, and, in one run, five workloads with and without the
+probes attached — a context-switch heavy pipe ping-pong, a page-fault heavy loop, two
+allocation heavy loops and a steady feeding-like loop — as slowdown ratios, with the
+probes' in-kernel time per program run (kernel.bpf_stats_enabled), per scheduler event for a
+watched and an unwatched ping-pong (beside an empty program's), and the events delivered to
+Python per second.
 
     flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.default_set [--rounds 5] [--json]
 
@@ -16,6 +18,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import resource
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -111,7 +115,40 @@ int main(int argc, char **argv) {   /* ~1 ms of host work, then a 1 ms wait, lik
     printf("%lld\n", now() - t0); return 0; }
 """,
 }
-ARGS = {"pingpong": ["100000"], "faults": ["16"], "alloc": ["90000"], "steady": ["500"]}
+# The malloc/free loop of an independent check (issue 12): 1M x 64 B, then 10k x 40 MiB.
+PROGRAMS["alloc2"] = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+static long long now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec; }
+int main(int argc, char **argv) {
+    long n = atol(argv[1]); char c;
+    if (read(0, &c, 1) != 1) return 1;
+    long long t0 = now();
+    /* the empty asm keeps the compiler from eliding each malloc/free pair */
+    for (long i = 0; i < n; i++) { char *p = malloc(64); p[0] = 1;
+        __asm__ volatile("" : : "r"(p) : "memory"); free(p); }
+    for (long i = 0; i < n / 100; i++) {
+        size_t size = 40 << 20; char *p = malloc(size); p[0] = 1; p[size - 1] = 1;
+        __asm__ volatile("" : : "r"(p) : "memory"); free(p); }
+    printf("%lld\n", now() - t0); return 0; }
+"""
+ARGS = {
+    "pingpong": ["100000"],
+    "faults": ["16"],
+    "alloc": ["90000"],
+    "alloc2": ["1000000"],
+    "steady": ["500"],
+}
+# Hooks whose programs run once per scheduler event: their in-kernel time per event, watched
+# and not, against an empty program on the same raw tracepoint (the statistics' own floor).
+SCHED_EVENTS = ("sched_switch", "sched_waking")
+FLOOR_BPF = """
+RAW_TRACEPOINT_PROBE(sched_switch) { return 0; }
+RAW_TRACEPOINT_PROBE(sched_waking) { return 0; }
+"""
 
 
 def build(where: Path) -> dict[str, Path]:
@@ -147,6 +184,9 @@ def run_workload(binary: Path, args: list[str], probes: ProbeSet | None) -> int:
     while proc.poll() is None:
         if probes is not None:
             probes.poll()
+            # as the daemon's loop does: BPF statistics switched on for a probe's cost are
+            # switched off again after their second (progstats.CostMeter)
+            probes.measure_cost(time.monotonic_ns())
         time.sleep(0.05)
     if probes is not None:
         probes.poll()
@@ -164,9 +204,25 @@ def bpf_stats() -> Iterator[None]:
         path.write_text(old)
 
 
-def program_totals(probes: ProbeSet) -> dict[str, tuple[int, int]]:
-    """(runs, ns) of every loaded program of every probe, by probe:program."""
+@contextlib.contextmanager
+def floor_programs() -> Iterator[Any]:
+    """Empty programs on the scheduler's raw tracepoints, for the floor of the figures."""
+    from bcc import BPF
+
+    bpf = BPF(text=FLOOR_BPF)
+    try:
+        yield bpf
+    finally:
+        bpf.cleanup()
+
+
+def program_totals(probes: ProbeSet, floor: Any = None) -> dict[str, tuple[int, int]]:
+    """(runs, ns) of every loaded program of every probe, by probe:program; the floor's
+    programs as floor:program."""
     out: dict[str, tuple[int, int]] = {}
+    if floor is not None:
+        for fn, st in loaded_prog_stats(floor).items():
+            out[f"floor:{fn}"] = (st.run_cnt, st.run_time_ns)
     seen: set[int] = set()
     for probe in probes.running:
         # faults and swap share one BPF object, held by their engine
@@ -185,6 +241,9 @@ def measure(rounds: int, names: list[str]) -> dict[str, Any]:
     results: dict[str, Any] = {"probes": names, "startup": [], "rss_mb": [], "workloads": {}}
     with tempfile.TemporaryDirectory() as tmp:
         binaries = build(Path(tmp))
+        # the same ping-pong under a name the probes do not watch: what every other process pays
+        unwatched = Path(tmp) / "gju-pingpong"
+        shutil.copy(binaries["pingpong"], unwatched)
         args = dict(ARGS)
         args["steady"] = [ARGS["steady"][0], calibrate_steady(binaries["steady"])]
         base: dict[str, list[int]] = {w: [] for w in PROGRAMS}
@@ -192,7 +251,7 @@ def measure(rounds: int, names: list[str]) -> dict[str, Any]:
         rates: dict[str, list[float]] = {w: [] for w in PROGRAMS}
         kernel: dict[str, list[float]] = {w: [] for w in PROGRAMS}
         runs_per_op: dict[str, list[int]] = {w: [] for w in PROGRAMS}
-        programs: dict[str, dict[str, list[float]]] = {w: {} for w in PROGRAMS}
+        programs: dict[str, dict[str, list[float]]] = {w: {} for w in [*PROGRAMS, "unwatched"]}
         for _ in range(rounds):
             for w in PROGRAMS:
                 base[w].append(run_workload(binaries[w], args[w], None))
@@ -212,11 +271,14 @@ def measure(rounds: int, names: list[str]) -> dict[str, Any]:
                     rates[w].append((len(events) - n0) / (elapsed / 1e9))
                 # A separate pass for the in-kernel time: the statistics themselves cost two
                 # clock reads per program run, which must not count in the slowdown.
-                with bpf_stats():
-                    for w in PROGRAMS:
-                        before = program_totals(probes)
-                        run_workload(binaries[w], args[w], probes)
-                        after = program_totals(probes)
+                with bpf_stats(), floor_programs() as floor:
+                    for w in [*PROGRAMS, "unwatched"]:
+                        before = program_totals(probes, floor)
+                        if w == "unwatched":
+                            run_workload(unwatched, args["pingpong"], probes)
+                        else:
+                            run_workload(binaries[w], args[w], probes)
+                        after = program_totals(probes, floor)
                         delta = {
                             k: (after[k][0] - before.get(k, (0, 0))[0],
                                 after[k][1] - before.get(k, (0, 0))[1])
@@ -227,6 +289,10 @@ def measure(rounds: int, names: list[str]) -> dict[str, Any]:
                         for k, (n, t) in delta.items():
                             if n:
                                 programs[w].setdefault(k, []).append(t / n)
+                        if w == "unwatched":
+                            continue
+                        runs -= sum(d[0] for k, d in delta.items() if k.startswith("floor:"))
+                        ns -= sum(d[1] for k, d in delta.items() if k.startswith("floor:"))
                         kernel[w].append(ns / runs if runs else 0.0)
                         runs_per_op[w].append(runs)
         for w in PROGRAMS:
@@ -252,7 +318,28 @@ def measure(rounds: int, names: list[str]) -> dict[str, Any]:
         k: statistics.median(s[k] for s in results["startup"]) for k in ("wall_s", "cpu_s")
     }
     results["rss_mb_median"] = statistics.median(results["rss_mb"])
+    results["rss_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    results["sched_event_ns"] = sched_event_ns(programs)
     return results
+
+
+def sched_event_ns(programs: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    """In-kernel ns per scheduler event on the ping-pong, watched and not: every probe's
+    program on that hook together (each runs once per event), and the empty program's."""
+    out: dict[str, dict[str, float]] = {}
+    for event in SCHED_EVENTS:
+        row = {}
+        for mode, w in (("watched", "pingpong"), ("unwatched", "unwatched")):
+            row[mode] = sum(
+                statistics.median(v)
+                for k, v in programs[w].items()
+                if k.endswith(f"__{event}") and not k.startswith("floor:")
+            )
+            row[f"{mode}_floor"] = statistics.median(
+                programs[w].get(f"floor:raw_tracepoint__{event}", [0.0])
+            )
+        out[event] = row
+    return out
 
 
 def report(r: dict[str, Any]) -> str:
@@ -262,7 +349,14 @@ def report(r: dict[str, Any]) -> str:
         f"start-up (compile + attach; the core's compile in the first round only): "
         f"{r['startup_median']['wall_s']:.2f} s wall, {r['startup_median']['cpu_s']:.2f} CPU-s "
         f"(each round, wall/CPU: {each}); "
-        f"resident {r['rss_mb_median']:.0f} MB (max {max(r['rss_mb']):.0f})",
+        f"resident {r['rss_mb_median']:.0f} MB after start (max {max(r['rss_mb']):.0f}), "
+        f"peak {r['rss_peak_mb']:.0f} MB",
+        *(
+            f"in-kernel per {event}: watched {x['watched']:.0f} ns, unwatched "
+            f"{x['unwatched']:.0f} ns (all probes' programs on it; an empty program "
+            f"{x['watched_floor']:.0f} / {x['unwatched_floor']:.0f} ns)"
+            for event, x in r["sched_event_ns"].items()
+        ),
         f"{'workload':10} {'without':>9} {'with':>9} {'slowdown':>9} {'(min..max)':>15} "
         f"{'kernel/run':>11} {'runs/op':>8} {'py ev/s':>8}",
     ]

@@ -1,12 +1,12 @@
 """Cost of the faults and swap probes on a page-fault-heavy loop (mmap, first touch of every
 page, munmap), measured in one run: the loop with no probes, with the probes attached and the
 loop's process watched (every fault takes the full path), attached but unwatched (what every
-other process of the node pays), and with empty programs on the same two perf events (what
-the hooks cost before the probe does anything); plus the probes' in-kernel time per program
-run (kernel.bpf_stats_enabled, switched on only for its own round), events delivered to
-Python per second, and start-up time (compile and attach).
+other process of the node pays), and with empty programs on the same per-fault hooks (the
+exception raw tracepoints: what the hooks cost before the probe does anything); plus the
+probes' in-kernel time per program run (kernel.bpf_stats_enabled, switched on only for its
+own round), events delivered to Python per second, and start-up time (compile and attach).
 
-The probes are compiled once and their perf events attached and detached between loops: a
+The probes are compiled once and their hooks attached and detached between loops: a
 compile just before a loop slows it for reasons of its own (measured here: +9 % on the
 unwatched loop, against +4.5 % with the hooks toggled).
 
@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.probes.events import Event, FaultStats, MajorFault, MinorFaults
-from gpujitter.probes.faults import PERF_HOOKS, FaultProbe
+from gpujitter.probes.faults import ENTRY_HOOKS, PERF_HOOKS, FaultProbe
+from gpujitter.probes.progstats import loaded_prog_stats
 from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
@@ -92,16 +93,23 @@ class Loop:
         return float(result["cpu_ns"]) / result["faults"]
 
 
-class Hooks:
-    """Perf events of a loaded bcc object, attached and detached without recompiling."""
+# The per-fault raw tracepoints, by the name bcc attaches them under, and their programs.
+RAW_ENTRIES = [(t.partition(":")[2], f"raw_tracepoint__{t.partition(':')[2]}") for t in ENTRY_HOOKS]
 
-    def __init__(self, bpf: Any, programs: list[tuple[int, str]]) -> None:
-        self.bpf, self.programs = bpf, programs
+
+class Hooks:
+    """Raw tracepoints and perf events of a loaded bcc object, attached and detached
+    without recompiling."""
+
+    def __init__(self, bpf: Any, raw: list[tuple[str, str]], perf: list[tuple[int, str]]) -> None:
+        self.bpf, self.raw, self.perf = bpf, raw, perf
 
     def on(self) -> None:
         from bcc import PerfType
 
-        for config, fn in self.programs:
+        for tp, fn in self.raw:
+            self.bpf.attach_raw_tracepoint(tp=tp.encode(), fn_name=fn.encode())
+        for config, fn in self.perf:
             self.bpf.attach_perf_event(
                 ev_type=PerfType.SOFTWARE, ev_config=config, fn_name=fn, sample_period=1
             )
@@ -109,7 +117,9 @@ class Hooks:
     def off(self) -> None:
         from bcc import PerfType
 
-        for config, _ in self.programs:
+        for tp, _ in self.raw:
+            self.bpf.detach_raw_tracepoint(tp=tp.encode())
+        for config, _ in self.perf:
             self.bpf.detach_perf_event(ev_type=PerfType.SOFTWARE, ev_config=config)
 
 
@@ -122,7 +132,8 @@ class Session:
     @property
     def hooks(self) -> Hooks:
         probe = next(p for p in self.probes.probes if isinstance(p, FaultProbe))
-        return Hooks(probe.joined.bpf, [(config, fn) for _, config, fn in PERF_HOOKS])
+        perf = [(config, fn) for _, config, fn in PERF_HOOKS]
+        return Hooks(probe.joined.bpf, RAW_ENTRIES, perf)
 
     def histograms(self) -> dict[str, list[int]]:
         return next(p for p in self.probes.probes if isinstance(p, FaultProbe)).histograms()
@@ -153,26 +164,29 @@ def attached(watch: WatchSpec, events: list[Event]) -> Iterator[Session]:
 
 @contextlib.contextmanager
 def empty_programs() -> Iterator[Hooks]:
-    """A program that does nothing, for the perf events the faults probe uses: what the
-    hooks cost before the probe does any work (and, in kernel BPF statistics, what the
+    """Programs that do nothing, on the per-fault raw tracepoints the faults probe uses: what
+    the hooks cost before the probe does any work (and, in kernel BPF statistics, what the
     measurement itself costs per run). Detached to start with."""
     from bcc import BPF
 
-    bpf = BPF(text=b"int empty(void *ctx) { return 0; }")
+    bpf = BPF(
+        text="".join(f"RAW_TRACEPOINT_PROBE({tp}) {{ return 0; }}\n" for tp, _ in RAW_ENTRIES)
+    )
+    hooks = Hooks(bpf, RAW_ENTRIES, [])
+    hooks.off()
     try:
-        yield Hooks(bpf, [(config, "empty") for _, config, fn in PERF_HOOKS[:2]])
+        yield hooks
     finally:
         bpf.cleanup()
 
 
-def program_stats(*bpfs: Any) -> dict[str, tuple[int, int]]:
-    """run_cnt and run_time_ns of each program of bcc BPF objects (from fdinfo)."""
+def program_stats(probe_bpf: Any, empty_bpf: Any) -> dict[str, tuple[int, int]]:
+    """run_cnt and run_time_ns of each program of the probes' object and of the empty one
+    (whose programs have the same names: theirs as empty:NAME)."""
     out = {}
-    for name, fn in (item for bpf in bpfs for item in bpf.funcs.items()):
-        fdinfo = Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
-        info = dict(line.split(":", 1) for line in fdinfo)
-        key = name.decode() if isinstance(name, bytes) else name
-        out[key] = (int(info.get("run_cnt", 0)), int(info.get("run_time_ns", 0)))
+    for prefix, bpf in (("", probe_bpf), ("empty:", empty_bpf)):
+        for name, st in loaded_prog_stats(bpf).items():
+            out[prefix + name] = (st.run_cnt, st.run_time_ns)
     return out
 
 

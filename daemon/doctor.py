@@ -25,6 +25,7 @@ from typing import Any, Literal
 from gpujitter.daemon import remedies
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
+from gpujitter.probes.events import ProbeStatus
 from gpujitter.probes.host import (
     CAP_BPF,
     CAP_PERFMON,
@@ -679,6 +680,18 @@ def check_topology(env: DoctorEnv) -> Iterator[Result]:
     yield Result("topology", "pass", ", ".join(parts))
 
 
+def cost_text(st: ProbeStatus) -> str:
+    """A probe's measured BPF cost in one phrase (an idle node's: its own background)."""
+    if st.bpf_ns_per_s < 0:
+        return "BPF cost not measured (statistics refused, or no BPF programs)"
+    per_run = st.bpf_ns_per_s / st.bpf_runs_per_s if st.bpf_runs_per_s > 0 else 0
+    return (
+        f"BPF {st.bpf_runs_per_s} runs/s, {per_run:.0f} ns/run, "
+        f"{st.bpf_ns_per_s / 1e7:.3f}% of a CPU ({st.cost_from}), "
+        f"{st.events} events, {st.lost_kernel + st.lost_user} lost"
+    )
+
+
 @check
 def check_load(env: DoctorEnv) -> Iterator[Result]:
     """--load: the core module and every registered probe, really loaded for a moment."""
@@ -699,8 +712,10 @@ def check_load(env: DoctorEnv) -> Iterator[Result]:
             paths=env.paths,
         ) as probes:
             started = time.monotonic()
-            statuses = probes.start()
+            probes.start()
             probes.run(lambda: time.monotonic() - started > env.load_s)
+            probes.measure_cost(time.monotonic_ns())
+            statuses = [p.status(time.monotonic_ns()) for p in probes.probes]
     except (GpujitterError, ImportError) as err:
         yield Result("load core", "fail", str(err), fix=remedies.run_as_root())
         return
@@ -708,7 +723,8 @@ def check_load(env: DoctorEnv) -> Iterator[Result]:
     for st in statuses:
         if st.state in ("running", "degraded"):
             status: Status = "pass" if st.state == "running" else "warn"
-            yield Result(f"load {st.probe}", status, f"{st.state} {st.reason}".strip())
+            text = f"{st.state} {st.reason}".strip() + f"; {cost_text(st)}"
+            yield Result(f"load {st.probe}", status, text)
         else:
             spec = env.specs()[st.probe]
             yield Result(

@@ -78,6 +78,19 @@ class DaemonMetrics:
             ["probe", "where"],
             registry=r,
         )
+        self.probe_bpf_seconds = Gauge(
+            "gpujitter_probe_bpf_seconds_per_second",
+            "CPU time of a probe's BPF programs in the kernel per second, last measured "
+            "stretch (kernel BPF statistics, or sampled 1 s a minute); absent until measured",
+            ["probe"],
+            registry=r,
+        )
+        self.probe_bpf_runs = Gauge(
+            "gpujitter_probe_bpf_runs_per_second",
+            "runs of a probe's BPF programs per second, last measured stretch",
+            ["probe"],
+            registry=r,
+        )
         self.stream_clients = Gauge(
             "gpujitter_stream_clients", "clients connected to the stream socket", registry=r
         )
@@ -155,6 +168,9 @@ class DaemonMetrics:
             self._advance(
                 self.probe_lost.labels(probe=name, where=where), f"lost/{name}/{where}", total
             )
+        if status.bpf_ns_per_s >= 0:
+            self.probe_bpf_seconds.labels(probe=name).set(status.bpf_ns_per_s / 1e9)
+            self.probe_bpf_runs.labels(probe=name).set(status.bpf_runs_per_s)
 
     def observe_stream(self, clients: int, dropped_total: int) -> None:
         self.stream_clients.set(clients)

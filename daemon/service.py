@@ -413,6 +413,7 @@ class Daemon:
             log_failing=self.log.failures.reason if self.log else "",
             trace_lost=self.recorder.failures.dropped_total if self.recorder else 0,
             trace_failing=self.recorder.failures.reason if self.recorder else "",
+            probe_cost=self.state.probe_cost(),
         )
 
     # The footprint, measured on the main thread each tick (psutil is not for two threads).

@@ -115,6 +115,23 @@ class NodeState:
             probes = list(self.probes.values())
         return sum(p.lost_kernel for p in probes), sum(p.lost_user for p in probes)
 
+    def probe_cost(self) -> dict[str, dict[str, Any]]:
+        """Per probe, what it costs and delivers (daemon.status's probe_cost)."""
+        with self._lock:
+            probes = list(self.probes.values())
+        return {
+            p.probe: {
+                "state": p.state,
+                "bpf_ns_per_s": p.bpf_ns_per_s,
+                "bpf_runs_per_s": p.bpf_runs_per_s,
+                "cost_from": p.cost_from,
+                "events": p.events,
+                "lost_kernel": p.lost_kernel,
+                "lost_user": p.lost_user,
+            }
+            for p in probes
+        }
+
     @staticmethod
     def streamed(ev: Event) -> bool:
         return ev.KIND in STREAMED

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpujitter.probes.events import Event, ProbeStatus
+from gpujitter.probes.progstats import Cost, program_fds
 from gpujitter.text import decode_name
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class Probe(abc.ABC):
         self.lost_user = 0
         self.state: str = "off"
         self.reason = ""
+        self.cost = Cost()  # set by the runner's CostMeter
         self._emit: Emit = lambda ev: True
 
     @property
@@ -79,6 +81,10 @@ class Probe(abc.ABC):
     def lost_kernel(self) -> int:
         return 0
 
+    def programs(self) -> list[int]:
+        """The fds of the BPF programs this probe runs, for its cost (none by default)."""
+        return []
+
     def close(self) -> None:  # noqa: B027 (a probe that holds nothing frees nothing)
         """Detach and free kernel resources."""
 
@@ -96,6 +102,9 @@ class Probe(abc.ABC):
             events=self.events,
             lost_kernel=self.lost_kernel(),
             lost_user=self.lost_user,
+            bpf_ns_per_s=self.cost.ns_per_s,
+            bpf_runs_per_s=self.cost.runs_per_s,
+            cost_from=self.cost.source,
         )
 
 
@@ -244,6 +253,9 @@ class BpfProbe(Probe):
         if self.bpf is None:
             return 0
         return sum(int(v) for v in self.bpf["gj_lost"][0])
+
+    def programs(self) -> list[int]:
+        return program_fds(self.bpf)
 
     def close(self) -> None:
         if self.bpf is not None:

@@ -131,7 +131,7 @@ SPECS = (
     ProbeSpec(
         name="cstate",
         summary="idle-state residency per CPU; wake-ups of watched threads onto idle CPUs",
-        default_on=False,
+        default_on=True,
         hooks=(
             Hook("tracepoint", "power:cpu_idle"),
             Hook("tracepoint", "sched:sched_switch"),
@@ -140,7 +140,5 @@ SPECS = (
         degrades="wake-up delays from idle states are not attributed",
         factory=CstateProbe,
         thresholds={"wake": 50_000},
-        off_reason="a program at every idle entry and exit of every CPU and at every context "
-        "switch: +8 % on a watched pipe ping-pong",
     ),
 )

@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 3
+SCHEMA_MINOR = 4
 
 _KINDS: dict[str, type[Event]] = {}
 _FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> field names
@@ -313,6 +313,13 @@ class ProbeStatus(Event):
     events: int = 0  # delivered to user space since start
     lost_kernel: int = 0  # ring-buffer reserve failures counted in BPF
     lost_user: int = 0  # dropped in Python (queue full)
+    # What the probe's BPF programs cost the kernel: CPU ns and program runs per second over
+    # the last measured stretch; -1 until measured. cost_from: "bpf_stats" (the kernel's
+    # statistics were on: continuous), "sampled" (switched on by gpujitter for 1 s a
+    # minute), "" (not measured: no BPF programs, or statistics refused).
+    bpf_ns_per_s: int = -1
+    bpf_runs_per_s: int = -1
+    cost_from: str = ""
 
 
 @event_kind("meta.exec")

@@ -1,24 +1,34 @@
-/* faults and swap: page faults of watched threads, timed from entry to completion.
+/* faults and swap: page faults of watched threads, counted, and timed where they cost.
  *
- * Entry: the perf software event "page-faults" (do_user_addr_fault, before the fault is
- * handled); completion: "minor-faults" / "major-faults" (mm_account_fault, once the fault is
- * resolved, retries included), each with a BPF program and sample_period=1, in the faulting
- * thread's context. All three carry the faulting address, which pairs a completion with its
- * entry. During a major fault two tracepoints classify it: filemap:mm_filemap_fault (a file
- * page) and block:block_bio_queue with a read (no file fault, but a read issued: a swap-in).
+ * Entry: the raw tracepoints exceptions:page_fault_user and page_fault_kernel (x86), at the
+ * start of every fault, in the faulting thread's context. A raw tracepoint hands over the
+ * address without building a perf record; the perf software events this probe used before
+ * (an entry and a completion program per fault) cost +11-15 % on a watched fault storm by
+ * themselves (docs/performance.md). No hook marks a minor fault's completion, so minor
+ * faults are timed by their spacing: the clock is read at a window's first fault and then
+ * every STORM_READ_EVERY faults; a stretch whose faults came at most THRESHOLD_STORM_GAP_NS
+ * apart on average, without a context switch of the thread (task_struct's nvcsw + nivcsw,
+ * at offsets from the running kernel's BTF), is a storm, and all of its time is fault time
+ * (the trap's entry and exit, which no hook would time, included). Other faults are
+ * counted, not timed.
+ *
+ * Major faults: the perf software event "major-faults" (mm_account_fault, at completion;
+ * it fires for major faults only, so minor ones run nothing there) ends them. Two
+ * tracepoints during the fault classify it and stamp when it began to wait:
+ * filemap:mm_filemap_fault (a file page) and block:block_bio_queue with a read (no file
+ * fault, but a read issued: a swap-in). A major fault's time runs from that stamp to its
+ * completion: the read and the wait for it, not the few microseconds before.
  *
  * One BPF object serves both registry entries: counters and histograms always run, and the
  * stream_modes map says which records to stream (minor windows and file majors for `faults`,
  * swap-ins for `swap` or, alone, `faults`), so one real fault yields at most one record.
- * Minor faults come in storms: they are summed per thread into windows, streamed when a
- * window's fault time reaches THRESHOLD_MINOR_NS; a window's time includes the stretches
- * between faults that follow each other within THRESHOLD_STORM_GAP_NS. Cost: three perf-event programs run for
- * every fault on the node (a filter lookup for unwatched threads), plus one map lookup per
- * file fault and per block read.
+ * Minor storms are summed per thread into windows, streamed when a window's fault time
+ * reaches THRESHOLD_MINOR_NS. Cost per fault of a watched thread: one program, a map
+ * lookup, a clock read every STORM_READ_EVERY faults; of other threads, the filter.
  */
 #include "gpujitter.h"
 
-/* The perf-event programs' context, struct bpf_perf_event_data of
+/* The perf-event program's context, struct bpf_perf_event_data of
  * <uapi/linux/bpf_perf_event.h>, declared here: that header pulls in the kernel's
  * <linux/ptrace.h> and with it most of the scheduler's headers, 1.6 s of compiling at every
  * start for one field (docs/performance.md). On x86-64 bpf_user_pt_regs_t is struct pt_regs. */
@@ -31,6 +41,34 @@ struct bpf_perf_event_data {
 #else
 #include <uapi/linux/bpf_perf_event.h>
 #endif
+
+/* The watched-set answer for the thread that faulted last on this CPU, under the watched
+ * set's generation: a fault storm asks for the same thread thousands of times, and the hash
+ * lookup behind gj_tgid_watched cost ~100 ns per fault here (docs/performance.md). */
+struct watch_cache {
+    u64 gen;
+    u32 tid;
+    u32 watched;
+};
+BPF_PERCPU_ARRAY(watch_cache, struct watch_cache, 1);
+
+static __always_inline bool current_watched_cached(u64 id)
+{
+    u32 zero = 0, slot = GJ_CFG_GEN;
+    u64 *gen = gj_config.lookup(&slot);
+    struct watch_cache *c = watch_cache.lookup(&zero);
+    if (!gen || !c)
+        return gj_tgid_watched(id >> 32);
+    if (c->tid == (u32)id && c->gen == *gen)
+        return c->watched;
+    c->gen = *gen;
+    c->tid = (u32)id;
+    c->watched = gj_tgid_watched(id >> 32);
+    return c->watched;
+}
+
+/* Faults between clock reads inside a window. */
+#define STORM_READ_EVERY 16
 
 /* Fault classes: index into counters, histograms and lost counts (FAULT_CLASSES in faults.py). */
 enum { CLS_MINOR, CLS_FILE, CLS_SWAP, CLS_UNCLASSIFIED, CLS_COUNT };
@@ -45,15 +83,18 @@ enum { CLS_MINOR, CLS_FILE, CLS_SWAP, CLS_UNCLASSIFIED, CLS_COUNT };
 #define STREAM_SWAP 4
 
 struct thread_faults {
-    u64 entry_ns;      /* fault in progress began; 0 when none */
-    u64 entry_addr;
+    u64 entry_addr;    /* address of the thread's last fault */
+    u64 wait_ns;       /* the fault in progress began waiting for a read; 0: not yet */
     u64 win_first_ns;  /* current minor-fault window */
-    u64 win_last_ns;
+    u64 win_last_ns;   /* the window's last clock read */
     u64 win_total_ns;
     u32 win_count;
+    u32 since_read;    /* faults since win_last_ns; 0: no window open */
+    u64 switches;      /* the thread's context switches at win_last_ns (FAULTS_SWITCHES) */
     u32 seen;
     u32 tgid;
-    u32 untimed;       /* completions whose entry was not seen */
+    u32 untimed;       /* faults counted outside a storm, and majors without a stamp */
+    u32 pad;
     u64 count[CLS_COUNT];
     u64 total_ns[CLS_COUNT];
 };
@@ -99,54 +140,70 @@ static __always_inline struct fault_record *reserve(u32 cls)
     return r;
 }
 
-int on_fault_entry(struct bpf_perf_event_data *ctx)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, tid = (u32)id;
-    if (!gj_tgid_watched(tgid))
-        return 0;
-    struct thread_faults fresh = {.tgid = tgid};
-    struct thread_faults *t = threads.lookup_or_try_init(&tid, &fresh);
-    if (!t)
-        return 0;
-    t->entry_ns = bpf_ktime_get_ns();
-    t->entry_addr = ctx->addr;
-    t->seen = 0;
-    t->tgid = tgid; /* a recycled thread id may now belong to another process */
-    return 0;
-}
-
-static __always_inline void account(struct thread_faults *t, u32 cls, u64 dur)
+/* `n` faults of class `cls` took `dur` together: the class's time, and n faults in its
+ * histogram at their mean. (Counts are kept where the faults are seen.) */
+static __always_inline void timed(struct thread_faults *t, u32 cls, u64 dur, u32 n)
 {
     cls &= CLS_COUNT - 1;
-    t->count[cls]++;
     t->total_ns[cls] += dur;
-    u32 slot = cls * 64 + bpf_log2l(dur);
-    u64 *n = fault_ns_log2.lookup(&slot);
-    if (n)
-        (*n)++;
+    u32 slot = cls * 64 + bpf_log2l(dur / (n ? n : 1));
+    u64 *c = fault_ns_log2.lookup(&slot);
+    if (c)
+        *c += n;
 }
 
-/* Minor faults: summed into the thread's window. A window spans at most
+/* The current thread's context switches so far (task_struct nvcsw + nivcsw, at offsets
+ * from the running kernel's BTF: TASK_NVCSW, TASK_NIVCSW); 0 without them. */
+static __always_inline u64 switches_now(void)
+{
+#ifdef FAULTS_SWITCHES
+    u64 task = (u64)bpf_get_current_task();
+    unsigned long nv = 0, niv = 0;
+    bpf_probe_read_kernel(&nv, sizeof(nv), (void *)(task + TASK_NVCSW));
+    bpf_probe_read_kernel(&niv, sizeof(niv), (void *)(task + TASK_NIVCSW));
+    return nv + niv;
+#else
+    return 0;
+#endif
+}
+
+static __always_inline void open_window(struct thread_faults *t, u64 now, u32 count)
+{
+    t->switches = switches_now();
+    t->win_first_ns = now;
+    t->win_last_ns = now;
+    t->win_total_ns = 0;
+    t->win_count = count;
+    t->since_read = 1;
+}
+
+/* A clock read at a minor fault's entry: the `n` faults since the window's last read
+ * (this one included) took `now - win_last_ns`. Dense enough, that stretch is fault time;
+ * otherwise (the faults were spread out, or the thread was switched out between them: its
+ * context-switch count moved) they are counted, not timed, and the window goes on from here. A window spans at most
  * THRESHOLD_MINOR_WINDOW_NS; one that ends below the threshold is dropped (its faults stay
  * in the counters and histograms). */
-static __always_inline void minor_done(struct thread_faults *t, u64 id, u64 start, u64 now)
+static __always_inline void storm_read(struct thread_faults *t, u64 id, u64 now)
 {
-    u64 dur = now - start;
-    account(t, CLS_MINOR, dur);
-    if (t->win_count && now - t->win_first_ns > THRESHOLD_MINOR_WINDOW_NS)
-        t->win_count = 0;
-    if (!t->win_count) {
-        t->win_first_ns = start;
-        t->win_total_ns = 0;
-    } else if (start >= t->win_last_ns && start - t->win_last_ns < THRESHOLD_STORM_GAP_NS) {
-        /* Back to back with the window's previous fault: the return to user space and the
-         * next trap in between, which no hook times, are the storm's cost too. */
-        t->win_total_ns += start - t->win_last_ns;
+    u32 n = t->since_read;
+    if (!n || now - t->win_first_ns > THRESHOLD_MINOR_WINDOW_NS) {
+        t->untimed += n;
+        open_window(t, now, 1);
+        return;
     }
+    u64 gap = now - t->win_last_ns;
+    u64 switches = switches_now();
+    bool switched = switches != t->switches;
+    t->switches = switches;
     t->win_last_ns = now;
-    t->win_count++;
-    t->win_total_ns += dur;
+    t->since_read = 1;
+    if (switched || gap > (u64)n * THRESHOLD_STORM_GAP_NS) {
+        t->untimed += n;
+        return;
+    }
+    timed(t, CLS_MINOR, gap, n);
+    t->win_count += n;
+    t->win_total_ns += gap;
     if (t->win_total_ns < THRESHOLD_MINOR_NS)
         return;
     if (streaming(STREAM_MINOR)) {
@@ -165,75 +222,105 @@ static __always_inline void minor_done(struct thread_faults *t, u64 id, u64 star
             fault_records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
         }
     }
-    t->win_count = 0;
+    open_window(t, now, 0);
 }
 
-/* Major faults: classified by what the fault did, streamed one by one. */
-static __always_inline void major_done(struct thread_faults *t, u64 id, u64 start, u64 now)
+/* Every fault's entry: counted as minor (a major completion moves it), timed by storm_read
+ * every STORM_READ_EVERY faults of a window. */
+static __always_inline int fault_entry(u64 addr)
 {
-    u64 dur = now - start;
+    if ((s64)addr < 0)
+        return 0; /* a kernel address: not a fault on user memory */
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    if (!current_watched_cached(id))
+        return 0;
+    struct thread_faults fresh = {.tgid = tgid};
+    struct thread_faults *t = threads.lookup_or_try_init(&tid, &fresh);
+    if (!t)
+        return 0;
+    t->entry_addr = addr;
+    t->seen = 0;
+    t->wait_ns = 0;
+    t->tgid = tgid; /* a recycled thread id may now belong to another process */
+    t->count[CLS_MINOR]++;
+    if (t->since_read && t->since_read < STORM_READ_EVERY) {
+        t->since_read++;
+        return 0;
+    }
+    storm_read(t, id, bpf_ktime_get_ns());
+    return 0;
+}
+
+/* page_fault_user(unsigned long address, struct pt_regs *regs, unsigned long error_code) */
+RAW_TRACEPOINT_PROBE(page_fault_user) { return fault_entry(ctx->args[0]); }
+/* Faults in kernel mode on user memory too: a read() into an untouched buffer. */
+RAW_TRACEPOINT_PROBE(page_fault_kernel) { return fault_entry(ctx->args[0]); }
+
+/* Major faults: classified by what the fault did, timed from its stamp, streamed one by
+ * one. Its entry counted it as minor; an address other than the entry's means the entry
+ * was not seen (the probe attached mid-fault). */
+int on_major_done(struct bpf_perf_event_data *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    struct thread_faults *t = threads.lookup(&tid);
+    if (!t || t->entry_addr != ctx->addr)
+        return 0;
+    if (t->count[CLS_MINOR])
+        t->count[CLS_MINOR]--;
+    u64 start = t->wait_ns;
+    t->wait_ns = 0;
     u32 cls = CLS_UNCLASSIFIED;
     if (t->seen & SEEN_FILEMAP)
         cls = CLS_FILE;
     else if (t->seen & SEEN_READ_IO)
         cls = CLS_SWAP;
-    account(t, cls, dur);
+    t->seen = 0;
+    t->count[cls & (CLS_COUNT - 1)]++;
+    if (!start) {
+        t->untimed++;
+        return 0;
+    }
+    u64 now = bpf_ktime_get_ns();
+    u64 dur = now - start;
+    timed(t, cls, dur, 1);
 
     if (cls == CLS_FILE && (dur < THRESHOLD_MAJOR_NS || !streaming(STREAM_FILE)))
-        return;
+        return 0;
     if (cls == CLS_SWAP && (dur < THRESHOLD_SWAPIN_NS || !streaming(STREAM_SWAP)))
-        return;
+        return 0;
     if (cls == CLS_UNCLASSIFIED)
-        return;
+        return 0;
     struct fault_record *r = reserve(cls);
     if (!r)
-        return;
+        return 0;
     r->ts_ns = start;
     r->end_ns = now;
     r->total_ns = dur;
     r->address = t->entry_addr;
-    r->tid = (u32)id;
+    r->tid = tid;
     r->tgid = id >> 32;
     r->cpu = bpf_get_smp_processor_id();
     r->count = 1;
     r->cls = cls;
     bpf_get_current_comm(&r->comm, sizeof(r->comm));
     fault_records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
-}
-
-/* A completion ends the fault whose entry the thread recorded; none is recorded for
- * unwatched threads, and an address that differs from the entry's means the entry was
- * missed (counted as untimed). */
-static __always_inline int fault_done(struct bpf_perf_event_data *ctx, bool major)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tid = (u32)id;
-    struct thread_faults *t = threads.lookup(&tid);
-    if (!t || !t->entry_ns)
-        return 0;
-    u64 start = t->entry_ns;
-    t->entry_ns = 0;
-    if (t->entry_addr != ctx->addr) {
-        t->untimed++;
-        return 0;
-    }
-    u64 now = bpf_ktime_get_ns();
-    if (major)
-        major_done(t, id, start, now);
-    else
-        minor_done(t, id, start, now);
     return 0;
 }
 
-int on_minor_done(struct bpf_perf_event_data *ctx) { return fault_done(ctx, false); }
-int on_major_done(struct bpf_perf_event_data *ctx) { return fault_done(ctx, true); }
-
+/* A file fault or a read during the thread's fault: what kind it is, and (the first of
+ * them) when it began to wait. Marks left after a minor fault ended are cleared by the
+ * thread's next fault entry, and a major completion only counts the marks of its own. */
 static __always_inline void mark_fault(u32 seen)
 {
     u32 tid = (u32)bpf_get_current_pid_tgid();
     struct thread_faults *t = threads.lookup(&tid);
-    if (t && t->entry_ns)
-        t->seen |= seen;
+    if (!t)
+        return;
+    if (!t->wait_ns)
+        t->wait_ns = bpf_ktime_get_ns();
+    t->seen |= seen;
 }
 
 #ifdef HAVE_FILEMAP_FAULT

@@ -5,8 +5,9 @@ faults streams minor faults summed per thread into short windows (MinorFaults, o
 window's fault time reaches the `minor` threshold) and file-backed major faults one by one
 above `major` (MajorFault kind "file"); swap streams swap-ins above `swapin` (MajorFault kind
 "swap"; faults streams them itself when swap is not running). Per-thread counts and times of
-every class come once a second (FaultStats). Cost: three perf-event programs on every page
-fault of the node; see docs/performance.md.
+every class come once a second (FaultStats). Cost: one raw-tracepoint program per page fault
+of the node (a filter for unwatched threads), one perf-event program per major fault; see
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -26,19 +27,19 @@ from gpujitter.probes.base import (
     compile_bpf,
     threshold_cflags,
 )
+from gpujitter.probes.btf import BtfError, offset_cflags
 from gpujitter.probes.events import Event, FaultStats, MajorFault, MinorFaults
+from gpujitter.probes.progstats import program_fds
 from gpujitter.probes.registry import Hook, ProbeSpec, tracepoint_exists
 
 FAULT_CLASSES = ("minor", "file", "swap", "unclassified")  # index = CLS_* in faults.bpf.c
 CLS_MINOR, CLS_FILE, CLS_SWAP, CLS_UNCLASSIFIED = range(len(FAULT_CLASSES))
 STREAM_MINOR, STREAM_FILE, STREAM_SWAP = 1, 2, 4  # stream_modes bits in faults.bpf.c
 
+# Every fault's entry (x86 exception tracepoints, raw: bcc attaches them itself).
+ENTRY_HOOKS = ("exceptions:page_fault_user", "exceptions:page_fault_kernel")
 # perf software event configs (PERF_COUNT_SW_*) and the program each one runs.
-PERF_HOOKS = (
-    ("page-faults", 2, "on_fault_entry"),
-    ("minor-faults", 5, "on_minor_done"),
-    ("major-faults", 6, "on_major_done"),
-)
+PERF_HOOKS = (("major-faults", 6, "on_major_done"),)
 FILEMAP_FAULT = "filemap:mm_filemap_fault"
 BIO_QUEUE = "block:block_bio_queue"
 
@@ -53,6 +54,7 @@ class FaultEngine:
         self.bpf: Any = None
         self.members: dict[str, FaultProbe] = {}
         self.failure = ""
+        self.caveat = ""  # what the loaded object cannot do on this kernel
         self.have_filemap = tracepoint_exists(FILEMAP_FAULT)
         self.have_bio = tracepoint_exists(BIO_QUEUE)
         self._previous: dict[int, tuple[int, ...]] = {}
@@ -90,6 +92,11 @@ class FaultEngine:
         from bcc import PerfType
 
         cflags = [flag for spec in SPECS for flag in threshold_cflags(spec, ctx)]
+        try:
+            fields = ("nvcsw", "nivcsw")
+            cflags += ["-DFAULTS_SWITCHES", *offset_cflags("TASK", "task_struct", fields)]
+        except BtfError as err:
+            self.caveat = f"a storm interrupted by a switch counts the time off CPU ({err})"
         if self.have_filemap:
             cflags.append("-DHAVE_FILEMAP_FAULT")
             if self.have_bio:
@@ -222,8 +229,11 @@ class FaultProbe(Probe):
         self._emit = ctx.emit
         self.engine = FaultEngine.of(ctx)
         self.engine.join(self, ctx)
-        self.state = "degraded" if missing else "running"
-        self.reason = "; ".join(f"no {h}: {DEGRADED[h.target]}" for h in missing)
+        reasons = [f"no {h}: {DEGRADED[h.target]}" for h in missing]
+        if self.engine.caveat:
+            reasons.append(self.engine.caveat)
+        self.state = "degraded" if reasons else "running"
+        self.reason = "; ".join(reasons)
 
     @property
     def joined(self) -> FaultEngine:
@@ -244,6 +254,14 @@ class FaultProbe(Probe):
     def histograms(self) -> dict[str, list[int]]:
         return self.joined.histograms()
 
+    def programs(self) -> list[int]:
+        """The shared object's programs, counted once: with the first member that joined
+        (swap's own cost is then in faults')."""
+        engine = self.engine
+        if engine is None or next(iter(engine.members.values()), None) is not self:
+            return []
+        return program_fds(engine.bpf)
+
     def close(self) -> None:
         if self.engine is not None and self.state in ("running", "degraded"):
             self.engine.leave(self)
@@ -255,47 +273,46 @@ DEGRADED = {
     BIO_QUEUE: "swap-ins are counted as unclassified major faults",
 }
 
-# Why faults and swap are off by default (docs/performance.md, "Default set").
-FAULT_HOOKS_COST = (
-    "two BPF programs on every page fault of the node: +11 % on a watched page-fault storm"
+FAULT_HOOKS = (
+    *(Hook("tracepoint", target) for target in ENTRY_HOOKS),
+    *(Hook("perf_event", f"software:{name}") for name, _, _ in PERF_HOOKS),
 )
 
 SPECS = (
     ProbeSpec(
         name="faults",
         summary="minor and major page faults per thread, with time; major split file/swap",
-        default_on=False,
+        default_on=True,
         hooks=(
-            *(Hook("perf_event", f"software:{name}") for name, _, _ in PERF_HOOKS),
+            *FAULT_HOOKS,
             Hook("tracepoint", FILEMAP_FAULT, optional=True),
             Hook("tracepoint", BIO_QUEUE, optional=True),
         ),
         degrades="page-fault time is not attributed (it shows as on-CPU time)",
         factory=FaultProbe,
         # minor: fault time that makes a window worth streaming; minor_window: longest span
-        # of one window; storm_gap: faults of a window closer than this are back to back, and
-        # the time between them (trap exit and entry) is fault time; major: shortest
-        # file-backed major fault streamed.
+        # of one window; storm_gap: faults that came at most this far apart on average, with
+        # no switch of the thread between them, are a storm, whose time is all fault time
+        # (a fault costs 2.5-3.6 us here, 10 on the loaded VM); major:
+        # shortest file-backed major fault streamed.
         thresholds={
             "minor": 1_000_000,
             "minor_window": 100_000_000,
-            "storm_gap": 2_000,
+            "storm_gap": 20_000,
             "major": 10_000,
         },
-        off_reason=FAULT_HOOKS_COST,
     ),
     ProbeSpec(
         name="swap",
         summary="swap-ins per thread (anonymous/shmem pages read back from swap), with time",
-        default_on=False,
+        default_on=True,
         hooks=(
-            *(Hook("perf_event", f"software:{name}") for name, _, _ in PERF_HOOKS),
+            *FAULT_HOOKS,
             Hook("tracepoint", FILEMAP_FAULT),
             Hook("tracepoint", BIO_QUEUE),
         ),
         degrades="time blocked in swap-ins is not attributed (it shows as blocked time)",
         factory=FaultProbe,
         thresholds={"swapin": 10_000},
-        off_reason=FAULT_HOOKS_COST,
     ),
 )

@@ -19,6 +19,7 @@ from typing import Any
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import AllocSyscall
 from gpujitter.probes.malloc_precise import PreciseWindow
+from gpujitter.probes.progstats import program_fds
 from gpujitter.probes.registry import Hook, ProbeSpec
 
 SYSCALLS = ("mmap", "munmap", "brk", "madvise", "mremap")  # index = SC_* in malloc.bpf.c
@@ -73,6 +74,10 @@ class MallocProbe(BpfProbe):
     def lost_kernel(self) -> int:
         precise = self.precise.lost_kernel() if self.precise is not None else 0
         return super().lost_kernel() + precise
+
+    def programs(self) -> list[int]:
+        precise = program_fds(self.precise.bpf) if self.precise is not None else []
+        return super().programs() + precise
 
     def close(self) -> None:
         if self.precise is not None and self.precise.open:

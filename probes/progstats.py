@@ -1,13 +1,27 @@
 """Per-program counters the kernel keeps for every loaded BPF program (shown in the program
-fd's /proc fdinfo): how often it ran and for how long (only while sysctl
-kernel.bpf_stats_enabled=1), and how often it was skipped because it was already running
-on that CPU (always counted: an event that fires inside the program's own run is lost)."""
+fd's /proc fdinfo): how often it ran and for how long (only while BPF run-time statistics
+are on), and how often it was skipped because it was already running on that CPU (always
+counted: an event that fires inside the program's own run is lost). CostMeter turns them
+into each probe's cost per second, switching the statistics on briefly when nobody has."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
+# bpf(BPF_ENABLE_STATS, {type = BPF_STATS_RUN_TIME}): statistics stay on while the returned
+# fd is open, counted per holder, so neither the sysctl nor another holder is disturbed.
+_NR_BPF = {"x86_64": 321, "aarch64": 280}
+BPF_ENABLE_STATS = 32
+BPF_STATS_RUN_TIME = 0
+SAMPLE_EVERY_NS = 60_000_000_000  # sampled mode: one measured stretch a minute
+SAMPLE_FOR_NS = 1_000_000_000  # of about a second (the statistics cost two clock reads a run)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,3 +47,90 @@ def prog_stats(fd: int) -> ProgStats:
 def loaded_prog_stats(bpf: Any) -> dict[str, ProgStats]:
     """Counters of every program a bcc BPF object has loaded, by function name."""
     return {name.decode(): prog_stats(fn.fd) for name, fn in bpf.funcs.items()}
+
+
+def program_fds(bpf: Any) -> list[int]:
+    """The program fds of a bcc BPF object (none when it is gone)."""
+    return [] if bpf is None else [fn.fd for fn in bpf.funcs.values()]
+
+
+def stats_on() -> bool:
+    try:
+        return STATS_SYSCTL.read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def enable_stats() -> int:
+    """An fd that keeps BPF run-time statistics on until closed; -1 when refused."""
+    nr = _NR_BPF.get(platform.machine())
+    if nr is None:
+        return -1
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = (ctypes.c_uint32 * 4)(BPF_STATS_RUN_TIME, 0, 0, 0)
+    fd = libc.syscall(nr, BPF_ENABLE_STATS, ctypes.byref(attr), ctypes.sizeof(attr))
+    return int(fd) if fd >= 0 else -1
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    ns_per_s: int = -1
+    runs_per_s: int = -1
+    source: str = ""
+
+
+def _totals(fds: Iterable[int]) -> tuple[int, int]:
+    runs = ns = 0
+    for fd in fds:
+        st = prog_stats(fd)
+        runs += st.run_cnt
+        ns += st.run_time_ns
+    return runs, ns
+
+
+class CostMeter:
+    """Each probe's BPF cost per second. Where kernel.bpf_stats_enabled is on, the counters
+    run all the time and every tick measures the last interval; otherwise the meter holds
+    the statistics on (enable_stats) for about a second each minute and keeps that
+    stretch's figures until the next one."""
+
+    def __init__(self) -> None:
+        self.costs: dict[str, Cost] = {}
+        self._fd = -1
+        self._opened_ns = 0
+        self._next_ns = 0
+        self._last: dict[str, tuple[int, int, int]] = {}  # probe -> (t, runs, ns)
+
+    def tick(self, now_ns: int, programs: Mapping[str, list[int]]) -> dict[str, Cost]:
+        continuous = stats_on()
+        if continuous:
+            self._close()
+        elif self._fd < 0:
+            if now_ns < self._next_ns:
+                return self.costs
+            self._fd = enable_stats()
+            self._opened_ns, self._next_ns = now_ns, now_ns + SAMPLE_EVERY_NS
+            self._last = {}
+            if self._fd < 0:
+                return self.costs
+        source = "bpf_stats" if continuous else "sampled"
+        for probe, fds in programs.items():
+            t, runs, ns = now_ns, *_totals(fds)
+            last = self._last.get(probe)
+            self._last[probe] = (t, runs, ns)
+            if last is not None and t > last[0] and fds:
+                secs = (t - last[0]) / 1e9
+                self.costs[probe] = Cost(
+                    round((ns - last[2]) / secs), round((runs - last[1]) / secs), source
+                )
+        if not continuous and now_ns - self._opened_ns >= SAMPLE_FOR_NS:
+            self._close()
+        return self.costs
+
+    def _close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def close(self) -> None:
+        self._close()

@@ -22,6 +22,7 @@ from gpujitter.probes.base import (
 )
 from gpujitter.probes.events import ProbeStatus
 from gpujitter.probes.host import HostPaths, can_load_bpf
+from gpujitter.probes.progstats import Cost, CostMeter
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import CoreBpf, WatchSpec
 
@@ -45,6 +46,7 @@ class ProbeSet:
         )
         self.core = CoreBpf(watch, topology, paths or HostPaths())
         self.probes: list[Probe] = []
+        self.meter = CostMeter()
         self._last_tick = 0
 
     def start(self) -> list[ProbeStatus]:
@@ -73,6 +75,7 @@ class ProbeSet:
             self.emit(status)
             statuses.append(status)
         release_compiler_memory()
+        self.measure_cost(now)  # the first measured stretch starts now
         return statuses
 
     @property
@@ -84,12 +87,19 @@ class ProbeSet:
         for probe in self.running:
             probe.poll()
 
+    def measure_cost(self, now_ns: int) -> None:
+        """Each running probe's BPF cost (progstats.CostMeter), kept on the probe."""
+        costs = self.meter.tick(now_ns, {p.name: p.programs() for p in self.running})
+        for probe in self.probes:
+            probe.cost = costs.get(probe.name, Cost())
+
     def tick(self, now_ns: int) -> None:
-        """Once a second: aggregates, watched-set refresh, health."""
+        """Once a second: aggregates, watched-set refresh, cost, health."""
         self.core.refresh(now_ns)
         for probe in self.running:
             for ev in probe.sample(now_ns):
                 self.emit(ev)
+        self.measure_cost(now_ns)
         for probe in self.probes:
             self.emit(probe.status(now_ns))
 
@@ -115,6 +125,7 @@ class ProbeSet:
         for t in closers:
             t.join()
         self.core.close()
+        self.meter.close()
 
     def __enter__(self) -> ProbeSet:
         return self

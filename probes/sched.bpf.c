@@ -19,7 +19,8 @@
  * -D options: THRESHOLD_OFFCPU_NS, THRESHOLD_RUNQ_NS, THRESHOLD_IO_NS, SCHED_NODES (NUMA nodes
  * of the topology), SCHED_SYSCALL_FROM_REGS (read the syscall a thread blocked in from its
  * pt_regs), SCHED_IO_WAKE (block_rq_complete exists), SCHED_IO_DONE (block_io_done exists:
- * without it a completion is only bounded by IO_WAKE_WINDOW_NS).
+ * without it a completion is only bounded by IO_WAKE_WINDOW_NS), SCHED_RAW with TASK_PID
+ * and TASK_COMM (raw tracepoints; task_struct offsets from BTF).
  */
 #include "gpujitter.h"
 
@@ -273,6 +274,51 @@ static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid
     offcpu_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
+#ifdef SCHED_RAW
+/* Raw tracepoints: no perf record is built per event, about half the hook's cost
+ * (docs/performance.md). They hand over task pointers; the fields read through them are at
+ * offsets learned from the running kernel's BTF (TASK_PID, TASK_COMM, from sched.py). */
+static __always_inline u32 task_pid(u64 task)
+{
+    u32 pid = 0;
+    bpf_probe_read_kernel(&pid, sizeof(pid), (void *)(task + TASK_PID));
+    return pid;
+}
+
+/* The raw prev_state is the task's __state; the tracepoint's report bits from it, as the
+ * kernel makes them (__trace_sched_switch_state): the low bits are the same, TASK_DEAD
+ * (0x80) is an exit, TASK_IDLE is UNINTERRUPTIBLE|TASK_NOLOAD (0x400), an RT-lock wait
+ * (TASK_RTLOCK_WAIT, 0x1000) reads as uninterruptible. */
+static __always_inline long report_state(u64 preempt, u32 state)
+{
+    if (preempt)
+        return REPORT_PREEMPTED;
+    if (state & 0x80)
+        return REPORT_EXIT_DEAD;
+    if ((state & 0x402) == 0x402)
+        return REPORT_IDLE;
+    if (state & 0x1000)
+        return REPORT_UNINTERRUPTIBLE;
+    return state & 0x7f;
+}
+
+/* sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
+ * unsigned int prev_state); prev is current. */
+RAW_TRACEPOINT_PROBE(sched_switch)
+{
+    u64 now = 0;
+    u32 cpu = bpf_get_smp_processor_id();
+    u32 prev_pid = (u32)bpf_get_current_pid_tgid();
+    u64 prev = ctx->args[1], next = ctx->args[2];
+    u32 next_pid = task_pid(next);
+    if (prev_pid)
+        switched_out(prev_pid, report_state(ctx->args[0], (u32)ctx->args[3]), &now, cpu);
+    if (next_pid)
+        switched_in(next_pid, (const char *)(next + TASK_COMM), prev_pid,
+                    (const char *)(prev + TASK_COMM), &now, cpu);
+    return 0;
+}
+#else
 TRACEPOINT_PROBE(sched, sched_switch)
 {
     u64 now = 0;
@@ -283,6 +329,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
         switched_in(args->next_pid, args->next_comm, args->prev_pid, args->prev_comm, &now, cpu);
     return 0;
 }
+#endif
 
 #ifdef SCHED_IO_WAKE
 /* The block request whose completion this CPU is running (ts_ns 0: none). */
@@ -347,9 +394,8 @@ static __always_inline void io_woken(struct thread *t, u64 now)
 /* sched_waking runs in the waker's context (sched_wakeup may run on the target CPU, after an
  * idle CPU woke up): its time includes the target's wake-up, and current is the waker (in a
  * block completion, the interrupted task; the completing request is what woke it). */
-TRACEPOINT_PROBE(sched, sched_waking)
+static __always_inline void waking(u32 tid)
 {
-    u32 tid = args->pid;
     struct thread *t = threads.lookup(&tid);
     if (t && t->off_ns && !t->runnable_ns) {
         u64 now = bpf_ktime_get_ns();
@@ -360,8 +406,22 @@ TRACEPOINT_PROBE(sched, sched_waking)
             io_woken(t, now);
 #endif
     }
+}
+
+#ifdef SCHED_RAW
+/* sched_waking(struct task_struct *p) */
+RAW_TRACEPOINT_PROBE(sched_waking)
+{
+    waking(task_pid(ctx->args[0]));
     return 0;
 }
+#else
+TRACEPOINT_PROBE(sched, sched_waking)
+{
+    waking(args->pid);
+    return 0;
+}
+#endif
 
 /* Threads in `threads` are watched ones; same-node moves are counted, cross-node ones are
  * streamed too (they are what costs remote memory access). */

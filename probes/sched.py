@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable, comm_str
+from gpujitter.probes.btf import BtfError, offset_cflags
 from gpujitter.probes.events import Event, Migration, NodeTime, OffCpu, ThreadSched
 from gpujitter.probes.log2 import Log2Map
 from gpujitter.probes.registry import Hook, ProbeSpec, tracepoint_exists
@@ -55,6 +56,7 @@ class SchedProbe(BpfProbe):
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
         self.syscall_from_regs = True
+        self.raw_flags: list[str] = []  # raw tracepoints, with task_struct offsets from BTF
         self.nodes = 1
         self._last: dict[int, _Totals] = {}
         self._last_ns = 0
@@ -69,11 +71,16 @@ class SchedProbe(BpfProbe):
             flags.append("-DSCHED_IO_WAKE")
         if tracepoint_exists(BLOCK_DONE):
             flags.append("-DSCHED_IO_DONE")
-        return flags
+        return flags + self.raw_flags
 
     def start(self, ctx: ProbeContext) -> None:
         self._cpu_node = dict(ctx.topology.cpu_node)
         self.nodes = max(self._cpu_node.values(), default=0) + 1
+        try:
+            self.raw_flags = ["-DSCHED_RAW", *offset_cflags("TASK", "task_struct", ("pid", "comm"))]
+            slower = ""
+        except BtfError as err:
+            slower = f"perf tracepoints, about twice the cost per switch ({err})"
         try:
             super().start(ctx)
         except ProbeUnavailable as err:
@@ -87,6 +94,9 @@ class SchedProbe(BpfProbe):
             self.state = "degraded"
             why = f"no {BLOCK_COMPLETE}: I/O waits are not told from other uninterruptible waits"
             self.reason = "; ".join(r for r in (self.reason, why) if r)
+        if slower:
+            self.state = "degraded"
+            self.reason = "; ".join(r for r in (self.reason, slower) if r)
         self._last_ns = time.monotonic_ns()
         self._hists = [
             Log2Map(self.bpf["offcpu_log2"], [f"offcpu.{s}" for s in STATES], self.name),

@@ -35,6 +35,7 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
         return 0;
     u8 why = GJ_WHY_FORK;
     gj_watched.update(&child, &why);
+    gj_watched_changed();
     return 0;
 }
 
@@ -63,14 +64,17 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     if (tid != tgid) {
         /* Forks of watched processes add every new task id, threads too (the tracepoint
          * cannot tell them apart); a thread's entry goes when the thread does. */
-        gj_watched.delete(&tid);
+        if (gj_watched.delete(&tid) == 0)
+            gj_watched_changed();
     }
     if (!gj_watched.lookup(&tgid))
         return 0;
     /* A watched process's thread exits are streamed too, so that user space forgets the
      * thread at once: short-lived threads would otherwise pile up in what it keeps. */
-    if (tid == tgid)
+    if (tid == tgid) {
         gj_watched.delete(&tgid);
+        gj_watched_changed();
+    }
     struct proc_event *e = proc_events.ringbuf_reserve(sizeof(*e));
     if (!e) {
         gj_count_lost();

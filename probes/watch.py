@@ -35,7 +35,7 @@ WHY_PID, WHY_COMM, WHY_CGROUP, WHY_GPU, WHY_FORK = 0x01, 0x02, 0x04, 0x08, 0x80
 EXIT_PROCESS, EXIT_THREAD = 1, 2  # proc_event.exited (watch.bpf.c GJ_EXIT_*)
 _WHY_NAMES = {WHY_PID: "pid", WHY_COMM: "comm", WHY_CGROUP: "cgroup", WHY_GPU: "gpu"}
 
-CFG_FLAGS, CFG_SELF_TGID = 0, 1
+CFG_FLAGS, CFG_SELF_TGID, CFG_GEN = 0, 1, 2  # gj_config slots (gpujitter.h GJ_CFG_*)
 WATCH_ALL = 1
 
 
@@ -162,6 +162,7 @@ class _LoadedCore:
         self.bpf.ring_buffer_consume()
         self.bpf["gj_watched"].clear()
         self.bpf["gj_config"][ct.c_uint(CFG_FLAGS)] = ct.c_ulonglong(0)
+        watched_changed(self.bpf)
 
 
 _core: _LoadedCore | None = None
@@ -191,6 +192,7 @@ class CoreBpf:
         config = self.bpf["gj_config"]
         config[ct.c_uint(CFG_FLAGS)] = ct.c_ulonglong(WATCH_ALL if self.spec.all else 0)
         config[ct.c_uint(CFG_SELF_TGID)] = ct.c_ulonglong(os.getpid())
+        watched_changed(self.bpf)
         cpu_node = self.bpf["gj_cpu_node"]
         for cpu, node in self.topology.cpu_node.items():
             cpu_node[ct.c_uint(cpu)] = ct.c_uint(node)
@@ -247,6 +249,7 @@ class CoreBpf:
                 table[ct.c_uint(tgid)] = ct.c_ubyte(why)
         self.watched = dict(wanted)
         if added or removed:
+            watched_changed(self.bpf)
             self._emit(
                 WatchChange(ts_ns=now_ns, added=tuple(added), removed=tuple(removed), reason=reason)
             )
@@ -259,6 +262,13 @@ class CoreBpf:
             if _core is not None:
                 _core.give_back(self)
         self.bpf = None
+
+
+def watched_changed(bpf: Any) -> None:
+    """Bump the watched set's generation (gj_config GJ_CFG_GEN): what probes cached of the
+    set under the previous one is stale."""
+    config = bpf["gj_config"]
+    config[ct.c_uint(CFG_GEN)] = ct.c_ulonglong(config[ct.c_uint(CFG_GEN)].value + 1)
 
 
 def _is_process(paths: HostPaths, tgid: int) -> bool:

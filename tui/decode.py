@@ -381,6 +381,7 @@ class ProbeState:
     events: int = 0
     lost_kernel: int = 0
     lost_user: int = 0
+    bpf_ns_per_s: int = -1  # -1: not measured
 
 
 def probe_state(rec: Record) -> ProbeState:
@@ -391,6 +392,7 @@ def probe_state(rec: Record) -> ProbeState:
         events=int(rec.get("events", 0)),
         lost_kernel=int(rec.get("lost_kernel", 0)),
         lost_user=int(rec.get("lost_user", 0)),
+        bpf_ns_per_s=int(rec.get("bpf_ns_per_s", -1)),
     )
 
 

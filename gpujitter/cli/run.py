@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--probes",
         metavar="LIST",
         help="probes to run, comma-separated; +NAME adds one to the default set "
-        "(--probes +faults,+swap)",
+        "(--probes sched,irq runs those two)",
     )
     p.add_argument("--disable", metavar="LIST", help="probes not to run, comma-separated")
     add_threshold_arg(p)

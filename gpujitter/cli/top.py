@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--probes",
         metavar="LIST",
         help="embedded: probes to run, comma-separated; +NAME adds one to the default set "
-        "(--probes +faults,+swap)",
+        "(--probes sched,irq runs those two)",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(

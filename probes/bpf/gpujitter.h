@@ -23,6 +23,7 @@
 /* gj_config slots */
 #define GJ_CFG_FLAGS 0
 #define GJ_CFG_SELF_TGID 1
+#define GJ_CFG_GEN 2 /* bumped on every change of the watched set (cached lookups check it) */
 /* GJ_CFG_FLAGS bits */
 #define GJ_WATCH_ALL 1ULL
 
@@ -74,6 +75,15 @@ static __always_inline bool gj_tgid_watched(u32 tgid)
 static __always_inline bool gj_current_watched(void)
 {
     return gj_tgid_watched(bpf_get_current_pid_tgid() >> 32);
+}
+
+/* The watched set changed: lookups cached under the previous generation are stale. */
+static __always_inline void gj_watched_changed(void)
+{
+    u32 slot = GJ_CFG_GEN;
+    u64 *gen = gj_config.lookup(&slot);
+    if (gen)
+        __sync_fetch_and_add(gen, 1);
 }
 
 /* NUMA node of a CPU as user space configured it (topology override honoured); 0 if unset. */

@@ -28,16 +28,21 @@ def vmstat(name: str) -> int:
 
 
 # Prepended to every workload: run `body` once the parent writes a line, then print the
-# thread's fault counts over the body (getrusage) and what the body returned, as JSON.
+# thread's fault counts over the body (getrusage), how long it took (wall and CPU time) and
+# what it returned, as JSON.
 _GATED = """
-import json, resource, sys
+import json, resource, sys, time
 def report(body):
     if not sys.stdin.readline():  # the parent went away before releasing us
         sys.exit(1)
     before = resource.getrusage(resource.RUSAGE_THREAD)
+    t0 = time.monotonic_ns()
     result = body()
+    body_ns = time.monotonic_ns() - t0
     after = resource.getrusage(resource.RUSAGE_THREAD)
-    print(json.dumps({"minflt": after.ru_minflt - before.ru_minflt,
+    cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    print(json.dumps({"minflt": after.ru_minflt - before.ru_minflt, "body_ns": body_ns,
+                      "cpu_ns": int(cpu_s * 1e9),
                       "majflt": after.ru_majflt - before.ru_majflt, "result": result}))
 """
 

@@ -26,8 +26,11 @@ def test_doctor_load_core_every_probe_and_fentry() -> None:
         name.removeprefix("load "): c for name, c in checks.items() if name.startswith("load ")
     }
     assert set(loaded) == {"core", *registry.specs()}
-    # malloc's tracepoints exist on this kernel: it must really run.
-    assert (loaded["malloc"]["status"], loaded["malloc"]["detail"]) == ("pass", "running")
+    # malloc's tracepoints exist on this kernel: it must really run, and say what it cost.
+    assert loaded["malloc"]["status"] == "pass"
+    assert loaded["malloc"]["detail"].startswith("running; BPF "), loaded["malloc"]["detail"]
+    for name in ("sched", "irq", "cstate"):  # programs that run on an idle node too
+        assert " runs/s, " in loaded[name]["detail"], loaded[name]["detail"]
     # This kernel refuses tracing programs (ENVIRONMENT.md); either answer must be a real one.
     fentry = checks["fentry"]
     assert fentry["status"] == "info"

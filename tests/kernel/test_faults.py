@@ -114,9 +114,16 @@ def test_first_touch_storm_is_minor_faults_of_the_touching_thread(
     # least the storm and at most what the thread's own counter says.
     assert watched.report["minflt"] >= pages
     assert pages <= counted["minor_count"] <= watched.report["minflt"] + 200
-    assert counted["minor_ns"] > 0
-    assert counted["file_count"] == counted["swap_count"] == counted["untimed_count"] == 0
-    assert sum(hist["minor"]) == counted["minor_count"]  # only one thread was watched
+    # The storm is all fault time (memset of fresh pages) while the thread is on CPU: its
+    # faults' spacing times it. Faults outside it (the interpreter's own) are counted, not
+    # timed, and so are the few of a window's end and around each preemption.
+    cpu_ns, wall_ns = watched.report["cpu_ns"], watched.report["body_ns"]
+    assert 0.8 * cpu_ns <= counted["minor_ns"] <= wall_ns * 1.05
+    assert counted["file_count"] == counted["swap_count"] == 0
+    # (a preemption mid-storm leaves the faults since the last read untimed too)
+    assert counted["untimed_count"] <= counted["minor_count"] - pages + 0.05 * pages
+    # only one thread was watched: the histogram holds its timed faults
+    assert pages * 0.95 <= sum(hist["minor"]) <= counted["minor_count"]
 
     windows = rec.of(MinorFaults, tid=watched.pid)
     assert windows, "a 20k-page storm must fill windows of 200 us of fault time"
@@ -170,8 +177,8 @@ def test_faults_taken_by_the_kernel_on_user_memory_are_counted(
     assert reader.report["result"] == pages * PAGE
     counted = totals(rec, reader.pid)
     assert pages <= counted["minor_count"] <= reader.report["minflt"] + 200
-    assert counted["minor_ns"] > 0
-    assert counted["untimed_count"] == 0
+    cpu_ns, wall_ns = reader.report["cpu_ns"], reader.report["body_ns"]
+    assert 0.8 * cpu_ns <= counted["minor_ns"] <= wall_ns * 1.05
 
 
 def file_of_pages(path: Path, pages: int) -> Path:

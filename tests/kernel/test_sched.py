@@ -237,7 +237,7 @@ def test_forced_cross_node_migration_and_node_time_split() -> None:
 class BadHookProbe(SchedProbe):
     def attach(self, ctx: Any) -> None:
         self.bpf.attach_tracepoint(
-            tp="sched:gj_no_such_event", fn_name=b"tracepoint__sched__sched_switch"
+            tp="sched:gj_no_such_event", fn_name=b"tracepoint__sched__sched_migrate_task"
         )
 
 

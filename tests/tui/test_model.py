@@ -76,6 +76,15 @@ def test_status_counts_probes_lost_events_and_drops(model: NodeModel) -> None:
     assert "dropped 12" in status_text(model, None, None, inbox_dropped=5, paused=True).plain
 
 
+def test_status_line_shows_the_probes_bpf_cost_once_measured(model: NodeModel) -> None:
+    assert "bpf " not in status_text(model, None, None, inbox_dropped=0, paused=False).plain
+    for probe, ns in (("sched", 2_000_000), ("irq", 500_000)):
+        model.apply({"type": "meta.probe", "ts_ns": 1, "probe": probe, "state": "running",
+                     "bpf_ns_per_s": ns, "bpf_runs_per_s": 1000})  # fmt: skip
+    text = status_text(model, None, None, inbox_dropped=0, paused=False).plain
+    assert "bpf 0.25% (sched 0.20%)" in text
+
+
 def test_unknown_and_malformed_records_are_counted_not_raised() -> None:
     m = NodeModel()
     m.apply({"type": "gpu.frobnicate", "ts_ns": 1})

@@ -56,7 +56,17 @@ def test_gaps_attributions_and_probe_health_are_exposed() -> None:
     m.observe_gap(0, 0.012)
     m.observe_attribution(0, [("swap_in", 0.029), ("irq", 0.006), ("unexplained", 0.003)])
     m.observe_probe(
-        ProbeStatus(ts_ns=1, probe="irq", state="running", events=10, lost_kernel=2, lost_user=1)
+        ProbeStatus(
+            ts_ns=1,
+            probe="irq",
+            state="running",
+            events=10,
+            lost_kernel=2,
+            lost_user=1,
+            bpf_ns_per_s=1_500_000,
+            bpf_runs_per_s=12_000,
+            cost_from="sampled",
+        )
     )
     m.observe_probe(ProbeStatus(ts_ns=1, probe="swap", state="unavailable", reason="x"))
     m.observe_stream(clients=3, dropped_total=7)
@@ -70,6 +80,12 @@ def test_gaps_attributions_and_probe_health_are_exposed() -> None:
     assert scrape_value(text, "gpujitter_probe_state", probe="swap", state="running") == 0
     assert scrape_value(text, "gpujitter_probe_state", probe="swap", state="unavailable") == 1
     assert scrape_value(text, "gpujitter_probe_lost_events_total", probe="irq", where="kernel") == 2
+    # each probe's own cost; one not measured yet has none
+    assert scrape_value(
+        text, "gpujitter_probe_bpf_seconds_per_second", probe="irq"
+    ) == pytest.approx(0.0015)
+    assert scrape_value(text, "gpujitter_probe_bpf_runs_per_second", probe="irq") == 12_000
+    assert 'gpujitter_probe_bpf_seconds_per_second{probe="swap"}' not in text
     assert scrape_value(text, "gpujitter_stream_dropped_records_total") == 7
     assert scrape_value(text, "gpujitter_process_resident_memory_bytes") > 0
 

@@ -58,6 +58,17 @@ def probes_text(model: NodeModel) -> Text:
     return out
 
 
+def bpf_cost_text(model: NodeModel) -> Text | None:
+    """The probes' kernel CPU time as a share of one CPU, and the dearest probe's share;
+    None until a probe's cost was measured."""
+    measured = [p for p in model.probes.values() if p.bpf_ns_per_s >= 0]
+    if not measured:
+        return None
+    top = max(measured, key=lambda p: p.bpf_ns_per_s)
+    total = sum(p.bpf_ns_per_s for p in measured)
+    return Text(f"bpf {total / 1e7:.2f}% ({top.probe} {top.bpf_ns_per_s / 1e7:.2f}%)")
+
+
 def status_text(
     model: NodeModel,
     conn: Connection | None,
@@ -79,6 +90,9 @@ def status_text(
         who = "self" if conn is not None and conn.state == "embedded" else "daemon"
         parts.append(Text(f"{who} cpu {model.status.cpu_percent:.1f}%"))
     parts.append(probes_text(model))
+    cost = bpf_cost_text(model)
+    if cost is not None:
+        parts.append(cost)
     out = Text(" │ ", style="dim", no_wrap=True, overflow="ellipsis").join(parts)
     if paused:
         out = Text.assemble(Text(" PAUSED ", style="bold reverse yellow"), " ", out)
