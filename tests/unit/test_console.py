@@ -56,3 +56,18 @@ def test_a_stuck_stdout_neither_silences_the_notes_nor_holds_up_the_stop(
         console.close()  # returns: the stuck terminal's line is given up
     finally:
         terminal.released.set()
+
+
+def test_quiet_hides_attributions_but_not_the_readiness_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`run --quiet` also hid the one line a script outside systemd waits for."""
+    journal = Journal()
+    monkeypatch.setattr(sys, "stderr", journal)
+    out = io.StringIO()
+    console = Console(out, as_json=False, clock=None, quiet=True)
+    console.attribution(attribution_behind("stress").one())
+    console.note("probes attached: sched; watching pid 42")
+    console.close()
+    assert out.getvalue() == ""
+    assert journal.lines.get(timeout=5) == "# probes attached: sched; watching pid 42"
