@@ -42,31 +42,6 @@ struct bpf_perf_event_data {
 #include <uapi/linux/bpf_perf_event.h>
 #endif
 
-/* The watched-set answer for the thread that faulted last on this CPU, under the watched
- * set's generation: a fault storm asks for the same thread thousands of times, and the hash
- * lookup behind gj_tgid_watched cost ~100 ns per fault here (docs/performance.md). */
-struct watch_cache {
-    u64 gen;
-    u32 tid;
-    u32 watched;
-};
-BPF_PERCPU_ARRAY(watch_cache, struct watch_cache, 1);
-
-static __always_inline bool current_watched_cached(u64 id)
-{
-    u32 zero = 0, slot = GJ_CFG_GEN;
-    u64 *gen = gj_config.lookup(&slot);
-    struct watch_cache *c = watch_cache.lookup(&zero);
-    if (!gen || !c)
-        return gj_tgid_watched(id >> 32);
-    if (c->tid == (u32)id && c->gen == *gen)
-        return c->watched;
-    c->gen = *gen;
-    c->tid = (u32)id;
-    c->watched = gj_tgid_watched(id >> 32);
-    return c->watched;
-}
-
 /* Faults between clock reads inside a window. */
 #define STORM_READ_EVERY 16
 
@@ -233,7 +208,7 @@ static __always_inline int fault_entry(u64 addr)
         return 0; /* a kernel address: not a fault on user memory */
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
-    if (!current_watched_cached(id))
+    if (!gj_current_watched_cached(id))
         return 0;
     struct thread_faults fresh = {.tgid = tgid};
     struct thread_faults *t = threads.lookup_or_try_init(&tid, &fresh);
