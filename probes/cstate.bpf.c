@@ -160,7 +160,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
         return 0;
     }
     u32 tgid = id >> 32;
-    if (!gj_tgid_watched(tgid))
+    if (!gj_current_watched_cached(id))
         return 0;
     struct sleeper fresh = {.tid = (u32)id, .tgid = tgid, .armed = 1};
     s = sleepers.lookup(&prev);

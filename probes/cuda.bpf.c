@@ -118,7 +118,7 @@ static __always_inline int on_enter(u16 func, u8 role)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
-    if (!gj_tgid_watched(tgid))
+    if (!gj_current_watched_cached(id))
         return 0;
     u32 tid = (u32)id;
     u32 slot = func;

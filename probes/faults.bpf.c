@@ -16,8 +16,9 @@
  * it fires for major faults only, so minor ones run nothing there) ends them. Two
  * tracepoints during the fault classify it and stamp when it began to wait:
  * filemap:mm_filemap_fault (a file page) and block:block_bio_queue with a read (no file
- * fault, but a read issued: a swap-in). A major fault's time runs from that stamp to its
- * completion: the read and the wait for it, not the few microseconds before.
+ * fault, but a read issued: a swap-in). A major fault's time runs from its entry to its
+ * completion where the clock was read at its entry (at every fault outside a storm), else
+ * from that stamp: the read and the wait for it, not the few microseconds before.
  *
  * One BPF object serves both registry entries: counters and histograms always run, and the
  * stream_modes map says which records to stream (minor windows and file majors for `faults`,
@@ -42,31 +43,6 @@ struct bpf_perf_event_data {
 #include <uapi/linux/bpf_perf_event.h>
 #endif
 
-/* The watched-set answer for the thread that faulted last on this CPU, under the watched
- * set's generation: a fault storm asks for the same thread thousands of times, and the hash
- * lookup behind gj_tgid_watched cost ~100 ns per fault here (docs/performance.md). */
-struct watch_cache {
-    u64 gen;
-    u32 tid;
-    u32 watched;
-};
-BPF_PERCPU_ARRAY(watch_cache, struct watch_cache, 1);
-
-static __always_inline bool current_watched_cached(u64 id)
-{
-    u32 zero = 0, slot = GJ_CFG_GEN;
-    u64 *gen = gj_config.lookup(&slot);
-    struct watch_cache *c = watch_cache.lookup(&zero);
-    if (!gen || !c)
-        return gj_tgid_watched(id >> 32);
-    if (c->tid == (u32)id && c->gen == *gen)
-        return c->watched;
-    c->gen = *gen;
-    c->tid = (u32)id;
-    c->watched = gj_tgid_watched(id >> 32);
-    return c->watched;
-}
-
 /* Faults between clock reads inside a window. */
 #define STORM_READ_EVERY 16
 
@@ -84,6 +60,7 @@ enum { CLS_MINOR, CLS_FILE, CLS_SWAP, CLS_UNCLASSIFIED, CLS_COUNT };
 
 struct thread_faults {
     u64 entry_addr;    /* address of the thread's last fault */
+    u64 entry_ns;      /* when it began, where the clock was read then; 0: not read */
     u64 wait_ns;       /* the fault in progress began waiting for a read; 0: not yet */
     u64 win_first_ns;  /* current minor-fault window */
     u64 win_last_ns;   /* the window's last clock read */
@@ -94,7 +71,7 @@ struct thread_faults {
     u32 seen;
     u32 tgid;
     u32 untimed;       /* faults counted outside a storm, and majors without a stamp */
-    u32 pad;
+    u32 read_next;     /* outside a storm: read the clock at every fault */
     u64 count[CLS_COUNT];
     u64 total_ns[CLS_COUNT];
 };
@@ -186,6 +163,7 @@ static __always_inline void open_window(struct thread_faults *t, u64 now, u32 co
 static __always_inline void storm_read(struct thread_faults *t, u64 id, u64 now)
 {
     u32 n = t->since_read;
+    t->entry_ns = now;
     if (!n || now - t->win_first_ns > THRESHOLD_MINOR_WINDOW_NS) {
         t->untimed += n;
         open_window(t, now, 1);
@@ -197,7 +175,10 @@ static __always_inline void storm_read(struct thread_faults *t, u64 id, u64 now)
     t->switches = switches;
     t->win_last_ns = now;
     t->since_read = 1;
-    if (switched || gap > (u64)n * THRESHOLD_STORM_GAP_NS) {
+    /* Outside a storm faults are few, and each may be a major one whose wait is wanted
+     * from its start: the clock is read at every one until the faults come densely. */
+    t->read_next = switched || gap > (u64)n * THRESHOLD_STORM_GAP_NS;
+    if (t->read_next) {
         t->untimed += n;
         return;
     }
@@ -233,7 +214,7 @@ static __always_inline int fault_entry(u64 addr)
         return 0; /* a kernel address: not a fault on user memory */
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
-    if (!current_watched_cached(id))
+    if (!gj_current_watched_cached(id))
         return 0;
     struct thread_faults fresh = {.tgid = tgid};
     struct thread_faults *t = threads.lookup_or_try_init(&tid, &fresh);
@@ -244,8 +225,9 @@ static __always_inline int fault_entry(u64 addr)
     t->wait_ns = 0;
     t->tgid = tgid; /* a recycled thread id may now belong to another process */
     t->count[CLS_MINOR]++;
-    if (t->since_read && t->since_read < STORM_READ_EVERY) {
+    if (t->since_read && t->since_read < STORM_READ_EVERY && !t->read_next) {
         t->since_read++;
+        t->entry_ns = 0;
         return 0;
     }
     storm_read(t, id, bpf_ktime_get_ns());
@@ -269,7 +251,9 @@ int on_major_done(struct bpf_perf_event_data *ctx)
         return 0;
     if (t->count[CLS_MINOR])
         t->count[CLS_MINOR]--;
-    u64 start = t->wait_ns;
+    /* from its entry where the clock was read then (outside a storm, always), else from
+     * when it began to wait */
+    u64 start = t->entry_ns ? t->entry_ns : t->wait_ns;
     t->wait_ns = 0;
     u32 cls = CLS_UNCLASSIFIED;
     if (t->seen & SEEN_FILEMAP)

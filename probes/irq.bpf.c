@@ -99,7 +99,7 @@ static __always_inline void account(u16 kind, u16 sub, u32 irq, u64 start, u64 e
     }
 
     u64 id = bpf_get_current_pid_tgid();
-    if (!gj_tgid_watched(id >> 32))
+    if (!gj_current_watched_cached(id))
         return;
     /* Only this CPU writes keys with its number, and a program never nests in itself (the
      * kernel skips the inner run and counts it); programs that do nest (a hard IRQ during

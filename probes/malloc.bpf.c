@@ -32,7 +32,7 @@ BPF_HISTOGRAM(latency_log2, u32, SC_COUNT * 64);
 static __always_inline int on_enter(u32 sc, u64 length)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!gj_tgid_watched(id >> 32))
+    if (!gj_current_watched_cached(id))
         return 0;
     u32 tid = (u32)id;
     struct inflight call = {.ts_ns = bpf_ktime_get_ns(), .length = length, .sc = sc};

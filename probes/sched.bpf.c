@@ -160,7 +160,7 @@ static __always_inline void switched_out(u32 tid, long prev_state, u64 *now, u32
     u32 slot = 0;
     struct running *run = NULL;
     bool exiting = prev_state & (REPORT_EXIT_DEAD | REPORT_EXIT_ZOMBIE);
-    if (!gj_tgid_watched(tgid)) {
+    if (!gj_current_watched_cached(bpf_get_current_pid_tgid())) {
         /* An exiting process has left the watched set already (sched_process_exit runs
          * before the last switch); its threads switched in as watched still count. */
         if (!exiting)

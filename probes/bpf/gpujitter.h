@@ -77,6 +77,33 @@ static __always_inline bool gj_current_watched(void)
     return gj_tgid_watched(bpf_get_current_pid_tgid() >> 32);
 }
 
+/* The watched-set answer for the current thread, cached per CPU for the thread asked about
+ * last under the watched set's generation (GJ_CFG_GEN): the same thread is asked about again
+ * and again on a CPU (every fault of a storm, every switch-out of a ping-pong's end), and the
+ * hash lookup behind gj_tgid_watched cost ~100 ns a time on the development VM
+ * (docs/performance.md). `id` is bpf_get_current_pid_tgid(). */
+struct gj_watch_cache {
+    u64 gen;
+    u32 tid;
+    u32 watched;
+};
+BPF_PERCPU_ARRAY(gj_watch_cache, struct gj_watch_cache, 1);
+
+static __always_inline bool gj_current_watched_cached(u64 id)
+{
+    u32 zero = 0, slot = GJ_CFG_GEN;
+    u64 *gen = gj_config.lookup(&slot);
+    struct gj_watch_cache *c = gj_watch_cache.lookup(&zero);
+    if (!gen || !c)
+        return gj_tgid_watched(id >> 32);
+    if (c->tid == (u32)id && c->gen == *gen)
+        return c->watched;
+    c->gen = *gen;
+    c->tid = (u32)id;
+    c->watched = gj_tgid_watched(id >> 32);
+    return c->watched;
+}
+
 /* The watched set changed: lookups cached under the previous generation are stale. */
 static __always_inline void gj_watched_changed(void)
 {

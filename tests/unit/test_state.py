@@ -4,7 +4,7 @@ placement view) as threads and processes come and go."""
 from __future__ import annotations
 
 from gpujitter.daemon.state import NodeState
-from gpujitter.probes.events import OffCpu, ProcExit, ThreadExit
+from gpujitter.probes.events import OffCpu, ProbeStatus, ProcExit, ThreadExit
 from gpujitter.probes.topology import Topology
 
 
@@ -59,3 +59,17 @@ def test_thousands_of_short_lived_children_leave_nothing_behind() -> None:
         s.observe(ran(child * 10 + 1, tid=child + 10_000, tgid=child + 10_000))  # a child
         s.observe(ProcExit(ts_ns=child * 10 + 6, tgid=child + 10_000, comm="sh"))
     assert tids(s) == [1]
+
+
+def test_each_probe_says_what_it_costs_in_the_status() -> None:
+    node = state()
+    node.observe(ProbeStatus(ts_ns=1, probe="sched", state="running", events=7, lost_kernel=1,
+                              bpf_ns_per_s=2_000_000, bpf_runs_per_s=30_000,
+                              cost_from="sampled"))  # fmt: skip
+    node.observe(ProbeStatus(ts_ns=1, probe="cuda", state="degraded"))
+    cost = node.probe_cost()
+    assert cost["sched"] == {
+        "state": "running", "bpf_ns_per_s": 2_000_000, "bpf_runs_per_s": 30_000,
+        "cost_from": "sampled", "events": 7, "lost_kernel": 1, "lost_user": 0,
+    }  # fmt: skip
+    assert cost["cuda"]["bpf_ns_per_s"] == -1 and cost["cuda"]["cost_from"] == ""
