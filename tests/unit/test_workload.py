@@ -1,0 +1,278 @@
+"""Container, Kubernetes and Slurm awareness: cgroup layouts and runtime files on recorded
+trees (containerd and CRI-O pods under both cgroup drivers, Docker, podman, Slurm v1/v2)."""
+
+from __future__ import annotations
+
+import ctypes as ct
+from dataclasses import replace
+
+import orjson
+import pytest
+
+from gpujitter.probes.events import WorkloadInfo, from_record, to_record
+from gpujitter.probes.topology import Topology
+from gpujitter.probes.watch import WHY_CGROUP, WHY_FORK, CoreBpf, WatchSpec, resolve
+from gpujitter.probes.workload import (
+    Workload,
+    WorkloadReader,
+    label,
+    matches_pod,
+    matches_slurm_job,
+    workload_of,
+)
+from tests.fixtures.streams.synthetic import CONFIG, Stream, ns
+from tests.unit.conftest import MakeTree
+from tests.unit.test_engine import loader_chain
+
+CID = "3f4e" + "a1" * 30
+UID = "8d1b7a52-1c2e-4f0b-9a5e-0123456789ab"
+UID_ = UID.replace("-", "_")
+
+
+def _oci(annotations: dict[str, str]) -> str:
+    return orjson.dumps({"ociVersion": "1.1.0", "annotations": annotations}).decode()
+
+
+CONTAINERD_SPEC = {
+    f"run/containerd/io.containerd.runtime.v2.task/k8s.io/{CID}/config.json": _oci(
+        {
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.sandbox-name": "trainer-0",
+            "io.kubernetes.cri.sandbox-namespace": "ml",
+            "io.kubernetes.cri.container-name": "pytorch",
+        }
+    )
+}
+CRIO_SPEC = {
+    f"var/lib/containers/storage/overlay-containers/{CID}/userdata/config.json": _oci(
+        {
+            "io.kubernetes.pod.name": "infer-7f9c",
+            "io.kubernetes.pod.namespace": "serving",
+            "io.kubernetes.container.name": "triton",
+        }
+    )
+}
+
+
+def _cgroup(pid: int, text: str) -> dict[str, str]:
+    return {f"proc/{pid}/cgroup": text}
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "runtime_files", "want"),
+    [
+        (  # containerd, systemd driver, cgroup v2
+            f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/"
+            f"cri-containerd-{CID}.scope\n",
+            CONTAINERD_SPEC,
+            Workload("pod", CID, "containerd", "trainer-0", "ml", "pytorch"),
+        ),
+        (  # containerd, cgroupfs driver, cgroup v1: the runtime found from its files
+            f"12:memory:/kubepods/besteffort/pod{UID}/{CID}\n"
+            f"1:name=systemd:/kubepods/besteffort/pod{UID}/{CID}\n",
+            CONTAINERD_SPEC,
+            Workload("pod", CID, "containerd", "trainer-0", "ml", "pytorch"),
+        ),
+        (  # CRI-O, systemd driver, guaranteed QoS
+            f"0::/kubepods.slice/kubepods-pod{UID_}.slice/crio-{CID}.scope/container\n",
+            CRIO_SPEC,
+            Workload("pod", CID, "cri-o", "infer-7f9c", "serving", "triton"),
+        ),
+        (  # plain Docker, systemd driver
+            f"0::/system.slice/docker-{CID}.scope\n",
+            {
+                f"var/lib/docker/containers/{CID}/config.v2.json": orjson.dumps(
+                    {"ID": CID, "Name": "/bench", "Config": {"Labels": {}}}
+                ).decode()
+            },
+            Workload("container", CID, "docker", container="bench"),
+        ),
+        (  # Docker, cgroupfs driver, v1, files unreadable: the id alone
+            f"4:cpu,cpuacct:/docker/{CID}\n",
+            {},
+            Workload("container", CID, "docker"),
+        ),
+        (  # podman
+            f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{CID}.scope\n",
+            {},
+            Workload("container", CID, "podman"),
+        ),
+        (  # Slurm, cgroup v1
+            "7:cpuset:/slurm/uid_1000/job_1234/step_0/task_0\n",
+            {},
+            Workload("slurm", slurm_job="1234", slurm_step="0"),
+        ),
+        (  # Slurm, cgroup v2
+            "0::/system.slice/slurmstepd.scope/job_98765/step_batch/user/task_0\n",
+            {},
+            Workload("slurm", slurm_job="98765", slurm_step="batch"),
+        ),
+        ("0::/user.slice/user-1000.slice/session-3.scope\n", {}, None),
+    ],
+    ids=[
+        "containerd-systemd",
+        "containerd-cgroupfs-v1",
+        "crio",
+        "docker",
+        "docker-v1-noconfig",
+        "podman",
+        "slurm-v1",
+        "slurm-v2",
+        "none",
+    ],
+)
+def test_layouts(host_tree: MakeTree, cgroup: str, runtime_files: dict, want: Workload | None):
+    paths = host_tree(files={**_cgroup(4121, cgroup), **runtime_files})
+    assert workload_of(4121, paths) == want
+
+
+def test_gone_process_and_bad_runtime_file(host_tree: MakeTree):
+    paths = host_tree(
+        files={
+            **_cgroup(7, f"0::/system.slice/docker-{CID}.scope\n"),
+            f"var/lib/docker/containers/{CID}/config.v2.json": "{not json",
+        }
+    )
+    assert workload_of(99, paths) is None
+    assert workload_of(7, paths) == Workload("container", CID, "docker")
+
+
+def test_pod_names_filled_in_once_the_runtime_writes_them(host_tree: MakeTree):
+    """A pod container read before its runtime's files exist is not cached nameless."""
+    cgroup = f"0::/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope\n"
+    paths = host_tree(files=_cgroup(5, cgroup))
+    reader = WorkloadReader(paths)
+    assert reader.of(5) == Workload("pod", CID, "containerd")
+    assert label(reader.of(5)) == f"pod ? {CID[:12]}"
+    for rel, text in CONTAINERD_SPEC.items():
+        (paths.run.parent / rel).parent.mkdir(parents=True)
+        (paths.run.parent / rel).write_text(text)
+    assert label(reader.of(5)) == "pod ml/trainer-0/pytorch"
+
+
+def test_cache_is_bounded(host_tree: MakeTree):
+    files = {}
+    for pid in range(1, 6):
+        files.update(_cgroup(pid, f"0::/system.slice/slurmstepd.scope/job_{pid}/step_0\n"))
+    reader = WorkloadReader(host_tree(files=files), max_cached=2)
+    assert [reader.of(pid).slurm_job for pid in range(1, 6)] == ["1", "2", "3", "4", "5"]
+    assert len(reader._cache) == 2
+
+
+def test_labels_and_selectors():
+    pod = Workload("pod", CID, "containerd", "trainer-0", "ml", "pytorch")
+    assert label(pod) == "pod ml/trainer-0/pytorch"
+    assert label(Workload("container", CID, "docker")) == f"docker {CID[:12]}"
+    assert label(Workload("container", CID, "docker", container="bench")) == (
+        f"docker {CID[:12]} bench"
+    )
+    assert label(Workload("slurm", slurm_job="1234", slurm_step="0")) == "slurm job 1234 step 0"
+    assert matches_pod(pod, "trainer-0") and matches_pod(pod, "ml/trainer-0")
+    assert not matches_pod(pod, "other/trainer-0") and not matches_pod(None, "trainer-0")
+    slurm = Workload("slurm", slurm_job="1234")
+    assert matches_slurm_job(slurm, "1234") and not matches_slurm_job(slurm, "12")
+
+
+POD_CGROUP = f"0::/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope\n"
+SLURM_CGROUP = "0::/system.slice/slurmstepd.scope/job_1234/step_0/user/task_0\n"
+
+
+def _procs(*entries: tuple[int, str]) -> dict[str, str]:
+    files = {}
+    for pid, cgroup in entries:
+        files[f"proc/{pid}/cgroup"] = cgroup
+        files[f"proc/{pid}/comm"] = "python\n"
+        files[f"proc/{pid}/status"] = f"Name:\tpython\nTgid:\t{pid}\n"
+    return files
+
+
+def test_watch_by_pod_and_slurm_job(host_tree: MakeTree):
+    paths = host_tree(
+        files={
+            **_procs((10, POD_CGROUP), (11, SLURM_CGROUP), (12, "0::/user.slice\n")),
+            **CONTAINERD_SPEC,
+        }
+    )
+    assert resolve(WatchSpec(pods=["trainer-0"]), paths) == {10: WHY_CGROUP}
+    assert resolve(WatchSpec(pods=["ml/trainer-0"]), paths) == {10: WHY_CGROUP}
+    assert resolve(WatchSpec(pods=["default/trainer-0"]), paths) == {}
+    assert resolve(WatchSpec(slurm_jobs=["1234"]), paths) == {11: WHY_CGROUP}
+    assert WatchSpec(pods=["ml/trainer-0"], slurm_jobs=["1234"]).describe() == (
+        "pod ml/trainer-0, slurm job 1234"
+    )
+
+
+class _KernelMap:
+    """gj_watched as bcc presents it: ctypes keys and values."""
+
+    def __init__(self) -> None:
+        self.why: dict[int, int] = {}
+
+    def __setitem__(self, key: ct.c_uint, value: ct.c_ubyte) -> None:
+        self.why[key.value] = value.value
+
+    def __delitem__(self, key: ct.c_uint) -> None:
+        del self.why[key.value]
+
+    def items(self) -> list[tuple[ct.c_uint, ct.c_ubyte]]:
+        return [(ct.c_uint(k), ct.c_ubyte(v)) for k, v in self.why.items()]
+
+
+def test_joining_processes_are_announced_once_with_their_workload(host_tree: MakeTree):
+    """The core says where each newly watched process runs (meta.workload), once, and says
+    nothing for a process outside any container or job; a fork-followed child the kernel
+    added is announced at the next refresh."""
+    paths = host_tree(
+        files={**_procs((10, POD_CGROUP), (11, SLURM_CGROUP), (12, "0::/user.slice\n"))}
+    )
+    core = CoreBpf(WatchSpec(pids={10, 12}), Topology(cpu_node={0: 0}), paths)
+    table = _KernelMap()
+    core.bpf = {"gj_watched": table}
+    events: list = []
+    core._emit = events.append
+    core.refresh(now_ns=100)
+    table.why[11] = WHY_FORK  # forked by a watched parent
+    core.refresh(now_ns=200)
+    core.refresh(now_ns=300)
+    infos = [e for e in events if isinstance(e, WorkloadInfo)]
+    assert [(e.ts_ns, e.tgid, label(e.workload)) for e in infos] == [
+        (100, 10, f"pod ? {CID[:12]}"),
+        (200, 11, "slurm job 1234 step 0"),
+    ]
+    record = to_record(infos[1])
+    assert record["type"] == "meta.workload" and from_record(record) == infos[1]
+
+
+def _info(ts_ms: float, tgid: int, **fields: str) -> WorkloadInfo:
+    return WorkloadInfo(ts_ns=ns(ts_ms), tgid=tgid, workload=Workload(**fields))
+
+
+TRAINER = {"kind": "pod", "container_id": CID, "runtime": "containerd", "pod": "trainer-0",
+           "namespace": "ml", "container": "pytorch"}  # fmt: skip
+
+
+def test_engine_labels_the_attribution_and_its_threads_from_meta_workload():
+    s = loader_chain().add(
+        _info(1, 100, **TRAINER),
+        _info(2, 300, kind="slurm", slurm_job="1234", slurm_step="0"),
+    )
+    attr = s.one()
+    assert attr.workload == "pod ml/trainer-0/pytorch"
+    assert {r.tid: r.workload for r in attr.threads} == {
+        101: "pod ml/trainer-0/pytorch",
+        102: "pod ml/trainer-0/pytorch",
+        301: "slurm job 1234 step 0",
+        302: "slurm job 1234 step 0",
+    }
+    # Replay equals live: the same stream gives the same record, however often it is fed.
+    assert s.one() == attr
+    assert from_record(to_record(attr)) == attr
+
+
+def test_engine_without_workload_events_and_past_its_bound():
+    assert loader_chain().one().workload == ""
+    s = loader_chain().add(_info(1, 100, **TRAINER), _info(2, 7, kind="slurm", slurm_job="9"))
+    assert s.one(replace(CONFIG, max_workloads=1)).workload == ""  # forgotten, oldest first
+    # No critical thread known: the first feeding process's label.
+    s = Stream().add(_info(1, 100, **TRAINER)).gap(100, 140, tid_after=0)
+    assert s.one().workload == "pod ml/trainer-0/pytorch"
