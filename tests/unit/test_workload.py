@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import ctypes as ct
 from dataclasses import replace
+from datetime import UTC
+from pathlib import Path
 
 import orjson
 import pytest
 
+from gpujitter.cli import main
+from gpujitter.daemon.trace import TraceWriter
 from gpujitter.probes.events import WorkloadInfo, from_record, to_record
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import WHY_CGROUP, WHY_FORK, CoreBpf, WatchSpec, resolve
@@ -20,9 +24,14 @@ from gpujitter.probes.workload import (
     matches_slurm_job,
     workload_of,
 )
-from tests.fixtures.streams.synthetic import CONFIG, Stream, ns
+from gpujitter.tui import decode
+from gpujitter.tui.text import WallClock
+from gpujitter.tui.views.breakdown import breakdown_text
+from tests.fixtures.streams.synthetic import CONFIG, TWO_NODES, Stream, ns
 from tests.unit.conftest import MakeTree
 from tests.unit.test_engine import loader_chain
+from tests.unit.test_hostile_names import controls
+from tests.unit.trace_samples import header
 
 CID = "3f4e" + "a1" * 30
 UID = "8d1b7a52-1c2e-4f0b-9a5e-0123456789ab"
@@ -276,3 +285,54 @@ def test_engine_without_workload_events_and_past_its_bound():
     # No critical thread known: the first feeding process's label.
     s = Stream().add(_info(1, 100, **TRAINER)).gap(100, 140, tid_after=0)
     assert s.one().workload == "pod ml/trainer-0/pytorch"
+
+
+HOSTILE_POD = "\x1b]0;pwned\x07"
+
+
+def _labelled_trace(path: Path) -> Path:
+    """A recording of the loader chain whose trainer runs in a pod with a hostile name and
+    whose worker runs in a Slurm job."""
+    s = loader_chain().add(
+        _info(1, 100, **{**TRAINER, "pod": HOSTILE_POD}),
+        _info(2, 300, kind="slurm", slurm_job="1234", slurm_step="0"),
+    )
+    writer = TraceWriter(path, header(topology=TWO_NODES))
+    for ev in s.in_emission_order():
+        writer.write(ev)
+    writer.close()
+    return path
+
+
+def test_report_and_one_line_name_the_workload_inert(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _labelled_trace(tmp_path / "pods.gjtrace")
+    assert main(["report", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert controls(out) == []
+    line = next(x for x in out.splitlines() if x.startswith("GPU0 idle"))
+    assert " in pod ml/\\x1b]0;pwned\\x07/pytorch: " in line
+    # A waker in another workload says which (the trainer's own label is said once).
+    assert "in pt_data_worker pid 300 tid 301 (slurm job 1234 step 0), 3 hops" in line
+    assert main(["report", "--json", str(trace)]) == 0
+    as_json = orjson.loads(capsys.readouterr().out)
+    assert [a["workload"] for a in as_json["attributions"]] == [f"pod ml/{HOSTILE_POD}/pytorch"]
+
+
+def test_tui_decodes_the_label_leniently_and_shows_it_inert() -> None:
+    rec = {"ts_ns": 0, "end_ns": 40_000_000, "gpu": 0, "tid": 101, "tgid": 100,
+           "parts": [{"cause": "host_work", "ns": 40_000_000, "tids": [101]}],
+           "workload": f"pod ml/{HOSTILE_POD}/pytorch",
+           "threads": [{"tid": 101, "tgid": 100, "comm": "python", "role": "critical",
+                        "ns": 40_000_000, "workload": f"pod ml/{HOSTILE_POD}/pytorch"},
+                       {"tid": 301, "tgid": 300, "comm": "worker", "role": "sibling",
+                        "ns": 1, "workload": "slurm job 1234 step 0"}]}  # fmt: skip
+    a = decode.attribution(rec)
+    assert a.workload == "pod ml/\\x1b]0;pwned\\x07/pytorch"
+    text = breakdown_text(a.gap, a, WallClock(tz=UTC), 60).plain
+    assert controls(text) == []
+    assert "tid 101, pid 100  in pod ml/\\x1b]0;pwned\\x07/pytorch" in text
+    assert "in slurm job 1234 step 0" in text  # another workload than the critical thread's
+    assert decode.attribution({**rec, "workload": {"pod": 1}}).workload == ""
+    assert decode.attribution({k: v for k, v in rec.items() if k != "workload"}).workload == ""
