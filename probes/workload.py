@@ -56,6 +56,18 @@ def label(w: Workload) -> str:
     return ""
 
 
+def scope_of(text: str) -> tuple[str, str, str]:
+    """(namespace, pod, slurm_job) of a label that names a pod or a Slurm job, ("", "", "")
+    for any other: what metrics may carry (a container id alone is too many series)."""
+    words = text.split(" ")
+    if len(words) == 2 and words[0] == "pod" and words[1].count("/") == 2:
+        namespace, pod, _ = words[1].split("/")
+        return namespace, pod, ""
+    if len(words) >= 3 and words[:2] == ["slurm", "job"]:
+        return "", "", words[2]
+    return "", "", ""
+
+
 # ---------------------------------------------------------------------------------------
 # Cgroup path layouts: (pattern, builder). The first that matches a path names its workload.
 

@@ -3,6 +3,7 @@ trees (containerd and CRI-O pods under both cgroup drivers, Docker, podman, Slur
 
 from __future__ import annotations
 
+import argparse
 import ctypes as ct
 from dataclasses import replace
 from datetime import UTC
@@ -10,9 +11,16 @@ from pathlib import Path
 
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from gpujitter.cli import main
+from gpujitter.cli import build_parser, load_commands, main
+from gpujitter.cli.options import watch_from_args
+from gpujitter.cli.run import flags_of
+from gpujitter.daemon import metrics
+from gpujitter.daemon.config import load_config
+from gpujitter.daemon.service import watch_of
 from gpujitter.daemon.trace import TraceWriter
+from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import WorkloadInfo, from_record, to_record
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import WHY_CGROUP, WHY_FORK, CoreBpf, WatchSpec, resolve
@@ -290,6 +298,10 @@ def test_engine_without_workload_events_and_past_its_bound():
 HOSTILE_POD = "\x1b]0;pwned\x07"
 
 
+def _parse(argv: list[str]) -> argparse.Namespace:
+    return build_parser(load_commands()).parse_args(argv)
+
+
 def _labelled_trace(path: Path) -> Path:
     """A recording of the loader chain whose trainer runs in a pod with a hostile name and
     whose worker runs in a Slurm job."""
@@ -336,3 +348,70 @@ def test_tui_decodes_the_label_leniently_and_shows_it_inert() -> None:
     assert "in slurm job 1234 step 0" in text  # another workload than the critical thread's
     assert decode.attribution({**rec, "workload": {"pod": 1}}).workload == ""
     assert decode.attribution({k: v for k, v in rec.items() if k != "workload"}).workload == ""
+
+
+def test_pods_and_slurm_jobs_from_file_environment_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "gpujitter.toml"
+    path.write_text('[watch]\npods = ["ml/trainer-0", "infer-7f9c"]\nslurm_jobs = [1234]\n')
+    spec = watch_of(load_config(path, environ={}))
+    assert (spec.pods, spec.slurm_jobs, spec.all) == (
+        ["ml/trainer-0", "infer-7f9c"],
+        ["1234"],
+        False,
+    )
+    env = {"GPUJITTER_WATCH_SLURM_JOBS": "7,8"}
+    assert load_config(path, environ=env)["watch.slurm_jobs"] == ("7", "8")
+    args = _parse(["run", "--pod", "serving/triton-0", "--slurm-job", "99"])
+    cfg = load_config(path, environ={}, flags=flags_of(args))
+    assert (cfg["watch.pods"], cfg["watch.slurm_jobs"]) == (("serving/triton-0",), ("99",))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[watch]\npods = ["Trainer_0"]\n', "watch.pods"),
+        ('[watch]\npods = ["a/b/c"]\n', "NAMESPACE/NAME"),
+        ('[watch]\npods = ["ml/\\u001b[2J"]\n', "watch.pods"),
+        ('[watch]\nslurm_jobs = ["12a"]\n', "watch.slurm_jobs"),
+        ('[watch]\nslurm_jobs = ["١٢"]\n', "digits"),
+    ],
+)
+def test_bad_pods_and_jobs_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "gpujitter.toml"
+    path.write_text(text)
+    with pytest.raises(GpujitterError) as err:
+        load_config(path, environ={})
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_other_commands_watch_by_pod_and_job() -> None:
+    args = _parse(["probe", "sched", "--pod", "trainer-0", "--slurm-job", "5"])
+    spec = watch_from_args(args)
+    assert (spec.pods, spec.slurm_jobs, spec.all) == (["trainer-0"], ["5"], False)
+    with pytest.raises(GpujitterError, match="flag --slurm-job"):
+        watch_from_args(_parse(["probe", "sched", "--slurm-job", "x"]))
+
+
+def test_idle_time_per_pod_and_slurm_job_is_a_bounded_metric(monkeypatch) -> None:
+    monkeypatch.setattr(metrics, "MAX_WORKLOADS", 2)
+    m = metrics.DaemonMetrics()
+    m.observe_attribution(0, [("swap_in", 0.03), ("irq", 0.01)], "pod ml/trainer-0/pytorch")
+    m.observe_attribution(0, [("irq", 0.02)], "pod ml/trainer-0/sidecar")  # same pod
+    m.observe_attribution(1, [("irq", 0.005)], "slurm job 1234 step 0")
+    m.observe_attribution(1, [("irq", 0.5)], "pod ml/trainer-1/pytorch")  # past the bound
+    m.observe_attribution(1, [("irq", 0.5)], f"docker {CID[:12]}")  # no pod, no job: none
+    m.observe_attribution(1, [("irq", 0.5)], "")
+    text = m.exposition().decode()
+    series = {
+        (s.labels["gpu"], s.labels["namespace"], s.labels["pod"], s.labels["slurm_job"]): s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "gpujitter_workload_idle_seconds"
+        for s in family.samples
+    }
+    assert series == pytest.approx(
+        {
+            ("0", "ml", "trainer-0", ""): 0.06,
+            ("1", "", "", "1234"): 0.005,
+            ("1", "", "_other", ""): 0.5,
+        }
+    )
