@@ -4,12 +4,13 @@
 A registry of cgroup path layouts (kubepods under the systemd and cgroupfs drivers, Docker,
 podman, Slurm under cgroup v1 and v2) names the container id or the job and step; a registry
 of runtime readers (containerd, CRI-O, Docker) turns a container id into its pod, namespace
-and container name. Results are cached per cgroup path (bounded), so a process costs one
-small read of /proc/PID/cgroup once its cgroup has been seen.
+and container name. Results are cached per /proc/PID/cgroup text (bounded), so a process
+costs one small read once its cgroups have been seen.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable
@@ -202,34 +203,52 @@ def _named(w: Workload, paths: HostPaths) -> Workload:
 
 
 class WorkloadReader:
-    """workload_of(pid) with a bounded cache per cgroup path (the runtime's files are read
-    once per container)."""
+    """workload_of(pid) with a bounded cache per /proc/PID/cgroup text (most processes share
+    a few): a process costs one raw read once its cgroups have been seen, the runtime's
+    files are read once per container."""
 
     def __init__(self, paths: HostPaths, max_cached: int = 4096) -> None:
         self.paths = paths
         self.max_cached = max_cached
-        self._cache: OrderedDict[str, Workload | None] = OrderedDict()
+        self._cache: OrderedDict[bytes, Workload | None] = OrderedDict()
 
     def of(self, pid: int) -> Workload | None:
         """The workload of a process; None when it is in none, or gone."""
-        text = read_text(self.paths.proc / str(pid) / "cgroup")
-        if not text:
+        raw = _read_raw(self.paths.proc / str(pid) / "cgroup")
+        if not raw:
             return None
+        if raw in self._cache:
+            self._cache.move_to_end(raw)
+            return self._cache[raw]
+        found = self._parse(raw.decode(errors="replace"))
+        if found is not None and found.kind == "pod" and not found.pod:
+            return found  # the runtime may not have written its files yet: not cached
+        self._cache[raw] = found
+        if len(self._cache) > self.max_cached:
+            self._cache.popitem(last=False)
+        return found
+
+    def _parse(self, text: str) -> Workload | None:
         for path in cgroup_paths(text):
-            if path in self._cache:
-                self._cache.move_to_end(path)
-                found = self._cache[path]
-            else:
-                w = from_cgroup_path(path)
-                found = None if w is None else _named(w, self.paths)
-                if found is not None and found.kind == "pod" and not found.pod:
-                    return found  # the runtime may not have written its files yet: no caching
-                self._cache[path] = found
-                if len(self._cache) > self.max_cached:
-                    self._cache.popitem(last=False)
-            if found is not None:
-                return found
+            w = from_cgroup_path(path)
+            if w is not None:
+                return _named(w, self.paths)
         return None
+
+
+def _read_raw(path: Path) -> bytes | None:
+    """A small procfs file's bytes, through the raw system calls (a quarter of what a
+    text-mode open costs: this runs for every process at each refresh of a pod selection)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 65536)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def workload_of(pid: int, paths: HostPaths) -> Workload | None:
