@@ -128,6 +128,28 @@ def _pids(v: Any) -> tuple[int, ...]:
     return pids
 
 
+# Kubernetes object names (RFC 1123 labels and subdomains): what a pod or namespace may be.
+_KUBE_NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
+
+
+def _pods(v: Any) -> tuple[str, ...]:
+    """Pods as NAME or NAMESPACE/NAME."""
+    pods = _list(v)
+    for pod in pods:
+        parts = pod.split("/")
+        if len(parts) > 2 or not all(_KUBE_NAME.match(p) for p in parts):
+            raise ValueError(f"pod {pod!r}: expected NAME or NAMESPACE/NAME (lower-case DNS names)")
+    return pods
+
+
+def _slurm_jobs(v: Any) -> tuple[str, ...]:
+    jobs = _list(v)
+    for job in jobs:
+        if not job.isdecimal() or not job.isascii():
+            raise ValueError(f"Slurm job {job!r}: expected a job id (digits)")
+    return jobs
+
+
 def _probes(v: Any) -> tuple[str, ...]:
     """Names of registered probes."""
     names = _list(v)
@@ -219,6 +241,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("watch.pids", _pids, (), "process ids to watch"),
     Setting("watch.comms", _list, (), "command-name patterns to watch ('python*')"),
     Setting("watch.cgroups", _list, (), "cgroup directories whose processes are watched"),
+    Setting("watch.pods", _pods, (), "Kubernetes pods (NAME or NAMESPACE/NAME) to watch"),
+    Setting("watch.slurm_jobs", _slurm_jobs, (), "Slurm job ids whose processes are watched"),
     Setting("watch.gpu_processes", _bool, True, "watch every process using a GPU"),
     Setting("topology.override", _str, "", "topology override file (emulated NUMA nodes)"),
     Setting("log.path", _str, "/var/log/gpujitter/attributions.jsonl", "attribution log"),

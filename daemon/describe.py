@@ -1,10 +1,10 @@
 """Attributions in words, the way an operator reads them:
 
-    GPU0 idle 38.0ms at 12:01:07.250: 29.0ms swap-in (pid 4121 tid 4130), 6.0ms IRQs
-    nvme0q3 on CPU 17, 3.0ms unexplained [cuda, ±5us]
+    GPU0 idle 38.0ms at 12:01:07.250 in pod ml/trainer-0/pytorch: 29.0ms swap-in (pid 4121
+    tid 4130), 6.0ms IRQs nvme0q3 on CPU 17, 3.0ms unexplained [cuda, ±5us]
 
 `report`, `drill` and the daemon's console output share these phrases, so a cause reads the
-same everywhere. Names in them (tasks, IRQs) come from other processes and are shown through
+same everywhere. Names in them (tasks, IRQs, pods) come from other processes and are shown through
 gpujitter.text.printable: a line never carries a control character.
 """
 
@@ -71,7 +71,8 @@ def held_by(part: Part, attr: Attribution) -> str:
     ns, _, r = max(holders, key=lambda h: h[:2])
     share = f"{format_ns(ns)} " if ns < part.ns else ""
     hops = f"{r.hops} hop{'s' if r.hops != 1 else ''}"
-    return f"{share}in {r.comm or '?'} pid {r.tgid} tid {r.tid}, {hops}"
+    where = f" ({r.workload})" if r.workload and r.workload != attr.workload else ""
+    return f"{share}in {r.comm or '?'} pid {r.tgid} tid {r.tid}{where}, {hops}"
 
 
 def detail(part: Part, attr: Attribution) -> str:
@@ -144,7 +145,8 @@ def one_line(attr: Attribution, clock: ClockRef | None = None) -> str:
     when = format_wall(clock, attr.ts_ns)[:-3] if clock else f"t={attr.ts_ns}ns"
     parts = ", ".join(part_text(p, attr) for p in attr.parts)
     sources = "+".join(attr.sources)
+    where = f" in {attr.workload}" if attr.workload else ""
     return printable(
-        f"{gpu_name(attr.gpu)} idle {format_ns(attr.dur_ns)} at {when}: {parts} "
+        f"{gpu_name(attr.gpu)} idle {format_ns(attr.dur_ns)} at {when}{where}: {parts} "
         f"[{sources}, ±{format_ns(attr.resolution_ns)}]"
     )

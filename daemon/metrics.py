@@ -1,7 +1,8 @@
 """Prometheus metrics of the daemon, for clusters that aggregate many nodes: gaps and
-attributed time by GPU and cause, probe health and lost events, stream clients, and the
-daemon's own CPU and memory (prometheus_client's process collector), and the endpoint's own
-refusals. Served on a localhost port only when asked (`metrics.listen`, metrics_server.py)."""
+attributed time by GPU and cause, idle time by Kubernetes pod or Slurm job, probe health and
+lost events, stream clients, and the daemon's own CPU and memory (prometheus_client's
+process collector), and the endpoint's own refusals. Served on a localhost port only when
+asked (`metrics.listen`, metrics_server.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from gpujitter.daemon.metrics_server import CONNECTION_TIMEOUT_S, MetricsServer
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import ProbeStatus
 from gpujitter.probes.nvml import GpuInfo
+from gpujitter.probes.workload import scope_of
 
 PROBE_STATES = ("running", "degraded", "unavailable", "off", "stopped")
 # Per-GPU series carry the GPU's identity as NVIDIA's DCGM exporter gives it (the same
@@ -30,6 +32,7 @@ PROBE_STATES = ("running", "degraded", "unavailable", "off", "stopped")
 # `pci_bus_id` match DCGM's labels as they are, its `UUID` and `modelName` are our `uuid` and
 # `model_name` (label_replace joins them: docs/operations.md, "Metrics").
 GPU_LABELS = ("gpu", "uuid", "pci_bus_id", "model_name")
+MAX_WORKLOADS = 64  # pods and Slurm jobs with series of their own; later ones go to "_other"
 GAP_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -63,6 +66,14 @@ class DaemonMetrics:
             [*GPU_LABELS, "cause"],
             registry=r,
         )
+        self.workload_idle = Counter(
+            "gpujitter_workload_idle_seconds",
+            "GPU idle time in attributed gaps whose feeding thread runs in a Kubernetes pod "
+            f"or a Slurm job (the first {MAX_WORKLOADS} seen; later ones under pod _other)",
+            ["gpu", "namespace", "pod", "slurm_job"],
+            registry=r,
+        )
+        self._workloads: set[tuple[str, str, str]] = set()
         self.probe_state = Gauge(
             "gpujitter_probe_state",
             "1 for the state each probe is in",
@@ -151,11 +162,27 @@ class DaemonMetrics:
         self.gap_seconds.labels(**labels).inc(seconds)
         self.gap_duration.labels(**labels).observe(seconds)
 
-    def observe_attribution(self, gpu: int, parts: Iterable[tuple[str, float]]) -> None:
+    def observe_attribution(
+        self, gpu: int, parts: Iterable[tuple[str, float]], workload: str = ""
+    ) -> None:
         labels = self._gpu(gpu)
         self.attributions.labels(**labels).inc()
+        total = 0.0
         for cause, seconds in parts:
             self.attributed.labels(**labels, cause=cause).inc(seconds)
+            total += seconds
+        scope = scope_of(workload)
+        if scope == ("", "", ""):
+            return
+        if scope not in self._workloads:
+            if len(self._workloads) >= MAX_WORKLOADS:
+                scope = ("", "_other", "")
+            else:
+                self._workloads.add(scope)
+        namespace, pod, job = scope
+        self.workload_idle.labels(gpu=str(gpu), namespace=namespace, pod=pod, slurm_job=job).inc(
+            total
+        )
 
     def observe_probe(self, status: ProbeStatus) -> None:
         for state in PROBE_STATES:

@@ -242,7 +242,8 @@ class ThreadRole:
     distance from the critical thread (1: it woke the critical thread); woke: the thread
     whose wait it ended (0 for the other roles). causes: its own time per cause, largest
     first (a waker's in another process too: a data-loader worker's host work, faults,
-    run-queue waits)."""
+    run-queue waits). workload: its process's pod, container or Slurm job ("" none known;
+    probes/workload.py label)."""
 
     tid: int
     tgid: int
@@ -253,6 +254,7 @@ class ThreadRole:
     hops: int = 0
     woke: int = 0
     causes: tuple[CauseTime, ...] = ()
+    workload: str = ""
 
 
 @event_kind("gpu.attribution")
@@ -264,6 +266,8 @@ class Attribution(Event):
     the critical thread (0 and "" when no feeding thread was known). sources, resolution_ns
     and confidence are the gap's. gpu_node: -1 when unknown. remedies: one line per top
     cause. probes_off: probes not running at the gap's end (their causes cannot be seen).
+    workload: the critical thread's pod, container or Slurm job, else the first feeding
+    process's ("" none known), from the meta.workload events seen before the gap's release.
     """
 
     NESTED = True
@@ -282,6 +286,7 @@ class Attribution(Event):
     threads: tuple[ThreadRole, ...] = ()
     remedies: tuple[str, ...] = ()
     probes_off: tuple[str, ...] = ()
+    workload: str = ""
 
     @property
     def dur_ns(self) -> int:

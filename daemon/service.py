@@ -166,6 +166,8 @@ def watch_of(config: Config) -> WatchSpec:
         pids=set(config["watch.pids"]),
         comms=list(config["watch.comms"]),
         cgroups=[Path(c) for c in config["watch.cgroups"]],
+        pods=list(config["watch.pods"]),
+        slurm_jobs=list(config["watch.slurm_jobs"]),
     )
     # Nothing named and no GPU processes to follow: watch everything (thresholds keep the
     # rate down), so a daemon on a node without GPUs still shows its jitter.
@@ -388,7 +390,9 @@ class Daemon:
             self.metrics.observe_gap(out.gpu, out.dur_ns / 1e9)
         elif isinstance(out, Attribution):
             self.attributions += 1
-            self.metrics.observe_attribution(out.gpu, [(p.cause, p.ns / 1e9) for p in out.parts])
+            self.metrics.observe_attribution(
+                out.gpu, [(p.cause, p.ns / 1e9) for p in out.parts], out.workload
+            )
             if self.log is not None:
                 self.log.write(out)
             if self.console is not None:

@@ -20,8 +20,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
+from gpujitter.probes.workload import Workload
+
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 4
+SCHEMA_MINOR = 5
 
 _KINDS: dict[str, type[Event]] = {}
 _FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> field names
@@ -358,6 +360,19 @@ class WatchChange(Event):
     added: tuple[int, ...]
     removed: tuple[int, ...]
     reason: str
+
+
+@event_kind("meta.workload")
+@dataclass(frozen=True, slots=True)
+class WorkloadInfo(Event):
+    """Where a process that joined the watched set runs (probes/workload.py): its container,
+    pod or Slurm job, read from its cgroup path and its container runtime's files. Sent once
+    per process and only for one in such a workload; the engine labels records with it."""
+
+    NESTED = True
+
+    tgid: int
+    workload: Workload
 
 
 @event_kind("meta.lost")

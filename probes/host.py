@@ -23,11 +23,13 @@ class HostPaths:
     etc: Path = Path("/etc")
     modules: Path = Path("/lib/modules")  # kernel headers links (build, source) per release
     src: Path = Path("/usr/src")  # installed kernel headers trees
+    run: Path = Path("/run")  # container runtimes' state (containerd tasks)
+    var: Path = Path("/var")  # container runtimes' stores (CRI-O, Docker)
 
     @classmethod
     def under(cls, root: str | Path) -> HostPaths:
-        """A recorded tree laid out as root/proc, root/sys, root/etc, root/lib/modules and
-        root/usr/src."""
+        """A recorded tree laid out as root/proc, root/sys, root/etc, root/lib/modules,
+        root/usr/src, root/run and root/var."""
         root = Path(root)
         return cls(
             proc=root / "proc",
@@ -35,6 +37,8 @@ class HostPaths:
             etc=root / "etc",
             modules=root / "lib/modules",
             src=root / "usr/src",
+            run=root / "run",
+            var=root / "var",
         )
 
     @property

@@ -1,11 +1,13 @@
 """The watched set: which processes the probes follow, and the core BPF module that holds it.
 
 Processes are chosen by PID, by command-name pattern (fnmatch, on comm and on the program's
-basename), by cgroup (v1 or v2 directory: its cgroup.procs), and "every process using a GPU"
+basename), by cgroup (v1 or v2 directory: its cgroup.procs), by Kubernetes pod or Slurm job
+(their processes' cgroup paths, probes/workload.py), and "every process using a GPU"
 (a callable the GPU side supplies). The set is resolved to process ids in user space and
 written into one kernel map that every probe filters on; the kernel itself adds children of
 watched processes as they fork and drops processes as they exit, so threads and workers
-created after start are watched from their first instruction.
+created after start are watched from their first instruction. Each process that joins the set
+inside a container, pod or Slurm job is announced once with its workload (meta.workload).
 """
 
 from __future__ import annotations
@@ -26,9 +28,17 @@ from gpujitter.probes.base import (
     comm_str,
     compile_bpf,
 )
-from gpujitter.probes.events import Event, ProcExec, ProcExit, ThreadExit, WatchChange
+from gpujitter.probes.events import (
+    Event,
+    ProcExec,
+    ProcExit,
+    ThreadExit,
+    WatchChange,
+    WorkloadInfo,
+)
 from gpujitter.probes.host import HostPaths, read_name, read_text
 from gpujitter.probes.topology import Topology
+from gpujitter.probes.workload import WorkloadReader, matches_pod, matches_slurm_job
 
 # Why a process is in the kernel map (the map's value, bits): must match watch.bpf.c.
 WHY_PID, WHY_COMM, WHY_CGROUP, WHY_GPU, WHY_FORK = 0x01, 0x02, 0x04, 0x08, 0x80
@@ -44,12 +54,14 @@ class WatchSpec:
     pids: set[int] = field(default_factory=set)
     comms: list[str] = field(default_factory=list)  # fnmatch patterns
     cgroups: list[Path] = field(default_factory=list)
+    pods: list[str] = field(default_factory=list)  # NAME or NAMESPACE/NAME
+    slurm_jobs: list[str] = field(default_factory=list)  # job ids
     gpu_processes: Callable[[], Iterable[int]] | None = None
     all: bool = False  # every process (system-wide view); thresholds keep the rate sane
 
     def selects_any(self) -> bool:
         """Does the spec name any process by itself (pid, comm, cgroup)?"""
-        return bool(self.pids or self.comms or self.cgroups)
+        return bool(self.pids or self.comms or self.cgroups or self.pods or self.slurm_jobs)
 
     def describe(self) -> str:
         if self.all:
@@ -57,13 +69,18 @@ class WatchSpec:
         parts = [f"pid {p}" for p in sorted(self.pids)]
         parts += [f"comm {c}" for c in self.comms]
         parts += [f"cgroup {c}" for c in self.cgroups]
+        parts += [f"pod {p}" for p in self.pods]
+        parts += [f"slurm job {j}" for j in self.slurm_jobs]
         if self.gpu_processes is not None:
             parts.append("GPU processes")
         return ", ".join(parts) or "nothing"
 
 
-def resolve(spec: WatchSpec, paths: HostPaths) -> dict[int, int]:
-    """tgid -> why-bits for the processes the spec selects right now."""
+def resolve(
+    spec: WatchSpec, paths: HostPaths, workloads: WorkloadReader | None = None
+) -> dict[int, int]:
+    """tgid -> why-bits for the processes the spec selects right now (a pod's or a Slurm
+    job's processes are selected by their cgroup, so they carry the cgroup bit)."""
     chosen: dict[int, int] = {}
 
     def add(tgid: int, why: int) -> None:
@@ -83,6 +100,15 @@ def resolve(spec: WatchSpec, paths: HostPaths) -> dict[int, int]:
     for cgroup in spec.cgroups:
         for line in (read_text(Path(cgroup) / "cgroup.procs") or "").split():
             add(int(line), WHY_CGROUP)
+    if spec.pods or spec.slurm_jobs:
+        reader = workloads or WorkloadReader(paths)
+        for tgid in _pids(paths):
+            w = reader.of(tgid)
+            if w is not None and (
+                any(matches_pod(w, p) for p in spec.pods)
+                or any(matches_slurm_job(w, j) for j in spec.slurm_jobs)
+            ):
+                add(tgid, WHY_CGROUP)
     if spec.gpu_processes is not None:
         for pid in spec.gpu_processes():
             add(int(pid), WHY_GPU)
@@ -180,6 +206,8 @@ class CoreBpf:
         self.paths = paths
         self.bpf: Any = None
         self.watched: dict[int, int] = {}
+        self.workloads = WorkloadReader(paths)
+        self._announced: set[int] = set()  # tgids whose workload was looked up
         self._emit: Callable[[Event], Any] = lambda ev: None
 
     def start(self, emit: Callable[[Event], Any]) -> None:
@@ -228,7 +256,7 @@ class CoreBpf:
         """Re-resolve the spec (new PIDs of patterns, cgroup members, GPU processes); keep
         the processes the kernel added because a watched parent forked them."""
         kernel = {k.value: v.value for k, v in self.bpf["gj_watched"].items()}
-        wanted = resolve(self.spec, self.paths)
+        wanted = resolve(self.spec, self.paths, self.workloads)
         for tgid, why in kernel.items():
             # Fork-followed entries stay while the process lives; thread ids that the fork
             # hook added go (their /proc entry names another Tgid).
@@ -253,6 +281,17 @@ class CoreBpf:
             self._emit(
                 WatchChange(ts_ns=now_ns, added=tuple(added), removed=tuple(removed), reason=reason)
             )
+        self._announce(now_ns)
+
+    def _announce(self, now_ns: int) -> None:
+        """Say once where each newly watched process runs (those the kernel added on fork
+        too, met here at the next refresh), for processes in a container, pod or job."""
+        self._announced &= set(self.watched)
+        for tgid in sorted(set(self.watched) - self._announced):
+            self._announced.add(tgid)
+            w = self.workloads.of(tgid)
+            if w is not None:
+                self._emit(WorkloadInfo(ts_ns=now_ns, tgid=tgid, workload=w))
 
     def close(self) -> None:
         """Hand the core back (it stays loaded, see _LoadedCore)."""

@@ -60,6 +60,11 @@ def _text(value: Any) -> str:
     return printable(str(value))
 
 
+def _label(value: Any) -> str:
+    """A workload label (pod, container, Slurm job); anything but a string reads as none."""
+    return _text(value) if isinstance(value, str) else ""
+
+
 def _ints(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value) if isinstance(value, list | tuple) else ()
 
@@ -119,6 +124,7 @@ class Thread:
     hops: int = 0  # a waker's distance from the critical thread
     woke: int = 0  # the thread whose wait a waker ended
     causes: tuple[tuple[str, int], ...] = ()  # its own time per cause, largest first
+    workload: str = ""  # its process's pod, container or Slurm job
 
 
 def _cause_times(value: Any) -> tuple[tuple[str, int], ...]:
@@ -143,6 +149,7 @@ class Attribution:
     threads: tuple[Thread, ...] = ()
     remedies: tuple[str, ...] = ()
     probes_off: tuple[str, ...] = ()
+    workload: str = ""  # the critical thread's pod, container or Slurm job
 
     @property
     def top(self) -> Part | None:
@@ -176,6 +183,7 @@ def attribution(rec: Record) -> Attribution:
             hops=int(t.get("hops", 0)),
             woke=int(t.get("woke", 0)),
             causes=_cause_times(t.get("causes")),
+            workload=_label(t.get("workload")),
         )
         for t in rec.get("threads") or ()
         if isinstance(t, Mapping)
@@ -190,6 +198,7 @@ def attribution(rec: Record) -> Attribution:
         threads=threads,
         remedies=_strs(rec.get("remedies")),
         probes_off=_strs(rec.get("probes_off")),
+        workload=_label(rec.get("workload")),
     )
 
 

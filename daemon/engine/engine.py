@@ -23,8 +23,9 @@ from gpujitter.daemon.gaps import UNKNOWN_GPU
 from gpujitter.daemon.records import CAUSES, Attribution, CauseTime, GpuGap, Part, ThreadRole
 from gpujitter.daemon.remedies import RemedyContext
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import Event, GpuProcesses, ProbeStatus
+from gpujitter.probes.events import Event, GpuProcesses, ProbeStatus, WorkloadInfo
 from gpujitter.probes.topology import Topology
+from gpujitter.probes.workload import label
 
 _HISTORY = 16  # probe states and GPU process lists kept per probe / GPU
 
@@ -44,6 +45,7 @@ class EngineConfig:
     max_threads_listed: int = 6
     max_addresses: int = 8  # fault addresses kept per part
     remedy_min_pct: int = 20  # remedies for the top cause, and others at least this share
+    max_workloads: int = 4_096  # processes whose workload label is remembered
     evict_every_ns: int = 1_000_000_000
 
     def __post_init__(self) -> None:
@@ -57,7 +59,7 @@ class EngineConfig:
         for name in names:
             if getattr(self, name) < 0:
                 raise GpujitterError(f"engine: {name} must not be negative")
-        for name in ("max_spans", "max_pending_gaps", "max_threads_listed"):
+        for name in ("max_spans", "max_pending_gaps", "max_threads_listed", "max_workloads"):
             if getattr(self, name) < 1:
                 raise GpujitterError(f"engine: {name} must be at least 1")
         if self.retention_ns < self.lateness_ns:
@@ -93,6 +95,7 @@ class Engine:
         self._pending: list[tuple[tuple[Any, ...], GpuGap]] = []
         self._procs: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
         self._probes: dict[str, list[tuple[int, str]]] = {}
+        self._workloads: dict[int, str] = {}  # tgid -> label, oldest announcement first
         self._now = 0
         self._last_evict = 0
         self._size = 0
@@ -104,6 +107,7 @@ class Engine:
             GpuGap: self._on_gap,
             GpuProcesses: self._on_procs,
             ProbeStatus: self._on_status,
+            WorkloadInfo: self._on_workload,
         }
 
     # -- input ---------------------------------------------------------------------------
@@ -168,6 +172,14 @@ class Engine:
 
     def _on_status(self, ev: ProbeStatus) -> None:
         _remember(self._probes.setdefault(ev.probe, []), (ev.ts_ns, ev.state))
+
+    def _on_workload(self, ev: WorkloadInfo) -> None:
+        """Remember a process's label; the oldest announcement goes first past the bound
+        (in stream order, so that replay forgets what live forgot)."""
+        self._workloads.pop(ev.tgid, None)
+        self._workloads[ev.tgid] = label(ev.workload)
+        if len(self._workloads) > self.config.max_workloads:
+            del self._workloads[next(iter(self._workloads))]
 
     # -- memory bounds -------------------------------------------------------------------
 
@@ -257,6 +269,14 @@ class Engine:
             threads=self._threads(gap, tgids, critical, divider, parts, gpu_node),
             remedies=self._remedies(parts, (a, b), rctx, tgids),
             probes_off=probes_off,
+            workload=next(
+                (
+                    self._workloads[t]
+                    for t in (tl.tgid if tl else 0, *tgids)
+                    if t in self._workloads
+                ),
+                "",
+            ),
         )
 
     def _divider(self, gpu_node: int | None, gap_end: int, follow: bool = True) -> Divider:
@@ -401,6 +421,7 @@ class Engine:
                 CauseTime(c, n)
                 for c, n in sorted(mine.items(), key=lambda cn: (-cn[1], CAUSES.index(cn[0])))
             ),
+            workload=self._workloads.get(tl.tgid, "") if tl else "",
         )
 
 

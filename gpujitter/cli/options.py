@@ -41,17 +41,43 @@ def add_watch_args(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="every process of a cgroup directory",
     )
+    g.add_argument(
+        "--pod",
+        action="append",
+        default=[],
+        metavar="[NAMESPACE/]NAME",
+        help="every process of a Kubernetes pod (named by its runtime's files on this node)",
+    )
+    g.add_argument(
+        "--slurm-job",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="every process of a Slurm job on this node",
+    )
 
 
 def watch_from_args(args: argparse.Namespace) -> WatchSpec:
     pids = parse_value("watch.pids", args.pid, "flag --pid") if args.pid else ()
-    spec = WatchSpec(pids=set(pids), comms=list(args.comm), cgroups=list(args.cgroup))
+    pods = parse_value("watch.pods", args.pod, "flag --pod") if args.pod else ()
+    jobs = (
+        parse_value("watch.slurm_jobs", args.slurm_job, "flag --slurm-job")
+        if args.slurm_job
+        else ()
+    )
+    spec = WatchSpec(
+        pids=set(pids),
+        comms=list(args.comm),
+        cgroups=list(args.cgroup),
+        pods=list(pods),
+        slurm_jobs=list(jobs),
+    )
     for cgroup in spec.cgroups:
         try:
             check_cgroup(cgroup)
         except ValueError as err:
             raise GpujitterError(f"flag --cgroup: {err}") from None
-    spec.all = not (spec.pids or spec.comms or spec.cgroups)
+    spec.all = not spec.selects_any()
     return spec
 
 

@@ -76,6 +76,8 @@ def flags_of(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
         "watch.pids": ("--pid", [str(p) for p in args.pid] or None),
         "watch.comms": ("--comm", list(args.comm) or None),
         "watch.cgroups": ("--cgroup", [str(c) for c in args.cgroup] or None),
+        "watch.pods": ("--pod", list(args.pod) or None),
+        "watch.slurm_jobs": ("--slurm-job", list(args.slurm_job) or None),
         "watch.gpu_processes": ("--no-gpu-processes", False if args.no_gpu_processes else None),
         "topology.override": ("--topology-override", args.topology_override),
         "gaps.min_gap": ("--min-gap", args.min_gap),
@@ -123,6 +125,8 @@ COMMAND = Command(
         gpujitter run --pid 4121 --record /var/lib/gpujitter/traces --log /tmp/attr.jsonl
         # what the configuration resolves to, and where each value came from
         gpujitter run --print-config
+        # the processes of one Kubernetes pod and of one Slurm job on this node
+        gpujitter run --pod ml/trainer-0 --slurm-job 1234
         # metrics for Prometheus on localhost
         gpujitter run --metrics 127.0.0.1:9464
     """,

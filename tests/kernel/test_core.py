@@ -3,16 +3,26 @@ once) and its life across probe sets in one process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import AllocSyscall, ProcExec, ProcExit, ThreadExit, WatchChange
+from gpujitter.probes.events import (
+    AllocSyscall,
+    ProcExec,
+    ProcExit,
+    ThreadExit,
+    WatchChange,
+    WorkloadInfo,
+)
 from gpujitter.probes.runner import ProbeThread
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
@@ -201,3 +211,43 @@ def test_a_second_probe_set_at_the_same_time_is_refused_in_one_line() -> None:
     with ProbeThread(["malloc"], **kwargs), pytest.raises(GpujitterError) as err:
         ProbeThread(["malloc"], **kwargs).__enter__()
     assert "already running in this process" in str(err.value)
+
+
+def test_a_slurm_jobs_processes_are_watched_and_announced_with_their_job(tmp_path: Path) -> None:
+    """A process in a cgroup laid out as slurmstepd lays out its v1 job steps is chosen by
+    --slurm-job and announced (meta.workload) with the job and step, as is its forked child."""
+    job = f"9{os.getpid()}"
+    hierarchy = next(
+        (Path(p) for p in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/cgroup")
+         if (Path(p) / "cgroup.procs").exists()),
+        None,
+    )  # fmt: skip
+    if hierarchy is None:
+        pytest.skip("no writable cgroup hierarchy")
+    step = hierarchy / "slurm" / "uid_0" / f"job_{job}" / "step_0"
+    step.mkdir(parents=True)
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import os, time; os.fork() or time.sleep(3); time.sleep(3)"],
+        preexec_fn=lambda: (step / "cgroup.procs").write_text(str(os.getpid())),
+    )
+    try:
+        rec = run_probes(
+            ["sched"], lambda: time.sleep(2.5), watch=WatchSpec(slurm_jobs=[job]), settle_s=0
+        )
+    finally:
+        # Only this test's processes are in its step: the sleeper and its child.
+        for pid in (step / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        sleeper.wait()
+        deadline = time.monotonic() + 5
+        while (step / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the child is reaped by init, not by us
+        for d in (step, step.parent, step.parent.parent, step.parent.parent.parent):
+            with contextlib.suppress(OSError):  # another job's directories stay
+                d.rmdir()
+    infos = [e for e in rec.events if isinstance(e, WorkloadInfo)]
+    assert sleeper.pid in {e.tgid for e in infos} and len({e.tgid for e in infos}) == 2
+    assert {(e.workload.kind, e.workload.slurm_job, e.workload.slurm_step) for e in infos} == {
+        ("slurm", job, "0")
+    }

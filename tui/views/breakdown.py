@@ -41,6 +41,9 @@ def breakdown_text(gap: Gap, a: Attribution | None, clock: WallClock, width: int
         out.append("critical thread ")
         out.append(a.comm or "?", style="bold")  # untrusted name, appended literally
         out.append(f"  tid {a.tid}, pid {a.tgid}")
+    if a.workload:
+        out.append("  in ")
+        out.append(a.workload, style="bold")  # names from the runtime's files: decoded inert
     if a.gpu_node >= 0:
         out.append(f"  GPU node {a.gpu_node}")
     out.append("\n\n")
@@ -64,6 +67,8 @@ def breakdown_text(gap: Gap, a: Attribution | None, clock: WallClock, width: int
             out.append(f"  {t.role:<9}")
             out.append(t.comm or "?", style="bold")
             out.append(f"  tid {t.tid} pid {t.tgid}  {duration(t.ns)}")
+            if t.workload and t.workload != a.workload:
+                out.append(f"  in {t.workload}", style="dim")
             if t.hops:
                 out.append(f"  woke tid {t.woke}, {t.hops} hop{'s' if t.hops != 1 else ''}")
             elif t.top_cause:
