@@ -235,6 +235,16 @@ class _KernelMap:
         return [(ct.c_uint(k), ct.c_ubyte(v)) for k, v in self.why.items()]
 
 
+class _KernelArray(dict):  # type: ignore[type-arg]
+    """gj_config as bcc presents it: ctypes keys, values read back as ctypes."""
+
+    def __getitem__(self, key: ct.c_uint) -> ct.c_ulonglong:
+        return ct.c_ulonglong(self.get(key.value, 0))
+
+    def __setitem__(self, key: ct.c_uint, value: ct.c_ulonglong) -> None:
+        super().__setitem__(key.value, value.value)
+
+
 def test_joining_processes_are_announced_once_with_their_workload(host_tree: MakeTree):
     """The core says where each newly watched process runs (meta.workload), once, and says
     nothing for a process outside any container or job; a fork-followed child the kernel
@@ -244,7 +254,7 @@ def test_joining_processes_are_announced_once_with_their_workload(host_tree: Mak
     )
     core = CoreBpf(WatchSpec(pids={10, 12}), Topology(cpu_node={0: 0}), paths)
     table = _KernelMap()
-    core.bpf = {"gj_watched": table}
+    core.bpf = {"gj_watched": table, "gj_config": _KernelArray()}
     events: list = []
     core._emit = events.append
     core.refresh(now_ns=100)
