@@ -115,7 +115,8 @@ def resolve(
     # Children are followed from their first instruction once a process is watched (the
     # fork hook); those it had before (a job met already running: its DataLoader workers)
     # are found here, or the chain from the training thread to a busy worker breaks.
-    for tgid in _descendants(paths, list(chosen)):
+    # Not below init or kthreadd: their children are every service and kernel thread.
+    for tgid in _descendants(paths, [t for t in chosen if t > 2]):
         add(tgid, WHY_FORK)
     return chosen
 

@@ -107,7 +107,11 @@ def test_run_logs_streams_records_and_report_matches(stub: Path, tmp_path: Path)
         pass
     out, _ = daemon.communicate(timeout=60)
     assert daemon.returncode == 0
-    assert notify.recv(4096) == b"STOPPING=1"
+    # Each tick says the live status (STATUS=, what `systemctl status` shows) before it.
+    said = []
+    while not said or said[-1].startswith(b"STATUS="):
+        said.append(notify.recv(4096))
+    assert said[-1] == b"STOPPING=1" and len(said) >= 2 and b"gaps attributed" in said[0]
     notify.close()
 
     printed = [json.loads(line) for line in out.splitlines()]
