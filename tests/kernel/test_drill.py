@@ -153,7 +153,16 @@ def test_a_hog_landing_inside_a_synchronisation() -> None:
     this loaded VM is at times another task the scheduler ran between the hog and it."""
     r = drill("sync-contention")
     s = r.score
-    assert s.stalls and all(s.targets[t] for t in ("found_all", "top_cause", "attributed")), rows(r)
+    assert s.stalls and s.targets["found_all"], rows(r)
+    # Read off the attributions as made, not the score's outside-contention split: the task
+    # credited can be one the scheduler ran between the hog and the feeder (the sched probe
+    # names the task it switched in after; docs/probes.md), which the split counts as outside.
+    spans = [(t["t0_ns"], t["t1_ns"]) for t in r.stalls]
+    in_stalls = [a for a in r.attributions if any(a.ts_ns < y and x < a.end_ns for x, y in spans)]
+    assert in_stalls and all(a.top_cause == "runq_wait" for a in in_stalls), rows(r)
+    runq = sum(p.ns for a in in_stalls for p in a.parts if p.cause == "runq_wait")
+    truth = sum(t["cause_ns"] for t in r.stalls)
+    assert abs(runq - truth) <= 0.2 * truth, rows(r)
     named = [e.comm for found in evidence(r, "runq_wait", TaskEvidence) for e in found]
     assert "gj-drill-hog" in named, rows(r)
     assert not outside_contention(r), rows(r)
