@@ -61,7 +61,10 @@ class Caller:
     """A process that makes timed allocator calls on request and reports (t0, t1) around
     each slow one, measured by itself."""
 
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, argv: list[str], allocators: set[str], env: dict[str, str] | None = None
+    ) -> None:
+        self.allocators = allocators  # those it maps once the dynamic loader is done
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
@@ -85,16 +88,19 @@ class Caller:
         return self.proc.args[0] == sys.executable  # type: ignore[index]
 
     def wait_ready(self) -> None:
-        """Until the allocator is mapped and the start-up allocations are done."""
+        """Until every allocator it will have is mapped and the start-up allocations are
+        done. (An executable's own allocator is mapped at exec, libc's only once the loader
+        has run: seeing one calloc is not enough.)"""
         deadline = time.monotonic() + 10
         while not self.ready and time.monotonic() < deadline:
-            self.ready = any(s.func == "calloc" for s in allocator_sites(self.pid))
+            mapped = {s.allocator for s in allocator_sites(self.pid) if s.func == "calloc"}
+            self.ready = self.allocators <= mapped
             time.sleep(0.3)
 
 
 @pytest.fixture
 def glibc_caller() -> Iterator[Caller]:
-    caller = Caller([sys.executable, "-c", ALLOC_CALLER])
+    caller = Caller([sys.executable, "-c", ALLOC_CALLER], {"glibc"})
     yield caller
     caller.proc.kill()
     caller.proc.wait()
@@ -102,7 +108,9 @@ def glibc_caller() -> Iterator[Caller]:
 
 @pytest.fixture
 def jemalloc_caller() -> Iterator[Caller]:
-    caller = Caller([sys.executable, "-c", ALLOC_CALLER], env={"LD_PRELOAD": JEMALLOC})
+    caller = Caller(
+        [sys.executable, "-c", ALLOC_CALLER], {"jemalloc", "glibc"}, env={"LD_PRELOAD": JEMALLOC}
+    )
     yield caller
     caller.proc.kill()
     caller.proc.wait()
@@ -110,7 +118,7 @@ def jemalloc_caller() -> Iterator[Caller]:
 
 @pytest.fixture
 def cet_caller(tmp_path: Path) -> Iterator[Caller]:
-    caller = Caller([str(build_cet_program(tmp_path))])
+    caller = Caller([str(build_cet_program(tmp_path))], {"jemalloc", "glibc"})
     yield caller
     caller.proc.kill()
     caller.proc.wait()
@@ -217,6 +225,7 @@ def test_window_closes_on_time_and_leaves_the_process(glibc_caller: Caller) -> N
 def test_cet_entry_points_are_probed_past_endbr64(cet_caller: Caller) -> None:
     """A program whose own allocator is built with CET: its entry points start with endbr64,
     the probes sit 4 bytes in, and calls are still timed and named."""
+    cet_caller.wait_ready()
     sites = allocator_sites(cet_caller.pid)
     assert {s.allocator for s in sites} == {"jemalloc", "glibc"}  # its own, and libc's
     embedded = {s.func: s.skip for s in sites if s.allocator == "jemalloc"}
