@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpujitter.daemon.engine.causes import cause_label
 from gpujitter.daemon.records import (
     AllocEvidence,
     Attribution,
@@ -28,21 +29,6 @@ from gpujitter.probes.clock import format_wall
 from gpujitter.probes.events import ClockRef
 from gpujitter.text import printable
 from gpujitter.units import format_bytes, format_ns
-
-CAUSE_LABELS = {
-    "swap_in": "swap-in",
-    "major_fault": "major faults (file)",
-    "idle_wake": "wake-up from idle",
-    "irq": "IRQs",
-    "minor_faults": "minor faults",
-    "runq_wait": "run-queue wait",
-    "alloc_stall": "allocator stall",
-    "io_wait": "I/O wait",
-    "blocked": "blocked",
-    "remote_oncpu": "on-CPU on a remote node",
-    "host_work": "host work",
-    "unexplained": "unexplained",
-}
 
 
 def cpus_text(cpus: tuple[int, ...]) -> str:
@@ -132,7 +118,7 @@ def detail(part: Part, attr: Attribution) -> str:
 
 def part_text(part: Part, attr: Attribution) -> str:
     more = ", ".join(x for x in (detail(part, attr), held_by(part, attr)) if x)
-    text = f"{format_ns(part.ns)} {CAUSE_LABELS.get(part.cause, part.cause)}"
+    text = f"{format_ns(part.ns)} {cause_label(part.cause)}"
     return printable(text + (f" ({more})" if more else ""))
 
 

@@ -12,17 +12,13 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpujitter.daemon.describe import CAUSE_LABELS, gpu_name, one_line
+from gpujitter.daemon.describe import gpu_name, one_line
+from gpujitter.daemon.engine.causes import CAUSES, cause_colour, cause_label
 from gpujitter.daemon.records import Attribution, IrqEvidence, TaskEvidence
 from gpujitter.probes.clock import format_wall
 from gpujitter.probes.events import ClockRef
 from gpujitter.units import format_ns
 
-# One colour per cause, in the cause table's order (a colour-blind-safe palette first; host
-# work brown, unexplained grey).
-_PALETTE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#f0e442",
-            "#7f3c8d", "#11a579", "#8c6d31", "#bbbbbb")  # fmt: skip
-COLOURS = {cause: _PALETTE[i % len(_PALETTE)] for i, cause in enumerate(CAUSE_LABELS)}
 BUCKETS = 48  # columns of the idle-by-cause chart
 DURATION_EDGES_MS = (5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
@@ -47,14 +43,9 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _label(cause: str) -> str:
-    return CAUSE_LABELS.get(cause, cause)
-
-
 def _legend(causes: Iterable[str]) -> str:
     items = "".join(
-        f'<span class="key"><i style="background:{COLOURS.get(c, "#999")}"></i>{_e(_label(c))}'
-        "</span>"
+        f'<span class="key"><i style="background:{cause_colour(c)}"></i>{_e(cause_label(c))}</span>'
         for c in causes
     )
     return f'<div class="legend">{items}</div>'
@@ -79,15 +70,15 @@ def idle_over_time(attrs: Sequence[Attribution], start_ns: int, end_ns: int) -> 
     rects = []
     for k, col in enumerate(cols):
         y = float(h - pad)
-        for cause in CAUSE_LABELS:
+        for cause in CAUSES:
             if col[cause] <= 0:
                 continue
             height = (h - 2 * pad) * col[cause] / peak
             y -= height
             rects.append(
                 f'<rect x="{pad + k * bar:.1f}" y="{y:.1f}" width="{bar * 0.9:.1f}" '
-                f'height="{height:.1f}" fill="{COLOURS[cause]}"><title>{_e(_label(cause))}: '
-                f"{_e(format_ns(int(col[cause])))}</title></rect>"
+                f'height="{height:.1f}" fill="{cause_colour(cause)}">'
+                f"<title>{_e(cause_label(cause))}: {_e(format_ns(int(col[cause])))}</title></rect>"
             )
     axis = (
         f'<text x="{pad}" y="{h - 8}" class="axis">{_e(format_ns(0))}</text>'
@@ -161,7 +152,7 @@ _CULPRITS = (
 
 def _shares(causes: Counter[str], total_ns: int) -> Iterable[tuple[str, str, str]]:
     for cause, ns in causes.most_common():
-        yield _label(cause), format_ns(ns), f"{100 * ns / total_ns:.1f} %"
+        yield cause_label(cause), format_ns(ns), f"{100 * ns / total_ns:.1f} %"
 
 
 def _table(head: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
@@ -211,7 +202,7 @@ def render(
             f"<h2>{_e(gpu_name(gpu))}: {len(s.attributions)} gaps, {_e(format_ns(s.idle_ns))} "
             f"idle ({100 * s.idle_ns / span:.1f} % of the recording)</h2>",
             "<h3>Idle time by cause over time</h3>",
-            _legend(c for c in CAUSE_LABELS if causes[c]),
+            _legend(c for c in CAUSES if causes[c]),
             idle_over_time(s.attributions, start_ns, end_ns),
             "<h3>Where the idle time went</h3>",
             _table(["cause", "time", "share"], _shares(causes, s.idle_ns)),

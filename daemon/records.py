@@ -42,24 +42,8 @@ class GpuGap(Event):
 
 
 # ---------------------------------------------------------------------------------------
-# Attribution: what one gap's time went to (docs/attribution.md).
-
-# The causes, in precedence order: where two causes cover the same instant of a thread's
-# time, the earlier one takes it. A wire contract: the names are what logs and sockets carry.
-CAUSES = (
-    "swap_in",
-    "major_fault",
-    "idle_wake",
-    "irq",
-    "minor_faults",
-    "runq_wait",
-    "alloc_stall",
-    "io_wait",
-    "blocked",
-    "remote_oncpu",
-    "host_work",
-    "unexplained",
-)
+# Attribution: what one gap's time went to (docs/attribution.md; the causes are
+# daemon/engine/causes.py's table).
 
 
 @dataclass(frozen=True, slots=True)

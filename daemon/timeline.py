@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gpujitter.daemon.describe import CAUSE_LABELS, gpu_name, part_text
+from gpujitter.daemon.describe import gpu_name, part_text
+from gpujitter.daemon.engine.causes import cause_label
 from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
 from gpujitter.daemon.records import Attribution
 from gpujitter.errors import GpujitterError
@@ -173,7 +174,7 @@ class TimelineWriter:
                     remedies=list(found.remedies))  # fmt: skip
         at = found.ts_ns
         for part in found.parts:
-            label = CAUSE_LABELS.get(part.cause, part.cause)
+            label = cause_label(part.cause)
             self._slice(GPU_PID, track, at, at + part.ns, label, cause=part.cause,
                         ms=part.ns / 1e6, evidence=part_text(part, found))  # fmt: skip
             at += part.ns

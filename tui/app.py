@@ -27,10 +27,10 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
+from gpujitter.daemon.engine.causes import CAUSE_ORDER
 from gpujitter.errors import GpujitterError
 from gpujitter.text import printable
 from gpujitter.tui.audit import AuditReport
-from gpujitter.tui.decode import CAUSES
 from gpujitter.tui.inbox import Connection, Inbox, ReplayPosition
 from gpujitter.tui.model import NodeModel
 from gpujitter.tui.sources import Source
@@ -371,7 +371,7 @@ class GpujitterTop(App[None]):
             yield SystemCommand(
                 f"Sort gaps by {sort}", f"the Gaps view, {reads}", partial(self.sort_gaps, sort)
             )
-        for label, _colour in CAUSES.values():
+        for label in (c.label for c in CAUSE_ORDER):
             yield SystemCommand(
                 f"Filter gaps: {label}",
                 f"the Gaps view, only the gaps whose row says {label}",

@@ -19,39 +19,8 @@ from gpujitter.units import format_bytes, format_ns
 
 Record = Mapping[str, Any]
 
-# Attribution causes as the engine names them (daemon/records.py CAUSES), as people read
-# them, with the colour each gets in bars and legends.
-CAUSES: dict[str, tuple[str, str]] = {
-    "swap_in": ("swap-in", "#d75f5f"),
-    "major_fault": ("major fault", "#d7875f"),
-    "irq": ("IRQ", "#d7af00"),
-    "minor_faults": ("minor faults", "#afaf5f"),
-    "idle_wake": ("idle wake-up", "#5fafd7"),
-    "runq_wait": ("run-queue wait", "#af5fd7"),
-    "alloc_stall": ("allocator stall", "#d75faf"),
-    "io_wait": ("I/O wait", "#00afaf"),
-    "blocked": ("blocked", "#5f87af"),
-    "remote_oncpu": ("remote-node on-CPU", "#ff5f00"),
-    "host_work": ("host work", "#5faf5f"),
-    "unexplained": ("unexplained", "#808080"),
-}
-
-
 # A gap the engine has not attributed yet, where a cause would go (timeline, idle bars).
 PENDING = ("attributing", "#e4e4e4")
-
-
-def cause_order(cause: str) -> int:
-    """Where a cause sorts: the table's order (worst-hurting first), unknown ones after."""
-    return list(CAUSES).index(cause) if cause in CAUSES else len(CAUSES)
-
-
-def cause_label(cause: str) -> str:
-    return CAUSES.get(cause, (cause.replace("_", " "), ""))[0]
-
-
-def cause_colour(cause: str) -> str:
-    return CAUSES.get(cause, ("", "#87afaf"))[1]
 
 
 def _text(value: Any) -> str:

@@ -25,7 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from gpujitter.daemon.records import CAUSES, Attribution, TaskEvidence
+from gpujitter.daemon.engine.causes import CAUSES
+from gpujitter.daemon.records import Attribution, TaskEvidence
 
 MIN_STALL_NS = 10_000_000  # stalls at least this long must be found
 TOP_CAUSE_SHARE = 0.95

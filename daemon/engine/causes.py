@@ -37,7 +37,13 @@ Claimed = tuple[int, Any, int]  # (tid, key, ns)
 
 
 class Cause(abc.ABC):
+    """One row of the cause table. name: the wire name logs and sockets carry; label: how
+    people read it (report, log one-liners, TUI, HTML); colour: its colour in every bar and
+    legend (chosen to read on a dark terminal and on white)."""
+
     name: ClassVar[str]
+    label: ClassVar[str]
+    colour: ClassVar[str]
 
     @abc.abstractmethod
     def claim(
@@ -140,6 +146,8 @@ class MajorFaultCause(ExactCause):
 
 class SwapIn(MajorFaultCause):
     name = "swap_in"
+    label = "swap-in"
+    colour = "#d75f5f"
     kind = "swap"
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
@@ -148,6 +156,8 @@ class SwapIn(MajorFaultCause):
 
 class FileFault(MajorFaultCause):
     name = "major_fault"
+    label = "major faults (file)"
+    colour = "#d7875f"
     kind = "major"
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
@@ -156,6 +166,8 @@ class FileFault(MajorFaultCause):
 
 class IrqTime(WindowedCause):
     name = "irq"
+    label = "IRQs"
+    colour = "#d7af00"
     kind = "irq"
 
     def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
@@ -186,6 +198,8 @@ class IrqTime(WindowedCause):
 
 class MinorFaultTime(WindowedCause):
     name = "minor_faults"
+    label = "minor faults"
+    colour = "#afaf5f"
     kind = "minor"
 
     def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
@@ -206,6 +220,8 @@ class IdleWakeDelay(ExactCause):
     another task run during that wait, the wait is contention (runq_wait) instead."""
 
     name = "idle_wake"
+    label = "wake-up from idle"
+    colour = "#5fafd7"
     kind = "idle"
 
     def claim(
@@ -243,6 +259,8 @@ def cross_node_migrations(tl: Timeline, a: int, b: int, ctx: Divider) -> list[Sp
 
 class RunqWait(Cause):
     name = "runq_wait"
+    label = "run-queue wait"
+    colour = "#af5fd7"
 
     def claim(
         self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
@@ -306,6 +324,8 @@ def migration_evidence(moves: dict[tuple[int, int], Any]) -> tuple[Evidence, ...
 
 class AllocStall(ExactCause):
     name = "alloc_stall"
+    label = "allocator stall"
+    colour = "#d75faf"
     kind = "alloc"
 
     def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
@@ -341,6 +361,8 @@ class IoWait(Cause):
     waker is whoever the completion interrupted, so it is not followed."""
 
     name = "io_wait"
+    label = "I/O wait"
+    colour = "#00afaf"
 
     def claim(
         self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
@@ -389,6 +411,8 @@ class Blocked(Cause):
     thread waited for. Only the waker's explained time replaces the wait."""
 
     name = "blocked"
+    label = "blocked"
+    colour = "#5f87af"
 
     def claim(
         self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
@@ -508,6 +532,8 @@ class OnCpuCause(Cause):
 
 class RemoteOnCpu(OnCpuCause):
     name = "remote_oncpu"
+    label = "on-CPU on a remote node"
+    colour = "#ff5f00"
     remote = True
 
     def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
@@ -527,6 +553,8 @@ class RemoteOnCpu(OnCpuCause):
 
 class HostWork(OnCpuCause):
     name = "host_work"
+    label = "host work"
+    colour = "#5faf5f"
     remote = False
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
@@ -541,6 +569,8 @@ class Unexplained(Cause):
     retained history)."""
 
     name = "unexplained"
+    label = "unexplained"
+    colour = "#808080"
 
     def claim(
         self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
@@ -566,7 +596,8 @@ class Unexplained(Cause):
         return remedies.enable_probes(ctx.probes_off) if ctx.probes_off else None
 
 
-# Precedence order. A test checks it against records.CAUSES, the wire contract.
+# The cause table, in precedence order: the only list of causes (the engine divides by it;
+# report, describe, the TUI and the HTML report read names, labels and colours from it).
 CAUSE_ORDER: tuple[Cause, ...] = (
     SwapIn(),
     FileFault(),
@@ -582,3 +613,22 @@ CAUSE_ORDER: tuple[Cause, ...] = (
     Unexplained(),
 )
 CAUSE_BY_NAME = {c.name: c for c in CAUSE_ORDER}
+
+# The wire contract: the names logs and sockets carry, in precedence order.
+CAUSES = tuple(c.name for c in CAUSE_ORDER)
+
+
+def cause_rank(name: str) -> int:
+    """Where a cause sorts (precedence order); a name from a newer writer sorts last."""
+    return CAUSES.index(name) if name in CAUSE_BY_NAME else len(CAUSES)
+
+
+def cause_label(name: str) -> str:
+    """How people read a cause; a name this version does not know reads as itself."""
+    cause = CAUSE_BY_NAME.get(name)
+    return cause.label if cause else name.replace("_", " ")
+
+
+def cause_colour(name: str) -> str:
+    cause = CAUSE_BY_NAME.get(name)
+    return cause.colour if cause else "#87afaf"

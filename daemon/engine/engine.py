@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpujitter.daemon.engine.causes import CAUSE_BY_NAME, CAUSE_ORDER
+from gpujitter.daemon.engine.causes import CAUSE_BY_NAME, CAUSE_ORDER, CAUSES
 from gpujitter.daemon.engine.divide import CLAIMING_KINDS, Divider, Tally
 from gpujitter.daemon.engine.timeline import SPAN_RULES, SpanRule, Timeline, content
 from gpujitter.daemon.gaps import UNKNOWN_GPU
-from gpujitter.daemon.records import CAUSES, Attribution, CauseTime, GpuGap, Part, ThreadRole
+from gpujitter.daemon.records import Attribution, CauseTime, GpuGap, Part, ThreadRole
 from gpujitter.daemon.remedies import RemedyContext
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import Event, GpuProcesses, ProbeStatus, WorkloadInfo

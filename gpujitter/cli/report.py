@@ -15,7 +15,8 @@ from typing import Any
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import add_traces_arg
 from gpujitter.cli.output import print_json, table
-from gpujitter.daemon.describe import CAUSE_LABELS, gpu_name, one_line
+from gpujitter.daemon.describe import gpu_name, one_line
+from gpujitter.daemon.engine.causes import cause_label
 from gpujitter.daemon.pipeline import AnalysisConfig, analyse
 from gpujitter.daemon.records import Attribution, GpuGap
 from gpujitter.daemon.trace import TraceHeader, TraceSet
@@ -207,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     for gpu, s in summary.items():
         print(f"\n{gpu_name(gpu)}: {s['gaps']} gaps, {format_ns(s['idle_ns'])} idle")
         rows = [
-            (CAUSE_LABELS.get(cause, cause), format_ns(ns), f"{100 * ns / s['idle_ns']:.1f}%")
+            (cause_label(cause), format_ns(ns), f"{100 * ns / s['idle_ns']:.1f}%")
             for cause, ns in s["causes"].items()
         ]
         print(table(["CAUSE", "TIME", "SHARE"], rows))

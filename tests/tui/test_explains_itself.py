@@ -12,8 +12,9 @@ from pathlib import Path
 from textual.widgets import Static, TabbedContent
 
 from gpujitter.cli.top import EXAMPLE_TRACE, example_offer
+from gpujitter.daemon.engine.causes import CAUSE_ORDER, cause_colour
 from gpujitter.tui.app import GpujitterTop, Offer
-from gpujitter.tui.decode import CAUSES, PENDING, cause_colour
+from gpujitter.tui.decode import PENDING
 from gpujitter.tui.sources.replay import ReplaySource
 from gpujitter.tui.views.audit import AuditView
 from gpujitter.tui.views.gaps import GapsTable
@@ -73,8 +74,8 @@ def test_s_cycles_the_gaps_order_and_the_header_says_which() -> None:
             causes = [str(table.get_row_at(n)[4]) for n in range(table.row_count)]
             # The cause table's order, the gap still being attributed last; the two swap-ins
             # longest first.
-            assert causes == ["swap-in", "swap-in", "major fault", "IRQ", "IRQ",
-                              "idle wake-up", "run-queue wait", "allocator stall",
+            assert causes == ["swap-in", "swap-in", "major faults (file)", "wake-up from idle",
+                              "IRQs", "IRQs", "run-queue wait", "allocator stall",
                               "attributing…"]  # fmt: skip
             assert [r.split()[2] for r in table_rows(table)[:2]] == ["42.00ms", "31.00ms"]
             assert str(table.columns["TOP CAUSE"].label) == "TOP CAUSE ▼"
@@ -113,7 +114,7 @@ def test_the_palette_runs_views_sorts_filters_and_replay_controls_by_name() -> N
             assert {"GPUs", "Gaps", "CPUs", "Audit", "Next gap", "Seek", "Faster",
                     "Sort gaps by duration", "Sort gaps by cause",
                     "Clear the filter"} <= titles  # fmt: skip
-            assert {f"Filter gaps: {label}" for label, _ in CAUSES.values()} <= titles
+            assert {f"Filter gaps: {c.label}" for c in CAUSE_ORDER} <= titles
             await pilot.press("ctrl+p")
             await pilot.press(*"next gap", "enter")  # a replay control, by name
             await until(pilot, lambda: len(app.model.attributions) == 1, "the first gap")
@@ -149,7 +150,7 @@ def test_gap_marks_take_their_top_causes_colour_with_a_legend() -> None:
     only_pending, _ = gap_marks([(5 * S, 6 * S, None)], 0, 10 * S, 10)
     assert only_pending.plain[5] == PENDING_MARK
     key = legend(["irq", None, "swap_in", "irq"])
-    assert key.plain == f"{GAP_MARK} swap-in  {GAP_MARK} IRQ  {PENDING_MARK} {PENDING[0]}"
+    assert key.plain == f"{GAP_MARK} swap-in  {GAP_MARK} IRQs  {PENDING_MARK} {PENDING[0]}"
 
 
 def test_each_gpu_shows_where_its_idle_time_went_in_the_window() -> None:

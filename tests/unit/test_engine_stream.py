@@ -12,8 +12,7 @@ import orjson
 import pytest
 
 from gpujitter.daemon.engine import Engine, EngineConfig, replay
-from gpujitter.daemon.engine.causes import CAUSE_ORDER
-from gpujitter.daemon.records import CAUSES, Attribution
+from gpujitter.daemon.records import Attribution
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import (
     IrqStolen,
@@ -228,10 +227,6 @@ def test_a_newer_minor_version_with_extra_fields_still_reads():
     rec["parts"][0]["added_later"] = 2
     rec["parts"][0]["evidence"][0]["added_later"] = 3
     assert from_record(rec) == attr
-
-
-def test_the_cause_order_is_the_wire_contract():
-    assert tuple(c.name for c in CAUSE_ORDER) == CAUSES
 
 
 # -- bounded memory -----------------------------------------------------------------------

@@ -12,8 +12,9 @@ import pytest
 
 from gpujitter.daemon import describe, remedies
 from gpujitter.daemon.drill.score import Stall, score
+from gpujitter.daemon.engine.causes import CAUSES, cause_label
 from gpujitter.daemon.pipeline import AnalysisConfig, analyse
-from gpujitter.daemon.records import CAUSES, Attribution, IoEvidence
+from gpujitter.daemon.records import Attribution, IoEvidence
 from gpujitter.daemon.trace import TraceReader
 from gpujitter.probes.events import Event, OffCpu, to_record
 from gpujitter.probes.topology import Topology
@@ -81,8 +82,7 @@ def test_without_the_io_fields_the_same_waits_are_only_blocked() -> None:
 
 def test_every_consumer_knows_the_cause(replayed: list[Attribution]) -> None:
     assert "io_wait" in CAUSES
-    assert describe.CAUSE_LABELS["io_wait"] == "I/O wait"
-    assert decode.cause_label("io_wait") == "I/O wait"
+    assert cause_label("io_wait") == "I/O wait"
     gap = next(a for a in replayed if a.top_cause == "io_wait")
     shown = decode.attribution(to_record(gap))
     (io_part,) = [p for p in shown.parts if p.cause == "io_wait"]

@@ -14,7 +14,8 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
-from gpujitter.tui.decode import Attribution, Gap, cause_colour, cause_label
+from gpujitter.daemon.engine.causes import cause_colour, cause_label
+from gpujitter.tui.decode import Attribution, Gap
 from gpujitter.tui.text import WallClock, duration, ms, percent
 from gpujitter.tui.views.timeline import cause_bar
 

@@ -12,7 +12,8 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import DataTable
 
-from gpujitter.tui.decode import Attribution, Gap, cause_colour, cause_label, cause_order
+from gpujitter.daemon.engine.causes import cause_colour, cause_label, cause_rank
+from gpujitter.tui.decode import Attribution, Gap
 from gpujitter.tui.model import NodeModel
 from gpujitter.tui.text import duration, join, percent, plain
 
@@ -23,7 +24,7 @@ Row = tuple[Gap, Attribution | None]
 def _cause_rank(row: Row) -> int:
     """The cause table's order; gaps still being attributed after every cause."""
     a = row[1]
-    return cause_order(a.top.cause) if a is not None and a.top is not None else cause_order("") + 1
+    return cause_rank(a.top.cause) if a is not None and a.top is not None else cause_rank("") + 1
 
 
 # name -> (the column it orders, how it reads, the key; rows sort ascending on it)

@@ -13,7 +13,8 @@ from textual.geometry import Size
 from textual.widget import Widget
 from textual.widgets import Static
 
-from gpujitter.tui.decode import PENDING, cause_label
+from gpujitter.daemon.engine.causes import cause_label
+from gpujitter.tui.decode import PENDING
 from gpujitter.tui.model import NodeModel
 from gpujitter.tui.text import join, ms, percent
 from gpujitter.tui.views.timeline import bars, cause_bar, columns, gap_marks, legend

@@ -8,7 +8,8 @@ from collections.abc import Iterable, Sequence
 
 from rich.text import Text
 
-from gpujitter.tui.decode import PENDING, cause_colour, cause_label, cause_order
+from gpujitter.daemon.engine.causes import cause_colour, cause_label, cause_rank
+from gpujitter.tui.decode import PENDING
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 GAP_MARK = "━"
@@ -106,7 +107,7 @@ def legend(causes: Iterable[str | None]) -> Text:
     table's order."""
     seen = set(causes)
     out = Text(no_wrap=True, overflow="ellipsis")
-    for cause in sorted((c for c in seen if c is not None), key=cause_order):
+    for cause in sorted((c for c in seen if c is not None), key=cause_rank):
         out.append(GAP_MARK, style=f"bold {cause_colour(cause)}")
         out.append(f" {cause_label(cause)}  ")
     if None in seen:
