@@ -37,6 +37,14 @@ def cpus_text(cpus: tuple[int, ...]) -> str:
     return f" on CPU {cpus[0]}" if len(cpus) == 1 else f" on CPUs {','.join(map(str, cpus))}"
 
 
+def task_name(task: TaskEvidence) -> str:
+    """A task that ran instead, as people look for it: comm, process and thread, and the
+    pod, container or Slurm job it runs in (a hog in another tenant's pod)."""
+    pid = f"pid {task.tgid} " if task.tgid and task.tgid != task.tid else ""
+    where = f" in {task.workload}" if task.workload else ""
+    return f"{task.comm} ({pid}tid {task.tid}){where}"
+
+
 def _top(part: Part, cls: type[Any]) -> list[Any]:
     return sorted((e for e in part.evidence if isinstance(e, cls)), key=lambda e: -e.ns)
 
@@ -85,7 +93,7 @@ def detail(part: Part, attr: Attribution) -> str:
         if not tasks:
             return ""
         top = tasks[0]
-        who = f"behind {top.comm} (tid {top.tid})" if top.tid else "behind an unknown task"
+        who = f"behind {task_name(top)}" if top.tid else "behind an unknown task"
         flag = ", after a cross-NUMA migration" if any(t.after_migration for t in tasks) else ""
         return f"{who}{cpus_text(top.cpus)}{flag}"
     if cause == "idle_wake":

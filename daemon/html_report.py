@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpujitter.daemon.describe import gpu_name, one_line
+from gpujitter.daemon.describe import gpu_name, one_line, task_name
 from gpujitter.daemon.engine.causes import CAUSES, cause_colour, cause_label
 from gpujitter.daemon.records import Attribution, IrqEvidence, TaskEvidence
 from gpujitter.probes.clock import format_wall
@@ -128,7 +128,7 @@ def culprits(attrs: Sequence[Attribution]) -> tuple[list[tuple[str, int, int]], 
         for p in a.parts:
             for ev in p.evidence:
                 if isinstance(ev, TaskEvidence) and ev.tid:
-                    key, table = f"{ev.comm} (tid {ev.tid})", tasks
+                    key, table = task_name(ev), tasks
                 elif isinstance(ev, IrqEvidence):
                     key, table = f"{ev.name} ({ev.irq_kind} {ev.irq})", irqs
                 else:

@@ -68,7 +68,8 @@ class IrqEvidence:
 class TaskEvidence:
     """A task that ran on the CPU a runnable feeding thread waited for (tid 0: the CPU was
     idle, or the task is unknown). after_migration: some of these waits followed a
-    cross-NUMA migration of the waiting thread."""
+    cross-NUMA migration of the waiting thread. tgid: its process (0 unknown); workload:
+    that process's pod, container or Slurm job ("" none known)."""
 
     tid: int
     comm: str
@@ -77,6 +78,8 @@ class TaskEvidence:
     ns: int
     after_migration: bool = False
     what: str = "task"
+    tgid: int = 0
+    workload: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -373,7 +373,8 @@ def runq_wait(top: TaskEvidence, ctx: RemedyContext) -> str | None:
     if _PER_CPU_KTHREAD.match(top.comm):
         return keep_job_off(ctx, top.cpus)
     spare = [c for c in ctx.free_of_job() if c not in top.cpus]
-    return move_away(top.tid, spare) if spare else isolate(top.tid, ctx)
+    pid = top.tgid or top.tid  # taskset -a moves all of its process's threads
+    return move_away(pid, spare) if spare else isolate(pid, ctx)
 
 
 # Faults slower than this on average are huge-page allocations (zeroing 2 MiB, compaction),

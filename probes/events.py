@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from gpujitter.probes.workload import Workload
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 5
+SCHEMA_MINOR = 6
 
 _KINDS: dict[str, type[Event]] = {}
 _FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> field names
@@ -408,8 +408,10 @@ class Log2Hist(Event):
 class OffCpu(Event):
     """A watched thread was off CPU from ts_ns to end_ns. It left `cpu` in `state`; it became
     runnable at runnable_ns (== ts_ns when preempted) and waited on the run queue of cpu_in
-    until end_ns, while other_tid/other_comm ran there (the task it switched in after).
-    Emitted when the whole interval or the run-queue wait exceeds the probe's thresholds.
+    until end_ns, while other_tid/other_comm ran there (the task it switched in after);
+    other_tgid: that task's process (0: unknown, or gone before it was looked up; from
+    schema 1.6), whose workload a meta.workload names. Emitted when the whole interval or
+    the run-queue wait exceeds the probe's thresholds.
     io_dev: when the completion of a block request woke it from uninterruptible sleep (an
     I/O wait), that request's device as MAJ:MIN ("" otherwise), with its size and direction
     (io_op: read, write or other)."""
@@ -429,6 +431,7 @@ class OffCpu(Event):
     io_dev: str = ""
     io_bytes: int = 0
     io_op: str = ""
+    other_tgid: int = 0
 
     @property
     def blocked_ns(self) -> int:

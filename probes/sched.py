@@ -19,9 +19,11 @@ from typing import Any
 
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable, comm_str
 from gpujitter.probes.btf import BtfError, offset_cflags
-from gpujitter.probes.events import Event, Migration, NodeTime, OffCpu, ThreadSched
+from gpujitter.probes.events import Event, Migration, NodeTime, OffCpu, ThreadSched, WorkloadInfo
+from gpujitter.probes.host import HostPaths
 from gpujitter.probes.log2 import Log2Map
 from gpujitter.probes.registry import Hook, ProbeSpec, tracepoint_exists
+from gpujitter.probes.workload import TaskOwners
 
 STATES = ("preempted", "sleeping", "uninterruptible", "stopped", "other")  # ST_* in the .bpf.c
 IO_OPS = ("", "read", "write", "other")  # IO_* in the .bpf.c
@@ -62,6 +64,7 @@ class SchedProbe(BpfProbe):
         self._last_ns = 0
         self._cpu_node: dict[int, int] = {}
         self._hists: list[Log2Map] = []
+        self._owners = TaskOwners(HostPaths())
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
         flags = [*super().cflags(ctx), f"-DSCHED_NODES={self.nodes}"]
@@ -115,6 +118,12 @@ class SchedProbe(BpfProbe):
                 dst_node=rec.dst_node,
                 comm=comm_str(rec.comm),
             )
+        # The task that ran instead is named with its process, and that process's workload
+        # once (a hog in another pod), ahead of the record that names it.
+        other_tgid = self._owners.tgid_of(rec.other_tid)
+        workload = self._owners.first_seen(other_tgid)
+        if workload is not None:
+            self.deliver(WorkloadInfo(ts_ns=rec.ts_ns, tgid=other_tgid, workload=workload))
         return OffCpu(
             ts_ns=rec.ts_ns,
             end_ns=rec.end_ns,
@@ -128,6 +137,7 @@ class SchedProbe(BpfProbe):
             syscall=rec.syscall,
             other_tid=rec.other_tid,
             other_comm=comm_str(rec.other_comm),
+            other_tgid=other_tgid,
             comm=comm_str(rec.comm),
             io_dev=dev_name(rec.io_dev),
             io_bytes=rec.io_bytes,

@@ -236,6 +236,47 @@ class WorkloadReader:
         return None
 
 
+class TaskOwners:
+    """The process, and its workload, of tasks that evidence names but nobody watches (the
+    task that held a CPU while a watched thread waited for it): a thread id's process from
+    /proc/TID/status, cached (bounded); each process's workload announced once."""
+
+    def __init__(self, paths: HostPaths, max_cached: int = 4096) -> None:
+        self.paths = paths
+        self.max_cached = max_cached
+        self.workloads = WorkloadReader(paths, max_cached)
+        self._tgid: OrderedDict[int, int] = OrderedDict()
+        self._announced: OrderedDict[int, None] = OrderedDict()
+
+    def tgid_of(self, tid: int) -> int:
+        """The process of a task (0: gone, or no task). A tid reused by another process
+        before the cache forgets it is named as the first: the risk of a bounded cache."""
+        if tid <= 0:
+            return 0
+        if tid in self._tgid:
+            self._tgid.move_to_end(tid)
+            return self._tgid[tid]
+        raw = _read_raw(self.paths.proc / str(tid) / "status") or b""
+        m = re.search(rb"^Tgid:\s*(\d+)", raw, re.M)
+        tgid = int(m.group(1)) if m else 0
+        if tgid:
+            _remember(self._tgid, tid, tgid, self.max_cached)
+        return tgid
+
+    def first_seen(self, tgid: int) -> Workload | None:
+        """The workload of a process met for the first time (None: met before, or in none)."""
+        if tgid <= 0 or tgid in self._announced:
+            return None
+        _remember(self._announced, tgid, None, self.max_cached)
+        return self.workloads.of(tgid)
+
+
+def _remember(cache: OrderedDict[int, Any], key: int, value: Any, most: int) -> None:
+    cache[key] = value
+    if len(cache) > most:
+        cache.popitem(last=False)
+
+
 def _read_raw(path: Path) -> bytes | None:
     """A small procfs file's bytes, through the raw system calls (a quarter of what a
     text-mode open costs: this runs for every process at each refresh of a pod selection)."""

@@ -203,7 +203,12 @@ def _irq(e: Record, _start: int) -> str:
 
 def _task(e: Record, _start: int) -> str:
     tid = int(e.get("tid", 0))
-    who = f"{e.get('comm', '')} (tid {tid})" if tid else "an idle CPU or an unknown task"
+    tgid = int(e.get("tgid", 0))
+    pid = f"pid {tgid} " if tgid and tgid != tid else ""
+    where = f" in {_label(e.get('workload'))}" if e.get("workload") else ""
+    who = (
+        f"{e.get('comm', '')} ({pid}tid {tid}){where}" if tid else "an idle CPU or an unknown task"
+    )
     text = f"waited behind {who}{_cpus(e.get('cpus'))}: {_times(e)}"
     return text + (", after a cross-NUMA migration" if e.get("after_migration") else "")
 

@@ -289,6 +289,8 @@ class RunqWait(Cause):
                 TaskEvidence(
                     tid=ev.other_tid,
                     comm=ev.other_comm,
+                    tgid=ev.other_tgid,
+                    workload=ctx.workloads.get(ev.other_tgid, ""),
                     cpus=_cpus(group, "cpu_in"),
                     count=_spans(group),
                     ns=_ns(group),

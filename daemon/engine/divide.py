@@ -74,8 +74,10 @@ class Divider:
         causes: Sequence[Cause],
         gap_end: int,
         follow_budget: int = 0,
+        workloads: Mapping[int, str] | None = None,
     ) -> None:
         self.timelines = timelines
+        self.workloads = workloads or {}  # tgid -> workload label (meta.workload)
         self.topology = topology
         self.gpu_node = gpu_node
         self.config = config

@@ -282,7 +282,14 @@ class Engine:
     def _divider(self, gpu_node: int | None, gap_end: int, follow: bool = True) -> Divider:
         budget = self.config.waker_budget if follow else 0
         return Divider(
-            self._timelines, self.topology, gpu_node, self.config, CAUSE_ORDER, gap_end, budget
+            self._timelines,
+            self.topology,
+            gpu_node,
+            self.config,
+            CAUSE_ORDER,
+            gap_end,
+            budget,
+            self._workloads,
         )
 
     def _gpu_node(self, gpu: int) -> int | None:

@@ -22,6 +22,7 @@ from gpujitter.probes.events import (
     NodeTime,
     OffCpu,
     ThreadSched,
+    WorkloadInfo,
 )
 from gpujitter.probes.sched import SchedProbe
 from gpujitter.probes.topology import load_topology
@@ -322,3 +323,47 @@ def test_waits_on_block_reads_carry_the_disk(tmp_path: Path) -> None:
     assert len(sleeps) == 3
     assert all(e.io_dev == "" and e.io_bytes == 0 and e.io_op == "" for e in sleeps)
     assert rec.status("sched").state == "running"
+
+
+CONTAINER_ID = "c0ffee" * 10 + "beef"  # 64 hex digits: a Docker scope's name
+
+
+@pytest.fixture
+def docker_scope() -> Any:
+    """A cgroup laid out as Docker's systemd driver makes one (cgroup v2), for a process to
+    be moved into: the workload reader names it docker <id> (no runtime files here)."""
+    root = Path("/sys/fs/cgroup/unified")
+    if not (root / "cgroup.procs").exists():
+        root = Path("/sys/fs/cgroup")
+    scope = root / "system.slice" / f"docker-{CONTAINER_ID}.scope"
+    scope.mkdir(parents=True, exist_ok=True)
+    yield scope
+    for pid in (scope / "cgroup.procs").read_text().split():
+        (root / "cgroup.procs").write_text(pid)
+    scope.rmdir()
+
+
+def test_the_task_that_ran_instead_is_named_with_its_process_and_container(
+    docker_scope: Path,
+) -> None:
+    """The hog runs in a container: the run-queue waits name its process, and its workload
+    is announced once, before the first record that names it."""
+    with (
+        hog(1, "gj-hog", fifo_priority=10, busy_s=0.005) as spinner,
+        Child("""
+        pin(1)
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(5))
+        spin(0.5)
+    """) as child,
+    ):
+        (docker_scope / "cgroup.procs").write_text(str(spinner.pid))
+        rec = run_probes(
+            ["sched"], child.load, watch=WatchSpec(pids={child.pid}), thresholds=EVERYTHING
+        )
+    behind = [e for e in rec.of(OffCpu, tid=child.pid) if e.other_comm == "gj-hog"]
+    assert behind and all(e.other_tgid == spinner.pid for e in behind)
+    infos = rec.of(WorkloadInfo, tgid=spinner.pid)
+    assert [(i.workload.kind, i.workload.container_id) for i in infos] == [
+        ("container", CONTAINER_ID)
+    ]
+    assert rec.events.index(infos[0]) < rec.events.index(behind[0])

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpujitter.daemon import remedies
+from gpujitter.daemon.describe import one_line
 from gpujitter.daemon.engine import Engine
 from gpujitter.daemon.engine.divide import MAX_HOPS
 from gpujitter.daemon.gaps import UNKNOWN_GPU
@@ -21,6 +22,8 @@ from gpujitter.daemon.records import (
     SyscallEvidence,
     TaskEvidence,
 )
+from gpujitter.probes.events import WorkloadInfo
+from gpujitter.probes.workload import Workload
 from tests.fixtures.streams.synthetic import (
     CONFIG,
     MS,
@@ -529,3 +532,21 @@ def test_a_thread_waiting_to_run_takes_no_irq_time():
     s = Stream().idle(120, 8).irq(100, 140, 36, "nvme0q1", count=40, total=8)
     attr = s.ran(0, 1000).gap(100, 140).one()
     assert parts_ms(attr) == {"host_work": 25.6, "idle_wake": 8, "irq": 6.4}
+
+
+def test_the_task_that_ran_instead_carries_its_process_and_workload():
+    """A hog in another tenant's container: the evidence names its process and container,
+    the one-liner says where it runs, and the remedy moves its whole process."""
+    hog = WorkloadInfo(ts_ns=ns(1), tgid=550, workload=Workload(kind="container",
+                       container_id="ab" * 32, runtime="docker"))  # fmt: skip
+    s = Stream().add(hog).offcpu(100, 125, runnable=100, state="preempted", other=555,
+                                 other_comm="hog", other_tgid=550)  # fmt: skip
+    attr = s.ran(0, 1000).gap(100, 140).one()
+    (task,) = evidence(attr, "runq_wait")
+    assert (task.tid, task.tgid, task.workload) == (555, 550, "docker abababababab")
+    assert "behind hog (pid 550 tid 555) in docker abababababab on CPU 0" in one_line(attr)
+    assert attr.remedies[0] == f"runq_wait: {remedies.move_away(550, [1, 2, 3])}"
+    # Unknown process (a record from before schema 1.6): named by its thread, as before.
+    old = Stream().offcpu(100, 125, runnable=100, state="preempted", other=555, other_comm="hog")
+    (task,) = evidence(old.ran(0, 1000).gap(100, 140).one(), "runq_wait")
+    assert (task.tgid, task.workload) == (0, "")

@@ -25,6 +25,7 @@ from gpujitter.probes.events import WorkloadInfo, from_record, to_record
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import WHY_CGROUP, WHY_FORK, CoreBpf, WatchSpec, resolve
 from gpujitter.probes.workload import (
+    TaskOwners,
     Workload,
     WorkloadReader,
     label,
@@ -358,6 +359,12 @@ def test_tui_decodes_the_label_leniently_and_shows_it_inert() -> None:
     assert "in slurm job 1234 step 0" in text  # another workload than the critical thread's
     assert decode.attribution({**rec, "workload": {"pod": 1}}).workload == ""
     assert decode.attribution({k: v for k, v in rec.items() if k != "workload"}).workload == ""
+    # The task that ran instead, in another pod: named with its process and pod, inert.
+    task = {"what": "task", "tid": 555, "tgid": 550, "comm": "hog", "cpus": [3], "count": 2,
+            "ns": 9_000_000, "workload": f"pod other/{HOSTILE_POD}/c"}  # fmt: skip
+    line = decode.describe_evidence(task, 0)
+    assert line.startswith("waited behind hog (pid 550 tid 555) in pod other/\\x1b]0;")
+    assert controls(line) == []
 
 
 def test_pods_and_slurm_jobs_from_file_environment_and_flags(tmp_path: Path) -> None:
@@ -425,3 +432,27 @@ def test_idle_time_per_pod_and_slurm_job_is_a_bounded_metric(monkeypatch) -> Non
             ("1", "", "_other", ""): 0.5,
         }
     )
+
+
+def test_task_owners_name_a_threads_process_and_announce_its_workload_once(
+    host_tree: MakeTree,
+) -> None:
+    """The task that ran instead is often a thread: its process comes from /proc/TID/status,
+    the process's workload is said the first time it is met, and a task already gone reads
+    as unknown (0) without an error."""
+    paths = host_tree(
+        files={
+            "proc/301/status": "Name:\tworker\nTgid:\t300\nPid:\t301\n",
+            "proc/300/status": "Name:\tworker\nTgid:\t300\nPid:\t300\n",
+            **_cgroup(300, SLURM_CGROUP),
+            "proc/7/status": "Name:\tbash\nTgid:\t7\n",
+            **_cgroup(7, "0::/user.slice\n"),
+        }
+    )
+    owners = TaskOwners(paths, max_cached=2)
+    assert [owners.tgid_of(t) for t in (301, 300, 7, 999, 0)] == [300, 300, 7, 0, 0]
+    first = owners.first_seen(300)
+    assert first is not None and label(first) == "slurm job 1234 step 0"
+    assert owners.first_seen(300) is None  # said once
+    assert owners.first_seen(7) is None  # in no workload: nothing to say
+    assert owners.first_seen(0) is None
