@@ -173,14 +173,6 @@ def io_wait(device: str, op: str, device_node: int, gpu_node: int) -> str:
     return fix
 
 
-def irqbalance_ban(cpus: list[int] | tuple[int, ...]) -> str:
-    """Keep irqbalance running but away from the GPU-feeding CPUs."""
-    return (
-        f"echo 'IRQBALANCE_BANNED_CPULIST={format_cpulist(list(cpus))}' >> /etc/default/irqbalance"
-        " && systemctl restart irqbalance"
-    )
-
-
 def jemalloc_conf() -> str:
     return f"MALLOC_CONF={JEMALLOC_CONF} <command>"
 

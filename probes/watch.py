@@ -43,7 +43,6 @@ from gpujitter.probes.workload import WorkloadReader, matches_pod, matches_slurm
 # Why a process is in the kernel map (the map's value, bits): must match watch.bpf.c.
 WHY_PID, WHY_COMM, WHY_CGROUP, WHY_GPU, WHY_FORK = 0x01, 0x02, 0x04, 0x08, 0x80
 EXIT_PROCESS, EXIT_THREAD = 1, 2  # proc_event.exited (watch.bpf.c GJ_EXIT_*)
-_WHY_NAMES = {WHY_PID: "pid", WHY_COMM: "comm", WHY_CGROUP: "cgroup", WHY_GPU: "gpu"}
 
 CFG_FLAGS, CFG_SELF_TGID, CFG_GEN = 0, 1, 2  # gj_config slots (gpujitter.h GJ_CFG_*)
 WATCH_ALL = 1
@@ -317,10 +316,3 @@ def _is_process(paths: HostPaths, tgid: int) -> bool:
         if line.startswith("Tgid:"):
             return int(line.split()[1]) == tgid
     return False
-
-
-def why_names(why: int) -> list[str]:
-    names = [name for bit, name in _WHY_NAMES.items() if why & bit]
-    if why & WHY_FORK:
-        names.append("fork")
-    return names

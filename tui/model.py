@@ -45,10 +45,6 @@ def handles(*kinds: str) -> Callable[[Handler], Handler]:
     return register
 
 
-def known_kinds() -> frozenset[str]:
-    return frozenset(_HANDLERS)
-
-
 @dataclass(slots=True)
 class Hello:
     host: str = ""

@@ -2,6 +2,6 @@
 feeding threads from launching (docs/attribution.md). One code path for the daemon, offline
 reports and drills: feed events in, take Attribution records out."""
 
-from gpujitter.daemon.engine.engine import Engine, EngineConfig, EngineStats, replay
+from gpujitter.daemon.engine.engine import Engine, EngineConfig, EngineStats
 
-__all__ = ["Engine", "EngineConfig", "EngineStats", "replay"]
+__all__ = ["Engine", "EngineConfig", "EngineStats"]

@@ -12,7 +12,7 @@ the order it feeds them; replay then reproduces the live attributions.
 from __future__ import annotations
 
 from bisect import insort
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -462,13 +462,3 @@ def _at(history: list[tuple[int, Any]], t: int) -> Any:
     if before:
         return before[-1]
     return history[0][1] if history else None
-
-
-def replay(
-    events: Iterable[Event], topology: Topology, config: EngineConfig | None = None
-) -> Iterator[Attribution]:
-    """Run a whole stream through one engine (report and drills replay traces this way)."""
-    engine = Engine(topology, config)
-    for ev in events:
-        yield from engine.feed(ev)
-    yield from engine.flush()

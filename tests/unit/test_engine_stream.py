@@ -11,7 +11,7 @@ from dataclasses import replace
 import orjson
 import pytest
 
-from gpujitter.daemon.engine import Engine, EngineConfig, replay
+from gpujitter.daemon.engine import Engine, EngineConfig
 from gpujitter.daemon.records import Attribution
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import (
@@ -32,6 +32,7 @@ from tests.fixtures.streams.synthetic import (
     evidence,
     ns,
     parts_ms,
+    replay,
 )
 
 SEC = 1000 * MS
@@ -121,8 +122,8 @@ def test_records_do_not_depend_on_the_hash_seed():
     code = (
         "from tests.fixtures.streams.feeding import FeedingLoop;"
         "from tests.unit.test_engine_stream import PLAN, records;"
-        "from tests.fixtures.streams.synthetic import CONFIG, TWO_NODES;"
-        "from gpujitter.daemon.engine import replay;import hashlib;"
+        "from tests.fixtures.streams.synthetic import CONFIG, TWO_NODES, replay;"
+        "import hashlib;"
         "out = records(list(replay(FeedingLoop(PLAN).build().delivered(3), TWO_NODES, CONFIG)));"
         "print(hashlib.sha256(out).hexdigest())"
     )

@@ -13,7 +13,6 @@ from gpujitter.text import printable
 from gpujitter.tui.inbox import Connection, ReplayPosition
 from gpujitter.tui.model import NodeModel
 
-SHORT = {"running": "on", "degraded": "degr", "unavailable": "unavail"}
 STATE_STYLE = {"running": "green", "degraded": "yellow", "unavailable": "red", "off": "dim"}
 
 
