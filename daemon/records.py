@@ -284,6 +284,20 @@ class Attribution(Event):
         return f"{self.gpu}:{self.ts_ns}"
 
     @property
+    def gap(self) -> GpuGap:
+        """The gap it attributes, as far as the attribution repeats it (the threads that
+        launched around it are not repeated)."""
+        return GpuGap(
+            ts_ns=self.ts_ns,
+            end_ns=self.end_ns,
+            gpu=self.gpu,
+            sources=self.sources,
+            resolution_ns=self.resolution_ns,
+            confidence=self.confidence,
+            tgids=self.tgids,
+        )
+
+    @property
     def top_cause(self) -> str:
         return self.parts[0].cause if self.parts else "unexplained"
 

@@ -22,10 +22,11 @@ from gpujitter.cli.options import add_watch_args, watch_from_args
 from gpujitter.cli.output import print_ndjson
 from gpujitter.cli.probe import _stop_on_signals
 from gpujitter.daemon.gaps import UNKNOWN_GPU, GapConfig, GapDetector
-from gpujitter.daemon.records import GpuGap
+from gpujitter.daemon.recordings import TRACE, open_recording
+from gpujitter.daemon.records import Attribution, GpuGap
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref, format_wall
-from gpujitter.probes.events import ClockRef, Event, ProbeStatus, from_record, to_record
+from gpujitter.probes.events import ClockRef, Event, ProbeStatus, to_record
 from gpujitter.text import printable
 from gpujitter.units import format_ns, parse_duration_ns
 
@@ -77,7 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class Printer:
     """Gaps (and probe health changes) as text lines or NDJSON records."""
 
-    def __init__(self, as_json: bool, ref: ClockRef) -> None:
+    def __init__(self, as_json: bool, ref: ClockRef | None) -> None:
         self.as_json = as_json
         self.ref = ref
         self.gaps = 0
@@ -91,11 +92,15 @@ class Printer:
         gpu = "?" if gap.gpu == UNKNOWN_GPU else str(gap.gpu)
         threads = f"  tid {gap.tid_before}->{gap.tid_after}" if gap.tid_after else ""
         print(
-            f"{format_wall(self.ref, gap.ts_ns)}  GPU {gpu}  idle {format_ns(gap.dur_ns):>9}"
+            f"{self._when(gap.ts_ns)}  GPU {gpu}  idle {format_ns(gap.dur_ns):>9}"
             f"  {'+'.join(gap.sources):<15} ±{format_ns(gap.resolution_ns):<7}"
             f" conf {gap.confidence:.2f}  pids {' '.join(map(str, gap.tgids)) or '-'}{threads}",
             flush=True,
         )
+
+    def _when(self, ts_ns: int) -> str:
+        """Wall time, or seconds since boot for a recording without a clock (a log)."""
+        return format_wall(self.ref, ts_ns) if self.ref else f"t={ts_ns / 1e9:.6f}s"
 
     def status(self, st: ProbeStatus) -> None:
         key = f"{st.state}:{st.reason}"
@@ -114,18 +119,22 @@ def detector_from_args(args: argparse.Namespace) -> GapDetector:
 
 
 def replay(args: argparse.Namespace, out: Printer) -> int:
-    detector = detector_from_args(args)
+    """The detector over any recording's events; an attribution log's gaps as it logged them
+    (it holds no events to detect from)."""
     try:
-        lines = args.replay_events.read_bytes().splitlines()
-    except OSError as err:
-        raise GpujitterError(f"--replay-events {args.replay_events}: {err.strerror}") from None
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            ev = from_record(orjson.loads(line))
-        except (orjson.JSONDecodeError, ValueError) as err:
-            raise GpujitterError(f"--replay-events {args.replay_events}:{n}: {err}") from None
+        rec = open_recording([args.replay_events])
+    except GpujitterError as err:
+        raise GpujitterError(f"--replay-events: {err}") from None
+    if rec.kind != TRACE and not args.json:
+        print(printable(f"# reading {rec.what}"), file=sys.stderr)
+    out.ref = rec.header.clock if rec.wall_clock else None
+    if rec.analysed:
+        for ev in rec:
+            if isinstance(ev, Attribution):
+                out.gap(ev.gap)
+        return 0
+    detector = detector_from_args(args)
+    for ev in rec:
         for gap in detector.feed(ev):
             out.gap(gap)
     for gap in detector.flush():
@@ -151,7 +160,8 @@ def start_nvml(args: argparse.Namespace, emit: Callable[[Event], Any]) -> tuple[
 
 
 def run(args: argparse.Namespace) -> int:
-    out = Printer(args.json, clock_ref())
+    ref = clock_ref()
+    out = Printer(args.json, ref)
     if args.replay_events is not None:
         return replay(args, out)
     from gpujitter.probes.gpu import SamplerThread
@@ -168,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
     detector = detector_from_args(args)
     events: queue.Queue[Event] = queue.Queue()
     sink: IO[bytes] | None = open(args.save_events, "wb") if args.save_events else None  # noqa: SIM115
+    if sink is not None:  # the wall clock, for the readers of the file (docs/postmortem.md)
+        sink.write(orjson.dumps(to_record(ref)) + b"\n")
     sampler, backend = start_nvml(args, events.put)
     watch = watch_from_args(args)
     if sampler is not None:

@@ -18,7 +18,8 @@ def add_traces_arg(p: argparse.ArgumentParser) -> None:
         "traces",
         nargs="+",
         metavar="TRACE",
-        help="trace files, directories of them (a rotated recording) or glob patterns",
+        help="recordings: trace files, directories of them (a rotated recording), events "
+        "files (gaps --save-events) or attribution logs; files or glob patterns",
     )
 
 

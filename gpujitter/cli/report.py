@@ -18,8 +18,9 @@ from gpujitter.cli.output import print_json, table
 from gpujitter.daemon.describe import gpu_name, one_line
 from gpujitter.daemon.engine.causes import cause_label
 from gpujitter.daemon.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.recordings import TRACE, Recording, open_recording
 from gpujitter.daemon.records import Attribution, GpuGap
-from gpujitter.daemon.trace import TraceHeader, TraceSet
+from gpujitter.daemon.trace import TraceHeader
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import format_wall
 from gpujitter.probes.events import Event, to_record
@@ -60,11 +61,14 @@ def count(text: str) -> int:
     return n
 
 
-def parse_when(text: str, header: TraceHeader) -> int:
+def parse_when(text: str, rec: Recording) -> int:
     """A user's point in time -> CLOCK_MONOTONIC ns of the recording."""
+    header = rec.header
     m = _OFFSET.match(text.strip())
     if m:
         return header.start_ns + parse_duration_ns(m.group(1), "s")
+    if not rec.wall_clock:
+        raise GpujitterError(f"{rec.what} has no wall clock: give times as +OFFSET (e.g. +90s)")
     start = datetime.fromtimestamp(header.start_wall_ns / 1e9).astimezone()
     parsed = _clock_time(text.strip(), start)
     if parsed is None:
@@ -104,16 +108,17 @@ def write_html(
     path: Path,
     attrs: list[Attribution],
     header: TraceHeader,
-    traces: TraceSet,
+    traces: Recording,
     start_ns: int,
     end_ns: int,
     top: int,
 ) -> None:
     from gpujitter.daemon.html_report import render
 
+    watching = f"; watching {header.watch or 'everything'}" if traces.kind == TRACE else ""
     meta = [
-        f"{header.host} ({header.kernel}); {len(traces.paths)} trace file(s); probes: "
-        f"{', '.join(header.probes)}; watching {header.watch or 'everything'}",
+        source_line(traces) + watching,
+        *([] if traces.wall_clock else ["no wall clock in it: times are since the node booted"]),
         *filter(None, [override_line(header.topology)]),
         *(f"damage: {note}" for note in traces.damage),
     ]  # fmt: skip
@@ -140,11 +145,23 @@ def summarise(attrs: list[Attribution]) -> dict[int, dict[str, Any]]:
     }
 
 
+def source_line(rec: Recording) -> str:
+    """What is being read, as the first line of a report says it."""
+    header = rec.header
+    if rec.kind != TRACE:
+        return f"{rec.what}: {', '.join(map(str, rec.paths))}"
+    return (
+        f"{header.host} ({header.kernel}), recorded from "
+        f"{format_wall(header.clock, header.start_ns, date=True)}; {len(rec.paths)} file(s); "
+        f"probes: {', '.join(header.probes)}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    traces = TraceSet(args.traces)
-    header = traces.headers[0]
-    start = parse_when(args.start, header) if args.start else None
-    end = parse_when(args.end, header) if args.end else None
+    traces = open_recording(args.traces)
+    header = traces.header
+    start = parse_when(args.start, traces) if args.start else None
+    end = parse_when(args.end, traces) if args.end else None
     config = AnalysisConfig.from_record(header.analysis)
 
     def wanted(ev: GpuGap | Attribution) -> bool:
@@ -164,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
             span[:] = [min(span[0], ev.ts_ns), max(span[1], ev.ts_ns)] if span else [ev.ts_ns] * 2
             yield ev
 
-    for out in analyse(events(), header.topology, config):
+    for out in events() if traces.analysed else analyse(events(), header.topology, config):
         if isinstance(out, (GpuGap, Attribution)):
             seen_gpus.add(out.gpu)
         if isinstance(out, Attribution) and wanted(out):
@@ -178,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({
             "traces": [str(p) for p in traces.paths],
+            "format": traces.kind,
             "host": header.host,
             "kernel": header.kernel,
             "start_wall_ns": header.start_wall_ns,
@@ -189,9 +207,7 @@ def run(args: argparse.Namespace) -> int:
         })  # fmt: skip
         return 0
     # A trace is a file from elsewhere: whatever it holds is shown inert (gpujitter.text).
-    print(printable(f"{header.host} ({header.kernel}), recorded from "
-          f"{format_wall(header.clock, header.start_ns, date=True)}; "
-          f"{len(traces.paths)} file(s); probes: {', '.join(header.probes)}"))  # fmt: skip
+    print(printable(source_line(traces)))
     if header.topology.override:
         print(printable(override_line(header.topology)))
     for note in traces.damage:
@@ -214,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
         print(table(["CAUSE", "TIME", "SHARE"], rows))
     print(f"\nlongest {min(args.top, len(attrs))} gaps:")
     for a in sorted(attrs, key=lambda a: (-a.dur_ns, a.ts_ns))[: args.top]:
-        print(one_line(a, header.clock))
+        print(one_line(a, header.clock if traces.wall_clock else None))
         for remedy in a.remedies:
             print(f"    fix: {printable(remedy)}")
     return 0

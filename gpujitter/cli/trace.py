@@ -11,6 +11,7 @@ from typing import Any
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import add_traces_arg
 from gpujitter.cli.output import print_json, table
+from gpujitter.daemon.recordings import TRACE, Recording, open_recording
 from gpujitter.daemon.trace import TraceHeader, TraceReader, TraceSet
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import format_wall
@@ -50,8 +51,35 @@ def inspect(path: Path) -> dict[str, Any]:
         }
 
 
+def inspect_other(rec: Recording) -> dict[str, Any]:
+    """An events file or an attribution log: its events per kind, span and damage."""
+    kinds: Counter[str] = Counter()
+    first = last = None
+    error = None
+    try:
+        for ev in rec:
+            kinds[ev.KIND] += 1
+            first = ev.ts_ns if first is None else first
+            last = ev.ts_ns
+    except GpujitterError as err:
+        error = str(err)
+    return {
+        "paths": [str(p) for p in rec.paths],
+        "format": rec.kind,
+        "events": sum(kinds.values()),
+        "kinds": dict(sorted(kinds.items())),
+        "first_ns": first,
+        "last_ns": last,
+        "damage": rec.damage + ([error] if error else []),
+        "readable": error is None,
+    }
+
+
 def run(args: argparse.Namespace) -> int:
-    traces = TraceSet(args.traces)
+    rec = open_recording(args.traces)
+    if rec.kind != TRACE:
+        return run_other(rec, args.json)
+    traces = TraceSet(rec.paths)
     files = [inspect(p) for p in traces.paths]
     kinds: Counter[str] = Counter()
     for f in files:
@@ -71,6 +99,35 @@ def run(args: argparse.Namespace) -> int:
             print(f"total: {len(files)} files, {result['events']} events")
             print(table(["KIND", "EVENTS"], sorted(kinds.items())))
     return 0 if all(f["readable"] for f in files) else 1
+
+
+def run_other(rec: Recording, as_json: bool) -> int:
+    f = inspect_other(rec)
+    if as_json:
+        print_json(f)
+        return 0 if f["readable"] else 1
+    clock = rec.header.clock if rec.wall_clock else None
+    span = "none"
+    if f["first_ns"] is not None:
+        span = (
+            f"{format_wall(clock, f['first_ns'], date=True)} .. {format_wall(clock, f['last_ns'])}"
+            if clock
+            else f"t={f['first_ns']}ns .. t={f['last_ns']}ns"
+        ) + f" ({format_ns(f['last_ns'] - f['first_ns'])})"
+    lines = [
+        f"{', '.join(f['paths'])}  ({rec.what}: no header, so no host, probes or topology)",
+        f"  events {span}",
+        kinds_line(f),
+        *([f"  damage: {d}" for d in f["damage"]] or ["  damage: none"]),
+    ]
+    print("\n".join(printable(line) for line in lines))
+    return 0 if f["readable"] else 1
+
+
+def kinds_line(f: dict[str, Any]) -> str:
+    return f"  {f['events']} events: " + (
+        ", ".join(f"{k} {n}" for k, n in f["kinds"].items()) or "none"
+    )
 
 
 def describe(f: dict[str, Any], header: TraceHeader) -> str:
@@ -100,8 +157,7 @@ def describe(f: dict[str, Any], header: TraceHeader) -> str:
         f"  topology: {len(topo.cpus)} CPUs on {len(topo.nodes)} node(s)"
         + (f", override {topo.override}" if topo.override else "")
         + (f"; {topo.unknown_gpu_note()}" if topo.unknown_gpu_note() else ""),
-        f"  {f['events']} events: "
-        + (", ".join(f"{k} {n}" for k, n in f["kinds"].items()) or "none"),
+        kinds_line(f),
     ]
     damage = [d.removeprefix(f"{f['path']}: ") for d in f["damage"]]
     lines += [f"  damage: {d}" for d in damage] or ["  damage: none"]

@@ -68,7 +68,7 @@ def test_trace_reports_corruption_with_exit_1_and_refuses_foreign_files(
     (tmp_path / "x.txt").write_text("hello")
     assert main(["trace", str(tmp_path / "x.txt")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "not a gpujitter trace" in err
+    assert err.count("\n") == 1 and "not a gpujitter recording" in err
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,159 @@
+"""Every offline command reads every recording gpujitter writes — a trace, an events file
+(`gaps --save-events`), an attribution log — told apart by content, and says what it read;
+anything else is one line and exit 2."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpujitter.cli import main
+from gpujitter.daemon.jsonlog import JsonLog
+from gpujitter.daemon.recordings import EVENTS, LOG, TRACE, open_recording
+from gpujitter.daemon.trace import TraceReader
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.events import to_record
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "h200-training.gjtrace"
+
+
+@pytest.fixture(scope="module")
+def formats(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The example trace, its events as `gaps --save-events` writes them (wall clock first),
+    and the attribution log `run --log` wrote of it."""
+    out = tmp_path_factory.mktemp("formats")
+    with TraceReader(EXAMPLE) as reader:
+        clock = reader.header.clock
+        events = list(reader)
+    (out / "events.ndjson").write_bytes(
+        b"".join(orjson.dumps(to_record(e)) + b"\n" for e in [clock, *events])
+    )
+    with JsonLog(out / "attributions.jsonl") as log:
+        for rec in _run_json(["report", "--json", str(EXAMPLE)])["attributions"]:
+            log.write(rec)
+    return {TRACE: EXAMPLE, EVENTS: out / "events.ndjson", LOG: out / "attributions.jsonl"}
+
+
+def _run(argv: list[str]) -> str:
+    """A command's standard output (its JSON writers write bytes, so a real buffer)."""
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+        out.flush()
+    return out.buffer.getvalue().decode()  # type: ignore[attr-defined]
+
+
+def _run_json(argv: list[str]) -> dict:
+    return json.loads(_run(argv))
+
+
+@pytest.mark.parametrize("kind", [TRACE, EVENTS, LOG])
+def test_each_format_is_told_by_its_content(formats: dict[str, Path], kind: str) -> None:
+    rec = open_recording([formats[kind]])
+    assert rec.kind == kind
+    assert rec.analysed == (kind == LOG)
+    assert rec.wall_clock == (kind != LOG)  # a log carries no clock reference
+
+
+@pytest.mark.parametrize("kind", [EVENTS, LOG])
+def test_report_of_any_format_equals_the_traces(formats: dict[str, Path], kind: str) -> None:
+    want = _run_json(["report", "--json", str(formats[TRACE])])
+    got = _run_json(["report", "--json", str(formats[kind])])
+    assert got["format"] == kind
+    assert got["summary"] == want["summary"]
+    if kind == EVENTS:
+        # No topology in an events file: the GPU's node, the disks' names and the free
+        # CPUs are not known, so evidence and remedies say less; the division of time is
+        # the same.
+        assert {a["gpu_node"] for a in got["attributions"]} == {-1}
+        got["attributions"], want["attributions"] = (
+            [[(a["ts_ns"], p["cause"], p["ns"]) for p in a["parts"]] for a in x["attributions"]]
+            for x in (got, want)
+        )
+    assert got["attributions"] == want["attributions"]
+
+
+def test_report_says_what_it_reads_and_keeps_times_honest(
+    formats: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", str(formats[LOG])]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("an attribution log (attributions as logged, not re-analysed): ")
+    assert "GPU0 idle 35.99ms at t=" in out  # no wall clock in a log: no invented dates
+    assert main(["report", "--from", "12:01:50", str(formats[LOG])]) == 2
+    assert "has no wall clock: give times as +OFFSET" in capsys.readouterr().err
+    assert main(["report", str(formats[EVENTS])]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("an events file (gaps --save-events): ")
+    assert "GPU0 idle 35.99ms at 12:0" in out  # the file's own clock
+
+
+@pytest.mark.parametrize("kind", [TRACE, EVENTS, LOG])
+def test_gaps_replay_reads_every_format_with_the_same_gaps(
+    formats: dict[str, Path], kind: str
+) -> None:
+    def gaps(path: Path) -> list[tuple[int, int]]:
+        printed = _run(["gaps", "--replay-events", str(path), "--json"]).splitlines()
+        return [(r["ts_ns"], r["end_ns"]) for r in map(json.loads, printed)]
+
+    attributed = _run_json(["report", "--json", str(formats[TRACE])])["attributions"]
+    # Every attributed gap is among the detector's (a log holds only the attributed ones).
+    assert {(a["ts_ns"], a["end_ns"]) for a in attributed} <= set(gaps(formats[kind]))
+    if kind != LOG:
+        assert gaps(formats[kind]) == gaps(formats[TRACE])
+
+
+@pytest.mark.parametrize("kind", [EVENTS, LOG])
+def test_trace_summarises_any_format(
+    formats: dict[str, Path], kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    got = _run_json(["trace", "--json", str(formats[kind])])
+    assert got["format"] == kind and got["readable"] and got["damage"] == []
+    if kind == LOG:
+        assert got["kinds"] == {"gpu.attribution": 32}
+    else:
+        with TraceReader(EXAMPLE) as reader:
+            assert got["events"] == sum(1 for _ in reader) + 1  # and the meta.clock
+
+
+def test_a_torn_events_file_is_read_to_its_tear(
+    formats: dict[str, Path], tmp_path: Path
+) -> None:
+    whole = formats[EVENTS].read_bytes()
+    torn = tmp_path / "torn.ndjson"
+    torn.write_bytes(whole[: len(whole) - 40])  # the writer stopped mid-line
+    rec = open_recording([torn])
+    n = sum(1 for _ in rec)
+    assert n == whole.count(b"\n") - 1
+    assert rec.damage == [f"{torn}: torn last line ({len(whole.splitlines()[-1]) - 39} bytes)"]
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"hello\n", "not a gpujitter recording"),
+        (b"", "not a gpujitter recording"),
+        (b'{"type": "no.such.kind", "ts_ns": 1}\n', "not a gpujitter recording"),
+        (b'{"schema": "gpujitter.stream/1", "type": "hello"}\n', "not a gpujitter recording"),
+        (b"\x89GJTRAC", "not a gpujitter recording"),
+    ],
+)
+def test_anything_else_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, why: str
+) -> None:
+    path = tmp_path / "x"
+    path.write_bytes(content)
+    for argv in (["report"], ["trace"], ["gaps", "--replay-events"]):
+        assert main([*argv, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert why in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_mixed_kinds_are_refused(formats: dict[str, Path]) -> None:
+    with pytest.raises(GpujitterError, match="mixed recordings"):
+        open_recording([formats[TRACE], formats[LOG]])
