@@ -121,9 +121,7 @@ def test_trace_summarises_any_format(
             assert got["events"] == sum(1 for _ in reader) + 1  # and the meta.clock
 
 
-def test_a_torn_events_file_is_read_to_its_tear(
-    formats: dict[str, Path], tmp_path: Path
-) -> None:
+def test_a_torn_events_file_is_read_to_its_tear(formats: dict[str, Path], tmp_path: Path) -> None:
     whole = formats[EVENTS].read_bytes()
     torn = tmp_path / "torn.ndjson"
     torn.write_bytes(whole[: len(whole) - 40])  # the writer stopped mid-line
