@@ -25,7 +25,9 @@ from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import BadRecord, ClockRef, Event, event_kinds, from_record
 from gpujitter.probes.topology import Topology
 
-TRACE, EVENTS, LOG = "trace", "events", "log"
+TRACE, EVENTS, LOG, STREAM = "trace", "events", "log", "stream"
+# A captured socket stream (its first line the hello naming it): only `top --replay` plays it.
+STREAM_PREFIX = "gpujitter.stream/"
 WHAT = {
     TRACE: "a trace",
     EVENTS: "an events file (gaps --save-events)",
@@ -54,6 +56,8 @@ def sniff(path: Path) -> str:
         schema = first.get("schema")
         if isinstance(schema, str) and schema.startswith(LOG_SCHEMA.rsplit("/", 1)[0] + "/"):
             return LOG
+        if isinstance(schema, str) and schema.startswith(STREAM_PREFIX):
+            return STREAM
         if "schema" not in first and first.get("type") in event_kinds():
             return EVENTS
     raise GpujitterError(f"{path}: not a gpujitter recording ({FORMATS})")
@@ -106,6 +110,10 @@ def open_recording(args: Sequence[str | Path]) -> Recording:
     if len(kinds) > 1:
         raise GpujitterError(f"mixed recordings ({', '.join(sorted(kinds))}): give one kind")
     (kind,) = kinds
+    if kind == STREAM:
+        raise GpujitterError(
+            f"{paths[0]}: a captured socket stream: play it with gpujitter top --replay"
+        )
     if kind == TRACE:
         traces = TraceSet(paths)
         return Recording(TRACE, traces.paths, traces.headers[0], _traces=traces)

@@ -8,18 +8,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 import pytest
 
 from gpujitter.daemon.jsonlog import JsonLog
 from gpujitter.daemon.records import GpuGap
-from gpujitter.daemon.trace import TraceHeader, TraceWriter
+from gpujitter.daemon.trace import TraceHeader, TraceReader, TraceWriter
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import CpuStats, ProbeStatus
+from gpujitter.probes.events import CpuStats, ProbeStatus, to_record
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.topology import Topology
 from gpujitter.tui.inbox import Batch, Inbox, ReplayPosition
 from gpujitter.tui.sources.procstat import ProcCpuSampler
-from gpujitter.tui.sources.replay import ReplaySource, load_recording
+from gpujitter.tui.sources.replay import GAP_KINDS, ReplaySource, load_recording
 from tests.tui import node_stream
 from tests.tui.conftest import STREAM
 
@@ -211,3 +212,22 @@ def test_kernel_counter_sampler_gives_deltas_and_flags_remote_irqs(tmp_path: Pat
 
 def test_the_committed_stream_fixture_is_what_its_generator_writes() -> None:
     assert STREAM.read_bytes() == node_stream.ndjson(node_stream.stream())
+
+
+def test_an_events_file_replays_through_the_pipeline_as_a_trace_does(tmp_path: Path) -> None:
+    """`gaps --save-events` output plays in `top --replay` with the gaps and attributions a
+    trace of the same events gives (it used to show none, without a word)."""
+    example = Path(__file__).parents[2] / "examples" / "h200-training.gjtrace"
+    with TraceReader(example) as reader:
+        lines = [to_record(reader.header.clock), *(to_record(e) for e in reader)]
+    events = tmp_path / "events.ndjson"
+    events.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in lines))
+    _, from_trace = load_recording(example)
+    scene, from_events = load_recording(events)
+    assert [r["type"] for r in scene] == ["hello", "snapshot"]
+    assert scene[0]["clock"]["realtime_ns"] == lines[0]["realtime_ns"]
+
+    def gaps(records: list) -> list[tuple[str, int, int]]:
+        return [(r["type"], r["ts_ns"], r["end_ns"]) for r in records if r["type"] in GAP_KINDS]
+
+    assert gaps(from_events) == gaps(from_trace) and len(gaps(from_trace)) > 30

@@ -137,7 +137,7 @@ def test_a_torn_events_file_is_read_to_its_tear(formats: dict[str, Path], tmp_pa
         (b"hello\n", "not a gpujitter recording"),
         (b"", "not a gpujitter recording"),
         (b'{"type": "no.such.kind", "ts_ns": 1}\n', "not a gpujitter recording"),
-        (b'{"schema": "gpujitter.stream/1", "type": "hello"}\n', "not a gpujitter recording"),
+        (b'{"schema": "gpujitter.stream/1", "type": "hello"}\n', "play it with gpujitter top"),
         (b"\x89GJTRAC", "not a gpujitter recording"),
     ],
 )

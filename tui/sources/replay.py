@@ -1,8 +1,8 @@
-"""Replay of a recording: a trace (`gpujitter record`; its events go through StreamPipeline as
-the embedded source's do) or an NDJSON file of stream records (a captured socket stream, the
-attribution log). The records keep the recording's order and play against a replay clock:
-play/pause, step, jump to the next gap, seek (backwards starts the model over and plays up
-to the target at once), speed.
+"""Replay of a recording: a trace (`gpujitter record`) or an events file (`gaps --save-events`),
+whose events go through StreamPipeline as the embedded source's do, or an NDJSON file of
+stream records (a captured socket stream, the attribution log). The records keep the
+recording's order and play against a replay clock: play/pause, step, jump to the next gap,
+seek (backwards starts the model over and plays up to the target at once), speed.
 
 Commands arrive from the app's thread (ReplayControl) and are carried out on the worker's.
 """
@@ -22,7 +22,6 @@ from gpujitter.tui.inbox import ReplayPosition
 from gpujitter.tui.sources import Sink, Source
 
 Record = Mapping[str, Any]
-TRACE_MAGIC = b"\x89GJTRACE"
 CHUNK = 5000  # records per hand-over (the inbox blocks a replay instead of dropping)
 TICK_S = 0.05
 GAP_KINDS = ("gpu.gap", "gpu.attribution")
@@ -43,14 +42,10 @@ def emitted_at(rec: Record) -> int | None:
 def load_recording(path: Path) -> tuple[list[Record], list[Record]]:
     """(records that set the scene: the hello and snapshot before the first timed record;
     the rest, in the order they were sent or recorded)."""
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(len(TRACE_MAGIC))
-    except IsADirectoryError:
-        magic = TRACE_MAGIC  # a directory of rotated trace files
-    except OSError as err:
-        raise GpujitterError(f"cannot read {path}: {err.strerror}") from None
-    records = _trace_records(path) if magic == TRACE_MAGIC else _ndjson_records(path)
+    from gpujitter.daemon.recordings import EVENTS, TRACE, sniff
+
+    kind = sniff(path)
+    records = _analysed(path) if kind in (TRACE, EVENTS) else _ndjson_records(path)
     scene: list[Record] = []
     rest: list[Record] = []
     for rec in records:
@@ -75,13 +70,14 @@ def _ndjson_records(path: Path) -> Iterable[Record]:
         yield rec
 
 
-def _trace_records(path: Path) -> list[Record]:
+def _analysed(path: Path) -> list[Record]:
+    """A trace's or an events file's events through the daemon's pipeline, as live."""
     from gpujitter.daemon.pipeline import AnalysisConfig
-    from gpujitter.daemon.trace import TraceSet
+    from gpujitter.daemon.recordings import open_recording
     from gpujitter.tui.sources.pipeline import StreamPipeline
 
-    traces = TraceSet([path])
-    header = traces.headers[0]
+    traces = open_recording([path])
+    header = traces.header
     pipeline = StreamPipeline(header.topology, AnalysisConfig.from_record(header.analysis))
     hello = {
         "type": "hello",
