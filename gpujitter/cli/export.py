@@ -55,11 +55,16 @@ def _open(path: Path) -> BinaryIO | gzip.GzipFile:
 
 def run(args: argparse.Namespace) -> int:
     from gpujitter.daemon.pipeline import AnalysisConfig
+    from gpujitter.daemon.recordings import open_recording
     from gpujitter.daemon.timeline import export, profiler_clock, profiler_events
-    from gpujitter.daemon.trace import TraceSet
 
-    traces = TraceSet(args.traces)
-    header = traces.headers[0]
+    traces = open_recording(args.traces)
+    if traces.analysed:
+        raise GpujitterError(
+            f"{traces.what} holds no events to draw (threads, samples): export a trace or "
+            "an events file"
+        )
+    header = traces.header
     clock, extra = None, []
     if args.merge:
         profiler = _load_profiler(args.merge)

@@ -155,3 +155,13 @@ def test_anything_else_is_one_line_and_exit_2(
 def test_mixed_kinds_are_refused(formats: dict[str, Path]) -> None:
     with pytest.raises(GpujitterError, match="mixed recordings"):
         open_recording([formats[TRACE], formats[LOG]])
+
+
+def test_export_draws_an_events_file_and_refuses_a_log(
+    formats: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "t.json"
+    assert main(["export", str(formats[EVENTS]), "-o", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gaps"] == 32
+    assert main(["export", str(formats[LOG]), "-o", str(out)]) == 2
+    assert "holds no events to draw" in capsys.readouterr().err
