@@ -3,9 +3,11 @@
     GPU0 idle 38.0ms at 12:01:07.250 in pod ml/trainer-0/pytorch: 29.0ms swap-in (pid 4121
     tid 4130), 6.0ms IRQs nvme0q3 on CPU 17, 3.0ms unexplained [cuda, ±5us]
 
-`report`, `drill` and the daemon's console output share these phrases, so a cause reads the
-same everywhere. Names in them (tasks, IRQs, pods) come from other processes and are shown through
-gpujitter.text.printable: a line never carries a control character.
+`report`, `drill`, the daemon's console output and the TUI's breakdown share these phrases, so
+a cause reads the same everywhere: one line per attribution (one_line), per part (part_text)
+and per item of evidence (evidence_line). Names in them (tasks, IRQs, pods) come from other
+processes and are shown through gpujitter.text.printable: a line never carries a control
+character.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from gpujitter.daemon.engine.causes import cause_label
 from gpujitter.daemon.records import (
     AllocEvidence,
     Attribution,
+    Evidence,
     FaultEvidence,
     IdleEvidence,
     IoEvidence,
     IrqEvidence,
+    MigrationEvidence,
     NodeEvidence,
     Part,
+    ReasonEvidence,
     SyscallEvidence,
     TaskEvidence,
 )
@@ -144,3 +149,104 @@ def one_line(attr: Attribution, clock: ClockRef | None = None) -> str:
         f"{gpu_name(attr.gpu)} idle {format_ns(attr.dur_ns)} at {when}{where}: {parts} "
         f"[{sources}, ±{format_ns(attr.resolution_ns)}]"
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Evidence, one line per item (the breakdown lists every item under its cause).
+
+
+def _times(count: int, ns: int) -> str:
+    return f"{count}× {format_ns(ns)}" if count else format_ns(ns)
+
+
+def _notes(*notes: str) -> str:
+    kept = [n for n in notes if n]
+    return f" ({', '.join(kept)})" if kept else ""
+
+
+def _irq_line(e: IrqEvidence, _start: int) -> str:
+    number = f" {e.irq}" if e.irq_kind == "hardirq" else ""
+    return f"{e.irq_kind}{number} {e.name}{cpus_text(e.cpus)}: {_times(e.count, e.ns)}" + _notes(
+        f"device on node {e.device_node}" if e.device_node >= 0 else "",
+        "remote to the GPU" if e.remote_to_gpu else "",
+        "handled off its device's node" if e.handled_remote else "",
+    )
+
+
+def _task_line(e: TaskEvidence, _start: int) -> str:
+    who = task_name(e) if e.tid else "an idle CPU or an unknown task"
+    flag = ", after a cross-NUMA migration" if e.after_migration else ""
+    return f"waited behind {who}{cpus_text(e.cpus)}: {_times(e.count, e.ns)}{flag}"
+
+
+def _migration_line(e: MigrationEvidence, start: int) -> str:
+    return (
+        f"tid {e.tid} migrated CPU {e.src_cpu} → {e.dst_cpu} "
+        f"(node {e.src_node} → {e.dst_node}) at +{format_ns(e.at_ns - start)}"
+    )
+
+
+def _idle_line(e: IdleEvidence, _start: int) -> str:
+    latency = f" (exit latency {format_ns(e.exit_latency_ns)})" if e.exit_latency_ns >= 0 else ""
+    return f"woken from {e.state_name}{cpus_text(e.cpus)}: {_times(e.count, e.ns)}{latency}"
+
+
+def _syscall_line(e: SyscallEvidence, _start: int) -> str:
+    call = e.syscall or (f"syscall {e.nr}" if e.nr >= 0 else "")
+    return f"{e.state}{f' in {call}' if call else ''}: {_times(e.count, e.ns)}"
+
+
+def _io_line(e: IoEvidence, _start: int) -> str:
+    call = f" in {e.syscall}" if e.syscall else ""
+    size = f", {format_bytes(e.bytes)}" if e.bytes else ""
+    return f"{e.op or 'I/O'} on {e.name or e.dev}{call}: {_times(e.count, e.ns)}{size}" + _notes(
+        f"device on node {e.node}" if e.node >= 0 else "",
+        "remote to the GPU" if e.remote_to_gpu else "",
+    )
+
+
+def _fault_line(e: FaultEvidence, _start: int) -> str:
+    first = f", first at {e.addresses[0]:#x}" if e.addresses else ""
+    return f"{e.kind} faults{cpus_text(e.cpus)}: {e.count}× {format_ns(e.ns)}{first}"
+
+
+def _alloc_line(e: AllocEvidence, _start: int) -> str:
+    who = f" ({e.allocator})" if e.allocator else ""
+    size = f", {format_bytes(e.bytes)}" if e.bytes else ""
+    return f"{e.call}{who}: {_times(e.count, e.ns)}{size}"
+
+
+def _node_line(e: NodeEvidence, _start: int) -> str:
+    where = "remote" if e.remote else "local"
+    return f"on-CPU on node {e.node} ({where}){cpus_text(e.cpus)}: {format_ns(e.ns)}"
+
+
+REASONS = {
+    "no_thread": "no feeding thread known",
+    "no_data": "no probe data for the span",
+    "short_offcpu": "off-CPU spans below the probe's threshold",
+    "evicted": "data evicted before the gap was attributed",
+}
+
+
+def _reason_line(e: ReasonEvidence, _start: int) -> str:
+    return f"{REASONS.get(e.reason, e.reason)}: {format_ns(e.ns)}"
+
+
+_LINES: dict[type, Any] = {
+    IrqEvidence: _irq_line,
+    TaskEvidence: _task_line,
+    MigrationEvidence: _migration_line,
+    IdleEvidence: _idle_line,
+    SyscallEvidence: _syscall_line,
+    IoEvidence: _io_line,
+    FaultEvidence: _fault_line,
+    AllocEvidence: _alloc_line,
+    NodeEvidence: _node_line,
+    ReasonEvidence: _reason_line,
+}
+
+
+def evidence_line(e: Evidence, gap_start_ns: int) -> str:
+    """One item of evidence in words (a migration's time relative to the gap's start)."""
+    return printable(_LINES[type(e)](e, gap_start_ns))

@@ -298,6 +298,14 @@ class Attribution(Event):
         )
 
     @property
+    def top(self) -> Part | None:
+        """The largest part (None: a gap with no time to divide)."""
+        return self.parts[0] if self.parts else None
+
+    def share(self, part: Part) -> float:
+        return part.ns / self.dur_ns if self.dur_ns > 0 else 0.0
+
+    @property
     def top_cause(self) -> str:
         return self.parts[0].cause if self.parts else "unexplained"
 

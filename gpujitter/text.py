@@ -10,7 +10,11 @@ output and the TUI show). Both are injective, so distinct names never read the s
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def decode_name(raw: bytes) -> str:
@@ -63,3 +67,20 @@ def inert_json(data: bytes) -> bytes:
     if data.isascii() and b"\x7f" not in data:
         return data
     return _NON_ASCII.sub(_json_escape, data.decode("utf-8")).encode("utf-8")
+
+
+def inert_record(value: T) -> T:
+    """A record (frozen dataclasses, tuples) with every string in it made printable: for a
+    view that shows records received from elsewhere field by field."""
+    return _inert(value)
+
+
+def _inert(value: Any) -> Any:
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, tuple):
+        return tuple(_inert(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: _inert(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **changes)
+    return value

@@ -1,21 +1,22 @@
 """Stream records (docs/schema.md "Socket messages") decoded into what the views show.
 
-The one place that knows the wire shape of gaps, attributions (parts with cause, ns and
-evidence; the critical thread; remedies), CPU statistics, probe health and the daemon's
-status. Decoding is lenient, as the stream's compatibility rules ask: unknown fields are
-ignored, missing ones take defaults, and an unknown evidence kind is shown as its fields.
-Every string comes out printable (no control character: tui.text says why), so no view
-can pass a process's name to the terminal raw.
+Gaps and attributions become the engine's own records (daemon/records.py), type-checked as
+every reader checks them (a record with a field of the wrong type is refused whole, and the
+model counts it); their evidence reads through daemon/describe.py as in `report`. CPU
+statistics, probe health and the daemon's status are decoded leniently here: unknown fields
+are ignored, missing ones take defaults. Every string comes out printable (no control
+character: tui.text says why), so no view can pass a process's name to the terminal raw.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
-from gpujitter.text import printable
-from gpujitter.units import format_bytes, format_ns
+from gpujitter.daemon.records import Attribution, GpuGap
+from gpujitter.probes.events import BadRecord, from_record
+from gpujitter.text import inert_record, printable
 
 Record = Mapping[str, Any]
 
@@ -29,282 +30,23 @@ def _text(value: Any) -> str:
     return printable(str(value))
 
 
-def _label(value: Any) -> str:
-    """A workload label (pod, container, Slurm job); anything but a string reads as none."""
-    return _text(value) if isinstance(value, str) else ""
-
-
-def _ints(value: Any) -> tuple[int, ...]:
-    return tuple(int(v) for v in value) if isinstance(value, list | tuple) else ()
-
-
-def _strs(value: Any) -> tuple[str, ...]:
-    return tuple(_text(v) for v in value) if isinstance(value, list | tuple) else ()
-
-
-@dataclass(frozen=True, slots=True)
-class Gap:
-    gpu: int
-    ts_ns: int
-    end_ns: int
-    sources: tuple[str, ...] = ()
-    resolution_ns: int = 0
-    confidence: float = 0.0
-    tgids: tuple[int, ...] = ()
-
-    @property
-    def gap_id(self) -> str:
-        return f"{self.gpu}:{self.ts_ns}"
-
-    @property
-    def dur_ns(self) -> int:
-        return self.end_ns - self.ts_ns
-
-
-def gap(rec: Record) -> Gap:
-    """A gpu.gap record, or the gap an attribution describes (it repeats the gap's fields)."""
-    return Gap(
-        gpu=int(rec.get("gpu", 0)),
-        ts_ns=int(rec.get("ts_ns", 0)),
-        end_ns=int(rec.get("end_ns", rec.get("ts_ns", 0))),
-        sources=_strs(rec.get("sources")),
-        resolution_ns=int(rec.get("resolution_ns", 0)),
-        confidence=float(rec.get("confidence", 0.0)),
-        tgids=_ints(rec.get("tgids")),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Part:
-    cause: str
-    ns: int
-    tids: tuple[int, ...]
-    evidence: tuple[str, ...]  # one line each, untrusted text (shown through tui.text.plain)
-
-
-@dataclass(frozen=True, slots=True)
-class Thread:
-    tid: int
-    tgid: int
-    comm: str
-    role: str
-    ns: int
-    top_cause: str = ""
-    hops: int = 0  # a waker's distance from the critical thread
-    woke: int = 0  # the thread whose wait a waker ended
-    causes: tuple[tuple[str, int], ...] = ()  # its own time per cause, largest first
-    workload: str = ""  # its process's pod, container or Slurm job
-
-
-def _cause_times(value: Any) -> tuple[tuple[str, int], ...]:
-    """A thread's (cause, ns) list; entries that are not a cause and an integer are left out."""
-    if not isinstance(value, list | tuple):
-        return ()
-    return tuple(
-        (_text(c["cause"]), c["ns"])
-        for c in value
-        if isinstance(c, Mapping) and type(c.get("ns")) is int and "cause" in c
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Attribution:
-    gap: Gap
-    parts: tuple[Part, ...]  # largest first
-    tid: int = 0
-    tgid: int = 0
-    comm: str = ""
-    gpu_node: int = -1
-    threads: tuple[Thread, ...] = ()
-    remedies: tuple[str, ...] = ()
-    probes_off: tuple[str, ...] = ()
-    workload: str = ""  # the critical thread's pod, container or Slurm job
-
-    @property
-    def top(self) -> Part | None:
-        return self.parts[0] if self.parts else None
-
-    def share(self, part: Part) -> float:
-        return part.ns / self.gap.dur_ns if self.gap.dur_ns > 0 else 0.0
+def gap(rec: Record) -> GpuGap:
+    """A gpu.gap record, type-checked (BadRecord, a ValueError, when it is not one), its
+    text made inert for the views."""
+    ev = from_record(dict(rec))
+    if not isinstance(ev, GpuGap):
+        raise BadRecord(f"not a gpu.gap record: {rec.get('type')!r}")
+    return inert_record(ev)
 
 
 def attribution(rec: Record) -> Attribution:
-    g = gap(rec)
-    parts = [
-        Part(
-            cause=_text(p.get("cause", "unexplained")),
-            ns=int(p.get("ns", 0)),
-            tids=_ints(p.get("tids")),
-            evidence=tuple(describe_evidence(e, g.ts_ns) for e in p.get("evidence") or ()),
-        )
-        for p in rec.get("parts") or ()
-        if isinstance(p, Mapping)
-    ]
-    parts.sort(key=lambda p: p.ns, reverse=True)
-    threads = tuple(
-        Thread(
-            tid=int(t.get("tid", 0)),
-            tgid=int(t.get("tgid", 0)),
-            comm=_text(t.get("comm", "")),
-            role=_text(t.get("role", "")),
-            ns=int(t.get("ns", 0)),
-            top_cause=_text(t.get("top_cause", "")),
-            hops=int(t.get("hops", 0)),
-            woke=int(t.get("woke", 0)),
-            causes=_cause_times(t.get("causes")),
-            workload=_label(t.get("workload")),
-        )
-        for t in rec.get("threads") or ()
-        if isinstance(t, Mapping)
-    )
-    return Attribution(
-        gap=g,
-        parts=tuple(parts),
-        tid=int(rec.get("tid", 0)),
-        tgid=int(rec.get("tgid", 0)),
-        comm=_text(rec.get("comm", "")),
-        gpu_node=int(rec.get("gpu_node", -1)),
-        threads=threads,
-        remedies=_strs(rec.get("remedies")),
-        probes_off=_strs(rec.get("probes_off")),
-        workload=_label(rec.get("workload")),
-    )
-
-
-# ---------------------------------------------------------------------------------------
-# Evidence: one line per item, by its "what".
-
-
-def _cpus(value: Any) -> str:
-    cpus = _ints(value)
-    if not cpus:
-        return ""
-    return f" on CPU {','.join(map(str, cpus))}" if len(cpus) > 1 else f" on CPU {cpus[0]}"
-
-
-def _times(e: Record) -> str:
-    count = int(e.get("count", 0))
-    return f"{count}× {format_ns(int(e.get('ns', 0)))}" if count else format_ns(e.get("ns", 0))
-
-
-def _irq(e: Record, _start: int) -> str:
-    kind = e.get("irq_kind", "irq")
-    number = f" {e['irq']}" if kind == "hardirq" and "irq" in e else ""
-    text = f"{kind}{number} {e.get('name', '')}{_cpus(e.get('cpus'))}: {_times(e)}"
-    notes = []
-    if int(e.get("device_node", -1)) >= 0:
-        notes.append(f"device on node {e['device_node']}")
-    if e.get("remote_to_gpu"):
-        notes.append("remote to the GPU")
-    if e.get("handled_remote"):
-        notes.append("handled off its device's node")
-    return text + (f" ({', '.join(notes)})" if notes else "")
-
-
-def _task(e: Record, _start: int) -> str:
-    tid = int(e.get("tid", 0))
-    tgid = int(e.get("tgid", 0))
-    pid = f"pid {tgid} " if tgid and tgid != tid else ""
-    where = f" in {_label(e.get('workload'))}" if e.get("workload") else ""
-    who = (
-        f"{e.get('comm', '')} ({pid}tid {tid}){where}" if tid else "an idle CPU or an unknown task"
-    )
-    text = f"waited behind {who}{_cpus(e.get('cpus'))}: {_times(e)}"
-    return text + (", after a cross-NUMA migration" if e.get("after_migration") else "")
-
-
-def _migration(e: Record, start: int) -> str:
-    at = int(e.get("at_ns", start)) - start
-    return (
-        f"tid {e.get('tid', 0)} migrated CPU {e.get('src_cpu')} → {e.get('dst_cpu')} "
-        f"(node {e.get('src_node')} → {e.get('dst_node')}) at +{format_ns(at)}"
-    )
-
-
-def _idle(e: Record, _start: int) -> str:
-    latency = int(e.get("exit_latency_ns", -1))
-    exit_text = f" (exit latency {format_ns(latency)})" if latency >= 0 else ""
-    return f"woken from {e.get('state_name', '?')}{_cpus(e.get('cpus'))}: {_times(e)}{exit_text}"
-
-
-def _syscall(e: Record, _start: int) -> str:
-    call = e.get("syscall") or (f"syscall {e['nr']}" if int(e.get("nr", -1)) >= 0 else "")
-    where = f" in {call}" if call else ""
-    return f"{e.get('state', 'off-CPU')}{where}: {_times(e)}"
-
-
-def _io(e: Record, _start: int) -> str:
-    disk = e.get("name") or e.get("dev", "?")
-    call = f" in {e['syscall']}" if e.get("syscall") else ""
-    size = int(e.get("bytes", 0))
-    text = f"{e.get('op') or 'I/O'} on {disk}{call}: {_times(e)}"
-    text += f", {format_bytes(size)}" if size else ""
-    notes = []
-    if int(e.get("node", -1)) >= 0:
-        notes.append(f"device on node {e['node']}")
-    if e.get("remote_to_gpu"):
-        notes.append("remote to the GPU")
-    return text + (f" ({', '.join(notes)})" if notes else "")
-
-
-def _fault(e: Record, _start: int) -> str:
-    addresses = _ints(e.get("addresses"))
-    first = f", first at {addresses[0]:#x}" if addresses else ""
-    count = int(e.get("count", 0))
-    return (
-        f"{e.get('kind', '?')} faults{_cpus(e.get('cpus'))}: {count}× "
-        f"{format_ns(int(e.get('ns', 0)))}{first}"
-    )
-
-
-def _alloc(e: Record, _start: int) -> str:
-    who = f" ({e['allocator']})" if e.get("allocator") else ""
-    size = int(e.get("bytes", 0))
-    return f"{e.get('call', '?')}{who}: {_times(e)}" + (f", {format_bytes(size)}" if size else "")
-
-
-def _node(e: Record, _start: int) -> str:
-    where = "remote" if e.get("remote") else "local"
-    cpus = _cpus(e.get("cpus"))
-    return f"on-CPU on node {e.get('node')} ({where}){cpus}: {format_ns(e.get('ns', 0))}"
-
-
-def _reason(e: Record, _start: int) -> str:
-    reasons = {
-        "no_thread": "no feeding thread known",
-        "no_data": "no probe data for the span",
-        "short_offcpu": "off-CPU spans below the probe's threshold",
-        "evicted": "data evicted before the gap was attributed",
-    }
-    reason = str(e.get("reason", ""))
-    return f"{reasons.get(reason, reason)}: {format_ns(e.get('ns', 0))}"
-
-
-_DESCRIBE: dict[str, Callable[[Record, int], str]] = {
-    "irq": _irq,
-    "task": _task,
-    "migration": _migration,
-    "idle": _idle,
-    "syscall": _syscall,
-    "io": _io,
-    "fault": _fault,
-    "alloc": _alloc,
-    "node": _node,
-    "reason": _reason,
-}
-
-
-def describe_evidence(e: Any, gap_start_ns: int) -> str:
-    """One line of evidence, shown inert: its names (tasks, IRQs) are other processes'."""
-    if not isinstance(e, Mapping):
-        return _text(e)
-    describe = _DESCRIBE.get(str(e.get("what", "")))
-    if describe is not None:
-        try:
-            return _text(describe(e, gap_start_ns))
-        except (TypeError, ValueError):
-            pass  # a field of an unexpected type: fall back to the raw fields
-    return _text(" ".join(f"{k}={v}" for k, v in e.items()))
+    """A gpu.attribution record as the engine's own type, type-checked, its text (names,
+    evidence, remedies) made inert for the views; parts largest first."""
+    ev = from_record(dict(rec))
+    if not isinstance(ev, Attribution):
+        raise BadRecord(f"not a gpu.attribution record: {rec.get('type')!r}")
+    parts = tuple(sorted(ev.parts, key=lambda p: -p.ns))
+    return inert_record(replace(ev, parts=parts))
 
 
 # ---------------------------------------------------------------------------------------

@@ -13,14 +13,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpujitter.daemon.records import Attribution, GpuGap
 from gpujitter.text import printable
 from gpujitter.tui import decode
 from gpujitter.tui.decode import (
-    Attribution,
     CpuIdle,
     CpuIrq,
     DaemonStatus,
-    Gap,
     GpuInfo,
     ProbeState,
     WatchedThread,
@@ -92,7 +91,7 @@ class NodeModel:
         self.gpus: dict[int, GpuInfo] = {}
         self.samples: dict[tuple[int, str], deque[tuple[int, float, int]]] = {}
         self.procs: dict[int, tuple[int, ...]] = {}
-        self.gaps: dict[str, Gap] = {}
+        self.gaps: dict[str, GpuGap] = {}
         self.attributions: dict[str, Attribution] = {}
         self.cpus: dict[int, CpuState] = {}
         self.probes: dict[str, ProbeState] = {}
@@ -129,7 +128,7 @@ class NodeModel:
 
     # -- what the views read --------------------------------------------------------
 
-    def gaps_newest_first(self) -> list[tuple[Gap, Attribution | None]]:
+    def gaps_newest_first(self) -> list[tuple[GpuGap, Attribution | None]]:
         ordered = sorted(self.gaps.values(), key=lambda g: (g.ts_ns, g.gpu), reverse=True)
         return [(g, self.attributions.get(g.gap_id)) for g in ordered]
 
@@ -155,10 +154,10 @@ class NodeModel:
     def series(self, gpu: int, metric: str) -> deque[tuple[int, float, int]]:
         return self.samples.get((gpu, metric), deque())
 
-    def gaps_of(self, gpu: int, since_ns: int) -> list[Gap]:
+    def gaps_of(self, gpu: int, since_ns: int) -> list[GpuGap]:
         return [g for g in self.gaps.values() if g.gpu == gpu and g.end_ns >= since_ns]
 
-    def top_cause(self, gap: Gap) -> str | None:
+    def top_cause(self, gap: GpuGap) -> str | None:
         """The gap's top cause; None while it waits for its attribution."""
         a = self.attributions.get(gap.gap_id)
         return a.top.cause if a is not None and a.top is not None else None

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from gpujitter.daemon import describe, remedies
+from gpujitter.daemon.describe import evidence_line
 from gpujitter.daemon.drill.score import Stall, score
 from gpujitter.daemon.engine.causes import CAUSES, cause_label
 from gpujitter.daemon.pipeline import AnalysisConfig, analyse
@@ -80,10 +81,10 @@ def test_without_the_io_fields_the_same_waits_are_only_blocked() -> None:
     assert all(a.ns_of("io_wait") == 0 for a in plain)
 
 
-def test_every_consumer_knows_the_cause(replayed: list[Attribution]) -> None:
+def test_the_cause_and_its_evidence_read_in_words(replayed: list[Attribution]) -> None:
     assert "io_wait" in CAUSES
     assert cause_label("io_wait") == "I/O wait"
     gap = next(a for a in replayed if a.top_cause == "io_wait")
     shown = decode.attribution(to_record(gap))
     (io_part,) = [p for p in shown.parts if p.cause == "io_wait"]
-    assert io_part.evidence[0].startswith("read on vda in readv: ")
+    assert evidence_line(io_part.evidence[0], gap.ts_ns).startswith("read on vda in readv: ")

@@ -18,6 +18,8 @@ from gpujitter.cli.options import watch_from_args
 from gpujitter.cli.run import flags_of
 from gpujitter.daemon import metrics
 from gpujitter.daemon.config import load_config
+from gpujitter.daemon.describe import evidence_line
+from gpujitter.daemon.records import TaskEvidence
 from gpujitter.daemon.service import watch_of
 from gpujitter.daemon.trace import TraceWriter
 from gpujitter.errors import GpujitterError
@@ -343,26 +345,27 @@ def test_report_and_one_line_name_the_workload_inert(
     assert [a["workload"] for a in as_json["attributions"]] == [f"pod ml/{HOSTILE_POD}/pytorch"]
 
 
-def test_tui_decodes_the_label_leniently_and_shows_it_inert() -> None:
-    rec = {"ts_ns": 0, "end_ns": 40_000_000, "gpu": 0, "tid": 101, "tgid": 100,
-           "parts": [{"cause": "host_work", "ns": 40_000_000, "tids": [101]}],
-           "workload": f"pod ml/{HOSTILE_POD}/pytorch",
-           "threads": [{"tid": 101, "tgid": 100, "comm": "python", "role": "critical",
-                        "ns": 40_000_000, "workload": f"pod ml/{HOSTILE_POD}/pytorch"},
-                       {"tid": 301, "tgid": 300, "comm": "worker", "role": "sibling",
-                        "ns": 1, "workload": "slurm job 1234 step 0"}]}  # fmt: skip
-    a = decode.attribution(rec)
-    assert a.workload == "pod ml/\\x1b]0;pwned\\x07/pytorch"
-    text = breakdown_text(a.gap, a, WallClock(tz=UTC), 60).plain
+def test_tui_shows_the_labels_inert() -> None:
+    a = (
+        loader_chain()
+        .add(
+            _info(1, 100, **{**TRAINER, "pod": HOSTILE_POD}),
+            _info(2, 300, kind="slurm", slurm_job="1234", slurm_step="0"),
+        )
+        .one()
+    )
+    shown = decode.attribution(to_record(a))
+    assert shown.workload == "pod ml/\\x1b]0;pwned\\x07/pytorch"
+    text = breakdown_text(shown.gap, shown, WallClock(tz=UTC), 60).plain
     assert controls(text) == []
-    assert "tid 101, pid 100  in pod ml/\\x1b]0;pwned\\x07/pytorch" in text
+    assert "in pod ml/\\x1b]0;pwned\\x07/pytorch" in text
     assert "in slurm job 1234 step 0" in text  # another workload than the critical thread's
-    assert decode.attribution({**rec, "workload": {"pod": 1}}).workload == ""
-    assert decode.attribution({k: v for k, v in rec.items() if k != "workload"}).workload == ""
+    with pytest.raises(ValueError, match="workload"):  # not a label: the record is refused
+        decode.attribution({**to_record(a), "workload": {"pod": 1}})
     # The task that ran instead, in another pod: named with its process and pod, inert.
-    task = {"what": "task", "tid": 555, "tgid": 550, "comm": "hog", "cpus": [3], "count": 2,
-            "ns": 9_000_000, "workload": f"pod other/{HOSTILE_POD}/c"}  # fmt: skip
-    line = decode.describe_evidence(task, 0)
+    task = TaskEvidence(tid=555, tgid=550, comm="hog", cpus=(3,), count=2, ns=9_000_000,
+                        workload=f"pod other/{HOSTILE_POD}/c")  # fmt: skip
+    line = evidence_line(task, 0)
     assert line.startswith("waited behind hog (pid 550 tid 555) in pod other/\\x1b]0;")
     assert controls(line) == []
 

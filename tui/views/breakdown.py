@@ -14,13 +14,14 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
+from gpujitter.daemon.describe import evidence_line
 from gpujitter.daemon.engine.causes import cause_colour, cause_label
-from gpujitter.tui.decode import Attribution, Gap
+from gpujitter.daemon.records import Attribution, GpuGap
 from gpujitter.tui.text import WallClock, duration, ms, percent
 from gpujitter.tui.views.timeline import cause_bar
 
 
-def describe_gap(gap: Gap, clock: WallClock) -> Text:
+def describe_gap(gap: GpuGap, clock: WallClock) -> Text:
     out = Text()
     out.append(f"GPU {gap.gpu} idle {duration(gap.dur_ns)}", style="bold")
     out.append(f"  {clock.date(gap.ts_ns)} {clock.time(gap.ts_ns)} → {clock.time(gap.end_ns)}\n")
@@ -32,7 +33,7 @@ def describe_gap(gap: Gap, clock: WallClock) -> Text:
     return out
 
 
-def breakdown_text(gap: Gap, a: Attribution | None, clock: WallClock, width: int) -> Text:
+def breakdown_text(gap: GpuGap, a: Attribution | None, clock: WallClock, width: int) -> Text:
     out = describe_gap(gap, clock)
     out.append("\n")
     if a is None:
@@ -56,7 +57,7 @@ def breakdown_text(gap: Gap, a: Attribution | None, clock: WallClock, width: int
             f"{cause_label(part.cause):<{label_w}}", style=f"bold {cause_colour(part.cause)}"
         )
         out.append(f" {ms(part.ns):>7} ms {percent(part.ns, gap.dur_ns):>5}\n")
-    evidence = [(p, line) for p in a.parts for line in p.evidence]
+    evidence = [(p, evidence_line(e, a.ts_ns)) for p in a.parts for e in p.evidence]
     if evidence:
         out.append("\nEvidence\n", style="bold underline")
         for part, line in evidence:
@@ -77,7 +78,7 @@ def breakdown_text(gap: Gap, a: Attribution | None, clock: WallClock, width: int
             out.append("\n")
             if t.hops and t.causes:
                 # A waker's own time: what the wait it ended went to (a worker's host work).
-                own = ", ".join(f"{cause_label(c)} {duration(ns)}" for c, ns in t.causes)
+                own = ", ".join(f"{cause_label(c.cause)} {duration(c.ns)}" for c in t.causes)
                 out.append(f"{'':11}{own}\n", style="dim")
     if a.remedies:
         out.append("\nRemedy\n", style="bold underline")
@@ -98,7 +99,7 @@ class GapScreen(ModalScreen[None]):
         Binding("enter", "dismiss", "Close", show=False),
     ]
 
-    def __init__(self, gap: Gap, a: Attribution | None, clock: WallClock) -> None:
+    def __init__(self, gap: GpuGap, a: Attribution | None, clock: WallClock) -> None:
         super().__init__(id="gap-screen")
         self.gap = gap
         self.attribution = a

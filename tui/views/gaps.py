@@ -13,12 +13,12 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from gpujitter.daemon.engine.causes import cause_colour, cause_label, cause_rank
-from gpujitter.tui.decode import Attribution, Gap
+from gpujitter.daemon.records import Attribution, GpuGap
 from gpujitter.tui.model import NodeModel
 from gpujitter.tui.text import duration, join, percent, plain
 
 COLUMNS = ("TIME", "GPU", "DURATION", "RES", "TOP CAUSE", "SHARE", "THREAD")
-Row = tuple[Gap, Attribution | None]
+Row = tuple[GpuGap, Attribution | None]
 
 
 def _cause_rank(row: Row) -> int:
@@ -85,7 +85,7 @@ class GapsTable(DataTable[Text]):
             parts.append(("no filter (/)", "dim"))
         self.border_title = join(*parts, sep=" · ")
 
-    def row_cells(self, gap: Gap, a: Attribution | None) -> list[Text]:
+    def row_cells(self, gap: GpuGap, a: Attribution | None) -> list[Text]:
         m = self.model
         res = Text(f"±{duration(gap.resolution_ns)}", style="dim")
         cells = [
