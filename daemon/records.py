@@ -84,7 +84,8 @@ class IrqEvidence:
 class TaskEvidence:
     """A task that ran on the CPU a runnable feeding thread waited for (tid 0: the CPU was
     idle, or the task is unknown). after_migration: some of these waits followed a
-    cross-NUMA migration of the waiting thread."""
+    cross-NUMA migration of the waiting thread. own: the task is one of gpujitter's own
+    threads (meta.self): the observer delayed the observed."""
 
     tid: int
     comm: str
@@ -92,6 +93,7 @@ class TaskEvidence:
     count: int
     ns: int
     after_migration: bool = False
+    own: bool = False
     what: str = "task"
 
 
@@ -268,6 +270,8 @@ class Attribution(Event):
     cause. probes_off: probes not running at the gap's end (their causes cannot be seen).
     workload: the critical thread's pod, container or Slurm job, else the first feeding
     process's ("" none known), from the meta.workload events seen before the gap's release.
+    self_ns: the part of the gap the feeding threads waited behind gpujitter's own threads
+    (evidence marked `own`); a gap with any is self-inflicted.
     """
 
     NESTED = True
@@ -287,6 +291,7 @@ class Attribution(Event):
     remedies: tuple[str, ...] = ()
     probes_off: tuple[str, ...] = ()
     workload: str = ""
+    self_ns: int = 0
 
     @property
     def dur_ns(self) -> int:
@@ -295,6 +300,11 @@ class Attribution(Event):
     @property
     def gap_id(self) -> str:
         return f"{self.gpu}:{self.ts_ns}"
+
+    @property
+    def self_inflicted(self) -> bool:
+        """gpujitter's own threads took some of this gap's time (docs/attribution.md)."""
+        return self.self_ns > 0
 
     @property
     def top_cause(self) -> str:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from gpujitter.probes.workload import Workload
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 5
+SCHEMA_MINOR = 6
 
 _KINDS: dict[str, type[Event]] = {}
 _FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> field names
@@ -360,6 +360,18 @@ class WatchChange(Event):
     added: tuple[int, ...]
     removed: tuple[int, ...]
     reason: str
+
+
+@event_kind("meta.self")
+@dataclass(frozen=True, slots=True)
+class OwnThreads(Event):
+    """gpujitter's own process (tgid) and threads (tids) when it sent this: a watched thread
+    that waited behind one of them was delayed by the observer itself (a self-inflicted
+    wait). Sent at start and whenever the set of threads changes, so a replay tells them
+    apart as the live daemon did."""
+
+    tgid: int
+    tids: tuple[int, ...]
 
 
 @event_kind("meta.workload")
