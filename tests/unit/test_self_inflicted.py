@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpujitter.daemon.describe import one_line
 from gpujitter.daemon.drill.score import Stall, score
 from gpujitter.daemon.metrics import DaemonMetrics
 from gpujitter.daemon.pipeline import analyse
@@ -36,6 +37,13 @@ def test_a_wait_behind_gpujitters_own_thread_is_self_inflicted() -> None:
     own, hog = evidence(attr, "runq_wait")
     assert (own.tid, own.own, own.ns) == (PROBES, True, 25 * MS)
     assert (hog.tid, hog.own) == (555, False)
+
+
+def test_the_line_and_the_remedy_name_gpujitter_itself() -> None:
+    attr = waits_behind(PROBES)
+    assert f"behind gpujitter itself (tid {PROBES}, self-inflicted)" in one_line(attr, None)
+    assert attr.remedies[0].startswith(f"runq_wait: gpujitter's own thread {PROBES} ran instead")
+    assert "gpujitter itself" not in one_line(waits_behind(777), None)
 
 
 def test_its_main_thread_counts_too_and_other_tasks_never_do() -> None:
