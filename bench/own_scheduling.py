@@ -2,7 +2,8 @@
 writers: daemon/own_scheduling.py) costs it in events on a saturated node: `gpujitter run`
 watches a loop of mmap/munmap calls (the malloc probe at threshold 0 streams each) at a
 steady rate, once on a quiet node and once with a nice-0 spinner on every CPU; the final
-daemon.status says what was delivered and lost. Root, bcc.
+daemon.status says what was delivered and lost, measured from READY (start-up, compiling the
+probes at nice 10, is timed apart). Root, bcc.
 
     .venv/bin/python -m bench.own_scheduling --seconds 20 --rate 5000 --json out.json
 """
@@ -63,13 +64,21 @@ def run_once(seconds: float, rate: int, spinners: int) -> dict[str, Any]:
         conf = Path(tmp) / "gj.toml"
         conf.write_text('[probes]\nthresholds = { "malloc.syscall" = 0 }\n')
         sock = Path(tmp) / "gj.sock"
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(str(Path(tmp) / "notify"))
+        notify.settimeout(600)
+        started = time.monotonic()
         daemon = subprocess.Popen(
             [str(GPUJITTER), "run", "--quiet", "--no-nvml", "--pid", str(load.pid),
              "--probes", "malloc,sched", "--socket", str(sock), "--config", str(conf)],
             stderr=subprocess.DEVNULL,
+            env={**os.environ, "NOTIFY_SOCKET": str(Path(tmp) / "notify")},
         )  # fmt: skip
         try:
             got: list[list[dict[str, Any]]] = []
+            while not notify.recv(4096).startswith(b"READY=1"):
+                pass
+            ready_s = time.monotonic() - started  # compiling the probes at nice 10
             reader = threading.Thread(target=lambda: got.append(statuses(sock, seconds)))
             reader.start()
             time.sleep(seconds)
@@ -77,6 +86,7 @@ def run_once(seconds: float, rate: int, spinners: int) -> dict[str, Any]:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(timeout=120)
             reader.join(timeout=60)
+            notify.close()
             for p in [load, *spin]:
                 p.kill()
                 p.wait()
@@ -84,6 +94,7 @@ def run_once(seconds: float, rate: int, spinners: int) -> dict[str, Any]:
     cost = last.get("probe_cost", {})
     return {
         "spinners": spinners,
+        "ready_s": round(ready_s, 1),
         "events": sum(p.get("events", 0) for p in cost.values()),
         "lost_kernel": last.get("lost_kernel"),
         "lost_user": last.get("lost_user"),
