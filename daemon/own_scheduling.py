@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -34,6 +34,12 @@ class ThreadPolicy:
 # Threads that must keep up with the kernel get a small share but never none; the rest wait
 # for idle CPU time, and what they would lose by starving is counted where it is dropped.
 _KEEPS_UP = 10
+# While events are being lost (a saturated node leaves nice 10 too small a share: measured,
+# docs/performance.md), the threads that keep up step towards nice 0, a level per tick that
+# lost events, and back a level after each QUIET_NS without loss. Still SCHED_BATCH: even at
+# nice 0 they never preempt a waking thread.
+KEEP_UP_LEVELS = (_KEEPS_UP, 5, 0)
+QUIET_NS = 60_000_000_000
 POLICIES: dict[str, ThreadPolicy] = {
     # starved, the event queue overflows (engine_dropped)
     "MainThread": ThreadPolicy("batch", _KEEPS_UP, "analysis of every event"),
@@ -68,8 +74,12 @@ class OwnScheduling:
         self.base_cpus = frozenset(os.sched_getaffinity(0))  # where it may run: systemd's
         self.cpus = self.base_cpus
         self.notes: list[str] = []
+        self.level = 0  # index into KEEP_UP_LEVELS
         self._seen: set[int] = set()
+        self._keeping_up: set[int] = set()  # tids whose policy is to keep up
         self._refused: set[str] = set()
+        self._lost = 0
+        self._quiet_since = 0
 
     def tids(self) -> set[int]:
         try:
@@ -81,13 +91,44 @@ class OwnScheduling:
         tids = self.tids()
         names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         for tid in sorted(tids - self._seen):
-            self._set_policy(tid, policy_of(names.get(tid, "")))
+            p = policy_of(names.get(tid, ""))
+            if p.nice == _KEEPS_UP:
+                self._keeping_up.add(tid)
+                p = replace(p, nice=self.nice)
+            self._set_policy(tid, p)
             self._set_cpus(tid, self.cpus)
         changed = tids != self._seen
         self._seen = tids
+        self._keeping_up &= tids
         if not changed:
             return None
         return OwnThreads(ts_ns=now_ns, tgid=self.pid, tids=tuple(sorted(tids)))
+
+    @property
+    def nice(self) -> int:
+        """The nice level of the threads that must keep up, now."""
+        return KEEP_UP_LEVELS[self.level]
+
+    def keep_up(self, lost_total: int, now_ns: int) -> None:
+        """Called each tick with the events lost so far (kernel rings, queues): a tick that
+        lost some lowers the keeping-up threads' nice level one step; QUIET_NS without loss
+        raises it one step. A change is said in `notes`."""
+        lost, self._lost = lost_total - self._lost, lost_total
+        if lost > 0:
+            self._quiet_since = now_ns
+            step = min(self.level + 1, len(KEEP_UP_LEVELS) - 1)
+        elif now_ns - self._quiet_since >= QUIET_NS:
+            self._quiet_since = now_ns
+            step = max(self.level - 1, 0)
+        else:
+            return
+        if step == self.level:
+            return
+        self.level = step
+        for tid in sorted(self._keeping_up):
+            self._set_nice(tid, self.nice)
+        why = f"{lost} events lost in the last tick" if lost > 0 else "no events lost for a minute"
+        self.notes.append(f"threads that drain and analyse events now at nice {self.nice} ({why})")
 
     def keep_off(self, watched: Iterable[int]) -> frozenset[int]:
         """Run on the CPUs the watched processes' threads may not use; where that leaves
@@ -103,13 +144,21 @@ class OwnScheduling:
         return cpus
 
     def _set_policy(self, tid: int, p: ThreadPolicy) -> None:
+        self._set_nice(tid, p.nice)
         try:
-            os.setpriority(os.PRIO_PROCESS, tid, p.nice)
             os.sched_setscheduler(tid, _POLICY_IDS[p.policy], os.sched_param(0))
         except ProcessLookupError:
             return  # the thread ended meanwhile
         except OSError as err:
-            self._refuse("policy", f"cannot lower the priority of thread {tid}: {err.strerror}")
+            self._refuse("policy", f"cannot set the policy of thread {tid}: {err.strerror}")
+
+    def _set_nice(self, tid: int, nice: int) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except ProcessLookupError:
+            return
+        except OSError as err:  # raising priority needs RLIMIT_NICE (LimitNICE=) or CAP_SYS_NICE
+            self._refuse("nice", f"cannot set thread {tid} to nice {nice}: {err.strerror}")
 
     def _set_cpus(self, tid: int, cpus: frozenset[int]) -> None:
         try:

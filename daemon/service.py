@@ -441,6 +441,7 @@ class Daemon:
             self_inflicted=self.self_inflicted,
             self_inflicted_ns=self.self_inflicted_ns,
             own_cpus=sorted(self.own.cpus),
+            own_nice=self.own.nice,
             log_dropped=self.log.failures.dropped_total if self.log else 0,
             log_failing=self.log.failures.reason if self.log else "",
             trace_lost=self.recorder.failures.dropped_total if self.recorder else 0,
@@ -471,6 +472,7 @@ class Daemon:
         if self.recorder is not None:
             self.recorder.tick(now)
         self._keep_floors()
+        self.own.keep_up(status["lost_kernel"] + status["lost_user"], now)
         self._tend_own(now)
         self.notifier.status(status_line(status))
 

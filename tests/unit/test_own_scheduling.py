@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon.own_scheduling import DEFAULT_POLICY, POLICIES, in_slices, thread_policies
+from gpujitter.daemon.own_scheduling import (
+    DEFAULT_POLICY,
+    KEEP_UP_LEVELS,
+    POLICIES,
+    QUIET_NS,
+    OwnScheduling,
+    in_slices,
+    thread_policies,
+)
 
 CHILD = textwrap.dedent(
     """
@@ -28,10 +36,13 @@ CHILD = textwrap.dedent(
     second = own.tend(time.monotonic_ns())
     third = own.tend(time.monotonic_ns())
     cpus = sorted(own.keep_off(int(p) for p in sys.argv[1:]))
+    policies = thread_policies(Path("/proc"), os.getpid())
+    own.keep_up(5, time.monotonic_ns())  # a tick that lost 5 events
     print(json.dumps({
         "main": threading.get_native_id(), "stream": t.native_id,
         "announced": [list(first.tids), list(second.tids), third is None],
-        "policies": thread_policies(Path("/proc"), os.getpid()),
+        "policies": policies,
+        "after_loss": thread_policies(Path("/proc"), os.getpid()),
         "cpus": cpus,
         "affinity": [sorted(os.sched_getaffinity(int(tid)))
                      for tid in os.listdir("/proc/self/task")],
@@ -56,7 +67,27 @@ def test_each_thread_gets_its_roles_policy_and_new_threads_are_announced() -> No
     assert policies[got["stream"]][0] == stream.policy == "idle"
     first, second, unchanged = got["announced"]
     assert first == [got["main"]] and second == sorted([got["main"], got["stream"]])
-    assert unchanged and got["notes"] == []
+    assert unchanged and got["notes"][-1] == (
+        "threads that drain and analyse events now at nice 5 (5 events lost in the last tick)"
+    )
+    after = {int(tid): tuple(p) for tid, p in got["after_loss"].items()}
+    if os.geteuid() == 0:  # raising priority back needs privilege (the unit's LimitNICE=)
+        assert after[got["main"]] == ("batch", 5) and after[got["stream"]][0] == "idle"
+        assert len(got["notes"]) == 1
+    else:
+        assert got["notes"][0].startswith(f"cannot set thread {got['main']} to nice 5")
+
+
+def test_losing_events_steps_the_keeping_up_threads_towards_nice_0_and_quiet_back() -> None:
+    own = OwnScheduling()  # no thread tended: only the level moves
+    levels = []
+    for t_s, lost in ((1, 0), (2, 3), (3, 3), (4, 9), (5, 12), (6, 12), (65, 12), (126, 12)):
+        own.keep_up(lost, t_s * 1_000_000_000)
+        levels.append(own.nice)
+    assert levels == [10, 5, 5, 0, 0, 0, 5, 10]
+    assert own.notes[0].endswith("nice 5 (3 events lost in the last tick)")
+    assert own.notes[-1].endswith("nice 10 (no events lost for a minute)")
+    assert QUIET_NS == 60_000_000_000 and KEEP_UP_LEVELS[0] == POLICIES["MainThread"].nice
 
 
 @pytest.fixture
