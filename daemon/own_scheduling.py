@@ -68,13 +68,13 @@ class OwnScheduling:
     processes may run on, when any others are allowed. What cannot be set (no privilege) is
     said once in `notes` and left as it was."""
 
-    def __init__(self, proc: Path = Path("/proc")) -> None:
+    def __init__(self, proc: Path = Path("/proc"), level: int = 0) -> None:
         self.proc = proc
         self.pid = os.getpid()
         self.base_cpus = frozenset(os.sched_getaffinity(0))  # where it may run: systemd's
         self.cpus = self.base_cpus
         self.notes: list[str] = []
-        self.level = 0  # index into KEEP_UP_LEVELS
+        self.level = level  # index into KEEP_UP_LEVELS
         self._seen: set[int] = set()
         self._keeping_up: set[int] = set()  # tids whose policy is to keep up
         self._refused: set[str] = set()
@@ -122,13 +122,19 @@ class OwnScheduling:
             step = max(self.level - 1, 0)
         else:
             return
-        if step == self.level:
+        why = f"{lost} events lost in the last tick" if lost > 0 else "no events lost for a minute"
+        self.step_to(step, why)
+
+    def step_to(self, level: int, why: str = "") -> None:
+        """Put the threads that must keep up at KEEP_UP_LEVELS[level]; `why` is said."""
+        if level == self.level:
             return
-        self.level = step
+        self.level = level
         for tid in sorted(self._keeping_up):
             self._set_nice(tid, self.nice)
-        why = f"{lost} events lost in the last tick" if lost > 0 else "no events lost for a minute"
-        self.notes.append(f"threads that drain and analyse events now at nice {self.nice} ({why})")
+        if why:
+            self.notes.append(f"threads that drain and analyse events now at nice {self.nice} "
+                              f"({why})")  # fmt: skip
 
     def keep_off(self, watched: Iterable[int]) -> frozenset[int]:
         """Run on the CPUs the watched processes' threads may not use; where that leaves

@@ -46,7 +46,7 @@ from gpujitter.daemon.gaps import GapConfig
 from gpujitter.daemon.idle_floors import FILE_NAME, IdleFloorStore
 from gpujitter.daemon.jsonlog import JsonLog
 from gpujitter.daemon.metrics import DaemonMetrics
-from gpujitter.daemon.own_scheduling import OwnScheduling, in_slices
+from gpujitter.daemon.own_scheduling import KEEP_UP_LEVELS, OwnScheduling, in_slices
 from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
 from gpujitter.daemon.recorder import EventQueue, TraceRecorder
 from gpujitter.daemon.records import Attribution, GpuGap
@@ -219,7 +219,9 @@ class Daemon:
         self.attributions = 0  # made since start: each is logged or counted as dropped
         self.self_inflicted = 0  # of them, gaps a watched thread waited behind our threads
         self.self_inflicted_ns = 0
-        self.own = OwnScheduling()
+        # Starting (compiling the probes: seconds of CPU, once) at nice 0: at nice 10 on a
+        # saturated node two probes took 56 s, the full set would outlast the start timeout.
+        self.own = OwnScheduling(level=len(KEEP_UP_LEVELS) - 1)
         self._watched: set[int] = set()  # tgids, from the meta.watch changes seen
         self._repin_at = 0  # when to read the watched processes' CPUs again (0: at once)
         self.floors: IdleFloorStore | None = None
@@ -286,6 +288,7 @@ class Daemon:
                 if self.console:
                     self.console.note(summary)
                 self._ready = True
+                self.own.step_to(0)
                 self.notifier.ready(summary)
                 if ready is not None:
                     ready()
