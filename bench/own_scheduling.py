@@ -101,6 +101,7 @@ def run_once(seconds: float, rate: int, spinners: int) -> dict[str, Any]:
         "engine_dropped": last.get("engine_dropped"),
         "cpu_percent_last": last.get("cpu_percent"),
         "own_cpus": last.get("own_cpus"),
+        "own_nice": last.get("own_nice"),
         "self_inflicted": last.get("self_inflicted"),
     }
 
