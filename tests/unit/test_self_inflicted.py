@@ -10,7 +10,7 @@ from gpujitter.daemon.describe import one_line
 from gpujitter.daemon.drill.score import Stall, score
 from gpujitter.daemon.metrics import DaemonMetrics
 from gpujitter.daemon.pipeline import analyse
-from gpujitter.daemon.records import Attribution, TaskEvidence
+from gpujitter.daemon.records import Attribution
 from gpujitter.daemon.service import status_line
 from gpujitter.probes.events import OwnThreads, from_record, to_record
 from gpujitter.tui.model import NodeModel
@@ -109,7 +109,3 @@ def test_a_drill_reports_self_inflicted_gaps_against_a_target_of_none() -> None:
     assert s.self_inflicted == 0 and s.targets["no_self_inflicted"] is True
     # Outside the loop's run (the idle GPU before it started) a gap is not the drill's.
     assert score("runq_wait", [], [attr], (attr.end_ns, run[1])).self_inflicted == 0
-
-
-def test_task_evidence_is_not_own_unless_marked() -> None:
-    assert not TaskEvidence(tid=1, comm="x", cpus=(), count=1, ns=1).own
