@@ -13,12 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.drill_table import HEADER as SCENARIO_HEADER
 from bench.drill_table import row as drill_row
-
-SCENARIO_HEADER = (
-    "| scenario | stalls found | top cause right | injected cause: attributed vs truth "
-    "| false gaps | targets |\n|---|---|---|---|---|---|"
-)
 
 
 def job_line(job: dict[str, Any]) -> str:

@@ -99,6 +99,8 @@ def detail(part: Part, attr: Attribution) -> str:
             return ""
         top = tasks[0]
         who = f"behind {task_name(top)}" if top.tid else "behind an unknown task"
+        if top.own:
+            who = f"behind gpujitter itself (tid {top.tid}, self-inflicted)"
         flag = ", after a cross-NUMA migration" if any(t.after_migration for t in tasks) else ""
         return f"{who}{cpus_text(top.cpus)}{flag}"
     if cause == "idle_wake":

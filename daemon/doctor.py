@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpujitter.daemon import remedies
+from gpujitter.daemon.own_scheduling import OwnScheduling, thread_policies
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.events import ProbeStatus
@@ -720,6 +721,7 @@ def check_load(env: DoctorEnv) -> Iterator[Result]:
         yield Result("load core", "fail", str(err), fix=remedies.run_as_root())
         return
     yield Result("load core", "pass", "core BPF module (watched set, CPU->node map) loaded")
+    yield own_scheduling_result(env)
     for st in statuses:
         if st.state in ("running", "degraded"):
             status: Status = "pass" if st.state == "running" else "warn"
@@ -733,3 +735,24 @@ def check_load(env: DoctorEnv) -> Iterator[Result]:
                 f"{st.state}: {st.reason}; without it {spec.degrades}",
                 fix="gpujitter doctor  # the hook lines above say what is missing",
             )
+
+
+def own_scheduling_result(env: DoctorEnv) -> Result:
+    """--load: the daemon's own scheduling, applied to this process's threads and read back
+    (a container's seccomp filter or a policy module may refuse it)."""
+    own = OwnScheduling(env.paths.proc)
+    own.tend(time.monotonic_ns())
+    got = thread_policies(env.paths.proc, own.pid)
+    wanted = {"batch", "idle"}
+    src = f"{env.paths.proc}/PID/task/TID/stat"
+    seen = ", ".join(sorted({f"{p} nice {n}" if p != "idle" else p for p, n in got.values()}))
+    if own.notes or not got or any(p not in wanted for p, _ in got.values()):
+        why = "; ".join(own.notes) or f"threads run {seen or 'unread'}"
+        return Result("own scheduling", "warn",
+                      f"{why}: the daemon's threads may delay the watched ones "
+                      "(self-inflicted gaps, counted in daemon.status self_inflicted)",
+                      fix="allow sched_setscheduler and setpriority to the daemon "
+                          "(seccomp profile, container runtime)", source=src)  # fmt: skip
+    return Result("own scheduling", "pass",
+                  f"threads run {seen} (below the watched threads; waits behind them are "
+                  "counted as self-inflicted gaps)", source=src)  # fmt: skip

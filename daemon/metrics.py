@@ -1,6 +1,7 @@
 """Prometheus metrics of the daemon, for clusters that aggregate many nodes: gaps and
 attributed time by GPU and cause, idle time by Kubernetes pod or Slurm job, probe health and
-lost events, stream clients, and the daemon's own CPU and memory (prometheus_client's
+lost events, stream clients, gaps gpujitter itself caused (self-inflicted), and the daemon's
+own CPU and memory (prometheus_client's
 process collector), and the endpoint's own refusals. Served on a localhost port only when
 asked (`metrics.listen`, metrics_server.py)."""
 
@@ -127,6 +128,19 @@ class DaemonMetrics:
             GPU_LABELS,
             registry=r,
         )
+        self.self_inflicted = Counter(
+            "gpujitter_self_inflicted_gaps",
+            "attributed gaps in which a watched thread waited behind gpujitter's own threads "
+            "(the target is none)",
+            GPU_LABELS,
+            registry=r,
+        )
+        self.self_inflicted_seconds = Counter(
+            "gpujitter_self_inflicted_seconds",
+            "time watched threads waited behind gpujitter's own threads inside gaps",
+            GPU_LABELS,
+            registry=r,
+        )
         self.sink_dropped = Counter(
             "gpujitter_sink_dropped_records",
             "records a sink could not write because the disk refused them (full, quota, I/O)",
@@ -183,6 +197,11 @@ class DaemonMetrics:
         self.workload_idle.labels(gpu=str(gpu), namespace=namespace, pod=pod, slurm_job=job).inc(
             total
         )
+
+    def observe_self_inflicted(self, gpu: int, seconds: float) -> None:
+        labels = self._gpu(gpu)
+        self.self_inflicted.labels(**labels).inc()
+        self.self_inflicted_seconds.labels(**labels).inc(seconds)
 
     def observe_probe(self, status: ProbeStatus) -> None:
         for state in PROBE_STATES:

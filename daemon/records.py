@@ -68,8 +68,9 @@ class IrqEvidence:
 class TaskEvidence:
     """A task that ran on the CPU a runnable feeding thread waited for (tid 0: the CPU was
     idle, or the task is unknown). after_migration: some of these waits followed a
-    cross-NUMA migration of the waiting thread. tgid: its process (0 unknown); workload:
-    that process's pod, container or Slurm job ("" none known)."""
+    cross-NUMA migration of the waiting thread. own: the task is one of gpujitter's own
+    threads (meta.self): the observer delayed the observed. tgid: its process (0 unknown);
+    workload: that process's pod, container or Slurm job ("" none known)."""
 
     tid: int
     comm: str
@@ -77,6 +78,7 @@ class TaskEvidence:
     count: int
     ns: int
     after_migration: bool = False
+    own: bool = False
     what: str = "task"
     tgid: int = 0
     workload: str = ""
@@ -255,6 +257,8 @@ class Attribution(Event):
     cause. probes_off: probes not running at the gap's end (their causes cannot be seen).
     workload: the critical thread's pod, container or Slurm job, else the first feeding
     process's ("" none known), from the meta.workload events seen before the gap's release.
+    self_ns: the part of the gap the feeding threads waited behind gpujitter's own threads
+    (evidence marked `own`); a gap with any is self-inflicted.
     """
 
     NESTED = True
@@ -274,6 +278,7 @@ class Attribution(Event):
     remedies: tuple[str, ...] = ()
     probes_off: tuple[str, ...] = ()
     workload: str = ""
+    self_ns: int = 0
 
     @property
     def dur_ns(self) -> int:
@@ -304,6 +309,11 @@ class Attribution(Event):
 
     def share(self, part: Part) -> float:
         return part.ns / self.dur_ns if self.dur_ns > 0 else 0.0
+
+    @property
+    def self_inflicted(self) -> bool:
+        """gpujitter's own threads took some of this gap's time (docs/attribution.md)."""
+        return self.self_ns > 0
 
     @property
     def top_cause(self) -> str:

@@ -11,6 +11,10 @@ Nothing the main thread writes to can stop it: the console has a writer thread o
 the stream and sd_notify sockets are non-blocking, and the file sinks drop and count what a
 failing disk refuses (daemon/diskfull.py) instead of raising.
 
+The daemon's own threads run below the watched ones and off their CPUs where others are
+allowed (daemon/own_scheduling.py); a gap in which a watched thread waited behind one of them
+is counted as self-inflicted (`self_inflicted` in daemon.status, the metrics, the journal).
+
 Each GPU's proven idle power is kept in the state directory (daemon/idle_floors.py): read at
 start, into the analysis settings the trace header carries; written when the detector
 proves a new one.
@@ -42,6 +46,7 @@ from gpujitter.daemon.gaps import GapConfig
 from gpujitter.daemon.idle_floors import FILE_NAME, IdleFloorStore
 from gpujitter.daemon.jsonlog import JsonLog
 from gpujitter.daemon.metrics import DaemonMetrics
+from gpujitter.daemon.own_scheduling import KEEP_UP_LEVELS, OwnScheduling, in_slices
 from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
 from gpujitter.daemon.recorder import EventQueue, TraceRecorder
 from gpujitter.daemon.records import Attribution, GpuGap
@@ -52,7 +57,7 @@ from gpujitter.daemon.stream import StreamServer
 from gpujitter.daemon.trace import TraceHeader
 from gpujitter.probes import registry
 from gpujitter.probes.clock import clock_ref
-from gpujitter.probes.events import Event, ProbeStatus, to_record
+from gpujitter.probes.events import Event, ProbeStatus, WatchChange, to_record
 from gpujitter.probes.nvml import GpuInfo
 from gpujitter.probes.sources import EvidenceSources
 from gpujitter.probes.topology import Topology, load_topology
@@ -60,6 +65,9 @@ from gpujitter.probes.watch import WatchSpec
 from gpujitter.text import inert_json, printable
 
 TICK_NS = 1_000_000_000
+# The watched processes may pin their threads at any time: their CPUs are read again this
+# often, besides whenever the watched set changes.
+REPIN_NS = 10_000_000_000
 
 
 class _LineWriter:
@@ -146,6 +154,7 @@ def status_line(status: dict[str, Any]) -> str:
         f"{status['attributions']} gaps attributed",
         f"{status['events_per_s']:.0f} events/s",
         f"lost {status['lost_kernel'] + status['lost_user']}",
+        f"self-inflicted {status['self_inflicted']}",
         f"{status['clients']} clients",
         f"cpu {status['cpu_percent']:.1f}%",
         f"rss {status['rss_bytes'] >> 20} MiB",
@@ -208,6 +217,13 @@ class Daemon:
         self.recorder: TraceRecorder | None = None
         self.stream: StreamServer | None = None
         self.attributions = 0  # made since start: each is logged or counted as dropped
+        self.self_inflicted = 0  # of them, gaps a watched thread waited behind our threads
+        self.self_inflicted_ns = 0
+        # Starting (compiling the probes: seconds of CPU, once) at nice 0: at nice 10 on a
+        # saturated node two probes took 56 s, the full set would outlast the start timeout.
+        self.own = OwnScheduling(level=len(KEEP_UP_LEVELS) - 1)
+        self._watched: set[int] = set()  # tgids, from the meta.watch changes seen
+        self._repin_at = 0  # when to read the watched processes' CPUs again (0: at once)
         self.floors: IdleFloorStore | None = None
 
     # -- signals ----------------------------------------------------------------------
@@ -238,6 +254,8 @@ class Daemon:
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_hup)
+        # Before any thread starts: the probe thread (and its compiles) inherit the policy.
+        self._tend_own(time.monotonic_ns())
         clock = clock_ref()
         sources = EvidenceSources(
             self.names,
@@ -261,6 +279,7 @@ class Daemon:
                 self.metrics.set_gpus(sources.gpus)
                 self.state = NodeState(self.topology, sources.gpus)
                 self._open_sinks(sinks, clock, analysis)
+                self._tend_own(time.monotonic_ns())
                 running = [s.probe for s in sources.statuses if s.state in ("running", "degraded")]
                 summary = (
                     f"probes attached: {', '.join(running) or 'none'}; "
@@ -269,6 +288,7 @@ class Daemon:
                 if self.console:
                     self.console.note(summary)
                 self._ready = True
+                self.own.step_to(0)
                 self.notifier.ready(summary)
                 if ready is not None:
                     ready()
@@ -355,7 +375,7 @@ class Daemon:
             now = time.monotonic_ns()
             if self.duration_ns is not None and now - start >= self.duration_ns:
                 break
-            for ev in self.queue.drain(timeout_s=0.1):
+            for ev in in_slices(self.queue.drain(timeout_s=0.1)):
                 self._event(ev)
             if self._reload:
                 self._reload = False
@@ -368,7 +388,7 @@ class Daemon:
 
     def _drain(self) -> None:
         while batch := list(self.queue.drain()):
-            for ev in batch:
+            for ev in in_slices(batch):
                 self._event(ev)
 
     def _event(self, ev: Event) -> None:
@@ -377,6 +397,10 @@ class Daemon:
         self.state.observe(ev)
         if isinstance(ev, ProbeStatus):
             self.metrics.observe_probe(ev)
+        elif isinstance(ev, WatchChange):
+            self._watched.difference_update(ev.removed)
+            self._watched.update(ev.added)
+            self._repin_at = 0
         if self.stream is not None and self.state.streamed(ev):
             self.stream.publish(to_record(ev), self.state.tgids_of(ev))
         for out in self.pipeline.feed(ev):
@@ -390,6 +414,10 @@ class Daemon:
             self.metrics.observe_gap(out.gpu, out.dur_ns / 1e9)
         elif isinstance(out, Attribution):
             self.attributions += 1
+            if out.self_inflicted:
+                self.self_inflicted += 1
+                self.self_inflicted_ns += out.self_ns
+                self.metrics.observe_self_inflicted(out.gpu, out.self_ns / 1e9)
             self.metrics.observe_attribution(
                 out.gpu, [(p.cause, p.ns / 1e9) for p in out.parts], out.workload
             )
@@ -413,6 +441,10 @@ class Daemon:
             clients=self.stream.clients if self.stream else 0,
             client_dropped=self.stream.dropped_total if self.stream else 0,
             attributions=self.attributions,
+            self_inflicted=self.self_inflicted,
+            self_inflicted_ns=self.self_inflicted_ns,
+            own_cpus=sorted(self.own.cpus),
+            own_nice=self.own.nice,
             log_dropped=self.log.failures.dropped_total if self.log else 0,
             log_failing=self.log.failures.reason if self.log else "",
             trace_lost=self.recorder.failures.dropped_total if self.recorder else 0,
@@ -443,7 +475,21 @@ class Daemon:
         if self.recorder is not None:
             self.recorder.tick(now)
         self._keep_floors()
+        self.own.keep_up(status["lost_kernel"] + status["lost_user"], now)
+        self._tend_own(now)
         self.notifier.status(status_line(status))
+
+    def _tend_own(self, now: int) -> None:
+        """Our threads: new ones get their policy; off the watched processes' CPUs when the
+        set changed or their CPUs may have (meta.self goes to the engine when ours changed)."""
+        if now >= self._repin_at:
+            self._repin_at = now + REPIN_NS
+            self.own.keep_off(self._watched)
+        announced = self.own.tend(now)
+        if announced is not None:
+            self.queue.emit(announced)
+        while self.own.notes:
+            self._say(self.own.notes.pop(0))
 
     def _final_status(self) -> None:
         """The last daemon.status, sent after the last attribution and before the socket
@@ -453,7 +499,8 @@ class Daemon:
         if self.stream is not None:
             self.stream.publish(status)
         self._say(f"stopped: {status['attributions']} attributions made, "
-                  f"{status['log_dropped']} of them dropped by the log")  # fmt: skip
+                  f"{status['log_dropped']} of them dropped by the log, "
+                  f"{status['self_inflicted']} self-inflicted")  # fmt: skip
 
     def _reopen(self) -> None:
         """SIGHUP: reopen the log (after logrotate moved it) and start a new trace file."""

@@ -362,6 +362,18 @@ class WatchChange(Event):
     reason: str
 
 
+@event_kind("meta.self")
+@dataclass(frozen=True, slots=True)
+class OwnThreads(Event):
+    """gpujitter's own process (tgid) and threads (tids) when it sent this: a watched thread
+    that waited behind one of them was delayed by the observer itself (a self-inflicted
+    wait). Sent at start and whenever the set of threads changes, so a replay tells them
+    apart as the live daemon did."""
+
+    tgid: int
+    tids: tuple[int, ...]
+
+
 @event_kind("meta.workload")
 @dataclass(frozen=True, slots=True)
 class WorkloadInfo(Event):

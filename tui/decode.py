@@ -141,6 +141,7 @@ class DaemonStatus:
     engine_dropped: int = 0
     client_dropped: int = 0
     threads: tuple[WatchedThread, ...] = ()
+    self_inflicted: int = -1  # gaps the daemon's own threads caused; -1: not reported
 
 
 def daemon_status(rec: Record) -> DaemonStatus:
@@ -165,6 +166,7 @@ def daemon_status(rec: Record) -> DaemonStatus:
         engine_dropped=int(rec.get("engine_dropped", 0)),
         client_dropped=int(rec.get("client_dropped", 0)),
         threads=threads,
+        self_inflicted=int(rec.get("self_inflicted", -1)),
     )
 
 

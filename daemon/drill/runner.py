@@ -25,6 +25,7 @@ from gpujitter.daemon.drill import build, scenarios, system
 from gpujitter.daemon.drill.feeder import FeederConfig
 from gpujitter.daemon.drill.score import Score, Stall, score
 from gpujitter.daemon.engine.engine import EngineConfig
+from gpujitter.daemon.own_scheduling import OwnScheduling
 from gpujitter.daemon.pipeline import AnalysisConfig, analyse
 from gpujitter.daemon.records import Attribution
 from gpujitter.daemon.trace import TraceHeader, TraceWriter
@@ -225,6 +226,10 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
         # the probes the scenario needs run even where they are off by default (cstate)
         off = [p for p in scenario.needs if p in known and not known[p].default_on]
         names = [*registry.default_names(), *off]
+        # Scheduled as the daemon schedules itself, and its threads announced (meta.self),
+        # so that a wait of the loop behind the drill's own process is scored self-inflicted.
+        own = OwnScheduling()
+        _announce(own, events)
         sources = EvidenceSources(
             names,
             topology=topology,
@@ -236,6 +241,7 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
             gpu_processes=False,
         )
         with sources:
+            _announce(own, events)
             probes: dict[str, str] = {s.probe: s.state for s in sources.statuses}
             notes += [f"probe {s.probe} {s.state}: {s.reason}" for s in sources.statuses
                       if s.state not in ("running", "degraded") or (s.probe in scenario.needs
@@ -286,6 +292,12 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
         stalls=tuple(stall_records),
         attributions=tuple(attrs),
     )
+
+
+def _announce(own: OwnScheduling, events: list[Event]) -> None:
+    announced = own.tend(time.monotonic_ns())
+    if announced is not None:
+        events.append(announced)
 
 
 def _follow(

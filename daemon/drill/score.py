@@ -17,6 +17,10 @@ no part of the drill. Given the drill's own threads (`own_tids`), run-queue wait
 other task is explained time that is not the injection's: it is taken out of each gap's
 parts before the top cause is picked, out of the truth where the loop's measure holds such
 waits (`truth_holds_waits`), and a gap it makes up at least half of is not a false gap.
+
+Self-inflicted gaps: gaps of the loop's run in which the feeding thread waited behind the
+drill's gpujitter process itself (the engine marks that evidence `own`, from meta.self).
+The observer must not delay the observed: the target is none.
 """
 
 from __future__ import annotations
@@ -91,6 +95,8 @@ class Score:
     false_gaps: tuple[FalseGap, ...]
     window_ns: int  # how long the loop ran
     outside_gaps: int = 0  # gaps outside the stalls made by outside contention (not false)
+    self_inflicted: int = 0  # gaps of the run with waits behind gpujitter's own threads
+    self_inflicted_ns: int = 0
     targets: dict[str, bool] = field(default_factory=dict)
 
     @property
@@ -144,6 +150,8 @@ class Score:
             "false_gaps": len(self.false_gaps),
             "false_gap_ms": round(sum(g.end_ns - g.ts_ns for g in self.false_gaps) / 1e6, 3),
             "outside_gaps": self.outside_gaps,
+            "self_inflicted": self.self_inflicted,
+            "self_inflicted_ms": round(self.self_inflicted_ns / 1e6, 3),
             "window_s": round(self.window_ns / 1e9, 3),
             "targets": dict(self.targets),
             "passed": self.passed,
@@ -234,7 +242,9 @@ def score(
         for a in unmatched
         if a not in by_outside
     )
-    result = Score(cause, tuple(scored), false, end_ns - go_ns, len(by_outside))
+    own = [a for a in attributions if a.self_inflicted and go_ns <= a.ts_ns < end_ns]
+    result = Score(cause, tuple(scored), false, end_ns - go_ns, len(by_outside), len(own),
+                   sum(a.self_ns for a in own))  # fmt: skip
     return replace(result, targets=_targets(result))
 
 
@@ -254,6 +264,7 @@ def _targets(s: Score) -> dict[str, bool]:
     targets = {
         "found_all": all(st.found for st in must),
         "no_false_gaps": not s.false_gaps,
+        "no_self_inflicted": not s.self_inflicted,
     }
     if s.stalls:
         targets["top_cause"] = s.top_right >= TOP_CAUSE_SHARE * s.injected

@@ -20,10 +20,17 @@ from gpujitter.daemon.engine.causes import CAUSE_BY_NAME, CAUSE_ORDER, CAUSES
 from gpujitter.daemon.engine.divide import CLAIMING_KINDS, Divider, Tally
 from gpujitter.daemon.engine.timeline import SPAN_RULES, SpanRule, Timeline, content
 from gpujitter.daemon.gaps import UNKNOWN_GPU
-from gpujitter.daemon.records import Attribution, CauseTime, GpuGap, Part, ThreadRole
+from gpujitter.daemon.records import (
+    Attribution,
+    CauseTime,
+    GpuGap,
+    Part,
+    TaskEvidence,
+    ThreadRole,
+)
 from gpujitter.daemon.remedies import RemedyContext
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import Event, GpuProcesses, ProbeStatus, WorkloadInfo
+from gpujitter.probes.events import Event, GpuProcesses, OwnThreads, ProbeStatus, WorkloadInfo
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.workload import label
 
@@ -96,6 +103,9 @@ class Engine:
         self._procs: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
         self._probes: dict[str, list[tuple[int, str]]] = {}
         self._workloads: dict[int, str] = {}  # tgid -> label, oldest announcement first
+        # gpujitter's own threads (meta.self): every thread announced by its process, those
+        # that ended too (a gap may be attributed after the thread that delayed it ended).
+        self._own: tuple[int, set[int]] = (0, set())
         self._now = 0
         self._last_evict = 0
         self._size = 0
@@ -108,6 +118,7 @@ class Engine:
             GpuProcesses: self._on_procs,
             ProbeStatus: self._on_status,
             WorkloadInfo: self._on_workload,
+            OwnThreads: self._on_own,
         }
 
     # -- input ---------------------------------------------------------------------------
@@ -181,6 +192,12 @@ class Engine:
         if len(self._workloads) > self.config.max_workloads:
             del self._workloads[next(iter(self._workloads))]
 
+    def _on_own(self, ev: OwnThreads) -> None:
+        tgid, tids = self._own
+        if tgid != ev.tgid:  # another gpujitter process (traces of two runs, one after another)
+            tids = set()
+        self._own = (ev.tgid, tids | set(ev.tids) | {ev.tgid})
+
     # -- memory bounds -------------------------------------------------------------------
 
     def _evict_by_age(self) -> None:
@@ -241,7 +258,7 @@ class Engine:
         divider = self._divider(gpu_node, b)
         divider.divide(critical, a, b)
         self._counts["follow_cut"] += divider.follow_cut
-        parts = self._parts(divider)
+        parts, self_ns = _mark_own(self._parts(divider), self._own[1])
         tl = self._timelines.get(critical)
         probes_off = tuple(
             sorted(p for p, hist in self._probes.items() if _at(hist, b) not in (None, "running"))
@@ -277,6 +294,7 @@ class Engine:
                 ),
                 "",
             ),
+            self_ns=self_ns,
         )
 
     def _divider(self, gpu_node: int | None, gap_end: int, follow: bool = True) -> Divider:
@@ -430,6 +448,23 @@ class Engine:
             ),
             workload=self._workloads.get(tl.tgid, "") if tl else "",
         )
+
+
+def _mark_own(parts: tuple[Part, ...], own: set[int]) -> tuple[tuple[Part, ...], int]:
+    """Parts with the evidence of gpujitter's own threads marked, and the time it holds: the
+    gap's self-inflicted time."""
+    if not own:
+        return parts, 0
+    marked: list[Part] = []
+    self_ns = 0
+    for part in parts:
+        evidence = tuple(
+            replace(e, own=True) if isinstance(e, TaskEvidence) and e.tid in own else e
+            for e in part.evidence
+        )
+        self_ns += sum(e.ns for e in evidence if isinstance(e, TaskEvidence) and e.own)
+        marked.append(replace(part, evidence=evidence))
+    return tuple(marked), self_ns
 
 
 def _own(tally: Tally, tid: int) -> dict[str, int]:

@@ -135,15 +135,18 @@ def print_result(r: DrillResult) -> None:
         print(
             f"found {s.found}/{s.injected} · top cause {s.cause} {s.top_right}/{s.injected} · "
             f"{s.cause} {format_ns(s.attributed_ns)} of {format_ns(s.truth_ns)} "
-            f"({_pct(s.attributed_ns, s.truth_ns)}) · false gaps {len(s.false_gaps)}"
+            f"({_pct(s.attributed_ns, s.truth_ns)}) · false gaps {len(s.false_gaps)} · "
+            f"self-inflicted {s.self_inflicted}"
         )
     else:
-        print(f"gaps in {s.window_ns / 1e9:.0f}s of steady feeding: {len(s.false_gaps)}")
+        print(f"gaps in {s.window_ns / 1e9:.0f}s of steady feeding: {len(s.false_gaps)} "
+              f"(self-inflicted {s.self_inflicted})")  # fmt: skip
     labels = {
         "found_all": f"every stall ≥ {MIN_STALL_NS // 1_000_000} ms found",
         "top_cause": f"top cause right ≥ {TOP_CAUSE_SHARE:.0%}",
         "attributed": f"attributed within ±{TOLERANCE:.0%}",
         "no_false_gaps": "no false gaps",
+        "no_self_inflicted": "no self-inflicted gaps",
     }
     print(
         "targets: "

@@ -22,6 +22,7 @@ from gpujitter.cli.probe import add_arguments as add_probe_arguments
 from gpujitter.cli.probe import precise_options
 from gpujitter.daemon.config import check_parent
 from gpujitter.daemon.engine import EngineConfig
+from gpujitter.daemon.own_scheduling import KEEP_UP_LEVELS, OwnScheduling
 from gpujitter.daemon.pipeline import AnalysisConfig
 from gpujitter.daemon.recorder import EventQueue, TraceRecorder
 from gpujitter.daemon.rotation import Rotation
@@ -95,6 +96,16 @@ def run(args: argparse.Namespace) -> int:
     # analysis settings in the header, so that `report` on this trace reads it as it would a
     # `run --record` trace of the same stretch.
     backend = nvml_backend(args)
+    # Scheduled as the daemon schedules itself (compiling at nice 0, then below the watched
+    # threads), its threads announced in the trace (meta.self): `report` marks waits behind it.
+    own = OwnScheduling(level=len(KEEP_UP_LEVELS) - 1)
+
+    def tend_own() -> None:
+        announced = own.tend(time.monotonic_ns())
+        if announced is not None:
+            queue.emit(announced)
+
+    tend_own()
     evidence = EvidenceSources(
         names, topology=topology, watch=watch, emit=queue.emit, thresholds=overrides,
         options=precise_options(args, names),
@@ -103,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     with _stop_on_signals(stop), contextlib.ExitStack() as sources:
         sources.enter_context(evidence)
+        own.step_to(0)
+        tend_own()
         analysis = AnalysisConfig(engine=EngineConfig(gpu_bus_ids=evidence.gpu_bus_ids()))
         header = TraceHeader.now(topology, names, in_force, watch.describe(),
                                  analysis=analysis.to_record())  # fmt: skip
@@ -126,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
                 if duration_ns is not None and elapsed_ns >= duration_ns:
                     break
                 record(queue.drain(timeout_s=0.2))
+                tend_own()
                 recorder.tick()
                 progress.show(out, elapsed_ns)
             sources.close()  # the sources stop and hand over what they still held

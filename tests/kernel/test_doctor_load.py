@@ -31,6 +31,9 @@ def test_doctor_load_core_every_probe_and_fentry() -> None:
     assert loaded["malloc"]["detail"].startswith("running; BPF "), loaded["malloc"]["detail"]
     for name in ("sched", "irq", "cstate"):  # programs that run on an idle node too
         assert " runs/s, " in loaded[name]["detail"], loaded[name]["detail"]
+    # The daemon's own scheduling is applied to the doctor's threads and read back.
+    assert checks["own scheduling"]["status"] == "pass", checks["own scheduling"]
+    assert "batch nice 10" in checks["own scheduling"]["detail"]
     # This kernel refuses tracing programs (ENVIRONMENT.md); either answer must be a real one.
     fentry = checks["fentry"]
     assert fentry["status"] == "info"

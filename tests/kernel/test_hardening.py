@@ -478,6 +478,7 @@ def apply_sandbox(spec: dict[str, Any]) -> None:
     for key, limit in (
         ("LimitMEMLOCK", resource.RLIMIT_MEMLOCK),
         ("LimitNOFILE", resource.RLIMIT_NOFILE),
+        ("LimitNICE", resource.RLIMIT_NICE),
     ):
         if key in settings:
             want = resource.RLIM_INFINITY if settings[key] == "infinity" else int(settings[key])
@@ -732,6 +733,7 @@ def facts() -> dict[str, Any]:
         "umask": oct(_current_umask()),
         "memlock": resource.getrlimit(resource.RLIMIT_MEMLOCK)[0],
         "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        "nice_limit": resource.getrlimit(resource.RLIMIT_NICE)[0],
         "oom_score_adj": int(Path("/proc/self/oom_score_adj").read_text()),
         "mdwe": _libc.prctl(PR_GET_MDWE, 0, 0, 0, 0),
         "tmp_marker": Path(os.environ.get("GJ_TMP_MARKER", "/nonexistent")).exists(),
@@ -898,6 +900,7 @@ SANDBOX: dict[str, Callable[[dict[str, Any]], bool]] = {
     "UMask": lambda r: r["plumbing"]["log_file"] == "0o640",
     "LimitMEMLOCK": lambda r: r["facts"]["memlock"] == r["expected_limits"]["LimitMEMLOCK"],
     "LimitNOFILE": lambda r: r["facts"]["nofile"] == r["expected_limits"]["LimitNOFILE"],
+    "LimitNICE": lambda r: r["facts"]["nice_limit"] == r["expected_limits"]["LimitNICE"],
     "OOMScoreAdjust": lambda r: r["facts"]["oom_score_adj"] == 500,
     # Run inside the memory cgroup, and never reached its limit.
     "MemoryHigh": lambda r: (
@@ -915,13 +918,13 @@ GROUPS = (
     ("ProtectSystem", "PrivateTmp"),  # see test_protect_system_needs_private_tmp
     ("MemoryHigh", "MemoryMax"),
     ("CPUQuota", "CPUQuotaPeriodSec"),
-    ("LimitMEMLOCK", "LimitNOFILE"),
+    ("LimitMEMLOCK", "LimitNOFILE", "LimitNICE"),
     ("SystemCallFilter", "SystemCallErrorNumber"),
 )
 # This container withholds CAP_SYS_RESOURCE, so hard limits cannot be raised to the unit's
 # values: the limits are applied as far as they go, and a control cannot tell them from no
 # limit at all. test_bpf_maps_do_not_need_locked_memory_here shows why that does not matter.
-CANNOT_RAISE_HERE = {"LimitMEMLOCK", "LimitNOFILE"}
+CANNOT_RAISE_HERE = {"LimitMEMLOCK", "LimitNOFILE", "LimitNICE"}
 # [Service] keys that are not sandbox or resource options; test_systemd.py covers them.
 NOT_SANDBOX = {
     "Type",
@@ -1082,6 +1085,7 @@ def expected_limits(settings: dict[str, str]) -> dict[str, int]:
     for key, limit in (
         ("LimitMEMLOCK", resource.RLIMIT_MEMLOCK),
         ("LimitNOFILE", resource.RLIMIT_NOFILE),
+        ("LimitNICE", resource.RLIMIT_NICE),
     ):
         want = (
             resource.RLIM_INFINITY

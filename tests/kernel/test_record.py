@@ -19,7 +19,7 @@ import pytest
 
 from gpujitter.daemon.trace import TraceReader, TraceSet
 from gpujitter.probes import registry
-from gpujitter.probes.events import AllocSyscall, Event, ProbeStatus
+from gpujitter.probes.events import AllocSyscall, Event, OwnThreads, ProbeStatus
 from gpujitter.probes.topology import load_topology
 from tests.conftest import FIXTURES
 
@@ -99,6 +99,9 @@ def test_record_until_signalled_writes_what_the_probes_saw(tmp_path: Path, stop:
     assert len(maps) == n
     assert len(mapped(events, mapper.pid, "munmap")) == n
     assert summary["lost"] == 0 and summary["files"] == [str(trace)]
+    # The recorder's own threads are in the trace, so `report` can mark waits behind them.
+    own = [e for e in events if isinstance(e, OwnThreads)]
+    assert own and {e.tgid for e in own} == {recorder.pid} and len(own[-1].tids) > 1
 
     assert header.probes == ("malloc",)
     # every threshold in force: the one given, the rest at the registry's defaults

@@ -48,6 +48,7 @@ def test_a_perfect_drill_meets_every_target() -> None:
     assert s.targets == {
         "found_all": True,
         "no_false_gaps": True,
+        "no_self_inflicted": True,
         "top_cause": True,
         "attributed": True,
     }
@@ -99,7 +100,8 @@ def test_a_stall_split_over_two_gaps_sums_them_and_takes_the_longer_ones_top_cau
 
 def test_the_control_scores_false_gaps_only() -> None:
     quiet = score("", [], [], (0, 60_000 * MS))
-    assert quiet.targets == {"found_all": True, "no_false_gaps": True} and quiet.passed
+    assert quiet.targets == {"found_all": True, "no_false_gaps": True, "no_self_inflicted": True}
+    assert quiet.passed
     noisy = score("", [], [attribution(10, 17, runq_wait=7)], (0, 60_000 * MS))
     assert not noisy.passed and noisy.to_record()["false_gap_ms"] == 7.0
 

@@ -78,7 +78,7 @@ def test_a_scenario_is_scored_as_a_drill_with_its_false_gaps(tmp_path: Path) -> 
     assert (got["found"], got["top_right"], got["false_gaps"]) == (3, 2, 1)
     assert got["attributed_ms"] == 69.4 and got["truth_ms"] == 90.0
     assert got["targets"] == {"found_all": True, "no_false_gaps": False, "top_cause": False,
-                              "attributed": False}  # fmt: skip
+                              "attributed": False, "no_self_inflicted": True}  # fmt: skip
     failed = {"scenario": "swap", "error": "no swap"}
     summary = {"mode": "accuracy", "notes": ["a note"], "attaches": [], "scenarios": [got, failed]}
     text = "\n".join(tables(summary))

@@ -81,11 +81,14 @@ def test_status_line_says_what_systemctl_status_should_show() -> None:
 
     status = {
         "attributions": 12, "events_per_s": 840.4, "lost_kernel": 0, "lost_user": 3,
-        "clients": 2, "cpu_percent": 1.25, "rss_bytes": 131 << 20,
+        "clients": 2, "cpu_percent": 1.25, "rss_bytes": 131 << 20, "self_inflicted": 1,
         "log_failing": "", "log_dropped": 0, "trace_failing": "", "trace_lost": 0,
     }  # fmt: skip
     line = status_line(status)
-    assert line == ("12 gaps attributed; 840 events/s; lost 3; 2 clients; cpu 1.2%; rss 131 MiB")
+    assert line == (
+        "12 gaps attributed; 840 events/s; lost 3; self-inflicted 1; 2 clients; cpu 1.2%; "
+        "rss 131 MiB"
+    )
     full = {**status, "log_failing": "cannot write log /l: No space left", "log_dropped": 4}
     assert status_line(full).endswith(
         "; log failing (4 dropped): cannot write log /l: No space left"

@@ -1,7 +1,7 @@
 """The status line: where the data comes from and whether that works (daemon connected,
 retrying, embedded, replay position), the current view's filter, probe health, events lost,
-the daemon's own CPU, and records dropped on the way (by the daemon for this client, and by
-this app's inbox)."""
+the daemon's own CPU, the gaps it caused itself (self-inflicted), and records dropped on the
+way (by the daemon for this client, and by this app's inbox)."""
 
 from __future__ import annotations
 
@@ -88,6 +88,9 @@ def status_text(
     if model.status is not None:
         who = "self" if conn is not None and conn.state == "embedded" else "daemon"
         parts.append(Text(f"{who} cpu {model.status.cpu_percent:.1f}%"))
+        own = model.status.self_inflicted
+        if own >= 0:
+            parts.append(Text(f"self-inflicted {own}", style="bold red" if own else "dim"))
     parts.append(probes_text(model))
     cost = bpf_cost_text(model)
     if cost is not None:

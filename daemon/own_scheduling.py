@@ -1,0 +1,219 @@
+"""How gpujitter's own threads are scheduled so that the observer does not delay the observed:
+each thread's policy and nice level by its role, the CPUs kept clear for the watched
+processes, work in short slices, and the list of its threads (meta.self) by which the engine
+tells a wait behind gpujitter itself (docs/architecture.md, "The daemon's own scheduling")."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TypeVar
+
+from gpujitter.probes.events import OwnThreads
+
+T = TypeVar("T")
+
+SLICE_NS = 2_000_000  # longest stretch of work before a loop gives the CPU away
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadPolicy:
+    """policy: "batch" (never preempts a waking task, shares the CPU by its nice level) or
+    "idle" (runs only when nothing else wants the CPU: may starve on a saturated node)."""
+
+    policy: str
+    nice: int
+    why: str
+
+
+# Threads that must keep up with the kernel get a small share but never none; the rest wait
+# for idle CPU time, and what they would lose by starving is counted where it is dropped.
+_KEEPS_UP = 10
+# While events are being lost (a saturated node leaves nice 10 too small a share: measured,
+# docs/performance.md), the threads that keep up step towards nice 0, a level per tick that
+# lost events, and back a level after each QUIET_NS without loss. Still SCHED_BATCH: even at
+# nice 0 they never preempt a waking thread.
+KEEP_UP_LEVELS = (_KEEPS_UP, 5, 0)
+QUIET_NS = 60_000_000_000
+POLICIES: dict[str, ThreadPolicy] = {
+    # starved, the event queue overflows (engine_dropped)
+    "MainThread": ThreadPolicy("batch", _KEEPS_UP, "analysis of every event"),
+    # starved, the kernel drops events (lost_kernel)
+    "gpujitter-probes": ThreadPolicy("batch", _KEEPS_UP, "drains the BPF ring buffers"),
+    "gpujitter-nvml": ThreadPolicy("batch", _KEEPS_UP, "reads NVML's rings before they wrap"),
+    # a client or writer that falls behind has its records dropped and counted
+    "gpujitter-stream": ThreadPolicy("idle", 19, "snapshots and sends for socket clients"),
+    "gpujitter-metrics": ThreadPolicy("idle", 19, "builds the Prometheus exposition"),
+    "gpujitter-console": ThreadPolicy("idle", 19, "writes attribution lines"),
+    "gpujitter-notes": ThreadPolicy("idle", 19, "writes notes for the operator"),
+}
+# Threads gpujitter did not start itself (a library's): as those that must keep up.
+DEFAULT_POLICY = ThreadPolicy("batch", _KEEPS_UP, "a library's thread")
+_POLICY_IDS = {"batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
+
+
+def policy_of(name: str) -> ThreadPolicy:
+    return POLICIES.get(name, DEFAULT_POLICY)
+
+
+class OwnScheduling:
+    """The scheduling of this process's threads. `tend` (at start, then once a second) gives
+    each thread it has not seen its policy and CPUs, and returns the announcement of the
+    threads when they changed; `keep_off` moves every thread off the CPUs the watched
+    processes may run on, when any others are allowed. What cannot be set (no privilege) is
+    said once in `notes` and left as it was."""
+
+    def __init__(self, proc: Path = Path("/proc"), level: int = 0) -> None:
+        self.proc = proc
+        self.pid = os.getpid()
+        self.base_cpus = frozenset(os.sched_getaffinity(0))  # where it may run: systemd's
+        self.cpus = self.base_cpus
+        self.notes: list[str] = []
+        self.level = level  # index into KEEP_UP_LEVELS
+        self._seen: set[int] = set()
+        self._keeping_up: set[int] = set()  # tids whose policy is to keep up
+        self._refused: set[str] = set()
+        self._lost = 0
+        self._quiet_since = 0
+
+    def tids(self) -> set[int]:
+        try:
+            return {int(t) for t in os.listdir(self.proc / str(self.pid) / "task")}
+        except OSError:
+            return {threading.get_native_id()}
+
+    def tend(self, now_ns: int) -> OwnThreads | None:
+        tids = self.tids()
+        names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+        for tid in sorted(tids - self._seen):
+            p = policy_of(names.get(tid, ""))
+            if p.nice == _KEEPS_UP:
+                self._keeping_up.add(tid)
+                p = replace(p, nice=self.nice)
+            self._set_policy(tid, p)
+            self._set_cpus(tid, self.cpus)
+        changed = tids != self._seen
+        self._seen = tids
+        self._keeping_up &= tids
+        if not changed:
+            return None
+        return OwnThreads(ts_ns=now_ns, tgid=self.pid, tids=tuple(sorted(tids)))
+
+    @property
+    def nice(self) -> int:
+        """The nice level of the threads that must keep up, now."""
+        return KEEP_UP_LEVELS[self.level]
+
+    def keep_up(self, lost_total: int, now_ns: int) -> None:
+        """Called each tick with the events lost so far (kernel rings, queues): a tick that
+        lost some lowers the keeping-up threads' nice level one step; QUIET_NS without loss
+        raises it one step. A change is said in `notes`."""
+        lost, self._lost = lost_total - self._lost, lost_total
+        if lost > 0:
+            self._quiet_since = now_ns
+            step = min(self.level + 1, len(KEEP_UP_LEVELS) - 1)
+        elif now_ns - self._quiet_since >= QUIET_NS:
+            self._quiet_since = now_ns
+            step = max(self.level - 1, 0)
+        else:
+            return
+        why = f"{lost} events lost in the last tick" if lost > 0 else "no events lost for a minute"
+        self.step_to(step, why)
+
+    def step_to(self, level: int, why: str = "") -> None:
+        """Put the threads that must keep up at KEEP_UP_LEVELS[level]; `why` is said."""
+        if level == self.level:
+            return
+        self.level = level
+        for tid in sorted(self._keeping_up):
+            self._set_nice(tid, self.nice)
+        if why:
+            self.notes.append(f"threads that drain and analyse events now at nice {self.nice} "
+                              f"({why})")  # fmt: skip
+
+    def keep_off(self, watched: Iterable[int]) -> frozenset[int]:
+        """Run on the CPUs the watched processes' threads may not use; where that leaves
+        none, on all this process may use (never on nothing). Returns the CPUs chosen."""
+        theirs: set[int] = set()
+        for tgid in watched:
+            theirs |= allowed_cpus(self.proc, tgid)
+        cpus = (self.base_cpus - theirs) or self.base_cpus
+        if cpus != self.cpus:
+            self.cpus = cpus
+            for tid in sorted(self.tids()):
+                self._set_cpus(tid, cpus)
+        return cpus
+
+    def _set_policy(self, tid: int, p: ThreadPolicy) -> None:
+        self._set_nice(tid, p.nice)
+        try:
+            os.sched_setscheduler(tid, _POLICY_IDS[p.policy], os.sched_param(0))
+        except ProcessLookupError:
+            return  # the thread ended meanwhile
+        except OSError as err:
+            self._refuse("policy", f"cannot set the policy of thread {tid}: {err.strerror}")
+
+    def _set_nice(self, tid: int, nice: int) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except ProcessLookupError:
+            return
+        except OSError as err:  # raising priority needs RLIMIT_NICE (LimitNICE=) or CAP_SYS_NICE
+            self._refuse("nice", f"cannot set thread {tid} to nice {nice}: {err.strerror}")
+
+    def _set_cpus(self, tid: int, cpus: frozenset[int]) -> None:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:
+            return
+        except OSError as err:
+            self._refuse("cpus", f"cannot move thread {tid} to CPUs {sorted(cpus)}: "
+                                 f"{err.strerror}")  # fmt: skip
+
+    def _refuse(self, what: str, text: str) -> None:
+        if what not in self._refused:
+            self._refused.add(what)
+            self.notes.append(f"{text}; it keeps running as it was (said once)")
+
+
+def thread_policies(proc: Path, pid: int) -> dict[int, tuple[str, int]]:
+    """tid -> (policy, nice) of each thread of process pid, as /proc/PID/task/TID/stat says
+    (policy: normal, fifo, rr, batch, idle, deadline)."""
+    out: dict[int, tuple[str, int]] = {}
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(proc / str(pid) / "task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = (proc / str(pid) / "task" / tid / "stat").read_text()
+                fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+                # fields[0] is stat's field 3 (state): nice is field 19, policy field 41
+                out[int(tid)] = (_POLICY_NAMES[int(fields[38])], int(fields[16]))
+    return out
+
+
+_POLICY_NAMES = ("normal", "fifo", "rr", "batch", "iso", "idle", "deadline")
+
+
+def allowed_cpus(proc: Path, tgid: int) -> set[int]:
+    """The CPUs any thread of process tgid may run on (empty when it is gone)."""
+    cpus: set[int] = set()
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(proc / str(tgid) / "task"):
+            with contextlib.suppress(OSError):
+                cpus |= os.sched_getaffinity(int(tid))
+    return cpus
+
+
+def in_slices(items: Iterable[T], slice_ns: int = SLICE_NS) -> Iterator[T]:
+    """The items, with the CPU given away (sched_yield) after every `slice_ns` of work: a
+    long batch never holds a CPU a watched thread waits for longer than one slice."""
+    until = time.monotonic_ns() + slice_ns
+    for item in items:
+        yield item
+        if time.monotonic_ns() >= until:
+            os.sched_yield()
+            until = time.monotonic_ns() + slice_ns

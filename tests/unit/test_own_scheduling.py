@@ -1,0 +1,134 @@
+"""gpujitter's own scheduling (daemon/own_scheduling.py), applied in a child process (it would
+renice the test runner): each thread's policy by its role, read back from /proc; the CPUs
+kept clear for a watched process; never pinned to nothing; announced when threads change."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpujitter.daemon.own_scheduling import (
+    DEFAULT_POLICY,
+    KEEP_UP_LEVELS,
+    POLICIES,
+    QUIET_NS,
+    OwnScheduling,
+    in_slices,
+    thread_policies,
+)
+
+CHILD = textwrap.dedent(
+    """
+    import json, os, sys, threading, time
+    from gpujitter.daemon.own_scheduling import OwnScheduling, thread_policies
+    from pathlib import Path
+    own = OwnScheduling()
+    first = own.tend(time.monotonic_ns())
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, name="gpujitter-stream")
+    t.start()
+    second = own.tend(time.monotonic_ns())
+    third = own.tend(time.monotonic_ns())
+    cpus = sorted(own.keep_off(int(p) for p in sys.argv[1:]))
+    policies = thread_policies(Path("/proc"), os.getpid())
+    own.keep_up(5, time.monotonic_ns())  # a tick that lost 5 events
+    print(json.dumps({
+        "main": threading.get_native_id(), "stream": t.native_id,
+        "announced": [list(first.tids), list(second.tids), third is None],
+        "policies": policies,
+        "after_loss": thread_policies(Path("/proc"), os.getpid()),
+        "cpus": cpus,
+        "affinity": [sorted(os.sched_getaffinity(int(tid)))
+                     for tid in os.listdir("/proc/self/task")],
+        "notes": own.notes,
+    }))
+    stop.set()
+    """
+)
+
+
+def run_child(*watched: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, *map(str, watched)], capture_output=True,
+                         text=True, timeout=60, check=True)  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def test_each_thread_gets_its_roles_policy_and_new_threads_are_announced() -> None:
+    got = run_child()
+    policies = {int(tid): tuple(p) for tid, p in got["policies"].items()}
+    main, stream = POLICIES["MainThread"], POLICIES["gpujitter-stream"]
+    assert policies[got["main"]] == (main.policy, main.nice) == ("batch", 10)
+    assert policies[got["stream"]][0] == stream.policy == "idle"
+    first, second, unchanged = got["announced"]
+    assert first == [got["main"]] and second == sorted([got["main"], got["stream"]])
+    assert unchanged and got["notes"][-1] == (
+        "threads that drain and analyse events now at nice 5 (5 events lost in the last tick)"
+    )
+    after = {int(tid): tuple(p) for tid, p in got["after_loss"].items()}
+    if os.geteuid() == 0:  # raising priority back needs privilege (the unit's LimitNICE=)
+        assert after[got["main"]] == ("batch", 5) and after[got["stream"]][0] == "idle"
+        assert len(got["notes"]) == 1
+    else:
+        assert got["notes"][0].startswith(f"cannot set thread {got['main']} to nice 5")
+
+
+def test_losing_events_steps_the_keeping_up_threads_towards_nice_0_and_quiet_back() -> None:
+    own = OwnScheduling()  # no thread tended: only the level moves
+    levels = []
+    for t_s, lost in ((1, 0), (2, 3), (3, 3), (4, 9), (5, 12), (6, 12), (65, 12), (126, 12)):
+        own.keep_up(lost, t_s * 1_000_000_000)
+        levels.append(own.nice)
+    assert levels == [10, 5, 5, 0, 0, 0, 5, 10]
+    assert own.notes[0].endswith("nice 5 (3 events lost in the last tick)")
+    assert own.notes[-1].endswith("nice 10 (no events lost for a minute)")
+    assert QUIET_NS == 60_000_000_000 and KEEP_UP_LEVELS[0] == POLICIES["MainThread"].nice
+
+
+@pytest.fixture
+def pinned_to_cpu0():
+    if len(os.sched_getaffinity(0)) < 2 or 0 not in os.sched_getaffinity(0):
+        pytest.skip("needs CPU 0 and another")
+    proc = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: os.sched_setaffinity(0, {0}))
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def test_it_keeps_off_the_cpus_a_watched_process_may_use(pinned_to_cpu0: int) -> None:
+    got = run_child(pinned_to_cpu0)
+    rest = sorted(os.sched_getaffinity(0) - {0})
+    assert got["cpus"] == rest
+    assert all(a == rest for a in got["affinity"]), got["affinity"]
+
+
+def test_it_never_pins_to_nothing() -> None:
+    everywhere = subprocess.Popen(["sleep", "60"])  # may run on every CPU
+    try:
+        got = run_child(everywhere.pid)
+    finally:
+        everywhere.kill()
+        everywhere.wait()
+    assert got["cpus"] == sorted(os.sched_getaffinity(0))
+    assert run_child(2**22 + 7)["cpus"] == sorted(os.sched_getaffinity(0))  # a gone process
+
+
+def test_threads_it_did_not_start_keep_up_and_slices_give_every_item() -> None:
+    assert DEFAULT_POLICY.policy == "batch" and DEFAULT_POLICY.nice > 0
+    assert list(in_slices(range(1000), slice_ns=0)) == list(range(1000))
+
+
+def test_policies_are_read_from_stat_with_odd_names(tmp_path: Path) -> None:
+    # A comm with spaces and parentheses: fields are counted after the last ")".
+    stat = "42 (a) b (c) S " + " ".join(str(n) for n in range(4, 53)) + "\n"
+    fields = stat.split(") ", 2)[-1].split()
+    fields[16], fields[38] = "10", "3"  # nice (field 19), policy (field 41): batch
+    task = tmp_path / "42" / "task" / "43"
+    task.mkdir(parents=True)
+    (task / "stat").write_text("42 (a) b (c) " + " ".join(fields) + "\n")
+    assert thread_policies(tmp_path, 42) == {43: ("batch", 10)}
