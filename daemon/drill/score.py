@@ -259,6 +259,17 @@ def _culprit(a: Attribution, tgid: int) -> str:
     return ""
 
 
+# Each target a drill can be held to, as its score table says it.
+TARGETS = {
+    "found_all": f"every stall ≥ {MIN_STALL_NS // 1_000_000} ms found",
+    "top_cause": f"top cause right ≥ {TOP_CAUSE_SHARE:.0%}",
+    "attributed": f"attributed within ±{TOLERANCE:.0%}",
+    "no_false_gaps": "no false gaps",
+    "no_self_inflicted": "no self-inflicted gaps",
+    "culprit": "the busy process named in every stall",
+}
+
+
 def _targets(s: Score) -> dict[str, bool]:
     must = [st for st in s.stalls if st.injected_ns >= MIN_STALL_NS]
     targets = {

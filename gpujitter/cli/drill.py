@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from gpujitter.cli.command import Command
 from gpujitter.cli.output import print_json, table
 from gpujitter.daemon.drill.scenarios import SCENARIOS
-from gpujitter.daemon.drill.score import MIN_STALL_NS, TOLERANCE, TOP_CAUSE_SHARE
+from gpujitter.daemon.drill.score import TARGETS
 from gpujitter.errors import GpujitterError
 from gpujitter.text import printable
 from gpujitter.units import format_ns, parse_duration_ns
@@ -141,16 +141,9 @@ def print_result(r: DrillResult) -> None:
     else:
         print(f"gaps in {s.window_ns / 1e9:.0f}s of steady feeding: {len(s.false_gaps)} "
               f"(self-inflicted {s.self_inflicted})")  # fmt: skip
-    labels = {
-        "found_all": f"every stall ≥ {MIN_STALL_NS // 1_000_000} ms found",
-        "top_cause": f"top cause right ≥ {TOP_CAUSE_SHARE:.0%}",
-        "attributed": f"attributed within ±{TOLERANCE:.0%}",
-        "no_false_gaps": "no false gaps",
-        "no_self_inflicted": "no self-inflicted gaps",
-    }
     print(
         "targets: "
-        + ", ".join(f"{labels[k]}: {'met' if ok else 'MISSED'}" for k, ok in s.targets.items())
+        + ", ".join(f"{TARGETS[k]}: {'met' if ok else 'MISSED'}" for k, ok in s.targets.items())
     )
 
 

@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from gpujitter.daemon.drill.runner import stall_times
-from gpujitter.daemon.drill.score import Stall, score
+from gpujitter.cli.drill import print_result
+from gpujitter.daemon.drill.runner import DrillResult, stall_times
+from gpujitter.daemon.drill.score import TARGETS, Stall, score
 from gpujitter.daemon.records import Attribution, CauseTime, Part, TaskEvidence, ThreadRole
 from gpujitter.errors import GpujitterError
 
@@ -131,6 +132,15 @@ def test_a_cause_in_another_process_must_be_named_in_that_process() -> None:
     assert s.targets["culprit"] is False and s.targets["attributed"] is True
     s = score("host_work", stalls[:1], [named], (0, 1_000 * MS))
     assert s.targets["culprit"] is True and s.passed
+
+
+def test_the_drill_command_says_every_target_it_can_be_held_to(capsys) -> None:
+    stalls = [Stall(0, 100 * MS, 125 * MS, 24 * MS, culprit_tgid=300)]
+    s = score("host_work", stalls, [attribution(99.9, 125.1, host_work=24)], (0, 1_000 * MS))
+    assert set(s.targets) == set(TARGETS)  # the loader drill's culprit target among them
+    print_result(DrillResult("loader", "stub", "host_work", "", 2.0, 25.0, s, {}, {}, (), 0, 1))
+    out = capsys.readouterr().out
+    assert "the busy process named in every stall: MISSED" in out
 
 
 def test_stalls_are_spread_between_warm_up_and_tail() -> None:
