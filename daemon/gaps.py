@@ -123,6 +123,8 @@ class _Candidate:
     # else the thread's clean syncs: (drain, resolution), None when they cannot.
     starved: bool = False
     estimate: tuple[int, int] | None = None
+    # Where a host-side stretch began before a starved sync extended it back (its return).
+    host_start: int | None = None
 
 
 @dataclass(slots=True)
@@ -493,6 +495,7 @@ class GapDetector:
             start, drained = found.start, found.drained
             after = [c for c in self.pending if c.tgid == sync.tgid and c.start == sync.end]
             for c in after:
+                c.host_start = c.start
                 c.start, c.drained, c.starved, c.estimate = start, drained, True, found.estimate
             if after or sync.end - start < self.config.min_gap_ns:
                 continue
@@ -581,15 +584,24 @@ class GapDetector:
         gaps = []
         for part in self._all_quiet(c, feeders):
             start, end = part.start, part.end
+            drained, starved = c.drained, c.starved
+            verdict = self._power_verdict(st, start, end)
+            if starved and not drained and verdict != "idle" and c.estimate is None:
+                # A spinning sync's drain that nothing places (no idle power, no baseline):
+                # not even the whole preemption is claimed (the GPU ran some of it, maybe
+                # all but the last µs). Only a stretch after the sync's return stands.
+                if c.host_start is None or end - c.host_start < cfg.min_gap_ns:
+                    continue
+                start, drained, starved = max(start, c.host_start), True, False
+                verdict = self._power_verdict(st, start, end)
             if self._overlaps_emitted(st, start, end):
                 continue
-            sources = ["cuda", "sched"] if c.starved else ["cuda"]
+            sources = ["cuda", "sched"] if starved else ["cuda"]
             resolution = cfg.cuda_resolution_ns
-            verdict = self._power_verdict(st, start, end)
             if verdict == "idle":
                 sources.append("power")
-                confidence = 0.97 if c.drained else 0.8
-                if c.starved and not c.drained:  # the drain lies inside a preemption
+                confidence = 0.97 if drained else 0.8
+                if starved and not drained:  # the drain lies inside a preemption
                     start, resolution = self._power_drain(st, start, end)
             elif c.estimate is not None and verdict is None:
                 # No proven floor (or too short for power to tell): the thread's clean syncs
@@ -602,7 +614,7 @@ class GapDetector:
                 if self._power_dropped(st, c.tgid, start, end):
                     sources.append("power")
                     confidence = 0.7
-            elif c.drained:
+            elif drained:
                 # The queue had drained at the start; power busy all along means a process
                 # the tracer does not see fed the GPU.
                 confidence = 0.4 if verdict == "busy" else 0.9
