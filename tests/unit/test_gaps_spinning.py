@@ -170,3 +170,25 @@ def test_too_few_clean_syncs_to_know_the_drain_is_no_gap(nvml: bool) -> None:
     late = [e for e in events if isinstance(e, GpuProcesses) or e.ts_ns >= sync - 5 * 45 * MS]
     gaps, _ = gaps_and_floors(late if nvml else without_nvml(late))
     assert gaps == []
+
+
+def test_after_a_sync_that_spun_on_a_preemption_before_the_next_launch_is_a_gap() -> None:
+    # As twice on the H200's real-job recording, between two scenarios: a 13.5 ms spinning
+    # sync whose thread was preempted 8 ms in its middle, then spun 3.3 ms more (the GPU was
+    # still busy), returned, and was preempted again for 8 ms before its next launch. The
+    # GPU idled from the return: a host-side gap, not a starved sync to be placed.
+    events = loop(preempt_ms=(2.2, 10.2), gpu_ns=13_500_000, return_ms=13.5)
+    sync = starved_sync_start(events) - round(1.9 * MS)
+    back = sync + round(13.5 * MS)
+    later = [e for e in events if e.ts_ns < back]  # the loop stops at that sync's return
+    later += [
+        OffCpu(ts_ns=back + MS, end_ns=back + 9 * MS, tid=PID, tgid=PID, cpu=3, cpu_in=3,
+               state="preempted", runnable_ns=back + MS, other_tid=HOG, other_comm="python3"),
+        CudaCall(ts_ns=back + 9 * MS + 80_000, dur_ns=0, tid=PID, tgid=PID, cpu=3, api="copy",
+                 func="cuMemcpyHtoDAsync_v2", after_idle_ns=9 * MS + 80_000, prev_tid=PID,
+                 prev_api="sync"),
+    ]  # fmt: skip
+    (gap,), floors = gaps_and_floors(sorted(later, key=lambda e: e.ts_ns))
+    assert floors == {}
+    assert (gap.ts_ns, gap.end_ns) == (back, back + 9 * MS + 80_000)
+    assert gap.sources == ("cuda",) and gap.confidence == 0.9
