@@ -81,9 +81,10 @@ class GapConfig:
     spin_return_ns: int = 2_000_000
     # The drain inside a preempted spinning sync, without a proven idle floor: its thread's
     # recent clean syncs (no run-queue wait inside) say how long after a sync's start the
-    # GPU usually drains; at least baseline_min_syncs of the last baseline_syncs.
+    # GPU usually drains; at least baseline_min_syncs of the last baseline_syncs (fewer
+    # make a spread too narrow to trust: from 12 on the H200, ±0.61 ms stated, 0.96 off).
     baseline_syncs: int = 64
-    baseline_min_syncs: int = 8
+    baseline_min_syncs: int = 16
     # Power corroborates such an estimate when the samples inside it read below this
     # fraction of the power seen during the process's clean syncs (GPU busy): an H200
     # under load dips to ~0.7 of its busy level, idles at ~0.2.

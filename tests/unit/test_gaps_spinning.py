@@ -16,6 +16,7 @@ import pytest
 from gpujitter.daemon.gaps import GapDetector
 from gpujitter.daemon.pipeline import AnalysisConfig, analyse
 from gpujitter.daemon.records import Attribution, GpuGap, TaskEvidence
+from gpujitter.daemon.trace import TraceReader
 from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample, OffCpu, from_record
 from gpujitter.probes.topology import Topology
 from tests.conftest import FIXTURES
@@ -192,3 +193,26 @@ def test_after_a_sync_that_spun_on_a_preemption_before_the_next_launch_is_a_gap(
     assert floors == {}
     assert (gap.ts_ns, gap.end_ns) == (back, back + 9 * MS + 80_000)
     assert gap.sources == ("cuda",) and gap.confidence == 0.9
+
+
+def test_the_h200_real_jobs_sync_scenario_replays_to_the_stall_inside_the_sync() -> None:
+    # The daemon's own trace of the H200 real job (bench/real_job.py), cut to its `sync`
+    # scenario: a nice -20 hog woken as the training thread called torch.cuda.synchronize(),
+    # the GPU done 14-16 ms later, the sync back ~34 ms after that; the node had no proven
+    # floor, and live none of the five was found. In stall 0 the hog preempted the thread
+    # inside cuCtxSynchronize_v2: found now, from its clean syncs. In the other four it
+    # preempted the thread 27-30 µs before libcuda's entry: no traced sync covers that wait
+    # (and the sync after it, returning at once, is under the tracer's 1 ms report).
+    truth = orjson.loads((FIXTURES / "gaps" / "h200-realjob-sync-truth.json").read_bytes())
+    with TraceReader(FIXTURES / "gaps" / "h200-realjob-sync.gjtrace") as trace:
+        header, events = trace.header, list(trace)
+    out = list(analyse(events, header.topology, AnalysisConfig.from_record(header.analysis)))
+    assert not header.analysis.get("idle_floors_w")
+    stall = truth["stalls"][0]
+    (attr,) = [a for a in out if isinstance(a, Attribution) and "baseline" in a.sources]
+    assert abs(attr.ts_ns - stall["t0_ns"]) <= attr.resolution_ns <= 5 * MS
+    assert abs(attr.end_ns - stall["t1_ns"]) <= 100_000
+    assert attr.top_cause == "runq_wait" and attr.confidence < 0.8
+    (runq,) = [p for p in attr.parts if p.cause == "runq_wait"]
+    assert abs(runq.ns - stall["cause_ns"]) <= 0.05 * stall["cause_ns"]
+    assert [e.comm for e in runq.evidence if isinstance(e, TaskEvidence)] == ["gj-drill-hog"]
