@@ -14,7 +14,10 @@ Evidence, finest first (docs/gpu.md):
   queue until the sync returned, the GPU idled from that wake-up on: a gap (its cause is the
   run-queue wait, which the engine finds in the same intervals). A thread spinning in a sync
   that was preempted cannot have seen the GPU finish before the preemption began and saw it
-  finished when it ran again: the drain lies inside the preemption, and power places it.
+  finished when it ran again: the drain lies inside the preemption (if it returned as soon
+  as it ran again: a sync that spun on found the GPU still busy). Power against a proven
+  floor places it; without one, the thread's own clean syncs do (`baseline`): the drain
+  came about as long after the sync's start as it usually does, give or take their spread.
 - power (GpuSample "power", 20 ms on the H200): samples near the GPU's idle floor, once
   that floor is known from evidence: power samples inside a utilisation window that read 0 %,
   or a floor such evidence gave an earlier run (`idle_floors`). Until then power says nothing:
@@ -34,12 +37,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from gpujitter.daemon.records import GpuGap
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample, OffCpu
 
 UNKNOWN_GPU = -1  # a process NVML did not (yet) list on any GPU
+K = TypeVar("K")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +76,25 @@ class GapConfig:
     # Off-CPU intervals kept per thread (those with a run-queue wait of at least
     # cuda_resolution_ns): a bound for threads that the sync verdicts never consume.
     max_offcpu_per_thread: int = 4096
+    # A thread spinning in a sync sees the drain within this of getting its CPU back (one
+    # poll, the return path); a sync that spun on longer found the GPU still busy then.
+    spin_return_ns: int = 2_000_000
+    # The drain inside a preempted spinning sync, without a proven idle floor: its thread's
+    # recent clean syncs (no run-queue wait inside) say how long after a sync's start the
+    # GPU usually drains; at least baseline_min_syncs of the last baseline_syncs (fewer
+    # make a spread too narrow to trust: from 12 on the H200, ±0.61 ms stated, 0.96 off).
+    baseline_syncs: int = 64
+    baseline_min_syncs: int = 16
+    # Power corroborates such an estimate when the samples inside it read below this
+    # fraction of the power seen during the process's clean syncs (GPU busy): an H200
+    # under load dips to ~0.7 of its busy level, idles at ~0.2.
+    power_drop_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         # A trace header carries these (report replays with them): refuse what the detector
         # cannot work with, e.g. a run of idle samples of length 0, which it indexes.
         for name in ("min_gap_ns", "settle_ns", "feeder_window_ns", "cuda_resolution_ns",
-                     "busy_sync_ns", "history_ns"):  # fmt: skip
+                     "busy_sync_ns", "history_ns", "spin_return_ns"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise GpujitterError(f"gaps: {name} must not be negative")
         if self.power_min_samples < 1:
@@ -85,6 +103,10 @@ class GapConfig:
             raise GpujitterError("gaps: power_idle_fraction must be between 0 and 1")
         if self.power_min_swing_w < 0:
             raise GpujitterError("gaps: power_min_swing_w must not be negative")
+        if not 1 <= self.baseline_min_syncs <= self.baseline_syncs:
+            raise GpujitterError("gaps: need 1 <= baseline_min_syncs <= baseline_syncs")
+        if not 0 < self.power_drop_fraction < 1:
+            raise GpujitterError("gaps: power_drop_fraction must be between 0 and 1")
 
 
 @dataclass(slots=True)
@@ -98,8 +120,12 @@ class _Candidate:
     drained: bool  # the stretch began at a sync return (or a wake-up inside one)
     source: str = "cuda"
     # The stretch holds the run-queue wait of a thread inside a sync (see the module's doc);
-    # without a wake-up to mark the drain (a spinning sync), power places its start.
+    # without a wake-up to mark the drain (a spinning sync), power places its start, or
+    # else the thread's clean syncs: (drain, resolution), None when they cannot.
     starved: bool = False
+    estimate: tuple[int, int] | None = None
+    # Where a host-side stretch began before a starved sync extended it back (its return).
+    host_start: int | None = None
 
 
 @dataclass(slots=True)
@@ -116,6 +142,16 @@ class _Sync:
     tid: int
     start: int
     end: int
+    func: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Starved:
+    """Where the GPU went idle inside a sync whose thread waited on the run queue."""
+
+    start: int  # the wake-up (drained), or the last preemption's start (spinning)
+    drained: bool
+    estimate: tuple[int, int] | None = None  # spinning: (drain, resolution) by the baseline
 
 
 @dataclass(slots=True)
@@ -133,6 +169,12 @@ class _GpuState:
 
     def power_end(self) -> int:
         return self.power[-1].ts_ns + self.power[-1].period_ns if self.power else 0
+
+
+def _drop_stale(table: dict[K, deque[_Sync]], horizon: int) -> None:
+    """Entries whose latest sync ended before the horizon (threads, processes gone quiet)."""
+    for key in [k for k, kept in table.items() if kept[-1].end < horizon]:
+        del table[key]
 
 
 class GapDetector:
@@ -153,6 +195,10 @@ class GapDetector:
         self.busy: dict[int, deque[_Sync]] = {}  # tgid -> recent long syncs
         self.syncs: deque[_Sync] = deque()  # syncs waiting for their off-CPU intervals
         self.offcpu: dict[int, deque[OffCpu]] = {}  # tid -> intervals with a run-queue wait
+        # Syncs with no run-queue wait inside, by (tid, func) and (tid, ""), and by tgid.
+        self.clean: dict[tuple[int, str], deque[_Sync]] = {}
+        self.clean_spans: dict[int, deque[_Sync]] = {}
+        self._clean_swept_ns = 0
         self._offcpu_swept_ns = 0
 
     def gpu(self, index: int) -> _GpuState:
@@ -197,7 +243,7 @@ class GapDetector:
     def _on_cuda(self, ev: CudaCall) -> None:
         self.last_call[ev.tgid] = max(self.last_call.get(ev.tgid, 0), ev.ts_ns + ev.dur_ns)
         if ev.api == "sync":
-            sync = _Sync(ev.tgid, ev.tid, ev.ts_ns, ev.ts_ns + ev.dur_ns)
+            sync = _Sync(ev.tgid, ev.tid, ev.ts_ns, ev.ts_ns + ev.dur_ns, ev.func)
             if ev.dur_ns >= self.config.busy_sync_ns:
                 self._remember_busy(sync)
             if ev.dur_ns >= self.config.cuda_resolution_ns:
@@ -283,27 +329,57 @@ class GapDetector:
             parts.append((at, sync.end))
         return parts
 
-    def _starved_from(self, sync: _Sync) -> tuple[int, bool] | None:
+    def _starved_from(self, sync: _Sync, inside: list[OffCpu]) -> _Starved | None:
         """Where the GPU went idle before this sync returned, because its thread waited on
-        the run queue: (start, drained). drained: the start is the thread's wake-up (the
-        GPU's completion); else it is the start of a preemption of a spinning sync, inside
-        which the GPU finished at a time power must place. None when the thread was not
-        runnable for most of the stretch up to the return (it ran: the queue may still have
-        been running, or a wake-up before the last one was not the completion)."""
-        inside = self._runq_inside(sync)
-        if not inside:
-            return None
+        the run queue (`inside`: its run-queue waits in the sync). Blocked and woken: from
+        the wake-up (the GPU's completion), when the thread was runnable for most of the
+        stretch up to the return (else it ran: a wake-up before the last one was not the
+        completion). Spinning: inside the last preemption, when the sync returned as soon as
+        the thread ran again (after any earlier one it ran and polled, the GPU busy; one that
+        spun on found it busy still)."""
         woken = [o for o in inside if o.state != "preempted"]
         if woken:
-            start, drained = woken[-1].runnable_ns, True
+            start = woken[-1].runnable_ns
             # from the wake-up on: its run-queue wait and any preemption after it
             runnable = sum(o.end_ns - max(o.runnable_ns, start) for o in inside if o.end_ns > start)
-        else:  # spinning: only the last preemption (after any other it ran, the GPU busy)
-            last = inside[-1]
-            start, drained, runnable = last.ts_ns, False, last.end_ns - last.ts_ns
-        if 2 * runnable < sync.end - start:
+            return _Starved(start, drained=True) if 2 * runnable >= sync.end - start else None
+        last = inside[-1]
+        if sync.end - last.end_ns > self.config.spin_return_ns:
             return None
-        return start, drained
+        return _Starved(last.ts_ns, drained=False, estimate=self._baseline_drain(sync, last))
+
+    def _baseline_drain(self, sync: _Sync, last: OffCpu) -> tuple[int, int] | None:
+        """The drain inside preemption `last` of a spinning sync, by the thread's clean
+        syncs: as long after the sync's start as their median, within the preemption, give
+        or take their spread (the larger distance from the median to the 10th or 90th
+        percentile). None with too few of them, or when the thread still polled a busy GPU
+        (the preemption's start) past what they span: this sync's work was not the usual."""
+        cfg = self.config
+        clean = self.clean.get((sync.tid, sync.func), ())
+        if len(clean) < cfg.baseline_min_syncs:
+            clean = self.clean.get((sync.tid, ""), ())
+        if len(clean) < cfg.baseline_min_syncs:
+            return None
+        ranked = sorted(c.end - c.start for c in clean)
+        n = len(ranked)
+        low, typical, high = ranked[n // 10], ranked[n // 2], ranked[(9 * n) // 10]
+        spread = max(high - typical, typical - low, cfg.cuda_resolution_ns)
+        if last.ts_ns - sync.start > typical + spread:
+            return None
+        return min(max(last.ts_ns, sync.start + typical), last.end_ns), spread
+
+    def _remember_clean(self, sync: _Sync) -> None:
+        """A sync its thread spent spinning or blocked, never runnable: how long the GPU
+        took to drain after it was called, for this function and for the thread."""
+        keep = self.config.baseline_syncs
+        for key in ((sync.tid, sync.func), (sync.tid, "")):
+            self.clean.setdefault(key, deque(maxlen=keep)).append(sync)
+        self.clean_spans.setdefault(sync.tgid, deque(maxlen=keep)).append(sync)
+        horizon = self.now_ns - self.config.history_ns
+        if self.now_ns - self._clean_swept_ns >= self.config.history_ns:
+            self._clean_swept_ns = self.now_ns  # threads and processes gone quiet are dropped
+            _drop_stale(self.clean, horizon)
+            _drop_stale(self.clean_spans, horizon)
 
     def _on_sample(self, ev: GpuSample) -> None:
         st = self.gpu(ev.gpu)
@@ -410,18 +486,23 @@ class GapDetector:
         settle = self.config.offcpu_settle_ns
         while self.syncs and (force or self.now_ns >= self.syncs[0].end + settle):
             sync = self.syncs.popleft()
-            found = self._starved_from(sync)
+            inside = self._runq_inside(sync)
+            if not inside:
+                self._remember_clean(sync)
+                continue
+            found = self._starved_from(sync, inside)
             if found is None:
                 continue
-            start, drained = found
+            start, drained = found.start, found.drained
             after = [c for c in self.pending if c.tgid == sync.tgid and c.start == sync.end]
             for c in after:
-                c.start, c.drained, c.starved = start, drained, True
+                c.host_start = c.start
+                c.start, c.drained, c.starved, c.estimate = start, drained, True, found.estimate
             if after or sync.end - start < self.config.min_gap_ns:
                 continue
             self._propose(
                 _Candidate(UNKNOWN_GPU, start, sync.end, sync.tgid, sync.tid, sync.tid,
-                           drained=drained, starved=True)
+                           drained=drained, starved=True, estimate=found.estimate)
             )  # fmt: skip
 
     def _finalise(self, force: bool) -> list[GpuGap]:
@@ -504,17 +585,37 @@ class GapDetector:
         gaps = []
         for part in self._all_quiet(c, feeders):
             start, end = part.start, part.end
+            drained, starved = c.drained, c.starved
+            verdict = self._power_verdict(st, start, end)
+            if starved and not drained and verdict != "idle" and c.estimate is None:
+                # A spinning sync's drain that nothing places (no idle power, no baseline):
+                # not even the whole preemption is claimed (the GPU ran some of it, maybe
+                # all but the last µs). Only a stretch after the sync's return stands.
+                if c.host_start is None or end - c.host_start < cfg.min_gap_ns:
+                    continue
+                start, drained, starved = max(start, c.host_start), True, False
+                verdict = self._power_verdict(st, start, end)
             if self._overlaps_emitted(st, start, end):
                 continue
-            sources = ["cuda", "sched"] if c.starved else ["cuda"]
+            sources = ["cuda", "sched"] if starved else ["cuda"]
             resolution = cfg.cuda_resolution_ns
-            verdict = self._power_verdict(st, start, end)
             if verdict == "idle":
                 sources.append("power")
-                confidence = 0.97 if c.drained else 0.8
-                if c.starved and not c.drained:  # the drain lies inside a preemption
+                confidence = 0.97 if drained else 0.8
+                if starved and not drained:  # the drain lies inside a preemption
                     start, resolution = self._power_drain(st, start, end)
-            elif c.drained:
+            elif c.estimate is not None and verdict is None:
+                # No proven floor (or too short for power to tell): the thread's clean syncs
+                # place the drain; power well below their level corroborates it.
+                start, resolution = max(start, c.estimate[0]), c.estimate[1]
+                if end - start < cfg.min_gap_ns:
+                    continue
+                sources.append("baseline")
+                confidence = 0.6
+                if self._power_dropped(st, c.tgid, start, end):
+                    sources.append("power")
+                    confidence = 0.7
+            elif drained:
                 # The queue had drained at the start; power busy all along means a process
                 # the tracer does not see fed the GPU.
                 confidence = 0.4 if verdict == "busy" else 0.9
@@ -566,6 +667,24 @@ class GapDetector:
             if s.ts_ns >= start and s.ts_ns + s.period_ns <= end and self._power_idle(st, s):
                 return s.ts_ns, s.period_ns
         return start, self.config.cuda_resolution_ns
+
+    def _power_dropped(self, st: _GpuState, tgid: int, start: int, end: int) -> bool:
+        """Most power samples lying wholly inside [start, end] read below power_drop_fraction
+        of the median sample taken during the process's clean syncs (the GPU busy then)."""
+
+        def within(s: GpuSample, a: int, b: int) -> bool:
+            return s.ts_ns >= a and s.ts_ns + s.period_ns <= b
+
+        busy = sorted(
+            s.value
+            for s in st.power
+            if any(within(s, c.start, c.end) for c in self.clean_spans.get(tgid, ()))
+        )
+        inside = [s.value for s in st.power if within(s, start, end)]
+        if not busy or not inside:
+            return False
+        level = busy[len(busy) // 2] * self.config.power_drop_fraction
+        return 2 * sum(v < level for v in inside) > len(inside)
 
     def _has_nvml(self, gpu: int) -> bool:
         st = self.gpus.get(gpu)

@@ -15,8 +15,9 @@ class GpuGap(Event):
     """GPU `gpu` sat idle from ts_ns to end_ns.
 
     sources: the evidence that placed it ("cuda": a host-side launch gap, µs placement;
-    "sched": the feeding thread's wake-up and run-queue wait inside a sync, µs; "power":
-    20 ms NVML power samples; "util": 200 ms utilisation duty cycle).
+    "sched": the feeding thread's wake-up and run-queue wait inside a sync, µs; "baseline":
+    the drain inside a preempted spinning sync, estimated from the thread's clean syncs (±
+    their spread); "power": 20 ms NVML power samples; "util": 200 ms utilisation duty cycle).
     resolution_ns: how far start and end may be off. confidence: 0..1, how sure the
     detector is that the GPU was idle for the whole span. tgids: the processes feeding this
     GPU; tid_before/tid_after: the threads that launched last before and first after the

@@ -9,10 +9,10 @@ and the next launch the host takes microseconds, so the GPU never idles by itsel
 stall time it was given, right after a synchronisation (the GPU's queue is empty), the
 feeding thread runs the scenario's injection (injectors.py) until the stall's deadline, and
 the GPU sits idle until it launches again; or, for an injection that lands inside the
-synchronisation (sync-contention, stub only), the stall runs from the moment the simulated
-queue drains to the synchronisation's return. With `prefeed` the loop feeds from the start,
-before the go line (the daemon attaches to a GPU already busy), and the window it reports
-begins there.
+synchronisation (sync-contention, sync-spin: stub only), the stall runs from the moment the
+simulated queue drains to the synchronisation's return. With `prefeed` the loop feeds from
+the start, before the go line (the daemon attaches to a GPU already busy), and the window it
+reports begins there.
 
 Protocol, one JSON object per line on stdout: {"ready": {...}} once set up; then it waits
 for a line on stdin; {"stall": {...}} as each stall ends (t0_ns..t1_ns, CLOCK_MONOTONIC, as
@@ -65,9 +65,12 @@ class FeederConfig:
 
 class StubGpu:
     """The stub libcuda: cuLaunchKernel enqueues simulated work, cuStreamSynchronize waits
-    for the queue to drain (sleeping, as a blocking-sync CUDA context does)."""
+    for the queue to drain (sleeping, as a blocking-sync CUDA context does; spinning, as
+    CUDA's default schedule does, with params stub_sync "spin")."""
 
     def __init__(self, cfg: FeederConfig) -> None:
+        if cfg.params.get("stub_sync") == "spin":
+            os.environ["GPUJITTER_STUB_SYNC"] = "spin"  # read by the stub at its first sync
         lib = ct.CDLL(cfg.stub)
         self._launch = caller(lib, "cuLaunchKernel")
         self._sync = caller(lib, "cuStreamSynchronize")

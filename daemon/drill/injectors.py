@@ -158,6 +158,13 @@ class SyncContention(Injector):
         return {}
 
 
+class SyncSpin(SyncContention):
+    """The same hog, landing while the feeding thread spins in the synchronisation (the
+    stub's spinning mode): it is preempted, not woken, and sees the drain once it runs."""
+
+    name = "sync-spin"
+
+
 class Irq(Trigger):
     name = "irq"
     measure_lost = True
@@ -505,6 +512,7 @@ INJECTORS: dict[str, type[Injector]] = {
         Migrate,
         Contention,
         SyncContention,
+        SyncSpin,
         Irq,
         IdleWakeups,
         MinorFaultStorm,

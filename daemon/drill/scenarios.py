@@ -176,19 +176,29 @@ def _contention(stage: Stage) -> None:
 SYNC_HOG_LEAD_MS = 3.0
 
 
-def _sync_contention(stage: Stage) -> None:
+def _hog_in_sync(stage: Stage, name: str, waits: str) -> None:
     if stage.backend != "stub":
         raise GpujitterError(
-            "the sync-contention drill needs --backend stub: the truth is when the GPU's "
+            f"the {name} drill needs --backend stub: the truth is when the GPU's "
             "queue drains, which only the stub libcuda knows"
         )
     policy = "fifo" if system.realtime_allowed() else "nice"
     stage.helper("hog", str(stage.feeder_cpu), policy, str(stage.stall_ms + SYNC_HOG_LEAD_MS))
     stage.notes.append(
-        f"sync-contention: a {policy} hog on CPU {stage.feeder_cpu}, the feeder's, from "
-        f"{SYNC_HOG_LEAD_MS:g} ms before the queue drains while the feeder sleeps in "
+        f"{name}: a {policy} hog on CPU {stage.feeder_cpu}, the feeder's, from "
+        f"{SYNC_HOG_LEAD_MS:g} ms before the queue drains while the feeder {waits} in "
         "cuStreamSynchronize, until the stall's end"
     )
+
+
+def _sync_contention(stage: Stage) -> None:
+    _hog_in_sync(stage, "sync-contention", "sleeps")
+
+
+def _sync_spin(stage: Stage) -> None:
+    # The stub's synchronisation spins (CUDA's default): no wake-up marks the drain.
+    stage.params["stub_sync"] = "spin"
+    _hog_in_sync(stage, "sync-spin", "spins")
 
 
 def _irq(stage: Stage) -> None:
@@ -274,6 +284,8 @@ SCENARIOS: dict[str, Scenario] = {
                  "runq_wait", "the stall", ("sched",), _contention),
         Scenario("sync-contention", "a hog takes the feeding CPU while the thread waits in a sync",
                  "runq_wait", "drain to the sync's return", ("sched",), _sync_contention),
+        Scenario("sync-spin", "a hog preempts the feeding thread spinning in a sync",
+                 "runq_wait", "drain to the sync's return", ("sched",), _sync_spin),
         Scenario("cstate", "short sleeps that wake the feeding thread onto an idle CPU",
                  "idle_wake", "the wake-ups' lateness", ("cstate",), _cstate),
         Scenario("malloc", "munmap of large touched blocks in the critical path",

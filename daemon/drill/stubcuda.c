@@ -8,7 +8,11 @@
  * way a real stream does: the waiting thread sleeps in poll() on a timerfd armed for the
  * moment the queue drains, so that, as with the driver's blocking sync (a poll on its device
  * file, woken by the GPU's completion interrupt), the kernel wakes it from interrupt context at
- * the simulated completion: its sched wake-up marks the GPU going idle. Work sizes (an interface of the stub only): a kernel runs gridDimX
+ * the simulated completion: its sched wake-up marks the GPU going idle. With
+ * GPUJITTER_STUB_SYNC=spin in its environment, synchronisation spins on the CPU reading the
+ * clock instead (CUDA's default schedule, and PyTorch's): no wake-up marks the drain, and a
+ * thread preempted while spinning sees it only when it runs again.
+ * Work sizes (an interface of the stub only): a kernel runs gridDimX
  * microseconds, a graph (uintptr_t)hGraphExec microseconds, a copy or memset bytes / 1000
  * microseconds (1 GB/s).
  */
@@ -17,6 +21,8 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,8 +55,27 @@ static __attribute__((noinline)) void enqueue(uint64_t work_us)
     pthread_mutex_unlock(&queue_lock);
 }
 
+static int sync_spins(void)
+{
+    static int spins = -1; /* read once; every thread reads the same answer */
+    if (spins < 0) {
+        const char *how = getenv("GPUJITTER_STUB_SYNC");
+        spins = how != NULL && strcmp(how, "spin") == 0;
+    }
+    return spins;
+}
+
 static __attribute__((noinline)) void drain(void)
 {
+    if (sync_spins()) {
+        uint64_t until;
+        do { /* re-read: launches by other threads may extend the queue */
+            pthread_mutex_lock(&queue_lock);
+            until = busy_until_ns;
+            pthread_mutex_unlock(&queue_lock);
+        } while (now_ns() < until);
+        return;
+    }
     int fd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
     for (;;) {
         pthread_mutex_lock(&queue_lock);

@@ -22,6 +22,7 @@ from gpujitter.daemon.drill.runner import WORK_ROOT, DrillOptions, DrillResult, 
 from gpujitter.daemon.drill.system import MEMCG_V1
 from gpujitter.daemon.records import (
     AllocEvidence,
+    Attribution,
     Evidence,
     FaultEvidence,
     IdleEvidence,
@@ -146,26 +147,51 @@ def test_contention_names_the_hog() -> None:
         assert "gj-drill-hog" in [e.comm for e in found], rows(r)
 
 
-def test_a_hog_landing_inside_a_synchronisation() -> None:
-    """The hog takes the feeder's CPU while it sleeps in cuStreamSynchronize: the stub's
-    timerfd wakes it at the drain, and the gap runs from that wake-up to the sync's return,
-    the run-queue wait. The task named is the one the feeder switched in after, which on
-    this loaded VM is at times another task the scheduler ran between the hog and it."""
-    r = drill("sync-contention")
-    s = r.score
-    assert s.stalls and s.targets["found_all"], rows(r)
-    # Read off the attributions as made, not the score's outside-contention split: the task
-    # credited can be one the scheduler ran between the hog and the feeder (the sched probe
-    # names the task it switched in after; docs/probes.md), which the split counts as outside.
+def runq_in_sync(r: DrillResult) -> list[Attribution]:
+    """Every stall found, each gap inside one a run-queue wait whose time is within 20 % of
+    the truth (drain to return), nothing else but contention from outside: the attributions
+    inside the stalls."""
+    assert r.score.stalls and r.score.targets["found_all"], rows(r)
     spans = [(t["t0_ns"], t["t1_ns"]) for t in r.stalls]
     in_stalls = [a for a in r.attributions if any(a.ts_ns < y and x < a.end_ns for x, y in spans)]
     assert in_stalls and all(a.top_cause == "runq_wait" for a in in_stalls), rows(r)
     runq = sum(p.ns for a in in_stalls for p in a.parts if p.cause == "runq_wait")
     truth = sum(t["cause_ns"] for t in r.stalls)
     assert abs(runq - truth) <= 0.2 * truth, rows(r)
+    assert not outside_contention(r), rows(r)
+    return in_stalls
+
+
+def test_a_hog_landing_inside_a_synchronisation() -> None:
+    """The hog takes the feeder's CPU while it sleeps in cuStreamSynchronize: the stub's
+    timerfd wakes it at the drain, and the gap runs from that wake-up to the sync's return,
+    the run-queue wait. The task named is the one the feeder switched in after, which on
+    this loaded VM is at times another task the scheduler ran between the hog and it.
+
+    Read off the attributions as made, not the score's outside-contention split: the task
+    credited can be one the scheduler ran between the hog and the feeder (the sched probe
+    names the task it switched in after; docs/probes.md), which the split counts as outside."""
+    r = drill("sync-contention")
+    runq_in_sync(r)
     named = [e.comm for found in evidence(r, "runq_wait", TaskEvidence) for e in found]
     assert "gj-drill-hog" in named, rows(r)
-    assert not outside_contention(r), rows(r)
+
+
+def test_a_hog_preempting_a_spinning_synchronisation() -> None:
+    """The hog preempts the feeder while it spins in cuStreamSynchronize (the stub's spinning
+    mode, CUDA's default): no wake-up marks the drain, and the node has no NVML, so no idle
+    floor. The feeder's clean syncs place the drain inside the preemption (`baseline`, at
+    their spread), never before the drain by more than that: a sync whose launches were
+    themselves late waits for less work than usual and is placed late (idle understated).
+    The hog is not asserted named: the probe names the last task to run before the feeder,
+    and a thread preempted while spinning has used its share, so on a loaded VM the scheduler
+    runs the CPU's other runnable tasks (kworker/1:1H in every stall here) before it."""
+    r = drill("sync-spin")
+    drains = [t["t0_ns"] for t in r.stalls]
+    for a in runq_in_sync(r):
+        assert "baseline" in a.sources and a.confidence < 0.8, rows(r)
+        drain = max(t for t in drains if t < a.end_ns)
+        assert a.ts_ns >= drain - a.resolution_ns - 200_000, rows(r)
 
 
 def test_attached_to_a_loop_already_busy() -> None:

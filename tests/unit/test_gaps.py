@@ -326,7 +326,8 @@ def test_the_starved_gap_waits_for_the_off_cpu_intervals_however_the_rings_inter
 
 def spinning_sync_preempted(power_w: list[float]) -> list[Event]:
     """A thread spinning in a 300 ms sync (as PyTorch's default schedule does), preempted
-    from 40 ms to 290 ms; one power sample per 20 ms from 0 (watts as given)."""
+    from 40 ms until just before the sync returned (it saw the drain as soon as it ran
+    again); one power sample per 20 ms from 0 (watts as given)."""
     pid = 7
     events: list[Event] = [GpuProcesses(ts_ns=0, gpu=0, pids=(pid,))]
     events += [
@@ -334,7 +335,7 @@ def spinning_sync_preempted(power_w: list[float]) -> list[Event]:
         for k, w in enumerate(power_w)
     ]
     events.append(
-        OffCpu(ts_ns=40 * MS, end_ns=290 * MS, tid=pid, tgid=pid, cpu=1, cpu_in=1,
+        OffCpu(ts_ns=40 * MS, end_ns=300 * MS - 200_000, tid=pid, tgid=pid, cpu=1, cpu_in=1,
                state="preempted", runnable_ns=40 * MS, other_tid=99, other_comm="hog")
     )  # fmt: skip
     events.append(
