@@ -32,7 +32,7 @@ from typing import Any
 
 from gpujitter.probes.events import Event
 from gpujitter.probes.host import HostPaths, parse_cpulist
-from gpujitter.probes.irq import read_interrupts
+from gpujitter.probes.interrupts import read_table
 from gpujitter.probes.progstats import ProgStats, loaded_prog_stats
 from gpujitter.probes.runner import ProbeSet, ProbeThread
 from gpujitter.probes.topology import load_topology
@@ -216,9 +216,9 @@ class Attached:
 
 
 def disk_cpu() -> int:
-    for irq, line in read_interrupts(HostPaths()).items():
-        if line.name.startswith("virtio") and "req" in line.name:
-            effective = Path(f"/proc/irq/{irq}/effective_affinity_list").read_text()
+    for row in read_table(HostPaths()).values():
+        if row.name.startswith("virtio") and "req" in row.name:
+            effective = Path(f"/proc/irq/{row.label}/effective_affinity_list").read_text()
             return parse_cpulist(effective)[0]
     return 0
 

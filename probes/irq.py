@@ -18,6 +18,7 @@ from typing import Any
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import CpuStats, Event, IrqStolen
 from gpujitter.probes.host import HostPaths, parse_cpulist, read_text
+from gpujitter.probes.interrupts import read_table
 from gpujitter.probes.progstats import loaded_prog_stats
 from gpujitter.probes.registry import TRACEFS, Hook, ProbeSpec
 from gpujitter.probes.topology import Topology
@@ -64,32 +65,6 @@ class Source:
     irq: int
 
 
-@dataclass(frozen=True, slots=True)
-class IrqLine:
-    """One line of /proc/interrupts."""
-
-    counts: tuple[int, ...]  # per CPU column
-    name: str  # numbered IRQs: the handlers' names ("a, b" when shared); others: the legend
-
-
-def read_interrupts(paths: HostPaths) -> dict[str, IrqLine]:
-    """/proc/interrupts by first column ("36", "LOC", ...). A numbered line is `N: <one
-    count per CPU> <chip> <hwirq> <names>`; a system vector's is `LOC: <counts> <legend>`."""
-    text = read_text(paths.proc / "interrupts") or ""
-    lines = text.splitlines()
-    if not lines:
-        return {}
-    ncpu = len(lines[0].split())
-    out = {}
-    for line in lines[1:]:
-        head, _, rest = line.partition(":")
-        fields = rest.split()
-        counts = tuple(int(f) for f in fields[:ncpu] if f.isdigit())
-        skip = ncpu + 2 if head.strip().isdigit() else len(counts)
-        out[head.strip()] = IrqLine(counts, " ".join(fields[skip:]))
-    return out
-
-
 class IrqProbe(BpfProbe):
     source = "irq.bpf.c"
 
@@ -111,7 +86,7 @@ class IrqProbe(BpfProbe):
         self.missing_vectors = [v for v in VECTORS if v not in present]
         # One stats slot per IRQ number up to the highest now, with room for IRQs that
         # drivers request later (a GPU's at its first use); the last slot takes the rest.
-        numbered = [int(k) for k in read_interrupts(HostPaths()) if k.isdigit()]
+        numbered = [int(k) for k in read_table(HostPaths()) if k.isdigit()]
         self.hardirq_slots = (max(numbered, default=0) + IRQ_HEADROOM) // 64 * 64 + 64
         return [
             *super().cflags(ctx),
@@ -237,8 +212,8 @@ class IrqProbe(BpfProbe):
         if src.sub == OVERFLOW:
             return f"irqs>={src.irq}"
         if src.irq not in self._names:
-            lines = read_interrupts(HostPaths()).items()
-            self._names = {int(irq): row.name for irq, row in lines if irq.isdigit()}
+            rows = read_table(HostPaths()).values()
+            self._names = {int(row.label): row.name for row in rows if row.numbered}
         return self._names.get(src.irq) or f"irq{src.irq}"
 
     def remote(self, src: Source, cpu: int) -> bool:

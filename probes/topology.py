@@ -36,6 +36,7 @@ from gpujitter.probes.host import (
     read_int,
     read_text,
 )
+from gpujitter.probes.interrupts import read_table
 from gpujitter.probes.nvml import Nvml, NvmlUnavailable, open_nvml
 from gpujitter.tomlfile import load_toml
 
@@ -457,59 +458,37 @@ def read_devices(paths: HostPaths, pci: dict[str, PciDevice]) -> list[HostDevice
     return found
 
 
-def read_interrupts(paths: HostPaths) -> tuple[dict[int, dict[int, int]], list[IrqVector], dict]:
-    """/proc/interrupts: per-CPU counts of numbered IRQs, the named vectors, and the text
-    after the counts of each numbered IRQ (chip, hwirq, names) for when sysfs lacks it."""
-    lines = (read_text(paths.proc / "interrupts") or "").splitlines()
-    if not lines:
-        return {}, [], {}
-    cpus = [int(c[3:]) for c in lines[0].split() if c.startswith("CPU")]
-    counts: dict[int, dict[int, int]] = {}
-    vectors: list[IrqVector] = []
-    rest: dict[int, list[str]] = {}
-    for line in lines[1:]:
-        label, sep, tail = line.partition(":")
-        if not sep:
-            continue
-        label = label.strip()
-        fields = tail.split()
-        numbers: list[int] = []
-        while fields and len(numbers) < len(cpus) and fields[0].isdigit():
-            numbers.append(int(fields.pop(0)))
-        if label.isdigit():
-            counts[int(label)] = dict(zip(cpus, numbers, strict=False))
-            rest[int(label)] = fields
-        elif len(numbers) == len(cpus):
-            per_cpu = dict(zip(cpus, numbers, strict=True))
-            vectors.append(IrqVector(label, " ".join(fields), per_cpu, sum(numbers)))
-        else:  # ERR, MIS: one total, not per CPU
-            vectors.append(IrqVector(label, " ".join(fields), {}, sum(numbers)))
-    return counts, vectors, rest
-
-
 def read_irqs(
     paths: HostPaths,
     pci: dict[str, PciDevice],
     kinds: dict[str, DeviceKind],
 ) -> tuple[list[IrqInfo], list[IrqVector]]:
-    counts, vectors, rest = read_interrupts(paths)
+    """Numbered IRQs with their device, chip, affinity and counts (sysfs first, the
+    /proc/interrupts row where sysfs lacks it), and the named vectors."""
+    table = read_table(paths)
+    vectors = [
+        IrqVector(r.label, " ".join(r.words), r.per_cpu, r.total)
+        for r in table.values()
+        if not r.numbered
+    ]
     owner = {irq: p.bus_id for p in pci.values() for irq in p.irqs}
     irqs = []
-    for irq in sorted(counts):
+    for row in sorted((r for r in table.values() if r.numbered), key=lambda r: int(r.label)):
+        irq = int(row.label)
         sysirq = paths.sys / "kernel/irq" / str(irq)
-        fallback = rest.get(irq, [])
+        fallback = row.words
         chip = read_text(sysirq / "chip_name") or (fallback[0] if fallback else "")
         device = owner.get(irq) or _pci_in_chip_name(chip)
         p = pci.get(device) if device else None
         irqs.append(
             IrqInfo(
                 irq=irq,
-                name=read_text(sysirq / "actions") or " ".join(fallback[2:]),
+                name=read_text(sysirq / "actions") or row.name,
                 chip=chip,
                 hwirq=read_text(sysirq / "hwirq") or (fallback[1] if len(fallback) > 1 else ""),
                 device=device,
                 device_kind=kinds.get(device, "") if device else "",
-                counts=counts[irq],
+                counts=row.per_cpu,
                 affinity=read_cpulist(paths.proc / "irq" / str(irq) / "smp_affinity_list"),
                 effective_affinity=read_cpulist(
                     paths.proc / "irq" / str(irq) / "effective_affinity_list"

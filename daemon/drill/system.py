@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import HostPaths, format_cpulist, parse_cpulist, read_text
-from gpujitter.probes.topology import read_interrupts
+from gpujitter.probes.interrupts import read_table
 
 MEMCG_V1 = Path("/sys/fs/cgroup/memory")
 BLKIO_V1 = Path("/sys/fs/cgroup/blkio")
@@ -244,14 +244,15 @@ def disk_irq(path: Path, paths: HostPaths | None = None) -> tuple[int, str]:
     IRQ's count rose most: names differ by driver and hypervisor (virtio1-req.0 on PCI,
     virtio0 on virtio-mmio, nvme0q3), the count does not."""
     paths = paths or HostPaths()
-    before, _, _ = read_interrupts(paths)
+    before = read_table(paths)
     direct_reads(path, 512)
-    after, _, names = read_interrupts(paths)
+    after = read_table(paths)
     rises = {
-        irq: sum(counts.values()) - sum(before.get(irq, {}).values())
-        for irq, counts in after.items()
+        int(label): row.total - (before[label].total if label in before else 0)
+        for label, row in after.items()
+        if row.numbered
     }
     irq = max(rises, key=lambda n: rises[n], default=-1)
     if irq < 0 or rises[irq] < 100:
         raise GpujitterError(f"no IRQ fired for 512 direct reads of {path}: is it on a disk?")
-    return irq, (names.get(irq) or ["?"])[-1]
+    return irq, (after[str(irq)].words or ("?",))[-1]

@@ -18,7 +18,7 @@ import pytest
 from gpujitter.probes import irq as irq_probe
 from gpujitter.probes.events import CpuStats, IrqStolen
 from gpujitter.probes.host import HostPaths, format_cpulist, parse_cpulist
-from gpujitter.probes.irq import read_interrupts
+from gpujitter.probes.interrupts import read_table
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 from tests.kernel.conftest import Recorded, run_probes
@@ -59,14 +59,15 @@ DIRECT_READS = PIN + textwrap.dedent("""
 
 
 def disk_irq() -> int:
-    for irq, line in read_interrupts(HostPaths()).items():
-        if line.name == DISK_IRQ_NAME:
-            return int(irq)
+    for row in read_table(HostPaths()).values():
+        if row.name == DISK_IRQ_NAME:
+            return int(row.label)
     raise AssertionError(f"no {DISK_IRQ_NAME} in /proc/interrupts")
 
 
-def counts(row: str) -> tuple[int, ...]:
-    return read_interrupts(HostPaths())[row].counts
+def counts(row: str) -> dict[int, int]:
+    """A row's count per CPU."""
+    return read_table(HostPaths())[row].per_cpu
 
 
 @dataclass(frozen=True)

@@ -7,19 +7,21 @@ from pathlib import Path
 
 from gpujitter.probes import registry
 from gpujitter.probes.host import HostPaths
-from gpujitter.probes.irq import HARDIRQ, SOFTIRQ, VECTOR, IrqProbe, Source, read_interrupts
+from gpujitter.probes.interrupts import read_table
+from gpujitter.probes.irq import HARDIRQ, SOFTIRQ, VECTOR, IrqProbe, Source
 from gpujitter.probes.topology import Topology
 
 
 def test_proc_interrupts_lines_are_split_into_counts_and_names(fixtures: Path) -> None:
-    lines = read_interrupts(HostPaths.under(fixtures / "irq/vm-2cpu"))
+    lines = read_table(HostPaths.under(fixtures / "irq/vm-2cpu"))
     assert lines["36"].name == "virtio1-req.0"
-    assert len(lines["36"].counts) == 2 and lines["36"].counts[0] == 0
+    assert lines["36"].per_cpu == {0: 0, 1: lines["36"].total}
     assert lines["24"].name == "ACPI:Ged"  # chip "IO-APIC" and hwirq "5-edge" dropped
-    assert lines["LOC"].name == "Local timer interrupts"
-    assert len(lines["LOC"].counts) == 2
-    assert lines["ERR"].counts == (0,)  # one system-wide count, no legend
-    assert read_interrupts(HostPaths.under(fixtures / "missing")) == {}
+    assert lines["24"].words == ("IO-APIC", "5-edge", "ACPI:Ged")
+    assert lines["LOC"].name == "Local timer interrupts" and not lines["LOC"].numbered
+    assert set(lines["LOC"].per_cpu) == {0, 1}
+    assert (lines["ERR"].per_cpu, lines["ERR"].total) == ({}, 0)  # one system-wide count
+    assert read_table(HostPaths.under(fixtures / "missing")) == {}
 
 
 def test_sources_are_named_as_the_kernel_names_them() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpujitter.probes.events import CpuStats, to_record
 from gpujitter.probes.host import HostPaths, read_text
+from gpujitter.probes.interrupts import read_table
 from gpujitter.probes.topology import Topology
 
 TOP_IRQS = 5
@@ -129,39 +130,21 @@ class ProcCpuSampler:
             c.softirq_ns[cpu] = ticks[6] * self._tick_ns
             c.idle_ns[cpu] = {"idle": (ticks[3] + ticks[4]) * self._tick_ns}
 
-    def _per_cpu_counts(self, name: str) -> Iterator[tuple[str, str, dict[int, int]]]:
-        """(row id, description, count per CPU) of /proc/interrupts or /proc/softirqs, whose
-        header names the CPU of each column."""
-        lines = (read_text(self.paths.proc / name) or "").splitlines()
-        if not lines:
-            return
-        cpus = [int(h[3:]) for h in lines[0].split() if h.startswith("CPU")]
-        for line in lines[1:]:
-            head, _, rest = line.partition(":")
-            fields = rest.split()
-            counts: dict[int, int] = {}
-            for cpu, value in zip(cpus, fields, strict=False):
-                if not value.isdigit():
-                    break
-                counts[cpu] = int(value)
-            yield head.strip(), " ".join(fields[len(counts) :]), counts
-
     def _read_interrupts(self, c: _Counters) -> None:
-        for irq, description, counts in self._per_cpu_counts("interrupts"):
-            if irq.isdigit():
-                # The action name is the last word ("IO-APIC 5-edge ACPI:Ged" -> ACPI:Ged).
-                name = description.split()[-1] if description else f"irq{irq}"
-                device_node = self.topology.irq_node.get(int(irq), -1)
+        for row in read_table(self.paths, "interrupts").values():
+            if row.numbered:
+                name = row.name or f"irq{row.label}"  # its handlers ("ACPI:Ged")
+                device_node = self.topology.irq_node.get(int(row.label), -1)
             else:
-                name, device_node = irq, -1  # LOC, RES, TLB...: vectors, no device
-            for cpu, count in counts.items():
+                name, device_node = row.label, -1  # LOC, RES, TLB...: vectors, no device
+            for cpu, count in row.per_cpu.items():
                 far = device_node >= 0 and device_node != self.topology.node_of(cpu)
                 c.handlers[(cpu, name)] = (count, far)
 
     def _read_softirqs(self, c: _Counters) -> None:
-        for name, _, counts in self._per_cpu_counts("softirqs"):
-            for cpu, count in counts.items():
-                c.handlers[(cpu, name)] = (count, False)
+        for row in read_table(self.paths, "softirqs").values():
+            for cpu, count in row.per_cpu.items():
+                c.handlers[(cpu, row.label)] = (count, False)
 
     def _read_cpuidle(self, c: _Counters) -> None:
         base = self.paths.sys / "devices/system/cpu"
