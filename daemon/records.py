@@ -82,9 +82,10 @@ class IrqEvidence:
 
 @dataclass(frozen=True, slots=True)
 class TaskEvidence:
-    """A task that ran on the CPU a runnable feeding thread waited for (tid 0: the CPU was
-    idle, or the task is unknown). after_migration: some of these waits followed a
-    cross-NUMA migration of the waiting thread."""
+    """A task that ran on the CPU a runnable feeding thread waited for: the one that held it
+    longest during each wait (tid 0: the CPU was idle, or the task is unknown).
+    after_migration: some of these waits followed a cross-NUMA migration of the waiting
+    thread."""
 
     tid: int
     comm: str
