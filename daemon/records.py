@@ -67,11 +67,12 @@ class IrqEvidence:
 
 @dataclass(frozen=True, slots=True)
 class TaskEvidence:
-    """A task that ran on the CPU a runnable feeding thread waited for (tid 0: the CPU was
-    idle, or the task is unknown). after_migration: some of these waits followed a
-    cross-NUMA migration of the waiting thread. own: the task is one of gpujitter's own
-    threads (meta.self): the observer delayed the observed. tgid: its process (0 unknown);
-    workload: that process's pod, container or Slurm job ("" none known)."""
+    """A task that ran on the CPU a runnable feeding thread waited for: the one that held it
+    longest during each wait (tid 0: the CPU was idle, or the task is unknown).
+    after_migration: some of these waits followed a cross-NUMA migration of the waiting
+    thread. own: the task is one of gpujitter's own threads (meta.self): the observer
+    delayed the observed. tgid: its process (0 unknown); workload: that process's pod,
+    container or Slurm job ("" none known)."""
 
     tid: int
     comm: str

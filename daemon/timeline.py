@@ -69,6 +69,8 @@ def _offcpu(ev: OffCpu) -> Iterator[Slice]:
     if waited_from < ev.end_ns:
         behind = f"{ev.other_comm} (tid {ev.other_tid})" if ev.other_tid else "another task"
         args = {"cpu_in": ev.cpu_in, "ran_instead": behind, "woken_by_tid": ev.waker_tid}
+        if ev.other_ns:  # measured since schema 1.6
+            args["ran_instead_ns"] = ev.other_ns
         yield waited_from, ev.end_ns, f"run-queue wait behind {behind}", args
 
 

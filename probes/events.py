@@ -420,10 +420,11 @@ class Log2Hist(Event):
 class OffCpu(Event):
     """A watched thread was off CPU from ts_ns to end_ns. It left `cpu` in `state`; it became
     runnable at runnable_ns (== ts_ns when preempted) and waited on the run queue of cpu_in
-    until end_ns, while other_tid/other_comm ran there (the task it switched in after);
-    other_tgid: that task's process (0: unknown, or gone before it was looked up; from
-    schema 1.6), whose workload a meta.workload names. Emitted when the whole interval or
-    the run-queue wait exceeds the probe's thresholds.
+    until end_ns, behind other_tid/other_comm: the task that held the CPU longest during the
+    wait, for other_ns of it; with other_ns 0 (not followed, or a trace before schema 1.6),
+    the task it switched in after. other_tgid: that task's process (0: unknown, or gone
+    before it was looked up; from schema 1.6), whose workload a meta.workload names.
+    Emitted when the whole interval or the run-queue wait exceeds the probe's thresholds.
     io_dev: when the completion of a block request woke it from uninterruptible sleep (an
     I/O wait), that request's device as MAJ:MIN ("" otherwise), with its size and direction
     (io_op: read, write or other)."""
@@ -444,6 +445,7 @@ class OffCpu(Event):
     io_bytes: int = 0
     io_op: str = ""
     other_tgid: int = 0
+    other_ns: int = 0
 
     @property
     def blocked_ns(self) -> int:

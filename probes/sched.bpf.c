@@ -7,8 +7,9 @@
  * kernel; only intervals longer than THRESHOLD_OFFCPU_NS (THRESHOLD_IO_NS for I/O waits), or
  * whose run-queue wait exceeds THRESHOLD_RUNQ_NS, are streamed. Cost per context switch: a
  * watched-set lookup for the thread leaving, a `threads` lookup for the thread arriving, a
- * clock read and a few per-CPU slots more when a watched thread is involved
- * (docs/performance.md).
+ * clock read and a few per-CPU slots more when a watched thread is involved, and one array
+ * lookup for the CPU's run-queue followers (runq_cpus below; a clock read and a few stores
+ * more where a watched thread waits on that CPU) (docs/performance.md).
  *
  * I/O waits: block_rq_complete and block_io_done bracket, on one CPU, the end of a block
  * request, and the bios' end_io wakes the request's waiters in between; a watched thread
@@ -63,6 +64,8 @@ struct thread {
     u32 io_dev;   /* the block device (kernel dev_t) whose request completion woke it, 0: none */
     u32 io_bytes; /* that request's size */
     u8 io_op;
+    u8 wait_slot;  /* its slot in runq_cpus[wait_cpu].w, plus one; 0: not followed there */
+    u16 wait_cpu;  /* the CPU whose run queue it waits on */
     u64 offcpu_ns;
     u64 runq_ns;
     u64 switches;
@@ -84,10 +87,42 @@ BPF_PERCPU_ARRAY(running, struct running, 1);
 BPF_PERCPU_ARRAY(offcpu_log2, u64, ST_COUNT * LOG2_SLOTS);
 BPF_PERCPU_ARRAY(runq_log2, u64, LOG2_SLOTS);
 
+/* Who held a CPU while watched threads waited on its run queue. The task switched out right
+ * before a waiter runs again is often a bystander (a kworker, a short wake-up) that ran last
+ * after a hog held the CPU for most of the wait; so while a watched thread waits on a CPU,
+ * each switch there credits the task leaving with the time it held the CPU, and the waiter
+ * keeps the two largest holders (a task displaced from the second place starts over: the
+ * time credited is never more than the task held). A CPU with no waiter costs a switch one
+ * array lookup and a test. Waiters are entered by the CPU they wait on (a preemption) or
+ * by a waker or a migration on another CPU, without a lock: a lost race loses the holder
+ * (the task switched out last is named instead), never an interval. */
+#define RUNQ_WAITERS 4 /* watched threads followed on one CPU at a time */
+#define RUNQ_STALE_NS 10000000000ULL /* a waiter this old was missed leaving: free its slot */
+
+struct holder {
+    u64 ns;
+    u32 tid;
+    char comm[TASK_COMM_LEN];
+};
+
+struct waiter {
+    u64 since_ns; /* runnable there from; 0: a free slot */
+    u32 tid;
+    struct holder top[2]; /* the larger first */
+};
+
+struct runq_cpu {
+    u64 last_ns; /* the last switch on this CPU that was credited, or the first waiter's arrival */
+    u32 any;     /* a waiter may be in w[]; cleared by the CPU's own switch when none is */
+    struct waiter w[RUNQ_WAITERS];
+};
+BPF_ARRAY(runq_cpus, struct runq_cpu, GJ_MAX_CPUS);
+
 struct offcpu_rec {
     u64 ts_ns;
     u64 end_ns;
     u64 runnable_ns;
+    u64 other_ns;
     u32 tid;
     u32 tgid;
     u32 cpu;
@@ -154,6 +189,105 @@ static __always_inline u64 clock_of(u64 *now)
     return *now;
 }
 
+/* Follow who holds `cpu` while watched thread t waits on its run queue, from now_ns. */
+static __always_inline void wait_on(struct thread *t, u32 tid, u32 cpu, u64 now_ns)
+{
+    struct runq_cpu *rc = runq_cpus.lookup(&cpu);
+    t->wait_slot = 0;
+    if (!rc)
+        return;
+#pragma unroll
+    for (int i = 0; i < RUNQ_WAITERS; i++) {
+        struct waiter *w = &rc->w[i];
+        if (w->since_ns)
+            continue;
+        w->tid = tid;
+        w->top[0].tid = w->top[1].tid = 0;
+        w->top[0].ns = w->top[1].ns = 0;
+        w->since_ns = now_ns;
+        if (!rc->any) {
+            rc->last_ns = now_ns;
+            rc->any = 1;
+        }
+        t->wait_slot = i + 1;
+        t->wait_cpu = cpu;
+        return;
+    }
+}
+
+/* t stops waiting where it was followed: its largest holder into *top when asked (tid 0:
+ * none, e.g. only the idle task ran, or its slot was lost to a race). */
+static __always_inline void wait_end(struct thread *t, u32 tid, struct holder *top)
+{
+    u32 slot = t->wait_slot - 1, cpu = t->wait_cpu;
+    if (!t->wait_slot)
+        return;
+    t->wait_slot = 0;
+    struct runq_cpu *rc = runq_cpus.lookup(&cpu);
+    if (!rc || slot >= RUNQ_WAITERS)
+        return;
+    struct waiter *w = &rc->w[slot];
+    if (w->tid != tid || !w->since_ns)
+        return;
+    if (top)
+        *top = w->top[0];
+    w->since_ns = 0;
+}
+
+/* The current task held the CPU for held_ns of w's wait. */
+static __always_inline void credit(struct waiter *w, u32 tid, u64 held_ns)
+{
+    struct holder *a = &w->top[0], *b = &w->top[1];
+    if (a->tid == tid) {
+        a->ns += held_ns;
+        return;
+    }
+    if (b->tid == tid) {
+        b->ns += held_ns;
+    } else if (held_ns > b->ns) {
+        b->tid = tid;
+        b->ns = held_ns;
+        bpf_get_current_comm(b->comm, sizeof(b->comm));
+    } else {
+        return;
+    }
+    if (b->ns > a->ns) {
+        struct holder first = *b;
+        *b = *a;
+        *a = first;
+    }
+}
+
+/* A switch on `cpu`: where watched threads wait, the task leaving (current, prev_tid; 0 the
+ * idle task, never a holder) held the CPU from the last credited switch or the waiter's
+ * arrival, whichever is later. */
+static __always_inline void credit_holder(u32 cpu, u32 prev_tid, u64 *now)
+{
+    struct runq_cpu *rc = runq_cpus.lookup(&cpu);
+    if (!rc || !rc->any)
+        return;
+    u64 ts = clock_of(now);
+    u64 from = rc->last_ns;
+    u32 any = 0;
+    rc->last_ns = ts;
+#pragma unroll
+    for (int i = 0; i < RUNQ_WAITERS; i++) {
+        struct waiter *w = &rc->w[i];
+        u64 since = w->since_ns;
+        if (!since)
+            continue;
+        if ((s64)(ts - since) > (s64)RUNQ_STALE_NS) {
+            w->since_ns = 0;
+            continue;
+        }
+        any = 1;
+        s64 held = (s64)(ts - (since > from ? since : from));
+        if (prev_tid && held > 0)
+            credit(w, prev_tid, held);
+    }
+    rc->any = any;
+}
+
 static __always_inline void switched_out(u32 tid, long prev_state, u64 *now, u32 cpu)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
@@ -205,6 +339,9 @@ static __always_inline void switched_out(u32 tid, long prev_state, u64 *now, u32
     t->io_dev = 0;
     t->io_bytes = 0;
     t->io_op = IO_NONE;
+    wait_end(t, tid, NULL); /* a slot still held: a switch-in was missed */
+    if (state == ST_PREEMPTED)
+        wait_on(t, tid, cpu, ts);
 }
 
 static __always_inline void count_log2(u32 state, u64 offcpu_ns, u64 runq_ns)
@@ -235,6 +372,8 @@ static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid
         run->tid = tid;
         run->since_ns = ts;
     }
+    struct holder top = {};
+    wait_end(t, tid, &top);
     /* No wake-up seen (it happened before the probe attached): count it all as blocked. */
     u64 off_ns = t->off_ns;
     u64 runnable_ns = t->runnable_ns ? t->runnable_ns : ts;
@@ -261,7 +400,8 @@ static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid
     e->cpu = t->cpu;
     e->cpu_in = cpu;
     e->waker_tid = t->waker_tid;
-    e->other_tid = other_tid;
+    e->other_tid = top.tid ? top.tid : other_tid;
+    e->other_ns = top.ns;
     e->syscall = t->syscall;
     e->state = state;
     e->io_dev = t->io_dev;
@@ -270,7 +410,10 @@ static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid
     /* the comms point into the tracepoint record, which only helpers may read once the
      * pointer has moved from the start of it */
     bpf_probe_read_kernel(e->comm, TASK_COMM_LEN, comm);
-    bpf_probe_read_kernel(e->other_comm, TASK_COMM_LEN, other_comm);
+    if (top.tid)
+        __builtin_memcpy(e->other_comm, top.comm, TASK_COMM_LEN);
+    else
+        bpf_probe_read_kernel(e->other_comm, TASK_COMM_LEN, other_comm);
     offcpu_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
@@ -311,6 +454,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     u32 prev_pid = (u32)bpf_get_current_pid_tgid();
     u64 prev = ctx->args[1], next = ctx->args[2];
     u32 next_pid = task_pid(next);
+    credit_holder(cpu, prev_pid, &now);
     if (prev_pid)
         switched_out(prev_pid, report_state(ctx->args[0], (u32)ctx->args[3]), &now, cpu);
     if (next_pid)
@@ -323,6 +467,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
 {
     u64 now = 0;
     u32 cpu = bpf_get_smp_processor_id();
+    credit_holder(cpu, args->prev_pid, &now);
     if (args->prev_pid)
         switched_out(args->prev_pid, args->prev_state, &now, cpu);
     if (args->next_pid)
@@ -401,6 +546,8 @@ static __always_inline void waking(u32 tid)
         u64 now = bpf_ktime_get_ns();
         t->runnable_ns = now;
         t->waker_tid = (u32)bpf_get_current_pid_tgid();
+        /* where it slept; a wake-up onto another CPU follows as a migration */
+        wait_on(t, tid, t->cpu, now);
 #ifdef SCHED_IO_WAKE
         if (t->state == ST_UNINTERRUPTIBLE)
             io_woken(t, now);
@@ -434,6 +581,11 @@ TRACEPOINT_PROBE(sched, sched_migrate_task)
     u32 src_cpu = args->orig_cpu, dst_cpu = args->dest_cpu;
     u32 src_node = gj_node_of(src_cpu), dst_node = gj_node_of(dst_cpu);
     t->migrations++;
+    if (t->wait_slot) {
+        /* a runnable thread moved: it waits on the destination's run queue now */
+        wait_end(t, tid, NULL);
+        wait_on(t, tid, dst_cpu, bpf_ktime_get_ns());
+    }
     if (src_node == dst_node)
         return 0;
     t->cross_node++;

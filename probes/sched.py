@@ -138,6 +138,7 @@ class SchedProbe(BpfProbe):
             other_tid=rec.other_tid,
             other_comm=comm_str(rec.other_comm),
             other_tgid=other_tgid,
+            other_ns=rec.other_ns,
             comm=comm_str(rec.comm),
             io_dev=dev_name(rec.io_dev),
             io_bytes=rec.io_bytes,

@@ -89,11 +89,11 @@ def together(*children: Child) -> Callable[[], None]:
 
 
 @contextlib.contextmanager
-def hog(
-    cpu: int, name: str, *, fifo_priority: int = 0, busy_s: float = 0.0
+def unwatched(
+    cpu: int, name: str, body: str, *, fifo_priority: int = 0, pass_fds: tuple[int, ...] = ()
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """An unwatched process named `name` on `cpu` for the block: spinning, or with `busy_s`,
-    spinning busy_s and sleeping as long in turn; SCHED_FIFO with a priority."""
+    """An unwatched process named `name` on `cpu` running `body` (Python, with os and time
+    imported) for the block; SCHED_FIFO with a priority."""
     code = f"""
 import os, time
 os.sched_setaffinity(0, {{{cpu}}})
@@ -101,18 +101,28 @@ if {fifo_priority}:
     os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param({fifo_priority}))
 with open("/proc/self/comm", "w") as f:
     f.write({name!r})
-while True:
-    end = time.monotonic() + {busy_s}
-    while time.monotonic() < end or not {busy_s}:
-        pass
-    time.sleep({busy_s})
 """
-    proc = subprocess.Popen([sys.executable, "-c", code])
+    proc = subprocess.Popen([sys.executable, "-c", code + textwrap.dedent(body)], pass_fds=pass_fds)
     try:
         yield proc
     finally:
         proc.kill()
         proc.wait()
+
+
+def hog(
+    cpu: int, name: str, *, fifo_priority: int = 0, busy_s: float = 0.0
+) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    """An unwatched process named `name` on `cpu` for the block: spinning, or with `busy_s`,
+    spinning busy_s and sleeping as long in turn; SCHED_FIFO with a priority."""
+    body = f"""
+    while True:
+        end = time.monotonic() + {busy_s}
+        while time.monotonic() < end or not {busy_s}:
+            pass
+        time.sleep({busy_s})
+    """
+    return unwatched(cpu, name, body, fifo_priority=fifo_priority)
 
 
 def idle_ticks() -> dict[int, int]:

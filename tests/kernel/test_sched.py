@@ -28,7 +28,7 @@ from gpujitter.probes.sched import SchedProbe
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
 from tests.kernel.conftest import Recorded, run_probes
-from tests.kernel.sched_load import Child, hog, together
+from tests.kernel.sched_load import Child, hog, together, unwatched
 
 MS = 1_000_000
 # x86_64 system call numbers
@@ -93,6 +93,58 @@ def test_run_queue_wait_behind_a_hog_is_the_hogs_time_and_names_it() -> None:
     runq_hist = rec.of(Log2Hist, probe="sched", name="runq")
     assert sum(n for h in runq_hist for _, n in h.buckets) == len(everything)
     assert rec.status("sched").lost_kernel == 0
+
+
+def test_the_task_named_is_the_one_that_held_the_cpu_not_the_last_to_leave_it() -> None:
+    # Real-time on CPU 1, from the highest: a hog (5 ms busy, then wakes a short task and
+    # sleeps 5 ms), the short task (0.2 ms busy each time it is woken), the watched child.
+    # Each of the hog's stints preempts the child; the short task runs after the hog, so it
+    # is the task switched out right before the child resumes, for 1/25 of the wait.
+    read_end, write_end = os.pipe()
+    short = unwatched(1, "gj-short", f"""
+    while os.read({read_end}, 1):
+        end = time.monotonic() + 0.0002
+        while time.monotonic() < end:
+            pass
+    """, fifo_priority=7, pass_fds=(read_end,))  # fmt: skip
+    hogging = unwatched(1, "gj-hog", f"""
+    while True:
+        end = time.monotonic() + 0.005
+        while time.monotonic() < end:
+            pass
+        os.write({write_end}, b"x")
+        time.sleep(0.005)
+    """, fifo_priority=10, pass_fds=(write_end,))  # fmt: skip
+    with short, hogging as hogger:
+        os.close(read_end)
+        os.close(write_end)
+        with Child(f"""
+        pin(1)
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(5))
+        def oncpu(pid):
+            with open(f"/proc/{{pid}}/schedstat") as f:
+                return int(f.read().split()[0])
+        hog0 = oncpu({hogger.pid})
+        out["t0"] = time.monotonic_ns()
+        spin(1.5)
+        out["t1"] = time.monotonic_ns()
+        out["hog_oncpu_ns"] = oncpu({hogger.pid}) - hog0
+        """) as child:
+            rec = run_probes(
+                ["sched"], child.load, watch=WatchSpec(pids={child.pid}), thresholds=EVERYTHING
+            )
+    waits = in_window(rec.of(OffCpu, tid=child.pid), child.result)
+    runq = sum(e.runq_ns for e in waits)
+    behind_hog = [e for e in waits if e.other_comm == "gj-hog"]
+    assert sum(e.runq_ns for e in behind_hog) > 0.85 * runq, {e.other_comm for e in waits}
+    assert all(e.other_tid == hogger.pid for e in behind_hog)
+    assert not [e for e in waits if e.other_comm == "gj-short"]
+    # The time it held the CPU: its stints, as the kernel counted them, less the short
+    # task's 0.2 ms after each, which the child waited through too.
+    held = sum(e.other_ns for e in behind_hog)
+    assert held == pytest.approx(child.result["hog_oncpu_ns"], rel=0.1)
+    assert all(0 < e.other_ns <= e.runq_ns for e in behind_hog)
+    assert sum(e.runq_ns - e.other_ns for e in behind_hog) < 0.1 * runq
 
 
 def test_off_cpu_states_carry_the_syscall_and_the_waker(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ under the shared lock, like the kernel tests)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,10 @@ from textual.widgets import DataTable
 from gpujitter.probes import registry
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
+from gpujitter.tui.decode import Attribution, Gap
 from gpujitter.tui.sources.embedded import EmbeddedSource
 from gpujitter.tui.views.breakdown import GapScreen
+from gpujitter.tui.views.gaps import GapsTable
 from tests.tui.conftest import make_app, until
 from tests.tui.test_app import status_line, table_rows
 
@@ -58,7 +61,9 @@ def test_embedded_mode_shows_live_cpu_idle_and_probe_health() -> None:
 def test_a_drill_beside_it_shows_the_drills_gaps_and_their_cause() -> None:
     """What an operator sees with `gpujitter top` open while `gpujitter drill contention`
     runs: the drill's stalls as gaps, run-queue wait named as their cause, in the Gaps view
-    and in the breakdown of the one selected."""
+    and in the breakdown of one of them. This VM's other load makes gaps of its own beside
+    them (run-queue waits too), and can miss a target of the drill's own score (exit 1;
+    test_drill scores it): the stall's gap is found by the times the drill reports."""
     names = registry.default_names()
     source = EmbeddedSource(names, topology=load_topology(), watch=WatchSpec(all=True), tick_s=0.5)
     gpujitter = Path(sys.executable).with_name("gpujitter")
@@ -69,28 +74,36 @@ def test_a_drill_beside_it_shows_the_drills_gaps_and_their_cause() -> None:
             await until(pilot, lambda: "sched" in app.model.probes, "the probes", timeout=60)
             drill = await asyncio.create_subprocess_exec(
                 str(gpujitter), "drill", "contention", "--duration", "6s", "--stalls", "3",
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                "--json", stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             )  # fmt: skip
-            try:
-                await until(
-                    pilot,
-                    lambda: (
-                        sum(
-                            a is not None and a.top is not None and a.top.cause == "runq_wait"
-                            for _, a in app.model.gaps_newest_first()
-                        )
-                        >= 3
-                    ),
-                    "the drill's three stalls, attributed",
-                    timeout=90,
-                )
-            finally:
-                assert await drill.wait() == 0
+            out, _ = await drill.communicate()
+            assert drill.returncode in (0, 1), out  # 1: a target of its own score missed
+            stalls = [(s["t0_ns"], s["t1_ns"]) for s in json.loads(out)["loop"]["stalls"]]
+
+            def stall_gaps() -> list[tuple[Gap, Attribution]]:
+                return [
+                    (gap, a)
+                    for gap, a in app.model.gaps_newest_first()
+                    if a is not None and a.top is not None and a.top.cause == "runq_wait"
+                    if any(gap.ts_ns < t1 and t0 < gap.end_ns for t0, t1 in stalls)
+                ]
+
+            await until(
+                pilot,
+                lambda: len({t0 for gap, _ in stall_gaps() for t0, t1 in stalls
+                             if gap.ts_ns < t1 and t0 < gap.end_ns}) == 3,
+                "the drill's three stalls, attributed",
+                timeout=60,
+            )  # fmt: skip
             await pilot.press("2")
-            rows = table_rows(app.query_one("#gaps-table", DataTable))
+            table = app.query_one("#gaps-table", GapsTable)
+            rows = table_rows(table)
             assert sum("run-queue" in r for r in rows) >= 3, rows
-            first = next(i for i, r in enumerate(rows) if "run-queue" in r)
-            await pilot.press(*["down"] * first, "enter")
+            # A wait names its longest holder: outside load can outlast the hog in one.
+            hog = [g for g, a in stall_gaps() if any("gj-drill-hog" in e for e in a.top.evidence)]
+            assert hog, [a.top for _, a in stall_gaps()]
+            assert table.select_gap(hog[0].gap_id)
+            await pilot.press("enter")
             await until(pilot, lambda: isinstance(app.screen, GapScreen), "the breakdown")
             top = app.screen.attribution.top  # type: ignore[attr-defined]
             assert top.cause == "runq_wait", top

@@ -67,6 +67,7 @@ def test_the_feeding_thread_shows_its_wait_behind_the_task_that_ran(
     waits = [e for e in thread if e["name"].startswith("run-queue wait")]
     assert [w["name"] for w in waits] == ["run-queue wait behind stress (tid 555)"]
     assert waits[0]["dur"] == 25 * MS / 1000
+    assert waits[0]["args"]["ran_instead_ns"] == 24 * MS  # how long stress held the CPU
 
 
 def test_bad_input_is_one_line(trace: Path, tmp_path: Path, capsys) -> None:

@@ -76,11 +76,14 @@ def header(**changes: Any) -> TraceHeader:
 
 def one_gap_trace(path: Path) -> Path:
     """A recording with one gap at 100-140 ms of the synthetic stream's clock on GPU 0: 25 ms
-    run-queue wait behind `stress` (tid 555), the rest host work."""
+    run-queue wait behind `stress` (tid 555, which held the CPU for 24 ms of it), the rest
+    host work."""
     from gpujitter.daemon.trace import TraceWriter
     from tests.fixtures.streams.synthetic import TWO_NODES, Stream
 
-    s = Stream().offcpu(100, 125, runnable=100, state="preempted", other=555, other_comm="stress")
+    s = Stream().offcpu(
+        100, 125, runnable=100, state="preempted", other=555, other_comm="stress", other_held=24
+    )
     writer = TraceWriter(path, header(topology=TWO_NODES))
     for ev in s.ran(0, 1000).gap(100, 140).in_emission_order():
         writer.write(ev)
