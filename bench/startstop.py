@@ -128,9 +128,12 @@ def compile_bytecode() -> None:
     files instead of compiling ~80 modules (0.4 CPU-s here), even where
     PYTHONDONTWRITEBYTECODE keeps Python from writing them itself."""
     import gpujitter
+    import gpujitter.cli
 
-    for folder in {Path(m.__file__).parent for m in (gpujitter, probes, daemon, tui)}:
-        compileall.compile_dir(folder, quiet=1)
+    # Each package by itself: compileall does not follow linked folders, which the GPU
+    # node's package tree is made of (tools/gpu_session.sh).
+    for package in (gpujitter, gpujitter.cli, probes, daemon, tui):
+        compileall.compile_dir(Path(str(package.__file__)).parent, quiet=1)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -138,7 +141,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         if args.libcuda == "system":
-            libcuda = Path(system_libcuda()[0])
+            found = system_libcuda()
+            if not found:
+                raise SystemExit("bench.startstop: no libcuda on this node (--libcuda system)")
+            libcuda = Path(found[0])
         else:
             libcuda = Path(args.libcuda) if args.libcuda else build_stub(tmp)
         child = holder(libcuda)

@@ -293,11 +293,19 @@ class PartView:
         self.bpf.ring_buffer_consume()
 
     def cleanup(self) -> None:
-        """Detach what this part attached; the module goes with the last part's view."""
+        """Detach what this part attached; the module goes with the last part's view.
+        The tracepoints side by side: each waits for the kernel's grace periods, and
+        malloc's ten took 1.3 s one after another here, 0.4 s at once."""
+        from bcc.libbcc import lib
 
         if self.bpf is not None:
-            for tp in list(self.tracepoint_fds):
-                self.detach_tracepoint(tp)
+            closers = [threading.Thread(target=lib.bpf_close_perf_event_fd, args=(fd,))
+                       for fd in self.tracepoint_fds.values()]  # fmt: skip
+            for t in closers:
+                t.start()
+            for t in closers:
+                t.join()
+            self.tracepoint_fds.clear()
             for fd in self.raw_tracepoint_fds.values():
                 os.close(fd)
             self.raw_tracepoint_fds.clear()
