@@ -125,8 +125,14 @@ def main() -> int:
     assert child.stdout is not None and child.stdin is not None
     assert json.loads(child.stdout.readline()).get("ready")
     result: dict[str, Any] = {}
+    # One uprobe per address (not the probe's default uprobe-multi links): the benchmark
+    # toggles the functions the workload calls one by one.
     with ProbeSet(
-        ["cuda"], topology=load_topology(), watch=WatchSpec(pids={child.pid}), emit=lambda e: True
+        ["cuda"],
+        topology=load_topology(),
+        watch=WatchSpec(pids={child.pid}),
+        emit=lambda e: True,
+        options={"cuda": {"uprobe_multi": False}},
     ) as probes:
         probes.start()
         bench = Bench(probes, child)

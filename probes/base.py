@@ -23,6 +23,7 @@ from gpujitter.probes.progstats import Cost, program_fds
 from gpujitter.text import decode_name
 
 if TYPE_CHECKING:
+    from gpujitter.probes.bundle import Bundle, Part
     from gpujitter.probes.registry import ProbeSpec
     from gpujitter.probes.topology import Topology
 
@@ -48,6 +49,8 @@ class ProbeContext:
     # Objects the probes of one set share, by name: a BPF object that serves two registry
     # entries (faults and swap) lives here while either of them runs.
     shared: dict[str, Any] = field(default_factory=dict)
+    # The one bcc module the set's probes were compiled into (probes/bundle.py), if any.
+    bundle: Bundle | None = None
 
 
 class Probe(abc.ABC):
@@ -67,9 +70,14 @@ class Probe(abc.ABC):
     def threshold(self, ctx: ProbeContext, key: str) -> int:
         return threshold_ns(self.spec, ctx, key)
 
+    def parts(self, ctx: ProbeContext) -> list[Part]:
+        """The .bpf.c parts this probe needs in the set's shared module (none by default)."""
+        return []
+
     @abc.abstractmethod
     def start(self, ctx: ProbeContext) -> None:
-        """Compile and attach; raise ProbeUnavailable when the kernel refuses."""
+        """Compile (or take its part of ctx.bundle) and attach; raise ProbeUnavailable when
+        the kernel refuses."""
 
     def poll(self) -> None:  # noqa: B027 (a probe without a ring buffer has nothing to poll)
         """Deliver what the kernel has queued (called every few tens of ms)."""
@@ -196,7 +204,8 @@ def compile_bpf(source: Path, cflags: list[str], attach: Callable[[Any], None]) 
 
 
 class BpfProbe(Probe):
-    """A probe backed by `<module>.bpf.c`, compiled by bcc with gpujitter.h pasted in.
+    """A probe backed by `<module>.bpf.c`, compiled by bcc with gpujitter.h pasted in (as a
+    part of the set's one module, probes/bundle.py).
     Subclasses name their ring buffers in `rings` and turn records into events in `decode`;
     tracepoints attach themselves (TRACEPOINT_PROBE), other hooks in `attach`."""
 
@@ -218,7 +227,14 @@ class BpfProbe(Probe):
     def decode(self, ring: str, rec: Any) -> Event | None:
         """Turn one ring-buffer record (bcc's ctypes view) into an event, or None to skip."""
 
+    def parts(self, ctx: ProbeContext) -> list[Part]:
+        from gpujitter.probes.bundle import Part  # bundle.py builds on this module
+
+        return [Part(self.name, Path(__file__).with_name(self.source), tuple(self.cflags(ctx)))]
+
     def start(self, ctx: ProbeContext) -> None:
+        from gpujitter.probes.bundle import load_part
+
         self._emit = ctx.emit
 
         def attach(bpf: Any) -> None:
@@ -226,7 +242,7 @@ class BpfProbe(Probe):
             self.attach(ctx)
 
         try:
-            compile_bpf(Path(__file__).with_name(self.source), self.cflags(ctx), attach)
+            load_part(ctx, self.parts(ctx)[0], attach)
         except ProbeUnavailable:
             self.bpf = None
             raise

@@ -159,8 +159,9 @@ static __always_inline int on_return(void)
     return 0;
 }
 
-/* One entry program per traced function id (its role a compile-time constant), one return
- * program shared by all synchronising functions. */
+#ifdef GJ_PER_ADDRESS
+/* Where the kernel has no uprobe-multi links: one entry program per traced function id (its
+ * role a compile-time constant), one return program shared by all synchronising functions. */
 #define GJ_FUNC(i) \
     int enter_##i(struct pt_regs *ctx) { return on_enter(i, GJ_ROLE_##i); }
 GJ_FUNC(0) GJ_FUNC(1) GJ_FUNC(2) GJ_FUNC(3) GJ_FUNC(4) GJ_FUNC(5) GJ_FUNC(6) GJ_FUNC(7)
@@ -171,3 +172,14 @@ GJ_FUNC(32) GJ_FUNC(33) GJ_FUNC(34) GJ_FUNC(35) GJ_FUNC(36) GJ_FUNC(37) GJ_FUNC(
 GJ_FUNC(40) GJ_FUNC(41) GJ_FUNC(42) GJ_FUNC(43) GJ_FUNC(44) GJ_FUNC(45) GJ_FUNC(46) GJ_FUNC(47)
 
 int leave_sync(struct pt_regs *ctx) { return on_return(); }
+#else
+/* Two uprobe-multi links per library (cuda.py): one entry program for every traced function,
+ * which the link's cookie names (function id | role << 16), and one return program. */
+int enter_any(struct pt_regs *ctx)
+{
+    u64 cookie = bpf_get_attach_cookie(ctx);
+    return on_enter(cookie & 0xffff, (cookie >> 16) & 0xff);
+}
+
+int leave_any(struct pt_regs *ctx) { return on_return(); }
+#endif

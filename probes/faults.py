@@ -24,10 +24,10 @@ from gpujitter.probes.base import (
     ProbeContext,
     ProbeUnavailable,
     comm_str,
-    compile_bpf,
     threshold_cflags,
 )
 from gpujitter.probes.btf import BtfError, offset_cflags
+from gpujitter.probes.bundle import Part, load_part
 from gpujitter.probes.events import Event, FaultStats, MajorFault, MinorFaults
 from gpujitter.probes.progstats import program_fds
 from gpujitter.probes.registry import Hook, ProbeSpec, tracepoint_exists
@@ -88,9 +88,8 @@ class FaultEngine:
             self.bpf.cleanup()
             self.bpf = None
 
-    def _load(self, ctx: ProbeContext) -> None:
-        from bcc import PerfType
-
+    def part(self, ctx: ProbeContext) -> Part:
+        """faults.bpf.c with its options, as a part of the set's module."""
         cflags = [flag for spec in SPECS for flag in threshold_cflags(spec, ctx)]
         try:
             fields = ("nvcsw", "nivcsw")
@@ -101,6 +100,10 @@ class FaultEngine:
             cflags.append("-DHAVE_FILEMAP_FAULT")
             if self.have_bio:
                 cflags.append("-DCLASSIFY_SWAP")
+        return Part("faults", Path(__file__).with_name("faults.bpf.c"), tuple(cflags))
+
+    def _load(self, ctx: ProbeContext) -> None:
+        from bcc import PerfType
 
         def attach(bpf: Any) -> None:
             for _, config, fn in PERF_HOOKS:
@@ -108,7 +111,7 @@ class FaultEngine:
                     ev_type=PerfType.SOFTWARE, ev_config=config, fn_name=fn, sample_period=1
                 )
 
-        self.bpf = compile_bpf(Path(__file__).with_name("faults.bpf.c"), cflags, attach)
+        self.bpf = load_part(ctx, self.part(ctx), attach)
         self._ring = self.bpf["fault_records"]
         self._ring.open_ring_buffer(self._on_record)
         self._sampled_ns = time.monotonic_ns()
@@ -218,6 +221,9 @@ class FaultProbe(Probe):
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
         self.engine: FaultEngine | None = None
+
+    def parts(self, ctx: ProbeContext) -> list[Part]:
+        return [FaultEngine.of(ctx).part(ctx)]
 
     def start(self, ctx: ProbeContext) -> None:
         missing = [

@@ -20,6 +20,7 @@ from gpujitter.probes.base import (
     ProbeUnavailable,
     release_compiler_memory,
 )
+from gpujitter.probes.bundle import Bundle
 from gpujitter.probes.events import ProbeStatus
 from gpujitter.probes.host import HostPaths, can_load_bpf
 from gpujitter.probes.progstats import Cost, CostMeter
@@ -64,8 +65,13 @@ class ProbeSet:
         now = time.monotonic_ns()
         self._last_tick = now  # start() refreshed the watched set and reported health
         statuses = []
-        for spec in self.specs:
-            probe = spec.factory(spec)
+        probes = [spec.factory(spec) for spec in self.specs]
+        # One compile for every probe's .bpf.c (probes/bundle.py), parts shared by two probes
+        # (faults and swap) once.
+        parts = {part.name: part for probe in probes for part in probe.parts(self.ctx)}
+        if parts:
+            self.ctx.bundle = Bundle(list(parts.values()))
+        for probe in probes:
             try:
                 probe.start(self.ctx)
             except ProbeUnavailable as err:
@@ -74,6 +80,8 @@ class ProbeSet:
             status = probe.status(now)
             self.emit(status)
             statuses.append(status)
+        if self.ctx.bundle is not None:
+            self.ctx.bundle.release()  # the parts hold what they use
         release_compiler_memory()
         self.measure_cost(now)  # the first measured stretch starts now
         return statuses

@@ -59,6 +59,7 @@ class SchedProbe(BpfProbe):
         super().__init__(spec)
         self.syscall_from_regs = True
         self.raw_flags: list[str] = []  # raw tracepoints, with task_struct offsets from BTF
+        self.slower = ""  # why not: the perf tracepoints instead
         self.nodes = 1
         self._last: dict[int, _Totals] = {}
         self._last_ns = 0
@@ -67,6 +68,14 @@ class SchedProbe(BpfProbe):
         self._owners = TaskOwners(HostPaths())
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
+        self._cpu_node = dict(ctx.topology.cpu_node)
+        self.nodes = max(self._cpu_node.values(), default=0) + 1
+        try:
+            self.raw_flags = ["-DSCHED_RAW", *offset_cflags("TASK", "task_struct", ("pid", "comm"))]
+            self.slower = ""
+        except BtfError as err:
+            self.raw_flags = []
+            self.slower = f"perf tracepoints, about twice the cost per switch ({err})"
         flags = [*super().cflags(ctx), f"-DSCHED_NODES={self.nodes}"]
         if self.syscall_from_regs:
             flags.append("-DSCHED_SYSCALL_FROM_REGS")
@@ -77,13 +86,6 @@ class SchedProbe(BpfProbe):
         return flags + self.raw_flags
 
     def start(self, ctx: ProbeContext) -> None:
-        self._cpu_node = dict(ctx.topology.cpu_node)
-        self.nodes = max(self._cpu_node.values(), default=0) + 1
-        try:
-            self.raw_flags = ["-DSCHED_RAW", *offset_cflags("TASK", "task_struct", ("pid", "comm"))]
-            slower = ""
-        except BtfError as err:
-            slower = f"perf tracepoints, about twice the cost per switch ({err})"
         try:
             super().start(ctx)
         except ProbeUnavailable as err:
@@ -97,9 +99,9 @@ class SchedProbe(BpfProbe):
             self.state = "degraded"
             why = f"no {BLOCK_COMPLETE}: I/O waits are not told from other uninterruptible waits"
             self.reason = "; ".join(r for r in (self.reason, why) if r)
-        if slower:
+        if self.slower:
             self.state = "degraded"
-            self.reason = "; ".join(r for r in (self.reason, slower) if r)
+            self.reason = "; ".join(r for r in (self.reason, self.slower) if r)
         self._last_ns = time.monotonic_ns()
         self._hists = [
             Log2Map(self.bpf["offcpu_log2"], [f"offcpu.{s}" for s in STATES], self.name),

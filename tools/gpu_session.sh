@@ -14,6 +14,8 @@
 #                injected scenarios scored (bench/real_job_gpu.sh accuracy; a run call of its own)
 #   realjob-cost the training job's step time with and without the daemon, its CPU and memory
 #                (bench/real_job_gpu.sh cost; a run call of its own)
+#   startstop    `gpujitter run` from exec to READY and from SIGTERM/SIGINT to exit, its memory,
+#                every uprobe gone after the stop (bench/startstop.py, the node's libcuda)
 # Usage: tools/gpu_session.sh TREE BCC_TARBALL [STEP...]   (TREE: a copy of the repository
 # holding .whl/ with an orjson wheel for the node's python3)
 set -uo pipefail
@@ -85,6 +87,11 @@ for step in $steps; do
     realjob)
         log "realjob: gpujitter run beside a real training job, restarted; scenarios scored"
         OUT=$out "$tree/bench/real_job_gpu.sh" accuracy
+        ;;
+    startstop)
+        log "startstop: gpujitter run ready and stop times, memory, uprobes left"
+        timeout 400 python3 "$tree/bench/startstop.py" --rounds 5 --nvml --libcuda system \
+            --out "$out/startstop.json"
         ;;
     realjob-cost)
         log "realjob-cost: the training job with and without the daemon"

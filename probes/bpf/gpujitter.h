@@ -37,17 +37,6 @@ BPF_TABLE("extern", u32, u64, gj_config, 4);
 BPF_TABLE("extern", u32, u32, gj_cpu_node, GJ_MAX_CPUS);
 #endif
 
-/* Ring-buffer reserve failures of this probe, per CPU; user space sums and reports them. */
-BPF_PERCPU_ARRAY(gj_lost, u64, 1);
-
-static __always_inline void gj_count_lost(void)
-{
-    u32 zero = 0;
-    u64 *n = gj_lost.lookup(&zero);
-    if (n)
-        (*n)++;
-}
-
 /* Ring-buffer use, in every probe (bcc rewrites map calls, so no macro can wrap them):
  *     struct rec *e = ring.ringbuf_reserve(sizeof(*e));
  *     if (!e) { gj_count_lost(); return 0; }
@@ -121,3 +110,17 @@ static __always_inline u32 gj_node_of(u32 cpu)
 }
 
 #endif /* GPUJITTER_H */
+
+/* Per probe, so outside the guard: a module of several probes (probes/bundle.py) has this
+ * once for each, under names of that probe. */
+
+/* Ring-buffer reserve failures of this probe, per CPU; user space sums and reports them. */
+BPF_PERCPU_ARRAY(gj_lost, u64, 1);
+
+static __always_inline void gj_count_lost(void)
+{
+    u32 zero = 0;
+    u64 *n = gj_lost.lookup(&zero);
+    if (n)
+        (*n)++;
+}

@@ -1,0 +1,216 @@
+"""Start and stop like a service (issue 12): `gpujitter run` in a fresh process, timed from
+exec to READY=1 (sd_notify, sent once every probe is attached) in wall and CPU seconds, its
+resident memory while it runs and at the peak, and the time from SIGTERM or SIGINT (they
+alternate over rounds) to its exit; each stop is checked to have flushed (the log and trace
+files closed, exit status 0) and detached every uprobe (no breakpoint left in the watched
+process's copy of libcuda).
+
+    flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.startstop [--rounds 3] [--json]
+    tools/gpu_session.sh . .gpu/bcc.tar.xz startstop     # the GPU node: its libcuda, NVML on
+
+The daemon watches one process that has a libcuda mapped: the drills' stub (every traced
+entry point, as the real one) or, with --libcuda, that file; the cuda probe attaches to it
+as it would to a training job's. NVML is off unless --nvml (a GPU node). The package is
+byte-compiled first, as installing it does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gpujitter import daemon, probes, tui
+from gpujitter.daemon.drill.build import build_stub
+from gpujitter.probes.cuda import armed_sites, system_libcuda
+
+# -P: the tree's own gpujitter/ (the CLI alone) must not shadow the package when the
+# current directory is the tree (the GPU node runs from a copy of it).
+GPUJITTER = [sys.executable, "-P", "-m", "gpujitter"]
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds of a process so far, its threads and the children it waited for (the
+    ldconfig the cuda probe runs) included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLOCK_TICKS
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def holder(libcuda: Path) -> subprocess.Popen[str]:
+    """A process with `libcuda` mapped that waits (the drills' scripted loop, no script)."""
+    child = subprocess.Popen(
+        [*GPUJITTER[:2], "-m", "gpujitter.daemon.drill.schedule", str(libcuda), "[]"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not armed_sites(child.pid, str(libcuda)):
+        time.sleep(0.1)  # until the loader has mapped it
+    return child
+
+
+def one_round(
+    tmp: Path, watched: int, libcuda: Path, stop: signal.Signals, args: argparse.Namespace
+) -> dict[str, Any]:
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    (tmp / "notify").unlink(missing_ok=True)
+    notify.bind(str(tmp / "notify"))
+    notify.settimeout(120)
+    (tmp / "empty.toml").touch()  # not this node's /etc/gpujitter/gpujitter.toml
+    log, trace = tmp / "attr.jsonl", tmp / f"trace-{time.monotonic_ns()}"
+    cmd = [*GPUJITTER, "run", "--config", str(tmp / "empty.toml"), "--pid", str(watched),
+           "--log", str(log), "--record", str(trace), "--socket", str(tmp / "gj.sock")]  # fmt: skip
+    cmd += [] if args.nvml else ["--no-nvml"]
+    cmd += ["--probes", args.probes] if args.probes else []
+    started = time.monotonic()
+    daemon = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                              env={**os.environ, "NOTIFY_SOCKET": str(tmp / "notify")})  # fmt: skip
+    try:
+        said = notify.recv(4096).decode()
+        ready_s = time.monotonic() - started
+        ready_cpu_s = cpu_s(daemon.pid)
+        if not said.startswith("READY=1"):
+            raise RuntimeError(f"daemon said {said!r} before READY=1")
+        rss: list[float] = []
+        armed = 0
+        steady_until = time.monotonic() + args.steady_s
+        while time.monotonic() < steady_until:
+            time.sleep(0.25)
+            rss.append(rss_mb(daemon.pid))
+            armed = max(armed, sum(armed_sites(watched, str(libcuda)).values()))
+        stopped = time.monotonic()
+        daemon.send_signal(stop)
+        _, status, usage = os.wait4(daemon.pid, 0)
+        stop_s = time.monotonic() - stopped
+        daemon.returncode = os.waitstatus_to_exitcode(status)
+    finally:
+        if daemon.returncode is None:
+            daemon.kill()
+            daemon.wait()
+        notify.close()
+    return {
+        "signal": stop.name,
+        "ready_s": ready_s,
+        "ready_cpu_s": ready_cpu_s,
+        "rss_steady_mb": statistics.median(rss),
+        "rss_steady_max_mb": max(rss),
+        "rss_peak_mb": usage.ru_maxrss / 1024,
+        "stop_s": stop_s,
+        "exit_status": daemon.returncode,
+        "uprobes_while_running": armed,
+        "uprobes_after_stop": sum(armed_sites(watched, str(libcuda)).values()),
+        "trace_files": len(list(trace.glob("*"))),
+        "log_closed": log.exists(),
+    }
+
+
+def compile_bytecode() -> None:
+    """Byte-compile the package, as installing it does: a fresh process then reads .pyc
+    files instead of compiling ~80 modules (0.4 CPU-s here), even where
+    PYTHONDONTWRITEBYTECODE keeps Python from writing them itself."""
+    import gpujitter
+    import gpujitter.cli
+
+    # Each package by itself: compileall does not follow linked folders, which the GPU
+    # node's package tree is made of (tools/gpu_session.sh).
+    for package in (gpujitter, gpujitter.cli, probes, daemon, tui):
+        compileall.compile_dir(Path(str(package.__file__)).parent, quiet=1)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    compile_bytecode()
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        if args.libcuda == "system":
+            found = system_libcuda()
+            if not found:
+                raise SystemExit("bench.startstop: no libcuda on this node (--libcuda system)")
+            libcuda = Path(found[0])
+        else:
+            libcuda = Path(args.libcuda) if args.libcuda else build_stub(tmp)
+        child = holder(libcuda)
+        sites = len(armed_sites(child.pid, str(libcuda)))
+        try:
+            rounds = [
+                one_round(tmp, child.pid, libcuda, (signal.SIGTERM, signal.SIGINT)[i % 2], args)
+                for i in range(args.rounds)
+            ]
+        finally:
+            child.kill()
+            child.wait()
+    keys = ("ready_s", "ready_cpu_s", "rss_steady_mb", "rss_peak_mb", "stop_s")
+    return {
+        "rounds": rounds,
+        "median": {k: statistics.median(r[k] for r in rounds) for k in keys},
+        "max": {k: max(r[k] for r in rounds) for k in keys},
+        "libcuda": str(args.libcuda or "stub"),
+        "traced_functions": sites,
+    }
+
+
+def report(r: dict[str, Any]) -> str:
+    lines = [f"libcuda {r['libcuda']}: {r['traced_functions']} traced functions"]
+    lines += [
+        "round  signal   ready s  ready CPU-s  RSS steady/peak MB  stop s  uprobes run/after  exit"
+    ]
+    for i, x in enumerate(r["rounds"], start=1):
+        lines.append(
+            f"{i:5}  {x['signal']:7}  {x['ready_s']:7.2f}  {x['ready_cpu_s']:11.2f}  "
+            f"{x['rss_steady_mb']:8.0f} / {x['rss_peak_mb']:<7.0f}  {x['stop_s']:6.2f}  "
+            f"{x['uprobes_while_running']:7} / {x['uprobes_after_stop']:<7}  {x['exit_status']}"
+        )
+    m, top = r["median"], r["max"]
+    lines.append(
+        f"median: ready {m['ready_s']:.2f} s, {m['ready_cpu_s']:.2f} CPU-s; "
+        f"RSS {m['rss_steady_mb']:.0f} MB steady, {m['rss_peak_mb']:.0f} MB peak; "
+        f"stop {m['stop_s']:.2f} s"
+        f" (max {top['stop_s']:.2f} s; targets: ready <= 3 s and 3 CPU-s, stop <= 2 s,"
+        " RSS <= 150 / 200 MB)"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--steady-s", type=float, default=5.0, help="run time between ready and stop"
+    )
+    parser.add_argument(
+        "--libcuda",
+        help="the libcuda the watched process maps: a path, or 'system' (the driver's); "
+        "default: the drills' stub",
+    )
+    parser.add_argument("--nvml", action="store_true", help="let the daemon open NVML")
+    parser.add_argument("--probes", default="", help="--probes for the daemon (default set)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", type=Path, help="also write the JSON result there")
+    args = parser.parse_args(argv)
+    result = measure(args)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1) if args.json else report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,319 @@
+"""One bcc module for all the probes of a set: each probe's .bpf.c stays its own file, and the
+loader compiles them together, so clang's fixed start (bcc parses its headers in three passes
+per compile, ~0.5 CPU-s here) is paid once instead of once per probe (docs/performance.md).
+
+Each probe's part is its source with gpujitter.h's per-probe half pasted in, its -D options
+as #define lines (undefined after it, as are its own macros), and its names made its own:
+TRACEPOINT_PROBE and RAW_TRACEPOINT_PROBE programs are named `<part>__tracepoint__...`
+(two parts may hook the same tracepoint; bcc then does not attach them by itself, the part's
+view does), and a map or function that another part of the module also defines is renamed
+`<part>__name`. The probe sees the module through a PartView under its own names.
+
+A part that does not compile is left out and the rest compiled again without it (the error
+names its file); a part whose programs the kernel refuses fails on attach, in its view only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpujitter.probes.base import (
+    BPF_DIR,
+    SHARED_HEADER,
+    ProbeContext,
+    ProbeUnavailable,
+    bpf_source,
+    captured_output,
+    first_error_line,
+)
+
+_MAP = re.compile(
+    r"\bBPF_(?:HASH|ARRAY|PERCPU_ARRAY|PERCPU_HASH|LRU_HASH|RINGBUF_OUTPUT|PERF_OUTPUT)\(\s*(\w+)"
+)
+_TABLE = re.compile(r'\bBPF_TABLE\(\s*"(\w+)"\s*,[^,]+,[^,]+,\s*(\w+)')
+# A function defined at the start of a line: `static __always_inline struct x *name(`.
+_FUNC = re.compile(
+    r"^(?:static\s+|__always_inline\s+|inline\s+)*(?:struct\s+)?\w+[\s*]+(\w+)\s*\(", re.M
+)
+_STRUCT = re.compile(r"^struct\s+(\w+)\s*\{", re.M)
+_DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)", re.M)
+_NAME = re.compile(r"\w+")
+_TP_PREFIX, _RAW_PREFIX = "__tracepoint__", "__raw_tracepoint__"
+_HOOK_NAMES = ("tracepoint__", "raw_tracepoint__")  # as TRACEPOINT_PROBE names programs
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One probe's share of the module: `name` (a C identifier) prefixes its names."""
+
+    name: str
+    source: Path
+    cflags: tuple[str, ...] = ()
+
+    @property
+    def prefix(self) -> str:
+        """The name as a C identifier ("sched-noregs" -> "sched_noregs")."""
+        return re.sub(r"\W", "_", self.name)
+
+
+def defined_names(text: str) -> set[str]:
+    """Maps, functions and struct tags a part defines (the extern maps are the core's)."""
+    names = set(_MAP.findall(text)) | set(_FUNC.findall(text)) | set(_STRUCT.findall(text))
+    return names | {n for kind, n in _TABLE.findall(text) if kind != "extern"}
+
+
+def part_text(part: Part, clashing: set[str]) -> str:
+    """The part's C text for a bundle: options, its hooks under its own names, its names
+    that clash with another part's renamed, its macros undefined after it."""
+    text = bpf_source(part.source)
+    for name in sorted(clashing):
+        text = re.sub(rf"(?<![\w.])(?<!->){name}\b", f"{part.prefix}__{name}", text)
+    defines = [f"#define {f[2:].replace('=', ' ', 1)}" for f in part.cflags if f.startswith("-D")]
+    # Its own macros, not gpujitter.h's, which every part uses.
+    flagged = {m.group() for f in part.cflags if f.startswith("-D") and (m := _NAME.match(f[2:]))}
+    macros = set(_DEFINE.findall(part.source.read_text())) | flagged
+    p = part.prefix
+    head = [
+        *defines,
+        "#undef TRACEPOINT_PROBE",
+        "#define TRACEPOINT_PROBE(category, event) int "
+        f"{p}{_TP_PREFIX}##category##__##event(struct tracepoint__##category##__##event *args)",
+        "#undef RAW_TRACEPOINT_PROBE",
+        "#define RAW_TRACEPOINT_PROBE(event) int "
+        f"{p}{_RAW_PREFIX}##event(struct bpf_raw_tracepoint_args *ctx)",
+        f'#line 1 "{part.source}"',
+    ]
+    tail = [f"#undef {m}" for m in sorted(macros)]
+    return "\n".join([*head, text, *tail]) + "\n"
+
+
+def bundle_text(parts: Sequence[Part]) -> tuple[str, dict[str, set[str]]]:
+    """The module's C text, and for each part the names renamed in it."""
+    seen: dict[str, int] = {}
+    own = {p.name: defined_names(_own_text(p)) for p in parts}
+    for names in own.values():
+        for n in names:
+            seen[n] = seen.get(n, 0) + 1
+    clashing = {p.name: {n for n in own[p.name] if seen[n] > 1} for p in parts}
+    return "".join(part_text(p, clashing[p.name]) for p in parts), clashing
+
+
+def _own_text(part: Part) -> str:
+    """The part's file with the per-probe half of gpujitter.h (after its include guard),
+    which every part defines: the shared half is defined once, by the first part."""
+    header = (BPF_DIR / SHARED_HEADER).read_text()
+    return part.source.read_text() + header.split("#endif /* GPUJITTER_H */", 1)[-1]
+
+
+class Bundle:
+    """The compiled module, shared by the views of its parts; freed when its creator and
+    every view have released it."""
+
+    def __init__(self, parts: Sequence[Part]) -> None:
+        self.parts = {p.name: p for p in parts}
+        self.failed: dict[str, str] = {}  # part -> why it was left out of the module
+        self.bpf: Any = None
+        self.renamed: dict[str, set[str]] = {}
+        self._holds = 1  # the creator's, given back with release() once the parts took theirs
+        self._lock = threading.Lock()
+        self._compile()
+
+    def _compile(self) -> None:
+        from bcc import BPF  # imported here: the registry must load on nodes without bcc
+
+        todo = list(self.parts.values())
+        while todo:
+            text, self.renamed = bundle_text(todo)
+            cflags = sorted({f for p in todo for f in p.cflags if not f.startswith("-D")})
+            with captured_output() as err:
+                try:
+                    self.bpf = BPF(text=text.encode(), cflags=cflags)
+                    return
+                except Exception as exc:
+                    line = first_error_line(err(), str(exc))
+            culprit = next((p for p in todo if str(p.source) in line), None)
+            if culprit is not None and len(todo) > 1:
+                self.failed[culprit.name] = f"{line} (compiled without it: the others run)"
+                todo.remove(culprit)
+            else:
+                for p in todo:
+                    self.failed[p.name] = line
+                return
+
+    def view(self, name: str) -> PartView:
+        if name not in self.parts:
+            raise KeyError(name)
+        if name in self.failed:
+            raise ProbeUnavailable(self.failed[name])
+        with self._lock:
+            self._holds += 1
+        return PartView(self, name)
+
+    def release(self) -> None:
+        """Give back a hold (a view's, or the creator's); the last one frees the module."""
+        with self._lock:
+            self._holds -= 1
+            last = self._holds == 0
+        if last and self.bpf is not None:
+            self.bpf.cleanup()
+            self.bpf = None
+
+
+def load_part(ctx: ProbeContext, part: Part, attach: Callable[[PartView], None]) -> PartView:
+    """`part` from the set's module (compiled alone where the set has none, or not with it),
+    its tracepoints attached, then `attach(view)` for the hooks the probe attaches itself.
+    A failure raises ProbeUnavailable with its first error line and detaches what was."""
+    if ctx.bundle is not None and ctx.bundle.parts.get(part.name) == part:
+        view = ctx.bundle.view(part.name)
+    else:  # not in the set's module, or with other options now
+        alone = Bundle([part])
+        try:
+            view = alone.view(part.name)
+        finally:
+            alone.release()
+    with captured_output() as err:
+        try:
+            view.attach_hooks()
+            attach(view)
+        except Exception as exc:
+            view.cleanup()
+            raise ProbeUnavailable(first_error_line(err(), str(exc))) from None
+    return view
+
+
+@dataclass(slots=True)
+class PartView:
+    """The bcc module as one part sees it: its maps and programs under the names of its
+    source, and the hooks it attached, which it alone detaches."""
+
+    bundle: Bundle
+    name: str
+    funcs: dict[bytes, Any] = field(default_factory=dict)  # programs it loaded (cost, stats)
+    tracepoint_fds: dict[str, int] = field(default_factory=dict)
+    raw_tracepoint_fds: dict[str, int] = field(default_factory=dict)
+    uprobes: list[bytes] = field(default_factory=list)  # bcc's event names
+    perf_events: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def bpf(self) -> Any:
+        return self.bundle.bpf
+
+    @property
+    def prefix(self) -> str:
+        return self.bundle.parts[self.name].prefix
+
+    def real(self, name: str | bytes) -> str:
+        """The module's name for what the part's source calls `name`."""
+        text = name.decode() if isinstance(name, bytes) else name
+        if text in self.bundle.renamed[self.name] or text.startswith(_HOOK_NAMES):
+            return f"{self.prefix}__{text}"
+        return text
+
+    def __getitem__(self, name: str) -> Any:
+        return self.bpf[self.real(name)]
+
+    def load_func(self, fn_name: str | bytes, prog_type: int, **kwargs: Any) -> Any:
+        fn = self.bpf.load_func(self.real(fn_name), prog_type, **kwargs)
+        self.funcs[fn.name] = fn
+        return fn
+
+    def attach_tracepoint(self, *, tp: str, fn_name: str | bytes) -> None:
+        from bcc import BPF
+        from bcc.libbcc import lib
+
+        category, _, event = tp.partition(":")
+        fn = self.load_func(fn_name, BPF.TRACEPOINT)
+        fd = lib.bpf_attach_tracepoint(fn.fd, category.encode(), event.encode())
+        if fd < 0:
+            raise ProbeUnavailable(f"cannot attach tracepoint {tp}")
+        self.tracepoint_fds[tp] = fd
+
+    def attach_hooks(self) -> None:
+        """Attach the part's tracepoint programs (what bcc does by itself for a module of
+        one source)."""
+        from bcc import BPF
+        from bcc.libbcc import lib
+
+        tracepoint, raw = self.prefix + _TP_PREFIX, self.prefix + _RAW_PREFIX
+        for i in range(int(lib.bpf_num_functions(self.bpf.module))):
+            name = lib.bpf_function_name(self.bpf.module, i).decode()
+            if name.startswith(tracepoint):
+                category, _, event = name[len(tracepoint) :].partition("__")
+                self.attach_tracepoint(tp=f"{category}:{event}", fn_name=name)
+            elif name.startswith(raw):
+                event = name[len(raw) :]
+                fn = self.load_func(name, BPF.RAW_TRACEPOINT)
+                fd = lib.bpf_attach_raw_tracepoint(fn.fd, event.encode())
+                if fd < 0:
+                    raise ProbeUnavailable(f"cannot attach raw tracepoint {event}")
+                self.raw_tracepoint_fds[event] = fd
+
+    def detach_tracepoint(self, tp: str) -> None:
+        from bcc.libbcc import lib
+
+        lib.bpf_close_perf_event_fd(self.tracepoint_fds.pop(tp))
+
+    def attach_perf_event(self, *, fn_name: str, **kwargs: Any) -> None:
+        before = set(self.bpf.open_perf_events)
+        self.bpf.attach_perf_event(fn_name=self.real(fn_name), **kwargs)
+        self.perf_events += sorted(set(self.bpf.open_perf_events) - before)
+        self._keep_loaded(fn_name)
+
+    def attach_uprobe(self, *, fn_name: str, **kwargs: Any) -> None:
+        self._with_uprobes(lambda: self.bpf.attach_uprobe(fn_name=self.real(fn_name), **kwargs))
+        self._keep_loaded(fn_name)
+
+    def attach_uretprobe(self, *, fn_name: str, **kwargs: Any) -> None:
+        self._with_uprobes(lambda: self.bpf.attach_uretprobe(fn_name=self.real(fn_name), **kwargs))
+        self._keep_loaded(fn_name)
+
+    def detach_uprobe(self, **kwargs: Any) -> None:
+        before = set(self.bpf.uprobe_fds)
+        self.bpf.detach_uprobe(**kwargs)
+        gone = before - set(self.bpf.uprobe_fds)
+        self.uprobes = [u for u in self.uprobes if u not in gone]
+
+    def _with_uprobes(self, attach: Callable[[], None]) -> None:
+        before = set(self.bpf.uprobe_fds)
+        attach()
+        self.uprobes += sorted(set(self.bpf.uprobe_fds) - before)
+
+    def _keep_loaded(self, fn_name: str) -> None:
+        fn = self.bpf.funcs.get(self.real(fn_name).encode())
+        if fn is not None:
+            self.funcs[fn.name] = fn
+
+    def ring_buffer_consume(self) -> None:
+        self.bpf.ring_buffer_consume()
+
+    def cleanup(self) -> None:
+        """Detach what this part attached; the module goes with the last part's view.
+        The tracepoints side by side: each waits for the kernel's grace periods, and
+        malloc's ten took 1.3 s one after another here, 0.4 s at once."""
+        from bcc.libbcc import lib
+
+        if self.bpf is not None:
+            closers = [threading.Thread(target=lib.bpf_close_perf_event_fd, args=(fd,))
+                       for fd in self.tracepoint_fds.values()]  # fmt: skip
+            for t in closers:
+                t.start()
+            for t in closers:
+                t.join()
+            self.tracepoint_fds.clear()
+            for fd in self.raw_tracepoint_fds.values():
+                os.close(fd)
+            self.raw_tracepoint_fds.clear()
+            for ev_name in self.uprobes:
+                self.bpf.detach_uprobe_event(ev_name)
+            self.uprobes.clear()
+            for ev_type, ev_config in self.perf_events:
+                self.bpf.detach_perf_event(ev_type, ev_config)
+            self.perf_events.clear()
+        self.funcs.clear()
+        self.bundle.release()

@@ -1,0 +1,140 @@
+"""Uprobe-multi links (Linux >= 6.6): one BPF link puts one program on many addresses of a
+file, each address with a cookie the program reads (bpf_get_attach_cookie). bcc 0.26 only
+attaches one perf event per address, and the kernel detaches those one at a time with an RCU
+wait each (~100-150 ms on 6.18: a libcuda's 59 took 6-9 s); a link detaches in one wait.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import os
+import platform
+from collections.abc import Sequence
+from typing import Any
+
+BPF_LINK_CREATE = 28
+BPF_TRACE_UPROBE_MULTI = 48  # enum bpf_attach_type
+BPF_F_UPROBE_MULTI_RETURN = 1
+_SYS_BPF = {"x86_64": 321, "aarch64": 280}
+
+
+class _LinkCreate(ct.Structure):
+    """union bpf_attr, as BPF_LINK_CREATE reads it for BPF_TRACE_UPROBE_MULTI."""
+
+    _fields_ = [
+        ("prog_fd", ct.c_uint32),
+        ("target_fd", ct.c_uint32),
+        ("attach_type", ct.c_uint32),
+        ("flags", ct.c_uint32),
+        ("path", ct.c_uint64),
+        ("offsets", ct.c_uint64),
+        ("ref_ctr_offsets", ct.c_uint64),
+        ("cookies", ct.c_uint64),
+        ("cnt", ct.c_uint32),
+        ("multi_flags", ct.c_uint32),
+        ("pid", ct.c_uint32),
+        ("_pad", ct.c_uint32),
+    ]
+
+
+class _ProgLoad(ct.Structure):
+    """union bpf_attr, as BPF_PROG_LOAD reads it (up to expected_attach_type)."""
+
+    _fields_ = [
+        ("prog_type", ct.c_uint32),
+        ("insn_cnt", ct.c_uint32),
+        ("insns", ct.c_uint64),
+        ("license", ct.c_uint64),
+        ("log_level", ct.c_uint32),
+        ("log_size", ct.c_uint32),
+        ("log_buf", ct.c_uint64),
+        ("kern_version", ct.c_uint32),
+        ("prog_flags", ct.c_uint32),
+        ("prog_name", ct.c_char * 16),
+        ("prog_ifindex", ct.c_uint32),
+        ("expected_attach_type", ct.c_uint32),
+    ]
+
+
+BPF_PROG_LOAD = 5
+BPF_PROG_TYPE_KPROBE = 2
+_RETURN_ZERO = bytes.fromhex("b7000000000000009500000000000000")  # r0 = 0; exit
+_supported: bool | None = None
+
+
+def supported() -> bool:
+    """Whether this kernel makes uprobe-multi links, asked once per process without compiling
+    anything: a do-nothing program is linked to a file that does not exist, which such a
+    kernel refuses with ENOENT (it got as far as the path) and an older one with EINVAL."""
+    global _supported
+    if _supported is None:
+        _supported = _probe_kernel()
+    return _supported
+
+
+def _probe_kernel() -> bool:
+    insns = ct.create_string_buffer(_RETURN_ZERO, len(_RETURN_ZERO))
+    license_ = ct.create_string_buffer(b"GPL")
+    attr = _ProgLoad(
+        prog_type=BPF_PROG_TYPE_KPROBE,
+        insn_cnt=len(_RETURN_ZERO) // 8,
+        insns=ct.addressof(insns),
+        license=ct.addressof(license_),
+        expected_attach_type=BPF_TRACE_UPROBE_MULTI,
+    )
+    try:
+        prog = _bpf(BPF_PROG_LOAD, attr)
+    except OSError:
+        return False
+    try:
+        os.close(link(prog, "/nonexistent/gpujitter-uprobe-multi-check", [0], [0], returns=False))
+    except OSError as err:
+        return err.errno == errno.ENOENT
+    finally:
+        os.close(prog)
+    return True  # cannot happen (no such file), but a link made is a link the kernel has
+
+
+def _bpf(command: int, attr: ct.Structure) -> int:
+    """The bpf() system call; the fd it returns, or OSError."""
+    number = _SYS_BPF.get(platform.machine())
+    if number is None:
+        raise OSError(errno.ENOSYS, f"bpf() not wired for {platform.machine()}")
+    libc = ct.CDLL(None, use_errno=True)
+    fd = int(libc.syscall(ct.c_long(number), ct.c_int(command), ct.byref(attr),
+                          ct.c_uint(ct.sizeof(attr))))  # fmt: skip
+    if fd < 0:
+        err = ct.get_errno()
+        raise OSError(err, os.strerror(err))
+    return fd
+
+
+def load_program(bpf: Any, fn_name: str) -> int:
+    """Load `fn_name` of a compiled bcc module as a uprobe-multi program; its fd."""
+    from bcc import BPF  # imported here: the registry must load on nodes without bcc
+
+    return int(bpf.load_func(fn_name, BPF.KPROBE, attach_type=BPF_TRACE_UPROBE_MULTI).fd)
+
+
+def link(
+    prog_fd: int, path: str, offsets: Sequence[int], cookies: Sequence[int], *, returns: bool
+) -> int:
+    """Attach `prog_fd` at the file offsets of `path` (entry, or return when `returns`); the
+    link's fd, which detaches everything at once when closed. OSError when refused."""
+    raw_path = ct.create_string_buffer(os.fsencode(path))
+    raw_offsets = (ct.c_uint64 * len(offsets))(*offsets)
+    raw_cookies = (ct.c_uint64 * len(cookies))(*cookies)
+    attr = _LinkCreate(
+        prog_fd=prog_fd,
+        attach_type=BPF_TRACE_UPROBE_MULTI,
+        path=ct.addressof(raw_path),
+        offsets=ct.addressof(raw_offsets),
+        cookies=ct.addressof(raw_cookies),
+        cnt=len(offsets),
+        multi_flags=BPF_F_UPROBE_MULTI_RETURN if returns else 0,
+    )
+    try:
+        return _bpf(BPF_LINK_CREATE, attr)
+    except OSError as err:
+        raise OSError(err.errno, f"uprobe-multi link on {path}: {err.strerror}") from None

@@ -1,0 +1,119 @@
+"""Starting and stopping as a service, on this kernel: a stop leaves no uprobe behind in the
+watched process (both ways the cuda probe attaches), and the probes of a set compiled as one
+module still run when one part of it does not compile. The times are bench/startstop.py's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpujitter.daemon.drill.build import build_stub
+from gpujitter.probes import registry
+from gpujitter.probes.base import ProbeContext, ProbeUnavailable
+from gpujitter.probes.bundle import Bundle, Part
+from gpujitter.probes.cstate import CstateProbe
+from gpujitter.probes.cuda import armed_sites
+from gpujitter.probes.host import HostPaths
+from gpujitter.probes.runner import ProbeThread
+from gpujitter.probes.topology import load_topology
+from gpujitter.probes.watch import CoreBpf, WatchSpec
+from tests.kernel.test_cuda import FEED
+
+GPUJITTER = Path(sys.executable).with_name("gpujitter")
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_stub(tmp_path_factory.mktemp("stubcuda"))
+
+
+@pytest.fixture
+def holder(stub: Path) -> subprocess.Popen[str]:
+    """A process that maps the stub libcuda and waits."""
+    child = subprocess.Popen(
+        [sys.executable, *FEED, str(stub), "[]"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert child.stdout is not None
+    yield child
+    child.kill()
+    child.wait()
+
+
+def mapped(pid: int, stub: Path) -> dict[str, bool]:
+    """The stub's traced functions in process `pid`, once its loader has mapped it."""
+    deadline = time.monotonic() + 30
+    while not (sites := armed_sites(pid, str(stub))):
+        assert time.monotonic() < deadline, "the stub was never mapped"
+        time.sleep(0.05)
+    return sites
+
+
+def test_sigterm_detaches_every_uprobe(
+    stub: Path, holder: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    assert not any(mapped(holder.pid, stub).values())
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify"))
+    notify.settimeout(120)
+    (tmp_path / "empty.toml").touch()
+    daemon = subprocess.Popen(
+        [str(GPUJITTER), "run", "--no-nvml", "--pid", str(holder.pid), "--probes", "sched,cuda",
+         "--log", str(tmp_path / "a.jsonl"), "--socket", "",
+         "--config", str(tmp_path / "empty.toml")],
+        stdout=subprocess.DEVNULL, env={**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify")},
+    )  # fmt: skip
+    try:
+        assert notify.recv(4096).startswith(b"READY=1")
+        armed = armed_sites(holder.pid, str(stub))
+        assert armed and all(armed.values())  # every traced function of the stub
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=120) == 0
+        notify.close()
+    assert not any(armed_sites(holder.pid, str(stub)).values())
+
+
+def test_per_address_uprobes_are_detached_too(stub: Path, holder: subprocess.Popen[str]) -> None:
+    """Where the kernel has no uprobe-multi links (forced here), one uprobe per address."""
+    mapped(holder.pid, stub)
+    with ProbeThread(
+        ["cuda"], topology=load_topology(), watch=WatchSpec(pids={holder.pid}),
+        emit=lambda ev: True, options={"cuda": {"uprobe_multi": False}},
+    ) as probes:  # fmt: skip
+        assert [s.state for s in probes.statuses] == ["running"]
+        armed = armed_sites(holder.pid, str(stub))
+        assert armed and all(armed.values())
+    assert not any(armed_sites(holder.pid, str(stub)).values())
+
+
+def test_a_part_that_does_not_compile_leaves_the_others_running(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.bpf.c"
+    broken.write_text(
+        '#include "gpujitter.h"\nRAW_TRACEPOINT_PROBE(sched_switch) { return nope; }\n'
+    )
+    topology = load_topology()
+    core = CoreBpf(WatchSpec(), topology, HostPaths())
+    core.start(lambda ev: None)  # the maps every part refers to
+    try:
+        ctx = ProbeContext(topology=topology, emit=lambda ev: True)
+        cstate = CstateProbe(registry.get("cstate"))
+        ctx.bundle = Bundle([Part("broken", broken), *cstate.parts(ctx)])
+        with pytest.raises(ProbeUnavailable, match=r"broken\.bpf\.c.*nope.*the others run"):
+            ctx.bundle.view("broken")
+        cstate.start(ctx)
+        ctx.bundle.release()
+        try:
+            assert cstate.state == "running" and cstate.programs()
+            assert cstate.bpf.raw_tracepoint_fds  # its hooks attached
+        finally:
+            cstate.close()
+    finally:
+        core.close()

@@ -1,0 +1,61 @@
+"""The text of a module that bundles several probes' .bpf.c files (probes/bundle.py): each
+part's clashing names made its own, its tracepoint programs named after it, its options and
+macros confined to it. Compiling and attaching it is tests/kernel/test_startstop.py's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpujitter.probes.bundle import Part, bundle_text
+
+ONE = """#include "gpujitter.h"
+#define SLOTS 4
+struct thread { u64 threads_seen; };
+BPF_HASH(threads, u32, struct thread, 16);
+static __always_inline int helper(u32 k) { struct thread *t = threads.lookup(&k); return !t; }
+RAW_TRACEPOINT_PROBE(sched_switch) { return helper(0) + THRESHOLD_X_NS; }
+"""
+TWO = """#include "gpujitter.h"
+BPF_ARRAY(threads, u64, 1);
+struct other { u64 threads; };
+static __always_inline int helper(struct other *o) { return o->threads + o[0].threads; }
+RAW_TRACEPOINT_PROBE(sched_switch) { return 0; }
+TRACEPOINT_PROBE(sched, sched_waking) { return 0; }
+"""
+
+
+def parts(tmp_path: Path) -> list[Part]:
+    (tmp_path / "one.bpf.c").write_text(ONE)
+    (tmp_path / "two.bpf.c").write_text(TWO)
+    return [
+        Part("one", tmp_path / "one.bpf.c", ("-DTHRESHOLD_X_NS=5ULL", "-DFLAG")),
+        Part("two", tmp_path / "two.bpf.c"),
+    ]
+
+
+def test_names_two_parts_define_are_renamed_in_each(tmp_path: Path) -> None:
+    text, renamed = bundle_text(parts(tmp_path))
+    assert renamed["one"] == renamed["two"] == {"threads", "helper", "gj_lost", "gj_count_lost"}
+    assert "BPF_HASH(one__threads," in text and "BPF_ARRAY(two__threads," in text
+    assert "one__threads.lookup(&k)" in text and "return one__helper(0)" in text
+    # members of the same name are left alone, and so is a struct only one part defines
+    assert "o->threads + o[0].threads" in text and "u64 threads_seen;" in text
+    assert "struct thread *t" in text
+
+
+def test_tracepoint_programs_are_named_after_their_part(tmp_path: Path) -> None:
+    text, _ = bundle_text(parts(tmp_path))
+    assert text.count("#undef RAW_TRACEPOINT_PROBE") == 2
+    assert "int one__raw_tracepoint__##event(" in text
+    assert "int two__raw_tracepoint__##event(" in text
+    assert "int two__tracepoint__##category##__##event(" in text
+
+
+def test_options_and_macros_stay_inside_their_part(tmp_path: Path) -> None:
+    text, _ = bundle_text(parts(tmp_path))
+    one, two = text.split('#line 1 "' + str(tmp_path / "two.bpf.c"))
+    assert "#define THRESHOLD_X_NS 5ULL" in one and "#define FLAG" in one
+    for macro in ("THRESHOLD_X_NS", "FLAG", "SLOTS"):
+        assert f"#undef {macro}" in one
+    assert "THRESHOLD_X_NS" not in two
+    assert "#undef GJ_MAX_THREADS" not in text  # gpujitter.h's stay for every part
