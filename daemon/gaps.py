@@ -40,6 +40,7 @@ from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample, OffCpu
 
 UNKNOWN_GPU = -1  # a process NVML did not (yet) list on any GPU
+SWEEP_EVERY_NS = 1_000_000_000  # stream time between looks for exited processes' history
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +154,7 @@ class GapDetector:
         self.busy: dict[int, deque[_Sync]] = {}  # tgid -> recent long syncs
         self.syncs: deque[_Sync] = deque()  # syncs waiting for their off-CPU intervals
         self.offcpu: dict[int, deque[OffCpu]] = {}  # tid -> intervals with a run-queue wait
-        self._offcpu_swept_ns = 0
+        self._swept_ns = 0
 
     def gpu(self, index: int) -> _GpuState:
         if index not in self.gpus:
@@ -174,6 +175,8 @@ class GapDetector:
 
     def feed(self, ev: Event) -> list[GpuGap]:
         self.now_ns = max(self.now_ns, ev.ts_ns + getattr(ev, "dur_ns", 0))
+        if self.now_ns - self._swept_ns >= SWEEP_EVERY_NS:
+            self._sweep()
         if isinstance(ev, CudaCall):
             self._on_cuda(ev)
         elif isinstance(ev, GpuSample):
@@ -226,12 +229,22 @@ class GapDetector:
         kept = self.offcpu.setdefault(ev.tid, deque(maxlen=self.config.max_offcpu_per_thread))
         kept.append(ev)
         horizon = self.now_ns - self.config.history_ns
-        if self.now_ns - self._offcpu_swept_ns >= self.config.offcpu_settle_ns:
-            self._offcpu_swept_ns = self.now_ns  # threads gone quiet (exited) are dropped
-            for tid in [t for t, k in self.offcpu.items() if k[-1].end_ns < horizon]:
-                del self.offcpu[tid]
         while kept and kept[0].end_ns < horizon:
             kept.popleft()
+
+    def _sweep(self) -> None:
+        """Forget processes and threads gone quiet (exited, mostly): each one's history is
+        pruned only when it adds to it, so without this an exited process would keep its
+        last history_ns of syncs and quiet stretches for good (one per restart of a job)."""
+        self._swept_ns = self.now_ns
+        horizon = self.now_ns - self.config.history_ns
+        for tgid in [t for t, end in self.last_call.items() if end < horizon]:
+            del self.last_call[tgid]
+        for table in (self.quiet, self.busy):
+            for tgid in [t for t, kept in table.items() if not kept or kept[-1].end < horizon]:
+                del table[tgid]
+        for tid in [t for t, kept in self.offcpu.items() if kept[-1].end_ns < horizon]:
+            del self.offcpu[tid]
 
     def _remember_busy(self, sync: _Sync) -> None:
         spans = self.busy.setdefault(sync.tgid, deque())
