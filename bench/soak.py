@@ -872,7 +872,10 @@ class Soak:
                 filled_at = None
                 next_fill = t + plan.fill_every_s / 2
             if t >= next_hup and daemon.ready:
-                daemon.log.rename(daemon.log.with_name(f"attributions.jsonl.hup-{self.hups}"))
+                # The log is absent while the daemon has not reopened it since the last
+                # rename (nothing to write yet, or the disk full): the SIGHUP still goes.
+                with contextlib.suppress(FileNotFoundError):
+                    daemon.log.rename(daemon.log.with_name(f"attributions.jsonl.hup-{self.hups}"))
                 os.kill(life.pid, signal.SIGHUP)
                 self.hups += 1
                 next_hup = t + plan.hup_every_s
