@@ -78,7 +78,16 @@ class Plan:
     feed_segment_s: float = 120.0  # the feeding loop restarts this often
     stall_every_s: float = 0.5
     stall_ms: float = 30.0
-    warmup_s: float = 60.0  # of the long first lifetime, before RSS is measured
+    # Of the long first lifetime, before RSS is measured: what fills at the plan's rates
+    # is full by then. The snapshot that every client's first messages carry (and the
+    # snapshot clients ask for each second) grows to ~310 KB with the daemon's 200 recent
+    # gaps and attributions (one of each per stall: 100 s), and 20 clients hold one or two
+    # unsent: READY (<= 30 s) + 100 s + the analysis' 60 s histories, rounded up. What may
+    # still come is bounded within the limit: the console's queue (1000 lines, stdout
+    # unread) fills in ~9 minutes but holds ~1 MiB; a main-loop stall's event backlog (at
+    # most the daemon's 16384-event queue, ~7 MiB, which Python keeps once drained) can
+    # come at any moment.
+    warmup_s: float = 200.0
     exit_limit_s: float = EXIT_LIMIT_S  # SIGTERM -> exit, the service's target
     seed: int = 1
 
@@ -740,11 +749,13 @@ def account(
 
 
 def rss_slope(samples: list[tuple[float, int, int, int]], warmup_s: float) -> dict[str, Any]:
-    """Least-squares RSS slope after the warm-up, and the growth it means over the window."""
+    """Least-squares RSS slope after the warm-up, and the growth it means over the window;
+    the series (about 60 points) covers the warm-up too, to show what it excluded."""
     if not samples:
         return {"samples": 0}
     t0 = samples[0][0]
-    pts = [(t - t0, rss) for t, rss, _, _ in samples if t - t0 >= warmup_s]
+    every = [(t - t0, rss) for t, rss, _, _ in samples]
+    pts = [(t, rss) for t, rss in every if t >= warmup_s]
     if len(pts) < 10:
         return {"samples": len(pts)}
     n = len(pts)
@@ -753,9 +764,10 @@ def rss_slope(samples: list[tuple[float, int, int, int]], warmup_s: float) -> di
     var = sum((t - mt) ** 2 for t, _ in pts)
     slope = sum((t - mt) * (r - mr) for t, r in pts) / var if var else 0.0
     window = pts[-1][0] - pts[0][0]
-    step = max(1, n // 60)  # about 60 points, to see where it grew
+    step = max(1, len(every) // 60)  # about 60 points, to see where it grew
     return {
-        "series_s_mib": [[round(t), round(r / 2**20, 1)] for t, r in pts[::step]],
+        "series_s_mib": [[round(t), round(r / 2**20, 1)] for t, r in every[::step]],
+        "warmup_s": warmup_s,
         "samples": n,
         "window_s": round(window, 1),
         "slope_bytes_per_hour": round(slope * 3600),
@@ -872,7 +884,10 @@ class Soak:
                 filled_at = None
                 next_fill = t + plan.fill_every_s / 2
             if t >= next_hup and daemon.ready:
-                daemon.log.rename(daemon.log.with_name(f"attributions.jsonl.hup-{self.hups}"))
+                # The log is absent while the daemon has not reopened it since the last
+                # rename (nothing to write yet, or the disk full): the SIGHUP still goes.
+                with contextlib.suppress(FileNotFoundError):
+                    daemon.log.rename(daemon.log.with_name(f"attributions.jsonl.hup-{self.hups}"))
                 os.kill(life.pid, signal.SIGHUP)
                 self.hups += 1
                 next_hup = t + plan.hup_every_s
@@ -960,6 +975,8 @@ class Soak:
         lives = self.lives
         first = lives[0]
         rss = rss_slope(first.samples, self.plan.warmup_s)
+        # Events the daemon's queue refused in that lifetime: a backlog reached its bound.
+        rss["engine_dropped"] = auditor.status.get(first.pid, {}).get("engine_dropped")
         baseline = first.samples[0] if first.samples else (0, 0, 0, 0)
         max_threads = max((s[2] for life in lives for s in life.samples), default=0)
         max_fds = max((s[3] for life in lives for s in life.samples), default=0)

@@ -45,6 +45,7 @@ from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample, Of
 
 UNKNOWN_GPU = -1  # a process NVML did not (yet) list on any GPU
 K = TypeVar("K")
+SWEEP_EVERY_NS = 1_000_000_000  # stream time between looks for exited processes' history
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +199,7 @@ class GapDetector:
         # Syncs with no run-queue wait inside, by (tid, func) and (tid, ""), and by tgid.
         self.clean: dict[tuple[int, str], deque[_Sync]] = {}
         self.clean_spans: dict[int, deque[_Sync]] = {}
-        self._clean_swept_ns = 0
-        self._offcpu_swept_ns = 0
+        self._swept_ns = 0
 
     def gpu(self, index: int) -> _GpuState:
         if index not in self.gpus:
@@ -220,6 +220,8 @@ class GapDetector:
 
     def feed(self, ev: Event) -> list[GpuGap]:
         self.now_ns = max(self.now_ns, ev.ts_ns + getattr(ev, "dur_ns", 0))
+        if self.now_ns - self._swept_ns >= SWEEP_EVERY_NS:
+            self._sweep()
         if isinstance(ev, CudaCall):
             self._on_cuda(ev)
         elif isinstance(ev, GpuSample):
@@ -272,12 +274,24 @@ class GapDetector:
         kept = self.offcpu.setdefault(ev.tid, deque(maxlen=self.config.max_offcpu_per_thread))
         kept.append(ev)
         horizon = self.now_ns - self.config.history_ns
-        if self.now_ns - self._offcpu_swept_ns >= self.config.offcpu_settle_ns:
-            self._offcpu_swept_ns = self.now_ns  # threads gone quiet (exited) are dropped
-            for tid in [t for t, k in self.offcpu.items() if k[-1].end_ns < horizon]:
-                del self.offcpu[tid]
         while kept and kept[0].end_ns < horizon:
             kept.popleft()
+
+    def _sweep(self) -> None:
+        """Forget processes and threads gone quiet (exited, mostly): each one's history is
+        pruned only when it adds to it, so without this an exited process would keep its
+        last history_ns of syncs and quiet stretches for good (one per restart of a job)."""
+        self._swept_ns = self.now_ns
+        horizon = self.now_ns - self.config.history_ns
+        for tgid in [t for t, end in self.last_call.items() if end < horizon]:
+            del self.last_call[tgid]
+        for table in (self.quiet, self.busy):
+            for tgid in [t for t, kept in table.items() if not kept or kept[-1].end < horizon]:
+                del table[tgid]
+        _drop_stale(self.clean, horizon)  # the spinning syncs' baselines
+        _drop_stale(self.clean_spans, horizon)
+        for tid in [t for t, kept in self.offcpu.items() if kept[-1].end_ns < horizon]:
+            del self.offcpu[tid]
 
     def _remember_busy(self, sync: _Sync) -> None:
         spans = self.busy.setdefault(sync.tgid, deque())
@@ -375,11 +389,6 @@ class GapDetector:
         for key in ((sync.tid, sync.func), (sync.tid, "")):
             self.clean.setdefault(key, deque(maxlen=keep)).append(sync)
         self.clean_spans.setdefault(sync.tgid, deque(maxlen=keep)).append(sync)
-        horizon = self.now_ns - self.config.history_ns
-        if self.now_ns - self._clean_swept_ns >= self.config.history_ns:
-            self._clean_swept_ns = self.now_ns  # threads and processes gone quiet are dropped
-            _drop_stale(self.clean, horizon)
-            _drop_stale(self.clean_spans, horizon)
 
     def _on_sample(self, ev: GpuSample) -> None:
         st = self.gpu(ev.gpu)

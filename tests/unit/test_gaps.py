@@ -355,3 +355,50 @@ def test_a_spinning_sync_preempted_while_power_falls_idle_is_a_gap_placed_by_pow
     # Busy all along (the hog ran while the queue still held work): no gap.
     busy = GapDetector(idle_floors={0: 115.0}).feed_all(spinning_sync_preempted([700.0] * 18))
     assert busy == []
+
+
+def short_lived_feeder(pid: int, start_ns: int) -> list[Event]:
+    """A process that feeds the GPU for one second and exits: a 10 ms compute step and a sync
+    every 20 ms, each step launched after the sync's return (a quiet stretch), and a thread
+    of it preempted on the way."""
+    events: list[Event] = []
+    for k in range(50):
+        t = start_ns + k * 20 * MS
+        events.append(
+            CudaCall(ts_ns=t, dur_ns=0, tid=pid, tgid=pid, cpu=0, api="launch",
+                     func="cuLaunchKernel", after_idle_ns=2 * MS, prev_tid=pid, prev_api="sync")
+        )  # fmt: skip
+        events.append(
+            OffCpu(ts_ns=t + MS, end_ns=t + 2 * MS, tid=pid, tgid=pid, cpu=0, cpu_in=0,
+                   state="preempted", runnable_ns=t + MS, other_tid=99, other_comm="hog")
+        )  # fmt: skip
+        events.append(
+            CudaCall(ts_ns=t + 8 * MS, dur_ns=10 * MS, tid=pid, tgid=pid, cpu=0, api="sync",
+                     func="cuStreamSynchronize", prev_tid=pid, prev_api="launch")
+        )  # fmt: skip
+    return events
+
+
+def held_by(detector: GapDetector) -> int:
+    """Entries the detector keeps per process or thread."""
+    per_process = (detector.last_call, detector.quiet, detector.busy, detector.offcpu)
+    return sum(len(table) for table in per_process) + sum(
+        len(kept) for table in (detector.quiet, detector.busy, detector.offcpu)
+        for kept in table.values()
+    )  # fmt: skip
+
+
+def test_what_exited_feeders_leave_behind_goes_after_the_history() -> None:
+    # The soak's daemon grew while its feeding loop restarted every two minutes: each
+    # process's last minute of long syncs stayed, since only its own next sync pruned them.
+    # One feeding process a second for 10 minutes (stream time): what is held stays what
+    # one history's worth of them made.
+    detector = GapDetector()
+    held = []
+    for n in range(600):
+        for ev in short_lived_feeder(1000 + n, n * 1_000 * MS):
+            detector.feed(ev)
+        held.append(held_by(detector))
+    history_s = detector.config.history_ns // (1_000 * MS)
+    assert max(held[2 * history_s :]) <= max(held[: 2 * history_s]) * 1.1
+    assert len(detector.busy) <= history_s + 2

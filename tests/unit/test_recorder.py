@@ -6,16 +6,18 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
+from bench.soak import RSS_SLOPE_LIMIT_BYTES as SOAK_RSS_LIMIT_BYTES
 from gpujitter.daemon.recorder import EventQueue, TraceRecorder
 from gpujitter.daemon.rotation import Rotation
 from gpujitter.daemon.trace import TraceReader, TraceSet
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref
-from gpujitter.probes.events import AllocSyscall
+from gpujitter.probes.events import AllocSyscall, OffCpu
 from gpujitter.units import format_bytes, parse_size_bytes
 from tests.unit.trace_samples import header
 
@@ -132,6 +134,32 @@ def test_queue_drops_and_counts_when_the_consumer_falls_behind() -> None:
     assert q.dropped == 2
     assert list(q.drain()) == [alloc(0), alloc(1), alloc(2)]
     assert list(q.drain(timeout_s=0.01)) == []
+
+
+def off_cpu(i: int) -> OffCpu:
+    """An off-CPU interval as the sched probe decodes it: fresh integers and names."""
+    t = (1 << 40) + i * 1_000
+    return OffCpu(ts_ns=t, end_ns=t + 7_000, tid=1000 + i % 7, tgid=1000, cpu=0, cpu_in=1,
+                  state="preempted", runnable_ns=t + 3_000, other_tid=(1 << 20) + i,
+                  other_comm=f"kworker/{i % 13}:1", comm=f"pt_data_{i % 3}")  # fmt: skip
+
+
+def test_a_full_queue_holds_at_most_what_the_soak_allows_for_a_backlog() -> None:
+    # The soak's daemon grew 24 MiB and kept it: a stalled main loop let the queue fill
+    # (65536 decoded events, ~32 MiB), and Python keeps that memory after the backlog
+    # drains, as long-lived objects were allocated among the events meanwhile.
+    q = EventQueue()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        i = 0
+        while q.emit(off_cpu(i)):
+            i += 1
+        held_bytes = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert q.dropped == 1
+    assert held_bytes <= SOAK_RSS_LIMIT_BYTES * 3 // 4
 
 
 def test_queue_keeps_each_sources_order_across_threads() -> None:
