@@ -16,6 +16,7 @@ from gpujitter.daemon.records import (
     AllocEvidence,
     Attribution,
     FaultEvidence,
+    GcEvidence,
     IdleEvidence,
     IoEvidence,
     IrqEvidence,
@@ -39,6 +40,7 @@ CAUSE_LABELS = {
     "alloc_stall": "allocator stall",
     "io_wait": "I/O wait",
     "blocked": "blocked",
+    "gc_pause": "Python GC pause",
     "remote_oncpu": "on-CPU on a remote node",
     "host_work": "host work",
     "unexplained": "unexplained",
@@ -123,6 +125,14 @@ def detail(part: Part, attr: Attribution) -> str:
             return ""
         size = f" {format_bytes(calls[0].bytes)}" if calls[0].bytes else ""
         return f"{calls[0].call}{size} x{sum(c.count for c in calls)}"
+    if cause == "gc_pause":
+        gens = _top(part, GcEvidence)
+        if not gens:
+            return ""
+        top = gens[0]
+        gen = f"gen {top.generation}" if top.generation >= 0 else "generation unknown"
+        count = sum(g.count for g in gens)
+        return f"{gen}, {count} collection{'s' if count != 1 else ''} of {format_ns(top.dur_ns)}"
     if cause == "remote_oncpu":
         nodes = _top(part, NodeEvidence)
         gpu = f", GPU on node {attr.gpu_node}" if attr.gpu_node >= 0 else ""

@@ -56,6 +56,7 @@ CAUSES = (
     "alloc_stall",
     "io_wait",
     "blocked",
+    "gc_pause",
     "remote_oncpu",
     "host_work",
     "unexplained",
@@ -180,6 +181,20 @@ class AllocEvidence:
 
 
 @dataclass(frozen=True, slots=True)
+class GcEvidence:
+    """CPython cyclic-GC collections of one generation (-1: the build does not say) in a
+    feeding thread's on-CPU time: count collections, ns of them inside the gap, dur_ns their
+    whole length (inside the gap or not), collected the objects they freed (-1 unknown)."""
+
+    generation: int
+    count: int
+    ns: int
+    dur_ns: int
+    collected: int = -1
+    what: str = "gc"
+
+
+@dataclass(frozen=True, slots=True)
 class NodeEvidence:
     """On-CPU time on one NUMA node (cpus: where it ran, when known)."""
 
@@ -209,6 +224,7 @@ Evidence = (
     | IoEvidence
     | FaultEvidence
     | AllocEvidence
+    | GcEvidence
     | NodeEvidence
     | ReasonEvidence
 )

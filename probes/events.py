@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from gpujitter.probes.workload import Workload
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 5
+SCHEMA_MINOR = 6
 
 _KINDS: dict[str, type[Event]] = {}
 _FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> field names
@@ -627,6 +627,26 @@ class AllocCall(Event):
     func: str  # malloc, calloc, realloc, free, posix_memalign, aligned_alloc, ...
     allocator: str  # glibc, jemalloc, tcmalloc
     size: int
+
+
+# ---------------------------------------------------------------------------------------
+# python_gc: CPython cyclic-GC collections (USDT markers or uprobes on the collector).
+
+
+@event_kind("python.gc")
+@dataclass(frozen=True, slots=True)
+class GcPause(Event):
+    """Thread `tid` ran one collection of CPython's cyclic garbage collector from ts_ns for
+    dur_ns (streamed when at least the probe's `pause` threshold). generation: 0-2 (-1: the
+    build does not say); collected: objects it freed (-1 unknown; with the uprobe fallback,
+    collected plus uncollectable)."""
+
+    dur_ns: int
+    tid: int
+    tgid: int
+    cpu: int
+    generation: int
+    collected: int = -1
 
 
 # ---------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ CAUSES: dict[str, tuple[str, str]] = {
     "alloc_stall": ("allocator stall", "#d75faf"),
     "io_wait": ("I/O wait", "#00afaf"),
     "blocked": ("blocked", "#5f87af"),
+    "gc_pause": ("Python GC pause", "#d7af00"),
     "remote_oncpu": ("remote-node on-CPU", "#ff5f00"),
     "host_work": ("host work", "#5faf5f"),
     "unexplained": ("unexplained", "#808080"),
@@ -289,6 +290,14 @@ def _alloc(e: Record, _start: int) -> str:
     return f"{e.get('call', '?')}{who}: {_times(e)}" + (f", {format_bytes(size)}" if size else "")
 
 
+def _gc(e: Record, _start: int) -> str:
+    gen = int(e.get("generation", -1))
+    which = f"generation {gen}" if gen >= 0 else "generation unknown"
+    freed = int(e.get("collected", -1))
+    whole = f", {format_ns(int(e.get('dur_ns', 0)))} in all"
+    return f"GC {which}: {_times(e)}{whole}" + (f", {freed} objects freed" if freed >= 0 else "")
+
+
 def _node(e: Record, _start: int) -> str:
     where = "remote" if e.get("remote") else "local"
     cpus = _cpus(e.get("cpus"))
@@ -315,6 +324,7 @@ _DESCRIBE: dict[str, Callable[[Record, int], str]] = {
     "io": _io,
     "fault": _fault,
     "alloc": _alloc,
+    "gc": _gc,
     "node": _node,
     "reason": _reason,
 }
