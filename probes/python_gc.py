@@ -21,7 +21,9 @@ import contextlib
 import ctypes as ct
 import os
 import re
+import shutil
 import struct
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +191,18 @@ def interpreter_hooks(path: str | Path, ref_ctr: bool = True) -> Hooks:
                      "this kernel cannot raise (no uprobe ref_ctr_offset)")  # fmt: skip
     return Hooks("none", why=f"{NO_GC_PROBE}: no python:gc__start/gc__done markers (a build "
                  "without --with-dtrace) and no gc_collect_main symbol (stripped)")  # fmt: skip
+
+
+def node_interpreter() -> Path:
+    """The node's python3 (PATH) when it is a program, not a wrapper script (pyenv's shims
+    are), else the one running gpujitter: what doctor judges, not knowing which interpreter
+    the jobs will run."""
+    for found in (shutil.which("python3"), sys.executable):
+        path = Path(os.path.realpath(found)) if found else None
+        with contextlib.suppress(OSError), open(path or os.devnull, "rb") as f:
+            if path is not None and f.read(4) == b"\x7fELF":
+                return path
+    return Path(os.path.realpath(sys.executable))
 
 
 def kernel_has_ref_ctr(pmu: Path = UPROBE_PMU) -> bool:
@@ -391,8 +405,8 @@ SPECS = (
         summary="CPython cyclic-GC collections of watched processes (USDT markers or uprobes)",
         default_on=True,
         hooks=(
-            Hook("uprobe", "python:gc__start", optional=True),
-            Hook("uprobe", "python:gc__done", optional=True),
+            Hook("usdt", "python:gc__start", optional=True),
+            Hook("usdt", "python:gc__done", optional=True),
         ),
         degrades="Python GC pauses are not told apart: they show as host work",
         factory=PythonGcProbe,
