@@ -482,7 +482,7 @@ def _usdt_problem(env: DoctorEnv, target: str) -> str | None:
         return "cannot attach: this kernel has no uprobe support (CONFIG_UPROBE_EVENTS)"
     interpreter = node_interpreter()
     hooks = interpreter_hooks(interpreter, kernel_has_ref_ctr(pmu))
-    if hooks.via == "none":
+    if hooks.via not in ("usdt", "symbol"):
         return f"cannot attach in {interpreter}: {hooks.why}"
     return None
 

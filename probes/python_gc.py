@@ -161,8 +161,8 @@ def _align4(n: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Hooks:
-    """How one interpreter file's collections are probed: via "usdt", "symbol" or "none"
-    (why: one line)."""
+    """How one interpreter file's collections are probed: via "usdt", "symbol", "none" (why:
+    one line) or "launcher" (an executable without the interpreter in it)."""
 
     via: str
     start: Marker | None = None
@@ -184,8 +184,14 @@ def interpreter_hooks(path: str | Path, ref_ctr: bool = True) -> Hooks:
     usable = start is not None and done is not None
     if usable and (ref_ctr or not (start.semaphore or done.semaphore)):  # type: ignore[union-attr]
         return Hooks("usdt", start=start, done=done)
-    for symbol, addr in elf.functions(set(COLLECTOR_SYMBOLS)).items():
-        return Hooks("symbol", symbol=symbol, symbol_offset=elf.file_offset(addr))
+    found = elf.functions({*COLLECTOR_SYMBOLS, "PyGC_Collect"})
+    for symbol in COLLECTOR_SYMBOLS:
+        if symbol in found:
+            return Hooks("symbol", symbol=symbol, symbol_offset=elf.file_offset(found[symbol]))
+    if not usable and "PyGC_Collect" not in found:
+        # A launcher (python3.X linked against libpython): the collector is in the library,
+        # which the process maps too.
+        return Hooks("launcher", why="no collector here: the process's libpython has it")
     if usable:
         return Hooks("none", why=f"{NO_GC_PROBE}: its markers need a USDT semaphore, which "
                      "this kernel cannot raise (no uprobe ref_ctr_offset)")  # fmt: skip
@@ -322,7 +328,7 @@ class PythonGcProbe(BpfProbe):
         if key is None or key in self.interpreters:
             return None
         hooks = interpreter_hooks(local, self.ref_ctr)
-        if hooks.via != "none":
+        if hooks.via in ("usdt", "symbol"):
             try:
                 self._attach(local, hooks)
             except (OSError, RuntimeError) as err:
@@ -362,6 +368,7 @@ class PythonGcProbe(BpfProbe):
                 f"{os.path.basename(mapped)} ({mapped}): "
                 + (hooks.why if hooks.via == "none" else f"probed via {hooks.via}")
                 for mapped, hooks in self.interpreters.values()
+                if hooks.via != "launcher"
             )
             or "no Python interpreter seen in the watched processes yet"
         )

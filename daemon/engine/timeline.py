@@ -93,7 +93,12 @@ SPAN_RULES: dict[type[Event], SpanRule] = {
     ),
     AllocSyscall: SpanRule(lambda e: "alloc", lambda e: _bounds(e, e.dur_ns), _at),
     AllocCall: SpanRule(lambda e: "alloc", lambda e: _bounds(e, e.dur_ns), _at),
-    GcPause: SpanRule(lambda e: "gc", lambda e: _bounds(e, e.dur_ns), _at),
+    # The probe reads the CPU as the collection ends.
+    GcPause: SpanRule(
+        lambda e: "gc",
+        lambda e: _bounds(e, e.dur_ns),
+        lambda e: ((e.ts_ns + e.dur_ns, e.cpu, e.cpu),),
+    ),
     NodeTime: SpanRule(lambda e: "nodetime", lambda e: _bounds(e, e.interval_ns)),
     Migration: SpanRule(
         lambda e: "migration",

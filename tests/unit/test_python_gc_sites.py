@@ -4,6 +4,8 @@ collector symbol reported as having no GC probe (never an error)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -50,9 +52,10 @@ def test_interpreter_files_by_name(name: str, interpreter: bool) -> None:
     assert bool(INTERPRETER.match(name)) is interpreter
 
 
-def test_a_file_without_markers_or_symbol_has_no_gc_probe() -> None:
-    hooks = interpreter_hooks("/bin/true")
-    assert hooks.via == "none" and hooks.why.startswith(NO_GC_PROBE)
+def test_a_program_without_a_collector_is_a_launcher_not_an_interpreter() -> None:
+    # python3.X linked against libpython holds no collector (the library does): it is not
+    # reported as an interpreter without a GC probe.
+    assert interpreter_hooks("/bin/true").via == "launcher"
 
 
 def test_a_file_that_is_not_elf_has_no_gc_probe(tmp_path: Path) -> None:
@@ -73,3 +76,21 @@ def test_debian_python_has_both_markers_with_semaphores() -> None:
     assert hooks.start.arg is not None and hooks.done.arg is not None
     # Without a kernel that raises semaphores, the guarded markers are of no use.
     assert interpreter_hooks(DEBIAN_PYTHON, ref_ctr=False).via == "none"
+
+
+@pytest.mark.skipif(
+    not DEBIAN_PYTHON.exists() or shutil.which("objcopy") is None,
+    reason="needs Debian's python3.11 and objcopy",
+)
+def test_an_interpreter_built_without_markers_and_stripped_has_no_gc_probe(
+    tmp_path: Path,
+) -> None:
+    # What python.org-style builds are: the collector is there (PyGC_Collect exported), but
+    # no marker and no gc_collect_main symbol to probe it by.
+    bare = tmp_path / "python3.11"
+    subprocess.run(
+        ["objcopy", "--remove-section", ".note.stapsdt", str(DEBIAN_PYTHON), str(bare)],
+        check=True,
+    )
+    hooks = interpreter_hooks(bare)
+    assert hooks.via == "none" and hooks.why.startswith(NO_GC_PROBE)
