@@ -177,17 +177,17 @@ def interpreter_hooks(path: str | Path, ref_ctr: bool = True) -> Hooks:
     raise USDT semaphores (else markers guarded by one are of no use)."""
     try:
         elf = ElfFile(Path(path))
-    except (OSError, ValueError) as err:
-        return Hooks("none", why=str(err))
-    markers = usdt_markers(elf)
+        markers = usdt_markers(elf)
+        found = elf.functions({*COLLECTOR_SYMBOLS, "PyGC_Collect"})
+        offsets = {s: elf.file_offset(found[s]) for s in COLLECTOR_SYMBOLS if s in found}
+    except (OSError, ValueError, IndexError, struct.error) as err:  # a truncated or odd file
+        return Hooks("none", why=f"{NO_GC_PROBE}: {path}: {err}")
     start, done = markers.get("gc__start"), markers.get("gc__done")
     usable = start is not None and done is not None
     if usable and (ref_ctr or not (start.semaphore or done.semaphore)):  # type: ignore[union-attr]
         return Hooks("usdt", start=start, done=done)
-    found = elf.functions({*COLLECTOR_SYMBOLS, "PyGC_Collect"})
-    for symbol in COLLECTOR_SYMBOLS:
-        if symbol in found:
-            return Hooks("symbol", symbol=symbol, symbol_offset=elf.file_offset(found[symbol]))
+    for symbol, offset in offsets.items():
+        return Hooks("symbol", symbol=symbol, symbol_offset=offset)
     if not usable and "PyGC_Collect" not in found:
         # A launcher (python3.X linked against libpython): the collector is in the library,
         # which the process maps too.
@@ -331,7 +331,7 @@ class PythonGcProbe(BpfProbe):
         if hooks.via in ("usdt", "symbol"):
             try:
                 self._attach(local, hooks)
-            except (OSError, RuntimeError) as err:
+            except Exception as err:  # bcc raises plain Exception; one file never stops the probe
                 hooks = Hooks("none", why=f"{NO_GC_PROBE}: {err}")
         self.interpreters[key] = (mapped, hooks)
         return hooks

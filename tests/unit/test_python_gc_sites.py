@@ -94,3 +94,13 @@ def test_an_interpreter_built_without_markers_and_stripped_has_no_gc_probe(
     )
     hooks = interpreter_hooks(bare)
     assert hooks.via == "none" and hooks.why.startswith(NO_GC_PROBE)
+
+
+@pytest.mark.skipif(not DEBIAN_PYTHON.exists(), reason="Debian's python3.11 is not here")
+def test_a_truncated_interpreter_file_has_no_gc_probe_and_raises_nothing(tmp_path: Path) -> None:
+    # A file being replaced under a running process (an upgrade) can be cut short: its
+    # header claims sections past its end.
+    cut = tmp_path / "python3.11"
+    cut.write_bytes(DEBIAN_PYTHON.read_bytes()[:4096])
+    hooks = interpreter_hooks(cut)
+    assert hooks.via == "none" and hooks.why.startswith(NO_GC_PROBE)
