@@ -298,6 +298,7 @@ class PythonGcProbe(BpfProbe):
         self._fds: list[int] = []
         self._slots = 0
         self._hists: Log2Map | None = None
+        self._last_ns = time.monotonic_ns()  # the histograms' last read
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
         return [*super().cflags(ctx), f"-DMAX_INTERPRETERS={MAX_INTERPRETERS}"]
@@ -380,7 +381,8 @@ class PythonGcProbe(BpfProbe):
         for key in list(running.keys()):  # threads that exited inside a collection
             if not os.path.exists(f"/proc/{key.value}"):
                 del running[key]
-        return list(self._hists.delta(now_ns, 1_000_000_000)) if self._hists else []
+        interval, self._last_ns = now_ns - self._last_ns, now_ns
+        return list(self._hists.delta(now_ns, interval)) if self._hists else []
 
     def collections(self) -> dict[str, int]:
         """Collections seen so far per generation ("unknown": the build gave none)."""
