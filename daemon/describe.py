@@ -20,6 +20,7 @@ from gpujitter.daemon.records import (
     Attribution,
     Evidence,
     FaultEvidence,
+    GcEvidence,
     IdleEvidence,
     IoEvidence,
     IrqEvidence,
@@ -124,6 +125,14 @@ def detail(part: Part, attr: Attribution) -> str:
             return ""
         size = f" {format_bytes(calls[0].bytes)}" if calls[0].bytes else ""
         return f"{calls[0].call}{size} x{sum(c.count for c in calls)}"
+    if cause == "gc_pause":
+        gens = _top(part, GcEvidence)
+        if not gens:
+            return ""
+        top = gens[0]
+        gen = f"gen {top.generation}" if top.generation >= 0 else "generation unknown"
+        count = sum(g.count for g in gens)
+        return f"{gen}, {count} collection{'s' if count != 1 else ''} of {format_ns(top.dur_ns)}"
     if cause == "remote_oncpu":
         nodes = _top(part, NodeEvidence)
         gpu = f", GPU on node {attr.gpu_node}" if attr.gpu_node >= 0 else ""
@@ -218,6 +227,12 @@ def _alloc_line(e: AllocEvidence, _start: int) -> str:
     return f"{e.call}{who}: {_times(e.count, e.ns)}{size}"
 
 
+def _gc_line(e: GcEvidence, _start: int) -> str:
+    which = f"generation {e.generation}" if e.generation >= 0 else "generation unknown"
+    freed = f", {e.collected} objects freed" if e.collected >= 0 else ""
+    return f"GC {which}: {_times(e.count, e.ns)}, {format_ns(e.dur_ns)} in all{freed}"
+
+
 def _node_line(e: NodeEvidence, _start: int) -> str:
     where = "remote" if e.remote else "local"
     return f"on-CPU on node {e.node} ({where}){cpus_text(e.cpus)}: {format_ns(e.ns)}"
@@ -244,6 +259,7 @@ _LINES: dict[type, Any] = {
     IoEvidence: _io_line,
     FaultEvidence: _fault_line,
     AllocEvidence: _alloc_line,
+    GcEvidence: _gc_line,
     NodeEvidence: _node_line,
     ReasonEvidence: _reason_line,
 }

@@ -473,10 +473,26 @@ def _uprobe_problem(env: DoctorEnv, target: str) -> str | None:
     return None
 
 
+def _usdt_problem(env: DoctorEnv, target: str) -> str | None:
+    """A runtime's marker: judged in the node's own interpreter (jobs may run another; the
+    probe's status names each one it meets)."""
+    from gpujitter.probes.python_gc import interpreter_hooks, kernel_has_ref_ctr, node_interpreter
+
+    pmu = env.paths.sys / "bus/event_source/devices/uprobe"
+    if not pmu.is_dir() and not (env.paths.tracefs / "uprobe_events").exists():
+        return "cannot attach: this kernel has no uprobe support (CONFIG_UPROBE_EVENTS)"
+    interpreter = node_interpreter()
+    hooks = interpreter_hooks(interpreter, kernel_has_ref_ctr(pmu))
+    if hooks.via not in ("usdt", "symbol"):
+        return f"cannot attach in {interpreter}: {hooks.why}"
+    return None
+
+
 HOOK_CHECKS: dict[str, Callable[[DoctorEnv, str], str | None]] = {
     "tracepoint": _tracepoint_problem,
     "perf_event": _perf_problem,
     "uprobe": _uprobe_problem,
+    "usdt": _usdt_problem,
 }
 
 HOOK_FIX: dict[str, Callable[[Hook], str]] = {
@@ -491,6 +507,10 @@ HOOK_FIX: dict[str, Callable[[Hook], str]] = {
     "uprobe": lambda h: (
         f"install the library of {h.target.rpartition(':')[0]}  # the probe "
         "attaches once it is present"
+    ),
+    "usdt": lambda h: (
+        "run the job on a CPython built --with-dtrace (Debian's and Ubuntu's python3.X are)"
+        "  # or keep a gc_collect_main symbol: GC pauses otherwise show as host work"
     ),
 }
 

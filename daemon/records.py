@@ -171,6 +171,20 @@ class AllocEvidence:
 
 
 @dataclass(frozen=True, slots=True)
+class GcEvidence:
+    """CPython cyclic-GC collections of one generation (-1: the build does not say) in a
+    feeding thread's on-CPU time: count collections, ns of them inside the gap, dur_ns their
+    whole length (inside the gap or not), collected the objects they freed (-1 unknown)."""
+
+    generation: int
+    count: int
+    ns: int
+    dur_ns: int
+    collected: int = -1
+    what: str = "gc"
+
+
+@dataclass(frozen=True, slots=True)
 class NodeEvidence:
     """On-CPU time on one NUMA node (cpus: where it ran, when known)."""
 
@@ -200,6 +214,7 @@ Evidence = (
     | IoEvidence
     | FaultEvidence
     | AllocEvidence
+    | GcEvidence
     | NodeEvidence
     | ReasonEvidence
 )

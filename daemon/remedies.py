@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from gpujitter.daemon.records import (
     AllocEvidence,
     FaultEvidence,
+    GcEvidence,
     IdleEvidence,
     IrqEvidence,
     TaskEvidence,
@@ -400,6 +401,29 @@ def idle_wake(top: IdleEvidence, ctx: RemedyContext) -> str:
         )
     # cpupower idle-set -D N disables the states whose exit latency is N us or more.
     return limit_idle_latency(max(1, top.exit_latency_ns // 1000))
+
+
+def gc_pause(top: GcEvidence) -> str:
+    """The feeding thread ran CPython's cyclic garbage collector inside the gap: take the
+    collections off the step's critical path."""
+    full = top.generation == 2 or top.generation < 0
+    what = "full (generation 2) collections" if top.generation == 2 else "GC collections"
+    fix = (
+        f"{what} ran in the feeding thread: call gc.freeze() once the model and data "
+        "structures are built (long-lived objects leave the collector's scans), "
+    )
+    if full:
+        fix += (
+            "and collect on your schedule: gc.disable() then gc.collect(2) every N steps "
+            "at a step boundary (the same step on every rank)"
+        )
+    else:
+        fix += (
+            f"and collect generation {top.generation} less often: raise its threshold "
+            "(gc.set_threshold(50_000, 50, 100)), or gc.disable() and gc.collect(1) at "
+            "step boundaries"
+        )
+    return fix
 
 
 def alloc_stall(top: AllocEvidence) -> str:

@@ -28,6 +28,7 @@ from gpujitter.probes.events import (
     ClockRef,
     CudaCall,
     Event,
+    GcPause,
     GpuSample,
     IrqStolen,
     MajorFault,
@@ -85,6 +86,8 @@ _SLICES: dict[type, Callable[[Any], Iterable[Slice]]] = {
     AllocSyscall: lambda ev: [(ev.ts_ns, ev.ts_ns + ev.dur_ns, ev.syscall,
                                {"length": ev.length})],
     AllocCall: lambda ev: [(ev.ts_ns, ev.ts_ns + ev.dur_ns, "allocator call", {})],
+    GcPause: lambda ev: [(ev.ts_ns, ev.ts_ns + ev.dur_ns, f"Python GC (generation {ev.generation})",
+                          {"collected": ev.collected})],
     CudaCall: lambda ev: [(ev.ts_ns, ev.ts_ns + max(ev.dur_ns, 1_000), ev.func,
                            {"api": ev.api, "after_idle_ns": ev.after_idle_ns})],
 }  # fmt: skip

@@ -26,13 +26,13 @@ from typing import Any
 from gpujitter.probes import uprobe_multi
 from gpujitter.probes.base import BpfProbe, ProbeContext
 from gpujitter.probes.events import CudaCall
+from gpujitter.probes.mapped_scan import MappedScan, file_key, watched_pids
 from gpujitter.probes.registry import Hook, ProbeSpec
 
 # Roles: must match the enum in cuda.bpf.c.
 LAUNCH, GRAPH, COPY, COPY_SYNC, SYNC = 1, 2, 3, 4, 5
 API = {LAUNCH: "launch", GRAPH: "graph", COPY: "copy", COPY_SYNC: "copy", SYNC: "sync"}
 MAX_FUNCS = 48  # entry programs in cuda.bpf.c
-LATE_LOAD_NS = 60_000_000_000
 
 
 def _variants(base: str, role: int, suffix: str) -> list[tuple[str, int]]:
@@ -219,14 +219,6 @@ def system_libcuda() -> list[str]:
     return found
 
 
-def file_key(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
 # ---------------------------------------------------------------------------------------
 # The probe.
 
@@ -246,9 +238,7 @@ class CudaProbe(BpfProbe):
         # option `uprobe_multi` is not off; else one uprobe per address, as bcc does.
         self.links: list[int] = []
         self.linked = True
-        self._scanned: set[int] = set()  # processes done with: libcuda found, or too old
-        self._first_seen: dict[int, int] = {}
-        self._started = False  # past the first scan
+        self.scan = MappedScan()
         self._explicit: list[str] = []
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
@@ -360,36 +350,16 @@ class CudaProbe(BpfProbe):
             os.close(self.links.pop())
         super().close()
 
-    def _watched(self) -> list[int] | None:
-        """Watched process ids from the shared map; None when every process is watched."""
-        config = self.bpf["gj_config"]
-        if int(config[config.Key(0)].value) & 1:
-            return None
-        return [k.value for k in self.bpf["gj_watched"]]
-
     def scan_processes(self) -> None:
-        """Attach libcuda files that watched processes mapped and are not attached yet.
-        Frameworks load libcuda late (at their first CUDA call), so a process is looked at
-        every second until it has mapped one; with every process watched, only during the
-        first LATE_LOAD_NS after it appeared (older ones have been looked at often enough)."""
-        now = time.monotonic_ns()
-        watched = self._watched()
-        if watched is None:
-            pids = [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != os.getpid()]
-        else:
-            pids = watched
-        for pid in pids:
-            if pid in self._scanned:
-                continue
-            # Processes already running at start are looked at once: rescanning every
-            # process of a busy node for a minute would cost more than the probe itself.
-            first = self._first_seen.setdefault(pid, now if self._started else 0)
+        """Attach libcuda files that watched processes mapped and are not attached yet
+        (frameworks load libcuda late, at their first CUDA call: mapped_scan.py says how
+        long a process is looked at)."""
+        for pid in self.scan.due(watched_pids(self.bpf), time.monotonic_ns()):
             paths = mapped_libcuda(pid)
             for path in paths:
                 self.add_library(path)
-            if paths or (watched is None and now - first > LATE_LOAD_NS):
-                self._scanned.add(pid)
-        self._started = True
+            if paths:
+                self.scan.done(pid)
         self._update_state()
 
     def sample(self, now_ns: int) -> tuple[()]:
@@ -402,10 +372,7 @@ class CudaProbe(BpfProbe):
         for key in list(procs):
             if not os.path.exists(f"/proc/{key.value}"):
                 del procs[key]
-                self._scanned.discard(key.value)
-        for pid in [p for p in self._first_seen if not os.path.exists(f"/proc/{p}")]:
-            del self._first_seen[pid]
-            self._scanned.discard(pid)
+        self.scan.forget_exited()
         # A thread that exited inside a synchronisation never returns from it: drop it, or
         # its process would count as synchronising (GPU busy) for good.
         syncs = self.bpf["syncs"]

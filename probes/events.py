@@ -647,6 +647,26 @@ class AllocCall(Event):
 
 
 # ---------------------------------------------------------------------------------------
+# python_gc: CPython cyclic-GC collections (USDT markers or uprobes on the collector).
+
+
+@event_kind("python.gc")
+@dataclass(frozen=True, slots=True)
+class GcPause(Event):
+    """Thread `tid` ran one collection of CPython's cyclic garbage collector from ts_ns for
+    dur_ns (streamed when at least the probe's `pause` threshold). generation: 0-2 (-1: the
+    build does not say); collected: objects it freed (-1 unknown; with the uprobe fallback,
+    collected plus uncollectable)."""
+
+    dur_ns: int
+    tid: int
+    tgid: int
+    cpu: int
+    generation: int
+    collected: int = -1
+
+
+# ---------------------------------------------------------------------------------------
 # GPU side: NVML samples and libcuda API calls.
 
 

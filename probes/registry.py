@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from gpujitter.probes.base import Probe
 
-PROBE_MODULES = ("sched", "cstate", "irq", "faults", "malloc", "cuda")
+PROBE_MODULES = ("sched", "cstate", "irq", "faults", "malloc", "cuda", "python_gc")
 
 TRACEFS = Path("/sys/kernel/tracing")
 
@@ -32,10 +32,11 @@ def tracepoint_exists(target: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class Hook:
     """One kernel attachment point. kind: tracepoint ("sched:sched_switch"), perf_event
-    ("software:page-faults-maj") or uprobe ("libc:malloc"). An optional hook only narrows
-    what the probe reports (its `degrades` text says how) when it is missing."""
+    ("software:page-faults-maj"), uprobe ("libc:malloc") or usdt ("python:gc__start": a
+    marker of the runtime the watched processes run). An optional hook only narrows what
+    the probe reports (its `degrades` text says how) when it is missing."""
 
-    kind: Literal["tracepoint", "perf_event", "uprobe"]
+    kind: Literal["tracepoint", "perf_event", "uprobe", "usdt"]
     target: str
     optional: bool = False
 

@@ -13,7 +13,9 @@ stall (time stolen from a spinning loop, wake-up lateness).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes as ct
+import gc
 import mmap
 import multiprocessing
 import os
@@ -503,6 +505,61 @@ class Loader(Injector):
             self.worker.join()
 
 
+class GcCollections(Injector):
+    """Full CPython GC collections in the step: set-up builds a heap of long-lived
+    containers big enough that one full collection takes about GC_SHARE of the stall (at
+    least GC_MIN_NS: the collector traverses all of it); each stall then drops a little
+    cyclic garbage and collects generation 2, again until the deadline, as a job that calls
+    gc.collect() in its step. The truth is the collections' time as gc.callbacks see it in
+    this process (the probe watches from outside)."""
+
+    name = "gc"
+    GC_SHARE = 0.45
+    GC_MIN_NS = 10_000_000
+    CHUNK = 20_000  # containers added to the heap per calibration round
+    MAX_CONTAINERS = 20_000_000  # ~2 GB of lists: a slower machine gets shorter collections
+    CYCLES = 2_000  # cyclic garbage dropped before each collection
+
+    def __init__(self, lib: ct.CDLL, stall_ns: int, params: dict[str, Any]) -> None:
+        super().__init__(lib, stall_ns, params)
+        self.heap: list[list[Any]] = []
+        self._gc_ns = 0
+        self._t0 = 0
+        self._full = 0  # generation-2 collections (the garbage also sets off young ones)
+
+    def _timer(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.monotonic_ns()
+        else:
+            self._gc_ns += time.monotonic_ns() - self._t0
+            self._full += info["generation"] == 2
+
+    def setup(self) -> dict[str, Any]:
+        target = max(self.GC_MIN_NS, round(self.stall_ns * self.GC_SHARE))
+        full_ns = 0
+        while full_ns < target and len(self.heap) < self.MAX_CONTAINERS:
+            self.heap += [[{}] for _ in range(self.CHUNK)]
+            t0 = time.monotonic_ns()
+            gc.collect()
+            full_ns = time.monotonic_ns() - t0
+        gc.callbacks.append(self._timer)
+        return {"heap_containers": 2 * len(self.heap), "full_collection_ns": full_ns}
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        self._gc_ns = self._full = 0
+        while time.monotonic_ns() < deadline_ns:
+            for _ in range(self.CYCLES):
+                cycle: list[Any] = []
+                cycle.append(cycle)
+            del cycle
+            gc.collect(2)
+        return {"cause_ns": self._gc_ns, "full_collections": self._full}
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._timer)
+
+
 INJECTORS: dict[str, type[Injector]] = {
     cls.name: cls
     for cls in (
@@ -521,5 +578,6 @@ INJECTORS: dict[str, type[Injector]] = {
         SwapIns,
         AllocatorStall,
         Loader,
+        GcCollections,
     )
 }

@@ -290,6 +290,8 @@ SCENARIOS: dict[str, Scenario] = {
                  "idle_wake", "the wake-ups' lateness", ("cstate",), _cstate),
         Scenario("malloc", "munmap of large touched blocks in the critical path",
                  "alloc_stall", "the stall", ("malloc",)),
+        Scenario("gc", "full CPython GC collections over a large heap in the step",
+                 "gc_pause", "the collections (gc.callbacks)", ("python_gc",)),
         Scenario("compute", "a CPU-bound host step", "host_work", "the stall", ("sched",)),
         Scenario("loader", "a data-loader worker process computes the batch the feeder waits for",
                  "host_work", "the worker's compute time", ("sched",), _loader),

@@ -20,6 +20,7 @@ from gpujitter.daemon.records import (
     AllocEvidence,
     Evidence,
     FaultEvidence,
+    GcEvidence,
     IdleEvidence,
     IoEvidence,
     IrqEvidence,
@@ -465,6 +466,56 @@ class Blocked(Cause):
         return remedies.blocked_hint(top.syscall, top.state)
 
 
+class GcPause(Cause):
+    """On-CPU time of a thread inside a CPython GC collection: carved out of what would be
+    host work (or remote on-CPU time), after IRQs, faults and allocator calls inside the
+    collection took theirs. With on-CPU windows (sched probe) it takes the thread's on-CPU
+    share of the segment and leaves the rest unexplained, as host work would; without
+    them the collection's exact interval is all there is, and it takes the segment."""
+
+    name = "gc_pause"
+    label = "Python GC pause"
+    colour = "#87875f"
+
+    def claim(
+        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+    ) -> int:
+        spans = seg.active["gc"]
+        if not spans or seg.off is not None:
+            return 0
+        take = remaining
+        if seg.active["nodetime"]:
+            take = 0
+            split = oncpu_split(seg, remaining, ctx)
+            for i, (node, cpu, ns) in enumerate(split):
+                got = min(ns, remaining - take)
+                split[i] = (node, cpu, ns - got)  # what stays for the on-CPU causes
+                take += got
+        ctx.add(self.name, seg.tl.tid, spans[0], take)
+        return take
+
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        out = []
+        for group in _group(items, lambda s: s.event.generation):
+            events = {id(span): span.event for _, span, _ in group}.values()
+            collected = [e.collected for e in events]
+            out.append(
+                GcEvidence(
+                    generation=group[0][1].event.generation,
+                    count=len(events),
+                    ns=_ns(group),
+                    dur_ns=sum(e.dur_ns for e in events),
+                    collected=-1 if min(collected) < 0 else sum(collected),
+                )
+            )
+        return _largest_first(out, lambda e: e.generation)
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        top = part.evidence[0]
+        assert isinstance(top, GcEvidence)
+        return remedies.gc_pause(top)
+
+
 def oncpu_split(seg: Segment, remaining: int, ctx: Divider) -> list[tuple[int, int, int]]:
     """The segment's on-CPU time as (node, cpu, ns): the per-node on-CPU windows' uniform
     share, less what IRQs and faults already took (they ran on CPU too). The node is the
@@ -610,6 +661,7 @@ CAUSE_ORDER: tuple[Cause, ...] = (
     AllocStall(),
     IoWait(),
     Blocked(),
+    GcPause(),
     RemoteOnCpu(),
     HostWork(),
     Unexplained(),

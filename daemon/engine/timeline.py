@@ -21,6 +21,7 @@ from gpujitter.probes.events import (
     AllocSyscall,
     CudaCall,
     Event,
+    GcPause,
     IdleWake,
     IrqStolen,
     MajorFault,
@@ -33,7 +34,7 @@ from gpujitter.probes.events import (
 # Span kinds, one list each per timeline. Windowed kinds (irq, minor, nodetime) are in-kernel
 # aggregates whose time is spread over their window; the others are exact intervals, and
 # migration holds points.
-KINDS = ("offcpu", "swap", "major", "irq", "minor", "idle", "alloc", "nodetime", "cuda")
+KINDS = ("offcpu", "swap", "major", "irq", "minor", "idle", "alloc", "gc", "nodetime", "cuda")
 POINT_KINDS = ("migration",)
 
 
@@ -92,6 +93,12 @@ SPAN_RULES: dict[type[Event], SpanRule] = {
     ),
     AllocSyscall: SpanRule(lambda e: "alloc", lambda e: _bounds(e, e.dur_ns), _at),
     AllocCall: SpanRule(lambda e: "alloc", lambda e: _bounds(e, e.dur_ns), _at),
+    # The probe reads the CPU as the collection ends.
+    GcPause: SpanRule(
+        lambda e: "gc",
+        lambda e: _bounds(e, e.dur_ns),
+        lambda e: ((e.ts_ns + e.dur_ns, e.cpu, e.cpu),),
+    ),
     NodeTime: SpanRule(lambda e: "nodetime", lambda e: _bounds(e, e.interval_ns)),
     Migration: SpanRule(
         lambda e: "migration",

@@ -25,6 +25,7 @@ from gpujitter.daemon.records import (
     Attribution,
     Evidence,
     FaultEvidence,
+    GcEvidence,
     IdleEvidence,
     IoEvidence,
     IrqEvidence,
@@ -92,6 +93,14 @@ def test_malloc_munmaps_are_allocator_stalls() -> None:
     assert_meets_targets(r)
     for found, stall in zip(evidence(r, "alloc_stall", AllocEvidence), r.stalls, strict=True):
         assert [(e.call, e.count) for e in found] == [("munmap", stall["munmaps"])], rows(r)
+
+
+def test_gc_collections_are_gc_pauses_with_their_generation() -> None:
+    r = drill("gc")
+    assert_meets_targets(r)
+    assert r.score.stalls and all(s.truth_ns >= 10 * MS for s in r.score.stalls), rows(r)
+    for found, stall in zip(evidence(r, "gc_pause", GcEvidence), r.stalls, strict=True):
+        assert [(e.generation, e.count) for e in found] == [(2, stall["full_collections"])], rows(r)
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable
 
+from gpujitter.daemon.records import Attribution, Evidence, GpuGap, TaskEvidence
 from gpujitter.probes import registry
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
-from gpujitter.tui.decode import Attribution, Gap
 from gpujitter.tui.sources.embedded import EmbeddedSource
 from gpujitter.tui.views.breakdown import GapScreen
 from gpujitter.tui.views.gaps import GapsTable
@@ -80,7 +80,7 @@ def test_a_drill_beside_it_shows_the_drills_gaps_and_their_cause() -> None:
             assert drill.returncode in (0, 1), out  # 1: a target of its own score missed
             stalls = [(s["t0_ns"], s["t1_ns"]) for s in json.loads(out)["loop"]["stalls"]]
 
-            def stall_gaps() -> list[tuple[Gap, Attribution]]:
+            def stall_gaps() -> list[tuple[GpuGap, Attribution]]:
                 return [
                     (gap, a)
                     for gap, a in app.model.gaps_newest_first()
@@ -100,13 +100,17 @@ def test_a_drill_beside_it_shows_the_drills_gaps_and_their_cause() -> None:
             rows = table_rows(table)
             assert sum("run-queue" in r for r in rows) >= 3, rows
             # A wait names its longest holder: outside load can outlast the hog in one.
-            hog = [g for g, a in stall_gaps() if any("gj-drill-hog" in e for e in a.top.evidence)]
+            hog = [g for g, a in stall_gaps() if names_hog(a.top.evidence)]
             assert hog, [a.top for _, a in stall_gaps()]
             assert table.select_gap(hog[0].gap_id)
             await pilot.press("enter")
             await until(pilot, lambda: isinstance(app.screen, GapScreen), "the breakdown")
             top = app.screen.attribution.top  # type: ignore[attr-defined]
             assert top.cause == "runq_wait", top
-            assert any("gj-drill-hog" in e for e in top.evidence), top.evidence
+            assert names_hog(top.evidence), top.evidence
 
     asyncio.run(scenario())
+
+
+def names_hog(evidence: tuple[Evidence, ...]) -> bool:
+    return any(isinstance(e, TaskEvidence) and e.comm == "gj-drill-hog" for e in evidence)

@@ -16,6 +16,7 @@ from gpujitter.daemon.doctor import DoctorEnv, Result, can_profile, hook_problem
 from gpujitter.probes import registry
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import Nvml, NvmlUnavailable, open_nvml
+from gpujitter.probes.python_gc import interpreter_hooks, node_interpreter
 from gpujitter.probes.registry import Hook
 from tests.nvml_replay import ReplayBackend
 from tests.unit.conftest import MakeTree
@@ -225,6 +226,28 @@ def test_hook_checks(host_tree: MakeTree, tmp_path: Path) -> None:
     )
     no_uprobes = env_of(HostPaths.under(tmp_path))
     assert "no uprobe support" in hook_problem(no_uprobes, Hook("uprobe", "libc:malloc"))  # type: ignore[operator]
+
+
+NODE_PYTHON = node_interpreter()
+
+
+@pytest.mark.skipif(
+    interpreter_hooks(NODE_PYTHON).via != "usdt", reason=f"{NODE_PYTHON} has no GC markers"
+)
+def test_usdt_markers_are_judged_in_the_nodes_interpreter(host_tree: MakeTree) -> None:
+    env = env_of(host_tree("dev-vm"))
+    assert hook_problem(env, Hook("usdt", "python:gc__start")) is None
+    # A kernel whose uprobes cannot raise a semaphore: the guarded markers never fire.
+    old = host_tree("dev-vm", files={"sys/devices/uprobe/format/ref_ctr_offset": None})
+    assert hook_problem(env_of(old), Hook("usdt", "python:gc__start")) == (
+        f"cannot attach in {NODE_PYTHON}: no GC probe for this interpreter: its markers need "
+        "a USDT semaphore, which this kernel cannot raise (no uprobe ref_ctr_offset)"
+    )
+
+
+def test_usdt_markers_without_uprobes(tmp_path: Path) -> None:
+    problem = hook_problem(env_of(HostPaths.under(tmp_path)), Hook("usdt", "python:gc__start"))
+    assert problem == "cannot attach: this kernel has no uprobe support (CONFIG_UPROBE_EVENTS)"
 
 
 def test_unused_hooks_are_information(host_tree: MakeTree) -> None:

@@ -14,6 +14,7 @@ from gpujitter.daemon.gaps import UNKNOWN_GPU
 from gpujitter.daemon.records import (
     AllocEvidence,
     FaultEvidence,
+    GcEvidence,
     IdleEvidence,
     IrqEvidence,
     MigrationEvidence,
@@ -254,6 +255,32 @@ def test_allocator_uprobe_call_stall():
     assert evidence(attr, "alloc_stall") == (
         AllocEvidence(call="malloc", allocator="glibc", count=1, ns=30 * MS, bytes=64 << 20),
     )
+
+
+def test_gc_collection_is_carved_out_of_host_work():
+    attr = Stream().gc(105, 12).gc(125, 8, generation=0).ran(0, 1000).gap(100, 140).one()
+    assert parts_ms(attr) == {"host_work": 20, "gc_pause": 20}
+    assert evidence(attr, "gc_pause") == (
+        GcEvidence(generation=2, count=1, ns=12 * MS, dur_ns=12 * MS, collected=1000),
+        GcEvidence(generation=0, count=1, ns=8 * MS, dur_ns=8 * MS, collected=1000),
+    )
+    assert f"gc_pause: {remedies.gc_pause(evidence(attr, 'gc_pause')[0])}" in attr.remedies
+
+
+def test_gc_takes_only_the_on_cpu_time_inside_a_collection():
+    # Preempted 5 ms inside the collection: that is the hog's; of the thread's on-CPU time
+    # (half of the rest) the collection's share is GC, the other half unexplained, as
+    # host work would leave it.
+    s = Stream().gc(100, 20)
+    s.offcpu(105, 110, runnable=105, state="preempted", other=9, other_comm="hog")
+    attr = s.ran(0, 1000, share=0.5).gap(100, 140).one()
+    assert parts_ms(attr) == {"gc_pause": 7.5, "runq_wait": 5, "host_work": 10, "unexplained": 17.5}
+
+
+def test_irq_inside_a_collection_is_the_irq():
+    s = Stream().gc(100, 20).irq(100, 120, 36, "nvme0q1", count=10, total=5)
+    attr = s.ran(0, 1000).gap(100, 140).one()
+    assert parts_ms(attr) == {"host_work": 20, "gc_pause": 15, "irq": 5}
 
 
 def test_blocked_otherwise_carries_the_syscall():

@@ -20,6 +20,7 @@ from gpujitter.daemon.records import (
     AllocEvidence,
     Evidence,
     FaultEvidence,
+    GcEvidence,
     IdleEvidence,
     IoEvidence,
     IrqEvidence,
@@ -184,6 +185,16 @@ CASES = {
     "reads from a disk on another node": Case(
         "io_wait", IoEvidence("259:0", "nvme0n1", 1, "read", "read", 3, 20 * MS, 1 << 20), JOB,
         lambda line: "prefetch_factor" in line and "nvme0n1 is on NUMA node 1" in line,
+    ),
+    # A full collection is scheduled, not tuned away; a young one is tuned.
+    "full collections in the step": Case(
+        "gc_pause", GcEvidence(2, 3, 40 * MS, 45 * MS), JOB,
+        lambda line: "gc.freeze()" in line and "gc.collect(2)" in line
+        and "set_threshold" not in line,
+    ),
+    "young collections in the step": Case(
+        "gc_pause", GcEvidence(0, 40, 20 * MS, 20 * MS), JOB,
+        lambda line: "gc.set_threshold" in line and "gc.collect(2)" not in line,
     ),
     "host work": Case(
         "host_work", irq("softirq", 3, "NET_RX"), JOB,  # evidence unused

@@ -1,0 +1,76 @@
+"""Finding the files watched processes map, for probes that attach per file (libcuda, the
+Python interpreter): which processes to look at now, and when one is done with.
+
+Uprobes are per file, so one attachment serves every process that maps it; only a file not
+seen before costs anything. A process is looked at every second until it has mapped what the
+probe wants (frameworks load libcuda at their first CUDA call); with every process watched,
+only during the first `late_load_ns` after it appeared, and processes already running at
+start once: rescanning every process of a busy node for a minute would cost more than the
+probe itself.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+LATE_LOAD_NS = 60_000_000_000
+
+
+def watched_pids(bpf: Any) -> list[int] | None:
+    """Watched process ids from the core's shared maps; None when every process is watched."""
+    config = bpf["gj_config"]
+    if int(config[config.Key(0)].value) & 1:
+        return None
+    return [k.value for k in bpf["gj_watched"]]
+
+
+def file_key(path: str) -> tuple[int, int] | None:
+    """(device, inode) of a file: one attachment per file, whatever path reached it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def all_pids() -> list[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != os.getpid()]
+
+
+class MappedScan:
+    """Which processes to look at; call `due` each scan, `done` for a process found to map
+    what was wanted, `forget_exited` once a second."""
+
+    def __init__(self, late_load_ns: int = LATE_LOAD_NS) -> None:
+        self.late_load_ns = late_load_ns
+        self.scanned: set[int] = set()  # processes done with: found, or too old
+        self._first_seen: dict[int, int] = {}
+        self._started = False  # past the first scan
+
+    def due(self, watched: list[int] | None, now_ns: int) -> list[int]:
+        """The processes to look at in this scan (watched: None for every process). A
+        process looked at now and not marked done is given up when every process is watched
+        and it is older than late_load_ns."""
+        pids = all_pids() if watched is None else watched
+        out = []
+        for pid in pids:
+            if pid in self.scanned:
+                continue
+            first = self._first_seen.setdefault(pid, now_ns if self._started else 0)
+            out.append(pid)
+            if watched is None and now_ns - first > self.late_load_ns:
+                self.scanned.add(pid)
+        self._started = True
+        return out
+
+    def done(self, pid: int) -> None:
+        self.scanned.add(pid)
+
+    def forget_exited(self) -> list[int]:
+        """Drop processes that exited (a reused pid is looked at afresh); returns them."""
+        gone = [p for p in self._first_seen if not os.path.exists(f"/proc/{p}")]
+        for pid in gone:
+            del self._first_seen[pid]
+            self.scanned.discard(pid)
+        return gone

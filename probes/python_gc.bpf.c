@@ -1,0 +1,183 @@
+/* python_gc: CPython cyclic-GC collections of watched threads, from the interpreter's USDT
+ * markers python:gc__start (arg: generation) and python:gc__done (arg: objects collected),
+ * or, in a build without them, a uprobe and uretprobe on its collector function.
+ *
+ * Each collection is timed per thread in the kernel: those of THRESHOLD_PAUSE_NS or more are
+ * streamed, the others land in a log2 histogram per generation. Collections count per
+ * generation. Cost: two uprobe hits per collection (a USDT marker is a nop, emulated without
+ * single-stepping), none between collections.
+ *
+ * Interpreters: one slot per distinct interpreter file (MAX_INTERPRETERS), each with its own
+ * entry programs, so that a program knows where that build keeps the markers' arguments
+ * (interp_args[slot], written by python_gc.py from the stapsdt note).
+ */
+#include "gpujitter.h"
+
+#define GENERATIONS 3 /* histogram/count slot GENERATIONS: generation unknown */
+#define LOG2_SLOTS 65
+
+/* Where a marker's argument lives, from its stapsdt spec ("-4@112(%rsp)", "-8@%r12").
+ * reg: index into the register list below (REG_NONE: the spec is a constant, `off`). */
+#define REG_NONE 255
+struct gc_arg {
+    s64 off;      /* displacement from the register (deref) or the constant */
+    u8 reg;
+    u8 deref;     /* the value is in memory at reg + off */
+    u8 size;      /* bytes: 1, 2, 4, 8 */
+    u8 is_signed;
+    u8 valid;     /* 0: the build gives no usable location; the value reads as -1 */
+    u8 pad[3];
+};
+struct gc_args {
+    struct gc_arg generation;
+    struct gc_arg collected;
+};
+BPF_ARRAY(interp_args, struct gc_args, MAX_INTERPRETERS);
+
+struct gc_running {
+    u64 ts_ns;
+    s32 generation;
+    u32 pad;
+};
+BPF_HASH(running, u32, struct gc_running, GJ_MAX_THREADS);
+
+struct gc_event {
+    u64 ts_ns;
+    u64 dur_ns;
+    s64 collected;
+    u32 tid;
+    u32 tgid;
+    u32 cpu;
+    s32 generation;
+};
+BPF_RINGBUF_OUTPUT(gc_events, 8);
+
+/* key: generation slot * LOG2_SLOTS + log2(ns): collections below the threshold */
+BPF_PERCPU_ARRAY(short_log2, u64, (GENERATIONS + 1) * LOG2_SLOTS);
+/* collections per generation slot, all durations */
+BPF_PERCPU_ARRAY(collections, u64, GENERATIONS + 1);
+
+/* The x86-64 registers a stapsdt spec names, in the order of REGISTERS in python_gc.py.
+ * Read from a copy of the registers: a switch on ctx's own fields compiles into arithmetic on
+ * the ctx pointer, which the verifier refuses. */
+static __always_inline u64 reg_value(struct pt_regs *regs, u8 reg)
+{
+    switch (reg) {
+    case 0: return regs->ax;
+    case 1: return regs->bx;
+    case 2: return regs->cx;
+    case 3: return regs->dx;
+    case 4: return regs->si;
+    case 5: return regs->di;
+    case 6: return regs->bp;
+    case 7: return regs->sp;
+    case 8: return regs->r8;
+    case 9: return regs->r9;
+    case 10: return regs->r10;
+    case 11: return regs->r11;
+    case 12: return regs->r12;
+    case 13: return regs->r13;
+    case 14: return regs->r14;
+    case 15: return regs->r15;
+    case 16: return regs->ip;
+    }
+    return 0;
+}
+
+static __always_inline s64 read_arg(struct pt_regs *ctx, struct gc_arg *a)
+{
+    if (!a->valid)
+        return -1;
+    struct pt_regs regs = {};
+    if (a->reg != REG_NONE && bpf_probe_read_kernel(&regs, sizeof(regs), ctx))
+        return -1;
+    u64 raw = 0;
+    if (a->reg == REG_NONE) {
+        raw = a->off;
+    } else if (a->deref) {
+        /* 8 bytes whatever the size (truncated below): a constant size for the verifier */
+        u64 where = reg_value(&regs, a->reg) + a->off;
+        if (bpf_probe_read_user(&raw, sizeof(raw), (void *)where))
+            return -1;
+    } else {
+        raw = reg_value(&regs, a->reg);
+    }
+    switch (a->size) {
+    case 1: return a->is_signed ? (s64)(s8)raw : (s64)(u8)raw;
+    case 2: return a->is_signed ? (s64)(s16)raw : (s64)(u16)raw;
+    case 4: return a->is_signed ? (s64)(s32)raw : (s64)(u32)raw;
+    }
+    return (s64)raw;
+}
+
+static __always_inline int begin(s64 generation)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!gj_current_watched_cached(id))
+        return 0;
+    u32 tid = (u32)id;
+    struct gc_running r = {.ts_ns = bpf_ktime_get_ns(), .generation = (s32)generation};
+    running.update(&tid, &r);
+    return 0;
+}
+
+static __always_inline int end(s64 collected)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id;
+    struct gc_running *r = running.lookup(&tid);
+    if (!r)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    u64 dur = now - r->ts_ns;
+    s32 gen = r->generation;
+    u32 slot = gen >= 0 && gen < GENERATIONS ? gen : GENERATIONS;
+    u64 *n = collections.lookup(&slot);
+    if (n)
+        (*n)++;
+    if (dur >= THRESHOLD_PAUSE_NS) {
+        struct gc_event *e = gc_events.ringbuf_reserve(sizeof(*e));
+        if (!e) {
+            gj_count_lost();
+        } else {
+            e->ts_ns = r->ts_ns;
+            e->dur_ns = dur;
+            e->collected = collected;
+            e->tid = tid;
+            e->tgid = id >> 32;
+            e->cpu = bpf_get_smp_processor_id();
+            e->generation = gen;
+            gc_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+        }
+    } else {
+        u32 h = slot * LOG2_SLOTS + bpf_log2l(dur);
+        u64 *c = short_log2.lookup(&h);
+        if (c)
+            (*c)++;
+    }
+    running.delete(&tid);
+    return 0;
+}
+
+static __always_inline int on_marker(struct pt_regs *ctx, u32 interp, bool start)
+{
+    struct gc_args *args = interp_args.lookup(&interp);
+    if (!args)
+        return 0;
+    if (start)
+        return begin(read_arg(ctx, &args->generation));
+    return end(read_arg(ctx, &args->collected));
+}
+
+/* Per interpreter slot, its USDT markers: gc_start_N, gc_done_N. */
+#define GJ_INTERP(i)                                                           \
+    int gc_start_##i(struct pt_regs *ctx) { return on_marker(ctx, i, true); } \
+    int gc_done_##i(struct pt_regs *ctx) { return on_marker(ctx, i, false); }
+GJ_INTERP(0) GJ_INTERP(1) GJ_INTERP(2) GJ_INTERP(3)
+GJ_INTERP(4) GJ_INTERP(5) GJ_INTERP(6) GJ_INTERP(7)
+
+/* A build without the markers: entry to and return from its collector function (the
+ * generation is the second argument of gc_collect_main in CPython 3.8-3.12, the return
+ * value the objects collected and uncollectable). */
+int gc_enter(struct pt_regs *ctx) { return begin((s32)PT_REGS_PARM2(ctx)); }
+int gc_leave(struct pt_regs *ctx) { return end((s64)PT_REGS_RC(ctx)); }

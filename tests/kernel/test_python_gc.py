@@ -1,0 +1,117 @@
+"""python_gc probe on this kernel, for real: a Python process runs full collections over a
+large heap, timed from inside by gc.callbacks, and many short young ones; the probe must
+report each full collection with its generation and duration, count the short ones in its
+histogram, and ignore a process it does not watch. Interpreters: this venv's python
+(Debian's python3.11 through a symlink: USDT markers whose semaphores the probe must raise
+by itself) and, where installed, a pyenv build (no markers; its libpython keeps the
+gc_collect_main symbol: the uprobe fallback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpujitter.probes.events import GcPause, Log2Hist
+from gpujitter.probes.python_gc import interpreter_hooks
+from gpujitter.probes.watch import WatchSpec
+from tests.kernel.conftest import Recorded, run_probes
+
+MS = 1_000_000
+PYENV = Path("/root/.pyenv/versions/3.11.7/bin/python3.11")
+INTERPRETERS = {"usdt": Path(sys.executable), "symbol": PYENV}
+
+# The child: a heap of long-lived containers (a full collection traverses all of it), then on
+# "go" FULL explicit full collections and young ones from cyclic garbage; it prints what
+# gc.callbacks timed (CLOCK_MONOTONIC ns) for every collection.
+CHILD = """
+import gc, json, sys, time
+heap = [[{} for _ in range(10)] for _ in range(40_000)]
+seen = []
+def timer(phase, info):
+    if phase == "start":
+        timer.t0 = time.monotonic_ns()
+    else:
+        seen.append((timer.t0, time.monotonic_ns(), info["generation"]))
+gc.callbacks.append(timer)
+print("ready", flush=True)
+sys.stdin.readline()
+for _ in range(FULL):
+    for _ in range(20_000):
+        a = []; a.append(a)
+    gc.collect()
+    time.sleep(0.05)
+print(json.dumps(seen), flush=True)
+"""
+
+
+def gc_child(full: int, python: Path = INTERPRETERS["usdt"]) -> subprocess.Popen[str]:
+    child = subprocess.Popen(
+        [str(python), "-c", CHILD.replace("FULL", str(full))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdout.readline() == "ready\n"
+    return child
+
+
+def finish(child: subprocess.Popen[str]) -> list[tuple[int, int, int]]:
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    seen = json.loads(child.stdout.readline())
+    assert child.wait(timeout=60) == 0
+    return [tuple(s) for s in seen]  # type: ignore[misc]
+
+
+def probed_via(python: Path) -> str:
+    """How the probe will reach the collector of `python` (its libpython's, if it has one)."""
+    files = [python.resolve(), *python.resolve().parent.parent.glob("lib/libpython3*.so.1.0")]
+    ways = {interpreter_hooks(f).via for f in files if f.exists()}
+    return next((w for w in ("usdt", "symbol") if w in ways), "none")
+
+
+@pytest.mark.parametrize("via", list(INTERPRETERS))
+def test_full_collections_are_reported_with_generation_and_duration(via: str) -> None:
+    python = INTERPRETERS[via]
+    if not python.exists() or probed_via(python) != via:
+        pytest.skip(f"{python}: no interpreter probed via {via} here")
+    child = gc_child(full=6, python=python)
+    truth: list[tuple[int, int, int]] = []
+    rec: Recorded = run_probes(
+        ["python_gc"],
+        lambda: truth.extend(finish(child)),
+        watch=WatchSpec(pids={child.pid}),
+        settle_s=1.2,
+    )
+    status = rec.status("python_gc")
+    assert status.state == "running" and f"probed via {via}" in status.reason, status.reason
+    assert "no GC probe" not in status.reason  # a launcher linked to libpython is no interpreter
+    full = [(t0, t1) for t0, t1, gen in truth if gen == 2 and t1 - t0 >= 2 * MS]
+    assert len(full) == 6, truth
+    pauses = rec.of(GcPause, tgid=child.pid, generation=2)
+    for t0, t1 in full:
+        # gc.callbacks wrap the markers: the probe's collection lies inside, almost all of it.
+        inside = [p for p in pauses if t0 <= p.ts_ns and p.ts_ns + p.dur_ns <= t1]
+        assert len(inside) == 1, (t0, t1, pauses)
+        assert 0.8 * (t1 - t0) <= inside[0].dur_ns <= t1 - t0
+        assert inside[0].tid == child.pid and inside[0].collected >= 0
+    young = [h for h in rec.of(Log2Hist, probe="python_gc") if h.name == "gc.gen0"]
+    assert sum(n for _, n in (b for h in young for b in h.buckets)) > 0
+
+
+def test_a_process_not_watched_is_not_reported() -> None:
+    if probed_via(INTERPRETERS["usdt"]) != "usdt":
+        pytest.skip("this venv's python has no GC markers")
+    child = gc_child(full=3)
+    rec = run_probes(
+        ["python_gc"],
+        lambda: finish(child),
+        watch=WatchSpec(pids={1}),
+        settle_s=1.2,
+    )
+    assert rec.of(GcPause, tgid=child.pid) == []

@@ -1,0 +1,106 @@
+"""Where the python_gc probe puts its hooks: stapsdt argument specs read into register
+locations, interpreter files told apart in a process's maps, and a file without markers or
+collector symbol reported as having no GC probe (never an error)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpujitter.probes.python_gc import (
+    INTERPRETER,
+    NO_GC_PROBE,
+    REG_NONE,
+    REGISTERS,
+    MarkerArg,
+    interpreter_hooks,
+    parse_arg,
+)
+
+
+@pytest.mark.parametrize(
+    ("spec", "want"),
+    [
+        ("-4@112(%rsp)", MarkerArg(4, True, REGISTERS.index("sp"), True, 112)),
+        ("-8@%r12", MarkerArg(8, True, REGISTERS.index("r12"), False, 0)),
+        ("4@%r12d", MarkerArg(4, False, REGISTERS.index("r12"), False, 0)),
+        ("-4@%eax", MarkerArg(4, True, REGISTERS.index("ax"), False, 0)),
+        ("8@-0x18(%rbp)", MarkerArg(8, False, REGISTERS.index("bp"), True, -0x18)),
+        ("-4@$2", MarkerArg(4, True, REG_NONE, False, 2)),
+        ("1@%dil", MarkerArg(1, False, REGISTERS.index("di"), False, 0)),
+    ],
+)
+def test_stapsdt_argument_specs(spec: str, want: MarkerArg) -> None:
+    assert parse_arg(spec) == want
+
+
+@pytest.mark.parametrize("spec", ["8@(%rax,%rbx,8)", "-4@%fs:8", "8@sym", "3@%rax", ""])
+def test_forms_it_cannot_read_give_no_location(spec: str) -> None:
+    assert parse_arg(spec) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "interpreter"),
+    [("python3.11", True), ("python3", True), ("python3.12d", True),
+     ("libpython3.11.so.1.0", True), ("libpython3.12.so", True),
+     ("python3.11-config", False), ("libc.so.6", False), ("pythonista", False)],
+)  # fmt: skip
+def test_interpreter_files_by_name(name: str, interpreter: bool) -> None:
+    assert bool(INTERPRETER.match(name)) is interpreter
+
+
+def test_a_program_without_a_collector_is_a_launcher_not_an_interpreter() -> None:
+    # python3.X linked against libpython holds no collector (the library does): it is not
+    # reported as an interpreter without a GC probe.
+    assert interpreter_hooks("/bin/true").via == "launcher"
+
+
+def test_a_file_that_is_not_elf_has_no_gc_probe(tmp_path: Path) -> None:
+    path = tmp_path / "python3.11"
+    path.write_text("#!/bin/sh\n")
+    assert interpreter_hooks(path).via == "none"
+
+
+DEBIAN_PYTHON = Path("/usr/bin/python3.11")
+
+
+@pytest.mark.skipif(not DEBIAN_PYTHON.exists(), reason="Debian's python3.11 is not here")
+def test_debian_python_has_both_markers_with_semaphores() -> None:
+    hooks = interpreter_hooks(DEBIAN_PYTHON)
+    assert hooks.via == "usdt"
+    assert hooks.start is not None and hooks.done is not None
+    assert hooks.start.semaphore and hooks.done.semaphore
+    assert hooks.start.arg is not None and hooks.done.arg is not None
+    # Without a kernel that raises semaphores, the guarded markers are of no use.
+    assert interpreter_hooks(DEBIAN_PYTHON, ref_ctr=False).via == "none"
+
+
+@pytest.mark.skipif(
+    not DEBIAN_PYTHON.exists() or shutil.which("objcopy") is None,
+    reason="needs Debian's python3.11 and objcopy",
+)
+def test_an_interpreter_built_without_markers_and_stripped_has_no_gc_probe(
+    tmp_path: Path,
+) -> None:
+    # What python.org-style builds are: the collector is there (PyGC_Collect exported), but
+    # no marker and no gc_collect_main symbol to probe it by.
+    bare = tmp_path / "python3.11"
+    subprocess.run(
+        ["objcopy", "--remove-section", ".note.stapsdt", str(DEBIAN_PYTHON), str(bare)],
+        check=True,
+    )
+    hooks = interpreter_hooks(bare)
+    assert hooks.via == "none" and hooks.why.startswith(NO_GC_PROBE)
+
+
+@pytest.mark.skipif(not DEBIAN_PYTHON.exists(), reason="Debian's python3.11 is not here")
+def test_a_truncated_interpreter_file_has_no_gc_probe_and_raises_nothing(tmp_path: Path) -> None:
+    # A file being replaced under a running process (an upgrade) can be cut short: its
+    # header claims sections past its end.
+    cut = tmp_path / "python3.11"
+    cut.write_bytes(DEBIAN_PYTHON.read_bytes()[:4096])
+    hooks = interpreter_hooks(cut)
+    assert hooks.via == "none" and hooks.why.startswith(NO_GC_PROBE)
