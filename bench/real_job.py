@@ -282,11 +282,19 @@ def clean_window(
 def scenario_score(
     spec: dict[str, Any], stalls: list[dict[str, Any]], end_ns: int, attrs: list[Attribution]
 ) -> dict[str, Any]:
-    result = score(spec["cause"], [Stall.from_record(s) for s in stalls], attrs,
+    """A scenario's score over [its start, end_ns]. end_ns is when the job began taking the
+    injector down (killing the hog, swapoff, leaving the memory cgroup) on its training
+    thread: the gap that holds it is the harness's own stall, not a false gap, and is
+    counted apart (teardown_gaps)."""
+    teardown = [a for a in attrs if a.ts_ns <= end_ns <= a.end_ns]
+    kept = [a for a in attrs if a not in teardown]
+    result = score(spec["cause"], [Stall.from_record(s) for s in stalls], kept,
                    (spec["start_ns"], end_ns)).to_record()  # fmt: skip
     return {"scenario": spec["name"], "truth": spec["truth"], "where": spec["where"],
             "stall_ms": spec["stall_ms"], "notes": spec.get("notes", []),
-            **result, "loop": {"stalls": stalls}}  # fmt: skip
+            **result, "teardown_gaps": [{"ms": round(a.dur_ns / 1e6, 1),
+                                         "top_cause": a.top_cause} for a in teardown],
+            "loop": {"stalls": stalls}}  # fmt: skip
 
 
 # -- the run -------------------------------------------------------------------------------

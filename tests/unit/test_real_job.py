@@ -73,9 +73,11 @@ def test_a_scenario_is_scored_as_a_drill_with_its_false_gaps(tmp_path: Path) -> 
         gap(3_000, 3_030.1, blocked=30.1),
         gap(4_000, 4_030.3, host_work=20, blocked=10.3),  # top cause wrong
         gap(4_500, 4_510, host_work=10),  # overlaps no stall: false
+        gap(4_990, 5_110, blocked=120),  # holds the injector's teardown (swapoff): apart
     ])  # fmt: skip
     got = scenario_score(spec, stalls, 5 * S, attributions(log))
     assert (got["found"], got["top_right"], got["false_gaps"]) == (3, 2, 1)
+    assert got["teardown_gaps"] == [{"ms": 120.0, "top_cause": "blocked"}]
     assert got["attributed_ms"] == 69.4 and got["truth_ms"] == 90.0
     assert got["targets"] == {"found_all": True, "no_false_gaps": False, "top_cause": False,
                               "attributed": False, "no_self_inflicted": True}  # fmt: skip
