@@ -184,8 +184,9 @@ COMMAND = Command(
     name="probe",
     summary="stream what the host-jitter probes see, live",
     description="""
-        Attach the named probes (sched, irq, faults, swap, cstate, malloc) and print their
-        events as they arrive: one line each, or NDJSON with --json. With no process chosen,
+        Attach the named probes (all that run by default when none is named; `gpujitter
+        doctor` lists them) and print their events as they arrive: one line each, or NDJSON
+        with --json. With no process chosen,
         every process is watched (thresholds keep the rate down). Ends with a summary per
         probe: state, events delivered, records lost in the kernel and in Python.
     """,
