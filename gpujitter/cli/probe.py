@@ -186,9 +186,9 @@ COMMAND = Command(
     description="""
         Attach the named probes (all that run by default when none is named; `gpujitter
         doctor` lists them) and print their events as they arrive: one line each, or NDJSON
-        with --json. With no process chosen,
-        every process is watched (thresholds keep the rate down). Ends with a summary per
-        probe: state, events delivered, records lost in the kernel and in Python.
+        with --json. With no process chosen, every process is watched (thresholds keep the
+        rate down). Ends with a summary per probe: state, events delivered, records lost in
+        the kernel and in Python.
     """,
     examples="""
         # what the default probes see on this node, for 10 seconds
