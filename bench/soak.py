@@ -191,32 +191,47 @@ class FeedLoop(threading.Thread):
 # -- what the daemon says: sd_notify, the log, the stream ------------------------------
 
 
+# Linux's SO_TIMESTAMPNS (= SCM_TIMESTAMPNS), which Python's socket module does not name.
+SO_TIMESTAMPNS = 35
+
+
 class NotifyListener(threading.Thread):
     """The datagram socket the daemon's sd_notify goes to: READY, WATCHDOG, RELOADING,
-    STOPPING, each stamped with when it arrived and the sender's pid (SO_PASSCRED)."""
+    STOPPING, each stamped with the sender's pid (SO_PASSCRED) and with when the kernel
+    queued it (SO_TIMESTAMPNS), not when this thread got to read it: a listener held up
+    (one of the soak's many threads) must not read as a stalled daemon."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(name="soak-notify", daemon=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(path))
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self.messages: list[tuple[float, int, str]] = []
         self.cond = threading.Condition()
+        # The kernel's stamp is wall time; the soak's clock is monotonic.
+        self.wall_minus_mono = time.time() - now()
 
     def run(self) -> None:
-        size = socket.CMSG_SPACE(12)
+        size = socket.CMSG_SPACE(12) + socket.CMSG_SPACE(16)
         while True:
             try:
                 data, anc, _, _ = self.sock.recvmsg(4096, size)
             except OSError:
                 return
-            pid = 0
+            pid, at = 0, now()
             for level, kind, raw in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
                     pid = int.from_bytes(raw[:4], "little")
+                elif level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
+                    sec, nsec = (
+                        int.from_bytes(raw[:8], "little"),
+                        int.from_bytes(raw[8:16], "little"),
+                    )
+                    at = sec + nsec / 1e9 - self.wall_minus_mono
             with self.cond:
                 for line in data.decode(errors="replace").splitlines():
-                    self.messages.append((now(), pid, line))
+                    self.messages.append((at, pid, line))
                 self.cond.notify_all()
 
     def wait_for(self, pid: int, text: str, timeout_s: float) -> bool:
