@@ -80,6 +80,8 @@ class OwnScheduling:
         self._refused: set[str] = set()
         self._lost = 0
         self._quiet_since = 0
+        # tid -> (policy, nice, CPUs) before the first change: what restore() puts back.
+        self._original: dict[int, tuple[int, int, set[int]]] = {}
 
     def tids(self) -> set[int]:
         try:
@@ -91,6 +93,7 @@ class OwnScheduling:
         tids = self.tids()
         names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         for tid in sorted(tids - self._seen):
+            self._remember(tid)
             p = policy_of(names.get(tid, ""))
             if p.nice == _KEEPS_UP:
                 self._keeping_up.add(tid)
@@ -148,6 +151,26 @@ class OwnScheduling:
             for tid in sorted(self.tids()):
                 self._set_cpus(tid, cpus)
         return cpus
+
+    def restore(self) -> None:
+        """Put every thread this changed back as it was: for a bounded job inside a longer
+        process (a drill run by a test session or a bench), whose later children would
+        otherwise inherit gpujitter's own scheduling (nice 10, batch, off the job's CPUs)."""
+        for tid, (policy, nice, cpus) in self._original.items():
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(tid, policy, os.sched_param(0))
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+                os.sched_setaffinity(tid, cpus)
+        self._original.clear()
+        self._seen.clear()
+
+    def _remember(self, tid: int) -> None:
+        with contextlib.suppress(OSError):
+            self._original[tid] = (
+                os.sched_getscheduler(tid),
+                os.getpriority(os.PRIO_PROCESS, tid),
+                os.sched_getaffinity(tid),
+            )
 
     def _set_policy(self, tid: int, p: ThreadPolicy) -> None:
         self._set_nice(tid, p.nice)

@@ -229,6 +229,7 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
         # Scheduled as the daemon schedules itself, and its threads announced (meta.self),
         # so that a wait of the loop behind the drill's own process is scored self-inflicted.
         own = OwnScheduling()
+        stack.callback(own.restore)  # the caller's later children: not niced, not batch
         _announce(own, events)
         sources = EvidenceSources(
             names,

@@ -132,3 +132,32 @@ def test_policies_are_read_from_stat_with_odd_names(tmp_path: Path) -> None:
     task.mkdir(parents=True)
     (task / "stat").write_text("42 (a) b (c) " + " ".join(fields) + "\n")
     assert thread_policies(tmp_path, 42) == {43: ("batch", 10)}
+
+
+RESTORING = textwrap.dedent(
+    """
+    import json, os, subprocess, sys, time
+    from gpujitter.daemon.own_scheduling import OwnScheduling
+    before = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
+    own = OwnScheduling()
+    own.tend(time.monotonic_ns())
+    during = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
+    own.restore()
+    after = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
+    child = subprocess.run([sys.executable, "-c",
+        "import os; print(os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))"],
+        capture_output=True, text=True, check=True).stdout.split()
+    print(json.dumps({"before": before, "during": during, "after": after,
+                      "child": [int(x) for x in child]}))
+    """
+)
+
+
+def test_a_bounded_job_gives_its_process_back_as_it_was() -> None:
+    """A drill inside a longer process (a test session, a bench) restores the scheduling it
+    gave the process's threads, so that the feeding loops and helpers it starts next do not
+    inherit nice 10 and SCHED_BATCH (they lost 90 % of a shared CPU to a nice-0 task)."""
+    out = json.loads(subprocess.run([sys.executable, "-c", RESTORING], capture_output=True,
+                                    text=True, timeout=60, check=True).stdout)  # fmt: skip
+    assert out["during"] != out["before"]
+    assert out["after"] == out["before"] and out["child"] == out["before"]
