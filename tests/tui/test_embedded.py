@@ -51,8 +51,10 @@ def test_embedded_mode_shows_live_cpu_idle_and_probe_health() -> None:
             rows = app.model.cpu_rows()
             assert sorted(r.cpu for r in rows) == topo.cpus
             # Without the cstate probe, idle time comes from /proc/stat (or cpuidle sysfs):
-            # every CPU's shares add up to at most its window.
-            assert all(r.idle and sum(share for _, share in r.idle) <= 1.05 for r in rows)
+            # every CPU's shares add up to at most its window, and some CPU idled (one kept
+            # busy by other work, a hog, has no idle time to show).
+            assert all(sum(share for _, share in r.idle) <= 1.05 for r in rows)
+            assert any(r.idle for r in rows)
             assert app.query_one("#cpus-table", DataTable).row_count == len(topo.cpus)
 
     asyncio.run(scenario())
