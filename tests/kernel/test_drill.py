@@ -8,6 +8,7 @@ what the drill does measure instead."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from gpujitter.probes import registry
 
 GPUJITTER = Path(sys.executable).with_name("gpujitter")
 MS = 1_000_000
+TICK_NS = 4 * MS  # Debian's kernels tick at 250 Hz
 CI: dict[str, Any] = {"duration_s": 4.0, "stalls": 3, "stall_ms": 25.0}
 
 
@@ -54,6 +56,9 @@ def rows(r: DrillResult) -> str:
         for s in r.score.stalls
     ]
     lines += [f"  false gap {g.ts_ns}..{g.end_ns} {g.parts}" for g in r.score.false_gaps]
+    if r.score.self_inflicted:
+        lines.append(f"  self-inflicted: {r.score.self_inflicted} gaps, "
+                     f"{r.score.self_inflicted_ns / 1e6:.2f} ms")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -211,9 +216,20 @@ def test_attached_to_a_loop_already_busy() -> None:
 
 
 def test_migration_to_a_remote_node() -> None:
+    """Where the machine has a CPU that is neither the feeder's nor the remote one, the
+    daemon keeps to it and every target holds. On two CPUs it has none: the feeder, moved
+    onto the CPU gpujitter's main thread keeps to, can wait behind it until the next
+    scheduler tick (a migrated task has no sleeper's credit to preempt with). That wait is
+    real and must be reported as gpujitter's own, no longer than a tick per gap, while
+    every other target holds (docs/accuracy.md)."""
     r = drill("migrate")
     assert r.topology_override is not None
-    assert_meets_targets(r)
+    if len(os.sched_getaffinity(0)) > 2:
+        assert_meets_targets(r)
+    else:
+        missed = [t for t, met in r.score.targets.items() if not met and t != "no_self_inflicted"]
+        assert r.score.stalls and not missed, rows(r)
+        assert r.score.self_inflicted_ns <= r.score.self_inflicted * TICK_NS, rows(r)
     for nodes in evidence(r, "remote_oncpu", NodeEvidence):
         assert [n.node for n in nodes] == [1], rows(r)
     for moves in evidence(r, "remote_oncpu", MigrationEvidence):
