@@ -5,8 +5,12 @@
  * the last activity (a launch entry, or a synchronisation return: the queue it waited for had
  * drained); a launch that comes after a quiet stretch of THRESHOLD_QUIET_NS or more is
  * streamed with the stretch's length, and a synchronisation blocked THRESHOLD_SYNC_NS or more
- * is streamed with its duration. While a synchronisation is in progress in the process the
- * GPU is busy, so launches from other threads then are never "after quiet".
+ * is streamed with its duration and the stretch before its entry. A synchronisation that ends
+ * a quiet stretch begun by enqueued work (not by another sync's return) is streamed however
+ * soon it returns: a thread kept off its CPU before it reached the sync finds the queue
+ * drained and returns at once, and only the stretch says how long the GPU may have idled.
+ * While a synchronisation is in progress in the process the GPU is busy, so launches and
+ * syncs from other threads then are never "after quiet".
  *
  * Cost: one uprobe trap per traced call (~0.7 us on the GPU VM) plus this program; syncs add a
  * uretprobe. Function ids and their roles come from cuda.py as -D flags (GJ_ROLE_<id>).
@@ -27,16 +31,20 @@ BPF_HASH(procs, u32, struct proc_state, GJ_MAX_WATCHED);
 
 struct sync_entry {
     u64 ts_ns;
-    u32 depth;     /* a traced sync that calls another one is one synchronisation */
+    u64 after_idle_ns; /* the process's quiet stretch before the entry; 0: unknown */
+    u32 depth;         /* a traced sync that calls another one is one synchronisation */
     u32 tgid;
+    u32 prev_tid;      /* the activity that began that stretch */
     u16 func;
+    u16 prev_func;
+    u8 prev_role;
 };
 BPF_HASH(syncs, u32, struct sync_entry, GJ_MAX_THREADS);
 
 struct cuda_event {
     u64 ts_ns;
     u64 dur_ns;         /* syncs: time blocked */
-    u64 after_idle_ns;  /* launches: quiet stretch before this one */
+    u64 after_idle_ns;  /* quiet stretch before this call (syncs: before their entry) */
     u32 tid;
     u32 tgid;
     u32 prev_tid;
@@ -62,7 +70,7 @@ static __always_inline struct proc_state *proc_of(u32 tgid)
 }
 
 static __always_inline void emit(u64 ts, u64 dur, u64 idle, u32 tid, u32 tgid, u16 func,
-                                 u8 role, struct proc_state *p)
+                                 u8 role, u32 prev_tid, u16 prev_func, u8 prev_role)
 {
     struct cuda_event *e = cuda_events.ringbuf_reserve(sizeof(*e));
     if (!e) {
@@ -74,12 +82,12 @@ static __always_inline void emit(u64 ts, u64 dur, u64 idle, u32 tid, u32 tgid, u
     e->after_idle_ns = idle;
     e->tid = tid;
     e->tgid = tgid;
-    e->prev_tid = p->last_tid;
+    e->prev_tid = prev_tid;
     e->cpu = bpf_get_smp_processor_id();
     e->func = func;
-    e->prev_func = p->last_func;
+    e->prev_func = prev_func;
     e->role = role;
-    e->prev_role = p->last_role;
+    e->prev_role = prev_role;
     cuda_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
@@ -92,7 +100,8 @@ static __always_inline void activity(u64 now, u32 tid, u32 tgid, u16 func, u8 ro
     if (p->last_ns && p->syncing <= 0) {
         u64 quiet = now - p->last_ns;
         if (quiet >= THRESHOLD_QUIET_NS)
-            emit(now, 0, quiet, tid, tgid, func, role, p);
+            emit(now, 0, quiet, tid, tgid, func, role, p->last_tid, p->last_func,
+                 p->last_role);
     }
     p->last_ns = now;
     p->last_tid = tid;
@@ -108,10 +117,17 @@ static __always_inline void sync_begin(u64 now, u32 tid, u32 tgid, u16 func)
         return;
     }
     struct sync_entry fresh = {.ts_ns = now, .depth = 1, .tgid = tgid, .func = func};
-    syncs.update(&tid, &fresh);
     struct proc_state *p = proc_of(tgid);
-    if (p)
+    if (p) {
+        if (p->last_ns && p->syncing <= 0) {
+            fresh.after_idle_ns = now - p->last_ns;
+            fresh.prev_tid = p->last_tid;
+            fresh.prev_func = p->last_func;
+            fresh.prev_role = p->last_role;
+        }
         __sync_fetch_and_add(&p->syncing, 1);
+    }
+    syncs.update(&tid, &fresh);
 }
 
 static __always_inline int on_enter(u16 func, u8 role)
@@ -143,15 +159,19 @@ static __always_inline int on_return(void)
     if (--s->depth > 0)
         return 0;
     u64 now = bpf_ktime_get_ns();
-    u64 start = s->ts_ns;
-    u16 func = s->func;
+    struct sync_entry done = *s;
     syncs.delete(&tid);
     struct proc_state *p = procs.lookup(&tgid);
     if (!p)
         return 0;
     __sync_fetch_and_add(&p->syncing, -1);
-    if (now - start >= THRESHOLD_SYNC_NS)
-        emit(start, now - start, 0, tid, tgid, func, ROLE_SYNC, p);
+    u16 func = done.func;
+    /* Blocked long enough, or the end of a quiet stretch in which work was queued (one
+     * begun at a sync's return had nothing left to run: the next launch reports it). */
+    bool late = done.after_idle_ns >= THRESHOLD_QUIET_NS && done.prev_role != ROLE_SYNC;
+    if (now - done.ts_ns >= THRESHOLD_SYNC_NS || late)
+        emit(done.ts_ns, now - done.ts_ns, done.after_idle_ns, tid, tgid, func, ROLE_SYNC,
+             done.prev_tid, done.prev_func, done.prev_role);
     p->last_ns = now;
     p->last_tid = tid;
     p->last_func = func;

@@ -4,7 +4,9 @@ Traced: kernel launches (plain, Ex, cooperative, host functions), graph launches
 and memsets, synchronous copies, and stream/event/context synchronisation (entry and return),
 each in every variant the driver exports (_v2, per-thread-stream _ptsz/_ptds). The kernel
 keeps per-process state and streams only what gap detection needs (cuda.bpf.c): the first
-launch after a quiet stretch of `quiet` or more, and synchronisations blocked `sync` or more.
+launch after a quiet stretch of `quiet` or more, synchronisations blocked `sync` or more, and
+a synchronisation that ends a quiet stretch of `quiet` or more in which work was queued,
+however soon it returns (its thread was kept from reaching it while the GPU drained).
 
 Where: the system's libcuda (ldconfig's and the usual driver folders) from the start, and any
 other libcuda a watched process maps (/proc/PID/maps, through /proc/PID/root for containers),

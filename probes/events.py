@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from gpujitter.probes.workload import Workload
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 6
+SCHEMA_MINOR = 7
 
 _KINDS: dict[str, type[Event]] = {}
 _FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> field names
@@ -716,7 +716,10 @@ class CudaCall(Event):
     reported as the first one after a quiet stretch: `after_idle_ns` since the process's
     previous activity, which was `prev_api` by thread `prev_tid` ("launch", "copy", "graph":
     work was enqueued then; "sync": a synchronisation returned then, so the queue it waited
-    for had drained). Synchronisations are reported with their duration (time blocked)."""
+    for had drained). Synchronisations are reported with their duration (time blocked) when
+    they blocked long enough, or however short when they end a quiet stretch begun by
+    enqueued work (schema 1.7); `after_idle_ns` and `prev_*` then describe the stretch
+    before the sync's entry (0: unknown, e.g. another thread was inside a sync)."""
 
     dur_ns: int
     tid: int

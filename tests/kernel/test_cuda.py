@@ -162,3 +162,32 @@ def test_unwatched_processes_are_filtered_in_the_kernel(stub: Path) -> None:
     )
     assert rec.of(CudaCall, tgid=child.pid) == []
     assert rec.status("cuda").state == "running"  # attached to the stub, filtered the calls
+
+
+def test_a_sync_that_ends_a_quiet_stretch_is_reported_however_soon_it_returns(stub: Path) -> None:
+    # Issue 11 (H200, `sync`): the thread queued work, was kept off its CPU before it reached
+    # the sync, and the sync then returned at once. Here: 5 ms of work queued, a 40 ms host
+    # pause, a sync that finds the queue drained (reported: it ends the stretch); another
+    # pause and sync (not reported: that stretch began at a sync's return, nothing queued);
+    # then a sync that blocks on 30 ms of work, reported with the short stretch before it.
+    schedule = [
+        ["call", "cuLaunchKernel", 5_000, 1],
+        ["pause", 40],
+        ["call", "cuCtxSynchronize_v2", 0, 1],
+        ["pause", 40],
+        ["call", "cuStreamSynchronize", 0, 1],
+        ["call", "cuLaunchKernel", 30_000, 1],
+        ["call", "cuStreamSynchronize", 0, 1],
+    ]
+    child, rec = trace(stub, schedule)
+    truth = child.truth  # type: ignore[attr-defined]
+    pause = truth[1]
+    late, blocked = [e for e in rec.of(CudaCall, tgid=child.pid) if e.api == "sync"]
+    assert late.func == "cuCtxSynchronize_v2" and late.dur_ns < 10 * MS  # under `sync`
+    assert (late.prev_api, late.prev_tid) == ("launch", child.pid)
+    assert pause["t0"] - SLACK_NS <= late.ts_ns - late.after_idle_ns <= pause["t0"]
+    assert pause["t1"] <= late.ts_ns <= pause["t1"] + SLACK_NS
+    assert blocked.func == "cuStreamSynchronize" and blocked.dur_ns >= 20 * MS
+    assert blocked.prev_api == "launch" and 0 < blocked.after_idle_ns < SLACK_NS
+    assert quiet_launches(rec.events, child.pid) == []  # the launch followed a sync's return
+    assert rec.status("cuda").lost_kernel == 0
