@@ -18,6 +18,10 @@ Evidence, finest first (docs/gpu.md):
   as it ran again: a sync that spun on found the GPU still busy). Power against a proven
   floor places it; without one, the thread's own clean syncs do (`baseline`): the drain
   came about as long after the sync's start as it usually does, give or take their spread.
+  A thread preempted before it reached its sync, with work queued, finds the queue drained
+  and its sync returns at once (the tracer reports such a sync, with the quiet stretch
+  before it): the drain came about as long after the stretch's start (the last enqueue) as
+  it usually does after the last enqueue before a clean sync.
 - power (GpuSample "power", 20 ms on the H200): samples near the GPU's idle floor, once
   that floor is known from evidence: power samples inside a utilisation window that read 0 %,
   or a floor such evidence gave an earlier run (`idle_floors`). Until then power says nothing:
@@ -90,12 +94,18 @@ class GapConfig:
     # fraction of the power seen during the process's clean syncs (GPU busy): an H200
     # under load dips to ~0.7 of its busy level, idles at ~0.2.
     power_drop_fraction: float = 0.5
+    # A sync that returned within this of its entry did not wait: the queue had drained
+    # (the driver's check and the uprobes' own cost). Only such a sync, reached late by a
+    # thread that waited on the run queue after its last enqueue, is placed by the
+    # "last enqueue to drain" baseline; one that waited longer found the GPU still busy.
+    drained_return_ns: int = 50_000
 
     def __post_init__(self) -> None:
         # A trace header carries these (report replays with them): refuse what the detector
         # cannot work with, e.g. a run of idle samples of length 0, which it indexes.
         for name in ("min_gap_ns", "settle_ns", "feeder_window_ns", "cuda_resolution_ns",
-                     "busy_sync_ns", "history_ns", "spin_return_ns"):  # fmt: skip
+                     "busy_sync_ns", "history_ns", "spin_return_ns",
+                     "drained_return_ns"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise GpujitterError(f"gaps: {name} must not be negative")
         if self.power_min_samples < 1:
@@ -144,15 +154,19 @@ class _Sync:
     start: int
     end: int
     func: str = ""
+    # The process's last enqueue (launch, copy) before the sync's entry, when the stretch
+    # from it to the entry was quiet and known (schema 1.7); 0: unknown.
+    queued: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class _Starved:
     """Where the GPU went idle inside a sync whose thread waited on the run queue."""
 
-    start: int  # the wake-up (drained), or the last preemption's start (spinning)
+    start: int  # the wake-up (drained), the last preemption's start (spinning), the drain
     drained: bool
-    estimate: tuple[int, int] | None = None  # spinning: (drain, resolution) by the baseline
+    # spinning, reached late: (drain, resolution) by the baseline
+    estimate: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -199,6 +213,9 @@ class GapDetector:
         # Syncs with no run-queue wait inside, by (tid, func) and (tid, ""), and by tgid.
         self.clean: dict[tuple[int, str], deque[_Sync]] = {}
         self.clean_spans: dict[int, deque[_Sync]] = {}
+        # Clean syncs that waited, with the last enqueue before them, by thread: how long
+        # after its last enqueue the GPU drains.
+        self.clean_queued: dict[int, deque[_Sync]] = {}
         self._swept_ns = 0
 
     def gpu(self, index: int) -> _GpuState:
@@ -245,10 +262,13 @@ class GapDetector:
     def _on_cuda(self, ev: CudaCall) -> None:
         self.last_call[ev.tgid] = max(self.last_call.get(ev.tgid, 0), ev.ts_ns + ev.dur_ns)
         if ev.api == "sync":
-            sync = _Sync(ev.tgid, ev.tid, ev.ts_ns, ev.ts_ns + ev.dur_ns, ev.func)
+            queued = ev.after_idle_ns > 0 and ev.prev_api not in ("", "sync")
+            sync = _Sync(ev.tgid, ev.tid, ev.ts_ns, ev.ts_ns + ev.dur_ns, ev.func,
+                         ev.ts_ns - ev.after_idle_ns if queued else 0)  # fmt: skip
             if ev.dur_ns >= self.config.busy_sync_ns:
                 self._remember_busy(sync)
-            if ev.dur_ns >= self.config.cuda_resolution_ns:
+            late = queued and sync.end - sync.queued >= self.config.min_gap_ns
+            if ev.dur_ns >= self.config.cuda_resolution_ns or late:
                 self.syncs.append(sync)
             return
         if ev.after_idle_ns <= 0:
@@ -290,6 +310,7 @@ class GapDetector:
                 del table[tgid]
         _drop_stale(self.clean, horizon)  # the spinning syncs' baselines
         _drop_stale(self.clean_spans, horizon)
+        _drop_stale(self.clean_queued, horizon)
         for tid in [t for t, kept in self.offcpu.items() if kept[-1].end_ns < horizon]:
             del self.offcpu[tid]
 
@@ -362,33 +383,70 @@ class GapDetector:
             return None
         return _Starved(last.ts_ns, drained=False, estimate=self._baseline_drain(sync, last))
 
+    def _typical(self, lengths: Iterable[int]) -> tuple[int, int]:
+        """The median of a baseline's lengths and their spread: the larger distance from the
+        median to the 10th or 90th percentile, at least the host side's resolution."""
+        ranked = sorted(lengths)
+        n = len(ranked)
+        low, typical, high = ranked[n // 10], ranked[n // 2], ranked[(9 * n) // 10]
+        return typical, max(high - typical, typical - low, self.config.cuda_resolution_ns)
+
     def _baseline_drain(self, sync: _Sync, last: OffCpu) -> tuple[int, int] | None:
         """The drain inside preemption `last` of a spinning sync, by the thread's clean
         syncs: as long after the sync's start as their median, within the preemption, give
-        or take their spread (the larger distance from the median to the 10th or 90th
-        percentile). None with too few of them, or when the thread still polled a busy GPU
-        (the preemption's start) past what they span: this sync's work was not the usual."""
+        or take their spread. None with too few of them, or when the thread still polled a
+        busy GPU (the preemption's start) past what they span: this sync's work was not the
+        usual."""
         cfg = self.config
         clean = self.clean.get((sync.tid, sync.func), ())
         if len(clean) < cfg.baseline_min_syncs:
             clean = self.clean.get((sync.tid, ""), ())
         if len(clean) < cfg.baseline_min_syncs:
             return None
-        ranked = sorted(c.end - c.start for c in clean)
-        n = len(ranked)
-        low, typical, high = ranked[n // 10], ranked[n // 2], ranked[(9 * n) // 10]
-        spread = max(high - typical, typical - low, cfg.cuda_resolution_ns)
+        typical, spread = self._typical(c.end - c.start for c in clean)
         if last.ts_ns - sync.start > typical + spread:
             return None
         return min(max(last.ts_ns, sync.start + typical), last.end_ns), spread
 
+    def _reached_late(self, sync: _Sync) -> _Starved | None:
+        """A sync that returned at once (the queue had drained) after a quiet stretch that
+        began at an enqueue, in which its thread waited on the run queue: the GPU drained
+        about as long after that enqueue as it does before the thread's clean syncs, give or
+        take their spread, and idled from there while the thread waited. None when the
+        sync waited (the GPU still busy at its entry), with too few clean syncs, when they
+        place the drain at or after the entry, or when the thread was runnable for less than
+        half of the drain to the return (it ran: its own host work, not a starved sync)."""
+        cfg = self.config
+        if not sync.queued or sync.end - sync.start > cfg.drained_return_ns:
+            return None
+        clean = self.clean_queued.get(sync.tid, ())
+        if len(clean) < cfg.baseline_min_syncs:
+            return None
+        typical, spread = self._typical(c.end - c.queued for c in clean)
+        drain = sync.queued + typical
+        if drain >= sync.start:
+            return None
+        runnable = sum(
+            min(o.end_ns, sync.start) - max(o.runnable_ns, drain)
+            for o in self.offcpu.get(sync.tid, ())
+            if o.ts_ns >= sync.queued and o.end_ns > drain and o.runnable_ns < sync.start
+        )
+        if 2 * runnable < sync.end - drain:
+            return None
+        return _Starved(drain, drained=False, estimate=(drain, spread))
+
     def _remember_clean(self, sync: _Sync) -> None:
-        """A sync its thread spent spinning or blocked, never runnable: how long the GPU
-        took to drain after it was called, for this function and for the thread."""
+        """A sync its thread spent spinning or blocked, never runnable, and that waited (a
+        shorter one may have found the queue drained): how long the GPU took to drain after
+        it was called, for this function and for the thread, and after the last enqueue."""
+        if sync.end - sync.start < self.config.busy_sync_ns:
+            return
         keep = self.config.baseline_syncs
         for key in ((sync.tid, sync.func), (sync.tid, "")):
             self.clean.setdefault(key, deque(maxlen=keep)).append(sync)
         self.clean_spans.setdefault(sync.tgid, deque(maxlen=keep)).append(sync)
+        if sync.queued:
+            self.clean_queued.setdefault(sync.tid, deque(maxlen=keep)).append(sync)
 
     def _on_sample(self, ev: GpuSample) -> None:
         st = self.gpu(ev.gpu)
@@ -496,10 +554,9 @@ class GapDetector:
         while self.syncs and (force or self.now_ns >= self.syncs[0].end + settle):
             sync = self.syncs.popleft()
             inside = self._runq_inside(sync)
+            found = self._starved_from(sync, inside) if inside else self._reached_late(sync)
             if not inside:
                 self._remember_clean(sync)
-                continue
-            found = self._starved_from(sync, inside)
             if found is None:
                 continue
             start, drained = found.start, found.drained
