@@ -9,10 +9,10 @@ and the next launch the host takes microseconds, so the GPU never idles by itsel
 stall time it was given, right after a synchronisation (the GPU's queue is empty), the
 feeding thread runs the scenario's injection (injectors.py) until the stall's deadline, and
 the GPU sits idle until it launches again; or, for an injection that lands inside the
-synchronisation (sync-contention, sync-spin: stub only), the stall runs from the moment the
-simulated queue drains to the synchronisation's return. With `prefeed` the loop feeds from
-the start, before the go line (the daemon attaches to a GPU already busy), and the window it
-reports begins there.
+synchronisation or just before it (sync-contention, sync-spin, sync-late: stub only), the
+stall runs from the moment the simulated queue drains to the synchronisation's return.
+With `prefeed` the loop feeds from the start, before the go line (the daemon attaches to a
+GPU already busy), and the window it reports begins there.
 
 Protocol, one JSON object per line on stdout: {"ready": {...}} once set up; then it waits
 for a line on stdin; {"stall": {...}} as each stall ends (t0_ns..t1_ns, CLOCK_MONOTONIC, as
@@ -154,8 +154,9 @@ def stall(injector: Injector, index: int, stall_ns: int) -> dict[str, Any]:
 
 
 def stall_in_sync(injector: Injector, gpu: StubGpu, index: int, stall_ns: int) -> dict[str, Any]:
-    """The injection lands while the thread waits in the synchronisation: the GPU is idle
-    from the moment its queue drains until the synchronisation returns."""
+    """The injection lands while the thread waits in the synchronisation (or on its way
+    there): the GPU is idle from the moment its queue drains until the synchronisation
+    returns."""
     drained = gpu.drains_at_ns()
     facts = injector.inject(drained + stall_ns)
     gpu.sync()

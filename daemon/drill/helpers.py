@@ -8,7 +8,8 @@ each stall's deadline (8 bytes, CLOCK_MONOTONIC ns):
         the deadline) or nice (nice -20 where real-time is refused: the feeder still gets
         about 1 % of the CPU, in the scheduler's slices). With SPAN_MS it sleeps until
         SPAN_MS before each deadline first (sync-contention: it lands while the feeder
-        waits in a synchronisation).
+        waits in a synchronisation); without, it spins from the feeder's wake-up (contention,
+        sync-late).
     python -m gpujitter.daemon.drill.helpers io FD FILE THREADS CPUS
         page-sized O_DIRECT reads of FILE from THREADS threads on CPUS (a list, away from
         the feeder) until each deadline: the disk's interrupts land wherever its IRQ is

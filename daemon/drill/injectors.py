@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 PAGE = mmap.PAGESIZE
 MB = 1 << 20
 SPIN_LOST_NS = 1_000  # a step between two clock reads longer than this is time lost
+PREEMPTED_NS = 1_000_000  # ... and this much longer: the thread was switched out
 PR_SET_TIMERSLACK = 29
 PR_SET_NAME = 15
 BATCH_TIMEOUT_S = 30  # beyond the stall itself: the loader's worker is gone
@@ -165,6 +166,23 @@ class SyncSpin(SyncContention):
     stub's spinning mode): it is preempted, not woken, and sees the drain once it runs."""
 
     name = "sync-spin"
+
+
+class SyncLate(SyncContention):
+    """The hog, woken once the step's work is queued and before the synchronisation is
+    called (as the H200 real job's was): it preempts the feeding thread outside any CUDA
+    call, at once where it runs SCHED_FIFO, else at the scheduler's next chance, which the
+    thread waits for here (on the CPU, bounded by the deadline). When the thread runs again
+    the queue has drained and its synchronisation returns at once."""
+
+    name = "sync-late"
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        facts = super().inject(deadline_ns)
+        before = time.monotonic_ns()
+        while (now := time.monotonic_ns()) < deadline_ns and now - before < PREEMPTED_NS:
+            before = now
+        return facts
 
 
 class Irq(Trigger):
@@ -570,6 +588,7 @@ INJECTORS: dict[str, type[Injector]] = {
         Contention,
         SyncContention,
         SyncSpin,
+        SyncLate,
         Irq,
         IdleWakeups,
         MinorFaultStorm,

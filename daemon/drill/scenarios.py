@@ -176,14 +176,21 @@ def _contention(stage: Stage) -> None:
 SYNC_HOG_LEAD_MS = 3.0
 
 
-def _hog_in_sync(stage: Stage, name: str, waits: str) -> None:
+def _stub_hog(stage: Stage, name: str, *span_ms: str) -> str:
+    """The hog of the drills whose truth is the stub's drain (stub backend only), on the
+    feeder's CPU; its policy."""
     if stage.backend != "stub":
         raise GpujitterError(
             f"the {name} drill needs --backend stub: the truth is when the GPU's "
             "queue drains, which only the stub libcuda knows"
         )
     policy = "fifo" if system.realtime_allowed() else "nice"
-    stage.helper("hog", str(stage.feeder_cpu), policy, str(stage.stall_ms + SYNC_HOG_LEAD_MS))
+    stage.helper("hog", str(stage.feeder_cpu), policy, *span_ms)
+    return policy
+
+
+def _hog_in_sync(stage: Stage, name: str, waits: str) -> None:
+    policy = _stub_hog(stage, name, str(stage.stall_ms + SYNC_HOG_LEAD_MS))
     stage.notes.append(
         f"{name}: a {policy} hog on CPU {stage.feeder_cpu}, the feeder's, from "
         f"{SYNC_HOG_LEAD_MS:g} ms before the queue drains while the feeder {waits} in "
@@ -199,6 +206,18 @@ def _sync_spin(stage: Stage) -> None:
     # The stub's synchronisation spins (CUDA's default): no wake-up marks the drain.
     stage.params["stub_sync"] = "spin"
     _hog_in_sync(stage, "sync-spin", "spins")
+
+
+def _sync_late(stage: Stage) -> None:
+    # The H200 real job's miss: the hog, woken just before the sync is called, preempts the
+    # thread outside any CUDA call with the step's work queued; PyTorch's sync spins.
+    stage.params["stub_sync"] = "spin"
+    policy = _stub_hog(stage, "sync-late")
+    stage.notes.append(
+        f"sync-late: a {policy} hog on CPU {stage.feeder_cpu}, the feeder's, woken by the "
+        "feeder once the step's work is queued, before it calls cuStreamSynchronize (the "
+        "stub's spinning mode), until the stall's end: the sync, reached then, returns at once"
+    )
 
 
 def _irq(stage: Stage) -> None:
@@ -286,6 +305,8 @@ SCENARIOS: dict[str, Scenario] = {
                  "runq_wait", "drain to the sync's return", ("sched",), _sync_contention),
         Scenario("sync-spin", "a hog preempts the feeding thread spinning in a sync",
                  "runq_wait", "drain to the sync's return", ("sched",), _sync_spin),
+        Scenario("sync-late", "a hog preempts the feeding thread before it reaches its sync",
+                 "runq_wait", "drain to the sync's return", ("sched",), _sync_late),
         Scenario("cstate", "short sleeps that wake the feeding thread onto an idle CPU",
                  "idle_wake", "the wake-ups' lateness", ("cstate",), _cstate),
         Scenario("malloc", "munmap of large touched blocks in the critical path",

@@ -34,7 +34,9 @@ from gpujitter.daemon.records import (
     NodeEvidence,
     TaskEvidence,
 )
+from gpujitter.daemon.trace import TraceReader
 from gpujitter.probes import registry
+from gpujitter.probes.events import CudaCall
 
 GPUJITTER = Path(sys.executable).with_name("gpujitter")
 MS = 1_000_000
@@ -205,6 +207,27 @@ def test_a_hog_preempting_a_spinning_synchronisation() -> None:
         assert "baseline" in a.sources and a.confidence < 0.8, rows(r)
         drain = max(t for t in drains if t < a.end_ns)
         assert a.ts_ns >= drain - a.resolution_ns - 200_000, rows(r)
+
+
+def test_a_hog_preempting_the_thread_before_it_reaches_its_synchronisation(
+    tmp_path: Path,
+) -> None:
+    """The H200 real job's miss (issue 11): with its step's work queued, the feeder wakes the
+    hog, which preempts it before it calls cuStreamSynchronize (the stub's spinning mode);
+    the sync, reached after the drain, returns at once. The probe reports that sync with
+    the quiet stretch before it, and the feeder's clean syncs ("last launch to drain")
+    place the drain: `baseline` gaps below 0.8, within their resolution of the drain."""
+    r = drill("sync-late", keep_trace=tmp_path / "late.gjtrace")
+    drains = [t["t0_ns"] for t in r.stalls]
+    for a in runq_in_sync(r):
+        assert "baseline" in a.sources and a.confidence < 0.8, rows(r)
+        drain = max(t for t in drains if t < a.end_ns)
+        assert abs(a.ts_ns - drain) <= a.resolution_ns + 200_000, rows(r)
+    with TraceReader(tmp_path / "late.gjtrace") as trace:
+        syncs = [e for e in trace if isinstance(e, CudaCall) and e.api == "sync"]
+    for stall in r.stalls:  # each stall ends at a sync that returned at once, after quiet
+        (late,) = [e for e in syncs if stall["t0_ns"] < e.ts_ns < stall["t1_ns"]]
+        assert late.dur_ns < MS and late.ts_ns - late.after_idle_ns < stall["t0_ns"], rows(r)
 
 
 def test_attached_to_a_loop_already_busy() -> None:
