@@ -94,11 +94,14 @@ class GapConfig:
     # fraction of the power seen during the process's clean syncs (GPU busy): an H200
     # under load dips to ~0.7 of its busy level, idles at ~0.2.
     power_drop_fraction: float = 0.5
-    # A sync that returned within this of its entry did not wait: the queue had drained
-    # (the driver's check and the uprobes' own cost). Only such a sync, reached late by a
-    # thread that waited on the run queue after its last enqueue, is placed by the
-    # "last enqueue to drain" baseline; one that waited longer found the GPU still busy.
-    drained_return_ns: int = 50_000
+    # A sync that spent at most this in its call, off the run queue, did not wait: the
+    # queue had drained (the driver's check, the uprobes' own ~2 µs, an interrupt; the
+    # stub's first call took 73 µs on the VM). Only such a sync, reached late by a thread
+    # that waited on the run queue after its last enqueue, is placed by the "last enqueue
+    # to drain" baseline; one that waited longer found the GPU still busy. A GPU that did
+    # drain within this of the entry would make such a gap false, but only after running
+    # the whole preemption's length beyond the thread's usual work.
+    drained_return_ns: int = 200_000
 
     def __post_init__(self) -> None:
         # A trace header carries these (report replays with them): refuse what the detector
@@ -157,6 +160,10 @@ class _Sync:
     # The process's last enqueue (launch, copy) before the sync's entry, when the stretch
     # from it to the entry was quiet and known (schema 1.7); 0: unknown.
     queued: int = 0
+
+    @property
+    def dur(self) -> int:
+        return self.end - self.start
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,16 +415,20 @@ class GapDetector:
             return None
         return min(max(last.ts_ns, sync.start + typical), last.end_ns), spread
 
-    def _reached_late(self, sync: _Sync) -> _Starved | None:
+    def _reached_late(self, sync: _Sync, inside: list[OffCpu]) -> _Starved | None:
         """A sync that returned at once (the queue had drained) after a quiet stretch that
         began at an enqueue, in which its thread waited on the run queue: the GPU drained
         about as long after that enqueue as it does before the thread's clean syncs, give or
         take their spread, and idled from there while the thread waited. None when the
         sync waited (the GPU still busy at its entry), with too few clean syncs, when they
         place the drain at or after the entry, or when the thread was runnable for less than
-        half of the drain to the return (it ran: its own host work, not a starved sync)."""
+        half of the drain to the return (it ran: its own host work, not a starved sync). A
+        run-queue wait inside the sync is no wait for the GPU."""
         cfg = self.config
-        if not sync.queued or sync.end - sync.start > cfg.drained_return_ns:
+        if not sync.queued:
+            return None
+        waited = sum(b - a for a, b in self._waiting_parts(sync)) if inside else sync.dur
+        if waited > cfg.drained_return_ns:
             return None
         clean = self.clean_queued.get(sync.tid, ())
         if len(clean) < cfg.baseline_min_syncs:
@@ -427,9 +438,9 @@ class GapDetector:
         if drain >= sync.start:
             return None
         runnable = sum(
-            min(o.end_ns, sync.start) - max(o.runnable_ns, drain)
+            min(o.end_ns, sync.end) - max(o.runnable_ns, drain)
             for o in self.offcpu.get(sync.tid, ())
-            if o.ts_ns >= sync.queued and o.end_ns > drain and o.runnable_ns < sync.start
+            if o.ts_ns >= sync.queued and o.end_ns > drain and o.runnable_ns < sync.end
         )
         if 2 * runnable < sync.end - drain:
             return None
@@ -554,7 +565,9 @@ class GapDetector:
         while self.syncs and (force or self.now_ns >= self.syncs[0].end + settle):
             sync = self.syncs.popleft()
             inside = self._runq_inside(sync)
-            found = self._starved_from(sync, inside) if inside else self._reached_late(sync)
+            found = self._reached_late(sync, inside)
+            if found is None and inside:
+                found = self._starved_from(sync, inside)
             if not inside:
                 self._remember_clean(sync)
             if found is None:

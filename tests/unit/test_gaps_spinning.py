@@ -229,11 +229,16 @@ HOLD_NS = 49 * MS
 
 
 def late_loop(
-    hold_ns: int = HOLD_NS, wait_ns: int = 20_000, queued_ns: int = QUEUED_NS, steps: int = STEPS
+    hold_ns: int = HOLD_NS,
+    wait_ns: int = 20_000,
+    queued_ns: int = QUEUED_NS,
+    steps: int = STEPS,
+    inside_ns: int = 0,
 ) -> tuple[list[Event], dict[str, int]]:
     """`steps` clean steps, then the late one (a sync that waits `wait_ns` after the thread
-    got its CPU back, its step having queued `queued_ns` of GPU work after its last launch),
-    then two clean steps. Returns the events and the late step's truth."""
+    got its CPU back, its step having queued `queued_ns` of GPU work after its last launch;
+    preempted again `inside_ns` inside it), then two clean steps. Returns the events and
+    the late step's truth."""
     jitter = sync_jitter_ns()
     events: list[Event] = []
     t, truth = 0, {}
@@ -244,7 +249,12 @@ def late_loop(
             back = off + hold_ns
             entry = back + 30_000
             drain = last + queued_ns
-            end = entry + max(wait_ns, drain - entry)
+            end = entry + max(wait_ns, drain - entry) + inside_ns
+            if inside_ns:
+                events.append(OffCpu(ts_ns=entry + 5_000, end_ns=entry + 5_000 + inside_ns,
+                                     tid=PID, tgid=PID, cpu=3, cpu_in=3, state="preempted",
+                                     runnable_ns=entry + 5_000, other_tid=HOG,
+                                     other_comm="hog"))  # fmt: skip
             events.append(OffCpu(ts_ns=off, end_ns=back, tid=PID, tgid=PID, cpu=3, cpu_in=3,
                                  state="preempted", runnable_ns=off, other_tid=HOG,
                                  other_comm="hog"))  # fmt: skip
@@ -260,8 +270,11 @@ def late_loop(
     return sorted(events, key=lambda e: e.ts_ns), truth
 
 
-def test_a_sync_reached_after_a_preemption_is_a_gap_from_the_usual_drain() -> None:
-    events, truth = late_loop()
+@pytest.mark.parametrize("inside_ns", [0, MS])
+def test_a_sync_reached_after_a_preemption_is_a_gap_from_the_usual_drain(inside_ns: int) -> None:
+    # Also when the hog preempts the thread once more inside the sync that finds the queue
+    # drained (its run-queue wait there is no wait for the GPU).
+    events, truth = late_loop(wait_ns=150_000, inside_ns=inside_ns)
     (gap,), _ = gaps_and_floors(events)
     # Placed by the thread's clean syncs ("last launch to drain"), at their spread.
     assert 50_000 <= gap.resolution_ns <= MS
@@ -272,7 +285,7 @@ def test_a_sync_reached_after_a_preemption_is_a_gap_from_the_usual_drain() -> No
     (attr,) = [a for a in analyse(events, topology, AnalysisConfig()) if isinstance(a, Attribution)]
     assert attr.top_cause == "runq_wait"
     (runq,) = [p for p in attr.parts if p.cause == "runq_wait"]
-    assert abs(runq.ns - (truth["entry"] - 30_000 - gap.ts_ns)) <= 100_000
+    assert abs(runq.ns - (truth["entry"] - 30_000 - gap.ts_ns + inside_ns)) <= 100_000
     assert [(e.tid, e.comm) for e in runq.evidence if isinstance(e, TaskEvidence)] == [(HOG, "hog")]
 
 
@@ -280,7 +293,8 @@ def test_a_sync_reached_after_a_preemption_is_a_gap_from_the_usual_drain() -> No
     ("late", "why"),
     [
         ({"hold_ns": 49 * MS, "queued_ns": 60 * MS}, "the GPU had 60 ms queued: busy at the entry"),
-        ({"hold_ns": 49 * MS, "wait_ns": 2 * MS}, "the sync waited 2 ms: the GPU was still busy"),
+        ({"wait_ns": 2 * MS}, "the sync waited 2 ms: the GPU was still busy"),
+        ({"wait_ns": 300_000, "inside_ns": MS}, "the sync waited 0.3 ms besides its preemption"),
         ({"hold_ns": 10 * MS}, "the thread ran again before the GPU's usual drain"),
         ({"steps": 8}, "8 clean syncs are too few to know the usual drain"),
     ],
