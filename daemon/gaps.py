@@ -450,7 +450,7 @@ class GapDetector:
         """A sync its thread spent spinning or blocked, never runnable, and that waited (a
         shorter one may have found the queue drained): how long the GPU took to drain after
         it was called, for this function and for the thread, and after the last enqueue."""
-        if sync.end - sync.start < self.config.busy_sync_ns:
+        if sync.dur < self.config.busy_sync_ns:
             return
         keep = self.config.baseline_syncs
         for key in ((sync.tid, sync.func), (sync.tid, "")):
