@@ -15,19 +15,18 @@ which PyTorch makes in every operator call: off by default (docs/probes.md has t
 
 from __future__ import annotations
 
-import os
 import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpujitter.probes.base import BpfProbe, ProbeContext, comm_str
+from gpujitter.probes.base import ProbeContext, comm_str
 from gpujitter.probes.events import Event, GilWait
 from gpujitter.probes.log2 import Log2Map
 from gpujitter.probes.malloc_sites import ElfFile
-from gpujitter.probes.mapped_scan import MappedScan, file_key, watched_pids
-from gpujitter.probes.python_gc import interpreter_files, node_interpreter, section_named
+from gpujitter.probes.mapped_scan import file_key
+from gpujitter.probes.python_gc import InterpreterProbe, node_interpreter, section_named
 from gpujitter.probes.registry import Hook, ProbeSpec
 
 TAKER = "take_gil"
@@ -97,15 +96,13 @@ def acquire_site(path: str | Path) -> AcquireSite:
     return AcquireSite(address + skip, how, skip)
 
 
-class PythonGilProbe(BpfProbe):
+class PythonGilProbe(InterpreterProbe):
     source = "python_gil.bpf.c"
     rings = ("gil_events",)
+    per_thread = ("gil_waiting", "gil_owner")  # the owner's key is a process id
 
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
-        self.scan = MappedScan()
-        # Interpreter files looked at, by (dev, inode): (the path as mapped, how probed).
-        self.interpreters: dict[tuple[int, int], tuple[str, AcquireSite]] = {}
         self._hist: Log2Map | None = None
         self._last_ns = time.monotonic_ns()  # the histogram's last read
 
@@ -113,21 +110,8 @@ class PythonGilProbe(BpfProbe):
         self._hist = Log2Map(self.bpf["short_log2"], ["gil.wait"], self.name)
         self.scan_processes()
 
-    def start(self, ctx: ProbeContext) -> None:
-        super().start(ctx)
-        self._update_state()
-
-    def scan_processes(self) -> None:
-        for pid in self.scan.due(watched_pids(self.bpf), time.monotonic_ns()):
-            files = interpreter_files(pid)
-            for mapped, local in files:
-                self.add_interpreter(mapped, local)
-            if files:
-                self.scan.done(pid)
-        self._update_state()
-
     def add_interpreter(self, mapped: str, local: str) -> AcquireSite | None:
-        """Probe the GIL re-acquisition of the interpreter file at `local` (once per file)."""
+        """Probe the GIL waits of the interpreter file at `local` (once per file)."""
         key = file_key(local)
         if key is None or key in self.interpreters:
             return None
@@ -141,32 +125,20 @@ class PythonGilProbe(BpfProbe):
         self.interpreters[key] = (mapped, site)
         return site
 
-    def _update_state(self) -> None:
-        self.state = "running"
-        self.reason = (
-            "; ".join(
-                f"{os.path.basename(mapped)} ({mapped}): "
-                + (site.why if site.address < 0 else f"probed at {TAKER} (by {site.found})")
-                + (" past endbr64" if site.skip else "")
-                for mapped, site in self.interpreters.values()
-                if not site.launcher
-            )
-            or "no Python interpreter seen in the watched processes yet"
-        )
+    def describe(self, how: Any) -> str | None:
+        if how.launcher:
+            return None
+        if how.address < 0:
+            return str(how.why)
+        return f"probed at {TAKER} (by {how.found})" + (" past endbr64" if how.skip else "")
 
     def sample(self, now_ns: int) -> list[Event]:
-        self.scan_processes()
-        self.scan.forget_exited()
-        for table in ("gil_waiting", "gil_owner"):  # threads inside a wait, processes: gone
-            entries = self.bpf[table]
-            for key in list(entries.keys()):
-                if not os.path.exists(f"/proc/{key.value}"):
-                    del entries[key]
+        self.rescan()
         interval, self._last_ns = now_ns - self._last_ns, now_ns
         return list(self._hist.delta(now_ns, interval)) if self._hist else []
 
     def acquisitions(self) -> int:
-        """GIL re-acquisitions of watched threads seen so far, all durations."""
+        """GIL acquisitions of watched threads seen so far, all durations."""
         table = self.bpf["acquisitions"]
         return int(sum(table[table.Key(0)]))
 
@@ -194,7 +166,7 @@ SPECS = (
         degrades="Python GIL waits are not told apart: they show as blocked (futex)",
         factory=PythonGilProbe,
         thresholds={"wait": 1_000_000},
-        off_reason="two uprobe hits on every GIL re-acquisition (PyTorch takes the GIL back "
-        "after each operator call): ~3 µs each here, too much for a launch-bound loop",
+        off_reason="two uprobe hits on every GIL acquisition (4 µs here), and PyTorch takes "
+        "the GIL back after each operator call: too much for a launch-bound loop",
     ),
 )
