@@ -65,6 +65,40 @@ def ask(proc: subprocess.Popen[str], what: str, n: int) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.readline()))
 
 
+def paired(probe: PythonGilProbe, probed: subprocess.Popen[str], plain: subprocess.Popen[str],
+           what: str, n: int, rounds: int) -> dict[str, Any]:  # fmt: skip
+    """`what` in the probed and the plain process in turn, `rounds` times, the order flipping:
+    CPU and wall ns per iteration each way, and the acquisitions the probed rounds made."""
+    on: dict[str, list[float]] = {"ns": [], "wall_ns": []}
+    off: dict[str, list[float]] = {"ns": [], "wall_ns": []}
+    acquisitions = 0
+    ask(probed, what, max(1, n // 10))  # warm-up
+    ask(plain, what, max(1, n // 10))
+    for r in range(rounds):
+        for proc in (probed, plain) if r % 2 == 0 else (plain, probed):
+            before = probe.acquisitions()
+            reply = ask(proc, what, n)
+            if proc is probed:
+                acquisitions += probe.acquisitions() - before
+            for key in ("ns", "wall_ns"):
+                (on if proc is probed else off)[key].append(reply[key] / n)
+    med = statistics.median
+    return {
+        "iterations_per_round": n,
+        "cpu_ns_per_iteration_off": round(med(off["ns"]), 1),
+        "cpu_ns_per_iteration_on": round(med(on["ns"]), 1),
+        "wall_ns_per_iteration_off": round(med(off["wall_ns"]), 1),
+        "wall_ns_per_iteration_on": round(med(on["wall_ns"]), 1),
+        "wall_ratio_on_off": round(med(on["wall_ns"]) / med(off["wall_ns"]), 4),
+        "probe_cpu_ns_per_iteration": round(
+            med([b - a for a, b in zip(off["ns"], on["ns"], strict=True)]), 1
+        ),
+        "acquisitions_per_iteration": round(acquisitions / (n * rounds), 2),
+        "off_all": off,
+        "on_all": on,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -85,14 +119,7 @@ def main() -> int:
             probes.start()
             probe = next(p for p in probes.probes if isinstance(p, PythonGilProbe))
             assert "probed at take_gil" in probe.reason, probe.reason
-            on: list[float] = []
-            off: list[float] = []
-            ask(probed, "calls", args.calls // 10)  # warm-up
-            ask(plain, "calls", args.calls // 10)
-            for r in range(args.rounds):
-                for proc in (probed, plain) if r % 2 == 0 else (plain, probed):
-                    reply = ask(proc, "calls", args.calls)
-                    (on if proc is probed else off).append(reply["ns"] / args.calls)
+            calls = paired(probe, probed, plain, "calls", args.calls, args.rounds)
             acquisitions_before = probe.acquisitions()
             held = ask(probed, "held", args.held_calls)
             probes.poll()
@@ -102,14 +129,13 @@ def main() -> int:
             proc.stdin.close()
             proc.wait(timeout=30)
     waits = [e for e in events if isinstance(e, GilWait) and e.tgid == probed.pid]
-    diffs = [b - a for a, b in zip(off, on, strict=True)]
-    result = {
+    result: dict[str, Any] = {
         "probe": probe.reason,
-        "calls_per_round": args.calls,
-        "ns_per_call_off": round(statistics.median(off), 1),
-        "ns_per_call_on": round(statistics.median(on), 1),
-        "probe_ns_per_acquisition": round(statistics.median(diffs), 1),
-        "acquisitions_per_s_off": round(1e9 / statistics.median(off)),
+        "calls": calls,
+        "probe_ns_per_acquisition": round(
+            calls["probe_cpu_ns_per_iteration"] / calls["acquisitions_per_iteration"], 1
+        ),
+        "acquisitions_per_s_off": round(1e9 / calls["wall_ns_per_iteration_off"]),
         "held": {
             "calls": args.held_calls,
             "wall_ns": held["wall_ns"],
@@ -118,10 +144,12 @@ def main() -> int:
             "waits_ns": sum(w.dur_ns for w in waits),
             "holders": sorted({w.holder_comm for w in waits}),
         },
-        "off_all": off,
-        "on_all": on,
     }
-    print(json.dumps({k: v for k, v in result.items() if not k.endswith("_all")}, indent=1))
+    brief = {
+        k: {f: x for f, x in v.items() if not f.endswith("_all")} if isinstance(v, dict) else v
+        for k, v in result.items()
+    }
+    print(json.dumps(brief, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     return 0
