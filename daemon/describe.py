@@ -21,6 +21,7 @@ from gpujitter.daemon.records import (
     Evidence,
     FaultEvidence,
     GcEvidence,
+    GilEvidence,
     IdleEvidence,
     IoEvidence,
     IrqEvidence,
@@ -133,6 +134,13 @@ def detail(part: Part, attr: Attribution) -> str:
         gen = f"gen {top.generation}" if top.generation >= 0 else "generation unknown"
         count = sum(g.count for g in gens)
         return f"{gen}, {count} collection{'s' if count != 1 else ''} of {format_ns(top.dur_ns)}"
+    if cause == "gil_wait":
+        holders = _top(part, GilEvidence)
+        if not holders:
+            return ""
+        top = holders[0]
+        who = f"held by {_holder(top)}" if top.holder_tid else "holder unknown"
+        return f"{who}, {sum(h.count for h in holders)}x"
     if cause == "remote_oncpu":
         nodes = _top(part, NodeEvidence)
         gpu = f", GPU on node {attr.gpu_node}" if attr.gpu_node >= 0 else ""
@@ -233,6 +241,16 @@ def _gc_line(e: GcEvidence, _start: int) -> str:
     return f"GC {which}: {_times(e.count, e.ns)}, {format_ns(e.dur_ns)} in all{freed}"
 
 
+def _holder(e: GilEvidence) -> str:
+    doing = f", {e.holder_cause.replace('_', ' ')} there" if e.holder_cause else ""
+    return f"{e.holder_comm or 'thread'} (tid {e.holder_tid}){doing}"
+
+
+def _gil_line(e: GilEvidence, _start: int) -> str:
+    who = _holder(e) if e.holder_tid else "a thread not known"
+    return f"GIL held by {who}: {_times(e.count, e.ns)}, {format_ns(e.dur_ns)} in all"
+
+
 def _node_line(e: NodeEvidence, _start: int) -> str:
     where = "remote" if e.remote else "local"
     return f"on-CPU on node {e.node} ({where}){cpus_text(e.cpus)}: {format_ns(e.ns)}"
@@ -260,6 +278,7 @@ _LINES: dict[type, Any] = {
     FaultEvidence: _fault_line,
     AllocEvidence: _alloc_line,
     GcEvidence: _gc_line,
+    GilEvidence: _gil_line,
     NodeEvidence: _node_line,
     ReasonEvidence: _reason_line,
 }

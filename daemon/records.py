@@ -185,6 +185,23 @@ class GcEvidence:
 
 
 @dataclass(frozen=True, slots=True)
+class GilEvidence:
+    """A feeding thread waiting to take CPython's GIL while thread holder_tid (holder_comm;
+    0: not known) held it: count waits, ns of them inside the gap, dur_ns their whole
+    length; holder_cause: what the holder's own time inside those waits went to most (a
+    cause name, "" when not divided), for holder_cause_ns of it."""
+
+    holder_tid: int
+    holder_comm: str
+    count: int
+    ns: int
+    dur_ns: int
+    holder_cause: str = ""
+    holder_cause_ns: int = 0
+    what: str = "gil"
+
+
+@dataclass(frozen=True, slots=True)
 class NodeEvidence:
     """On-CPU time on one NUMA node (cpus: where it ran, when known)."""
 
@@ -215,6 +232,7 @@ Evidence = (
     | FaultEvidence
     | AllocEvidence
     | GcEvidence
+    | GilEvidence
     | NodeEvidence
     | ReasonEvidence
 )

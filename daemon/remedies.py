@@ -12,6 +12,7 @@ from gpujitter.daemon.records import (
     AllocEvidence,
     FaultEvidence,
     GcEvidence,
+    GilEvidence,
     IdleEvidence,
     IrqEvidence,
     TaskEvidence,
@@ -424,6 +425,23 @@ def gc_pause(top: GcEvidence) -> str:
             "step boundaries"
         )
     return fix
+
+
+def gil_wait(top: GilEvidence) -> str:
+    """The feeding thread waited for the GIL another Python thread of its process held:
+    take that thread's Python work off the GIL, or out of the process."""
+    who = (
+        f"{top.holder_comm or 'thread'} (tid {top.holder_tid})"
+        if top.holder_tid
+        else "another thread"
+    )
+    doing = f", {top.holder_cause.replace('_', ' ')} there," if top.holder_cause else ""
+    return (
+        f"the feeding thread waited for the GIL that {who} held{doing}: move that thread's "
+        "pure-Python work out of the process (a DataLoader worker, multiprocessing), have "
+        "its C extensions release the GIL around long calls (Py_BEGIN_ALLOW_THREADS, "
+        "Cython's nogil), or run fewer Python threads beside the feeding one"
+    )
 
 
 def alloc_stall(top: AllocEvidence) -> str:

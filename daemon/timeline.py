@@ -29,6 +29,7 @@ from gpujitter.probes.events import (
     CudaCall,
     Event,
     GcPause,
+    GilWait,
     GpuSample,
     IrqStolen,
     MajorFault,
@@ -88,6 +89,8 @@ _SLICES: dict[type, Callable[[Any], Iterable[Slice]]] = {
     AllocCall: lambda ev: [(ev.ts_ns, ev.ts_ns + ev.dur_ns, "allocator call", {})],
     GcPause: lambda ev: [(ev.ts_ns, ev.ts_ns + ev.dur_ns, f"Python GC (generation {ev.generation})",
                           {"collected": ev.collected})],
+    GilWait: lambda ev: [(ev.ts_ns, ev.ts_ns + ev.dur_ns, "GIL wait",
+                          {"holder_tid": ev.holder_tid, "holder_comm": ev.holder_comm})],
     CudaCall: lambda ev: [(ev.ts_ns, ev.ts_ns + max(ev.dur_ns, 1_000), ev.func,
                            {"api": ev.api, "after_idle_ns": ev.after_idle_ns})],
 }  # fmt: skip

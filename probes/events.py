@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from gpujitter.probes.workload import Workload
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 7
+SCHEMA_MINOR = 8
 
 _KINDS: dict[str, type[Event]] = {}
 _FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> field names
@@ -664,6 +664,25 @@ class GcPause(Event):
     cpu: int
     generation: int
     collected: int = -1
+
+
+# ---------------------------------------------------------------------------------------
+# python_gil: waits to take CPython's GIL (uprobes on the interpreter's take_gil).
+
+
+@event_kind("python.gil")
+@dataclass(frozen=True, slots=True)
+class GilWait(Event):
+    """Thread `tid` waited from ts_ns for dur_ns to take its interpreter's GIL (streamed
+    when at least the probe's `wait` threshold). holder_tid/holder_comm: the thread of its
+    process that had taken the GIL last before it (0/"": none seen since the probe began)."""
+
+    dur_ns: int
+    tid: int
+    tgid: int
+    cpu: int
+    holder_tid: int = 0
+    holder_comm: str = ""
 
 
 # ---------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ in a log2 histogram per generation. Cost: a uprobe hit at each collection's star
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import ctypes as ct
 import os
@@ -283,19 +284,71 @@ def attach_uprobe_fd(prog_fd: int, path: str, offset: int, ref_ctr_offset: int =
 
 
 # ---------------------------------------------------------------------------------------
-# The probe.
+# The probes that attach per interpreter file.
 
 
-class PythonGcProbe(BpfProbe):
-    source = "python_gc.bpf.c"
-    rings = ("gc_events",)
+class InterpreterProbe(BpfProbe):
+    """A probe that attaches once per interpreter file the watched processes run (found in
+    their maps, as they join the watched set: mapped_scan.py). A subclass says how one file
+    is probed (add_interpreter) and how that reads in the status line (describe)."""
+
+    per_thread: tuple[str, ...] = ()  # its maps keyed by thread (or process) id
 
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
         self.scan = MappedScan()
-        self.ref_ctr = kernel_has_ref_ctr()
         # Interpreter files looked at, by (dev, inode): (the path as mapped, how probed).
-        self.interpreters: dict[tuple[int, int], tuple[str, Hooks]] = {}
+        self.interpreters: dict[tuple[int, int], tuple[str, Any]] = {}
+
+    def start(self, ctx: ProbeContext) -> None:
+        super().start(ctx)
+        self._update_state()
+
+    def scan_processes(self) -> None:
+        for pid in self.scan.due(watched_pids(self.bpf), time.monotonic_ns()):
+            files = interpreter_files(pid)
+            for mapped, local in files:
+                self.add_interpreter(mapped, local)
+            if files:
+                self.scan.done(pid)
+        self._update_state()
+
+    @abc.abstractmethod
+    def add_interpreter(self, mapped: str, local: str) -> Any:
+        """Probe the interpreter file at `local` (mapped as `mapped`), once per file."""
+
+    @abc.abstractmethod
+    def describe(self, how: Any) -> str | None:
+        """How one file was probed, for the status line (None: not worth a mention)."""
+
+    def _update_state(self) -> None:
+        self.state = "running"
+        said = [(mapped, self.describe(how)) for mapped, how in self.interpreters.values()]
+        self.reason = (
+            "; ".join(f"{os.path.basename(m)} ({m}): {text}" for m, text in said if text)
+            or "no Python interpreter seen in the watched processes yet"
+        )
+
+    def rescan(self) -> None:
+        """Once a second: processes that appeared, and per-thread map entries of threads that
+        exited inside what the probe times (their return never came)."""
+        self.scan_processes()
+        self.scan.forget_exited()
+        for name in self.per_thread:
+            table = self.bpf[name]
+            for key in list(table.keys()):
+                if not os.path.exists(f"/proc/{key.value}"):
+                    del table[key]
+
+
+class PythonGcProbe(InterpreterProbe):
+    source = "python_gc.bpf.c"
+    rings = ("gc_events",)
+    per_thread = ("running",)
+
+    def __init__(self, spec: ProbeSpec) -> None:
+        super().__init__(spec)
+        self.ref_ctr = kernel_has_ref_ctr()
         self._fds: list[int] = []
         self._slots = 0
         self._hists: Log2Map | None = None
@@ -310,19 +363,6 @@ class PythonGcProbe(BpfProbe):
             self.name,
         )  # fmt: skip
         self.scan_processes()
-
-    def start(self, ctx: ProbeContext) -> None:
-        super().start(ctx)
-        self._update_state()
-
-    def scan_processes(self) -> None:
-        for pid in self.scan.due(watched_pids(self.bpf), time.monotonic_ns()):
-            files = interpreter_files(pid)
-            for mapped, local in files:
-                self.add_interpreter(mapped, local)
-            if files:
-                self.scan.done(pid)
-        self._update_state()
 
     def add_interpreter(self, mapped: str, local: str) -> Hooks | None:
         """Probe the collector of the interpreter file at `local` (once per file)."""
@@ -363,25 +403,13 @@ class PythonGcProbe(BpfProbe):
         self._fds += fds
         self._slots += 1
 
-    def _update_state(self) -> None:
-        self.state = "running"
-        self.reason = (
-            "; ".join(
-                f"{os.path.basename(mapped)} ({mapped}): "
-                + (hooks.why if hooks.via == "none" else f"probed via {hooks.via}")
-                for mapped, hooks in self.interpreters.values()
-                if hooks.via != "launcher"
-            )
-            or "no Python interpreter seen in the watched processes yet"
-        )
+    def describe(self, how: Any) -> str | None:
+        if how.via == "launcher":
+            return None
+        return str(how.why) if how.via == "none" else f"probed via {how.via}"
 
     def sample(self, now_ns: int) -> list[Event]:
-        self.scan_processes()
-        self.scan.forget_exited()
-        running = self.bpf["running"]
-        for key in list(running.keys()):  # threads that exited inside a collection
-            if not os.path.exists(f"/proc/{key.value}"):
-                del running[key]
+        self.rescan()
         interval, self._last_ns = now_ns - self._last_ns, now_ns
         return list(self._hists.delta(now_ns, interval)) if self._hists else []
 

@@ -578,6 +578,52 @@ class GcCollections(Injector):
             gc.callbacks.remove(self._timer)
 
 
+class GilHolder(Injector):
+    """A background Python thread of the feeder's process (gj-drill-gil) holds the GIL in a
+    pure-Python loop for the stall, while the feeding thread does small I/O (os.stat), which
+    releases the GIL and takes it back each call: each take waits for the interpreter's
+    forced switch (5 ms). The holder runs on params["holder_cpus"], not the feeder's CPU,
+    so the waits are the GIL's, not the run queue's. The truth is the time the feeding
+    thread's calls took, as it timed them."""
+
+    name = "gil"
+
+    def __init__(self, lib: ct.CDLL, stall_ns: int, params: dict[str, Any]) -> None:
+        super().__init__(lib, stall_ns, params)
+        self._go = threading.Event()
+        self._deadline_ns = 0  # the holder's: -1 to end it
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._hold, daemon=True)
+        self._thread.start()
+
+    def _hold(self) -> None:
+        _name_thread("gj-drill-gil")
+        os.sched_setaffinity(0, set(self.params["holder_cpus"]))
+        while self._go.wait() and self._deadline_ns >= 0:
+            self._go.clear()
+            n = 0
+            while time.monotonic_ns() < self._deadline_ns:
+                n += 1
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        self._deadline_ns = deadline_ns
+        self._go.set()
+        waited = calls = 0
+        while (t0 := time.monotonic_ns()) < deadline_ns:
+            os.stat("/")
+            waited += time.monotonic_ns() - t0
+            calls += 1
+        return {"cause_ns": waited, "calls": calls}
+
+    def close(self) -> None:
+        self._deadline_ns = -1
+        self._go.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
 INJECTORS: dict[str, type[Injector]] = {
     cls.name: cls
     for cls in (
@@ -598,5 +644,6 @@ INJECTORS: dict[str, type[Injector]] = {
         AllocatorStall,
         Loader,
         GcCollections,
+        GilHolder,
     )
 }

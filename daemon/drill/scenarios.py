@@ -283,6 +283,14 @@ def _loader(stage: Stage) -> None:
     )
 
 
+def _gil(stage: Stage) -> None:
+    stage.params["holder_cpus"] = stage.other_cpus
+    stage.notes.append(
+        f"gil: a Python thread of the feeder (gj-drill-gil) holds the GIL in a pure-Python "
+        f"loop on CPUs {format_cpulist(stage.other_cpus)} while the feeder does small I/O"
+    )
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -313,6 +321,9 @@ SCENARIOS: dict[str, Scenario] = {
                  "alloc_stall", "the stall", ("malloc",)),
         Scenario("gc", "full CPython GC collections over a large heap in the step",
                  "gc_pause", "the collections (gc.callbacks)", ("python_gc",)),
+        Scenario("gil", "a background Python thread holds the GIL while the feeder does I/O",
+                 "gil_wait", "the feeder's GIL-releasing calls (timed by itself)",
+                 ("python_gil",), _gil),
         Scenario("compute", "a CPU-bound host step", "host_work", "the stall", ("sched",)),
         Scenario("loader", "a data-loader worker process computes the batch the feeder waits for",
                  "host_work", "the worker's compute time", ("sched",), _loader),

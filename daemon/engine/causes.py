@@ -21,6 +21,7 @@ from gpujitter.daemon.records import (
     Evidence,
     FaultEvidence,
     GcEvidence,
+    GilEvidence,
     IdleEvidence,
     IoEvidence,
     IrqEvidence,
@@ -516,6 +517,70 @@ class GcPause(Cause):
         return remedies.gc_pause(top)
 
 
+class GilWait(Cause):
+    """Time a thread waited to take CPython's GIL (the python_gil probe's exact intervals),
+    blocked or on CPU in between, but not its run-queue waits (CPU contention, earlier in
+    the table). The wait is not followed into the holder's timeline as a blocked wait is
+    into its waker's: the holder's own time over the same stretches is divided apart, and
+    its largest cause says what the holder was doing (evidence only: the gap's time stays
+    the wait's)."""
+
+    name = "gil_wait"
+    label = "Python GIL wait"
+    colour = "#af875f"
+
+    def claim(
+        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+    ) -> int:
+        spans = seg.active["gil"]
+        if not spans or (seg.off is not None and seg.runq):
+            return 0
+        ctx.add(self.name, seg.tl.tid, (spans[0], seg.start, seg.end), remaining)
+        return remaining
+
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        out = []
+        holder = lambda k: (k[0].event.holder_tid, k[0].event.holder_comm)  # noqa: E731
+        for group in _group(items, holder):
+            events = {id(span): span.event for _, (span, _, _), _ in group}.values()
+            tid, comm = holder(group[0][1])
+            own = holder_time(ctx, tid, [(s, e) for _, (_, s, e), _ in group]) if tid else {}
+            top = max(sorted(own.items()), key=lambda c: c[1], default=("", 0))
+            out.append(
+                GilEvidence(
+                    holder_tid=tid,
+                    holder_comm=comm,
+                    count=len(events),
+                    ns=_ns(group),
+                    dur_ns=sum(e.dur_ns for e in events),
+                    holder_cause=top[0],
+                    holder_cause_ns=top[1],
+                )
+            )
+        return _largest_first(out, lambda e: (e.holder_tid, e.holder_comm))
+
+    def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
+        top = part.evidence[0]
+        assert isinstance(top, GilEvidence)
+        return remedies.gil_wait(top)
+
+
+def holder_time(ctx: Divider, tid: int, stretches: list[tuple[int, int]]) -> dict[str, int]:
+    """Thread tid's own time over the stretches, by cause: divided apart from the gap's
+    tally, out of the same analysis budget."""
+    scratch = Divider(
+        ctx.timelines, ctx.topology, ctx.gpu_node, ctx.config, ctx.causes, ctx.gap_end,
+        follow_budget=ctx.follow_left, workloads=ctx.workloads,
+    )  # fmt: skip
+    for a, b in stretches:
+        scratch.divide(tid, a, b)
+    ctx.follow_left = scratch.follow_left
+    out: dict[str, int] = {}
+    for (cause, _, _), ns in scratch.tally.claims.items():
+        out[cause] = out.get(cause, 0) + ns
+    return out
+
+
 def oncpu_split(seg: Segment, remaining: int, ctx: Divider) -> list[tuple[int, int, int]]:
     """The segment's on-CPU time as (node, cpu, ns): the per-node on-CPU windows' uniform
     share, less what IRQs and faults already took (they ran on CPU too). The node is the
@@ -660,6 +725,7 @@ CAUSE_ORDER: tuple[Cause, ...] = (
     RunqWait(),
     AllocStall(),
     IoWait(),
+    GilWait(),
     Blocked(),
     GcPause(),
     RemoteOnCpu(),

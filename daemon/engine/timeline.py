@@ -22,6 +22,7 @@ from gpujitter.probes.events import (
     CudaCall,
     Event,
     GcPause,
+    GilWait,
     IdleWake,
     IrqStolen,
     MajorFault,
@@ -34,7 +35,8 @@ from gpujitter.probes.events import (
 # Span kinds, one list each per timeline. Windowed kinds (irq, minor, nodetime) are in-kernel
 # aggregates whose time is spread over their window; the others are exact intervals, and
 # migration holds points.
-KINDS = ("offcpu", "swap", "major", "irq", "minor", "idle", "alloc", "gc", "nodetime", "cuda")
+KINDS = ("offcpu", "swap", "major", "irq", "minor", "idle", "alloc", "gc", "nodetime", "cuda",
+         "gil")  # fmt: skip
 POINT_KINDS = ("migration",)
 
 
@@ -99,6 +101,7 @@ SPAN_RULES: dict[type[Event], SpanRule] = {
         lambda e: _bounds(e, e.dur_ns),
         lambda e: ((e.ts_ns + e.dur_ns, e.cpu, e.cpu),),
     ),
+    GilWait: SpanRule(lambda e: "gil", lambda e: _bounds(e, e.dur_ns)),
     NodeTime: SpanRule(lambda e: "nodetime", lambda e: _bounds(e, e.interval_ns)),
     Migration: SpanRule(
         lambda e: "migration",

@@ -27,6 +27,7 @@ from gpujitter.daemon.records import (
     Evidence,
     FaultEvidence,
     GcEvidence,
+    GilEvidence,
     IdleEvidence,
     IoEvidence,
     IrqEvidence,
@@ -108,6 +109,16 @@ def test_gc_collections_are_gc_pauses_with_their_generation() -> None:
     assert r.score.stalls and all(s.truth_ns >= 10 * MS for s in r.score.stalls), rows(r)
     for found, stall in zip(evidence(r, "gc_pause", GcEvidence), r.stalls, strict=True):
         assert [(e.generation, e.count) for e in found] == [(2, stall["full_collections"])], rows(r)
+
+
+def test_gil_waits_name_the_thread_holding_the_gil() -> None:
+    r = drill("gil")
+    assert_meets_targets(r)
+    # The holder runs Python (host work), unless the shared VM's other load holds its CPU
+    # while it holds the GIL: then it waits on the run queue itself, and says so.
+    for found in evidence(r, "gil_wait", GilEvidence):
+        assert found[0].holder_comm == "gj-drill-gil", rows(r)
+        assert found[0].holder_cause in ("host_work", "runq_wait"), (found, rows(r))
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from gpujitter.daemon.records import (
     AllocEvidence,
     FaultEvidence,
     GcEvidence,
+    GilEvidence,
     IdleEvidence,
     IrqEvidence,
     MigrationEvidence,
@@ -275,6 +276,30 @@ def test_gc_takes_only_the_on_cpu_time_inside_a_collection():
     s.offcpu(105, 110, runnable=105, state="preempted", other=9, other_comm="hog")
     attr = s.ran(0, 1000, share=0.5).gap(100, 140).one()
     assert parts_ms(attr) == {"gc_pause": 7.5, "runq_wait": 5, "host_work": 10, "unexplained": 17.5}
+
+
+def test_gil_wait_names_the_holder_and_what_it_did():
+    # The feeder sleeps on the GIL's condition variable for 30 ms (off CPU, woken by the
+    # holder, which a blocked wait would follow into); the holder runs Python all along.
+    s = Stream().gil(100, 30, holder=102, comm="logger")
+    s.offcpu(100, 130, state="sleeping", syscall=202, waker=102)
+    s.ran(0, 1000).ran(0, 1000, tid=102)
+    attr = s.gap(100, 140).one()
+    assert parts_ms(attr) == {"gil_wait": 30, "host_work": 10}
+    assert evidence(attr, "gil_wait") == (
+        GilEvidence(102, "logger", count=1, ns=30 * MS, dur_ns=30 * MS,
+                    holder_cause="host_work", holder_cause_ns=30 * MS),
+    )  # fmt: skip
+    assert f"gil_wait: {remedies.gil_wait(evidence(attr, 'gil_wait')[0])}" in attr.remedies
+
+
+def test_runq_wait_inside_a_gil_wait_stays_contention():
+    s = Stream().gil(100, 30)
+    s.offcpu(100, 130, runnable=120, state="sleeping", other=9, other_comm="hog")
+    attr = s.ran(0, 1000).gap(100, 140).one()
+    assert parts_ms(attr) == {"runq_wait": 10, "gil_wait": 20, "host_work": 10}
+    (holder,) = evidence(attr, "gil_wait")
+    assert (holder.holder_tid, holder.holder_cause) == (0, "")
 
 
 def test_irq_inside_a_collection_is_the_irq():

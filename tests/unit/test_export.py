@@ -121,3 +121,23 @@ def test_a_pytorch_profiler_trace_of_the_same_run_is_merged_on_its_clock(tmp_pat
         and sleep["ts"] + 1000 < e["ts"] < sleep["ts"] + sleep["dur"] - 1000
     ]  # fmt: skip
     assert inside == [] and any(e.get("cat") == "kernel" for e in events)
+
+
+def test_a_gil_wait_shows_on_the_thread_with_its_holder(tmp_path: Path) -> None:
+    from gpujitter.daemon.trace import TraceWriter
+    from tests.fixtures.streams.synthetic import TWO_NODES, Stream
+    from tests.unit.trace_samples import header
+
+    trace, out = tmp_path / "gil.gjtrace", tmp_path / "timeline.json"
+    writer = TraceWriter(trace, header(topology=TWO_NODES))
+    for ev in Stream().gil(100, 30, holder=102, comm="logger").ran(0, 1000).gap(100, 140).events:
+        writer.write(ev)
+    writer.close()
+    assert main(["export", str(trace), "-o", str(out)]) == 0
+    events = load(out)
+    check_structure(events)
+    (wait,) = [e for e in events if e["ph"] == "X" and e["name"] == "GIL wait"]
+    assert wait["dur"] == 30 * MS / 1000
+    assert wait["args"]["holder_tid"] == 102 and wait["args"]["holder_comm"] == "logger"
+    gap_causes = [e["args"].get("cause") for e in events if e["pid"] == GPU_PID and "args" in e]
+    assert "gil_wait" in gap_causes

@@ -21,6 +21,7 @@ from gpujitter.daemon.records import (
     Evidence,
     FaultEvidence,
     GcEvidence,
+    GilEvidence,
     IdleEvidence,
     IoEvidence,
     IrqEvidence,
@@ -195,6 +196,16 @@ CASES = {
     "young collections in the step": Case(
         "gc_pause", GcEvidence(0, 40, 20 * MS, 20 * MS), JOB,
         lambda line: "gc.set_threshold" in line and "gc.collect(2)" not in line,
+    ),
+    # The holder is named with what it did; the fixes move its Python off the GIL.
+    "GIL held by a Python thread": Case(
+        "gil_wait", GilEvidence(102, "logger", 4, 20 * MS, 20 * MS, "host_work", 18 * MS), JOB,
+        lambda line: "logger (tid 102)" in line and "host work" in line
+        and "Py_BEGIN_ALLOW_THREADS" in line,
+    ),
+    "GIL holder unknown": Case(
+        "gil_wait", GilEvidence(0, "", 1, 5 * MS, 5 * MS), JOB,
+        lambda line: "another thread" in line and "tid" not in line,
     ),
     "host work": Case(
         "host_work", irq("softirq", 3, "NET_RX"), JOB,  # evidence unused
