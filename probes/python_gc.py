@@ -170,7 +170,7 @@ class Hooks:
     start: Marker | None = None
     done: Marker | None = None
     symbol: str = ""
-    symbol_offset: int = 0
+    symbol_address: int = 0  # the ELF's virtual address, as bcc's attach_uprobe(addr=) takes
     why: str = ""
 
 
@@ -181,15 +181,15 @@ def interpreter_hooks(path: str | Path, ref_ctr: bool = True) -> Hooks:
         elf = ElfFile(Path(path))
         markers = usdt_markers(elf)
         found = elf.functions({*COLLECTOR_SYMBOLS, "PyGC_Collect"})
-        offsets = {s: elf.file_offset(found[s]) for s in COLLECTOR_SYMBOLS if s in found}
+        addresses = {s: found[s] for s in COLLECTOR_SYMBOLS if s in found}
     except (OSError, ValueError, IndexError, struct.error) as err:  # a truncated or odd file
         return Hooks("none", why=f"{NO_GC_PROBE}: {path}: {err}")
     start, done = markers.get("gc__start"), markers.get("gc__done")
     usable = start is not None and done is not None
     if usable and (ref_ctr or not (start.semaphore or done.semaphore)):  # type: ignore[union-attr]
         return Hooks("usdt", start=start, done=done)
-    for symbol, offset in offsets.items():
-        return Hooks("symbol", symbol=symbol, symbol_offset=offset)
+    for symbol, address in addresses.items():
+        return Hooks("symbol", symbol=symbol, symbol_address=address)
     if not usable and "PyGC_Collect" not in found:
         # A launcher (python3.X linked against libpython): the collector is in the library,
         # which the process maps too.
@@ -380,8 +380,8 @@ class PythonGcProbe(InterpreterProbe):
 
     def _attach(self, path: str, hooks: Hooks) -> None:
         if hooks.via == "symbol":
-            self.bpf.attach_uprobe(name=path, addr=hooks.symbol_offset, fn_name="gc_enter")
-            self.bpf.attach_uretprobe(name=path, addr=hooks.symbol_offset, fn_name="gc_leave")
+            self.bpf.attach_uprobe(name=path, addr=hooks.symbol_address, fn_name="gc_enter")
+            self.bpf.attach_uretprobe(name=path, addr=hooks.symbol_address, fn_name="gc_leave")
             return
         if self._slots >= MAX_INTERPRETERS:
             raise RuntimeError(f"more than {MAX_INTERPRETERS} distinct interpreters")

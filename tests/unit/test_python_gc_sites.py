@@ -104,3 +104,25 @@ def test_a_truncated_interpreter_file_has_no_gc_probe_and_raises_nothing(tmp_pat
     cut.write_bytes(DEBIAN_PYTHON.read_bytes()[:4096])
     hooks = interpreter_hooks(cut)
     assert hooks.via == "none" and hooks.why.startswith(NO_GC_PROBE)
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("nm") is None,
+                    reason="needs gcc and nm")  # fmt: skip
+def test_the_collector_symbol_of_a_non_pie_executable_is_given_by_its_address(
+    tmp_path: Path,
+) -> None:
+    # bcc's attach_uprobe(addr=) takes the ELF's virtual address and finds the file offset
+    # itself; in an ET_EXEC executable (a statically linked python3.X) the two differ, so a
+    # file offset there puts the uprobe on some other instruction.
+    source = tmp_path / "python3.11.c"
+    source.write_text(
+        "__attribute__((noinline)) long gc_collect_main(long g) { return g + 1; }\n"
+        "int main(int argc, char **argv) { (void)argv; return (int)gc_collect_main(argc); }\n"
+    )
+    binary = tmp_path / "python3.11"
+    subprocess.run(["gcc", "-O1", "-no-pie", "-o", str(binary), str(source)], check=True)
+    listed = subprocess.run(["nm", str(binary)], check=True, capture_output=True, text=True)
+    address = next(int(line.split()[0], 16) for line in listed.stdout.splitlines()
+                   if line.endswith(" gc_collect_main"))  # fmt: skip
+    hooks = interpreter_hooks(binary)
+    assert hooks.via == "symbol" and hooks.symbol_address == address
