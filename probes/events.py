@@ -304,13 +304,17 @@ class ClockRef(Event):
     realtime_ns: int
 
 
+# A probe's states, as meta.probe records and the metrics name them.
+ProbeState = Literal["running", "degraded", "unavailable", "off", "stopped"]
+
+
 @event_kind("meta.probe")
 @dataclass(frozen=True, slots=True)
 class ProbeStatus(Event):
     """A probe's health, sent at start, on every state change and periodically."""
 
     probe: str
-    state: Literal["running", "degraded", "unavailable", "off", "stopped"]
+    state: ProbeState
     reason: str = ""  # why not running, or what a degraded probe lacks
     events: int = 0  # delivered to user space since start
     lost_kernel: int = 0  # ring-buffer reserve failures counted in BPF

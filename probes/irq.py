@@ -25,7 +25,7 @@ from gpujitter.probes.topology import Topology
 
 KINDS = ("hardirq", "softirq", "vector")  # index = KIND_* in irq.bpf.c
 HARDIRQ, SOFTIRQ, VECTOR = range(3)
-OVERFLOW = 1  # Source.sub of the stats slot that counts hard IRQs above the array's range
+OVERFLOW = 1  # IrqSource.sub of the stats slot that counts hard IRQs above the array's range
 IRQ_HEADROOM = 256
 
 # Softirq vector names, as /proc/softirqs and the softirq tracepoints print them.
@@ -59,7 +59,7 @@ TOP_IRQS = 16
 
 
 @dataclass(frozen=True, slots=True)
-class Source:
+class IrqSource:
     kind: int
     sub: int
     irq: int
@@ -94,15 +94,15 @@ class IrqProbe(BpfProbe):
             *(f"-DHAVE_{v.upper()}" for v in present),
         ]
 
-    def source_of_slot(self, slot: int) -> Source:
+    def source_of_slot(self, slot: int) -> IrqSource:
         """Which source a slot of the per-CPU stats array counts (see irq.bpf.c)."""
         if slot < self.hardirq_slots - 1:
-            return Source(HARDIRQ, 0, slot)
+            return IrqSource(HARDIRQ, 0, slot)
         if slot == self.hardirq_slots - 1:
-            return Source(HARDIRQ, OVERFLOW, slot)
+            return IrqSource(HARDIRQ, OVERFLOW, slot)
         if slot < self.hardirq_slots + 16:
-            return Source(SOFTIRQ, 0, slot - self.hardirq_slots)
-        return Source(VECTOR, slot - self.hardirq_slots - 16, 0)
+            return IrqSource(SOFTIRQ, 0, slot - self.hardirq_slots)
+        return IrqSource(VECTOR, slot - self.hardirq_slots - 16, 0)
 
     def start(self, ctx: ProbeContext) -> None:
         self.topology = ctx.topology
@@ -128,7 +128,7 @@ class IrqProbe(BpfProbe):
         key, win = rec
         if win.total_ns < self.stolen_min_ns:
             return None
-        src = Source(int(key.src.kind), int(key.src.sub), int(key.src.irq))
+        src = IrqSource(int(key.src.kind), int(key.src.sub), int(key.src.irq))
         return IrqStolen(
             ts_ns=win.first_ns,
             end_ns=win.last_ns,
@@ -168,7 +168,7 @@ class IrqProbe(BpfProbe):
         if self.bpf is None:
             return []
         interval = now_ns - self._last_sample_ns
-        per_cpu: dict[int, list[tuple[Source, int, int]]] = defaultdict(list)
+        per_cpu: dict[int, list[tuple[IrqSource, int, int]]] = defaultdict(list)
         table = self.bpf["stats"]
         for slot, per_cpu_stats in table.items_lookup_batch():  # array keys come as ints
             raw = bytes(per_cpu_stats)
@@ -204,7 +204,7 @@ class IrqProbe(BpfProbe):
         self._last_sample_ns = now_ns
         return out
 
-    def name_of(self, src: Source) -> str:
+    def name_of(self, src: IrqSource) -> str:
         if src.kind == SOFTIRQ:
             return SOFTIRQS[src.irq] if src.irq < len(SOFTIRQS) else f"softirq{src.irq}"
         if src.kind == VECTOR:
@@ -216,7 +216,7 @@ class IrqProbe(BpfProbe):
             self._names = {int(row.label): row.name for row in rows if row.numbered}
         return self._names.get(src.irq) or f"irq{src.irq}"
 
-    def remote(self, src: Source, cpu: int) -> bool:
+    def remote(self, src: IrqSource, cpu: int) -> bool:
         """A hard IRQ whose device's node is known and is not the node of the CPU that
         handled it (topology override honoured: its [irqs] table and CPU nodes)."""
         if src.kind != HARDIRQ or src.sub == OVERFLOW:

@@ -466,7 +466,7 @@ class Blocked(Cause):
         return remedies.blocked_hint(top.syscall, top.state)
 
 
-class GcPause(Cause):
+class GcPauseTime(Cause):
     """On-CPU time of a thread inside a CPython GC collection: carved out of what would be
     host work (or remote on-CPU time), after IRQs, faults and allocator calls inside the
     collection took theirs. With on-CPU windows (sched probe) it takes the thread's on-CPU
@@ -661,7 +661,7 @@ CAUSE_ORDER: tuple[Cause, ...] = (
     AllocStall(),
     IoWait(),
     Blocked(),
-    GcPause(),
+    GcPauseTime(),
     RemoteOnCpu(),
     HostWork(),
     Unexplained(),
