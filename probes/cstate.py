@@ -24,7 +24,9 @@ from gpujitter.probes.log2 import Log2Map
 from gpujitter.probes.registry import Hook, ProbeSpec
 from gpujitter.probes.topology import IdleState, cpuidle_states
 
-IDLE_STATES = 16  # as in cstate.bpf.c; the last slot also holds higher state numbers
+# Idle states counted per CPU (cpuidle has at most 10, CPUIDLE_STATE_MAX); the last slot also
+# holds higher state numbers. The .bpf.c gets it as IDLE_STATES.
+IDLE_STATES = 16
 
 
 # The kernel's default idle without a cpuidle driver (cpu_idle_poll, default_idle_call).
@@ -47,9 +49,14 @@ def _state(states: dict[int, IdleState], n: int) -> IdleState:
     return states.get(n) or IdleState(n, f"state{n}", "", None, None)
 
 
+# What the .bpf.c gets as -D options (it never restates them).
+CONSTANTS = {"IDLE_STATES": IDLE_STATES}
+
+
 class CstateProbe(BpfProbe):
     source = "cstate.bpf.c"
     rings = ("idle_wakes",)
+    constants = CONSTANTS
 
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)

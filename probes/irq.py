@@ -15,6 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from gpujitter.probes import contract
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import CpuStats, Event, IrqStolen
 from gpujitter.probes.host import HostPaths, parse_cpulist, read_text
@@ -23,7 +24,7 @@ from gpujitter.probes.progstats import loaded_prog_stats
 from gpujitter.probes.registry import TRACEFS, Hook, ProbeSpec
 from gpujitter.probes.topology import Topology
 
-KINDS = ("hardirq", "softirq", "vector")  # index = KIND_* in irq.bpf.c
+KINDS = ("hardirq", "softirq", "vector")  # the .bpf.c gets them as KIND_HARDIRQ ...
 HARDIRQ, SOFTIRQ, VECTOR = range(3)
 OVERFLOW = 1  # IrqSource.sub of the stats slot that counts hard IRQs above the array's range
 IRQ_HEADROOM = 256
@@ -42,7 +43,8 @@ SOFTIRQS = (
     "RCU",
 )
 
-# x86 system vectors traced, index = VEC_* in irq.bpf.c; the name is the tracepoint's stem.
+# x86 system vectors traced (the .bpf.c gets them as VEC_LOCAL_TIMER ...); the name is the
+# tracepoint's stem.
 VECTORS = (
     "local_timer",
     "reschedule",
@@ -58,6 +60,10 @@ SWEEP_GRACE_NS = 20_000_000
 TOP_IRQS = 16
 
 
+# What the .bpf.c gets as -D options (it never restates them).
+CONSTANTS = {**contract.indexes("KIND", KINDS), **contract.indexes("VEC", VECTORS, count=False)}
+
+
 @dataclass(frozen=True, slots=True)
 class IrqSource:
     kind: int
@@ -67,6 +73,7 @@ class IrqSource:
 
 class IrqProbe(BpfProbe):
     source = "irq.bpf.c"
+    constants = CONSTANTS
 
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)

@@ -13,7 +13,7 @@
  */
 #include "gpujitter.h"
 
-#define GENERATIONS 3 /* histogram/count slot GENERATIONS: generation unknown */
+/* GENERATIONS (python_gc.py): histogram/count slot GENERATIONS is "generation unknown". */
 #define LOG2_SLOTS 65
 
 /* Where a marker's argument lives, from its stapsdt spec ("-4@112(%rsp)", "-8@%r12").

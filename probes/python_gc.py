@@ -286,9 +286,14 @@ def attach_uprobe_fd(prog_fd: int, path: str, offset: int, ref_ctr_offset: int =
 # The probe.
 
 
+# What the .bpf.c gets as -D options (it never restates them).
+CONSTANTS = {"GENERATIONS": GENERATIONS, "MAX_INTERPRETERS": MAX_INTERPRETERS}
+
+
 class PythonGcProbe(BpfProbe):
     source = "python_gc.bpf.c"
     rings = ("gc_events",)
+    constants = CONSTANTS
 
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
@@ -300,9 +305,6 @@ class PythonGcProbe(BpfProbe):
         self._slots = 0
         self._hists: Log2Map | None = None
         self._last_ns = time.monotonic_ns()  # the histograms' last read
-
-    def cflags(self, ctx: ProbeContext) -> list[str]:
-        return [*super().cflags(ctx), f"-DMAX_INTERPRETERS={MAX_INTERPRETERS}"]
 
     def attach(self, ctx: ProbeContext) -> None:
         self._hists = Log2Map(
