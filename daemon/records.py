@@ -449,6 +449,3 @@ class Attribution(Event):
             return None
         ns, _, role = max(holders, key=lambda h: h[:2])
         return ns, role
-
-    def ns_of(self, cause: str) -> int:
-        return sum(p.ns for p in self.parts if p.cause == cause)
