@@ -3,7 +3,8 @@
 Gaps and attributions become the engine's own records (daemon/records.py), type-checked as
 every reader checks them (a record with a field of the wrong type is refused whole, and the
 model counts it); their evidence reads through daemon/describe.py as in `report`. CPU
-statistics, probe health and the daemon's status are decoded leniently here: unknown fields
+statistics, probe health and GPU identity become the probes' own records too (CpuStats,
+ProbeStatus, NVML's GpuInfo), decoded leniently, as is the daemon's status: unknown fields
 are ignored, missing ones take defaults. Every string comes out printable (no control
 character: tui.text says why), so no view can pass a process's name to the terminal raw.
 """
