@@ -452,10 +452,6 @@ class OffCpu(Event):
     other_ns: int = 0
 
     @property
-    def blocked_ns(self) -> int:
-        return self.runnable_ns - self.ts_ns
-
-    @property
     def runq_ns(self) -> int:
         return self.end_ns - self.runnable_ns
 
