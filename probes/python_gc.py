@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpujitter.probes import contract
 from gpujitter.probes.base import BpfProbe, ProbeContext
 from gpujitter.probes.events import Event, GcPause
 from gpujitter.probes.log2 import Log2Map
@@ -39,7 +40,7 @@ from gpujitter.probes.uprobe_multi import BPF_PROG_TYPE_KPROBE
 
 MAX_INTERPRETERS = 8  # entry-program slots in python_gc.bpf.c
 GENERATIONS = 3
-# Register names of stapsdt argument specs, in the order of reg_value() in python_gc.bpf.c.
+# Register names of stapsdt argument specs; reg_value() in the .bpf.c reads them by index.
 REGISTERS = ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp",
              "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15", "ip")  # fmt: skip
 REG_NONE = 255
@@ -287,7 +288,12 @@ def attach_uprobe_fd(prog_fd: int, path: str, offset: int, ref_ctr_offset: int =
 
 
 # What the .bpf.c gets as -D options (it never restates them).
-CONSTANTS = {"GENERATIONS": GENERATIONS, "MAX_INTERPRETERS": MAX_INTERPRETERS}
+CONSTANTS = {
+    "GENERATIONS": GENERATIONS,
+    "MAX_INTERPRETERS": MAX_INTERPRETERS,
+    **contract.indexes("GC_REG", REGISTERS, count=False),
+    "REG_NONE": REG_NONE,
+}
 
 
 class PythonGcProbe(BpfProbe):
