@@ -31,6 +31,11 @@ def constants_of(source: Path) -> Mapping[str, int]:
     return dict(getattr(module, "CONSTANTS", {}))
 
 
+def code(source: Path) -> str:
+    """The C text without its comments (a name in a comment neither defines nor uses it)."""
+    return re.sub(r"/\*.*?\*/|//[^\n]*", " ", source.read_text(), flags=re.S)
+
+
 def defined_in_c(text: str) -> set[str]:
     """Names the C text defines itself: macros and enumeration members."""
     names = set(re.findall(r"^\s*#\s*define\s+(\w+)", text, re.M))
@@ -47,7 +52,7 @@ def test_every_source_names_a_constant_user_space_defines() -> None:
 
 @pytest.mark.parametrize("source", [*SOURCES, BPF_DIR / SHARED_HEADER], ids=lambda p: p.name)
 def test_c_never_restates_a_constant(source: Path) -> None:
-    text = source.read_text()
+    text = code(source)
     given = set(constants_of(source)) | set(contract.SHARED)
     assert not defined_in_c(text) & given, f"{source.name} defines what Python defines"
     for name in constants_of(source):
@@ -59,7 +64,7 @@ def test_an_enumeration_has_no_member_python_lacks(source: Path) -> None:
     """An enumeration passed from a Python tuple (PREFIX_..., PREFIX_COUNT): a member that
     the C text uses but Python does not define would be a state Python cannot name."""
     given = constants_of(source)
-    used = set(re.findall(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b", source.read_text()))
+    used = set(re.findall(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b", code(source)))
     for count in (n for n in given if n.endswith("_COUNT")):
         prefix = count.removesuffix("COUNT")
         assert {n for n in used if n.startswith(prefix)} <= set(given), source.name
