@@ -12,9 +12,9 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpujitter.daemon.describe import gpu_name, one_line, task_name
+from gpujitter.daemon.describe import gpu_name, one_line
 from gpujitter.daemon.engine.causes import CAUSES, cause_colour, cause_label
-from gpujitter.daemon.records import Attribution, IrqEvidence, TaskEvidence
+from gpujitter.daemon.records import Attribution, IrqEvidence, TaskEvidence, task_name
 from gpujitter.probes.clock import format_wall
 from gpujitter.probes.events import ClockRef
 from gpujitter.units import format_ns

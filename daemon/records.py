@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpujitter.probes.events import Event, event_kind
+from gpujitter.units import format_bytes, format_ns
 
 
 @event_kind("gpu.gap")
@@ -44,7 +45,32 @@ class GpuGap(Event):
 
 # ---------------------------------------------------------------------------------------
 # Attribution: what one gap's time went to (docs/attribution.md; the causes are
-# daemon/engine/causes.py's table).
+# daemon/engine/causes.py's table). Each kind of evidence says how one item of it reads
+# (`line`); the breakdown lists every item under its cause, daemon/describe.py makes it
+# printable.
+
+
+def cpus_text(cpus: tuple[int, ...]) -> str:
+    if not cpus:
+        return ""
+    return f" on CPU {cpus[0]}" if len(cpus) == 1 else f" on CPUs {','.join(map(str, cpus))}"
+
+
+def task_name(task: TaskEvidence) -> str:
+    """A task that ran instead, as people look for it: comm, process and thread, and the
+    pod, container or Slurm job it runs in (a hog in another tenant's pod)."""
+    pid = f"pid {task.tgid} " if task.tgid and task.tgid != task.tid else ""
+    where = f" in {task.workload}" if task.workload else ""
+    return f"{task.comm} ({pid}tid {task.tid}){where}"
+
+
+def _times(count: int, ns: int) -> str:
+    return f"{count}× {format_ns(ns)}" if count else format_ns(ns)
+
+
+def _notes(*notes: str) -> str:
+    kept = [n for n in notes if n]
+    return f" ({', '.join(kept)})" if kept else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +90,16 @@ class IrqEvidence:
     handled_remote: bool = False
     what: str = "irq"
 
+    def line(self, gap_start_ns: int) -> str:
+        """This item in words (describe.evidence_line makes it printable)."""
+        number = f" {self.irq}" if self.irq_kind == "hardirq" else ""
+        where = f"{self.irq_kind}{number} {self.name}{cpus_text(self.cpus)}"
+        return f"{where}: {_times(self.count, self.ns)}" + _notes(
+            f"device on node {self.device_node}" if self.device_node >= 0 else "",
+            "remote to the GPU" if self.remote_to_gpu else "",
+            "handled off its device's node" if self.handled_remote else "",
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class TaskEvidence:
@@ -82,6 +118,12 @@ class TaskEvidence:
     after_migration: bool = False
     own: bool = False
     what: str = "task"
+
+    def line(self, gap_start_ns: int) -> str:
+        who = task_name(self) if self.tid else "an idle CPU or an unknown task"
+        flag = ", after a cross-NUMA migration" if self.after_migration else ""
+        return f"waited behind {who}{cpus_text(self.cpus)}: {_times(self.count, self.ns)}{flag}"
+
     tgid: int = 0
     workload: str = ""
 
@@ -98,6 +140,12 @@ class MigrationEvidence:
     dst_node: int
     what: str = "migration"
 
+    def line(self, gap_start_ns: int) -> str:
+        return (
+            f"tid {self.tid} migrated CPU {self.src_cpu} → {self.dst_cpu} "
+            f"(node {self.src_node} → {self.dst_node}) at +{format_ns(self.at_ns - gap_start_ns)}"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class IdleEvidence:
@@ -111,6 +159,13 @@ class IdleEvidence:
     exit_latency_ns: int
     what: str = "idle"
 
+    def line(self, gap_start_ns: int) -> str:
+        ns = self.exit_latency_ns
+        latency = f" (exit latency {format_ns(ns)})" if ns >= 0 else ""
+        return f"woken from {self.state_name}{cpus_text(self.cpus)}: " + (
+            f"{_times(self.count, self.ns)}{latency}"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class SyscallEvidence:
@@ -122,6 +177,10 @@ class SyscallEvidence:
     count: int
     ns: int
     what: str = "syscall"
+
+    def line(self, gap_start_ns: int) -> str:
+        call = self.syscall or (f"syscall {self.nr}" if self.nr >= 0 else "")
+        return f"{self.state}{f' in {call}' if call else ''}: {_times(self.count, self.ns)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +203,15 @@ class IoEvidence:
     remote_to_gpu: bool = False
     what: str = "io"
 
+    def line(self, gap_start_ns: int) -> str:
+        call = f" in {self.syscall}" if self.syscall else ""
+        size = f", {format_bytes(self.bytes)}" if self.bytes else ""
+        what = f"{self.op or 'I/O'} on {self.name or self.dev}{call}"
+        return f"{what}: {_times(self.count, self.ns)}{size}" + _notes(
+            f"device on node {self.node}" if self.node >= 0 else "",
+            "remote to the GPU" if self.remote_to_gpu else "",
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class FaultEvidence:
@@ -157,6 +225,11 @@ class FaultEvidence:
     addresses: tuple[int, ...] = ()  # faulting addresses of major faults, earliest first
     what: str = "fault"
 
+    def line(self, gap_start_ns: int) -> str:
+        first = f", first at {self.addresses[0]:#x}" if self.addresses else ""
+        where = f"{self.kind} faults{cpus_text(self.cpus)}"
+        return f"{where}: {self.count}× {format_ns(self.ns)}{first}"
+
 
 @dataclass(frozen=True, slots=True)
 class AllocEvidence:
@@ -168,6 +241,11 @@ class AllocEvidence:
     ns: int
     bytes: int
     what: str = "alloc"
+
+    def line(self, gap_start_ns: int) -> str:
+        who = f" ({self.allocator})" if self.allocator else ""
+        size = f", {format_bytes(self.bytes)}" if self.bytes else ""
+        return f"{self.call}{who}: {_times(self.count, self.ns)}{size}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +260,12 @@ class GcEvidence:
     dur_ns: int
     collected: int = -1
     what: str = "gc"
+
+    def line(self, gap_start_ns: int) -> str:
+        gen = self.generation
+        which = f"generation {gen}" if gen >= 0 else "generation unknown"
+        freed = f", {self.collected} objects freed" if self.collected >= 0 else ""
+        return f"GC {which}: {_times(self.count, self.ns)}, {format_ns(self.dur_ns)} in all{freed}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +284,18 @@ class GilEvidence:
     holder_cause_ns: int = 0
     what: str = "gil"
 
+    @property
+    def holder(self) -> str:
+        """The holder and what it was doing, in words ("" when not known)."""
+        if not self.holder_tid:
+            return ""
+        doing = f", {self.holder_cause.replace('_', ' ')} there" if self.holder_cause else ""
+        return f"{self.holder_comm or 'thread'} (tid {self.holder_tid}){doing}"
+
+    def line(self, gap_start_ns: int) -> str:
+        who = self.holder or "a thread not known"
+        return f"GIL held by {who}: {_times(self.count, self.ns)}, {format_ns(self.dur_ns)} in all"
+
 
 @dataclass(frozen=True, slots=True)
 class NodeEvidence:
@@ -211,6 +307,18 @@ class NodeEvidence:
     remote: bool
     what: str = "node"
 
+    def line(self, gap_start_ns: int) -> str:
+        where = "remote" if self.remote else "local"
+        return f"on-CPU on node {self.node} ({where}){cpus_text(self.cpus)}: {format_ns(self.ns)}"
+
+
+REASONS = {
+    "no_thread": "no feeding thread known",
+    "no_data": "no probe data for the span",
+    "short_offcpu": "off-CPU spans below the probe's threshold",
+    "evicted": "data evicted before the gap was attributed",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class ReasonEvidence:
@@ -219,6 +327,9 @@ class ReasonEvidence:
     reason: str
     ns: int
     what: str = "reason"
+
+    def line(self, gap_start_ns: int) -> str:
+        return f"{REASONS.get(self.reason, self.reason)}: {format_ns(self.ns)}"
 
 
 # A tagged union: a record read back picks its member by "what" (probes/events.py TAG).
@@ -354,5 +465,17 @@ class Attribution(Event):
     def top_cause(self) -> str:
         return self.parts[0].cause if self.parts else "unexplained"
 
-    def ns_of(self, cause: str) -> int:
-        return sum(p.ns for p in self.parts if p.cause == cause)
+    def holder(self, part: Part) -> tuple[int, ThreadRole] | None:
+        """The waker holding most of a part's time when a wait was followed into the thread
+        that ended it (its ns of the part, the waker); None when no waker holds any."""
+        holders = [
+            (c.ns, -r.tid, r)
+            for r in self.threads
+            if r.role == "waker"
+            for c in r.causes
+            if c.cause == part.cause
+        ]
+        if not holders:
+            return None
+        ns, _, role = max(holders, key=lambda h: h[:2])
+        return ns, role

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gpujitter.probes import contract
 from gpujitter.probes.events import Event, ProbeStatus
 from gpujitter.probes.progstats import Cost, program_fds
 from gpujitter.text import decode_name
@@ -137,14 +138,16 @@ def captured_output() -> Iterator[Callable[[], str]]:
 
 
 def bpf_source(path: Path) -> str:
-    """The .bpf.c text with gpujitter.h pasted in place of its #include. bcc rewrites map
-    calls (`m.lookup(&k)`) only in the main file, so the header's inline helpers must be part
-    of it; #line directives keep compiler messages pointing at the real files."""
+    """The .bpf.c text with gpujitter.h pasted in place of its #include, the constants it
+    shares with user space (probes/contract.py) defined ahead of it. bcc rewrites map calls
+    (`m.lookup(&k)`) only in the main file, so the header's inline helpers must be part of
+    it; #line directives keep compiler messages pointing at the real files."""
     header = BPF_DIR / SHARED_HEADER
     out = []
     for lineno, line in enumerate(path.read_text().splitlines(), start=1):
         if line.strip() == f'#include "{SHARED_HEADER}"':
-            out += [f'#line 1 "{header}"', header.read_text(), f'#line {lineno + 1} "{path}"']
+            out += [*contract.header_lines(), f'#line 1 "{header}"', header.read_text()]
+            out.append(f'#line {lineno + 1} "{path}"')
         else:
             out.append(line)
     return "\n".join(out) + "\n"
@@ -211,14 +214,17 @@ class BpfProbe(Probe):
 
     source: ClassVar[str]
     rings: ClassVar[tuple[str, ...]] = ()
+    # Constants the .bpf.c shares with the module (C never restates them): -D options.
+    constants: ClassVar[Mapping[str, int]] = {}
 
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
         self.bpf: Any = None
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
-        """-D options: every threshold as THRESHOLD_<KEY>_NS, plus what subclasses add."""
-        return threshold_cflags(self.spec, ctx)
+        """-D options: every threshold as THRESHOLD_<KEY>_NS, the constants shared with the
+        .bpf.c, plus what subclasses add."""
+        return threshold_cflags(self.spec, ctx) + contract.cflags(self.constants)
 
     def attach(self, ctx: ProbeContext) -> None:
         """Attach hooks that bcc does not attach by itself (perf events, uprobes)."""

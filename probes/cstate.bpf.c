@@ -24,7 +24,6 @@
 #include "gpujitter.h"
 
 #define PWR_EVENT_EXIT 0xffffffff
-#define IDLE_STATES 16 /* cpuidle has at most 10 (CPUIDLE_STATE_MAX) */
 #define LOG2_SLOTS 65
 /* The raw sched_switch's prev_state is the task's __state (not the tracepoint record's
  * TASK_REPORT bits): TASK_INTERRUPTIBLE, TASK_UNINTERRUPTIBLE (TASK_IDLE and TASK_KILLABLE

@@ -15,50 +15,48 @@ from __future__ import annotations
 import ctypes as ct
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from gpujitter.probes.base import BpfProbe, ProbeContext
 from gpujitter.probes.events import CpuStats, Event, IdleWake
-from gpujitter.probes.host import HostPaths, read_text
+from gpujitter.probes.host import HostPaths
 from gpujitter.probes.log2 import Log2Map
 from gpujitter.probes.registry import Hook, ProbeSpec
+from gpujitter.probes.topology import IdleState, cpuidle_states
 
-IDLE_STATES = 16  # as in cstate.bpf.c; the last slot also holds higher state numbers
-
-
-@dataclass(frozen=True, slots=True)
-class IdleState:
-    name: str
-    exit_latency_ns: int  # -1: not published
+# Idle states counted per CPU (cpuidle has at most 10, CPUIDLE_STATE_MAX); the last slot also
+# holds higher state numbers. The .bpf.c gets it as IDLE_STATES.
+IDLE_STATES = 16
 
 
-# The kernel's default idle without a cpuidle driver (default_idle_call, cpu_idle_poll).
-DEFAULT_IDLE = {0: IdleState("POLL", -1), 1: IdleState("HLT", -1)}
+# The kernel's default idle without a cpuidle driver (cpu_idle_poll, default_idle_call).
+DEFAULT_IDLE = {
+    0: IdleState(0, "POLL", "", None, None),
+    1: IdleState(1, "HLT", "", None, None),
+}
 
 
 def idle_states(paths: HostPaths, cpus: Iterable[int]) -> dict[int, dict[int, IdleState]]:
-    """Per CPU: idle state number -> name and exit latency, from cpuidle sysfs."""
+    """Per CPU: idle state number -> its state, from cpuidle sysfs."""
     out = {}
     for cpu in cpus:
-        states = {}
-        for d in (paths.sys / f"devices/system/cpu/cpu{cpu}/cpuidle").glob("state[0-9]*"):
-            latency_us = read_text(d / "latency")
-            states[int(d.name[5:])] = IdleState(
-                name=read_text(d / "name") or d.name,
-                exit_latency_ns=int(latency_us) * 1000 if latency_us else -1,
-            )
-        out[cpu] = states or dict(DEFAULT_IDLE)
+        found = cpuidle_states(paths.sys / f"devices/system/cpu/cpu{cpu}/cpuidle")
+        out[cpu] = {st.index: st for st in found} or dict(DEFAULT_IDLE)
     return out
 
 
 def _state(states: dict[int, IdleState], n: int) -> IdleState:
-    return states.get(n) or IdleState(f"state{n}", -1)
+    return states.get(n) or IdleState(n, f"state{n}", "", None, None)
+
+
+# What the .bpf.c gets as -D options (it never restates them).
+CONSTANTS = {"IDLE_STATES": IDLE_STATES}
 
 
 class CstateProbe(BpfProbe):
     source = "cstate.bpf.c"
     rings = ("idle_wakes",)
+    constants = CONSTANTS
 
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)

@@ -17,7 +17,7 @@
  */
 #include "gpujitter.h"
 
-enum { ROLE_NONE, ROLE_LAUNCH, ROLE_GRAPH, ROLE_COPY, ROLE_COPY_SYNC, ROLE_SYNC };
+/* ROLE_SYNC, ROLE_COPY_SYNC: the roles of syncs, from cuda.py as -D options. */
 
 struct proc_state {
     u64 last_ns;   /* last activity: launch entry or sync return; 0: none yet */

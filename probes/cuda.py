@@ -31,8 +31,9 @@ from gpujitter.probes.events import CudaCall
 from gpujitter.probes.mapped_scan import MappedScan, file_key, watched_pids
 from gpujitter.probes.registry import Hook, ProbeSpec
 
-# Roles: must match the enum in cuda.bpf.c.
+# Roles (0: none), per function as GJ_ROLE_<id>; the .bpf.c tells syncs apart by these two.
 LAUNCH, GRAPH, COPY, COPY_SYNC, SYNC = 1, 2, 3, 4, 5
+CONSTANTS = {"ROLE_COPY_SYNC": COPY_SYNC, "ROLE_SYNC": SYNC}  # -D options
 API = {LAUNCH: "launch", GRAPH: "graph", COPY: "copy", COPY_SYNC: "copy", SYNC: "sync"}
 MAX_FUNCS = 48  # entry programs in cuda.bpf.c
 
@@ -228,6 +229,7 @@ def system_libcuda() -> list[str]:
 class CudaProbe(BpfProbe):
     source = "cuda.bpf.c"
     rings = ("cuda_events",)
+    constants = CONSTANTS
 
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)

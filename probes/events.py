@@ -304,13 +304,17 @@ class ClockRef(Event):
     realtime_ns: int
 
 
+# A probe's states, as meta.probe records and the metrics name them.
+ProbeState = Literal["running", "degraded", "unavailable", "off", "stopped"]
+
+
 @event_kind("meta.probe")
 @dataclass(frozen=True, slots=True)
 class ProbeStatus(Event):
     """A probe's health, sent at start, on every state change and periodically."""
 
     probe: str
-    state: Literal["running", "degraded", "unavailable", "off", "stopped"]
+    state: ProbeState
     reason: str = ""  # why not running, or what a degraded probe lacks
     events: int = 0  # delivered to user space since start
     lost_kernel: int = 0  # ring-buffer reserve failures counted in BPF
@@ -446,10 +450,6 @@ class OffCpu(Event):
     io_op: str = ""
     other_tgid: int = 0
     other_ns: int = 0
-
-    @property
-    def blocked_ns(self) -> int:
-        return self.runnable_ns - self.ts_ns
 
     @property
     def runq_ns(self) -> int:

@@ -46,17 +46,15 @@ struct bpf_perf_event_data {
 /* Faults between clock reads inside a window. */
 #define STORM_READ_EVERY 16
 
-/* Fault classes: index into counters, histograms and lost counts (FAULT_CLASSES in faults.py). */
-enum { CLS_MINOR, CLS_FILE, CLS_SWAP, CLS_UNCLASSIFIED, CLS_COUNT };
+/* Fault classes CLS_MINOR .. CLS_UNCLASSIFIED, CLS_COUNT: index into counters, histograms and
+ * lost counts (FAULT_CLASSES in faults.py, as -D options). */
 
 /* What the fault in progress did (seen bits). */
 #define SEEN_FILEMAP 1
 #define SEEN_READ_IO 2
 
-/* stream_modes bits, set by user space as the faults and swap probes start and stop. */
-#define STREAM_MINOR 1
-#define STREAM_FILE 2
-#define STREAM_SWAP 4
+/* stream_modes bits STREAM_MINOR, STREAM_FILE, STREAM_SWAP (faults.py, as -D options), set by
+ * user space as the faults and swap probes start and stop. */
 
 struct thread_faults {
     u64 entry_addr;    /* address of the thread's last fault */

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from gpujitter.probes import contract
 from gpujitter.probes.base import (
     Probe,
     ProbeContext,
@@ -34,7 +35,14 @@ from gpujitter.probes.registry import Hook, ProbeSpec, tracepoint_exists
 
 FAULT_CLASSES = ("minor", "file", "swap", "unclassified")  # index = CLS_* in faults.bpf.c
 CLS_MINOR, CLS_FILE, CLS_SWAP, CLS_UNCLASSIFIED = range(len(FAULT_CLASSES))
-STREAM_MINOR, STREAM_FILE, STREAM_SWAP = 1, 2, 4  # stream_modes bits in faults.bpf.c
+STREAM_MINOR, STREAM_FILE, STREAM_SWAP = 1, 2, 4  # stream_modes bits
+# What faults.bpf.c gets as -D options: CLS_MINOR .. CLS_COUNT and the stream_modes bits.
+CONSTANTS = {
+    **contract.indexes("CLS", FAULT_CLASSES),
+    "STREAM_MINOR": STREAM_MINOR,
+    "STREAM_FILE": STREAM_FILE,
+    "STREAM_SWAP": STREAM_SWAP,
+}
 
 # Every fault's entry (x86 exception tracepoints, raw: bcc attaches them itself).
 ENTRY_HOOKS = ("exceptions:page_fault_user", "exceptions:page_fault_kernel")
@@ -91,6 +99,7 @@ class FaultEngine:
     def part(self, ctx: ProbeContext) -> Part:
         """faults.bpf.c with its options, as a part of the set's module."""
         cflags = [flag for spec in SPECS for flag in threshold_cflags(spec, ctx)]
+        cflags += contract.cflags(CONSTANTS)
         try:
             fields = ("nvcsw", "nivcsw")
             cflags += ["-DFAULTS_SWITCHES", *offset_cflags("TASK", "task_struct", fields)]

@@ -18,17 +18,8 @@
  */
 #include "gpujitter.h"
 
-enum { KIND_HARDIRQ, KIND_SOFTIRQ, KIND_VECTOR };
-
-/* Vector sources (the `sub` of a key), in the order of VECTORS in irq.py. */
-enum {
-    VEC_LOCAL_TIMER,
-    VEC_RESCHEDULE,
-    VEC_CALL_FUNCTION,
-    VEC_CALL_FUNCTION_SINGLE,
-    VEC_IRQ_WORK,
-    VEC_X86_PLATFORM_IPI,
-};
+/* KIND_HARDIRQ, KIND_SOFTIRQ, KIND_VECTOR (KINDS in irq.py) and the vector sources, the `sub`
+ * of a key, VEC_LOCAL_TIMER .. VEC_X86_PLATFORM_IPI (VECTORS in irq.py) come as -D options. */
 
 struct source {
     u32 irq;  /* IRQ number, softirq vector or x86 vector */
@@ -45,7 +36,7 @@ struct running {
     u32 pad;
 };
 struct cpu_state {
-    struct running kind[3];
+    struct running kind[KIND_COUNT];
     u64 soft_nested_ns;
 };
 BPF_PERCPU_ARRAY(cpu_state, struct cpu_state, 1);

@@ -15,6 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from gpujitter.probes import contract
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import CpuStats, Event, IrqStolen
 from gpujitter.probes.host import HostPaths, parse_cpulist, read_text
@@ -23,9 +24,9 @@ from gpujitter.probes.progstats import loaded_prog_stats
 from gpujitter.probes.registry import TRACEFS, Hook, ProbeSpec
 from gpujitter.probes.topology import Topology
 
-KINDS = ("hardirq", "softirq", "vector")  # index = KIND_* in irq.bpf.c
+KINDS = ("hardirq", "softirq", "vector")  # the .bpf.c gets them as KIND_HARDIRQ ...
 HARDIRQ, SOFTIRQ, VECTOR = range(3)
-OVERFLOW = 1  # Source.sub of the stats slot that counts hard IRQs above the array's range
+OVERFLOW = 1  # IrqSource.sub of the stats slot that counts hard IRQs above the array's range
 IRQ_HEADROOM = 256
 
 # Softirq vector names, as /proc/softirqs and the softirq tracepoints print them.
@@ -42,7 +43,8 @@ SOFTIRQS = (
     "RCU",
 )
 
-# x86 system vectors traced, index = VEC_* in irq.bpf.c; the name is the tracepoint's stem.
+# x86 system vectors traced (the .bpf.c gets them as VEC_LOCAL_TIMER ...); the name is the
+# tracepoint's stem.
 VECTORS = (
     "local_timer",
     "reschedule",
@@ -58,8 +60,12 @@ SWEEP_GRACE_NS = 20_000_000
 TOP_IRQS = 16
 
 
+# What the .bpf.c gets as -D options (it never restates them).
+CONSTANTS = {**contract.indexes("KIND", KINDS), **contract.indexes("VEC", VECTORS, count=False)}
+
+
 @dataclass(frozen=True, slots=True)
-class Source:
+class IrqSource:
     kind: int
     sub: int
     irq: int
@@ -67,6 +73,7 @@ class Source:
 
 class IrqProbe(BpfProbe):
     source = "irq.bpf.c"
+    constants = CONSTANTS
 
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
@@ -94,15 +101,15 @@ class IrqProbe(BpfProbe):
             *(f"-DHAVE_{v.upper()}" for v in present),
         ]
 
-    def source_of_slot(self, slot: int) -> Source:
+    def source_of_slot(self, slot: int) -> IrqSource:
         """Which source a slot of the per-CPU stats array counts (see irq.bpf.c)."""
         if slot < self.hardirq_slots - 1:
-            return Source(HARDIRQ, 0, slot)
+            return IrqSource(HARDIRQ, 0, slot)
         if slot == self.hardirq_slots - 1:
-            return Source(HARDIRQ, OVERFLOW, slot)
+            return IrqSource(HARDIRQ, OVERFLOW, slot)
         if slot < self.hardirq_slots + 16:
-            return Source(SOFTIRQ, 0, slot - self.hardirq_slots)
-        return Source(VECTOR, slot - self.hardirq_slots - 16, 0)
+            return IrqSource(SOFTIRQ, 0, slot - self.hardirq_slots)
+        return IrqSource(VECTOR, slot - self.hardirq_slots - 16, 0)
 
     def start(self, ctx: ProbeContext) -> None:
         self.topology = ctx.topology
@@ -128,7 +135,7 @@ class IrqProbe(BpfProbe):
         key, win = rec
         if win.total_ns < self.stolen_min_ns:
             return None
-        src = Source(int(key.src.kind), int(key.src.sub), int(key.src.irq))
+        src = IrqSource(int(key.src.kind), int(key.src.sub), int(key.src.irq))
         return IrqStolen(
             ts_ns=win.first_ns,
             end_ns=win.last_ns,
@@ -168,7 +175,7 @@ class IrqProbe(BpfProbe):
         if self.bpf is None:
             return []
         interval = now_ns - self._last_sample_ns
-        per_cpu: dict[int, list[tuple[Source, int, int]]] = defaultdict(list)
+        per_cpu: dict[int, list[tuple[IrqSource, int, int]]] = defaultdict(list)
         table = self.bpf["stats"]
         for slot, per_cpu_stats in table.items_lookup_batch():  # array keys come as ints
             raw = bytes(per_cpu_stats)
@@ -204,7 +211,7 @@ class IrqProbe(BpfProbe):
         self._last_sample_ns = now_ns
         return out
 
-    def name_of(self, src: Source) -> str:
+    def name_of(self, src: IrqSource) -> str:
         if src.kind == SOFTIRQ:
             return SOFTIRQS[src.irq] if src.irq < len(SOFTIRQS) else f"softirq{src.irq}"
         if src.kind == VECTOR:
@@ -216,7 +223,7 @@ class IrqProbe(BpfProbe):
             self._names = {int(row.label): row.name for row in rows if row.numbered}
         return self._names.get(src.irq) or f"irq{src.irq}"
 
-    def remote(self, src: Source, cpu: int) -> bool:
+    def remote(self, src: IrqSource, cpu: int) -> bool:
         """A hard IRQ whose device's node is known and is not the node of the CPU that
         handled it (topology override honoured: its [irqs] table and CPU nodes)."""
         if src.kind != HARDIRQ or src.sub == OVERFLOW:

@@ -5,7 +5,7 @@
  */
 #include "gpujitter.h"
 
-enum { SC_MMAP, SC_MUNMAP, SC_BRK, SC_MADVISE, SC_MREMAP, SC_COUNT };
+/* SC_MMAP .. SC_MREMAP, SC_COUNT: SYSCALLS in malloc.py, as -D options. */
 
 struct inflight {
     u64 ts_ns;

@@ -16,19 +16,22 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gpujitter.probes import contract
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import AllocSyscall
 from gpujitter.probes.malloc_precise import PreciseWindow
 from gpujitter.probes.progstats import program_fds
 from gpujitter.probes.registry import Hook, ProbeSpec
 
-SYSCALLS = ("mmap", "munmap", "brk", "madvise", "mremap")  # index = SC_* in malloc.bpf.c
+SYSCALLS = ("mmap", "munmap", "brk", "madvise", "mremap")
+CONSTANTS = contract.indexes("SC", SYSCALLS)  # what the .bpf.c gets as -D options
 DEFAULT_WINDOW_NS = 30_000_000_000
 
 
 class MallocProbe(BpfProbe):
     source = "malloc.bpf.c"
     rings = ("slow_syscalls",)
+    constants = CONSTANTS
 
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)

@@ -13,12 +13,12 @@
  */
 #include "gpujitter.h"
 
-#define GENERATIONS 3 /* histogram/count slot GENERATIONS: generation unknown */
+/* GENERATIONS (python_gc.py): histogram/count slot GENERATIONS is "generation unknown". */
 #define LOG2_SLOTS 65
 
 /* Where a marker's argument lives, from its stapsdt spec ("-4@112(%rsp)", "-8@%r12").
- * reg: index into the register list below (REG_NONE: the spec is a constant, `off`). */
-#define REG_NONE 255
+ * reg: GC_REG_AX .. GC_REG_IP, one per register read below (REGISTERS in python_gc.py), or
+ * REG_NONE: the spec is a constant, `off`. */
 struct gc_arg {
     s64 off;      /* displacement from the register (deref) or the constant */
     u8 reg;
@@ -57,29 +57,29 @@ BPF_PERCPU_ARRAY(short_log2, u64, (GENERATIONS + 1) * LOG2_SLOTS);
 /* collections per generation slot, all durations */
 BPF_PERCPU_ARRAY(collections, u64, GENERATIONS + 1);
 
-/* The x86-64 registers a stapsdt spec names, in the order of REGISTERS in python_gc.py.
+/* The x86-64 registers a stapsdt spec names, by their index in REGISTERS (python_gc.py).
  * Read from a copy of the registers: a switch on ctx's own fields compiles into arithmetic on
  * the ctx pointer, which the verifier refuses. */
 static __always_inline u64 reg_value(struct pt_regs *regs, u8 reg)
 {
     switch (reg) {
-    case 0: return regs->ax;
-    case 1: return regs->bx;
-    case 2: return regs->cx;
-    case 3: return regs->dx;
-    case 4: return regs->si;
-    case 5: return regs->di;
-    case 6: return regs->bp;
-    case 7: return regs->sp;
-    case 8: return regs->r8;
-    case 9: return regs->r9;
-    case 10: return regs->r10;
-    case 11: return regs->r11;
-    case 12: return regs->r12;
-    case 13: return regs->r13;
-    case 14: return regs->r14;
-    case 15: return regs->r15;
-    case 16: return regs->ip;
+    case GC_REG_AX: return regs->ax;
+    case GC_REG_BX: return regs->bx;
+    case GC_REG_CX: return regs->cx;
+    case GC_REG_DX: return regs->dx;
+    case GC_REG_SI: return regs->si;
+    case GC_REG_DI: return regs->di;
+    case GC_REG_BP: return regs->bp;
+    case GC_REG_SP: return regs->sp;
+    case GC_REG_R8: return regs->r8;
+    case GC_REG_R9: return regs->r9;
+    case GC_REG_R10: return regs->r10;
+    case GC_REG_R11: return regs->r11;
+    case GC_REG_R12: return regs->r12;
+    case GC_REG_R13: return regs->r13;
+    case GC_REG_R14: return regs->r14;
+    case GC_REG_R15: return regs->r15;
+    case GC_REG_IP: return regs->ip;
     }
     return 0;
 }

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpujitter.probes import contract
 from gpujitter.probes.base import BpfProbe, ProbeContext
 from gpujitter.probes.events import Event, GcPause
 from gpujitter.probes.log2 import Log2Map
@@ -40,7 +41,7 @@ from gpujitter.probes.uprobe_multi import BPF_PROG_TYPE_KPROBE
 
 MAX_INTERPRETERS = 8  # entry-program slots in python_gc.bpf.c
 GENERATIONS = 3
-# Register names of stapsdt argument specs, in the order of reg_value() in python_gc.bpf.c.
+# Register names of stapsdt argument specs; reg_value() in the .bpf.c reads them by index.
 REGISTERS = ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp",
              "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15", "ip")  # fmt: skip
 REG_NONE = 255
@@ -287,6 +288,15 @@ def attach_uprobe_fd(prog_fd: int, path: str, offset: int, ref_ctr_offset: int =
 # The probes that attach per interpreter file.
 
 
+# What the .bpf.c gets as -D options (it never restates them).
+CONSTANTS = {
+    "GENERATIONS": GENERATIONS,
+    "MAX_INTERPRETERS": MAX_INTERPRETERS,
+    **contract.indexes("GC_REG", REGISTERS, count=False),
+    "REG_NONE": REG_NONE,
+}
+
+
 class InterpreterProbe(BpfProbe):
     """A probe that attaches once per interpreter file the watched processes run (found in
     their maps, as they join the watched set: mapped_scan.py). A subclass says how one file
@@ -344,6 +354,7 @@ class InterpreterProbe(BpfProbe):
 class PythonGcProbe(InterpreterProbe):
     source = "python_gc.bpf.c"
     rings = ("gc_events",)
+    constants = CONSTANTS
     per_thread = ("running",)
 
     def __init__(self, spec: ProbeSpec) -> None:
@@ -353,9 +364,6 @@ class PythonGcProbe(InterpreterProbe):
         self._slots = 0
         self._hists: Log2Map | None = None
         self._last_ns = time.monotonic_ns()  # the histograms' last read
-
-    def cflags(self, ctx: ProbeContext) -> list[str]:
-        return [*super().cflags(ctx), f"-DMAX_INTERPRETERS={MAX_INTERPRETERS}"]
 
     def attach(self, ctx: ProbeContext) -> None:
         self._hists = Log2Map(

@@ -36,8 +36,7 @@
 #define REPORT_IDLE 0x80 /* TASK_IDLE: uninterruptible but not counted as load */
 #define REPORT_PREEMPTED 0x100
 
-/* OffCpu.state, index into STATES in sched.py */
-enum { ST_PREEMPTED, ST_SLEEPING, ST_UNINTERRUPTIBLE, ST_STOPPED, ST_OTHER, ST_COUNT };
+/* OffCpu.state: ST_PREEMPTED .. ST_OTHER and ST_COUNT come from STATES in sched.py (-D). */
 
 #define LOG2_SLOTS 65 /* bpf_log2l() returns 1..64 */
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gpujitter.probes import contract
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable, comm_str
 from gpujitter.probes.btf import BtfError, offset_cflags
 from gpujitter.probes.events import Event, Migration, NodeTime, OffCpu, ThreadSched, WorkloadInfo
@@ -25,7 +26,9 @@ from gpujitter.probes.log2 import Log2Map
 from gpujitter.probes.registry import Hook, ProbeSpec, tracepoint_exists
 from gpujitter.probes.workload import TaskOwners
 
-STATES = ("preempted", "sleeping", "uninterruptible", "stopped", "other")  # ST_* in the .bpf.c
+# OffCpu.state by index; the .bpf.c gets them as ST_PREEMPTED .. ST_OTHER, ST_COUNT.
+STATES = ("preempted", "sleeping", "uninterruptible", "stopped", "other")
+CONSTANTS = contract.indexes("ST", STATES)  # what the .bpf.c gets as -D options
 IO_OPS = ("", "read", "write", "other")  # IO_* in the .bpf.c
 BLOCK_COMPLETE = "block:block_rq_complete"
 BLOCK_DONE = "block:block_io_done"
@@ -54,6 +57,7 @@ class _Totals:
 class SchedProbe(BpfProbe):
     source = "sched.bpf.c"
     rings = ("offcpu_events", "migrations")
+    constants = CONSTANTS
 
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)

@@ -81,6 +81,11 @@ class IdleState:
     target_residency_us: int | None
     disabled: bool = False
 
+    @property
+    def exit_latency_ns(self) -> int:
+        """The exit latency as events carry it: -1 when the kernel does not publish one."""
+        return -1 if self.exit_latency_us is None else self.exit_latency_us * 1000
+
 
 @dataclass(frozen=True, slots=True)
 class CpuIdle:
@@ -273,7 +278,7 @@ def read_cpu_idle(paths: HostPaths, cpus: list[int]) -> CpuIdle:
     governor = read_text(base / "cpuidle/current_governor") or read_text(
         base / "cpuidle/current_governor_ro"
     )
-    states = {cpu: _cpuidle_states(base / f"cpu{cpu}/cpuidle") for cpu in cpus}
+    states = {cpu: cpuidle_states(base / f"cpu{cpu}/cpuidle") for cpu in cpus}
     if driver not in (None, "", "none") and any(states.values()):
         return CpuIdle(driver=driver, governor=governor, states=states)
     fallback = _default_idle_state(paths)
@@ -285,7 +290,8 @@ def read_cpu_idle(paths: HostPaths, cpus: list[int]) -> CpuIdle:
     )
 
 
-def _cpuidle_states(cpuidle: Path) -> tuple[IdleState, ...]:
+def cpuidle_states(cpuidle: Path) -> tuple[IdleState, ...]:
+    """One CPU's idle states from its cpuidle directory, in index order; () without a driver."""
     found = []
     for state_dir in cpuidle.glob("state[0-9]*"):
         found.append(

@@ -7,13 +7,9 @@
 #define GJ_CORE
 #include "gpujitter.h"
 
-/* gj_watched values: why a process is watched (bits, user space decides the rest). */
-#define GJ_WHY_FORK 0x80
-
-/* proc_event.exited */
-#define GJ_EXEC 0
-#define GJ_EXIT_PROCESS 1
-#define GJ_EXIT_THREAD 2
+/* From watch.py as -D options: GJ_WHY_FORK, the gj_watched value (why a process is watched,
+ * bits: user space decides the rest) of a child of a watched process; proc_event.exited's
+ * values GJ_EXEC, GJ_EXIT_PROCESS, GJ_EXIT_THREAD. */
 
 struct proc_event {
     u64 ts_ns;

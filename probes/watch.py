@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpujitter.probes import contract
 from gpujitter.probes.base import (
     ProbeUnavailable,
     comm_str,
     compile_bpf,
 )
+from gpujitter.probes.contract import CFG_FLAGS, CFG_GEN, CFG_SELF_TGID, WATCH_ALL
 from gpujitter.probes.events import (
     Event,
     ProcExec,
@@ -40,12 +42,16 @@ from gpujitter.probes.host import HostPaths, read_name, read_text
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.workload import WorkloadReader, matches_pod, matches_slurm_job
 
-# Why a process is in the kernel map (the map's value, bits): must match watch.bpf.c.
+# Why a process is in the kernel map (the map's value, bits).
 WHY_PID, WHY_COMM, WHY_CGROUP, WHY_GPU, WHY_FORK = 0x01, 0x02, 0x04, 0x08, 0x80
-EXIT_PROCESS, EXIT_THREAD = 1, 2  # proc_event.exited (watch.bpf.c GJ_EXIT_*)
-
-CFG_FLAGS, CFG_SELF_TGID, CFG_GEN = 0, 1, 2  # gj_config slots (gpujitter.h GJ_CFG_*)
-WATCH_ALL = 1
+EXEC, EXIT_PROCESS, EXIT_THREAD = 0, 1, 2  # proc_event.exited
+# What watch.bpf.c gets as -D options.
+CONSTANTS = {
+    "GJ_WHY_FORK": WHY_FORK,
+    "GJ_EXEC": EXEC,
+    "GJ_EXIT_PROCESS": EXIT_PROCESS,
+    "GJ_EXIT_THREAD": EXIT_THREAD,
+}
 
 
 @dataclass(slots=True)
@@ -156,7 +162,8 @@ class _LoadedCore:
     tracepoints are detached and the watched set is empty, so an idle core costs nothing."""
 
     def __init__(self) -> None:
-        self.bpf = compile_bpf(Path(__file__).with_name("watch.bpf.c"), [], lambda bpf: None)
+        source = Path(__file__).with_name("watch.bpf.c")
+        self.bpf = compile_bpf(source, contract.cflags(CONSTANTS), lambda bpf: None)
         self.tracepoints = [tp.decode() for tp in self.bpf.tracepoint_fds]
         self.attached = True
         self.owner: CoreBpf | None = None

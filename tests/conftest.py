@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from gpujitter.daemon.records import Attribution
+
 FIXTURES = Path(__file__).with_name("fixtures")
+
+
+def cause_ns(attr: Attribution, cause: str) -> int:
+    """The time an attribution gives one cause (0 when it has no part of that cause)."""
+    return sum(p.ns for p in attr.parts if p.cause == cause)
 
 
 @pytest.fixture

@@ -11,25 +11,16 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
+from gpujitter.daemon.audit.model import Evidence, Finding, Severity
 from gpujitter.errors import GpujitterError
 from gpujitter.text import printable
 
 SEVERITY_ORDER = ("critical", "warn", "info", "ok")
 AUDIT_TIMEOUT_S = 120
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    rule: str
-    severity: str  # ok, info, warn, critical
-    subject: str
-    message: str
-    evidence: tuple[tuple[str, str], ...]  # (file, value read there)
-    fix: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +39,12 @@ def parse(doc: Any, origin: str) -> AuditReport:
     findings = [
         Finding(
             rule=printable(str(f.get("rule", ""))),
-            severity=printable(str(f.get("severity", "info"))),
+            # As sent: a newer audit may know more severities; the view shows them as they are.
+            severity=cast(Severity, printable(str(f.get("severity", "info")))),
             subject=printable(str(f.get("subject", ""))),
             message=printable(str(f.get("message", ""))),
             evidence=tuple(
-                (printable(str(e.get("file", ""))), printable(str(e.get("value", ""))))
+                Evidence(printable(str(e.get("file", ""))), printable(str(e.get("value", ""))))
                 for e in f.get("evidence") or ()
                 if isinstance(e, Mapping)
             ),

@@ -3,7 +3,8 @@
 Gaps and attributions become the engine's own records (daemon/records.py), type-checked as
 every reader checks them (a record with a field of the wrong type is refused whole, and the
 model counts it); their evidence reads through daemon/describe.py as in `report`. CPU
-statistics, probe health and the daemon's status are decoded leniently here: unknown fields
+statistics, probe health and GPU identity become the probes' own records too (CpuStats,
+ProbeStatus, NVML's GpuInfo), decoded leniently, as is the daemon's status: unknown fields
 are ignored, missing ones take defaults. Every string comes out printable (no control
 character: tui.text says why), so no view can pass a process's name to the terminal raw.
 """
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from gpujitter.daemon.records import Attribution, GpuGap
-from gpujitter.probes.events import BadRecord, from_record
+from gpujitter.probes.events import BadRecord, CpuStats, ProbeState, ProbeStatus, from_record
+from gpujitter.probes.nvml import GpuInfo
 from gpujitter.text import inert_record, printable
 
 Record = Mapping[str, Any]
@@ -53,23 +55,6 @@ def attribution(rec: Record) -> Attribution:
 # Node state: CPUs, probes, the daemon.
 
 
-@dataclass(frozen=True, slots=True)
-class CpuIrq:
-    ts_ns: int
-    interval_ns: int
-    hardirq_ns: int
-    softirq_ns: int
-    top_irqs: tuple[tuple[str, int, int], ...]
-    remote_irqs: tuple[tuple[str, int, int], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CpuIdle:
-    ts_ns: int
-    interval_ns: int
-    states: tuple[tuple[str, int], ...]  # (state, residency ns)
-
-
 def _triples(value: Any) -> tuple[tuple[str, int, int], ...]:
     out = []
     for row in value or ():
@@ -78,41 +63,40 @@ def _triples(value: Any) -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
-def cpu_stats(rec: Record) -> tuple[int, CpuIrq | None, CpuIdle | None]:
-    """A cpu.stats record split into its interrupt part and its idle part: the irq probe and
-    the cstate probe each send their own half for the same CPU and window."""
-    cpu = int(rec.get("cpu", 0))
-    ts, interval = int(rec.get("ts_ns", 0)), int(rec.get("interval_ns", 0))
-    idle_rows = tuple(
-        (_text(r[0]), int(r[1]))
-        for r in rec.get("idle_ns") or ()
-        if isinstance(r, list | tuple) and len(r) >= 2
+def cpu_stats(rec: Record) -> CpuStats:
+    """A cpu.stats record as the probes' own type. The irq probe and the cstate probe each
+    send their own half for the same CPU and window: `has_irq`/`has_idle` tell them apart."""
+    return CpuStats(
+        ts_ns=int(rec.get("ts_ns", 0)),
+        interval_ns=int(rec.get("interval_ns", 0)),
+        cpu=int(rec.get("cpu", 0)),
+        hardirq_ns=int(rec.get("hardirq_ns", 0)),
+        softirq_ns=int(rec.get("softirq_ns", 0)),
+        vector_ns=int(rec.get("vector_ns", 0)),
+        idle_ns=tuple(
+            (_text(r[0]), int(r[1]))
+            for r in rec.get("idle_ns") or ()
+            if isinstance(r, list | tuple) and len(r) >= 2
+        ),
+        top_irqs=_triples(rec.get("top_irqs")),
+        remote_irqs=_triples(rec.get("remote_irqs")),
     )
-    hard = int(rec.get("hardirq_ns", 0)) + int(rec.get("vector_ns", 0))
-    soft = int(rec.get("softirq_ns", 0))
-    tops, remote = _triples(rec.get("top_irqs")), _triples(rec.get("remote_irqs"))
-    irq = CpuIrq(ts, interval, hard, soft, tops, remote) if hard or soft or tops else None
-    idle = CpuIdle(ts, interval, idle_rows) if idle_rows else None
-    if irq is None and idle is None:
-        irq = CpuIrq(ts, interval, 0, 0, (), ())  # a quiet window: no interrupts at all
-    return cpu, irq, idle
 
 
-@dataclass(frozen=True, slots=True)
-class ProbeState:
-    probe: str
-    state: str
-    reason: str = ""
-    events: int = 0
-    lost_kernel: int = 0
-    lost_user: int = 0
-    bpf_ns_per_s: int = -1  # -1: not measured
+def has_irq(stats: CpuStats) -> bool:
+    """Whether the record carries the irq probe's half; a window with neither half is a quiet
+    one of the irq probe (no interrupts at all)."""
+    return bool(stats.hardirq_ns or stats.vector_ns or stats.softirq_ns or stats.top_irqs) or (
+        not stats.idle_ns
+    )
 
 
-def probe_state(rec: Record) -> ProbeState:
-    return ProbeState(
+def probe_status(rec: Record) -> ProbeStatus:
+    """A meta.probe record; its state as sent (a newer daemon may know more states)."""
+    return ProbeStatus(
+        ts_ns=int(rec.get("ts_ns", 0)),
         probe=_text(rec.get("probe", "?")),
-        state=_text(rec.get("state", "off")),
+        state=cast(ProbeState, _text(rec.get("state", "off"))),
         reason=_text(rec.get("reason", "")),
         events=int(rec.get("events", 0)),
         lost_kernel=int(rec.get("lost_kernel", 0)),
@@ -170,18 +154,16 @@ def daemon_status(rec: Record) -> DaemonStatus:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class GpuInfo:
-    index: int
-    name: str = ""
-    pci_bus_id: str = ""
-    numa_node: int = -1
-
-
 def gpu_info(rec: Record) -> GpuInfo:
+    """A GPU of the snapshot record as NVML's own type; what the stream does not carry (the
+    UUID, persistence mode) is unknown."""
+    node = rec.get("numa_node")
     return GpuInfo(
         index=int(rec.get("index", 0)),
         name=_text(rec.get("name", "")),
+        uuid="",
         pci_bus_id=_text(rec.get("pci_bus_id", "")),
-        numa_node=int(rec.get("numa_node", -1) if rec.get("numa_node") is not None else -1),
+        numa_node=int(node) if node is not None and int(node) >= 0 else None,
+        local_cpus=tuple(int(c) for c in rec.get("local_cpus") or ()),
+        persistence_mode=None,
     )

@@ -14,16 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpujitter.daemon.records import Attribution, GpuGap
+from gpujitter.probes.events import CpuStats, ProbeStatus
+from gpujitter.probes.nvml import GpuInfo
 from gpujitter.text import printable
 from gpujitter.tui import decode
-from gpujitter.tui.decode import (
-    CpuIdle,
-    CpuIrq,
-    DaemonStatus,
-    GpuInfo,
-    ProbeState,
-    WatchedThread,
-)
+from gpujitter.tui.decode import DaemonStatus, WatchedThread
 from gpujitter.tui.text import WallClock
 
 Record = Mapping[str, Any]
@@ -59,8 +54,8 @@ class Hello:
 @dataclass(slots=True)
 class CpuState:
     cpu: int
-    irq: CpuIrq | None = None
-    idle: CpuIdle | None = None
+    irq: CpuStats | None = None  # the latest window of the irq probe
+    idle: CpuStats | None = None  # the latest window of the cstate probe
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +89,7 @@ class NodeModel:
         self.gaps: dict[str, GpuGap] = {}
         self.attributions: dict[str, Attribution] = {}
         self.cpus: dict[int, CpuState] = {}
-        self.probes: dict[str, ProbeState] = {}
+        self.probes: dict[str, ProbeStatus] = {}
         self.status: DaemonStatus | None = None
         self.names: dict[int, str] = {}  # tgid or tid -> command name, from any record
         self.daemon_dropped = 0  # records the daemon dropped for this client
@@ -141,7 +136,7 @@ class NodeModel:
         info = self.gpus.get(gpu)
         if info is None:
             return -1
-        if info.numa_node >= 0:
+        if info.numa_node is not None:
             return info.numa_node
         return self.hello.gpu_node.get(info.pci_bus_id, -1)
 
@@ -193,10 +188,11 @@ class NodeModel:
                 irq = None if stale else irq
             hard = soft = 0.0
             if irq is not None and irq.interval_ns > 0:
-                hard, soft = irq.hardirq_ns / irq.interval_ns, irq.softirq_ns / irq.interval_ns
+                hard = (irq.hardirq_ns + irq.vector_ns) / irq.interval_ns
+                soft = irq.softirq_ns / irq.interval_ns
             idle: tuple[tuple[str, float], ...] = ()
             if state.idle is not None and state.idle.interval_ns > 0:
-                share = [(name, ns / state.idle.interval_ns) for name, ns in state.idle.states]
+                share = [(name, ns / state.idle.interval_ns) for name, ns in state.idle.idle_ns]
                 idle = tuple(sorted(share, key=lambda s: s[1], reverse=True))
             here = tuple((t, self.placed_remote(t)) for t in threads if t.cpu == cpu)
             rows.append(
@@ -322,19 +318,19 @@ def _procs(m: NodeModel, rec: Record) -> None:
 
 @handles("cpu.stats")
 def _cpu(m: NodeModel, rec: Record) -> None:
-    cpu, irq, idle = decode.cpu_stats(rec)
-    state = m.cpus.setdefault(cpu, CpuState(cpu))
-    if irq is not None:
-        state.irq = irq
-    if idle is not None:
-        state.idle = idle
-    m._saw(int(rec.get("ts_ns", 0)) + int(rec.get("interval_ns", 0)))
+    stats = decode.cpu_stats(rec)
+    state = m.cpus.setdefault(stats.cpu, CpuState(stats.cpu))
+    if decode.has_irq(stats):
+        state.irq = stats
+    if stats.idle_ns:
+        state.idle = stats
+    m._saw(stats.ts_ns + stats.interval_ns)
     m.changed.add("cpus")
 
 
 @handles("meta.probe")
 def _probe(m: NodeModel, rec: Record) -> None:
-    p = decode.probe_state(rec)
+    p = decode.probe_status(rec)
     m.probes[p.probe] = p
     m._saw(int(rec.get("ts_ns", 0)))
     m.changed.add("status")

@@ -39,6 +39,12 @@ def join(*parts: tuple[object, str] | str | Text, sep: str = "") -> Text:
     return out
 
 
+def gpu_title(index: int) -> str:
+    """How the views name a GPU: "GPU 0"; "GPU ?" for -1, a gap or process on no known GPU
+    (no NVML, or a process NVML lists on none)."""
+    return f"GPU {index}" if index >= 0 else "GPU ?"
+
+
 def duration(ns: int | float) -> str:
     return format_ns(ns)
 

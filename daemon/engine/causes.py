@@ -18,6 +18,7 @@ from gpujitter.daemon.engine.syscalls import SLEEPS, syscall_name
 from gpujitter.daemon.engine.timeline import Span, Timeline
 from gpujitter.daemon.records import (
     AllocEvidence,
+    Attribution,
     Evidence,
     FaultEvidence,
     GcEvidence,
@@ -31,9 +32,12 @@ from gpujitter.daemon.records import (
     ReasonEvidence,
     SyscallEvidence,
     TaskEvidence,
+    cpus_text,
+    task_name,
 )
 from gpujitter.daemon.remedies import RemedyContext
 from gpujitter.probes.events import IrqStolen, OffCpu
+from gpujitter.units import format_bytes, format_ns
 
 Claimed = tuple[int, Any, int]  # (tid, key, ns)
 
@@ -59,6 +63,26 @@ class Cause(abc.ABC):
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         return None
+
+    def detail(self, part: Part, attr: Attribution) -> str:
+        """What the part's evidence names, in a few words (which IRQ, which task, which
+        call) for the one-line summaries; "" when there is nothing to add to the label."""
+        return ""
+
+
+def _top(part: Part, cls: type[Any]) -> list[Any]:
+    """The part's evidence of one kind, largest first."""
+    return sorted((e for e in part.evidence if isinstance(e, cls)), key=lambda e: -e.ns)
+
+
+def _fault_detail(part: Part, attr: Attribution) -> str:
+    faults = _top(part, FaultEvidence)
+    count = sum(f.count for f in faults)
+    tids = ",".join(map(str, part.tids))
+    # A waker's faults are named with the waker (describe.held_by), in its own process.
+    who = f"pid {attr.tgid} tid {tids}" if part.tids and attr.holder(part) is None else ""
+    what = f"{count} fault{'s' if count != 1 else ''}" if count else ""
+    return ", ".join(x for x in (who, what) if x)
 
 
 def _largest_first(evidence: Iterable[Evidence], tie: Callable[[Any], Any]) -> tuple[Any, ...]:
@@ -133,6 +157,9 @@ class WindowedCause(Cause):
 
 
 class MajorFaultCause(ExactCause):
+    def detail(self, part: Part, attr: Attribution) -> str:
+        return _fault_detail(part, attr)
+
     def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
         spans = sorted({id(s): s for _, s, _ in items}.values(), key=lambda s: s.start)
         return (
@@ -192,6 +219,15 @@ class IrqTime(WindowedCause):
             )
         return _largest_first(out, lambda e: (e.irq_kind, e.irq, e.name))
 
+    def detail(self, part: Part, attr: Attribution) -> str:
+        irqs = _top(part, IrqEvidence)
+        if not irqs:
+            return ""
+        top = irqs[0]
+        remote = " (remote to GPU)" if top.remote_to_gpu else ""
+        more = f" +{len(irqs) - 1} more" if len(irqs) > 1 else ""
+        return f"{top.name}{cpus_text(top.cpus)}{remote}{more}"
+
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         top = part.evidence[0]
         assert isinstance(top, IrqEvidence)
@@ -210,6 +246,9 @@ class MinorFaultTime(WindowedCause):
                 kind="minor", count=_scaled_count(items), ns=_ns(items), cpus=_cpus(items)
             ),
         )
+
+    def detail(self, part: Part, attr: Attribution) -> str:
+        return _fault_detail(part, attr)
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         top = part.evidence[0]
@@ -248,6 +287,10 @@ class IdleWakeDelay(ExactCause):
                 )
             )
         return _largest_first(out, lambda e: e.state)
+
+    def detail(self, part: Part, attr: Attribution) -> str:
+        states = _top(part, IdleEvidence)
+        return f"from {states[0].state_name}{cpus_text(states[0].cpus)}" if states else ""
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         top = part.evidence[0]
@@ -306,6 +349,17 @@ class RunqWait(Cause):
         }
         return _largest_first(tasks, lambda e: (e.tid, e.comm)) + migration_evidence(moves)
 
+    def detail(self, part: Part, attr: Attribution) -> str:
+        tasks = _top(part, TaskEvidence)
+        if not tasks:
+            return ""
+        top = tasks[0]
+        who = f"behind {task_name(top)}" if top.tid else "behind an unknown task"
+        if top.own:
+            who = f"behind gpujitter itself (tid {top.tid}, self-inflicted)"
+        flag = ", after a cross-NUMA migration" if any(t.after_migration for t in tasks) else ""
+        return f"{who}{cpus_text(top.cpus)}{flag}"
+
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         top = part.evidence[0]
         assert isinstance(top, TaskEvidence)
@@ -347,6 +401,13 @@ class AllocStall(ExactCause):
                 )
             )
         return _largest_first(out, lambda e: (e.call, e.allocator))
+
+    def detail(self, part: Part, attr: Attribution) -> str:
+        calls = _top(part, AllocEvidence)
+        if not calls:
+            return ""
+        size = f" {format_bytes(calls[0].bytes)}" if calls[0].bytes else ""
+        return f"{calls[0].call}{size} x{sum(c.count for c in calls)}"
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         top = part.evidence[0]
@@ -399,6 +460,16 @@ class IoWait(Cause):
                 )
             )
         return _largest_first(out, lambda e: (e.dev, e.op, e.syscall))
+
+    def detail(self, part: Part, attr: Attribution) -> str:
+        disks = _top(part, IoEvidence)
+        if not disks:
+            return ""
+        top = disks[0]
+        node = f" (node {top.node})" if top.node >= 0 else ""
+        call = f" in {top.syscall}" if top.syscall else ""
+        count = sum(d.count for d in disks)
+        return f"{top.op or 'I/O'} on {top.name or top.dev}{node}{call} x{count}"
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         top = part.evidence[0]
@@ -461,13 +532,17 @@ class Blocked(Cause):
             )
         return _largest_first(out, lambda e: (e.state, e.nr))
 
+    def detail(self, part: Part, attr: Attribution) -> str:
+        calls = _top(part, SyscallEvidence)
+        return f"in {calls[0].syscall}" if calls and calls[0].syscall else ""
+
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         top = part.evidence[0]
         assert isinstance(top, SyscallEvidence)
         return remedies.blocked_hint(top.syscall, top.state)
 
 
-class GcPause(Cause):
+class GcPauseTime(Cause):
     """On-CPU time of a thread inside a CPython GC collection: carved out of what would be
     host work (or remote on-CPU time), after IRQs, faults and allocator calls inside the
     collection took theirs. With on-CPU windows (sched probe) it takes the thread's on-CPU
@@ -510,6 +585,15 @@ class GcPause(Cause):
                 )
             )
         return _largest_first(out, lambda e: e.generation)
+
+    def detail(self, part: Part, attr: Attribution) -> str:
+        gens = _top(part, GcEvidence)
+        if not gens:
+            return ""
+        top = gens[0]
+        gen = f"gen {top.generation}" if top.generation >= 0 else "generation unknown"
+        count = sum(g.count for g in gens)
+        return f"{gen}, {count} collection{'s' if count != 1 else ''} of {format_ns(top.dur_ns)}"
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         top = part.evidence[0]
@@ -563,6 +647,13 @@ class GilWait(Cause):
         top = part.evidence[0]
         assert isinstance(top, GilEvidence)
         return remedies.gil_wait(top)
+
+    def detail(self, part: Part, attr: Attribution) -> str:
+        holders = _top(part, GilEvidence)
+        if not holders:
+            return ""
+        who = f"held by {holders[0].holder}" if holders[0].holder_tid else "holder unknown"
+        return f"{who}, {sum(h.count for h in holders)}x"
 
 
 def holder_time(ctx: Divider, tid: int, stretches: list[tuple[int, int]]) -> dict[str, int]:
@@ -665,6 +756,11 @@ class RemoteOnCpu(OnCpuCause):
                 moves[(remote[-1].start, tid)] = remote[-1].event
         return super().evidence(items, ctx) + migration_evidence(moves)
 
+    def detail(self, part: Part, attr: Attribution) -> str:
+        nodes = _top(part, NodeEvidence)
+        gpu = f", GPU on node {attr.gpu_node}" if attr.gpu_node >= 0 else ""
+        return f"node {nodes[0].node}{gpu}" if nodes else ""
+
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         return remedies.bind_to_gpu(ctx)
 
@@ -727,7 +823,7 @@ CAUSE_ORDER: tuple[Cause, ...] = (
     IoWait(),
     GilWait(),
     Blocked(),
-    GcPause(),
+    GcPauseTime(),
     RemoteOnCpu(),
     HostWork(),
     Unexplained(),

@@ -20,12 +20,8 @@
 #define GJ_MAX_CPUS 1024
 #define GJ_MAX_THREADS 65536
 
-/* gj_config slots */
-#define GJ_CFG_FLAGS 0
-#define GJ_CFG_SELF_TGID 1
-#define GJ_CFG_GEN 2 /* bumped on every change of the watched set (cached lookups check it) */
-/* GJ_CFG_FLAGS bits */
-#define GJ_WATCH_ALL 1ULL
+/* gj_config's slots GJ_CFG_FLAGS, GJ_CFG_SELF_TGID, GJ_CFG_GEN and the GJ_CFG_FLAGS bit
+ * GJ_WATCH_ALL are defined ahead of this header by the loader (probes/contract.py). */
 
 #ifdef GJ_CORE
 BPF_TABLE_PUBLIC("hash", u32, u8, gj_watched, GJ_MAX_WATCHED);

@@ -174,6 +174,13 @@ def test_the_breakdown_shows_where_a_followed_wait_went_in_the_waker() -> None:
     assert "host work 36.00ms, run-queue wait 1.00ms" in text
 
 
+def test_a_gap_on_no_known_gpu_reads_as_such() -> None:
+    """GPU -1 is 'no GPU known' (no NVML): the breakdown says '?', as the GPUs view does,
+    never the sentinel."""
+    text = breakdown_text(gap(0, 5 * MS, gpu=-1), None, WallClock(tz=UTC), 60).plain
+    assert text.startswith("GPU ? idle 5.00ms") and "-1" not in text
+
+
 def gap(ts_ns: int, end_ns: int, gpu: int = 0) -> GpuGap:
     return GpuGap(ts_ns=ts_ns, end_ns=end_ns, gpu=gpu, sources=("cuda",), resolution_ns=US,
                   confidence=0.9)  # fmt: skip

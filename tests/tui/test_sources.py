@@ -3,6 +3,7 @@ replay order and controls, recordings of both kinds, the kernel-counter sampler.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -198,7 +199,7 @@ def test_kernel_counter_sampler_gives_deltas_and_flags_remote_irqs(tmp_path: Pat
     assert sampler.sample(10 * S) == []  # the baseline
     write_proc(tmp_path, irq36=160, timer=15, idle_us=401_000, stat_irq=5)
     rows = {r["cpu"]: r for r in sampler.sample(11 * S)}
-    tick = sampler._tick_ns
+    tick = 10**9 // os.sysconf("SC_CLK_TCK")  # /proc/stat counts in USER_HZ ticks
     zero = rows[0]
     assert (zero["ts_ns"], zero["interval_ns"], zero["hardirq_ns"]) == (10 * S, S, 3 * tick)
     assert zero["idle_ns"] == (("C1", 400_000_000),)

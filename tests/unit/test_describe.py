@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from gpujitter.daemon.describe import one_line, part_text
+from gpujitter.daemon.engine.causes import CAUSE_BY_NAME, Cause
 from gpujitter.daemon.records import (
     AllocEvidence,
     Attribution,
@@ -94,3 +97,28 @@ def test_time_followed_into_a_waker_names_its_thread_and_process() -> None:
         "2.00ms swap-in (3 faults, in pt_data_worker pid 300 tid 301, 3 hops), "
         "1.00ms blocked (in futex) [cuda, ±5.0us]"
     )
+
+
+class Defrag(Cause):
+    """A cause as a new module would add it: its label and its detail are all it words."""
+
+    name = "defrag"
+    label = "compaction"
+    colour = "#000000"
+
+    def claim(self, *args: object) -> int:
+        return 0
+
+    def evidence(self, *args: object) -> tuple[()]:
+        return ()
+
+    def detail(self, part: Part, attr: Attribution) -> str:
+        return f"{len(part.evidence)} items, pid {attr.tgid}"
+
+
+def test_a_new_cause_reads_through_its_own_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one-liners ask the cause table, so a cause added there needs nothing in here."""
+    part = Part("defrag", 4 * MS, (4130,), (NodeEvidence(0, (1,), 4 * MS, False),))
+    assert part_text(part, attribution(part)) == "4.00ms defrag"  # unknown: reads as itself
+    monkeypatch.setitem(CAUSE_BY_NAME, "defrag", Defrag())
+    assert part_text(part, attribution(part)) == "4.00ms compaction (1 items, pid 4121)"

@@ -22,6 +22,7 @@ from gpujitter.probes.events import (
     from_record,
     to_record,
 )
+from tests.conftest import cause_ns
 from tests.fixtures.streams.feeding import FeedingLoop
 from tests.fixtures.streams.synthetic import (
     CONFIG,
@@ -150,12 +151,12 @@ def test_each_injected_stall_is_found_and_attributed_to_its_cause():
         (t.gap_start_ns, t.gap_end_ns) for t in loop.truth
     ]
     for attr, truth in zip(attrs, loop.truth, strict=True):
-        got = attr.ns_of(truth.cause)
+        got = cause_ns(attr, truth.cause)
         assert abs(got - truth.cause_ns) <= truth.cause_ns * 2 // 100, (truth, parts_ms(attr))
         assert attr.top_cause == truth.cause, truth
         assert sum(p.ns for p in attr.parts) == attr.dur_ns
         # The blips below the sched threshold are all that stays unexplained: well under 2 %.
-        assert attr.ns_of("unexplained") * 50 < attr.dur_ns, (truth, parts_ms(attr))
+        assert cause_ns(attr, "unexplained") * 50 < attr.dur_ns, (truth, parts_ms(attr))
 
 
 def test_the_loader_stall_is_credited_to_the_loader_thread_through_the_futex():

@@ -20,7 +20,7 @@ from gpujitter.daemon.trace import TraceReader
 from gpujitter.probes.events import Event, OffCpu, to_record
 from gpujitter.probes.topology import Topology
 from gpujitter.tui import decode
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, cause_ns
 
 TRACE = FIXTURES / "iowait" / "readahead-drill.gjtrace"
 TRUTH = json.loads((FIXTURES / "iowait" / "readahead-drill-truth.json").read_text())
@@ -78,7 +78,7 @@ def test_without_the_io_fields_the_same_waits_are_only_blocked() -> None:
     plain = attributions(events)
     result = score("blocked", STALLS, plain, tuple(TRUTH["window"]))
     assert result.top_right == len(STALLS)
-    assert all(a.ns_of("io_wait") == 0 for a in plain)
+    assert all(cause_ns(a, "io_wait") == 0 for a in plain)
 
 
 def test_the_cause_and_its_evidence_read_in_words(replayed: list[Attribution]) -> None:

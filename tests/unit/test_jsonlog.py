@@ -3,7 +3,6 @@ lines cut on reopen, rotation with retention, reopen after logrotate."""
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -57,8 +56,14 @@ def test_file_mode_is_0640_whatever_the_umask_and_the_fd_appends(tmp_path: Path)
         finally:
             os.umask(old)
         assert (tmp_path / f"{umask}.jsonl").stat().st_mode & 0o777 == 0o640
-        assert log._fd is not None and fcntl.fcntl(log._fd, fcntl.F_GETFL) & os.O_APPEND
+        # Appending: a line lands after what another writer added meanwhile, never over it.
+        log.write(gap(1))
+        with (tmp_path / f"{umask}.jsonl").open("ab") as other:
+            other.write(b'{"type": "note"}\n')
+        log.write(gap(2))
         log.close()
+        lines = (tmp_path / f"{umask}.jsonl").read_bytes().splitlines()
+        assert lines[1] == b'{"type": "note"}' and from_record(orjson.loads(lines[2])) == gap(2)
     # An existing file keeps the mode its owner gave it.
     existing = tmp_path / "63.jsonl"
     existing.chmod(0o600)

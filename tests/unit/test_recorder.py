@@ -94,8 +94,9 @@ def test_retention_covers_earlier_recordings_but_not_foreign_files(tmp_path: Pat
 
 def test_age_rotation_happens_on_tick_and_never_leaves_an_empty_file(tmp_path: Path) -> None:
     rotation = Rotation(max_age_ns=60 * 10**9)
-    with TraceRecorder(tmp_path / "dir", header(), rotation) as rec:
-        start = rec._started_ns
+    hdr = header()
+    with TraceRecorder(tmp_path / "dir", hdr, rotation) as rec:
+        start = hdr.start_ns  # a file's age counts from its header's start
         rec.tick(start + 61 * 10**9)  # old but empty: kept open
         assert len(rec.files) == 1
         rec.write(alloc(1))

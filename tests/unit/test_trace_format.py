@@ -7,6 +7,7 @@ import dataclasses
 import os
 import struct
 import subprocess
+import time
 import tracemalloc
 import zlib
 from pathlib import Path
@@ -231,12 +232,14 @@ def test_writer_flushes_by_size_and_by_time_and_fsyncs_on_close(tmp_path: Path) 
     assert read(path)[0] == []  # buffered: a header-only trace, already readable
     while writer.size - len(path.read_bytes()) + frame_bytes < 1000:
         writer.write(alloc(1))
+    before_ns = time.monotonic_ns()
     writer.write(alloc(2))  # crosses flush_bytes: everything is in the file
+    after_ns = time.monotonic_ns()  # the flush happened in between
     assert len(read(path)[0]) == writer.events
     writer.write(alloc(3))
-    writer.flush_if_due(now_ns=writer._last_flush_ns + 10**9 - 1)
+    writer.flush_if_due(now_ns=before_ns + 10**9 - 1)
     assert len(read(path)[0]) == writer.events - 1
-    writer.flush_if_due(now_ns=writer._last_flush_ns + 10**9)
+    writer.flush_if_due(now_ns=after_ns + 10**9)
     assert len(read(path)[0]) == writer.events
     writer.write(alloc(4))
     writer.close()

@@ -13,7 +13,8 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Static
 
-from gpujitter.tui.audit import AuditReport, Finding
+from gpujitter.daemon.audit.model import Finding
+from gpujitter.tui.audit import AuditReport
 from gpujitter.tui.text import plain
 
 COLUMNS = ("SEVERITY", "RULE", "SUBJECT", "FINDING")
@@ -40,9 +41,9 @@ def finding_text(f: Finding) -> Text:
     out.append(f.message + "\n")
     if f.evidence:
         out.append("\nEvidence\n", style="bold underline")
-        for file, value in f.evidence:
-            out.append(f"  {file}: ", style="dim")
-            out.append(value + "\n")
+        for e in f.evidence:
+            out.append(f"  {e.file}: ", style="dim")
+            out.append(e.value + "\n")
     if f.fix:
         out.append("\nFix\n", style="bold underline")
         out.append(f"  {f.fix}\n", style="green")

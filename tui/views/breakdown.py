@@ -17,13 +17,13 @@ from textual.widgets import Footer, Static
 from gpujitter.daemon.describe import evidence_line
 from gpujitter.daemon.engine.causes import cause_colour, cause_label
 from gpujitter.daemon.records import Attribution, GpuGap
-from gpujitter.tui.text import WallClock, duration, ms, percent
+from gpujitter.tui.text import WallClock, duration, gpu_title, ms, percent
 from gpujitter.tui.views.timeline import cause_bar
 
 
 def describe_gap(gap: GpuGap, clock: WallClock) -> Text:
     out = Text()
-    out.append(f"GPU {gap.gpu} idle {duration(gap.dur_ns)}", style="bold")
+    out.append(f"{gpu_title(gap.gpu)} idle {duration(gap.dur_ns)}", style="bold")
     out.append(f"  {clock.date(gap.ts_ns)} {clock.time(gap.ts_ns)} → {clock.time(gap.end_ns)}\n")
     sources = ", ".join(gap.sources) or "unknown"
     out.append(f"placed by {sources} (±{duration(gap.resolution_ns)}), ", style="dim")
@@ -111,7 +111,7 @@ class GapScreen(ModalScreen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        title = f"GPU {self.gap.gpu} gap at {self.clock.time(self.gap.ts_ns)}"
+        title = f"{gpu_title(self.gap.gpu)} gap at {self.clock.time(self.gap.ts_ns)}"
         self.query_one("#breakdown").border_title = title
         self._draw()
 

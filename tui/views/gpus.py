@@ -16,7 +16,7 @@ from textual.widgets import Static
 from gpujitter.daemon.engine.causes import cause_label
 from gpujitter.tui.decode import PENDING
 from gpujitter.tui.model import NodeModel
-from gpujitter.tui.text import join, ms, percent
+from gpujitter.tui.text import gpu_title, join, ms, percent
 from gpujitter.tui.views.timeline import bars, cause_bar, columns, gap_marks, legend
 
 LABEL = 6  # "util  "
@@ -70,8 +70,7 @@ class GpuPanel(Widget):
     def header(self) -> Text:
         m, info = self.model, self.model.gpus.get(self.gpu)
         node = m.gpu_node(self.gpu)
-        index = str(self.gpu) if self.gpu >= 0 else "?"  # -1: a process NVML listed nowhere
-        parts: list[tuple[object, str] | str] = [(f"GPU {index}", "bold")]
+        parts: list[tuple[object, str] | str] = [(gpu_title(self.gpu), "bold")]
         if info is not None and info.name:
             parts.append((info.name, ""))
         parts.append((f"node {node}" if node >= 0 else "node ?", "cyan"))
