@@ -254,6 +254,8 @@ class BpfProbe(Probe):
         table = self.bpf[ring]
 
         def on_record(_ctx: Any, data: int, _size: int) -> int:
+            if self.bpf is None:  # closed: its module may live on (the core's, watch.py)
+                return 0
             ev = self.decode(ring, table.event(data))
             if ev is not None:
                 self.deliver(ev)
