@@ -141,9 +141,17 @@ class Bundle:
                 except Exception as exc:
                     line = first_error_line(err(), str(exc))
             culprit = next((p for p in todo if str(p.source) in line), None)
+            essential = [p for p in todo if p.essential]
             if culprit is not None and not culprit.essential and len(todo) > 1:
                 self.failed[culprit.name] = f"{line} (compiled without it: the others run)"
                 todo.remove(culprit)
+            elif culprit is None and essential and len(essential) < len(todo):
+                # An error that names no file (a map the kernel refused): the essential parts are
+                # compiled alone, so that what the others lack does not take them down too.
+                for p in todo:
+                    if not p.essential:
+                        self.failed[p.name] = line
+                todo = essential
             else:
                 for p in todo:
                     self.failed[p.name] = line

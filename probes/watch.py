@@ -230,7 +230,12 @@ class CoreBpf:
                     bundle = first
                 else:  # the core's view holds it
                     first.release()
-            self.bpf = _core.lend(self)
+            try:
+                self.bpf = _core.lend(self)
+            except ProbeUnavailable:
+                if bundle is not None:
+                    bundle.release()
+                raise
         config = self.bpf["gj_config"]
         config[ct.c_uint(CFG_FLAGS)] = ct.c_ulonglong(WATCH_ALL if self.spec.all else 0)
         config[ct.c_uint(CFG_SELF_TGID)] = ct.c_ulonglong(os.getpid())

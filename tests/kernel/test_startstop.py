@@ -171,3 +171,24 @@ def test_a_core_that_does_not_compile_leaves_no_part_running(tmp_path: Path) -> 
                 bundle.view(part)
     finally:
         bundle.release()
+
+
+def test_an_error_that_names_no_part_leaves_the_essential_part_running(tmp_path: Path) -> None:
+    # Neither part is the real core (its maps are exported once per process) nor uses it.
+    essential = tmp_path / "essential.bpf.c"
+    essential.write_text("RAW_TRACEPOINT_PROBE(sched_waking) { return 0; }\n")
+    # A map the kernel refuses (no entries): its error names the map, not the file.
+    big = tmp_path / "big.bpf.c"
+    big.write_text(
+        "BPF_ARRAY(empty, u64, 0);\n"
+        "RAW_TRACEPOINT_PROBE(sched_switch) {\n"
+        "    int k = 0;\n"
+        "    return empty.lookup(&k) ? 1 : 0;\n}\n"
+    )
+    bundle = Bundle([Part("essential", essential, essential=True), Part("big", big)])
+    try:
+        with pytest.raises(ProbeUnavailable, match="could not open bpf map: empty"):
+            bundle.view("big")
+        bundle.view("essential").cleanup()  # it compiled, alone
+    finally:
+        bundle.release()
