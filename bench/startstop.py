@@ -68,28 +68,44 @@ def holder(libcuda: Path) -> subprocess.Popen[str]:
     return child
 
 
-def one_round(
-    tmp: Path, watched: int, libcuda: Path, stop: signal.Signals, args: argparse.Namespace
-) -> dict[str, Any]:
+def start_daemon(
+    tmp: Path, watched: int, flags: list[str]
+) -> tuple[subprocess.Popen[bytes], float]:
+    """`gpujitter run` watching `watched`, with an empty configuration and `flags`; returns
+    once it said READY=1 (sd_notify), with the seconds from exec to then."""
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     (tmp / "notify").unlink(missing_ok=True)
     notify.bind(str(tmp / "notify"))
     notify.settimeout(120)
     (tmp / "empty.toml").touch()  # not this node's /etc/gpujitter/gpujitter.toml
-    log, trace = tmp / "attr.jsonl", tmp / f"trace-{time.monotonic_ns()}"
     cmd = [*GPUJITTER, "run", "--config", str(tmp / "empty.toml"), "--pid", str(watched),
-           "--log", str(log), "--record", str(trace), "--socket", str(tmp / "gj.sock")]  # fmt: skip
-    cmd += [] if args.nvml else ["--no-nvml"]
-    cmd += ["--probes", args.probes] if args.probes else []
+           "--socket", str(tmp / "gj.sock"), *flags]  # fmt: skip
     started = time.monotonic()
     daemon = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
                               env={**os.environ, "NOTIFY_SOCKET": str(tmp / "notify")})  # fmt: skip
     try:
         said = notify.recv(4096).decode()
-        ready_s = time.monotonic() - started
-        ready_cpu_s = cpu_s(daemon.pid)
         if not said.startswith("READY=1"):
             raise RuntimeError(f"daemon said {said!r} before READY=1")
+    except BaseException:
+        daemon.kill()
+        daemon.wait()
+        raise
+    finally:
+        notify.close()
+    return daemon, time.monotonic() - started
+
+
+def one_round(
+    tmp: Path, watched: int, libcuda: Path, stop: signal.Signals, args: argparse.Namespace
+) -> dict[str, Any]:
+    log, trace = tmp / "attr.jsonl", tmp / f"trace-{time.monotonic_ns()}"
+    flags = ["--log", str(log), "--record", str(trace)]
+    flags += [] if args.nvml else ["--no-nvml"]
+    flags += ["--probes", args.probes] if args.probes else []
+    daemon, ready_s = start_daemon(tmp, watched, flags)
+    try:
+        ready_cpu_s = cpu_s(daemon.pid)
         rss: list[float] = []
         armed = 0
         steady_until = time.monotonic() + args.steady_s
@@ -106,7 +122,6 @@ def one_round(
         if daemon.returncode is None:
             daemon.kill()
             daemon.wait()
-        notify.close()
     return {
         "signal": stop.name,
         "ready_s": ready_s,
@@ -201,15 +216,25 @@ def main(argv: list[str] | None = None) -> int:
         "default: the drills' stub",
     )
     parser.add_argument("--nvml", action="store_true", help="let the daemon open NVML")
+    add_daemon_args(parser)
+    args = parser.parse_args(argv)
+    result = measure(args)
+    say(args, result, report(result))
+    return 0
+
+
+def add_daemon_args(parser: argparse.ArgumentParser) -> None:
+    """The options of a bench that runs the daemon: its probes, and where the result goes."""
     parser.add_argument("--probes", default="", help="--probes for the daemon (default set)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", type=Path, help="also write the JSON result there")
-    args = parser.parse_args(argv)
-    result = measure(args)
+
+
+def say(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
+    """The result as JSON (--json) or `text`, and as JSON into --out."""
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1) if args.json else report(result))
-    return 0
+    print(json.dumps(result, indent=1) if args.json else text)
 
 
 if __name__ == "__main__":

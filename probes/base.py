@@ -165,15 +165,44 @@ def first_error_line(text: str, fallback: str) -> str:
     return fallback
 
 
+# The compiler bcc loads (its libclang and LLVM, statically or as libraries): ~85 MB of their
+# code stays resident after a compile, read once and not again until the next compile.
+COMPILER_LIBRARIES = ("libLLVM", "libclang", "libbcc")
+MADV_PAGEOUT = 21  # linux/mman.h, since 5.4
+
+
+def compiler_code(maps: str) -> list[tuple[int, int]]:
+    """(start, length) of the read-only mappings of the compiler's files in a /proc/PID/maps
+    text: what can be handed back without a write (writable ones would need swap)."""
+    ranges = []
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or "w" in fields[1]:
+            continue
+        if os.path.basename(fields[5]).startswith(COMPILER_LIBRARIES):
+            start, _, end = fields[0].partition("-")
+            ranges.append((int(start, 16), int(end, 16) - int(start, 16)))
+    return ranges
+
+
 def release_compiler_memory() -> None:
-    """Hand back to the system the heap that bcc's compiles left free: LLVM's allocations stay
-    in glibc's arenas after a compile, ~40 MB resident that nothing uses (docs/performance.md).
-    Nothing to do where the C library has no malloc_trim."""
+    """Hand back to the system what bcc's compiles left resident: the heap LLVM freed (it stays
+    in glibc's arenas, ~40 MB) and the compiler's code, which nothing runs between compiles
+    (MADV_PAGEOUT: dropped from this process, read from the file again if a compile needs it;
+    pages another process maps stay). Best effort: a C library without malloc_trim or a
+    kernel without MADV_PAGEOUT keeps them (docs/performance.md)."""
     import ctypes
 
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    libc = ctypes.CDLL(None)
+    trim = getattr(libc, "malloc_trim", None)
     if trim is not None:
         trim(0)
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return
+    for start, length in compiler_code(maps):
+        libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), MADV_PAGEOUT)
 
 
 def threshold_ns(spec: ProbeSpec, ctx: ProbeContext, key: str) -> int:
@@ -260,6 +289,8 @@ class BpfProbe(Probe):
         table = self.bpf[ring]
 
         def on_record(_ctx: Any, data: int, _size: int) -> int:
+            if self.bpf is None:  # closed: its module may live on (the core's, watch.py)
+                return 0
             ev = self.decode(ring, table.event(data))
             if ev is not None:
                 self.deliver(ev)

@@ -10,7 +10,8 @@ view does), and a map or function that another part of the module also defines i
 `<part>__name`. The probe sees the module through a PartView under its own names.
 
 A part that does not compile is left out and the rest compiled again without it (the error
-names its file); a part whose programs the kernel refuses fails on attach, in its view only.
+names its file), unless it is essential (the core, whose maps the others use: then none runs);
+a part whose programs the kernel refuses fails on attach, in its view only.
 """
 
 from __future__ import annotations
@@ -50,11 +51,13 @@ _HOOK_NAMES = ("tracepoint__", "raw_tracepoint__")  # as TRACEPOINT_PROBE names 
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """One probe's share of the module: `name` (a C identifier) prefixes its names."""
+    """One probe's share of the module: `name` (a C identifier) prefixes its names.
+    An essential part defines what the others use: the module is not built without it."""
 
     name: str
     source: Path
     cflags: tuple[str, ...] = ()
+    essential: bool = False
 
     @property
     def prefix(self) -> str:
@@ -138,9 +141,17 @@ class Bundle:
                 except Exception as exc:
                     line = first_error_line(err(), str(exc))
             culprit = next((p for p in todo if str(p.source) in line), None)
-            if culprit is not None and len(todo) > 1:
+            essential = [p for p in todo if p.essential]
+            if culprit is not None and not culprit.essential and len(todo) > 1:
                 self.failed[culprit.name] = f"{line} (compiled without it: the others run)"
                 todo.remove(culprit)
+            elif culprit is None and essential and len(essential) < len(todo):
+                # An error that names no file (a map the kernel refused): the essential parts are
+                # compiled alone, so that what the others lack does not take them down too.
+                for p in todo:
+                    if not p.essential:
+                        self.failed[p.name] = line
+                todo = essential
             else:
                 for p in todo:
                     self.failed[p.name] = line
@@ -293,9 +304,16 @@ class PartView:
         self.bpf.ring_buffer_consume()
 
     def cleanup(self) -> None:
-        """Detach what this part attached; the module goes with the last part's view.
-        The tracepoints side by side: each waits for the kernel's grace periods, and
-        malloc's ten took 1.3 s one after another here, 0.4 s at once."""
+        """Detach what this part attached; the module goes with the last part's view."""
+        self.detach()
+        self.funcs.clear()
+        self.bundle.release()
+
+    def detach(self) -> None:
+        """Detach what this part attached; its programs and maps stay loaded (attach_hooks
+        attaches its tracepoints again). The tracepoints side by side: each waits for the
+        kernel's grace periods, and malloc's ten took 1.3 s one after another here, 0.4 s
+        at once."""
         from bcc.libbcc import lib
 
         if self.bpf is not None:
@@ -315,5 +333,3 @@ class PartView:
             for ev_type, ev_config in self.perf_events:
                 self.bpf.detach_perf_event(ev_type, ev_config)
             self.perf_events.clear()
-        self.funcs.clear()
-        self.bundle.release()

@@ -17,6 +17,7 @@ a uprobe trap (~0.7 us on the GPU VM), synchronisations also a uretprobe (docs/g
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import subprocess
@@ -103,8 +104,17 @@ class ElfImage:
 
 
 def read_elf(path: str | Path) -> ElfImage:
-    """Exported (defined, global or weak) functions of a 64-bit little-endian ELF file."""
-    data = Path(path).read_bytes()
+    """Exported (defined, global or weak) functions of a 64-bit little-endian ELF file.
+    Mapped, not read: only the pages of its headers and symbols become resident (a libcuda
+    is ~100 MB; reading it whole was the daemon's peak memory on a GPU node)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size < 64:  # not even an ELF header (nor mappable if empty)
+            raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as data:
+            return _elf_functions(path, data)
+
+
+def _elf_functions(path: str | Path, data: mmap.mmap) -> ElfImage:
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
     phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
@@ -132,7 +142,9 @@ def read_elf(path: str | Path) -> ElfImage:
             )
             if st_info & 0xF != 2 or st_shndx == 0 or st_info >> 4 not in (1, 2):
                 continue  # not a defined global/weak function
-            end = data.index(b"\0", str_off + st_name)
+            end = data.find(b"\0", str_off + st_name)
+            if end < 0:
+                raise ValueError(f"{path}: a symbol name runs past the end of the file")
             functions[data[str_off + st_name : end].decode(errors="replace")] = st_value
     return ElfImage(functions=functions, loads=tuple(loads))
 

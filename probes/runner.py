@@ -20,7 +20,6 @@ from gpujitter.probes.base import (
     ProbeUnavailable,
     release_compiler_memory,
 )
-from gpujitter.probes.bundle import Bundle
 from gpujitter.probes.events import ProbeStatus
 from gpujitter.probes.host import HostPaths, can_load_bpf
 from gpujitter.probes.progstats import Cost, CostMeter
@@ -51,10 +50,15 @@ class ProbeSet:
         self._last_tick = 0
 
     def start(self) -> list[ProbeStatus]:
-        """Load the core, then every probe. Returns each probe's status; raises only when
+        """Load the core, then every probe (compiled as one module with the core's part
+        where the process has no core yet). Returns each probe's status; raises only when
         the core cannot load (then no probe can run)."""
+        probes = [spec.factory(spec) for spec in self.specs]
+        # One compile for every probe's .bpf.c (probes/bundle.py), parts shared by two probes
+        # (faults and swap) once.
+        parts = {part.name: part for probe in probes for part in probe.parts(self.ctx)}
         try:
-            self.core.start(self.emit)
+            self.ctx.bundle = self.core.start(self.emit, list(parts.values()))
         except ProbeUnavailable as err:
             if not can_load_bpf(self.core.paths):
                 raise GpujitterError(
@@ -65,12 +69,6 @@ class ProbeSet:
         now = time.monotonic_ns()
         self._last_tick = now  # start() refreshed the watched set and reported health
         statuses = []
-        probes = [spec.factory(spec) for spec in self.specs]
-        # One compile for every probe's .bpf.c (probes/bundle.py), parts shared by two probes
-        # (faults and swap) once.
-        parts = {part.name: part for probe in probes for part in probe.parts(self.ctx)}
-        if parts:
-            self.ctx.bundle = Bundle(list(parts.values()))
         for probe in probes:
             try:
                 probe.start(self.ctx)

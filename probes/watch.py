@@ -18,17 +18,14 @@ import fnmatch
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpujitter.probes import contract
-from gpujitter.probes.base import (
-    ProbeUnavailable,
-    comm_str,
-    compile_bpf,
-)
+from gpujitter.probes.base import ProbeUnavailable, comm_str
+from gpujitter.probes.bundle import Bundle, Part, PartView
 from gpujitter.probes.contract import CFG_FLAGS, CFG_GEN, CFG_SELF_TGID, WATCH_ALL
 from gpujitter.probes.events import (
     Event,
@@ -153,19 +150,30 @@ def _pids(paths: HostPaths) -> list[int]:
         return []
 
 
-class _LoadedCore:
-    """watch.bpf.c, compiled once and kept for the life of the process. libbcc keeps the
-    tables a module exports in one registry per process, by name: a destroyed module leaves
-    its entries behind (descriptors closed) and a later export of the same name does not
-    replace them, so probes compiled after a second core would refer to dead maps (the
-    kernel then refuses them). Probe sets borrow this one, one at a time; between loans its
-    tracepoints are detached and the watched set is empty, so an idle core costs nothing."""
+# The core's part of a module: first in it (gpujitter.h then defines the shared maps, exported
+# to the process, where later modules declare them extern), and never left out of it.
+CORE_PART = Part(
+    "watch",
+    Path(__file__).with_name("watch.bpf.c"),
+    tuple(contract.cflags(CONSTANTS)),
+    essential=True,
+)
 
-    def __init__(self) -> None:
-        source = Path(__file__).with_name("watch.bpf.c")
-        self.bpf = compile_bpf(source, contract.cflags(CONSTANTS), lambda bpf: None)
-        self.tracepoints = [tp.decode() for tp in self.bpf.tracepoint_fds]
-        self.attached = True
+
+class _LoadedCore:
+    """watch.bpf.c, compiled once and kept for the life of the process, as the first part of
+    the first probe set's module (one compile, not two: docs/performance.md). libbcc keeps
+    the tables a module exports in one registry per process, by name: a destroyed module
+    leaves its entries behind (descriptors closed) and a later export of the same name does
+    not replace them, so probes compiled after a second core would refer to dead maps (the
+    kernel then refuses them). The core's view therefore never lets the module go; the first
+    set's probes detach from it as they stop, and later sets compile modules of their own.
+    Probe sets borrow the core one at a time; between loans its tracepoints are detached and
+    the watched set is empty, so an idle core costs nothing."""
+
+    def __init__(self, view: PartView) -> None:
+        self.bpf = view
+        self.attached = False
         self.owner: CoreBpf | None = None
         self.bpf["proc_events"].open_ring_buffer(self._on_proc)
 
@@ -174,13 +182,9 @@ class _LoadedCore:
             self.owner.on_proc(self.bpf["proc_events"].event(data))
         return 0
 
-    def lend(self, owner: CoreBpf) -> Any:
-        if self.owner is not None:
-            raise ProbeUnavailable("another probe set is already running in this process")
+    def lend(self, owner: CoreBpf) -> PartView:
         if not self.attached:
-            for tp in self.tracepoints:
-                category, _, event = tp.partition(":")
-                self.bpf.attach_tracepoint(tp=tp, fn_name=f"tracepoint__{category}__{event}")
+            self.bpf.attach_hooks()
             self.attached = True
         self.owner = owner
         return self.bpf
@@ -188,8 +192,7 @@ class _LoadedCore:
     def give_back(self, owner: CoreBpf) -> None:
         if self.owner is not owner:
             return
-        for tp in self.tracepoints:
-            self.bpf.detach_tracepoint(tp)
+        self.bpf.detach()
         self.attached = False
         self.owner = None
         self.bpf.ring_buffer_consume()
@@ -217,13 +220,33 @@ class CoreBpf:
         self._announced: set[int] = set()  # tgids whose workload was looked up
         self._emit: Callable[[Event], Any] = lambda ev: None
 
-    def start(self, emit: Callable[[Event], Any]) -> None:
+    def start(self, emit: Callable[[Event], Any], parts: Sequence[Part] = ()) -> Bundle | None:
+        """Borrow the process's core and compile the set's probe `parts` as one module,
+        which the core's part joins where the process has no core yet. Returns that module
+        (None without parts); raises ProbeUnavailable when the core cannot load."""
         global _core
         self._emit = emit
         with _core_lock:
+            if _core is not None and _core.owner is not None:  # before seconds of compiling
+                raise ProbeUnavailable("another probe set is already running in this process")
+            bundle = Bundle(parts) if parts and _core is not None else None
             if _core is None:
-                _core = _LoadedCore()
-            self.bpf = _core.lend(self)
+                first = Bundle([CORE_PART, *parts])
+                try:
+                    _core = _LoadedCore(first.view(CORE_PART.name))
+                except ProbeUnavailable:
+                    first.release()
+                    raise
+                if parts:
+                    bundle = first
+                else:  # the core's view holds it
+                    first.release()
+            try:
+                self.bpf = _core.lend(self)
+            except ProbeUnavailable:
+                if bundle is not None:
+                    bundle.release()
+                raise
         config = self.bpf["gj_config"]
         config[ct.c_uint(CFG_FLAGS)] = ct.c_ulonglong(WATCH_ALL if self.spec.all else 0)
         config[ct.c_uint(CFG_SELF_TGID)] = ct.c_ulonglong(os.getpid())
@@ -232,6 +255,7 @@ class CoreBpf:
         for cpu, node in self.topology.cpu_node.items():
             cpu_node[ct.c_uint(cpu)] = ct.c_uint(node)
         self.refresh(now_ns=time.monotonic_ns())
+        return bundle
 
     def on_proc(self, rec: Any) -> None:
         comm = comm_str(rec.comm)

@@ -117,3 +117,78 @@ def test_a_part_that_does_not_compile_leaves_the_others_running(tmp_path: Path) 
             cstate.close()
     finally:
         core.close()
+
+
+# A fresh process (the test session's core may be loaded already): each bcc module it
+# compiles is counted, and a second probe set runs after the first.
+ONE_COMPILE = """
+import sys, time
+import bcc
+from gpujitter.probes.runner import ProbeThread
+from gpujitter.probes.topology import load_topology
+from gpujitter.probes.watch import WatchSpec
+
+compiled = []
+real = bcc.BPF
+class Counted(real):
+    def __init__(self, *args, **kwargs):
+        compiled.append(1)
+        super().__init__(*args, **kwargs)
+bcc.BPF = Counted
+kwargs = {"topology": load_topology(nvml=False), "watch": WatchSpec(pids={1})}
+with ProbeThread(["sched", "irq"], emit=lambda ev: True, **kwargs) as first:
+    states = [s.state for s in first.statuses]
+print("first", len(compiled), *states)
+with ProbeThread(["malloc"], emit=lambda ev: True, **kwargs) as second:
+    states = [s.state for s in second.statuses]
+print("second", len(compiled), *states)
+"""
+
+
+def test_the_core_compiles_in_the_first_probe_sets_module() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", ONE_COMPILE], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, second = out.stdout.splitlines()[-2:]
+    assert first.split() == ["first", "1", "running", "running"]
+    # The second set compiles its own module and borrows the first's core.
+    assert second.split() == ["second", "2", "running"]
+
+
+def test_a_core_that_does_not_compile_leaves_no_part_running(tmp_path: Path) -> None:
+    broken = tmp_path / "core.bpf.c"
+    broken.write_text(
+        '#include "gpujitter.h"\nRAW_TRACEPOINT_PROBE(sched_switch) { return nope; }\n'
+    )
+    ctx = ProbeContext(topology=load_topology(), emit=lambda ev: True)
+    bundle = Bundle(
+        [Part("core", broken, essential=True), *CstateProbe(registry.get("cstate")).parts(ctx)]
+    )
+    try:
+        for part in bundle.parts:
+            with pytest.raises(ProbeUnavailable, match=r"core\.bpf\.c.*nope"):
+                bundle.view(part)
+    finally:
+        bundle.release()
+
+
+def test_an_error_that_names_no_part_leaves_the_essential_part_running(tmp_path: Path) -> None:
+    # Neither part is the real core (its maps are exported once per process) nor uses it.
+    essential = tmp_path / "essential.bpf.c"
+    essential.write_text("RAW_TRACEPOINT_PROBE(sched_waking) { return 0; }\n")
+    # A map the kernel refuses (no entries): its error names the map, not the file.
+    big = tmp_path / "big.bpf.c"
+    big.write_text(
+        "BPF_ARRAY(empty, u64, 0);\n"
+        "RAW_TRACEPOINT_PROBE(sched_switch) {\n"
+        "    int k = 0;\n"
+        "    return empty.lookup(&k) ? 1 : 0;\n}\n"
+    )
+    bundle = Bundle([Part("essential", essential, essential=True), Part("big", big)])
+    try:
+        with pytest.raises(ProbeUnavailable, match="could not open bpf map: empty"):
+            bundle.view("big")
+        bundle.view("essential").cleanup()  # it compiled, alone
+    finally:
+        bundle.release()
