@@ -8,7 +8,8 @@ mode are configurations of it: which source, which sinks, whether it analyses.
 
 Stopping: SIGTERM/SIGINT (when it owns the signals) or the caller's `stopped` end the loop;
 the source stops and hands over what it held, the queue is drained, the pipeline flushed,
-then the sinks close, last added first. SIGHUP asks the sinks to reopen their files.
+then the sinks close, last added first. SIGHUP (where asked: the daemon) has the sinks reopen
+their files.
 """
 
 from __future__ import annotations
@@ -206,7 +207,9 @@ class Runtime:
     """One run of one source. analysis: a callable giving the pipeline's settings once the
     source has started (they depend on its GPUs), or None for no analysis. sinks: Sinks, or a
     callable making them once the pipeline exists. own: the threads' scheduling to tend (the
-    runtime's and the source's). signals: take SIGTERM/SIGINT/SIGHUP (main thread only)."""
+    runtime's and the source's). signals: take SIGTERM/SIGINT (main thread only); reload:
+    take SIGHUP too, to reopen the sinks' files (otherwise it keeps its default: a hangup
+    ends an interactive command)."""
 
     def __init__(
         self,
@@ -219,6 +222,7 @@ class Runtime:
         own: OwnScheduling | None = None,
         notifier: Notifier | None = None,
         signals: bool = True,
+        reload: bool = False,
         stopped: Callable[[], bool] | None = None,
         tick_ns: int = TICK_NS,
         queue: EventQueue | None = None,
@@ -233,6 +237,7 @@ class Runtime:
         self.own = own
         self.notifier = notifier
         self.signals = signals
+        self.reload = reload
         self._stopped = stopped or (lambda: False)
         self.tick_ns = tick_ns
         self.queue = queue or EventQueue()
@@ -275,11 +280,10 @@ class Runtime:
     def _take_signals(self) -> dict[int, Any]:
         if not self.signals:
             return {}
-        handlers = {signal.SIGTERM: self._on_stop, signal.SIGINT: self._on_stop,
-                    signal.SIGHUP: self._on_hup}  # fmt: skip
+        handlers: dict[int, Any] = {signal.SIGTERM: self._on_stop, signal.SIGINT: self._on_stop}
+        if self.reload:
+            handlers[signal.SIGHUP] = self._on_hup
         return {sig: signal.signal(sig, h) for sig, h in handlers.items()}
-
-    # -- main -------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def running(self, name: str) -> Iterator[Runtime]:

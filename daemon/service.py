@@ -207,6 +207,7 @@ class Daemon:
             duration_ns=duration_ns,
             own=self.own,
             notifier=self.notifier,
+            reload=True,
             say=self._say,
         )
 

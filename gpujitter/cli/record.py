@@ -224,7 +224,7 @@ COMMAND = Command(
         `gpujitter run --record` keeps, so `gpujitter report` reads both alike): a
         checksummed, append-only file whose header records this node's topology, the clock
         reference, the probes, thresholds and analysis settings (docs/trace-format.md).
-        Ctrl-C or SIGTERM stops cleanly; SIGHUP starts a new file. With --rotate-size or
+        Ctrl-C or SIGTERM stops cleanly. With --rotate-size or
         --rotate-age, TRACE is a directory of complete traces that `gpujitter report` and
         `gpujitter trace` read as one, and --keep-files/--keep-size bound what it holds.
         Progress (events, bytes, lost) goes to stderr; --json prints a summary at the end.

@@ -140,3 +140,24 @@ def test_report_on_record_equals_report_on_run_record_of_the_same_stretch(
     from_record, from_run = report_of(recorded, capsys), report_of(daemon_trace, capsys)
     assert from_record["attributions"]  # the stretch holds gaps to compare
     assert from_record == from_run
+
+
+def test_sighup_reopens_files_only_where_asked() -> None:
+    """The daemon reopens its log at SIGHUP (logrotate); `probe` or `gaps` in a terminal keep
+    the default, so a hangup still ends them."""
+    reloaded: list[bool] = []
+
+    class Reopens(Kept):
+        def reload(self) -> None:
+            reloaded.append(True)
+            runtime.stop()
+
+    runtime = Runtime(ListSource([], live=True), load_topology(), sinks=[Reopens()], reload=True)
+    runtime.run(ready=lambda rt: os.kill(os.getpid(), signal.SIGHUP))
+    assert reloaded == [True]
+
+    seen: list[object] = []
+    before = signal.getsignal(signal.SIGHUP)
+    plain = Runtime(ListSource([], live=True), load_topology())
+    plain.run(ready=lambda rt: (seen.append(signal.getsignal(signal.SIGHUP)), rt.stop()))
+    assert seen == [before]
