@@ -409,8 +409,10 @@ class Runtime:
                 self.notifier.watchdog()
 
     def _drain(self) -> None:
-        while (pulled := self.source.pull(10_000)) or (pulled := list(self.queue.drain())):
-            for ev in in_slices(pulled):
+        """What the queue still holds, the source's last events with it (a recorded source
+        that was stopped hands over no more)."""
+        while batch := list(self.queue.drain()):
+            for ev in in_slices(batch):
                 self._event(ev)
         for sink in self.sinks:
             sink.batch_done()

@@ -161,3 +161,20 @@ def test_sighup_reopens_files_only_where_asked() -> None:
     plain = Runtime(ListSource([], live=True), load_topology())
     plain.run(ready=lambda rt: (seen.append(signal.getsignal(signal.SIGHUP)), rt.stop()))
     assert seen == [before]
+
+
+def test_a_stopped_recording_is_not_read_to_its_end() -> None:
+    """A recorded source hands its events over a batch (10 000) at a time; a stop ends the
+    read there (no analysis here, so repeating the stretch is harmless)."""
+    _, events = h200_stretch()
+    events *= 10
+    kept = Kept()
+
+    class StopsAtOnce(Kept):
+        def event(self, ev: Event) -> None:
+            kept.event(ev)
+            runtime.stop()
+
+    runtime = Runtime(ListSource(events), load_topology(), sinks=[StopsAtOnce()], signals=False)
+    runtime.run()
+    assert len(events) > 10_000 and len(kept.events) == 10_000
