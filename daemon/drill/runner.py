@@ -240,7 +240,7 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
         )
         kept = _Kept(events)
         runtime = Runtime(source, topology, sinks=[kept], own=OwnScheduling(), signals=False)
-        with runtime.running("gpujitter-drill"):
+        with runtime.running("gpujitter-runtime"):
             probes: dict[str, str] = {s.probe: s.state for s in source.statuses}
             notes += [f"probe {s.probe} {s.state}: {s.reason}" for s in source.statuses
                       if s.state not in ("running", "degraded") or (s.probe in scenario.needs
