@@ -219,12 +219,14 @@ COMMAND = Command(
     name="record",
     summary="record what the probes see into a trace file, for later analysis",
     description="""
-        Attach the probes (the default set, or the SOURCEs named) and the NVML sampler, and
-        write every event they emit, with their health reports, into TRACE (the evidence
-        `gpujitter run --record` keeps, so `gpujitter report` reads both alike): a
-        checksummed, append-only file whose header records this node's topology, the clock
-        reference, the probes, thresholds and analysis settings (docs/trace-format.md).
-        Ctrl-C or SIGTERM stops cleanly. With --rotate-size or
+        Attach the probes (the default set, or the SOURCEs named) and the NVML sampler,
+        following the processes NVML lists on a GPU, and write every event they emit, with
+        their health reports, into TRACE (the evidence `gpujitter run --record` keeps, so
+        `gpujitter report` reads both alike): a checksummed, append-only file whose header
+        records this node's topology, the clock reference, the probes, thresholds and the
+        analysis settings of this node's daemon (gaps.min_gap and the idle floors kept in
+        state.dir, from /etc/gpujitter/gpujitter.toml and GPUJITTER_* variables)
+        (docs/trace-format.md). Ctrl-C or SIGTERM stops cleanly. With --rotate-size or
         --rotate-age, TRACE is a directory of complete traces that `gpujitter report` and
         `gpujitter trace` read as one, and --keep-files/--keep-size bound what it holds.
         Progress (events, bytes, lost) goes to stderr; --json prints a summary at the end.
