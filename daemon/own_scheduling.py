@@ -43,6 +43,8 @@ QUIET_NS = 60_000_000_000
 POLICIES: dict[str, ThreadPolicy] = {
     # starved, the event queue overflows (engine_dropped)
     "MainThread": ThreadPolicy("batch", _KEEPS_UP, "analysis of every event"),
+    # the runtime's loop where it runs beside other work (a drill's)
+    "gpujitter-runtime": ThreadPolicy("batch", _KEEPS_UP, "takes every event"),
     # starved, the kernel drops events (lost_kernel)
     "gpujitter-probes": ThreadPolicy("batch", _KEEPS_UP, "drains the BPF ring buffers"),
     "gpujitter-nvml": ThreadPolicy("batch", _KEEPS_UP, "reads NVML's rings before they wrap"),

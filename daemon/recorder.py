@@ -1,6 +1,6 @@
-"""Recording the raw event stream: a bounded queue that any event source (probe thread, GPU
-side) feeds from its own thread, and a recorder that writes what comes out of it into one
-trace file or a rotating directory of them (`gpujitter record -o`, the daemon's `--record`).
+"""Recording the raw event stream: a recorder that writes the events a runtime takes
+(daemon/runtime.py) into one trace file or a rotating directory of them (`gpujitter record
+-o`, the daemon's `--record`).
 
 When the disk refuses a write the recorder keeps going (daemon/diskfull.py): the frames of
 the failed write are counted as lost, a `meta.lost` record with the count goes first into
@@ -10,10 +10,9 @@ the next write, and a file that cannot be created is tried again once a second.
 from __future__ import annotations
 
 import dataclasses
-import queue
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,41 +22,6 @@ from gpujitter.daemon.trace import SUFFIX, TraceHeader, TraceWriter, encode
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import Event, RecordsLost
-
-
-class EventQueue:
-    """Fan-in from event sources to one consumer thread. `emit` is what a source calls (the
-    probes' Emit): it never blocks; when the consumer falls `maxsize` events behind, the
-    event is dropped, counted in `dropped`, and emit returns False so the probe counts it
-    as lost too.
-
-    The default bound is memory: a full queue holds ~7 MiB of decoded events (~460 B
-    each), and Python keeps that much after a backlog drains (long-lived objects allocated
-    among the events pin their arenas). It absorbs a main-loop pause of 3 s at the 5k
-    events/s the probes are designed not to exceed (minutes at the rates seen on real
-    workloads); what comes past it is dropped and counted."""
-
-    def __init__(self, maxsize: int = 16384) -> None:
-        self._queue: queue.Queue[Event] = queue.Queue(maxsize)
-        self.dropped = 0
-
-    def emit(self, ev: Event) -> bool:
-        try:
-            self._queue.put_nowait(ev)
-        except queue.Full:
-            self.dropped += 1
-            return False
-        return True
-
-    def drain(self, timeout_s: float = 0.0, limit: int = 10_000) -> Iterator[Event]:
-        """What is queued (up to `limit`), waiting up to timeout_s for the first event."""
-        try:
-            yield self._queue.get(timeout=timeout_s) if timeout_s else self._queue.get_nowait()
-            for _ in range(limit - 1):
-                yield self._queue.get_nowait()
-        except queue.Empty:
-            return
-
 
 # gpujitter-20250101T120000.123456Z-<session>-000003.gjtrace: names sort in recording order
 # (UTC start time first, to the microsecond: a daemon restarted at once still sorts after).

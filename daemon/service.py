@@ -1,7 +1,8 @@
-"""`gpujitter run`: the daemon. Evidence sources (probes, libcuda tracer, NVML sampler) feed
-one queue; the main thread takes each event, records it (trace, when asked), feeds the
-pipeline (gaps, then attributions) and publishes what the stream carries; attributions go
-to the JSON-lines log and the console. Once a second: health, footprint, watchdog.
+"""`gpujitter run`: the daemon, a configuration of the runtime (daemon/runtime.py). Evidence
+sources (probes, libcuda tracer, NVML sampler) feed one queue; the main thread takes each
+event, records it (trace, when asked), feeds the pipeline (gaps, then attributions) and
+publishes what the stream carries; attributions go to the JSON-lines log and the console.
+Once a second: health, footprint, watchdog.
 
 Signals: SIGTERM/SIGINT stop cleanly (pending gaps are attributed, files closed);
 SIGHUP reopens the log and starts a new trace file (logrotate). sd_notify: READY only once
@@ -26,48 +27,40 @@ import contextlib
 import faulthandler
 import os
 import queue
-import signal
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
-import psutil
 
 from gpujitter import __version__
 from gpujitter.daemon.config import Config, check_node, thresholds_by_probe
 from gpujitter.daemon.describe import one_line
+from gpujitter.daemon.engine import EngineConfig
 from gpujitter.daemon.gaps import GapConfig
 from gpujitter.daemon.idle_floors import FILE_NAME, IdleFloorStore
 from gpujitter.daemon.jsonlog import JsonLog
 from gpujitter.daemon.metrics import DaemonMetrics
-from gpujitter.daemon.own_scheduling import KEEP_UP_LEVELS, OwnScheduling, in_slices
-from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
-from gpujitter.daemon.recorder import EventQueue, TraceRecorder
-from gpujitter.daemon.records import Attribution, GpuGap
+from gpujitter.daemon.own_scheduling import KEEP_UP_LEVELS, OwnScheduling
+from gpujitter.daemon.pipeline import AnalysisConfig
+from gpujitter.daemon.recorder import TraceRecorder
+from gpujitter.daemon.records import Attribution
 from gpujitter.daemon.rotation import Rotation
+from gpujitter.daemon.runtime import EventSource, LiveSource, Runtime, Sink
 from gpujitter.daemon.sdnotify import Notifier
-from gpujitter.daemon.state import NodeState
+from gpujitter.daemon.sinks import ConsoleSink, LogSink, MetricsSink, RecorderSink, StreamSink
 from gpujitter.daemon.stream import StreamServer
 from gpujitter.daemon.trace import TraceHeader
 from gpujitter.probes import registry
 from gpujitter.probes.clock import clock_ref
-from gpujitter.probes.events import Event, ProbeStatus, WatchChange, to_record
-from gpujitter.probes.nvml import GpuInfo
-from gpujitter.probes.sources import EvidenceSources
+from gpujitter.probes.events import to_record
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.text import inert_json, printable
-
-TICK_NS = 1_000_000_000
-# The watched processes may pin their threads at any time: their CPUs are read again this
-# often, besides whenever the watched set changes.
-REPIN_NS = 10_000_000_000
 
 
 class _LineWriter:
@@ -147,25 +140,6 @@ class Console:
         self._out.close(deadline)
 
 
-def status_line(status: dict[str, Any]) -> str:
-    """What `systemctl status` shows while the daemon runs (sd_notify STATUS=), from the
-    daemon.status record: is it seeing, finding, keeping up, writing."""
-    parts = [
-        f"{status['attributions']} gaps attributed",
-        f"{status['events_per_s']:.0f} events/s",
-        f"lost {status['lost_kernel'] + status['lost_user']}",
-        f"self-inflicted {status['self_inflicted']}",
-        f"{status['clients']} clients",
-        f"cpu {status['cpu_percent']:.1f}%",
-        f"rss {status['rss_bytes'] >> 20} MiB",
-    ]
-    for sink, failing, dropped in (("log", "log_failing", "log_dropped"),
-                                   ("trace", "trace_failing", "trace_lost")):  # fmt: skip
-        if status[failing]:
-            parts.append(f"{sink} failing ({status[dropped]} dropped): {status[failing]}")
-    return "; ".join(parts)
-
-
 def probe_names(config: Config) -> list[str]:
     return registry.select(config["probes.enable"], config["probes.disable"])
 
@@ -185,6 +159,10 @@ def watch_of(config: Config) -> WatchSpec:
 
 
 class Daemon:
+    """`gpujitter run`: the runtime (daemon/runtime.py) over the live evidence sources, or over
+    `source` when given (a recording, a test's events), analysing every event, with the log,
+    trace recorder, stream, metrics and console sinks the settings ask for."""
+
     def __init__(
         self,
         config: Config,
@@ -193,6 +171,7 @@ class Daemon:
         nvml: bool | Any = True,
         duration_ns: int | None = None,
         environ: dict[str, str] | None = None,
+        source: EventSource | None = None,
     ) -> None:
         # Everything the settings name is checked before the probes are compiled and
         # attached (a minute on a small node): a mistake is one line at once.
@@ -207,37 +186,30 @@ class Daemon:
         override = config["topology.override"] or None
         self.topology: Topology = load_topology(override=override)
         self.notifier = Notifier(environ)
-        self.queue = EventQueue()
         self.metrics = DaemonMetrics()
-        self.me = psutil.Process()
-        self._stop = False
-        self._ready = False  # READY sent: from then on a stop is clean and saves what waits
-        self._reload = False
-        self.log: JsonLog | None = None
-        self.recorder: TraceRecorder | None = None
-        self.stream: StreamServer | None = None
-        self.attributions = 0  # made since start: each is logged or counted as dropped
-        self.self_inflicted = 0  # of them, gaps a watched thread waited behind our threads
-        self.self_inflicted_ns = 0
+        self.source = source or LiveSource(
+            self.names,
+            topology=self.topology,
+            watch=self.watch,
+            thresholds=self.thresholds,
+            nvml=nvml,
+            gpu_processes=config["watch.gpu_processes"],
+        )
         # Starting (compiling the probes: seconds of CPU, once) at nice 0: at nice 10 on a
         # saturated node two probes took 56 s, the full set would outlast the start timeout.
         self.own = OwnScheduling(level=len(KEEP_UP_LEVELS) - 1)
-        self._watched: set[int] = set()  # tgids, from the meta.watch changes seen
-        self._repin_at = 0  # when to read the watched processes' CPUs again (0: at once)
         self.floors: IdleFloorStore | None = None
-
-    # -- signals ----------------------------------------------------------------------
-
-    def _on_stop(self, signum: int, frame: object) -> None:
-        if not self._ready:
-            # Still compiling and attaching probes (seconds): nothing has been attributed,
-            # so nothing is lost by stopping at once, as the signal's default would.
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-        self._stop = True
-
-    def _on_hup(self, signum: int, frame: object) -> None:
-        self._reload = True
+        self.runtime = Runtime(
+            self.source,
+            self.topology,
+            sinks=self._sinks,
+            analysis=self._analysis,
+            duration_ns=duration_ns,
+            own=self.own,
+            notifier=self.notifier,
+            reload=True,
+            say=self._say,
+        )
 
     def _say(self, text: str) -> None:
         """One line for the operator (the journal under systemd)."""
@@ -246,114 +218,71 @@ class Daemon:
         else:
             print(f"# {text}", file=sys.stderr, flush=True)
 
-    # -- main -------------------------------------------------------------------------
-
     def run(self, ready: Callable[[], None] | None = None) -> int:
         """Run until stopped; `ready` is called once the probes are attached."""
-        faulthandler.enable()  # a watchdog abort (SIGABRT) leaves a stack in the journal
-        signal.signal(signal.SIGTERM, self._on_stop)
-        signal.signal(signal.SIGINT, self._on_stop)
-        signal.signal(signal.SIGHUP, self._on_hup)
-        # Before any thread starts: the probe thread (and its compiles) inherit the policy.
-        self._tend_own(time.monotonic_ns())
-        clock = clock_ref()
-        sources = EvidenceSources(
-            self.names,
-            topology=self.topology,
-            watch=self.watch,
-            emit=self.queue.emit,
-            thresholds=self.thresholds,
-            nvml=self.nvml,
-            gpu_processes=self.config["watch.gpu_processes"],
-        )
-        # Sinks close after the sources stopped and what they held was analysed.
-        with contextlib.ExitStack() as sinks:
-            with sources:
-                analysis = AnalysisConfig(gaps=GapConfig(min_gap_ns=self.config["gaps.min_gap"]))
-                analysis = replace(
-                    analysis,
-                    engine=replace(analysis.engine, gpu_bus_ids=sources.gpu_bus_ids()),
-                    idle_floors_w=self._kept_floors(sources.gpus),
-                )
-                self.pipeline = Pipeline(self.topology, analysis)
-                self.metrics.set_gpus(sources.gpus)
-                self.state = NodeState(self.topology, sources.gpus)
-                self._open_sinks(sinks, clock, analysis)
-                self._tend_own(time.monotonic_ns())
-                running = [s.probe for s in sources.statuses if s.state in ("running", "degraded")]
-                summary = (
-                    f"probes attached: {', '.join(running) or 'none'}; "
-                    f"watching {self.watch.describe()}"
-                )
-                if self.console:
-                    self.console.note(summary)
-                self._ready = True
-                self.own.step_to(0)
-                self.notifier.ready(summary)
-                if ready is not None:
-                    ready()
-                self._loop()
-                self.notifier.stopping()
-            self._drain()
-            for out in self.pipeline.flush():
-                self._finding(out)
-            self._keep_floors()
-            self._final_status()
-        self.notifier.close()
-        if self.console is not None:
-            self.console.close()
+        # A watchdog abort (SIGABRT) leaves a stack in the journal (the process's own
+        # stderr, fd 2, whatever sys.stderr was replaced with).
+        faulthandler.enable(2)
+
+        def attached(runtime: Runtime) -> None:
+            running = [s.probe for s in self.source.statuses
+                       if s.state in ("running", "degraded")]  # fmt: skip
+            summary = (
+                f"probes attached: {', '.join(running) or 'none'}; watching {self.watch.describe()}"
+            )
+            if self.console:
+                self.console.note(summary)
+            self.notifier.ready(summary)
+            if ready is not None:
+                ready()
+
+        try:
+            self.runtime.run(attached)
+        finally:
+            if self.console is not None:
+                self.console.close()
         return 0
 
-    def _kept_floors(self, gpus: list[GpuInfo]) -> dict[int, float]:
-        state_dir = self.config["state.dir"]
-        if not (state_dir and gpus):
-            return {}
-        self.floors = IdleFloorStore(Path(state_dir) / FILE_NAME, gpus)
-        floors, note = self.floors.load()
-        if note:
-            self._say(note)
-        return floors
+    def _analysis(self, source: EventSource) -> AnalysisConfig:
+        analysis, self.floors = analysis_settings(self.config, source, self._say)
+        return analysis
 
-    def _keep_floors(self) -> None:
-        if self.floors is None:
-            return
-        try:
-            self.floors.save(self.pipeline.detector.idle_floors())
-        except OSError as err:
-            self._say(f"cannot keep GPU idle floors in {self.floors.path}: {err.strerror}; "
-                      "not trying again")  # fmt: skip
-            self.floors = None
-
-    def _open_sinks(
-        self, stack: contextlib.ExitStack, clock: Any, analysis: AnalysisConfig
-    ) -> None:
+    def _sinks(self, runtime: Runtime) -> list[Sink]:
         cfg = self.config
-        log_path = cfg["log.path"]
-        if log_path:
-            rotation = Rotation(max_bytes=cfg["log.max_bytes"], keep_files=cfg["log.keep"])
-            self.log = JsonLog(log_path, rotation, say=self._say)
-            stack.callback(self.log.close)
+        clock = clock_ref()
+        sinks: list[Sink] = []
+        files: list[str] = []
         if cfg["record.path"]:
-            in_force = {n: {**registry.get(n).thresholds, **self.thresholds.get(n, {})}
-                        for n in self.names}  # fmt: skip
-            header = TraceHeader.now(self.topology, self.names, in_force, self.watch.describe(),
-                                     analysis=analysis.to_record())  # fmt: skip
+            assert runtime.pipeline is not None
+            header = trace_header(self.topology, self.names, self.thresholds, self.watch,
+                                  runtime.pipeline.config)  # fmt: skip
             rotation = Rotation(max_bytes=cfg["record.max_bytes"], keep_files=cfg["record.keep"])
-            self.recorder = TraceRecorder(cfg["record.path"], header, rotation, say=self._say)
-            stack.callback(self.recorder.close)
+            sinks.append(RecorderSink(TraceRecorder(cfg["record.path"], header, rotation,
+                                                    say=self._say)))  # fmt: skip
+            files.append("trace")
+        if cfg["log.path"]:
+            rotation = Rotation(max_bytes=cfg["log.max_bytes"], keep_files=cfg["log.keep"])
+            sinks.append(LogSink(JsonLog(cfg["log.path"], rotation, say=self._say)))
+            files.append("log")
         if cfg["socket.path"]:
             hello = self._hello(clock)  # built here: the stream's thread only copies it
-            self.stream = StreamServer(
+            stream = StreamServer(
                 Path(cfg["socket.path"]),
                 hello=lambda: dict(hello),
-                snapshot=lambda: [self.state.snapshot(time.monotonic_ns(), self._status())],
+                snapshot=lambda: [runtime.state.snapshot(time.monotonic_ns(), runtime.status())],
                 queue_limit=cfg["socket.queue"],
                 mode=cfg["socket.mode"],
                 group=cfg["socket.group"],
             ).start()
-            stack.callback(self.stream.close)
+            sinks.append(StreamSink(stream, runtime.state))
+            files.append("stream")
         if cfg["metrics.listen"]:
             self.metrics.serve(cfg["metrics.listen"])
+        sinks.append(MetricsSink(self.metrics, tuple(files)))
+        if self.console is not None:
+            sinks.append(ConsoleSink(self.console))
+        sinks.append(_Keeper(self))  # last: closes first, while the others still write
+        return sinks
 
     def _hello(self, clock: Any) -> dict[str, Any]:
         return {
@@ -366,147 +295,68 @@ class Daemon:
             "probes": self.names,
         }
 
-    def _loop(self) -> None:
-        start = last_tick = time.monotonic_ns()
-        self.me.cpu_percent()  # first call primes psutil's CPU measurement
-        self._rss_bytes = self.me.memory_info().rss
-        self._events_at_tick = 0
-        while not self._stop:
-            now = time.monotonic_ns()
-            if self.duration_ns is not None and now - start >= self.duration_ns:
-                break
-            for ev in in_slices(self.queue.drain(timeout_s=0.1)):
-                self._event(ev)
-            if self._reload:
-                self._reload = False
-                self._reopen()
-            now = time.monotonic_ns()
-            if now - last_tick >= TICK_NS:
-                self._tick(now, (now - last_tick) / 1e9)
-                last_tick = now
-            self.notifier.watchdog()
+    def keep_floors(self) -> None:
+        pipeline = self.runtime.pipeline
+        if self.floors is None or pipeline is None:
+            return
+        try:
+            self.floors.save(pipeline.detector.idle_floors())
+        except OSError as err:
+            self._say(f"cannot keep GPU idle floors in {self.floors.path}: {err.strerror}; "
+                      "not trying again")  # fmt: skip
+            self.floors = None
 
-    def _drain(self) -> None:
-        while batch := list(self.queue.drain()):
-            for ev in in_slices(batch):
-                self._event(ev)
 
-    def _event(self, ev: Event) -> None:
-        if self.recorder is not None:
-            self.recorder.write(ev)
-        self.state.observe(ev)
-        if isinstance(ev, ProbeStatus):
-            self.metrics.observe_probe(ev)
-        elif isinstance(ev, WatchChange):
-            self._watched.difference_update(ev.removed)
-            self._watched.update(ev.added)
-            self._repin_at = 0
-        if self.stream is not None and self.state.streamed(ev):
-            self.stream.publish(to_record(ev), self.state.tgids_of(ev))
-        for out in self.pipeline.feed(ev):
-            self._finding(out)
+class _Keeper(Sink):
+    """What the daemon keeps: the GPUs' idle floors each tick and at the stop, and the count
+    of what it made, said in the journal at the stop: a reader reconciles the log with it
+    (every attribution made is a log line or counted in log_dropped)."""
 
-    def _finding(self, out: Event) -> None:
-        self.state.observe(out)
-        if self.stream is not None:
-            self.stream.publish(to_record(out), self.state.tgids_of(out))
-        if isinstance(out, GpuGap):
-            self.metrics.observe_gap(out.gpu, out.dur_ns / 1e9)
-        elif isinstance(out, Attribution):
-            self.attributions += 1
-            if out.self_inflicted:
-                self.self_inflicted += 1
-                self.self_inflicted_ns += out.self_ns
-                self.metrics.observe_self_inflicted(out.gpu, out.self_ns / 1e9)
-            self.metrics.observe_attribution(
-                out.gpu, [(p.cause, p.ns / 1e9) for p in out.parts], out.workload
-            )
-            if self.log is not None:
-                self.log.write(out)
-            if self.console is not None:
-                self.console.attribution(out)
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
 
-    def _status(self) -> dict[str, Any]:
-        """The daemon.status record; built on the main thread and on the stream's (a
-        client's first snapshot): it reads only what is safe from both."""
-        lost_kernel, lost_user = self.state.lost()
-        return self.state.status(
-            time.monotonic_ns(),
-            cpu_percent=self._cpu_percent,
-            rss_bytes=self._rss_bytes,
-            events_per_s=self._events_per_s,
-            lost_kernel=lost_kernel,
-            lost_user=lost_user + self.queue.dropped,
-            engine_dropped=self.queue.dropped,
-            clients=self.stream.clients if self.stream else 0,
-            client_dropped=self.stream.dropped_total if self.stream else 0,
-            attributions=self.attributions,
-            self_inflicted=self.self_inflicted,
-            self_inflicted_ns=self.self_inflicted_ns,
-            own_cpus=sorted(self.own.cpus),
-            own_nice=self.own.nice,
-            log_dropped=self.log.failures.dropped_total if self.log else 0,
-            log_failing=self.log.failures.reason if self.log else "",
-            trace_lost=self.recorder.failures.dropped_total if self.recorder else 0,
-            trace_failing=self.recorder.failures.reason if self.recorder else "",
-            probe_cost=self.state.probe_cost(),
-        )
+    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+        self.daemon.keep_floors()
 
-    # The footprint, measured on the main thread each tick (psutil is not for two threads).
-    _cpu_percent = 0.0
-    _rss_bytes = 0
-    _events_per_s = 0.0
+    def close(self) -> None:
+        self.daemon.keep_floors()
+        status = self.daemon.runtime.status()
+        self.daemon._say(f"stopped: {status['attributions']} attributions made, "
+                         f"{status['log_dropped']} of them dropped by the log, "
+                         f"{status['self_inflicted']} self-inflicted")  # fmt: skip
 
-    def _tick(self, now: int, elapsed_s: float) -> None:
-        with self.me.oneshot():
-            self._cpu_percent = self.me.cpu_percent()
-            self._rss_bytes = self.me.memory_info().rss
-        self._events_per_s = (self.state.events - self._events_at_tick) / max(elapsed_s, 1e-9)
-        self._events_at_tick = self.state.events
-        status = self._status()
-        self.metrics.observe_engine(self.queue.dropped)
-        for sink, failures in (("log", self.log and self.log.failures),
-                               ("trace", self.recorder and self.recorder.failures)):  # fmt: skip
-            if failures:
-                self.metrics.observe_sink(sink, failures.dropped_total, failures.failing)
-        if self.stream is not None:
-            self.stream.publish(status)
-            self.metrics.observe_stream(self.stream.clients, self.stream.dropped_total)
-        if self.recorder is not None:
-            self.recorder.tick(now)
-        self._keep_floors()
-        self.own.keep_up(status["lost_kernel"] + status["lost_user"], now)
-        self._tend_own(now)
-        self.notifier.status(status_line(status))
 
-    def _tend_own(self, now: int) -> None:
-        """Our threads: new ones get their policy; off the watched processes' CPUs when the
-        set changed or their CPUs may have (meta.self goes to the engine when ours changed)."""
-        if now >= self._repin_at:
-            self._repin_at = now + REPIN_NS
-            self.own.keep_off(self._watched)
-        announced = self.own.tend(now)
-        if announced is not None:
-            self.queue.emit(announced)
-        while self.own.notes:
-            self._say(self.own.notes.pop(0))
+def analysis_settings(
+    config: Config, source: EventSource, say: Callable[[str], None]
+) -> tuple[AnalysisConfig, IdleFloorStore | None]:
+    """The pipeline's settings for a run on this node: the configured gap length, the GPUs'
+    bus ids, and the idle floors an earlier daemon proved (with the store that keeps them).
+    `run` and `record` both take them, so a trace of either replays alike."""
+    floors: dict[int, float] = {}
+    store = None
+    state_dir = config["state.dir"]
+    if state_dir and source.gpus:
+        store = IdleFloorStore(Path(state_dir) / FILE_NAME, source.gpus)
+        floors, note = store.load()
+        if note:
+            say(note)
+    analysis = AnalysisConfig(
+        gaps=GapConfig(min_gap_ns=config["gaps.min_gap"]),
+        engine=EngineConfig(gpu_bus_ids=source.gpu_bus_ids()),
+        idle_floors_w=floors,
+    )
+    return analysis, store
 
-    def _final_status(self) -> None:
-        """The last daemon.status, sent after the last attribution and before the socket
-        closes, and its count in the journal: a reader reconciles the log with it (every
-        attribution made is a log line or counted in log_dropped)."""
-        status = self._status()
-        if self.stream is not None:
-            self.stream.publish(status)
-        self._say(f"stopped: {status['attributions']} attributions made, "
-                  f"{status['log_dropped']} of them dropped by the log, "
-                  f"{status['self_inflicted']} self-inflicted")  # fmt: skip
 
-    def _reopen(self) -> None:
-        """SIGHUP: reopen the log (after logrotate moved it) and start a new trace file."""
-        self.notifier.reloading()
-        if self.log is not None:
-            self.log.reopen()
-        if self.recorder is not None:
-            self.recorder.rotate()
-        self.notifier.ready()
+def trace_header(
+    topology: Topology,
+    names: list[str],
+    thresholds: dict[str, dict[str, int]],
+    watch: WatchSpec,
+    analysis: AnalysisConfig,
+) -> TraceHeader:
+    """A trace's header: this node, the probes with every threshold in force (the registry's
+    defaults under the ones given), what is watched and the analysis settings."""
+    in_force = {n: {**registry.get(n).thresholds, **thresholds.get(n, {})} for n in names}
+    return TraceHeader.now(topology, names, in_force, watch.describe(),
+                           analysis=analysis.to_record())  # fmt: skip

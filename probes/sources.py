@@ -1,6 +1,7 @@
 """Every source of evidence at once: the eBPF probes (host jitter and libcuda) and the NVML
-sampler, each on its own thread, all emitting into one callable. `gpujitter run`, `record`
-and the TUI's embedded mode take their events from here, so they see the same evidence.
+sampler, each on its own thread, all emitting into one callable. The runtime's live source
+(daemon/runtime.py: `run`, `record`, `gaps`, `probe`, drills, the TUI's embedded mode) takes
+its events from here, so they all see the same evidence.
 
 A missing GPU or NVML is one unavailable source (an `nvml` ProbeStatus says why), never an
 error; when NVML is there, the processes it lists on each GPU join the watched set.

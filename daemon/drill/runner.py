@@ -1,6 +1,6 @@
 """Running one drill: set the scenario's stage, start the feeding loop, run the real evidence
 sources (every default probe, NVML on a GPU node) watching it, let it inject its stalls,
-then run the daemon's pipeline over what the sources delivered and score the attributions
+then run the daemon's pipeline over what the runtime took and score the attributions
 against the stalls the loop reports. Everything the drill changed is restored on the way
 out, on failure and on SIGINT/SIGTERM too.
 """
@@ -28,12 +28,12 @@ from gpujitter.daemon.engine.engine import EngineConfig
 from gpujitter.daemon.own_scheduling import OwnScheduling
 from gpujitter.daemon.pipeline import AnalysisConfig, analyse
 from gpujitter.daemon.records import Attribution
+from gpujitter.daemon.runtime import LiveSource, Runtime, Sink
 from gpujitter.daemon.trace import TraceHeader, TraceWriter
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.events import Event, to_record
 from gpujitter.probes.nvml import NvmlUnavailable, open_nvml
-from gpujitter.probes.sources import EvidenceSources
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 
@@ -226,25 +226,23 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
         # the probes the scenario needs run even where they are off by default (cstate)
         off = [p for p in scenario.needs if p in known and not known[p].default_on]
         names = [*registry.default_names(), *off]
-        # Scheduled as the daemon schedules itself, and its threads announced (meta.self),
-        # so that a wait of the loop behind the drill's own process is scored self-inflicted.
-        own = OwnScheduling()
-        stack.callback(own.restore)  # the caller's later children: not niced, not batch
-        _announce(own, events)
-        sources = EvidenceSources(
+        # The runtime as the daemon runs it (its own scheduling, its threads announced in
+        # meta.self, so a wait of the loop behind the drill's own process is scored
+        # self-inflicted), keeping every event; the analysis runs once the loop is done.
+        source = LiveSource(
             names,
             topology=topology,
             watch=WatchSpec(pids={feeder.pid}),
-            emit=events.append,
             thresholds=stage.thresholds,
             options={"cuda": {"libcuda": [stub]}} if stub else {},
             nvml=backend == "torch",
             gpu_processes=False,
         )
-        with sources:
-            _announce(own, events)
-            probes: dict[str, str] = {s.probe: s.state for s in sources.statuses}
-            notes += [f"probe {s.probe} {s.state}: {s.reason}" for s in sources.statuses
+        kept = _Kept(events)
+        runtime = Runtime(source, topology, sinks=[kept], own=OwnScheduling(), signals=False)
+        with runtime.running("gpujitter-runtime"):
+            probes: dict[str, str] = {s.probe: s.state for s in source.statuses}
+            notes += [f"probe {s.probe} {s.state}: {s.reason}" for s in source.statuses
                       if s.state not in ("running", "degraded") or (s.probe in scenario.needs
                       and s.reason)]  # fmt: skip
             progress(
@@ -255,7 +253,7 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
             stall_records, done = _follow(feeder, len(at), duration, progress)
             time.sleep(SETTLE_S)
             helper_tids = stage.helper_tids()
-        bus_ids = sources.gpu_bus_ids()
+        bus_ids = source.gpu_bus_ids()
     progress(f"analysing {len(events)} events")
     analysis = AnalysisConfig(engine=EngineConfig(gpu_bus_ids=bus_ids))
     found = list(analyse(events, topology, analysis))
@@ -295,10 +293,14 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
     )
 
 
-def _announce(own: OwnScheduling, events: list[Event]) -> None:
-    announced = own.tend(time.monotonic_ns())
-    if announced is not None:
-        events.append(announced)
+class _Kept(Sink):
+    """Every event the runtime took, in order."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+
+    def event(self, ev: Event) -> None:
+        self.events.append(ev)
 
 
 def _follow(

@@ -5,14 +5,9 @@ through the same detector."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import queue
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import orjson
 
@@ -20,10 +15,11 @@ from gpujitter.cli.command import Command
 from gpujitter.cli.gpus import add_nvml_source_args, nvml_backend, save_recording
 from gpujitter.cli.options import add_watch_args, watch_from_args
 from gpujitter.cli.output import print_ndjson
-from gpujitter.cli.probe import _stop_on_signals
-from gpujitter.daemon.gaps import UNKNOWN_GPU, GapConfig, GapDetector
+from gpujitter.daemon.gaps import UNKNOWN_GPU, GapConfig
+from gpujitter.daemon.pipeline import AnalysisConfig
 from gpujitter.daemon.recordings import TRACE, open_recording
 from gpujitter.daemon.records import Attribution, GpuGap
+from gpujitter.daemon.runtime import ListSource, LiveSource, Runtime, Sink
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref, format_wall
 from gpujitter.probes.events import ClockRef, Event, ProbeStatus, to_record
@@ -114,8 +110,43 @@ class Printer:
             print(printable(f"# {st.probe}: {st.state}{reason}"), file=sys.stderr, flush=True)
 
 
-def detector_from_args(args: argparse.Namespace) -> GapDetector:
-    return GapDetector(GapConfig(min_gap_ns=parse_duration_ns(args.min_gap, "ms")))
+class _Shown(Sink):
+    """The runtime's output for `gaps`: each gap decided; live, each probe health change;
+    with `analysed` (an attribution log), the gaps as the log's attributions carry them."""
+
+    def __init__(self, out: Printer, *, live: bool, analysed: bool = False) -> None:
+        self.out = out
+        self.live = live
+        self.analysed = analysed
+
+    def event(self, ev: Event) -> None:
+        if self.live and isinstance(ev, ProbeStatus):
+            self.out.status(ev)
+        elif self.analysed and isinstance(ev, Attribution):
+            self.out.gap(ev.gap)
+
+    def finding(self, found: Event) -> None:
+        if isinstance(found, GpuGap):
+            self.out.gap(found)
+
+
+class _Saved(Sink):
+    """Every input event as one NDJSON line (--save-events), after the wall clock that the
+    readers of the file place them with (docs/postmortem.md)."""
+
+    def __init__(self, path: Path, ref: ClockRef) -> None:
+        self.file: IO[bytes] = open(path, "wb")  # noqa: SIM115 (closed with the runtime)
+        self.file.write(orjson.dumps(to_record(ref)) + b"\n")
+
+    def event(self, ev: Event) -> None:
+        self.file.write(orjson.dumps(to_record(ev)) + b"\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def analysis_from_args(args: argparse.Namespace) -> AnalysisConfig:
+    return AnalysisConfig(gaps=GapConfig(min_gap_ns=parse_duration_ns(args.min_gap, "ms")))
 
 
 def replay(args: argparse.Namespace, out: Printer) -> int:
@@ -128,35 +159,14 @@ def replay(args: argparse.Namespace, out: Printer) -> int:
     if rec.kind != TRACE and not args.json:
         print(printable(f"# reading {rec.what}"), file=sys.stderr)
     out.ref = rec.header.clock if rec.wall_clock else None
-    if rec.analysed:
-        for ev in rec:
-            if isinstance(ev, Attribution):
-                out.gap(ev.gap)
-        return 0
-    detector = detector_from_args(args)
-    for ev in rec:
-        for gap in detector.feed(ev):
-            out.gap(gap)
-    for gap in detector.flush():
-        out.gap(gap)
+    analysis = analysis_from_args(args)
+    Runtime(
+        ListSource(rec, label=rec.what), rec.header.topology,
+        sinks=[_Shown(out, live=False, analysed=rec.analysed)],
+        analysis=None if rec.analysed else lambda _: analysis,
+        signals=False,
+    ).run()  # fmt: skip
     return 0
-
-
-def start_nvml(args: argparse.Namespace, emit: Callable[[Event], Any]) -> tuple[Any, Any]:
-    """(a GpuSampler, its NVML backend), or (None, None) with an 'unavailable' status."""
-    from gpujitter.probes.gpu import GpuSampler
-    from gpujitter.probes.nvml import NvmlUnavailable, open_nvml
-
-    if args.no_nvml:
-        return None, None
-    backend = nvml_backend(args)
-    try:
-        nvml = open_nvml(backend)
-    except NvmlUnavailable as err:
-        now = time.monotonic_ns()
-        emit(ProbeStatus(ts_ns=now, probe="nvml", state="unavailable", reason=str(err)))
-        return None, None
-    return GpuSampler(nvml, emit, cpu_count=os.cpu_count() or 1), backend
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,8 +174,6 @@ def run(args: argparse.Namespace) -> int:
     out = Printer(args.json, ref)
     if args.replay_events is not None:
         return replay(args, out)
-    from gpujitter.probes.gpu import SamplerThread
-    from gpujitter.probes.runner import ProbeThread
     from gpujitter.probes.topology import load_topology
 
     duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
@@ -175,56 +183,34 @@ def run(args: argparse.Namespace) -> int:
             "sync": parse_duration_ns(args.sync_block, "ms"),
         }
     }
-    detector = detector_from_args(args)
-    events: queue.Queue[Event] = queue.Queue()
-    sink: IO[bytes] | None = open(args.save_events, "wb") if args.save_events else None  # noqa: SIM115
-    if sink is not None:  # the wall clock, for the readers of the file (docs/postmortem.md)
-        sink.write(orjson.dumps(to_record(ref)) + b"\n")
-    sampler, backend = start_nvml(args, events.put)
-    watch = watch_from_args(args)
-    if sampler is not None:
-        watch.gpu_processes = sampler.gpu_processes
-    if not args.json:
-        print(printable(f"# gaps >= {args.min_gap}; watching {watch.describe()}"), file=sys.stderr)
+    analysis = analysis_from_args(args)
+    backend = None if args.no_nvml else nvml_backend(args)
+    watch, topology = watch_from_args(args), load_topology()
+    # The libcuda tracer and the NVML sampler of the daemon's evidence sources, following
+    # the processes NVML lists on a GPU.
+    source = LiveSource(
+        ["cuda"],
+        topology=topology,
+        watch=watch,
+        thresholds=thresholds,
+        options={"cuda": {"libcuda": args.libcuda}} if args.libcuda else {},
+        nvml=False if args.no_nvml else (backend if backend is not None else True),
+        gpu_processes=True,
+    )
+    sinks: list[Sink] = [_Shown(out, live=True)]
+    if args.save_events:
+        sinks.append(_Saved(args.save_events, ref))
 
-    def handle(ev: Event) -> None:
-        if sink is not None:
-            sink.write(orjson.dumps(to_record(ev)) + b"\n")
-        if isinstance(ev, ProbeStatus):
-            out.status(ev)
-        for gap in detector.feed(ev):
-            out.gap(gap)
+    def started(runtime: Runtime) -> None:
+        if not args.json:
+            print(printable(f"# gaps >= {args.min_gap}; watching {watch.describe()}"),
+                  file=sys.stderr)  # fmt: skip
 
-    stop = _stop_on_signals()
-    options = {"cuda": {"libcuda": args.libcuda}} if args.libcuda else {}
     try:
-        with (
-            SamplerThread(sampler) if sampler is not None else contextlib.nullcontext(),
-            ProbeThread(
-                ["cuda"],
-                topology=load_topology(),
-                watch=watch,
-                emit=events.put,
-                thresholds=thresholds,
-                options=options,
-            ),
-        ):
-            start = time.monotonic_ns()
-            while not stop() and (duration_ns is None or time.monotonic_ns() - start < duration_ns):
-                try:
-                    handle(events.get(timeout=0.1))
-                except queue.Empty:
-                    continue
-        while not events.empty():
-            handle(events.get())
-        for gap in detector.flush():
-            out.gap(gap)
+        Runtime(source, topology, sinks=sinks, analysis=lambda _: analysis,
+                duration_ns=duration_ns).run(started)  # fmt: skip
     finally:
-        if sink is not None:
-            sink.close()
-        if sampler is not None:
-            sampler.nvml.close()
-            save_recording(args, backend)
+        save_recording(args, backend)
     if not args.json:
         print(f"# {out.gaps} gaps", file=sys.stderr)
     return 0

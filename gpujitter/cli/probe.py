@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import signal
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 from gpujitter.cli.command import Command
@@ -22,6 +19,7 @@ from gpujitter.cli.options import (
     watch_from_args,
 )
 from gpujitter.cli.output import print_ndjson, table
+from gpujitter.daemon.runtime import LiveSource, Runtime, Sink
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.clock import clock_ref, format_wall
@@ -65,30 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpujitter.probes.runner import ProbeThread
-
     names = registry.select(args.sources)
     options = precise_options(args, names)
     duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
-    ref = clock_ref()
-    counts: Counter[str] = Counter()
-    statuses: dict[str, ProbeStatus] = {}
-
-    def emit(ev: Event) -> bool:
-        if isinstance(ev, ProbeStatus):
-            previous = statuses.get(ev.probe)
-            statuses[ev.probe] = ev
-            if previous is not None and (previous.state, previous.reason) == (ev.state, ev.reason):
-                return True
-        counts[ev.KIND] += 1
-        if args.quiet:
-            return True
-        if args.json:
-            print_ndjson(to_record(ev))
-        else:
-            print(describe(ev, ref), flush=True)
-        return True
-
+    shown = _Shown(args, clock_ref())
     # Every option is checked before the first line is printed: a mistake is one line.
     watch, thresholds = watch_from_args(args), parse_thresholds(args.threshold)
     topology = topology_from_args(args)
@@ -98,21 +76,14 @@ def run(args: argparse.Namespace) -> int:
         print(
             printable(f"# probes: {', '.join(names)}; watching {watch.describe()}"), file=sys.stderr
         )
-    stop = _stop_on_signals()
-    with ProbeThread(
-        names,
-        topology=topology,
-        watch=watch,
-        emit=emit,
-        thresholds=thresholds,
-        options=options,
-    ):
-        start = time.monotonic_ns()
-        while not stop() and (duration_ns is None or time.monotonic_ns() - start < duration_ns):
-            time.sleep(0.1)
+    # The kernel probes alone (no NVML, no GPU processes), every event shown, none analysed.
+    source = LiveSource(names, topology=topology, watch=watch, thresholds=thresholds,
+                        options=options, nvml=False, gpu_processes=False)  # fmt: skip
+    Runtime(source, topology, sinks=[shown], duration_ns=duration_ns).run()
+    statuses = shown.statuses
     summary = {
         "probes": {name: dataclasses.asdict(s) for name, s in statuses.items()},
-        "events": dict(counts),
+        "events": dict(shown.counts),
     }
     if args.json:
         print_ndjson({"type": "summary", **summary})
@@ -129,6 +100,31 @@ def run(args: argparse.Namespace) -> int:
         )
     unavailable = [s for s in statuses.values() if s.state == "unavailable"]
     return 1 if unavailable and len(unavailable) == len(statuses) else 0
+
+
+class _Shown(Sink):
+    """Each event as a line (or NDJSON), a probe's health only when it changed; the counts
+    by kind and each probe's last health for the summary."""
+
+    def __init__(self, args: argparse.Namespace, ref: ClockRef) -> None:
+        self.args = args
+        self.ref = ref
+        self.counts: Counter[str] = Counter()
+        self.statuses: dict[str, ProbeStatus] = {}
+
+    def event(self, ev: Event) -> None:
+        if isinstance(ev, ProbeStatus):
+            previous = self.statuses.get(ev.probe)
+            self.statuses[ev.probe] = ev
+            if previous is not None and (previous.state, previous.reason) == (ev.state, ev.reason):
+                return
+        self.counts[ev.KIND] += 1
+        if self.args.quiet:
+            return
+        if self.args.json:
+            print_ndjson(to_record(ev))
+        else:
+            print(describe(ev, self.ref), flush=True)
 
 
 def precise_options(args: argparse.Namespace, names: list[str]) -> dict[str, dict[str, Any]]:
@@ -167,17 +163,6 @@ def describe(ev: Event, ref: ClockRef) -> str:
         elif value not in ("", (), None):
             parts.append(f"{f.name}={value}")
     return printable(" ".join(parts))  # names (comm, filename, IRQs) are other processes'
-
-
-def _stop_on_signals() -> Callable[[], bool]:
-    stopped: list[int] = []
-
-    def handler(signum: int, _frame: object) -> None:
-        stopped.append(signum)
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return lambda: bool(stopped)
 
 
 COMMAND = Command(

@@ -4,15 +4,12 @@ rotating directory of them) for `gpujitter report` and `gpujitter trace` to read
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import signal
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.gpus import add_nvml_source_args, nvml_backend, save_recording
@@ -20,21 +17,19 @@ from gpujitter.cli.options import parse_thresholds, topology_from_args, watch_fr
 from gpujitter.cli.output import print_json
 from gpujitter.cli.probe import add_arguments as add_probe_arguments
 from gpujitter.cli.probe import precise_options
-from gpujitter.daemon.config import check_parent
-from gpujitter.daemon.engine import EngineConfig
+from gpujitter.daemon.config import check_parent, load_config
 from gpujitter.daemon.own_scheduling import KEEP_UP_LEVELS, OwnScheduling
-from gpujitter.daemon.pipeline import AnalysisConfig
-from gpujitter.daemon.recorder import EventQueue, TraceRecorder
+from gpujitter.daemon.recorder import TraceRecorder
 from gpujitter.daemon.rotation import Rotation
-from gpujitter.daemon.trace import TraceHeader
+from gpujitter.daemon.runtime import EventSource, LiveSource, Runtime, Sink
+from gpujitter.daemon.service import analysis_settings, trace_header
+from gpujitter.daemon.sinks import RecorderSink
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.events import Event, ProbeStatus
-from gpujitter.probes.sources import EvidenceSources
 from gpujitter.text import printable
 from gpujitter.units import format_bytes, format_ns, parse_duration_ns, parse_size_bytes
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Without a terminal (a log, a pipe), progress is one line this often rather than every second.
 PROGRESS_PLAIN_EVERY_NS = 10_000_000_000
 
@@ -50,6 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_probe_arguments(p)
     p.add_argument("--no-nvml", action="store_true", help="do not sample the GPUs through NVML")
+    p.add_argument(
+        "--no-gpu-processes",
+        action="store_true",
+        help="do not watch every process NVML lists on a GPU (as `run --no-gpu-processes`)",
+    )
     add_nvml_source_args(p)
     g = p.add_argument_group("rotation (writes a directory of traces, each complete)")
     g.add_argument("--rotate-size", metavar="SIZE", help="start a new file at SIZE (e.g. 100M)")
@@ -71,10 +71,11 @@ def rotation_from_args(args: argparse.Namespace) -> Rotation | None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, source: EventSource | None = None) -> int:
+    """Record what the live evidence sources deliver (or `source`: a stretch of events
+    already in hand)."""
     names = registry.select(args.sources)
     overrides = parse_thresholds(args.threshold)
-    in_force = {n: {**registry.get(n).thresholds, **overrides.get(n, {})} for n in names}
     rotation = rotation_from_args(args)
     duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
     out: Path = args.output
@@ -87,69 +88,43 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise GpujitterError(f"--output {out}: {err}") from None
     topology, watch = topology_from_args(args), watch_from_args(args)
-
-    queue = EventQueue()
-    counts: Counter[str] = Counter()
-    statuses: dict[str, ProbeStatus] = {}
-    stop = threading.Event()
-    # The same evidence as the daemon's (probes, libcuda tracer, NVML sampler) and the same
-    # analysis settings in the header, so that `report` on this trace reads it as it would a
-    # `run --record` trace of the same stretch.
+    # The node's settings as the daemon reads them: the same gap length and kept idle floors
+    # in the header, so that `report` reads this trace as it would a `run --record` one.
+    config = load_config(None)
     backend = nvml_backend(args)
-    # Scheduled as the daemon schedules itself (compiling at nice 0, then below the watched
-    # threads), its threads announced in the trace (meta.self): `report` marks waits behind it.
-    own = OwnScheduling(level=len(KEEP_UP_LEVELS) - 1)
-
-    def tend_own() -> None:
-        announced = own.tend(time.monotonic_ns())
-        if announced is not None:
-            queue.emit(announced)
-
-    tend_own()
-    evidence = EvidenceSources(
-        names, topology=topology, watch=watch, emit=queue.emit, thresholds=overrides,
+    # The daemon's evidence sources (probes, libcuda tracer, NVML sampler, the processes NVML
+    # lists on a GPU), scheduled as the daemon schedules itself (compiling at nice 0, then
+    # below the watched threads), its threads announced in the trace (meta.self): `report`
+    # marks waits behind the recorder as self-inflicted.
+    source = source or LiveSource(
+        names, topology=topology, watch=watch, thresholds=overrides,
         options=precise_options(args, names),
         nvml=False if args.no_nvml else (backend if backend is not None else True),
-        gpu_processes=False,
+        gpu_processes=not args.no_gpu_processes,
     )  # fmt: skip
-    with _stop_on_signals(stop), contextlib.ExitStack() as sources:
-        sources.enter_context(evidence)
-        own.step_to(0)
-        tend_own()
-        analysis = AnalysisConfig(engine=EngineConfig(gpu_bus_ids=evidence.gpu_bus_ids()))
-        header = TraceHeader.now(topology, names, in_force, watch.describe(),
-                                 analysis=analysis.to_record())  # fmt: skip
-        recorder = TraceRecorder(out, header, rotation)
-        start_ns = time.monotonic_ns()  # --duration counts from here, once probes are attached
+    tally = _Tally(args.quiet, out)
 
-        def record(batch: Iterable[Event]) -> None:
-            for ev in batch:
-                if isinstance(ev, ProbeStatus):
-                    statuses[ev.probe] = ev
-                counts[ev.KIND] += 1
-                recorder.write(ev)
+    def sinks(runtime: Runtime) -> list[Sink]:
+        assert runtime.pipeline is not None
+        header = trace_header(topology, names, overrides, watch, runtime.pipeline.config)
+        tally.recorder = TraceRecorder(out, header, rotation)
+        tally.runtime = runtime
+        return [RecorderSink(tally.recorder), tally]
 
-        def lost() -> int:
-            return sum(s.lost_kernel for s in statuses.values()) + queue.dropped
-
-        progress = _Progress(args.quiet, lambda: recorder.events, lambda: recorder.bytes, lost)
-        try:
-            while not stop.is_set():
-                elapsed_ns = time.monotonic_ns() - start_ns
-                if duration_ns is not None and elapsed_ns >= duration_ns:
-                    break
-                record(queue.drain(timeout_s=0.2))
-                tend_own()
-                recorder.tick()
-                progress.show(out, elapsed_ns)
-            sources.close()  # the sources stop and hand over what they still held
-            while batch := list(queue.drain()):
-                record(batch)
-        finally:
-            recorder.close()
-        progress.done()
+    runtime = Runtime(
+        source, topology, sinks=sinks,
+        analysis=lambda src: analysis_settings(config, src, _say)[0],
+        duration_ns=duration_ns,
+        own=OwnScheduling(level=len(KEEP_UP_LEVELS) - 1),
+        say=_say,
+    )  # fmt: skip
+    # Analysed only for the settings: what the pipeline finds is not recorded (the
+    # trace holds the evidence; `report` analyses it).
+    runtime.run()
     save_recording(args, backend)
 
+    recorder, statuses, counts = tally.recorder, tally.statuses, tally.counts
+    assert recorder is not None
     kept = [str(p) for p in recorder.files if p not in recorder.removed]
     summary = {
         "output": str(out),
@@ -157,9 +132,9 @@ def run(args: argparse.Namespace) -> int:
         "removed": [str(p) for p in recorder.removed],
         "events": recorder.events,
         "bytes": recorder.bytes,
-        "lost": lost(),
-        "dropped": queue.dropped,
-        "duration_s": round((time.monotonic_ns() - start_ns) / 1e9, 3),
+        "lost": tally.lost(),
+        "dropped": runtime.queue.dropped,
+        "duration_s": round((time.monotonic_ns() - runtime.start_ns) / 1e9, 3),
         "kinds": dict(sorted(counts.items())),
         "probes": {name: dataclasses.asdict(s) for name, s in statuses.items()},
     }
@@ -178,28 +153,55 @@ def run(args: argparse.Namespace) -> int:
     return 1 if unavailable and len(unavailable) == len(statuses) else 0
 
 
+def _say(text: str) -> None:
+    print(printable(f"# {text}"), file=sys.stderr, flush=True)
+
+
+class _Tally(Sink):
+    """What was recorded, by kind, and each probe's last health; progress on stderr: one
+    refreshed line on a terminal, else a line every PROGRESS_PLAIN_EVERY_NS."""
+
+    def __init__(self, quiet: bool, out: Path) -> None:
+        self.counts: Counter[str] = Counter()
+        self.statuses: dict[str, ProbeStatus] = {}
+        self.recorder: TraceRecorder | None = None
+        self.runtime: Runtime | None = None
+        self.progress = _Progress(quiet)
+        self.out = out
+
+    def event(self, ev: Event) -> None:
+        if isinstance(ev, ProbeStatus):
+            self.statuses[ev.probe] = ev
+        self.counts[ev.KIND] += 1
+
+    def lost(self) -> int:
+        dropped = self.runtime.queue.dropped if self.runtime else 0
+        return sum(s.lost_kernel for s in self.statuses.values()) + dropped
+
+    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+        if self.recorder is not None and self.runtime is not None:
+            r = self.recorder
+            self.progress.show(self.out, now_ns - self.runtime.start_ns, r.events, r.bytes,
+                               self.lost())  # fmt: skip
+
+    def close(self) -> None:
+        self.progress.done()
+
+
 class _Progress:
     """Events, bytes and losses on stderr: one refreshed line on a terminal, else a line every
     PROGRESS_PLAIN_EVERY_NS."""
 
-    def __init__(
-        self,
-        quiet: bool,
-        events: Callable[[], int],
-        size: Callable[[], int],
-        lost: Callable[[], int],
-    ) -> None:
+    def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
         self.every_ns = 1_000_000_000 if self.tty else PROGRESS_PLAIN_EVERY_NS
         self.last_ns = 0
-        self.values = (events, size, lost)
 
-    def show(self, out: Path, elapsed_ns: int) -> None:
+    def show(self, out: Path, elapsed_ns: int, events: int, size: int, lost: int) -> None:
         if self.quiet or elapsed_ns - self.last_ns < self.every_ns:
             return
         self.last_ns = elapsed_ns
-        events, size, lost = (f() for f in self.values)
         line = (
             f"recording {out}: {format_ns(elapsed_ns)}, {events} events, "
             f"{format_bytes(size)}, {lost} lost"
@@ -213,27 +215,18 @@ class _Progress:
             print(file=sys.stderr)
 
 
-@contextlib.contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGINT and SIGTERM end the recording cleanly (the trace is closed, not torn)."""
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 COMMAND = Command(
     name="record",
     summary="record what the probes see into a trace file, for later analysis",
     description="""
-        Attach the probes (the default set, or the SOURCEs named) and the NVML sampler, and
-        write every event they emit, with their health reports, into TRACE (the evidence
-        `gpujitter run --record` keeps, so `gpujitter report` reads both alike): a
-        checksummed, append-only file whose header records this node's topology, the clock
-        reference, the probes, thresholds and analysis settings (docs/trace-format.md).
-        Ctrl-C or SIGTERM stops cleanly. With --rotate-size or
+        Attach the probes (the default set, or the SOURCEs named) and the NVML sampler,
+        following the processes NVML lists on a GPU, and write every event they emit, with
+        their health reports, into TRACE (the evidence `gpujitter run --record` keeps, so
+        `gpujitter report` reads both alike): a checksummed, append-only file whose header
+        records this node's topology, the clock reference, the probes, thresholds and the
+        analysis settings of this node's daemon (gaps.min_gap and the idle floors kept in
+        state.dir, from /etc/gpujitter/gpujitter.toml and GPUJITTER_* variables)
+        (docs/trace-format.md). Ctrl-C or SIGTERM stops cleanly. With --rotate-size or
         --rotate-age, TRACE is a directory of complete traces that `gpujitter report` and
         `gpujitter trace` read as one, and --keep-files/--keep-size bound what it holds.
         Progress (events, bytes, lost) goes to stderr; --json prints a summary at the end.

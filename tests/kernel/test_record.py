@@ -17,9 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from gpujitter.daemon.idle_floors import FILE_NAME, IdleFloorStore
 from gpujitter.daemon.trace import TraceReader, TraceSet
 from gpujitter.probes import registry
 from gpujitter.probes.events import AllocSyscall, Event, OwnThreads, ProbeStatus
+from gpujitter.probes.gpu_record import Replay
+from gpujitter.probes.nvml import Nvml
 from gpujitter.probes.topology import load_topology
 from tests.conftest import FIXTURES
 
@@ -126,10 +129,16 @@ def test_a_recording_holds_the_gpu_side_and_the_analysis_settings(tmp_path: Path
     daemon's evidence sources (here NVML answered from a recording made on the H200)."""
     trace = tmp_path / "gpu.gjtrace"
     nvml = FIXTURES / "nvml" / "h200-training.jsonl"
+    # The node's daemon proved this board's idle power earlier: the header carries it, as the
+    # daemon's own recordings do.
+    state = tmp_path / "state"
+    state.mkdir()
+    IdleFloorStore(state / FILE_NAME, Nvml(Replay(nvml)).open().gpus(1)).save({0: 118.0})
     done = subprocess.run(
         [sys.executable, "-m", "gpujitter", "record", "-o", str(trace), "sched",
          "--pid", str(os.getpid()), "--nvml-replay", str(nvml), "--duration", "3s", "--json"],
         capture_output=True, text=True, timeout=120,
+        env={**os.environ, "GPUJITTER_STATE_DIR": str(state)},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     with TraceReader(trace) as reader:
@@ -138,6 +147,7 @@ def test_a_recording_holds_the_gpu_side_and_the_analysis_settings(tmp_path: Path
     assert kinds["gpu.sample"] > 0 and kinds["gpu.procs"] > 0
     assert header.analysis["engine"]["gpu_bus_ids"] == {"0": "0000:00:06.0"}
     assert header.analysis["gaps"]["min_gap_ns"] > 0
+    assert header.analysis["idle_floors_w"] == {"0": 118.0}
 
 
 def test_rotated_recording_reads_back_as_one_stream(tmp_path: Path) -> None:

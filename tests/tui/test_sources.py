@@ -18,8 +18,10 @@ from gpujitter.daemon.trace import TraceHeader, TraceReader, TraceWriter
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import CpuStats, ProbeStatus, to_record
 from gpujitter.probes.host import HostPaths
-from gpujitter.probes.topology import Topology
+from gpujitter.probes.topology import Topology, load_topology
+from gpujitter.probes.watch import WatchSpec
 from gpujitter.tui.inbox import Batch, Inbox, ReplayPosition
+from gpujitter.tui.sources.embedded import EmbeddedSource
 from gpujitter.tui.sources.procstat import ProcCpuSampler
 from gpujitter.tui.sources.replay import GAP_KINDS, ReplaySource, load_recording
 from tests.tui import node_stream
@@ -232,3 +234,44 @@ def test_an_events_file_replays_through_the_pipeline_as_a_trace_does(tmp_path: P
         return [(r["type"], r["ts_ns"], r["end_ns"]) for r in records if r["type"] in GAP_KINDS]
 
     assert gaps(from_events) == gaps(from_trace) and len(gaps(from_trace)) > 30
+
+
+def test_embedded_without_probes_runs_on_the_kernel_counters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No bcc (or no root): every probe is said to be unavailable with the reason, and the
+    runtime keeps going on the kernel's counters, with its own status each tick, until the
+    app stops it."""
+
+    class NoBcc:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def __enter__(self) -> None:
+            raise ModuleNotFoundError("No module named 'bcc'")
+
+    monkeypatch.setattr("gpujitter.probes.sources.EvidenceSources", NoBcc)
+    topo = load_topology()
+    source = EmbeddedSource(["sched", "irq"], topology=topo, watch=WatchSpec(all=True),
+                            tick_s=0.05)  # fmt: skip
+    got: list[dict] = []
+    said: list[tuple[str, str]] = []
+
+    class App:
+        def records(self, records: object) -> None:
+            got.extend(records)  # type: ignore[call-overload]
+
+        def connection(self, state: str, detail: str = "") -> None:
+            said.append((state, detail))
+
+    def statuses() -> list[dict]:
+        return [r for r in got if r["type"] == "daemon.status"]
+
+    source.run(App(), lambda: len(statuses()) >= 3)  # type: ignore[arg-type]
+    assert [r["type"] for r in got[:2]] == ["hello", "snapshot"]
+    refused = {r["probe"]: r for r in got if r["type"] == "meta.probe"}
+    assert set(refused) == {"sched", "irq"}
+    assert all(r["state"] == "unavailable" and "bcc" in r["reason"] for r in refused.values())
+    assert {r["cpu"] for r in got if r["type"] == "cpu.stats"} == set(topo.cpus)
+    assert statuses()[-1]["clients"] == 1
+    assert "kernel counters only" in said[-2][1] and said[-1] == ("stopped", "")

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from bench.soak import RSS_SLOPE_LIMIT_BYTES as SOAK_RSS_LIMIT_BYTES
-from gpujitter.daemon.recorder import EventQueue, TraceRecorder
+from gpujitter.daemon.recorder import TraceRecorder
 from gpujitter.daemon.rotation import Rotation
+from gpujitter.daemon.runtime import EventQueue
 from gpujitter.daemon.trace import TraceReader, TraceSet
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref

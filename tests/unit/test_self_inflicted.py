@@ -11,7 +11,7 @@ from gpujitter.daemon.drill.score import Stall, score
 from gpujitter.daemon.metrics import DaemonMetrics
 from gpujitter.daemon.pipeline import analyse
 from gpujitter.daemon.records import Attribution
-from gpujitter.daemon.service import status_line
+from gpujitter.daemon.runtime import status_line
 from gpujitter.probes.events import OwnThreads, from_record, to_record
 from gpujitter.tui.model import NodeModel
 from gpujitter.tui.views.status import status_text

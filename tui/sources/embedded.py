@@ -1,9 +1,9 @@
-"""The embedded source: when no daemon runs, `gpujitter top` runs the probes itself (in the
-probe runner's own thread) and turns their events into stream records through
-StreamPipeline, so the app sees what a daemon would have sent. What the probes cannot give
-(no root, no bcc, a refused hook: the irq or cstate probe not running) the kernel's
-counters give, coarser (ProcCpuSampler). Once a second it also reports its own footprint as
-the daemon.status a daemon would send.
+"""The embedded source: when no daemon runs, `gpujitter top` runs the daemon's runtime
+in-process (daemon/runtime.py: the probes and NVML, the queue, the pipeline and node state)
+and hands the app the records a daemon's stream would carry. What the probes cannot give (no
+root, no bcc, a refused hook: the irq or cstate probe not running) the kernel's counters
+give, coarser (ProcCpuSampler). Once a tick it also reports its own footprint as the
+daemon.status a daemon would send.
 """
 
 from __future__ import annotations
@@ -11,25 +11,23 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import psutil
-
 from gpujitter import __version__
+from gpujitter.daemon.engine import EngineConfig
+from gpujitter.daemon.pipeline import AnalysisConfig
+from gpujitter.daemon.runtime import EventSource, ListSource, LiveSource, Runtime, Sink
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import Event, ProbeStatus, to_record
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import WatchSpec
-from gpujitter.tui.sources import Sink, Source
-from gpujitter.tui.sources.pipeline import StreamPipeline
+from gpujitter.tui.sources import Sink as AppSink
+from gpujitter.tui.sources import Source
 from gpujitter.tui.sources.procstat import ProcCpuSampler
 
-QUEUE_LIMIT = 100_000  # events between the probe thread and this source; beyond: lost_user
-DRAIN_S = 0.1
 # Probes whose cpu.stats halves replace the kernel counters' (interrupts; idle residency).
 IRQ_PROBE, IDLE_PROBE = "irq", "cstate"
 
@@ -54,18 +52,6 @@ class EmbeddedSource(Source):
         self.paths = paths or HostPaths()
         self.tick_s = tick_s
         self.label = "embedded (no daemon)"
-        self.pipeline = StreamPipeline(topology)
-        self._events: deque[Event] = deque()
-        self._lost = 0
-        self._probes: dict[str, str] = {}  # probe -> state
-
-    def _emit(self, ev: Event) -> bool:
-        """Called on the probe thread: hand the event over, or refuse it (counted lost)."""
-        if len(self._events) >= QUEUE_LIMIT:
-            self._lost += 1
-            return False
-        self._events.append(ev)
-        return True
 
     def hello(self) -> dict[str, Any]:
         ref = clock_ref()
@@ -82,31 +68,34 @@ class EmbeddedSource(Source):
             "probes": self.names,
         }
 
-    def run(self, sink: Sink, stopped: Callable[[], bool]) -> None:
+    def _runtime(self, source: EventSource, sink: AppSink, stopped: Callable[[], bool]) -> Runtime:
+        return Runtime(
+            source, self.topology, sinks=[_ToApp(sink, self.topology, self.paths)],
+            analysis=lambda src: AnalysisConfig(engine=EngineConfig(gpu_bus_ids=src.gpu_bus_ids())),
+            signals=False, stopped=stopped, tick_ns=int(self.tick_s * 1e9),
+        )  # fmt: skip
+
+    def run(self, sink: AppSink, stopped: Callable[[], bool]) -> None:
         sink.connection("embedded", "starting the probes")
-        sink.records([self.hello(), self.pipeline.snapshot(time.monotonic_ns())])
-        from gpujitter.probes.sources import EvidenceSources
+        live = LiveSource(self.names, topology=self.topology, watch=self.watch,
+                          thresholds=self.thresholds, paths=self.paths)  # fmt: skip
+        runtime = self._runtime(live, sink, stopped)
+        now = time.monotonic_ns()
+        sink.records([self.hello(), runtime.state.snapshot(now, runtime.state.status(now))])
+
+        def attached(rt: Runtime) -> None:
+            sink.records([rt.state.snapshot(time.monotonic_ns(), rt.status())])
+            sink.connection("embedded", f"probes: {', '.join(self.names) or 'none'}")
 
         try:
-            with EvidenceSources(
-                self.names,
-                topology=self.topology,
-                watch=self.watch,
-                emit=self._emit,
-                thresholds=self.thresholds,
-                paths=self.paths,
-            ) as sources:
-                self.pipeline.state.gpus = sources.gpus
-                sink.records([self.pipeline.snapshot(time.monotonic_ns())])
-                sink.connection("embedded", f"probes: {', '.join(self.names) or 'none'}")
-                self._loop(sink, stopped, probes_failed=lambda: sources.failed)
+            runtime.run(attached)
         except GpujitterError as err:
             self._without_probes(sink, stopped, str(err))
         except Exception as err:  # bcc missing, a probe thread that died: degrade, not crash
             self._without_probes(sink, stopped, f"{type(err).__name__}: {err}")
         sink.connection("stopped")
 
-    def _without_probes(self, sink: Sink, stopped: Callable[[], bool], why: str) -> None:
+    def _without_probes(self, sink: AppSink, stopped: Callable[[], bool], why: str) -> None:
         """The probes cannot run at all: say so per probe, keep showing the kernel's counters."""
         now = time.monotonic_ns()
         why = why.splitlines()[0] if why else "the probes could not start"
@@ -115,58 +104,57 @@ class EmbeddedSource(Source):
             for name in self.names
         )
         sink.connection("embedded", f"probes unavailable: {why}; kernel counters only")
-        self._loop(sink, stopped, probes_failed=lambda: False)
+        self._runtime(ListSource((), live=True), sink, stopped).run()
 
-    def _loop(
-        self, sink: Sink, stopped: Callable[[], bool], probes_failed: Callable[[], bool]
-    ) -> None:
-        me = psutil.Process()
-        me.cpu_percent()
-        sampler: ProcCpuSampler | None = None
-        covered: tuple[bool, bool] | None = None
-        next_tick = time.monotonic()
-        delivered = 0
-        while not stopped() and not probes_failed():
-            delivered += self._drain(sink)
-            now = time.monotonic()
-            if now < next_tick:
-                time.sleep(min(DRAIN_S, next_tick - now))
-                continue
-            next_tick = now + self.tick_s
-            now_ns = time.monotonic_ns()
-            running = {p for p, s in self._probes.items() if s in ("running", "degraded")}
-            want = (IRQ_PROBE not in running, IDLE_PROBE not in running)
-            if want != covered:  # a probe came or went: the counters fill what it leaves
-                covered = want
-                sampler = ProcCpuSampler(self.topology, self.paths, irq=want[0], idle=want[1])
-            if sampler is not None and any(want):
-                sink.records(sampler.sample(now_ns))
-            sink.records([self._status(me, now_ns, delivered / self.tick_s)])
-            delivered = 0
-        self._drain(sink)
 
-    def _drain(self, sink: Sink) -> int:
-        events = []
-        while self._events:
-            ev = self._events.popleft()
-            if isinstance(ev, ProbeStatus):
-                self._probes[ev.probe] = ev.state
-            events.append(ev)
-        if events:
-            sink.records(self.pipeline.feed(events))
-        return len(events)
+class _ToApp(Sink):
+    """The runtime's output as the records the daemon's stream carries, handed to the app a
+    batch at a time; each tick, the kernel counters for what no probe covers and the
+    status (this process in the daemon's place)."""
 
-    def _status(self, me: psutil.Process, now_ns: int, events_per_s: float) -> dict[str, Any]:
-        """This process in the daemon's place: its CPU and memory, what it lost."""
-        probes = self.pipeline.state.probes.values()
-        return self.pipeline.state.status(
-            now_ns,
-            cpu_percent=me.cpu_percent(),
-            rss_bytes=me.memory_info().rss,
-            events_per_s=events_per_s,
-            lost_kernel=sum(p.lost_kernel for p in probes),
-            lost_user=sum(p.lost_user for p in probes) + self._lost,
-            engine_dropped=self._lost,
-            clients=1,
-            client_dropped=0,
-        )
+    def __init__(self, app: AppSink, topology: Topology, paths: HostPaths) -> None:
+        self.app = app
+        self.topology = topology
+        self.paths = paths
+        self.records: list[dict[str, Any]] = []
+        self.probes: dict[str, str] = {}  # probe -> state
+        self.sampler: ProcCpuSampler | None = None
+        self.covered: tuple[bool, bool] | None = None
+        self._runtime: Runtime | None = None
+
+    def started(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    def event(self, ev: Event) -> None:
+        if isinstance(ev, ProbeStatus):
+            self.probes[ev.probe] = ev.state
+        self._take(ev)
+
+    def finding(self, found: Event) -> None:
+        self._take(found)
+
+    def _take(self, ev: Event) -> None:
+        assert self._runtime is not None
+        if self._runtime.state.streamed(ev):
+            self.records.append(to_record(ev))
+
+    def batch_done(self) -> None:
+        if self.records:
+            records, self.records = self.records, []
+            self.app.records(records)
+
+    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+        running = {p for p, s in self.probes.items() if s in ("running", "degraded")}
+        want = (IRQ_PROBE not in running, IDLE_PROBE not in running)
+        if want != self.covered:  # a probe came or went: the counters fill what it leaves
+            self.covered = want
+            self.sampler = ProcCpuSampler(self.topology, self.paths, irq=want[0], idle=want[1])
+        if self.sampler is not None and any(want):
+            self.app.records(self.sampler.sample(now_ns))
+        self.app.records([status])
+
+    def status(self) -> dict[str, Any]:
+        return {"clients": 1}
+
+    def close(self) -> None:
+        self.batch_done()

@@ -1,7 +1,8 @@
-"""Events -> the records the daemon's socket would carry: the one seam between the probes
-(or a trace's events) and the app for the embedded and replay sources. It wraps the
-daemon's own pipeline (gap detection, then attribution) and node state, so the app shows
-for an embedded run or a replayed trace exactly what a daemon would have streamed."""
+"""Events -> the records the daemon's socket would carry, for the replay source: a trace's
+events are played against a replay clock (pause, seek), so they are fed here rather than
+through the runtime the embedded source runs. It wraps the daemon's own pipeline (gap
+detection, then attribution) and node state, so the app shows for a replayed trace exactly
+what a daemon would have streamed."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Replay of a recording: a trace (`gpujitter record`) or an events file (`gaps --save-events`),
-whose events go through StreamPipeline as the embedded source's do, or an NDJSON file of
+whose events go through StreamPipeline (the daemon's pipeline and node state), or an NDJSON file of
 stream records (a captured socket stream, the attribution log). The records keep the
 recording's order and play against a replay clock: play/pause, step, jump to the next gap,
 seek (backwards starts the model over and plays up to the target at once), speed.

@@ -1,0 +1,180 @@
+"""The one runtime (daemon/runtime.py) through its configurations: it analyses a stream as the
+offline pipeline does, bounds its queue and counts what it drops, stops on SIGTERM with its
+sinks closed; and `record` and `run --record` over the same stretch of a real H200 session
+(tests/fixtures/nvml) write traces that `report` reads alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from gpujitter.cli import build_parser, load_commands, main
+from gpujitter.cli import record as record_cli
+from gpujitter.daemon.config import load_config
+from gpujitter.daemon.idle_floors import FILE_NAME, IdleFloorStore
+from gpujitter.daemon.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.records import Attribution
+from gpujitter.daemon.runtime import EventQueue, ListSource, Runtime, Sink
+from gpujitter.daemon.service import Daemon
+from gpujitter.daemon.trace import TraceReader
+from gpujitter.probes.events import Event, to_record
+from gpujitter.probes.gpu import GpuSampler
+from gpujitter.probes.gpu_clock import offsets_from_header
+from gpujitter.probes.gpu_record import Replay
+from gpujitter.probes.nvml import GpuInfo, Nvml
+from gpujitter.probes.topology import load_topology
+from tests.conftest import FIXTURES
+from tests.unit.test_nvml_replay import sample_reads
+
+TRAINING = FIXTURES / "nvml" / "h200-training.jsonl"
+
+
+def h200_stretch() -> tuple[list[GpuInfo], list[Event]]:
+    """The NVML sampler's events over a whole recorded H200 training session, polled as
+    often as the real session read its rings."""
+    replay = Replay(TRAINING)
+    nvml = Nvml(replay).open()
+    events: list[Event] = []
+    sampler = GpuSampler(nvml, events.append, cpu_count=16,
+                         offsets=lambda: offsets_from_header(replay.header),
+                         clock=replay.now)  # fmt: skip
+    sampler.start()
+    for _ in range(sample_reads(TRAINING) - 1):
+        sampler.poll()
+    return nvml.gpus(16), events
+
+
+class Kept(Sink):
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.found: list[Event] = []
+        self.closed = False
+
+    def event(self, ev: Event) -> None:
+        self.events.append(ev)
+
+    def finding(self, found: Event) -> None:
+        self.found.append(found)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_recorded_stream_gives_what_the_offline_pipeline_gives() -> None:
+    gpus, events = h200_stretch()
+    topology = load_topology()
+    kept = Kept()
+    runtime = Runtime(ListSource(events, gpus=gpus), topology, sinks=[kept],
+                      analysis=lambda source: AnalysisConfig(), signals=False)  # fmt: skip
+    runtime.run()
+    offline = list(analyse(events, topology))
+    assert [to_record(e) for e in kept.found] == [to_record(e) for e in offline]
+    assert any(isinstance(e, Attribution) for e in offline)
+    assert kept.events == events and kept.closed
+    assert runtime.status()["attributions"] == sum(isinstance(e, Attribution) for e in offline)
+
+
+def test_the_queue_is_bounded_and_what_it_drops_is_counted() -> None:
+    _, events = h200_stretch()
+    kept = Kept()
+    runtime = Runtime(
+        ListSource(events[:50], live=True), load_topology(), sinks=[kept], signals=False,
+        queue=EventQueue(maxsize=20),
+        stopped=lambda: len(kept.events) >= 20,
+    )  # fmt: skip
+    runtime.run()
+    status = runtime.status()
+    assert len(kept.events) == 20
+    assert status["engine_dropped"] == 30 and status["lost_user"] >= 30
+
+
+def test_sigterm_stops_the_loop_and_closes_the_sinks() -> None:
+    kept = Kept()
+    runtime = Runtime(ListSource([], live=True), load_topology(), sinks=[kept])
+    before = signal.getsignal(signal.SIGTERM)
+    runtime.run(ready=lambda rt: os.kill(os.getpid(), signal.SIGTERM))
+    assert kept.closed
+    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
+
+
+def report_of(trace: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    assert main(["report", str(trace), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    return {"summary": out["summary"], "attributions": out["attributions"]}
+
+
+def test_report_on_record_equals_report_on_run_record_of_the_same_stretch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`record` once wrote the default gap length and no idle floors into its header while
+    the daemon wrote the node's (gaps.min_gap, the floors kept in state.dir): the same
+    stretch read differently. Both now take the daemon's analysis settings."""
+    gpus, events = h200_stretch()
+    state = tmp_path / "state"
+    state.mkdir()
+    IdleFloorStore(state / FILE_NAME, gpus).save({0: 118.0})  # proven by an earlier daemon
+    monkeypatch.setenv("GPUJITTER_STATE_DIR", str(state))
+    monkeypatch.setenv("GPUJITTER_GAPS_MIN_GAP", "100ms")
+
+    recorded = tmp_path / "record.gjtrace"
+    args = build_parser(load_commands()).parse_args(["record", "-o", str(recorded), "--quiet"])
+    assert record_cli.run(args, source=ListSource(events, gpus=gpus)) == 0
+
+    kept = tmp_path / "run"
+    config = load_config(environ=dict(os.environ), flags={
+        "record.path": ("--record", str(kept)), "log.path": ("--log", ""),
+        "socket.path": ("--socket", ""),
+    })  # fmt: skip
+    assert Daemon(config, source=ListSource(events, gpus=gpus)).run() == 0
+    (daemon_trace,) = kept.iterdir()
+
+    with TraceReader(recorded) as a, TraceReader(daemon_trace) as b:
+        assert a.header.analysis == b.header.analysis
+        assert a.header.analysis["idle_floors_w"] == {"0": 118.0}
+        assert a.header.analysis["gaps"]["min_gap_ns"] == 100_000_000
+    capsys.readouterr()
+    from_record, from_run = report_of(recorded, capsys), report_of(daemon_trace, capsys)
+    assert from_record["attributions"]  # the stretch holds gaps to compare
+    assert from_record == from_run
+
+
+def test_sighup_reopens_files_only_where_asked() -> None:
+    """The daemon reopens its log at SIGHUP (logrotate); `probe` or `gaps` in a terminal keep
+    the default, so a hangup still ends them."""
+    reloaded: list[bool] = []
+
+    class Reopens(Kept):
+        def reload(self) -> None:
+            reloaded.append(True)
+            runtime.stop()
+
+    runtime = Runtime(ListSource([], live=True), load_topology(), sinks=[Reopens()], reload=True)
+    runtime.run(ready=lambda rt: os.kill(os.getpid(), signal.SIGHUP))
+    assert reloaded == [True]
+
+    seen: list[object] = []
+    before = signal.getsignal(signal.SIGHUP)
+    plain = Runtime(ListSource([], live=True), load_topology())
+    plain.run(ready=lambda rt: (seen.append(signal.getsignal(signal.SIGHUP)), rt.stop()))
+    assert seen == [before]
+
+
+def test_a_stopped_recording_is_not_read_to_its_end() -> None:
+    """A recorded source hands its events over a batch (10 000) at a time; a stop ends the
+    read there (no analysis here, so repeating the stretch is harmless)."""
+    _, events = h200_stretch()
+    events *= 10
+    kept = Kept()
+
+    class StopsAtOnce(Kept):
+        def event(self, ev: Event) -> None:
+            kept.event(ev)
+            runtime.stop()
+
+    runtime = Runtime(ListSource(events), load_topology(), sinks=[StopsAtOnce()], signals=False)
+    runtime.run()
+    assert len(events) > 10_000 and len(kept.events) == 10_000
