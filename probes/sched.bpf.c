@@ -5,11 +5,13 @@
  * `threads`, keyed by thread id; the wake-up and the switch back in find it there (the
  * runqlat pattern). Every interval feeds per-thread counters and log2 histograms in the
  * kernel; only intervals longer than THRESHOLD_OFFCPU_NS (THRESHOLD_IO_NS for I/O waits), or
- * whose run-queue wait exceeds THRESHOLD_RUNQ_NS, are streamed. Cost per context switch: a
- * watched-set lookup for the thread leaving, a `threads` lookup for the thread arriving, a
- * clock read and a few per-CPU slots more when a watched thread is involved, and one array
- * lookup for the CPU's run-queue followers (runq_cpus below; a clock read and a few stores
- * more where a watched thread waits on that CPU) (docs/performance.md).
+ * whose run-queue wait exceeds THRESHOLD_RUNQ_NS, are streamed. Cost per context switch: the
+ * per-CPU cached watched-set answer for the thread leaving, a bit of the `threads` filter
+ * (gj_task_bits) for the thread arriving, and one array lookup for the CPU's run-queue
+ * followers (runq_cpus below; a clock read and a few stores more where a watched thread
+ * waits on that CPU): all inlined array lookups, no hashing. Only where a watched thread is
+ * involved, a `threads` lookup per watched side, a clock read and a few per-CPU slots more
+ * (docs/performance.md).
  *
  * I/O waits: block_rq_complete and block_io_done bracket, on one CPU, the end of a block
  * request, and the bios' end_io wakes the request's waiters in between; a watched thread
@@ -23,6 +25,7 @@
  * without it a completion is only bounded by IO_WAKE_WINDOW_NS), SCHED_RAW with TASK_PID
  * and TASK_COMM (raw tracepoints; task_struct offsets from BTF).
  */
+#define GJ_TASK_BITS /* `threads` keys, by thread id: the switch-in, wake-up and migration filter */
 #include "gpujitter.h"
 
 /* sched_switch prev_state as the tracepoint reports it (one bit per state, see its format):
@@ -323,11 +326,14 @@ static __always_inline void switched_out(u32 tid, long prev_state, u64 *now, u32
         return;
     t->switches++;
     if (exiting) {
-        /* The thread's last switch: user space reports its totals once more, then drops it. */
+        /* The thread's last switch: user space reports its totals once more, then drops it;
+         * nothing looks it up again. */
         t->exited = 1;
         t->off_ns = 0;
+        gj_task_bit_clear(tid);
         return;
     }
+    gj_task_bit_set(tid);
     if (state == ST_PREEMPTED)
         t->preemptions++;
     t->off_ns = ts;
@@ -359,7 +365,7 @@ static __always_inline void count_log2(u32 state, u64 offcpu_ns, u64 runq_ns)
 static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid,
                                         const char *other_comm, u64 *now, u32 cpu)
 {
-    struct thread *t = threads.lookup(&tid);
+    struct thread *t = gj_task_bit(tid) ? threads.lookup(&tid) : NULL;
     u32 slot = 0;
     struct running *run = running.lookup(&slot);
     if (!t || !t->off_ns) {
@@ -541,6 +547,8 @@ static __always_inline void io_woken(struct thread *t, u64 now)
  * block completion, the interrupted task; the completing request is what woke it). */
 static __always_inline void waking(u32 tid)
 {
+    if (!gj_task_bit(tid))
+        return;
     struct thread *t = threads.lookup(&tid);
     if (t && t->off_ns && !t->runnable_ns) {
         u64 now = bpf_ktime_get_ns();
@@ -575,6 +583,8 @@ TRACEPOINT_PROBE(sched, sched_waking)
 TRACEPOINT_PROBE(sched, sched_migrate_task)
 {
     u32 tid = args->pid;
+    if (!gj_task_bit(tid))
+        return 0;
     struct thread *t = threads.lookup(&tid);
     if (!t || t->exited)
         return 0;
