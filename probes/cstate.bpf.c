@@ -57,14 +57,6 @@ struct sleeper {
 };
 BPF_HASH(sleepers, u64, struct sleeper, GJ_MAX_THREADS);
 
-/* A task pointer's bit in the sleepers filter (Fibonacci hashing onto its 2^22 bits). Bits
- * are never cleared: another pointer may share one, and task_structs are slab objects
- * reused in place, so the pointers of watched tasks, and with them the bits set, stay few. */
-static __always_inline u32 sleeper_bit(u64 task)
-{
-    return (u32)((task * 0x9E3779B97F4A7C15ULL) >> 42);
-}
-
 struct idle_wake_rec {
     u64 ts_ns;
     u64 idle_ns;
@@ -153,7 +145,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     u32 zero = 0;
     struct idle_cpu *c = idle_now.lookup(&zero);
     u64 next = ctx->args[2];
-    struct sleeper *s = gj_task_bit(sleeper_bit(next)) ? sleepers.lookup(&next) : NULL;
+    struct sleeper *s = gj_task_bit(gj_task_ptr_bit(next)) ? sleepers.lookup(&next) : NULL;
     if (s && s->armed) {
         if (s->wake_ns)
             woken_in(s, c, (u32)id == 0, bpf_ktime_get_ns());
@@ -166,7 +158,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
         return 0;
     u64 prev = ctx->args[1];
     if (prev_state & STATE_DEAD) {
-        if (gj_task_bit(sleeper_bit(prev)))
+        if (gj_task_bit(gj_task_ptr_bit(prev)))
             sleepers.delete(&prev);
         return 0;
     }
@@ -175,7 +167,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
         return 0;
     struct sleeper fresh = {.tid = (u32)id, .tgid = tgid, .armed = 1};
     /* the bit first: a wake-up racing this switch on another CPU must find the entry */
-    gj_task_bit_set(sleeper_bit(prev));
+    gj_task_bit_set(gj_task_ptr_bit(prev));
     s = sleepers.lookup(&prev);
     if (s)
         *s = fresh; /* in place: cheaper than an update, which allocates */
@@ -188,7 +180,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 RAW_TRACEPOINT_PROBE(sched_waking)
 {
     u64 task = ctx->args[0];
-    if (!gj_task_bit(sleeper_bit(task)))
+    if (!gj_task_bit(gj_task_ptr_bit(task)))
         return 0;
     struct sleeper *s = sleepers.lookup(&task);
     if (s && s->armed && !s->wake_ns)

@@ -25,7 +25,9 @@
  * without it a completion is only bounded by IO_WAKE_WINDOW_NS), SCHED_RAW with TASK_PID
  * and TASK_COMM (raw tracepoints; task_struct offsets from BTF).
  */
-#define GJ_TASK_BITS /* `threads` keys, by thread id: the switch-in, wake-up and migration filter */
+/* The switch-in, wake-up and migration filter in front of `threads`: keyed by task pointer
+ * on raw tracepoints (the thread id would cost a read through the pointer), else by id. */
+#define GJ_TASK_BITS
 #include "gpujitter.h"
 
 /* sched_switch prev_state as the tracepoint reports it (one bit per state, see its format):
@@ -291,6 +293,16 @@ static __always_inline void credit_holder(u32 cpu, u32 prev_tid, u64 *now)
     rc->any = any;
 }
 
+/* The current task's bit in the filter (tid: its thread id). */
+static __always_inline u32 current_bit(u32 tid)
+{
+#ifdef SCHED_RAW
+    return gj_task_ptr_bit(bpf_get_current_task());
+#else
+    return tid;
+#endif
+}
+
 static __always_inline void switched_out(u32 tid, long prev_state, u64 *now, u32 cpu)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
@@ -330,10 +342,12 @@ static __always_inline void switched_out(u32 tid, long prev_state, u64 *now, u32
          * nothing looks it up again. */
         t->exited = 1;
         t->off_ns = 0;
-        gj_task_bit_clear(tid);
+#ifndef SCHED_RAW
+        gj_task_bit_clear(tid); /* a thread id's bit is its own; a pointer's may be shared */
+#endif
         return;
     }
-    gj_task_bit_set(tid);
+    gj_task_bit_set(current_bit(tid));
     if (state == ST_PREEMPTED)
         t->preemptions++;
     t->off_ns = ts;
@@ -362,14 +376,16 @@ static __always_inline void count_log2(u32 state, u64 offcpu_ns, u64 runq_ns)
         (*n)++;
 }
 
+/* tid 0: a task the filter rules out (or the idle task); only the CPU's running slot is
+ * cleared. */
 static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid,
                                         const char *other_comm, u64 *now, u32 cpu)
 {
-    struct thread *t = gj_task_bit(tid) ? threads.lookup(&tid) : NULL;
+    struct thread *t = tid ? threads.lookup(&tid) : NULL;
     u32 slot = 0;
     struct running *run = running.lookup(&slot);
     if (!t || !t->off_ns) {
-        if (run)
+        if (run && run->tid) /* tested first: most switches have nothing to clear */
             run->tid = 0;
         return;
     }
@@ -459,13 +475,12 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     u32 cpu = bpf_get_smp_processor_id();
     u32 prev_pid = (u32)bpf_get_current_pid_tgid();
     u64 prev = ctx->args[1], next = ctx->args[2];
-    u32 next_pid = task_pid(next);
+    u32 next_pid = gj_task_bit(gj_task_ptr_bit(next)) ? task_pid(next) : 0;
     credit_holder(cpu, prev_pid, &now);
     if (prev_pid)
         switched_out(prev_pid, report_state(ctx->args[0], (u32)ctx->args[3]), &now, cpu);
-    if (next_pid)
-        switched_in(next_pid, (const char *)(next + TASK_COMM), prev_pid,
-                    (const char *)(prev + TASK_COMM), &now, cpu);
+    switched_in(next_pid, (const char *)(next + TASK_COMM), prev_pid,
+                (const char *)(prev + TASK_COMM), &now, cpu);
     return 0;
 }
 #else
@@ -473,11 +488,11 @@ TRACEPOINT_PROBE(sched, sched_switch)
 {
     u64 now = 0;
     u32 cpu = bpf_get_smp_processor_id();
+    u32 next_pid = gj_task_bit(args->next_pid) ? args->next_pid : 0;
     credit_holder(cpu, args->prev_pid, &now);
     if (args->prev_pid)
         switched_out(args->prev_pid, args->prev_state, &now, cpu);
-    if (args->next_pid)
-        switched_in(args->next_pid, args->next_comm, args->prev_pid, args->prev_comm, &now, cpu);
+    switched_in(next_pid, args->next_comm, args->prev_pid, args->prev_comm, &now, cpu);
     return 0;
 }
 #endif
@@ -547,8 +562,6 @@ static __always_inline void io_woken(struct thread *t, u64 now)
  * block completion, the interrupted task; the completing request is what woke it). */
 static __always_inline void waking(u32 tid)
 {
-    if (!gj_task_bit(tid))
-        return;
     struct thread *t = threads.lookup(&tid);
     if (t && t->off_ns && !t->runnable_ns) {
         u64 now = bpf_ktime_get_ns();
@@ -567,13 +580,16 @@ static __always_inline void waking(u32 tid)
 /* sched_waking(struct task_struct *p) */
 RAW_TRACEPOINT_PROBE(sched_waking)
 {
-    waking(task_pid(ctx->args[0]));
+    u64 task = ctx->args[0];
+    if (gj_task_bit(gj_task_ptr_bit(task)))
+        waking(task_pid(task));
     return 0;
 }
 #else
 TRACEPOINT_PROBE(sched, sched_waking)
 {
-    waking(args->pid);
+    if (gj_task_bit(args->pid))
+        waking(args->pid);
     return 0;
 }
 #endif
@@ -583,8 +599,10 @@ TRACEPOINT_PROBE(sched, sched_waking)
 TRACEPOINT_PROBE(sched, sched_migrate_task)
 {
     u32 tid = args->pid;
-    if (!gj_task_bit(tid))
+#ifndef SCHED_RAW
+    if (!gj_task_bit(tid)) /* with pointer keys, migrations (rare) go to the hash */
         return 0;
+#endif
     struct thread *t = threads.lookup(&tid);
     if (!t || t->exited)
         return 0;
