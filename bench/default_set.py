@@ -8,8 +8,10 @@ Python per second.
 
     flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.default_set [--rounds 5] [--json]
 
-Rounds interleave the modes (without, then with, the probes) so that drift on a shared
-machine hits both alike; figures are medians over rounds. The workloads are watched (by
+In each round every workload runs without and with the probes back to back (the set is
+started, timed, between the two runs, and stopped after the second; which run comes first
+alternates by round), so that drift on a shared machine hits both alike; figures are the
+medians over rounds of each round's ratio, with the rounds' spread. The workloads are watched (by
 command name), which is the expensive case: unwatched processes only pay the filter.
 """
 
@@ -235,6 +237,26 @@ def program_totals(probes: ProbeSet, floor: Any = None) -> dict[str, tuple[int, 
     return out
 
 
+def kernel_run(
+    probes: ProbeSet, floor: Any, binary: Path, args: list[str]
+) -> dict[str, tuple[int, int]]:
+    """(runs, ns) of each program during one run of the workload, statistics on."""
+    before = program_totals(probes, floor)
+    run_workload(binary, args, probes)
+    after = program_totals(probes, floor)
+    return {
+        k: (after[k][0] - before.get(k, (0, 0))[0], after[k][1] - before.get(k, (0, 0))[1])
+        for k in after
+    }
+
+
+def record_programs(into: dict[str, list[float]], delta: dict[str, tuple[int, int]]) -> None:
+    """ns per run of each program that ran, appended to its list."""
+    for k, (n, t) in delta.items():
+        if n:
+            into.setdefault(k, []).append(t / n)
+
+
 def measure(rounds: int, names: list[str]) -> dict[str, Any]:
     topology = load_topology()
     me = psutil.Process()
@@ -252,49 +274,42 @@ def measure(rounds: int, names: list[str]) -> dict[str, Any]:
         kernel: dict[str, list[float]] = {w: [] for w in PROGRAMS}
         runs_per_op: dict[str, list[int]] = {w: [] for w in PROGRAMS}
         programs: dict[str, dict[str, list[float]]] = {w: {} for w in [*PROGRAMS, "unwatched"]}
-        for _ in range(rounds):
+        watch = WatchSpec(comms=[f"gjb-{name}" for name in PROGRAMS])
+        for r in range(rounds):
             for w in PROGRAMS:
-                base[w].append(run_workload(binaries[w], args[w], None))
-            events: list[Any] = []
-            watch = WatchSpec(comms=[f"gjb-{w}" for w in PROGRAMS])
-            cpu0, wall0 = sum(me.cpu_times()[:2]), time.monotonic()
-            with ProbeSet(names, topology=topology, watch=watch, emit=events.append) as probes:
-                probes.start()
-                results["startup"].append(
-                    {"wall_s": time.monotonic() - wall0, "cpu_s": sum(me.cpu_times()[:2]) - cpu0}
-                )
-                results["rss_mb"].append(me.memory_info().rss / 2**20)
-                for w in PROGRAMS:
-                    n0 = len(events)
+                # A workload's runs without and with the probes next to each other (the set
+                # started between them), in turns first and second: over a round's minutes
+                # the shared machine's load drifts by more than the probes cost.
+                if r % 2 == 0:
+                    base[w].append(run_workload(binaries[w], args[w], None))
+                events: list[Any] = []
+                cpu0, wall0 = sum(me.cpu_times()[:2]), time.monotonic()
+                with ProbeSet(names, topology=topology, watch=watch, emit=events.append) as probes:
+                    probes.start()
+                    results["startup"].append(
+                        {
+                            "wall_s": time.monotonic() - wall0,
+                            "cpu_s": sum(me.cpu_times()[:2]) - cpu0,
+                        }
+                    )
+                    results["rss_mb"].append(me.memory_info().rss / 2**20)
                     elapsed = run_workload(binaries[w], args[w], probes)
                     probed[w].append(elapsed)
-                    rates[w].append((len(events) - n0) / (elapsed / 1e9))
-                # A separate pass for the in-kernel time: the statistics themselves cost two
-                # clock reads per program run, which must not count in the slowdown.
-                with bpf_stats(), floor_programs() as floor:
-                    for w in [*PROGRAMS, "unwatched"]:
-                        before = program_totals(probes, floor)
-                        if w == "unwatched":
-                            run_workload(unwatched, args["pingpong"], probes)
-                        else:
-                            run_workload(binaries[w], args[w], probes)
-                        after = program_totals(probes, floor)
-                        delta = {
-                            k: (after[k][0] - before.get(k, (0, 0))[0],
-                                after[k][1] - before.get(k, (0, 0))[1])
-                            for k in after
-                        }  # fmt: skip
-                        runs = sum(d[0] for d in delta.values())
-                        ns = sum(d[1] for d in delta.values())
-                        for k, (n, t) in delta.items():
-                            if n:
-                                programs[w].setdefault(k, []).append(t / n)
-                        if w == "unwatched":
-                            continue
-                        runs -= sum(d[0] for k, d in delta.items() if k.startswith("floor:"))
-                        ns -= sum(d[1] for k, d in delta.items() if k.startswith("floor:"))
-                        kernel[w].append(ns / runs if runs else 0.0)
+                    rates[w].append(len(events) / (elapsed / 1e9))
+                    # A separate run for the in-kernel time: the statistics themselves cost
+                    # two clock reads per program run, which must not count in the slowdown.
+                    with bpf_stats(), floor_programs() as floor:
+                        delta = kernel_run(probes, floor, binaries[w], args[w])
+                        record_programs(programs[w], delta)
+                        own = {k: d for k, d in delta.items() if not k.startswith("floor:")}
+                        runs = sum(d[0] for d in own.values())
+                        kernel[w].append(sum(d[1] for d in own.values()) / runs if runs else 0.0)
                         runs_per_op[w].append(runs)
+                        if w == "pingpong":
+                            delta = kernel_run(probes, floor, unwatched, args[w])
+                            record_programs(programs["unwatched"], delta)
+                if r % 2 == 1:
+                    base[w].append(run_workload(binaries[w], args[w], None))
         for w in PROGRAMS:
             b, p = statistics.median(base[w]), statistics.median(probed[w])
             # Each round's ratio to its own run without probes: drift between rounds cancels.
@@ -343,12 +358,12 @@ def sched_event_ns(programs: dict[str, dict[str, list[float]]]) -> dict[str, dic
 
 
 def report(r: dict[str, Any]) -> str:
-    each = ", ".join(f"{s['wall_s']:.1f}/{s['cpu_s']:.1f}" for s in r["startup"])
+    first = r["startup"][0]
     lines = [
         f"probes: {', '.join(r['probes'])}",
-        f"start-up (compile + attach; the core's compile in the first round only): "
+        f"start-up (compile + attach), median of {len(r['startup'])} starts: "
         f"{r['startup_median']['wall_s']:.2f} s wall, {r['startup_median']['cpu_s']:.2f} CPU-s "
-        f"(each round, wall/CPU: {each}); "
+        f"(the first, with the core's compile: {first['wall_s']:.1f} / {first['cpu_s']:.1f}); "
         f"resident {r['rss_mb_median']:.0f} MB after start (max {max(r['rss_mb']):.0f}), "
         f"peak {r['rss_peak_mb']:.0f} MB",
         *(

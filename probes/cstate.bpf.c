@@ -19,8 +19,10 @@
  * Standalone, not folded into sched: sched and cstate stay separately switchable and fail
  * alone, and no map crosses probes (an extern map needs its owner loaded first, and bcc never
  * releases a public one). The price is a second sched_switch and sched_waking program; both
- * return after one map lookup unless a watched thread is involved (docs/performance.md).
+ * return after inlined array lookups (the CPU's slot, a bit of the sleepers filter) unless
+ * a watched thread is involved (docs/performance.md).
  */
+#define GJ_TASK_BITS /* `sleepers` keys, hashed: the switch-in and wake-up filter */
 #include "gpujitter.h"
 
 #define PWR_EVENT_EXIT 0xffffffff
@@ -142,7 +144,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     u32 zero = 0;
     struct idle_cpu *c = idle_now.lookup(&zero);
     u64 next = ctx->args[2];
-    struct sleeper *s = sleepers.lookup(&next);
+    struct sleeper *s = gj_task_bit(gj_task_ptr_bit(next)) ? sleepers.lookup(&next) : NULL;
     if (s && s->armed) {
         if (s->wake_ns)
             woken_in(s, c, (u32)id == 0, bpf_ktime_get_ns());
@@ -155,13 +157,16 @@ RAW_TRACEPOINT_PROBE(sched_switch)
         return 0;
     u64 prev = ctx->args[1];
     if (prev_state & STATE_DEAD) {
-        sleepers.delete(&prev);
+        if (gj_task_bit(gj_task_ptr_bit(prev)))
+            sleepers.delete(&prev);
         return 0;
     }
     u32 tgid = id >> 32;
     if (!gj_current_watched_cached(id))
         return 0;
     struct sleeper fresh = {.tid = (u32)id, .tgid = tgid, .armed = 1};
+    /* the bit first: a wake-up racing this switch on another CPU must find the entry */
+    gj_task_bit_set(gj_task_ptr_bit(prev));
     s = sleepers.lookup(&prev);
     if (s)
         *s = fresh; /* in place: cheaper than an update, which allocates */
@@ -174,6 +179,8 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 RAW_TRACEPOINT_PROBE(sched_waking)
 {
     u64 task = ctx->args[0];
+    if (!gj_task_bit(gj_task_ptr_bit(task)))
+        return 0;
     struct sleeper *s = sleepers.lookup(&task);
     if (s && s->armed && !s->wake_ns)
         s->wake_ns = bpf_ktime_get_ns();

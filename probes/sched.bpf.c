@@ -5,11 +5,13 @@
  * `threads`, keyed by thread id; the wake-up and the switch back in find it there (the
  * runqlat pattern). Every interval feeds per-thread counters and log2 histograms in the
  * kernel; only intervals longer than THRESHOLD_OFFCPU_NS (THRESHOLD_IO_NS for I/O waits), or
- * whose run-queue wait exceeds THRESHOLD_RUNQ_NS, are streamed. Cost per context switch: a
- * watched-set lookup for the thread leaving, a `threads` lookup for the thread arriving, a
- * clock read and a few per-CPU slots more when a watched thread is involved, and one array
- * lookup for the CPU's run-queue followers (runq_cpus below; a clock read and a few stores
- * more where a watched thread waits on that CPU) (docs/performance.md).
+ * whose run-queue wait exceeds THRESHOLD_RUNQ_NS, are streamed. Cost per context switch: the
+ * per-CPU cached watched-set answer for the thread leaving, a bit of the `threads` filter
+ * (gj_task_bits) for the thread arriving, and one array lookup for the CPU's run-queue
+ * followers (runq_cpus below; a clock read and a few stores more where a watched thread
+ * waits on that CPU): all inlined array lookups, no hashing. Only where a watched thread is
+ * involved, a `threads` lookup per watched side, a clock read and a few per-CPU slots more
+ * (docs/performance.md).
  *
  * I/O waits: block_rq_complete and block_io_done bracket, on one CPU, the end of a block
  * request, and the bios' end_io wakes the request's waiters in between; a watched thread
@@ -23,6 +25,9 @@
  * without it a completion is only bounded by IO_WAKE_WINDOW_NS), SCHED_RAW with TASK_PID
  * and TASK_COMM (raw tracepoints; task_struct offsets from BTF).
  */
+/* The switch-in, wake-up and migration filter in front of `threads`: keyed by task pointer
+ * on raw tracepoints (the thread id would cost a read through the pointer), else by id. */
+#define GJ_TASK_BITS
 #include "gpujitter.h"
 
 /* sched_switch prev_state as the tracepoint reports it (one bit per state, see its format):
@@ -287,6 +292,16 @@ static __always_inline void credit_holder(u32 cpu, u32 prev_tid, u64 *now)
     rc->any = any;
 }
 
+/* The current task's bit in the filter (tid: its thread id). */
+static __always_inline u32 current_bit(u32 tid)
+{
+#ifdef SCHED_RAW
+    return gj_task_ptr_bit(bpf_get_current_task());
+#else
+    return tid;
+#endif
+}
+
 static __always_inline void switched_out(u32 tid, long prev_state, u64 *now, u32 cpu)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
@@ -322,11 +337,16 @@ static __always_inline void switched_out(u32 tid, long prev_state, u64 *now, u32
         return;
     t->switches++;
     if (exiting) {
-        /* The thread's last switch: user space reports its totals once more, then drops it. */
+        /* The thread's last switch: user space reports its totals once more, then drops it;
+         * nothing looks it up again. */
         t->exited = 1;
         t->off_ns = 0;
+#ifndef SCHED_RAW
+        gj_task_bit_clear(tid); /* a thread id's bit is its own; a pointer's may be shared */
+#endif
         return;
     }
+    gj_task_bit_set(current_bit(tid));
     if (state == ST_PREEMPTED)
         t->preemptions++;
     t->off_ns = ts;
@@ -355,14 +375,16 @@ static __always_inline void count_log2(u32 state, u64 offcpu_ns, u64 runq_ns)
         (*n)++;
 }
 
+/* tid 0: a task the filter rules out (or the idle task); only the CPU's running slot is
+ * cleared. */
 static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid,
                                         const char *other_comm, u64 *now, u32 cpu)
 {
-    struct thread *t = threads.lookup(&tid);
+    struct thread *t = tid ? threads.lookup(&tid) : NULL;
     u32 slot = 0;
     struct running *run = running.lookup(&slot);
     if (!t || !t->off_ns) {
-        if (run)
+        if (run && run->tid) /* tested first: most switches have nothing to clear */
             run->tid = 0;
         return;
     }
@@ -452,13 +474,12 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     u32 cpu = bpf_get_smp_processor_id();
     u32 prev_pid = (u32)bpf_get_current_pid_tgid();
     u64 prev = ctx->args[1], next = ctx->args[2];
-    u32 next_pid = task_pid(next);
+    u32 next_pid = gj_task_bit(gj_task_ptr_bit(next)) ? task_pid(next) : 0;
     credit_holder(cpu, prev_pid, &now);
     if (prev_pid)
         switched_out(prev_pid, report_state(ctx->args[0], (u32)ctx->args[3]), &now, cpu);
-    if (next_pid)
-        switched_in(next_pid, (const char *)(next + TASK_COMM), prev_pid,
-                    (const char *)(prev + TASK_COMM), &now, cpu);
+    switched_in(next_pid, (const char *)(next + TASK_COMM), prev_pid,
+                (const char *)(prev + TASK_COMM), &now, cpu);
     return 0;
 }
 #else
@@ -466,11 +487,11 @@ TRACEPOINT_PROBE(sched, sched_switch)
 {
     u64 now = 0;
     u32 cpu = bpf_get_smp_processor_id();
+    u32 next_pid = gj_task_bit(args->next_pid) ? args->next_pid : 0;
     credit_holder(cpu, args->prev_pid, &now);
     if (args->prev_pid)
         switched_out(args->prev_pid, args->prev_state, &now, cpu);
-    if (args->next_pid)
-        switched_in(args->next_pid, args->next_comm, args->prev_pid, args->prev_comm, &now, cpu);
+    switched_in(next_pid, args->next_comm, args->prev_pid, args->prev_comm, &now, cpu);
     return 0;
 }
 #endif
@@ -558,13 +579,16 @@ static __always_inline void waking(u32 tid)
 /* sched_waking(struct task_struct *p) */
 RAW_TRACEPOINT_PROBE(sched_waking)
 {
-    waking(task_pid(ctx->args[0]));
+    u64 task = ctx->args[0];
+    if (gj_task_bit(gj_task_ptr_bit(task)))
+        waking(task_pid(task));
     return 0;
 }
 #else
 TRACEPOINT_PROBE(sched, sched_waking)
 {
-    waking(args->pid);
+    if (gj_task_bit(args->pid))
+        waking(args->pid);
     return 0;
 }
 #endif
@@ -574,6 +598,10 @@ TRACEPOINT_PROBE(sched, sched_waking)
 TRACEPOINT_PROBE(sched, sched_migrate_task)
 {
     u32 tid = args->pid;
+#ifndef SCHED_RAW
+    if (!gj_task_bit(tid)) /* with pointer keys, migrations (rare) go to the hash */
+        return 0;
+#endif
     struct thread *t = threads.lookup(&tid);
     if (!t || t->exited)
         return 0;

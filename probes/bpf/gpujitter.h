@@ -76,6 +76,11 @@ BPF_PERCPU_ARRAY(gj_watch_cache, struct gj_watch_cache, 1);
 
 static __always_inline bool gj_current_watched_cached(u64 id)
 {
+    /* The idle task (an interrupt that woke an idle CPU, the idle side of every switch) is
+     * answered before the cache: asked about in between, it would evict the thread the CPU
+     * runs otherwise, and each return of that thread would miss. */
+    if (!(u32)id)
+        return false;
     u32 zero = 0, slot = GJ_CFG_GEN;
     u64 *gen = gj_config.lookup(&slot);
     struct gj_watch_cache *c = gj_watch_cache.lookup(&zero);
@@ -109,6 +114,54 @@ static __always_inline u32 gj_node_of(u32 cpu)
 
 /* Per probe, so outside the guard: a module of several probes (probes/bundle.py) has this
  * once for each, under names of that probe. */
+
+#ifdef GJ_TASK_BITS
+/* A probe's filter in front of its per-thread hash, for hooks that name a task other than
+ * current (the thread switched in, the thread woken): one bit per key, set (atomically: a
+ * lost set would hide a thread) when the probe enters a thread in its hash, tested before
+ * the hash is. An array lookup is inlined by the verifier; the hash lookup it saves on
+ * every event of a task the probe never entered cost 50-100 ns here (docs/performance.md).
+ * 2^22 bits (PID_MAX_LIMIT: one per thread id), 512 KiB. */
+#define GJ_TASK_BITS_WORDS (1 << 16)
+BPF_ARRAY(gj_task_bits, u64, GJ_TASK_BITS_WORDS);
+
+static __always_inline u64 *gj_task_word(u32 bit)
+{
+    u32 word = (bit >> 6) & (GJ_TASK_BITS_WORDS - 1);
+    return gj_task_bits.lookup(&word);
+}
+
+static __always_inline bool gj_task_bit(u32 bit)
+{
+    u64 *w = gj_task_word(bit);
+    return w && (*w >> (bit & 63)) & 1;
+}
+
+static __always_inline void gj_task_bit_set(u32 bit)
+{
+    u64 *w = gj_task_word(bit);
+    u64 mask = 1ULL << (bit & 63);
+    if (w && !(*w & mask)) /* tested first: a write would dirty a line other CPUs read */
+        __sync_fetch_and_or(w, mask);
+}
+
+static __always_inline void gj_task_bit_clear(u32 bit)
+{
+    u64 *w = gj_task_word(bit);
+    u64 mask = 1ULL << (bit & 63);
+    if (w && (*w & mask))
+        __sync_fetch_and_and(w, ~mask);
+}
+
+/* A task pointer's bit (Fibonacci hashing onto the 2^22): for hooks that hand over task
+ * pointers, so that a task the probe never entered costs no read through its pointer.
+ * Another pointer may share the bit, so it is never cleared; task_structs are slab objects
+ * reused in place, so the pointers of watched tasks, and the bits set, stay few. */
+static __always_inline u32 gj_task_ptr_bit(u64 task)
+{
+    return (u32)((task * 0x9E3779B97F4A7C15ULL) >> 42);
+}
+#endif
 
 /* Ring-buffer reserve failures of this probe, per CPU; user space sums and reports them. */
 BPF_PERCPU_ARRAY(gj_lost, u64, 1);

@@ -35,7 +35,10 @@ def parts(tmp_path: Path) -> list[Part]:
 
 def test_names_two_parts_define_are_renamed_in_each(tmp_path: Path) -> None:
     text, renamed = bundle_text(parts(tmp_path))
-    assert renamed["one"] == renamed["two"] == {"threads", "helper", "gj_lost", "gj_count_lost"}
+    # gpujitter.h's per-probe half: the lost counter, and the task filter a part may opt into
+    per_probe = {"gj_lost", "gj_count_lost", "gj_task_bits", "gj_task_word", "gj_task_bit"}
+    per_probe |= {"gj_task_bit_set", "gj_task_bit_clear", "gj_task_ptr_bit"}
+    assert renamed["one"] == renamed["two"] == {"threads", "helper"} | per_probe
     assert "BPF_HASH(one__threads," in text and "BPF_ARRAY(two__threads," in text
     assert "one__threads.lookup(&k)" in text and "return one__helper(0)" in text
     # members of the same name are left alone, and so is a struct only one part defines
