@@ -20,6 +20,7 @@ from gpujitter.daemon.records import (
     Attribution,
     Evidence,
     FaultEvidence,
+    FrameEvidence,
     GcEvidence,
     IdleEvidence,
     IoEvidence,
@@ -133,6 +134,9 @@ def detail(part: Part, attr: Attribution) -> str:
         gen = f"gen {top.generation}" if top.generation >= 0 else "generation unknown"
         count = sum(g.count for g in gens)
         return f"{gen}, {count} collection{'s' if count != 1 else ''} of {format_ns(top.dur_ns)}"
+    if cause == "host_work":
+        frames = _top(part, FrameEvidence)
+        return f"in {frame_text(frames[0])} {_share(frames[0])}" if frames else ""
     if cause == "remote_oncpu":
         nodes = _top(part, NodeEvidence)
         gpu = f", GPU on node {attr.gpu_node}" if attr.gpu_node >= 0 else ""
@@ -233,6 +237,19 @@ def _gc_line(e: GcEvidence, _start: int) -> str:
     return f"GC {which}: {_times(e.count, e.ns)}, {format_ns(e.dur_ns)} in all{freed}"
 
 
+def frame_text(e: FrameEvidence) -> str:
+    """A sampled Python function as people look for it: name (file:line)."""
+    return f"{e.func} ({e.file}:{e.line})" if e.func else "no Python frame"
+
+
+def _share(e: FrameEvidence) -> str:
+    return f"{100 * e.samples // max(1, e.of)}% of {e.of} sample{'s' if e.of != 1 else ''}"
+
+
+def _frame_line(e: FrameEvidence, _start: int) -> str:
+    return f"Python {frame_text(e)}: {_share(e)}, ~{format_ns(e.ns)}"
+
+
 def _node_line(e: NodeEvidence, _start: int) -> str:
     where = "remote" if e.remote else "local"
     return f"on-CPU on node {e.node} ({where}){cpus_text(e.cpus)}: {format_ns(e.ns)}"
@@ -260,6 +277,7 @@ _LINES: dict[type, Any] = {
     FaultEvidence: _fault_line,
     AllocEvidence: _alloc_line,
     GcEvidence: _gc_line,
+    FrameEvidence: _frame_line,
     NodeEvidence: _node_line,
     ReasonEvidence: _reason_line,
 }

@@ -185,6 +185,22 @@ class GcEvidence:
 
 
 @dataclass(frozen=True, slots=True)
+class FrameEvidence:
+    """A Python function the host-work threads were in: samples of the python_stacks probe
+    taken inside the part's time whose innermost frame was func (defined in file at line;
+    func "": no Python frame), of `of` samples in all; ns: the part's time in that
+    proportion."""
+
+    func: str
+    file: str
+    line: int
+    samples: int
+    of: int
+    ns: int
+    what: str = "frame"
+
+
+@dataclass(frozen=True, slots=True)
 class NodeEvidence:
     """On-CPU time on one NUMA node (cpus: where it ran, when known)."""
 
@@ -215,6 +231,7 @@ Evidence = (
     | FaultEvidence
     | AllocEvidence
     | GcEvidence
+    | FrameEvidence
     | NodeEvidence
     | ReasonEvidence
 )

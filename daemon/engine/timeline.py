@@ -29,13 +29,14 @@ from gpujitter.probes.events import (
     MinorFaults,
     NodeTime,
     OffCpu,
+    PySample,
 )
 
 # Span kinds, one list each per timeline. Windowed kinds (irq, minor, nodetime) are in-kernel
 # aggregates whose time is spread over their window; the others are exact intervals, and
 # migration holds points.
 KINDS = ("offcpu", "swap", "major", "irq", "minor", "idle", "alloc", "gc", "nodetime", "cuda")
-POINT_KINDS = ("migration",)
+POINT_KINDS = ("migration", "pysample")
 
 
 @dataclass(eq=False, slots=True)
@@ -106,6 +107,7 @@ SPAN_RULES: dict[type[Event], SpanRule] = {
         lambda e: ((e.ts_ns, e.src_cpu, e.dst_cpu),),
     ),
     CudaCall: SpanRule(lambda e: "cuda", lambda e: _bounds(e, e.dur_ns), _at),
+    PySample: SpanRule(lambda e: "pysample", lambda e: (e.ts_ns, e.ts_ns)),
 }
 
 
