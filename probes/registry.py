@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from gpujitter.probes.base import Probe
 
-PROBE_MODULES = ("sched", "cstate", "irq", "faults", "malloc", "cuda", "python_gc")
+PROBE_MODULES = ("sched", "cstate", "irq", "faults", "malloc", "cuda", "python_gc", "python_stacks")
 
 TRACEFS = Path("/sys/kernel/tracing")
 

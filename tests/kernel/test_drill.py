@@ -26,6 +26,7 @@ from gpujitter.daemon.records import (
     Attribution,
     Evidence,
     FaultEvidence,
+    FrameEvidence,
     GcEvidence,
     IdleEvidence,
     IoEvidence,
@@ -151,6 +152,20 @@ def test_minor_fault_storm() -> None:
 
 def test_cpu_bound_host_step() -> None:
     assert_meets_targets(drill("compute"))
+
+
+def test_pyhot_names_the_python_function_with_file_and_line() -> None:
+    """The target: the injected function is the top frame of host work in >= 90 % of the
+    gaps of its stalls."""
+    r = drill("pyhot")
+    assert_meets_targets(r)
+    frames = evidence(r, "host_work", FrameEvidence)
+    named = [
+        f[0].func == stall["func"] and (f[0].file, f[0].line) == (stall["file"], stall["line"])
+        for f, stall in zip(frames, r.stalls, strict=True)
+        if f
+    ]
+    assert len(named) == len(r.stalls) and sum(named) >= 0.9 * len(named), (rows(r), frames)
 
 
 def test_contention_names_the_hog() -> None:

@@ -103,13 +103,13 @@ def test_probe_selection_plain_names_replace_plus_names_add() -> None:
     defaults = registry.default_names()
     assert registry.select() == defaults
     assert registry.select(["sched", "faults"]) == ["sched", "faults"]
-    # all eight are on by default: adding one of them changes nothing, disabling takes it out
+    # all nine are on by default: adding one of them changes nothing, disabling takes it out
     assert set(defaults) == set(registry.specs())
     assert registry.select(["+faults", "+swap"]) == defaults
     assert registry.select(["sched", "+swap"]) == ["sched", "swap"]
     assert registry.select(["+faults"], ["irq"]) == [n for n in defaults if n != "irq"]
     assert registry.select((), ["faults", "swap", "cstate"]) == [
-        "sched", "irq", "malloc", "cuda", "python_gc"
+        "sched", "irq", "malloc", "cuda", "python_gc", "python_stacks"
     ]  # fmt: skip
     with pytest.raises(GpujitterError, match="unknown probe 'fault'"):
         registry.select(["+fault"])

@@ -64,9 +64,7 @@ def test_host_work_names_the_python_functions_sampled_inside_it():
 def test_samples_inside_time_another_cause_took_are_not_host_work():
     s = Stream().sample(105, "gc_heavy").sample(125, "step").gc(100, 20)
     attr = s.ran(0, 1000).gap(100, 140).one()
-    assert [e.func for e in evidence(attr, "host_work") if isinstance(e, FrameEvidence)] == [
-        "step"
-    ]
+    assert [e.func for e in evidence(attr, "host_work") if isinstance(e, FrameEvidence)] == ["step"]
 
 
 def test_swap_in_inside_an_off_cpu_interval_is_the_swap_in_not_blocked():
