@@ -26,16 +26,37 @@ from gpujitter.probes.pyframes import Frame, Interpreter, NotReadable
 from gpujitter.probes.registry import ProbeSpec
 
 QUEUE_MAX = 4096  # samples held between two polls (50 ms): far above 100 Hz x threads
+THREADS_EVERY_NS = 1_000_000_000  # a process's thread list is walked again this often
 
 
-def running(pid: int, tid: int) -> bool:
-    """Whether the kernel shows the thread running or runnable now."""
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"R"
+class ThreadStates:
+    """Whether the kernel shows threads running (or runnable) now, from their stat files,
+    kept open between ticks (a fresh read from offset 0 is current; no open/close a tick)."""
+
+    def __init__(self) -> None:
+        self._fds: dict[tuple[int, int], int] = {}
+
+    def running(self, pid: int, tid: int) -> bool:
+        fd = self._fds.get((pid, tid))
+        try:
+            if fd is None:
+                fd = self._fds[(pid, tid)] = os.open(f"/proc/{pid}/task/{tid}/stat", os.O_RDONLY)
+            stat = os.pread(fd, 512, 0)
+        except OSError:  # the thread ended
+            self.forget(pid, tid)
+            return False
+        end = stat.rfind(b")")
+        return stat[end + 2 : end + 3] == b"R"
+
+    def forget(self, pid: int, tid: int) -> None:
+        fd = self._fds.pop((pid, tid), None)
+        if fd is not None:
+            os.close(fd)
+
+    def keep(self, pid: int, tids: set[int]) -> None:
+        """Close the files of the process's threads not among tids."""
+        for key in [k for k in self._fds if k[0] == pid and k[1] not in tids]:
+            self.forget(*key)
 
 
 class PythonStacksProbe(Probe):
@@ -51,6 +72,9 @@ class PythonStacksProbe(Probe):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._core: Any = None
+        self._states = ThreadStates()
+        # pid -> (when its thread list was read, tid -> thread state address); sampler only
+        self._threads: dict[int, tuple[int, dict[int, int]]] = {}
 
     def start(self, ctx: ProbeContext) -> None:
         self._emit = ctx.emit
@@ -95,22 +119,36 @@ class PythonStacksProbe(Probe):
     def _run(self) -> None:
         deadline = time.monotonic_ns()
         while not self._stop.is_set():
-            for pid, interp in list(self.interpreters.items()):
+            interpreters = self.interpreters
+            for pid, interp in interpreters.items():
                 self._sample(pid, interp)
+            for gone in set(self._threads) - set(interpreters):
+                del self._threads[gone]
+                self._states.keep(gone, set())
             deadline += self.period_ns
             wait = deadline - time.monotonic_ns()
             if wait < 0:  # fell behind (a busy CPU): skip the missed ticks, never catch up
                 deadline, wait = time.monotonic_ns(), 0
             self._stop.wait(wait / 1e9)
 
+    def _thread_list(self, pid: int, interp: Interpreter, now: int) -> dict[int, int]:
+        """The process's Python threads, walked again once a second (threads come and go
+        rarely; a thread state freed meanwhile reads as no frame, or fails)."""
+        read_at, threads = self._threads.get(pid, (-THREADS_EVERY_NS, {}))
+        if now - read_at >= THREADS_EVERY_NS:
+            threads = interp.threads()
+            self._states.keep(pid, set(threads))
+            self._threads[pid] = (now, threads)
+        return threads
+
     def _sample(self, pid: int, interp: Interpreter) -> None:
         try:
-            threads = interp.threads()
+            threads = self._thread_list(pid, interp, time.monotonic_ns())
         except OSError:
             self.failed_reads += 1
             return
         for tid, tstate in threads.items():
-            if not running(pid, tid):
+            if not self._states.running(pid, tid):
                 continue
             ts = time.monotonic_ns()
             try:
@@ -143,6 +181,8 @@ class PythonStacksProbe(Probe):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+        for pid in list(self._threads):
+            self._states.keep(pid, set())
 
 
 SPECS = (
