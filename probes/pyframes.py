@@ -88,7 +88,12 @@ DEBUG_SIZE_313 = 584
 
 
 class NotReadable(Exception):
-    """This interpreter's stacks cannot be read: one line why."""
+    """This interpreter's stacks cannot be read: one line why; path: the interpreter file
+    ("" when the process runs none that was found)."""
+
+    def __init__(self, why: str, path: str = "") -> None:
+        super().__init__(why)
+        self.path = path
 
 
 def layout_from_debug_offsets(raw: bytes) -> Layout:
@@ -244,10 +249,12 @@ class Interpreter:
                 self.layout = LAYOUTS[version]
             else:
                 raise NotReadable(f"CPython {version}: no frame layout known for it")
+            if not self.layout.tid_is_native and pthread_tid_offset() is None:
+                raise NotReadable("CPython 3.10: no thread id found in this libc's pthread")
         except OSError as err:
-            raise NotReadable(f"pid {pid}: {err}") from None
-        if not self.layout.tid_is_native and pthread_tid_offset() is None:
-            raise NotReadable("CPython 3.10: the thread id is not found in this libc's pthread")
+            raise NotReadable(f"pid {pid}: {err}", self.path) from None
+        except NotReadable as err:
+            raise NotReadable(str(err), self.path) from None
         self._codes: OrderedDict[tuple[int, ...], Frame | None] = OrderedDict()
 
     @property

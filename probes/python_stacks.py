@@ -94,12 +94,9 @@ class PythonStacksProbe(Probe):
             try:
                 found[pid] = Interpreter(pid)
             except NotReadable as err:
-                if "no CPython runtime" not in str(err):
-                    self.refused.setdefault(os.readlink(f"/proc/{pid}/exe"), str(err))
-                else:
+                if not err.path:
                     continue  # not Python (yet: an interpreter loaded later is looked at again)
-            except OSError:
-                continue
+                self.refused.setdefault(err.path, str(err))
             self.scan.done(pid)
         for pid in self.scan.forget_exited():
             found.pop(pid, None)
