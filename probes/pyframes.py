@@ -223,15 +223,34 @@ def runtime_address(pid: int, proc: Path = Path("/proc")) -> tuple[str, int, int
     except OSError as err:
         raise NotReadable(f"pid {pid}: {err.strerror}") from None
     for path, start in lowest.items():
-        try:
-            elf = ElfFile(proc / str(pid) / "root" / path.lstrip("/"))
-            found = elf.symbols({"_PyRuntime", "PyCode_Type"}, STT_OBJECT)
-        except (OSError, ValueError, IndexError, struct.error):
-            continue
-        if "_PyRuntime" in found and "PyCode_Type" in found:
-            bias = start - min(vaddr for vaddr, _, _ in elf.loads) // 4096 * 4096
-            return path, bias + found["_PyRuntime"], bias + found["PyCode_Type"]
+        symbols = _runtime_symbols(proc / str(pid) / "root" / path.lstrip("/"))
+        if symbols is not None:
+            base, runtime, code_type = symbols
+            return path, start - base + runtime, start - base + code_type
     raise NotReadable(f"pid {pid}: no CPython runtime (_PyRuntime) in the files it maps")
+
+
+_SYMBOLS: dict[tuple[int, int], tuple[int, int, int] | None] = {}
+
+
+def _runtime_symbols(path: Path) -> tuple[int, int, int] | None:
+    """(first loaded page, _PyRuntime, PyCode_Type) as the file's addresses, None when it
+    has not both. Read once per file (by device and inode): a libpython is tens of MB."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (st.st_dev, st.st_ino)
+    if key not in _SYMBOLS:
+        try:
+            elf = ElfFile(path)
+            found = elf.symbols({"_PyRuntime", "PyCode_Type"}, STT_OBJECT)
+            base = min(vaddr for vaddr, _, _ in elf.loads) // 4096 * 4096
+        except (OSError, ValueError, IndexError, struct.error):  # odd, cut short, no PT_LOAD
+            return None
+        ok = "_PyRuntime" in found and "PyCode_Type" in found
+        _SYMBOLS[key] = (base, found["_PyRuntime"], found["PyCode_Type"]) if ok else None
+    return _SYMBOLS[key]
 
 
 class Interpreter:
