@@ -67,4 +67,4 @@ def one_line(attr: Attribution, clock: ClockRef | None = None) -> str:
 def evidence_line(e: Evidence, gap_start_ns: int) -> str:
     """One item of evidence in words, as its record words it (a migration's time relative
     to the gap's start); the breakdown lists every item under its cause."""
-    return printable(e.line(gap_start_ns))
+    return printable(e.words(gap_start_ns))

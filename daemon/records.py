@@ -90,7 +90,7 @@ class IrqEvidence:
     handled_remote: bool = False
     what: str = "irq"
 
-    def line(self, gap_start_ns: int) -> str:
+    def words(self, gap_start_ns: int) -> str:
         """This item in words (describe.evidence_line makes it printable)."""
         number = f" {self.irq}" if self.irq_kind == "hardirq" else ""
         where = f"{self.irq_kind}{number} {self.name}{cpus_text(self.cpus)}"
@@ -119,7 +119,7 @@ class TaskEvidence:
     own: bool = False
     what: str = "task"
 
-    def line(self, gap_start_ns: int) -> str:
+    def words(self, gap_start_ns: int) -> str:
         who = task_name(self) if self.tid else "an idle CPU or an unknown task"
         flag = ", after a cross-NUMA migration" if self.after_migration else ""
         return f"waited behind {who}{cpus_text(self.cpus)}: {_times(self.count, self.ns)}{flag}"
@@ -140,7 +140,7 @@ class MigrationEvidence:
     dst_node: int
     what: str = "migration"
 
-    def line(self, gap_start_ns: int) -> str:
+    def words(self, gap_start_ns: int) -> str:
         return (
             f"tid {self.tid} migrated CPU {self.src_cpu} → {self.dst_cpu} "
             f"(node {self.src_node} → {self.dst_node}) at +{format_ns(self.at_ns - gap_start_ns)}"
@@ -159,7 +159,7 @@ class IdleEvidence:
     exit_latency_ns: int
     what: str = "idle"
 
-    def line(self, gap_start_ns: int) -> str:
+    def words(self, gap_start_ns: int) -> str:
         ns = self.exit_latency_ns
         latency = f" (exit latency {format_ns(ns)})" if ns >= 0 else ""
         return f"woken from {self.state_name}{cpus_text(self.cpus)}: " + (
@@ -178,7 +178,7 @@ class SyscallEvidence:
     ns: int
     what: str = "syscall"
 
-    def line(self, gap_start_ns: int) -> str:
+    def words(self, gap_start_ns: int) -> str:
         call = self.syscall or (f"syscall {self.nr}" if self.nr >= 0 else "")
         return f"{self.state}{f' in {call}' if call else ''}: {_times(self.count, self.ns)}"
 
@@ -203,7 +203,7 @@ class IoEvidence:
     remote_to_gpu: bool = False
     what: str = "io"
 
-    def line(self, gap_start_ns: int) -> str:
+    def words(self, gap_start_ns: int) -> str:
         call = f" in {self.syscall}" if self.syscall else ""
         size = f", {format_bytes(self.bytes)}" if self.bytes else ""
         what = f"{self.op or 'I/O'} on {self.name or self.dev}{call}"
@@ -225,7 +225,7 @@ class FaultEvidence:
     addresses: tuple[int, ...] = ()  # faulting addresses of major faults, earliest first
     what: str = "fault"
 
-    def line(self, gap_start_ns: int) -> str:
+    def words(self, gap_start_ns: int) -> str:
         first = f", first at {self.addresses[0]:#x}" if self.addresses else ""
         where = f"{self.kind} faults{cpus_text(self.cpus)}"
         return f"{where}: {self.count}× {format_ns(self.ns)}{first}"
@@ -242,7 +242,7 @@ class AllocEvidence:
     bytes: int
     what: str = "alloc"
 
-    def line(self, gap_start_ns: int) -> str:
+    def words(self, gap_start_ns: int) -> str:
         who = f" ({self.allocator})" if self.allocator else ""
         size = f", {format_bytes(self.bytes)}" if self.bytes else ""
         return f"{self.call}{who}: {_times(self.count, self.ns)}{size}"
@@ -261,7 +261,7 @@ class GcEvidence:
     collected: int = -1
     what: str = "gc"
 
-    def line(self, gap_start_ns: int) -> str:
+    def words(self, gap_start_ns: int) -> str:
         gen = self.generation
         which = f"generation {gen}" if gen >= 0 else "generation unknown"
         freed = f", {self.collected} objects freed" if self.collected >= 0 else ""
@@ -292,9 +292,38 @@ class GilEvidence:
         doing = f", {self.holder_cause.replace('_', ' ')} there" if self.holder_cause else ""
         return f"{self.holder_comm or 'thread'} (tid {self.holder_tid}){doing}"
 
-    def line(self, gap_start_ns: int) -> str:
+    def words(self, gap_start_ns: int) -> str:
         who = self.holder or "a thread not known"
         return f"GIL held by {who}: {_times(self.count, self.ns)}, {format_ns(self.dur_ns)} in all"
+
+
+@dataclass(frozen=True, slots=True)
+class FrameEvidence:
+    """A Python function the host-work threads were in: samples of the python_stacks probe
+    taken inside the part's time whose innermost frame was func (defined in file at line;
+    func "": no Python frame), of `of` samples in all; ns: the part's time in that
+    proportion."""
+
+    func: str
+    file: str
+    line: int
+    samples: int
+    of: int
+    ns: int
+    what: str = "frame"
+
+    @property
+    def where(self) -> str:
+        """The function as people look for it: name (file:line)."""
+        return f"{self.func} ({self.file}:{self.line})" if self.func else "no Python frame"
+
+    @property
+    def share(self) -> str:
+        plural = "s" if self.of != 1 else ""
+        return f"{100 * self.samples // max(1, self.of)}% of {self.of} sample{plural}"
+
+    def words(self, gap_start_ns: int) -> str:
+        return f"Python {self.where}: {self.share}, ~{format_ns(self.ns)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,7 +336,7 @@ class NodeEvidence:
     remote: bool
     what: str = "node"
 
-    def line(self, gap_start_ns: int) -> str:
+    def words(self, gap_start_ns: int) -> str:
         where = "remote" if self.remote else "local"
         return f"on-CPU on node {self.node} ({where}){cpus_text(self.cpus)}: {format_ns(self.ns)}"
 
@@ -328,7 +357,7 @@ class ReasonEvidence:
     ns: int
     what: str = "reason"
 
-    def line(self, gap_start_ns: int) -> str:
+    def words(self, gap_start_ns: int) -> str:
         return f"{REASONS.get(self.reason, self.reason)}: {format_ns(self.ns)}"
 
 
@@ -344,6 +373,7 @@ Evidence = (
     | AllocEvidence
     | GcEvidence
     | GilEvidence
+    | FrameEvidence
     | NodeEvidence
     | ReasonEvidence
 )

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from gpujitter.probes.workload import Workload
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 8
+SCHEMA_MINOR = 9
 
 _KINDS: dict[str, type[Event]] = {}
 _FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> field names
@@ -664,6 +664,20 @@ class GcPause(Event):
     cpu: int
     generation: int
     collected: int = -1
+
+
+@event_kind("python.sample")
+@dataclass(frozen=True, slots=True)
+class PySample(Event):
+    """A stack sample of thread `tid` taken at ts_ns while it ran: its innermost Python frame,
+    func in file where the function starts at `line` (func "": the thread ran no Python
+    code then, or its frames could not be read)."""
+
+    tid: int
+    tgid: int
+    func: str
+    file: str
+    line: int
 
 
 # ---------------------------------------------------------------------------------------

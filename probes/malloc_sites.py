@@ -91,6 +91,10 @@ class ElfFile:
 
     def functions(self, names: set[str]) -> dict[str, int]:
         """Defined function symbols among `names` -> their address (.dynsym and .symtab)."""
+        return self.symbols(names, 2)  # STT_FUNC
+
+    def symbols(self, names: set[str], stt: int) -> dict[str, int]:
+        """Defined symbols of type `stt` among `names` -> their address."""
         wanted = {n.encode(): n for n in names}
         found: dict[str, int] = {}
         for _name, sh_type, _flags, _addr, off, size, link, _info, _align, entsize in self.sections:
@@ -100,7 +104,7 @@ class ElfFile:
             for st_name, st_info, _other, shndx, value, _size in struct.iter_unpack(
                 "<IBBHQQ", self.data[off : off + size]
             ):
-                if st_info & 0xF != 2 or shndx == 0 or not value:  # STT_FUNC, defined
+                if st_info & 0xF != stt or shndx == 0 or not value:  # of that type, defined
                     continue
                 end = self.data.index(b"\0", strtab_off + st_name)
                 name = wanted.get(self.data[strtab_off + st_name : end])

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from gpujitter.probes.base import Probe
 
-PROBE_MODULES = ("sched", "cstate", "irq", "faults", "malloc", "cuda", "python_gc", "python_gil")
+PROBE_MODULES = ("sched", "cstate", "irq", "faults", "malloc", "cuda",
+                 "python_gc", "python_gil", "python_stacks")  # fmt: skip
 
 TRACEFS = Path("/sys/kernel/tracing")
 

@@ -45,6 +45,7 @@ class ProbeSet:
             topology=topology, emit=emit, thresholds=thresholds or {}, options=options or {}
         )
         self.core = CoreBpf(watch, topology, paths or HostPaths())
+        self.ctx.shared["core"] = self.core  # the watched set, for probes without BPF
         self.probes: list[Probe] = []
         self.meter = CostMeter()
         self._last_tick = 0

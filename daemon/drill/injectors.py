@@ -624,6 +624,28 @@ class GilHolder(Injector):
             self._thread.join(timeout=5)
 
 
+def pyhot_step(deadline_ns: int) -> int:
+    """The pyhot drill's hot function: pure Python arithmetic until the deadline (the
+    innermost Python frame throughout: what it calls is C)."""
+    total = 0
+    while time.monotonic_ns() < deadline_ns:
+        for i in range(64):
+            total += i * i
+    return total
+
+
+class PyHot(Injector):
+    """A pure-Python function in the step (pyhot_step) that runs the whole stall; the facts
+    name it as its code object does, for the drill to compare with the frames sampled."""
+
+    name = "pyhot"
+
+    def inject(self, deadline_ns: int) -> dict[str, Any]:
+        pyhot_step(deadline_ns)
+        code = pyhot_step.__code__
+        return {"func": code.co_qualname, "file": code.co_filename, "line": code.co_firstlineno}
+
+
 INJECTORS: dict[str, type[Injector]] = {
     cls.name: cls
     for cls in (
@@ -645,5 +667,6 @@ INJECTORS: dict[str, type[Injector]] = {
         Loader,
         GcCollections,
         GilHolder,
+        PyHot,
     )
 }

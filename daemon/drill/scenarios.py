@@ -325,6 +325,8 @@ SCENARIOS: dict[str, Scenario] = {
                  "gil_wait", "the feeder's GIL-releasing calls (timed by itself)",
                  ("python_gil",), _gil),
         Scenario("compute", "a CPU-bound host step", "host_work", "the stall", ("sched",)),
+        Scenario("pyhot", "a pure-Python function running the whole stall in the step",
+                 "host_work", "the stall", ("sched", "python_stacks")),
         Scenario("loader", "a data-loader worker process computes the batch the feeder waits for",
                  "host_work", "the worker's compute time", ("sched",), _loader),
         Scenario("clean", "the control: no injection", "", "", (), duration_s=60.0),

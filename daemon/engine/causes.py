@@ -21,6 +21,7 @@ from gpujitter.daemon.records import (
     Attribution,
     Evidence,
     FaultEvidence,
+    FrameEvidence,
     GcEvidence,
     GilEvidence,
     IdleEvidence,
@@ -766,13 +767,51 @@ class RemoteOnCpu(OnCpuCause):
 
 
 class HostWork(OnCpuCause):
+    """Local on-CPU time; where the python_stacks probe sampled the thread inside it, the
+    Python functions it was in (FrameEvidence, the TOP_FRAMES most sampled)."""
+
     name = "host_work"
     label = "host work"
     colour = "#5faf5f"
     remote = False
 
+    def claim(
+        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+    ) -> int:
+        got = super().claim(seg, remaining, ctx, depth, path)
+        if got:
+            ctx.note(self.name, seg.tl.tid, seg.tl.overlapping("pysample", seg.start, seg.end))
+        return got
+
+    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+        return super().evidence(items, ctx) + frame_evidence(self.name, items, ctx)
+
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         return remedies.host_work_hint()
+
+    def detail(self, part: Part, attr: Attribution) -> str:
+        frames = _top(part, FrameEvidence)
+        return f"in {frames[0].where} {frames[0].share}" if frames else ""
+
+
+TOP_FRAMES = 3
+
+
+def frame_evidence(cause: str, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+    """The functions most sampled in a part's time (the others are left out; `of` still
+    counts them), each with the part's time in proportion."""
+    counts: dict[tuple[str, str, int], int] = {}
+    for tid in sorted({tid for tid, _, _ in items}):
+        for span in ctx.notes.get((cause, tid), ()):
+            key = (span.event.func, span.event.file, span.event.line)
+            counts[key] = counts.get(key, 0) + 1
+    total = sum(counts.values())
+    ns = _ns(items)
+    top = sorted(counts.items(), key=lambda kc: (-kc[1], kc[0]))[:TOP_FRAMES]
+    return tuple(
+        FrameEvidence(func=f, file=file, line=line, samples=n, of=total, ns=ns * n // total)
+        for (f, file, line), n in top
+    )
 
 
 class Unexplained(Cause):

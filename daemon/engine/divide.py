@@ -93,11 +93,17 @@ class Divider:
         # that replay gives what live gave.
         self.follow_left = follow_budget
         self.follow_cut = False  # a wait was left unfollowed because the budget ran out
+        # What causes noted beside their time, for their evidence: (cause, tid) -> items.
+        self.notes: dict[tuple[str, int], list[Any]] = {}
         # Per window: its off-CPU intervals (starts, ends, time off before each).
         self._offcpu: dict[int, tuple[list[int], list[int], list[int]]] = {}
 
     def add(self, cause: str, tid: int, key: Any, ns: int) -> None:
         self.tally.add(cause, tid, key, ns)
+
+    def note(self, cause: str, tid: int, items: list[Any]) -> None:
+        if items:
+            self.notes.setdefault((cause, tid), []).extend(items)
 
     def divide(
         self,

@@ -30,6 +30,7 @@ from gpujitter.probes.events import (
     MinorFaults,
     NodeTime,
     OffCpu,
+    PySample,
 )
 
 # Span kinds, one list each per timeline. Windowed kinds (irq, minor, nodetime) are in-kernel
@@ -37,7 +38,7 @@ from gpujitter.probes.events import (
 # migration holds points.
 KINDS = ("offcpu", "swap", "major", "irq", "minor", "idle", "alloc", "gc", "nodetime", "cuda",
          "gil")  # fmt: skip
-POINT_KINDS = ("migration",)
+POINT_KINDS = ("migration", "pysample")
 
 
 @dataclass(eq=False, slots=True)
@@ -109,6 +110,7 @@ SPAN_RULES: dict[type[Event], SpanRule] = {
         lambda e: ((e.ts_ns, e.src_cpu, e.dst_cpu),),
     ),
     CudaCall: SpanRule(lambda e: "cuda", lambda e: _bounds(e, e.dur_ns), _at),
+    PySample: SpanRule(lambda e: "pysample", lambda e: (e.ts_ns, e.ts_ns)),
 }
 
 

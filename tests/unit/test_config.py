@@ -110,7 +110,7 @@ def test_probe_selection_plain_names_replace_plus_names_add() -> None:
     assert registry.select(["sched", "+swap"]) == ["sched", "swap"]
     assert registry.select(["+faults"], ["irq"]) == [n for n in defaults if n != "irq"]
     assert registry.select((), ["faults", "swap", "cstate"]) == [
-        "sched", "irq", "malloc", "cuda", "python_gc"
+        "sched", "irq", "malloc", "cuda", "python_gc", "python_stacks"
     ]  # fmt: skip
     with pytest.raises(GpujitterError, match="unknown probe 'fault'"):
         registry.select(["+fault"])

@@ -14,6 +14,7 @@ from gpujitter.daemon.gaps import UNKNOWN_GPU
 from gpujitter.daemon.records import (
     AllocEvidence,
     FaultEvidence,
+    FrameEvidence,
     GcEvidence,
     GilEvidence,
     IdleEvidence,
@@ -45,6 +46,26 @@ def test_host_work_alone_when_the_thread_ran_throughout():
     assert evidence(attr, "host_work") == (NodeEvidence(node=0, cpus=(), ns=40 * MS, remote=False),)
     assert attr.remedies == (f"host_work: {remedies.host_work_hint()}",)
     assert (attr.tid, attr.tgid, attr.gpu_node, attr.tgids) == (101, 100, 0, (100,))
+
+
+def test_host_work_names_the_python_functions_sampled_inside_it():
+    s = Stream()
+    for at in (102, 112, 122, 132):
+        s.sample(at, "collate", "/job/data.py", 40)
+    s.sample(136, "log_metrics", "/job/log.py", 7).sample(90, "before_the_gap").sample(145, "after")
+    attr = s.ran(0, 1000).gap(100, 140).one()
+    frames = [e for e in evidence(attr, "host_work") if isinstance(e, FrameEvidence)]
+    assert frames == [
+        FrameEvidence(func="collate", file="/job/data.py", line=40, samples=4, of=5, ns=32 * MS),
+        FrameEvidence(func="log_metrics", file="/job/log.py", line=7, samples=1, of=5, ns=8 * MS),
+    ]
+    assert "40.00ms host work (in collate (/job/data.py:40) 80% of 5 samples)" in one_line(attr)
+
+
+def test_samples_inside_time_another_cause_took_are_not_host_work():
+    s = Stream().sample(105, "gc_heavy").sample(125, "step").gc(100, 20)
+    attr = s.ran(0, 1000).gap(100, 140).one()
+    assert [e.func for e in evidence(attr, "host_work") if isinstance(e, FrameEvidence)] == ["step"]
 
 
 def test_swap_in_inside_an_off_cpu_interval_is_the_swap_in_not_blocked():

@@ -1,0 +1,71 @@
+"""The python_stacks probe on this kernel: samples of a running CPython process's innermost
+function from the watched set, nothing for a sleeping one, and an interpreter it cannot
+read named once in its status while it keeps sampling the others."""
+
+from __future__ import annotations
+
+import glob
+import subprocess
+import time
+
+from gpujitter.probes.events import Event, PySample
+from gpujitter.probes.python_stacks import PythonStacksProbe
+from gpujitter.probes.runner import ProbeSet
+from gpujitter.probes.topology import load_topology
+from gpujitter.probes.watch import WatchSpec
+
+BUSY = "def spin_here():\n    while True:\n        pass\nprint(flush=True)\nspin_here()\n"
+ASLEEP = "import time\nprint(flush=True)\ntime.sleep(60)\n"
+
+
+def _start(exe: str, code: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([exe, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    return proc
+
+
+def test_samples_running_threads_and_names_an_unreadable_interpreter_once() -> None:
+    old = sorted(glob.glob("/root/.pyenv/versions/3.9*/bin/python3.9"))
+    procs = [_start("/usr/bin/python3.11", BUSY), _start("/usr/bin/python3.11", ASLEEP)]
+    if old:
+        procs.append(_start(old[0], BUSY))
+    events: list[Event] = []
+    try:
+        with ProbeSet(
+            ["python_stacks"], topology=load_topology(),
+            watch=WatchSpec(pids={p.pid for p in procs}), emit=lambda ev: events.append(ev),
+        ) as probes:  # fmt: skip
+            probes.start()
+            probe = next(p for p in probes.probes if isinstance(p, PythonStacksProbe))
+            for _ in range(10):
+                time.sleep(0.1)
+                probes.poll()
+            probes.tick(time.monotonic_ns() + 2_000_000_000)
+            reason = probe.reason
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    samples = [e for e in events if isinstance(e, PySample)]
+    busy, asleep = procs[0].pid, procs[1].pid
+    mine = [s for s in samples if s.tgid == busy]
+    # ~100 Hz for 1 s on a busy 2-CPU VM: many, not all
+    assert len(mine) >= 20, (len(mine), reason)
+    assert {(s.tid, s.func, s.file, s.line) for s in mine} == {(busy, "spin_here", "<string>", 1)}
+    assert not [s for s in samples if s.tgid == asleep]
+    if old:
+        assert "libpython3.9.so.1.0: CPython (3, 9): no frame layout known" in reason
+        assert reason.count("CPython (3, 9)") == 1
+    assert reason.startswith("sampling CPython 3.11"), reason
+
+
+def test_watching_every_process_starts_though_some_cannot_be_read() -> None:
+    """Regression: with every process watched, one whose /proc/PID/exe cannot be read (pid 1
+    in this VM's container: EACCES even for root) made the probe unavailable."""
+    with ProbeSet(
+        ["python_stacks"], topology=load_topology(), watch=WatchSpec(all=True),
+        emit=lambda ev: True,
+    ) as probes:  # fmt: skip
+        (status,) = probes.start()
+    assert status.state == "running", status.reason
