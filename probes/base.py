@@ -24,7 +24,7 @@ from gpujitter.probes.progstats import Cost, program_fds
 from gpujitter.text import decode_name
 
 if TYPE_CHECKING:
-    from gpujitter.probes.bundle import Bundle, Part
+    from gpujitter.probes.bundle import Bundle, ModulePart
     from gpujitter.probes.registry import ProbeSpec
     from gpujitter.probes.topology import Topology
 
@@ -71,7 +71,7 @@ class Probe(abc.ABC):
     def threshold(self, ctx: ProbeContext, key: str) -> int:
         return threshold_ns(self.spec, ctx, key)
 
-    def parts(self, ctx: ProbeContext) -> list[Part]:
+    def parts(self, ctx: ProbeContext) -> list[ModulePart]:
         """The .bpf.c parts this probe needs in the set's shared module (none by default)."""
         return []
 
@@ -262,10 +262,12 @@ class BpfProbe(Probe):
     def decode(self, ring: str, rec: Any) -> Event | None:
         """Turn one ring-buffer record (bcc's ctypes view) into an event, or None to skip."""
 
-    def parts(self, ctx: ProbeContext) -> list[Part]:
-        from gpujitter.probes.bundle import Part  # bundle.py builds on this module
+    def parts(self, ctx: ProbeContext) -> list[ModulePart]:
+        from gpujitter.probes.bundle import ModulePart  # bundle.py builds on this module
 
-        return [Part(self.name, Path(__file__).with_name(self.source), tuple(self.cflags(ctx)))]
+        return [
+            ModulePart(self.name, Path(__file__).with_name(self.source), tuple(self.cflags(ctx)))
+        ]
 
     def start(self, ctx: ProbeContext) -> None:
         from gpujitter.probes.bundle import load_part

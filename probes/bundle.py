@@ -50,7 +50,7 @@ _HOOK_NAMES = ("tracepoint__", "raw_tracepoint__")  # as TRACEPOINT_PROBE names 
 
 
 @dataclass(frozen=True, slots=True)
-class Part:
+class ModulePart:
     """One probe's share of the module: `name` (a C identifier) prefixes its names.
     An essential part defines what the others use: the module is not built without it."""
 
@@ -71,7 +71,7 @@ def defined_names(text: str) -> set[str]:
     return names | {n for kind, n in _TABLE.findall(text) if kind != "extern"}
 
 
-def part_text(part: Part, clashing: set[str]) -> str:
+def part_text(part: ModulePart, clashing: set[str]) -> str:
     """The part's C text for a bundle: options, its hooks under its own names, its names
     that clash with another part's renamed, its macros undefined after it."""
     text = bpf_source(part.source)
@@ -96,7 +96,7 @@ def part_text(part: Part, clashing: set[str]) -> str:
     return "\n".join([*head, text, *tail]) + "\n"
 
 
-def bundle_text(parts: Sequence[Part]) -> tuple[str, dict[str, set[str]]]:
+def bundle_text(parts: Sequence[ModulePart]) -> tuple[str, dict[str, set[str]]]:
     """The module's C text, and for each part the names renamed in it."""
     seen: dict[str, int] = {}
     own = {p.name: defined_names(_own_text(p)) for p in parts}
@@ -107,7 +107,7 @@ def bundle_text(parts: Sequence[Part]) -> tuple[str, dict[str, set[str]]]:
     return "".join(part_text(p, clashing[p.name]) for p in parts), clashing
 
 
-def _own_text(part: Part) -> str:
+def _own_text(part: ModulePart) -> str:
     """The part's file with the per-probe half of gpujitter.h (after its include guard),
     which every part defines: the shared half is defined once, by the first part."""
     header = (BPF_DIR / SHARED_HEADER).read_text()
@@ -118,7 +118,7 @@ class Bundle:
     """The compiled module, shared by the views of its parts; freed when its creator and
     every view have released it."""
 
-    def __init__(self, parts: Sequence[Part]) -> None:
+    def __init__(self, parts: Sequence[ModulePart]) -> None:
         self.parts = {p.name: p for p in parts}
         self.failed: dict[str, str] = {}  # part -> why it was left out of the module
         self.bpf: Any = None
@@ -176,7 +176,7 @@ class Bundle:
             self.bpf = None
 
 
-def load_part(ctx: ProbeContext, part: Part, attach: Callable[[PartView], None]) -> PartView:
+def load_part(ctx: ProbeContext, part: ModulePart, attach: Callable[[PartView], None]) -> PartView:
     """`part` from the set's module (compiled alone where the set has none, or not with it),
     its tracepoints attached, then `attach(view)` for the hooks the probe attaches itself.
     A failure raises ProbeUnavailable with its first error line and detaches what was."""

@@ -28,7 +28,7 @@ from gpujitter.probes.base import (
     threshold_cflags,
 )
 from gpujitter.probes.btf import BtfError, offset_cflags
-from gpujitter.probes.bundle import Part, load_part
+from gpujitter.probes.bundle import ModulePart, load_part
 from gpujitter.probes.events import Event, FaultStats, MajorFault, MinorFaults
 from gpujitter.probes.progstats import program_fds
 from gpujitter.probes.registry import Hook, ProbeSpec, tracepoint_exists
@@ -96,7 +96,7 @@ class FaultEngine:
             self.bpf.cleanup()
             self.bpf = None
 
-    def part(self, ctx: ProbeContext) -> Part:
+    def part(self, ctx: ProbeContext) -> ModulePart:
         """faults.bpf.c with its options, as a part of the set's module."""
         cflags = [flag for spec in SPECS for flag in threshold_cflags(spec, ctx)]
         cflags += contract.cflags(CONSTANTS)
@@ -109,7 +109,7 @@ class FaultEngine:
             cflags.append("-DHAVE_FILEMAP_FAULT")
             if self.have_bio:
                 cflags.append("-DCLASSIFY_SWAP")
-        return Part("faults", Path(__file__).with_name("faults.bpf.c"), tuple(cflags))
+        return ModulePart("faults", Path(__file__).with_name("faults.bpf.c"), tuple(cflags))
 
     def _load(self, ctx: ProbeContext) -> None:
         from bcc import PerfType
@@ -231,7 +231,7 @@ class FaultProbe(Probe):
         super().__init__(spec)
         self.engine: FaultEngine | None = None
 
-    def parts(self, ctx: ProbeContext) -> list[Part]:
+    def parts(self, ctx: ProbeContext) -> list[ModulePart]:
         return [FaultEngine.of(ctx).part(ctx)]
 
     def start(self, ctx: ProbeContext) -> None:

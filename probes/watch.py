@@ -25,7 +25,7 @@ from typing import Any
 
 from gpujitter.probes import contract
 from gpujitter.probes.base import ProbeUnavailable, comm_str
-from gpujitter.probes.bundle import Bundle, Part, PartView
+from gpujitter.probes.bundle import Bundle, ModulePart, PartView
 from gpujitter.probes.contract import CFG_FLAGS, CFG_GEN, CFG_SELF_TGID, WATCH_ALL
 from gpujitter.probes.events import (
     Event,
@@ -152,7 +152,7 @@ def _pids(paths: HostPaths) -> list[int]:
 
 # The core's part of a module: first in it (gpujitter.h then defines the shared maps, exported
 # to the process, where later modules declare them extern), and never left out of it.
-CORE_PART = Part(
+CORE_PART = ModulePart(
     "watch",
     Path(__file__).with_name("watch.bpf.c"),
     tuple(contract.cflags(CONSTANTS)),
@@ -220,7 +220,9 @@ class CoreBpf:
         self._announced: set[int] = set()  # tgids whose workload was looked up
         self._emit: Callable[[Event], Any] = lambda ev: None
 
-    def start(self, emit: Callable[[Event], Any], parts: Sequence[Part] = ()) -> Bundle | None:
+    def start(
+        self, emit: Callable[[Event], Any], parts: Sequence[ModulePart] = ()
+    ) -> Bundle | None:
         """Borrow the process's core and compile the set's probe `parts` as one module,
         which the core's part joins where the process has no core yet. Returns that module
         (None without parts); raises ProbeUnavailable when the core cannot load."""

@@ -87,7 +87,7 @@ class Inbox:
         self.coalesced = 0
         self.received = 0
 
-    # -- the worker's side (Sink) ---------------------------------------------------
+    # -- the worker's side (Receiver) ---------------------------------------------------
 
     def records(self, records: Iterable[Record]) -> None:
         with self._cond:

@@ -602,7 +602,7 @@ class GcPauseTime(Cause):
         return remedies.gc_pause(top)
 
 
-class GilWait(Cause):
+class GilWaitTime(Cause):
     """Time a thread waited to take CPython's GIL (the python_gil probe's exact intervals),
     blocked or on CPU in between, but not its run-queue waits (CPU contention, earlier in
     the table). The wait is not followed into the holder's timeline as a blocked wait is
@@ -860,7 +860,7 @@ CAUSE_ORDER: tuple[Cause, ...] = (
     RunqWait(),
     AllocStall(),
     IoWait(),
-    GilWait(),
+    GilWaitTime(),
     Blocked(),
     GcPauseTime(),
     RemoteOnCpu(),

@@ -17,7 +17,7 @@ import pytest
 from gpujitter.daemon.drill.build import build_stub
 from gpujitter.probes import registry
 from gpujitter.probes.base import ProbeContext, ProbeUnavailable
-from gpujitter.probes.bundle import Bundle, Part
+from gpujitter.probes.bundle import Bundle, ModulePart
 from gpujitter.probes.cstate import CstateProbe
 from gpujitter.probes.cuda import armed_sites
 from gpujitter.probes.host import HostPaths
@@ -105,7 +105,7 @@ def test_a_part_that_does_not_compile_leaves_the_others_running(tmp_path: Path) 
     try:
         ctx = ProbeContext(topology=topology, emit=lambda ev: True)
         cstate = CstateProbe(registry.get("cstate"))
-        ctx.bundle = Bundle([Part("broken", broken), *cstate.parts(ctx)])
+        ctx.bundle = Bundle([ModulePart("broken", broken), *cstate.parts(ctx)])
         with pytest.raises(ProbeUnavailable, match=r"broken\.bpf\.c.*nope.*the others run"):
             ctx.bundle.view("broken")
         cstate.start(ctx)
@@ -163,7 +163,10 @@ def test_a_core_that_does_not_compile_leaves_no_part_running(tmp_path: Path) -> 
     )
     ctx = ProbeContext(topology=load_topology(), emit=lambda ev: True)
     bundle = Bundle(
-        [Part("core", broken, essential=True), *CstateProbe(registry.get("cstate")).parts(ctx)]
+        [
+            ModulePart("core", broken, essential=True),
+            *CstateProbe(registry.get("cstate")).parts(ctx),
+        ]
     )
     try:
         for part in bundle.parts:
@@ -185,7 +188,7 @@ def test_an_error_that_names_no_part_leaves_the_essential_part_running(tmp_path:
         "    int k = 0;\n"
         "    return empty.lookup(&k) ? 1 : 0;\n}\n"
     )
-    bundle = Bundle([Part("essential", essential, essential=True), Part("big", big)])
+    bundle = Bundle([ModulePart("essential", essential, essential=True), ModulePart("big", big)])
     try:
         with pytest.raises(ProbeUnavailable, match="could not open bpf map: empty"):
             bundle.view("big")

@@ -15,7 +15,7 @@ from textual.pilot import Pilot
 from gpujitter.daemon.stream import StreamServer
 from gpujitter.tui import audit
 from gpujitter.tui.app import GpujitterTop
-from gpujitter.tui.sources import Sink, Source
+from gpujitter.tui.sources import Receiver, Source
 from gpujitter.tui.sources.replay import ReplaySource
 from tests.tui import eight_gpus, node_stream
 
@@ -41,7 +41,7 @@ class NothingYet(Source):
 
     label = "embedded"
 
-    def run(self, sink: Sink, stopped: Callable[[], bool]) -> None:
+    def run(self, sink: Receiver, stopped: Callable[[], bool]) -> None:
         sink.connection("embedded")
         while not stopped():
             time.sleep(0.02)

@@ -300,12 +300,12 @@ def test_control_sequences_in_names_are_shown_escaped_on_every_view(tmp_path: Pa
 
 
 def test_a_source_that_breaks_is_shown_and_the_app_stays_up(tmp_path: Path) -> None:
-    from gpujitter.tui.sources import Sink, Source
+    from gpujitter.tui.sources import Receiver, Source
 
     class Broken(Source):
         label = "broken"
 
-        def run(self, sink: Sink, stopped: object) -> None:
+        def run(self, sink: Receiver, stopped: object) -> None:
             sink.records([{"type": "meta.probe", "ts_ns": 1, "probe": "irq", "state": "running"}])
             raise OSError("the disk went away")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpujitter.probes.bundle import Part, bundle_text
+from gpujitter.probes.bundle import ModulePart, bundle_text
 
 ONE = """#include "gpujitter.h"
 #define SLOTS 4
@@ -24,12 +24,12 @@ TRACEPOINT_PROBE(sched, sched_waking) { return 0; }
 """
 
 
-def parts(tmp_path: Path) -> list[Part]:
+def parts(tmp_path: Path) -> list[ModulePart]:
     (tmp_path / "one.bpf.c").write_text(ONE)
     (tmp_path / "two.bpf.c").write_text(TWO)
     return [
-        Part("one", tmp_path / "one.bpf.c", ("-DTHRESHOLD_X_NS=5ULL", "-DFLAG")),
-        Part("two", tmp_path / "two.bpf.c"),
+        ModulePart("one", tmp_path / "one.bpf.c", ("-DTHRESHOLD_X_NS=5ULL", "-DFLAG")),
+        ModulePart("two", tmp_path / "two.bpf.c"),
     ]
 
 

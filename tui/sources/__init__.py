@@ -3,7 +3,7 @@ the same to the app, as Falco's engines and memray's readers do): the daemon's s
 probes run in-process when no daemon runs, or a recording replayed.
 
 A source's `run` is called in a worker thread and hands records (docs/schema.md "Socket
-messages") to a Sink until `stopped()` says to end. Replay sources also take commands from
+messages") to a Receiver until `stopped()` says to end. Replay sources also take commands from
 the app (play, pause, step, seek) through `replay`.
 """
 
@@ -18,7 +18,7 @@ from gpujitter.tui.inbox import ReplayPosition
 Record = Mapping[str, Any]
 
 
-class Sink(Protocol):
+class Receiver(Protocol):
     """What a source hands its output to (tui.inbox.Inbox)."""
 
     def records(self, records: Iterable[Record]) -> None: ...
@@ -50,5 +50,5 @@ class Source(abc.ABC):
     replay: ReplayControl | None = None
 
     @abc.abstractmethod
-    def run(self, sink: Sink, stopped: Callable[[], bool]) -> None:
+    def run(self, sink: Receiver, stopped: Callable[[], bool]) -> None:
         """Deliver records until stopped() is true (polled at least every 0.25 s)."""

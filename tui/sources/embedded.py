@@ -24,8 +24,7 @@ from gpujitter.probes.events import Event, ProbeStatus, to_record
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import WatchSpec
-from gpujitter.tui.sources import Sink as AppSink
-from gpujitter.tui.sources import Source
+from gpujitter.tui.sources import Receiver, Source
 from gpujitter.tui.sources.procstat import ProcCpuSampler
 
 # Probes whose cpu.stats halves replace the kernel counters' (interrupts; idle residency).
@@ -68,14 +67,14 @@ class EmbeddedSource(Source):
             "probes": self.names,
         }
 
-    def _runtime(self, source: EventSource, sink: AppSink, stopped: Callable[[], bool]) -> Runtime:
+    def _runtime(self, source: EventSource, sink: Receiver, stopped: Callable[[], bool]) -> Runtime:
         return Runtime(
             source, self.topology, sinks=[_ToApp(sink, self.topology, self.paths)],
             analysis=lambda src: AnalysisConfig(engine=EngineConfig(gpu_bus_ids=src.gpu_bus_ids())),
             signals=False, stopped=stopped, tick_ns=int(self.tick_s * 1e9),
         )  # fmt: skip
 
-    def run(self, sink: AppSink, stopped: Callable[[], bool]) -> None:
+    def run(self, sink: Receiver, stopped: Callable[[], bool]) -> None:
         sink.connection("embedded", "starting the probes")
         live = LiveSource(self.names, topology=self.topology, watch=self.watch,
                           thresholds=self.thresholds, paths=self.paths)  # fmt: skip
@@ -95,7 +94,7 @@ class EmbeddedSource(Source):
             self._without_probes(sink, stopped, f"{type(err).__name__}: {err}")
         sink.connection("stopped")
 
-    def _without_probes(self, sink: AppSink, stopped: Callable[[], bool], why: str) -> None:
+    def _without_probes(self, sink: Receiver, stopped: Callable[[], bool], why: str) -> None:
         """The probes cannot run at all: say so per probe, keep showing the kernel's counters."""
         now = time.monotonic_ns()
         why = why.splitlines()[0] if why else "the probes could not start"
@@ -112,7 +111,7 @@ class _ToApp(Sink):
     batch at a time; each tick, the kernel counters for what no probe covers and the
     status (this process in the daemon's place)."""
 
-    def __init__(self, app: AppSink, topology: Topology, paths: HostPaths) -> None:
+    def __init__(self, app: Receiver, topology: Topology, paths: HostPaths) -> None:
         self.app = app
         self.topology = topology
         self.paths = paths

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpujitter.errors import GpujitterError
 from gpujitter.tui.inbox import ReplayPosition
-from gpujitter.tui.sources import Sink, Source
+from gpujitter.tui.sources import Receiver, Source
 
 Record = Mapping[str, Any]
 CHUNK = 5000  # records per hand-over (the inbox blocks a replay instead of dropping)
@@ -120,12 +120,12 @@ class ReplaySource(Source):
         self.speed = speed
         self.cursor = 0  # records before it have been delivered
         self.replay = self
-        self._commands: deque[Callable[[Sink], None]] = deque()
+        self._commands: deque[Callable[[Receiver], None]] = deque()
         self._wake = threading.Event()
 
     # -- ReplayControl (the app's thread) ---------------------------------------------
 
-    def _command(self, fn: Callable[[Sink], None]) -> None:
+    def _command(self, fn: Callable[[Receiver], None]) -> None:
         self._commands.append(fn)
         self._wake.set()
 
@@ -146,7 +146,7 @@ class ReplaySource(Source):
 
     # -- the worker -------------------------------------------------------------------
 
-    def run(self, sink: Sink, stopped: Callable[[], bool]) -> None:
+    def run(self, sink: Receiver, stopped: Callable[[], bool]) -> None:
         sink.connection("replay", str(self.path))
         self._restart(sink)
         self._deliver_until(sink, self.at_ns)
@@ -166,7 +166,7 @@ class ReplaySource(Source):
             self._report(sink)
         sink.connection("stopped")
 
-    def _report(self, sink: Sink, selected: str | None = None) -> None:
+    def _report(self, sink: Receiver, selected: str | None = None) -> None:
         pos = ReplayPosition(
             at_ns=self.at_ns,
             start_ns=self.start_ns,
@@ -177,12 +177,12 @@ class ReplaySource(Source):
         )
         sink.position(pos, selected)
 
-    def _restart(self, sink: Sink) -> None:
+    def _restart(self, sink: Receiver) -> None:
         sink.reset()
         sink.records(self.scene)
         self.cursor = 0
 
-    def _deliver_until(self, sink: Sink, at_ns: int) -> None:
+    def _deliver_until(self, sink: Receiver, at_ns: int) -> None:
         at_ns = min(max(at_ns, self.start_ns), self.end_ns)
         stop = bisect.bisect_right(self.times, at_ns)
         while self.cursor < stop:
@@ -191,21 +191,21 @@ class ReplaySource(Source):
             self.cursor = end
         self.at_ns = at_ns
 
-    def _move(self, sink: Sink, at_ns: int, *, playing: bool) -> None:
+    def _move(self, sink: Receiver, at_ns: int, *, playing: bool) -> None:
         if at_ns < self.at_ns:
             self._restart(sink)
         self._deliver_until(sink, at_ns)
         self.playing = playing and self.cursor < len(self.records)
         self._report(sink)
 
-    def _toggle(self, sink: Sink) -> None:
+    def _toggle(self, sink: Receiver) -> None:
         self.playing = not self.playing and self.cursor < len(self.records)
         self._report(sink)
 
     def _set_speed(self, speed: float) -> None:
         self.speed = min(max(speed, SPEEDS[0]), SPEEDS[1])
 
-    def _next_gap(self, sink: Sink) -> None:
+    def _next_gap(self, sink: Receiver) -> None:
         """Play up to the next gap not yet shown (and its attribution), then pause there."""
         for n in range(self.cursor, len(self.records)):
             rec = self.records[n]

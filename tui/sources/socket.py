@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 
-from gpujitter.tui.sources import Sink, Source
+from gpujitter.tui.sources import Receiver, Source
 
 POLL_S = 0.2  # the longest a read or a back-off sleep goes without checking stopped()
 
@@ -40,7 +40,7 @@ class SocketSource(Source):
         self.connections = 0  # successful connects, reconnects included
         self.bad_lines = 0
 
-    def run(self, sink: Sink, stopped: Callable[[], bool]) -> None:
+    def run(self, sink: Receiver, stopped: Callable[[], bool]) -> None:
         delay = self.retry_s
         while not stopped():
             sock = self._connect(sink)
@@ -59,7 +59,7 @@ class SocketSource(Source):
                 sink.connection("waiting", "the daemon closed the connection; reconnecting")
         sink.connection("stopped")
 
-    def _connect(self, sink: Sink) -> socket.socket | None:
+    def _connect(self, sink: Receiver) -> socket.socket | None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(POLL_S)
         try:
@@ -71,7 +71,7 @@ class SocketSource(Source):
         sink.connection("connected", str(self.path))
         return sock
 
-    def _read(self, sock: socket.socket, sink: Sink, stopped: Callable[[], bool]) -> bool:
+    def _read(self, sock: socket.socket, sink: Receiver, stopped: Callable[[], bool]) -> bool:
         """Read until the daemon hangs up or stopped(); True when any record arrived."""
         buf = b""
         got = False
