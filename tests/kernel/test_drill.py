@@ -39,6 +39,7 @@ from gpujitter.daemon.records import (
 from gpujitter.daemon.trace import TraceReader
 from gpujitter.probes import registry
 from gpujitter.probes.events import CudaCall, to_record
+from tests.conftest import cause_ns
 
 GPUJITTER = Path(sys.executable).with_name("gpujitter")
 MS = 1_000_000
@@ -182,7 +183,7 @@ def test_pyhot_names_the_python_function_with_file_and_line(tmp_path: Path) -> N
              if isinstance(e, FrameEvidence)])
         for a in r.attributions
         if any(a.ts_ns < s["t1_ns"] and s["t0_ns"] < a.end_ns for s in r.stalls)
-        and a.ns_of("host_work") >= 2 * period
+        and cause_ns(a, "host_work") >= 2 * period
     ]  # fmt: skip
     injected = tuple(r.stalls[0][k] for k in ("func", "file", "line"))
     named = [bool(f) and (f[0].func, f[0].file, f[0].line) == injected for _, f in scored]

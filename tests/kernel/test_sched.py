@@ -149,7 +149,11 @@ def test_the_task_named_is_the_one_that_held_the_cpu_not_the_last_to_leave_it() 
     held = sum(e.other_ns for e in behind_hog)
     assert held == pytest.approx(child.result["hog_oncpu_ns"], rel=0.1)
     assert all(0 < e.other_ns <= e.runq_ns for e in behind_hog)
-    assert sum(e.runq_ns - e.other_ns for e in behind_hog) < 0.1 * runq
+    # What the hog did not hold of those waits: the short task's 0.2 ms per 5.2 ms (3.8 %),
+    # plus the switches and the VM's own jitter: 8-10.4 % in 6 runs here (2026-12-01, the
+    # same before and after sched's filter bits), so 15 %: a hog's stint missed from its
+    # held time (5 ms of 5.2) still fails it.
+    assert sum(e.runq_ns - e.other_ns for e in behind_hog) < 0.15 * runq
 
 
 def test_off_cpu_states_carry_the_syscall_and_the_waker(tmp_path: Path) -> None:
