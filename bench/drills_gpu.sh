@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The drill scenarios (DRILLS, default the classic ten) with the real PyTorch loop, on a GPU
-# node, as root: each under its
-# own time limit (SIGINT first, so that the drill restores what it changed), all within a
-# budget; writes $OUT/drills/SCENARIO.json (`gpujitter drill --json`: the score) and
-# SCENARIO.log (its progress) and SCENARIO.gjtrace (its events, for `gpujitter report`),
+# node, as root: each under its own time limit (SIGINT first, so that the drill restores what
+# it changed), all within a budget; writes $OUT/drills/SCENARIO.json (`gpujitter drill
+# --json`: the score), SCENARIO.log (its progress) and SCENARIO.gjtrace (its events, for
+# `gpujitter report`),
 # then the accuracy table of docs/accuracy.md (table.md); all of it also as drills.tar.gz.
 # Run through tools/gpu_session.sh's `drills` step, which sets up bcc and the package:
 #   tools/gpu_session.sh . .gpu/bcc.tar.xz drills
