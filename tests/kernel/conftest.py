@@ -48,6 +48,19 @@ class Recorded:
             if isinstance(e, cls) and all(getattr(e, k) == v for k, v in match.items())
         ]
 
+    def story(self, since_ns: int, **match: Any) -> str:
+        """The matching events, one a line, times in ms from `since_ns`: for an assertion's
+        message, where a rare failure must say what the probe saw."""
+        lines = []
+        for e in self.events:
+            if all(getattr(e, k, None) == v for k, v in match.items()):
+                fields = {k: getattr(e, k) for k in e.__slots__}
+                for k in ("ts_ns", "end_ns", "runnable_ns"):
+                    if fields.get(k):
+                        fields[k] = round((fields[k] - since_ns) / 1e6, 3)
+                lines.append(f"{type(e).__name__} {fields}")
+        return "\n".join(lines)
+
     def status(self, probe: str) -> ProbeStatus:
         return [
             s
