@@ -3,6 +3,7 @@ test, assert what the probes report."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -54,7 +55,7 @@ class Recorded:
         lines = []
         for e in self.events:
             if all(getattr(e, k, None) == v for k, v in match.items()):
-                fields = {k: getattr(e, k) for k in e.__slots__}
+                fields = {f.name: getattr(e, f.name) for f in dataclasses.fields(e)}
                 for k in ("ts_ns", "end_ns", "runnable_ns"):
                     if fields.get(k):
                         fields[k] = round((fields[k] - since_ns) / 1e6, 3)
