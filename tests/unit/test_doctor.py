@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon import doctor
-from gpujitter.daemon.doctor import DoctorEnv, Result, can_profile, hook_problem, run_checks
+from gpujitter.daemon.checks import doctor
+from gpujitter.daemon.checks.doctor import DoctorEnv, Result, can_profile, hook_problem, run_checks
 from gpujitter.probes import registry
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import Nvml, NvmlUnavailable, open_nvml
