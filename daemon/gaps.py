@@ -85,8 +85,9 @@ class GapConfig:
     # poll, the return path); a sync that spun on longer found the GPU still busy then.
     spin_return_ns: int = 2_000_000
     # The drain inside a preempted spinning sync, without a proven idle floor: its thread's
-    # recent clean syncs (no run-queue wait inside) say how long after a sync's start the
-    # GPU usually drains; at least baseline_min_syncs of the last baseline_syncs (fewer
+    # recent clean syncs (that returned as the GPU drained: no run-queue wait inside, or none
+    # within spin_return_ns of the return) say how long after a sync's start the GPU
+    # usually drains; at least baseline_min_syncs of the last baseline_syncs (fewer
     # make a spread too narrow to trust: from 12 on the H200, ±0.61 ms stated, 0.96 off).
     baseline_syncs: int = 64
     baseline_min_syncs: int = 16
@@ -446,10 +447,23 @@ class GapDetector:
             return None
         return _Starved(drain, drained=False, estimate=(drain, spread))
 
+    def _saw_drain(self, sync: _Sync, inside: list[OffCpu]) -> bool:
+        """Whether the sync returned as the GPU drained: its thread never waited on the run
+        queue in it, or was last preempted more than spin_return_ns before the return and
+        spun (or slept) on, so it saw the drain as it came (the rule that places a drain
+        inside a preemption, turned round). On a CPU shared with a busy task outside the
+        job nearly every sync holds such a preemption (issue 11: a one-CPU hog left none
+        with no run-queue wait); one preempted across its drain returns when the thread
+        runs again, late, and a wake-up inside marks a drain of its own: neither is kept."""
+        if not inside:
+            return True
+        spun_on = sync.end - inside[-1].end_ns > self.config.spin_return_ns
+        return spun_on and all(o.state == "preempted" for o in inside)
+
     def _remember_clean(self, sync: _Sync) -> None:
-        """A sync its thread spent spinning or blocked, never runnable, and that waited (a
-        shorter one may have found the queue drained): how long the GPU took to drain after
-        it was called, for this function and for the thread, and after the last enqueue."""
+        """A sync that returned as the GPU drained (_saw_drain) and that waited (a shorter
+        one may have found the queue drained): how long the GPU took to drain after it was
+        called, for this function and for the thread, and after the last enqueue."""
         if sync.dur < self.config.busy_sync_ns:
             return
         keep = self.config.baseline_syncs
@@ -568,7 +582,7 @@ class GapDetector:
             found = self._reached_late(sync, inside)
             if found is None and inside:
                 found = self._starved_from(sync, inside)
-            if not inside:
+            if self._saw_drain(sync, inside):
                 self._remember_clean(sync)
             if found is None:
                 continue
