@@ -39,7 +39,7 @@ its sources, resolution and confidence.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -224,6 +224,10 @@ class GapDetector:
         # Clean syncs that waited, with the last enqueue before them, by thread: how long
         # after its last enqueue the GPU drains.
         self.clean_queued: dict[int, deque[_Sync]] = {}
+        # Every sync that waited, clean or not, keyed as those: each returned after its
+        # drain, so its length bounds the drain from above (the baselines' fallback).
+        self.waited: dict[tuple[int, str], deque[_Sync]] = {}
+        self.waited_queued: dict[int, deque[_Sync]] = {}
         self._swept_ns = 0
 
     def gpu(self, index: int) -> _GpuState:
@@ -319,6 +323,8 @@ class GapDetector:
         _drop_stale(self.clean, horizon)  # the spinning syncs' baselines
         _drop_stale(self.clean_spans, horizon)
         _drop_stale(self.clean_queued, horizon)
+        _drop_stale(self.waited, horizon)
+        _drop_stale(self.waited_queued, horizon)
         for tid in [t for t, kept in self.offcpu.items() if kept[-1].end_ns < horizon]:
             del self.offcpu[tid]
 
@@ -399,19 +405,47 @@ class GapDetector:
         low, typical, high = ranked[n // 10], ranked[n // 2], ranked[(9 * n) // 10]
         return typical, max(high - typical, typical - low, self.config.cuda_resolution_ns)
 
+    def _usual(
+        self,
+        clean: list[Iterable[_Sync]],
+        waited: list[Iterable[_Sync]],
+        length: Callable[[_Sync], int],
+    ) -> tuple[int, int] | None:
+        """How long the GPU usually takes to drain (`length` of a sync: from its start, or
+        from its last enqueue) and the spread: from the first of the clean baselines that
+        holds baseline_min_syncs (their median, _typical); else, where outside load left
+        too few clean (a busy task sharing the CPU preempts the thread across most drains),
+        from the syncs that waited, each of which returned after its drain: the 10th
+        percentile of their lengths, which lies after the drain of 9 in 10 syncs of the
+        same work (idle understated rather than invented), its spread up to their 25th
+        percentile. None with too few of either."""
+        enough = self.config.baseline_min_syncs
+        for kept in clean:
+            lengths = [length(c) for c in kept]
+            if len(lengths) >= enough:
+                return self._typical(lengths)
+        for kept in waited:
+            ranked = sorted(length(c) for c in kept)
+            n = len(ranked)
+            if n >= enough:
+                bound = ranked[n // 10]
+                return bound, max(ranked[n // 4] - bound, self.config.cuda_resolution_ns)
+        return None
+
     def _baseline_drain(self, sync: _Sync, last: OffCpu) -> tuple[int, int] | None:
         """The drain inside preemption `last` of a spinning sync, by the thread's clean
         syncs: as long after the sync's start as their median, within the preemption, give
         or take their spread. None with too few of them, or when the thread still polled a
         busy GPU (the preemption's start) past what they span: this sync's work was not the
         usual."""
-        cfg = self.config
-        clean = self.clean.get((sync.tid, sync.func), ())
-        if len(clean) < cfg.baseline_min_syncs:
-            clean = self.clean.get((sync.tid, ""), ())
-        if len(clean) < cfg.baseline_min_syncs:
+        keys = ((sync.tid, sync.func), (sync.tid, ""))
+        found = self._usual(
+            [self.clean.get(k, ()) for k in keys], [self.waited.get(k, ()) for k in keys],
+            lambda c: c.end - c.start,
+        )  # fmt: skip
+        if found is None:
             return None
-        typical, spread = self._typical(c.end - c.start for c in clean)
+        typical, spread = found
         if last.ts_ns - sync.start > typical + spread:
             return None
         return min(max(last.ts_ns, sync.start + typical), last.end_ns), spread
@@ -431,10 +465,13 @@ class GapDetector:
         waited = sum(b - a for a, b in self._waiting_parts(sync)) if inside else sync.dur
         if waited > cfg.drained_return_ns:
             return None
-        clean = self.clean_queued.get(sync.tid, ())
-        if len(clean) < cfg.baseline_min_syncs:
+        found = self._usual(
+            [self.clean_queued.get(sync.tid, ())], [self.waited_queued.get(sync.tid, ())],
+            lambda c: c.end - c.queued,
+        )  # fmt: skip
+        if found is None:
             return None
-        typical, spread = self._typical(c.end - c.queued for c in clean)
+        typical, spread = found
         drain = sync.queued + typical
         if drain >= sync.start:
             return None
@@ -460,13 +497,20 @@ class GapDetector:
         spun_on = sync.end - inside[-1].end_ns > self.config.spin_return_ns
         return spun_on and all(o.state == "preempted" for o in inside)
 
-    def _remember_clean(self, sync: _Sync) -> None:
-        """A sync that returned as the GPU drained (_saw_drain) and that waited (a shorter
-        one may have found the queue drained): how long the GPU took to drain after it was
-        called, for this function and for the thread, and after the last enqueue."""
+    def _remember_waited(self, sync: _Sync, clean: bool) -> None:
+        """A sync that waited (a shorter one may have found the queue drained): how long,
+        at most, the GPU took to drain after it was called, for this function and for the
+        thread, and after the last enqueue; exactly, when it was clean (it returned as
+        the GPU drained: _saw_drain)."""
         if sync.dur < self.config.busy_sync_ns:
             return
         keep = self.config.baseline_syncs
+        for key in ((sync.tid, sync.func), (sync.tid, "")):
+            self.waited.setdefault(key, deque(maxlen=keep)).append(sync)
+        if sync.queued:
+            self.waited_queued.setdefault(sync.tid, deque(maxlen=keep)).append(sync)
+        if not clean:
+            return
         for key in ((sync.tid, sync.func), (sync.tid, "")):
             self.clean.setdefault(key, deque(maxlen=keep)).append(sync)
         self.clean_spans.setdefault(sync.tgid, deque(maxlen=keep)).append(sync)
@@ -582,8 +626,7 @@ class GapDetector:
             found = self._reached_late(sync, inside)
             if found is None and inside:
                 found = self._starved_from(sync, inside)
-            if self._saw_drain(sync, inside):
-                self._remember_clean(sync)
+            self._remember_waited(sync, self._saw_drain(sync, inside))
             if found is None:
                 continue
             start, drained = found.start, found.drained

@@ -328,7 +328,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("pyhot", "a pure-Python function running the whole stall in the step",
                  "host_work", "the stall", ("sched", "python_stacks")),
         Scenario("loader", "a data-loader worker process computes the batch the feeder waits for",
-                 "host_work", "the worker's compute time", ("sched",), _loader,
+                 "host_work", "the worker's CPU time computing", ("sched",), _loader,
                  truth_holds_waits=False),
         Scenario("clean", "the control: no injection", "", "", (), duration_s=60.0),
         Scenario("attach-busy", "the control, with the probes attached to a loop already busy",

@@ -452,6 +452,8 @@ def test_the_loader_worker_under_a_one_cpu_hog(one_cpu_hog: int) -> None:
     r = drill("loader")
     assert_found_right_and_within(r)
     assert r.score.targets["culprit"], rows(r)
+    for st in r.score.stalls:  # stall by stall, the worker's own time against its CPU time
+        assert abs(st.attributed_ns - st.truth_ns) <= 0.2 * st.truth_ns + MS, rows(r)
 
 
 def test_attached_to_a_busy_loop_under_a_one_cpu_hog(one_cpu_hog: int) -> None:

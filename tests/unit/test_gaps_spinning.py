@@ -199,13 +199,18 @@ def test_syncs_preempted_by_outside_load_before_their_drain_still_place_it(nvml:
 
 
 @pytest.mark.parametrize("nvml", [True, False])
-def test_syncs_whose_drain_came_in_a_preemption_are_no_baseline(nvml: bool) -> None:
-    # Every sync preempted across its drain returns as the thread runs again, later than the
-    # GPU drained: its length says nothing of the drain, and such syncs place none.
+def test_syncs_preempted_across_their_drain_bound_it_from_above(nvml: bool) -> None:
+    # Outside load heavier still: every sync is preempted across its drain and returns as
+    # the thread runs again, 1.05 ms after the GPU was done (issue 11: ~96 % of the syncs
+    # in a sync-spin drill under a hog beside the VM's other load). None is clean; each
+    # returned after its drain, so their lengths place it late, never early.
     events = loop(preempt_ms=(0.3, 250.3), gpu_ns=LOOP_GPU_NS, return_ms=250.4,
                   outside_ms=(38.0, 41.0))  # fmt: skip
     gaps, _ = gaps_and_floors(events if nvml else without_nvml(events))
-    assert not [g for g in gaps if "baseline" in g.sources]
+    drain = starved_sync_start(events) + LOOP_GPU_NS
+    (gap,) = [g for g in gaps if g.ts_ns < drain + 100 * MS < g.end_ns]
+    assert "baseline" in gap.sources
+    assert drain <= gap.ts_ns <= drain + 1.05 * MS + gap.resolution_ns
 
 
 @pytest.mark.parametrize("nvml", [True, False])
