@@ -396,8 +396,8 @@ def test_loader_names_the_worker_process_that_computed_the_batch() -> None:
     result queue: the wait is followed three wakers down (intermediate thread, the worker's
     queue feeder thread, the worker), into a process forked after the probes started. On
     these 2 CPUs the worker shares its CPU with the drill and whatever else runs: time it
-    was preempted is run-queue wait, rightly, and may top a stall; the truth is its compute
-    time less that, and run-queue wait must fit in the rest of the stall."""
+    was preempted is run-queue wait, rightly, and may top a stall; the truth is its CPU time
+    while it computed, and run-queue wait must fit in the rest of the stall."""
     r = drill("loader")
     s = r.score
     assert s.found == s.injected and not s.false_gaps, rows(r)
