@@ -339,13 +339,46 @@ class Runtime:
         self._tend_own(time.monotonic_ns())
         self.source.start(self.queue.emit)
         try:
-            self._open_and_loop(ready)
+            self._open(ready)
+            self._loop()
+            if self.notifier is not None:
+                self.notifier.stopping()
         except BaseException:
-            try:
-                self.source.stop()
-            finally:
-                self._close_sinks()
+            self._abandon()
             raise
+        self._finish()
+
+    @contextlib.contextmanager
+    def stepped(self) -> Iterator[Callable[[int], bool]]:
+        """The runtime driven by its caller instead of its own loop: a recorded source played
+        against a clock of the caller's (`top --replay`: play, pause, seek). Yields
+        step(limit), which takes up to `limit` of the source's next events through the node
+        state, the pipeline and the sinks, and is False once the source has handed over
+        everything. Leaving the block flushes the pipeline and closes the sinks; leaving it
+        by an exception (a replay started over) closes the sinks only."""
+        self.source.start(self.queue.emit)
+        try:
+            self._open(None)
+            yield self._step
+        except BaseException:
+            self._abandon()
+            raise
+        self._finish()
+
+    def _step(self, limit: int) -> bool:
+        pulled = self.source.pull(limit)
+        if pulled is None:
+            return False
+        self._take(pulled)
+        return True
+
+    def _abandon(self) -> None:
+        try:
+            self.source.stop()
+        finally:
+            self._close_sinks()
+
+    def _finish(self) -> None:
         try:
             self.source.stop()  # hands over what it still held (or raises why it died)
         finally:
@@ -358,7 +391,7 @@ class Runtime:
             finally:
                 self._close_sinks()
 
-    def _open_and_loop(self, ready: Callable[[Runtime], None] | None) -> None:
+    def _open(self, ready: Callable[[Runtime], None] | None) -> None:
         if self.analysis is not None:
             self.pipeline = Pipeline(self.topology, self.analysis(self.source))
         self.state.gpus = self.source.gpus
@@ -377,9 +410,6 @@ class Runtime:
         self.start_ns = time.monotonic_ns()
         if ready is not None:
             ready(self)
-        self._loop()
-        if self.notifier is not None:
-            self.notifier.stopping()
 
     def _close_sinks(self) -> None:
         # A sink closing may still read the others' counters (the last status): the list
@@ -399,11 +429,7 @@ class Runtime:
             pulled = self.source.pull(10_000)
             if pulled is None and self.queue.empty():
                 break  # a recorded source handed over everything
-            batch = pulled or self.queue.drain(timeout_s=DRAIN_TIMEOUT_S)
-            for ev in in_slices(batch):
-                self._event(ev)
-            for sink in self.sinks:
-                sink.batch_done()
+            self._take(pulled or self.queue.drain(timeout_s=DRAIN_TIMEOUT_S))
             if self._reload:
                 self._reload = False
                 self._reopen()
@@ -418,8 +444,11 @@ class Runtime:
         """What the queue still holds, the source's last events with it (a recorded source
         that was stopped hands over no more)."""
         while batch := list(self.queue.drain()):
-            for ev in in_slices(batch):
-                self._event(ev)
+            self._take(batch)
+
+    def _take(self, batch: Iterable[Event]) -> None:
+        for ev in in_slices(batch):
+            self._event(ev)
         for sink in self.sinks:
             sink.batch_done()
 
