@@ -30,6 +30,7 @@ from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
 from gpujitter.daemon.records import Attribution
 from gpujitter.daemon.sdnotify import Notifier
 from gpujitter.daemon.state import NodeState
+from gpujitter.daemon.status import DaemonStatus
 from gpujitter.probes.base import Emit
 from gpujitter.probes.events import Event, ProbeStatus, WatchChange
 from gpujitter.probes.nvml import GpuInfo
@@ -190,13 +191,14 @@ class Sink:
         """The loop took one batch of events (up to 10 000): a sink that hands its output
         on in batches (the TUI) does it here."""
 
-    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+    def tick(self, now_ns: int, status: DaemonStatus) -> None:
         """Once a tick, with the daemon.status of that moment."""
 
     def reload(self) -> None:
         """SIGHUP: reopen files (after logrotate moved them)."""
 
     def status(self) -> dict[str, Any]:
+        """This sink's fields of the daemon.status (DaemonStatus's names)."""
         return {}
 
     def close(self) -> None:
@@ -476,7 +478,7 @@ class Runtime:
 
     # -- once a tick ------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> DaemonStatus:
         """The daemon.status record; built on the runtime's thread and on the stream's (a
         client's first snapshot): it reads only what is safe from both."""
         lost_kernel, lost_user = self.state.lost()
@@ -493,7 +495,7 @@ class Runtime:
             "attributions": self.attributions,
             "self_inflicted": self.self_inflicted,
             "self_inflicted_ns": self.self_inflicted_ns,
-            "own_cpus": sorted(own.cpus) if own else [],
+            "own_cpus": tuple(sorted(own.cpus)) if own else (),
             "own_nice": own.nice if own else 0,
             "log_dropped": 0,
             "log_failing": "",
@@ -515,7 +517,7 @@ class Runtime:
         for sink in self.sinks:
             sink.tick(now, status)
         if self.own is not None:
-            self.own.keep_up(status["lost_kernel"] + status["lost_user"], now)
+            self.own.keep_up(status.lost_kernel + status.lost_user, now)
         self._tend_own(now)
         if self.notifier is not None:
             self.notifier.status(status_line(status))
@@ -545,20 +547,19 @@ class Runtime:
             self.notifier.ready()
 
 
-def status_line(status: dict[str, Any]) -> str:
+def status_line(status: DaemonStatus) -> str:
     """What `systemctl status` shows while the daemon runs (sd_notify STATUS=), from the
     daemon.status record: is it seeing, finding, keeping up, writing."""
     parts = [
-        f"{status['attributions']} gaps attributed",
-        f"{status['events_per_s']:.0f} events/s",
-        f"lost {status['lost_kernel'] + status['lost_user']}",
-        f"self-inflicted {status['self_inflicted']}",
-        f"{status['clients']} clients",
-        f"cpu {status['cpu_percent']:.1f}%",
-        f"rss {status['rss_bytes'] >> 20} MiB",
+        f"{status.attributions} gaps attributed",
+        f"{status.events_per_s:.0f} events/s",
+        f"lost {status.lost_kernel + status.lost_user}",
+        f"self-inflicted {status.self_inflicted}",
+        f"{status.clients} clients",
+        f"cpu {status.cpu_percent:.1f}%",
+        f"rss {status.rss_bytes >> 20} MiB",
     ]
-    for sink, failing, dropped in (("log", "log_failing", "log_dropped"),
-                                   ("trace", "trace_failing", "trace_lost")):  # fmt: skip
-        if status[failing]:
-            parts.append(f"{sink} failing ({status[dropped]} dropped): {status[failing]}")
+    for sink, dropped, failing in status.file_sinks():
+        if failing:
+            parts.append(f"{sink} failing ({dropped} dropped): {failing}")
     return "; ".join(parts)

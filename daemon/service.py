@@ -53,6 +53,7 @@ from gpujitter.daemon.rotation import Rotation
 from gpujitter.daemon.runtime import EventSource, LiveSource, Runtime, Sink
 from gpujitter.daemon.sdnotify import Notifier
 from gpujitter.daemon.sinks import ConsoleSink, LogSink, MetricsSink, RecorderSink, StreamSink
+from gpujitter.daemon.status import DaemonStatus
 from gpujitter.daemon.stream import StreamServer
 from gpujitter.daemon.trace import TraceHeader
 from gpujitter.probes import registry
@@ -315,15 +316,15 @@ class _Keeper(Sink):
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
 
-    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+    def tick(self, now_ns: int, status: DaemonStatus) -> None:
         self.daemon.keep_floors()
 
     def close(self) -> None:
         self.daemon.keep_floors()
         status = self.daemon.runtime.status()
-        self.daemon._say(f"stopped: {status['attributions']} attributions made, "
-                         f"{status['log_dropped']} of them dropped by the log, "
-                         f"{status['self_inflicted']} self-inflicted")  # fmt: skip
+        self.daemon._say(f"stopped: {status.attributions} attributions made, "
+                         f"{status.log_dropped} of them dropped by the log, "
+                         f"{status.self_inflicted} self-inflicted")  # fmt: skip
 
 
 def analysis_settings(

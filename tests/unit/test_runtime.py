@@ -5,11 +5,14 @@ sinks closed; and `record` and `run --record` over the same stretch of a real H2
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from gpujitter.cli import build_parser, load_commands, main
@@ -18,15 +21,17 @@ from gpujitter.daemon.config import load_config
 from gpujitter.daemon.idle_floors import FILE_NAME, IdleFloorStore
 from gpujitter.daemon.pipeline import AnalysisConfig, analyse
 from gpujitter.daemon.records import Attribution
-from gpujitter.daemon.runtime import EventQueue, ListSource, Runtime, Sink
+from gpujitter.daemon.runtime import EventQueue, ListSource, Runtime, Sink, status_line
 from gpujitter.daemon.service import Daemon
+from gpujitter.daemon.status import DaemonStatus
 from gpujitter.daemon.trace import TraceReader
-from gpujitter.probes.events import Event, to_record
+from gpujitter.probes.events import Event, Migration, to_record
 from gpujitter.probes.gpu import GpuSampler
 from gpujitter.probes.gpu_clock import offsets_from_header
 from gpujitter.probes.gpu_record import Replay
 from gpujitter.probes.nvml import GpuInfo, Nvml
 from gpujitter.probes.topology import load_topology
+from gpujitter.tui.model import NodeModel
 from tests.conftest import FIXTURES
 from tests.unit.test_nvml_replay import sample_reads
 
@@ -75,7 +80,7 @@ def test_a_recorded_stream_gives_what_the_offline_pipeline_gives() -> None:
     assert [to_record(e) for e in kept.found] == [to_record(e) for e in offline]
     assert any(isinstance(e, Attribution) for e in offline)
     assert kept.events == events and kept.closed
-    assert runtime.status()["attributions"] == sum(isinstance(e, Attribution) for e in offline)
+    assert runtime.status().attributions == sum(isinstance(e, Attribution) for e in offline)
 
 
 def test_the_queue_is_bounded_and_what_it_drops_is_counted() -> None:
@@ -89,7 +94,36 @@ def test_the_queue_is_bounded_and_what_it_drops_is_counted() -> None:
     runtime.run()
     status = runtime.status()
     assert len(kept.events) == 20
-    assert status["engine_dropped"] == 30 and status["lost_user"] >= 30
+    assert status.engine_dropped == 30 and status.lost_user >= 30
+
+
+def test_the_status_is_one_typed_record_from_the_runtime_to_the_tui() -> None:
+    """What the runtime says of itself is one DaemonStatus: each sink adds its counters, the
+    stream carries it as daemon.status, and the TUI decodes that record into the same type
+    (the comm of a watched thread made inert on the way)."""
+
+    class Writing(Sink):
+        def status(self) -> dict[str, Any]:
+            return {"log_dropped": 2, "log_failing": "no room"}
+
+    topology = load_topology()
+    runtime = Runtime(ListSource([]), topology, sinks=[Writing()], signals=False)
+    runtime.run()
+    runtime.state.observe(Migration(5, tid=42, tgid=41, src_cpu=1, dst_cpu=0, src_node=0,
+                                    dst_node=0, comm="py\x1b[2J"))  # fmt: skip
+    runtime.sinks = [Writing()]  # closed sinks leave the list: as while running
+    status = runtime.status()
+    assert isinstance(status, DaemonStatus)
+    assert (status.log_dropped, status.log_failing) == (2, "no room")
+    assert [(t.tid, t.tgid) for t in status.threads] == [(42, 41)]
+    wire = orjson.loads(orjson.dumps(status.to_record()))
+    assert wire["type"] == "daemon.status" and wire["threads"][0]["comm"] == "py\x1b[2J"
+    model = NodeModel()
+    model.apply(wire)
+    shown = model.status
+    assert isinstance(shown, DaemonStatus) and shown.threads[0].comm == "py\\x1b[2J"
+    assert dataclasses.replace(shown, threads=status.threads) == status
+    assert "log failing (2 dropped): no room" in status_line(status)
 
 
 def test_sigterm_stops_the_loop_and_closes_the_sinks() -> None:

@@ -18,6 +18,7 @@ from gpujitter import __version__
 from gpujitter.daemon.engine import EngineConfig
 from gpujitter.daemon.pipeline import AnalysisConfig
 from gpujitter.daemon.runtime import EventSource, ListSource, LiveSource, Runtime
+from gpujitter.daemon.status import DaemonStatus
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import Event, ProbeStatus, to_record
@@ -130,7 +131,7 @@ class _ToApp(StreamRecords):
         if records := self.take():
             self.app.records(records)
 
-    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+    def tick(self, now_ns: int, status: DaemonStatus) -> None:
         running = {p for p, s in self.probes.items() if s in ("running", "degraded")}
         want = (IRQ_PROBE not in running, IDLE_PROBE not in running)
         if want != self.covered:  # a probe came or went: the counters fill what it leaves
@@ -138,7 +139,7 @@ class _ToApp(StreamRecords):
             self.sampler = ProcCpuSampler(self.topology, self.paths, irq=want[0], idle=want[1])
         if self.sampler is not None and any(want):
             self.app.records(self.sampler.sample(now_ns))
-        self.app.records([status])
+        self.app.records([status.to_record()])
 
     def status(self) -> dict[str, Any]:
         return {"clients": 1}
