@@ -175,6 +175,26 @@ def test_replay_next_gap_brings_its_attribution_and_seeking_back_starts_over() -
         stop.set()
 
 
+def test_a_recording_that_lost_its_gaps_since_it_was_opened_plays_to_its_end(
+    tmp_path: Path,
+) -> None:
+    """The replay reads its file again as it plays: a file rewritten in between (a rotated
+    set that lost its oldest file) ends the jump to the next gap at the end, not in an
+    error on the worker's thread."""
+    path = tmp_path / "node.ndjson"
+    path.write_bytes(STREAM.read_bytes())
+    source = ReplaySource(path, at="start", playing=False)
+    kept = [r for r in node_stream.stream() if r["type"] not in GAP_KINDS]
+    path.write_bytes(node_stream.ndjson(kept[:200]))
+    inbox, stop = run_replay(source)
+    try:
+        wait_position(inbox, lambda p: p.at_ns == source.start_ns, "the start")
+        source.next_gap()
+        wait_position(inbox, lambda p: p.done and p.at_ns == source.end_ns, "the end")
+    finally:
+        stop.set()
+
+
 def write_proc(root: Path, irq36: int, timer: int, idle_us: int, stat_irq: int) -> HostPaths:
     paths = HostPaths.under(root)
     (root / "proc").mkdir(parents=True, exist_ok=True)

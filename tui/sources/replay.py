@@ -270,13 +270,16 @@ class ReplaySource(Source):
 
     def _next_gap(self, sink: Receiver) -> None:
         """Play up to the next gap not yet shown (and its attribution), then pause there."""
-        if self._gaps_delivered >= self.gaps:  # none left
+        if self._gaps_delivered >= self.gaps:  # none left: stay where it is
             self.playing = False
             self._report(sink)
             return
         self._deliver_while(sink, lambda _, rec: rec.get("type") not in GAP_KINDS)
         item = self._next()
-        assert item is not None  # counted in the first pass
+        if item is None:  # the recording changed since the first pass (rotated away)
+            self.at_ns, self.playing = self.end_ns, False
+            self._report(sink)
+            return
         gap_ns, gap = item
         gap_id = f"{gap.get('gpu', 0)}:{gap.get('ts_ns', 0)}"
         # Its attribution, looked for among the records of the next ATTRIBUTION_WAIT_NS
