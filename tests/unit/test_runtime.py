@@ -5,6 +5,7 @@ sinks closed; and `record` and `run --record` over the same stretch of a real H2
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -81,6 +82,34 @@ def test_a_recorded_stream_gives_what_the_offline_pipeline_gives() -> None:
     assert any(isinstance(e, Attribution) for e in offline)
     assert kept.events == events and kept.closed
     assert runtime.status().attributions == sum(isinstance(e, Attribution) for e in offline)
+
+
+def test_a_stepped_runtime_finds_what_its_loop_finds_and_an_early_leave_closes_it() -> None:
+    """A replay steps the runtime at its own pace: stepped to the end it hands the sinks
+    what the loop does; left before the end (a replay started over), its sinks close
+    without the pipeline being flushed into them."""
+    gpus, events = h200_stretch()
+    topology = load_topology()
+
+    def runtime(kept: Kept) -> Runtime:
+        return Runtime(ListSource(events, gpus=gpus), topology, sinks=[kept],
+                       analysis=lambda source: AnalysisConfig(), signals=False)  # fmt: skip
+
+    looped = Kept()
+    runtime(looped).run()
+    stepped = Kept()
+    with runtime(stepped).stepped() as step:
+        steps = 0
+        while step(100):
+            steps += 1
+    assert steps == -(-len(events) // 100) and stepped.closed
+    assert [to_record(e) for e in stepped.found] == [to_record(e) for e in looped.found]
+    assert stepped.events == events
+    left = Kept()
+    with contextlib.suppress(GeneratorExit), runtime(left).stepped() as step:
+        step(100)
+        raise GeneratorExit  # as when a replay's reading generator is closed
+    assert left.closed and len(left.events) == 100 and len(left.found) < len(looped.found)
 
 
 def test_the_queue_is_bounded_and_what_it_drops_is_counted() -> None:
