@@ -480,7 +480,8 @@ class Runtime:
 
     def status(self) -> DaemonStatus:
         """The daemon.status record; built on the runtime's thread and on the stream's (a
-        client's first snapshot): it reads only what is safe from both."""
+        client's first snapshot): it reads only what is safe from both. What no sink says
+        (clients, a log's or a trace's losses) keeps DaemonStatus's zero."""
         lost_kernel, lost_user = self.state.lost()
         own = self.own
         fields: dict[str, Any] = {
@@ -490,17 +491,11 @@ class Runtime:
             "lost_kernel": lost_kernel,
             "lost_user": lost_user + self.queue.dropped,
             "engine_dropped": self.queue.dropped,
-            "clients": 0,
-            "client_dropped": 0,
             "attributions": self.attributions,
             "self_inflicted": self.self_inflicted,
             "self_inflicted_ns": self.self_inflicted_ns,
             "own_cpus": tuple(sorted(own.cpus)) if own else (),
             "own_nice": own.nice if own else 0,
-            "log_dropped": 0,
-            "log_failing": "",
-            "trace_lost": 0,
-            "trace_failing": "",
         }
         for sink in list(self.sinks):
             fields.update(sink.status())
