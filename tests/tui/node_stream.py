@@ -21,8 +21,9 @@ from typing import Any
 
 import orjson
 
+import gpujitter.daemon.records  # noqa: F401 (registers the gap and attribution kinds)
 from gpujitter.daemon.status import DaemonStatus, WatchedThread
-from gpujitter.probes.events import event_kinds, from_record, to_record
+from gpujitter.probes.events import from_record, to_record
 
 NDJSON = Path(__file__).parents[1] / "fixtures/tui/node-stream.ndjson"
 
@@ -341,9 +342,11 @@ def status(t: int, n: dict[str, str], cpu_percent: float) -> dict[str, Any]:
 
 
 def as_sent(rec: dict[str, Any]) -> dict[str, Any]:
-    """An event record as the daemon serialises it: built as its own typed record (so a
-    field the daemon's type lacks, or of the wrong type, fails here), then written out."""
-    return to_record(from_record(rec)) if rec["type"] in event_kinds() else rec
+    """A record as the daemon serialises it: built as its own typed record (so a kind it
+    does not know, a field its type lacks or one of the wrong type fails here), then
+    written out. The status is built as a DaemonStatus already."""
+    typed = rec if rec["type"] == "daemon.status" else to_record(from_record(rec))
+    return orjson.loads(orjson.dumps(typed))  # type: ignore[no-any-return]
 
 
 def ndjson(records: list[dict[str, Any]]) -> bytes:
