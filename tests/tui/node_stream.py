@@ -5,11 +5,12 @@ Synthetic but shaped like the real thing: NVML samples at the H200's periods sca
 (util 200 ms, power 100 ms), gaps placed by cuda launches with attributions (parts with
 cause, ns and evidence), per-CPU statistics in the irq and cstate probes' two halves, and
 the daemon's status with the watched threads' placement. Every record is built as the
-daemon's own typed record (daemon/records.py, probes/events.py, daemon/status.py) and
-written as the daemon writes it, so a field the daemon lacks or types otherwise fails
-here; the gaps' causes and shares are chosen, not derived by the engine (tests/tui/
-eight_gpus.py is the engine's own output). Deterministic: `python -m tests.tui.node_stream` rewrites
-tests/fixtures/tui/node-stream.ndjson, and a test checks the committed file is what this produces.
+daemon's own typed record (daemon/analysis/records.py, probes/events.py,
+daemon/service/status.py) and written as the daemon writes it, so a field the daemon lacks
+or types otherwise fails here; the gaps' causes and shares are chosen, not derived by the
+engine (tests/tui/eight_gpus.py is the engine's own output). Deterministic:
+`python -m tests.tui.node_stream` rewrites tests/fixtures/tui/node-stream.ndjson, and a
+test checks the committed file is what this produces.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any
 
 import orjson
 
-import gpujitter.daemon.records  # noqa: F401 (registers the gap and attribution kinds)
-from gpujitter.daemon.status import DaemonStatus, WatchedThread
+import gpujitter.daemon.analysis.records  # noqa: F401 (registers the gap and attribution kinds)
+from gpujitter.daemon.service.status import DaemonStatus, WatchedThread
 from gpujitter.probes.events import from_record, to_record
 
 NDJSON = Path(__file__).parents[1] / "fixtures/tui/node-stream.ndjson"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import tracemalloc
 from pathlib import Path
 
-from gpujitter.daemon.trace import TraceHeader, TraceWriter
+from gpujitter.daemon.sinks.trace import TraceHeader, TraceWriter
 from gpujitter.probes.events import CpuStats, GpuSample
 from gpujitter.probes.topology import Topology
 from gpujitter.tui.inbox import ReplayPosition

@@ -17,13 +17,13 @@ import pytest
 from gpujitter.cli import build_parser, load_commands, main
 from gpujitter.cli.gaps import SavedEvents
 from gpujitter.cli.top import make_source
-from gpujitter.daemon.jsonlog import JsonLog
-from gpujitter.daemon.pipeline import AnalysisConfig
-from gpujitter.daemon.recorder import TraceRecorder
-from gpujitter.daemon.rotation import Rotation
-from gpujitter.daemon.runtime import ListSource, Runtime
-from gpujitter.daemon.sinks import LogSink, RecorderSink
-from gpujitter.daemon.trace import TraceReader
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig
+from gpujitter.daemon.service.runtime import ListSource, Runtime
+from gpujitter.daemon.sinks.adapters import LogSink, RecorderSink
+from gpujitter.daemon.sinks.jsonlog import JsonLog
+from gpujitter.daemon.sinks.recorder import TraceRecorder
+from gpujitter.daemon.sinks.rotation import Rotation
+from gpujitter.daemon.sinks.trace import TraceReader
 from gpujitter.tui.inbox import ReplayPosition
 from gpujitter.tui.sources.replay import GAP_KINDS, ReplaySource
 

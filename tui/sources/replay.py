@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpujitter.daemon.recordings import EVENTS, TRACE, WHAT, sniff
+from gpujitter.daemon.offline.recordings import EVENTS, TRACE, WHAT, sniff
 from gpujitter.errors import GpujitterError
 from gpujitter.tui.inbox import ReplayPosition
 from gpujitter.tui.sources import Receiver, Source
@@ -65,8 +65,8 @@ def _following(first: Record, rest: Iterator[Record]) -> Iterator[Record]:
 def _ndjson_records(path: Path) -> Iterator[Record]:
     """A captured socket stream or the attribution log, through the log's reader: schema,
     torn last line and field types checked as for the daemon's own log."""
-    from gpujitter.daemon.jsonlog import JsonLogReader
-    from gpujitter.daemon.stream import STREAM_SCHEMA
+    from gpujitter.daemon.sinks.jsonlog import JsonLogReader
+    from gpujitter.daemon.sinks.stream import STREAM_SCHEMA
 
     for n, rec in enumerate(JsonLogReader(path, stream_schema=STREAM_SCHEMA), 1):
         if not isinstance(rec.get("type"), str):
@@ -79,9 +79,9 @@ def _ndjson_records(path: Path) -> Iterator[Record]:
 def _analysed(path: Path) -> Iterator[Record]:
     """A trace's or an events file's events through the daemon's runtime, as live, a chunk
     at a time as the replay takes them."""
-    from gpujitter.daemon.pipeline import AnalysisConfig
-    from gpujitter.daemon.recordings import open_recording
-    from gpujitter.daemon.runtime import ListSource, Runtime
+    from gpujitter.daemon.analysis.pipeline import AnalysisConfig
+    from gpujitter.daemon.offline.recordings import open_recording
+    from gpujitter.daemon.service.runtime import ListSource, Runtime
     from gpujitter.tui.sources.streamed import StreamRecords
 
     recording = open_recording([path])

@@ -1,12 +1,12 @@
 """The runtime's output as the records the daemon's stream carries (the kinds it streams, and
 the gaps and attributions the pipeline settles), gathered for the app: the sink that the
-embedded and replay sources put on the one runtime (daemon/runtime.py)."""
+embedded and replay sources put on the one runtime (daemon/service/runtime.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpujitter.daemon.runtime import Runtime, Sink
+from gpujitter.daemon.service.runtime import Runtime, Sink
 from gpujitter.probes.events import Event, to_record
 
 
