@@ -192,15 +192,11 @@ def test_a_probe_off_by_default_says_why(host_tree: MakeTree) -> None:
 
 
 def test_probe_without_its_tracepoints_is_unavailable(host_tree: MakeTree) -> None:
-    # The recorded tree holds the formats of the system-call tracepoints malloc once used.
-    traced = dataclasses.replace(
-        registry.get("malloc"), hooks=(Hook("tracepoint", "syscalls:sys_enter_mmap"),)
-    )
-    gone = {"sys/kernel/tracing/events/syscalls/sys_enter_mmap/format": None}
-    env = env_of(host_tree("dev-vm", files=gone), specs=lambda: {"malloc": traced})
+    gone = {"sys/kernel/tracing/events/mmap_lock/mmap_lock_released/format": None}
+    env = env_of(host_tree("dev-vm", files=gone), specs=lambda: {"malloc": registry.get("malloc")})
     line, verdict = list(doctor.check_probe_hooks(env))
     assert line.check == "probe malloc" and line.status == "warn"
-    assert line.detail.startswith("unavailable: tracepoint syscalls:sys_enter_mmap is not in ")
+    assert line.detail.startswith("unavailable: tracepoint mmap_lock:mmap_lock_released is not in ")
     assert "allocator stalls are not attributed" in line.detail
     assert verdict == Result(
         "probes",
