@@ -4,10 +4,12 @@ of every task down the kernel's slow, traced path; the mmap_lock raw tracepoints
 run only where a task takes or releases its mm's lock (mmap, munmap, brk, ...).
 
 Modes, interleaved in each round: nothing attached; an empty program on sys_enter_mmap (the
-old cheap mode's hook, without its work); the malloc probe as it runs by default, with the
-loop unwatched and then watched. Loops (a C program): getppid() (any system call) and a
-4 KiB mmap+munmap pair (calls that take the lock). Each loop runs in batches and reports its 10th
-percentile batch, so that another task's time slice on the shared CPUs does not count.
+old cheap mode's hook, without its work); empty programs at the entry and return of libc's
+mmap and munmap (the uprobe route, not taken: its hooks alone); the malloc probe as it runs
+by default, with the loop unwatched and then watched. Loops (a C program): getppid() (any
+system call) and a 4 KiB mmap+munmap pair (calls that take the lock). Each loop runs in
+batches and reports its 10th percentile batch, so that another task's time slice on the
+shared CPUs does not count.
 
     flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.syscall_tracing [--rounds 7] [--json]
 """
@@ -81,6 +83,20 @@ def syscall_tracepoint() -> Iterator[Refresh]:
 
 
 @contextlib.contextmanager
+def libc_uprobes() -> Iterator[Refresh]:
+    from bcc import BPF
+
+    bpf = BPF(text="int hit(void *ctx) { return 0; }")
+    try:
+        for symbol in ("mmap", "munmap"):
+            bpf.attach_uprobe(name="c", sym=symbol, fn_name="hit")
+            bpf.attach_uretprobe(name="c", sym=symbol, fn_name="hit")
+        yield nothing
+    finally:
+        bpf.cleanup()
+
+
+@contextlib.contextmanager
 def malloc_probe(watched: bool) -> Iterator[Refresh]:
     watch = WatchSpec(comms=[COMM if watched else "gjs-nobody"])
     with ProbeSet(["malloc"], topology=load_topology(nvml=False), watch=watch,
@@ -92,6 +108,7 @@ def malloc_probe(watched: bool) -> Iterator[Refresh]:
 MODES: dict[str, Callable[[], contextlib.AbstractContextManager[Refresh]]] = {
     "untraced": untraced,
     "syscall_tracepoint": syscall_tracepoint,
+    "libc_uprobes": libc_uprobes,
     "malloc_unwatched": lambda: malloc_probe(False),
     "malloc_watched": lambda: malloc_probe(True),
 }

@@ -59,9 +59,13 @@ RAW_TRACEPOINT_PROBE(mmap_lock_start_locking)
     struct pt_regs regs = {};
     bpf_probe_read_kernel(&regs, sizeof(regs), (void *)bpf_task_pt_regs(task));
     int sc = syscall_index(regs.orig_ax);
-    if (sc < 0)
-        return 0;
     u32 tid = (u32)id;
+    if (sc < 0) {
+        /* what a thread that died waiting for the lock left (no release came) must not
+         * time the next release of a thread given its id */
+        inflight.delete(&tid);
+        return 0;
+    }
     /* the bytes asked for: mmap's, munmap's and madvise's second argument, mremap's new
      * length (third); brk's argument is an address, not a length */
     u64 length = sc == SC_MREMAP ? regs.dx : sc == SC_BRK ? 0 : regs.si;
