@@ -158,9 +158,9 @@ def live(
             argv += ["--probes", probes]
         env = {**os.environ, "NOTIFY_SOCKET": str(work / "notify")}
         if pythonpath:
-            env["PYTHONPATH"] = os.pathsep.join(
-                [pythonpath, str(Path(__file__).parents[1]), env.get("PYTHONPATH", "")]
-            )
+            # the bench's own tree last: its gpujitter/ folder is not the package
+            path = [pythonpath, env.get("PYTHONPATH", ""), str(Path(__file__).parents[1])]
+            env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
         daemon = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
         try:
             ready_s = _wait_ready(notify, daemon)
