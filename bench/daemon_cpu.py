@@ -30,9 +30,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
-from gpujitter.daemon.recordings import open_recording
-
 READY_TIMEOUT_S = 60.0
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -91,7 +88,7 @@ def run_named(argv: list[str], profile_dir: str) -> None:
         if not profile_dir:
             run()
             return
-        prof = cProfile.Profile()
+        prof = cProfile.Profile(time.thread_time)  # CPU time: waits are not its cost
         try:
             prof.runcall(run)
         finally:
@@ -105,6 +102,11 @@ def run_named(argv: list[str], profile_dir: str) -> None:
             Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(name)
         profiled(name, lambda: start_thread(self))
 
+    if tree := os.environ.get("GJ_BENCH_TREE"):
+        # The package from another tree: ahead of an editable install's finder, which would
+        # otherwise win over the path.
+        sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
+        sys.path.insert(0, tree)
     threading.Thread.run = named_run  # type: ignore[method-assign]
     Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text("main")
     sys.argv = ["gpujitter", *argv]
@@ -158,6 +160,7 @@ def live(
             argv += ["--probes", probes]
         env = {**os.environ, "NOTIFY_SOCKET": str(work / "notify")}
         if pythonpath:
+            env["GJ_BENCH_TREE"] = pythonpath
             # the bench's own tree last: its gpujitter/ folder is not the package
             path = [pythonpath, env.get("PYTHONPATH", ""), str(Path(__file__).parents[1])]
             env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
@@ -197,11 +200,16 @@ def live(
 
 def _kinds(folder: Path) -> Counter[str]:
     """Events of each kind the daemon recorded (over its whole run)."""
+    from gpujitter.daemon.recordings import open_recording
+
     return Counter(ev.KIND for ev in open_recording([folder]))
 
 
 def replay(path: Path) -> dict[str, Any]:
     """CPU of this process to decode the recording, and to decode and analyse it."""
+    from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
+    from gpujitter.daemon.recordings import open_recording
+
     rec = open_recording([path])
     first = last = n = 0
     start = time.process_time()
