@@ -200,15 +200,15 @@ def live(
 
 def _kinds(folder: Path) -> Counter[str]:
     """Events of each kind the daemon recorded (over its whole run)."""
-    from gpujitter.daemon.recordings import open_recording
+    from gpujitter.daemon.offline.recordings import open_recording
 
     return Counter(ev.KIND for ev in open_recording([folder]))
 
 
 def replay(path: Path) -> dict[str, Any]:
     """CPU of this process to decode the recording, and to decode and analyse it."""
-    from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
-    from gpujitter.daemon.recordings import open_recording
+    from gpujitter.daemon.analysis.pipeline import AnalysisConfig, Pipeline
+    from gpujitter.daemon.offline.recordings import open_recording
 
     rec = open_recording([path])
     first = last = n = 0

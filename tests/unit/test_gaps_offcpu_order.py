@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpujitter.daemon.gaps import GapDetector
+from gpujitter.daemon.analysis.gaps import GapDetector
 from gpujitter.probes.events import CudaCall, Event, OffCpu
 
 MS = 1_000_000
@@ -54,7 +54,7 @@ def test_a_starved_sync_is_found_whatever_order_its_intervals_arrived_in(
 def test_intervals_past_the_bound_go_oldest_arrival_first() -> None:
     # Kept per thread: at most max_offcpu_per_thread, the earliest arrivals dropped first.
     # The wake-up arrived first of three with a bound of two: gone, the sync is not starved.
-    from gpujitter.daemon.gaps import GapConfig
+    from gpujitter.daemon.analysis.gaps import GapConfig
 
     detector = GapDetector(GapConfig(max_offcpu_per_thread=2))
     assert detector.feed_all(woken_late([WOKEN, BEFORE, AFTER])) == []
