@@ -38,8 +38,10 @@ its sources, resolution and confidence.
 
 from __future__ import annotations
 
+import itertools
+from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -194,6 +196,66 @@ class _GpuState:
         return self.power[-1].ts_ns + self.power[-1].period_ns if self.power else 0
 
 
+class _OffCpuKept:
+    """A thread's kept off-CPU intervals: in arrival order (the oldest arrival is dropped
+    first, past the bound or the history) and in time order, (ts_ns, end_ns), so that a
+    sync finds those inside it by bisection instead of a scan of all of them per sync."""
+
+    __slots__ = ("arrived", "by_time", "keys", "maxlen")
+
+    def __init__(self, maxlen: int) -> None:
+        self.arrived: deque[OffCpu] = deque()
+        self.keys: list[tuple[int, int]] = []
+        self.by_time: list[OffCpu] = []
+        self.maxlen = maxlen
+
+    def add(self, o: OffCpu) -> None:
+        if len(self.arrived) >= self.maxlen:
+            self._forget(self.arrived.popleft())
+        self.arrived.append(o)
+        key = (o.ts_ns, o.end_ns)
+        if not self.keys or key >= self.keys[-1]:  # the usual case: in time order
+            self.keys.append(key)
+            self.by_time.append(o)
+            return
+        at = bisect_right(self.keys, key)  # after equal keys: arrival order among them
+        self.keys.insert(at, key)
+        self.by_time.insert(at, o)
+
+    def forget_before(self, horizon: int) -> None:
+        """Drop the oldest arrivals while they ended before the horizon."""
+        while self.arrived and self.arrived[0].end_ns < horizon:
+            self._forget(self.arrived.popleft())
+
+    def _forget(self, o: OffCpu) -> None:
+        at = bisect_left(self.keys, (o.ts_ns, o.end_ns))
+        while self.by_time[at] is not o:
+            at += 1
+        del self.keys[at], self.by_time[at]
+
+    def __len__(self) -> int:
+        return len(self.arrived)
+
+    def last_end_ns(self) -> int:
+        return self.arrived[-1].end_ns
+
+    def inside(self, start: int, end: int) -> list[OffCpu]:
+        """The intervals lying inside [start, end], in time order."""
+        found = []
+        for at in range(bisect_left(self.keys, (start,)), len(self.keys)):
+            o = self.by_time[at]
+            if o.ts_ns > end:
+                break
+            if o.ts_ns <= o.end_ns <= end:
+                found.append(o)
+        return found
+
+    def since(self, start: int) -> Iterator[OffCpu]:
+        """The intervals that began at or after `start`."""
+        for at in range(bisect_left(self.keys, (start,)), len(self.keys)):
+            yield self.by_time[at]
+
+
 def _drop_stale(table: dict[K, deque[_Sync]], horizon: int) -> None:
     """Entries whose latest sync ended before the horizon (threads, processes gone quiet)."""
     for key in [k for k, kept in table.items() if kept[-1].end < horizon]:
@@ -217,7 +279,7 @@ class GapDetector:
         self.quiet: dict[int, deque[_Quiet]] = {}  # tgid -> recent quiet stretches
         self.busy: dict[int, deque[_Sync]] = {}  # tgid -> recent long syncs
         self.syncs: deque[_Sync] = deque()  # syncs waiting for their off-CPU intervals
-        self.offcpu: dict[int, deque[OffCpu]] = {}  # tid -> intervals with a run-queue wait
+        self.offcpu: dict[int, _OffCpuKept] = {}  # tid -> intervals with a run-queue wait
         # Syncs with no run-queue wait inside, by (tid, func) and (tid, ""), and by tgid.
         self.clean: dict[tuple[int, str], deque[_Sync]] = {}
         self.clean_spans: dict[int, deque[_Sync]] = {}
@@ -303,11 +365,11 @@ class GapDetector:
             self.pending.append(replace(c, gpu=g))
 
     def _on_offcpu(self, ev: OffCpu) -> None:
-        kept = self.offcpu.setdefault(ev.tid, deque(maxlen=self.config.max_offcpu_per_thread))
-        kept.append(ev)
-        horizon = self.now_ns - self.config.history_ns
-        while kept and kept[0].end_ns < horizon:
-            kept.popleft()
+        kept = self.offcpu.get(ev.tid)
+        if kept is None:
+            kept = self.offcpu[ev.tid] = _OffCpuKept(self.config.max_offcpu_per_thread)
+        kept.add(ev)
+        kept.forget_before(self.now_ns - self.config.history_ns)
 
     def _sweep(self) -> None:
         """Forget processes and threads gone quiet (exited, mostly): each one's history is
@@ -325,7 +387,7 @@ class GapDetector:
         _drop_stale(self.clean_queued, horizon)
         _drop_stale(self.waited, horizon)
         _drop_stale(self.waited_queued, horizon)
-        for tid in [t for t, kept in self.offcpu.items() if kept[-1].end_ns < horizon]:
+        for tid in [t for t, kept in self.offcpu.items() if kept.last_end_ns() < horizon]:
             del self.offcpu[tid]
 
     def _remember_busy(self, sync: _Sync) -> None:
@@ -338,14 +400,8 @@ class GapDetector:
         """The thread's off-CPU intervals with a run-queue wait that lie inside the sync, in
         time order (uprobes and the sched tracepoints read one clock: the sync's entry comes
         before the switch out, the switch back in before its return)."""
-        return sorted(
-            (
-                o
-                for o in self.offcpu.get(sync.tid, ())
-                if sync.start <= o.ts_ns <= o.end_ns <= sync.end
-            ),
-            key=lambda o: (o.ts_ns, o.end_ns),
-        )
+        kept = self.offcpu.get(sync.tid)
+        return kept.inside(sync.start, sync.end) if kept is not None else []
 
     def _busy_ns(self, index: int, st: _GpuState, start: int, end: int) -> int:
         """How much of [start, end] a process of GPU `index` (or of no known GPU) spent
@@ -475,10 +531,11 @@ class GapDetector:
         drain = sync.queued + typical
         if drain >= sync.start:
             return None
+        kept = self.offcpu.get(sync.tid)
         runnable = sum(
             min(o.end_ns, sync.end) - max(o.runnable_ns, drain)
-            for o in self.offcpu.get(sync.tid, ())
-            if o.ts_ns >= sync.queued and o.end_ns > drain and o.runnable_ns < sync.end
+            for o in (kept.since(sync.queued) if kept is not None else ())
+            if o.end_ns > drain and o.runnable_ns < sync.end
         )
         if 2 * runnable < sync.end - drain:
             return None
@@ -654,7 +711,10 @@ class GapDetector:
             for g in gpus:
                 out += self._remember(self._decide_host(replace(c, gpu=g)))
         self.pending = keep
-        for index, st in sorted(self.gpus.items()):
+        # Only GPUs with NVML-only candidates waiting (most events find none: no sorting).
+        waiting_on = [i for i, st in self.gpus.items() if st.nvml_only]
+        for index in sorted(waiting_on) if waiting_on else ():
+            st = self.gpus[index]
             waiting: list[_Candidate] = []
             for c in sorted(st.nvml_only, key=lambda c: (c.start, c.source)):
                 if force or self.now_ns >= c.end + self.config.settle_ns:
@@ -662,7 +722,8 @@ class GapDetector:
                 else:
                     waiting.append(c)
             st.nvml_only = waiting
-        out.sort(key=lambda g: (g.ts_ns, g.gpu))
+        if len(out) > 1:
+            out.sort(key=lambda g: (g.ts_ns, g.gpu))
         return out
 
     def _remember(self, gaps: list[GpuGap]) -> list[GpuGap]:
@@ -808,15 +869,18 @@ class GapDetector:
         """Most power samples lying wholly inside [start, end] read below power_drop_fraction
         of the median sample taken during the process's clean syncs (the GPU busy then)."""
 
-        def within(s: GpuSample, a: int, b: int) -> bool:
-            return s.ts_ns >= a and s.ts_ns + s.period_ns <= b
-
+        # A sample lies inside some clean sync when, of the syncs that began by its start,
+        # the one reaching furthest ends at or after its end: by bisection over the syncs
+        # in order of their starts, not a scan of every sync for every sample.
+        spans = sorted((c.start, c.end) for c in self.clean_spans.get(tgid, ()))
+        starts = [a for a, _ in spans]
+        reach = list(itertools.accumulate((b for _, b in spans), max))
         busy = sorted(
             s.value
             for s in st.power
-            if any(within(s, c.start, c.end) for c in self.clean_spans.get(tgid, ()))
+            if (k := bisect_right(starts, s.ts_ns)) and reach[k - 1] >= s.ts_ns + s.period_ns
         )
-        inside = [s.value for s in st.power if within(s, start, end)]
+        inside = [s.value for s in st.power if s.ts_ns >= start and s.ts_ns + s.period_ns <= end]
         if not busy or not inside:
             return False
         level = busy[len(busy) // 2] * self.config.power_drop_fraction

@@ -91,11 +91,12 @@ class StreamSink(Sink):
         self._runtime = runtime
 
     def event(self, ev: Event) -> None:
-        if self.state.streamed(ev):
+        if self.state.streamed(ev) and self.stream.listened():
             self.stream.publish(to_record(ev), self.state.tgids_of(ev))
 
     def finding(self, found: Event) -> None:
-        self.stream.publish(to_record(found), self.state.tgids_of(found))
+        if self.stream.listened():
+            self.stream.publish(to_record(found), self.state.tgids_of(found))
 
     def tick(self, now_ns: int, status: DaemonStatus) -> None:
         self.stream.publish(status.to_record())
