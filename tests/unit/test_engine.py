@@ -330,8 +330,10 @@ def test_gil_wait_names_the_python_function_the_holder_ran():
     assert holder.words(0).startswith(
         "GIL held by logger (tid 102), host work there, in log_batch (/job/log.py:12): "
     )
-    assert "30.00ms Python GIL wait (held by logger (tid 102), host work there, in log_batch" \
+    assert (
+        "30.00ms Python GIL wait (held by logger (tid 102), host work there, in log_batch"
         in one_line(attr)
+    )
 
 
 def test_runq_wait_inside_a_gil_wait_stays_contention():
