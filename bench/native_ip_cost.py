@@ -71,7 +71,7 @@ def main() -> int:
             fn_name="on_sample", sample_freq=args.freq,
         )  # fmt: skip
         STATS.write_text("1")
-        fd = bpf.funcs["on_sample"].fd
+        fd = bpf.funcs[b"on_sample"].fd  # bcc keys its programs by bytes
         ns0, runs0 = run_stats(fd)
         t0 = time.monotonic_ns()
         time.sleep(args.seconds)
