@@ -22,6 +22,7 @@ from typing import Any
 from gpujitter.probes.base import Probe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import PySample
 from gpujitter.probes.mapped_scan import MappedScan, watched_pids
+from gpujitter.probes.procfs import task_state
 from gpujitter.probes.pyframes import Frame, Interpreter, NotReadable
 from gpujitter.probes.registry import ProbeSpec
 
@@ -45,8 +46,7 @@ class ThreadStates:
         except OSError:  # the thread ended
             self.forget(pid, tid)
             return False
-        end = stat.rfind(b")")
-        return stat[end + 2 : end + 3] == b"R"
+        return task_state(stat) == "R"
 
     def forget(self, pid: int, tid: int) -> None:
         fd = self._fds.pop((pid, tid), None)

@@ -1,0 +1,110 @@
+"""Readers of per-process /proc files, one per file: maps (which files a process maps, and
+where) and a task's stat (its state, nice and policy). Every probe and check that needs one of
+them reads it here; HostPaths makes them run on recorded trees.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from gpujitter.probes.host import HostPaths
+
+DELETED = " (deleted)"  # what maps appends to a file unlinked since it was mapped
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """One line of /proc/PID/maps: [start, end) of the process's memory, mapped with `perms`
+    ("r-xp") from `offset` of `path` ("" when anonymous, "[heap]" and the like for the
+    kernel's own)."""
+
+    start: int
+    end: int
+    perms: str
+    offset: int
+    path: str
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    @property
+    def executable(self) -> bool:
+        return "x" in self.perms
+
+    @property
+    def writable(self) -> bool:
+        return "w" in self.perms
+
+    @property
+    def file(self) -> bool:
+        """Mapped from a file that still exists under its path."""
+        return self.path.startswith("/") and not self.path.endswith(DELETED)
+
+    def holds(self, offset: int) -> bool:
+        """Whether the file offset is mapped here."""
+        return self.offset <= offset < self.offset + self.size
+
+    def address_of(self, offset: int) -> int:
+        """The address at which file offset `offset` (one this mapping holds) lies."""
+        return self.start + offset - self.offset
+
+
+def parse_maps(text: str) -> list[Mapping]:
+    """A /proc/PID/maps text as its mappings, in address order; malformed lines skipped."""
+    out = []
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 5:
+            continue
+        lo, _, hi = fields[0].partition("-")
+        try:
+            out.append(Mapping(int(lo, 16), int(hi, 16), fields[1], int(fields[2], 16),
+                               fields[5] if len(fields) == 6 else ""))  # fmt: skip
+        except ValueError:
+            continue
+    return out
+
+
+def read_maps(paths: HostPaths, pid: int | str) -> list[Mapping]:
+    """/proc/PID/maps of process `pid` ("self" for this one); OSError when it cannot be read
+    (the process exited, or is another user's)."""
+    with open(paths.proc / str(pid) / "maps") as f:
+        return parse_maps(f.read())
+
+
+def mapped_files(paths: HostPaths, pid: int | str, *, executable: bool = False) -> list[str]:
+    """The files process `pid` maps (executable: those it maps code from), each once, in
+    address order; [] when its maps cannot be read."""
+    try:
+        maps = read_maps(paths, pid)
+    except OSError:
+        return []
+    return list(dict.fromkeys(m.path for m in maps if m.file and (m.executable or not executable)))
+
+
+def in_root(paths: HostPaths, pid: int, path: str) -> str:
+    """A path as process `pid` sees it (inside its container), as this process can open it:
+    through /proc/PID/root."""
+    return str(paths.proc / str(pid) / "root") + path if path.startswith("/") else path
+
+
+def task_state(stat: bytes) -> str:
+    """Field 3 of a task's stat (R running or runnable, S, D, ...), "" when cut short: the
+    one field read at sampling rate, so cut from the bytes without splitting the rest."""
+    end = stat.rfind(b")")
+    return stat[end + 2 : end + 3].decode(errors="replace")
+
+
+def task_stat_fields(text: str | bytes) -> list[str]:
+    """The fields of a /proc/PID/task/TID/stat text after "pid (comm) ": [0] is stat's field
+    3 (state), [16] field 19 (nice), [38] field 41 (policy). The name may hold spaces and
+    parentheses, so it is cut at the last ')'."""
+    raw = text.decode(errors="replace") if isinstance(text, bytes) else text
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def alive(paths: HostPaths, pid: int) -> bool:
+    """Whether process (or thread) `pid` still exists."""
+    return os.path.exists(paths.proc / str(pid))
