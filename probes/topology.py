@@ -307,6 +307,18 @@ def cpuidle_states(cpuidle: Path) -> tuple[IdleState, ...]:
     return tuple(sorted(found, key=lambda s: s.index))
 
 
+def idle_residency_ns(cpuidle: Path) -> dict[str, int]:
+    """Time one CPU has spent in each of its idle states since boot (the states' `time`
+    files, in µs), by state name in index order; {} without a driver."""
+    dirs = sorted(cpuidle.glob("state[0-9]*"), key=lambda d: int(d.name[5:]))
+    out = {}
+    for state_dir in dirs:
+        name, usec = read_text(state_dir / "name"), read_text(state_dir / "time")
+        if name and usec and usec.isdigit():
+            out[name] = int(usec) * 1000
+    return out
+
+
 def _default_idle_state(paths: HostPaths) -> IdleState:
     """The state a CPU without a cpuidle driver idles in: the kernel's default idle routine
     (HLT on x86), whose wake-up latency the kernel does not know; `idle=poll` spins instead."""
