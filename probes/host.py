@@ -148,9 +148,15 @@ def proc_pids(paths: HostPaths) -> list[int]:
 
 
 def status_fields(paths: HostPaths, pid: int | str) -> dict[str, str]:
-    """/proc/PID/status as {'Name': 'python3', 'Cpus_allowed_list': '0-3', ...}."""
+    """/proc/PID/status as {'Name': 'python3', 'Cpus_allowed_list': '0-3', ...}; {} when it
+    cannot be read. A name's invalid bytes read as U+FFFD: the kernel takes any name, and
+    the other fields must still read."""
+    try:
+        text = (paths.proc / str(pid) / "status").read_bytes().decode(errors="replace")
+    except OSError:
+        return {}
     fields = {}
-    for line in (read_text(paths.proc / str(pid) / "status") or "").splitlines():
+    for line in text.splitlines():
         key, sep, value = line.partition(":")
         if sep:
             fields[key] = value.strip()

@@ -90,6 +90,15 @@ def in_root(paths: HostPaths, pid: int, path: str) -> str:
     return str(paths.proc / str(pid) / "root") + path if path.startswith("/") else path
 
 
+def task_ids(paths: HostPaths, pid: int | str) -> list[int]:
+    """The thread ids of process `pid` (its task folder), ascending; [] when it is gone or
+    cannot be read."""
+    try:
+        return sorted(int(t) for t in os.listdir(paths.proc / str(pid) / "task") if t.isdigit())
+    except OSError:
+        return []
+
+
 def task_state(stat: bytes) -> str:
     """Field 3 of a task's stat (R running or runnable, S, D, ...), "" when cut short: the
     one field read at sampling rate, so cut from the bytes without splitting the rest."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from gpujitter.probes.host import HostPaths, read_text
+from gpujitter.probes.host import HostPaths, read_text, status_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,9 +256,7 @@ class TaskOwners:
         if tid in self._tgid:
             self._tgid.move_to_end(tid)
             return self._tgid[tid]
-        raw = _read_raw(self.paths.proc / str(tid) / "status") or b""
-        m = re.search(rb"^Tgid:\s*(\d+)", raw, re.M)
-        tgid = int(m.group(1)) if m else 0
+        tgid = int(status_fields(self.paths, tid).get("Tgid", "0") or "0")
         if tgid:
             _remember(self._tgid, tid, tgid, self.max_cached)
         return tgid

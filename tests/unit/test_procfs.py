@@ -5,24 +5,31 @@ cut at the last parenthesis."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from gpujitter.probes.cuda import mapped_libcuda
-from gpujitter.probes.host import HostPaths
+from gpujitter.probes.host import HostPaths, status_fields
 from gpujitter.probes.malloc_sites import file_mappings
 from gpujitter.probes.procfs import (
     in_root,
     mapped_files,
     parse_maps,
     read_maps,
+    task_ids,
     task_stat_fields,
     task_state,
 )
 from gpujitter.probes.python_gc import interpreter_files
+from gpujitter.probes.watch import WHY_FORK, WHY_PID, WatchSpec, resolve
 
 TREE = HostPaths.under(Path(__file__).parents[1] / "fixtures" / "procfs")
 PID = 4242
@@ -100,3 +107,55 @@ def test_a_task_stat_is_cut_at_the_last_parenthesis() -> None:
 def test_this_thread_reads_as_running() -> None:
     path = f"/proc/{os.getpid()}/task/{threading.get_native_id()}/stat"
     assert task_state(Path(path).read_bytes()) == "R"
+
+
+def test_status_of_a_process_whose_name_is_not_utf8_is_read(tmp_path: Path) -> None:
+    """A name with an invalid byte (prctl takes any) made the whole status file unreadable:
+    no Tgid, so a forked child so named was not taken for a process."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOSTILE_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"named\n"
+        fields = status_fields(HostPaths(), child.pid)
+        assert fields["Tgid"] == str(child.pid)
+        assert fields["Name"].startswith("gj") and "\ufffd" in fields["Name"]
+    finally:
+        child.kill()
+        child.wait()
+
+
+HOSTILE_CHILD = """
+import ctypes, sys
+ctypes.CDLL(None).prctl(15, b"gj\\xff\\xfe", 0, 0, 0)  # PR_SET_NAME
+print("named", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_watched_process_brings_its_children_and_theirs() -> None:
+    """resolve() walks task/TID/children of every thread (task_ids), down the tree."""
+    grandchild = "import subprocess, sys; subprocess.run(['sleep', '30'])"
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])",
+        ]
+    )
+    try:
+        for _ in range(200):
+            chosen = resolve(WatchSpec(pids={child.pid}), HostPaths())
+            if len(chosen) == 3:
+                break
+            time.sleep(0.01)
+        assert chosen[child.pid] == WHY_PID and len(chosen) == 3
+        assert all(why == WHY_FORK for pid, why in chosen.items() if pid != child.pid)
+        assert task_ids(HostPaths(), child.pid) == [child.pid]
+        assert threading.get_native_id() in task_ids(HostPaths(), os.getpid())
+    finally:
+        for pid in chosen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        child.wait()
+    assert task_ids(HostPaths(), child.pid) == []
