@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from gpujitter.probes.host import HostPaths, record_tree
+from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import Nvml
 from gpujitter.probes.topology import (
     TREE,
@@ -18,6 +18,7 @@ from gpujitter.probes.topology import (
     Topology,
     load_topology,
 )
+from tests.fixtures.hosts.record import record_tree
 from tests.nvml_replay import ReplayBackend
 from tests.unit.conftest import MakeTree
 
