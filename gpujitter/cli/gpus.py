@@ -43,22 +43,22 @@ def add_nvml_source_args(p: argparse.ArgumentParser) -> None:
 def nvml_backend(args: argparse.Namespace) -> Any:
     """The backend chosen by --nvml-replay/--nvml-record: None means pynvml itself."""
     from gpujitter.errors import GpujitterError
-    from gpujitter.probes.gpu_record import Recorder, Replay
+    from gpujitter.probes.gpu_record import NvmlRecorder, NvmlReplay
 
     if args.nvml_replay is not None:
         try:
-            return Replay(args.nvml_replay)
+            return NvmlReplay(args.nvml_replay)
         except (OSError, ValueError) as err:
             raise GpujitterError(f"--nvml-replay {args.nvml_replay}: {err}") from None
     if args.nvml_record is not None:
-        return Recorder()
+        return NvmlRecorder()
     return None
 
 
 def save_recording(args: argparse.Namespace, backend: Any) -> None:
-    from gpujitter.probes.gpu_record import Recorder
+    from gpujitter.probes.gpu_record import NvmlRecorder
 
-    if isinstance(backend, Recorder):
+    if isinstance(backend, NvmlRecorder):
         backend.save(args.nvml_record, command=f"gpujitter {args.command}")
 
 
@@ -111,7 +111,7 @@ def describe_gpus(nvml: Any, paths: HostPaths) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     from gpujitter.errors import GpujitterError
-    from gpujitter.probes.gpu_record import ReplayMissing
+    from gpujitter.probes.gpu_record import NvmlReplayMissing
     from gpujitter.probes.nvml import NvmlUnavailable, open_nvml
 
     backend = nvml_backend(args)
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             gpus = describe_gpus(nvml, HostPaths())
             driver = nvml.driver_version()
-        except ReplayMissing as err:
+        except NvmlReplayMissing as err:
             # A recording made by another command (the daemon's sampler, `record`) holds
             # other calls than these.
             raise GpujitterError(

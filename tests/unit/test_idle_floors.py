@@ -19,7 +19,7 @@ from gpujitter.daemon.pipeline import AnalysisConfig, analyse
 from gpujitter.daemon.records import Attribution
 from gpujitter.daemon.trace import TraceWriter
 from gpujitter.probes.events import CudaCall, Event, from_record
-from gpujitter.probes.gpu_record import Replay
+from gpujitter.probes.gpu_record import NvmlReplay
 from gpujitter.probes.nvml import GpuInfo, Nvml
 from tests.conftest import FIXTURES
 from tests.unit.trace_samples import header
@@ -31,7 +31,7 @@ MS = 1_000_000
 
 @pytest.fixture(scope="module")
 def h200() -> GpuInfo:
-    (gpu,) = Nvml(Replay(FIXTURES / "nvml" / "h200-idle.jsonl")).open().gpus(cpu_count=16)
+    (gpu,) = Nvml(NvmlReplay(FIXTURES / "nvml" / "h200-idle.jsonl")).open().gpus(cpu_count=16)
     return gpu
 
 
