@@ -352,22 +352,25 @@ class PciDevice:
 
 
 def read_pci(paths: HostPaths) -> dict[str, PciDevice]:
-    out = {}
-    for dev in sorted((paths.sys / "bus/pci/devices").glob("*")):
-        msi = dev / "msi_irqs"
-        irqs = sorted(int(p.name) for p in msi.glob("[0-9]*")) if msi.is_dir() else []
-        if not irqs and (read_int(dev / "irq") or 0) > 0:
-            irqs = [read_int(dev / "irq") or 0]
-        out[dev.name] = PciDevice(
-            bus_id=dev.name,
-            pci_class=read_text(dev / "class") or "",
-            vendor=read_text(dev / "vendor") or "",
-            device=read_text(dev / "device") or "",
-            numa_node=numa_node(read_text(dev / "numa_node")),
-            local_cpus=read_cpulist(dev / "local_cpulist"),
-            irqs=tuple(irqs),
-        )
-    return out
+    return {dev.name: pci_device(dev) for dev in sorted((paths.sys / "bus/pci/devices").glob("*"))}
+
+
+def pci_device(dev: Path) -> PciDevice:
+    """One PCI function from its sysfs folder (bus/pci/devices/BUS); a missing file reads as
+    unknown."""
+    msi = dev / "msi_irqs"
+    irqs = sorted(int(p.name) for p in msi.glob("[0-9]*")) if msi.is_dir() else []
+    if not irqs and (read_int(dev / "irq") or 0) > 0:
+        irqs = [read_int(dev / "irq") or 0]
+    return PciDevice(
+        bus_id=dev.name,
+        pci_class=read_text(dev / "class") or "",
+        vendor=read_text(dev / "vendor") or "",
+        device=read_text(dev / "device") or "",
+        numa_node=numa_node(read_text(dev / "numa_node")),
+        local_cpus=read_cpulist(dev / "local_cpulist"),
+        irqs=tuple(irqs),
+    )
 
 
 def read_gpus_sysfs(paths: HostPaths, pci: dict[str, PciDevice]) -> list[GpuDevice]:

@@ -10,13 +10,8 @@ from typing import Any
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.output import print_json, table
-from gpujitter.probes.host import (
-    HostPaths,
-    format_cpulist,
-    parse_cpulist,
-    read_name,
-    read_text,
-)
+from gpujitter.probes.host import HostPaths, format_cpulist, read_name
+from gpujitter.probes.topology import pci_device
 from gpujitter.text import printable
 
 
@@ -72,12 +67,9 @@ def describe_gpus(nvml: Any, paths: HostPaths) -> list[dict[str, Any]]:
         if info is None:
             out.append({"index": index, "problems": [nvml.why_not(index, "handle")]})
             continue
-        pci = paths.sys / "bus/pci/devices" / info.pci_bus_id
-        node = info.numa_node
-        if node is None:
-            sys_node = read_text(pci / "numa_node")
-            node = int(sys_node) if sys_node and int(sys_node) >= 0 else None
-        cpus = list(info.local_cpus) or parse_cpulist(read_text(pci / "local_cpulist") or "")
+        pci = pci_device(paths.sys / "bus/pci/devices" / info.pci_bus_id)
+        node = info.numa_node if info.numa_node is not None else pci.numa_node
+        cpus = list(info.local_cpus) or list(pci.local_cpus)
         procs = nvml.compute_processes(index)
         out.append(
             {
