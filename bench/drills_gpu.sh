@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Every drill scenario with the real PyTorch loop, on a GPU node, as root: each under its
-# own time limit (SIGINT first, so that the drill restores what it changed), all within a
-# budget; writes $OUT/drills/SCENARIO.json (`gpujitter drill --json`: the score) and
-# SCENARIO.log (its progress) and SCENARIO.gjtrace (its events, for `gpujitter report`),
+# The drill scenarios (DRILLS, default the classic ten) with the real PyTorch loop, on a GPU
+# node, as root: each under its own time limit (SIGINT first, so that the drill restores what
+# it changed), all within a budget; writes $OUT/drills/SCENARIO.json (`gpujitter drill
+# --json`: the score), SCENARIO.log (its progress) and SCENARIO.gjtrace (its events, for
+# `gpujitter report`),
 # then the accuracy table of docs/accuracy.md (table.md); all of it also as drills.tar.gz.
 # Run through tools/gpu_session.sh's `drills` step, which sets up bcc and the package:
 #   tools/gpu_session.sh . .gpu/bcc.tar.xz drills
@@ -17,10 +18,11 @@ if [ -d "$here/../.gpu/drill-cache" ]; then export GPUJITTER_CACHE=$here/../.gpu
 start=$(date +%s)
 cd /tmp  # a checkout in the working folder must not shadow the package
 injected="--duration 12s --stalls 8 --stall-ms 25"
-for spec in "clean --duration 60s" "swap $injected" "faults $injected" \
-    "filefaults $injected" "malloc $injected" "compute $injected" "contention $injected" \
-    "migrate $injected" "irq $injected" "cstate $injected"; do
-    name=${spec%% *}
+# DRILLS: the scenarios to run (words), e.g. DRILLS="gc gil pyhot"; clean runs 60 s
+scenarios=${DRILLS:-clean swap faults filefaults malloc compute contention migrate irq cstate}
+for name in $scenarios; do
+    spec="$name $injected"
+    [ "$name" = clean ] && spec="clean --duration 60s"
     if (($(date +%s) - start > budget_s)); then
         echo "==> $name: skipped (budget of ${budget_s}s spent)"
         continue

@@ -404,7 +404,7 @@ class Run:
                 break
             last = i == clean_attaches - 1 or self.left_s() < 2 * need + reserve
             stay = max(a.window_s, self.left_s() - reserve - self.attach_cost_s()) if last else 0
-            d = self.attach()
+            d = self.attach(a.clean_probes)
             if d is None:
                 continue
             d.measure(a.window_s)
@@ -562,6 +562,12 @@ def main() -> int:
     p.add_argument("--window-s", type=float, default=60.0, help="clean window after an attach")
     p.add_argument("--scenarios", type=lambda t: [n for n in t.split(",") if n],
                    default=list(JOB_SCENARIOS), help="comma-separated")  # fmt: skip
+    p.add_argument(
+        "--clean-probes",
+        default="",
+        help="probes beyond the defaults for the clean attaches (e.g. +python_gil, to count "
+        "its false attributions on the clean job)",
+    )
     p.add_argument(
         "--scenario-probes",
         default="+faults,+swap",

@@ -333,7 +333,7 @@ def test_the_h200_real_jobs_trace_predates_the_late_sync_report() -> None:
     # That trace was recorded before the cuda probe reported a sync that ends a quiet stretch
     # (schema 1.3): its four late syncs, each under 1 ms, are not in it, and its syncs carry
     # no stretch, so the thread has no "last enqueue to drain" baseline. It replays as
-    # before: stall 0 only (the H200 run of the new detection is still to be done).
+    # before: stall 0 only (the next test replays a recording that has them).
     truth = orjson.loads((FIXTURES / "gaps" / "h200-realjob-sync-truth.json").read_bytes())
     with TraceReader(FIXTURES / "gaps" / "h200-realjob-sync.gjtrace") as trace:
         header, events = trace.header, list(trace)
@@ -344,3 +344,26 @@ def test_the_h200_real_jobs_trace_predates_the_late_sync_report() -> None:
     found = [s["index"] for s in truth["stalls"]
              if any(g.ts_ns < s["t1_ns"] and s["t0_ns"] < g.end_ns for g in gaps)]  # fmt: skip
     assert found == [0]
+
+
+def test_the_h200_real_jobs_late_syncs_replay_to_every_stall() -> None:
+    # The same scenario recorded by this version's cuda probe (schema 1.9: a sync that ends
+    # a quiet stretch is reported however soon it returns), on the H200 at 19:49 the same
+    # day: live, the daemon found 5 of 5 (runq_wait, 157.8 of 161.3 ms). Its replay must
+    # too, each stall's wait behind the hog within the drills' ±20 %, whether the GPU's
+    # power corroborated it or only the thread's clean syncs placed the drain.
+    truth = orjson.loads((FIXTURES / "gaps" / "h200-realjob-sync-late-truth.json").read_bytes())
+    with TraceReader(FIXTURES / "gaps" / "h200-realjob-sync-late.gjtrace") as trace:
+        header, events = trace.header, list(trace)
+    assert header.schema >= (1, 7)
+    out = [a for a in analyse(events, header.topology, AnalysisConfig.from_record(header.analysis))
+           if isinstance(a, Attribution)]  # fmt: skip
+    total = 0
+    for stall in truth["stalls"]:
+        (attr,) = [a for a in out if a.ts_ns < stall["t1_ns"] and stall["t0_ns"] < a.end_ns]
+        assert attr.top_cause == "runq_wait" and "baseline" in attr.sources
+        (runq,) = [p for p in attr.parts if p.cause == "runq_wait"]
+        assert runq.ns == pytest.approx(stall["cause_ns"], rel=0.2)
+        assert "gj-drill-hog" in [e.comm for e in runq.evidence if isinstance(e, TaskEvidence)]
+        total += runq.ns
+    assert total == pytest.approx(sum(s["cause_ns"] for s in truth["stalls"]), rel=0.05)
