@@ -238,7 +238,7 @@ class BpfProbe(Probe):
     Subclasses name their ring buffers in `rings` and turn records into events in `decode`;
     tracepoints attach themselves (TRACEPOINT_PROBE), other hooks in `attach`."""
 
-    source: ClassVar[str]
+    bpf_file: ClassVar[str]  # its .bpf.c, beside this module
     rings: ClassVar[tuple[str, ...]] = ()
     # Constants the .bpf.c shares with the module (C never restates them): -D options.
     constants: ClassVar[Mapping[str, int]] = {}
@@ -263,7 +263,7 @@ class BpfProbe(Probe):
         from gpujitter.probes.bundle import ModulePart  # bundle.py builds on this module
 
         return [
-            ModulePart(self.name, Path(__file__).with_name(self.source), tuple(self.cflags(ctx)))
+            ModulePart(self.name, Path(__file__).with_name(self.bpf_file), tuple(self.cflags(ctx)))
         ]
 
     def start(self, ctx: ProbeContext) -> None:

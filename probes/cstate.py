@@ -54,7 +54,7 @@ CONSTANTS = {"IDLE_STATES": IDLE_STATES}
 
 
 class CstateProbe(BpfProbe):
-    source = "cstate.bpf.c"
+    bpf_file = "cstate.bpf.c"
     rings = ("idle_wakes",)
     constants = CONSTANTS
 

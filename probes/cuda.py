@@ -175,7 +175,7 @@ def system_libcuda() -> list[str]:
 
 
 class CudaProbe(BpfProbe):
-    source = "cuda.bpf.c"
+    bpf_file = "cuda.bpf.c"
     rings = ("cuda_events",)
     constants = CONSTANTS
 

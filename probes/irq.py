@@ -75,7 +75,7 @@ class IrqId:
 
 
 class IrqProbe(BpfProbe):
-    source = "irq.bpf.c"
+    bpf_file = "irq.bpf.c"
     constants = CONSTANTS
 
     def __init__(self, spec: ProbeSpec) -> None:

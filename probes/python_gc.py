@@ -341,7 +341,7 @@ class InterpreterProbe(BpfProbe):
 
 
 class PythonGcProbe(InterpreterProbe):
-    source = "python_gc.bpf.c"
+    bpf_file = "python_gc.bpf.c"
     rings = ("gc_events",)
     constants = CONSTANTS
     per_thread = ("running",)

@@ -100,7 +100,7 @@ def _acquire_site(elf: ElfFile) -> AcquireSite:
 
 
 class PythonGilProbe(InterpreterProbe):
-    source = "python_gil.bpf.c"
+    bpf_file = "python_gil.bpf.c"
     rings = ("gil_events",)
     per_thread = ("gil_waiting", "gil_owner")  # the owner's key is a process id
 
