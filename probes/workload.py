@@ -203,9 +203,9 @@ def _named(w: Workload, paths: HostPaths) -> Workload:
 
 
 class WorkloadReader:
-    """workload_of(pid) with a bounded cache per /proc/PID/cgroup text (most processes share
-    a few): a process costs one raw read once its cgroups have been seen, the runtime's
-    files are read once per container."""
+    """A process's workload, with a bounded cache per /proc/PID/cgroup text (most processes
+    share a few): a process costs one raw read once its cgroups have been seen, the
+    runtime's files are read once per container."""
 
     def __init__(self, paths: HostPaths, max_cached: int = 4096) -> None:
         self.paths = paths
@@ -288,11 +288,6 @@ def _read_raw(path: Path) -> bytes | None:
         return None
     finally:
         os.close(fd)
-
-
-def workload_of(pid: int, paths: HostPaths) -> Workload | None:
-    """One process's workload, uncached."""
-    return WorkloadReader(paths).of(pid)
 
 
 def matches_pod(w: Workload | None, selector: str) -> bool:
