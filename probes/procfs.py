@@ -1,6 +1,7 @@
 """Readers of per-process /proc files, one per file: maps (which files a process maps, and
-where) and a task's stat (its state, nice and policy). Every probe and check that needs one of
-them reads it here; HostPaths makes them run on recorded trees.
+where), the task folder (its threads) and a task's stat (its state, nice and policy). Every
+probe and check that needs one of them reads it here (status and comm: host.py); HostPaths
+makes them run on recorded trees.
 """
 
 from __future__ import annotations

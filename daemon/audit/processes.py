@@ -13,6 +13,7 @@ from typing import Literal
 from gpujitter.daemon import remedies
 from gpujitter.daemon.audit.model import AuditContext, Evidence, Finding, GpuProcess, rule
 from gpujitter.errors import GpujitterError
+from gpujitter.probes.cuda import is_libcuda
 from gpujitter.probes.host import (
     HostPaths,
     format_cpulist,
@@ -23,10 +24,11 @@ from gpujitter.probes.host import (
     status_fields,
 )
 from gpujitter.probes.nvml import Nvml
+from gpujitter.probes.procfs import mapped_files
 from gpujitter.probes.topology import Topology
 
 LIBCUDA = "libcuda.so"
-NVIDIA_DEV = re.compile(r"/dev/nvidia(\d+)\b")
+NVIDIA_DEV = re.compile(r"/dev/nvidia(\d+)")
 ALLOCATORS = {"libjemalloc": "jemalloc", "libtcmalloc": "tcmalloc", "libmimalloc": "mimalloc"}
 ALLOCATOR_ENV = (
     "MALLOC_CONF=",
@@ -60,8 +62,7 @@ def find_gpu_processes(
             for proc in running or ():
                 found.setdefault(int(proc.pid), (set(), "nvml"))[0].add(g.bus_id)
     for pid in proc_pids(paths):
-        maps = read_text(paths.proc / str(pid) / "maps") or ""
-        if LIBCUDA in maps:
+        if any(is_libcuda(f) for f in mapped_files(paths, pid)):
             found.setdefault(pid, (set(), "libcuda"))
     for pid in pids:
         if not (paths.proc / str(pid) / "status").exists():
@@ -69,8 +70,8 @@ def find_gpu_processes(
         found.setdefault(pid, (set(), "--pid"))
     out = []
     for pid, (gpus, how) in sorted(found.items()):
-        maps = read_text(paths.proc / str(pid) / "maps") or ""
-        gpus |= {minors[int(m)] for m in NVIDIA_DEV.findall(maps) if int(m) in minors}
+        devices = [NVIDIA_DEV.fullmatch(f) for f in mapped_files(paths, pid)]
+        gpus |= {minors[int(m[1])] for m in devices if m and int(m[1]) in minors}
         comm = read_name(paths.proc / str(pid) / "comm") or "?"
         out.append(GpuProcess(pid, comm, tuple(sorted(gpus)), how))  # type: ignore[arg-type]
     return out
@@ -269,11 +270,7 @@ def allocator(ctx: AuditContext) -> Iterator[Finding]:
     name = "process.allocator"
     for p, _node, _why in _per_process(ctx):
         maps_path = ctx.paths.proc / str(p.pid) / "maps"
-        libs = {
-            line.split()[-1]
-            for line in (read_text(maps_path) or "").splitlines()
-            if any(lib in line for lib in ALLOCATORS)
-        }
+        libs = {f for f in mapped_files(ctx.paths, p.pid) if any(lib in f for lib in ALLOCATORS)}
         environ = ctx.paths.proc / str(p.pid) / "environ"
         env = [v for v in (read_text(environ) or "").split("\0") if v.startswith(ALLOCATOR_ENV)]
         env_ev = Evidence(str(environ), " ".join(env) or "no allocator variables")

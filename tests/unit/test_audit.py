@@ -16,7 +16,7 @@ from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import Nvml
 from gpujitter.probes.topology import Topology, load_topology
 from tests.nvml_replay import ReplayBackend
-from tests.unit.conftest import MakeTree
+from tests.unit.conftest import HOSTS, MakeTree
 
 GOOD = ("two-node-gpu",)
 BAD = ("two-node-gpu", "two-node-gpu-bad")
@@ -627,6 +627,18 @@ def test_allocator(host_tree: MakeTree) -> None:
     (plain,) = audit(defaults, "process.allocator")
     assert plain.severity == "info" and plain.message.startswith("jemalloc with default settings")
     assert plain.fix == f"MALLOC_CONF={JEMALLOC_CONF} <command>"
+
+
+def test_a_mapped_path_with_spaces_is_named_whole(host_tree: MakeTree) -> None:
+    """The maps reader keeps a path's spaces (the audit took the line's last word, and named
+    "libs/libjemalloc.so.2"); a libcuda and a GPU device under such paths are found too."""
+    maps = (HOSTS / "two-node-gpu/proc/4242/maps").read_text()
+    spaced = maps.replace("/usr/lib/x86_64-linux-gnu/", "/opt/my libs/")
+    paths = host_tree(*GOOD, files={"proc/4242/maps": spaced})
+    (finding,) = audit(paths, "process.allocator")
+    assert finding.evidence[0] == ev(paths, "proc/4242/maps", "/opt/my libs/libjemalloc.so.2")
+    (proc,) = [p for p in find_gpu_processes(paths, load_topology(paths)) if p.pid == 4242]
+    assert proc.found_by == "libcuda" and proc.gpus
 
 
 def test_recorded_environ_keeps_only_allocator_variables() -> None:
