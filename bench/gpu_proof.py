@@ -193,7 +193,8 @@ def main() -> int:
     if nvml is not None:
         nvml.close()
 
-    replayed = GapDetector().feed_all(feed.stream)
+    detector = GapDetector()
+    replayed = [gap for ev in feed.stream for gap in detector.feed(ev)] + detector.flush()
     rows, ok = evaluate(truth, feed.gaps)
     same = replayed == feed.gaps
     (args.out / "events.ndjson").write_bytes(

@@ -41,13 +41,6 @@ ALLOCATOR_ENV = (
 REMOTE_PAGES_LIMIT = 0.10  # share of resident pages on other nodes that is flagged
 
 
-def keep_allocator_env(data: bytes) -> bytes:
-    """/proc/PID/environ reduced to the allocator variables: the only ones the audit reads,
-    and the only ones a recorded tree may keep (the rest can hold secrets)."""
-    keep = [v for v in data.split(b"\0") if v.decode(errors="replace").startswith(ALLOCATOR_ENV)]
-    return b"\0".join(keep) + (b"\0" if keep else b"")
-
-
 def find_gpu_processes(
     paths: HostPaths, topology: Topology, pids: Iterable[int] = (), nvml: Nvml | None = None
 ) -> list[GpuProcess]:

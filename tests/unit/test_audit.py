@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from gpujitter.daemon.audit import AuditContext, Evidence, Finding, GpuProcess, run_audit
-from gpujitter.daemon.audit.processes import find_gpu_processes, keep_allocator_env
+from gpujitter.daemon.audit.processes import find_gpu_processes
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import Nvml
 from gpujitter.probes.topology import Topology, load_topology
+from tests.fixtures.hosts.record import keep_allocator_env
 from tests.nvml_replay import ReplayBackend
 from tests.unit.conftest import HOSTS, MakeTree
 

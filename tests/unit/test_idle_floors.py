@@ -22,6 +22,7 @@ from gpujitter.probes.events import CudaCall, Event, from_record
 from gpujitter.probes.gpu_record import NvmlReplay
 from gpujitter.probes.nvml import GpuInfo, Nvml
 from tests.conftest import FIXTURES
+from tests.fixtures.streams.synthetic import detect
 from tests.unit.trace_samples import header
 
 PROOF = FIXTURES / "gaps" / "h200-proof-events.ndjson"
@@ -48,7 +49,7 @@ def restart() -> tuple[list[Event], list[Event]]:
 
 def learned(before: list[Event]) -> dict[int, float]:
     first = GapDetector()
-    first.feed_all(before)
+    detect(before, first)
     return first.idle_floors()
 
 
