@@ -11,7 +11,7 @@ run: setup
 	$(BIN)/gpujitter top
 
 test: setup lint
-	$(BIN)/python -m pytest -ra
+	$(BIN)/python -m pytest -ra --durations=15
 
 lint:
 	$(BIN)/ruff check gpujitter probes daemon tui tests bench

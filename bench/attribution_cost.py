@@ -15,10 +15,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from gpujitter.daemon.engine import Engine, EngineConfig
-from gpujitter.daemon.pipeline import AnalysisConfig, analyse
-from gpujitter.daemon.records import Attribution, GpuGap
-from gpujitter.daemon.trace import TraceReader
+from gpujitter.daemon.analysis.engine import Engine, EngineConfig
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.analysis.records import Attribution, GpuGap
+from gpujitter.daemon.sinks.trace import TraceReader
 from gpujitter.probes.events import Event, NodeTime, OffCpu
 from gpujitter.probes.topology import Topology
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.startstop import add_daemon_args, compile_bytecode, cpu_s, say, start_daemon
-from gpujitter.daemon.trace import TraceSet
+from gpujitter.daemon.sinks.trace import TraceSet
 from gpujitter.probes.events import AllocSyscall, ProbeStatus
 
 # brk(0) changes nothing and is one of the allocator calls the malloc probe times.

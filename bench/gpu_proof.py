@@ -28,8 +28,8 @@ from typing import Any
 
 import orjson
 
-from gpujitter.daemon.gaps import GapDetector
-from gpujitter.daemon.records import GpuGap
+from gpujitter.daemon.analysis.gaps import GapDetector
+from gpujitter.daemon.analysis.records import GpuGap
 from gpujitter.probes.events import Event, to_record
 from gpujitter.probes.gpu import GpuSampler, SamplerThread
 from gpujitter.probes.gpu_record import NvmlRecorder

@@ -1,5 +1,5 @@
 """What the daemon's own scheduling (SCHED_BATCH nice 10 drain and analysis, SCHED_IDLE
-writers: daemon/own_scheduling.py) costs it in events on a saturated node: `gpujitter run`
+writers: daemon/service/own_scheduling.py) costs it in events on a saturated node: `gpujitter run`
 watches a loop of mmap/munmap calls (the malloc probe at threshold 0 streams each) at a
 steady rate, once on a quiet node and once with a nice-0 spinner on every CPU; the final
 daemon.status says what was delivered and lost, measured from READY (start-up, compiling the

@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpujitter.daemon.analysis.records import Attribution
 from gpujitter.daemon.drill.score import Stall, score
 from gpujitter.daemon.drill.system import interrupted_by_signals
-from gpujitter.daemon.jsonlog import JsonLogReader
-from gpujitter.daemon.records import Attribution
+from gpujitter.daemon.sinks.jsonlog import JsonLogReader
 from gpujitter.probes.events import from_record
 
 S = 1_000_000_000

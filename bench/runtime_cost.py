@@ -1,7 +1,7 @@
-"""What the one runtime (daemon/runtime.py) costs per event over the bare pipeline: a recorded
-trace's events through `pipeline.analyse` alone, through the runtime with no sink (its loop
-and node state), and with the daemon's file and counting sinks (trace recorder, attribution
-log, metrics; their files' opening and closing fsync included), best of a few rounds each.
+"""What the one runtime (daemon/service/runtime.py) costs per event over the bare pipeline: a
+recorded trace's events through `pipeline.analyse` alone, through the runtime with no sink (its loop
+and node state), and with the daemon's file and counting sinks (trace recorder, attribution log,
+metrics; their files' opening and closing fsync included), best of a few rounds each.
 CPU time of this process, not wall time: the loop gives the CPU away every 2 ms
 (`in_slices`), and on a busy node what others run then is not the runtime's cost.
 
@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpujitter.daemon.jsonlog import JsonLog
-from gpujitter.daemon.metrics import DaemonMetrics
-from gpujitter.daemon.pipeline import AnalysisConfig, analyse
-from gpujitter.daemon.recorder import TraceRecorder
-from gpujitter.daemon.runtime import ListSource, Runtime
-from gpujitter.daemon.sinks import LogSink, MetricsSink, RecorderSink
-from gpujitter.daemon.trace import TraceReader
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.service.runtime import ListSource, Runtime
+from gpujitter.daemon.sinks.adapters import LogSink, MetricsSink, RecorderSink
+from gpujitter.daemon.sinks.jsonlog import JsonLog
+from gpujitter.daemon.sinks.metrics import DaemonMetrics
+from gpujitter.daemon.sinks.recorder import TraceRecorder
+from gpujitter.daemon.sinks.trace import TraceReader
 
 TRACE = Path(__file__).parents[1] / "examples" / "h200-training.gjtrace"
 ROUNDS = 5

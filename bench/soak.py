@@ -281,7 +281,7 @@ class LogTailer:
             self._line(line)
 
     def _line(self, line: bytes) -> None:
-        from gpujitter.daemon.jsonlog import DROPPED, LOG_SCHEMA
+        from gpujitter.daemon.sinks.jsonlog import DROPPED, LOG_SCHEMA
         from gpujitter.probes.events import BadRecord, event_kinds, from_record
 
         self.lines += 1
@@ -709,7 +709,7 @@ def check_watchdog(life: Lifetime, notify: NotifyListener) -> None:
 
 
 def read_traces(record: Path, life: Lifetime) -> None:
-    from gpujitter.daemon.trace import TraceReader
+    from gpujitter.daemon.sinks.trace import TraceReader
     from gpujitter.errors import GpujitterError
 
     for path in sorted(record.glob("*.gjtrace")):

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpujitter.daemon.trace import TraceHeader, TraceReader, TraceWriter
+from gpujitter.daemon.sinks.trace import TraceHeader, TraceReader, TraceWriter
 from gpujitter.probes.events import AllocSyscall, Event, IrqStolen, OffCpu
 from gpujitter.probes.topology import load_topology
 

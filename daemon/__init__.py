@@ -1,2 +1,3 @@
-"""gpujitter.daemon: GPU gap detection, attribution, node audit, trace files and the sinks
-(JSON-lines log, trace recorder, unix-socket stream). Knows nothing of the TUI."""
+"""gpujitter.daemon: one package per wing: analysis (gaps, attribution), sinks (trace, log,
+stream, metrics), service (the runtime and the daemon), offline (reading recordings), checks
+(doctor, audit) and drill (measured accuracy). Knows nothing of the TUI."""

@@ -1,6 +1,6 @@
 """Every source of evidence at once: the eBPF probes (host jitter and libcuda) and the NVML
 sampler, each on its own thread, all emitting into one callable. The runtime's live source
-(daemon/runtime.py: `run`, `record`, `gaps`, `probe`, drills, the TUI's embedded mode) takes
+(daemon/service/runtime.py: `run`, `record`, `gaps`, `probe`, drills, the TUI's embedded mode) takes
 its events from here, so they all see the same evidence.
 
 A missing GPU or NVML is one unavailable source (an `nvml` ProbeStatus says why), never an

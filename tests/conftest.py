@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon.records import Attribution
+from gpujitter.daemon.analysis.records import Attribution
 
 FIXTURES = Path(__file__).with_name("fixtures")
 

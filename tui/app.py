@@ -27,7 +27,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
-from gpujitter.daemon.engine.causes import CAUSE_ORDER
+from gpujitter.daemon.analysis.engine.causes import CAUSE_ORDER
 from gpujitter.errors import GpujitterError
 from gpujitter.text import printable
 from gpujitter.tui.audit import AuditReport

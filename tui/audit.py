@@ -1,4 +1,4 @@
-"""The Audit view's adapter to `gpujitter audit`: its --json document (daemon/audit, see
+"""The Audit view's adapter to `gpujitter audit`: its --json document (daemon/checks/audit, see
 `gpujitter audit --help`) decoded into findings. Live, the audit runs as that command in a
 worker thread (it reads /proc and /sys and may ask NVML: a second or so); a saved document
 (`gpujitter audit --json > FILE`, e.g. from the node a trace was recorded on) loads as is.
@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import orjson
 
-from gpujitter.daemon.audit.model import Evidence, Finding, Severity
+from gpujitter.daemon.checks.audit.model import Evidence, Finding, Severity
 from gpujitter.errors import GpujitterError
 from gpujitter.text import printable
 

@@ -1,8 +1,8 @@
 """Stream records (docs/schema.md "Socket messages") decoded into what the views show.
 
-Gaps and attributions become the engine's own records (daemon/records.py), type-checked as
+Gaps and attributions become the engine's own records (daemon/analysis/records.py), type-checked as
 every reader checks them (a record with a field of the wrong type is refused whole, and the
-model counts it); their evidence reads through daemon/describe.py as in `report`. CPU
+model counts it); their evidence reads through daemon/analysis/describe.py as in `report`. CPU
 statistics, probe health and GPU identity become the probes' own records too (CpuStats,
 ProbeStatus, NVML's GpuInfo), decoded leniently, as is the daemon's status: unknown fields
 are ignored, missing ones take defaults. Every string comes out printable (no control
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from gpujitter.daemon.records import Attribution, GpuGap
+from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.probes.events import BadRecord, CpuStats, ProbeState, ProbeStatus, from_record
 from gpujitter.probes.nvml import GpuInfo
 from gpujitter.text import inert_record, printable

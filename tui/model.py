@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpujitter.daemon.records import Attribution, GpuGap
+from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.probes.events import CpuStats, ProbeStatus
 from gpujitter.probes.nvml import GpuInfo
 from gpujitter.text import printable

@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpujitter.daemon.analysis.engine.engine import EngineConfig
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.analysis.records import Attribution
 from gpujitter.daemon.drill import build, scenarios, system
 from gpujitter.daemon.drill.feeder import FeederConfig
 from gpujitter.daemon.drill.score import Score, Stall, score
-from gpujitter.daemon.engine.engine import EngineConfig
-from gpujitter.daemon.own_scheduling import OwnScheduling
-from gpujitter.daemon.pipeline import AnalysisConfig, analyse
-from gpujitter.daemon.records import Attribution
-from gpujitter.daemon.runtime import LiveSource, Runtime, Sink
-from gpujitter.daemon.trace import TraceHeader, TraceWriter
+from gpujitter.daemon.service.own_scheduling import OwnScheduling
+from gpujitter.daemon.service.runtime import LiveSource, Runtime, Sink
+from gpujitter.daemon.sinks.trace import TraceHeader, TraceWriter
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.events import Event, to_record

@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from gpujitter.daemon.engine.causes import CAUSES
-from gpujitter.daemon.records import Attribution, TaskEvidence
+from gpujitter.daemon.analysis.engine.causes import CAUSES
+from gpujitter.daemon.analysis.records import Attribution, TaskEvidence
 
 MIN_STALL_NS = 10_000_000  # stalls at least this long must be found
 TOP_CAUSE_SHARE = 0.95

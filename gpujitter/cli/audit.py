@@ -51,8 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpujitter.daemon.audit import AuditContext, at_least, run_audit
-    from gpujitter.daemon.audit.processes import find_gpu_processes
+    from gpujitter.daemon.checks.audit import AuditContext, at_least, run_audit
+    from gpujitter.daemon.checks.audit.processes import find_gpu_processes
     from gpujitter.probes.nvml import Nvml, NvmlUnavailable, open_nvml
     from gpujitter.probes.topology import load_topology
 

@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpujitter.daemon.doctor import DoctorEnv, can_profile, run_checks
+    from gpujitter.daemon.checks.doctor import DoctorEnv, can_profile, run_checks
 
     env = DoctorEnv(override=args.topology_override, load=args.load)
     results = run_checks(env)

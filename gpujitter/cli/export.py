@@ -1,6 +1,6 @@
 """`gpujitter export`: a recording as a timeline for Perfetto's UI or chrome://tracing, with
 the GPU gaps and their causes over the feeding threads' evidence, optionally merged with a
-PyTorch profiler trace of the same run (daemon/timeline.py)."""
+PyTorch profiler trace of the same run (daemon/offline/timeline.py)."""
 
 from __future__ import annotations
 
@@ -54,9 +54,9 @@ def _open(path: Path) -> BinaryIO | gzip.GzipFile:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpujitter.daemon.pipeline import AnalysisConfig
-    from gpujitter.daemon.recordings import open_recording
-    from gpujitter.daemon.timeline import export, profiler_clock, profiler_events
+    from gpujitter.daemon.analysis.pipeline import AnalysisConfig
+    from gpujitter.daemon.offline.recordings import open_recording
+    from gpujitter.daemon.offline.timeline import export, profiler_clock, profiler_events
 
     traces = open_recording(args.traces)
     if traces.analysed:

@@ -15,11 +15,11 @@ from gpujitter.cli.command import Command
 from gpujitter.cli.gpus import add_nvml_source_args, nvml_backend, save_recording
 from gpujitter.cli.options import add_watch_args, watch_from_args
 from gpujitter.cli.output import print_ndjson
-from gpujitter.daemon.gaps import UNKNOWN_GPU, GapConfig
-from gpujitter.daemon.pipeline import AnalysisConfig
-from gpujitter.daemon.recordings import TRACE, open_recording
-from gpujitter.daemon.records import Attribution, GpuGap
-from gpujitter.daemon.runtime import ListSource, LiveSource, Runtime, Sink
+from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU, GapConfig
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig
+from gpujitter.daemon.analysis.records import Attribution, GpuGap
+from gpujitter.daemon.offline.recordings import TRACE, open_recording
+from gpujitter.daemon.service.runtime import ListSource, LiveSource, Runtime, Sink
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref, format_wall
 from gpujitter.probes.events import ClockRef, Event, ProbeStatus, to_record

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gpujitter.daemon.config import check_cgroup, parse_value, thresholds_by_probe
+from gpujitter.daemon.service.config import check_cgroup, parse_value, thresholds_by_probe
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec

@@ -19,7 +19,7 @@ from gpujitter.cli.options import (
     watch_from_args,
 )
 from gpujitter.cli.output import print_ndjson, table
-from gpujitter.daemon.runtime import LiveSource, Runtime, Sink
+from gpujitter.daemon.service.runtime import LiveSource, Runtime, Sink
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.clock import clock_ref, format_wall

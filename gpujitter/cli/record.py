@@ -17,13 +17,13 @@ from gpujitter.cli.options import parse_thresholds, topology_from_args, watch_fr
 from gpujitter.cli.output import print_json
 from gpujitter.cli.probe import add_arguments as add_probe_arguments
 from gpujitter.cli.probe import precise_options
-from gpujitter.daemon.config import check_parent, load_config
-from gpujitter.daemon.own_scheduling import KEEP_UP_LEVELS, OwnScheduling
-from gpujitter.daemon.recorder import TraceRecorder
-from gpujitter.daemon.rotation import Rotation
-from gpujitter.daemon.runtime import EventSource, LiveSource, Runtime, Sink
-from gpujitter.daemon.service import analysis_settings, trace_header
-from gpujitter.daemon.sinks import RecorderSink
+from gpujitter.daemon.service.config import check_parent, load_config
+from gpujitter.daemon.service.own_scheduling import KEEP_UP_LEVELS, OwnScheduling
+from gpujitter.daemon.service.runtime import EventSource, LiveSource, Runtime, Sink
+from gpujitter.daemon.service.service import analysis_settings, trace_header
+from gpujitter.daemon.sinks.adapters import RecorderSink
+from gpujitter.daemon.sinks.recorder import TraceRecorder
+from gpujitter.daemon.sinks.rotation import Rotation
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.events import Event, ProbeStatus

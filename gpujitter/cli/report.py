@@ -15,12 +15,12 @@ from typing import Any
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import add_traces_arg
 from gpujitter.cli.output import print_json, table
-from gpujitter.daemon.describe import gpu_name, one_line
-from gpujitter.daemon.engine.causes import cause_label
-from gpujitter.daemon.pipeline import AnalysisConfig, analyse
-from gpujitter.daemon.recordings import TRACE, Recording, open_recording
-from gpujitter.daemon.records import Attribution, GpuGap
-from gpujitter.daemon.trace import TraceHeader
+from gpujitter.daemon.analysis.describe import gpu_name, one_line
+from gpujitter.daemon.analysis.engine.causes import cause_label
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.analysis.records import Attribution, GpuGap
+from gpujitter.daemon.offline.recordings import TRACE, Recording, open_recording
+from gpujitter.daemon.sinks.trace import TraceHeader
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import format_wall
 from gpujitter.probes.events import Event, to_record
@@ -113,7 +113,7 @@ def write_html(
     end_ns: int,
     top: int,
 ) -> None:
-    from gpujitter.daemon.html_report import render
+    from gpujitter.daemon.offline.html_report import render
 
     watching = f"; watching {header.watch or 'everything'}" if traces.kind == TRACE else ""
     meta = [

@@ -1,4 +1,4 @@
-"""`gpujitter run`: the daemon (daemon/service.py), configured from a TOML file, GPUJITTER_*
+"""`gpujitter run`: the daemon (daemon/service/service.py), configured from a TOML file, GPUJITTER_*
 environment variables and these flags (flags win)."""
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def flags_of(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     from gpujitter.cli.output import print_json, table
-    from gpujitter.daemon.config import check_node, load_config
-    from gpujitter.daemon.service import Console, Daemon
+    from gpujitter.daemon.service.config import check_node, load_config
+    from gpujitter.daemon.service.service import Console, Daemon
     from gpujitter.probes.clock import clock_ref
 
     config = load_config(args.config, flags=flags_of(args))

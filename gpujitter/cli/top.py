@@ -100,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def socket_path(args: argparse.Namespace) -> Path:
     if args.socket is not None:
         return Path(args.socket)
-    from gpujitter.daemon.config import load_config
+    from gpujitter.daemon.service.config import load_config
 
     return Path(load_config()["socket.path"])
 

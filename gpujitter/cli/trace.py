@@ -11,8 +11,8 @@ from typing import Any
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import add_traces_arg
 from gpujitter.cli.output import print_json, table
-from gpujitter.daemon.recordings import TRACE, Recording, open_recording
-from gpujitter.daemon.trace import TraceHeader, TraceReader, TraceSet
+from gpujitter.daemon.offline.recordings import TRACE, Recording, open_recording
+from gpujitter.daemon.sinks.trace import TraceHeader, TraceReader, TraceSet
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import format_wall
 from gpujitter.text import printable

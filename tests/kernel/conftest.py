@@ -3,6 +3,7 @@ test, assert what the probes report."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +48,19 @@ class Recorded:
             for e in self.events
             if isinstance(e, cls) and all(getattr(e, k) == v for k, v in match.items())
         ]
+
+    def story(self, since_ns: int, **match: Any) -> str:
+        """The matching events, one a line, times in ms from `since_ns`: for an assertion's
+        message, where a rare failure must say what the probe saw."""
+        lines = []
+        for e in self.events:
+            if all(getattr(e, k, None) == v for k, v in match.items()):
+                fields = {f.name: getattr(e, f.name) for f in dataclasses.fields(e)}
+                for k in ("ts_ns", "end_ns", "runnable_ns"):
+                    if fields.get(k):
+                        fields[k] = round((fields[k] - since_ns) / 1e6, 3)
+                lines.append(f"{type(e).__name__} {fields}")
+        return "\n".join(lines)
 
     def status(self, probe: str) -> ProbeStatus:
         return [

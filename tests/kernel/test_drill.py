@@ -18,10 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpujitter.daemon.drill import system
-from gpujitter.daemon.drill.runner import WORK_ROOT, DrillOptions, DrillResult, run_drill
-from gpujitter.daemon.drill.system import MEMCG_V1
-from gpujitter.daemon.records import (
+from gpujitter.daemon.analysis.records import (
     AllocEvidence,
     Attribution,
     Evidence,
@@ -36,7 +33,10 @@ from gpujitter.daemon.records import (
     NodeEvidence,
     TaskEvidence,
 )
-from gpujitter.daemon.trace import TraceReader
+from gpujitter.daemon.drill import system
+from gpujitter.daemon.drill.runner import WORK_ROOT, DrillOptions, DrillResult, run_drill
+from gpujitter.daemon.drill.system import MEMCG_V1
+from gpujitter.daemon.sinks.trace import TraceReader
 from gpujitter.probes import registry
 from gpujitter.probes.events import CudaCall, to_record
 from tests.conftest import cause_ns

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from bench.event_rate import account, build_generator, run_generator, start_generator
-from gpujitter.daemon.runtime import EventQueue
+from gpujitter.daemon.service.runtime import EventQueue
 from gpujitter.probes.events import Event, ProbeStatus
 from gpujitter.probes.runner import ProbeThread
 from gpujitter.probes.topology import load_topology

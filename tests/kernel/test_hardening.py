@@ -575,10 +575,10 @@ def load_hooks(other_pid: int) -> dict[str, Any]:
 
 def load_plumbing(other_pid: int, group: str, notify: str) -> dict[str, Any]:
     """The daemon's sinks at the configuration's default paths (the unit's directories)."""
-    from gpujitter.daemon.config import load_config
-    from gpujitter.daemon.metrics import DaemonMetrics
-    from gpujitter.daemon.sdnotify import Notifier
-    from gpujitter.daemon.stream import StreamServer
+    from gpujitter.daemon.service.config import load_config
+    from gpujitter.daemon.service.sdnotify import Notifier
+    from gpujitter.daemon.sinks.metrics import DaemonMetrics
+    from gpujitter.daemon.sinks.stream import StreamServer
 
     cfg = load_config(EXAMPLE_CONFIG, environ={})
     out: dict[str, Any] = {}

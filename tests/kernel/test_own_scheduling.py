@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon.own_scheduling import POLICIES
+from gpujitter.daemon.service.own_scheduling import POLICIES
 from tests.kernel.test_daemon import GPUJITTER, drain, read_stream
 
 POLICY_NAMES = {0: "normal", 3: "batch", 5: "idle"}

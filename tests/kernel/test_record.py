@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon.idle_floors import FILE_NAME, IdleFloorStore
-from gpujitter.daemon.trace import TraceReader, TraceSet
+from gpujitter.daemon.service.idle_floors import FILE_NAME, IdleFloorStore
+from gpujitter.daemon.sinks.trace import TraceReader, TraceSet
 from gpujitter.probes import registry
 from gpujitter.probes.events import AllocSyscall, Event, OwnThreads, ProbeStatus
 from gpujitter.probes.gpu_record import NvmlReplay

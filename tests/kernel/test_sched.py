@@ -291,8 +291,12 @@ def test_forced_cross_node_migration_and_node_time_split() -> None:
     for nt in rec.of(NodeTime, tid=child.pid):
         for node, ns in nt.node_ns:
             node_ns[node] += ns
-    # node 0 also holds the child's start (the pin and 50 ms spin before t_move)
-    assert res["node0_ns"] <= node_ns[0] < res["node0_ns"] + 80 * MS
+    # node 0 also holds the child's start (the pin and 50 ms spin before t_move). This
+    # failed once in CI (144 ms of 400: the 300 ms spin on CPU 0 not counted) and not in
+    # 38 runs here, under load or not: the message keeps what the probe saw.
+    assert res["node0_ns"] <= node_ns[0] < res["node0_ns"] + 80 * MS, (
+        f"{node_ns} {res}\n" + rec.story(res["t_move"], tid=child.pid)
+    )
     assert node_ns[1] == pytest.approx(res["node1_ns"], rel=0.05, abs=2 * MS)
 
 

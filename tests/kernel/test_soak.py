@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from bench.soak import Plan, soak, summary
-from gpujitter.daemon import jsonlog
-from gpujitter.daemon.jsonlog import JsonLog
+from gpujitter.daemon.sinks import jsonlog
+from gpujitter.daemon.sinks.jsonlog import JsonLog
 
 
 def test_short_soak_accounts_for_every_attribution_and_never_hangs() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from gpujitter.daemon.stream import StreamServer
+from gpujitter.daemon.sinks.stream import StreamServer
 from gpujitter.tui import audit
 from gpujitter.tui.app import GpujitterTop
 from gpujitter.tui.sources import Receiver, Source

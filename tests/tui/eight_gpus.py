@@ -11,9 +11,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from gpujitter.daemon.engine import EngineConfig
-from gpujitter.daemon.pipeline import AnalysisConfig
-from gpujitter.daemon.stream import STREAM_SCHEMA
+from gpujitter.daemon.analysis.engine import EngineConfig
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig
+from gpujitter.daemon.sinks.stream import STREAM_SCHEMA
 from gpujitter.probes.events import (
     ClockRef,
     CudaCall,

@@ -3,7 +3,7 @@
 
 Synthetic but shaped like the real thing: NVML samples at the H200's periods scaled down
 (util 200 ms, power 100 ms), gaps placed by cuda launches with attributions in the engine's
-record shape (daemon/records.py on the engine branch: parts with cause, ns and evidence),
+record shape (daemon/analysis/records.py on the engine branch: parts with cause, ns and evidence),
 per-CPU statistics in the irq and cstate probes' two halves, and the daemon's status with
 the watched threads' placement. Deterministic: `python -m tests.tui.node_stream` rewrites
 tests/fixtures/tui/node-stream.ndjson, and a test checks the committed file is what this produces.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable
 
-from gpujitter.daemon.records import Attribution, Evidence, GpuGap, TaskEvidence
+from gpujitter.daemon.analysis.records import Attribution, Evidence, GpuGap, TaskEvidence
 from gpujitter.probes import registry
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec

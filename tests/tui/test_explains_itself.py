@@ -12,7 +12,7 @@ from pathlib import Path
 from textual.widgets import Static, TabbedContent
 
 from gpujitter.cli.top import EXAMPLE_TRACE, example_offer
-from gpujitter.daemon.engine.causes import CAUSE_ORDER, cause_colour
+from gpujitter.daemon.analysis.engine.causes import CAUSE_ORDER, cause_colour
 from gpujitter.tui.app import GpujitterTop, Offer
 from gpujitter.tui.decode import PENDING
 from gpujitter.tui.sources.replay import ReplaySource

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpujitter.daemon.describe import evidence_line
-from gpujitter.daemon.records import (
+from gpujitter.daemon.analysis.describe import evidence_line
+from gpujitter.daemon.analysis.records import (
     Attribution,
     CauseTime,
     GpuGap,

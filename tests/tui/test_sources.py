@@ -11,9 +11,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpujitter.daemon.jsonlog import JsonLog
-from gpujitter.daemon.records import GpuGap
-from gpujitter.daemon.trace import TraceHeader, TraceReader, TraceWriter
+from gpujitter.daemon.analysis.records import GpuGap
+from gpujitter.daemon.sinks.jsonlog import JsonLog
+from gpujitter.daemon.sinks.trace import TraceHeader, TraceReader, TraceWriter
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import CpuStats, ProbeStatus, to_record
 from gpujitter.probes.topology import Topology, load_topology

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon.audit import AuditContext, Evidence, Finding, GpuProcess, run_audit
-from gpujitter.daemon.audit.processes import find_gpu_processes
+from gpujitter.daemon.checks.audit import AuditContext, Evidence, Finding, GpuProcess, run_audit
+from gpujitter.daemon.checks.audit.processes import find_gpu_processes
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import Nvml

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpujitter.cli import main
-from gpujitter.daemon.gaps import UNKNOWN_GPU
-from gpujitter.daemon.trace import TraceWriter
+from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU
+from gpujitter.daemon.sinks.trace import TraceWriter
 from gpujitter.probes.clock import wall_ns
 from tests.fixtures.streams.synthetic import MS, T0, TWO_NODES, Stream
 from tests.unit.trace_samples import header, one_gap_trace

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpujitter.cli import main
-from gpujitter.daemon.trace import TraceWriter
+from gpujitter.daemon.sinks.trace import TraceWriter
 from tests.unit.trace_samples import every_kind, header
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon.config import SETTINGS, load_config
+from gpujitter.daemon.service.config import SETTINGS, load_config
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gpujitter import cli
-from gpujitter.daemon.service import Daemon
+from gpujitter.daemon.service.service import Daemon
 
 
 class Attached(Exception):

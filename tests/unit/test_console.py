@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from gpujitter.daemon.service import Console
+from gpujitter.daemon.service.service import Console
 from tests.unit.test_hostile_names import attribution_behind
 
 

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from gpujitter.daemon.describe import one_line, part_text
-from gpujitter.daemon.engine.causes import CAUSE_BY_NAME, Cause
-from gpujitter.daemon.records import (
+from gpujitter.daemon.analysis.describe import one_line, part_text
+from gpujitter.daemon.analysis.engine.causes import CAUSE_BY_NAME, Cause
+from gpujitter.daemon.analysis.records import (
     AllocEvidence,
     Attribution,
     CauseTime,

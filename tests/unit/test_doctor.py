@@ -11,8 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon import doctor
-from gpujitter.daemon.doctor import DoctorEnv, Result, can_profile, hook_problem, run_checks
+from gpujitter.daemon.checks import doctor
+from gpujitter.daemon.checks.doctor import (
+    DoctorEnv,
+    Result,
+    access,
+    can_profile,
+    hooks,
+    host,
+    kernel,
+    run_checks,
+)
+from gpujitter.daemon.checks.doctor.hooks import hook_problem
 from gpujitter.probes import registry
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import Nvml, NvmlUnavailable, open_nvml
@@ -37,18 +47,18 @@ def env_of(paths: HostPaths, **kw: object) -> DoctorEnv:
 
 
 def test_kernel(host_tree: MakeTree) -> None:
-    ok = one(doctor.check_kernel, env_of(host_tree("dev-vm")))
+    ok = one(kernel.check_kernel, env_of(host_tree("dev-vm")))
     assert ok == Result("kernel", "pass", f"{RELEASE} (BPF ring buffer needs >= 5.8)")
     old = host_tree("dev-vm", files={"proc/sys/kernel/osrelease": "5.4.0-42-generic\n"})
-    bad = one(doctor.check_kernel, env_of(old))
+    bad = one(kernel.check_kernel, env_of(old))
     assert (bad.status, bad.fix) == ("fail", "boot a kernel >= 5.8")
     assert bad.detail.startswith("5.4.0-42-generic: the probes stream through BPF ring buffers")
 
 
 def test_btf(host_tree: MakeTree) -> None:
-    assert one(doctor.check_btf, env_of(host_tree("dev-vm"))).status == "pass"
+    assert one(kernel.check_btf, env_of(host_tree("dev-vm"))).status == "pass"
     bare = host_tree("dev-vm", files={"sys/kernel/btf/vmlinux": None})
-    missing = one(doctor.check_btf, env_of(bare))
+    missing = one(kernel.check_btf, env_of(bare))
     assert (missing.status, missing.fix) == (
         "warn",
         "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y",
@@ -56,20 +66,20 @@ def test_btf(host_tree: MakeTree) -> None:
 
 
 def test_tracefs(host_tree: MakeTree) -> None:
-    ok = one(doctor.check_tracefs, env_of(host_tree("dev-vm")))
+    ok = one(kernel.check_tracefs, env_of(host_tree("dev-vm")))
     assert (ok.status, ok.detail) == ("pass", "mounted at /sys/kernel/tracing")
     mounts = "proc /proc proc rw 0 0\ndebugfs /sys/kernel/debug debugfs rw 0 0\n"
     unmounted = host_tree("dev-vm", files={"proc/mounts": mounts})
-    bad = one(doctor.check_tracefs, env_of(unmounted))
+    bad = one(kernel.check_tracefs, env_of(unmounted))
     assert bad.status == "fail"
     assert bad.fix == "mount -t tracefs tracefs /sys/kernel/tracing"
     elsewhere = mounts + "tracefs /sys/kernel/debug/tracing tracefs rw 0 0\n"
-    moved = one(doctor.check_tracefs, env_of(host_tree("dev-vm", files={"proc/mounts": elsewhere})))
+    moved = one(kernel.check_tracefs, env_of(host_tree("dev-vm", files={"proc/mounts": elsewhere})))
     assert moved.status == "fail" and "(mounted only at /sys/kernel/debug/tracing)" in moved.detail
 
 
 def test_bcc_importable_here(host_tree: MakeTree) -> None:
-    result = one(doctor.check_bcc, env_of(host_tree("dev-vm")))
+    result = one(kernel.check_bcc, env_of(host_tree("dev-vm")))
     assert result.status == "pass" and result.detail.startswith("bcc 0.26")
 
 
@@ -105,24 +115,24 @@ def headers_tree(host_tree: MakeTree, uts: str | None, source: bool = True) -> H
 
 
 def test_headers(host_tree: MakeTree) -> None:
-    matching = one(doctor.check_headers, env_of(headers_tree(host_tree, RELEASE)))
+    matching = one(kernel.check_headers, env_of(headers_tree(host_tree, RELEASE)))
     assert (matching.status, matching.detail) == ("pass", f"matching headers for {RELEASE}")
 
-    fallback = one(doctor.check_headers, env_of(headers_tree(host_tree, "6.1.0-57-amd64")))
+    fallback = one(kernel.check_headers, env_of(headers_tree(host_tree, "6.1.0-57-amd64")))
     assert fallback.status == "warn"
     assert fallback.detail.startswith(f"fallback headers 6.1.0-57-amd64 linked for {RELEASE}")
     assert "must never be read" in fallback.detail
     assert fallback.fix.startswith(f"apt-get install -y linux-headers-{RELEASE}")
 
     paths = headers_tree(host_tree, None)
-    absent = one(doctor.check_headers, env_of(paths))
+    absent = one(kernel.check_headers, env_of(paths))
     assert absent.status == "fail"
     assert absent.fix == (
         f"ln -sfn {paths.src}/linux-headers-6.1.0-57-amd64 /lib/modules/{RELEASE}/build && "
         f"ln -sfn {paths.src}/linux-headers-6.1.0-57-common /lib/modules/{RELEASE}/source"
     )
 
-    split = one(doctor.check_headers, env_of(headers_tree(host_tree, RELEASE, source=False)))
+    split = one(kernel.check_headers, env_of(headers_tree(host_tree, RELEASE, source=False)))
     assert split.status == "fail" and "source is missing" in split.detail
 
 
@@ -139,7 +149,7 @@ def test_headers(host_tree: MakeTree) -> None:
 )
 def test_privileges(host_tree: MakeTree, status: str, expect: tuple[str, str]) -> None:
     result = one(
-        doctor.check_privileges, env_of(host_tree("dev-vm", files={"proc/self/status": status}))
+        access.check_privileges, env_of(host_tree("dev-vm", files={"proc/self/status": status}))
     )
     assert (result.status, result.detail) == expect
     assert bool(result.fix) == (expect[0] == "fail")
@@ -157,24 +167,24 @@ def test_perf_event_paranoid(
     host_tree: MakeTree, status: str, paranoid: str, expect: tuple[str, str]
 ) -> None:
     files = {"proc/self/status": status, "proc/sys/kernel/perf_event_paranoid": paranoid}
-    result = one(doctor.check_perf_paranoid, env_of(host_tree("dev-vm", files=files)))
+    result = one(access.check_perf_paranoid, env_of(host_tree("dev-vm", files=files)))
     assert (result.status, result.detail) == expect
     if result.status == "fail":
         assert result.fix.startswith("sysctl -w kernel.perf_event_paranoid=-1")
 
 
 def test_lockdown(host_tree: MakeTree) -> None:
-    assert one(doctor.check_lockdown, env_of(host_tree("dev-vm"))).status == "pass"
+    assert one(access.check_lockdown, env_of(host_tree("dev-vm"))).status == "pass"
     lockdown = "sys/kernel/security/lockdown"
     integrity = host_tree("dev-vm", files={lockdown: "none [integrity] confidentiality\n"})
-    assert one(doctor.check_lockdown, env_of(integrity)).detail == "lockdown=integrity"
+    assert one(access.check_lockdown, env_of(integrity)).detail == "lockdown=integrity"
     conf = host_tree("dev-vm", files={lockdown: "none integrity [confidentiality]\n"})
-    assert one(doctor.check_lockdown, env_of(conf)).status == "fail"
+    assert one(access.check_lockdown, env_of(conf)).status == "fail"
 
 
 def test_probe_hooks_on_the_recorded_tree(host_tree: MakeTree) -> None:
     env = env_of(host_tree("dev-vm"), specs=lambda: {"malloc": registry.get("malloc")})
-    assert list(doctor.check_probe_hooks(env)) == [
+    assert list(hooks.check_probe_hooks(env)) == [
         Result("probe malloc", "pass", "11 hooks available")  # 10 tracepoints, 1 uprobe
     ]
 
@@ -182,7 +192,7 @@ def test_probe_hooks_on_the_recorded_tree(host_tree: MakeTree) -> None:
 def test_a_probe_off_by_default_says_why(host_tree: MakeTree) -> None:
     off = dataclasses.replace(registry.get("malloc"), default_on=False, off_reason="costly")
     env = env_of(host_tree("dev-vm"), specs=lambda: {"malloc": off})
-    assert list(doctor.check_probe_hooks(env)) == [
+    assert list(hooks.check_probe_hooks(env)) == [
         Result(
             "probe malloc",
             "pass",
@@ -194,7 +204,7 @@ def test_a_probe_off_by_default_says_why(host_tree: MakeTree) -> None:
 def test_probe_without_its_tracepoints_is_unavailable(host_tree: MakeTree) -> None:
     gone = {"sys/kernel/tracing/events/syscalls/sys_enter_mmap/format": None}
     env = env_of(host_tree("dev-vm", files=gone), specs=lambda: {"malloc": registry.get("malloc")})
-    line, verdict = list(doctor.check_probe_hooks(env))
+    line, verdict = list(hooks.check_probe_hooks(env))
     assert line.check == "probe malloc" and line.status == "warn"
     assert line.detail.startswith("unavailable: tracepoint syscalls:sys_enter_mmap is not in ")
     assert "allocator stalls are not attributed" in line.detail
@@ -252,7 +262,7 @@ def test_usdt_markers_without_uprobes(tmp_path: Path) -> None:
 
 def test_unused_hooks_are_information(host_tree: MakeTree) -> None:
     paths = host_tree("dev-vm")
-    kprobes, fentry = list(doctor.check_unused_hooks(env_of(paths)))
+    kprobes, fentry = list(hooks.check_unused_hooks(env_of(paths)))
     assert kprobes == Result(
         "kprobes",
         "info",
@@ -263,11 +273,11 @@ def test_unused_hooks_are_information(host_tree: MakeTree) -> None:
 
 
 def test_memlock(host_tree: MakeTree) -> None:
-    new = one(doctor.check_memlock, env_of(host_tree("dev-vm")))
+    new = one(host.check_memlock, env_of(host_tree("dev-vm")))
     assert new.status == "pass" and "charged to the memory cgroup" in new.detail
     limits = "Limit  Soft Limit  Hard Limit  Units\nMax locked memory  8388608  8388608  bytes\n"
     files = {"proc/sys/kernel/osrelease": "5.4.0-42-generic", "proc/self/limits": limits}
-    old = one(doctor.check_memlock, env_of(host_tree("dev-vm", files=files)))
+    old = one(host.check_memlock, env_of(host_tree("dev-vm", files=files)))
     assert (old.status, old.fix) == (
         "warn",
         "ulimit -l unlimited  # LimitMEMLOCK=infinity in the unit",
@@ -277,13 +287,13 @@ def test_memlock(host_tree: MakeTree) -> None:
 
 def test_nvml_replayed_from_the_h200(host_tree: MakeTree, h200_nvml: ReplayBackend) -> None:
     env = env_of(host_tree("h200-vm"), open_nvml=lambda: Nvml(h200_nvml).open())
-    assert one(doctor.check_nvml, env) == Result(
+    assert one(host.check_nvml, env) == Result(
         "nvml", "pass", "driver 580.159.04, 1 GPU(s): 0: NVIDIA H200 at 0000:00:06.0"
     )
 
 
 def test_nvml_on_this_host(host_tree: MakeTree) -> None:
-    result = one(doctor.check_nvml, env_of(host_tree("dev-vm")))
+    result = one(host.check_nvml, env_of(host_tree("dev-vm")))
     try:
         open_nvml().close()
     except (NvmlUnavailable, ImportError):
@@ -306,7 +316,7 @@ def test_nvml_on_this_host(host_tree: MakeTree) -> None:
 def test_clocksource(host_tree: MakeTree, current: str, available: str, status: str) -> None:
     base = "sys/devices/system/clocksource/clocksource0"
     files = {f"{base}/current_clocksource": current, f"{base}/available_clocksource": available}
-    result = one(doctor.check_clocksource, env_of(host_tree("dev-vm", files=files)))
+    result = one(host.check_clocksource, env_of(host_tree("dev-vm", files=files)))
     assert result.status == status and result.detail.startswith(current)
     if status == "warn":
         assert (
@@ -316,15 +326,15 @@ def test_clocksource(host_tree: MakeTree, current: str, available: str, status: 
 
 
 def test_topology_line_names_the_override(host_tree: MakeTree, tmp_path: Path) -> None:
-    plain = one(doctor.check_topology, env_of(host_tree("dev-vm")))
+    plain = one(host.check_topology, env_of(host_tree("dev-vm")))
     assert plain.detail.startswith("1 node(s), 2 CPUs, 0 GPU(s) on PCI,")
     override = tmp_path / "two.toml"
     override.write_text('[nodes]\n0 = "0"\n1 = "1"\n')
-    emulated = one(doctor.check_topology, env_of(host_tree("dev-vm"), override=override))
+    emulated = one(host.check_topology, env_of(host_tree("dev-vm"), override=override))
     assert emulated.status == "pass"
     assert f"OVERRIDE {override} in force: NUMA nodes are emulated" in emulated.detail
     override.write_text('[nodes]\n0 = "0"\n')
-    broken = one(doctor.check_topology, env_of(host_tree("dev-vm"), override=override))
+    broken = one(host.check_topology, env_of(host_tree("dev-vm"), override=override))
     assert (
         broken.status == "fail" and "CPUs [1] of this node are in no [nodes] entry" in broken.detail
     )
@@ -353,9 +363,9 @@ def test_a_check_that_cannot_read_fails_alone(
         yield Result("first", "pass", "read")
         raise PermissionError(13, "Permission denied", "/sys/kernel/tracing/events")
 
-    monkeypatch.setattr(doctor, "CHECKS", [check_unreadable, doctor.check_kernel])
-    first, failed, kernel = run_checks(env_of(host_tree("dev-vm")))
-    assert first.status == "pass" and kernel.check == "kernel"
+    monkeypatch.setattr(doctor, "CHECKS", [check_unreadable, kernel.check_kernel])
+    first, failed, release = run_checks(env_of(host_tree("dev-vm")))
+    assert first.status == "pass" and release.check == "kernel"
     assert failed == Result(
         "first",
         "fail",

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from gpujitter.cli.drill import print_result
+from gpujitter.daemon.analysis.records import Attribution, CauseTime, Part, TaskEvidence, ThreadRole
 from gpujitter.daemon.drill.runner import DrillResult, stall_times
 from gpujitter.daemon.drill.score import TARGETS, Stall, score
-from gpujitter.daemon.records import Attribution, CauseTime, Part, TaskEvidence, ThreadRole
 from gpujitter.errors import GpujitterError
 
 MS = 1_000_000

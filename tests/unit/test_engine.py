@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpujitter.daemon import remedies
-from gpujitter.daemon.describe import one_line
-from gpujitter.daemon.engine import Engine
-from gpujitter.daemon.engine.divide import MAX_HOPS
-from gpujitter.daemon.gaps import UNKNOWN_GPU
-from gpujitter.daemon.records import (
+from gpujitter.daemon.analysis import remedies
+from gpujitter.daemon.analysis.describe import one_line
+from gpujitter.daemon.analysis.engine import Engine
+from gpujitter.daemon.analysis.engine.divide import MAX_HOPS
+from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU
+from gpujitter.daemon.analysis.records import (
     AllocEvidence,
     FaultEvidence,
     FrameEvidence,

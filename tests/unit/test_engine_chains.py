@@ -12,9 +12,9 @@ from dataclasses import replace
 
 import pytest
 
-from gpujitter.daemon.pipeline import AnalysisConfig, analyse
-from gpujitter.daemon.records import Attribution
-from gpujitter.daemon.trace import TraceHeader, TraceReader
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.analysis.records import Attribution
+from gpujitter.daemon.sinks.trace import TraceHeader, TraceReader
 from gpujitter.probes.events import Event, from_record
 from tests.conftest import FIXTURES, cause_ns
 

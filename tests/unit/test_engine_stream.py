@@ -11,8 +11,8 @@ from dataclasses import replace
 import orjson
 import pytest
 
-from gpujitter.daemon.engine import Engine, EngineConfig
-from gpujitter.daemon.records import Attribution
+from gpujitter.daemon.analysis.engine import Engine, EngineConfig
+from gpujitter.daemon.analysis.records import Attribution
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import (
     IrqStolen,
@@ -341,9 +341,9 @@ def test_the_whole_analysis_levels_off_at_many_gaps_per_second():
     every other step (~40 gaps a second) for 100 s of stream time: what they hold stops
     growing once the detector's history and the engine's retention (here 10 s each; 60 s by
     default, which is the warm-up the daemon's memory shows) are full."""
-    from gpujitter.daemon.gaps import GapConfig
-    from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
-    from gpujitter.daemon.state import NodeState
+    from gpujitter.daemon.analysis.gaps import GapConfig
+    from gpujitter.daemon.analysis.pipeline import AnalysisConfig, Pipeline
+    from gpujitter.daemon.service.state import NodeState
 
     plan = [("contention", 12.0) if i % 2 == 0 else ("clean", 0.0) for i in range(5_000)]
     stream = FeedingLoop(plan).build().delivered(seed=3)

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from gpujitter.cli import main
-from gpujitter.daemon.timeline import GPU_PID
+from gpujitter.daemon.offline.timeline import GPU_PID
 from tests.conftest import FIXTURES
 from tests.fixtures.streams.synthetic import MS, T0
 from tests.unit.trace_samples import one_gap_trace
@@ -124,7 +124,7 @@ def test_a_pytorch_profiler_trace_of_the_same_run_is_merged_on_its_clock(tmp_pat
 
 
 def test_a_gil_wait_shows_on_the_thread_with_its_holder(tmp_path: Path) -> None:
-    from gpujitter.daemon.trace import TraceWriter
+    from gpujitter.daemon.sinks.trace import TraceWriter
     from tests.fixtures.streams.synthetic import TWO_NODES, Stream
     from tests.unit.trace_samples import header
 

@@ -15,10 +15,10 @@ import orjson
 import pytest
 
 from gpujitter.cli import main
-from gpujitter.daemon.gaps import UNKNOWN_GPU, GapConfig, GapDetector
-from gpujitter.daemon.pipeline import AnalysisConfig, analyse
-from gpujitter.daemon.records import Attribution, GpuGap
-from gpujitter.daemon.trace import TraceReader
+from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU, GapConfig, GapDetector
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.analysis.records import Attribution, GpuGap
+from gpujitter.daemon.sinks.trace import TraceReader
 from gpujitter.probes.events import (
     CudaCall,
     Event,
@@ -252,7 +252,7 @@ def test_settings_the_detector_cannot_work_with_are_refused(
 ) -> None:
     """A trace header carries these settings into `report`: power_min_samples 0 once ended in
     an IndexError inside the detector."""
-    from gpujitter.daemon.pipeline import AnalysisConfig
+    from gpujitter.daemon.analysis.pipeline import AnalysisConfig
     from gpujitter.errors import GpujitterError
 
     rec = AnalysisConfig().to_record()

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from gpujitter.daemon.gaps import GapDetector
-from gpujitter.daemon.pipeline import AnalysisConfig, analyse
-from gpujitter.daemon.records import Attribution, GpuGap, TaskEvidence
-from gpujitter.daemon.trace import TraceReader
+from gpujitter.daemon.analysis.gaps import GapDetector
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.analysis.records import Attribution, GpuGap, TaskEvidence
+from gpujitter.daemon.sinks.trace import TraceReader
 from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample, OffCpu, from_record
 from gpujitter.probes.topology import Topology
 from tests.conftest import FIXTURES

@@ -13,9 +13,9 @@ import pytest
 from gpujitter.cli import main
 from gpujitter.cli.output import print_json, print_ndjson, table
 from gpujitter.cli.probe import describe
-from gpujitter.daemon.describe import one_line
-from gpujitter.daemon.service import Console
-from gpujitter.daemon.trace import TraceWriter
+from gpujitter.daemon.analysis.describe import one_line
+from gpujitter.daemon.service.service import Console
+from gpujitter.daemon.sinks.trace import TraceWriter
 from gpujitter.probes.base import comm_str
 from gpujitter.probes.events import ClockRef, OffCpu
 from tests.fixtures.streams.synthetic import TWO_NODES, Stream

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpujitter.cli import main
-from gpujitter.daemon.trace import TraceWriter
+from gpujitter.daemon.sinks.trace import TraceWriter
 from tests.fixtures.streams.feeding import FeedingLoop
 from tests.fixtures.streams.synthetic import TWO_NODES
 from tests.unit.trace_samples import header

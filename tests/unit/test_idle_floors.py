@@ -13,11 +13,11 @@ import orjson
 import pytest
 
 from gpujitter.cli import main
-from gpujitter.daemon.gaps import GapDetector
-from gpujitter.daemon.idle_floors import IdleFloorStore
-from gpujitter.daemon.pipeline import AnalysisConfig, analyse
-from gpujitter.daemon.records import Attribution
-from gpujitter.daemon.trace import TraceWriter
+from gpujitter.daemon.analysis.gaps import GapDetector
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.analysis.records import Attribution
+from gpujitter.daemon.service.idle_floors import IdleFloorStore
+from gpujitter.daemon.sinks.trace import TraceWriter
 from gpujitter.probes.events import CudaCall, Event, from_record
 from gpujitter.probes.gpu_record import NvmlReplay
 from gpujitter.probes.nvml import GpuInfo, Nvml

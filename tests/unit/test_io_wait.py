@@ -10,13 +10,13 @@ import json
 
 import pytest
 
-from gpujitter.daemon import describe, remedies
-from gpujitter.daemon.describe import evidence_line
+from gpujitter.daemon.analysis import describe, remedies
+from gpujitter.daemon.analysis.describe import evidence_line
+from gpujitter.daemon.analysis.engine.causes import CAUSES, cause_label
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.analysis.records import Attribution, IoEvidence
 from gpujitter.daemon.drill.score import Stall, score
-from gpujitter.daemon.engine.causes import CAUSES, cause_label
-from gpujitter.daemon.pipeline import AnalysisConfig, analyse
-from gpujitter.daemon.records import Attribution, IoEvidence
-from gpujitter.daemon.trace import TraceReader
+from gpujitter.daemon.sinks.trace import TraceReader
 from gpujitter.probes.events import Event, OffCpu, to_record
 from gpujitter.probes.topology import Topology
 from gpujitter.tui import decode

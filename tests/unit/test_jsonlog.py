@@ -12,9 +12,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpujitter.daemon.jsonlog import DROPPED, LOG_SCHEMA, JsonLog, JsonLogReader, rotated_files
-from gpujitter.daemon.records import GpuGap
-from gpujitter.daemon.rotation import Rotation
+from gpujitter.daemon.analysis.records import GpuGap
+from gpujitter.daemon.sinks.jsonlog import (
+    DROPPED,
+    LOG_SCHEMA,
+    JsonLog,
+    JsonLogReader,
+    rotated_files,
+)
+from gpujitter.daemon.sinks.rotation import Rotation
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import from_record
 from tests.unit.sink_child import kill_when_ready, sink_writer
@@ -183,7 +189,7 @@ def test_threads_never_interleave_inside_a_line(tmp_path: Path) -> None:
 def child(path: Path) -> subprocess.Popen[str]:
     return sink_writer(
         path,
-        imports="from gpujitter.daemon.jsonlog import JsonLog",
+        imports="from gpujitter.daemon.sinks.jsonlog import JsonLog",
         open_sink="JsonLog(path)",
         write='sink.write({"type": "t", "i": i, "pad": "y" * 97})',
         ready=200,
@@ -199,7 +205,7 @@ def test_killed_writer_leaves_only_whole_lines(tmp_path: Path) -> None:
 
 _DISK_FULL_CHILD = """
 import json, resource, signal, sys
-from gpujitter.daemon.jsonlog import JsonLog
+from gpujitter.daemon.sinks.jsonlog import JsonLog
 said = []
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]

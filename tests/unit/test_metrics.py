@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gpujitter.daemon.metrics import DaemonMetrics
-from gpujitter.daemon.metrics_server import MAX_CONNECTIONS, REQUEST_LIMIT_BYTES
-from gpujitter.daemon.runtime import EventQueue
+from gpujitter.daemon.service.runtime import EventQueue
+from gpujitter.daemon.sinks.metrics import DaemonMetrics
+from gpujitter.daemon.sinks.metrics_server import MAX_CONNECTIONS, REQUEST_LIMIT_BYTES
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import ProbeStatus
 from gpujitter.probes.nvml import GpuInfo

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon.metrics import DaemonMetrics
+from gpujitter.daemon.sinks.metrics import DaemonMetrics
 from gpujitter.probes.events import ProbeStatus
 from gpujitter.probes.nvml import GpuInfo
 

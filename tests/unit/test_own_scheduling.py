@@ -1,5 +1,5 @@
-"""gpujitter's own scheduling (daemon/own_scheduling.py), applied in a child process (it would
-renice the test runner): each thread's policy by its role, read back from /proc; the CPUs
+"""gpujitter's own scheduling (daemon/service/own_scheduling.py), applied in a child process (it
+would renice the test runner): each thread's policy by its role, read back from /proc; the CPUs
 kept clear for a watched process; never pinned to nothing; announced when threads change."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon.own_scheduling import (
+from gpujitter.daemon.service.own_scheduling import (
     DEFAULT_POLICY,
     KEEP_UP_LEVELS,
     POLICIES,
@@ -26,7 +26,7 @@ from gpujitter.daemon.own_scheduling import (
 CHILD = textwrap.dedent(
     """
     import json, os, sys, threading, time
-    from gpujitter.daemon.own_scheduling import OwnScheduling, thread_policies
+    from gpujitter.daemon.service.own_scheduling import OwnScheduling, thread_policies
     from pathlib import Path
     own = OwnScheduling()
     first = own.tend(time.monotonic_ns())
@@ -137,7 +137,7 @@ def test_policies_are_read_from_stat_with_odd_names(tmp_path: Path) -> None:
 RESTORING = textwrap.dedent(
     """
     import json, os, subprocess, sys, time
-    from gpujitter.daemon.own_scheduling import OwnScheduling
+    from gpujitter.daemon.service.own_scheduling import OwnScheduling
     before = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
     own = OwnScheduling()
     own.tend(time.monotonic_ns())

@@ -9,8 +9,8 @@ from typing import Any
 
 from bench.real_job import attributions, clean_window, cost_summary, read_steps, scenario_score
 from bench.real_job_table import tables
-from gpujitter.daemon.jsonlog import JsonLog
-from gpujitter.daemon.records import Attribution, Part
+from gpujitter.daemon.analysis.records import Attribution, Part
+from gpujitter.daemon.sinks.jsonlog import JsonLog
 
 MS = 1_000_000
 S = 1_000 * MS

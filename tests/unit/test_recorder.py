@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from bench.soak import RSS_SLOPE_LIMIT_BYTES as SOAK_RSS_LIMIT_BYTES
-from gpujitter.daemon.recorder import TraceRecorder
-from gpujitter.daemon.rotation import Rotation
-from gpujitter.daemon.runtime import EventQueue
-from gpujitter.daemon.trace import TraceReader, TraceSet
+from gpujitter.daemon.service.runtime import EventQueue
+from gpujitter.daemon.sinks.recorder import TraceRecorder
+from gpujitter.daemon.sinks.rotation import Rotation
+from gpujitter.daemon.sinks.trace import TraceReader, TraceSet
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import AllocSyscall, OffCpu
@@ -204,7 +204,7 @@ def test_sizes_parse_and_print() -> None:
 _DISK_FULL_CHILD = """
 import json, resource, signal, sys
 from pathlib import Path
-from gpujitter.daemon.recorder import TraceRecorder
+from gpujitter.daemon.sinks.recorder import TraceRecorder
 from tests.unit.test_recorder import alloc
 from tests.unit.trace_samples import header
 said = []

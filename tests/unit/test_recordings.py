@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from gpujitter.cli import main
-from gpujitter.daemon.jsonlog import JsonLog
-from gpujitter.daemon.recordings import EVENTS, LOG, TRACE, open_recording
-from gpujitter.daemon.trace import TraceReader
+from gpujitter.daemon.offline.recordings import EVENTS, LOG, TRACE, open_recording
+from gpujitter.daemon.sinks.jsonlog import JsonLog
+from gpujitter.daemon.sinks.trace import TraceReader
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import to_record
 

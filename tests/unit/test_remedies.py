@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon.engine.causes import CAUSE_BY_NAME
-from gpujitter.daemon.records import (
+from gpujitter.daemon.analysis.engine.causes import CAUSE_BY_NAME
+from gpujitter.daemon.analysis.records import (
     AllocEvidence,
     Evidence,
     FaultEvidence,
@@ -30,7 +30,7 @@ from gpujitter.daemon.records import (
     SyscallEvidence,
     TaskEvidence,
 )
-from gpujitter.daemon.remedies import RemedyContext
+from gpujitter.daemon.analysis.remedies import RemedyContext
 from gpujitter.probes.host import parse_cpulist
 from gpujitter.probes.topology import Topology
 from tests.fixtures.streams.synthetic import MS, Stream

@@ -1,5 +1,5 @@
-"""The one runtime (daemon/runtime.py) through its configurations: it analyses a stream as the
-offline pipeline does, bounds its queue and counts what it drops, stops on SIGTERM with its
+"""The one runtime (daemon/service/runtime.py) through its configurations: it analyses a stream as
+the offline pipeline does, bounds its queue and counts what it drops, stops on SIGTERM with its
 sinks closed; and `record` and `run --record` over the same stretch of a real H200 session
 (tests/fixtures/nvml) write traces that `report` reads alike."""
 
@@ -14,13 +14,13 @@ import pytest
 
 from gpujitter.cli import build_parser, load_commands, main
 from gpujitter.cli import record as record_cli
-from gpujitter.daemon.config import load_config
-from gpujitter.daemon.idle_floors import FILE_NAME, IdleFloorStore
-from gpujitter.daemon.pipeline import AnalysisConfig, analyse
-from gpujitter.daemon.records import Attribution
-from gpujitter.daemon.runtime import EventQueue, ListSource, Runtime, Sink
-from gpujitter.daemon.service import Daemon
-from gpujitter.daemon.trace import TraceReader
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.analysis.records import Attribution
+from gpujitter.daemon.service.config import load_config
+from gpujitter.daemon.service.idle_floors import FILE_NAME, IdleFloorStore
+from gpujitter.daemon.service.runtime import EventQueue, ListSource, Runtime, Sink
+from gpujitter.daemon.service.service import Daemon
+from gpujitter.daemon.sinks.trace import TraceReader
 from gpujitter.probes.events import Event, to_record
 from gpujitter.probes.gpu import GpuSampler
 from gpujitter.probes.gpu_clock import offsets_from_header

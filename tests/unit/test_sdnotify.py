@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon.sdnotify import Notifier
+from gpujitter.daemon.service.sdnotify import Notifier
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_without_systemd_everything_is_a_no_op() -> None:
 def test_status_line_says_what_systemctl_status_should_show() -> None:
     """`systemctl status` showed no live status after start: each tick now sends STATUS= from
     the status record, with a failing disk named."""
-    from gpujitter.daemon.runtime import status_line
+    from gpujitter.daemon.service.runtime import status_line
 
     status = {
         "attributions": 12, "events_per_s": 840.4, "lost_kernel": 0, "lost_user": 3,

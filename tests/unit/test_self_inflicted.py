@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpujitter.daemon.describe import one_line
+from gpujitter.daemon.analysis.describe import one_line
+from gpujitter.daemon.analysis.pipeline import analyse
+from gpujitter.daemon.analysis.records import Attribution
 from gpujitter.daemon.drill.score import Stall, score
-from gpujitter.daemon.metrics import DaemonMetrics
-from gpujitter.daemon.pipeline import analyse
-from gpujitter.daemon.records import Attribution
-from gpujitter.daemon.runtime import status_line
+from gpujitter.daemon.service.runtime import status_line
+from gpujitter.daemon.sinks.metrics import DaemonMetrics
 from gpujitter.probes.events import OwnThreads, from_record, to_record
 from gpujitter.tui.model import NodeModel
 from gpujitter.tui.views.status import status_text

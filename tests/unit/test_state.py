@@ -3,7 +3,7 @@ placement view) as threads and processes come and go."""
 
 from __future__ import annotations
 
-from gpujitter.daemon.state import NodeState
+from gpujitter.daemon.service.state import NodeState
 from gpujitter.probes.events import OffCpu, ProbeStatus, ProcExit, ThreadExit
 from gpujitter.probes.topology import Topology
 

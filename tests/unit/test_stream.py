@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpujitter.daemon.stream import STREAM_SCHEMA, StreamServer
+from gpujitter.daemon.sinks.stream import STREAM_SCHEMA, StreamServer
 
 
 @pytest.fixture
@@ -258,8 +258,8 @@ def test_clients_connecting_while_state_changes_all_get_their_snapshot(tmp_path:
     """The daemon's state is fed on the main thread while the stream's thread builds a new
     client's snapshot from it: the snapshot must see a consistent copy (it once died of
     "deque mutated during iteration", and the main thread then hung)."""
-    from gpujitter.daemon.records import Attribution
-    from gpujitter.daemon.state import NodeState
+    from gpujitter.daemon.analysis.records import Attribution
+    from gpujitter.daemon.service.state import NodeState
     from gpujitter.probes.topology import Topology
 
     state = NodeState(Topology(cpu_node={0: 0, 1: 0}))

@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpujitter.daemon.config import DEFAULT_PATH, SETTINGS, load_config
-from gpujitter.daemon.sdnotify import Notifier
+from gpujitter.daemon.service.config import DEFAULT_PATH, SETTINGS, load_config
+from gpujitter.daemon.service.sdnotify import Notifier
 from gpujitter.units import parse_duration_ns
 
 REPO = Path(__file__).resolve().parents[2]

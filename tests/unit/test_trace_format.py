@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpujitter.daemon.trace import (
+from gpujitter.daemon.sinks.trace import (
     FRAME_HEADER_SIZE,
     PREAMBLE_SIZE,
     TraceHeader,
@@ -269,7 +269,7 @@ def child_writer(path: Path, fsize_limit: int = 0) -> subprocess.Popen[str]:
     return sink_writer(
         path,
         imports="""
-            from gpujitter.daemon.trace import TraceWriter
+            from gpujitter.daemon.sinks.trace import TraceWriter
             from tests.unit.test_trace_format import alloc
             from tests.unit.trace_samples import header
         """,

@@ -17,9 +17,9 @@ import orjson
 import pytest
 
 from gpujitter.cli import build_parser, main, report, trace
-from gpujitter.daemon.jsonlog import JsonLog
-from gpujitter.daemon.pipeline import AnalysisConfig
-from gpujitter.daemon.trace import PREAMBLE_SIZE, TraceWriter, frame, preamble
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig
+from gpujitter.daemon.sinks.jsonlog import JsonLog
+from gpujitter.daemon.sinks.trace import PREAMBLE_SIZE, TraceWriter, frame, preamble
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import Event, from_record, to_record
 from gpujitter.tui.model import NodeModel

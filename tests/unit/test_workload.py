@@ -16,12 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpujitter.cli import build_parser, load_commands, main
 from gpujitter.cli.options import watch_from_args
 from gpujitter.cli.run import flags_of
-from gpujitter.daemon import metrics
-from gpujitter.daemon.config import load_config
-from gpujitter.daemon.describe import evidence_line
-from gpujitter.daemon.records import TaskEvidence
-from gpujitter.daemon.service import watch_of
-from gpujitter.daemon.trace import TraceWriter
+from gpujitter.daemon.analysis.describe import evidence_line
+from gpujitter.daemon.analysis.records import TaskEvidence
+from gpujitter.daemon.service.config import load_config
+from gpujitter.daemon.service.service import watch_of
+from gpujitter.daemon.sinks import metrics
+from gpujitter.daemon.sinks.trace import TraceWriter
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import WorkloadInfo, from_record, to_record
 from gpujitter.probes.topology import Topology

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from gpujitter.daemon.trace import TraceHeader
+from gpujitter.daemon.sinks.trace import TraceHeader
 from gpujitter.probes.events import ClockRef, Event, event_kinds
 from gpujitter.probes.topology import Topology
 
@@ -78,7 +78,7 @@ def one_gap_trace(path: Path) -> Path:
     """A recording with one gap at 100-140 ms of the synthetic stream's clock on GPU 0: 25 ms
     run-queue wait behind `stress` (tid 555, which held the CPU for 24 ms of it), the rest
     host work."""
-    from gpujitter.daemon.trace import TraceWriter
+    from gpujitter.daemon.sinks.trace import TraceWriter
     from tests.fixtures.streams.synthetic import TWO_NODES, Stream
 
     s = Stream().offcpu(

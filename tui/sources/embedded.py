@@ -1,5 +1,5 @@
 """The embedded source: when no daemon runs, `gpujitter top` runs the daemon's runtime
-in-process (daemon/runtime.py: the probes and NVML, the queue, the pipeline and node state)
+in-process (daemon/service/runtime.py: the probes and NVML, the queue, the pipeline and node state)
 and hands the app the records a daemon's stream would carry. What the probes cannot give (no
 root, no bcc, a refused hook: the irq or cstate probe not running) the kernel's counters
 give, coarser (ProcCpuSampler). Once a tick it also reports its own footprint as the
@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpujitter import __version__
-from gpujitter.daemon.engine import EngineConfig
-from gpujitter.daemon.pipeline import AnalysisConfig
-from gpujitter.daemon.runtime import EventSource, ListSource, LiveSource, Runtime, Sink
+from gpujitter.daemon.analysis.engine import EngineConfig
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig
+from gpujitter.daemon.service.runtime import EventSource, ListSource, LiveSource, Runtime, Sink
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import Event, ProbeStatus, to_record

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from gpujitter.daemon.pipeline import AnalysisConfig, Pipeline
-from gpujitter.daemon.state import NodeState
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig, Pipeline
+from gpujitter.daemon.service.state import NodeState
 from gpujitter.probes.events import Event, to_record
 from gpujitter.probes.nvml import GpuInfo
 from gpujitter.probes.topology import Topology

@@ -42,7 +42,7 @@ def emitted_at(rec: Record) -> int | None:
 def load_recording(path: Path) -> tuple[list[Record], list[Record]]:
     """(records that set the scene: the hello and snapshot before the first timed record;
     the rest, in the order they were sent or recorded)."""
-    from gpujitter.daemon.recordings import EVENTS, TRACE, sniff
+    from gpujitter.daemon.offline.recordings import EVENTS, TRACE, sniff
 
     kind = sniff(path)
     records = _analysed(path) if kind in (TRACE, EVENTS) else _ndjson_records(path)
@@ -59,8 +59,8 @@ def load_recording(path: Path) -> tuple[list[Record], list[Record]]:
 def _ndjson_records(path: Path) -> Iterable[Record]:
     """A captured socket stream or the attribution log, through the log's reader: schema,
     torn last line and field types checked as for the daemon's own log."""
-    from gpujitter.daemon.jsonlog import JsonLogReader
-    from gpujitter.daemon.stream import STREAM_SCHEMA
+    from gpujitter.daemon.sinks.jsonlog import JsonLogReader
+    from gpujitter.daemon.sinks.stream import STREAM_SCHEMA
 
     for n, rec in enumerate(JsonLogReader(path, stream_schema=STREAM_SCHEMA), 1):
         if not isinstance(rec.get("type"), str):
@@ -72,8 +72,8 @@ def _ndjson_records(path: Path) -> Iterable[Record]:
 
 def _analysed(path: Path) -> list[Record]:
     """A trace's or an events file's events through the daemon's pipeline, as live."""
-    from gpujitter.daemon.pipeline import AnalysisConfig
-    from gpujitter.daemon.recordings import open_recording
+    from gpujitter.daemon.analysis.pipeline import AnalysisConfig
+    from gpujitter.daemon.offline.recordings import open_recording
     from gpujitter.tui.sources.pipeline import StreamPipeline
 
     traces = open_recording([path])

@@ -13,7 +13,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Static
 
-from gpujitter.daemon.audit.model import Finding
+from gpujitter.daemon.checks.audit.model import Finding
 from gpujitter.tui.audit import AuditReport
 from gpujitter.tui.text import plain
 

@@ -14,9 +14,9 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
-from gpujitter.daemon.describe import evidence_line
-from gpujitter.daemon.engine.causes import cause_colour, cause_label
-from gpujitter.daemon.records import Attribution, GpuGap
+from gpujitter.daemon.analysis.describe import evidence_line
+from gpujitter.daemon.analysis.engine.causes import cause_colour, cause_label
+from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.tui.text import WallClock, duration, gpu_title, ms, percent
 from gpujitter.tui.views.timeline import cause_bar
 

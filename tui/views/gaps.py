@@ -12,8 +12,8 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import DataTable
 
-from gpujitter.daemon.engine.causes import cause_colour, cause_label, cause_rank
-from gpujitter.daemon.records import Attribution, GpuGap
+from gpujitter.daemon.analysis.engine.causes import cause_colour, cause_label, cause_rank
+from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.tui.model import NodeModel
 from gpujitter.tui.text import duration, join, percent, plain
 

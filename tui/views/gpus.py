@@ -13,7 +13,7 @@ from textual.geometry import Size
 from textual.widget import Widget
 from textual.widgets import Static
 
-from gpujitter.daemon.engine.causes import cause_label
+from gpujitter.daemon.analysis.engine.causes import cause_label
 from gpujitter.tui.decode import PENDING
 from gpujitter.tui.model import NodeModel
 from gpujitter.tui.text import gpu_title, join, ms, percent

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 from rich.text import Text
 
-from gpujitter.daemon.engine.causes import cause_colour, cause_label, cause_rank
+from gpujitter.daemon.analysis.engine.causes import cause_colour, cause_label, cause_rank
 from gpujitter.tui.decode import PENDING
 
 BLOCKS = "▁▂▃▄▅▆▇█"

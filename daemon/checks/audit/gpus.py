@@ -1,0 +1,62 @@
+"""GPU settings: persistence mode (without it the driver tears the GPU state down when the
+last client exits, and the next CUDA initialisation takes a second or two)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpujitter.daemon.analysis import remedies
+from gpujitter.daemon.checks.audit.irqs import pids_named
+from gpujitter.daemon.checks.audit.model import AuditContext, Evidence, Finding, rule
+
+
+@rule("gpu.persistence")
+def persistence(ctx: AuditContext) -> Iterator[Finding]:
+    gpus = ctx.topology.gpus
+    if not gpus:
+        yield Finding(
+            "gpu.persistence",
+            "info",
+            "GPUs",
+            f"no NVIDIA GPU found ({ctx.topology.gpu_source})",
+            (Evidence(str(ctx.paths.sys / "bus/pci/devices"), "no NVIDIA display/3D device"),),
+        )
+        return
+    daemon = pids_named(ctx, "nvidia-persistenced")
+    for g in gpus:
+        subject = f"GPU {g.bus_id}" if g.index is None else f"GPU {g.index} ({g.bus_id})"
+        if g.persistence_mode is True:
+            yield Finding(
+                "gpu.persistence",
+                "ok",
+                subject,
+                "persistence mode on",
+                (Evidence("NVML nvmlDeviceGetPersistenceMode", "enabled"),),
+            )
+        elif g.persistence_mode is False:
+            yield Finding(
+                "gpu.persistence",
+                "warn",
+                subject,
+                "persistence mode off: when no process holds the GPU the driver unloads its "
+                "state, and the next CUDA start takes a second or two",
+                (Evidence("NVML nvmlDeviceGetPersistenceMode", "disabled"),),
+                remedies.gpu_persistence(g.index if g.index is not None else g.bus_id),
+            )
+        elif daemon:
+            yield Finding(
+                "gpu.persistence",
+                "ok",
+                subject,
+                f"nvidia-persistenced is running (pid {daemon[0]})",
+                (Evidence(str(ctx.paths.proc / str(daemon[0]) / "comm"), "nvidia-persistenced"),),
+            )
+        else:
+            yield Finding(
+                "gpu.persistence",
+                "info",
+                subject,
+                "persistence mode unknown without NVML, and nvidia-persistenced is not running",
+                (Evidence(str(ctx.paths.proc / "*/comm"), "no nvidia-persistenced"),),
+                remedies.gpu_persistence(g.bus_id),
+            )

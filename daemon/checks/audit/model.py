@@ -1,0 +1,70 @@
+"""What an audit rule is and what it returns: findings with severity, the evidence they rest
+on (the value read and the file it came from) and the exact remediation command."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from gpujitter.probes.host import HostPaths, read_text
+from gpujitter.probes.topology import Topology
+
+Severity = Literal["ok", "info", "warn", "critical"]
+SEVERITIES: tuple[Severity, ...] = ("ok", "info", "warn", "critical")
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    file: str  # where the value was read (a path of the tree audited)
+    value: str  # what was read there ("absent" when the file is not there)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    rule: str  # "memory.swappiness"
+    severity: Severity
+    subject: str  # what the finding is about: "vm.swappiness", "IRQ 36 virtio1-req.0", "pid 7"
+    message: str
+    evidence: tuple[Evidence, ...] = ()
+    fix: str = (
+        ""  # the exact command (daemon/analysis/remedies.py), empty when nothing is to be done
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    comm: str
+    gpus: tuple[str, ...]  # PCI bus ids of the GPUs it uses; () when not known
+    found_by: Literal["nvml", "libcuda", "--pid"]
+
+
+@dataclass(slots=True)
+class AuditContext:
+    paths: HostPaths
+    topology: Topology
+    processes: list[GpuProcess] = field(default_factory=list)
+    max_exit_latency_us: int = 10  # idle states slower to leave than this are flagged
+
+    def read(self, path: Path) -> tuple[str | None, Evidence]:
+        """A file's text and the evidence that says so."""
+        text = read_text(path)
+        return text, Evidence(str(path), "absent" if text is None else text.strip())
+
+
+Rule = Callable[[AuditContext], Iterable[Finding]]
+RULES: dict[str, Rule] = {}
+
+
+def rule(name: str) -> Callable[[Rule], Rule]:
+    """Register an audit rule under `name` (family.rule); findings carry that name."""
+
+    def register(fn: Rule) -> Rule:
+        if name in RULES:
+            raise ValueError(f"audit rule {name!r} registered twice")
+        RULES[name] = fn
+        return fn
+
+    return register

@@ -1,0 +1,144 @@
+"""Doctor checks of what the node gives the daemon: a locked-memory limit BPF maps fit in,
+NVML and its GPUs, a clocksource read in the vDSO, and a topology that loads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpujitter.daemon.analysis import remedies
+from gpujitter.daemon.checks.doctor.model import DoctorEnv, Result, check
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.host import read_text
+from gpujitter.probes.nvml import NvmlUnavailable
+from gpujitter.probes.topology import load_topology, read_cpu_nodes, read_gpus_sysfs, read_pci
+
+MEMCG_BPF_KERNEL = (5, 11)  # BPF memory charged to the memory cgroup, not RLIMIT_MEMLOCK
+
+
+@check
+def check_memlock(env: DoctorEnv) -> Iterator[Result]:
+    path = env.paths.proc / "self/limits"
+    soft = _limit(read_text(path) or "", "Max locked memory")
+    shown = "unlimited" if soft is None else f"{soft // 1024} KiB"
+    if env.kernel_version >= MEMCG_BPF_KERNEL:
+        yield Result(
+            "memlock",
+            "pass",
+            f"RLIMIT_MEMLOCK {shown}; BPF maps are charged to the memory cgroup on this kernel",
+            source=str(path),
+        )
+    elif soft is None or soft >= 64 << 20:
+        yield Result("memlock", "pass", f"RLIMIT_MEMLOCK {shown}", source=str(path))
+    else:
+        yield Result(
+            "memlock",
+            "warn",
+            f"RLIMIT_MEMLOCK {shown}: BPF maps count against it before 5.11 and may not load",
+            fix=remedies.memlock_limit(),
+            source=str(path),
+        )
+
+
+def _limit(limits: str, name: str) -> int | None:
+    """The soft limit of one /proc/PID/limits row in its unit; None for unlimited."""
+    for line in limits.splitlines():
+        if line.startswith(name):
+            soft = line[len(name) :].split()[0]
+            return None if soft == "unlimited" else int(soft)
+    return None
+
+
+@check
+def check_nvml(env: DoctorEnv) -> Iterator[Result]:
+    try:
+        session = env.open_nvml()
+    except ImportError:
+        yield Result(
+            "nvml",
+            "warn",
+            "pynvml is not installed: GPU idle gaps are not measured",
+            fix=remedies.install_pynvml(),
+        )
+        return
+    except NvmlUnavailable as err:
+        on_pci = read_gpus_sysfs(env.paths, read_pci(env.paths))
+        seen = (
+            f"{len(on_pci)} NVIDIA GPU(s) on PCI but {err}"
+            if on_pci
+            else f"no NVIDIA GPU on PCI ({err})"
+        )
+        yield Result(
+            "nvml",
+            "warn",
+            f"{seen}: GPU idle gaps are not measured (host probes still run)",
+            fix=remedies.install_nvml(),
+        )
+        return
+    try:
+        driver = session.driver_version() or "unknown"
+        gpus = session.gpus(max(read_cpu_nodes(env.paths)) + 1)
+    finally:
+        session.close()
+    if not gpus:
+        yield Result(
+            "nvml",
+            "warn",
+            f"NVIDIA driver {driver} but no GPU visible: GPU idle gaps are not measured",
+            fix="nvidia-smi -L  # check the GPUs the driver sees",
+        )
+        return
+    names = ", ".join(f"{g.index}: {g.name} at {g.pci_bus_id}" for g in gpus)
+    yield Result("nvml", "pass", f"driver {driver}, {len(gpus)} GPU(s): {names}")
+
+
+@check
+def check_clocksource(env: DoctorEnv) -> Iterator[Result]:
+    base = env.paths.sys / "devices/system/clocksource/clocksource0"
+    current = read_text(base / "current_clocksource") or "unknown"
+    available = (read_text(base / "available_clocksource") or "").split()
+    src = str(base / "current_clocksource")
+    others = f" (available: {' '.join(available)})"
+    if current == "tsc":
+        yield Result("clocksource", "pass", f"tsc{others}", source=src)
+    elif current in ("kvm-clock", "hyperv_clocksource_tsc_page", "arch_sys_counter"):
+        yield Result(
+            "clocksource",
+            "pass",
+            f"{current}: paravirtual or architected clock, read in the vDSO{others}",
+            source=src,
+        )
+    else:
+        better = "tsc" if "tsc" in available else None
+        yield Result(
+            "clocksource",
+            "warn",
+            f"{current}: every clock read is a system call, timestamps cost more{others}",
+            fix=remedies.clocksource(better) if better else "boot with a TSC-capable clocksource",
+            source=src,
+        )
+
+
+@check
+def check_topology(env: DoctorEnv) -> Iterator[Result]:
+    try:
+        topo = load_topology(env.paths, env.override, nvml=False)
+    except GpujitterError as err:
+        yield Result("topology", "fail", str(err), fix="fix or drop --topology-override")
+        return
+    idle = topo.idle
+    idle_text = (
+        "no cpuidle driver (default HLT idle)"
+        if idle is None or idle.driver is None
+        else f"cpuidle {idle.driver}"
+    )
+    parts = [
+        f"{len(topo.nodes)} node(s)",
+        f"{len(topo.cpus)} CPUs",
+        f"{len(topo.gpus)} GPU(s) on PCI",
+        f"{len(topo.irqs)} IRQs",
+        idle_text,
+    ]
+    if topo.override:
+        parts.append(f"OVERRIDE {topo.override} in force: NUMA nodes are emulated")
+    parts += filter(None, [topo.unknown_gpu_note()])
+    yield Result("topology", "pass", ", ".join(parts))

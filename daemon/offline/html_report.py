@@ -1,0 +1,228 @@
+"""`gpujitter report --html`: one self-contained HTML page of a recording's attributions, for
+people who would rather look than read: per GPU, idle time by cause over time, the
+distribution of gap durations, the top culprits (tasks that ran instead, IRQs) and the
+fixes. Charts are inline SVG and styles inline CSS: nothing is fetched, the file works
+offline and can be mailed. Every text from the recording is HTML-escaped."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from gpujitter.daemon.analysis.describe import gpu_name, one_line
+from gpujitter.daemon.analysis.engine.causes import CAUSES, cause_colour, cause_label
+from gpujitter.daemon.analysis.records import Attribution, IrqEvidence, TaskEvidence, task_name
+from gpujitter.probes.clock import format_wall
+from gpujitter.probes.events import ClockRef
+from gpujitter.units import format_ns
+
+BUCKETS = 48  # columns of the idle-by-cause chart
+DURATION_EDGES_MS = (5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+@dataclass(slots=True)
+class GpuSummary:
+    attributions: list[Attribution] = field(default_factory=list)
+
+    @property
+    def idle_ns(self) -> int:
+        return sum(a.dur_ns for a in self.attributions)
+
+    def by_cause(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for a in self.attributions:
+            for p in a.parts:
+                total[p.cause] += p.ns
+        return total
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _legend(causes: Iterable[str]) -> str:
+    items = "".join(
+        f'<span class="key"><i style="background:{cause_colour(c)}"></i>{_e(cause_label(c))}</span>'
+        for c in causes
+    )
+    return f'<div class="legend">{items}</div>'
+
+
+def idle_over_time(attrs: Sequence[Attribution], start_ns: int, end_ns: int) -> str:
+    """Stacked columns: per time bucket, the idle time each cause took (its gaps' parts,
+    spread over the bucket(s) each gap falls in, in proportion)."""
+    span = max(end_ns - start_ns, 1)
+    width = span / BUCKETS
+    cols: list[defaultdict[str, float]] = [defaultdict(float) for _ in range(BUCKETS)]
+    for a in attrs:
+        for k in range(BUCKETS):
+            lo, hi = start_ns + k * width, start_ns + (k + 1) * width
+            overlap = min(hi, a.end_ns) - max(lo, a.ts_ns)
+            if overlap > 0:
+                for p in a.parts:
+                    cols[k][p.cause] += p.ns * overlap / a.dur_ns
+    peak = max((sum(c.values()) for c in cols), default=0) or 1
+    w, h, pad = 720, 180, 30
+    bar = (w - pad) / BUCKETS
+    rects = []
+    for k, col in enumerate(cols):
+        y = float(h - pad)
+        for cause in CAUSES:
+            if col[cause] <= 0:
+                continue
+            height = (h - 2 * pad) * col[cause] / peak
+            y -= height
+            rects.append(
+                f'<rect x="{pad + k * bar:.1f}" y="{y:.1f}" width="{bar * 0.9:.1f}" '
+                f'height="{height:.1f}" fill="{cause_colour(cause)}">'
+                f"<title>{_e(cause_label(cause))}: {_e(format_ns(int(col[cause])))}</title></rect>"
+            )
+    axis = (
+        f'<text x="{pad}" y="{h - 8}" class="axis">{_e(format_ns(0))}</text>'
+        f'<text x="{w}" y="{h - 8}" class="axis" text-anchor="end">+{_e(format_ns(span))}</text>'
+        f'<text x="0" y="{pad - 8}" class="axis">{_e(format_ns(int(peak)))} idle per '
+        f"{_e(format_ns(int(width)))}</text>"
+    )
+    return f'<svg viewBox="0 0 {w} {h}" class="chart" role="img">{"".join(rects)}{axis}</svg>'
+
+
+def duration_histogram(attrs: Sequence[Attribution]) -> str:
+    """How many gaps fell in each duration range (log-spaced, 5 ms to 5 s and above)."""
+    edges = [*DURATION_EDGES_MS, math.inf]
+    counts = [0] * (len(edges) - 1)
+    for a in attrs:
+        ms = a.dur_ns / 1e6
+        for i in range(len(counts)):
+            if edges[i] <= ms < edges[i + 1] or (i == 0 and ms < edges[0]):
+                counts[i] += 1
+                break
+    peak = max(counts, default=0) or 1
+    w, h, pad = 720, 160, 30
+    bar = (w - pad) / len(counts)
+    parts = []
+    for i, n in enumerate(counts):
+        height = (h - 2 * pad) * n / peak
+        label = f"{edges[i]:g}+" if edges[i + 1] == math.inf else f"{edges[i]:g}"
+        x = pad + i * bar
+        parts.append(
+            f'<rect x="{x:.1f}" y="{h - pad - height:.1f}" width="{bar * 0.8:.1f}" '
+            f'height="{height:.1f}" fill="#0072b2"><title>{n} gaps</title></rect>'
+            f'<text x="{x + bar * 0.4:.1f}" y="{h - 12}" class="axis" text-anchor="middle">'
+            f"{label} ms</text>"
+            f'<text x="{x + bar * 0.4:.1f}" y="{h - pad - height - 4:.1f}" class="axis" '
+            f'text-anchor="middle">{n}</text>'
+        )
+    return f'<svg viewBox="0 0 {w} {h}" class="chart" role="img">{"".join(parts)}</svg>'
+
+
+def culprits(attrs: Sequence[Attribution]) -> tuple[list[tuple[str, int, int]], ...]:
+    """(name, ns, gaps) of the tasks that ran instead of a feeding thread and of the IRQs
+    that stole its time, most time first."""
+    tasks: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    irqs: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for a in attrs:
+        seen: set[str] = set()
+        for p in a.parts:
+            for ev in p.evidence:
+                if isinstance(ev, TaskEvidence) and ev.tid:
+                    key, table = task_name(ev), tasks
+                elif isinstance(ev, IrqEvidence):
+                    key, table = f"{ev.name} ({ev.irq_kind} {ev.irq})", irqs
+                else:
+                    continue
+                table[key][0] += ev.ns
+                if key not in seen:
+                    table[key][1] += 1
+                    seen.add(key)
+    ranked = (
+        sorted(((k, v[0], v[1]) for k, v in t.items()), key=lambda r: -r[1])[:10]
+        for t in (tasks, irqs)
+    )
+    return tuple(ranked)
+
+
+_CULPRITS = (
+    ("task", "Tasks that ran instead of the feeding threads"),
+    ("IRQ", "Interrupts that stole the feeding threads' time"),
+)
+
+
+def _shares(causes: Counter[str], total_ns: int) -> Iterable[tuple[str, str, str]]:
+    for cause, ns in causes.most_common():
+        yield cause_label(cause), format_ns(ns), f"{100 * ns / total_ns:.1f} %"
+
+
+def _table(head: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    cols = "".join(f"<th>{_e(h)}</th>" for h in head)
+    return f"<table><thead><tr>{cols}</tr></thead><tbody>{body}</tbody></table>"
+
+
+_STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:800px;color:#222}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ccc}
+.chart{width:100%;height:auto;background:#fafafa}.axis{font-size:11px;fill:#555}
+table{border-collapse:collapse;width:100%;margin:.5em 0}td,th{padding:2px 8px;text-align:left;
+border-bottom:1px solid #eee}th{background:#f3f3f3}.legend{margin:.3em 0}
+.key{display:inline-block;margin-right:1em}.key i{display:inline-block;width:.9em;height:.9em;
+margin-right:.3em;vertical-align:-.1em}.fix{font-family:monospace;font-size:12px}
+.meta{color:#555}code{font-size:12px}
+"""
+
+
+def render(
+    attrs: Sequence[Attribution],
+    *,
+    clock: ClockRef,
+    title: str,
+    meta: Sequence[str],
+    start_ns: int,
+    end_ns: int,
+    top: int = 10,
+) -> str:
+    """The page: one section per GPU."""
+    per_gpu: dict[int, GpuSummary] = defaultdict(GpuSummary)
+    for a in attrs:
+        per_gpu[a.gpu].attributions.append(a)
+    out = [
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>{_e(title)}</h1>",
+        *(f'<p class="meta">{_e(line)}</p>' for line in meta),
+    ]
+    if not attrs:
+        out.append("<p>No GPU idle gaps were attributed in this range.</p>")
+    for gpu, s in sorted(per_gpu.items()):
+        causes = s.by_cause()
+        span = max(end_ns - start_ns, 1)
+        out += [
+            f"<h2>{_e(gpu_name(gpu))}: {len(s.attributions)} gaps, {_e(format_ns(s.idle_ns))} "
+            f"idle ({100 * s.idle_ns / span:.1f} % of the recording)</h2>",
+            "<h3>Idle time by cause over time</h3>",
+            _legend(c for c in CAUSES if causes[c]),
+            idle_over_time(s.attributions, start_ns, end_ns),
+            "<h3>Where the idle time went</h3>",
+            _table(["cause", "time", "share"], _shares(causes, s.idle_ns)),
+            "<h3>Gap durations</h3>",
+            duration_histogram(s.attributions),
+        ]
+        for (name, heading), rows in zip(_CULPRITS, culprits(s.attributions), strict=True):
+            if rows:
+                table = _table([name, "time", "gaps"], ((n, format_ns(ns), g) for n, ns, g in rows))
+                out += [f"<h3>{heading}</h3>", table]
+        fixes = Counter(r for a in s.attributions for r in a.remedies)
+        if fixes:
+            out.append("<h3>Fixes, by how many gaps they address</h3>")
+            out.append(_table(["gaps", "fix"], ((n, fix) for fix, n in fixes.most_common(10))))
+        longest = sorted(s.attributions, key=lambda a: (-a.dur_ns, a.ts_ns))[:top]
+        out.append(f"<h3>The {len(longest)} longest gaps</h3>")
+        out += [f'<p class="fix">{_e(one_line(a, clock))}</p>' for a in longest]
+    out.append(
+        f'<p class="meta">Recorded from {_e(format_wall(clock, start_ns, date=True))} to '
+        f"{_e(format_wall(clock, end_ns, date=True))}; gap times are local to the recording "
+        "node, with their UTC offset above.</p></body></html>\n"
+    )
+    return "".join(out)

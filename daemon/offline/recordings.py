@@ -1,0 +1,177 @@
+"""What an offline command reads: any recording gpujitter writes, told apart by its content,
+never its name, and read as one stream of typed events.
+
+- a trace (`gpujitter record`, `run --record`), or a directory of rotated trace files;
+- an events file (`gaps --save-events`): NDJSON events, the first a meta.clock;
+- an attribution log (`run --log`, its rotated files): attributions already made.
+
+`report`, `trace`, `export` and `gaps --replay-events` open their inputs here, so each reads
+every format or refuses it in one line; a log is shown as it was logged (not re-analysed),
+and every command says what it is reading when it is not a trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gpujitter.daemon.sinks.jsonlog import LOG_SCHEMA, MAX_LINE_BYTES, JsonLogReader
+from gpujitter.daemon.sinks.trace import MAGIC, TraceHeader, TraceSet, trace_paths
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.events import BadRecord, ClockRef, Event, event_kinds, from_record
+from gpujitter.probes.topology import Topology
+
+TRACE, EVENTS, LOG, STREAM = "trace", "events", "log", "stream"
+# A captured socket stream (its first line the hello naming it): only `top --replay` plays it.
+STREAM_PREFIX = "gpujitter.stream/"
+WHAT = {
+    TRACE: "a trace",
+    EVENTS: "an events file (gaps --save-events)",
+    LOG: "an attribution log (attributions as logged, not re-analysed)",
+}
+FORMATS = "a trace, a directory of them, an events file (gaps --save-events) or an attribution log"
+
+
+def sniff(path: Path) -> str:
+    """Which kind of recording a path holds (a directory: rotated traces)."""
+    if path.is_dir():
+        return TRACE
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC))
+            if head == MAGIC:
+                return TRACE
+            line = head + f.readline(MAX_LINE_BYTES)
+    except OSError as err:
+        raise GpujitterError(f"cannot read {path}: {err.strerror}") from None
+    try:
+        first = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        first = None
+    if isinstance(first, dict):
+        schema = first.get("schema")
+        if isinstance(schema, str) and schema.startswith(LOG_SCHEMA.rsplit("/", 1)[0] + "/"):
+            return LOG
+        if isinstance(schema, str) and schema.startswith(STREAM_PREFIX):
+            return STREAM
+        if "schema" not in first and first.get("type") in event_kinds():
+            return EVENTS
+    raise GpujitterError(f"{path}: not a gpujitter recording ({FORMATS})")
+
+
+@dataclass(slots=True)
+class Recording:
+    """One recording, whatever its format. header: a trace's own; for the other kinds one
+    made of what they hold (the wall clock of an events file's meta.clock; host, kernel and
+    topology unknown). damage: notes gathered while reading (torn tails, skipped kinds)."""
+
+    kind: str
+    paths: list[Path]
+    header: TraceHeader
+    damage: list[str] = field(default_factory=list)
+    _traces: TraceSet | None = None
+
+    @property
+    def analysed(self) -> bool:
+        """Its attributions were made when it was written (a log): not replayed again."""
+        return self.kind == LOG
+
+    @property
+    def wall_clock(self) -> bool:
+        """Whether its times can be read as wall time (a log has no clock reference)."""
+        return self.header.clock.realtime_ns != 0
+
+    @property
+    def what(self) -> str:
+        return WHAT[self.kind]
+
+    def __iter__(self) -> Iterator[Event]:
+        if self._traces is not None:
+            yield from self._traces
+            self.damage = list(self._traces.damage)
+            return
+        # One log named: it and its rotated files, oldest first; several: each as named.
+        rotated = len(self.paths) == 1
+        for path in self.paths:
+            if self.kind == EVENTS:
+                yield from _events(path, self)
+            else:
+                yield from _logged(path, self, rotated)
+
+
+def open_recording(args: Sequence[str | Path]) -> Recording:
+    """The recordings a user named (files, directories, glob patterns), all of one kind."""
+    paths = trace_paths(args)
+    kinds = {sniff(p) for p in paths}
+    if len(kinds) > 1:
+        raise GpujitterError(f"mixed recordings ({', '.join(sorted(kinds))}): give one kind")
+    (kind,) = kinds
+    if kind == STREAM:
+        raise GpujitterError(
+            f"{paths[0]}: a captured socket stream: play it with gpujitter top --replay"
+        )
+    if kind == TRACE:
+        traces = TraceSet(paths)
+        return Recording(TRACE, traces.paths, traces.headers[0], _traces=traces)
+    return Recording(kind, paths, _made_header(paths[0], kind))
+
+
+def _made_header(path: Path, kind: str) -> TraceHeader:
+    clock = ClockRef(ts_ns=0, realtime_ns=0)
+    start_ns = 0
+    for ev in _events(path, None) if kind == EVENTS else _logged(path, None, False):
+        if isinstance(ev, ClockRef):
+            clock = ev
+        start_ns = ev.ts_ns
+        break
+    return TraceHeader(
+        host="?",
+        kernel="?",
+        topology=Topology(cpu_node={}),
+        clock=clock,
+        start_ns=start_ns,
+        probes=(),
+        thresholds={},
+    )
+
+
+def _events(path: Path, into: Recording | None) -> Iterator[Event]:
+    """An events file's events; a line of an unknown kind is skipped and noted (a newer
+    writer), a broken one ends the read with one line."""
+    skipped = 0
+    with open(path, "rb") as f:
+        for n, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                if not line.endswith(b"\n"):  # a torn last line: the writer was stopped
+                    if into is not None:
+                        into.damage.append(f"{path}: torn last line ({len(line)} bytes)")
+                    return
+                raise GpujitterError(f"{path}:{n}: not a JSON line") from None
+            if isinstance(rec, dict) and rec.get("type") not in event_kinds():
+                skipped += 1
+                continue
+            try:
+                yield from_record(rec)
+            except BadRecord as err:
+                raise GpujitterError(f"{path}:{n}: {err}") from None
+    if skipped and into is not None:
+        into.damage.append(f"{path}: {skipped} records of kinds this version does not know")
+
+
+def _logged(path: Path, into: Recording | None, rotated: bool) -> Iterator[Event]:
+    """An attribution log's records as events (with its rotated files, oldest first)."""
+    reader = JsonLogReader(path, rotated=rotated)
+    rec: dict[str, Any]
+    for rec in reader:
+        if rec.get("type") in event_kinds():
+            yield from_record({k: v for k, v in rec.items() if k != "schema"})
+    if reader.torn_bytes and into is not None:
+        into.damage.append(f"{path}: torn last line ({reader.torn_bytes} bytes)")

@@ -1,0 +1,535 @@
+"""The one loop every event-consuming command runs: an event source (live probes and NVML, a
+recording, a synthetic list) feeds one bounded queue; the runtime takes each event on its own
+thread, keeps the node state, feeds the pipeline (gaps, then attributions) and fans events and
+findings out to sinks (trace recorder, log, stream, metrics, console, a command's printer).
+Once a tick (1 s) it measures its footprint, tends its own threads' scheduling and hands the
+daemon.status to the sinks. `run`, `record`, `gaps`, `probe`, drills and the TUI's embedded
+mode are configurations of it: which source, which sinks, whether it analyses.
+
+Stopping: SIGTERM/SIGINT (when it owns the signals) or the caller's `stopped` end the loop;
+the source stops and hands over what it held, the queue is drained, the pipeline flushed,
+then the sinks close, last added first. SIGHUP (where asked: the daemon) has the sinks reopen
+their files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import psutil
+
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig, Pipeline
+from gpujitter.daemon.analysis.records import Attribution
+from gpujitter.daemon.service.own_scheduling import OwnScheduling, in_slices
+from gpujitter.daemon.service.sdnotify import Notifier
+from gpujitter.daemon.service.state import NodeState
+from gpujitter.probes.base import Emit
+from gpujitter.probes.events import Event, ProbeStatus, WatchChange
+from gpujitter.probes.nvml import GpuInfo
+from gpujitter.probes.topology import Topology
+
+TICK_NS = 1_000_000_000
+DRAIN_TIMEOUT_S = 0.1  # longest wait for an event: how late a stop or a tick can be
+# The watched processes may pin their threads at any time: their CPUs are read again this
+# often, besides whenever the watched set changes.
+REPIN_NS = 10_000_000_000
+
+
+class EventQueue:
+    """Fan-in from event sources to one consumer thread. `emit` is what a source calls (the
+    probes' Emit): it never blocks; when the consumer falls `maxsize` events behind, the
+    event is dropped, counted in `dropped`, and emit returns False so the probe counts it
+    as lost too.
+
+    The default bound is memory: a full queue holds ~7 MiB of decoded events (~460 B
+    each), and Python keeps that much after a backlog drains (long-lived objects allocated
+    among the events pin their arenas). It absorbs a main-loop pause of 3 s at the 5k
+    events/s the probes are designed not to exceed (minutes at the rates seen on real
+    workloads); what comes past it is dropped and counted."""
+
+    def __init__(self, maxsize: int = 16384) -> None:
+        self._queue: queue.Queue[Event] = queue.Queue(maxsize)
+        self.dropped = 0
+
+    def emit(self, ev: Event) -> bool:
+        try:
+            self._queue.put_nowait(ev)
+        except queue.Full:
+            self.dropped += 1
+            return False
+        return True
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+    def drain(self, timeout_s: float = 0.0, limit: int = 10_000) -> Iterator[Event]:
+        """What is queued (up to `limit`), waiting up to timeout_s for the first event."""
+        try:
+            yield self._queue.get(timeout=timeout_s) if timeout_s else self._queue.get_nowait()
+            for _ in range(limit - 1):
+                yield self._queue.get_nowait()
+        except queue.Empty:
+            return
+
+
+class EventSource:
+    """Where a runtime's events come from. A live source delivers from threads of its own
+    through `emit` (the runtime's bounded queue, which drops and counts past its bound); a
+    recorded one hands its events over in order through `pull`, never dropped."""
+
+    label = ""
+
+    def __init__(self) -> None:
+        self.gpus: list[GpuInfo] = []
+        self.statuses: list[ProbeStatus] = []
+
+    def start(self, emit: Emit) -> None:
+        """Begin delivering (live sources: start their threads)."""
+
+    def stop(self) -> None:
+        """Stop, after handing over through `emit` what was still held."""
+
+    def pull(self, limit: int) -> list[Event] | None:
+        """The next events of a recorded source ([] when it has none to hand over this
+        way: a live one), None once it has handed over everything."""
+        return []
+
+    @property
+    def failed(self) -> bool:
+        """The source cannot deliver any more (a live source's thread died)."""
+        return False
+
+    def gpu_bus_ids(self) -> dict[int, str]:
+        """GPU index -> PCI bus id, for the engine's GPU-node lookups."""
+        return {g.index: g.pci_bus_id for g in self.gpus if g.pci_bus_id}
+
+
+class LiveSource(EventSource):
+    """The probes, the libcuda tracer and the NVML sampler (probes/sources.py), each on its
+    own thread; `kwargs` are EvidenceSources' (probe names, topology, watch, ...)."""
+
+    label = "live"
+
+    def __init__(self, probes: Sequence[str], **kwargs: Any) -> None:
+        super().__init__()
+        self.probes = list(probes)
+        self.kwargs = kwargs
+        self._evidence: Any = None
+
+    def start(self, emit: Emit) -> None:
+        from gpujitter.probes.sources import EvidenceSources
+
+        evidence = EvidenceSources(self.probes, emit=emit, **self.kwargs)
+        evidence.__enter__()
+        self._evidence = evidence
+        self.gpus = evidence.gpus
+        self.statuses = evidence.statuses
+
+    def stop(self) -> None:
+        evidence, self._evidence = self._evidence, None
+        if evidence is not None:
+            evidence.__exit__(None, None, None)
+
+    @property
+    def failed(self) -> bool:
+        return self._evidence is not None and bool(self._evidence.failed)
+
+
+class ListSource(EventSource):
+    """Events already in hand: a recording's (`gpujitter.daemon.offline.recordings`), a drill's,
+    or a synthetic stream for tests. `live` hands them through the queue at start, as probe
+    threads would (so the queue's bound applies); otherwise they are pulled in order."""
+
+    def __init__(
+        self,
+        events: Iterable[Event],
+        *,
+        label: str = "events",
+        gpus: Sequence[GpuInfo] = (),
+        live: bool = False,
+    ) -> None:
+        super().__init__()
+        self.label = label
+        self.gpus = list(gpus)
+        self.live = live
+        self._events: Iterator[Event] = iter(events)
+
+    def start(self, emit: Emit) -> None:
+        if self.live:
+            for ev in self._events:
+                emit(ev)
+
+    def pull(self, limit: int) -> list[Event] | None:
+        if self.live:
+            return []  # handed over at start; it ends when the runtime is stopped
+        batch = [ev for _, ev in zip(range(limit), self._events, strict=False)]
+        return batch or None
+
+
+class Sink:
+    """What a runtime fans out to; every hook is optional. `status` adds the sink's counters
+    to the daemon.status record (called on the runtime's thread and on the stream's)."""
+
+    def started(self, runtime: Runtime) -> None:
+        """The source is delivering and the pipeline exists (sinks open their files here)."""
+
+    def event(self, ev: Event) -> None:
+        """One input event, in order."""
+
+    def finding(self, found: Event) -> None:
+        """A gap or attribution the pipeline settled."""
+
+    def batch_done(self) -> None:
+        """The loop took one batch of events (up to 10 000): a sink that hands its output
+        on in batches (the TUI) does it here."""
+
+    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+        """Once a tick, with the daemon.status of that moment."""
+
+    def reload(self) -> None:
+        """SIGHUP: reopen files (after logrotate moved them)."""
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        """After the last finding."""
+
+
+class Runtime:
+    """One run of one source. analysis: a callable giving the pipeline's settings once the
+    source has started (they depend on its GPUs), or None for no analysis. sinks: Sinks, or a
+    callable making them once the pipeline exists. own: the threads' scheduling to tend (the
+    runtime's and the source's). signals: take SIGTERM/SIGINT (main thread only); reload:
+    take SIGHUP too, to reopen the sinks' files (otherwise it keeps its default: a hangup
+    ends an interactive command)."""
+
+    def __init__(
+        self,
+        source: EventSource,
+        topology: Topology,
+        *,
+        sinks: Sequence[Sink] | Callable[[Runtime], Sequence[Sink]] = (),
+        analysis: Callable[[EventSource], AnalysisConfig] | None = None,
+        duration_ns: int | None = None,
+        own: OwnScheduling | None = None,
+        notifier: Notifier | None = None,
+        signals: bool = True,
+        reload: bool = False,
+        stopped: Callable[[], bool] | None = None,
+        tick_ns: int = TICK_NS,
+        queue: EventQueue | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.source = source
+        self.topology = topology
+        self._make_sinks = sinks
+        self.sinks: list[Sink] = []
+        self._on_event: list[Callable[[Event], None]] = []
+        self._on_finding: list[Callable[[Event], None]] = []
+        self.analysis = analysis
+        self.duration_ns = duration_ns
+        self.own = own
+        self.notifier = notifier
+        self.signals = signals
+        self.reload = reload
+        self._stopped = stopped or (lambda: False)
+        self.tick_ns = tick_ns
+        self.queue = queue or EventQueue()
+        self.say = say or (lambda text: None)
+        self.pipeline: Pipeline | None = None
+        self.state = NodeState(topology)
+        self.ready = False  # the source started: from then on a stop is clean
+        self.start_ns = 0  # when the source had started (durations count from here)
+        self.attributions = 0  # made since start
+        self.self_inflicted = 0  # of them, gaps a watched thread waited behind our threads
+        self.self_inflicted_ns = 0
+        self._stop = False
+        self._reload = False
+        self._me = psutil.Process()
+        self._watched: set[int] = set()  # tgids, from the meta.watch changes seen
+        self._repin_at = 0  # when to read the watched processes' CPUs again (0: at once)
+        # The footprint, measured on the runtime's thread each tick (psutil is not for two).
+        self._cpu_percent = 0.0
+        self._rss_bytes = 0
+        self._events_per_s = 0.0
+        self._events_at_tick = 0
+
+    # -- signals ----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """End the loop at its next turn (from any thread)."""
+        self._stop = True
+
+    def _on_stop(self, signum: int, frame: object) -> None:
+        if not self.ready:
+            # Still compiling and attaching probes (seconds): nothing has been analysed,
+            # so nothing is lost by stopping at once, as the signal's default would.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        self._stop = True
+
+    def _on_hup(self, signum: int, frame: object) -> None:
+        self._reload = True
+
+    def _take_signals(self) -> dict[int, Any]:
+        if not self.signals:
+            return {}
+        handlers: dict[int, Any] = {signal.SIGTERM: self._on_stop, signal.SIGINT: self._on_stop}
+        if self.reload:
+            handlers[signal.SIGHUP] = self._on_hup
+        return {sig: signal.signal(sig, h) for sig, h in handlers.items()}
+
+    @contextlib.contextmanager
+    def running(self, name: str) -> Iterator[Runtime]:
+        """The runtime on a thread of its own while the block runs (the caller keeps its
+        signals: take none): the block starts once the source delivers; leaving it stops
+        the runtime, which drains and closes its sinks. An error of the runtime's thread
+        (a source that cannot start, a probe thread that died) is raised here."""
+        self.signals = False
+        ready = threading.Event()
+        errors: list[BaseException] = []
+
+        def body() -> None:
+            try:
+                self.run(lambda _: ready.set())
+            except BaseException as err:  # handed to the caller's thread
+                errors.append(err)
+            finally:
+                ready.set()
+
+        thread = threading.Thread(target=body, name=name, daemon=True)
+        thread.start()
+        ready.wait()
+        try:
+            if errors:
+                raise errors[0]
+            yield self
+        finally:
+            self.stop()
+            thread.join()
+        if errors:
+            raise errors[0]
+
+    def run(self, ready: Callable[[Runtime], None] | None = None) -> None:
+        """Run until the source ends, the duration passes or a stop; `ready` is called once
+        the source delivers and the sinks are open."""
+        previous = self._take_signals()
+        try:
+            self._run(ready)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if self.notifier is not None:
+                self.notifier.close()
+            if self.own is not None:
+                # Run inside a longer-lived process (the TUI, a drill, a test): its threads
+                # get their scheduling back, later work is not niced and batch.
+                self.own.restore()
+
+    def _run(self, ready: Callable[[Runtime], None] | None) -> None:
+        # Before any thread starts: the probe thread (and its compiles) inherit the policy.
+        self._tend_own(time.monotonic_ns())
+        self.source.start(self.queue.emit)
+        try:
+            self._open_and_loop(ready)
+        except BaseException:
+            try:
+                self.source.stop()
+            finally:
+                self._close_sinks()
+            raise
+        try:
+            self.source.stop()  # hands over what it still held (or raises why it died)
+        finally:
+            # Even after a source that died: what it delivered is analysed and written.
+            try:
+                self._drain()
+                if self.pipeline is not None:
+                    for found in self.pipeline.flush():
+                        self._finding(found)
+            finally:
+                self._close_sinks()
+
+    def _open_and_loop(self, ready: Callable[[Runtime], None] | None) -> None:
+        if self.analysis is not None:
+            self.pipeline = Pipeline(self.topology, self.analysis(self.source))
+        self.state.gpus = self.source.gpus
+        made = self._make_sinks
+        for sink in made(self) if callable(made) else made:
+            self.sinks.append(sink)
+            sink.started(self)
+        # Per event, only the sinks that take events are called (a call per event and sink
+        # is ~0.1 µs: the daemon has six sinks, three of which want events).
+        self._on_event = [s.event for s in self.sinks if type(s).event is not Sink.event]
+        self._on_finding = [s.finding for s in self.sinks if type(s).finding is not Sink.finding]
+        self._tend_own(time.monotonic_ns())
+        self.ready = True
+        if self.own is not None:
+            self.own.step_to(0)
+        self.start_ns = time.monotonic_ns()
+        if ready is not None:
+            ready(self)
+        self._loop()
+        if self.notifier is not None:
+            self.notifier.stopping()
+
+    def _close_sinks(self) -> None:
+        # A sink closing may still read the others' counters (the last status): the list
+        # empties only once all are closed.
+        for sink in reversed(self.sinks):
+            sink.close()
+        self.sinks, self._on_event, self._on_finding = [], [], []
+
+    def _loop(self) -> None:
+        last_tick = self.start_ns
+        self._me.cpu_percent()  # the first call primes psutil's CPU measurement
+        self._rss_bytes = self._me.memory_info().rss
+        while not (self._stop or self._stopped() or self.source.failed):
+            now = time.monotonic_ns()
+            if self.duration_ns is not None and now - self.start_ns >= self.duration_ns:
+                break
+            pulled = self.source.pull(10_000)
+            if pulled is None and self.queue.empty():
+                break  # a recorded source handed over everything
+            batch = pulled or self.queue.drain(timeout_s=DRAIN_TIMEOUT_S)
+            for ev in in_slices(batch):
+                self._event(ev)
+            for sink in self.sinks:
+                sink.batch_done()
+            if self._reload:
+                self._reload = False
+                self._reopen()
+            now = time.monotonic_ns()
+            if now - last_tick >= self.tick_ns:
+                self._tick(now, (now - last_tick) / 1e9)
+                last_tick = now
+            if self.notifier is not None:
+                self.notifier.watchdog()
+
+    def _drain(self) -> None:
+        """What the queue still holds, the source's last events with it (a recorded source
+        that was stopped hands over no more)."""
+        while batch := list(self.queue.drain()):
+            for ev in in_slices(batch):
+                self._event(ev)
+        for sink in self.sinks:
+            sink.batch_done()
+
+    def _event(self, ev: Event) -> None:
+        self.state.observe(ev)
+        if isinstance(ev, WatchChange):
+            self._watched.difference_update(ev.removed)
+            self._watched.update(ev.added)
+            self._repin_at = 0
+        for on_event in self._on_event:
+            on_event(ev)
+        if self.pipeline is not None:
+            for found in self.pipeline.feed(ev):
+                self._finding(found)
+
+    def _finding(self, found: Event) -> None:
+        self.state.observe(found)
+        if isinstance(found, Attribution):
+            self.attributions += 1
+            if found.self_inflicted:
+                self.self_inflicted += 1
+                self.self_inflicted_ns += found.self_ns
+        for on_finding in self._on_finding:
+            on_finding(found)
+
+    # -- once a tick ------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The daemon.status record; built on the runtime's thread and on the stream's (a
+        client's first snapshot): it reads only what is safe from both."""
+        lost_kernel, lost_user = self.state.lost()
+        own = self.own
+        fields: dict[str, Any] = {
+            "cpu_percent": self._cpu_percent,
+            "rss_bytes": self._rss_bytes,
+            "events_per_s": self._events_per_s,
+            "lost_kernel": lost_kernel,
+            "lost_user": lost_user + self.queue.dropped,
+            "engine_dropped": self.queue.dropped,
+            "clients": 0,
+            "client_dropped": 0,
+            "attributions": self.attributions,
+            "self_inflicted": self.self_inflicted,
+            "self_inflicted_ns": self.self_inflicted_ns,
+            "own_cpus": sorted(own.cpus) if own else [],
+            "own_nice": own.nice if own else 0,
+            "log_dropped": 0,
+            "log_failing": "",
+            "trace_lost": 0,
+            "trace_failing": "",
+        }
+        for sink in list(self.sinks):
+            fields.update(sink.status())
+        fields["probe_cost"] = self.state.probe_cost()
+        return self.state.status(time.monotonic_ns(), **fields)
+
+    def _tick(self, now: int, elapsed_s: float) -> None:
+        with self._me.oneshot():
+            self._cpu_percent = self._me.cpu_percent()
+            self._rss_bytes = self._me.memory_info().rss
+        self._events_per_s = (self.state.events - self._events_at_tick) / max(elapsed_s, 1e-9)
+        self._events_at_tick = self.state.events
+        status = self.status()
+        for sink in self.sinks:
+            sink.tick(now, status)
+        if self.own is not None:
+            self.own.keep_up(status["lost_kernel"] + status["lost_user"], now)
+        self._tend_own(now)
+        if self.notifier is not None:
+            self.notifier.status(status_line(status))
+
+    def _tend_own(self, now: int) -> None:
+        """Our threads: new ones get their policy; off the watched processes' CPUs when the
+        set changed or their CPUs may have; their announcement (meta.self) goes into the
+        stream like any event, so the engine and a trace see it."""
+        own = self.own
+        if own is None:
+            return
+        if now >= self._repin_at:
+            self._repin_at = now + REPIN_NS
+            own.keep_off(self._watched)
+        announced = own.tend(now)
+        if announced is not None:
+            self.queue.emit(announced)
+        while own.notes:
+            self.say(own.notes.pop(0))
+
+    def _reopen(self) -> None:
+        if self.notifier is not None:
+            self.notifier.reloading()
+        for sink in self.sinks:
+            sink.reload()
+        if self.notifier is not None:
+            self.notifier.ready()
+
+
+def status_line(status: dict[str, Any]) -> str:
+    """What `systemctl status` shows while the daemon runs (sd_notify STATUS=), from the
+    daemon.status record: is it seeing, finding, keeping up, writing."""
+    parts = [
+        f"{status['attributions']} gaps attributed",
+        f"{status['events_per_s']:.0f} events/s",
+        f"lost {status['lost_kernel'] + status['lost_user']}",
+        f"self-inflicted {status['self_inflicted']}",
+        f"{status['clients']} clients",
+        f"cpu {status['cpu_percent']:.1f}%",
+        f"rss {status['rss_bytes'] >> 20} MiB",
+    ]
+    for sink, failing, dropped in (("log", "log_failing", "log_dropped"),
+                                   ("trace", "trace_failing", "trace_lost")):  # fmt: skip
+        if status[failing]:
+            parts.append(f"{sink} failing ({status[dropped]} dropped): {status[failing]}")
+    return "; ".join(parts)

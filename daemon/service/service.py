@@ -1,0 +1,368 @@
+"""`gpujitter run`: the daemon, a configuration of the runtime (daemon/service/runtime.py). Evidence
+sources (probes, libcuda tracer, NVML sampler) feed one queue; the main thread takes each
+event, records it (trace, when asked), feeds the pipeline (gaps, then attributions) and
+publishes what the stream carries; attributions go to the JSON-lines log and the console.
+Once a second: health, footprint, watchdog.
+
+Signals: SIGTERM/SIGINT stop cleanly (pending gaps are attributed, files closed);
+SIGHUP reopens the log and starts a new trace file (logrotate). sd_notify: READY only once
+the probes are attached, WATCHDOG from the main loop, RELOADING/READY around SIGHUP.
+
+Nothing the main thread writes to can stop it: the console has a writer thread of its own,
+the stream and sd_notify sockets are non-blocking, and the file sinks drop and count what a
+failing disk refuses (daemon/sinks/diskfull.py) instead of raising.
+
+The daemon's own threads run below the watched ones and off their CPUs where others are
+allowed (daemon/service/own_scheduling.py); a gap in which a watched thread waited behind one
+of them is counted as self-inflicted (`self_inflicted` in daemon.status, the metrics, the journal).
+
+Each GPU's proven idle power is kept in the state directory (daemon/service/idle_floors.py): read at
+start, into the analysis settings the trace header carries; written when the detector
+proves a new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+
+from gpujitter import __version__
+from gpujitter.daemon.analysis.describe import one_line
+from gpujitter.daemon.analysis.engine import EngineConfig
+from gpujitter.daemon.analysis.gaps import GapConfig
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig
+from gpujitter.daemon.analysis.records import Attribution
+from gpujitter.daemon.service.config import Config, check_node, thresholds_by_probe
+from gpujitter.daemon.service.idle_floors import FILE_NAME, IdleFloorStore
+from gpujitter.daemon.service.own_scheduling import KEEP_UP_LEVELS, OwnScheduling
+from gpujitter.daemon.service.runtime import EventSource, LiveSource, Runtime, Sink
+from gpujitter.daemon.service.sdnotify import Notifier
+from gpujitter.daemon.sinks.adapters import (
+    ConsoleSink,
+    LogSink,
+    MetricsSink,
+    RecorderSink,
+    StreamSink,
+)
+from gpujitter.daemon.sinks.jsonlog import JsonLog
+from gpujitter.daemon.sinks.metrics import DaemonMetrics
+from gpujitter.daemon.sinks.recorder import TraceRecorder
+from gpujitter.daemon.sinks.rotation import Rotation
+from gpujitter.daemon.sinks.stream import StreamServer
+from gpujitter.daemon.sinks.trace import TraceHeader
+from gpujitter.probes import registry
+from gpujitter.probes.clock import clock_ref
+from gpujitter.probes.events import to_record
+from gpujitter.probes.topology import Topology, load_topology
+from gpujitter.probes.watch import WatchSpec
+from gpujitter.text import inert_json, printable
+
+
+class _LineWriter:
+    """Lines to one stream, written by a thread of its own: a stream that stops taking them
+    stops only this thread. Past `QUEUE_LINES` waiting lines, lines are dropped and counted,
+    and the count is said (on stderr) once writing works again."""
+
+    QUEUE_LINES = 1000
+
+    def __init__(self, stream: TextIO, name: str) -> None:
+        self.stream = stream
+        self.dropped = 0
+        self._lines: queue.Queue[str | None] = queue.Queue(self.QUEUE_LINES)
+        self._thread = threading.Thread(target=self._write, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, line: str) -> None:
+        try:
+            self._lines.put_nowait(line)
+        except queue.Full:
+            self.dropped += 1
+
+    def _write(self) -> None:
+        said = 0
+        while (line := self._lines.get()) is not None:
+            with contextlib.suppress(OSError, ValueError):
+                if self.dropped > said:
+                    print(f"# {self.dropped - said} console lines dropped (output blocked)",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                    said = self.dropped
+                self.stream.write(line + "\n")
+                self.stream.flush()
+
+    def close(self, deadline_s: float) -> None:
+        """Write what waits until `deadline_s`, or until a 50 ms wait writes nothing (the
+        reader is stuck: waiting longer only delays the stop)."""
+        with contextlib.suppress(queue.Full):
+            self._lines.put_nowait(None)
+        while self._thread.is_alive() and (left := deadline_s - time.monotonic()) > 0:
+            waiting = self._lines.qsize()
+            self._thread.join(min(left, 0.05))
+            if waiting and self._lines.qsize() >= waiting:
+                return
+
+
+class Console:
+    """Where the daemon's own lines go: attributions on `out` (one line each, or NDJSON;
+    none when `quiet`), notes for the operator on stderr. Each stream has a writer thread of
+    its own (_LineWriter), so a terminal or pipe that stops reading never stops the main
+    loop, and a stuck `out` never silences the notes (the journal)."""
+
+    def __init__(self, out: TextIO, as_json: bool, clock: Any, *, quiet: bool = False) -> None:
+        self.out = out
+        self.as_json = as_json
+        self.clock = clock
+        self.quiet = quiet
+        self._out = _LineWriter(out, "gpujitter-console")
+        self._err = _LineWriter(sys.stderr, "gpujitter-notes")
+
+    def attribution(self, attr: Attribution) -> None:
+        if self.quiet:
+            return
+        if self.as_json:
+            self._out.put(inert_json(orjson.dumps(to_record(attr))).decode())
+        else:
+            self._out.put(one_line(attr, self.clock))
+
+    def note(self, text: str) -> None:
+        """A line for the operator (the journal under systemd)."""
+        self._err.put(f"# {printable(text)}")
+
+    def close(self, timeout_s: float = 0.3) -> None:
+        """Write what waits, within `timeout_s` in all (a stuck terminal cannot hold up the
+        stop: its lines are lost, as they would have been anyway)."""
+        deadline = time.monotonic() + timeout_s
+        self._err.close(deadline)
+        self._out.close(deadline)
+
+
+def probe_names(config: Config) -> list[str]:
+    return registry.select(config["probes.enable"], config["probes.disable"])
+
+
+def watch_of(config: Config) -> WatchSpec:
+    spec = WatchSpec(
+        pids=set(config["watch.pids"]),
+        comms=list(config["watch.comms"]),
+        cgroups=[Path(c) for c in config["watch.cgroups"]],
+        pods=list(config["watch.pods"]),
+        slurm_jobs=list(config["watch.slurm_jobs"]),
+    )
+    # Nothing named and no GPU processes to follow: watch everything (thresholds keep the
+    # rate down), so a daemon on a node without GPUs still shows its jitter.
+    spec.all = not (spec.selects_any() or config["watch.gpu_processes"])
+    return spec
+
+
+class Daemon:
+    """`gpujitter run`: the runtime (daemon/service/runtime.py) over the live evidence sources, or
+    over `source` when given (a recording, a test's events), analysing every event, with the log,
+    trace recorder, stream, metrics and console sinks the settings ask for."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        console: Console | None = None,
+        nvml: bool | Any = True,
+        duration_ns: int | None = None,
+        environ: dict[str, str] | None = None,
+        source: EventSource | None = None,
+    ) -> None:
+        # Everything the settings name is checked before the probes are compiled and
+        # attached (a minute on a small node): a mistake is one line at once.
+        check_node(config, starting=True)
+        self.config = config
+        self.console = console
+        self.nvml = nvml
+        self.duration_ns = duration_ns
+        self.names = probe_names(config)
+        self.thresholds = thresholds_by_probe(config["probes.thresholds"])
+        self.watch = watch_of(config)
+        override = config["topology.override"] or None
+        self.topology: Topology = load_topology(override=override)
+        self.notifier = Notifier(environ)
+        self.metrics = DaemonMetrics()
+        self.source = source or LiveSource(
+            self.names,
+            topology=self.topology,
+            watch=self.watch,
+            thresholds=self.thresholds,
+            nvml=nvml,
+            gpu_processes=config["watch.gpu_processes"],
+        )
+        # Starting (compiling the probes: seconds of CPU, once) at nice 0: at nice 10 on a
+        # saturated node two probes took 56 s, the full set would outlast the start timeout.
+        self.own = OwnScheduling(level=len(KEEP_UP_LEVELS) - 1)
+        self.floors: IdleFloorStore | None = None
+        self.runtime = Runtime(
+            self.source,
+            self.topology,
+            sinks=self._sinks,
+            analysis=self._analysis,
+            duration_ns=duration_ns,
+            own=self.own,
+            notifier=self.notifier,
+            reload=True,
+            say=self._say,
+        )
+
+    def _say(self, text: str) -> None:
+        """One line for the operator (the journal under systemd)."""
+        if self.console is not None:
+            self.console.note(text)
+        else:
+            print(f"# {text}", file=sys.stderr, flush=True)
+
+    def run(self, ready: Callable[[], None] | None = None) -> int:
+        """Run until stopped; `ready` is called once the probes are attached."""
+        # A watchdog abort (SIGABRT) leaves a stack in the journal (the process's own
+        # stderr, fd 2, whatever sys.stderr was replaced with).
+        faulthandler.enable(2)
+
+        def attached(runtime: Runtime) -> None:
+            running = [s.probe for s in self.source.statuses
+                       if s.state in ("running", "degraded")]  # fmt: skip
+            summary = (
+                f"probes attached: {', '.join(running) or 'none'}; watching {self.watch.describe()}"
+            )
+            if self.console:
+                self.console.note(summary)
+            self.notifier.ready(summary)
+            if ready is not None:
+                ready()
+
+        try:
+            self.runtime.run(attached)
+        finally:
+            if self.console is not None:
+                self.console.close()
+        return 0
+
+    def _analysis(self, source: EventSource) -> AnalysisConfig:
+        analysis, self.floors = analysis_settings(self.config, source, self._say)
+        return analysis
+
+    def _sinks(self, runtime: Runtime) -> list[Sink]:
+        cfg = self.config
+        clock = clock_ref()
+        sinks: list[Sink] = []
+        files: list[str] = []
+        if cfg["record.path"]:
+            assert runtime.pipeline is not None
+            header = trace_header(self.topology, self.names, self.thresholds, self.watch,
+                                  runtime.pipeline.config)  # fmt: skip
+            rotation = Rotation(max_bytes=cfg["record.max_bytes"], keep_files=cfg["record.keep"])
+            sinks.append(RecorderSink(TraceRecorder(cfg["record.path"], header, rotation,
+                                                    say=self._say)))  # fmt: skip
+            files.append("trace")
+        if cfg["log.path"]:
+            rotation = Rotation(max_bytes=cfg["log.max_bytes"], keep_files=cfg["log.keep"])
+            sinks.append(LogSink(JsonLog(cfg["log.path"], rotation, say=self._say)))
+            files.append("log")
+        if cfg["socket.path"]:
+            hello = self._hello(clock)  # built here: the stream's thread only copies it
+            stream = StreamServer(
+                Path(cfg["socket.path"]),
+                hello=lambda: dict(hello),
+                snapshot=lambda: [runtime.state.snapshot(time.monotonic_ns(), runtime.status())],
+                queue_limit=cfg["socket.queue"],
+                mode=cfg["socket.mode"],
+                group=cfg["socket.group"],
+            ).start()
+            sinks.append(StreamSink(stream, runtime.state))
+            files.append("stream")
+        if cfg["metrics.listen"]:
+            self.metrics.serve(cfg["metrics.listen"])
+        sinks.append(MetricsSink(self.metrics, tuple(files)))
+        if self.console is not None:
+            sinks.append(ConsoleSink(self.console))
+        sinks.append(_Keeper(self))  # last: closes first, while the others still write
+        return sinks
+
+    def _hello(self, clock: Any) -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "host": socket.gethostname(),
+            "kernel": os.uname().release,
+            "pid": os.getpid(),
+            "clock": to_record(clock),
+            "topology": self.topology.to_record(),
+            "probes": self.names,
+        }
+
+    def keep_floors(self) -> None:
+        pipeline = self.runtime.pipeline
+        if self.floors is None or pipeline is None:
+            return
+        try:
+            self.floors.save(pipeline.detector.idle_floors())
+        except OSError as err:
+            self._say(f"cannot keep GPU idle floors in {self.floors.path}: {err.strerror}; "
+                      "not trying again")  # fmt: skip
+            self.floors = None
+
+
+class _Keeper(Sink):
+    """What the daemon keeps: the GPUs' idle floors each tick and at the stop, and the count
+    of what it made, said in the journal at the stop: a reader reconciles the log with it
+    (every attribution made is a log line or counted in log_dropped)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+
+    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+        self.daemon.keep_floors()
+
+    def close(self) -> None:
+        self.daemon.keep_floors()
+        status = self.daemon.runtime.status()
+        self.daemon._say(f"stopped: {status['attributions']} attributions made, "
+                         f"{status['log_dropped']} of them dropped by the log, "
+                         f"{status['self_inflicted']} self-inflicted")  # fmt: skip
+
+
+def analysis_settings(
+    config: Config, source: EventSource, say: Callable[[str], None]
+) -> tuple[AnalysisConfig, IdleFloorStore | None]:
+    """The pipeline's settings for a run on this node: the configured gap length, the GPUs'
+    bus ids, and the idle floors an earlier daemon proved (with the store that keeps them).
+    `run` and `record` both take them, so a trace of either replays alike."""
+    floors: dict[int, float] = {}
+    store = None
+    state_dir = config["state.dir"]
+    if state_dir and source.gpus:
+        store = IdleFloorStore(Path(state_dir) / FILE_NAME, source.gpus)
+        floors, note = store.load()
+        if note:
+            say(note)
+    analysis = AnalysisConfig(
+        gaps=GapConfig(min_gap_ns=config["gaps.min_gap"]),
+        engine=EngineConfig(gpu_bus_ids=source.gpu_bus_ids()),
+        idle_floors_w=floors,
+    )
+    return analysis, store
+
+
+def trace_header(
+    topology: Topology,
+    names: list[str],
+    thresholds: dict[str, dict[str, int]],
+    watch: WatchSpec,
+    analysis: AnalysisConfig,
+) -> TraceHeader:
+    """A trace's header: this node, the probes with every threshold in force (the registry's
+    defaults under the ones given), what is watched and the analysis settings."""
+    in_force = {n: {**registry.get(n).thresholds, **thresholds.get(n, {})} for n in names}
+    return TraceHeader.now(topology, names, in_force, watch.describe(),
+                           analysis=analysis.to_record())  # fmt: skip

@@ -1,0 +1,186 @@
+"""What the daemon knows right now, for clients that connect late and for its own status:
+the latest health of each probe, the latest figures of each CPU, the recent gaps and
+attributions, where each watched thread last ran. Fed every event and every finding; it
+also decides which records the stream carries (the summaries, not the raw probe events).
+
+The main thread feeds it; the stream's thread reads it (a client's first snapshot). A lock
+guards every structure: readers copy what they need under it and build records after, so
+the feeding thread waits at most for a copy."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+from gpujitter.daemon.analysis.records import Attribution, GpuGap
+from gpujitter.probes.events import (
+    CpuStats,
+    Event,
+    GpuProcesses,
+    Migration,
+    OffCpu,
+    ProbeStatus,
+    ProcExit,
+    ThreadExit,
+    to_record,
+)
+from gpujitter.probes.nvml import GpuInfo
+from gpujitter.probes.topology import Topology
+
+# What the stream carries live (docs/schema.md "Socket messages"); raw probe events stay in
+# the daemon (a trace keeps them).
+STREAMED = frozenset(
+    {"gpu.gap", "gpu.attribution", "cpu.stats", "meta.probe", "gpu.sample", "gpu.procs",
+     "meta.watch"}
+)  # fmt: skip
+RECENT = 200  # gaps and attributions kept for the snapshot
+MAX_THREADS = 4096  # watched threads whose placement is kept
+
+
+class NodeState:
+    def __init__(self, topology: Topology, gpus: list[GpuInfo] | None = None) -> None:
+        self.topology = topology
+        self.gpus = gpus or []
+        self._lock = threading.Lock()
+        self.probes: dict[str, ProbeStatus] = {}
+        # The irq and cstate probes each send their half of a CPU's figures (interrupt time;
+        # idle residency): the latest of each half is kept.
+        self.cpus: dict[tuple[int, str], CpuStats] = {}
+        self.procs: dict[int, GpuProcesses] = {}
+        self.gaps: deque[GpuGap] = deque(maxlen=RECENT)
+        self.attributions: deque[Attribution] = deque(maxlen=RECENT)
+        self.threads: dict[int, tuple[int, str, int]] = {}  # tid -> (tgid, comm, cpu)
+        self._tids: dict[int, set[int]] = {}  # tgid -> its tids in `threads`
+        # When recently ended threads and processes ended: the probes' rings are read one
+        # after another, so an event of a thread can arrive after its exit and must not
+        # bring it back. Bounded; a reused id counts again from after its exit.
+        self._ended: dict[tuple[str, int], int] = {}
+        self.events = 0
+
+    def observe(self, ev: Event) -> None:
+        with self._lock:
+            self.events += 1
+            if isinstance(ev, ProbeStatus):
+                self.probes[ev.probe] = ev
+            elif isinstance(ev, CpuStats):
+                self.cpus[(ev.cpu, "idle" if ev.idle_ns else "irq")] = ev
+            elif isinstance(ev, GpuGap):
+                self.gaps.append(ev)
+            elif isinstance(ev, Attribution):
+                self.attributions.append(ev)
+            elif isinstance(ev, GpuProcesses):
+                self.procs[ev.gpu] = ev
+            elif isinstance(ev, OffCpu):
+                self._place(ev.ts_ns, ev.tid, ev.tgid, ev.comm, ev.cpu_in)
+            elif isinstance(ev, Migration):
+                self._place(ev.ts_ns, ev.tid, ev.tgid, ev.comm, ev.dst_cpu)
+            elif isinstance(ev, ThreadExit):
+                self._end(("tid", ev.tid), ev.ts_ns)
+                self._forget(ev.tid)
+            elif isinstance(ev, ProcExit):
+                self._end(("tgid", ev.tgid), ev.ts_ns)
+                for tid in list(self._tids.get(ev.tgid, ())):
+                    self._forget(tid)
+
+    def _place(self, ts_ns: int, tid: int, tgid: int, comm: str, cpu: int) -> None:
+        if self._ended and ts_ns <= max(
+            self._ended.get(("tid", tid), -1), self._ended.get(("tgid", tgid), -1)
+        ):
+            return  # news of a thread that has ended since
+        if tid not in self.threads and len(self.threads) >= MAX_THREADS:
+            self._forget(next(iter(self.threads)))  # the longest-known thread goes
+        previous = self.threads.get(tid)
+        if previous is not None and previous[0] != tgid:
+            self._forget(tid)  # the id now names a thread of another process
+        self.threads[tid] = (tgid, comm or (previous[1] if previous else ""), cpu)
+        self._tids.setdefault(tgid, set()).add(tid)
+
+    def _forget(self, tid: int) -> None:
+        known = self.threads.pop(tid, None)
+        if known is not None and (tids := self._tids.get(known[0])) is not None:
+            tids.discard(tid)
+            if not tids:
+                del self._tids[known[0]]
+
+    def _end(self, key: tuple[str, int], ts_ns: int) -> None:
+        self._ended.pop(key, None)
+        self._ended[key] = ts_ns
+        if len(self._ended) > MAX_THREADS:
+            self._ended.pop(next(iter(self._ended)))
+
+    def lost(self) -> tuple[int, int]:
+        """Events the probes lost since start: (in the kernel, in Python)."""
+        with self._lock:
+            probes = list(self.probes.values())
+        return sum(p.lost_kernel for p in probes), sum(p.lost_user for p in probes)
+
+    def probe_cost(self) -> dict[str, dict[str, Any]]:
+        """Per probe, what it costs and delivers (daemon.status's probe_cost)."""
+        with self._lock:
+            probes = list(self.probes.values())
+        return {
+            p.probe: {
+                "state": p.state,
+                "bpf_ns_per_s": p.bpf_ns_per_s,
+                "bpf_runs_per_s": p.bpf_runs_per_s,
+                "cost_from": p.cost_from,
+                "events": p.events,
+                "lost_kernel": p.lost_kernel,
+                "lost_user": p.lost_user,
+            }
+            for p in probes
+        }
+
+    @staticmethod
+    def streamed(ev: Event) -> bool:
+        return ev.KIND in STREAMED
+
+    @staticmethod
+    def tgids_of(ev: Event) -> tuple[int, ...] | None:
+        """The processes a streamed record concerns (for per-user filtering); None for
+        node-wide records."""
+        if isinstance(ev, (GpuGap, Attribution)):
+            return ev.tgids
+        if isinstance(ev, GpuProcesses):
+            return ev.pids
+        return None
+
+    def gpu_records(self) -> list[dict[str, Any]]:
+        return [
+            {"index": g.index, "name": g.name, "pci_bus_id": g.pci_bus_id,
+             "numa_node": self.topology.gpu_node.get(g.pci_bus_id, g.numa_node),
+             "local_cpus": list(g.local_cpus)}
+            for g in self.gpus
+        ]  # fmt: skip
+
+    def status(self, now_ns: int, **own: Any) -> dict[str, Any]:
+        """The daemon.status record: `own` carries the daemon's footprint and counters."""
+        with self._lock:
+            placed = sorted(self.threads.items())
+        threads = [
+            {"tid": tid, "tgid": tgid, "comm": comm, "cpu": cpu,
+             "node": self.topology.node_of(cpu)}
+            for tid, (tgid, comm, cpu) in placed
+        ]  # fmt: skip
+        return {"type": "daemon.status", "ts_ns": now_ns, **own, "threads": threads}
+
+    def snapshot(self, now_ns: int, status: dict[str, Any]) -> dict[str, Any]:
+        # The records are frozen: copies of the containers are enough.
+        with self._lock:
+            probes = list(self.probes.values())
+            gaps = list(self.gaps)
+            attributions = list(self.attributions)
+            cpus = sorted(self.cpus.items())
+            procs = sorted(self.procs.items())
+        return {
+            "type": "snapshot",
+            "ts_ns": now_ns,
+            "probes": [to_record(s) for s in probes],
+            "gpus": self.gpu_records(),
+            "gaps": [to_record(g) for g in gaps],
+            "attributions": [to_record(a) for a in attributions],
+            "cpus": [to_record(c) for _, c in cpus],
+            "procs": [to_record(p) for _, p in procs],
+            "status": status,
+        }

@@ -1,0 +1,143 @@
+"""Where a runtime's events and findings go (daemon/service/runtime.py's Sink): the trace recorder,
+the attribution log, the console, the unix-socket stream and the Prometheus metrics, each an
+adapter over the writer that does the work. A command picks the ones it needs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpujitter.daemon.analysis.records import Attribution, GpuGap
+from gpujitter.daemon.service.runtime import Sink
+from gpujitter.probes.events import Event, ProbeStatus, to_record
+
+if TYPE_CHECKING:
+    from gpujitter.daemon.service.runtime import Runtime
+    from gpujitter.daemon.service.service import Console
+    from gpujitter.daemon.service.state import NodeState
+    from gpujitter.daemon.sinks.jsonlog import JsonLog
+    from gpujitter.daemon.sinks.metrics import DaemonMetrics
+    from gpujitter.daemon.sinks.recorder import TraceRecorder
+    from gpujitter.daemon.sinks.stream import StreamServer
+
+
+class RecorderSink(Sink):
+    """Every input event into a trace (file or rotated directory); flushed on the tick, a
+    new file at SIGHUP."""
+
+    def __init__(self, recorder: TraceRecorder) -> None:
+        self.recorder = recorder
+
+    def event(self, ev: Event) -> None:
+        self.recorder.write(ev)
+
+    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+        self.recorder.tick(now_ns)
+
+    def reload(self) -> None:
+        self.recorder.rotate()
+
+    def status(self) -> dict[str, Any]:
+        f = self.recorder.failures
+        return {"trace_lost": f.dropped_total, "trace_failing": f.reason}
+
+    def close(self) -> None:
+        self.recorder.close()
+
+
+class LogSink(Sink):
+    """Each attribution as one JSON line; reopened at SIGHUP (after logrotate)."""
+
+    def __init__(self, log: JsonLog) -> None:
+        self.log = log
+
+    def finding(self, found: Event) -> None:
+        if isinstance(found, Attribution):
+            self.log.write(found)
+
+    def reload(self) -> None:
+        self.log.reopen()
+
+    def status(self) -> dict[str, Any]:
+        f = self.log.failures
+        return {"log_dropped": f.dropped_total, "log_failing": f.reason}
+
+    def close(self) -> None:
+        self.log.close()
+
+
+class ConsoleSink(Sink):
+    """Each attribution as a line (or NDJSON) on the console."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def finding(self, found: Event) -> None:
+        if isinstance(found, Attribution):
+            self.console.attribution(found)
+
+
+class StreamSink(Sink):
+    """The socket stream: the kinds it carries, every finding, the status each tick; the
+    last status goes out before the socket closes."""
+
+    def __init__(self, stream: StreamServer, state: NodeState) -> None:
+        self.stream = stream
+        self.state = state
+        self._runtime: Runtime | None = None
+
+    def started(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    def event(self, ev: Event) -> None:
+        if self.state.streamed(ev):
+            self.stream.publish(to_record(ev), self.state.tgids_of(ev))
+
+    def finding(self, found: Event) -> None:
+        self.stream.publish(to_record(found), self.state.tgids_of(found))
+
+    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+        self.stream.publish(status)
+
+    def status(self) -> dict[str, Any]:
+        return {"clients": self.stream.clients, "client_dropped": self.stream.dropped_total}
+
+    def close(self) -> None:
+        if self._runtime is not None:
+            self.stream.publish(self._runtime.status())
+        self.stream.close()
+
+
+class MetricsSink(Sink):
+    """Prometheus counters and gauges; `files` names the file sinks whose failures it
+    exports (only those configured)."""
+
+    def __init__(self, metrics: DaemonMetrics, files: tuple[str, ...]) -> None:
+        self.metrics = metrics
+        self.files = files
+
+    def started(self, runtime: Runtime) -> None:
+        self.metrics.set_gpus(runtime.source.gpus)
+
+    def event(self, ev: Event) -> None:
+        if isinstance(ev, ProbeStatus):
+            self.metrics.observe_probe(ev)
+
+    def finding(self, found: Event) -> None:
+        if isinstance(found, GpuGap):
+            self.metrics.observe_gap(found.gpu, found.dur_ns / 1e9)
+        elif isinstance(found, Attribution):
+            if found.self_inflicted:
+                self.metrics.observe_self_inflicted(found.gpu, found.self_ns / 1e9)
+            self.metrics.observe_attribution(
+                found.gpu, [(p.cause, p.ns / 1e9) for p in found.parts], found.workload
+            )
+
+    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+        self.metrics.observe_engine(status["engine_dropped"])
+        for sink, dropped, failing in (("log", "log_dropped", "log_failing"),
+                                       ("trace", "trace_lost", "trace_failing")):  # fmt: skip
+            if sink in self.files:
+                self.metrics.observe_sink(sink, status[dropped], bool(status[failing]))
+        if "stream" in self.files:
+            self.metrics.observe_stream(status["clients"], status["client_dropped"])

@@ -1,0 +1,319 @@
+"""The daemon's attribution log: JSON lines, one record per line, each carrying its schema
+("schema": "gpujitter.attribution/1"), so any line read alone (grep, tail, a rotated file)
+says how to read it. docs/schema.md describes the records.
+
+Each line goes to the file in one write() on an O_APPEND descriptor, so a crash can leave
+only the last line incomplete; reopening the file cuts such a torn line off before writing
+again. Rotation by size keeps name.1 (newest) .. name.N; `reopen()` (on SIGHUP) starts a
+new file after logrotate has moved the old one away.
+
+A write the disk refuses (full, quota, I/O error) drops that record and counts it
+(daemon/sinks/diskfull.py); every write tries again, and the first line that goes through after
+such a stretch is a `log.dropped` record with the count, the reason and the time span.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gpujitter.daemon.sinks.diskfull import WriteFailures, no_room, to_stderr
+from gpujitter.daemon.sinks.rotation import Rotation, fsync_dir
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.events import (
+    SCHEMA_MAJOR,
+    BadRecord,
+    Event,
+    event_kinds,
+    from_record,
+    to_record,
+)
+from gpujitter.text import inert_json
+
+LOG_SCHEMA = f"gpujitter.attribution/{SCHEMA_MAJOR}"
+DROPPED = "log.dropped"  # the record that says how many records a failing disk cost
+# Past any record the daemon writes (an attribution lists a bounded number of threads and
+# evidence): a longer run without a newline is damage, not a torn last line.
+MAX_LINE_BYTES = 1 << 20
+_TAIL_CHUNK = 1 << 16
+
+
+_FALLOC_FL_KEEP_SIZE = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+
+
+def reserve(fd: int, offset: int, length: int) -> None:
+    """Allocate the file's blocks for [offset, offset+length) without changing its size;
+    OSError when the disk has no room. Where the file system cannot (EOPNOTSUPP), nothing
+    is reserved and a full disk shows as a short write instead."""
+    if _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0:
+        return
+    err = ctypes.get_errno()
+    if err not in (errno.EOPNOTSUPP, errno.ENOSYS):
+        raise OSError(err, os.strerror(err))
+
+
+def rotated_files(path: Path) -> list[Path]:
+    """The log and its rotated files, oldest first: name.N .. name.1, name (if present)."""
+    numbered = []
+    k = 1
+    while (candidate := path.with_name(f"{path.name}.{k}")).exists():
+        numbered.append(candidate)
+        k += 1
+    current = [path] if path.exists() else []
+    return [*reversed(numbered), *current]
+
+
+class JsonLog:
+    """Appends records as JSON lines to `path` (created with `mode`, whatever the umask).
+    Safe to call from several threads. `repaired_bytes`: how much of a torn last line a
+    previous crash left, cut off when the file was (re)opened. `failures`: the records the
+    disk refused (`say` is told once when that starts and once when it ends)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        rotation: Rotation | None = None,
+        *,
+        schema: str = LOG_SCHEMA,
+        mode: int = 0o640,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.rotation = rotation
+        self.schema = schema
+        self.mode = mode
+        self.lines = 0
+        self.repaired_bytes = 0
+        self.failures = WriteFailures(f"log {self.path}", say or to_stderr)
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._closed = False
+        try:
+            self._open()
+        except GpujitterError as err:
+            # A disk that is full now may have room later: start, and try at each write.
+            # A place that cannot be written at all is a configuration error.
+            if not no_room(err):
+                raise
+            self.failures.failed(str(err), time.monotonic_ns(), 0)
+
+    def _open(self) -> None:
+        # Read access too: a torn last line is found by reading the tail.
+        flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
+        fd = -1
+        try:
+            try:
+                fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, self.mode)
+                os.fchmod(fd, self.mode)
+            except FileExistsError:
+                fd = os.open(self.path, flags)
+            self.size = self._cut_torn_line(fd)
+        except OSError as err:
+            if fd >= 0:
+                os.close(fd)
+            raise GpujitterError(f"cannot open log {self.path}: {err.strerror}") from None
+        self._fd = fd
+        self._opened_ns = time.monotonic_ns()
+
+    def _cut_torn_line(self, fd: int) -> int:
+        """Truncate a last line without its newline (a crash mid-write); returns the size."""
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return size
+        keep = pos = 0
+        for pos in range(size, 0, -_TAIL_CHUNK):
+            start = max(0, pos - _TAIL_CHUNK)
+            newline = os.pread(fd, pos - start, start).rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+        os.ftruncate(fd, keep)
+        self.repaired_bytes += size - keep
+        return keep
+
+    def write(self, record: Event | Mapping[str, Any]) -> bool:
+        """Append one record (an event, or a plain mapping) as one line; False when the
+        disk refused it (dropped and counted in `failures`)."""
+        rec = to_record(record) if isinstance(record, Event) else record
+        # inert_json: names in it are other processes' choice, and people `tail -f` a log.
+        line = inert_json(orjson.dumps({"schema": self.schema, **rec})) + b"\n"
+        with self._lock:
+            if self._closed:
+                raise GpujitterError(f"log {self.path} written after close")
+            now_ns = time.monotonic_ns()
+            try:
+                if self._fd is None:
+                    self._open()  # it failed after a rotation or a reopen: try again
+                if self.failures.failing:
+                    self._append(self._dropped_line(now_ns))
+                    self.failures.recovered()
+                age_ns = now_ns - self._opened_ns
+                if self.rotation and self.size and self.rotation.due(self.size + len(line), age_ns):
+                    self._rotate()
+                self._append(line)
+            except GpujitterError as err:
+                self.failures.failed(str(err), now_ns)
+                return False
+            return True
+
+    def _dropped_line(self, now_ns: int) -> bytes:
+        f = self.failures
+        rec = {"schema": self.schema, "type": DROPPED, "ts_ns": now_ns, "count": f.dropped,
+               "since_ns": f.since_ns, "reason": f.reason}  # fmt: skip
+        return orjson.dumps(rec) + b"\n"
+
+    def _append(self, line: bytes) -> None:
+        assert self._fd is not None
+        try:
+            # Room first: a write into reserved blocks cannot stop halfway, so a reader
+            # following the file (a log shipper) never sees a fragment that is cut off later.
+            reserve(self._fd, self.size, len(line))
+            written = os.write(self._fd, line)
+        except OSError as err:
+            raise GpujitterError(f"cannot write log {self.path}: {err.strerror}") from None
+        if written != len(line):
+            # Disk full mid-line: take the fragment back so no broken line stays behind.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self.size)
+            raise GpujitterError(f"cannot write log {self.path}: short write (disk full?)")
+        self.size += written
+        self.lines += 1
+
+    def _rotate(self) -> None:
+        assert self._fd is not None and self.rotation is not None
+        os.close(self._fd)
+        self._fd = None
+        try:
+            for older in rotated_files(self.path):  # oldest first: no rename overwrites
+                suffix = older.name[len(self.path.name) :]
+                k = int(suffix[1:]) if suffix else 0
+                older.rename(self.path.with_name(f"{self.path.name}.{k + 1}"))
+            fsync_dir(self.path.parent)
+        except OSError as err:
+            raise GpujitterError(f"cannot rotate log {self.path}: {err.strerror}") from None
+        finally:
+            self._open()  # the new file, or the same one again when renaming failed
+        self.rotation.prune(rotated_files(self.path))
+
+    def reopen(self) -> None:
+        """Close and open the path again: after logrotate renamed the file (SIGHUP), new
+        lines go to a new file at the configured name (or, if it cannot be opened now, at
+        the next write that can)."""
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+            with contextlib.suppress(GpujitterError):
+                self._open()
+
+    def close(self) -> None:
+        """fsync and close; the log is then durable up to its last line. What a failing
+        disk still holds back is said, not raised: the records are already counted."""
+        with self._lock:
+            self._closed = True
+            if self._fd is None:
+                return
+            try:
+                os.fsync(self._fd)
+            except OSError as err:
+                self.failures.say(f"{self.failures.what}: fsync at close: {err.strerror}")
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> JsonLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class JsonLogReader:
+    """Reads JSON lines that name their schema: the attribution log (and its rotated files,
+    oldest first, with `rotated=True`), each line naming it; or, given `stream_schema`, also
+    a captured socket stream, whose first line (the hello) names it for the lines after it.
+    A torn last line of a file (no newline, at most MAX_LINE_BYTES) is skipped and counted
+    in `torn_bytes`. A broken line elsewhere, a longer run without a newline, a record of
+    another schema, or a record of an event kind with a field of the wrong type raises
+    GpujitterError with one line."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        rotated: bool = False,
+        schema: str = LOG_SCHEMA,
+        stream_schema: str | None = None,
+    ):
+        self.path = Path(path)
+        self.files = rotated_files(self.path) if rotated else [self.path]
+        self.schema = schema
+        self.stream_schema = stream_schema
+        self.torn_bytes = 0
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.torn_bytes = 0
+        for path in self.files:
+            yield from self._read(path)
+
+    def _read(self, path: Path) -> Iterator[dict[str, Any]]:
+        try:
+            f = open(path, "rb")  # noqa: SIM115 (closed below, also when the caller stops)
+        except OSError as err:
+            raise GpujitterError(f"cannot open log {path}: {err.strerror}") from None
+        schema, named_once = self.schema, False
+        with f:
+            for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+                where = f"{path}:{lineno}"
+                if not line.endswith(b"\n"):
+                    if len(line) > MAX_LINE_BYTES:
+                        raise GpujitterError(
+                            f"{where}: over {MAX_LINE_BYTES} bytes without a newline, longer "
+                            "than any record; the log is damaged"
+                        )
+                    self.torn_bytes += len(line)
+                    return
+                rec = _json_line(where, line)
+                if lineno == 1 and self.stream_schema and _names(rec, self.stream_schema):
+                    schema, named_once = self.stream_schema, True
+                if not (named_once and isinstance(rec, dict) and "schema" not in rec):
+                    _check_schema(where, rec, schema)
+                if rec.get("type") in event_kinds():
+                    try:
+                        from_record(rec)
+                    except BadRecord as err:
+                        raise GpujitterError(f"{where}: {err}") from None
+                yield rec
+
+
+def _json_line(where: str, line: bytes) -> Any:
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        raise GpujitterError(f"{where}: not a JSON line; the log is damaged") from None
+
+
+def _names(rec: Any, schema: str) -> bool:
+    """Whether the record is an object that names `schema`, in any major."""
+    got = rec.get("schema") if isinstance(rec, dict) else None
+    return isinstance(got, str) and got.startswith(schema.rsplit("/", 1)[0] + "/")
+
+
+def _check_schema(where: str, rec: Any, schema: str) -> None:
+    if not _names(rec, schema):
+        raise GpujitterError(f"{where}: not a {schema.rsplit('/', 1)[0]}/N record")
+    if rec["schema"] != schema:
+        raise GpujitterError(
+            f"{where}: record of schema {rec['schema']}; this gpujitter reads {schema}"
+        )

@@ -1,0 +1,511 @@
+"""The trace file: a checksummed header and one checksummed frame per event, written and read
+as a stream (a trace of hours never has to fit in memory). docs/trace-format.md has the byte
+layout, the compatibility rules and what a reader does with each kind of damage.
+
+    preamble  magic "\\x89GJTRACE", format major u16, minor u16, crc32 of those 12 bytes
+    frame     length u32, crc32(payload) u32, crc32(the 8 bytes before) u32, payload
+    file      preamble, header frame (JSON object), event frames (JSON, probes/events.py)
+
+All integers little-endian; crc32 is zlib's (IEEE 802.3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import socket
+import struct
+import time
+import uuid
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+
+from gpujitter import __version__
+from gpujitter.daemon.analysis import records  # noqa: F401 (registers the daemon's event kinds)
+from gpujitter.daemon.sinks.rotation import fsync_dir
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.clock import clock_ref, wall_ns
+from gpujitter.probes.events import (
+    SCHEMA_MAJOR,
+    SCHEMA_MINOR,
+    BadRecord,
+    ClockRef,
+    Event,
+    event_kinds,
+    from_record,
+    to_record,
+    typed,
+)
+from gpujitter.probes.topology import Topology
+
+MAGIC = b"\x89GJTRACE"
+FORMAT_MAJOR = 1
+FORMAT_MINOR = 0
+SUFFIX = ".gjtrace"
+
+_PREAMBLE = struct.Struct("<8sHH")  # then crc32 of these 12 bytes
+PREAMBLE_SIZE = _PREAMBLE.size + 4
+_FRAME = struct.Struct("<III")  # payload length, crc32(payload), crc32(first 8 bytes)
+FRAME_HEADER_SIZE = _FRAME.size
+# No writer makes a record this large; a checksummed length above it is a writer bug.
+MAX_PAYLOAD_BYTES = 16 << 20
+_CHUNK = 1 << 16
+
+
+def preamble(major: int = FORMAT_MAJOR, minor: int = FORMAT_MINOR) -> bytes:
+    head = _PREAMBLE.pack(MAGIC, major, minor)
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
+def frame(payload: bytes) -> bytes:
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise GpujitterError(f"a record of {len(payload)} bytes is larger than a trace holds")
+    head = struct.pack("<II", len(payload), zlib.crc32(payload))
+    return head + struct.pack("<I", zlib.crc32(head)) + payload
+
+
+def encode(ev: Event) -> bytes:
+    """An event as the frame a trace stores."""
+    return frame(orjson.dumps(to_record(ev)))
+
+
+@dataclass(frozen=True, slots=True)
+class TraceHeader:
+    """What a reader needs to interpret the events: where and when they were recorded, with
+    which probes and thresholds, the node's topology, and the monotonic<->wall reference.
+    session: one id per recording, shared by all files of a rotated set; segment: the
+    file's place in that set (0, 1, ...)."""
+
+    host: str
+    kernel: str
+    topology: Topology
+    clock: ClockRef
+    start_ns: int  # CLOCK_MONOTONIC when this file was started
+    probes: tuple[str, ...]
+    thresholds: Mapping[str, Mapping[str, int]]  # probe -> key -> ns, defaults included
+    watch: str = ""  # which processes were watched, as people read it
+    gpujitter: str = __version__
+    schema: tuple[int, int] = (SCHEMA_MAJOR, SCHEMA_MINOR)  # of the events (docs/schema.md)
+    session: str = ""
+    segment: int = 0
+    # Gap-detection and attribution settings in force while recording (AnalysisConfig),
+    # so that `report` replays with them; empty: the defaults of the reading version.
+    analysis: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def now(
+        cls,
+        topology: Topology,
+        probes: Iterable[str],
+        thresholds: Mapping[str, Mapping[str, int]],
+        watch: str = "",
+        analysis: Mapping[str, Any] | None = None,
+    ) -> TraceHeader:
+        uname = os.uname()
+        return cls(
+            host=socket.gethostname(),
+            kernel=uname.release,
+            topology=topology,
+            clock=clock_ref(),
+            start_ns=time.monotonic_ns(),
+            probes=tuple(probes),
+            thresholds={p: dict(t) for p, t in thresholds.items()},
+            watch=watch,
+            session=uuid.uuid4().hex[:12],
+            analysis=dict(analysis or {}),
+        )
+
+    @property
+    def start_wall_ns(self) -> int:
+        return wall_ns(self.clock, self.start_ns)
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "kernel": self.kernel,
+            "gpujitter": self.gpujitter,
+            "schema": list(self.schema),
+            "session": self.session,
+            "segment": self.segment,
+            "start_ns": self.start_ns,
+            "clock": {"ts_ns": self.clock.ts_ns, "realtime_ns": self.clock.realtime_ns},
+            "probes": list(self.probes),
+            "thresholds": {p: dict(t) for p, t in self.thresholds.items()},
+            "watch": self.watch,
+            "topology": self.topology.to_record(),
+            "analysis": dict(self.analysis),
+        }
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> TraceHeader:
+        """Inverse of to_record, every key checked against its type; keys a newer minor
+        version added are ignored. Raises BadRecord naming the key that is missing or of the
+        wrong type (the reader words it)."""
+        rec = typed(dict[str, Any], rec)
+
+        def key(name: str, hint: Any, *default: Any) -> Any:
+            if name not in rec and not default:
+                raise BadRecord(f"no {name!r}")
+            return typed(hint, rec.get(name, *default), name)
+
+        schema = key("schema", tuple[int, int])  # first: another major may differ anywhere
+        return cls(
+            host=key("host", str),
+            kernel=key("kernel", str),
+            topology=Topology.from_record(key("topology", dict[str, Any])),
+            clock=key("clock", ClockRef),
+            start_ns=key("start_ns", int),
+            probes=key("probes", tuple[str, ...]),
+            thresholds=key("thresholds", dict[str, dict[str, int]]),
+            watch=key("watch", str, ""),
+            gpujitter=key("gpujitter", str),
+            schema=schema,
+            session=key("session", str, ""),
+            segment=key("segment", int, 0),
+            analysis=key("analysis", dict[str, Any], {}),
+        )
+
+
+def _io_error(path: Path, what: str, err: OSError) -> GpujitterError:
+    return GpujitterError(f"cannot {what} {path}: {err.strerror or err}")
+
+
+class TraceWriter:
+    """Appends events to a new trace file. Frames collect in a buffer that goes to the file in
+    one write when it reaches `flush_bytes` or when `flush_if_due` finds it older than
+    `flush_interval_ns`, so a crash loses at most that much and tears at most the last frame.
+    The header is fsynced at creation and the file on close.
+
+    The file appears under its name only once its header is on disk (written as NAME.tmp,
+    then renamed), so every trace a reader finds has a complete header."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        header: TraceHeader,
+        *,
+        flush_bytes: int = 256 << 10,
+        flush_interval_ns: int = 1_000_000_000,
+        mode: int = 0o640,
+    ) -> None:
+        self.path = Path(path)
+        self.header = header
+        self.flush_bytes = flush_bytes
+        self.flush_interval_ns = flush_interval_ns
+        self.events = 0
+        self.buffered_events = 0  # frames waiting in the buffer
+        self.lost_events = 0  # frames a failed write dropped (the file is cut back instead)
+        self._buf = bytearray()
+        self._last_flush_ns = time.monotonic_ns()
+        if self.path.exists():
+            raise GpujitterError(f"{self.path} exists; remove it or choose another name")
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        except OSError as err:
+            raise _io_error(self.path, "create", err) from None
+        self._fd: int | None = fd
+        try:
+            os.fchmod(fd, mode)  # exactly `mode`, whatever the umask
+            head = preamble() + frame(orjson.dumps(header.to_record()))
+            self._write(head)
+            os.fsync(fd)
+            os.rename(tmp, self.path)
+            fsync_dir(self.path.parent)
+        except OSError as err:
+            os.close(fd)
+            self._fd = None
+            tmp.unlink(missing_ok=True)
+            raise _io_error(self.path, "write", err) from None
+        self._on_disk = len(head)
+        self.size = len(head)  # bytes in the file and in the buffer
+
+    def write(self, ev: Event) -> int:
+        """Append one event; returns the bytes it takes in the file."""
+        return self.append(encode(ev))
+
+    def append(self, data: bytes) -> int:
+        """Append one frame made by `encode`."""
+        self._buf += data
+        self.size += len(data)
+        self.events += 1
+        self.buffered_events += 1
+        if len(self._buf) >= self.flush_bytes:
+            self.flush()
+        return len(data)
+
+    def flush_if_due(self, now_ns: int | None = None) -> None:
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        if self._buf and now_ns - self._last_flush_ns >= self.flush_interval_ns:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the buffered frames to the kernel (one write; no fsync). When the write fails
+        (disk full), the file is cut back to its last whole frame and the error raised."""
+        self._last_flush_ns = time.monotonic_ns()
+        if not self._buf:
+            return
+        buffered, self.buffered_events = self.buffered_events, 0
+        try:
+            self._write(self._buf)
+        except OSError as err:
+            self._buf = bytearray()  # not clear(): the failed write's view may still hold it
+            with contextlib.suppress(OSError):
+                # Back to the last whole frame, the offset too: the next write that works
+                # must continue there, not past a hole the partial write left.
+                os.ftruncate(self._fd_open(), self._on_disk)
+                os.lseek(self._fd_open(), self._on_disk, os.SEEK_SET)
+            self.size = self._on_disk
+            self.lost_events += buffered
+            raise _io_error(self.path, "write", err) from None
+        self._on_disk += len(self._buf)
+        self._buf.clear()
+
+    @property
+    def on_disk(self) -> int:
+        """Bytes handed to the file (the rest is in the buffer)."""
+        return self._on_disk
+
+    def close(self) -> None:
+        """Flush and fsync; the file is then a complete trace."""
+        if self._fd is None:
+            return
+        try:
+            self.flush()
+            os.fsync(self._fd)
+        except OSError as err:
+            raise _io_error(self.path, "write", err) from None
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+    def _fd_open(self) -> int:
+        if self._fd is None:
+            raise GpujitterError(f"{self.path}: trace writer used after close")
+        return self._fd
+
+    def _write(self, data: bytes | bytearray) -> None:
+        fd = self._fd_open()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _TornTail(Exception):
+    """The data ends inside a frame: the recorder stopped mid-write."""
+
+
+class TraceReader:
+    """Reads one trace file as a stream of events. Opening reads and checks the preamble and
+    header; iterating yields events in file order. Damage, as docs/trace-format.md says:
+    a torn last frame (crash mid-write) or a zero-filled tail ends the stream and is counted
+    in `torn_tail_bytes`; records of kinds this version does not know (a newer writer) are
+    skipped and counted in `skipped`; anything else raises GpujitterError with one line."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.records = 0
+        self.skipped: Counter[str] = Counter()
+        self.torn_tail_bytes = 0
+        try:
+            self._file: BinaryIO = open(self.path, "rb")  # noqa: SIM115 (closed by close())
+        except OSError as err:
+            raise _io_error(self.path, "open", err) from None
+        try:
+            self.format_version = self._read_preamble()
+            self.header = self._read_header()
+        except BaseException:
+            self._file.close()
+            raise
+        self._data_start = self._file.tell()
+
+    def _fail(self, offset: int, what: str) -> GpujitterError:
+        return GpujitterError(f"{self.path}: {what} at byte {offset}; the trace is damaged")
+
+    def _read_preamble(self) -> tuple[int, int]:
+        raw = self._file.read(PREAMBLE_SIZE)
+        if not raw:
+            raise GpujitterError(f"{self.path}: empty file, not a gpujitter trace")
+        if raw[: len(MAGIC)] != MAGIC[: len(raw)]:
+            raise GpujitterError(f"{self.path}: not a gpujitter trace (no trace magic)")
+        if len(raw) < PREAMBLE_SIZE:
+            raise GpujitterError(f"{self.path}: truncated trace header ({len(raw)} bytes)")
+        _, major, minor = _PREAMBLE.unpack_from(raw)
+        (crc,) = struct.unpack_from("<I", raw, _PREAMBLE.size)
+        if zlib.crc32(raw[: _PREAMBLE.size]) != crc:
+            raise self._fail(0, "corrupt preamble (checksum mismatch)")
+        if major != FORMAT_MAJOR:
+            raise GpujitterError(
+                f"{self.path}: trace format {major}.{minor} is not readable by gpujitter "
+                f"{__version__} (reads {FORMAT_MAJOR}.x)"
+            )
+        return major, minor
+
+    def _read_header(self) -> TraceHeader:
+        payload = self._next_frame(PREAMBLE_SIZE)
+        if payload is None:
+            raise GpujitterError(f"{self.path}: truncated trace header")
+        try:
+            header = TraceHeader.from_record(orjson.loads(payload))
+        except orjson.JSONDecodeError as err:
+            raise self._fail(PREAMBLE_SIZE, f"malformed trace header (not JSON: {err})") from None
+        except BadRecord as err:
+            raise self._fail(PREAMBLE_SIZE, f"malformed trace header ({err})") from None
+        if header.schema[0] != SCHEMA_MAJOR:
+            raise GpujitterError(
+                f"{self.path}: events of schema {header.schema[0]}.{header.schema[1]} are not "
+                f"readable by gpujitter {__version__} (reads {SCHEMA_MAJOR}.x)"
+            )
+        return header
+
+    def _next_frame(self, offset: int) -> bytes | None:
+        """The payload of the frame at `offset` (where the file is positioned), or None at the
+        end of the data: a clean end, or a torn tail (then torn_tail_bytes is set)."""
+        try:
+            return self._frame_at(offset)
+        except _TornTail:
+            self.torn_tail_bytes = os.fstat(self._file.fileno()).st_size - offset
+            return None
+
+    def _frame_at(self, offset: int) -> bytes | None:
+        head = self._file.read(FRAME_HEADER_SIZE)
+        if not head:
+            return None
+        if len(head) < FRAME_HEADER_SIZE:
+            raise _TornTail
+        length, payload_crc, head_crc = _FRAME.unpack(head)
+        if zlib.crc32(head[:8]) != head_crc:
+            if not any(head) and self._rest_is_zero():  # size grew, data never landed
+                raise _TornTail
+            raise self._fail(offset, "corrupt record header (checksum mismatch)")
+        if length > MAX_PAYLOAD_BYTES:
+            raise self._fail(offset, f"record of {length} bytes (larger than any writer makes)")
+        payload = self._file.read(length)
+        if len(payload) < length:
+            raise _TornTail
+        if zlib.crc32(payload) != payload_crc:
+            if not self._file.read(1):  # the last frame, written only in part
+                raise _TornTail
+            raise self._fail(offset, "corrupt record (checksum mismatch)")
+        return payload
+
+    def _rest_is_zero(self) -> bool:
+        while chunk := self._file.read(_CHUNK):
+            if any(chunk):
+                return False
+        return True
+
+    def raw(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(offset, record dict) for every intact frame after the header, unknown kinds
+        included; counts restart on every call."""
+        self._file.seek(self._data_start)
+        self.torn_tail_bytes = 0
+        offset = self._data_start
+        while (payload := self._next_frame(offset)) is not None:
+            try:
+                rec = orjson.loads(payload)
+            except orjson.JSONDecodeError as err:
+                raise self._fail(offset, f"record is not JSON ({err})") from None
+            if not isinstance(rec, dict) or not isinstance(rec.get("type"), str):
+                raise self._fail(offset, "record without a type")
+            yield offset, rec
+            offset = self._file.tell()
+
+    def __iter__(self) -> Iterator[Event]:
+        kinds = event_kinds()
+        self.records = 0
+        self.skipped = Counter()
+        for index, (offset, rec) in enumerate(self.raw()):
+            if rec["type"] not in kinds:
+                self.skipped[rec["type"]] += 1
+                continue
+            try:
+                ev = from_record(rec)
+            except BadRecord as err:
+                raise self._fail(offset, f"record {index}: {err}") from None
+            self.records += 1
+            yield ev
+
+    def damage_notes(self) -> list[str]:
+        """What the last iteration tolerated, one line each (empty for an intact trace)."""
+        notes = []
+        if self.torn_tail_bytes:
+            notes.append(
+                f"{self.path}: torn last record dropped ({self.torn_tail_bytes} bytes; "
+                "the recorder stopped mid-write)"
+            )
+        if self.skipped:
+            kinds = ", ".join(f"{k} ({n})" for k, n in sorted(self.skipped.items()))
+            notes.append(
+                f"{self.path}: skipped {sum(self.skipped.values())} records of kinds this "
+                f"version does not know (written by gpujitter {self.header.gpujitter}): {kinds}"
+            )
+        return notes
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> TraceReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def trace_paths(args: Sequence[str | Path]) -> list[Path]:
+    """Expand what a user named (files, directories of *.gjtrace files, glob patterns) into
+    trace files, each once."""
+    out: dict[Path, None] = {}
+    for arg in args:
+        path = Path(arg)
+        if path.is_dir():
+            found = sorted(path.glob(f"*{SUFFIX}"))
+            if not found:
+                raise GpujitterError(f"{path}: no *{SUFFIX} files in this directory")
+        elif path.exists():
+            found = [path]
+        elif glob.has_magic(str(arg)):
+            found = sorted(Path(p) for p in glob.glob(str(arg)))
+            if not found:
+                raise GpujitterError(f"{arg}: no file matches")
+        else:
+            raise GpujitterError(f"{path}: no such file or directory")
+        out.update(dict.fromkeys(found))
+    return list(out)
+
+
+class TraceSet:
+    """Several trace files read as one stream: a rotated recording, in recording order (start
+    wall time, then session and segment, from each header; file names do not matter). Only
+    one file is open at a time. Damage is collected per file in `damage`."""
+
+    def __init__(self, args: Sequence[str | Path]) -> None:
+        headers = []
+        for path in trace_paths(args):
+            with TraceReader(path) as reader:
+                headers.append((path, reader.header))
+        headers.sort(key=lambda ph: (ph[1].start_wall_ns, ph[1].session, ph[1].segment))
+        self.paths = [p for p, _ in headers]
+        self.headers = [h for _, h in headers]
+        self.damage: list[str] = []
+
+    def __iter__(self) -> Iterator[Event]:
+        """Every file's events in turn; afterwards `damage` has each file's damage notes."""
+        self.damage = []
+        for path in self.paths:
+            with TraceReader(path) as reader:
+                yield from reader
+                self.damage += reader.damage_notes()
