@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon.checks.audit import AuditContext, Evidence, Finding, GpuProcess, run_audit
+from gpujitter.daemon.checks.audit import AuditContext, Finding, GpuProcess, Reading, run_audit
 from gpujitter.daemon.checks.audit.processes import find_gpu_processes
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import HostPaths
@@ -38,9 +38,9 @@ def audit(
     return run_audit(AuditContext(paths=paths, topology=topo, processes=procs), [rule])
 
 
-def ev(paths: HostPaths, rel: str, value: str) -> Evidence:
+def ev(paths: HostPaths, rel: str, value: str) -> Reading:
     root = paths.proc.parent
-    return Evidence(str(root / rel), value)
+    return Reading(str(root / rel), value)
 
 
 # --- memory -------------------------------------------------------------------------------
@@ -402,7 +402,7 @@ def test_irq_affinity_against_an_override(host_tree: MakeTree, tmp_path: Path) -
         "block vda: handled on CPUs 1 (node 1), remote from its device on node 0",
         (
             ev(p, "proc/irq/36/effective_affinity_list", "1"),
-            Evidence(str(override), "[irqs] 36 = 0"),
+            Reading(str(override), "[irqs] 36 = 0"),
         ),
         "echo 0 > /proc/irq/36/smp_affinity_list",
     )
@@ -422,7 +422,7 @@ def test_persistence_from_nvml(host_tree: MakeTree, h200_nvml: ReplayBackend) ->
             "ok",
             "GPU 0 (0000:00:06.0)",
             "persistence mode on",
-            (Evidence("NVML nvmlDeviceGetPersistenceMode", "enabled"),),
+            (Reading("NVML nvmlDeviceGetPersistenceMode", "enabled"),),
         )
     ]
     topo = load_topology(p, nvml=Nvml(h200_nvml).open())
@@ -434,7 +434,7 @@ def test_persistence_from_nvml(host_tree: MakeTree, h200_nvml: ReplayBackend) ->
             "GPU 0 (0000:00:06.0)",
             "persistence mode off: when no process holds the GPU the driver unloads its state, "
             "and the next CUDA start takes a second or two",
-            (Evidence("NVML nvmlDeviceGetPersistenceMode", "disabled"),),
+            (Reading("NVML nvmlDeviceGetPersistenceMode", "disabled"),),
             "nvidia-smi -i 0 -pm 1",
         )
     ]
@@ -495,7 +495,7 @@ def test_no_gpu_process(host_tree: MakeTree) -> None:
             "GPU processes",
             "none found (no NVML compute process, no process with libcuda mapped); name one "
             "with --pid",
-            (Evidence(str(vm.proc / "*/maps"), "no libcuda.so"),),
+            (Reading(str(vm.proc / "*/maps"), "no libcuda.so"),),
         )
     ]
 

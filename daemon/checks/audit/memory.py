@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpujitter.daemon.analysis import remedies
-from gpujitter.daemon.checks.audit.model import AuditContext, Evidence, Finding, rule
+from gpujitter.daemon.checks.audit.model import AuditContext, Finding, Reading, rule
 from gpujitter.probes.host import selected_choice
 
 THP = "kernel/mm/transparent_hugepage"
@@ -16,13 +16,13 @@ THP_QUIET = {
 }
 
 
-def active_swaps(ctx: AuditContext) -> tuple[list[list[str]], Evidence]:
+def active_swaps(ctx: AuditContext) -> tuple[list[list[str]], Reading]:
     """/proc/swaps rows (name, type, size KiB, used KiB, priority) and their evidence."""
     path = ctx.paths.proc / "swaps"
     text, _ = ctx.read(path)
     lines = [line for line in (text or "").splitlines()[1:] if line.strip()]
     value = "; ".join(" ".join(line.split()) for line in lines) or "no swap device listed"
-    return [line.split() for line in lines], Evidence(str(path), value)
+    return [line.split() for line in lines], Reading(str(path), value)
 
 
 @rule("memory.swappiness")

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from typing import Literal
 
 from gpujitter.daemon.analysis import remedies
-from gpujitter.daemon.checks.audit.model import AuditContext, Evidence, Finding, GpuProcess, rule
+from gpujitter.daemon.checks.audit.model import AuditContext, Finding, GpuProcess, Reading, rule
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.cuda import is_libcuda
 from gpujitter.probes.host import (
@@ -79,7 +79,7 @@ def gpu_processes(ctx: AuditContext) -> Iterator[Finding]:
             "GPU processes",
             "none found (no NVML compute process, no process with libcuda mapped); name one "
             "with --pid",
-            (Evidence(str(ctx.paths.proc / "*/maps"), f"no {LIBCUDA}"),),
+            (Reading(str(ctx.paths.proc / "*/maps"), f"no {LIBCUDA}"),),
         )
         return
     for p in ctx.processes:
@@ -89,7 +89,7 @@ def gpu_processes(ctx: AuditContext) -> Iterator[Finding]:
             "info",
             _subject(p),
             f"uses {gpus} (found by {p.found_by})",
-            (Evidence(str(ctx.paths.proc / str(p.pid) / "maps"), gpus),),
+            (Reading(str(ctx.paths.proc / str(p.pid) / "maps"), gpus),),
         )
 
 
@@ -120,7 +120,7 @@ def _per_process(ctx: AuditContext) -> Iterator[tuple[GpuProcess, int | None, st
         yield p, node, why
 
 
-def _unknown_node(name: str, p: GpuProcess, why: str, ev: Evidence) -> Finding:
+def _unknown_node(name: str, p: GpuProcess, why: str, ev: Reading) -> Finding:
     return Finding(name, "info", _subject(p), f"not checked: {why}", (ev,))
 
 
@@ -130,7 +130,7 @@ def cpu_affinity(ctx: AuditContext) -> Iterator[Finding]:
     for p, node, why in _per_process(ctx):
         status = ctx.paths.proc / str(p.pid) / "status"
         allowed_text = status_fields(ctx.paths, p.pid).get("Cpus_allowed_list", "")
-        ev = Evidence(str(status), f"Cpus_allowed_list: {allowed_text}")
+        ev = Reading(str(status), f"Cpus_allowed_list: {allowed_text}")
         if node is None:
             yield _unknown_node(name, p, why, ev)
             continue
@@ -176,7 +176,7 @@ def memory_policy(ctx: AuditContext) -> Iterator[Finding]:
     name = "process.memory_policy"
     for p, node, why in _per_process(ctx):
         mems = status_fields(ctx.paths, p.pid).get("Mems_allowed_list", "")
-        status_ev = Evidence(
+        status_ev = Reading(
             str(ctx.paths.proc / str(p.pid) / "status"), f"Mems_allowed_list: {mems}"
         )
         if node is None:
@@ -192,7 +192,7 @@ def memory_policy(ctx: AuditContext) -> Iterator[Finding]:
         total = sum(pages.values())
         remote = sum(n for nd, n in pages.items() if nd != node)
         summary = " ".join(f"N{nd}={n}" for nd, n in sorted(pages.items())) or "no pages"
-        maps_ev = Evidence(
+        maps_ev = Reading(
             str(numa_maps),
             f"pages {summary}; policies "
             + ", ".join(f"{pol} x{n}" for pol, n in policies.most_common()),
@@ -240,7 +240,7 @@ def memlock(ctx: AuditContext) -> Iterator[Finding]:
             "",
         )
         values = row.removeprefix("Max locked memory").split()
-        ev = Evidence(str(limits), " ".join(row.split()) or "absent")
+        ev = Reading(str(limits), " ".join(row.split()) or "absent")
         if not values:
             yield Finding(name, "info", _subject(p), "limits not readable", (ev,))
         elif values[0] == "unlimited":
@@ -266,7 +266,7 @@ def allocator(ctx: AuditContext) -> Iterator[Finding]:
         libs = {f for f in mapped_files(ctx.paths, p.pid) if any(lib in f for lib in ALLOCATORS)}
         environ = ctx.paths.proc / str(p.pid) / "environ"
         env = [v for v in (read_text(environ) or "").split("\0") if v.startswith(ALLOCATOR_ENV)]
-        env_ev = Evidence(str(environ), " ".join(env) or "no allocator variables")
+        env_ev = Reading(str(environ), " ".join(env) or "no allocator variables")
         if not libs:
             yield Finding(
                 name,
@@ -274,13 +274,13 @@ def allocator(ctx: AuditContext) -> Iterator[Finding]:
                 _subject(p),
                 "glibc malloc: arena locks and trims (madvise/munmap) can stall data-loader "
                 "threads",
-                (Evidence(str(maps_path), "no jemalloc/tcmalloc/mimalloc mapped"), env_ev),
+                (Reading(str(maps_path), "no jemalloc/tcmalloc/mimalloc mapped"), env_ev),
                 remedies.allocator(),
             )
             continue
         lib = sorted(libs)[0]
         kind = next(k for prefix, k in ALLOCATORS.items() if prefix in lib)
-        maps_ev = Evidence(str(maps_path), lib)
+        maps_ev = Reading(str(maps_path), lib)
         if kind == "jemalloc" and not any(v.startswith("MALLOC_CONF=") for v in env):
             yield Finding(
                 name,
