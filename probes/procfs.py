@@ -1,17 +1,19 @@
-"""Readers of per-process /proc files, one per file: maps (which files a process maps, and
-where), the task folder (its threads) and a task's stat (its state, nice and policy). Every
-probe and check that needs one of them reads it here (status and comm: host.py); HostPaths
-makes them run on recorded trees.
+"""Readers of /proc files, one per file: a process's maps (which files it maps, and where),
+its task folder (its threads), a task's stat (its state, nice and policy), and the swap
+devices. Every probe, check and drill that needs one of them reads it here (status and comm:
+host.py; interrupts: interrupts.py); HostPaths makes them run on recorded trees.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from gpujitter.probes.host import HostPaths
 
 DELETED = " (deleted)"  # what maps appends to a file unlinked since it was mapped
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")  # how /proc/swaps writes a space in a path
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,33 @@ def in_root(paths: HostPaths, pid: int, path: str) -> str:
     """A path as process `pid` sees it (inside its container), as this process can open it:
     through /proc/PID/root."""
     return str(paths.proc / str(pid) / "root") + path if path.startswith("/") else path
+
+
+@dataclass(frozen=True, slots=True)
+class Swap:
+    """One active swap device or file, as /proc/swaps lists it."""
+
+    path: str
+    kind: str  # "partition", "file"
+    size_kib: int
+    used_kib: int
+    priority: int
+
+
+def parse_swaps(text: str) -> list[Swap]:
+    """A /proc/swaps text (a header line, then one row per device) as its devices; rows that
+    do not read are skipped. The kernel writes a space in a path as \\040 (octal escapes)."""
+    out = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        try:
+            size, used, priority = (int(f) for f in fields[2:5])
+        except ValueError:
+            continue
+        if len(fields) == 5:
+            path = _OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), fields[0])
+            out.append(Swap(path, fields[1], size, used, priority))
+    return out
 
 
 def task_ids(paths: HostPaths, pid: int | str) -> list[int]:

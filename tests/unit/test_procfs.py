@@ -20,9 +20,11 @@ from gpujitter.probes.cuda import mapped_libcuda
 from gpujitter.probes.host import HostPaths, status_fields
 from gpujitter.probes.malloc_sites import file_mappings
 from gpujitter.probes.procfs import (
+    Swap,
     in_root,
     mapped_files,
     parse_maps,
+    parse_swaps,
     read_maps,
     task_ids,
     task_stat_fields,
@@ -159,3 +161,20 @@ def test_a_watched_process_brings_its_children_and_theirs() -> None:
                 os.kill(pid, signal.SIGKILL)
         child.wait()
     assert task_ids(HostPaths(), child.pid) == []
+
+
+def test_swap_devices_with_escaped_paths_and_odd_rows() -> None:
+    """The rows of /proc/swaps (the layout of the kernel's swap_show: a path with a space is
+    escaped as \\040); the drill's swap file and the audit read them here."""
+    text = (
+        "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+        "/dev/vda3                               partition\t2097148\t\t0\t\t-2\n"
+        "/var/tmp/gj\\040swap                     file\t\t65532\t\t1024\t\t-3\n"
+        "/broken file\n"
+    )
+    assert parse_swaps(text) == [
+        Swap("/dev/vda3", "partition", 2097148, 0, -2),
+        Swap("/var/tmp/gj swap", "file", 65532, 1024, -3),
+    ]
+    assert parse_swaps("Filename\tType\tSize\tUsed\tPriority\n") == []
+    assert parse_swaps("") == []
