@@ -40,6 +40,7 @@ TARGET = textwrap.dedent(
         time.sleep(100)
 
     def busy_spin(n):
+        print(threading.get_native_id(), t.native_id, flush=True)
         x = 0
         while True:
             for i in range(n):
@@ -47,10 +48,12 @@ TARGET = textwrap.dedent(
 
     t = threading.Thread(target=parked, daemon=True)
     t.start()
-    print(threading.get_native_id(), t.native_id, flush=True)
     busy_spin(1000)
     """
 )
+# The ids are printed from inside busy_spin: printed before the call, a reader could meet the
+# main thread still returning from print() at module level (the depth-1 walk then read
+# "<module>" under load). print() is a C call, which pushes no Python frame.
 
 
 @pytest.fixture
