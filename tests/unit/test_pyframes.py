@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from gpujitter.probes.pyframes import (
     DEBUG_FIELDS_313,
     DEBUG_SIZE_313,
     LAYOUTS,
-    Frame,
     Interpreter,
     NotReadable,
     layout_from_debug_offsets,
@@ -70,17 +68,6 @@ def _run(exe: str, path: Path) -> tuple[subprocess.Popen[str], int, int]:
     return proc, main, parked
 
 
-def spinning(interp: Interpreter, thread: int, depth: int) -> list[Frame]:
-    """The main thread's stack once it is in busy_spin: the child prints its ids just before
-    it calls busy_spin, so a first read can come before (bounded: 2 s)."""
-    for _ in range(200):
-        stack = interp.stack(thread, depth)
-        if stack and stack[0].func != "<module>":
-            break
-        time.sleep(0.01)
-    return stack
-
-
 @pytest.mark.parametrize("exe", INTERPRETERS)
 def test_reads_each_threads_innermost_function_with_file_and_line(
     exe: str, target: tuple[str, Path]
@@ -91,7 +78,7 @@ def test_reads_each_threads_innermost_function_with_file_and_line(
         interp = Interpreter(proc.pid)
         threads = interp.threads()
         assert set(threads) == {main, parked}
-        spin = spinning(interp, threads[main], 2)
+        spin = interp.stack(threads[main], 2)
         sleep = interp.stack(threads[parked], 8)
     finally:
         proc.kill()
@@ -109,7 +96,7 @@ def test_depth_bounds_the_walk(target: tuple[str, Path]) -> None:
     proc, main, _ = _run(SYSTEM, target[1])
     try:
         interp = Interpreter(proc.pid)
-        assert [f.func for f in spinning(interp, interp.threads()[main], 1)] == ["busy_spin"]
+        assert [f.func for f in interp.stack(interp.threads()[main], 1)] == ["busy_spin"]
     finally:
         proc.kill()
         proc.wait()
