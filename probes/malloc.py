@@ -1,8 +1,10 @@
 """malloc: allocator stalls, in two modes.
 
 Cheap (default): the allocator's system calls (mmap, munmap, brk, madvise, mremap) of
-watched processes through syscalls tracepoints; calls slower than the `syscall` threshold
-(default 100 us) are streamed, all calls land in in-kernel log2 latency histograms.
+watched processes, timed by the mm lock they take (mmap_lock raw tracepoints, malloc.bpf.c);
+calls slower than the `syscall` threshold (default 100 us) are streamed, all calls land in
+in-kernel log2 latency histograms. No syscall tracepoint: enabling one sends every system
+call of every task on the node down the kernel's traced path (bench/syscall_tracing.py).
 
 Precise (opt-in, per process, for a bounded window): uprobes on the allocator entry points
 each chosen process maps (malloc_precise.py); calls slower than the `call` threshold
@@ -13,6 +15,7 @@ each chosen process maps (malloc_precise.py); calls slower than the `call` thres
 
 from __future__ import annotations
 
+import platform
 import time
 from typing import Any
 
@@ -24,7 +27,13 @@ from gpujitter.probes.progstats import program_fds
 from gpujitter.probes.registry import Hook, ProbeSpec
 
 SYSCALLS = ("mmap", "munmap", "brk", "madvise", "mremap")
-CONSTANTS = contract.indexes("SC", SYSCALLS)  # what the .bpf.c gets as -D options
+# Their numbers, which the kernel leaves in the caller's saved registers (orig_ax).
+SYSCALL_NR = {"x86_64": {"mmap": 9, "munmap": 11, "brk": 12, "madvise": 28, "mremap": 25}}
+# what the .bpf.c gets as -D options
+CONSTANTS = {
+    **contract.indexes("SC", SYSCALLS),
+    **{f"NR_{name.upper()}": nr for name, nr in SYSCALL_NR["x86_64"].items()},
+}
 DEFAULT_WINDOW_NS = 30_000_000_000
 
 
@@ -38,6 +47,8 @@ class MallocProbe(BpfProbe):
         self.precise: PreciseWindow | None = None
 
     def start(self, ctx: ProbeContext) -> None:
+        if platform.machine() not in SYSCALL_NR:
+            raise ProbeUnavailable(f"system call numbers of {platform.machine()} not known")
         super().start(ctx)
         opts = ctx.options.get(self.name, {})
         pids = opts.get("precise_pids") or ()
@@ -92,14 +103,12 @@ class MallocProbe(BpfProbe):
 SPECS = (
     ProbeSpec(
         name="malloc",
-        summary="allocator system calls with latency; allocator calls (opt-in uprobes)",
+        summary="allocator system calls with latency (by the mm lock they take); allocator "
+        "calls (opt-in uprobes)",
         default_on=True,
         hooks=(
-            *(
-                Hook("tracepoint", f"syscalls:sys_{edge}_{sc}")
-                for sc in SYSCALLS
-                for edge in ("enter", "exit")
-            ),
+            Hook("tracepoint", "mmap_lock:mmap_lock_start_locking"),
+            Hook("tracepoint", "mmap_lock:mmap_lock_released"),
             # precise mode only (opt-in); the allocator each process maps, glibc here
             Hook("uprobe", "libc:malloc", optional=True),
         ),

@@ -14,6 +14,9 @@
 #                injected scenarios scored (bench/real_job_gpu.sh accuracy; a run call of its own)
 #   realjob-cost the training job's step time with and without the daemon, its CPU and memory
 #                (bench/real_job_gpu.sh cost; a run call of its own)
+#   daemoncpu    the daemon's CPU by thread beside the training job (bench/daemon_cpu.py;
+#                DAEMON_CPU_BEFORE=DIR: rounds alternate with the package tree in DIR, e.g.
+#                a `git archive` of an earlier commit; a run call of its own)
 #   startstop    `gpujitter run` from exec to READY and from SIGTERM/SIGINT to exit, its memory,
 #                every uprobe gone after the stop (bench/startstop.py, the node's libcuda)
 # Usage: tools/gpu_session.sh TREE BCC_TARBALL [STEP...]   (TREE: a copy of the repository
@@ -92,6 +95,31 @@ for step in $steps; do
         log "startstop: gpujitter run ready and stop times, memory, uprobes left"
         timeout 400 python3 "$tree/bench/startstop.py" --rounds 5 --nvml --libcuda system \
             --out "$out/startstop.json"
+        ;;
+    daemoncpu)
+        log "daemoncpu: the daemon's CPU by thread beside the training job"
+        job=/tmp/gj/daemoncpu && mkdir -p "$job"
+        # stdin held open (end of input is the job's quit)
+        PYTHONPATH=$PYTHONPATH:$tree timeout 560 python3 -P -m bench.train_job --out "$job" \
+            --target-step-ms 50 < <(sleep 600) > "$job/job.jsonl" 2> "$job/job.err" &
+        for _ in $(seq 240); do grep -q '"ready"' "$job/job.jsonl" 2>/dev/null && break; sleep 1; done
+        pid=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["ready"]["pid"])' "$job/job.jsonl")
+        before=()
+        if [ -n "${DAEMON_CPU_BEFORE:-}" ]; then
+            rm -rf /tmp/pkg-before && mkdir -p /tmp/pkg-before/gpujitter
+            for f in "$DAEMON_CPU_BEFORE"/gpujitter/*; do ln -s "$f" /tmp/pkg-before/gpujitter/; done
+            for part in probes daemon tui; do
+                ln -s "$DAEMON_CPU_BEFORE/$part" "/tmp/pkg-before/gpujitter/$part"
+            done
+            before=(--before /tmp/pkg-before)
+        fi
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 420 python3 -P -m bench.daemon_cpu live \
+            --pid "$pid" --seconds "${DAEMON_CPU_SECONDS:-40}" --rounds "${DAEMON_CPU_ROUNDS:-2}" \
+            "${before[@]}" --json > "$out/daemoncpu.json")
+        mkdir -p "$job/prof"
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 100 python3 -P -m bench.daemon_cpu live \
+            --pid "$pid" --seconds 30 --profile "$job/prof" --json > "$job/profiled.json")
+        kill -INT "$pid"; sleep 5
         ;;
     realjob-cost)
         log "realjob-cost: the training job with and without the daemon"

@@ -12,10 +12,11 @@ character: tui.text says why), so no view can pass a process's name to the termi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, cast
 
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
+from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.probes.events import BadRecord, CpuStats, ProbeState, ProbeStatus, from_record
 from gpujitter.probes.nvml import GpuInfo
 from gpujitter.text import inert_record, printable
@@ -105,53 +106,9 @@ def probe_status(rec: Record) -> ProbeStatus:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class WatchedThread:
-    tid: int
-    tgid: int
-    comm: str
-    cpu: int
-    node: int
-
-
-@dataclass(frozen=True, slots=True)
-class DaemonStatus:
-    ts_ns: int
-    cpu_percent: float = 0.0
-    rss_bytes: int = 0
-    events_per_s: float = 0.0
-    lost_kernel: int = 0
-    lost_user: int = 0
-    engine_dropped: int = 0
-    client_dropped: int = 0
-    threads: tuple[WatchedThread, ...] = ()
-    self_inflicted: int = -1  # gaps the daemon's own threads caused; -1: not reported
-
-
 def daemon_status(rec: Record) -> DaemonStatus:
-    threads = tuple(
-        WatchedThread(
-            tid=int(t.get("tid", 0)),
-            tgid=int(t.get("tgid", 0)),
-            comm=_text(t.get("comm", "")),
-            cpu=int(t.get("cpu", -1)),
-            node=int(t.get("node", -1)),
-        )
-        for t in rec.get("threads") or ()
-        if isinstance(t, Mapping)
-    )
-    return DaemonStatus(
-        ts_ns=int(rec.get("ts_ns", 0)),
-        cpu_percent=float(rec.get("cpu_percent", 0.0)),
-        rss_bytes=int(rec.get("rss_bytes", 0)),
-        events_per_s=float(rec.get("events_per_s", 0.0)),
-        lost_kernel=int(rec.get("lost_kernel", 0)),
-        lost_user=int(rec.get("lost_user", 0)),
-        engine_dropped=int(rec.get("engine_dropped", 0)),
-        client_dropped=int(rec.get("client_dropped", 0)),
-        threads=threads,
-        self_inflicted=int(rec.get("self_inflicted", -1)),
-    )
+    """The daemon's own record type, read leniently, its strings made printable."""
+    return DaemonStatus.from_record(rec)
 
 
 def gpu_info(rec: Record) -> GpuInfo:

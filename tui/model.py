@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
+from gpujitter.daemon.service.status import DaemonStatus, WatchedThread
 from gpujitter.probes.events import CpuStats, ProbeStatus
 from gpujitter.probes.nvml import GpuInfo
 from gpujitter.text import printable
 from gpujitter.tui import decode
-from gpujitter.tui.decode import DaemonStatus, WatchedThread
 from gpujitter.tui.text import WallClock
 
 Record = Mapping[str, Any]

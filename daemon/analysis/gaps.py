@@ -38,8 +38,10 @@ its sources, resolution and confidence.
 
 from __future__ import annotations
 
+import itertools
+from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -85,8 +87,9 @@ class GapConfig:
     # poll, the return path); a sync that spun on longer found the GPU still busy then.
     spin_return_ns: int = 2_000_000
     # The drain inside a preempted spinning sync, without a proven idle floor: its thread's
-    # recent clean syncs (no run-queue wait inside) say how long after a sync's start the
-    # GPU usually drains; at least baseline_min_syncs of the last baseline_syncs (fewer
+    # recent clean syncs (that returned as the GPU drained: no run-queue wait inside, or none
+    # within spin_return_ns of the return) say how long after a sync's start the GPU
+    # usually drains; at least baseline_min_syncs of the last baseline_syncs (fewer
     # make a spread too narrow to trust: from 12 on the H200, ±0.61 ms stated, 0.96 off).
     baseline_syncs: int = 64
     baseline_min_syncs: int = 16
@@ -193,6 +196,66 @@ class _GpuState:
         return self.power[-1].ts_ns + self.power[-1].period_ns if self.power else 0
 
 
+class _OffCpuKept:
+    """A thread's kept off-CPU intervals: in arrival order (the oldest arrival is dropped
+    first, past the bound or the history) and in time order, (ts_ns, end_ns), so that a
+    sync finds those inside it by bisection instead of a scan of all of them per sync."""
+
+    __slots__ = ("arrived", "by_time", "keys", "maxlen")
+
+    def __init__(self, maxlen: int) -> None:
+        self.arrived: deque[OffCpu] = deque()
+        self.keys: list[tuple[int, int]] = []
+        self.by_time: list[OffCpu] = []
+        self.maxlen = maxlen
+
+    def add(self, o: OffCpu) -> None:
+        if len(self.arrived) >= self.maxlen:
+            self._forget(self.arrived.popleft())
+        self.arrived.append(o)
+        key = (o.ts_ns, o.end_ns)
+        if not self.keys or key >= self.keys[-1]:  # the usual case: in time order
+            self.keys.append(key)
+            self.by_time.append(o)
+            return
+        at = bisect_right(self.keys, key)  # after equal keys: arrival order among them
+        self.keys.insert(at, key)
+        self.by_time.insert(at, o)
+
+    def forget_before(self, horizon: int) -> None:
+        """Drop the oldest arrivals while they ended before the horizon."""
+        while self.arrived and self.arrived[0].end_ns < horizon:
+            self._forget(self.arrived.popleft())
+
+    def _forget(self, o: OffCpu) -> None:
+        at = bisect_left(self.keys, (o.ts_ns, o.end_ns))
+        while self.by_time[at] is not o:
+            at += 1
+        del self.keys[at], self.by_time[at]
+
+    def __len__(self) -> int:
+        return len(self.arrived)
+
+    def last_end_ns(self) -> int:
+        return self.arrived[-1].end_ns
+
+    def inside(self, start: int, end: int) -> list[OffCpu]:
+        """The intervals lying inside [start, end], in time order."""
+        found = []
+        for at in range(bisect_left(self.keys, (start,)), len(self.keys)):
+            o = self.by_time[at]
+            if o.ts_ns > end:
+                break
+            if o.ts_ns <= o.end_ns <= end:
+                found.append(o)
+        return found
+
+    def since(self, start: int) -> Iterator[OffCpu]:
+        """The intervals that began at or after `start`."""
+        for at in range(bisect_left(self.keys, (start,)), len(self.keys)):
+            yield self.by_time[at]
+
+
 def _drop_stale(table: dict[K, deque[_Sync]], horizon: int) -> None:
     """Entries whose latest sync ended before the horizon (threads, processes gone quiet)."""
     for key in [k for k, kept in table.items() if kept[-1].end < horizon]:
@@ -216,13 +279,17 @@ class GapDetector:
         self.quiet: dict[int, deque[_Quiet]] = {}  # tgid -> recent quiet stretches
         self.busy: dict[int, deque[_Sync]] = {}  # tgid -> recent long syncs
         self.syncs: deque[_Sync] = deque()  # syncs waiting for their off-CPU intervals
-        self.offcpu: dict[int, deque[OffCpu]] = {}  # tid -> intervals with a run-queue wait
+        self.offcpu: dict[int, _OffCpuKept] = {}  # tid -> intervals with a run-queue wait
         # Syncs with no run-queue wait inside, by (tid, func) and (tid, ""), and by tgid.
         self.clean: dict[tuple[int, str], deque[_Sync]] = {}
         self.clean_spans: dict[int, deque[_Sync]] = {}
         # Clean syncs that waited, with the last enqueue before them, by thread: how long
         # after its last enqueue the GPU drains.
         self.clean_queued: dict[int, deque[_Sync]] = {}
+        # Every sync that waited, clean or not, keyed as those: each returned after its
+        # drain, so its length bounds the drain from above (the baselines' fallback).
+        self.waited: dict[tuple[int, str], deque[_Sync]] = {}
+        self.waited_queued: dict[int, deque[_Sync]] = {}
         self._swept_ns = 0
 
     def gpu(self, index: int) -> _GpuState:
@@ -292,11 +359,11 @@ class GapDetector:
             self.pending.append(replace(c, gpu=g))
 
     def _on_offcpu(self, ev: OffCpu) -> None:
-        kept = self.offcpu.setdefault(ev.tid, deque(maxlen=self.config.max_offcpu_per_thread))
-        kept.append(ev)
-        horizon = self.now_ns - self.config.history_ns
-        while kept and kept[0].end_ns < horizon:
-            kept.popleft()
+        kept = self.offcpu.get(ev.tid)
+        if kept is None:
+            kept = self.offcpu[ev.tid] = _OffCpuKept(self.config.max_offcpu_per_thread)
+        kept.add(ev)
+        kept.forget_before(self.now_ns - self.config.history_ns)
 
     def _sweep(self) -> None:
         """Forget processes and threads gone quiet (exited, mostly): each one's history is
@@ -312,7 +379,9 @@ class GapDetector:
         _drop_stale(self.clean, horizon)  # the spinning syncs' baselines
         _drop_stale(self.clean_spans, horizon)
         _drop_stale(self.clean_queued, horizon)
-        for tid in [t for t, kept in self.offcpu.items() if kept[-1].end_ns < horizon]:
+        _drop_stale(self.waited, horizon)
+        _drop_stale(self.waited_queued, horizon)
+        for tid in [t for t, kept in self.offcpu.items() if kept.last_end_ns() < horizon]:
             del self.offcpu[tid]
 
     def _remember_busy(self, sync: _Sync) -> None:
@@ -325,14 +394,8 @@ class GapDetector:
         """The thread's off-CPU intervals with a run-queue wait that lie inside the sync, in
         time order (uprobes and the sched tracepoints read one clock: the sync's entry comes
         before the switch out, the switch back in before its return)."""
-        return sorted(
-            (
-                o
-                for o in self.offcpu.get(sync.tid, ())
-                if sync.start <= o.ts_ns <= o.end_ns <= sync.end
-            ),
-            key=lambda o: (o.ts_ns, o.end_ns),
-        )
+        kept = self.offcpu.get(sync.tid)
+        return kept.inside(sync.start, sync.end) if kept is not None else []
 
     def _busy_ns(self, index: int, st: _GpuState, start: int, end: int) -> int:
         """How much of [start, end] a process of GPU `index` (or of no known GPU) spent
@@ -392,19 +455,47 @@ class GapDetector:
         low, typical, high = ranked[n // 10], ranked[n // 2], ranked[(9 * n) // 10]
         return typical, max(high - typical, typical - low, self.config.cuda_resolution_ns)
 
+    def _usual(
+        self,
+        clean: list[Iterable[_Sync]],
+        waited: list[Iterable[_Sync]],
+        length: Callable[[_Sync], int],
+    ) -> tuple[int, int] | None:
+        """How long the GPU usually takes to drain (`length` of a sync: from its start, or
+        from its last enqueue) and the spread: from the first of the clean baselines that
+        holds baseline_min_syncs (their median, _typical); else, where outside load left
+        too few clean (a busy task sharing the CPU preempts the thread across most drains),
+        from the syncs that waited, each of which returned after its drain: the 10th
+        percentile of their lengths, which lies after the drain of 9 in 10 syncs of the
+        same work (idle understated rather than invented), its spread up to their 25th
+        percentile. None with too few of either."""
+        enough = self.config.baseline_min_syncs
+        for kept in clean:
+            lengths = [length(c) for c in kept]
+            if len(lengths) >= enough:
+                return self._typical(lengths)
+        for kept in waited:
+            ranked = sorted(length(c) for c in kept)
+            n = len(ranked)
+            if n >= enough:
+                bound = ranked[n // 10]
+                return bound, max(ranked[n // 4] - bound, self.config.cuda_resolution_ns)
+        return None
+
     def _baseline_drain(self, sync: _Sync, last: OffCpu) -> tuple[int, int] | None:
         """The drain inside preemption `last` of a spinning sync, by the thread's clean
         syncs: as long after the sync's start as their median, within the preemption, give
         or take their spread. None with too few of them, or when the thread still polled a
         busy GPU (the preemption's start) past what they span: this sync's work was not the
         usual."""
-        cfg = self.config
-        clean = self.clean.get((sync.tid, sync.func), ())
-        if len(clean) < cfg.baseline_min_syncs:
-            clean = self.clean.get((sync.tid, ""), ())
-        if len(clean) < cfg.baseline_min_syncs:
+        keys = ((sync.tid, sync.func), (sync.tid, ""))
+        found = self._usual(
+            [self.clean.get(k, ()) for k in keys], [self.waited.get(k, ()) for k in keys],
+            lambda c: c.end - c.start,
+        )  # fmt: skip
+        if found is None:
             return None
-        typical, spread = self._typical(c.end - c.start for c in clean)
+        typical, spread = found
         if last.ts_ns - sync.start > typical + spread:
             return None
         return min(max(last.ts_ns, sync.start + typical), last.end_ns), spread
@@ -424,29 +515,53 @@ class GapDetector:
         waited = sum(b - a for a, b in self._waiting_parts(sync)) if inside else sync.dur
         if waited > cfg.drained_return_ns:
             return None
-        clean = self.clean_queued.get(sync.tid, ())
-        if len(clean) < cfg.baseline_min_syncs:
+        found = self._usual(
+            [self.clean_queued.get(sync.tid, ())], [self.waited_queued.get(sync.tid, ())],
+            lambda c: c.end - c.queued,
+        )  # fmt: skip
+        if found is None:
             return None
-        typical, spread = self._typical(c.end - c.queued for c in clean)
+        typical, spread = found
         drain = sync.queued + typical
         if drain >= sync.start:
             return None
+        kept = self.offcpu.get(sync.tid)
         runnable = sum(
             min(o.end_ns, sync.end) - max(o.runnable_ns, drain)
-            for o in self.offcpu.get(sync.tid, ())
-            if o.ts_ns >= sync.queued and o.end_ns > drain and o.runnable_ns < sync.end
+            for o in (kept.since(sync.queued) if kept is not None else ())
+            if o.end_ns > drain and o.runnable_ns < sync.end
         )
         if 2 * runnable < sync.end - drain:
             return None
         return _Starved(drain, drained=False, estimate=(drain, spread))
 
-    def _remember_clean(self, sync: _Sync) -> None:
-        """A sync its thread spent spinning or blocked, never runnable, and that waited (a
-        shorter one may have found the queue drained): how long the GPU took to drain after
-        it was called, for this function and for the thread, and after the last enqueue."""
+    def _saw_drain(self, sync: _Sync, inside: list[OffCpu]) -> bool:
+        """Whether the sync returned as the GPU drained: its thread never waited on the run
+        queue in it, or was last preempted more than spin_return_ns before the return and
+        spun (or slept) on, so it saw the drain as it came (the rule that places a drain
+        inside a preemption, turned round). On a CPU shared with a busy task outside the
+        job nearly every sync holds such a preemption (issue 11: a one-CPU hog left none
+        with no run-queue wait); one preempted across its drain returns when the thread
+        runs again, late, and a wake-up inside marks a drain of its own: neither is kept."""
+        if not inside:
+            return True
+        spun_on = sync.end - inside[-1].end_ns > self.config.spin_return_ns
+        return spun_on and all(o.state == "preempted" for o in inside)
+
+    def _remember_waited(self, sync: _Sync, clean: bool) -> None:
+        """A sync that waited (a shorter one may have found the queue drained): how long,
+        at most, the GPU took to drain after it was called, for this function and for the
+        thread, and after the last enqueue; exactly, when it was clean (it returned as
+        the GPU drained: _saw_drain)."""
         if sync.dur < self.config.busy_sync_ns:
             return
         keep = self.config.baseline_syncs
+        for key in ((sync.tid, sync.func), (sync.tid, "")):
+            self.waited.setdefault(key, deque(maxlen=keep)).append(sync)
+        if sync.queued:
+            self.waited_queued.setdefault(sync.tid, deque(maxlen=keep)).append(sync)
+        if not clean:
+            return
         for key in ((sync.tid, sync.func), (sync.tid, "")):
             self.clean.setdefault(key, deque(maxlen=keep)).append(sync)
         self.clean_spans.setdefault(sync.tgid, deque(maxlen=keep)).append(sync)
@@ -562,8 +677,7 @@ class GapDetector:
             found = self._reached_late(sync, inside)
             if found is None and inside:
                 found = self._starved_from(sync, inside)
-            if not inside:
-                self._remember_clean(sync)
+            self._remember_waited(sync, self._saw_drain(sync, inside))
             if found is None:
                 continue
             start, drained = found.start, found.drained
@@ -591,7 +705,10 @@ class GapDetector:
             for g in gpus:
                 out += self._remember(self._decide_host(replace(c, gpu=g)))
         self.pending = keep
-        for index, st in sorted(self.gpus.items()):
+        # Only GPUs with NVML-only candidates waiting (most events find none: no sorting).
+        waiting_on = [i for i, st in self.gpus.items() if st.nvml_only]
+        for index in sorted(waiting_on) if waiting_on else ():
+            st = self.gpus[index]
             waiting: list[_Candidate] = []
             for c in sorted(st.nvml_only, key=lambda c: (c.start, c.source)):
                 if force or self.now_ns >= c.end + self.config.settle_ns:
@@ -599,7 +716,8 @@ class GapDetector:
                 else:
                     waiting.append(c)
             st.nvml_only = waiting
-        out.sort(key=lambda g: (g.ts_ns, g.gpu))
+        if len(out) > 1:
+            out.sort(key=lambda g: (g.ts_ns, g.gpu))
         return out
 
     def _remember(self, gaps: list[GpuGap]) -> list[GpuGap]:
@@ -745,15 +863,18 @@ class GapDetector:
         """Most power samples lying wholly inside [start, end] read below power_drop_fraction
         of the median sample taken during the process's clean syncs (the GPU busy then)."""
 
-        def within(s: GpuSample, a: int, b: int) -> bool:
-            return s.ts_ns >= a and s.ts_ns + s.period_ns <= b
-
+        # A sample lies inside some clean sync when, of the syncs that began by its start,
+        # the one reaching furthest ends at or after its end: by bisection over the syncs
+        # in order of their starts, not a scan of every sync for every sample.
+        spans = sorted((c.start, c.end) for c in self.clean_spans.get(tgid, ()))
+        starts = [a for a, _ in spans]
+        reach = list(itertools.accumulate((b for _, b in spans), max))
         busy = sorted(
             s.value
             for s in st.power
-            if any(within(s, c.start, c.end) for c in self.clean_spans.get(tgid, ()))
+            if (k := bisect_right(starts, s.ts_ns)) and reach[k - 1] >= s.ts_ns + s.period_ns
         )
-        inside = [s.value for s in st.power if within(s, start, end)]
+        inside = [s.value for s in st.power if s.ts_ns >= start and s.ts_ns + s.period_ns <= end]
         if not busy or not inside:
             return False
         level = busy[len(busy) // 2] * self.config.power_drop_fraction

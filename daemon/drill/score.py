@@ -12,6 +12,9 @@ the stalls); no false gap. Where the injected cause ran in another process than 
 feeding loop's (a data-loader worker), the stall's longest gap must also name a thread of
 that process as holding the top cause (the culprit).
 
+Where the cause ran in another process (`culprit_tgid`), its attributed time is that
+process's threads' time to it: the loop's truth is the culprit's own measure.
+
 Outside contention: on a busy machine the feeding thread also waits behind tasks that are
 no part of the drill. Given the drill's own threads (`own_tids`), run-queue wait behind any
 other task is explained time that is not the injection's: it is taken out of each gap's
@@ -226,7 +229,11 @@ def score(
                 gaps=len(gaps),
                 gap_ns=sum(a.dur_ns for a in gaps),
                 top_cause=next(iter(_parts([longest], own_tids)), "") if longest else "",
-                attributed_ns=parts.get(cause, 0),
+                attributed_ns=(
+                    _culprit_ns(gaps, cause, st.culprit_tgid)
+                    if st.culprit_tgid
+                    else parts.get(cause, 0)
+                ),
                 parts=parts,
                 outside_ns=outside,
                 expected_ns=max(0, st.cause_ns - outside) if truth_holds_waits else st.cause_ns,
@@ -246,6 +253,20 @@ def score(
     result = Score(cause, tuple(scored), false, end_ns - go_ns, len(by_outside), len(own),
                    sum(a.self_ns for a in own))  # fmt: skip
     return replace(result, targets=_targets(result))
+
+
+def _culprit_ns(attrs: Iterable[Attribution], cause: str, tgid: int) -> int:
+    """The cause's time in the culprit process's threads, as the attributions list them: the
+    truth is that process's own measure, and the feeding process's own host work in the
+    same gap (its Python around the queues) is not part of it."""
+    return sum(
+        c.ns
+        for a in attrs
+        for r in a.threads
+        if r.tgid == tgid
+        for c in r.causes
+        if c.cause == cause
+    )
 
 
 def _culprit(a: Attribution, tgid: int) -> str:

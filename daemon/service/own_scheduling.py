@@ -233,9 +233,13 @@ def allowed_cpus(proc: Path, tgid: int) -> set[int]:
 
 def in_slices(items: Iterable[T], slice_ns: int = SLICE_NS) -> Iterator[T]:
     """The items, with the CPU given away (sched_yield) after every `slice_ns` of work: a
-    long batch never holds a CPU a watched thread waits for longer than one slice."""
-    until = time.monotonic_ns() + slice_ns
+    long batch never holds a CPU a watched thread waits for longer than one slice. The
+    slice starts with the first item: `items` may wait for it (the runtime's queue waits up
+    to 100 ms), and that wait is no work (counted, it cost a yield per batch)."""
+    until = 0
     for item in items:
+        if not until:
+            until = time.monotonic_ns() + slice_ns
         yield item
         if time.monotonic_ns() >= until:
             os.sched_yield()

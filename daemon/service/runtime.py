@@ -30,6 +30,7 @@ from gpujitter.daemon.analysis.records import Attribution
 from gpujitter.daemon.service.own_scheduling import OwnScheduling, in_slices
 from gpujitter.daemon.service.sdnotify import Notifier
 from gpujitter.daemon.service.state import NodeState
+from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.probes.base import Emit
 from gpujitter.probes.events import Event, ProbeStatus, WatchChange
 from gpujitter.probes.nvml import GpuInfo
@@ -190,13 +191,14 @@ class Sink:
         """The loop took one batch of events (up to 10 000): a sink that hands its output
         on in batches (the TUI) does it here."""
 
-    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+    def tick(self, now_ns: int, status: DaemonStatus) -> None:
         """Once a tick, with the daemon.status of that moment."""
 
     def reload(self) -> None:
         """SIGHUP: reopen files (after logrotate moved them)."""
 
     def status(self) -> dict[str, Any]:
+        """This sink's fields of the daemon.status (DaemonStatus's names)."""
         return {}
 
     def close(self) -> None:
@@ -339,13 +341,46 @@ class Runtime:
         self._tend_own(time.monotonic_ns())
         self.source.start(self.queue.emit)
         try:
-            self._open_and_loop(ready)
+            self._open(ready)
+            self._loop()
+            if self.notifier is not None:
+                self.notifier.stopping()
         except BaseException:
-            try:
-                self.source.stop()
-            finally:
-                self._close_sinks()
+            self._abandon()
             raise
+        self._finish()
+
+    @contextlib.contextmanager
+    def stepped(self) -> Iterator[Callable[[int], bool]]:
+        """The runtime driven by its caller instead of its own loop: a recorded source played
+        against a clock of the caller's (`top --replay`: play, pause, seek). Yields
+        step(limit), which takes up to `limit` of the source's next events through the node
+        state, the pipeline and the sinks, and is False once the source has handed over
+        everything. Leaving the block flushes the pipeline and closes the sinks; leaving it
+        by an exception (a replay started over) closes the sinks only."""
+        self.source.start(self.queue.emit)
+        try:
+            self._open(None)
+            yield self._step
+        except BaseException:
+            self._abandon()
+            raise
+        self._finish()
+
+    def _step(self, limit: int) -> bool:
+        pulled = self.source.pull(limit)
+        if pulled is None:
+            return False
+        self._take(pulled)
+        return True
+
+    def _abandon(self) -> None:
+        try:
+            self.source.stop()
+        finally:
+            self._close_sinks()
+
+    def _finish(self) -> None:
         try:
             self.source.stop()  # hands over what it still held (or raises why it died)
         finally:
@@ -358,7 +393,7 @@ class Runtime:
             finally:
                 self._close_sinks()
 
-    def _open_and_loop(self, ready: Callable[[Runtime], None] | None) -> None:
+    def _open(self, ready: Callable[[Runtime], None] | None) -> None:
         if self.analysis is not None:
             self.pipeline = Pipeline(self.topology, self.analysis(self.source))
         self.state.gpus = self.source.gpus
@@ -377,9 +412,6 @@ class Runtime:
         self.start_ns = time.monotonic_ns()
         if ready is not None:
             ready(self)
-        self._loop()
-        if self.notifier is not None:
-            self.notifier.stopping()
 
     def _close_sinks(self) -> None:
         # A sink closing may still read the others' counters (the last status): the list
@@ -399,11 +431,7 @@ class Runtime:
             pulled = self.source.pull(10_000)
             if pulled is None and self.queue.empty():
                 break  # a recorded source handed over everything
-            batch = pulled or self.queue.drain(timeout_s=DRAIN_TIMEOUT_S)
-            for ev in in_slices(batch):
-                self._event(ev)
-            for sink in self.sinks:
-                sink.batch_done()
+            self._take(pulled or self.queue.drain(timeout_s=DRAIN_TIMEOUT_S))
             if self._reload:
                 self._reload = False
                 self._reopen()
@@ -418,8 +446,11 @@ class Runtime:
         """What the queue still holds, the source's last events with it (a recorded source
         that was stopped hands over no more)."""
         while batch := list(self.queue.drain()):
-            for ev in in_slices(batch):
-                self._event(ev)
+            self._take(batch)
+
+    def _take(self, batch: Iterable[Event]) -> None:
+        for ev in in_slices(batch):
+            self._event(ev)
         for sink in self.sinks:
             sink.batch_done()
 
@@ -447,9 +478,10 @@ class Runtime:
 
     # -- once a tick ------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> DaemonStatus:
         """The daemon.status record; built on the runtime's thread and on the stream's (a
-        client's first snapshot): it reads only what is safe from both."""
+        client's first snapshot): it reads only what is safe from both. What no sink says
+        (clients, a log's or a trace's losses) keeps DaemonStatus's zero."""
         lost_kernel, lost_user = self.state.lost()
         own = self.own
         fields: dict[str, Any] = {
@@ -459,17 +491,11 @@ class Runtime:
             "lost_kernel": lost_kernel,
             "lost_user": lost_user + self.queue.dropped,
             "engine_dropped": self.queue.dropped,
-            "clients": 0,
-            "client_dropped": 0,
             "attributions": self.attributions,
             "self_inflicted": self.self_inflicted,
             "self_inflicted_ns": self.self_inflicted_ns,
-            "own_cpus": sorted(own.cpus) if own else [],
+            "own_cpus": tuple(sorted(own.cpus)) if own else (),
             "own_nice": own.nice if own else 0,
-            "log_dropped": 0,
-            "log_failing": "",
-            "trace_lost": 0,
-            "trace_failing": "",
         }
         for sink in list(self.sinks):
             fields.update(sink.status())
@@ -486,7 +512,7 @@ class Runtime:
         for sink in self.sinks:
             sink.tick(now, status)
         if self.own is not None:
-            self.own.keep_up(status["lost_kernel"] + status["lost_user"], now)
+            self.own.keep_up(status.lost_kernel + status.lost_user, now)
         self._tend_own(now)
         if self.notifier is not None:
             self.notifier.status(status_line(status))
@@ -516,20 +542,19 @@ class Runtime:
             self.notifier.ready()
 
 
-def status_line(status: dict[str, Any]) -> str:
+def status_line(status: DaemonStatus) -> str:
     """What `systemctl status` shows while the daemon runs (sd_notify STATUS=), from the
     daemon.status record: is it seeing, finding, keeping up, writing."""
     parts = [
-        f"{status['attributions']} gaps attributed",
-        f"{status['events_per_s']:.0f} events/s",
-        f"lost {status['lost_kernel'] + status['lost_user']}",
-        f"self-inflicted {status['self_inflicted']}",
-        f"{status['clients']} clients",
-        f"cpu {status['cpu_percent']:.1f}%",
-        f"rss {status['rss_bytes'] >> 20} MiB",
+        f"{status.attributions} gaps attributed",
+        f"{status.events_per_s:.0f} events/s",
+        f"lost {status.lost_kernel + status.lost_user}",
+        f"self-inflicted {status.self_inflicted}",
+        f"{status.clients} clients",
+        f"cpu {status.cpu_percent:.1f}%",
+        f"rss {status.rss_bytes >> 20} MiB",
     ]
-    for sink, failing, dropped in (("log", "log_failing", "log_dropped"),
-                                   ("trace", "trace_failing", "trace_lost")):  # fmt: skip
-        if status[failing]:
-            parts.append(f"{sink} failing ({status[dropped]} dropped): {status[failing]}")
+    for sink, dropped, failing in status.file_sinks():
+        if failing:
+            parts.append(f"{sink} failing ({dropped} dropped): {failing}")
     return "; ".join(parts)

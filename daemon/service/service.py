@@ -48,6 +48,7 @@ from gpujitter.daemon.service.idle_floors import FILE_NAME, IdleFloorStore
 from gpujitter.daemon.service.own_scheduling import KEEP_UP_LEVELS, OwnScheduling
 from gpujitter.daemon.service.runtime import EventSource, LiveSource, Runtime, Sink
 from gpujitter.daemon.service.sdnotify import Notifier
+from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.daemon.sinks.adapters import (
     ConsoleSink,
     LogSink,
@@ -321,15 +322,15 @@ class _Keeper(Sink):
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
 
-    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+    def tick(self, now_ns: int, status: DaemonStatus) -> None:
         self.daemon.keep_floors()
 
     def close(self) -> None:
         self.daemon.keep_floors()
         status = self.daemon.runtime.status()
-        self.daemon._say(f"stopped: {status['attributions']} attributions made, "
-                         f"{status['log_dropped']} of them dropped by the log, "
-                         f"{status['self_inflicted']} self-inflicted")  # fmt: skip
+        self.daemon._say(f"stopped: {status.attributions} attributions made, "
+                         f"{status.log_dropped} of them dropped by the log, "
+                         f"{status.self_inflicted} self-inflicted")  # fmt: skip
 
 
 def analysis_settings(

@@ -14,6 +14,7 @@ from collections import deque
 from typing import Any
 
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
+from gpujitter.daemon.service.status import DaemonStatus, ProbeCost, WatchedThread
 from gpujitter.probes.events import (
     CpuStats,
     Event,
@@ -115,20 +116,20 @@ class NodeState:
             probes = list(self.probes.values())
         return sum(p.lost_kernel for p in probes), sum(p.lost_user for p in probes)
 
-    def probe_cost(self) -> dict[str, dict[str, Any]]:
+    def probe_cost(self) -> dict[str, ProbeCost]:
         """Per probe, what it costs and delivers (daemon.status's probe_cost)."""
         with self._lock:
             probes = list(self.probes.values())
         return {
-            p.probe: {
-                "state": p.state,
-                "bpf_ns_per_s": p.bpf_ns_per_s,
-                "bpf_runs_per_s": p.bpf_runs_per_s,
-                "cost_from": p.cost_from,
-                "events": p.events,
-                "lost_kernel": p.lost_kernel,
-                "lost_user": p.lost_user,
-            }
+            p.probe: ProbeCost(
+                state=p.state,
+                bpf_ns_per_s=p.bpf_ns_per_s,
+                bpf_runs_per_s=p.bpf_runs_per_s,
+                cost_from=p.cost_from,
+                events=p.events,
+                lost_kernel=p.lost_kernel,
+                lost_user=p.lost_user,
+            )
             for p in probes
         }
 
@@ -154,18 +155,17 @@ class NodeState:
             for g in self.gpus
         ]  # fmt: skip
 
-    def status(self, now_ns: int, **own: Any) -> dict[str, Any]:
+    def status(self, now_ns: int, **own: Any) -> DaemonStatus:
         """The daemon.status record: `own` carries the daemon's footprint and counters."""
         with self._lock:
             placed = sorted(self.threads.items())
-        threads = [
-            {"tid": tid, "tgid": tgid, "comm": comm, "cpu": cpu,
-             "node": self.topology.node_of(cpu)}
+        threads = tuple(
+            WatchedThread(tid, tgid, comm, cpu, self.topology.node_of(cpu))
             for tid, (tgid, comm, cpu) in placed
-        ]  # fmt: skip
-        return {"type": "daemon.status", "ts_ns": now_ns, **own, "threads": threads}
+        )
+        return DaemonStatus(ts_ns=now_ns, **own, threads=threads)
 
-    def snapshot(self, now_ns: int, status: dict[str, Any]) -> dict[str, Any]:
+    def snapshot(self, now_ns: int, status: DaemonStatus) -> dict[str, Any]:
         # The records are frozen: copies of the containers are enough.
         with self._lock:
             probes = list(self.probes.values())
@@ -182,5 +182,5 @@ class NodeState:
             "attributions": [to_record(a) for a in attributions],
             "cpus": [to_record(c) for _, c in cpus],
             "procs": [to_record(p) for _, p in procs],
-            "status": status,
+            "status": status.to_record(),
         }

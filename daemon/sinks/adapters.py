@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from gpujitter.daemon.service.runtime import Runtime
     from gpujitter.daemon.service.service import Console
     from gpujitter.daemon.service.state import NodeState
+    from gpujitter.daemon.service.status import DaemonStatus
     from gpujitter.daemon.sinks.jsonlog import JsonLog
     from gpujitter.daemon.sinks.metrics import DaemonMetrics
     from gpujitter.daemon.sinks.recorder import TraceRecorder
@@ -31,7 +32,7 @@ class RecorderSink(Sink):
     def event(self, ev: Event) -> None:
         self.recorder.write(ev)
 
-    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+    def tick(self, now_ns: int, status: DaemonStatus) -> None:
         self.recorder.tick(now_ns)
 
     def reload(self) -> None:
@@ -90,21 +91,22 @@ class StreamSink(Sink):
         self._runtime = runtime
 
     def event(self, ev: Event) -> None:
-        if self.state.streamed(ev):
+        if self.state.streamed(ev) and self.stream.listened():
             self.stream.publish(to_record(ev), self.state.tgids_of(ev))
 
     def finding(self, found: Event) -> None:
-        self.stream.publish(to_record(found), self.state.tgids_of(found))
+        if self.stream.listened():
+            self.stream.publish(to_record(found), self.state.tgids_of(found))
 
-    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
-        self.stream.publish(status)
+    def tick(self, now_ns: int, status: DaemonStatus) -> None:
+        self.stream.publish(status.to_record())
 
     def status(self) -> dict[str, Any]:
         return {"clients": self.stream.clients, "client_dropped": self.stream.dropped_total}
 
     def close(self) -> None:
         if self._runtime is not None:
-            self.stream.publish(self._runtime.status())
+            self.stream.publish(self._runtime.status().to_record())
         self.stream.close()
 
 
@@ -133,11 +135,10 @@ class MetricsSink(Sink):
                 found.gpu, [(p.cause, p.ns / 1e9) for p in found.parts], found.workload
             )
 
-    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
-        self.metrics.observe_engine(status["engine_dropped"])
-        for sink, dropped, failing in (("log", "log_dropped", "log_failing"),
-                                       ("trace", "trace_lost", "trace_failing")):  # fmt: skip
+    def tick(self, now_ns: int, status: DaemonStatus) -> None:
+        self.metrics.observe_engine(status.engine_dropped)
+        for sink, dropped, failing in status.file_sinks():
             if sink in self.files:
-                self.metrics.observe_sink(sink, status[dropped], bool(status[failing]))
+                self.metrics.observe_sink(sink, dropped, bool(failing))
         if "stream" in self.files:
-            self.metrics.observe_stream(status["clients"], status["client_dropped"])
+            self.metrics.observe_stream(status.clients, status.client_dropped)

@@ -130,7 +130,7 @@ class _Shown(Sink):
             self.out.gap(found)
 
 
-class _Saved(Sink):
+class SavedEvents(Sink):
     """Every input event as one NDJSON line (--save-events), after the wall clock that the
     readers of the file place them with (docs/postmortem.md)."""
 
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     )
     sinks: list[Sink] = [_Shown(out, live=True)]
     if args.save_events:
-        sinks.append(_Saved(args.save_events, ref))
+        sinks.append(SavedEvents(args.save_events, ref))
 
     def started(runtime: Runtime) -> None:
         if not args.json:

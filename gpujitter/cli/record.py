@@ -9,7 +9,6 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.gpus import add_nvml_source_args, nvml_backend, save_recording
@@ -21,6 +20,7 @@ from gpujitter.daemon.service.config import check_parent, load_config
 from gpujitter.daemon.service.own_scheduling import KEEP_UP_LEVELS, OwnScheduling
 from gpujitter.daemon.service.runtime import EventSource, LiveSource, Runtime, Sink
 from gpujitter.daemon.service.service import analysis_settings, trace_header
+from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.daemon.sinks.adapters import RecorderSink
 from gpujitter.daemon.sinks.recorder import TraceRecorder
 from gpujitter.daemon.sinks.rotation import Rotation
@@ -178,7 +178,7 @@ class _Tally(Sink):
         dropped = self.runtime.queue.dropped if self.runtime else 0
         return sum(s.lost_kernel for s in self.statuses.values()) + dropped
 
-    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+    def tick(self, now_ns: int, status: DaemonStatus) -> None:
         if self.recorder is not None and self.runtime is not None:
             r = self.recorder
             self.progress.show(self.out, now_ns - self.runtime.start_ns, r.events, r.bytes,

@@ -786,10 +786,10 @@ def _current_umask() -> int:
 
 
 def probe_names() -> list[str]:
-    """One probe per kind of kernel hook (syscall tracepoints, raw tracepoints, perf
-    events): what a sandbox option can break is the hook kind, and compiling every probe
-    for each of the ~30 options would cost minutes. Uprobes, ring buffers and ctypes
-    callbacks are exercised by load_hooks."""
+    """One probe per kind of kernel hook (raw tracepoints reading a task's registers through
+    its BTF pointer, raw tracepoints, perf events): what a sandbox option can break is the
+    hook kind, and compiling every probe for each of the ~30 options would cost minutes.
+    Uprobes, ring buffers and ctypes callbacks are exercised by load_hooks."""
     from gpujitter.probes import registry
 
     light = ["malloc", "irq", "faults"]

@@ -1,8 +1,8 @@
 """A minute of an eight-GPU node as the TUI receives it, produced by the product's own code:
 the engine tests' feeding loop (tests/fixtures/streams/feeding.py: one launch thread per
 GPU, stalls of known kind injected) delivered as the daemon's probes deliver, with NVML
-samples, through StreamPipeline (the daemon's gap detection, attribution and node state,
-as embedded mode and trace replay run them). Nothing here writes a gap or an attribution.
+samples, through the daemon's runtime (its gap detection, attribution and node state, as
+embedded mode and trace replay run them). Nothing here writes a gap or an attribution.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from gpujitter.daemon.analysis.engine import EngineConfig
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig
+from gpujitter.daemon.service.runtime import ListSource, Runtime
 from gpujitter.daemon.sinks.stream import STREAM_SCHEMA
 from gpujitter.probes.events import (
     ClockRef,
@@ -23,7 +24,7 @@ from gpujitter.probes.events import (
     ProbeStatus,
 )
 from gpujitter.probes.nvml import GpuInfo
-from gpujitter.tui.sources.pipeline import StreamPipeline
+from gpujitter.tui.sources.streamed import StreamRecords
 from tests.fixtures.streams.feeding import FUTEX, LOADER, SEC, TGID, TID, FeedingLoop
 from tests.fixtures.streams.synthetic import MS, T0, TWO_NODES
 from tests.tui.node_stream import ndjson
@@ -114,7 +115,6 @@ def stream() -> list[dict[str, Any]]:
         gaps = [(i.gap_start_ns, i.gap_end_ns) for i in loop.truth]
         merged.emitted += samples(gpu, gaps)
     gpus = [GpuInfo(k, "NVIDIA H200", f"GPU-{k:08d}", BUS[k], 0, (0, 1), True) for k in range(GPUS)]
-    pipeline = StreamPipeline(TOPOLOGY, CONFIG, gpus)
     hello = {
         "type": "hello", "schema": STREAM_SCHEMA, "scope": "all", "version": "0.1.0",
         "host": "gpu-node-8x", "kernel": "6.18.44-gpu", "pid": 2301,
@@ -122,8 +122,12 @@ def stream() -> list[dict[str, Any]]:
         "topology": TOPOLOGY.to_record(),
         "probes": ["sched", "irq", "faults", "cstate", "malloc", "cuda", "nvml"],
     }  # fmt: skip
-    records = pipeline.feed(merged.delivered(seed=8)) + pipeline.flush()
-    return [hello, pipeline.snapshot(T0), *records]
+    out = StreamRecords()
+    runtime = Runtime(ListSource(merged.delivered(seed=8), gpus=gpus), TOPOLOGY, sinks=[out],
+                      analysis=lambda _: CONFIG, signals=False)  # fmt: skip
+    runtime.run()
+    state = runtime.state
+    return [hello, state.snapshot(T0, state.status(T0)), *out.take()]
 
 
 def write(path: Path) -> Path:

@@ -2,11 +2,15 @@
 (docs/schema.md "Socket messages"): the TUI's fixed test data and the replay demo.
 
 Synthetic but shaped like the real thing: NVML samples at the H200's periods scaled down
-(util 200 ms, power 100 ms), gaps placed by cuda launches with attributions in the engine's
-record shape (daemon/analysis/records.py on the engine branch: parts with cause, ns and evidence),
-per-CPU statistics in the irq and cstate probes' two halves, and the daemon's status with
-the watched threads' placement. Deterministic: `python -m tests.tui.node_stream` rewrites
-tests/fixtures/tui/node-stream.ndjson, and a test checks the committed file is what this produces.
+(util 200 ms, power 100 ms), gaps placed by cuda launches with attributions (parts with
+cause, ns and evidence), per-CPU statistics in the irq and cstate probes' two halves, and
+the daemon's status with the watched threads' placement. Every record is built as the
+daemon's own typed record (daemon/analysis/records.py, probes/events.py,
+daemon/service/status.py) and written as the daemon writes it, so a field the daemon lacks
+or types otherwise fails here; the gaps' causes and shares are chosen, not derived by the
+engine (tests/tui/eight_gpus.py is the engine's own output). Deterministic:
+`python -m tests.tui.node_stream` rewrites tests/fixtures/tui/node-stream.ndjson, and a
+test checks the committed file is what this produces.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+import gpujitter.daemon.analysis.records  # noqa: F401 (registers the gap and attribution kinds)
+from gpujitter.daemon.service.status import DaemonStatus, WatchedThread
+from gpujitter.probes.events import from_record, to_record
 
 NDJSON = Path(__file__).parents[1] / "fixtures/tui/node-stream.ndjson"
 
@@ -236,7 +244,7 @@ def stream(hostile: str = "") -> list[dict[str, Any]]:
         },
         {
             "type": "snapshot", "ts_ns": T0, "gpus": GPUS,
-            "probes": [probe(p, s, r, T0) for p, s, r in probes],
+            "probes": [as_sent(probe(p, s, r, T0)) for p, s, r in probes],
             "gaps": [], "attributions": [], "cpus": [], "status": status(T0, n, 1.2),
         },
     ]  # fmt: skip
@@ -312,7 +320,7 @@ def stream(hostile: str = "") -> list[dict[str, Any]]:
             for p, s, r in probes:
                 emit(t, probe(p, s, r, t, events=sec * 900 if s == "running" else 0))
     live.sort(key=lambda e: (e[0], e[1]))
-    return out + [rec for _, _, rec in live]
+    return out + [as_sent(rec) for _, _, rec in live]
 
 
 def probe(name: str, state: str, reason: str, t: int, events: int = 0) -> dict[str, Any]:
@@ -322,17 +330,24 @@ def probe(name: str, state: str, reason: str, t: int, events: int = 0) -> dict[s
 
 
 def status(t: int, n: dict[str, str], cpu_percent: float) -> dict[str, Any]:
-    return {
-        "type": "daemon.status", "ts_ns": t, "cpu_percent": cpu_percent,
-        "rss_bytes": 61 << 20, "events_per_s": 2400.0, "lost_kernel": 3, "lost_user": 0,
-        "engine_dropped": 0, "clients": 1, "client_dropped": 0,
-        "threads": [
-            {"tid": 4125, "tgid": 4121, "comm": n["trainer"], "cpu": 1, "node": 0},
-            {"tid": 4130, "tgid": 4121, "comm": n["loader"], "cpu": 5, "node": 1},
-            {"tid": 4126, "tgid": 4122, "comm": n["worker"], "cpu": 2, "node": 0},
-            {"tid": 4131, "tgid": 4122, "comm": n["loader"], "cpu": 6, "node": 1},
-        ],
-    }  # fmt: skip
+    return DaemonStatus(
+        ts_ns=t, cpu_percent=cpu_percent, rss_bytes=61 << 20, events_per_s=2400.0,
+        lost_kernel=3, clients=1,
+        threads=(
+            WatchedThread(tid=4125, tgid=4121, comm=n["trainer"], cpu=1, node=0),
+            WatchedThread(tid=4130, tgid=4121, comm=n["loader"], cpu=5, node=1),
+            WatchedThread(tid=4126, tgid=4122, comm=n["worker"], cpu=2, node=0),
+            WatchedThread(tid=4131, tgid=4122, comm=n["loader"], cpu=6, node=1),
+        ),
+    ).to_record()  # fmt: skip
+
+
+def as_sent(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record as the daemon serialises it: built as its own typed record (so a kind it
+    does not know, a field its type lacks or one of the wrong type fails here), then
+    written out. The status is built as a DaemonStatus already."""
+    typed = rec if rec["type"] == "daemon.status" else to_record(from_record(rec))
+    return orjson.loads(orjson.dumps(typed))  # type: ignore[no-any-return]
 
 
 def ndjson(records: list[dict[str, Any]]) -> bytes:

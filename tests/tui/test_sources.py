@@ -20,7 +20,7 @@ from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.tui.inbox import Batch, Inbox, ReplayPosition
 from gpujitter.tui.sources.embedded import EmbeddedSource
-from gpujitter.tui.sources.replay import GAP_KINDS, ReplaySource, load_recording
+from gpujitter.tui.sources.replay import GAP_KINDS, ReplaySource, read_recording
 from tests.tui import node_stream
 from tests.tui.conftest import STREAM
 
@@ -73,8 +73,14 @@ def test_a_replay_inbox_makes_the_worker_wait_instead_of_dropping() -> None:
     assert done.wait(5) and got == [0, 1, 2, 3, 4] and not inbox.dropped
 
 
+def read(path: Path) -> tuple[list[dict], list[dict]]:
+    """A recording as a replay reads it: the scene, and the rest read to its end."""
+    scene, rest = read_recording(path)
+    return scene, list(rest)  # type: ignore[arg-type]
+
+
 def test_recordings_are_ordered_by_when_the_daemon_sends_each_record(tmp_path: Path) -> None:
-    scene, records = load_recording(STREAM)
+    scene, records = read(STREAM)
     assert [r["type"] for r in scene] == ["hello", "snapshot"]
     assert records == node_stream.stream()[2:]  # in the order they were sent
     log = tmp_path / "attributions.jsonl"
@@ -82,13 +88,13 @@ def test_recordings_are_ordered_by_when_the_daemon_sends_each_record(tmp_path: P
         w.write(GpuGap(ts_ns=5, end_ns=9, gpu=0, sources=("util",), resolution_ns=1, confidence=1))
         w.write(GpuGap(ts_ns=7, end_ns=9, gpu=1, sources=("util",), resolution_ns=1, confidence=1))
     log.write_bytes(log.read_bytes() + b'{"type": "gpu.ga')  # a torn last line
-    scene, records = load_recording(log)
+    scene, records = read(log)
     assert scene == [] and [r["gpu"] for r in records] == [0, 1]
     assert "schema" not in records[0]
     tagged = b'{"schema": "gpujitter.attribution/1", "type": "x"}\n'
     (tmp_path / "bad.jsonl").write_bytes(tagged + b"not json\n" + tagged)
     with pytest.raises(GpujitterError, match=r"bad.jsonl:2: not a JSON line"):
-        load_recording(tmp_path / "bad.jsonl")
+        read(tmp_path / "bad.jsonl")
 
 
 def test_a_log_replay_refuses_another_schema_garbage_and_ill_typed_lines(tmp_path: Path) -> None:
@@ -104,7 +110,7 @@ def test_a_log_replay_refuses_another_schema_garbage_and_ill_typed_lines(tmp_pat
     ]:
         log.write_bytes(content)
         with pytest.raises(GpujitterError) as err:
-            load_recording(log)
+            read(log)
         assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -120,7 +126,7 @@ def test_a_recorded_trace_replays_with_its_header_as_the_hello(tmp_path: Path) -
     hello = source.scene[0]
     assert hello["type"] == "hello" and hello["topology"]["cpu_node"] == {"0": 0, "1": 1}
     assert hello["clock"]["realtime_ns"] == header.clock.realtime_ns
-    assert [r["type"] for r in source.records] == ["meta.probe", "cpu.stats"]
+    assert [r["type"] for r in read(path)[1]] == ["meta.probe", "cpu.stats"]
     assert source.end_ns == start + S
 
 
@@ -166,6 +172,26 @@ def test_replay_next_gap_brings_its_attribution_and_seeking_back_starts_over() -
         stop.set()
 
 
+def test_a_recording_that_lost_its_gaps_since_it_was_opened_plays_to_its_end(
+    tmp_path: Path,
+) -> None:
+    """The replay reads its file again as it plays: a file rewritten in between (a rotated
+    set that lost its oldest file) ends the jump to the next gap at the end, not in an
+    error on the worker's thread."""
+    path = tmp_path / "node.ndjson"
+    path.write_bytes(STREAM.read_bytes())
+    source = ReplaySource(path, at="start", playing=False)
+    kept = [r for r in node_stream.stream() if r["type"] not in GAP_KINDS]
+    path.write_bytes(node_stream.ndjson(kept[:200]))
+    inbox, stop = run_replay(source)
+    try:
+        wait_position(inbox, lambda p: p.at_ns == source.start_ns, "the start")
+        source.next_gap()
+        wait_position(inbox, lambda p: p.done and p.at_ns == source.end_ns, "the end")
+    finally:
+        stop.set()
+
+
 def test_the_committed_stream_fixture_is_what_its_generator_writes() -> None:
     assert STREAM.read_bytes() == node_stream.ndjson(node_stream.stream())
 
@@ -178,8 +204,8 @@ def test_an_events_file_replays_through_the_pipeline_as_a_trace_does(tmp_path: P
         lines = [to_record(reader.header.clock), *(to_record(e) for e in reader)]
     events = tmp_path / "events.ndjson"
     events.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in lines))
-    _, from_trace = load_recording(example)
-    scene, from_events = load_recording(events)
+    _, from_trace = read(example)
+    scene, from_events = read(events)
     assert [r["type"] for r in scene] == ["hello", "snapshot"]
     assert scene[0]["clock"]["realtime_ns"] == lines[0]["realtime_ns"]
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,21 @@ def test_a_bounded_job_gives_its_process_back_as_it_was() -> None:
                                     text=True, timeout=60, check=True).stdout)  # fmt: skip
     assert out["during"] != out["before"]
     assert out["after"] == out["before"] and out["child"] == out["before"]
+
+
+def test_a_slice_starts_with_the_first_item_not_with_the_wait_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The runtime's batch waits up to 100 ms for its first event: that wait is no work, and
+    # giving the CPU away after it cost a sched_yield per batch (the live daemon's ~20/s).
+    import time
+
+    yields: list[int] = []
+    monkeypatch.setattr(os, "sched_yield", lambda: yields.append(1))
+
+    def waited() -> Iterator[int]:
+        time.sleep(0.03)
+        yield from range(3)
+
+    assert list(in_slices(waited(), slice_ns=20_000_000)) == [0, 1, 2]
+    assert yields == []

@@ -1,6 +1,7 @@
 """Every offline command reads every recording gpujitter writes — a trace, an events file
 (`gaps --save-events`), an attribution log — told apart by content, and says what it read;
-anything else is one line and exit 2."""
+anything else is one line and exit 2 (tests/unit/test_offline_matrix.py: each command on
+each format the daemon's sinks write)."""
 
 from __future__ import annotations
 
@@ -146,7 +147,10 @@ def test_anything_else_is_one_line_and_exit_2(
 ) -> None:
     path = tmp_path / "x"
     path.write_bytes(content)
-    for argv in (["report"], ["trace"], ["gaps", "--replay-events"]):
+    commands = [["report"], ["trace"], ["gaps", "--replay-events"]]
+    if b"gpujitter.stream/" not in content:  # a captured stream is what top plays
+        commands.append(["top", "--replay"])
+    for argv in commands:
         assert main([*argv, str(path)]) == 2
         err = capsys.readouterr().err
         assert why in err and err.count("\n") == 1 and "Traceback" not in err

@@ -5,11 +5,15 @@ sinks closed; and `record` and `run --record` over the same stretch of a real H2
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from gpujitter.cli import build_parser, load_commands, main
@@ -18,15 +22,17 @@ from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
 from gpujitter.daemon.analysis.records import Attribution
 from gpujitter.daemon.service.config import load_config
 from gpujitter.daemon.service.idle_floors import FILE_NAME, IdleFloorStore
-from gpujitter.daemon.service.runtime import EventQueue, ListSource, Runtime, Sink
+from gpujitter.daemon.service.runtime import EventQueue, ListSource, Runtime, Sink, status_line
 from gpujitter.daemon.service.service import Daemon
+from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.daemon.sinks.trace import TraceReader
-from gpujitter.probes.events import Event, to_record
+from gpujitter.probes.events import Event, Migration, to_record
 from gpujitter.probes.gpu import GpuSampler
 from gpujitter.probes.gpu_clock import offsets_from_header
 from gpujitter.probes.gpu_record import NvmlReplay
 from gpujitter.probes.nvml import GpuInfo, Nvml
 from gpujitter.probes.topology import load_topology
+from gpujitter.tui.model import NodeModel
 from tests.conftest import FIXTURES
 from tests.unit.test_nvml_replay import sample_reads
 
@@ -75,7 +81,35 @@ def test_a_recorded_stream_gives_what_the_offline_pipeline_gives() -> None:
     assert [to_record(e) for e in kept.found] == [to_record(e) for e in offline]
     assert any(isinstance(e, Attribution) for e in offline)
     assert kept.events == events and kept.closed
-    assert runtime.status()["attributions"] == sum(isinstance(e, Attribution) for e in offline)
+    assert runtime.status().attributions == sum(isinstance(e, Attribution) for e in offline)
+
+
+def test_a_stepped_runtime_finds_what_its_loop_finds_and_an_early_leave_closes_it() -> None:
+    """A replay steps the runtime at its own pace: stepped to the end it hands the sinks
+    what the loop does; left before the end (a replay started over), its sinks close
+    without the pipeline being flushed into them."""
+    gpus, events = h200_stretch()
+    topology = load_topology()
+
+    def runtime(kept: Kept) -> Runtime:
+        return Runtime(ListSource(events, gpus=gpus), topology, sinks=[kept],
+                       analysis=lambda source: AnalysisConfig(), signals=False)  # fmt: skip
+
+    looped = Kept()
+    runtime(looped).run()
+    stepped = Kept()
+    with runtime(stepped).stepped() as step:
+        steps = 0
+        while step(100):
+            steps += 1
+    assert steps == -(-len(events) // 100) and stepped.closed
+    assert [to_record(e) for e in stepped.found] == [to_record(e) for e in looped.found]
+    assert stepped.events == events
+    left = Kept()
+    with contextlib.suppress(GeneratorExit), runtime(left).stepped() as step:
+        step(100)
+        raise GeneratorExit  # as when a replay's reading generator is closed
+    assert left.closed and len(left.events) == 100 and len(left.found) < len(looped.found)
 
 
 def test_the_queue_is_bounded_and_what_it_drops_is_counted() -> None:
@@ -89,7 +123,36 @@ def test_the_queue_is_bounded_and_what_it_drops_is_counted() -> None:
     runtime.run()
     status = runtime.status()
     assert len(kept.events) == 20
-    assert status["engine_dropped"] == 30 and status["lost_user"] >= 30
+    assert status.engine_dropped == 30 and status.lost_user >= 30
+
+
+def test_the_status_is_one_typed_record_from_the_runtime_to_the_tui() -> None:
+    """What the runtime says of itself is one DaemonStatus: each sink adds its counters, the
+    stream carries it as daemon.status, and the TUI decodes that record into the same type
+    (the comm of a watched thread made inert on the way)."""
+
+    class Writing(Sink):
+        def status(self) -> dict[str, Any]:
+            return {"log_dropped": 2, "log_failing": "no room"}
+
+    topology = load_topology()
+    runtime = Runtime(ListSource([]), topology, sinks=[Writing()], signals=False)
+    runtime.run()
+    runtime.state.observe(Migration(5, tid=42, tgid=41, src_cpu=1, dst_cpu=0, src_node=0,
+                                    dst_node=0, comm="py\x1b[2J"))  # fmt: skip
+    runtime.sinks = [Writing()]  # closed sinks leave the list: as while running
+    status = runtime.status()
+    assert isinstance(status, DaemonStatus)
+    assert (status.log_dropped, status.log_failing) == (2, "no room")
+    assert [(t.tid, t.tgid) for t in status.threads] == [(42, 41)]
+    wire = orjson.loads(orjson.dumps(status.to_record()))
+    assert wire["type"] == "daemon.status" and wire["threads"][0]["comm"] == "py\x1b[2J"
+    model = NodeModel()
+    model.apply(wire)
+    shown = model.status
+    assert isinstance(shown, DaemonStatus) and shown.threads[0].comm == "py\\x1b[2J"
+    assert dataclasses.replace(shown, threads=status.threads) == status
+    assert "log failing (2 dropped): no room" in status_line(status)
 
 
 def test_sigterm_stops_the_loop_and_closes_the_sinks() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpujitter.daemon.service.sdnotify import Notifier
+from gpujitter.daemon.service.status import DaemonStatus
 
 
 @pytest.fixture
@@ -78,17 +80,18 @@ def test_status_line_says_what_systemctl_status_should_show() -> None:
     the status record, with a failing disk named."""
     from gpujitter.daemon.service.runtime import status_line
 
-    status = {
-        "attributions": 12, "events_per_s": 840.4, "lost_kernel": 0, "lost_user": 3,
-        "clients": 2, "cpu_percent": 1.25, "rss_bytes": 131 << 20, "self_inflicted": 1,
-        "log_failing": "", "log_dropped": 0, "trace_failing": "", "trace_lost": 0,
-    }  # fmt: skip
+    status = DaemonStatus(
+        ts_ns=1, attributions=12, events_per_s=840.4, lost_kernel=0, lost_user=3, clients=2,
+        cpu_percent=1.25, rss_bytes=131 << 20, self_inflicted=1,
+    )  # fmt: skip
     line = status_line(status)
     assert line == (
         "12 gaps attributed; 840 events/s; lost 3; self-inflicted 1; 2 clients; cpu 1.2%; "
         "rss 131 MiB"
     )
-    full = {**status, "log_failing": "cannot write log /l: No space left", "log_dropped": 4}
+    full = dataclasses.replace(
+        status, log_failing="cannot write log /l: No space left", log_dropped=4
+    )
     assert status_line(full).endswith(
         "; log failing (4 dropped): cannot write log /l: No space left"
     )

@@ -11,6 +11,7 @@ from gpujitter.daemon.analysis.pipeline import analyse
 from gpujitter.daemon.analysis.records import Attribution
 from gpujitter.daemon.drill.score import Stall, score
 from gpujitter.daemon.service.runtime import status_line
+from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.daemon.sinks.metrics import DaemonMetrics
 from gpujitter.probes.events import OwnThreads, from_record, to_record
 from gpujitter.tui.model import NodeModel
@@ -66,13 +67,9 @@ def test_the_mark_survives_the_wire_and_a_replay() -> None:
     assert found.self_ns == 25 * MS
 
 
-def status(**changed: object) -> dict[str, object]:
-    base: dict[str, object] = {
-        "attributions": 3, "events_per_s": 10.0, "lost_kernel": 0, "lost_user": 0,
-        "clients": 0, "cpu_percent": 1.0, "rss_bytes": 50 << 20, "self_inflicted": 0,
-        "log_failing": "", "trace_failing": "", "log_dropped": 0, "trace_lost": 0,
-    }  # fmt: skip
-    return {**base, **changed}
+def status(self_inflicted: int = 0) -> DaemonStatus:
+    return DaemonStatus(ts_ns=1, attributions=3, events_per_s=10.0, cpu_percent=1.0,
+                        rss_bytes=50 << 20, self_inflicted=self_inflicted)  # fmt: skip
 
 
 def test_the_daemons_status_line_and_metrics_count_them() -> None:

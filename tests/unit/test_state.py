@@ -4,6 +4,7 @@ placement view) as threads and processes come and go."""
 from __future__ import annotations
 
 from gpujitter.daemon.service.state import NodeState
+from gpujitter.daemon.service.status import ProbeCost
 from gpujitter.probes.events import OffCpu, ProbeStatus, ProcExit, ThreadExit
 from gpujitter.probes.topology import Topology
 
@@ -16,7 +17,7 @@ def ran(ts_ns: int, tid: int, tgid: int, cpu: int = 1) -> OffCpu:
 
 
 def tids(state: NodeState) -> list[int]:
-    return [t["tid"] for t in state.status(0)["threads"]]
+    return [t.tid for t in state.status(0).threads]
 
 
 def state() -> NodeState:
@@ -68,8 +69,8 @@ def test_each_probe_says_what_it_costs_in_the_status() -> None:
                               cost_from="sampled"))  # fmt: skip
     node.observe(ProbeStatus(ts_ns=1, probe="cuda", state="degraded"))
     cost = node.probe_cost()
-    assert cost["sched"] == {
-        "state": "running", "bpf_ns_per_s": 2_000_000, "bpf_runs_per_s": 30_000,
-        "cost_from": "sampled", "events": 7, "lost_kernel": 1, "lost_user": 0,
-    }  # fmt: skip
-    assert cost["cuda"]["bpf_ns_per_s"] == -1 and cost["cuda"]["cost_from"] == ""
+    assert cost["sched"] == ProbeCost(
+        state="running", bpf_ns_per_s=2_000_000, bpf_runs_per_s=30_000, cost_from="sampled",
+        events=7, lost_kernel=1, lost_user=0,
+    )  # fmt: skip
+    assert cost["cuda"].bpf_ns_per_s == -1 and cost["cuda"].cost_from == ""

@@ -17,7 +17,8 @@ from typing import Any
 from gpujitter import __version__
 from gpujitter.daemon.analysis.engine import EngineConfig
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig
-from gpujitter.daemon.service.runtime import EventSource, ListSource, LiveSource, Runtime, Sink
+from gpujitter.daemon.service.runtime import EventSource, ListSource, LiveSource, Runtime
+from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import Event, ProbeStatus, to_record
@@ -26,6 +27,7 @@ from gpujitter.probes.procstat import ProcCpuSampler
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.tui.sources import Receiver, Source
+from gpujitter.tui.sources.streamed import StreamRecords
 
 # Probes whose cpu.stats halves replace the kernel counters' (interrupts; idle residency).
 IRQ_PROBE, IDLE_PROBE = "irq", "cstate"
@@ -106,43 +108,30 @@ class EmbeddedSource(Source):
         self._runtime(ListSource((), live=True), sink, stopped).run()
 
 
-class _ToApp(Sink):
+class _ToApp(StreamRecords):
     """The runtime's output as the records the daemon's stream carries, handed to the app a
     batch at a time; each tick, the kernel counters for what no probe covers and the
     status (this process in the daemon's place)."""
 
     def __init__(self, app: Receiver, topology: Topology, paths: HostPaths) -> None:
+        super().__init__()
         self.app = app
         self.topology = topology
         self.paths = paths
-        self.records: list[dict[str, Any]] = []
         self.probes: dict[str, str] = {}  # probe -> state
         self.sampler: ProcCpuSampler | None = None
         self.covered: tuple[bool, bool] | None = None
-        self._runtime: Runtime | None = None
-
-    def started(self, runtime: Runtime) -> None:
-        self._runtime = runtime
 
     def event(self, ev: Event) -> None:
         if isinstance(ev, ProbeStatus):
             self.probes[ev.probe] = ev.state
-        self._take(ev)
-
-    def finding(self, found: Event) -> None:
-        self._take(found)
-
-    def _take(self, ev: Event) -> None:
-        assert self._runtime is not None
-        if self._runtime.state.streamed(ev):
-            self.records.append(to_record(ev))
+        super().event(ev)
 
     def batch_done(self) -> None:
-        if self.records:
-            records, self.records = self.records, []
+        if records := self.take():
             self.app.records(records)
 
-    def tick(self, now_ns: int, status: dict[str, Any]) -> None:
+    def tick(self, now_ns: int, status: DaemonStatus) -> None:
         running = {p for p, s in self.probes.items() if s in ("running", "degraded")}
         want = (IRQ_PROBE not in running, IDLE_PROBE not in running)
         if want != self.covered:  # a probe came or went: the counters fill what it leaves
@@ -150,7 +139,7 @@ class _ToApp(Sink):
             self.sampler = ProcCpuSampler(self.topology, self.paths, irq=want[0], idle=want[1])
         if self.sampler is not None and any(want):
             self.app.records(self.sampler.sample(now_ns))
-        self.app.records([status])
+        self.app.records([status.to_record()])
 
     def status(self) -> dict[str, Any]:
         return {"clients": 1}

@@ -1,22 +1,26 @@
-"""Replay of a recording: a trace (`gpujitter record`) or an events file (`gaps --save-events`),
-whose events go through StreamPipeline (the daemon's pipeline and node state), or an NDJSON file of
-stream records (a captured socket stream, the attribution log). The records keep the
-recording's order and play against a replay clock: play/pause, step, jump to the next gap,
-seek (backwards starts the model over and plays up to the target at once), speed.
+"""Replay of a recording, read as it plays (memory does not grow with its length): a trace
+(`gpujitter record`, a rotated directory) or an events file (`gaps --save-events`), whose
+events go through the daemon's runtime stepped by the replay (its pipeline and node state,
+as live), or an NDJSON file of stream records (a captured socket stream, the attribution
+log). The records keep the recording's order and play against a replay clock: play/pause,
+step, jump to the next gap, seek (backwards reads the recording again from its start and
+plays up to the target at once), speed.
 
 Commands arrive from the app's thread (ReplayControl) and are carried out on the worker's.
 """
 
 from __future__ import annotations
 
-import bisect
+import contextlib
+import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpujitter.daemon.offline.recordings import EVENTS, TRACE, WHAT, sniff
 from gpujitter.errors import GpujitterError
 from gpujitter.tui.inbox import ReplayPosition
 from gpujitter.tui.sources import Receiver, Source
@@ -27,6 +31,7 @@ TICK_S = 0.05
 GAP_KINDS = ("gpu.gap", "gpu.attribution")
 ATTRIBUTION_WAIT_NS = 30 * 1_000_000_000  # how far past a gap its attribution is looked for
 SPEEDS = (1 / 16, 256.0)
+SCENE_KINDS = ("hello", "snapshot")
 
 
 def emitted_at(rec: Record) -> int | None:
@@ -39,24 +44,25 @@ def emitted_at(rec: Record) -> int | None:
     return int(rec["ts_ns"]) + int(rec.get("interval_ns", 0))
 
 
-def load_recording(path: Path) -> tuple[list[Record], list[Record]]:
+def read_recording(path: Path) -> tuple[list[Record], Iterator[Record]]:
     """(records that set the scene: the hello and snapshot before the first timed record;
-    the rest, in the order they were sent or recorded)."""
-    from gpujitter.daemon.offline.recordings import EVENTS, TRACE, sniff
-
+    the rest, in the order they were sent or recorded, read as they are taken)."""
     kind = sniff(path)
     records = _analysed(path) if kind in (TRACE, EVENTS) else _ndjson_records(path)
     scene: list[Record] = []
-    rest: list[Record] = []
     for rec in records:
-        if rec.get("type") in ("hello", "snapshot") and not rest:
-            scene.append(rec)
-        else:
-            rest.append(rec)
-    return scene, rest
+        if rec.get("type") not in SCENE_KINDS:
+            return scene, _following(rec, records)
+        scene.append(rec)
+    return scene, iter(())
 
 
-def _ndjson_records(path: Path) -> Iterable[Record]:
+def _following(first: Record, rest: Iterator[Record]) -> Iterator[Record]:
+    yield first
+    yield from rest
+
+
+def _ndjson_records(path: Path) -> Iterator[Record]:
     """A captured socket stream or the attribution log, through the log's reader: schema,
     torn last line and field types checked as for the daemon's own log."""
     from gpujitter.daemon.sinks.jsonlog import JsonLogReader
@@ -70,16 +76,17 @@ def _ndjson_records(path: Path) -> Iterable[Record]:
         yield rec
 
 
-def _analysed(path: Path) -> list[Record]:
-    """A trace's or an events file's events through the daemon's pipeline, as live."""
+def _analysed(path: Path) -> Iterator[Record]:
+    """A trace's or an events file's events through the daemon's runtime, as live, a chunk
+    at a time as the replay takes them."""
     from gpujitter.daemon.analysis.pipeline import AnalysisConfig
     from gpujitter.daemon.offline.recordings import open_recording
-    from gpujitter.tui.sources.pipeline import StreamPipeline
+    from gpujitter.daemon.service.runtime import ListSource, Runtime
+    from gpujitter.tui.sources.streamed import StreamRecords
 
-    traces = open_recording([path])
-    header = traces.header
-    pipeline = StreamPipeline(header.topology, AnalysisConfig.from_record(header.analysis))
-    hello = {
+    recording = open_recording([path])
+    header = recording.header
+    yield {
         "type": "hello",
         "host": header.host,
         "kernel": header.kernel,
@@ -88,7 +95,28 @@ def _analysed(path: Path) -> list[Record]:
         "topology": header.topology.to_record(),
         "probes": list(header.probes),
     }
-    return [hello, pipeline.snapshot(header.start_ns), *pipeline.feed(traces), *pipeline.flush()]
+    out = StreamRecords()
+    runtime = Runtime(
+        ListSource(recording, label=recording.what), header.topology, sinks=[out],
+        analysis=lambda _: AnalysisConfig.from_record(header.analysis), signals=False,
+    )  # fmt: skip
+    yield runtime.state.snapshot(header.start_ns, runtime.state.status(header.start_ns))
+    with runtime.stepped() as step:
+        while step(CHUNK):
+            yield from out.take()
+    yield from out.take()  # what the pipeline still held
+
+
+def _timed(records: Iterator[Record]) -> Iterator[tuple[int, Record]]:
+    """Each record with when it plays: its sending time, but never before its predecessor
+    (the order stays the recording's: a record timed earlier, or not timed, plays with the
+    one before it)."""
+    played_ns = 0
+    with contextlib.closing(records):  # type: ignore[type-var]
+        for n, rec in enumerate(records):
+            sent = emitted_at(rec) or 0
+            played_ns = sent if n == 0 else max(sent, played_ns)
+            yield played_ns, rec
 
 
 class ReplaySource(Source):
@@ -101,15 +129,18 @@ class ReplaySource(Source):
     ) -> None:
         self.path = Path(path)
         self.label = f"replay {self.path.name}"
-        self.scene, self.records = load_recording(self.path)
-        # Each record plays at its sending time; the order stays the recording's, so a
-        # record timed before its predecessor (or not timed) plays with the predecessor.
-        self.times: list[int] = []
-        for rec in self.records:
-            sent = emitted_at(rec) or 0
-            self.times.append(max(sent, self.times[-1]) if self.times else sent)
-        self.start_ns = self.times[0] if self.times else 0
-        self.end_ns = self.times[-1] if self.times else 0
+        kind = sniff(self.path)
+        if kind in WHAT and kind != TRACE:
+            self.label += f": {WHAT[kind]}"
+        # One pass, reading as it goes, for what the seek bar and the jump to the next gap
+        # need (where the recording starts and ends, how many gaps it holds); it also finds
+        # bad input before the app starts.
+        self.scene, rest = read_recording(self.path)
+        self.start_ns = self.end_ns = self.gaps = 0
+        for n, (played_ns, rec) in enumerate(_timed(rest)):
+            self.start_ns = played_ns if n == 0 else self.start_ns
+            self.end_ns = played_ns
+            self.gaps += rec.get("type") in GAP_KINDS
         if at == "start":
             self.at_ns = self.start_ns
         elif at == "end":
@@ -118,8 +149,10 @@ class ReplaySource(Source):
             self.at_ns = int(at)
         self.playing = playing
         self.speed = speed
-        self.cursor = 0  # records before it have been delivered
         self.replay = self
+        self._rest: Iterator[tuple[int, Record]] = iter(())
+        self._ahead: deque[tuple[int, Record]] = deque()  # read, not yet delivered
+        self._gaps_delivered = 0
         self._commands: deque[Callable[[Receiver], None]] = deque()
         self._wake = threading.Event()
 
@@ -148,22 +181,25 @@ class ReplaySource(Source):
 
     def run(self, sink: Receiver, stopped: Callable[[], bool]) -> None:
         sink.connection("replay", str(self.path))
-        self._restart(sink)
-        self._deliver_until(sink, self.at_ns)
-        self._report(sink)
-        last = time.monotonic()
-        while not stopped():
-            self._wake.wait(TICK_S)
-            self._wake.clear()
-            while self._commands:
-                self._commands.popleft()(sink)
-            now = time.monotonic()
-            if self.playing:
-                self._deliver_until(sink, self.at_ns + int((now - last) * 1e9 * self.speed))
-                if self.cursor >= len(self.records):
-                    self.playing = False
-            last = now
+        try:
+            self._restart(sink)
+            self._deliver_until(sink, self.at_ns)
             self._report(sink)
+            last = time.monotonic()
+            while not stopped():
+                self._wake.wait(TICK_S)
+                self._wake.clear()
+                while self._commands:
+                    self._commands.popleft()(sink)
+                now = time.monotonic()
+                if self.playing:
+                    self._deliver_until(sink, self.at_ns + int((now - last) * 1e9 * self.speed))
+                    if self._next() is None:
+                        self.playing = False
+                last = now
+                self._report(sink)
+        finally:
+            self._close()
         sink.connection("stopped")
 
     def _report(self, sink: Receiver, selected: str | None = None) -> None:
@@ -173,33 +209,60 @@ class ReplaySource(Source):
             end_ns=self.end_ns,
             playing=self.playing,
             speed=self.speed,
-            done=self.cursor >= len(self.records),
+            done=self._next() is None,
         )
         sink.position(pos, selected)
 
+    def _close(self) -> None:
+        """Let go of the reading (a trace's runtime closes its sinks)."""
+        close = getattr(self._rest, "close", None)
+        if close is not None:
+            close()
+        self._ahead.clear()
+
     def _restart(self, sink: Receiver) -> None:
+        self._close()
         sink.reset()
-        sink.records(self.scene)
-        self.cursor = 0
+        scene, rest = read_recording(self.path)
+        sink.records(scene)
+        self._rest = _timed(rest)
+        self._gaps_delivered = 0
+
+    def _next(self) -> tuple[int, Record] | None:
+        """The next record to deliver (read ahead if need be), None at the end."""
+        if not self._ahead:
+            item = next(self._rest, None)
+            if item is None:
+                return None
+            self._ahead.append(item)
+        return self._ahead[0]
+
+    def _deliver_while(self, sink: Receiver, more: Callable[[int, Record], bool]) -> None:
+        batch: list[Record] = []
+        while (item := self._next()) is not None and more(*item):
+            self._ahead.popleft()
+            batch.append(item[1])
+            self._gaps_delivered += item[1].get("type") in GAP_KINDS
+            if len(batch) == CHUNK:
+                sink.records(batch)
+                batch = []
+        if batch:
+            sink.records(batch)
 
     def _deliver_until(self, sink: Receiver, at_ns: int) -> None:
         at_ns = min(max(at_ns, self.start_ns), self.end_ns)
-        stop = bisect.bisect_right(self.times, at_ns)
-        while self.cursor < stop:
-            end = min(stop, self.cursor + CHUNK)
-            sink.records(self.records[self.cursor : end])
-            self.cursor = end
+        self._deliver_while(sink, lambda played_ns, _: played_ns <= at_ns)
         self.at_ns = at_ns
 
     def _move(self, sink: Receiver, at_ns: int, *, playing: bool) -> None:
         if at_ns < self.at_ns:
             self._restart(sink)
         self._deliver_until(sink, at_ns)
-        self.playing = playing and self.cursor < len(self.records)
+        self.playing = playing and self._next() is not None
         self._report(sink)
 
     def _toggle(self, sink: Receiver) -> None:
-        self.playing = not self.playing and self.cursor < len(self.records)
+        self.playing = not self.playing and self._next() is not None
         self._report(sink)
 
     def _set_speed(self, speed: float) -> None:
@@ -207,23 +270,32 @@ class ReplaySource(Source):
 
     def _next_gap(self, sink: Receiver) -> None:
         """Play up to the next gap not yet shown (and its attribution), then pause there."""
-        for n in range(self.cursor, len(self.records)):
-            rec = self.records[n]
-            if rec.get("type") in GAP_KINDS:
-                break
-        else:
+        if self._gaps_delivered >= self.gaps:  # none left: stay where it is
             self.playing = False
             self._report(sink)
             return
-        gap_id = f"{rec.get('gpu', 0)}:{rec.get('ts_ns', 0)}"
-        target = self.times[n]
-        for m in range(n + 1, len(self.records)):
-            if self.times[m] > self.times[n] + ATTRIBUTION_WAIT_NS:
+        self._deliver_while(sink, lambda _, rec: rec.get("type") not in GAP_KINDS)
+        item = self._next()
+        if item is None:  # the recording changed since the first pass (rotated away)
+            self.at_ns, self.playing = self.end_ns, False
+            self._report(sink)
+            return
+        gap_ns, gap = item
+        gap_id = f"{gap.get('gpu', 0)}:{gap.get('ts_ns', 0)}"
+        # Its attribution, looked for among the records of the next ATTRIBUTION_WAIT_NS
+        # (read ahead, not yet delivered: at most that stretch of the recording is held).
+        while self._ahead[-1][0] <= gap_ns + ATTRIBUTION_WAIT_NS:
+            following = next(self._rest, None)
+            if following is None:
                 break
-            other = self.records[m]
+            self._ahead.append(following)
+        target = gap_ns
+        for played_ns, other in itertools.islice(self._ahead, 1, None):
+            if played_ns > gap_ns + ATTRIBUTION_WAIT_NS:
+                break
             same = f"{other.get('gpu', 0)}:{other.get('ts_ns', 0)}" == gap_id
             if other.get("type") == "gpu.attribution" and same:
-                target = self.times[m]
+                target = played_ns
                 break
         self._deliver_until(sink, target)
         self.playing = False

@@ -1,0 +1,301 @@
+"""The daemon's own CPU, by thread: `gpujitter run` watching a feeding loop (the drills'
+stub libcuda) or a given process, its threads' on-CPU time read from /proc over a window;
+and a recorded trace replayed, for the user-space cost per event of decoding and analysis.
+
+    flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.daemon_cpu live --seconds 60
+    .venv/bin/python -m bench.daemon_cpu replay TRACE_OR_DIR
+
+live needs root (the probes); --pid PID watches that process instead of the feeder,
+--before DIR alternates rounds with the package found in DIR (another tree), --profile DIR
+writes a cProfile file per thread there. Each thread's time is its schedstat run time,
+summed by thread name; a thread that exited inside the window counts in the process's
+total only ("exited threads"). The daemon runs through `daemon` below, which gives each
+Python thread its role as its kernel name (gpujitter-probes -> "probes") so that /proc
+tells them apart. The window opens a second after READY (start-up work left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+READY_TIMEOUT_S = 60.0
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def _thread_ns(task: Path) -> int:
+    """A thread's on-CPU time: schedstat's run time, else utime + stime at tick resolution."""
+    try:
+        return int((task / "schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // TICKS_PER_S
+
+
+def threads_ns(pid: int) -> dict[int, tuple[str, int]]:
+    """tid -> (thread name, on-CPU ns so far) for each live thread of `pid`."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out[int(task.name)] = ((task / "comm").read_text().strip(), _thread_ns(task))
+        except (OSError, ValueError):
+            continue  # exited between the listing and the read
+    return out
+
+
+def process_ns(pid: int) -> int:
+    """The whole process's on-CPU time, exited threads included (utime + stime, ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // TICKS_PER_S
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def split_by_name(
+    before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]
+) -> dict[str, int]:
+    """On-CPU ns spent inside the window by thread name (threads born inside it count all)."""
+    spent: Counter[str] = Counter()
+    for tid, (name, ns) in after.items():
+        spent[name] += ns - before.get(tid, (name, 0))[1]
+    return dict(spent)
+
+
+def run_named(argv: list[str], profile_dir: str) -> None:
+    """`gpujitter ARGV` in this process, each thread named in the kernel after its role
+    and, with a profile_dir, profiled on its own (cProfile follows one thread)."""
+    import cProfile
+    import runpy
+    import threading
+
+    def profiled(name: str, run: Any) -> None:
+        if not profile_dir:
+            run()
+            return
+        prof = cProfile.Profile(time.thread_time)  # CPU time: waits are not its cost
+        try:
+            prof.runcall(run)
+        finally:
+            prof.dump_stats(f"{profile_dir}/{name}.prof")
+
+    start_thread = threading.Thread.run
+
+    def named_run(self: threading.Thread) -> None:
+        name = self.name.removeprefix("gpujitter-")[:15]
+        with contextlib.suppress(OSError):
+            Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(name)
+        profiled(name, lambda: start_thread(self))
+
+    if tree := os.environ.get("GJ_BENCH_TREE"):
+        # The package from another tree: ahead of an editable install's finder, which would
+        # otherwise win over the path.
+        sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
+        sys.path.insert(0, tree)
+    threading.Thread.run = named_run  # type: ignore[method-assign]
+    Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text("main")
+    sys.argv = ["gpujitter", *argv]
+    profiled("main", lambda: runpy.run_module("gpujitter", run_name="__main__"))
+
+
+def _feeder(work: Path, seconds: float) -> subprocess.Popen[str]:
+    from gpujitter.daemon.drill.build import cached_inject, cached_stub
+    from gpujitter.daemon.drill.feeder import FeederConfig
+
+    cfg = FeederConfig(backend="stub", inject_lib=str(cached_inject()), scenario="clean",
+                       cpu=0, duration_s=seconds + 5, stall_ms=25.0,
+                       stub=str(cached_stub()))  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpujitter.daemon.drill.feeder", cfg.to_json()],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=work,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    json.loads(proc.stdout.readline())  # {"ready": ...}
+    return proc
+
+
+def _wait_ready(sock: socket.socket, daemon: subprocess.Popen[bytes]) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < READY_TIMEOUT_S:
+        if daemon.poll() is not None:
+            raise SystemExit(f"daemon exited with {daemon.returncode} before READY")
+        try:
+            if b"READY=1" in sock.recv(4096):
+                return time.monotonic() - start
+        except TimeoutError:
+            continue
+    raise SystemExit("daemon not READY in time")
+
+
+def live(
+    seconds: float, probes: str, profile_dir: str = "", pid: int = 0, pythonpath: str = ""
+) -> dict[str, Any]:
+    """One start of the daemon watching `pid` (else a feeder loop of its own); with
+    `pythonpath`, the package found there first (another tree, for before/after rounds)."""
+    with tempfile.TemporaryDirectory(prefix="gj-daemon-cpu-") as tmp:
+        work = Path(tmp)
+        feeder = None if pid else _feeder(work, seconds)
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(str(work / "notify"))
+        notify.settimeout(0.5)
+        argv = [sys.executable, "-m", "bench.daemon_cpu", "daemon", profile_dir, "run",
+                "--quiet", "--record", str(work / "rec"), "--log", str(work / "log.jsonl"),
+                "--socket", str(work / "sock"), "-p", str(pid or feeder.pid)]  # type: ignore[union-attr]  # fmt: skip
+        if probes:
+            argv += ["--probes", probes]
+        env = {**os.environ, "NOTIFY_SOCKET": str(work / "notify")}
+        if pythonpath:
+            env["GJ_BENCH_TREE"] = pythonpath
+            # the bench's own tree last: its gpujitter/ folder is not the package
+            path = [pythonpath, env.get("PYTHONPATH", ""), str(Path(__file__).parents[1])]
+            env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+        daemon = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+        try:
+            ready_s = _wait_ready(notify, daemon)
+            if feeder is not None:
+                assert feeder.stdin is not None
+                feeder.stdin.write("go\n")
+                feeder.stdin.flush()
+            time.sleep(1.0)
+            t0, p0, th0 = time.monotonic_ns(), process_ns(daemon.pid), threads_ns(daemon.pid)
+            time.sleep(seconds)
+            t1, p1, th1 = time.monotonic_ns(), process_ns(daemon.pid), threads_ns(daemon.pid)
+            rss = rss_bytes(daemon.pid)
+        finally:
+            daemon.send_signal(signal.SIGINT)
+            daemon.wait(timeout=60)
+            if feeder is not None:
+                feeder.kill()
+                feeder.wait()
+        kinds = _kinds(work / "rec")
+    window_ns = t1 - t0
+    threads = split_by_name(th0, th1)
+    return {
+        "window_s": window_ns / 1e9,
+        "ready_s": ready_s,
+        "probes": probes or "default",
+        "tree": pythonpath or "this",
+        "cpu_pct": 100 * (p1 - p0) / window_ns,
+        "threads_pct": {k: 100 * v / window_ns for k, v in sorted(threads.items())},
+        "exited_threads_pct": 100 * max(0, p1 - p0 - sum(threads.values())) / window_ns,
+        "rss_mb": rss / 1e6,
+        "events_per_s": {k: round(v / (window_ns / 1e9), 1) for k, v in kinds.most_common()},
+    }
+
+
+def _kinds(folder: Path) -> Counter[str]:
+    """Events of each kind the daemon recorded (over its whole run)."""
+    from gpujitter.daemon.offline.recordings import open_recording
+
+    return Counter(ev.KIND for ev in open_recording([folder]))
+
+
+def replay(path: Path) -> dict[str, Any]:
+    """CPU of this process to decode the recording, and to decode and analyse it."""
+    from gpujitter.daemon.analysis.pipeline import AnalysisConfig, Pipeline
+    from gpujitter.daemon.offline.recordings import open_recording
+
+    rec = open_recording([path])
+    first = last = n = 0
+    start = time.process_time()
+    for ev in rec:
+        first, last, n = first or ev.ts_ns, ev.ts_ns, n + 1
+    decode_s = time.process_time() - start
+    rec = open_recording([path])
+    config = AnalysisConfig.from_record(rec.header.analysis)
+    start = time.process_time()
+    pipeline = Pipeline(rec.header.topology, config)
+    for ev in rec:
+        pipeline.feed(ev)
+    pipeline.flush()
+    both_s = time.process_time() - start
+    span_s = (last - first) / 1e9
+    return {
+        "events": n,
+        "span_s": span_s,
+        "events_per_s": n / span_s if span_s else 0.0,
+        "decode_us_per_event": 1e6 * decode_s / n,
+        "analysis_us_per_event": 1e6 * (both_s - decode_s) / n,
+        "decode_pct_of_cpu": 100 * decode_s / span_s if span_s else 0.0,
+        "analysis_pct_of_cpu": 100 * (both_s - decode_s) / span_s if span_s else 0.0,
+    }
+
+
+def _print_live(res: dict[str, Any]) -> None:
+    print(f"daemon ({res['probes']}, tree {res['tree']}), {res['window_s']:.0f} s window, ready in "
+          f"{res['ready_s']:.1f} s: {res['cpu_pct']:.2f} % of one CPU, "
+          f"RSS {res['rss_mb']:.0f} MB")  # fmt: skip
+    for name, pct in sorted(res["threads_pct"].items(), key=lambda kv: -kv[1]):
+        print(f"  {name:<20} {pct:6.2f} %")
+    print(f"  {'exited threads':<20} {res['exited_threads_pct']:6.2f} %")
+    rates = ", ".join(f"{k} {v}/s" for k, v in res["events_per_s"].items())
+    print(f"  recorded: {rates}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="mode", required=True)
+    lv = sub.add_parser("live")
+    lv.add_argument("--seconds", type=float, default=60.0)
+    lv.add_argument("--probes", default="")
+    lv.add_argument("--json", action="store_true")
+    lv.add_argument("--profile", default="", metavar="DIR")
+    lv.add_argument("--pid", type=int, default=0, help="watch this process (no feeder loop)")
+    lv.add_argument("--rounds", type=int, default=1)
+    lv.add_argument(
+        "--before",
+        default="",
+        metavar="PYTHONPATH",
+        help="alternate rounds with the package found there (another tree)",
+    )
+    dm = sub.add_parser("daemon")  # how `live` starts the daemon
+    dm.add_argument("profile_dir")
+    dm.add_argument("argv", nargs=argparse.REMAINDER)
+    rp = sub.add_parser("replay")
+    rp.add_argument("path", type=Path)
+    rp.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.mode == "daemon":
+        run_named(args.argv, args.profile_dir)
+        return
+    if args.mode == "live":
+        profile = str(Path(args.profile).resolve()) if args.profile else ""
+        trees = [args.before, ""] if args.before else [""]
+        results = []
+        for k in range(args.rounds):
+            for tree in trees if k % 2 == 0 else trees[::-1]:
+                res = live(args.seconds, args.probes, profile, args.pid, tree)
+                results.append(res)
+                if not args.json:
+                    _print_live(res)
+        if args.json:
+            print(json.dumps(results, indent=1))
+        return
+    res = replay(args.path)
+    if args.json:
+        print(json.dumps(res, indent=1))
+        return
+    print(f"{args.path}: {res['events']} events over {res['span_s']:.0f} s "
+          f"({res['events_per_s']:.0f}/s): decode {res['decode_us_per_event']:.1f} µs/event "
+          f"({res['decode_pct_of_cpu']:.2f} % of one CPU), analysis "
+          f"{res['analysis_us_per_event']:.1f} µs/event "
+          f"({res['analysis_pct_of_cpu']:.2f} % of one CPU)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

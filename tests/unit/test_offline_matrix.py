@@ -1,0 +1,168 @@
+"""Every offline command (`report`, `trace`, `top --replay`, `gaps --replay-events`) reads every
+format gpujitter writes — a trace, a rotated trace directory, a `gaps --save-events` file, an
+attribution log — each written by the daemon's own sinks on one run of the runtime, and says
+in one line what it is reading when that is not a trace."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpujitter.cli import build_parser, load_commands, main
+from gpujitter.cli.gaps import SavedEvents
+from gpujitter.cli.top import make_source
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig
+from gpujitter.daemon.service.runtime import ListSource, Runtime
+from gpujitter.daemon.sinks.adapters import LogSink, RecorderSink
+from gpujitter.daemon.sinks.jsonlog import JsonLog
+from gpujitter.daemon.sinks.recorder import TraceRecorder
+from gpujitter.daemon.sinks.rotation import Rotation
+from gpujitter.daemon.sinks.trace import TraceReader
+from gpujitter.tui.inbox import ReplayPosition
+from gpujitter.tui.sources.replay import GAP_KINDS, ReplaySource
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "h200-training.gjtrace"
+FORMATS = ("trace", "rotated", "events", "log")
+# What each says it reads (the first line of `report`, `gaps`' stderr, top's title bar).
+SAYS = {
+    "events": "an events file (gaps --save-events)",
+    "log": "an attribution log (attributions as logged, not re-analysed)",
+}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The example trace's events through the runtime as the daemon runs it, with its
+    trace recorder (one file; a rotated directory), its attribution log and the
+    `gaps --save-events` writer as sinks."""
+    out = tmp_path_factory.mktemp("written")
+    with TraceReader(EXAMPLE) as reader:
+        header = reader.header
+        events = list(reader)
+    paths = {
+        "trace": out / "one.gjtrace",
+        "rotated": out / "rotated",
+        "events": out / "events.ndjson",
+        "log": out / "attributions.jsonl",
+    }
+    sinks = [
+        RecorderSink(TraceRecorder(paths["trace"], header)),
+        RecorderSink(TraceRecorder(paths["rotated"], header, Rotation(max_bytes=800_000))),
+        SavedEvents(paths["events"], header.clock),
+        LogSink(JsonLog(paths["log"])),
+    ]
+    Runtime(
+        ListSource(events), header.topology, sinks=sinks, signals=False,
+        analysis=lambda _: AnalysisConfig.from_record(header.analysis),
+    ).run()  # fmt: skip
+    assert len(list(paths["rotated"].iterdir())) == 3
+    return paths
+
+
+@pytest.fixture(scope="module")
+def from_the_trace() -> dict[str, list[Any]]:
+    """What each command found in the one-file trace (read once)."""
+    return {}
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
+    """A command's standard output and error (its JSON writers write bytes: a real buffer)."""
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+        out.flush()
+    return out.buffer.getvalue().decode(), capsys.readouterr().err  # type: ignore[attr-defined]
+
+
+def report(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, list[tuple[int, int]]]:
+    text, _ = _run(["report", str(path)], capsys)
+    got = json.loads(_run(["report", "--json", str(path)], capsys)[0])
+    return text.splitlines()[0], [(a["ts_ns"], a["end_ns"]) for a in got["attributions"]]
+
+
+def trace(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, list[tuple[str, int]]]:
+    """(the first line, the events per kind: a trace's files summed, the wall clock that
+    begins an events file left out)."""
+    text, _ = _run(["trace", str(path)], capsys)
+    got = json.loads(_run(["trace", "--json", str(path)], capsys)[0])
+    assert got.get("damaged", 0) == 0 and got.get("damage", []) == []
+    kinds = sorted((k, n) for k, n in got["kinds"].items() if k != "meta.clock")
+    return text.splitlines()[0], kinds
+
+
+def gaps(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, list[tuple[int, int]]]:
+    _, said = _run(["gaps", "--replay-events", str(path)], capsys)
+    printed = _run(["gaps", "--replay-events", str(path), "--json"], capsys)[0]
+    return said.splitlines()[0] if said else "", [
+        (r["ts_ns"], r["end_ns"]) for r in map(json.loads, printed.splitlines())
+    ]
+
+
+class Played:
+    """The app's side of a replay (a Receiver): the gaps and attributions it was handed."""
+
+    def __init__(self) -> None:
+        self.got: list[dict] = []
+        self.done = False
+
+    def records(self, records: object) -> None:
+        self.got += [r for r in records if r["type"] in GAP_KINDS]  # type: ignore[attr-defined]
+
+    def reset(self) -> None:
+        self.got = []
+
+    def connection(self, state: str, detail: str = "") -> None:
+        pass
+
+    def position(self, pos: ReplayPosition, selected_gap: str | None = None) -> None:
+        self.done = pos.done
+
+
+def top(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, list[tuple[int, int]]]:
+    args = build_parser(load_commands()).parse_args(["top", "--replay", str(path), "--at", "end"])
+    source = make_source(args)
+    assert isinstance(source, ReplaySource)
+    app = Played()
+    source.run(app, lambda: app.done)
+    attributed = [(r["ts_ns"], r["end_ns"]) for r in app.got if r["type"] == "gpu.attribution"]
+    return source.label, attributed
+
+
+COMMANDS: dict[str, Callable[[Path, pytest.CaptureFixture[str]], tuple[str, list[Any]]]] = {
+    "report": report,
+    "trace": trace,
+    "top --replay": top,
+    "gaps --replay-events": gaps,
+}
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_reads_every_format(
+    written: dict[str, Path],
+    from_the_trace: dict[str, list[Any]],
+    command: str,
+    kind: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    said, found = COMMANDS[command](written[kind], capsys)
+    if command not in from_the_trace:
+        from_the_trace[command] = COMMANDS[command](written["trace"], capsys)[1]
+    want = from_the_trace[command]
+    if kind in SAYS:
+        assert SAYS[kind] in said, said
+    else:
+        assert not any(what in said for what in SAYS.values()), said
+    if command == "gaps --replay-events" and kind == "log":
+        # The log holds the attributed gaps only: each of them is among the detector's.
+        assert set(found) <= set(want) and found
+    elif command == "trace" and kind == "log":
+        assert found == [("gpu.attribution", len(report(written["trace"], capsys)[1]))]
+    else:
+        assert found == want
