@@ -406,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kernel-only", action="store_true", help="only the in-kernel cost, no slowdowns"
     )
+    parser.add_argument(
+        "--workloads", help="comma-separated names (default: all three)", default=""
+    )
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("bench.sched_cstate: run as root (it attaches BPF probes)")
@@ -419,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             Workload("pingpong-1cpu", pingpong, ("100000", "1", "1"), 100_000),
             Workload("feeder-1ms", feeder, ("1000", str(work), "100000"), 1000),
         ]
+        if args.workloads:
+            workloads = [w for w in workloads if w.name in args.workloads.split(",")]
         results = {
             "slowdown": [] if args.kernel_only else [measure(w, args.reps) for w in workloads],
             "kernel": [kernel_cost(w, watched) for w in workloads for watched in (True, False)],

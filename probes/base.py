@@ -259,6 +259,12 @@ class BpfProbe(Probe):
     def decode(self, ring: str, rec: Any) -> Event | None:
         """Turn one ring-buffer record (bcc's ctypes view) into an event, or None to skip."""
 
+    def carried(self, bundle: Bundle) -> frozenset[str]:
+        """Raw tracepoints of its part that it leaves unattached in `bundle`, the module it
+        landed in, because another part's programs there run its share of them (none by
+        default; probes/bundle.py)."""
+        return frozenset()
+
     def parts(self, ctx: ProbeContext) -> list[ModulePart]:
         from gpujitter.probes.bundle import ModulePart  # bundle.py builds on this module
 
@@ -276,7 +282,7 @@ class BpfProbe(Probe):
             self.attach(ctx)
 
         try:
-            load_part(ctx, self.parts(ctx)[0], attach)
+            load_part(ctx, self.parts(ctx)[0], attach, self.carried)
         except ProbeUnavailable:
             self.bpf = None
             raise

@@ -9,6 +9,12 @@ TRACEPOINT_PROBE and RAW_TRACEPOINT_PROBE programs are named `<part>__tracepoint
 view does), and a map or function that another part of the module also defines is renamed
 `<part>__name`. The probe sees the module through a PartView under its own names.
 
+Parts may share a hook's program: each part in the module is announced to all of them as
+GJ_PART_<NAME>, and to itself as GJ_THIS_PART (its number in the module, Bundle.part_id), so
+that one part's program can call another's inline functions (sched's sched_switch runs
+cstate's share of it: one program run per event instead of two), and the other part leaves
+that hook unattached (load_part's `skip`) while the carrier's program is attached.
+
 A part that does not compile is left out and the rest compiled again without it (the error
 names its file), unless it is essential (the core, whose maps the others use: then none runs);
 a part whose programs the kernel refuses fails on attach, in its view only.
@@ -38,9 +44,11 @@ _MAP = re.compile(
     r"\bBPF_(?:HASH|ARRAY|PERCPU_ARRAY|PERCPU_HASH|LRU_HASH|RINGBUF_OUTPUT|PERF_OUTPUT)\(\s*(\w+)"
 )
 _TABLE = re.compile(r'\bBPF_TABLE\(\s*"(\w+)"\s*,[^,]+,[^,]+,\s*(\w+)')
-# A function defined at the start of a line: `static __always_inline struct x *name(`.
+# A function defined (not only declared) at the start of a line:
+# `static __always_inline struct x *name(...) {`.
 _FUNC = re.compile(
-    r"^(?:static\s+|__always_inline\s+|inline\s+)*(?:struct\s+)?\w+[\s*]+(\w+)\s*\(", re.M
+    r"^(?:static\s+|__always_inline\s+|inline\s+)*(?:struct\s+)?\w+[\s*]+(\w+)\s*\([^;{]*\)\s*\{",
+    re.M,
 )
 _STRUCT = re.compile(r"^struct\s+(\w+)\s*\{", re.M)
 _DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)", re.M)
@@ -71,9 +79,9 @@ def defined_names(text: str) -> set[str]:
     return names | {n for kind, n in _TABLE.findall(text) if kind != "extern"}
 
 
-def part_text(part: ModulePart, clashing: set[str]) -> str:
-    """The part's C text for a bundle: options, its hooks under its own names, its names
-    that clash with another part's renamed, its macros undefined after it."""
+def part_text(part: ModulePart, clashing: set[str], part_id: int = 1) -> str:
+    """The part's C text for a bundle: options, its number, its hooks under its own names,
+    its names that clash with another part's renamed, its macros undefined after it."""
     text = bpf_source(part.bpf_file)
     for name in sorted(clashing):
         text = re.sub(rf"(?<![\w.])(?<!->){name}\b", f"{part.prefix}__{name}", text)
@@ -84,6 +92,7 @@ def part_text(part: ModulePart, clashing: set[str]) -> str:
     p = part.prefix
     head = [
         *defines,
+        f"#define GJ_THIS_PART {part_id}",
         "#undef TRACEPOINT_PROBE",
         "#define TRACEPOINT_PROBE(category, event) int "
         f"{p}{_TP_PREFIX}##category##__##event(struct tracepoint__##category##__##event *args)",
@@ -92,7 +101,7 @@ def part_text(part: ModulePart, clashing: set[str]) -> str:
         f"{p}{_RAW_PREFIX}##event(struct bpf_raw_tracepoint_args *ctx)",
         f'#line 1 "{part.bpf_file}"',
     ]
-    tail = [f"#undef {m}" for m in sorted(macros)]
+    tail = [f"#undef {m}" for m in sorted(macros | {"GJ_THIS_PART"})]
     return "\n".join([*head, text, *tail]) + "\n"
 
 
@@ -104,7 +113,9 @@ def bundle_text(parts: Sequence[ModulePart]) -> tuple[str, dict[str, set[str]]]:
         for n in names:
             seen[n] = seen.get(n, 0) + 1
     clashing = {p.name: {n for n in own[p.name] if seen[n] > 1} for p in parts}
-    return "".join(part_text(p, clashing[p.name]) for p in parts), clashing
+    present = "".join(f"#define GJ_PART_{p.prefix.upper()} 1\n" for p in parts)
+    text = "".join(part_text(p, clashing[p.name], i) for i, p in enumerate(parts, start=1))
+    return present + text, clashing
 
 
 def _own_text(part: ModulePart) -> str:
@@ -123,6 +134,8 @@ class Bundle:
         self.failed: dict[str, str] = {}  # part -> why it was left out of the module
         self.bpf: Any = None
         self.renamed: dict[str, set[str]] = {}
+        self.ids: dict[str, int] = {}  # part -> GJ_THIS_PART in the compiled module
+        self.views: dict[str, PartView] = {}  # the parts taken and not yet cleaned up
         self._holds = 1  # the creator's, given back with release() once the parts took theirs
         self._lock = threading.Lock()
         self._compile()
@@ -133,6 +146,7 @@ class Bundle:
         todo = list(self.parts.values())
         while todo:
             text, self.renamed = bundle_text(todo)
+            self.ids = {p.name: i for i, p in enumerate(todo, start=1)}
             cflags = sorted({f for p in todo for f in p.cflags if not f.startswith("-D")})
             with captured_output() as err:
                 try:
@@ -164,7 +178,16 @@ class Bundle:
             raise ProbeUnavailable(self.failed[name])
         with self._lock:
             self._holds += 1
-        return PartView(self, name)
+            view = self.views[name] = PartView(self, name)
+        return view
+
+    def carrier(self, name: str, events: Sequence[str]) -> int:
+        """The number (GJ_THIS_PART) of part `name` where its programs on the raw
+        tracepoints `events` are attached in this module, 0 where they are not."""
+        view = self.views.get(name)
+        if view is None or not all(e in view.raw_tracepoint_fds for e in events):
+            return 0
+        return self.ids[name]
 
     def release(self) -> None:
         """Give back a hold (a view's, or the creator's); the last one frees the module."""
@@ -176,10 +199,17 @@ class Bundle:
             self.bpf = None
 
 
-def load_part(ctx: ProbeContext, part: ModulePart, attach: Callable[[PartView], None]) -> PartView:
+def load_part(
+    ctx: ProbeContext,
+    part: ModulePart,
+    attach: Callable[[PartView], None],
+    skip: Callable[[Bundle], frozenset[str]] = lambda bundle: frozenset(),
+) -> PartView:
     """`part` from the set's module (compiled alone where the set has none, or not with it),
-    its tracepoints attached, then `attach(view)` for the hooks the probe attaches itself.
-    A failure raises ProbeUnavailable with its first error line and detaches what was."""
+    its tracepoints attached but those `skip` names for its module (raw tracepoints whose
+    work another part's program runs there), then `attach(view)` for the hooks the probe
+    attaches itself. A failure raises ProbeUnavailable with its first error line and
+    detaches what was."""
     if ctx.bundle is not None and ctx.bundle.parts.get(part.name) == part:
         view = ctx.bundle.view(part.name)
     else:  # not in the set's module, or with other options now
@@ -190,7 +220,7 @@ def load_part(ctx: ProbeContext, part: ModulePart, attach: Callable[[PartView], 
             alone.release()
     with captured_output() as err:
         try:
-            view.attach_hooks()
+            view.attach_hooks(skip(view.bundle))
             attach(view)
         except Exception as exc:
             view.cleanup()
@@ -245,9 +275,9 @@ class PartView:
             raise ProbeUnavailable(f"cannot attach tracepoint {tp}")
         self.tracepoint_fds[tp] = fd
 
-    def attach_hooks(self) -> None:
+    def attach_hooks(self, skip: frozenset[str] = frozenset()) -> None:
         """Attach the part's tracepoint programs (what bcc does by itself for a module of
-        one source)."""
+        one source), but those on the raw tracepoints in `skip`."""
         from bcc import BPF
         from bcc.libbcc import lib
 
@@ -257,7 +287,7 @@ class PartView:
             if name.startswith(tracepoint):
                 category, _, event = name[len(tracepoint) :].partition("__")
                 self.attach_tracepoint(tp=f"{category}:{event}", fn_name=name)
-            elif name.startswith(raw):
+            elif name.startswith(raw) and name[len(raw) :] not in skip:
                 event = name[len(raw) :]
                 fn = self.load_func(name, BPF.RAW_TRACEPOINT)
                 fd = lib.bpf_attach_raw_tracepoint(fn.fd, event.encode())
@@ -307,6 +337,8 @@ class PartView:
         """Detach what this part attached; the module goes with the last part's view."""
         self.detach()
         self.funcs.clear()
+        if self.bundle.views.get(self.name) is self:
+            del self.bundle.views[self.name]
         self.bundle.release()
 
     def detach(self) -> None:

@@ -16,11 +16,16 @@
  * pointer, not thread id: the thread that switches out is current, and its ids come from a
  * helper.
  *
- * Standalone, not folded into sched: sched and cstate stay separately switchable and fail
- * alone, and no map crosses probes (an extern map needs its owner loaded first, and bcc never
- * releases a public one). The price is a second sched_switch and sched_waking program; both
- * return after inlined array lookups (the CPU's slot, a bit of the sleepers filter) unless
- * a watched thread is involved (docs/performance.md).
+ * One program per hook with sched: where sched runs in the same module (probes/bundle.py)
+ * with its programs on the raw sched_switch and sched_waking, those programs run this
+ * probe's share of both events (cstate_switch, cstate_waking below) and this probe attaches
+ * only cpu_idle; it tells them so through `carried` (sched's part number, GJ_THIS_PART; 0:
+ * not carried, when this probe stops). One program run and one prologue per event instead
+ * of two, one clock read per switch and wake-up, and sched's filter bit for the task
+ * switched in or woken instead of a second one (docs/performance.md). Alone, or beside a
+ * sched on perf tracepoints, this probe attaches its own programs to both. No map crosses
+ * probes either way (an extern map needs its owner loaded first, and bcc never releases a
+ * public one): the two probes stay separately switchable and fail alone.
  */
 #define GJ_TASK_BITS /* `sleepers` keys, hashed: the switch-in and wake-up filter */
 #include "gpujitter.h"
@@ -136,34 +141,42 @@ static __always_inline void woken_in(struct sleeper *s, struct idle_cpu *c, bool
     idle_wakes.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
-/* sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
- * unsigned int prev_state); prev is current. */
-RAW_TRACEPOINT_PROBE(sched_switch)
+/* Which part's programs run this probe's share of sched_switch and sched_waking: sched's
+ * number in the module (GJ_THIS_PART there), 0 while this probe's own programs do. */
+BPF_ARRAY(carried, u32, 1);
+
+/* This probe's share of a context switch (ctx: the raw sched_switch's; prev is current, id
+ * its pid_tgid). next_maybe: `next` may be in `sleepers` (its bit in a filter that every
+ * sleeper's pointer sets); *now: the switch's clock, 0 until read. */
+static __always_inline void cstate_switch(struct bpf_raw_tracepoint_args *ctx, u64 id,
+                                          bool next_maybe, u64 *now)
 {
-    u64 id = bpf_get_current_pid_tgid();
     u32 zero = 0;
     struct idle_cpu *c = idle_now.lookup(&zero);
     u64 next = ctx->args[2];
-    struct sleeper *s = gj_task_bit(gj_task_ptr_bit(next)) ? sleepers.lookup(&next) : NULL;
+    struct sleeper *s = next_maybe ? sleepers.lookup(&next) : NULL;
     if (s && s->armed) {
-        if (s->wake_ns)
-            woken_in(s, c, (u32)id == 0, bpf_ktime_get_ns());
+        if (s->wake_ns) {
+            if (!*now)
+                *now = bpf_ktime_get_ns();
+            woken_in(s, c, (u32)id == 0, *now);
+        }
         s->armed = 0;
     }
     if (c)
         c->switched = 1;
     u32 prev_state = (u32)ctx->args[3];
     if ((u32)id == 0 || ctx->args[0] || !(prev_state & (STATE_SLEEPS | STATE_DEAD)))
-        return 0;
+        return;
     u64 prev = ctx->args[1];
     if (prev_state & STATE_DEAD) {
         if (gj_task_bit(gj_task_ptr_bit(prev)))
             sleepers.delete(&prev);
-        return 0;
+        return;
     }
     u32 tgid = id >> 32;
     if (!gj_current_watched_cached(id))
-        return 0;
+        return;
     struct sleeper fresh = {.tid = (u32)id, .tgid = tgid, .armed = 1};
     /* the bit first: a wake-up racing this switch on another CPU must find the entry */
     gj_task_bit_set(gj_task_ptr_bit(prev));
@@ -172,17 +185,57 @@ RAW_TRACEPOINT_PROBE(sched_switch)
         *s = fresh; /* in place: cheaper than an update, which allocates */
     else
         sleepers.update(&prev, &fresh);
+}
+
+/* This probe's share of a wake-up of `task` (in the waker's context), for a task that may
+ * be in `sleepers`; *now as above. */
+static __always_inline void cstate_waking(u64 task, u64 *now)
+{
+    struct sleeper *s = sleepers.lookup(&task);
+    if (s && s->armed && !s->wake_ns) {
+        if (!*now)
+            *now = bpf_ktime_get_ns();
+        s->wake_ns = *now;
+    }
+}
+
+/* The same, run from the program of part `part` (sched's), which does the filtering: it
+ * sets its own bit for every watched task switched out, which this probe's sleepers are. */
+static __always_inline bool cstate_carried_by(u32 part)
+{
+    u32 zero = 0;
+    u32 *by = carried.lookup(&zero);
+    return by && *by == part;
+}
+
+static __always_inline void cstate_carried_switch(struct bpf_raw_tracepoint_args *ctx, u64 id,
+                                                  bool next_maybe, u64 *now, u32 part)
+{
+    if (cstate_carried_by(part))
+        cstate_switch(ctx, id, next_maybe, now);
+}
+
+static __always_inline void cstate_carried_waking(u64 task, u64 *now, u32 part)
+{
+    if (cstate_carried_by(part))
+        cstate_waking(task, now);
+}
+
+/* sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
+ * unsigned int prev_state); prev is current. */
+RAW_TRACEPOINT_PROBE(sched_switch)
+{
+    u64 now = 0;
+    cstate_switch(ctx, bpf_get_current_pid_tgid(), gj_task_bit(gj_task_ptr_bit(ctx->args[2])),
+                  &now);
     return 0;
 }
 
 /* sched_waking(struct task_struct *p), in the waker's context */
 RAW_TRACEPOINT_PROBE(sched_waking)
 {
-    u64 task = ctx->args[0];
-    if (!gj_task_bit(gj_task_ptr_bit(task)))
-        return 0;
-    struct sleeper *s = sleepers.lookup(&task);
-    if (s && s->armed && !s->wake_ns)
-        s->wake_ns = bpf_ktime_get_ns();
+    u64 task = ctx->args[0], now = 0;
+    if (gj_task_bit(gj_task_ptr_bit(task)))
+        cstate_waking(task, &now);
     return 0;
 }

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes as ct
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpujitter.probes.base import BpfProbe, ProbeContext
 from gpujitter.probes.events import CpuStats, Event, IdleWake
@@ -23,6 +23,9 @@ from gpujitter.probes.host import HostPaths
 from gpujitter.probes.log2 import Log2Map
 from gpujitter.probes.registry import Hook, ProbeSpec
 from gpujitter.probes.topology import IdleState, cpuidle_states
+
+if TYPE_CHECKING:
+    from gpujitter.probes.bundle import Bundle
 
 # Idle states counted per CPU (cpuidle has at most 10, CPUIDLE_STATE_MAX); the last slot also
 # holds higher state numbers. The .bpf.c gets it as IDLE_STATES.
@@ -51,6 +54,10 @@ def _state(states: dict[int, IdleState], n: int) -> IdleState:
 
 # What the .bpf.c gets as -D options (it never restates them).
 CONSTANTS = {"IDLE_STATES": IDLE_STATES}
+# The probe whose programs run this one's share of these raw tracepoints where both are in
+# one module and that probe's programs on them are attached (cstate.bpf.c, `carried`).
+CARRIER = "sched"
+CARRIED = ("sched_switch", "sched_waking")
 
 
 class CstateProbe(BpfProbe):
@@ -66,6 +73,20 @@ class CstateProbe(BpfProbe):
         self._last_ns = 0
         self._last: dict[tuple[int, int], int] = {}  # (cpu, state) -> residency reported
         self._hists: Log2Map | None = None
+        self.carrier = 0  # the carrier's part number in this probe's module; 0: none
+
+    def carried(self, bundle: Bundle) -> frozenset[str]:
+        self.carrier = bundle.carrier(CARRIER, CARRIED)
+        return frozenset(CARRIED) if self.carrier else frozenset()
+
+    def attach(self, ctx: ProbeContext) -> None:
+        self.bpf["carried"][ct.c_uint(0)] = ct.c_uint(self.carrier)
+
+    def close(self) -> None:
+        if self.bpf is not None and self.carrier:
+            # the carrier's programs stop running this probe's share before its maps go
+            self.bpf["carried"][ct.c_uint(0)] = ct.c_uint(0)
+        super().close()
 
     def start(self, ctx: ProbeContext) -> None:
         self._cpus = ctx.topology.cpus

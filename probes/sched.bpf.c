@@ -19,6 +19,10 @@
  * carries the request's device, size and direction. Cost per block request completed on the
  * node: a clock read and two per-CPU stores.
  *
+ * With cstate in the same module (GJ_PART_CSTATE, probes/bundle.py) the raw sched_switch and
+ * sched_waking programs here also run cstate's share of both events, where cstate asks for
+ * it (cstate.bpf.c): one program per hook, one clock read, this filter for both.
+ *
  * -D options: THRESHOLD_OFFCPU_NS, THRESHOLD_RUNQ_NS, THRESHOLD_IO_NS, SCHED_NODES (NUMA nodes
  * of the topology), SCHED_SYSCALL_FROM_REGS (read the syscall a thread blocked in from its
  * pt_regs), SCHED_IO_WAKE (block_rq_complete exists), SCHED_IO_DONE (block_io_done exists:
@@ -333,6 +337,8 @@ static __always_inline void switched_out(u32 tid, long prev_state, u64 *now, u32
         }
         run->tid = 0;
     }
+    if (!exiting) /* before the entry's test: cstate's sleepers rely on it where carried */
+        gj_task_bit_set(current_bit(tid));
     if (!t)
         return;
     t->switches++;
@@ -346,7 +352,6 @@ static __always_inline void switched_out(u32 tid, long prev_state, u64 *now, u32
 #endif
         return;
     }
-    gj_task_bit_set(current_bit(tid));
     if (state == ST_PREEMPTED)
         t->preemptions++;
     t->off_ns = ts;
@@ -438,6 +443,13 @@ static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid
     offcpu_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
+#if defined(SCHED_RAW) && defined(GJ_PART_CSTATE)
+/* cstate's share of sched_switch and sched_waking, defined by its part of the module. */
+static __always_inline void cstate_carried_switch(struct bpf_raw_tracepoint_args *ctx, u64 id,
+                                                  bool next_maybe, u64 *now, u32 part);
+static __always_inline void cstate_carried_waking(u64 task, u64 *now, u32 part);
+#endif
+
 #ifdef SCHED_RAW
 /* Raw tracepoints: no perf record is built per event, about half the hook's cost
  * (docs/performance.md). They hand over task pointers; the fields read through them are at
@@ -472,14 +484,19 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 {
     u64 now = 0;
     u32 cpu = bpf_get_smp_processor_id();
-    u32 prev_pid = (u32)bpf_get_current_pid_tgid();
+    u64 id = bpf_get_current_pid_tgid();
+    u32 prev_pid = (u32)id;
     u64 prev = ctx->args[1], next = ctx->args[2];
-    u32 next_pid = gj_task_bit(gj_task_ptr_bit(next)) ? task_pid(next) : 0;
+    bool next_maybe = gj_task_bit(gj_task_ptr_bit(next));
+    u32 next_pid = next_maybe ? task_pid(next) : 0;
     credit_holder(cpu, prev_pid, &now);
     if (prev_pid)
         switched_out(prev_pid, report_state(ctx->args[0], (u32)ctx->args[3]), &now, cpu);
     switched_in(next_pid, (const char *)(next + TASK_COMM), prev_pid,
                 (const char *)(prev + TASK_COMM), &now, cpu);
+#ifdef GJ_PART_CSTATE
+    cstate_carried_switch(ctx, id, next_maybe, &now, GJ_THIS_PART);
+#endif
     return 0;
 }
 #else
@@ -559,11 +576,11 @@ static __always_inline void io_woken(struct thread *t, u64 now)
 /* sched_waking runs in the waker's context (sched_wakeup may run on the target CPU, after an
  * idle CPU woke up): its time includes the target's wake-up, and current is the waker (in a
  * block completion, the interrupted task; the completing request is what woke it). */
-static __always_inline void waking(u32 tid)
+static __always_inline void waking(u32 tid, u64 *clock)
 {
     struct thread *t = threads.lookup(&tid);
     if (t && t->off_ns && !t->runnable_ns) {
-        u64 now = bpf_ktime_get_ns();
+        u64 now = clock_of(clock);
         t->runnable_ns = now;
         t->waker_tid = (u32)bpf_get_current_pid_tgid();
         /* where it slept; a wake-up onto another CPU follows as a migration */
@@ -579,16 +596,21 @@ static __always_inline void waking(u32 tid)
 /* sched_waking(struct task_struct *p) */
 RAW_TRACEPOINT_PROBE(sched_waking)
 {
-    u64 task = ctx->args[0];
-    if (gj_task_bit(gj_task_ptr_bit(task)))
-        waking(task_pid(task));
+    u64 task = ctx->args[0], now = 0;
+    if (!gj_task_bit(gj_task_ptr_bit(task)))
+        return 0;
+    waking(task_pid(task), &now);
+#ifdef GJ_PART_CSTATE
+    cstate_carried_waking(task, &now, GJ_THIS_PART);
+#endif
     return 0;
 }
 #else
 TRACEPOINT_PROBE(sched, sched_waking)
 {
+    u64 now = 0;
     if (gj_task_bit(args->pid))
-        waking(args->pid);
+        waking(args->pid, &now);
     return 0;
 }
 #endif

@@ -13,8 +13,10 @@ import time
 import pytest
 
 from gpujitter.probes.cstate import idle_states
-from gpujitter.probes.events import CpuStats, IdleWake, Log2Hist
+from gpujitter.probes.events import CpuStats, IdleWake, Log2Hist, ThreadSched
 from gpujitter.probes.host import HostPaths
+from gpujitter.probes.runner import ProbeSet
+from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
 from tests.kernel.conftest import run_probes
 from tests.kernel.sched_load import Child, hog, idle_log, idle_ticks, quietest_cpu, together
@@ -50,14 +52,17 @@ def wake_counts(rec: object, name_prefix: str = "wake_to_run.") -> dict[str, int
     return counts
 
 
-def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time() -> None:
+# Alone, cstate runs its own sched_switch and sched_waking programs; beside sched, sched's
+# programs run its share of both events (one program per hook, cstate.bpf.c).
+@pytest.mark.parametrize("names", [["cstate"], ["sched", "cstate"]], ids=["alone", "carried"])
+def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str]) -> None:
     # Other tasks may run on the CPU during a sleep (this machine is shared), so each wake-up
     # is checked against a raw log of that CPU's idle entries, exits and switches: when it
     # went idle, which state it entered last, when it left it.
     cpu = quietest_cpu()
     with sleeper(cpu) as child, idle_log(cpu) as logged:
         rec = run_probes(
-            ["cstate"],
+            names,
             child.load,
             watch=WatchSpec(pids={child.pid}),
             thresholds={"cstate": {"wake": 0}},
@@ -181,3 +186,29 @@ def test_idle_residency_agrees_with_the_kernels_idle_time() -> None:
         assert probe_ns == pytest.approx(kernel_ns, abs=20 * MS + 0.03 * s.interval_ns)
         busy_seconds += s.cpu == 0 and probe_ns < 0.5 * s.interval_ns
     assert busy_seconds >= 1  # the hog's second on CPU 0 shows as (nearly) no idle time
+
+
+def test_beside_sched_one_program_per_scheduler_hook_and_each_stops_alone() -> None:
+    # sched's programs run cstate's share of sched_switch and sched_waking: cstate loads only
+    # its cpu_idle program, and still counts every wake-up. Stopped, cstate takes its share
+    # out of sched's programs, and sched keeps following the watched thread.
+    cpu = quietest_cpu()
+    with ProbeSet(
+        ["sched", "cstate"], topology=load_topology(), watch=WatchSpec(pids={1}), emit=list().append
+    ) as probes:
+        assert [s.state for s in probes.start()] == ["running", "running"]
+        sched, cstate = probes.probes
+        assert len(cstate.programs()) == 1
+        for close_cstate in (False, True):
+            with sleeper(cpu) as child:
+                probes.core.spec = WatchSpec(pids={child.pid})
+                probes.core.refresh(time.monotonic_ns())
+                child.load()
+            now = time.monotonic_ns()
+            if not close_cstate:
+                wakes = [h for h in cstate.sample(now) if isinstance(h, Log2Hist)]
+                assert sum(n for h in wakes for _, n in h.buckets) >= 21
+                cstate.close()
+            else:
+                totals = [t for t in sched.sample(now) if isinstance(t, ThreadSched)]
+                assert sum(t.switches for t in totals if t.tid == child.pid) >= 21

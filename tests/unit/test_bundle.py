@@ -62,3 +62,20 @@ def test_options_and_macros_stay_inside_their_part(tmp_path: Path) -> None:
         assert f"#undef {macro}" in one
     assert "THRESHOLD_X_NS" not in two
     assert "#undef GJ_MAX_THREADS" not in text  # gpujitter.h's stay for every part
+
+
+def test_parts_are_announced_and_a_part_calls_what_another_defines(tmp_path: Path) -> None:
+    # two's program calls one's function, declared ahead of its definition: the declaration
+    # is no definition of two's (renamed, it would name nothing); each part knows its number.
+    (tmp_path / "one.bpf.c").write_text(ONE + "static __always_inline int shared_work(u32 k)\n{\n"
+                                              "    return helper(k);\n}\n")  # fmt: skip
+    (tmp_path / "two.bpf.c").write_text(
+        "#ifdef GJ_PART_ONE\nstatic __always_inline int shared_work(u32 k);\n#endif\n"
+        "RAW_TRACEPOINT_PROBE(sched_waking) { return shared_work(GJ_THIS_PART); }\n"
+    )
+    pair = [ModulePart("one", tmp_path / "one.bpf.c"), ModulePart("two", tmp_path / "two.bpf.c")]
+    text, renamed = bundle_text(pair)
+    assert "shared_work" not in renamed["one"] | renamed["two"]
+    assert text.startswith("#define GJ_PART_ONE 1\n#define GJ_PART_TWO 1\n")
+    one = text.index("#define GJ_THIS_PART 1")
+    assert one < text.index("#undef GJ_THIS_PART") < text.index("#define GJ_THIS_PART 2")
