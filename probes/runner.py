@@ -20,7 +20,8 @@ from gpujitter.probes.base import (
     ProbeUnavailable,
     release_compiler_memory,
 )
-from gpujitter.probes.events import ProbeStatus
+from gpujitter.probes.events import Event, ProbeStatus
+from gpujitter.probes.feeders import Feeders
 from gpujitter.probes.host import HostPaths, can_load_bpf
 from gpujitter.probes.progstats import Cost, CostMeter
 from gpujitter.probes.topology import Topology
@@ -41,11 +42,18 @@ class ProbeSet:
     ) -> None:
         self.specs = [registry.get(n) for n in names]
         self.emit = emit
+        feeders = Feeders()
+
+        def noted(ev: Event) -> bool | None:
+            feeders.note(ev)
+            return emit(ev)
+
         self.ctx = ProbeContext(
-            topology=topology, emit=emit, thresholds=thresholds or {}, options=options or {}
+            topology=topology, emit=noted, thresholds=thresholds or {}, options=options or {}
         )
         self.core = CoreBpf(watch, topology, paths or HostPaths())
         self.ctx.shared["core"] = self.core  # the watched set, for probes without BPF
+        self.ctx.shared["feeders"] = feeders  # the threads a sampler looks at first
         self.probes: list[Probe] = []
         self.meter = CostMeter()
         self._last_tick = 0

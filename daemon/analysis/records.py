@@ -273,7 +273,9 @@ class GilEvidence:
     """A feeding thread waiting to take CPython's GIL while thread holder_tid (holder_comm;
     0: not known) held it: count waits, ns of them inside the gap, dur_ns their whole
     length; holder_cause: what the holder's own time inside those waits went to most (a
-    cause name, "" when not divided), for holder_cause_ns of it."""
+    cause name, "" when not divided), for holder_cause_ns of it; holder_func (in
+    holder_file, defined at holder_line): the Python function the python_stacks probe
+    sampled the holder in most often inside its host work there ("" when none)."""
 
     holder_tid: int
     holder_comm: str
@@ -282,15 +284,22 @@ class GilEvidence:
     dur_ns: int
     holder_cause: str = ""
     holder_cause_ns: int = 0
+    holder_func: str = ""
+    holder_file: str = ""
+    holder_line: int = 0
     what: str = "gil"
 
     @property
     def holder(self) -> str:
-        """The holder and what it was doing, in words ("" when not known)."""
+        """The holder, what it was doing and in which Python function, in words ("" when
+        not known)."""
         if not self.holder_tid:
             return ""
         doing = f", {self.holder_cause.replace('_', ' ')} there" if self.holder_cause else ""
-        return f"{self.holder_comm or 'thread'} (tid {self.holder_tid}){doing}"
+        where = f", in {self.holder_func} ({self.holder_file}:{self.holder_line})"
+        return f"{self.holder_comm or 'thread'} (tid {self.holder_tid}){doing}" + (
+            where if self.holder_func else ""
+        )
 
     def words(self, gap_start_ns: int) -> str:
         who = self.holder or "a thread not known"

@@ -8,7 +8,8 @@ import glob
 import subprocess
 import time
 
-from gpujitter.probes.events import Event, PySample
+from gpujitter.probes import registry
+from gpujitter.probes.events import Event, GilWait, PySample
 from gpujitter.probes.python_stacks import PythonStacksProbe
 from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import load_topology
@@ -69,3 +70,50 @@ def test_watching_every_process_starts_though_some_cannot_be_read() -> None:
     ) as probes:  # fmt: skip
         (status,) = probes.start()
     assert status.state == "running", status.reason
+
+
+def test_many_busy_threads_share_one_budget_and_feeders_come_first() -> None:
+    """Regression: every running watched thread was sampled at every tick, so the sampler's
+    CPU grew with the number of busy threads (2.5-4.6 % of a CPU each). Six always-busy
+    processes now share one budget (one sample per `spacing`), each in turn; once a GIL wait
+    names one of them (a feeder) it takes the budget first."""
+    procs = [_start("/usr/bin/python3.11", BUSY) for _ in range(6)]
+    feeder = procs[0].pid
+    phases: dict[str, list[PySample]] = {"shared": [], "feeder": []}
+    took: list[PySample] = []
+    spacing_ns = registry.get("python_stacks").thresholds["spacing"]
+    try:
+        with ProbeSet(
+            ["python_stacks"], topology=load_topology(),
+            watch=WatchSpec(pids={p.pid for p in procs}),
+            emit=lambda ev: took.append(ev) if isinstance(ev, PySample) else None,
+        ) as probes:  # fmt: skip
+            probes.start()
+            probe = next(p for p in probes.probes if isinstance(p, PythonStacksProbe))
+            while len(probe.interpreters) < len(procs):  # found once a second
+                time.sleep(0.2)
+                probes.tick(time.monotonic_ns())
+            budget = {}
+            for phase, samples in phases.items():
+                probes.poll()
+                took.clear()
+                t0 = time.monotonic_ns()
+                for _ in range(15):
+                    if phase == "feeder":
+                        gil = GilWait(ts_ns=time.monotonic_ns(), dur_ns=2_000_000,
+                                      tid=feeder, tgid=feeder, cpu=0)  # fmt: skip
+                        probes.ctx.emit(gil)
+                    time.sleep(0.1)
+                    probes.poll()
+                samples.extend(took)
+                budget[phase] = (time.monotonic_ns() - t0) // spacing_ns + 2
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    shared = [sum(1 for s in phases["shared"] if s.tgid == p.pid) for p in procs]
+    assert 0 < sum(shared) <= budget["shared"], (shared, budget)
+    assert min(shared) >= 0.5 * max(shared), shared  # in turn: none starved
+    fed = phases["feeder"]
+    assert 0 < len(fed) <= budget["feeder"], (len(fed), budget)
+    assert sum(1 for s in fed if s.tgid == feeder) >= 0.8 * len(fed), fed

@@ -314,6 +314,28 @@ def test_gil_wait_names_the_holder_and_what_it_did():
     assert f"gil_wait: {remedies.gil_wait(evidence(attr, 'gil_wait')[0])}" in attr.remedies
 
 
+def test_gil_wait_names_the_python_function_the_holder_ran():
+    # The holder (python_stacks samples it too) spends the wait in log_batch; its sample
+    # after the wait, and the waiter's own, are not the holder's during the wait.
+    s = Stream().gil(100, 30, holder=102, comm="logger")
+    s.offcpu(100, 130, state="sleeping", syscall=202, waker=102)
+    for at in (104, 114, 124):
+        s.sample(at, "log_batch", "/job/log.py", 12, tid=102)
+    s.sample(128, "flush", "/job/log.py", 30, tid=102).sample(135, "after", tid=102)
+    s.sample(110, "waiter_frame")
+    attr = s.ran(0, 1000).ran(0, 1000, tid=102).gap(100, 140).one()
+    (holder,) = evidence(attr, "gil_wait")
+    frame = (holder.holder_func, holder.holder_file, holder.holder_line)
+    assert frame == ("log_batch", "/job/log.py", 12)
+    assert holder.words(0).startswith(
+        "GIL held by logger (tid 102), host work there, in log_batch (/job/log.py:12): "
+    )
+    assert (
+        "30.00ms Python GIL wait (held by logger (tid 102), host work there, in log_batch"
+        in one_line(attr)
+    )
+
+
 def test_runq_wait_inside_a_gil_wait_stays_contention():
     s = Stream().gil(100, 30)
     s.offcpu(100, 130, runnable=120, state="sleeping", other=9, other_comm="hog")

@@ -631,8 +631,13 @@ class GilWaitTime(Cause):
         for group in _group(items, holder):
             events = {id(span): span.event for _, (span, _, _), _ in group}.values()
             tid, comm = holder(group[0][1])
-            own = holder_time(divider, tid, [(s, e) for _, (_, s, e), _ in group]) if tid else {}
+            own, frames = (
+                holder_time(divider, tid, [(s, e) for _, (_, s, e), _ in group])
+                if tid
+                else ({}, {})
+            )
             top = max(sorted(own.items()), key=lambda c: c[1], default=("", 0))
+            func, file, line = max(sorted(frames), key=frames.__getitem__, default=("", "", 0))
             out.append(
                 GilEvidence(
                     holder_tid=tid,
@@ -642,6 +647,9 @@ class GilWaitTime(Cause):
                     dur_ns=sum(e.dur_ns for e in events),
                     holder_cause=top[0],
                     holder_cause_ns=top[1],
+                    holder_func=func,
+                    holder_file=file,
+                    holder_line=line,
                 )
             )
         return _largest_first(out, lambda e: (e.holder_tid, e.holder_comm))
@@ -659,9 +667,12 @@ class GilWaitTime(Cause):
         return f"{who}, {sum(h.count for h in holders)}x"
 
 
-def holder_time(divider: Divider, tid: int, stretches: list[tuple[int, int]]) -> dict[str, int]:
-    """Thread tid's own time over the stretches, by cause: divided apart from the gap's
-    tally, out of the same analysis budget."""
+def holder_time(
+    divider: Divider, tid: int, stretches: list[tuple[int, int]]
+) -> tuple[dict[str, int], dict[tuple[str, str, int], int]]:
+    """Thread tid's own time over the stretches, by cause, divided apart from the gap's
+    tally out of the same analysis budget; and the Python frames sampled in its host work
+    there, with their counts."""
     scratch = Divider(
         divider.timelines, divider.topology, divider.gpu_node, divider.config, divider.causes,
         divider.gap_end, follow_budget=divider.follow_left, workloads=divider.workloads,
@@ -672,7 +683,7 @@ def holder_time(divider: Divider, tid: int, stretches: list[tuple[int, int]]) ->
     out: dict[str, int] = {}
     for (cause, _, _), ns in scratch.tally.claims.items():
         out[cause] = out.get(cause, 0) + ns
-    return out
+    return out, sampled_frames(HostWork.name, [tid], scratch)
 
 
 def oncpu_split(seg: Segment, remaining: int, divider: Divider) -> list[tuple[int, int, int]]:
@@ -802,11 +813,7 @@ TOP_FRAMES = 3
 def frame_evidence(cause: str, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
     """The functions most sampled in a part's time (the others are left out; `of` still
     counts them), each with the part's time in proportion."""
-    counts: dict[tuple[str, str, int], int] = {}
-    for tid in sorted({tid for tid, _, _ in items}):
-        for span in divider.notes.get((cause, tid), ()):
-            key = (span.event.func, span.event.file, span.event.line)
-            counts[key] = counts.get(key, 0) + 1
+    counts = sampled_frames(cause, sorted({tid for tid, _, _ in items}), divider)
     total = sum(counts.values())
     ns = _ns(items)
     top = sorted(counts.items(), key=lambda kc: (-kc[1], kc[0]))[:TOP_FRAMES]
@@ -814,6 +821,18 @@ def frame_evidence(cause: str, items: list[Claimed], divider: Divider) -> tuple[
         FrameEvidence(func=f, file=file, line=line, samples=n, of=total, ns=ns * n // total)
         for (f, file, line), n in top
     )
+
+
+def sampled_frames(
+    cause: str, tids: list[int], divider: Divider
+) -> dict[tuple[str, str, int], int]:
+    """(function, file, line) -> how many of the threads' samples the cause's time held."""
+    counts: dict[tuple[str, str, int], int] = {}
+    for tid in tids:
+        for span in divider.notes.get((cause, tid), ()):
+            key = (span.event.func, span.event.file, span.event.line)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 class Unexplained(Cause):
