@@ -32,7 +32,7 @@ from gpujitter.daemon.analysis.gaps import GapDetector
 from gpujitter.daemon.analysis.records import GpuGap
 from gpujitter.probes.events import Event, to_record
 from gpujitter.probes.gpu import GpuSampler, SamplerThread
-from gpujitter.probes.gpu_record import Recorder
+from gpujitter.probes.gpu_record import NvmlRecorder
 from gpujitter.probes.nvml import Nvml, NvmlUnavailable, open_nvml
 from gpujitter.probes.runner import ProbeThread
 from gpujitter.probes.topology import load_topology
@@ -153,7 +153,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    recorder = Recorder()
+    recorder = NvmlRecorder()
     try:
         nvml: Nvml | None = open_nvml(recorder)
     except NvmlUnavailable as err:
@@ -193,7 +193,8 @@ def main() -> int:
     if nvml is not None:
         nvml.close()
 
-    replayed = GapDetector().feed_all(feed.stream)
+    detector = GapDetector()
+    replayed = [gap for ev in feed.stream for gap in detector.feed(ev)] + detector.flush()
     rows, ok = evaluate(truth, feed.gaps)
     same = replayed == feed.gaps
     (args.out / "events.ndjson").write_bytes(

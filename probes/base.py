@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpujitter.probes import contract
+from gpujitter.probes import contract, procfs
 from gpujitter.probes.events import Event, ProbeStatus
+from gpujitter.probes.host import HostPaths
 from gpujitter.probes.progstats import Cost, program_fds
 from gpujitter.text import decode_name
 
@@ -171,18 +172,14 @@ COMPILER_LIBRARIES = ("libLLVM", "libclang", "libbcc")
 MADV_PAGEOUT = 21  # linux/mman.h, since 5.4
 
 
-def compiler_code(maps: str) -> list[tuple[int, int]]:
-    """(start, length) of the read-only mappings of the compiler's files in a /proc/PID/maps
-    text: what can be handed back without a write (writable ones would need swap)."""
-    ranges = []
-    for line in maps.splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) < 6 or "w" in fields[1]:
-            continue
-        if os.path.basename(fields[5]).startswith(COMPILER_LIBRARIES):
-            start, _, end = fields[0].partition("-")
-            ranges.append((int(start, 16), int(end, 16) - int(start, 16)))
-    return ranges
+def compiler_code(maps: list[procfs.Mapping]) -> list[tuple[int, int]]:
+    """(start, length) of the read-only mappings of the compiler's files among a process's
+    mappings: what can be handed back without a write (writable ones would need swap)."""
+    return [
+        (m.start, m.size)
+        for m in maps
+        if not m.writable and os.path.basename(m.path).startswith(COMPILER_LIBRARIES)
+    ]
 
 
 def release_compiler_memory() -> None:
@@ -198,7 +195,7 @@ def release_compiler_memory() -> None:
     if trim is not None:
         trim(0)
     try:
-        maps = Path("/proc/self/maps").read_text()
+        maps = procfs.read_maps(HostPaths(), "self")
     except OSError:
         return
     for start, length in compiler_code(maps):
@@ -241,7 +238,7 @@ class BpfProbe(Probe):
     Subclasses name their ring buffers in `rings` and turn records into events in `decode`;
     tracepoints attach themselves (TRACEPOINT_PROBE), other hooks in `attach`."""
 
-    source: ClassVar[str]
+    bpf_file: ClassVar[str]  # its .bpf.c, beside this module
     rings: ClassVar[tuple[str, ...]] = ()
     # Constants the .bpf.c shares with the module (C never restates them): -D options.
     constants: ClassVar[Mapping[str, int]] = {}
@@ -272,7 +269,7 @@ class BpfProbe(Probe):
         from gpujitter.probes.bundle import ModulePart  # bundle.py builds on this module
 
         return [
-            ModulePart(self.name, Path(__file__).with_name(self.source), tuple(self.cflags(ctx)))
+            ModulePart(self.name, Path(__file__).with_name(self.bpf_file), tuple(self.cflags(ctx)))
         ]
 
     def start(self, ctx: ProbeContext) -> None:

@@ -63,7 +63,7 @@ class ModulePart:
     An essential part defines what the others use: the module is not built without it."""
 
     name: str
-    source: Path
+    bpf_file: Path  # the .bpf.c file
     cflags: tuple[str, ...] = ()
     essential: bool = False
 
@@ -82,13 +82,13 @@ def defined_names(text: str) -> set[str]:
 def part_text(part: ModulePart, clashing: set[str], part_id: int = 1) -> str:
     """The part's C text for a bundle: options, its number, its hooks under its own names,
     its names that clash with another part's renamed, its macros undefined after it."""
-    text = bpf_source(part.source)
+    text = bpf_source(part.bpf_file)
     for name in sorted(clashing):
         text = re.sub(rf"(?<![\w.])(?<!->){name}\b", f"{part.prefix}__{name}", text)
     defines = [f"#define {f[2:].replace('=', ' ', 1)}" for f in part.cflags if f.startswith("-D")]
     # Its own macros, not gpujitter.h's, which every part uses.
     flagged = {m.group() for f in part.cflags if f.startswith("-D") and (m := _NAME.match(f[2:]))}
-    macros = set(_DEFINE.findall(part.source.read_text())) | flagged
+    macros = set(_DEFINE.findall(part.bpf_file.read_text())) | flagged
     p = part.prefix
     head = [
         *defines,
@@ -99,7 +99,7 @@ def part_text(part: ModulePart, clashing: set[str], part_id: int = 1) -> str:
         "#undef RAW_TRACEPOINT_PROBE",
         "#define RAW_TRACEPOINT_PROBE(event) int "
         f"{p}{_RAW_PREFIX}##event(struct bpf_raw_tracepoint_args *ctx)",
-        f'#line 1 "{part.source}"',
+        f'#line 1 "{part.bpf_file}"',
     ]
     tail = [f"#undef {m}" for m in sorted(macros | {"GJ_THIS_PART"})]
     return "\n".join([*head, text, *tail]) + "\n"
@@ -122,7 +122,7 @@ def _own_text(part: ModulePart) -> str:
     """The part's file with the per-probe half of gpujitter.h (after its include guard),
     which every part defines: the shared half is defined once, by the first part."""
     header = (BPF_DIR / SHARED_HEADER).read_text()
-    return part.source.read_text() + header.split("#endif /* GPUJITTER_H */", 1)[-1]
+    return part.bpf_file.read_text() + header.split("#endif /* GPUJITTER_H */", 1)[-1]
 
 
 class Bundle:
@@ -154,7 +154,7 @@ class Bundle:
                     return
                 except Exception as exc:
                     line = first_error_line(err(), str(exc))
-            culprit = next((p for p in todo if str(p.source) in line), None)
+            culprit = next((p for p in todo if str(p.bpf_file) in line), None)
             essential = [p for p in todo if p.essential]
             if culprit is not None and not culprit.essential and len(todo) > 1:
                 self.failed[culprit.name] = f"{line} (compiled without it: the others run)"

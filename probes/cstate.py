@@ -61,7 +61,7 @@ CARRIED = ("sched_switch", "sched_waking")
 
 
 class CstateProbe(BpfProbe):
-    source = "cstate.bpf.c"
+    bpf_file = "cstate.bpf.c"
     rings = ("idle_wakes",)
     constants = CONSTANTS
 

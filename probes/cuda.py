@@ -17,19 +17,20 @@ a uprobe trap (~0.7 us on the GPU VM), synchronisations also a uretprobe (docs/g
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gpujitter.probes import uprobe_multi
 from gpujitter.probes.base import BpfProbe, ProbeContext
+from gpujitter.probes.elf import ElfFile
 from gpujitter.probes.events import CudaCall
+from gpujitter.probes.host import HostPaths
 from gpujitter.probes.mapped_scan import MappedScan, file_key, watched_pids
+from gpujitter.probes.procfs import alive, in_root, mapped_files, read_maps
 from gpujitter.probes.registry import Hook, ProbeSpec
 
 # Roles (0: none), per function as GJ_ROLE_<id>; the .bpf.c tells syncs apart by these two.
@@ -75,7 +76,6 @@ TRACED: tuple[tuple[str, int], ...] = tuple(
 assert len(TRACED) <= MAX_FUNCS
 FUNC_NAMES = tuple(name for name, _ in TRACED)
 
-ENDBR64 = b"\xf3\x0f\x1e\xfa"
 # Driver folders searched besides ldconfig's cache (container images, NVIDIA's own layout).
 LIB_DIRS = (
     "/usr/lib/x86_64-linux-gnu",
@@ -88,104 +88,48 @@ LIB_DIRS = (
 
 
 # ---------------------------------------------------------------------------------------
-# ELF: exported functions and the bytes they start with (no binutils needed).
+# Where each traced function is probed.
 
 
 @dataclass(frozen=True, slots=True)
-class ElfImage:
-    functions: dict[str, int]  # exported function -> virtual address
-    loads: tuple[tuple[int, int, int], ...]  # PT_LOAD (vaddr, file offset, file size)
+class Site:
+    """One traced function in one libcuda: its id and role, its probe address in the ELF
+    (what bcc's attach takes) and that address's file offset (what uprobe-multi takes)."""
 
-    def file_offset(self, vaddr: int) -> int | None:
-        for start, offset, size in self.loads:
-            if start <= vaddr < start + size:
-                return vaddr - start + offset
-        return None
-
-
-def read_elf(path: str | Path) -> ElfImage:
-    """Exported (defined, global or weak) functions of a 64-bit little-endian ELF file.
-    Mapped, not read: only the pages of its headers and symbols become resident (a libcuda
-    is ~100 MB; reading it whole was the daemon's peak memory on a GPU node)."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size < 64:  # not even an ELF header (nor mappable if empty)
-            raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
-        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as data:
-            return _elf_functions(path, data)
+    func_id: int
+    symbol: str
+    role: int
+    addr: int
+    offset: int
 
 
-def _elf_functions(path: str | Path, data: mmap.mmap) -> ElfImage:
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
-    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
-    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
-    loads = []
-    for i in range(phnum):
-        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
-            "<IIQQQQ", data, phoff + i * phentsize
-        )
-        if p_type == 1:  # PT_LOAD
-            loads.append((p_vaddr, p_offset, p_filesz))
-    sections = [
-        struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)
-    ]
-    functions: dict[str, int] = {}
-    for sh in sections:
-        if sh[1] != 11:  # SHT_DYNSYM
-            continue
-        strtab = sections[sh[6]]  # sh_link: the string table
-        str_off = strtab[4]
-        offset, size, entsize = sh[4], sh[5], sh[9] or 24
-        for pos in range(offset, offset + size, entsize):
-            st_name, st_info, _other, st_shndx, st_value, _size = struct.unpack_from(
-                "<IBBHQQ", data, pos
-            )
-            if st_info & 0xF != 2 or st_shndx == 0 or st_info >> 4 not in (1, 2):
-                continue  # not a defined global/weak function
-            end = data.find(b"\0", str_off + st_name)
-            if end < 0:
-                raise ValueError(f"{path}: a symbol name runs past the end of the file")
-            functions[data[str_off + st_name : end].decode(errors="replace")] = st_value
-    return ElfImage(functions=functions, loads=tuple(loads))
-
-
-def probe_address(path: str | Path, image: ElfImage, symbol: str) -> int | None:
-    """Where to put the uprobe for `symbol`: past an endbr64 if the function starts with one
-    (a uprobe on endbr64 is single-stepped, ~5x the cost), else at its first instruction."""
-    vaddr = image.functions.get(symbol)
+def probe_address(elf: ElfFile, symbol: str) -> int | None:
+    """Where to put the uprobe for `symbol` (an address of the ELF file): past an endbr64 if
+    the function starts with one, else at its first instruction; None when the file does
+    not export it or it lies in no loadable segment."""
+    vaddr = elf.exported_functions().get(symbol)
     if vaddr is None:
         return None
-    offset = image.file_offset(vaddr)
-    if offset is None:
+    try:
+        return vaddr + elf.entry_skip(vaddr)
+    except ValueError:
         return None
-    with open(path, "rb") as f:
-        f.seek(offset)
-        head = f.read(4)
-    return vaddr + 4 if head == ENDBR64 else vaddr
 
 
 def armed_sites(pid: int, path: str) -> dict[str, bool]:
     """For each traced function `path` exports: does its probe address in process `pid`'s
     memory hold a breakpoint (0xcc, a uprobe in place) now? Checks that a stop detached
     everything, from outside the daemon. Empty when `pid` has not mapped `path`."""
-    image = read_elf(path)
     real = os.path.realpath(path)
-    mapped = []  # (start, end, file offset) of the file's mappings
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) == 6 and os.path.realpath(fields[5]) == real:
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            mapped.append((start, end, int(fields[2], 16)))
+    mapped = [m for m in read_maps(HostPaths(), pid) if os.path.realpath(m.path) == real]
     found: dict[str, bool] = {}
-    with open(f"/proc/{pid}/mem", "rb") as mem:
+    with ElfFile(path) as elf, open(f"/proc/{pid}/mem", "rb") as mem:
         for symbol, _ in TRACED:
-            addr = probe_address(path, image, symbol)
-            offset = image.file_offset(addr) if addr is not None else None
-            where = [
-                s + offset - o
-                for s, e, o in mapped
-                if offset is not None and o <= offset < o + e - s
-            ]
+            addr = probe_address(elf, symbol)
+            if addr is None:
+                continue
+            offset = elf.file_offset(addr)
+            where = [m.address_of(offset) for m in mapped if m.holds(offset)]
             if where:
                 mem.seek(where[0])
                 found[symbol] = mem.read(1) == b"\xcc"
@@ -200,18 +144,10 @@ def is_libcuda(path: str) -> bool:
     return os.path.basename(path).startswith("libcuda.so")
 
 
-def mapped_libcuda(pid: int, proc: Path = Path("/proc")) -> list[str]:
+def mapped_libcuda(pid: int, paths: HostPaths | None = None) -> list[str]:
     """The libcuda files process `pid` has mapped, as paths this process can open."""
-    try:
-        text = (proc / str(pid) / "maps").read_text()
-    except OSError:
-        return []
-    found = []
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) == 6 and is_libcuda(parts[5]) and parts[5] not in found:
-            found.append(parts[5])
-    return [str(proc / str(pid) / "root") + p if p.startswith("/") else p for p in found]
+    paths = paths or HostPaths()
+    return [in_root(paths, pid, p) for p in mapped_files(paths, pid) if is_libcuda(p)]
 
 
 def system_libcuda() -> list[str]:
@@ -239,7 +175,7 @@ def system_libcuda() -> list[str]:
 
 
 class CudaProbe(BpfProbe):
-    source = "cuda.bpf.c"
+    bpf_file = "cuda.bpf.c"
     rings = ("cuda_events",)
     constants = CONSTANTS
 
@@ -255,6 +191,7 @@ class CudaProbe(BpfProbe):
         self.links: list[int] = []
         self.linked = True
         self.scan = MappedScan()
+        self.paths = HostPaths()
         self._explicit: list[str] = []
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
@@ -293,16 +230,16 @@ class CudaProbe(BpfProbe):
         if key is None or key in self.libs:
             return key is not None
         try:
-            image = read_elf(path)
-        except (OSError, ValueError) as err:
+            with ElfFile(path) as elf:
+                sites = [
+                    Site(func_id, symbol, role, addr, elf.file_offset(addr))
+                    for func_id, (symbol, role) in enumerate(TRACED)
+                    if (addr := probe_address(elf, symbol)) is not None
+                ]
+        except (OSError, ValueError, IndexError, struct.error) as err:  # cut short or odd
             self.failed[path] = str(err)
             return False
-        sites = [
-            (func_id, symbol, role, addr)
-            for func_id, (symbol, role) in enumerate(TRACED)
-            if (addr := probe_address(path, image, symbol)) is not None
-        ]
-        attached = (self._attach_linked if self.linked else self._attach_each)(path, image, sites)
+        attached = (self._attach_linked if self.linked else self._attach_each)(path, sites)
         if not attached:
             self.failed.setdefault(path, "exports none of the traced functions")
             return False
@@ -310,19 +247,14 @@ class CudaProbe(BpfProbe):
         self.failed.pop(path, None)
         return True
 
-    def _attach_linked(
-        self, path: str, image: ElfImage, sites: list[tuple[int, str, int, int]]
-    ) -> int:
+    def _attach_linked(self, path: str, sites: list[Site]) -> int:
         """Every site of `path` through two uprobe-multi links: the entries, and the returns
         of synchronising functions. How many sites were attached (all or none)."""
-        offsets = [image.file_offset(addr) for _, _, _, addr in sites]
-        if not sites or None in offsets:
+        if not sites:
             return 0
-        at = [int(o) for o in offsets if o is not None]
-        cookies = [func_id | role << 16 for func_id, _, role, _ in sites]
-        syncing = [
-            o for o, (_, _, role, _) in zip(at, sites, strict=True) if role in (SYNC, COPY_SYNC)
-        ]
+        at = [site.offset for site in sites]
+        cookies = [site.func_id | site.role << 16 for site in sites]
+        syncing = [site.offset for site in sites if site.role in (SYNC, COPY_SYNC)]
         made: list[int] = []
         try:
             enter = uprobe_multi.load_program(self.bpf, "enter_any")
@@ -338,26 +270,25 @@ class CudaProbe(BpfProbe):
             self.failed[path] = str(err)
             return 0
         self.links += made
-        for _, symbol, _, _ in sites:
-            self.symbols[symbol] = self.symbols.get(symbol, 0) + 1
+        for site in sites:
+            self.symbols[site.symbol] = self.symbols.get(site.symbol, 0) + 1
         return len(sites)
 
-    def _attach_each(
-        self, path: str, image: ElfImage, sites: list[tuple[int, str, int, int]]
-    ) -> int:
+    def _attach_each(self, path: str, sites: list[Site]) -> int:
         """One bcc uprobe per site (and a uretprobe for synchronising functions)."""
         attached = 0
-        for func_id, symbol, role, addr in sites:
+        for site in sites:
+            entry, syncing = f"enter_{site.func_id}", site.role in (SYNC, COPY_SYNC)
             try:
-                self.bpf.attach_uprobe(name=path, addr=addr, fn_name=f"enter_{func_id}")
-                if role in (SYNC, COPY_SYNC):
-                    self.bpf.attach_uretprobe(name=path, addr=addr, fn_name="leave_sync")
+                self.bpf.attach_uprobe(name=path, addr=site.addr, fn_name=entry)
+                if syncing:
+                    self.bpf.attach_uretprobe(name=path, addr=site.addr, fn_name="leave_sync")
             except Exception as err:
-                self.failed[path] = f"{symbol}: {err}"
+                self.failed[path] = f"{site.symbol}: {err}"
                 continue
             attached += 1
-            self.attachments.append((path, addr, f"enter_{func_id}", role in (SYNC, COPY_SYNC)))
-            self.symbols[symbol] = self.symbols.get(symbol, 0) + 1
+            self.attachments.append((path, site.addr, entry, syncing))
+            self.symbols[site.symbol] = self.symbols.get(site.symbol, 0) + 1
         return attached
 
     def close(self) -> None:
@@ -371,10 +302,10 @@ class CudaProbe(BpfProbe):
         (frameworks load libcuda late, at their first CUDA call: mapped_scan.py says how
         long a process is looked at)."""
         for pid in self.scan.due(watched_pids(self.bpf), time.monotonic_ns()):
-            paths = mapped_libcuda(pid)
-            for path in paths:
+            libs = mapped_libcuda(pid, self.paths)
+            for path in libs:
                 self.add_library(path)
-            if paths:
+            if libs:
                 self.scan.done(pid)
         self._update_state()
 
@@ -386,14 +317,14 @@ class CudaProbe(BpfProbe):
     def _forget_exited(self) -> None:
         procs = self.bpf["procs"]
         for key in list(procs):
-            if not os.path.exists(f"/proc/{key.value}"):
+            if not alive(self.paths, key.value):
                 del procs[key]
         self.scan.forget_exited()
         # A thread that exited inside a synchronisation never returns from it: drop it, or
         # its process would count as synchronising (GPU busy) for good.
         syncs = self.bpf["syncs"]
         for key, entry in list(syncs.items()):
-            if os.path.exists(f"/proc/{key.value}"):
+            if alive(self.paths, key.value):
                 continue
             del syncs[key]
             tgid = procs.Key(entry.tgid)

@@ -52,7 +52,7 @@ FILEMAP_FAULT = "filemap:mm_filemap_fault"
 BIO_QUEUE = "block:block_bio_queue"
 
 
-class FaultEngine:
+class FaultPrograms:
     """faults.bpf.c, loaded once per probe set for whichever of faults and swap run: it
     streams what its members want and hands each record to the probe that owns it."""
 
@@ -69,11 +69,11 @@ class FaultEngine:
         self._sampled_ns = 0
 
     @classmethod
-    def of(cls, ctx: ProbeContext) -> FaultEngine:
-        engine = ctx.shared.get(cls.KEY)
-        if engine is None:
-            engine = ctx.shared[cls.KEY] = cls()
-        return engine
+    def of(cls, ctx: ProbeContext) -> FaultPrograms:
+        programs = ctx.shared.get(cls.KEY)
+        if programs is None:
+            programs = ctx.shared[cls.KEY] = cls()
+        return programs
 
     def join(self, probe: FaultProbe, ctx: ProbeContext) -> None:
         if self.bpf is None:
@@ -225,14 +225,14 @@ def decode(rec: Any) -> Event:
 
 
 class FaultProbe(Probe):
-    """The faults or swap registry entry: a member of its probe set's FaultEngine."""
+    """The faults or swap registry entry: a member of its probe set's FaultPrograms."""
 
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
-        self.engine: FaultEngine | None = None
+        self.loaded: FaultPrograms | None = None
 
     def parts(self, ctx: ProbeContext) -> list[ModulePart]:
-        return [FaultEngine.of(ctx).part(ctx)]
+        return [FaultPrograms.of(ctx).part(ctx)]
 
     def start(self, ctx: ProbeContext) -> None:
         missing = [
@@ -242,18 +242,18 @@ class FaultProbe(Probe):
         if required:
             raise ProbeUnavailable(f"this kernel lacks {', '.join(required)}")
         self._emit = ctx.emit
-        self.engine = FaultEngine.of(ctx)
-        self.engine.join(self, ctx)
+        self.loaded = FaultPrograms.of(ctx)
+        self.loaded.join(self, ctx)
         reasons = [f"no {h}: {DEGRADED[h.target]}" for h in missing]
-        if self.engine.caveat:
-            reasons.append(self.engine.caveat)
+        if self.loaded.caveat:
+            reasons.append(self.loaded.caveat)
         self.state = "degraded" if reasons else "running"
         self.reason = "; ".join(reasons)
 
     @property
-    def joined(self) -> FaultEngine:
-        assert self.engine is not None, f"{self.name} probe used before start"
-        return self.engine
+    def joined(self) -> FaultPrograms:
+        assert self.loaded is not None, f"{self.name} probe used before start"
+        return self.loaded
 
     def poll(self) -> None:
         self.joined.poll()
@@ -262,9 +262,9 @@ class FaultProbe(Probe):
         return self.joined.sample(self, now_ns)
 
     def lost_kernel(self) -> int:
-        if self.engine is None or self.engine.bpf is None:
+        if self.loaded is None or self.loaded.bpf is None:
             return 0
-        return self.engine.lost(self)
+        return self.loaded.lost(self)
 
     def histograms(self) -> dict[str, list[int]]:
         return self.joined.histograms()
@@ -272,14 +272,14 @@ class FaultProbe(Probe):
     def programs(self) -> list[int]:
         """The shared object's programs, counted once: with the first member that joined
         (swap's own cost is then in faults')."""
-        engine = self.engine
-        if engine is None or next(iter(engine.members.values()), None) is not self:
+        programs = self.loaded
+        if programs is None or next(iter(programs.members.values()), None) is not self:
             return []
-        return program_fds(engine.bpf)
+        return program_fds(programs.bpf)
 
     def close(self) -> None:
-        if self.engine is not None and self.state in ("running", "degraded"):
-            self.engine.leave(self)
+        if self.loaded is not None and self.state in ("running", "degraded"):
+            self.loaded.leave(self)
             self.state = "stopped"
 
 

@@ -7,7 +7,7 @@ with its CLOCK_MONOTONIC start and end, the function, the GPU (device handles ar
 GPU indexes), the other arguments, and either the result as plain data or the NVML error
 code.
 
-Replay answers each (function, GPU) with the recorded results in order (the last one again
+NvmlReplay answers each (function, GPU) with the recorded results in order (the last one again
 once they run out: identity does not change). Sample rings (nvmlDeviceGetSamples,
 nvmlDeviceGetProcessUtilization) are replayed as rings, not as answers: a call gets every
 recorded sample newer than the lastSeenTimeStamp it passes and no newer than what the real
@@ -36,7 +36,7 @@ RING_FUNCS = ("nvmlDeviceGetSamples", "nvmlDeviceGetProcessUtilization")
 JITTER_US = 5  # how far apart two reads of one sample's timestamp were seen (H200: 1 µs)
 
 
-class ReplayMissing(AssertionError):
+class NvmlReplayMissing(AssertionError):
     """The code under test called something the recording never saw: a test bug, loudly."""
 
 
@@ -92,7 +92,7 @@ def _handle_key(value: Any) -> int | None:
     return None
 
 
-class Recorder:
+class NvmlRecorder:
     """A backend that forwards to a real one (pynvml) and logs each nvml* call:
     `Nvml(recorder)` records a session; `recorder.save(path)` writes it."""
 
@@ -153,7 +153,7 @@ def load(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 def _namespace(value: Any) -> Any:
     if isinstance(value, dict):
         if set(value) == {"handle"}:
-            return ReplayHandle(int(value["handle"]))
+            return NvmlReplayHandle(int(value["handle"]))
         return SimpleNamespace(**{k: _namespace(v) for k, v in value.items()})
     if isinstance(value, list):
         return [_namespace(v) for v in value]
@@ -161,7 +161,7 @@ def _namespace(value: Any) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class ReplayHandle:
+class NvmlReplayHandle:
     gpu: int
 
 
@@ -176,7 +176,7 @@ class _Ring:
     value_type: int = 1
 
 
-class Replay:
+class NvmlReplay:
     """A pynvml stand-in answering from a recording. `lose_gpu` {gpu: n}: from that GPU's
     n-th call on, every call for it fails with GPU_IS_LOST. `refuse` {(fn, gpu)}: those
     calls fail with NOT_SUPPORTED. Error classes and constants are pynvml's own."""
@@ -249,7 +249,7 @@ class Replay:
         return self._nv.NVMLError(code)
 
     def _call(self, name: str, args: tuple[Any, ...]) -> Any:
-        gpu = args[0].gpu if args and isinstance(args[0], ReplayHandle) else None
+        gpu = args[0].gpu if args and isinstance(args[0], NvmlReplayHandle) else None
         if name == "nvmlDeviceGetHandleByIndex":
             gpu = int(args[0])
         self.calls.append((name, gpu))
@@ -263,7 +263,7 @@ class Replay:
             return self._ring_call(name, gpu, args)
         answers = self._answers.get((name, gpu))
         if not answers:
-            raise ReplayMissing(f"recording has no {name} for GPU {gpu}")
+            raise NvmlReplayMissing(f"recording has no {name} for GPU {gpu}")
         i = self._next[(name, gpu)]
         self._next[(name, gpu)] = i + 1
         e = answers[min(i, len(answers) - 1)]
@@ -276,7 +276,7 @@ class Replay:
         extra = tuple(args[1:-1])
         ring = self._rings.get((name, gpu, extra))
         if ring is None:
-            raise ReplayMissing(f"recording has no {name}{extra} for GPU {gpu}")
+            raise NvmlReplayMissing(f"recording has no {name}{extra} for GPU {gpu}")
         key = (name, gpu, extra)
         i = self._next[key]
         self._next[key] = i + 1

@@ -1,12 +1,12 @@
 """Where the host's /proc, /sys, /etc and /lib/modules are: injectable, so every reader runs on
-recorded trees in tests (the way psutil's PROCFS_PATH and node_exporter's --path.sysfs do),
-plus the small parsers those readers share (CPU lists, sysfs choices, PCI addresses)."""
+recorded trees in tests (the way psutil's PROCFS_PATH and node_exporter's --path.sysfs do;
+tests/fixtures/hosts/record.py records them), plus the small parsers those readers share (CPU
+lists, sysfs choices, PCI addresses) and the readers of a process's status and name."""
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,9 +148,15 @@ def proc_pids(paths: HostPaths) -> list[int]:
 
 
 def status_fields(paths: HostPaths, pid: int | str) -> dict[str, str]:
-    """/proc/PID/status as {'Name': 'python3', 'Cpus_allowed_list': '0-3', ...}."""
+    """/proc/PID/status as {'Name': 'python3', 'Cpus_allowed_list': '0-3', ...}; {} when it
+    cannot be read. A name's invalid bytes read as U+FFFD: the kernel takes any name, and
+    the other fields must still read."""
+    try:
+        text = (paths.proc / str(pid) / "status").read_bytes().decode(errors="replace")
+    except OSError:
+        return {}
     fields = {}
-    for line in (read_text(paths.proc / str(pid) / "status") or "").splitlines():
+    for line in text.splitlines():
         key, sep, value = line.partition(":")
         if sep:
             fields[key] = value.strip()
@@ -171,63 +177,3 @@ def can_load_bpf(paths: HostPaths) -> bool:
     or CAP_SYS_ADMIN, as root has)."""
     caps = capabilities(paths)
     return CAP_SYS_ADMIN in caps or {CAP_BPF, CAP_PERFMON} <= caps
-
-
-def expand_braces(pattern: str) -> list[str]:
-    """'a/{b,c}/d' -> ['a/b/d', 'a/c/d'] (one level per brace pair, as tree patterns need)."""
-    head, sep, tail = pattern.partition("{")
-    if not sep:
-        return [pattern]
-    choices, _, rest = tail.partition("}")
-    return [p for c in choices.split(",") for p in expand_braces(head + c + rest)]
-
-
-def record_tree(
-    dest: Path,
-    patterns: list[str] | tuple[str, ...],
-    *,
-    root: Path = Path("/"),
-    filters: dict[str, Callable[[bytes], bytes]] | None = None,
-) -> list[str]:
-    """Copy the files that match `patterns` (globs relative to root, with {a,b} choices) from
-    root into dest, recreating every symlink on their way (sysfs's class/ and bus/ entries are
-    relative links into devices/), so that HostPaths.under(dest) reads what the host has.
-    `filters` maps a file name (e.g. "environ") to a function that redacts its bytes.
-    Returns the paths copied, relative to dest."""
-    copied: list[str] = []
-    dest.mkdir(parents=True, exist_ok=True)
-    for pattern in patterns:
-        for expanded in expand_braces(pattern):
-            for live in sorted(root.glob(expanded)):
-                rel = os.path.relpath(live, root)
-                if _mirror(root, dest, rel, filters or {}):
-                    copied.append(rel)
-    return copied
-
-
-def _mirror(root: Path, dest: Path, rel: str, filters: dict[str, Callable[[bytes], bytes]]) -> bool:
-    out = dest / rel
-    if os.path.lexists(out):
-        return True
-    parent = os.path.dirname(rel)
-    if parent and not _mirror(root, dest, parent, filters):
-        return False
-    live = root / rel
-    if live.is_symlink():
-        target = os.readlink(live)
-        if os.path.isabs(target):
-            return False  # /proc/self and the like point outside any recorded tree
-        real_parent = os.path.relpath(os.path.realpath(live.parent), root)
-        if not _mirror(root, dest, os.path.normpath(os.path.join(real_parent, target)), filters):
-            return False
-        out.symlink_to(target)
-    elif live.is_dir():
-        out.mkdir()
-    else:
-        try:
-            data = live.read_bytes()
-        except OSError:
-            return False
-        keep = filters.get(live.name)
-        out.write_bytes(keep(data) if keep else data)
-    return True

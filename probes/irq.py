@@ -26,7 +26,7 @@ from gpujitter.probes.topology import Topology
 
 KINDS = ("hardirq", "softirq", "vector")  # the .bpf.c gets them as KIND_HARDIRQ ...
 HARDIRQ, SOFTIRQ, VECTOR = range(3)
-OVERFLOW = 1  # IrqSource.sub of the stats slot that counts hard IRQs above the array's range
+OVERFLOW = 1  # IrqId.sub of the stats slot that counts hard IRQs above the array's range
 IRQ_HEADROOM = 256
 
 # Softirq vector names, as /proc/softirqs and the softirq tracepoints print them.
@@ -65,14 +65,17 @@ CONSTANTS = {**contract.indexes("KIND", KINDS), **contract.indexes("VEC", VECTOR
 
 
 @dataclass(frozen=True, slots=True)
-class IrqSource:
+class IrqId:
+    """Which interrupt a stats slot counts: a hard IRQ's number, a softirq's vector or an
+    architecture vector (kind HARDIRQ, SOFTIRQ, VECTOR; sub: OVERFLOW or the vector's index)."""
+
     kind: int
     sub: int
     irq: int
 
 
 class IrqProbe(BpfProbe):
-    source = "irq.bpf.c"
+    bpf_file = "irq.bpf.c"
     constants = CONSTANTS
 
     def __init__(self, spec: ProbeSpec) -> None:
@@ -101,15 +104,15 @@ class IrqProbe(BpfProbe):
             *(f"-DHAVE_{v.upper()}" for v in present),
         ]
 
-    def source_of_slot(self, slot: int) -> IrqSource:
-        """Which source a slot of the per-CPU stats array counts (see irq.bpf.c)."""
+    def irq_of_slot(self, slot: int) -> IrqId:
+        """Which interrupt a slot of the per-CPU stats array counts (see irq.bpf.c)."""
         if slot < self.hardirq_slots - 1:
-            return IrqSource(HARDIRQ, 0, slot)
+            return IrqId(HARDIRQ, 0, slot)
         if slot == self.hardirq_slots - 1:
-            return IrqSource(HARDIRQ, OVERFLOW, slot)
+            return IrqId(HARDIRQ, OVERFLOW, slot)
         if slot < self.hardirq_slots + 16:
-            return IrqSource(SOFTIRQ, 0, slot - self.hardirq_slots)
-        return IrqSource(VECTOR, slot - self.hardirq_slots - 16, 0)
+            return IrqId(SOFTIRQ, 0, slot - self.hardirq_slots)
+        return IrqId(VECTOR, slot - self.hardirq_slots - 16, 0)
 
     def start(self, ctx: ProbeContext) -> None:
         self.topology = ctx.topology
@@ -135,7 +138,7 @@ class IrqProbe(BpfProbe):
         key, win = rec
         if win.total_ns < self.stolen_min_ns:
             return None
-        src = IrqSource(int(key.src.kind), int(key.src.sub), int(key.src.irq))
+        src = IrqId(int(key.src.kind), int(key.src.sub), int(key.src.irq))
         return IrqStolen(
             ts_ns=win.first_ns,
             end_ns=win.last_ns,
@@ -175,7 +178,7 @@ class IrqProbe(BpfProbe):
         if self.bpf is None:
             return []
         interval = now_ns - self._last_sample_ns
-        per_cpu: dict[int, list[tuple[IrqSource, int, int]]] = defaultdict(list)
+        per_cpu: dict[int, list[tuple[IrqId, int, int]]] = defaultdict(list)
         table = self.bpf["stats"]
         for slot, per_cpu_stats in table.items_lookup_batch():  # array keys come as ints
             raw = bytes(per_cpu_stats)
@@ -183,7 +186,7 @@ class IrqProbe(BpfProbe):
             if raw == previous:
                 continue  # unused, or nothing new on any CPU: no Python loop over CPUs
             self._last_stats[slot] = raw
-            src = self.source_of_slot(slot)
+            src = self.irq_of_slot(slot)
             now = array("Q", raw)
             old = array("Q", previous) if previous else array("Q", bytes(len(raw)))
             for i, cpu in enumerate(self._possible_cpus):
@@ -211,7 +214,7 @@ class IrqProbe(BpfProbe):
         self._last_sample_ns = now_ns
         return out
 
-    def name_of(self, src: IrqSource) -> str:
+    def name_of(self, src: IrqId) -> str:
         if src.kind == SOFTIRQ:
             return SOFTIRQS[src.irq] if src.irq < len(SOFTIRQS) else f"softirq{src.irq}"
         if src.kind == VECTOR:
@@ -223,7 +226,7 @@ class IrqProbe(BpfProbe):
             self._names = {int(row.label): row.name for row in rows if row.numbered}
         return self._names.get(src.irq) or f"irq{src.irq}"
 
-    def remote(self, src: IrqSource, cpu: int) -> bool:
+    def remote(self, src: IrqId, cpu: int) -> bool:
         """A hard IRQ whose device's node is known and is not the node of the CPU that
         handled it (topology override honoured: its [irqs] table and CPU nodes)."""
         if src.kind != HARDIRQ or src.sub == OVERFLOW:

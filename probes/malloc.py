@@ -38,7 +38,7 @@ DEFAULT_WINDOW_NS = 30_000_000_000
 
 
 class MallocProbe(BpfProbe):
-    source = "malloc.bpf.c"
+    bpf_file = "malloc.bpf.c"
     rings = ("slow_syscalls",)
     constants = CONSTANTS
 

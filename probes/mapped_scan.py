@@ -14,6 +14,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from gpujitter.probes.host import HostPaths, proc_pids
+from gpujitter.probes.procfs import alive
+
 LATE_LOAD_NS = 60_000_000_000
 
 
@@ -34,16 +37,14 @@ def file_key(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def all_pids() -> list[int]:
-    return [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != os.getpid()]
-
-
 class MappedScan:
     """Which processes to look at; call `due` each scan, `done` for a process found to map
     what was wanted, `forget_exited` once a second."""
 
-    def __init__(self, late_load_ns: int = LATE_LOAD_NS) -> None:
+    def __init__(self, late_load_ns: int = LATE_LOAD_NS, paths: HostPaths | None = None) -> None:
         self.late_load_ns = late_load_ns
+        self.paths = paths or HostPaths()
+        self._own = os.getpid()
         self.scanned: set[int] = set()  # processes done with: found, or too old
         self._first_seen: dict[int, int] = {}
         self._started = False  # past the first scan
@@ -52,14 +53,18 @@ class MappedScan:
         """The processes to look at in this scan (watched: None for every process). A
         process looked at now and not marked done is given up when every process is watched
         and it is older than late_load_ns."""
-        pids = all_pids() if watched is None else watched
+        # Every process but the daemon's own, which maps what it probes to read it.
+        everyone = watched is None
+        pids = (
+            watched if watched is not None else [p for p in proc_pids(self.paths) if p != self._own]
+        )
         out = []
         for pid in pids:
             if pid in self.scanned:
                 continue
             first = self._first_seen.setdefault(pid, now_ns if self._started else 0)
             out.append(pid)
-            if watched is None and now_ns - first > self.late_load_ns:
+            if everyone and now_ns - first > self.late_load_ns:
                 self.scanned.add(pid)
         self._started = True
         return out
@@ -69,7 +74,7 @@ class MappedScan:
 
     def forget_exited(self) -> list[int]:
         """Drop processes that exited (a reused pid is looked at afresh); returns them."""
-        gone = [p for p in self._first_seen if not os.path.exists(f"/proc/{p}")]
+        gone = [p for p in self._first_seen if not alive(self.paths, p)]
         for pid in gone:
             del self._first_seen[pid]
             self.scanned.discard(pid)

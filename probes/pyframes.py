@@ -26,10 +26,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpujitter.probes.malloc_sites import ElfFile
+from gpujitter.probes.elf import STT_OBJECT, ElfFile
+from gpujitter.probes.host import HostPaths
+from gpujitter.probes.procfs import in_root, read_maps
 
 _VERSION = re.compile(r"^(?:lib)?python(3)\.(\d+)")
-STT_OBJECT = 1
 DEBUG_COOKIE = b"xdebugpy"
 OWNED_BY_CSTACK = 3  # a shim frame of 3.12+ (the C stack owns it): not Python code
 MAX_DEPTH = 64  # frames walked per thread: a cycle read out of a racing frame ends here
@@ -211,19 +212,16 @@ def runtime_address(pid: int, proc: Path = Path("/proc")) -> tuple[str, int, int
     """(file, address of _PyRuntime in the process, address of PyCode_Type) from the files
     the process maps; NotReadable when none of them is a CPython 3 runtime."""
     lowest: dict[str, int] = {}  # file -> its lowest mapping with file offset 0
+    paths = HostPaths(proc=proc)
     try:
-        with open(proc / str(pid) / "maps") as maps:
-            for line in maps:
-                fields = line.split(maxsplit=5)
-                if len(fields) < 6 or int(fields[2], 16) != 0:
-                    continue
-                path = fields[5].rstrip("\n")
-                if version_of(path) and path not in lowest:
-                    lowest[path] = int(fields[0].split("-")[0], 16)
+        maps = read_maps(paths, pid)
     except OSError as err:
         raise NotReadable(f"pid {pid}: {err.strerror}") from None
+    for m in maps:
+        if m.offset == 0 and version_of(m.path) and m.path not in lowest:
+            lowest[m.path] = m.start
     for path, start in lowest.items():
-        symbols = _runtime_symbols(proc / str(pid) / "root" / path.lstrip("/"))
+        symbols = _runtime_symbols(Path(in_root(paths, pid, path)))
         if symbols is not None:
             base, runtime, code_type = symbols
             return path, start - base + runtime, start - base + code_type
@@ -243,9 +241,9 @@ def _runtime_symbols(path: Path) -> tuple[int, int, int] | None:
     key = (st.st_dev, st.st_ino)
     if key not in _SYMBOLS:
         try:
-            elf = ElfFile(path)
-            found = elf.symbols({"_PyRuntime", "PyCode_Type"}, STT_OBJECT)
-            base = min(vaddr for vaddr, _, _ in elf.loads) // 4096 * 4096
+            with ElfFile(path) as elf:
+                found = elf.symbols({"_PyRuntime", "PyCode_Type"}, STT_OBJECT)
+                base = min(vaddr for vaddr, _, _ in elf.loads) // 4096 * 4096
         except (OSError, ValueError, IndexError, struct.error):  # odd, cut short, no PT_LOAD
             return None
         ok = "_PyRuntime" in found and "PyCode_Type" in found

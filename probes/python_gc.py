@@ -32,10 +32,12 @@ from typing import Any
 
 from gpujitter.probes import contract
 from gpujitter.probes.base import BpfProbe, ProbeContext
+from gpujitter.probes.elf import SHT_NOTE, ElfFile
 from gpujitter.probes.events import Event, GcPause
+from gpujitter.probes.host import HostPaths
 from gpujitter.probes.log2 import Log2Map
-from gpujitter.probes.malloc_sites import ElfFile, file_mappings
 from gpujitter.probes.mapped_scan import MappedScan, file_key, watched_pids
+from gpujitter.probes.procfs import alive, in_root, mapped_files
 from gpujitter.probes.registry import Hook, ProbeSpec
 from gpujitter.probes.uprobe_multi import BPF_PROG_TYPE_KPROBE
 
@@ -115,24 +117,12 @@ class Marker:
     arg: MarkerArg | None
 
 
-def section_named(elf: ElfFile, name: str) -> tuple[Any, ...] | None:
-    shstrndx = struct.unpack_from("<H", elf.data, 0x3E)[0]
-    if shstrndx >= len(elf.sections):
-        return None
-    names_off = elf.sections[shstrndx][4]
-    for sec in elf.sections:
-        end = elf.data.index(b"\0", names_off + sec[0])
-        if elf.data[names_off + sec[0] : end] == name.encode():
-            return sec
-    return None
-
-
 def usdt_markers(elf: ElfFile, provider: str = "python") -> dict[str, Marker]:
     """The provider's markers in the file's .note.stapsdt, by name."""
-    base_sec = section_named(elf, ".stapsdt.base")
+    base_sec = elf.section(".stapsdt.base")
     out: dict[str, Marker] = {}
     for sec in elf.sections:
-        if sec[1] != 7:  # SHT_NOTE
+        if sec[1] != SHT_NOTE:
             continue
         pos, stop = sec[4], sec[4] + sec[5]
         while pos + 12 <= stop:
@@ -179,9 +169,9 @@ def interpreter_hooks(path: str | Path, ref_ctr: bool = True) -> Hooks:
     """Where to probe the collector of the interpreter in `path`. ref_ctr: the kernel can
     raise USDT semaphores (else markers guarded by one are of no use)."""
     try:
-        elf = ElfFile(Path(path))
-        markers = usdt_markers(elf)
-        found = elf.functions({*COLLECTOR_SYMBOLS, "PyGC_Collect"})
+        with ElfFile(path) as elf:
+            markers = usdt_markers(elf)
+            found = elf.functions({*COLLECTOR_SYMBOLS, "PyGC_Collect"})
         addresses = {s: found[s] for s in COLLECTOR_SYMBOLS if s in found}
     except (OSError, ValueError, IndexError, struct.error) as err:  # a truncated or odd file
         return Hooks("none", why=f"{NO_GC_PROBE}: {path}: {err}")
@@ -219,17 +209,15 @@ def kernel_has_ref_ctr(pmu: Path = UPROBE_PMU) -> bool:
     return (pmu / "format" / "ref_ctr_offset").exists()
 
 
-def interpreter_files(pid: int, proc: Path = Path("/proc")) -> list[tuple[str, str]]:
+def interpreter_files(pid: int, paths: HostPaths | None = None) -> list[tuple[str, str]]:
     """Interpreter files process `pid` maps: (path as mapped, path this process can open
     through /proc/PID/root)."""
-    from gpujitter.probes.host import HostPaths
-
-    try:
-        maps = file_mappings(HostPaths(proc=proc), pid)
-    except OSError:
-        return []
-    root = proc / str(pid) / "root"
-    return [(p, str(root) + p) for p in maps if INTERPRETER.match(os.path.basename(p))]
+    paths = paths or HostPaths()
+    return [
+        (p, in_root(paths, pid, p))
+        for p in mapped_files(paths, pid, executable=True)
+        if INTERPRETER.match(os.path.basename(p))
+    ]
 
 
 # ---------------------------------------------------------------------------------------
@@ -307,6 +295,7 @@ class InterpreterProbe(BpfProbe):
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
         self.scan = MappedScan()
+        self.paths = HostPaths()
         # Interpreter files looked at, by (dev, inode): (the path as mapped, how probed).
         self.interpreters: dict[tuple[int, int], tuple[str, Any]] = {}
 
@@ -316,7 +305,7 @@ class InterpreterProbe(BpfProbe):
 
     def scan_processes(self) -> None:
         for pid in self.scan.due(watched_pids(self.bpf), time.monotonic_ns()):
-            files = interpreter_files(pid)
+            files = interpreter_files(pid, self.paths)
             for mapped, local in files:
                 self.add_interpreter(mapped, local)
             if files:
@@ -347,12 +336,12 @@ class InterpreterProbe(BpfProbe):
         for name in self.per_thread:
             table = self.bpf[name]
             for key in list(table.keys()):
-                if not os.path.exists(f"/proc/{key.value}"):
+                if not alive(self.paths, key.value):
                     del table[key]
 
 
 class PythonGcProbe(InterpreterProbe):
-    source = "python_gc.bpf.c"
+    bpf_file = "python_gc.bpf.c"
     rings = ("gc_events",)
     constants = CONSTANTS
     per_thread = ("running",)

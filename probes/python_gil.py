@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.probes.base import ProbeContext, comm_str
+from gpujitter.probes.elf import ElfFile
 from gpujitter.probes.events import Event, GilWait
 from gpujitter.probes.log2 import Log2Map
-from gpujitter.probes.malloc_sites import ElfFile
 from gpujitter.probes.mapped_scan import file_key
-from gpujitter.probes.python_gc import InterpreterProbe, node_interpreter, section_named
+from gpujitter.probes.python_gc import InterpreterProbe, node_interpreter
 from gpujitter.probes.registry import Hook, ProbeSpec
 
 TAKER = "take_gil"
@@ -57,11 +57,10 @@ def call_targets(elf: ElfFile, vaddr: int, span: int = CALL_SCAN_BYTES) -> set[i
     function at vaddr that lie in .text (not a PLT stub). Bytes are not decoded into
     instructions, so a target can be spurious; one found in two functions that both call
     take_gil first is not."""
-    text = section_named(elf, ".text")
+    text = elf.section(".text")
     if text is None:
         return set()
-    off = elf.file_offset(vaddr)
-    code = elf.data[off : off + span + 5]
+    code = elf.code(vaddr, span + 5)
     out = set()
     for i in range(min(span, len(code) - 4)):
         if code[i] == 0xE8:
@@ -76,28 +75,32 @@ def acquire_site(path: str | Path) -> AcquireSite:
     PyEval_RestoreThread: link-time optimisation inlines PyEval_RestoreThread into some of
     its callers (Debian's python3.11: os.stat, reads), but never take_gil's wait loop."""
     try:
-        elf = ElfFile(Path(path))
-        found = elf.functions({TAKER, *CALLERS, "PyGC_Collect"})
-        if TAKER in found:
-            address, how = found[TAKER], "symbol"
-        elif all(c in found for c in CALLERS):
-            common = set.intersection(*(call_targets(elf, found[c]) for c in CALLERS))
-            if len(common) != 1:
-                return AcquireSite(-1, why=f"{NO_GIL_PROBE}: no {TAKER} symbol, and "
-                                   f"{' and '.join(CALLERS)} share no one first call")  # fmt: skip
-            address, how = common.pop(), "calls"
-        elif "PyGC_Collect" not in found:
-            return AcquireSite(-1, why="no interpreter here: its libpython has it", launcher=True)
-        else:
-            return AcquireSite(-1, why=f"{NO_GIL_PROBE}: no {TAKER} symbol nor {CALLERS[0]}")
-        skip = elf.entry_skip(address)
+        with ElfFile(path) as elf:
+            return _acquire_site(elf)
     except (OSError, ValueError, IndexError, struct.error) as err:  # a truncated or odd file
         return AcquireSite(-1, why=f"{NO_GIL_PROBE}: {path}: {err}")
+
+
+def _acquire_site(elf: ElfFile) -> AcquireSite:
+    found = elf.functions({TAKER, *CALLERS, "PyGC_Collect"})
+    if TAKER in found:
+        address, how = found[TAKER], "symbol"
+    elif all(c in found for c in CALLERS):
+        common = set.intersection(*(call_targets(elf, found[c]) for c in CALLERS))
+        if len(common) != 1:
+            return AcquireSite(-1, why=f"{NO_GIL_PROBE}: no {TAKER} symbol, and "
+                               f"{' and '.join(CALLERS)} share no one first call")  # fmt: skip
+        address, how = common.pop(), "calls"
+    elif "PyGC_Collect" not in found:
+        return AcquireSite(-1, why="no interpreter here: its libpython has it", launcher=True)
+    else:
+        return AcquireSite(-1, why=f"{NO_GIL_PROBE}: no {TAKER} symbol nor {CALLERS[0]}")
+    skip = elf.entry_skip(address)
     return AcquireSite(address + skip, how, skip)
 
 
 class PythonGilProbe(InterpreterProbe):
-    source = "python_gil.bpf.c"
+    bpf_file = "python_gil.bpf.c"
     rings = ("gil_events",)
     per_thread = ("gil_waiting", "gil_owner")  # the owner's key is a process id
 

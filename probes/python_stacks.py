@@ -30,6 +30,7 @@ from gpujitter.probes.base import Probe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import PySample
 from gpujitter.probes.feeders import Feeders
 from gpujitter.probes.mapped_scan import MappedScan, watched_pids
+from gpujitter.probes.procfs import task_state
 from gpujitter.probes.pyframes import Frame, Interpreter, NotReadable
 from gpujitter.probes.registry import ProbeSpec
 
@@ -55,8 +56,7 @@ class ThreadStates:
         except OSError:  # the thread ended
             self.forget(pid, tid)
             return False
-        end = stat.rfind(b")")
-        return stat[end + 2 : end + 3] == b"R"
+        return task_state(stat) == "R"
 
     def forget(self, pid: int, tid: int) -> None:
         fd = self._fds.pop((pid, tid), None)

@@ -55,7 +55,7 @@ class _Totals:
 
 
 class SchedProbe(BpfProbe):
-    source = "sched.bpf.c"
+    bpf_file = "sched.bpf.c"
     rings = ("offcpu_events", "migrations")
     constants = CONSTANTS
 

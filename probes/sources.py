@@ -18,7 +18,7 @@ from typing import Any
 from gpujitter.probes.base import Emit
 from gpujitter.probes.events import ProbeStatus
 from gpujitter.probes.gpu_clock import offsets_from_header
-from gpujitter.probes.gpu_record import Replay
+from gpujitter.probes.gpu_record import NvmlReplay
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import GpuInfo, Nvml, NvmlUnavailable, open_nvml
 from gpujitter.probes.topology import Topology
@@ -103,7 +103,7 @@ class EvidenceSources:
             return None
         self._stack.callback(self.nvml.close)
         self.gpus = self.nvml.gpus(os.cpu_count() or 1)
-        if isinstance(backend, Replay):
+        if isinstance(backend, NvmlReplay):
             # A recording answers with the timestamps and clocks it was made with: map them
             # as the live session did, on the recording's own clock.
             return sampler_cls(self.nvml, self.emit, cpu_count=os.cpu_count() or 1,

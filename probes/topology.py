@@ -307,6 +307,18 @@ def cpuidle_states(cpuidle: Path) -> tuple[IdleState, ...]:
     return tuple(sorted(found, key=lambda s: s.index))
 
 
+def idle_residency_ns(cpuidle: Path) -> dict[str, int]:
+    """Time one CPU has spent in each of its idle states since boot (the states' `time`
+    files, in µs), by state name in index order; {} without a driver."""
+    dirs = sorted(cpuidle.glob("state[0-9]*"), key=lambda d: int(d.name[5:]))
+    out = {}
+    for state_dir in dirs:
+        name, usec = read_text(state_dir / "name"), read_text(state_dir / "time")
+        if name and usec and usec.isdigit():
+            out[name] = int(usec) * 1000
+    return out
+
+
 def _default_idle_state(paths: HostPaths) -> IdleState:
     """The state a CPU without a cpuidle driver idles in: the kernel's default idle routine
     (HLT on x86), whose wake-up latency the kernel does not know; `idle=poll` spins instead."""
@@ -340,22 +352,25 @@ class PciDevice:
 
 
 def read_pci(paths: HostPaths) -> dict[str, PciDevice]:
-    out = {}
-    for dev in sorted((paths.sys / "bus/pci/devices").glob("*")):
-        msi = dev / "msi_irqs"
-        irqs = sorted(int(p.name) for p in msi.glob("[0-9]*")) if msi.is_dir() else []
-        if not irqs and (read_int(dev / "irq") or 0) > 0:
-            irqs = [read_int(dev / "irq") or 0]
-        out[dev.name] = PciDevice(
-            bus_id=dev.name,
-            pci_class=read_text(dev / "class") or "",
-            vendor=read_text(dev / "vendor") or "",
-            device=read_text(dev / "device") or "",
-            numa_node=numa_node(read_text(dev / "numa_node")),
-            local_cpus=read_cpulist(dev / "local_cpulist"),
-            irqs=tuple(irqs),
-        )
-    return out
+    return {dev.name: pci_device(dev) for dev in sorted((paths.sys / "bus/pci/devices").glob("*"))}
+
+
+def pci_device(dev: Path) -> PciDevice:
+    """One PCI function from its sysfs folder (bus/pci/devices/BUS); a missing file reads as
+    unknown."""
+    msi = dev / "msi_irqs"
+    irqs = sorted(int(p.name) for p in msi.glob("[0-9]*")) if msi.is_dir() else []
+    if not irqs and (read_int(dev / "irq") or 0) > 0:
+        irqs = [read_int(dev / "irq") or 0]
+    return PciDevice(
+        bus_id=dev.name,
+        pci_class=read_text(dev / "class") or "",
+        vendor=read_text(dev / "vendor") or "",
+        device=read_text(dev / "device") or "",
+        numa_node=numa_node(read_text(dev / "numa_node")),
+        local_cpus=read_cpulist(dev / "local_cpulist"),
+        irqs=tuple(irqs),
+    )
 
 
 def read_gpus_sysfs(paths: HostPaths, pci: dict[str, PciDevice]) -> list[GpuDevice]:

@@ -35,7 +35,8 @@ from gpujitter.probes.events import (
     WatchChange,
     WorkloadInfo,
 )
-from gpujitter.probes.host import HostPaths, read_name, read_text
+from gpujitter.probes.host import HostPaths, proc_pids, read_name, read_text, status_fields
+from gpujitter.probes.procfs import task_ids
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.workload import WorkloadReader, matches_pod, matches_slurm_job
 
@@ -92,7 +93,7 @@ def resolve(
         if (paths.proc / str(pid)).is_dir():
             add(pid, WHY_PID)
     if spec.comms:
-        for tgid in _pids(paths):
+        for tgid in proc_pids(paths):
             names = {read_name(paths.proc / str(tgid) / "comm") or ""}
             cmdline = read_text(paths.proc / str(tgid) / "cmdline") or ""
             if cmdline:
@@ -104,7 +105,7 @@ def resolve(
             add(int(line), WHY_CGROUP)
     if spec.pods or spec.slurm_jobs:
         reader = workloads or WorkloadReader(paths)
-        for tgid in _pids(paths):
+        for tgid in proc_pids(paths):
             w = reader.of(tgid)
             if w is not None and (
                 any(matches_pod(w, p) for p in spec.pods)
@@ -129,25 +130,14 @@ def _descendants(paths: HostPaths, roots: list[int]) -> set[int]:
     todo = list(roots)
     while todo:
         pid = todo.pop()
-        try:
-            tasks = os.listdir(paths.proc / str(pid) / "task")
-        except OSError:
-            continue  # gone, or not readable
-        for tid in tasks:
+        for tid in task_ids(paths, pid):  # none when gone, or not readable
             for child in (
-                read_text(paths.proc / str(pid) / "task" / tid / "children") or ""
+                read_text(paths.proc / str(pid) / "task" / str(tid) / "children") or ""
             ).split():
                 if child.isdigit() and int(child) not in found:
                     found.add(int(child))
                     todo.append(int(child))
     return found - set(roots)
-
-
-def _pids(paths: HostPaths) -> list[int]:
-    try:
-        return [int(n) for n in os.listdir(paths.proc) if n.isdigit()]
-    except OSError:
-        return []
 
 
 # The core's part of a module: first in it (gpujitter.h then defines the shared maps, exported
@@ -344,8 +334,4 @@ def watched_changed(bpf: Any) -> None:
 
 
 def _is_process(paths: HostPaths, tgid: int) -> bool:
-    status = read_text(paths.proc / str(tgid) / "status") or ""
-    for line in status.splitlines():
-        if line.startswith("Tgid:"):
-            return int(line.split()[1]) == tgid
-    return False
+    return status_fields(paths, tgid).get("Tgid") == str(tgid)

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from gpujitter.probes.host import HostPaths, read_text
+from gpujitter.probes.host import HostPaths, read_text, status_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,9 +203,9 @@ def _named(w: Workload, paths: HostPaths) -> Workload:
 
 
 class WorkloadReader:
-    """workload_of(pid) with a bounded cache per /proc/PID/cgroup text (most processes share
-    a few): a process costs one raw read once its cgroups have been seen, the runtime's
-    files are read once per container."""
+    """A process's workload, with a bounded cache per /proc/PID/cgroup text (most processes
+    share a few): a process costs one raw read once its cgroups have been seen, the
+    runtime's files are read once per container."""
 
     def __init__(self, paths: HostPaths, max_cached: int = 4096) -> None:
         self.paths = paths
@@ -256,9 +256,7 @@ class TaskOwners:
         if tid in self._tgid:
             self._tgid.move_to_end(tid)
             return self._tgid[tid]
-        raw = _read_raw(self.paths.proc / str(tid) / "status") or b""
-        m = re.search(rb"^Tgid:\s*(\d+)", raw, re.M)
-        tgid = int(m.group(1)) if m else 0
+        tgid = int(status_fields(self.paths, tid).get("Tgid", "0") or "0")
         if tgid:
             _remember(self._tgid, tid, tgid, self.max_cached)
         return tgid
@@ -290,11 +288,6 @@ def _read_raw(path: Path) -> bytes | None:
         return None
     finally:
         os.close(fd)
-
-
-def workload_of(pid: int, paths: HostPaths) -> Workload | None:
-    """One process's workload, uncached."""
-    return WorkloadReader(paths).of(pid)
 
 
 def matches_pod(w: Workload | None, selector: str) -> bool:

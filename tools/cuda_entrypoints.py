@@ -18,13 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpujitter.probes.cuda import (
-    FUNC_NAMES,
-    mapped_libcuda,
-    probe_address,
-    read_elf,
-    system_libcuda,
-)
+from gpujitter.probes.cuda import FUNC_NAMES, mapped_libcuda, probe_address, system_libcuda
+from gpujitter.probes.elf import ElfFile
+from gpujitter.probes.host import HostPaths
+from gpujitter.probes.procfs import read_maps
 
 # The child: one PyTorch operation per phase, 10 repetitions each, then "done".
 CHILD = r"""
@@ -105,10 +102,9 @@ int count(struct pt_regs *ctx)
 def load_base(pid: int, path: str) -> int:
     """Where `path` is mapped in process `pid` (its mapping at file offset 0)."""
     real = Path(path).resolve()
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        parts = line.split(None, 5)
-        if len(parts) == 6 and Path(parts[5]).resolve() == real and int(parts[2], 16) == 0:
-            return int(parts[0].split("-")[0], 16)
+    for m in read_maps(HostPaths(), pid):
+        if m.path and Path(m.path).resolve() == real and m.offset == 0:
+            return m.start
     raise SystemExit(f"{path} is not mapped in {pid}")
 
 
@@ -128,13 +124,14 @@ def main() -> int:
     hello = json.loads(child.stdout.readline())
     # The libcuda PyTorch really loaded (a container or a compat folder may hold another).
     path = (mapped_libcuda(child.pid) or system_libcuda())[0]
-    image = read_elf(path)
-    names = sorted(n for n in image.functions if n.startswith("cu"))
+    elf = ElfFile(path)
+    functions = elf.exported_functions()
+    names = sorted(n for n in functions if n.startswith("cu"))
     bpf = BPF(text=COUNTER.encode(), cflags=[f"-DTARGET={child.pid}"])
     by_addr: dict[int, str] = {}
     refused = []
     for name in names:
-        addr = probe_address(path, image, name)
+        addr = probe_address(elf, name)
         if addr is None or addr in by_addr:
             continue
         try:
@@ -144,7 +141,7 @@ def main() -> int:
             continue
         by_addr[addr] = name
     base = load_base(child.pid, path)
-    entry_of = {v: k for k, v in image.functions.items() if k.startswith("cu")}
+    entry_of = {v: k for k, v in functions.items() if k.startswith("cu")}
     result: dict[str, Any] = {
         "libcuda": str(Path(path).resolve()),
         "exported_cu_functions": len(names),

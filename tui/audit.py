@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import orjson
 
-from gpujitter.daemon.checks.audit.model import Evidence, Finding, Severity
+from gpujitter.daemon.checks.audit.model import Finding, Reading, Severity
 from gpujitter.errors import GpujitterError
 from gpujitter.text import printable
 
@@ -44,7 +44,7 @@ def parse(doc: Any, origin: str) -> AuditReport:
             subject=printable(str(f.get("subject", ""))),
             message=printable(str(f.get("message", ""))),
             evidence=tuple(
-                Evidence(printable(str(e.get("file", ""))), printable(str(e.get("value", ""))))
+                Reading(printable(str(e.get("file", ""))), printable(str(e.get("value", ""))))
                 for e in f.get("evidence") or ()
                 if isinstance(e, Mapping)
             ),

@@ -323,12 +323,6 @@ class GapDetector:
             self._on_offcpu(ev)
         return self._finalise(force=False)
 
-    def feed_all(self, events: Iterable[Event]) -> list[GpuGap]:
-        out: list[GpuGap] = []
-        for ev in events:
-            out += self.feed(ev)
-        return out + self.flush()
-
     def flush(self) -> list[GpuGap]:
         """End of the stream: decide every pending gap with the evidence there is."""
         return self._finalise(force=True)

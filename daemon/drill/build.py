@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.cuda import FUNC_NAMES, read_elf
+from gpujitter.probes.cuda import FUNC_NAMES
+from gpujitter.probes.elf import ElfFile
 
 HERE = Path(__file__).parent
 STUB_SOURCE = HERE / "stubcuda.c"
@@ -59,19 +60,18 @@ def build_stub(folder: Path, exports: tuple[str, ...] = ()) -> Path:
         script.write_text("{ global: " + "".join(f"{n}; " for n in exports) + "local: *; };\n")
         flags = (*flags, f"-Wl,--version-script={script}")
     out = _gcc(STUB_SOURCE, folder / "libcuda.so.1", flags)
-    image = read_elf(out)
     traced = [name for name in FUNC_NAMES if not exports or name in exports]
-    missing = [name for name in traced if name not in image.functions]
-    if missing:
-        raise GpujitterError(f"stub libcuda lacks {missing}")
-    addresses = [image.functions[name] for name in traced]
-    if len(set(addresses)) != len(addresses):
-        raise GpujitterError("stub libcuda folds entry points together")
-    data = out.read_bytes()
-    for name in traced:
-        offset = image.file_offset(image.functions[name])
-        if offset is None or data[offset] != PUSH_RBP:
-            raise GpujitterError(f"stub {name} does not start with push %rbp")
+    with ElfFile(out) as elf:
+        functions = elf.exported_functions()
+        missing = [name for name in traced if name not in functions]
+        if missing:
+            raise GpujitterError(f"stub libcuda lacks {missing}")
+        addresses = [functions[name] for name in traced]
+        if len(set(addresses)) != len(addresses):
+            raise GpujitterError("stub libcuda folds entry points together")
+        for name in traced:
+            if elf.code(functions[name], 1) != bytes([PUSH_RBP]):
+                raise GpujitterError(f"stub {name} does not start with push %rbp")
     return out
 
 

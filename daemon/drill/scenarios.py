@@ -16,7 +16,8 @@ from typing import Any
 
 from gpujitter.daemon.drill import system
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.host import format_cpulist
+from gpujitter.probes.host import HostPaths, format_cpulist
+from gpujitter.probes.procfs import task_ids
 from gpujitter.probes.topology import UNKNOWN_GPU_KEY, Topology
 
 MB = 1 << 20
@@ -56,10 +57,9 @@ class Stage:
 
     def helper_tids(self) -> set[int]:
         """The threads of the helpers still running (read while they are)."""
-        tids = set()
+        tids: set[int] = set()
         for proc in self.helpers:
-            with contextlib.suppress(OSError):
-                tids |= {int(t) for t in os.listdir(f"/proc/{proc.pid}/task")}
+            tids |= set(task_ids(HostPaths(), proc.pid))
         return tids
 
     def enter(self, cm: contextlib.AbstractContextManager[Any]) -> Any:

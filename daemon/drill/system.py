@@ -17,6 +17,7 @@ from pathlib import Path
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import HostPaths, format_cpulist, parse_cpulist, read_text
 from gpujitter.probes.interrupts import read_table
+from gpujitter.probes.procfs import parse_swaps
 
 MEMCG_V1 = Path("/sys/fs/cgroup/memory")
 BLKIO_V1 = Path("/sys/fs/cgroup/blkio")
@@ -67,7 +68,8 @@ def swap_file(path: Path, size_bytes: int) -> Iterator[Path]:
         _run(["swapon", str(path)])
         yield path
     finally:
-        if str(path) in Path("/proc/swaps").read_text():
+        swaps = parse_swaps(read_text(HostPaths().proc / "swaps") or "")
+        if any(s.path == str(path) for s in swaps):
             _run(["swapoff", str(path)])
         path.unlink(missing_ok=True)
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpujitter.probes.events import OwnThreads
+from gpujitter.probes.host import HostPaths
+from gpujitter.probes.procfs import task_ids, task_stat_fields
 
 T = TypeVar("T")
 
@@ -89,10 +91,7 @@ class OwnScheduling:
         self._original: dict[int, tuple[int, int, set[int]]] = {}
 
     def tids(self) -> set[int]:
-        try:
-            return {int(t) for t in os.listdir(self.proc / str(self.pid) / "task")}
-        except OSError:
-            return {threading.get_native_id()}
+        return set(task_ids(HostPaths(proc=self.proc), self.pid)) or {threading.get_native_id()}
 
     def tend(self, now_ns: int) -> OwnThreads | None:
         tids = self.tids()
@@ -213,13 +212,10 @@ def thread_policies(proc: Path, pid: int) -> dict[int, tuple[str, int]]:
     """tid -> (policy, nice) of each thread of process pid, as /proc/PID/task/TID/stat says
     (policy: normal, fifo, rr, batch, idle, deadline)."""
     out: dict[int, tuple[str, int]] = {}
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(proc / str(pid) / "task"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = (proc / str(pid) / "task" / tid / "stat").read_text()
-                fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-                # fields[0] is stat's field 3 (state): nice is field 19, policy field 41
-                out[int(tid)] = (_POLICY_NAMES[int(fields[38])], int(fields[16]))
+    for tid in task_ids(HostPaths(proc=proc), pid):
+        with contextlib.suppress(OSError, ValueError, IndexError):  # gone, or cut short
+            fields = task_stat_fields((proc / str(pid) / "task" / str(tid) / "stat").read_bytes())
+            out[tid] = (_POLICY_NAMES[int(fields[38])], int(fields[16]))
     return out
 
 
@@ -229,10 +225,9 @@ _POLICY_NAMES = ("normal", "fifo", "rr", "batch", "iso", "idle", "deadline")
 def allowed_cpus(proc: Path, tgid: int) -> set[int]:
     """The CPUs any thread of process tgid may run on (empty when it is gone)."""
     cpus: set[int] = set()
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(proc / str(tgid) / "task"):
-            with contextlib.suppress(OSError):
-                cpus |= os.sched_getaffinity(int(tid))
+    for tid in task_ids(HostPaths(proc=proc), tgid):
+        with contextlib.suppress(OSError):
+            cpus |= os.sched_getaffinity(tid)
     return cpus
 
 

@@ -24,10 +24,6 @@ class Notifier:
         self._last_watchdog = 0.0
         self._sock: socket.socket | None = None
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.address)
-
     def send(self, *fields: str) -> bool:
         """Send KEY=VALUE lines in one datagram; False when not under systemd or it failed."""
         if not self.address:

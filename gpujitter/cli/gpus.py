@@ -10,13 +10,8 @@ from typing import Any
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.output import print_json, table
-from gpujitter.probes.host import (
-    HostPaths,
-    format_cpulist,
-    parse_cpulist,
-    read_name,
-    read_text,
-)
+from gpujitter.probes.host import HostPaths, format_cpulist, read_name
+from gpujitter.probes.topology import pci_device
 from gpujitter.text import printable
 
 
@@ -43,22 +38,22 @@ def add_nvml_source_args(p: argparse.ArgumentParser) -> None:
 def nvml_backend(args: argparse.Namespace) -> Any:
     """The backend chosen by --nvml-replay/--nvml-record: None means pynvml itself."""
     from gpujitter.errors import GpujitterError
-    from gpujitter.probes.gpu_record import Recorder, Replay
+    from gpujitter.probes.gpu_record import NvmlRecorder, NvmlReplay
 
     if args.nvml_replay is not None:
         try:
-            return Replay(args.nvml_replay)
+            return NvmlReplay(args.nvml_replay)
         except (OSError, ValueError) as err:
             raise GpujitterError(f"--nvml-replay {args.nvml_replay}: {err}") from None
     if args.nvml_record is not None:
-        return Recorder()
+        return NvmlRecorder()
     return None
 
 
 def save_recording(args: argparse.Namespace, backend: Any) -> None:
-    from gpujitter.probes.gpu_record import Recorder
+    from gpujitter.probes.gpu_record import NvmlRecorder
 
-    if isinstance(backend, Recorder):
+    if isinstance(backend, NvmlRecorder):
         backend.save(args.nvml_record, command=f"gpujitter {args.command}")
 
 
@@ -72,12 +67,9 @@ def describe_gpus(nvml: Any, paths: HostPaths) -> list[dict[str, Any]]:
         if info is None:
             out.append({"index": index, "problems": [nvml.why_not(index, "handle")]})
             continue
-        pci = paths.sys / "bus/pci/devices" / info.pci_bus_id
-        node = info.numa_node
-        if node is None:
-            sys_node = read_text(pci / "numa_node")
-            node = int(sys_node) if sys_node and int(sys_node) >= 0 else None
-        cpus = list(info.local_cpus) or parse_cpulist(read_text(pci / "local_cpulist") or "")
+        pci = pci_device(paths.sys / "bus/pci/devices" / info.pci_bus_id)
+        node = info.numa_node if info.numa_node is not None else pci.numa_node
+        cpus = list(info.local_cpus) or list(pci.local_cpus)
         procs = nvml.compute_processes(index)
         out.append(
             {
@@ -111,7 +103,7 @@ def describe_gpus(nvml: Any, paths: HostPaths) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     from gpujitter.errors import GpujitterError
-    from gpujitter.probes.gpu_record import ReplayMissing
+    from gpujitter.probes.gpu_record import NvmlReplayMissing
     from gpujitter.probes.nvml import NvmlUnavailable, open_nvml
 
     backend = nvml_backend(args)
@@ -128,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             gpus = describe_gpus(nvml, HostPaths())
             driver = nvml.driver_version()
-        except ReplayMissing as err:
+        except NvmlReplayMissing as err:
             # A recording made by another command (the daemon's sampler, `record`) holds
             # other calls than these.
             raise GpujitterError(

@@ -21,7 +21,7 @@ from gpujitter.daemon.service.idle_floors import FILE_NAME, IdleFloorStore
 from gpujitter.daemon.sinks.trace import TraceReader, TraceSet
 from gpujitter.probes import registry
 from gpujitter.probes.events import AllocSyscall, Event, OwnThreads, ProbeStatus
-from gpujitter.probes.gpu_record import Replay
+from gpujitter.probes.gpu_record import NvmlReplay
 from gpujitter.probes.nvml import Nvml
 from gpujitter.probes.topology import load_topology
 from tests.conftest import FIXTURES
@@ -133,7 +133,7 @@ def test_a_recording_holds_the_gpu_side_and_the_analysis_settings(tmp_path: Path
     # daemon's own recordings do.
     state = tmp_path / "state"
     state.mkdir()
-    IdleFloorStore(state / FILE_NAME, Nvml(Replay(nvml)).open().gpus(1)).save({0: 118.0})
+    IdleFloorStore(state / FILE_NAME, Nvml(NvmlReplay(nvml)).open().gpus(1)).save({0: 118.0})
     done = subprocess.run(
         [sys.executable, "-m", "gpujitter", "record", "-o", str(trace), "sched",
          "--pid", str(os.getpid()), "--nvml-replay", str(nvml), "--duration", "3s", "--json"],

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon.checks.audit import AuditContext, Evidence, Finding, GpuProcess, run_audit
-from gpujitter.daemon.checks.audit.processes import find_gpu_processes, keep_allocator_env
+from gpujitter.daemon.checks.audit import AuditContext, Finding, GpuProcess, Reading, run_audit
+from gpujitter.daemon.checks.audit.processes import find_gpu_processes
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import Nvml
 from gpujitter.probes.topology import Topology, load_topology
+from tests.fixtures.hosts.record import keep_allocator_env
 from tests.nvml_replay import ReplayBackend
-from tests.unit.conftest import MakeTree
+from tests.unit.conftest import HOSTS, MakeTree
 
 GOOD = ("two-node-gpu",)
 BAD = ("two-node-gpu", "two-node-gpu-bad")
@@ -37,9 +38,9 @@ def audit(
     return run_audit(AuditContext(paths=paths, topology=topo, processes=procs), [rule])
 
 
-def ev(paths: HostPaths, rel: str, value: str) -> Evidence:
+def ev(paths: HostPaths, rel: str, value: str) -> Reading:
     root = paths.proc.parent
-    return Evidence(str(root / rel), value)
+    return Reading(str(root / rel), value)
 
 
 # --- memory -------------------------------------------------------------------------------
@@ -401,7 +402,7 @@ def test_irq_affinity_against_an_override(host_tree: MakeTree, tmp_path: Path) -
         "block vda: handled on CPUs 1 (node 1), remote from its device on node 0",
         (
             ev(p, "proc/irq/36/effective_affinity_list", "1"),
-            Evidence(str(override), "[irqs] 36 = 0"),
+            Reading(str(override), "[irqs] 36 = 0"),
         ),
         "echo 0 > /proc/irq/36/smp_affinity_list",
     )
@@ -421,7 +422,7 @@ def test_persistence_from_nvml(host_tree: MakeTree, h200_nvml: ReplayBackend) ->
             "ok",
             "GPU 0 (0000:00:06.0)",
             "persistence mode on",
-            (Evidence("NVML nvmlDeviceGetPersistenceMode", "enabled"),),
+            (Reading("NVML nvmlDeviceGetPersistenceMode", "enabled"),),
         )
     ]
     topo = load_topology(p, nvml=Nvml(h200_nvml).open())
@@ -433,7 +434,7 @@ def test_persistence_from_nvml(host_tree: MakeTree, h200_nvml: ReplayBackend) ->
             "GPU 0 (0000:00:06.0)",
             "persistence mode off: when no process holds the GPU the driver unloads its state, "
             "and the next CUDA start takes a second or two",
-            (Evidence("NVML nvmlDeviceGetPersistenceMode", "disabled"),),
+            (Reading("NVML nvmlDeviceGetPersistenceMode", "disabled"),),
             "nvidia-smi -i 0 -pm 1",
         )
     ]
@@ -494,7 +495,7 @@ def test_no_gpu_process(host_tree: MakeTree) -> None:
             "GPU processes",
             "none found (no NVML compute process, no process with libcuda mapped); name one "
             "with --pid",
-            (Evidence(str(vm.proc / "*/maps"), "no libcuda.so"),),
+            (Reading(str(vm.proc / "*/maps"), "no libcuda.so"),),
         )
     ]
 
@@ -627,6 +628,18 @@ def test_allocator(host_tree: MakeTree) -> None:
     (plain,) = audit(defaults, "process.allocator")
     assert plain.severity == "info" and plain.message.startswith("jemalloc with default settings")
     assert plain.fix == f"MALLOC_CONF={JEMALLOC_CONF} <command>"
+
+
+def test_a_mapped_path_with_spaces_is_named_whole(host_tree: MakeTree) -> None:
+    """The maps reader keeps a path's spaces (the audit took the line's last word, and named
+    "libs/libjemalloc.so.2"); a libcuda and a GPU device under such paths are found too."""
+    maps = (HOSTS / "two-node-gpu/proc/4242/maps").read_text()
+    spaced = maps.replace("/usr/lib/x86_64-linux-gnu/", "/opt/my libs/")
+    paths = host_tree(*GOOD, files={"proc/4242/maps": spaced})
+    (finding,) = audit(paths, "process.allocator")
+    assert finding.evidence[0] == ev(paths, "proc/4242/maps", "/opt/my libs/libjemalloc.so.2")
+    (proc,) = [p for p in find_gpu_processes(paths, load_topology(paths)) if p.pid == 4242]
+    assert proc.found_by == "libcuda" and proc.gpus
 
 
 def test_recorded_environ_keeps_only_allocator_variables() -> None:

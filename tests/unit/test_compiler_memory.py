@@ -4,6 +4,7 @@ nothing of Python's, nor any mapping it wrote to."""
 from __future__ import annotations
 
 from gpujitter.probes.base import compiler_code
+from gpujitter.probes.procfs import parse_maps
 
 # /proc/PID/maps of a daemon after its compile (Debian's bcc: LLVM and clang as libraries).
 MAPS = """\
@@ -22,7 +23,7 @@ MAPS = """\
 
 
 def test_only_the_compilers_read_only_mappings_are_chosen() -> None:
-    assert compiler_code(MAPS) == [
+    assert compiler_code(parse_maps(MAPS)) == [
         (0x7F1A30000000, 0x800000),
         (0x7F1A30800000, 0x2800000),
         (0x7F1A34000000, 0x1000000),
@@ -32,4 +33,4 @@ def test_only_the_compilers_read_only_mappings_are_chosen() -> None:
 
 def test_a_file_named_like_the_compiler_in_a_path_is_not_the_compiler() -> None:
     line = "7f1a36000000-7f1a36100000 r-xp 00000000 fe:01 9 /opt/libLLVM-stuff/libfoo.so\n"
-    assert compiler_code(line) == []
+    assert compiler_code(parse_maps(line)) == []

@@ -13,11 +13,12 @@ from pathlib import Path
 # A child's own peak, before and after: the test process's would hide it.
 PEAK = """
 import resource, sys
-from gpujitter.probes.cuda import read_elf
+from gpujitter.probes.elf import ElfFile
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-image = read_elf(sys.argv[1])
+with ElfFile(sys.argv[1]) as elf:
+    functions = elf.exported_functions()
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(len(image.functions), (after - before) // 1024)
+print(len(functions), (after - before) // 1024)
 """
 
 

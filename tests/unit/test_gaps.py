@@ -28,6 +28,7 @@ from gpujitter.probes.events import (
     from_record,
 )
 from tests.conftest import FIXTURES
+from tests.fixtures.streams.synthetic import detect
 
 EVENTS = FIXTURES / "gaps" / "h200-proof-events.ndjson"
 # A drill's torch loop on the H200, 1 s before to 1.5 s after it started feeding, with no
@@ -52,7 +53,7 @@ def truth() -> list[dict]:
 def test_injected_stalls_are_found_within_2ms_and_clean_stretches_stay_clean(
     stream: list[Event], truth: list[dict]
 ) -> None:
-    gaps = GapDetector().feed_all(stream)
+    gaps = detect(stream)
     stalls = [t for t in truth if t["cmd"] in ("stall", "idle")]
     clean = [t for t in truth if t["cmd"] in ("clean", "busy")]
     assert len(stalls) == 12 and len(clean) == 14
@@ -70,15 +71,9 @@ def test_injected_stalls_are_found_within_2ms_and_clean_stretches_stay_clean(
     assert len(gaps) == len(stalls)
 
 
-def test_same_gaps_however_the_stream_is_fed(stream: list[Event]) -> None:
-    whole = GapDetector().feed_all(stream)
-    one_by_one: list = []
-    detector = GapDetector()
-    for ev in stream:
-        one_by_one += detector.feed(ev)
-    one_by_one += detector.flush()
-    assert one_by_one == whole
-    assert GapDetector().feed_all(stream) == whole
+def test_same_gaps_from_every_detector(stream: list[Event]) -> None:
+    whole = detect(stream)
+    assert whole and detect(stream) == whole  # nothing carries over between detectors
 
 
 def test_replay_command_prints_the_detectors_gaps(
@@ -86,14 +81,14 @@ def test_replay_command_prints_the_detectors_gaps(
 ) -> None:
     assert main(["gaps", "--replay-events", str(EVENTS), "--json"]) == 0
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    expected = GapDetector().feed_all(stream)
+    expected = detect(stream)
     assert [(p["ts_ns"], p["end_ns"], tuple(p["sources"])) for p in printed] == [
         (g.ts_ns, g.end_ns, g.sources) for g in expected
     ]
 
 
 def test_min_gap_is_configurable(stream: list[Event], truth: list[dict]) -> None:
-    gaps = GapDetector(GapConfig(min_gap_ns=30 * MS)).feed_all(stream)
+    gaps = detect(stream, GapDetector(GapConfig(min_gap_ns=30 * MS)))
     long_stalls = [t for t in truth if t["cmd"] in ("stall", "idle") and t["arg"] != "cpu20"]
     assert len(gaps) == len(long_stalls)  # the 20 ms CPU-bound steps drop out
 
@@ -135,18 +130,16 @@ def test_host_quiet_while_power_says_busy(stream: list[Event], truth: list[dict]
     t0, _, _ = clean_stretch(truth)
     pid = workload_pid(stream)
     start, end = t0 + 100 * MS, t0 + 200 * MS
-    after_launch = GapDetector().feed_all(
-        with_event(stream, quiet_launch(pid, start, end, "launch"))
-    )
+    after_launch = detect(with_event(stream, quiet_launch(pid, start, end, "launch")))
     assert not [g for g in after_launch if g.ts_ns == start]  # queued work may have run
-    after_sync = GapDetector().feed_all(with_event(stream, quiet_launch(pid, start, end, "sync")))
+    after_sync = detect(with_event(stream, quiet_launch(pid, start, end, "sync")))
     (gap,) = [g for g in after_sync if g.ts_ns == start]
     assert gap.confidence == 0.4  # drained, yet busy: a feeder the tracer does not see
 
 
 def test_without_nvml_host_side_gaps_stand_alone(stream: list[Event], truth: list[dict]) -> None:
     host_only = [e for e in stream if not isinstance(e, GpuSample | GpuProcesses)]
-    gaps = GapDetector().feed_all(host_only)
+    gaps = detect(host_only)
     assert gaps and all(g.gpu == UNKNOWN_GPU and g.sources == ("cuda",) for g in gaps)
     for t in (t for t in truth if t["cmd"] in ("stall", "idle")):
         (gap,) = [g for g in gaps if g.ts_ns < t["t1"] and t["t0"] < g.end_ns]
@@ -171,11 +164,7 @@ def test_a_gap_needs_every_feeder_of_the_gpu_quiet(stream: list[Event], truth: l
     before = stall["t0"] - 1_000 * MS
     events = with_event(events, quiet_launch(other, before - 2 * MS, before, "sync"))
     events = with_event(events, quiet_launch(other, mid, stall["t1"] + 5 * MS, "sync"))
-    (gap,) = [
-        g
-        for g in GapDetector().feed_all(events)
-        if g.ts_ns < stall["t1"] and stall["t0"] < g.end_ns
-    ]
+    (gap,) = [g for g in detect(events) if g.ts_ns < stall["t1"] and stall["t0"] < g.end_ns]
     assert gap.ts_ns == mid
     assert abs(gap.end_ns - stall["t1"]) <= 2 * MS  # where the workload launched again
     assert gap.tgids == (pid, other)
@@ -186,10 +175,10 @@ def test_a_gap_needs_every_feeder_of_the_gpu_quiet(stream: list[Event], truth: l
 
 def test_power_dips_while_syncs_wait_on_the_gpu_are_no_gap() -> None:
     dip = [from_record(orjson.loads(line)) for line in POWER_DIP.read_bytes().splitlines()]
-    assert not [g for g in GapDetector().feed_all(dip) if g.end_ns > POWER_DIP_GO_NS]
+    assert not [g for g in detect(dip) if g.end_ns > POWER_DIP_GO_NS]
     # Without the syncs (a feeder the tracer cannot see), the same samples are a power gap.
     unseen = [e for e in dip if not isinstance(e, CudaCall)]
-    (gap,) = GapDetector().feed_all(unseen)
+    (gap,) = detect(unseen)
     assert gap.sources == ("power",) and 60 * MS < gap.end_ns - gap.ts_ns < 100 * MS
 
 
@@ -207,7 +196,7 @@ def test_attached_under_a_busy_gpu_power_dips_are_no_gap() -> None:
     # Attached 100 ms into the drill's loop: the GPU never idled since, and its 80 ms dip
     # from ~720 W to ~490 W lies below the midpoint of the lowest and highest power seen.
     dip = [from_record(orjson.loads(line)) for line in POWER_DIP.read_bytes().splitlines()]
-    assert GapDetector().feed_all(nvml_only(dip, POWER_DIP_GO_NS + 100 * MS)) == []
+    assert detect(nvml_only(dip, POWER_DIP_GO_NS + 100 * MS)) == []
 
 
 def busy_before_idles(truth: list[dict], index: int) -> int:
@@ -220,7 +209,7 @@ def test_once_the_gpu_idled_real_gaps_are_found_by_power_alone(
 ) -> None:
     # Attached under load; 1.4 s later the workload idles 1.5 s (utilisation reads 0 %),
     # which shows the detector this GPU's idle power: the later stalls are found in power.
-    gaps = GapDetector().feed_all(nvml_only(stream, busy_before_idles(truth, 2)))
+    gaps = detect(nvml_only(stream, busy_before_idles(truth, 2)))
     later = [t for t in truth if t["cmd"] == "stall" and t["arg"] == "faults"]
     idle = next(t for t in truth if t["cmd"] == "idle" and t["t0"] > busy_before_idles(truth, 2))
     for t in [idle, *later]:
@@ -236,13 +225,13 @@ def test_a_floor_kept_from_a_previous_run_lets_power_find_real_gaps(
     # fault storms, the GPU really idle) show only in power.
     restart = busy_before_idles(truth, 3)
     previous = GapDetector()
-    previous.feed_all([e for e in stream if e.ts_ns < restart])
+    detect([e for e in stream if e.ts_ns < restart], previous)
     floors = previous.idle_floors()
     assert list(floors) == [0] and 110 < floors[0] < 130  # the H200's idle board power
-    assert GapDetector().feed_all(nvml_only(stream, restart)) == []  # not claimed unproven
-    gaps = GapDetector(idle_floors=floors).feed_all(nvml_only(stream, restart))
+    assert detect(nvml_only(stream, restart)) == []  # not claimed unproven
+    gaps = detect(nvml_only(stream, restart), GapDetector(idle_floors=floors))
     # The same gaps as a detector that ran all along.
-    always = GapDetector().feed_all(nvml_only(stream, 0))
+    always = detect(nvml_only(stream, 0))
     assert gaps == [g for g in always if g.ts_ns >= restart] and len(gaps) == 5
     for gap in gaps:
         assert gap.sources == ("power",)
@@ -320,8 +309,8 @@ def test_the_starved_gap_waits_for_the_off_cpu_intervals_however_the_rings_inter
     for i, ev in enumerate(events):
         late.append((i + 20 if isinstance(ev, OffCpu) else i, i, ev))
     reordered = [ev for _, _, ev in sorted(late, key=lambda t: (t[0], t[1]))]
-    assert GapDetector().feed_all(reordered) == GapDetector().feed_all(events)
-    assert len(GapDetector().feed_all(events)) == 3
+    assert detect(reordered) == detect(events)
+    assert len(detect(events)) == 3
 
 
 def spinning_sync_preempted(power_w: list[float]) -> list[Event]:
@@ -349,11 +338,11 @@ def test_a_spinning_sync_preempted_while_power_falls_idle_is_a_gap_placed_by_pow
     # The H200 case of issue 11: a hog preempted the training thread spinning in a sync for
     # ~290 ms; the GPU drained and idled ~250 ms. Power places the drain inside the preemption.
     watts = [700.0] * 3 + [120.0] * 12 + [700.0] * 3  # idle from 60 ms to 300 ms
-    (gap,) = GapDetector(idle_floors={0: 115.0}).feed_all(spinning_sync_preempted(watts))
+    (gap,) = detect(spinning_sync_preempted(watts), GapDetector(idle_floors={0: 115.0}))
     assert (gap.ts_ns, gap.end_ns) == (60 * MS, 300 * MS)
     assert gap.sources == ("cuda", "sched", "power") and gap.resolution_ns == 20 * MS
     # Busy all along (the hog ran while the queue still held work): no gap.
-    busy = GapDetector(idle_floors={0: 115.0}).feed_all(spinning_sync_preempted([700.0] * 18))
+    busy = detect(spinning_sync_preempted([700.0] * 18), GapDetector(idle_floors={0: 115.0}))
     assert busy == []
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from gpujitter.daemon.analysis.gaps import GapDetector
 from gpujitter.probes.events import CudaCall, Event, OffCpu
+from tests.fixtures.streams.synthetic import detect
 
 MS = 1_000_000
 PID = 4242
@@ -47,7 +48,7 @@ BEFORE, WOKEN, PREEMPTED, AFTER = (
 def test_a_starved_sync_is_found_whatever_order_its_intervals_arrived_in(
     order: list[OffCpu],
 ) -> None:
-    gaps = GapDetector().feed_all(woken_late(order))
+    gaps = detect(woken_late(order))
     assert [(g.ts_ns, g.end_ns, "sched" in g.sources) for g in gaps] == [(160 * MS, 200 * MS, True)]
 
 
@@ -57,6 +58,6 @@ def test_intervals_past_the_bound_go_oldest_arrival_first() -> None:
     from gpujitter.daemon.analysis.gaps import GapConfig
 
     detector = GapDetector(GapConfig(max_offcpu_per_thread=2))
-    assert detector.feed_all(woken_late([WOKEN, BEFORE, AFTER])) == []
+    assert detect(woken_late([WOKEN, BEFORE, AFTER]), detector) == []
     detector = GapDetector(GapConfig(max_offcpu_per_thread=2))
-    assert len(detector.feed_all(woken_late([BEFORE, AFTER, WOKEN]))) == 1
+    assert len(detect(woken_late([BEFORE, AFTER, WOKEN]), detector)) == 1

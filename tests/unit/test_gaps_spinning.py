@@ -20,6 +20,7 @@ from gpujitter.daemon.sinks.trace import TraceReader
 from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample, OffCpu, from_record
 from gpujitter.probes.topology import Topology
 from tests.conftest import FIXTURES
+from tests.fixtures.streams.synthetic import detect
 
 MS = 1_000_000
 PID, HOG, OUTSIDE = 4242, 777, 31337
@@ -123,7 +124,7 @@ def loop(
 
 def gaps_and_floors(events: list[Event]) -> tuple[list[GpuGap], dict[int, float]]:
     detector = GapDetector()
-    return detector.feed_all(events), detector.idle_floors()
+    return detect(events, detector), detector.idle_floors()
 
 
 def without_nvml(events: list[Event]) -> list[Event]:
@@ -403,7 +404,7 @@ def test_the_h200_real_jobs_trace_predates_the_late_sync_report() -> None:
     assert header.schema < (1, 7)
     syncs = [e for e in events if isinstance(e, CudaCall) and e.api == "sync"]
     assert syncs and all(e.after_idle_ns == 0 and e.dur_ns >= MS for e in syncs)
-    gaps = GapDetector().feed_all(events)
+    gaps = detect(events)
     found = [s["index"] for s in truth["stalls"]
              if any(g.ts_ns < s["t1_ns"] and s["t0_ns"] < g.end_ns for g in gaps)]  # fmt: skip
     assert found == [0]

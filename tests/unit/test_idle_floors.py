@@ -19,9 +19,10 @@ from gpujitter.daemon.analysis.records import Attribution
 from gpujitter.daemon.service.idle_floors import IdleFloorStore
 from gpujitter.daemon.sinks.trace import TraceWriter
 from gpujitter.probes.events import CudaCall, Event, from_record
-from gpujitter.probes.gpu_record import Replay
+from gpujitter.probes.gpu_record import NvmlReplay
 from gpujitter.probes.nvml import GpuInfo, Nvml
 from tests.conftest import FIXTURES
+from tests.fixtures.streams.synthetic import detect
 from tests.unit.trace_samples import header
 
 PROOF = FIXTURES / "gaps" / "h200-proof-events.ndjson"
@@ -31,7 +32,7 @@ MS = 1_000_000
 
 @pytest.fixture(scope="module")
 def h200() -> GpuInfo:
-    (gpu,) = Nvml(Replay(FIXTURES / "nvml" / "h200-idle.jsonl")).open().gpus(cpu_count=16)
+    (gpu,) = Nvml(NvmlReplay(FIXTURES / "nvml" / "h200-idle.jsonl")).open().gpus(cpu_count=16)
     return gpu
 
 
@@ -48,7 +49,7 @@ def restart() -> tuple[list[Event], list[Event]]:
 
 def learned(before: list[Event]) -> dict[int, float]:
     first = GapDetector()
-    first.feed_all(before)
+    detect(before, first)
     return first.idle_floors()
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from gpujitter.probes import registry
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.interrupts import read_table
-from gpujitter.probes.irq import HARDIRQ, SOFTIRQ, VECTOR, IrqProbe, IrqSource
+from gpujitter.probes.irq import HARDIRQ, SOFTIRQ, VECTOR, IrqId, IrqProbe
 from gpujitter.probes.topology import Topology
 
 
@@ -26,18 +26,18 @@ def test_proc_interrupts_lines_are_split_into_counts_and_names(fixtures: Path) -
 
 def test_sources_are_named_as_the_kernel_names_them() -> None:
     probe = IrqProbe(registry.get("irq"))
-    assert probe.name_of(IrqSource(SOFTIRQ, 0, 3)) == "NET_RX"
-    assert probe.name_of(IrqSource(SOFTIRQ, 0, 9)) == "RCU"
-    assert probe.name_of(IrqSource(VECTOR, 0, 236)) == "local_timer"
-    assert probe.name_of(IrqSource(VECTOR, 3, 251)) == "call_function_single"
+    assert probe.name_of(IrqId(SOFTIRQ, 0, 3)) == "NET_RX"
+    assert probe.name_of(IrqId(SOFTIRQ, 0, 9)) == "RCU"
+    assert probe.name_of(IrqId(VECTOR, 0, 236)) == "local_timer"
+    assert probe.name_of(IrqId(VECTOR, 3, 251)) == "call_function_single"
 
 
 def test_remote_means_device_node_known_and_not_the_handling_cpus() -> None:
     probe = IrqProbe(registry.get("irq"))
     probe.topology = Topology(cpu_node={0: 0, 1: 1}, irq_node={36: 1, 40: -1})
-    disk = IrqSource(HARDIRQ, 0, 36)
+    disk = IrqId(HARDIRQ, 0, 36)
     assert probe.remote(disk, cpu=0)
     assert not probe.remote(disk, cpu=1)
-    assert not probe.remote(IrqSource(HARDIRQ, 0, 40), cpu=0)  # device node unknown (-1)
-    assert not probe.remote(IrqSource(HARDIRQ, 0, 41), cpu=0)  # not in the map
-    assert not probe.remote(IrqSource(VECTOR, 0, 36), cpu=0)  # vectors have no device
+    assert not probe.remote(IrqId(HARDIRQ, 0, 40), cpu=0)  # device node unknown (-1)
+    assert not probe.remote(IrqId(HARDIRQ, 0, 41), cpu=0)  # not in the map
+    assert not probe.remote(IrqId(VECTOR, 0, 36), cpu=0)  # vectors have no device

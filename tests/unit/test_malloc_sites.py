@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from gpujitter.probes.elf import ENDBR64, ElfFile
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.malloc_sites import (
-    ENDBR64,
     ENTRY_POINTS,
-    ElfFile,
     Site,
     allocator_sites,
     file_mappings,

@@ -11,7 +11,7 @@ import pytest
 
 from gpujitter.cli import main
 from gpujitter.probes.events import GpuProcesses, GpuSample, ProbeStatus
-from gpujitter.probes.gpu_record import Replay
+from gpujitter.probes.gpu_record import NvmlReplay
 from gpujitter.probes.nvml import NvmlUnavailable, open_nvml
 from tests.conftest import FIXTURES
 from tests.unit.test_nvml_replay import IDLE, TRAINING, replay_sampler
@@ -21,7 +21,7 @@ NO_DRIVER = FIXTURES / "nvml" / "no-driver.jsonl"
 
 def test_no_driver_is_one_line_why() -> None:
     with pytest.raises(NvmlUnavailable) as err:
-        open_nvml(Replay(NO_DRIVER))
+        open_nvml(NvmlReplay(NO_DRIVER))
     assert str(err.value) == (
         "NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver on this node"
     )
@@ -50,7 +50,7 @@ def test_gpus_shows_placement_readings_and_problems(capsys: pytest.CaptureFixtur
 
 
 def test_no_gpu_listed_when_nvml_cannot_count_them() -> None:
-    nvml = open_nvml(Replay(IDLE, refuse={("nvmlDeviceGetCount", None)}))
+    nvml = open_nvml(NvmlReplay(IDLE, refuse={("nvmlDeviceGetCount", None)}))
     assert nvml.device_count() == 0
     assert nvml.gpus(cpu_count=16) == []
     assert nvml.problems[(None, "nvmlDeviceGetCount")] == "Not Supported"

@@ -14,7 +14,7 @@ import pytest
 from gpujitter.probes.events import GpuClockMap, GpuProcesses, GpuSample, ProbeStatus
 from gpujitter.probes.gpu import LAG_NS, GpuSampler
 from gpujitter.probes.gpu_clock import Observation, calibrate, offsets_from_header
-from gpujitter.probes.gpu_record import Replay, load
+from gpujitter.probes.gpu_record import NvmlReplay, load
 from gpujitter.probes.nvml import Nvml
 from tests.conftest import FIXTURES
 
@@ -29,8 +29,8 @@ def sample_reads(path: Path) -> int:
     return sum(1 for e in entries if e["fn"] == "nvmlDeviceGetSamples" and e["args"][0] == 0)
 
 
-def replay_sampler(path: Path, **replay_args: object) -> tuple[Replay, GpuSampler, list]:
-    replay = Replay(path, **replay_args)  # type: ignore[arg-type]
+def replay_sampler(path: Path, **replay_args: object) -> tuple[NvmlReplay, GpuSampler, list]:
+    replay = NvmlReplay(path, **replay_args)  # type: ignore[arg-type]
     events: list = []
     sampler = GpuSampler(
         Nvml(replay).open(),
@@ -43,7 +43,7 @@ def replay_sampler(path: Path, **replay_args: object) -> tuple[Replay, GpuSample
 
 
 @pytest.fixture(scope="module")
-def training() -> tuple[Replay, GpuSampler, list]:
+def training() -> tuple[NvmlReplay, GpuSampler, list]:
     replay, sampler, events = replay_sampler(TRAINING)
     sampler.start()
     for _ in range(sample_reads(TRAINING) - 1):
@@ -140,7 +140,7 @@ def test_status_reports_what_the_h200_could_not_give(training) -> None:
 
 
 def test_gpu_identity_from_the_idle_recording() -> None:
-    nvml = Nvml(Replay(IDLE)).open()
+    nvml = Nvml(NvmlReplay(IDLE)).open()
     (gpu,) = nvml.gpus(cpu_count=16)
     assert gpu.name == "NVIDIA H200"
     assert gpu.pci_bus_id == "0000:00:06.0"

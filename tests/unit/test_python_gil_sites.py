@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.probes.malloc_sites import ElfFile
+from gpujitter.probes.elf import ElfFile
 from gpujitter.probes.python_gil import CALLERS, NO_GIL_PROBE, TAKER, acquire_site, call_targets
 
 PYENV = Path("/root/.pyenv/versions")

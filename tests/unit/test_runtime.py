@@ -29,7 +29,7 @@ from gpujitter.daemon.sinks.trace import TraceReader
 from gpujitter.probes.events import Event, Migration, to_record
 from gpujitter.probes.gpu import GpuSampler
 from gpujitter.probes.gpu_clock import offsets_from_header
-from gpujitter.probes.gpu_record import Replay
+from gpujitter.probes.gpu_record import NvmlReplay
 from gpujitter.probes.nvml import GpuInfo, Nvml
 from gpujitter.probes.topology import load_topology
 from gpujitter.tui.model import NodeModel
@@ -42,7 +42,7 @@ TRAINING = FIXTURES / "nvml" / "h200-training.jsonl"
 def h200_stretch() -> tuple[list[GpuInfo], list[Event]]:
     """The NVML sampler's events over a whole recorded H200 training session, polled as
     often as the real session read its rings."""
-    replay = Replay(TRAINING)
+    replay = NvmlReplay(TRAINING)
     nvml = Nvml(replay).open()
     events: list[Event] = []
     sampler = GpuSampler(nvml, events.append, cpu_count=16,

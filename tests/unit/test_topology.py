@@ -7,7 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from gpujitter.probes.host import HostPaths, record_tree
+from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import Nvml
 from gpujitter.probes.topology import (
     TREE,
@@ -17,7 +17,10 @@ from gpujitter.probes.topology import (
     IdleState,
     Topology,
     load_topology,
+    pci_device,
+    read_pci,
 )
+from tests.fixtures.hosts.record import record_tree
 from tests.nvml_replay import ReplayBackend
 from tests.unit.conftest import MakeTree
 
@@ -187,3 +190,16 @@ def test_a_recorded_live_tree_reads_as_the_live_host(tmp_path: Path) -> None:
     copy = load_topology(HostPaths.under(tree), nvml=False)
     assert still(copy) == after
     assert [v.name for v in copy.vectors] == [v.name for v in load_topology(nvml=False).vectors]
+
+
+def test_one_pci_function_reads_as_the_whole_bus_reads_it() -> None:
+    """pci_device is the one reader of a PCI function's folder (topology and `gpus` use it):
+    a node the kernel does not know (-1) is None, and a folder that is not there reads as
+    unknown."""
+    paths = HostPaths.under(Path(__file__).parents[1] / "fixtures" / "hosts" / "h200-vm")
+    whole = read_pci(paths)
+    gpu = pci_device(paths.sys / "bus/pci/devices/0000:00:06.0")
+    assert gpu == whole["0000:00:06.0"]
+    assert gpu.numa_node is None and gpu.local_cpus == tuple(range(16))
+    gone = pci_device(paths.sys / "bus/pci/devices/0000:ff:00.0")
+    assert (gone.numa_node, gone.local_cpus, gone.irqs) == (None, (), ())

@@ -33,7 +33,6 @@ from gpujitter.probes.workload import (
     label,
     matches_pod,
     matches_slurm_job,
-    workload_of,
 )
 from gpujitter.tui import decode
 from gpujitter.tui.text import WallClock
@@ -143,7 +142,7 @@ def _cgroup(pid: int, text: str) -> dict[str, str]:
 )
 def test_layouts(host_tree: MakeTree, cgroup: str, runtime_files: dict, want: Workload | None):
     paths = host_tree(files={**_cgroup(4121, cgroup), **runtime_files})
-    assert workload_of(4121, paths) == want
+    assert WorkloadReader(paths).of(4121) == want
 
 
 def test_gone_process_and_bad_runtime_file(host_tree: MakeTree):
@@ -153,8 +152,8 @@ def test_gone_process_and_bad_runtime_file(host_tree: MakeTree):
             f"var/lib/docker/containers/{CID}/config.v2.json": "{not json",
         }
     )
-    assert workload_of(99, paths) is None
-    assert workload_of(7, paths) == Workload("container", CID, "docker")
+    assert WorkloadReader(paths).of(99) is None
+    assert WorkloadReader(paths).of(7) == Workload("container", CID, "docker")
 
 
 def test_pod_names_filled_in_once_the_runtime_writes_them(host_tree: MakeTree):

@@ -23,10 +23,10 @@ from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import Event, ProbeStatus, to_record
 from gpujitter.probes.host import HostPaths
+from gpujitter.probes.procstat import ProcCpuSampler
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.tui.sources import Receiver, Source
-from gpujitter.tui.sources.procstat import ProcCpuSampler
 from gpujitter.tui.sources.streamed import StreamRecords
 
 # Probes whose cpu.stats halves replace the kernel counters' (interrupts; idle residency).

@@ -54,12 +54,12 @@ class Cause(abc.ABC):
 
     @abc.abstractmethod
     def claim(
-        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+        self, seg: Segment, remaining: int, divider: Divider, depth: int, path: frozenset[int]
     ) -> int:
-        """Take time from the segment (at most `remaining`) into ctx's tally; return it."""
+        """Take time from the segment (at most `remaining`) into divider's tally; return it."""
 
     @abc.abstractmethod
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
         """What the claimed items show, for the attribution's part."""
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
@@ -126,12 +126,12 @@ class ExactCause(Cause):
     kind: ClassVar[str]
 
     def claim(
-        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+        self, seg: Segment, remaining: int, divider: Divider, depth: int, path: frozenset[int]
     ) -> int:
         spans = seg.active[self.kind]
         if not spans:
             return 0
-        ctx.add(self.name, seg.tl.tid, spans[0], remaining)
+        divider.add(self.name, seg.tl.tid, spans[0], remaining)
         return remaining
 
 
@@ -143,15 +143,15 @@ class WindowedCause(Cause):
     kind: ClassVar[str]
 
     def claim(
-        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+        self, seg: Segment, remaining: int, divider: Divider, depth: int, path: frozenset[int]
     ) -> int:
         if seg.off is not None:
             return 0
         got = 0
         for span in seg.active[self.kind]:
-            share = ctx.share(seg.tl, span, span.event.total_ns, seg.start, seg.end)
+            share = divider.share(seg.tl, span, span.event.total_ns, seg.start, seg.end)
             ns = min(remaining - got, share)
-            ctx.add(self.name, seg.tl.tid, span, ns)
+            divider.add(self.name, seg.tl.tid, span, ns)
             got += max(0, ns)
         seg.oncpu_claimed += got
         return got
@@ -161,7 +161,7 @@ class MajorFaultCause(ExactCause):
     def detail(self, part: Part, attr: Attribution) -> str:
         return _fault_detail(part, attr)
 
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
         spans = sorted({id(s): s for _, s, _ in items}.values(), key=lambda s: s.start)
         return (
             FaultEvidence(
@@ -169,7 +169,7 @@ class MajorFaultCause(ExactCause):
                 count=len(spans),
                 ns=_ns(items),
                 cpus=tuple(sorted({s.event.cpu for s in spans})),
-                addresses=tuple(s.event.address for s in spans[: ctx.config.max_addresses]),
+                addresses=tuple(s.event.address for s in spans[: divider.config.max_addresses]),
             ),
         )
 
@@ -200,11 +200,11 @@ class IrqTime(WindowedCause):
     colour = "#d7af00"
     kind = "irq"
 
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
         out = []
         for group in _group(items, lambda s: (s.event.irq_kind, s.event.irq, s.event.name)):
             ev: IrqStolen = group[0][1].event
-            device = ctx.topology.irq_node.get(ev.irq, -1) if ev.irq_kind == "hardirq" else -1
+            device = divider.topology.irq_node.get(ev.irq, -1) if ev.irq_kind == "hardirq" else -1
             out.append(
                 IrqEvidence(
                     irq_kind=ev.irq_kind,
@@ -214,7 +214,7 @@ class IrqTime(WindowedCause):
                     count=_scaled_count(group),
                     ns=_ns(group),
                     device_node=device,
-                    remote_to_gpu=device >= 0 and ctx.remote(device),
+                    remote_to_gpu=device >= 0 and divider.remote(device),
                     handled_remote=any(span.event.remote for _, span, _ in group),
                 )
             )
@@ -241,7 +241,7 @@ class MinorFaultTime(WindowedCause):
     colour = "#afaf5f"
     kind = "minor"
 
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
         return (
             FaultEvidence(
                 kind="minor", count=_scaled_count(items), ns=_ns(items), cpus=_cpus(items)
@@ -267,13 +267,13 @@ class IdleWakeDelay(ExactCause):
     kind = "idle"
 
     def claim(
-        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+        self, seg: Segment, remaining: int, divider: Divider, depth: int, path: frozenset[int]
     ) -> int:
         if seg.off is not None and seg.runq and seg.off.event.other_tid > 0:
             return 0
-        return super().claim(seg, remaining, ctx, depth, path)
+        return super().claim(seg, remaining, divider, depth, path)
 
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
         out = []
         for group in _group(items, lambda s: (s.event.state, s.event.state_name)):
             ev = group[0][1].event
@@ -299,7 +299,7 @@ class IdleWakeDelay(ExactCause):
         return remedies.idle_wake(top, ctx)
 
 
-def cross_node_migrations(tl: Timeline, a: int, b: int, ctx: Divider) -> list[Span]:
+def cross_node_migrations(tl: Timeline, a: int, b: int, divider: Divider) -> list[Span]:
     return [m for m in tl.overlapping("migration", a, b + 1) if m.event.cross_node]
 
 
@@ -309,25 +309,27 @@ class RunqWait(Cause):
     colour = "#af5fd7"
 
     def claim(
-        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+        self, seg: Segment, remaining: int, divider: Divider, depth: int, path: frozenset[int]
     ) -> int:
         if seg.off is None or not seg.runq:
             return 0
-        ctx.add(self.name, seg.tl.tid, seg.off, remaining)
+        divider.add(self.name, seg.tl.tid, seg.off, remaining)
         return remaining
 
-    def _migrations(self, tid: int, span: Span, ctx: Divider) -> list[Span]:
+    def _migrations(self, tid: int, span: Span, divider: Divider) -> list[Span]:
         """Cross-node migrations that led into this wait: while it was off CPU, or shortly
         before (config.migration_window_ns)."""
-        tl = ctx.timelines[tid]
-        return cross_node_migrations(tl, span.start - ctx.config.migration_window_ns, span.end, ctx)
+        tl = divider.timelines[tid]
+        return cross_node_migrations(
+            tl, span.start - divider.config.migration_window_ns, span.end, divider
+        )
 
-    def _after_migration(self, tid: int, span: Span, ctx: Divider) -> bool:
+    def _after_migration(self, tid: int, span: Span, divider: Divider) -> bool:
         ev: OffCpu = span.event
-        moved = ctx.node_of(ev.cpu) != ctx.node_of(ev.cpu_in)
-        return moved or bool(self._migrations(tid, span, ctx))
+        moved = divider.node_of(ev.cpu) != divider.node_of(ev.cpu_in)
+        return moved or bool(self._migrations(tid, span, divider))
 
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
         tasks = []
         for group in _group(items, lambda s: (s.event.other_tid, s.event.other_comm)):
             ev = group[0][1].event
@@ -336,17 +338,17 @@ class RunqWait(Cause):
                     tid=ev.other_tid,
                     comm=ev.other_comm,
                     tgid=ev.other_tgid,
-                    workload=ctx.workloads.get(ev.other_tgid, ""),
+                    workload=divider.workloads.get(ev.other_tgid, ""),
                     cpus=_cpus(group, "cpu_in"),
                     count=_spans(group),
                     ns=_ns(group),
-                    after_migration=any(self._after_migration(t, s, ctx) for t, s, _ in group),
+                    after_migration=any(self._after_migration(t, s, divider) for t, s, _ in group),
                 )
             )
         moves = {
             (m.start, m.event.tid): m.event
             for tid, span, _ in items
-            for m in self._migrations(tid, span, ctx)
+            for m in self._migrations(tid, span, divider)
         }
         return _largest_first(tasks, lambda e: (e.tid, e.comm)) + migration_evidence(moves)
 
@@ -387,7 +389,7 @@ class AllocStall(ExactCause):
     colour = "#d75faf"
     kind = "alloc"
 
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
         out = []
         for group in _group(items, _alloc_call):
             spans = {id(span): span.event for _, span, _ in group}.values()
@@ -431,15 +433,15 @@ class IoWait(Cause):
     colour = "#00afaf"
 
     def claim(
-        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+        self, seg: Segment, remaining: int, divider: Divider, depth: int, path: frozenset[int]
     ) -> int:
         if seg.off is None or seg.runq or not seg.off.event.io_dev:
             return 0
-        ctx.add(self.name, seg.tl.tid, seg.off, remaining)
+        divider.add(self.name, seg.tl.tid, seg.off, remaining)
         return remaining
 
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
-        disks = {d.dev: d for d in ctx.topology.devices if d.dev}
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
+        disks = {d.dev: d for d in divider.topology.devices if d.dev}
         out = []
         key = lambda s: (s.event.io_dev, s.event.io_op, s.event.syscall)  # noqa: E731
         for group in _group(items, key):
@@ -453,11 +455,11 @@ class IoWait(Cause):
                     name=disk.name if disk else "",
                     node=node,
                     op=ev.io_op,
-                    syscall=syscall_name(ev.syscall, ctx.config.syscall_abi),
+                    syscall=syscall_name(ev.syscall, divider.config.syscall_abi),
                     count=len(spans),
                     ns=_ns(group),
                     bytes=sum(e.io_bytes for e in spans),
-                    remote_to_gpu=node >= 0 and ctx.remote(node),
+                    remote_to_gpu=node >= 0 and divider.remote(node),
                 )
             )
         return _largest_first(out, lambda e: (e.dev, e.op, e.syscall))
@@ -491,7 +493,7 @@ class Blocked(Cause):
     colour = "#5f87af"
 
     def claim(
-        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+        self, seg: Segment, remaining: int, divider: Divider, depth: int, path: frozenset[int]
     ) -> int:
         if seg.off is None or seg.runq:
             return 0
@@ -500,32 +502,32 @@ class Blocked(Cause):
         waker = ev.waker_tid
         if (
             ev.state == "sleeping"
-            and syscall_name(ev.syscall, ctx.config.syscall_abi) not in SLEEPS
+            and syscall_name(ev.syscall, divider.config.syscall_abi) not in SLEEPS
             and waker not in (0, tid)
             and waker not in path
-            and waker in ctx.timelines
-            and ctx.can_follow(depth)
+            and waker in divider.timelines
+            and divider.can_follow(depth)
             and remaining == seg.end - seg.start
         ):
-            got = ctx.divide(
+            got = divider.divide(
                 waker, seg.start, seg.end, depth=depth + 1, path=path | {tid}, explain_only=True
             )
             if got:
-                ctx.followed(waker, tid, depth + 1, got)
+                divider.followed(waker, tid, depth + 1, got)
             remaining -= got
-            ctx.add(self.name, tid, seg.off, remaining)
+            divider.add(self.name, tid, seg.off, remaining)
             return got + remaining
-        ctx.add(self.name, tid, seg.off, remaining)
+        divider.add(self.name, tid, seg.off, remaining)
         return remaining
 
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
         out = []
         for group in _group(items, lambda s: (s.event.state, s.event.syscall)):
             ev = group[0][1].event
             out.append(
                 SyscallEvidence(
                     state=ev.state,
-                    syscall=syscall_name(ev.syscall, ctx.config.syscall_abi),
+                    syscall=syscall_name(ev.syscall, divider.config.syscall_abi),
                     nr=ev.syscall,
                     count=_spans(group),
                     ns=_ns(group),
@@ -555,7 +557,7 @@ class GcPauseTime(Cause):
     colour = "#87875f"
 
     def claim(
-        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+        self, seg: Segment, remaining: int, divider: Divider, depth: int, path: frozenset[int]
     ) -> int:
         spans = seg.active["gc"]
         if not spans or seg.off is not None:
@@ -563,15 +565,15 @@ class GcPauseTime(Cause):
         take = remaining
         if seg.active["nodetime"]:
             take = 0
-            split = oncpu_split(seg, remaining, ctx)
+            split = oncpu_split(seg, remaining, divider)
             for i, (node, cpu, ns) in enumerate(split):
                 got = min(ns, remaining - take)
                 split[i] = (node, cpu, ns - got)  # what stays for the on-CPU causes
                 take += got
-        ctx.add(self.name, seg.tl.tid, spans[0], take)
+        divider.add(self.name, seg.tl.tid, spans[0], take)
         return take
 
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
         out = []
         for group in _group(items, lambda s: s.event.generation):
             events = {id(span): span.event for _, span, _ in group}.values()
@@ -615,22 +617,24 @@ class GilWaitTime(Cause):
     colour = "#af875f"
 
     def claim(
-        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+        self, seg: Segment, remaining: int, divider: Divider, depth: int, path: frozenset[int]
     ) -> int:
         spans = seg.active["gil"]
         if not spans or (seg.off is not None and seg.runq):
             return 0
-        ctx.add(self.name, seg.tl.tid, (spans[0], seg.start, seg.end), remaining)
+        divider.add(self.name, seg.tl.tid, (spans[0], seg.start, seg.end), remaining)
         return remaining
 
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
         out = []
         holder = lambda k: (k[0].event.holder_tid, k[0].event.holder_comm)  # noqa: E731
         for group in _group(items, holder):
             events = {id(span): span.event for _, (span, _, _), _ in group}.values()
             tid, comm = holder(group[0][1])
             own, frames = (
-                holder_time(ctx, tid, [(s, e) for _, (_, s, e), _ in group]) if tid else ({}, {})
+                holder_time(divider, tid, [(s, e) for _, (_, s, e), _ in group])
+                if tid
+                else ({}, {})
             )
             top = max(sorted(own.items()), key=lambda c: c[1], default=("", 0))
             func, file, line = max(sorted(frames), key=frames.__getitem__, default=("", "", 0))
@@ -664,25 +668,25 @@ class GilWaitTime(Cause):
 
 
 def holder_time(
-    ctx: Divider, tid: int, stretches: list[tuple[int, int]]
+    divider: Divider, tid: int, stretches: list[tuple[int, int]]
 ) -> tuple[dict[str, int], dict[tuple[str, str, int], int]]:
     """Thread tid's own time over the stretches, by cause, divided apart from the gap's
     tally out of the same analysis budget; and the Python frames sampled in its host work
     there, with their counts."""
     scratch = Divider(
-        ctx.timelines, ctx.topology, ctx.gpu_node, ctx.config, ctx.causes, ctx.gap_end,
-        follow_budget=ctx.follow_left, workloads=ctx.workloads,
+        divider.timelines, divider.topology, divider.gpu_node, divider.config, divider.causes,
+        divider.gap_end, follow_budget=divider.follow_left, workloads=divider.workloads,
     )  # fmt: skip
     for a, b in stretches:
         scratch.divide(tid, a, b)
-    ctx.follow_left = scratch.follow_left
+    divider.follow_left = scratch.follow_left
     out: dict[str, int] = {}
     for (cause, _, _), ns in scratch.tally.claims.items():
         out[cause] = out.get(cause, 0) + ns
     return out, sampled_frames(HostWork.name, [tid], scratch)
 
 
-def oncpu_split(seg: Segment, remaining: int, ctx: Divider) -> list[tuple[int, int, int]]:
+def oncpu_split(seg: Segment, remaining: int, divider: Divider) -> list[tuple[int, int, int]]:
     """The segment's on-CPU time as (node, cpu, ns): the per-node on-CPU windows' uniform
     share, less what IRQs and faults already took (they ran on CPU too). The node is the
     one of the CPU the thread was last placed on when the windows confirm that node, else the
@@ -696,7 +700,7 @@ def oncpu_split(seg: Segment, remaining: int, ctx: Divider) -> list[tuple[int, i
     per_node: dict[int, int] = {}
     total = 0
     for w in windows:
-        ns = ctx.share(seg.tl, w, sum(n for _, n in w.event.node_ns), seg.start, seg.end)
+        ns = divider.share(seg.tl, w, sum(n for _, n in w.event.node_ns), seg.start, seg.end)
         total += ns
         for node, n in w.event.node_ns:
             per_node[node] = per_node.get(node, 0) + n
@@ -704,8 +708,8 @@ def oncpu_split(seg: Segment, remaining: int, ctx: Divider) -> list[tuple[int, i
     if budget == 0:
         return seg.oncpu
     cpu = seg.tl.cpu_at(seg.start)
-    if cpu is not None and per_node.get(ctx.node_of(cpu), 0) > 0:
-        seg.oncpu = [(ctx.node_of(cpu), cpu, budget)]
+    if cpu is not None and per_node.get(divider.node_of(cpu), 0) > 0:
+        seg.oncpu = [(divider.node_of(cpu), cpu, budget)]
         return seg.oncpu
     weight = sum(per_node.values())
     done = 0
@@ -723,17 +727,17 @@ class OnCpuCause(Cause):
     remote: ClassVar[bool]
 
     def claim(
-        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+        self, seg: Segment, remaining: int, divider: Divider, depth: int, path: frozenset[int]
     ) -> int:
         got = 0
-        for node, cpu, ns in oncpu_split(seg, remaining, ctx):
-            if ctx.remote(node) == self.remote:
+        for node, cpu, ns in oncpu_split(seg, remaining, divider):
+            if divider.remote(node) == self.remote:
                 take = min(ns, remaining - got)
-                ctx.add(self.name, seg.tl.tid, (node, cpu), take)
+                divider.add(self.name, seg.tl.tid, (node, cpu), take)
                 got += take
         return got
 
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
         nodes: dict[int, tuple[set[int], int]] = {}
         for _, (node, cpu), ns in items:
             cpus, total = nodes.get(node, (set(), 0))
@@ -755,16 +759,16 @@ class RemoteOnCpu(OnCpuCause):
     colour = "#ff5f00"
     remote = True
 
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
         """Nodes, and the cross-node migrations that put the threads there (the last one of
         each thread before its remote time)."""
         moves = {}
         for tid in sorted({tid for tid, _, _ in items}):
-            cross = cross_node_migrations(ctx.timelines[tid], 0, ctx.gap_end, ctx)
-            remote = [m for m in cross if ctx.remote(m.event.dst_node)]
+            cross = cross_node_migrations(divider.timelines[tid], 0, divider.gap_end, divider)
+            remote = [m for m in cross if divider.remote(m.event.dst_node)]
             if remote:
                 moves[(remote[-1].start, tid)] = remote[-1].event
-        return super().evidence(items, ctx) + migration_evidence(moves)
+        return super().evidence(items, divider) + migration_evidence(moves)
 
     def detail(self, part: Part, attr: Attribution) -> str:
         nodes = _top(part, NodeEvidence)
@@ -785,15 +789,15 @@ class HostWork(OnCpuCause):
     remote = False
 
     def claim(
-        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+        self, seg: Segment, remaining: int, divider: Divider, depth: int, path: frozenset[int]
     ) -> int:
-        got = super().claim(seg, remaining, ctx, depth, path)
+        got = super().claim(seg, remaining, divider, depth, path)
         if got:
-            ctx.note(self.name, seg.tl.tid, seg.tl.overlapping("pysample", seg.start, seg.end))
+            divider.note(self.name, seg.tl.tid, seg.tl.overlapping("pysample", seg.start, seg.end))
         return got
 
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
-        return super().evidence(items, ctx) + frame_evidence(self.name, items, ctx)
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
+        return super().evidence(items, divider) + frame_evidence(self.name, items, divider)
 
     def remedy(self, part: Part, ctx: RemedyContext) -> str | None:
         return remedies.host_work_hint()
@@ -806,10 +810,10 @@ class HostWork(OnCpuCause):
 TOP_FRAMES = 3
 
 
-def frame_evidence(cause: str, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+def frame_evidence(cause: str, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
     """The functions most sampled in a part's time (the others are left out; `of` still
     counts them), each with the part's time in proportion."""
-    counts = sampled_frames(cause, sorted({tid for tid, _, _ in items}), ctx)
+    counts = sampled_frames(cause, sorted({tid for tid, _, _ in items}), divider)
     total = sum(counts.values())
     ns = _ns(items)
     top = sorted(counts.items(), key=lambda kc: (-kc[1], kc[0]))[:TOP_FRAMES]
@@ -819,11 +823,13 @@ def frame_evidence(cause: str, items: list[Claimed], ctx: Divider) -> tuple[Evid
     )
 
 
-def sampled_frames(cause: str, tids: list[int], ctx: Divider) -> dict[tuple[str, str, int], int]:
+def sampled_frames(
+    cause: str, tids: list[int], divider: Divider
+) -> dict[tuple[str, str, int], int]:
     """(function, file, line) -> how many of the threads' samples the cause's time held."""
     counts: dict[tuple[str, str, int], int] = {}
     for tid in tids:
-        for span in ctx.notes.get((cause, tid), ()):
+        for span in divider.notes.get((cause, tid), ()):
             key = (span.event.func, span.event.file, span.event.line)
             counts[key] = counts.get(key, 0) + 1
     return counts
@@ -841,7 +847,7 @@ class Unexplained(Cause):
     colour = "#808080"
 
     def claim(
-        self, seg: Segment, remaining: int, ctx: Divider, depth: int, path: frozenset[int]
+        self, seg: Segment, remaining: int, divider: Divider, depth: int, path: frozenset[int]
     ) -> int:
         if seg.start < seg.tl.horizon:
             reason = "evicted"
@@ -849,10 +855,10 @@ class Unexplained(Cause):
             reason = "short_offcpu"
         else:
             reason = "no_data"
-        ctx.add(self.name, seg.tl.tid, (reason,), remaining)
+        divider.add(self.name, seg.tl.tid, (reason,), remaining)
         return remaining
 
-    def evidence(self, items: list[Claimed], ctx: Divider) -> tuple[Evidence, ...]:
+    def evidence(self, items: list[Claimed], divider: Divider) -> tuple[Evidence, ...]:
         reasons: dict[str, int] = {}
         for _, (reason,), ns in items:
             reasons[reason] = reasons.get(reason, 0) + ns

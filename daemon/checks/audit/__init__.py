@@ -13,9 +13,9 @@ from gpujitter.daemon.checks.audit.model import (
     RULES,
     SEVERITIES,
     AuditContext,
-    Evidence,
     Finding,
     GpuProcess,
+    Reading,
     Severity,
 )
 from gpujitter.errors import GpujitterError
@@ -40,9 +40,9 @@ __all__ = [
     "RULES",
     "SEVERITIES",
     "AuditContext",
-    "Evidence",
     "Finding",
     "GpuProcess",
+    "Reading",
     "Severity",
     "run_audit",
 ]

@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from gpujitter.daemon.analysis import remedies
-from gpujitter.daemon.checks.audit.model import AuditContext, Evidence, Finding, rule
+from gpujitter.daemon.checks.audit.model import AuditContext, Finding, Reading, rule
 from gpujitter.probes.host import format_cpulist, read_text
 from gpujitter.probes.topology import IdleState
 
@@ -16,7 +16,7 @@ from gpujitter.probes.topology import IdleState
 def governor(ctx: AuditContext) -> Iterator[Finding]:
     base = ctx.paths.sys / "devices/system/cpu"
     by_governor: dict[str, list[int]] = defaultdict(list)
-    evidence: dict[str, Evidence] = {}
+    evidence: dict[str, Reading] = {}
     for cpu in ctx.topology.cpus:
         text, ev = ctx.read(base / f"cpu{cpu}/cpufreq/scaling_governor")
         if text is not None:
@@ -99,7 +99,7 @@ def idle_states(ctx: AuditContext) -> Iterator[Finding]:
             "cpuidle",
             f"driver {idle.driver}: deepest enabled state "
             f"{deepest.name if deepest else 'none'} exits in {latency} us (<= {bound} us)",
-            (Evidence(str(base / "cpuidle/current_driver"), idle.driver),),
+            (Reading(str(base / "cpuidle/current_driver"), idle.driver),),
         )
         return
     listed = ", ".join(
@@ -107,7 +107,7 @@ def idle_states(ctx: AuditContext) -> Iterator[Finding]:
         for name, cpus in deep.items()
     )
     evidence = tuple(
-        Evidence(
+        Reading(
             str(base / f"cpu{cpus[0]}/cpuidle/state{shown[name].index}/latency"),
             str(shown[name].exit_latency_us),
         )

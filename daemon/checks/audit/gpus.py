@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from gpujitter.daemon.analysis import remedies
 from gpujitter.daemon.checks.audit.irqs import pids_named
-from gpujitter.daemon.checks.audit.model import AuditContext, Evidence, Finding, rule
+from gpujitter.daemon.checks.audit.model import AuditContext, Finding, Reading, rule
 
 
 @rule("gpu.persistence")
@@ -19,7 +19,7 @@ def persistence(ctx: AuditContext) -> Iterator[Finding]:
             "info",
             "GPUs",
             f"no NVIDIA GPU found ({ctx.topology.gpu_source})",
-            (Evidence(str(ctx.paths.sys / "bus/pci/devices"), "no NVIDIA display/3D device"),),
+            (Reading(str(ctx.paths.sys / "bus/pci/devices"), "no NVIDIA display/3D device"),),
         )
         return
     daemon = pids_named(ctx, "nvidia-persistenced")
@@ -31,7 +31,7 @@ def persistence(ctx: AuditContext) -> Iterator[Finding]:
                 "ok",
                 subject,
                 "persistence mode on",
-                (Evidence("NVML nvmlDeviceGetPersistenceMode", "enabled"),),
+                (Reading("NVML nvmlDeviceGetPersistenceMode", "enabled"),),
             )
         elif g.persistence_mode is False:
             yield Finding(
@@ -40,7 +40,7 @@ def persistence(ctx: AuditContext) -> Iterator[Finding]:
                 subject,
                 "persistence mode off: when no process holds the GPU the driver unloads its "
                 "state, and the next CUDA start takes a second or two",
-                (Evidence("NVML nvmlDeviceGetPersistenceMode", "disabled"),),
+                (Reading("NVML nvmlDeviceGetPersistenceMode", "disabled"),),
                 remedies.gpu_persistence(g.index if g.index is not None else g.bus_id),
             )
         elif daemon:
@@ -49,7 +49,7 @@ def persistence(ctx: AuditContext) -> Iterator[Finding]:
                 "ok",
                 subject,
                 f"nvidia-persistenced is running (pid {daemon[0]})",
-                (Evidence(str(ctx.paths.proc / str(daemon[0]) / "comm"), "nvidia-persistenced"),),
+                (Reading(str(ctx.paths.proc / str(daemon[0]) / "comm"), "nvidia-persistenced"),),
             )
         else:
             yield Finding(
@@ -57,6 +57,6 @@ def persistence(ctx: AuditContext) -> Iterator[Finding]:
                 "info",
                 subject,
                 "persistence mode unknown without NVML, and nvidia-persistenced is not running",
-                (Evidence(str(ctx.paths.proc / "*/comm"), "no nvidia-persistenced"),),
+                (Reading(str(ctx.paths.proc / "*/comm"), "no nvidia-persistenced"),),
                 remedies.gpu_persistence(g.bus_id),
             )

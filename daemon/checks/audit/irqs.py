@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gpujitter.daemon.analysis import remedies
-from gpujitter.daemon.checks.audit.model import AuditContext, Evidence, Finding, rule
+from gpujitter.daemon.checks.audit.model import AuditContext, Finding, Reading, rule
 from gpujitter.probes.host import (
     format_cpulist,
     parse_cpulist,
@@ -34,7 +34,7 @@ def pids_named(ctx: AuditContext, comm: str) -> list[int]:
     ]
 
 
-def _banned_cpus(ctx: AuditContext, pid: int) -> tuple[list[int], Evidence] | None:
+def _banned_cpus(ctx: AuditContext, pid: int) -> tuple[list[int], Reading] | None:
     """irqbalance's banned CPUs from its environment or its config file, with evidence."""
     environ = ctx.paths.proc / str(pid) / "environ"
     sources: list[tuple[Path, list[str]]] = [
@@ -54,7 +54,7 @@ def _banned_cpus(ctx: AuditContext, pid: int) -> tuple[list[int], Evidence] | No
                 cpus = parse_cpulist(value) if key.endswith("CPULIST") else _mask(value)
             except ValueError:
                 continue
-            return cpus, Evidence(str(path), f"{key}={value}")
+            return cpus, Reading(str(path), f"{key}={value}")
     return None
 
 
@@ -72,10 +72,10 @@ def irqbalance(ctx: AuditContext) -> Iterator[Finding]:
             "ok",
             "irqbalance",
             "not running: IRQ affinity stays where it is set",
-            (Evidence(str(ctx.paths.proc / "*/comm"), "no process named irqbalance"),),
+            (Reading(str(ctx.paths.proc / "*/comm"), "no process named irqbalance"),),
         )
         return
-    running = Evidence(str(ctx.paths.proc / str(pids[0]) / "comm"), "irqbalance")
+    running = Reading(str(ctx.paths.proc / str(pids[0]) / "comm"), "irqbalance")
     banned = _banned_cpus(ctx, pids[0])
     if banned is not None:
         cpus, ev = banned
@@ -110,13 +110,13 @@ def _device_names(ctx: AuditContext) -> dict[str, str]:
     return names
 
 
-def _node_evidence(ctx: AuditContext, irq: IrqInfo) -> Evidence:
+def _node_evidence(ctx: AuditContext, irq: IrqInfo) -> Reading:
     if ctx.topology.override and irq.irq in ctx.topology.irq_node:
-        return Evidence(ctx.topology.override, f"[irqs] {irq.irq} = {irq.node}")
+        return Reading(ctx.topology.override, f"[irqs] {irq.irq} = {irq.node}")
     return ctx.read(ctx.paths.sys / "bus/pci/devices" / str(irq.device) / "numa_node")[1]
 
 
-def _effective(ctx: AuditContext, irq: IrqInfo) -> Evidence:
+def _effective(ctx: AuditContext, irq: IrqInfo) -> Reading:
     return ctx.read(ctx.paths.proc / "irq" / str(irq.irq) / "effective_affinity_list")[1]
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpujitter.daemon.analysis import remedies
-from gpujitter.daemon.checks.audit.model import AuditContext, Evidence, Finding, rule
+from gpujitter.daemon.checks.audit.model import AuditContext, Finding, Reading, rule
 from gpujitter.probes.host import selected_choice
+from gpujitter.probes.procfs import Swap, parse_swaps
 
 THP = "kernel/mm/transparent_hugepage"
 THP_QUIET = {
@@ -16,13 +17,13 @@ THP_QUIET = {
 }
 
 
-def active_swaps(ctx: AuditContext) -> tuple[list[list[str]], Evidence]:
-    """/proc/swaps rows (name, type, size KiB, used KiB, priority) and their evidence."""
+def active_swaps(ctx: AuditContext) -> tuple[list[Swap], Reading]:
+    """The active swap devices and their evidence (the rows of /proc/swaps)."""
     path = ctx.paths.proc / "swaps"
     text, _ = ctx.read(path)
     lines = [line for line in (text or "").splitlines()[1:] if line.strip()]
     value = "; ".join(" ".join(line.split()) for line in lines) or "no swap device listed"
-    return [line.split() for line in lines], Evidence(str(path), value)
+    return parse_swaps(text or ""), Reading(str(path), value)
 
 
 @rule("memory.swappiness")
@@ -71,9 +72,8 @@ def swap_devices(ctx: AuditContext) -> Iterator[Finding]:
         yield Finding("memory.swap", "ok", "swap devices", "no swap device is active", (ev,))
         return
     listed = ", ".join(
-        f"{row[0]} ({row[1]}, {int(row[2]) // 1024} MiB, {int(row[3]) // 1024} MiB used)"
-        for row in swaps
-        if len(row) >= 4 and row[2].isdigit() and row[3].isdigit()
+        f"{s.path} ({s.kind}, {s.size_kib // 1024} MiB, {s.used_kib // 1024} MiB used)"
+        for s in swaps
     )
     yield Finding(
         "memory.swap",

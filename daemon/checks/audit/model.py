@@ -16,7 +16,10 @@ SEVERITIES: tuple[Severity, ...] = ("ok", "info", "warn", "critical")
 
 
 @dataclass(frozen=True, slots=True)
-class Evidence:
+class Reading:
+    """What a finding rests on: one value read from the host (a finding's evidence; the
+    attribution's evidence records are daemon/analysis/records.py's)."""
+
     file: str  # where the value was read (a path of the tree audited)
     value: str  # what was read there ("absent" when the file is not there)
 
@@ -27,7 +30,7 @@ class Finding:
     severity: Severity
     subject: str  # what the finding is about: "vm.swappiness", "IRQ 36 virtio1-req.0", "pid 7"
     message: str
-    evidence: tuple[Evidence, ...] = ()
+    evidence: tuple[Reading, ...] = ()
     fix: str = (
         ""  # the exact command (daemon/analysis/remedies.py), empty when nothing is to be done
     )
@@ -48,10 +51,10 @@ class AuditContext:
     processes: list[GpuProcess] = field(default_factory=list)
     max_exit_latency_us: int = 10  # idle states slower to leave than this are flagged
 
-    def read(self, path: Path) -> tuple[str | None, Evidence]:
+    def read(self, path: Path) -> tuple[str | None, Reading]:
         """A file's text and the evidence that says so."""
         text = read_text(path)
-        return text, Evidence(str(path), "absent" if text is None else text.strip())
+        return text, Reading(str(path), "absent" if text is None else text.strip())
 
 
 Rule = Callable[[AuditContext], Iterable[Finding]]

@@ -11,8 +11,9 @@ from collections.abc import Iterable, Iterator
 from typing import Literal
 
 from gpujitter.daemon.analysis import remedies
-from gpujitter.daemon.checks.audit.model import AuditContext, Evidence, Finding, GpuProcess, rule
+from gpujitter.daemon.checks.audit.model import AuditContext, Finding, GpuProcess, Reading, rule
 from gpujitter.errors import GpujitterError
+from gpujitter.probes.cuda import is_libcuda
 from gpujitter.probes.host import (
     HostPaths,
     format_cpulist,
@@ -23,10 +24,11 @@ from gpujitter.probes.host import (
     status_fields,
 )
 from gpujitter.probes.nvml import Nvml
+from gpujitter.probes.procfs import mapped_files
 from gpujitter.probes.topology import Topology
 
 LIBCUDA = "libcuda.so"
-NVIDIA_DEV = re.compile(r"/dev/nvidia(\d+)\b")
+NVIDIA_DEV = re.compile(r"/dev/nvidia(\d+)")
 ALLOCATORS = {"libjemalloc": "jemalloc", "libtcmalloc": "tcmalloc", "libmimalloc": "mimalloc"}
 ALLOCATOR_ENV = (
     "MALLOC_CONF=",
@@ -37,13 +39,6 @@ ALLOCATOR_ENV = (
     "LD_PRELOAD=",
 )
 REMOTE_PAGES_LIMIT = 0.10  # share of resident pages on other nodes that is flagged
-
-
-def keep_allocator_env(data: bytes) -> bytes:
-    """/proc/PID/environ reduced to the allocator variables: the only ones the audit reads,
-    and the only ones a recorded tree may keep (the rest can hold secrets)."""
-    keep = [v for v in data.split(b"\0") if v.decode(errors="replace").startswith(ALLOCATOR_ENV)]
-    return b"\0".join(keep) + (b"\0" if keep else b"")
 
 
 def find_gpu_processes(
@@ -60,8 +55,7 @@ def find_gpu_processes(
             for proc in running or ():
                 found.setdefault(int(proc.pid), (set(), "nvml"))[0].add(g.bus_id)
     for pid in proc_pids(paths):
-        maps = read_text(paths.proc / str(pid) / "maps") or ""
-        if LIBCUDA in maps:
+        if any(is_libcuda(f) for f in mapped_files(paths, pid)):
             found.setdefault(pid, (set(), "libcuda"))
     for pid in pids:
         if not (paths.proc / str(pid) / "status").exists():
@@ -69,8 +63,8 @@ def find_gpu_processes(
         found.setdefault(pid, (set(), "--pid"))
     out = []
     for pid, (gpus, how) in sorted(found.items()):
-        maps = read_text(paths.proc / str(pid) / "maps") or ""
-        gpus |= {minors[int(m)] for m in NVIDIA_DEV.findall(maps) if int(m) in minors}
+        devices = [NVIDIA_DEV.fullmatch(f) for f in mapped_files(paths, pid)]
+        gpus |= {minors[int(m[1])] for m in devices if m and int(m[1]) in minors}
         comm = read_name(paths.proc / str(pid) / "comm") or "?"
         out.append(GpuProcess(pid, comm, tuple(sorted(gpus)), how))  # type: ignore[arg-type]
     return out
@@ -85,7 +79,7 @@ def gpu_processes(ctx: AuditContext) -> Iterator[Finding]:
             "GPU processes",
             "none found (no NVML compute process, no process with libcuda mapped); name one "
             "with --pid",
-            (Evidence(str(ctx.paths.proc / "*/maps"), f"no {LIBCUDA}"),),
+            (Reading(str(ctx.paths.proc / "*/maps"), f"no {LIBCUDA}"),),
         )
         return
     for p in ctx.processes:
@@ -95,7 +89,7 @@ def gpu_processes(ctx: AuditContext) -> Iterator[Finding]:
             "info",
             _subject(p),
             f"uses {gpus} (found by {p.found_by})",
-            (Evidence(str(ctx.paths.proc / str(p.pid) / "maps"), gpus),),
+            (Reading(str(ctx.paths.proc / str(p.pid) / "maps"), gpus),),
         )
 
 
@@ -126,7 +120,7 @@ def _per_process(ctx: AuditContext) -> Iterator[tuple[GpuProcess, int | None, st
         yield p, node, why
 
 
-def _unknown_node(name: str, p: GpuProcess, why: str, ev: Evidence) -> Finding:
+def _unknown_node(name: str, p: GpuProcess, why: str, ev: Reading) -> Finding:
     return Finding(name, "info", _subject(p), f"not checked: {why}", (ev,))
 
 
@@ -136,7 +130,7 @@ def cpu_affinity(ctx: AuditContext) -> Iterator[Finding]:
     for p, node, why in _per_process(ctx):
         status = ctx.paths.proc / str(p.pid) / "status"
         allowed_text = status_fields(ctx.paths, p.pid).get("Cpus_allowed_list", "")
-        ev = Evidence(str(status), f"Cpus_allowed_list: {allowed_text}")
+        ev = Reading(str(status), f"Cpus_allowed_list: {allowed_text}")
         if node is None:
             yield _unknown_node(name, p, why, ev)
             continue
@@ -182,7 +176,7 @@ def memory_policy(ctx: AuditContext) -> Iterator[Finding]:
     name = "process.memory_policy"
     for p, node, why in _per_process(ctx):
         mems = status_fields(ctx.paths, p.pid).get("Mems_allowed_list", "")
-        status_ev = Evidence(
+        status_ev = Reading(
             str(ctx.paths.proc / str(p.pid) / "status"), f"Mems_allowed_list: {mems}"
         )
         if node is None:
@@ -198,7 +192,7 @@ def memory_policy(ctx: AuditContext) -> Iterator[Finding]:
         total = sum(pages.values())
         remote = sum(n for nd, n in pages.items() if nd != node)
         summary = " ".join(f"N{nd}={n}" for nd, n in sorted(pages.items())) or "no pages"
-        maps_ev = Evidence(
+        maps_ev = Reading(
             str(numa_maps),
             f"pages {summary}; policies "
             + ", ".join(f"{pol} x{n}" for pol, n in policies.most_common()),
@@ -246,7 +240,7 @@ def memlock(ctx: AuditContext) -> Iterator[Finding]:
             "",
         )
         values = row.removeprefix("Max locked memory").split()
-        ev = Evidence(str(limits), " ".join(row.split()) or "absent")
+        ev = Reading(str(limits), " ".join(row.split()) or "absent")
         if not values:
             yield Finding(name, "info", _subject(p), "limits not readable", (ev,))
         elif values[0] == "unlimited":
@@ -269,14 +263,10 @@ def allocator(ctx: AuditContext) -> Iterator[Finding]:
     name = "process.allocator"
     for p, _node, _why in _per_process(ctx):
         maps_path = ctx.paths.proc / str(p.pid) / "maps"
-        libs = {
-            line.split()[-1]
-            for line in (read_text(maps_path) or "").splitlines()
-            if any(lib in line for lib in ALLOCATORS)
-        }
+        libs = {f for f in mapped_files(ctx.paths, p.pid) if any(lib in f for lib in ALLOCATORS)}
         environ = ctx.paths.proc / str(p.pid) / "environ"
         env = [v for v in (read_text(environ) or "").split("\0") if v.startswith(ALLOCATOR_ENV)]
-        env_ev = Evidence(str(environ), " ".join(env) or "no allocator variables")
+        env_ev = Reading(str(environ), " ".join(env) or "no allocator variables")
         if not libs:
             yield Finding(
                 name,
@@ -284,13 +274,13 @@ def allocator(ctx: AuditContext) -> Iterator[Finding]:
                 _subject(p),
                 "glibc malloc: arena locks and trims (madvise/munmap) can stall data-loader "
                 "threads",
-                (Evidence(str(maps_path), "no jemalloc/tcmalloc/mimalloc mapped"), env_ev),
+                (Reading(str(maps_path), "no jemalloc/tcmalloc/mimalloc mapped"), env_ev),
                 remedies.allocator(),
             )
             continue
         lib = sorted(libs)[0]
         kind = next(k for prefix, k in ALLOCATORS.items() if prefix in lib)
-        maps_ev = Evidence(str(maps_path), lib)
+        maps_ev = Reading(str(maps_path), lib)
         if kind == "jemalloc" and not any(v.startswith("MALLOC_CONF=") for v in env):
             yield Finding(
                 name,

@@ -15,7 +15,6 @@ import errno
 # The check families; each module registers its checks into CHECKS as it is imported.
 from gpujitter.daemon.checks.doctor import access, hooks, host, kernel, load
 from gpujitter.daemon.checks.doctor.model import CHECKS, Check, DoctorEnv, Result, Status
-from gpujitter.probes import registry
 
 __all__ = ["CHECKS", "Check", "DoctorEnv", "Result", "Status", "can_profile", "run_checks"]
 
@@ -23,8 +22,8 @@ __all__ = ["CHECKS", "Check", "DoctorEnv", "Result", "Status", "can_profile", "r
 FAMILIES = (kernel, access, hooks, host, load)
 CHECKS.sort(key=lambda fn: [f.__name__ for f in FAMILIES].index(fn.__module__))
 
-# Files the checks read, as record_tree patterns (tests/fixtures/hosts/); tree_patterns()
-# adds the tracefs formats of every registered tracepoint hook.
+# Files the checks read, as record_tree patterns (tests/fixtures/hosts/record.py, which adds
+# the tracefs formats of every registered tracepoint hook).
 TREE = (
     "proc/sys/kernel/{osrelease,perf_event_paranoid}",
     "proc/mounts",
@@ -53,16 +52,6 @@ def run_checks(env: DoctorEnv) -> list[Result]:
             why = f"{err.strerror}: {err.filename}" if err.filename else str(err)
             results.append(Result(name, "fail", f"could not be checked: {why}", fix=fix))
     return results
-
-
-def tree_patterns() -> tuple[str, ...]:
-    formats = {
-        "sys/kernel/tracing/events/{}/{}/format".format(*h.target.split(":", 1))
-        for spec in registry.specs().values()
-        for h in spec.hooks
-        if h.kind == "tracepoint"
-    }
-    return TREE + tuple(sorted(formats))
 
 
 def can_profile(results: list[Result]) -> bool:

@@ -1,9 +1,10 @@
-"""Per-CPU interrupt and idle figures from the kernel's own counters, for the embedded mode
-when the irq or cstate probe cannot run (no root, no bcc, a refused hook): /proc/stat
-(irq and softirq time per CPU, in clock ticks), /proc/interrupts and /proc/softirqs
-(handler counts per CPU), and cpuidle sysfs (residency per idle state, in µs), or /proc/stat's
-idle time when there is no cpuidle driver. One read of each file per second; coarser than
-the probes (tick resolution, counts without durations) and said so in the probe line.
+"""Per-CPU interrupt and idle figures from the kernel's own counters, for what shows CPUs (the
+TUI's embedded mode) when the irq or cstate probe cannot run (no root, no bcc, a refused
+hook): /proc/stat (irq and softirq time per CPU, in clock ticks; its one reader),
+/proc/interrupts and /proc/softirqs (handler counts per CPU), and cpuidle sysfs (residency
+per idle state, in µs), or /proc/stat's idle time when there is no cpuidle driver. One read
+of each file per second; coarser than the probes (tick resolution, counts without
+durations) and said so in the probe line.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from gpujitter.probes.events import CpuStats, to_record
 from gpujitter.probes.host import HostPaths, read_text
 from gpujitter.probes.interrupts import read_table
-from gpujitter.probes.topology import Topology
+from gpujitter.probes.topology import Topology, idle_residency_ns
 
 TOP_IRQS = 5
 
@@ -149,11 +150,6 @@ class ProcCpuSampler:
     def _read_cpuidle(self, c: _Counters) -> None:
         base = self.paths.sys / "devices/system/cpu"
         for cpu in c.idle_ns:
-            states = sorted((base / f"cpu{cpu}/cpuidle").glob("state[0-9]*"))
-            residency = {}
-            for state in states:
-                name, usec = read_text(state / "name"), read_text(state / "time")
-                if name and usec and usec.isdigit():
-                    residency[name] = int(usec) * 1000
+            residency = idle_residency_ns(base / f"cpu{cpu}/cpuidle")
             if residency:  # a cpuidle driver: its states replace /proc/stat's idle time
                 c.idle_ns[cpu] = residency

@@ -1,0 +1,145 @@
+"""The one ELF reader of the probes: symbols, loadable segments, sections and code bytes of a
+64-bit little-endian ELF file (the only kind these machines run), with no binutils needed.
+
+The file is mapped, not read: only the pages of what is looked at become resident (a libcuda
+is ~100 MB and a libpython tens of MB; reading them whole was the daemon's peak memory).
+Addresses are the ELF's own virtual addresses (what bcc's attach_uprobe(addr=) takes);
+file_offset turns one into the offset a raw uprobe (perf_event_open, uprobe-multi) takes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+from types import TracebackType
+
+ENDBR64 = bytes.fromhex("f30f1efa")  # a CET build's first instruction of a function
+PT_LOAD = 1
+SHT_SYMTAB, SHT_NOTE, SHT_DYNSYM = 2, 7, 11
+STT_OBJECT, STT_FUNC = 1, 2
+STB_GLOBAL, STB_WEAK = 1, 2
+_SYMBOL = struct.Struct("<IBBHQQ")  # Elf64_Sym
+
+
+class ElfFile:
+    """One ELF file, mapped read-only until close() (or the end of a `with` block).
+    loads: PT_LOAD segments as (vaddr, file offset, size in file); sections: the section
+    headers as (name, type, flags, addr, offset, size, link, info, align, entsize)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < 64:  # not even an ELF header (nor mappable)
+                raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
+            self.data = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        try:
+            self._headers()
+        except (ValueError, IndexError, struct.error):
+            self.data.close()
+            raise
+
+    def _headers(self) -> None:
+        data = self.data
+        if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+            raise ValueError(f"{self.path}: not a 64-bit little-endian ELF file")
+        phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+        phentsize, phnum, shentsize, shnum, shstrndx = struct.unpack_from("<HHHHH", data, 0x36)
+        self.loads: list[tuple[int, int, int]] = []
+        for i in range(phnum):
+            p_type, _flags, offset, vaddr, _paddr, filesz = struct.unpack_from(
+                "<IIQQQQ", data, phoff + i * phentsize
+            )
+            if p_type == PT_LOAD:
+                self.loads.append((vaddr, offset, filesz))
+        self.sections: list[tuple[int, ...]] = [
+            struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)
+        ]
+        self._shstrndx = shstrndx
+        self._exported: dict[str, int] | None = None
+
+    def close(self) -> None:
+        self.data.close()
+
+    def __enter__(self) -> ElfFile:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _string(self, offset: int) -> bytes:
+        end = self.data.find(b"\0", offset)
+        if end < 0:
+            raise ValueError(f"{self.path}: a name runs past the end of the file")
+        return self.data[offset:end]
+
+    def section(self, name: str) -> tuple[int, ...] | None:
+        """The header of the section called `name` (".text", ".stapsdt.base"), None if none."""
+        if self._shstrndx >= len(self.sections):
+            return None
+        names = self.sections[self._shstrndx][4]
+        wanted = name.encode()
+        for sec in self.sections:
+            if self._string(names + sec[0]) == wanted:
+                return sec
+        return None
+
+    def symbols(
+        self, names: set[str] | None, stt: int, *, exported: bool = False
+    ) -> dict[str, int]:
+        """Defined symbols of type `stt` (STT_FUNC, STT_OBJECT) -> their address: those among
+        `names` (None: all) from .symtab and .dynsym; exported: only .dynsym's global and weak
+        ones (what another object can call)."""
+        tables = (SHT_DYNSYM,) if exported else (SHT_SYMTAB, SHT_DYNSYM)
+        wanted = None if names is None else {n.encode(): n for n in names}
+        found: dict[str, int] = {}
+        for _name, sh_type, _flags, _addr, off, size, link, _info, _align, entsize in self.sections:
+            if sh_type not in tables:
+                continue
+            strtab = self.sections[link][4]
+            step = entsize or _SYMBOL.size
+            for pos in range(off, off + size - _SYMBOL.size + 1, step):
+                st_name, st_info, _other, shndx, value, _size = _SYMBOL.unpack_from(self.data, pos)
+                if st_info & 0xF != stt or shndx == 0:  # of that type, defined here
+                    continue
+                if exported and st_info >> 4 not in (STB_GLOBAL, STB_WEAK):
+                    continue
+                if not exported and not value:
+                    continue
+                raw = self._string(strtab + st_name)
+                if wanted is None:
+                    found[raw.decode(errors="replace")] = value
+                elif raw in wanted:
+                    found[wanted[raw]] = value
+        return found
+
+    def functions(self, names: set[str]) -> dict[str, int]:
+        """Defined functions among `names` -> their address (.symtab and .dynsym)."""
+        return self.symbols(names, STT_FUNC)
+
+    def exported_functions(self) -> dict[str, int]:
+        """Every function the file exports (.dynsym, global or weak) -> its address (walked
+        once per file)."""
+        if self._exported is None:
+            self._exported = self.symbols(None, STT_FUNC, exported=True)
+        return self._exported
+
+    def file_offset(self, vaddr: int) -> int:
+        """Where address `vaddr` lies in the file; ValueError when in no loadable segment."""
+        for start, offset, size in self.loads:
+            if start <= vaddr < start + size:
+                return vaddr - start + offset
+        raise ValueError(f"{self.path}: address {vaddr:#x} is in no loadable segment")
+
+    def code(self, vaddr: int, length: int) -> bytes:
+        """Up to `length` bytes of the file at address `vaddr`."""
+        offset = self.file_offset(vaddr)
+        return self.data[offset : offset + length]
+
+    def entry_skip(self, vaddr: int) -> int:
+        """4 when the function at vaddr starts with endbr64 (a CET build), else 0: a uprobe
+        on endbr64 is single-stepped (~5x the cost of one past it)."""
+        return len(ENDBR64) if self.code(vaddr, len(ENDBR64)) == ENDBR64 else 0

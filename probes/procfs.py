@@ -1,0 +1,149 @@
+"""Readers of /proc files, one per file: a process's maps (which files it maps, and where),
+its task folder (its threads), a task's stat (its state, nice and policy), and the swap
+devices. Every probe, check and drill that needs one of them reads it here (status and comm:
+host.py; interrupts: interrupts.py); HostPaths makes them run on recorded trees.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from gpujitter.probes.host import HostPaths
+
+DELETED = " (deleted)"  # what maps appends to a file unlinked since it was mapped
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")  # how /proc/swaps writes a space in a path
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """One line of /proc/PID/maps: [start, end) of the process's memory, mapped with `perms`
+    ("r-xp") from `offset` of `path` ("" when anonymous, "[heap]" and the like for the
+    kernel's own)."""
+
+    start: int
+    end: int
+    perms: str
+    offset: int
+    path: str
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    @property
+    def executable(self) -> bool:
+        return "x" in self.perms
+
+    @property
+    def writable(self) -> bool:
+        return "w" in self.perms
+
+    @property
+    def file(self) -> bool:
+        """Mapped from a file that still exists under its path."""
+        return self.path.startswith("/") and not self.path.endswith(DELETED)
+
+    def holds(self, offset: int) -> bool:
+        """Whether the file offset is mapped here."""
+        return self.offset <= offset < self.offset + self.size
+
+    def address_of(self, offset: int) -> int:
+        """The address at which file offset `offset` (one this mapping holds) lies."""
+        return self.start + offset - self.offset
+
+
+def parse_maps(text: str) -> list[Mapping]:
+    """A /proc/PID/maps text as its mappings, in address order; malformed lines skipped."""
+    out = []
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 5:
+            continue
+        lo, _, hi = fields[0].partition("-")
+        try:
+            out.append(Mapping(int(lo, 16), int(hi, 16), fields[1], int(fields[2], 16),
+                               fields[5] if len(fields) == 6 else ""))  # fmt: skip
+        except ValueError:
+            continue
+    return out
+
+
+def read_maps(paths: HostPaths, pid: int | str) -> list[Mapping]:
+    """/proc/PID/maps of process `pid` ("self" for this one); OSError when it cannot be read
+    (the process exited, or is another user's)."""
+    with open(paths.proc / str(pid) / "maps") as f:
+        return parse_maps(f.read())
+
+
+def mapped_files(paths: HostPaths, pid: int | str, *, executable: bool = False) -> list[str]:
+    """The files process `pid` maps (executable: those it maps code from), each once, in
+    address order; [] when its maps cannot be read."""
+    try:
+        maps = read_maps(paths, pid)
+    except OSError:
+        return []
+    return list(dict.fromkeys(m.path for m in maps if m.file and (m.executable or not executable)))
+
+
+def in_root(paths: HostPaths, pid: int, path: str) -> str:
+    """A path as process `pid` sees it (inside its container), as this process can open it:
+    through /proc/PID/root."""
+    return str(paths.proc / str(pid) / "root") + path if path.startswith("/") else path
+
+
+@dataclass(frozen=True, slots=True)
+class Swap:
+    """One active swap device or file, as /proc/swaps lists it."""
+
+    path: str
+    kind: str  # "partition", "file"
+    size_kib: int
+    used_kib: int
+    priority: int
+
+
+def parse_swaps(text: str) -> list[Swap]:
+    """A /proc/swaps text (a header line, then one row per device) as its devices; rows that
+    do not read are skipped. The kernel writes a space in a path as \\040 (octal escapes)."""
+    out = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        try:
+            size, used, priority = (int(f) for f in fields[2:5])
+        except ValueError:
+            continue
+        if len(fields) == 5:
+            path = _OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), fields[0])
+            out.append(Swap(path, fields[1], size, used, priority))
+    return out
+
+
+def task_ids(paths: HostPaths, pid: int | str) -> list[int]:
+    """The thread ids of process `pid` (its task folder), ascending; [] when it is gone or
+    cannot be read."""
+    try:
+        return sorted(int(t) for t in os.listdir(paths.proc / str(pid) / "task") if t.isdigit())
+    except OSError:
+        return []
+
+
+def task_state(stat: bytes) -> str:
+    """Field 3 of a task's stat (R running or runnable, S, D, ...), "" when cut short: the
+    one field read at sampling rate, so cut from the bytes without splitting the rest."""
+    end = stat.rfind(b")")
+    return stat[end + 2 : end + 3].decode(errors="replace")
+
+
+def task_stat_fields(text: str | bytes) -> list[str]:
+    """The fields of a /proc/PID/task/TID/stat text after "pid (comm) ": [0] is stat's field
+    3 (state), [16] field 19 (nice), [38] field 41 (policy). The name may hold spaces and
+    parentheses, so it is cut at the last ')'."""
+    raw = text.decode(errors="replace") if isinstance(text, bytes) else text
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def alive(paths: HostPaths, pid: int) -> bool:
+    """Whether process (or thread) `pid` still exists."""
+    return os.path.exists(paths.proc / str(pid))

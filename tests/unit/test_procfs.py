@@ -1,0 +1,180 @@
+"""The per-process /proc readers on real text (tests/fixtures/procfs, captured from a python3
+that loaded a library copied under a folder name with spaces, mapped a file it then deleted,
+and named a thread "a) (b"): maps read once for every probe that scans them, a task's stat
+cut at the last parenthesis."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpujitter.probes.cuda import mapped_libcuda
+from gpujitter.probes.host import HostPaths, status_fields
+from gpujitter.probes.malloc_sites import file_mappings
+from gpujitter.probes.procfs import (
+    Swap,
+    in_root,
+    mapped_files,
+    parse_maps,
+    parse_swaps,
+    read_maps,
+    task_ids,
+    task_stat_fields,
+    task_state,
+)
+from gpujitter.probes.python_gc import interpreter_files
+from gpujitter.probes.watch import WHY_FORK, WHY_PID, WatchSpec, resolve
+
+TREE = HostPaths.under(Path(__file__).parents[1] / "fixtures" / "procfs")
+PID = 4242
+LIBCUDA = "/tmp/gj maps jr5vchee/libcuda.so.1"
+
+
+def test_every_line_is_read_with_its_fields() -> None:
+    maps = read_maps(TREE, PID)
+    text = (TREE.proc / str(PID) / "maps").read_text()
+    assert len(maps) == len(text.splitlines())
+    first = maps[0]
+    assert (first.start, first.end, first.perms, first.offset, first.path) == (
+        0x400000, 0x41F000, "r--p", 0, "/usr/bin/python3.11"
+    )  # fmt: skip
+    assert [m.start for m in maps] == sorted(m.start for m in maps)
+    assert any(m.path == "" for m in maps)  # anonymous memory
+    assert any(m.path == "[stack]" for m in maps)
+
+
+def test_a_path_with_spaces_is_kept_whole_and_a_deleted_file_is_not_a_file() -> None:
+    maps = read_maps(TREE, PID)
+    cuda = [m for m in maps if m.path == LIBCUDA]
+    assert [m.perms for m in cuda] == ["r--p", "r-xp", "r--p", "r--p", "rw-p"]
+    deleted = [m for m in maps if m.path.endswith("scratch.bin (deleted)")]
+    assert len(deleted) == 1 and not deleted[0].file
+    assert all(m.file for m in cuda)
+
+
+def test_mapped_files_once_each_in_address_order() -> None:
+    files = mapped_files(TREE, PID)
+    assert files[0] == "/usr/bin/python3.11"
+    assert len(files) == len(set(files))
+    assert LIBCUDA in files and not any("(deleted)" in f for f in files)
+    code = mapped_files(TREE, PID, executable=True)
+    assert set(code) < set(files) and LIBCUDA in code
+
+
+def test_offsets_become_addresses_in_the_mapping_that_holds_them() -> None:
+    text = next(m for m in read_maps(TREE, PID) if m.path == LIBCUDA and m.executable)
+    assert text.holds(0x3000) and text.holds(0x15FFF) and not text.holds(0x16000)
+    assert text.address_of(0x3010) == 0x7F5B8238A010
+
+
+def test_probes_find_their_files_through_the_one_reader() -> None:
+    root = str(TREE.proc / str(PID) / "root")
+    assert mapped_libcuda(PID, TREE) == [root + LIBCUDA]
+    assert interpreter_files(PID, TREE) == [("/usr/bin/python3.11", root + "/usr/bin/python3.11")]
+    by_file = file_mappings(TREE, PID)
+    assert all(m.executable for ms in by_file.values() for m in ms)
+    assert [m.offset for m in by_file["/usr/lib/x86_64-linux-gnu/libc.so.6"]] == [0x26000]
+    assert in_root(TREE, PID, "[vdso]") == "[vdso]"
+
+
+def test_a_process_that_cannot_be_read() -> None:
+    with pytest.raises(OSError):
+        read_maps(TREE, 1)
+    assert mapped_files(TREE, 1) == []
+    assert mapped_libcuda(1, TREE) == []
+
+
+def test_malformed_lines_are_skipped() -> None:
+    maps = parse_maps("garbage\n7f00-7f01 r-xp zz fe:00 1 /x\n7f00-7f10 r-xp 0 fe:00 1 /lib/a b\n")
+    assert [(m.path, m.size) for m in maps] == [("/lib/a b", 0x10)]
+
+
+def test_a_task_stat_is_cut_at_the_last_parenthesis() -> None:
+    raw = (TREE.proc / str(PID) / "task" / "4243" / "stat").read_bytes()
+    assert task_state(raw) == "S"
+    fields = task_stat_fields(raw)
+    assert fields[0] == "S" and fields[16] == "0"  # state, nice
+    assert int(fields[38]) == 0  # policy: normal
+    assert task_state(b"") == ""
+
+
+def test_this_thread_reads_as_running() -> None:
+    path = f"/proc/{os.getpid()}/task/{threading.get_native_id()}/stat"
+    assert task_state(Path(path).read_bytes()) == "R"
+
+
+def test_status_of_a_process_whose_name_is_not_utf8_is_read(tmp_path: Path) -> None:
+    """A name with an invalid byte (prctl takes any) made the whole status file unreadable:
+    no Tgid, so a forked child so named was not taken for a process."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOSTILE_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"named\n"
+        fields = status_fields(HostPaths(), child.pid)
+        assert fields["Tgid"] == str(child.pid)
+        assert fields["Name"].startswith("gj") and "\ufffd" in fields["Name"]
+    finally:
+        child.kill()
+        child.wait()
+
+
+HOSTILE_CHILD = """
+import ctypes, sys
+ctypes.CDLL(None).prctl(15, b"gj\\xff\\xfe", 0, 0, 0)  # PR_SET_NAME
+print("named", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_watched_process_brings_its_children_and_theirs() -> None:
+    """resolve() walks task/TID/children of every thread (task_ids), down the tree."""
+    grandchild = "import subprocess, sys; subprocess.run(['sleep', '30'])"
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys; subprocess.run([sys.executable, '-c', {grandchild!r}])",
+        ]
+    )
+    try:
+        for _ in range(200):
+            chosen = resolve(WatchSpec(pids={child.pid}), HostPaths())
+            if len(chosen) == 3:
+                break
+            time.sleep(0.01)
+        assert chosen[child.pid] == WHY_PID and len(chosen) == 3
+        assert all(why == WHY_FORK for pid, why in chosen.items() if pid != child.pid)
+        assert task_ids(HostPaths(), child.pid) == [child.pid]
+        assert threading.get_native_id() in task_ids(HostPaths(), os.getpid())
+    finally:
+        for pid in chosen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        child.wait()
+    assert task_ids(HostPaths(), child.pid) == []
+
+
+def test_swap_devices_with_escaped_paths_and_odd_rows() -> None:
+    """The rows of /proc/swaps (the layout of the kernel's swap_show: a path with a space is
+    escaped as \\040); the drill's swap file and the audit read them here."""
+    text = (
+        "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+        "/dev/vda3                               partition\t2097148\t\t0\t\t-2\n"
+        "/var/tmp/gj\\040swap                     file\t\t65532\t\t1024\t\t-3\n"
+        "/broken file\n"
+    )
+    assert parse_swaps(text) == [
+        Swap("/dev/vda3", "partition", 2097148, 0, -2),
+        Swap("/var/tmp/gj swap", "file", 65532, 1024, -3),
+    ]
+    assert parse_swaps("Filename\tType\tSize\tUsed\tPriority\n") == []
+    assert parse_swaps("") == []
