@@ -171,9 +171,10 @@ def test_cpu_bound_host_step() -> None:
 def test_pyhot_names_the_python_function_with_file_and_line(tmp_path: Path) -> None:
     """The target: the injected function is the top frame of host work in >= 90 % of the
     gaps of its stalls; replaying the drill's trace gives the same frames. Scored over the
-    gaps whose host work lasted two sampling periods or more: on this shared VM another
-    task can hold the feeding CPU for most of a stall, and that time is correctly the run
-    queue's, with the samples taken in it (the thread was runnable: R)."""
+    gaps whose host work lasted a sampling period or more: on this shared VM another task
+    can hold the feeding CPU for most of a stall, and that time is correctly the run
+    queue's, with the samples taken in it (the thread was runnable: R). Under a one-CPU hog
+    the feeder runs about half of each 25 ms stall, so two periods left no gap to score."""
     trace = tmp_path / "pyhot.gjtrace"
     r = drill("pyhot", keep_trace=trace)
     assert_meets_targets(r)
@@ -183,7 +184,7 @@ def test_pyhot_names_the_python_function_with_file_and_line(tmp_path: Path) -> N
              if isinstance(e, FrameEvidence)])
         for a in r.attributions
         if any(a.ts_ns < s["t1_ns"] and s["t0_ns"] < a.end_ns for s in r.stalls)
-        and cause_ns(a, "host_work") >= 2 * period
+        and cause_ns(a, "host_work") >= period
     ]  # fmt: skip
     injected = tuple(r.stalls[0][k] for k in ("func", "file", "line"))
     named = [bool(f) and (f[0].func, f[0].file, f[0].line) == injected for _, f in scored]
