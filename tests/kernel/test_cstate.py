@@ -104,7 +104,9 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str])
         # time started ~3.5 ms late; not explained yet: at most one such wake-up a run).
         assert w.in_state_ns <= w.idle_ns <= exit_ns - idle_since + LOG_SLACK_NS
         close.append(abs(w.idle_ns - (exit_ns - idle_since)) < LOG_SLACK_NS)
-        assert 0 < w.in_state_ns <= w.idle_ns < 11 * MS  # never longer than the 10 ms sleep
+        # Not capped by the 10 ms sleep: on this VM a timer can fire late (a 12.4 ms idle
+        # stretch in CI, the raw log's too); the log's stretch above is the bound.
+        assert 0 < w.in_state_ns <= w.idle_ns
     assert sum(close) >= len(close) - 1, close
     assert statistics.median(w.wake_to_run_ns for w in wakes) < 500_000
 
