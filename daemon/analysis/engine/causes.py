@@ -637,7 +637,7 @@ class GilWaitTime(Cause):
                 else ({}, {})
             )
             top = max(sorted(own.items()), key=lambda c: c[1], default=("", 0))
-            func, file, line = max(sorted(frames), key=frames.__getitem__, default=("", "", 0))
+            func, file, line = ranked_frames(frames)[0][0] if frames else ("", "", 0)
             out.append(
                 GilEvidence(
                     holder_tid=tid,
@@ -816,11 +816,19 @@ def frame_evidence(cause: str, items: list[Claimed], divider: Divider) -> tuple[
     counts = sampled_frames(cause, sorted({tid for tid, _, _ in items}), divider)
     total = sum(counts.values())
     ns = _ns(items)
-    top = sorted(counts.items(), key=lambda kc: (-kc[1], kc[0]))[:TOP_FRAMES]
+    top = ranked_frames(counts)[:TOP_FRAMES]
     return tuple(
         FrameEvidence(func=f, file=file, line=line, samples=n, of=total, ns=ns * n // total)
         for (f, file, line), n in top
     )
+
+
+def ranked_frames(
+    counts: dict[tuple[str, str, int], int],
+) -> list[tuple[tuple[str, str, int], int]]:
+    """Sampled frames, the most sampled first (ties by function, file, line): the one order
+    that host work's frames and a GIL holder's frame are named in."""
+    return sorted(counts.items(), key=lambda kc: (-kc[1], kc[0]))
 
 
 def sampled_frames(
