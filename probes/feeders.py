@@ -31,6 +31,7 @@ class Feeders:
     def __init__(self) -> None:
         self._seen: dict[int, int] = {}  # tid -> ts_ns it was last named
         self._lock = threading.Lock()
+        self.changes = 0  # bumped when a thread becomes a feeder or stops being one
 
     def note(self, ev: Event) -> None:
         named = NAMED_BY.get(type(ev))
@@ -43,6 +44,8 @@ class Feeders:
         with self._lock:
             for tid in tids:
                 if tid:
+                    if tid not in self._seen:
+                        self.changes += 1
                     self._seen[tid] = max(ev.ts_ns, self._seen.get(tid, 0))
 
     def recent(self, now_ns: int) -> set[int]:
@@ -50,4 +53,5 @@ class Feeders:
         with self._lock:
             for tid in [t for t, ts in self._seen.items() if now_ns - ts > KEEP_NS]:
                 del self._seen[tid]
+                self.changes += 1
             return set(self._seen)

@@ -272,7 +272,7 @@ class Interpreter:
             raise NotReadable(f"pid {pid}: {err}", self.path) from None
         except NotReadable as err:
             raise NotReadable(str(err), self.path) from None
-        self._codes: OrderedDict[tuple[int, ...], Frame | None] = OrderedDict()
+        self._codes: OrderedDict[tuple[int, ...], Frame] = OrderedDict()
 
     @property
     def version(self) -> str:
@@ -322,8 +322,7 @@ class Interpreter:
         return out
 
     def _code(self, code: int) -> Frame | None:
-        """A code object's frame (None: not a code object). Cached by the fields read, so
-        a code object freed and another allocated at its address is read afresh."""
+        """A code object's frame (None: not a code object)."""
         lay = self.layout
         end = max(lay.code_filename, lay.code_name, lay.code_firstlineno) + 8
         raw = self.mem.read(code, end)
@@ -331,13 +330,21 @@ class Interpreter:
             return None
         file_p, name_p = (struct.unpack_from("<Q", raw, o)[0]
                           for o in (lay.code_filename, lay.code_name))  # fmt: skip
-        line = struct.unpack_from("<i", raw, lay.code_firstlineno)[0]
+        return self.frame_at(
+            code, file_p, name_p, struct.unpack_from("<i", raw, lay.code_firstlineno)[0]
+        )
+
+    def frame_at(self, code: int, file_p: int, name_p: int, line: int) -> Frame:
+        """The frame of the code object at `code`, whose file and name are the str objects at
+        file_p and name_p (as read from it). Their text is read once: cached by all four, so
+        a code object freed and another allocated at its address is read afresh. OSError when
+        a read fails."""
         key = (code, file_p, name_p, line)
-        if key in self._codes:
+        found = self._codes.get(key)
+        if found is not None:
             self._codes.move_to_end(key)
-            return self._codes[key]
-        found = Frame(self._str(name_p), self._str(file_p), line)
-        self._codes[key] = found
+            return found
+        found = self._codes[key] = Frame(self._str(name_p), self._str(file_p), line)
         if len(self._codes) > CODE_CACHE:
             self._codes.popitem(last=False)
         return found

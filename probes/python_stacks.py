@@ -1,16 +1,19 @@
-"""python_stacks: what Python code the watched threads run, from stack samples read from
-outside the process (probes/pyframes.py), so that host work is named by function.
+"""python_stacks: what Python code the watched threads run, from stack samples taken in the
+kernel (python_stacks.bpf.c), so that host work is named by function.
 
 Where: every watched process that runs CPython 3.10-3.13 (found in /proc/PID/maps as
-python_gc finds it, looked at once a second until found). How: a thread of this probe wakes
-every `period` (default 10 ms) while such a process is watched and spends a budget shared by
-all their threads: one sample per `spacing` in all (default 10 ms: 100 samples/s however
-many threads run). It looks first at the feeding threads the other probes' events named
-(probes/feeders.py: libcuda callers, GIL waiters and holders, the wakers of those), then at
-the others in turn; a thread the kernel shows running (state R) has its innermost Python
-frame read and streamed as a PySample. Looking at a thread costs one /proc read, and a tick
-looks at no more than LOOKS_PER_SAMPLE threads per sample it may take, so the cost is bounded
-whatever the number of threads. No BPF, no signal, nothing written into the job. Another
+python_gc finds it, looked at once a second until found). How: each of its Python threads
+(the interpreter's thread list, read from outside with probes/pyframes.py once a second)
+gets a task-clock perf event that runs a BPF program each time the thread has used `period`
+(default 10 ms) more of CPU: so every 10 ms of a thread's own CPU time holds a sample, however
+the scheduler slices it, and a thread that does not run costs nothing. The program reads the
+innermost Python frame from the thread's own memory and streams the code object's address
+with its name and file pointers; user space reads the text once per code object
+(pyframes.Interpreter.frame_at). One budget is shared by all threads: one sample per
+`spacing` (default 10 ms: 100 samples/s however many threads run), the feeding threads the
+other probes' events named first (probes/feeders.py: libcuda callers, GIL waiters and
+holders, the wakers of those): while some are known the others share a twentieth of it. No
+thread of gpujitter wakes to sample, no signal, nothing written into the job. Another
 version, or a build whose layout is not known, is named once in the probe's status and its
 host work stays unnamed.
 Cost: docs/performance.md (bench/python_stacks_cost.py).
@@ -18,118 +21,151 @@ Cost: docs/performance.md (bench/python_stacks_cost.py).
 
 from __future__ import annotations
 
-import collections
-import itertools
+import ctypes as ct
 import os
-import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-from gpujitter.probes.base import Probe, ProbeContext, ProbeUnavailable
+from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import PySample
 from gpujitter.probes.feeders import Feeders
 from gpujitter.probes.mapped_scan import MappedScan, watched_pids
-from gpujitter.probes.procfs import task_state
-from gpujitter.probes.pyframes import Frame, Interpreter, NotReadable
-from gpujitter.probes.registry import ProbeSpec
+from gpujitter.probes.pyframes import OWNED_BY_CSTACK, Interpreter, Layout, NotReadable
+from gpujitter.probes.python_gc import (
+    NR_PERF_EVENT_OPEN,
+    PERF_EVENT_IOC_ENABLE,
+    PERF_EVENT_IOC_SET_BPF,
+    PERF_FLAG_FD_CLOEXEC,
+    _PerfEventAttr,
+)
+from gpujitter.probes.registry import Hook, ProbeSpec
 
-QUEUE_MAX = 4096  # samples held between two polls (50 ms): far above the budget's 100/s
-THREADS_EVERY_NS = 1_000_000_000  # a process's thread list is walked again this often
-LOOKS_PER_SAMPLE = 4  # state reads a tick may spend per sample it may take
-IDLE_WAIT_S = 1.0  # with no Python process watched, the sampler looks again this often
+THREADS_EVERY_NS = 1_000_000_000  # a process's thread list is read again this often
+BURST_SAMPLES = 2  # an idle stretch saves up no more than this many samples
+OTHERS_SHARE = 20  # while feeders are known, the others get 1/OTHERS_SHARE of the budget
+MAX_WALK = 16  # frames walked past shims and non-code before a sample gives up
+PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK = 1, 1
+ATTR_DISABLED = 1  # perf_event_attr.flags bit: opened disabled (enabled once the program is set)
 
+# What the .bpf.c gets as -D options besides the thresholds (it never restates them).
+CONSTANTS = {
+    "BURST_SAMPLES": BURST_SAMPLES,
+    "MAX_WALK": MAX_WALK,
+    "OWNED_BY_CSTACK": OWNED_BY_CSTACK,
+}
 
-class ThreadStates:
-    """Whether the kernel shows threads running (or runnable) now, from their stat files,
-    kept open between ticks (a fresh read from offset 0 is current; no open/close a tick)."""
-
-    def __init__(self) -> None:
-        self._fds: dict[tuple[int, int], int] = {}
-
-    def running(self, pid: int, tid: int) -> bool:
-        fd = self._fds.get((pid, tid))
-        try:
-            if fd is None:
-                fd = self._fds[(pid, tid)] = os.open(f"/proc/{pid}/task/{tid}/stat", os.O_RDONLY)
-            stat = os.pread(fd, 512, 0)
-        except OSError:  # the thread ended
-            self.forget(pid, tid)
-            return False
-        return task_state(stat) == "R"
-
-    def forget(self, pid: int, tid: int) -> None:
-        fd = self._fds.pop((pid, tid), None)
-        if fd is not None:
-            os.close(fd)
-
-    def keep(self, pid: int, tids: set[int]) -> None:
-        """Close the files of the process's threads not among tids."""
-        for key in [k for k in self._fds if k[0] == pid and k[1] not in tids]:
-            self.forget(*key)
+_libc = ct.CDLL(None, use_errno=True)
 
 
-def _from(keys: list[tuple[int, int]], turn: int) -> Iterator[tuple[int, int]]:
-    """The keys in turn, beginning at the turn-th (modulo their number), not copied."""
-    start = turn % len(keys) if keys else 0
-    return itertools.chain(itertools.islice(keys, start, None), itertools.islice(keys, start))
+def task_clock_fd(prog_fd: int, tid: int, period_ns: int) -> int:
+    """A task-clock perf event on thread `tid` that runs BPF program prog_fd after every
+    period_ns of the thread's CPU time. Returns its fd (close it to stop); raises OSError
+    (the thread ended, no permission)."""
+    attr = _PerfEventAttr()
+    attr.type, attr.config = PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK
+    attr.size = ct.sizeof(_PerfEventAttr)
+    attr.sample_period = period_ns
+    attr.flags = ATTR_DISABLED
+    fd = _libc.syscall(NR_PERF_EVENT_OPEN, ct.byref(attr), tid, -1, -1, PERF_FLAG_FD_CLOEXEC)
+    if fd < 0:
+        err = ct.get_errno()
+        raise OSError(err, f"perf_event_open task-clock of thread {tid}: {os.strerror(err)}")
+    if _libc.ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd) or _libc.ioctl(
+        fd, PERF_EVENT_IOC_ENABLE, 0
+    ):
+        err = ct.get_errno()
+        os.close(fd)
+        raise OSError(err, f"sampling thread {tid}: {os.strerror(err)}")
+    return fd
 
 
-class PythonStacksProbe(Probe):
+def proc_entry(leaf: Any, interp: Interpreter) -> Any:
+    """struct py_proc of python_stacks.bpf.c for one interpreter."""
+    lay: Layout = interp.layout
+    return leaf(
+        code_type=interp.code_type,
+        tstate_frame=lay.tstate_frame,
+        cframe_current_frame=lay.cframe_current_frame if lay.frame_via_cframe else -1,
+        frame_code=lay.frame_code,
+        frame_previous=lay.frame_previous,
+        frame_owner=lay.frame_owner,
+        code_filename=lay.code_filename,
+        code_name=lay.code_name,
+        code_firstlineno=lay.code_firstlineno,
+    )
+
+
+class PythonStacksProbe(BpfProbe):
+    bpf_file = "python_stacks.bpf.c"
+    rings = ("py_samples",)
+    constants = CONSTANTS
+
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
         self.scan = MappedScan()
-        self.interpreters: dict[int, Interpreter] = {}  # replaced whole, read by the sampler
+        self.interpreters: dict[int, Interpreter] = {}
         self.refused: dict[str, str] = {}  # interpreter file -> why its stacks are not read
         self.samples = 0
-        self.failed_reads = 0
-        self.ticks = 0  # the sampler's wake-ups, for the cost bench
-        self._queue: collections.deque[PySample] = collections.deque()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._wake = threading.Event()  # set when a process to sample appears (or on close)
-        self._thread: threading.Thread | None = None
+        self.failed_reads = 0  # thread lists and code objects that could not be read
         self._core: Any = None
         self._feeders = Feeders()
-        self._states = ThreadStates()
-        # pid -> (when its thread list was read, tid -> thread state address); sampler only
-        self._threads: dict[int, tuple[int, dict[int, int]]] = {}
-        self._credit_ns = 0  # the budget not yet spent: one sample per spacing_ns of it
-        self._turns = (0, 0)  # where the next looks at the feeders and the others begin
-        self._owner: dict[int, int] = {}  # tid -> pid, of the threads sampled
-        self._keys: list[tuple[int, int]] = []  # (pid, tid) of those threads, in order
-        self._indexed = 0  # processes in _owner
+        self._feeder_changes = -1  # the feeders' change count last written to the kernel
+        self._prog_fd = -1
+        # pid -> when its thread list was read; (pid, tid) -> [perf event fd, thread state]
+        self._listed: dict[int, int] = {}
+        self._sampled: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def cflags(self, ctx: ProbeContext) -> list[str]:
+        """The thresholds, the constants, and the others' spacing while feeders are known."""
+        spacing_ns = max(1, self.threshold(ctx, "spacing"))
+        return [*super().cflags(ctx), f"-DOTHERS_SPACING_NS={OTHERS_SHARE * spacing_ns}LL"]
 
     def start(self, ctx: ProbeContext) -> None:
-        self._emit = ctx.emit
         self._core = ctx.shared.get("core")
         if self._core is None:
             raise ProbeUnavailable("no watched set to sample (the core module is not loaded)")
         self._feeders = ctx.shared.get("feeders", self._feeders)
-        self.period_ns = self.threshold(ctx, "period")
-        self.spacing_ns = max(1, self.threshold(ctx, "spacing"))
-        self._find()
-        self._thread = threading.Thread(target=self._run, name="gpujitter-pystacks", daemon=True)
-        self._thread.start()
+        self.period_ns = max(1, self.threshold(ctx, "period"))
+        super().start(ctx)
+        self._find(time.monotonic_ns())
 
-    def _find(self) -> None:
-        """Look at the watched processes not yet looked at (on the probe thread: the watched
-        set lives in the core's BPF maps)."""
-        found = dict(self.interpreters)
-        for pid in self.scan.due(watched_pids(self._core.bpf), time.monotonic_ns()):
+    def attach(self, ctx: ProbeContext) -> None:
+        from bcc import BPF
+
+        self._prog_fd = int(self.bpf.load_func("py_tick", BPF.PERF_EVENT).fd)
+
+    def _find(self, now_ns: int) -> None:
+        """Look at the watched processes not yet looked at (the watched set lives in the
+        core's BPF maps), forget those that exited, read the thread lists that are due."""
+        procs = self.bpf["py_procs"]
+        for pid in self.scan.due(watched_pids(self._core.bpf), now_ns):
             try:
-                found[pid] = Interpreter(pid)
+                interp = Interpreter(pid)
             except NotReadable as err:
-                if not err.path:
-                    continue  # not Python (yet: an interpreter loaded later is looked at again)
-                self.refused.setdefault(err.path, str(err))
+                if err.path:
+                    self.refused.setdefault(err.path, str(err))
+                    self.scan.done(pid)
+                continue  # not Python (yet: an interpreter loaded later is looked at again)
+            self.interpreters[pid] = interp
+            procs[ct.c_uint32(pid)] = proc_entry(procs.Leaf, interp)
             self.scan.done(pid)
         for pid in self.scan.forget_exited():
-            found.pop(pid, None)
-        self.interpreters = found
-        if found:
-            self._wake.set()
-        versions = sorted({i.version for i in found.values()})
+            if self.interpreters.pop(pid, None) is not None:
+                del procs[ct.c_uint32(pid)]
+                self._threads(pid, {})
+                self._listed.pop(pid, None)
+        for pid, interp in self.interpreters.items():
+            if now_ns - self._listed.get(pid, -THREADS_EVERY_NS) >= THREADS_EVERY_NS:
+                try:
+                    threads = interp.threads()
+                except OSError:
+                    self.failed_reads += 1
+                    continue
+                self._listed[pid] = now_ns
+                self._threads(pid, threads)
+        self._feeders.recent(now_ns)  # forgets those not named for a while: a change
+        self._push_feeders(now_ns)
+        versions = sorted({i.version for i in self.interpreters.values()})
         said = "; ".join(f"{path}: {why}" for path, why in sorted(self.refused.items()))
         self.state = "running"
         self.reason = (
@@ -141,125 +177,80 @@ class PythonStacksProbe(Probe):
             or "no CPython process among the watched ones yet"
         )
 
-    def _run(self) -> None:
-        deadline = time.monotonic_ns()
-        while not self._stop.is_set():
-            interpreters = self.interpreters
-            for gone in set(self._threads) - set(interpreters):
-                del self._threads[gone]
-                self._states.keep(gone, set())
-            if not interpreters:  # nothing to sample: no wake-ups at the tick's rate
-                self._wake.wait(IDLE_WAIT_S)
-                self._wake.clear()
-                deadline = time.monotonic_ns()
+    def _threads(self, pid: int, threads: dict[int, int]) -> None:
+        """Sample the process's Python threads `threads` (tid -> thread state) from now on,
+        and no longer its others: a perf event and a py_threads entry per thread."""
+        table = self.bpf["py_threads"]
+        for key in [k for k in self._sampled if k[0] == pid and k[1] not in threads]:
+            os.close(self._sampled.pop(key)[0])
+            table.pop(ct.c_uint32(key[1]), None)
+        for tid, tstate in threads.items():
+            had = self._sampled.get((pid, tid))
+            if had is not None and had[1] == tstate:
                 continue
-            self.ticks += 1
-            self._tick(interpreters)
-            deadline += self.period_ns
-            wait = deadline - time.monotonic_ns()
-            if wait < 0:  # fell behind (a busy CPU): skip the missed ticks, never catch up
-                deadline, wait = time.monotonic_ns(), 0
-            # time.sleep, not an Event's wait: half the CPU a wake-up here (close() waits
-            # out one period at most)
-            time.sleep(wait / 1e9)
+            if had is None:
+                try:
+                    had = (task_clock_fd(self._prog_fd, tid, self.period_ns), tstate)
+                except OSError:  # the thread ended since the list was read
+                    continue
+            self._sampled[(pid, tid)] = (had[0], tstate)
+            table[ct.c_uint32(tid)] = table.Leaf(tstate=tstate, tgid=pid, feeder=0)
+        self._feeder_changes = -1  # new entries say feeder=0: write the flags again
 
-    def _refresh(self, interpreters: dict[int, Interpreter], now: int) -> None:
-        """Walk again the thread lists that are due, once a second a process (threads come
-        and go rarely; a thread state freed meanwhile reads as no frame, or fails); the
-        sampled threads in order, and the process of each, rebuilt only when one was read."""
-        changed = False
-        for pid, interp in interpreters.items():
-            if now - self._threads.get(pid, (-THREADS_EVERY_NS, {}))[0] < THREADS_EVERY_NS:
-                continue
-            try:
-                threads = interp.threads()
-            except OSError:
-                self.failed_reads += 1
-                threads = {}
-            self._states.keep(pid, set(threads))
-            self._threads[pid] = (now, threads)
-            changed = True
-        if changed or len(self._threads) != self._indexed:
-            self._owner = {
-                tid: pid for pid in sorted(self._threads) for tid in self._threads[pid][1]
-            }
-            self._keys = sorted((pid, tid) for tid, pid in self._owner.items())
-            self._indexed = len(self._threads)
-
-    def _tick(self, interpreters: dict[int, Interpreter]) -> None:
-        """Spend this tick's share of the budget: feeders first, then the other threads,
-        each group from where the last tick stopped, reading the running ones' frames. The
-        work is bounded by the budget, not by the number of threads."""
-        now = time.monotonic_ns()
-        cap = max(self.period_ns, self.spacing_ns)  # an idle stretch saves no burst up
-        self._credit_ns = min(self._credit_ns + self.period_ns, cap)
-        allowed = self._credit_ns // self.spacing_ns
-        if not allowed:
+    def _push_feeders(self, now_ns: int) -> None:
+        """Tell the kernel which sampled threads feed, when that changed."""
+        if self._feeders.changes == self._feeder_changes:
             return
-        self._refresh(interpreters, now)
-        feeders = self._feeders.recent(now)
-        first = sorted((self._owner[tid], tid) for tid in feeders if tid in self._owner)
-        groups = (_from(first, self._turns[0]), _from(self._keys, self._turns[1]))
-        looks = allowed * LOOKS_PER_SAMPLE
-        taken = 0
-        looked = [0, 0]
-        for group, keys in enumerate(groups):
-            for pid, tid in keys:
-                if taken == allowed or sum(looked) == looks:
-                    break
-                if group and tid in feeders:
-                    continue  # looked at already, among the feeders
-                looked[group] += 1
-                if self._states.running(pid, tid) and self._sample(pid, interpreters[pid], tid):
-                    taken += 1
-        self._turns = (self._turns[0] + looked[0], self._turns[1] + looked[1])
-        self._credit_ns -= taken * self.spacing_ns
-
-    def _sample(self, pid: int, interp: Interpreter, tid: int) -> bool:
-        """Read the thread's innermost frame and queue it (False: the read failed)."""
-        tstate = self._threads[pid][1][tid]
-        ts = time.monotonic_ns()
-        try:
-            frames = interp.stack(tstate, 1)
-        except OSError:
-            self.failed_reads += 1
-            return False
-        top = frames[0] if frames else Frame("", "", 0)
-        sample = PySample(ts_ns=ts, tid=tid, tgid=pid, func=top.func, file=top.file, line=top.line)
-        with self._lock:
-            if len(self._queue) >= QUEUE_MAX:
-                self.lost_user += 1
-                return True
-            self._queue.append(sample)
-        return True
+        self._feeder_changes = self._feeders.changes
+        feeders = self._feeders.recent(now_ns)
+        table = self.bpf["py_threads"]
+        known = 0
+        for (pid, tid), (_, tstate) in self._sampled.items():
+            feeder = int(tid in feeders)
+            known |= feeder
+            table[ct.c_uint32(tid)] = table.Leaf(tstate=tstate, tgid=pid, feeder=feeder)
+        self.bpf["py_feeders_known"][ct.c_uint32(0)] = ct.c_uint32(known)
 
     def poll(self) -> None:
-        with self._lock:
-            batch, self._queue = self._queue, collections.deque()
-        for sample in batch:
-            self.samples += 1
-            self.deliver(sample)
+        if self.bpf is not None:
+            self._push_feeders(time.monotonic_ns())
+        super().poll()
+
+    def decode(self, ring: str, rec: Any) -> PySample | None:
+        interp = self.interpreters.get(rec.tgid)
+        if interp is None:
+            return None
+        func, file, line = "", "", 0
+        if rec.code:
+            try:
+                frame = interp.frame_at(rec.code, rec.filename, rec.name, rec.firstlineno)
+            except OSError:
+                self.failed_reads += 1
+                return None
+            func, file, line = frame.func, frame.file, frame.line
+        self.samples += 1
+        return PySample(ts_ns=rec.ts_ns, tid=rec.tid, tgid=rec.tgid, func=func, file=file,
+                        line=line)  # fmt: skip
 
     def sample(self, now_ns: int) -> tuple[()]:
-        self._find()
+        if self.bpf is not None:
+            self._find(now_ns)
         return ()
 
     def close(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-        for pid in list(self._threads):
-            self._states.keep(pid, set())
+        for fd, _ in self._sampled.values():
+            os.close(fd)
+        self._sampled.clear()
+        super().close()
 
 
 SPECS = (
     ProbeSpec(
         name="python_stacks",
-        summary="innermost Python frame of running watched threads (CPython 3.10-3.13, "
-        "read from outside: 100 samples/s shared by all threads, feeding threads first)",
+        summary="innermost Python frame of watched threads per 10 ms of their CPU (CPython "
+        "3.10-3.13, read in the kernel: 100 samples/s shared by all threads, feeders first)",
         default_on=True,
-        hooks=(),
+        hooks=(Hook("perf_event", "software:task-clock"),),
         degrades="host work is not named by the Python function that ran",
         factory=PythonStacksProbe,
         thresholds={"period": 10_000_000, "spacing": 10_000_000},

@@ -75,8 +75,9 @@ def test_watching_every_process_starts_though_some_cannot_be_read() -> None:
 def test_many_busy_threads_share_one_budget_and_feeders_come_first() -> None:
     """Regression: every running watched thread was sampled at every tick, so the sampler's
     CPU grew with the number of busy threads (2.5-4.6 % of a CPU each). Six always-busy
-    processes now share one budget (one sample per `spacing`), each in turn; once a GIL wait
-    names one of them (a feeder) it takes the budget first."""
+    processes now share one budget (one sample per `spacing`), none starved; once a GIL wait
+    names one of them (a feeder) it takes the budget first: every sample its CPU time
+    offers (a third of a CPU here), the others a trickle."""
     procs = [_start("/usr/bin/python3.11", BUSY) for _ in range(6)]
     feeder = procs[0].pid
     phases: dict[str, list[PySample]] = {"shared": [], "feeder": []}
@@ -95,6 +96,9 @@ def test_many_busy_threads_share_one_budget_and_feeders_come_first() -> None:
                 probes.tick(time.monotonic_ns())
             budget = {}
             for phase, samples in phases.items():
+                if phase == "feeder":  # named: counted from when the probe has heard of it
+                    probes.ctx.emit(GilWait(ts_ns=time.monotonic_ns(), dur_ns=2_000_000,
+                                            tid=feeder, tgid=feeder, cpu=0))  # fmt: skip
                 probes.poll()
                 took.clear()
                 t0 = time.monotonic_ns()

@@ -1,0 +1,157 @@
+/* python_stacks: the innermost Python frame of a watched CPython thread, read in the kernel
+ * each time the thread has run THRESHOLD_PERIOD_NS more of CPU time (a task-clock perf event
+ * per thread, opened by python_stacks.py, runs py_tick in that thread's context).
+ *
+ * Where to read: py_threads (thread id -> its thread state's address, written by user space
+ * from the interpreter's thread list) and py_procs (process id -> where that CPython version
+ * keeps the fields, from probes/pyframes.py). The walk goes from the thread state to its
+ * current frame, past shim frames (owned by the C stack) and anything that is not a code
+ * object, and streams the code object's address with its name, file and first line as
+ * pointers: user space turns them into text once per code object.
+ *
+ * Budget: one sample per THRESHOLD_SPACING_NS in all, bursts of BURST_SAMPLES at most; while
+ * user space says feeding threads are known (py_feeders_known), the other threads share
+ * only one sample per OTHERS_SPACING_NS of it. The budget is read and written without a
+ * lock: two CPUs deciding in the same instant can both spend it (one sample over, rarely).
+ */
+#include "gpujitter.h"
+
+struct py_proc {
+    u64 code_type;          /* PyCode_Type's address in the process */
+    u32 tstate_frame;
+    s32 cframe_current_frame; /* -1: the thread state points at the frame itself */
+    u32 frame_code;
+    u32 frame_previous;
+    s32 frame_owner;        /* -1: the version's frames have no owner field */
+    u32 code_filename;
+    u32 code_name;
+    u32 code_firstlineno;
+};
+BPF_HASH(py_procs, u32, struct py_proc, 1024);
+
+struct py_thread {
+    u64 tstate;
+    u32 tgid;               /* a thread id reused by another process is not read */
+    u32 feeder;             /* a feeding thread (probes/feeders.py): first on the budget */
+};
+BPF_HASH(py_threads, u32, struct py_thread, GJ_MAX_THREADS);
+
+struct py_budget {
+    u64 last_ns;
+    s64 credit_ns;          /* all threads */
+    s64 others_ns;          /* the non-feeders, while feeders are known */
+};
+BPF_ARRAY(py_budget, struct py_budget, 1);
+BPF_ARRAY(py_feeders_known, u32, 1);
+
+struct py_sample {
+    u64 ts_ns;
+    u64 code;               /* 0: the thread runs no Python code now */
+    u64 filename;
+    u64 name;
+    u32 tid;
+    u32 tgid;
+    s32 firstlineno;
+    u32 pad;
+};
+BPF_RINGBUF_OUTPUT(py_samples, 8);
+BPF_ARRAY(py_failed, u64, 1);  /* samples dropped for a read that failed */
+
+/* Whether the budget allows this sample now; spends it if so. */
+static __always_inline bool py_spend(u64 now, bool feeder)
+{
+    u32 zero = 0;
+    struct py_budget *b = py_budget.lookup(&zero);
+    u32 *known = py_feeders_known.lookup(&zero);
+    if (!b)
+        return false;
+    s64 elapsed = b->last_ns ? (s64)(now - b->last_ns) : BURST_SAMPLES * THRESHOLD_SPACING_NS;
+    b->last_ns = now;
+    s64 credit = b->credit_ns + elapsed, others = b->others_ns + elapsed;
+    if (credit > BURST_SAMPLES * THRESHOLD_SPACING_NS)
+        credit = BURST_SAMPLES * THRESHOLD_SPACING_NS;
+    if (others > OTHERS_SPACING_NS)
+        others = OTHERS_SPACING_NS;
+    bool take = credit >= THRESHOLD_SPACING_NS;
+    bool held = !feeder && known && *known;
+    if (take && held) {
+        take = others >= OTHERS_SPACING_NS;
+        if (take)
+            others -= OTHERS_SPACING_NS;
+    }
+    if (take)
+        credit -= THRESHOLD_SPACING_NS;
+    b->credit_ns = credit;
+    b->others_ns = others;
+    return take;
+}
+
+/* The word at addr in the current process; a failed read (a page not resident, a frame
+ * freed under the walk) marks the sample bad. */
+static __always_inline u64 py_word(u64 addr, bool *bad)
+{
+    u64 v = 0;
+    if (bpf_probe_read_user(&v, sizeof(v), (void *)addr))
+        *bad = true;
+    return v;
+}
+
+int py_tick(struct bpf_perf_event_data *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = id, tgid = id >> 32;
+    struct py_thread *t = py_threads.lookup(&tid);
+    if (!t || t->tgid != tgid)
+        return 0;
+    struct py_proc *p = py_procs.lookup(&tgid);
+    if (!p)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    if (!py_spend(now, t->feeder))
+        return 0;
+    struct py_sample *e = py_samples.ringbuf_reserve(sizeof(*e));
+    if (!e) {
+        gj_count_lost();
+        return 0;
+    }
+    e->ts_ns = now;
+    e->tid = tid;
+    e->tgid = tgid;
+    e->code = 0;
+    e->filename = 0;
+    e->name = 0;
+    e->firstlineno = 0;
+    e->pad = 0;
+    bool bad = false;
+    u64 frame = py_word(t->tstate + p->tstate_frame, &bad);
+    if (frame && p->cframe_current_frame >= 0)
+        frame = py_word(frame + p->cframe_current_frame, &bad);
+#pragma unroll
+    for (int i = 0; i < MAX_WALK; i++) {
+        if (!frame || bad)
+            break;
+        u64 code = py_word(frame + p->frame_code, &bad);
+        u8 owner = 0;
+        if (p->frame_owner >= 0 && bpf_probe_read_user(&owner, 1, (void *)(frame + p->frame_owner)))
+            bad = true;
+        if (code && owner != OWNED_BY_CSTACK && py_word(code + 8, &bad) == p->code_type) {
+            e->code = code;
+            e->filename = py_word(code + p->code_filename, &bad);
+            e->name = py_word(code + p->code_name, &bad);
+            if (bpf_probe_read_user(&e->firstlineno, 4, (void *)(code + p->code_firstlineno)))
+                bad = true;
+            break;
+        }
+        frame = py_word(frame + p->frame_previous, &bad);
+    }
+    if (bad) {
+        py_samples.ringbuf_discard(e, BPF_RB_NO_WAKEUP);
+        u32 zero = 0;
+        u64 *n = py_failed.lookup(&zero);
+        if (n)
+            __sync_fetch_and_add(n, 1);
+        return 0;
+    }
+    py_samples.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    return 0;
+}
