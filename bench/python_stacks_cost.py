@@ -1,14 +1,16 @@
 """What the python_stacks probe costs, measured as root: a Python process running a pure-Python
-loop on one thread (always running, so sampled at every tick: the worst case per thread),
-with the probe sampling it and not (its sample budget set to none and back: the sampler
-still wakes every period), round by round with the order flipping each round so that drift
-in the VM cancels out. Reports the loop's CPU time per iteration off and on and their ratio
-(what the job loses: the reads do not stop it, so only cache and memory-bus effects can
-show), and the sampler thread's own CPU time per sample and per second (what gpujitter
-spends).
+loop on one thread (always running, so sampled every period: the worst case per thread), with
+the probe sampling it and not (its threads' perf events disabled and enabled again), round by
+round with the order flipping each round so that drift in the VM cancels out. Reports the
+loop's CPU time per iteration off and on and their ratio (what the job loses: the BPF walk
+runs in its thread, in the timer interrupt that ends each period), the BPF program's time
+per run (kernel run-time statistics), and this process's CPU time per sample on less off
+(what gpujitter's user space spends: the ring buffer's records decoded, the frames looked up).
 Then the scaling: N watched Python processes each spinning in Python (all of them always
-runnable: data-loader workers at full load), for each N in --busy, the sampler thread's CPU
-share of one CPU and the samples it took per second over --window seconds.
+runnable: data-loader workers at full load), for each N in --busy, over --window seconds with
+the records consumed every 50 ms as the daemon does: this process's CPU share of one CPU
+(the 50 ms loop included), the samples per second, and the BPF program's runs per second
+and time per run.
 
     flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.python_stacks_cost --rounds 10
 """
@@ -16,7 +18,9 @@ share of one CPU and the samples it took per second over --window seconds.
 from __future__ import annotations
 
 import argparse
+import ctypes as ct
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -24,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpujitter.probes.progstats import enable_stats, prog_stats
 from gpujitter.probes.python_stacks import PythonStacksProbe
 from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import load_topology
@@ -61,9 +66,20 @@ def ask(child: subprocess.Popen[str], iterations: int) -> int:
     return int(json.loads(child.stdout.readline())["ns"])
 
 
-def sampler_cpu_ns(probe: PythonStacksProbe) -> int:
-    assert probe._thread is not None and probe._thread.ident is not None
-    return time.clock_gettime_ns(time.pthread_getcpuclockid(probe._thread.ident))
+PERF_EVENT_IOC_ENABLE, PERF_EVENT_IOC_DISABLE = 0x2400, 0x2401
+_libc = ct.CDLL(None, use_errno=True)
+
+
+def sampling(probe: PythonStacksProbe, on: bool) -> None:
+    """Enable or disable the perf events of every thread the probe samples."""
+    for fd, _ in probe._sampled.values():
+        _libc.ioctl(fd, PERF_EVENT_IOC_ENABLE if on else PERF_EVENT_IOC_DISABLE, 0)
+
+
+def bpf_totals(probe: PythonStacksProbe) -> tuple[int, int]:
+    """(runs, ns) of the probe's BPF program so far."""
+    stats = [prog_stats(fd) for fd in probe.programs()]
+    return sum(s.run_cnt for s in stats), sum(s.run_time_ns for s in stats)
 
 
 def scaling(busy: int, window_s: float) -> dict[str, float]:
@@ -87,17 +103,21 @@ def scaling(busy: int, window_s: float) -> dict[str, float]:
                 probes.tick(time.monotonic_ns())
             time.sleep(1.0)  # thread lists read, files opened
             probes.poll()
-            samples0, cpu0, t0 = probe.samples, sampler_cpu_ns(probe), time.monotonic_ns()
+            samples0, cpu0, t0 = probe.samples, time.process_time_ns(), time.monotonic_ns()
+            runs0, bpf0 = bpf_totals(probe)
             end = t0 + int(window_s * 1e9)
             while time.monotonic_ns() < end:
                 time.sleep(0.05)
                 probes.poll()
             elapsed_s = (time.monotonic_ns() - t0) / 1e9
-            cpu_s = (sampler_cpu_ns(probe) - cpu0) / 1e9
+            cpu_s = (time.process_time_ns() - cpu0) / 1e9
+            runs, bpf_ns = (a - b for a, b in zip(bpf_totals(probe), (runs0, bpf0), strict=True))
             return {
                 "busy_processes": busy,
-                "sampler_cpu_share": round(cpu_s / elapsed_s, 4),
+                "user_cpu_share": round(cpu_s / elapsed_s, 4),
                 "samples_per_s": round((probe.samples - samples0) / elapsed_s, 1),
+                "bpf_runs_per_s": round(runs / elapsed_s, 1),
+                "bpf_us_per_run": round(bpf_ns / max(1, runs) / 1e3, 2),
             }
     finally:
         for p in procs:
@@ -119,8 +139,10 @@ def main() -> int:
     )
     off: list[float] = []
     on: list[float] = []
-    per_sample: list[float] = []
-    per_s: list[float] = []
+    user_ns: dict[bool, list[int]] = {False: [], True: []}  # this process's CPU, per round
+    taken: list[int] = []
+    per_run: list[float] = []
+    stats_fd = enable_stats()
     with ProbeSet(
         ["python_stacks"], topology=load_topology(), watch=WatchSpec(pids={child.pid}),
         emit=lambda ev: True,
@@ -129,35 +151,42 @@ def main() -> int:
         probe = next(p for p in probes.probes if isinstance(p, PythonStacksProbe))
         ask(child, args.iterations // 10)  # warm-up
         assert probe.interpreters, f"python_stacks found no interpreter: {probe.reason}"
-        spacing_ns = probe.spacing_ns
         for r in range(args.rounds):
             for state in (False, True) if r % 2 == 0 else (True, False):
-                probe.spacing_ns = spacing_ns if state else 1 << 62  # off: no sample budget
-                samples0, cpu0, t0 = (
-                    probe.samples + len(probe._queue),
-                    sampler_cpu_ns(probe),
-                    time.monotonic_ns(),
-                )
+                sampling(probe, state)
+                probes.poll()
+                samples0, cpu0 = probe.samples, time.process_time_ns()
+                runs0, bpf0 = bpf_totals(probe)
                 ns = ask(child, args.iterations)
                 probes.poll()
-                taken = probe.samples - samples0
                 (on if state else off).append(ns / args.iterations)
-                if state and taken:
-                    cpu = sampler_cpu_ns(probe) - cpu0
-                    per_sample.append(cpu / taken)
-                    per_s.append(cpu / ((time.monotonic_ns() - t0) / 1e9))
+                user_ns[state].append(time.process_time_ns() - cpu0)
+                runs, bpf_ns = (
+                    a - b for a, b in zip(bpf_totals(probe), (runs0, bpf0), strict=True)
+                )
+                if state:
+                    per_run.append(bpf_ns / max(1, runs))
+                    taken.append(probe.samples - samples0)
         reason = probe.reason
+    if stats_fd >= 0:
+        os.close(stats_fd)
     assert child.stdin is not None
     child.stdin.close()
     child.wait(timeout=30)
+    user_per_sample = [
+        (ns - statistics.median(user_ns[False])) / max(1, n)
+        for ns, n in zip(user_ns[True], taken, strict=True)
+    ]
     result: dict[str, Any] = {
         "probe": reason,
         "period_ms": 10,
         "ns_per_iteration_off": round(statistics.median(off), 3),
         "ns_per_iteration_on": round(statistics.median(on), 3),
         "ratio_on_off": round(statistics.median(on) / statistics.median(off), 4),
-        "sampler_us_per_sample": round(statistics.median(per_sample) / 1e3, 1),
-        "sampler_cpu_share_per_running_thread": round(statistics.median(per_s) / 1e9, 4),
+        "bpf_us_per_sample": round(statistics.median(per_run) / 1e3, 2),
+        # this process's CPU in a round on, less the median round off, per sample taken
+        "user_us_per_sample": round(statistics.median(user_per_sample) / 1e3, 1),
+        "samples_per_round": statistics.median(taken),
         "scaling": [scaling(int(n), args.window) for n in args.busy.split(",") if n],
         "off_all": off,
         "on_all": on,

@@ -8,9 +8,11 @@ import glob
 import subprocess
 import time
 
+import pytest
+
 from gpujitter.probes import registry
 from gpujitter.probes.events import Event, GilWait, PySample
-from gpujitter.probes.python_stacks import PythonStacksProbe
+from gpujitter.probes.python_stacks import OTHERS_SHARE, PythonStacksProbe
 from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
@@ -75,9 +77,9 @@ def test_watching_every_process_starts_though_some_cannot_be_read() -> None:
 def test_many_busy_threads_share_one_budget_and_feeders_come_first() -> None:
     """Regression: every running watched thread was sampled at every tick, so the sampler's
     CPU grew with the number of busy threads (2.5-4.6 % of a CPU each). Six always-busy
-    processes now share one budget (one sample per `spacing`), none starved; once a GIL wait
-    names one of them (a feeder) it takes the budget first: every sample its CPU time
-    offers (a third of a CPU here), the others a trickle."""
+    processes now share one budget (one sample per `spacing`), each by its CPU time, none
+    starved; once a GIL wait names one of them (a feeder) it takes the budget first: every
+    sample its CPU time offers (a third of a CPU here), the others a trickle."""
     procs = [_start("/usr/bin/python3.11", BUSY) for _ in range(6)]
     feeder = procs[0].pid
     phases: dict[str, list[PySample]] = {"shared": [], "feeder": []}
@@ -94,14 +96,14 @@ def test_many_busy_threads_share_one_budget_and_feeders_come_first() -> None:
             while len(probe.interpreters) < len(procs):  # found once a second
                 time.sleep(0.2)
                 probes.tick(time.monotonic_ns())
-            budget = {}
+            budget, elapsed, cpu = {}, {}, {}
             for phase, samples in phases.items():
                 if phase == "feeder":  # named: counted from when the probe has heard of it
                     probes.ctx.emit(GilWait(ts_ns=time.monotonic_ns(), dur_ns=2_000_000,
                                             tid=feeder, tgid=feeder, cpu=0))  # fmt: skip
                 probes.poll()
                 took.clear()
-                t0 = time.monotonic_ns()
+                t0, cpu0 = time.monotonic_ns(), [_cpu_ns(p.pid) for p in procs]
                 for _ in range(15):
                     if phase == "feeder":
                         gil = GilWait(ts_ns=time.monotonic_ns(), dur_ns=2_000_000,
@@ -110,14 +112,61 @@ def test_many_busy_threads_share_one_budget_and_feeders_come_first() -> None:
                     time.sleep(0.1)
                     probes.poll()
                 samples.extend(took)
-                budget[phase] = (time.monotonic_ns() - t0) // spacing_ns + 2
+                elapsed[phase] = time.monotonic_ns() - t0
+                cpu[phase] = [_cpu_ns(p.pid) - c for p, c in zip(procs, cpu0, strict=True)]
+                budget[phase] = elapsed[phase] // spacing_ns + 2
     finally:
         for p in procs:
             p.kill()
             p.wait()
     shared = [sum(1 for s in phases["shared"] if s.tgid == p.pid) for p in procs]
     assert 0 < sum(shared) <= budget["shared"], (shared, budget)
-    assert min(shared) >= 0.5 * max(shared), shared  # in turn: none starved
+    # by CPU time (each sample stands for a period of it): none starved
+    per_cpu = [n / ns for n, ns in zip(shared, cpu["shared"], strict=True)]
+    assert min(per_cpu) >= 0.5 * max(per_cpu), (shared, cpu["shared"])
     fed = phases["feeder"]
     assert 0 < len(fed) <= budget["feeder"], (len(fed), budget)
-    assert sum(1 for s in fed if s.tgid == feeder) >= 0.8 * len(fed), fed
+    period_ns = registry.get("python_stacks").thresholds["period"]
+    mine = sum(1 for s in fed if s.tgid == feeder)
+    assert mine >= 0.8 * cpu["feeder"][0] // period_ns, (mine, cpu["feeder"])
+    others = elapsed["feeder"] // (OTHERS_SHARE * spacing_ns) + 2
+    assert len(fed) - mine <= others, (len(fed), mine, others)
+
+
+SPIN = "def spin_here():\n    while True:\n        pass\nprint(flush=True)\nspin_here()\n"
+PYENV = sorted(glob.glob("/root/.pyenv/versions/3.1[0-3]*/bin/python3.1[0-3]"))
+
+
+@pytest.mark.parametrize("exe", ["/usr/bin/python3.11", *PYENV])
+def test_the_kernels_walk_reads_every_supported_layout(exe: str) -> None:
+    """Each version's layout as the BPF program walks it (3.10's frame objects, 3.11 and
+    3.12 through the C frame, 3.13 from its debug offsets): the busy function, its file and
+    first line, and one sample per period of the thread's CPU time at most."""
+    proc = _start(exe, SPIN)
+    took: list[PySample] = []
+    period_ns = registry.get("python_stacks").thresholds["period"]
+    try:
+        with ProbeSet(
+            ["python_stacks"], topology=load_topology(), watch=WatchSpec(pids={proc.pid}),
+            emit=lambda ev: took.append(ev) if isinstance(ev, PySample) else None,
+        ) as probes:  # fmt: skip
+            probes.start()
+            probes.poll()  # what was taken while the probe started
+            took.clear()
+            cpu0 = _cpu_ns(proc.pid)
+            time.sleep(0.5)
+            probes.poll()
+            cpu_ns = _cpu_ns(proc.pid) - cpu0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert {(s.tid, s.func, s.file, s.line) for s in took} == {
+        (proc.pid, "spin_here", "<string>", 1)
+    }
+    assert 0.5 * cpu_ns / period_ns <= len(took) <= cpu_ns / period_ns + 2, (len(took), cpu_ns)
+
+
+def _cpu_ns(tid: int) -> int:
+    """The CPU time a thread has run, from its schedstat (ns)."""
+    with open(f"/proc/{tid}/schedstat") as f:
+        return int(f.read().split()[0])
