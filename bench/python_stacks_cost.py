@@ -6,7 +6,10 @@ loop's CPU time per iteration off and on and their ratio (what the job loses: th
 runs in its thread, in the timer interrupt that ends each period), the BPF program's time
 per run (kernel run-time statistics), and this process's CPU time per sample on less off
 (what gpujitter's user space spends: the ring buffer's records decoded, the frames looked up).
-Then the scaling: N watched Python processes each spinning in Python (all of them always
+Then the switches: a Python process ping-ponging one byte with a thread of its own over
+pipes (four switches of its threads a round trip), its round trip with the threads' perf
+events on and off (the task-clock timer is stopped and started at each switch of a sampled
+thread). Then the scaling: N watched Python processes each spinning in Python (all of them always
 runnable: data-loader workers at full load), for each N in --busy, over --window seconds with
 the records consumed every 50 ms as the daemon does: this process's CPU share of one CPU
 (the 50 ms loop included), the samples per second, and the BPF program's runs per second
@@ -18,6 +21,7 @@ and time per run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes as ct
 import json
 import os
@@ -25,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +61,24 @@ for line in sys.stdin:
 """
 
 
+# The ping-pong: on "N", N round trips between the main thread and an echoing thread; replies
+# with the mean round trip in ns.
+PINGPONG = """
+import os, sys, threading, time
+a, b = os.pipe()
+c, d = os.pipe()
+def echo():
+    while True:
+        os.write(d, os.read(a, 1))
+threading.Thread(target=echo, daemon=True).start()
+for line in sys.stdin:
+    n = int(line)
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        os.write(b, b"x")
+        os.read(c, 1)
+    print((time.perf_counter_ns() - t0) // n, flush=True)
+"""
 BUSY = "def spin():\n    while True:\n        pass\nprint(flush=True)\nspin()\n"
 
 
@@ -76,10 +99,52 @@ def sampling(probe: PythonStacksProbe, on: bool) -> None:
         _libc.ioctl(fd, PERF_EVENT_IOC_ENABLE if on else PERF_EVENT_IOC_DISABLE, 0)
 
 
+@contextlib.contextmanager
+def sampling_set(pids: set[int]) -> Iterator[tuple[ProbeSet, PythonStacksProbe]]:
+    """python_stacks started alone on the processes `pids`, with the probe."""
+    with ProbeSet(
+        ["python_stacks"], topology=load_topology(), watch=WatchSpec(pids=pids),
+        emit=lambda ev: True,
+    ) as probes:  # fmt: skip
+        probes.start()
+        yield probes, next(p for p in probes.probes if isinstance(p, PythonStacksProbe))
+
+
 def bpf_totals(probe: PythonStacksProbe) -> tuple[int, int]:
     """(runs, ns) of the probe's BPF program so far."""
     stats = [prog_stats(fd) for fd in probe.programs()]
     return sum(s.run_cnt for s in stats), sum(s.run_time_ns for s in stats)
+
+
+def switches(rounds: int, trips: int = 20_000) -> dict[str, float]:
+    """The ping-pong's round trip (µs, medians of alternating rounds) off and on."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", PINGPONG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdin is not None and child.stdout is not None
+
+    def trip(n: int) -> int:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(f"{n}\n")
+        child.stdin.flush()
+        return int(child.stdout.readline())
+
+    rtt: dict[bool, list[int]] = {False: [], True: []}
+    try:
+        with sampling_set({child.pid}) as (probes, probe):
+            trip(trips // 10)  # warm-up; both threads exist and are sampled
+            assert len(probe._sampled) == 2, f"threads sampled: {list(probe._sampled)}"
+            for r in range(rounds):
+                for state in (False, True) if r % 2 == 0 else (True, False):
+                    sampling(probe, state)
+                    rtt[state].append(trip(trips))
+                    probes.poll()
+    finally:
+        child.kill()
+        child.wait()
+    off, on = (statistics.median(rtt[s]) / 1e3 for s in (False, True))
+    return {"round_trip_us_off": round(off, 2), "round_trip_us_on": round(on, 2),
+            "per_round_trip_us": round(on - off, 2)}  # fmt: skip
 
 
 def scaling(busy: int, window_s: float) -> dict[str, float]:
@@ -92,12 +157,7 @@ def scaling(busy: int, window_s: float) -> dict[str, float]:
         for p in procs:
             assert p.stdout is not None
             p.stdout.readline()
-        with ProbeSet(
-            ["python_stacks"], topology=load_topology(),
-            watch=WatchSpec(pids={p.pid for p in procs}), emit=lambda ev: True,
-        ) as probes:  # fmt: skip
-            probes.start()
-            probe = next(p for p in probes.probes if isinstance(p, PythonStacksProbe))
+        with sampling_set({p.pid for p in procs}) as (probes, probe):
             while len(probe.interpreters) < busy:  # the scan looks at new processes each second
                 time.sleep(0.2)
                 probes.tick(time.monotonic_ns())
@@ -143,12 +203,7 @@ def main() -> int:
     taken: list[int] = []
     per_run: list[float] = []
     stats_fd = enable_stats()
-    with ProbeSet(
-        ["python_stacks"], topology=load_topology(), watch=WatchSpec(pids={child.pid}),
-        emit=lambda ev: True,
-    ) as probes:  # fmt: skip
-        probes.start()
-        probe = next(p for p in probes.probes if isinstance(p, PythonStacksProbe))
+    with sampling_set({child.pid}) as (probes, probe):
         ask(child, args.iterations // 10)  # warm-up
         assert probe.interpreters, f"python_stacks found no interpreter: {probe.reason}"
         for r in range(args.rounds):
@@ -167,7 +222,7 @@ def main() -> int:
                 if state:
                     per_run.append(bpf_ns / max(1, runs))
                     taken.append(probe.samples - samples0)
-        reason = probe.reason
+        reason, failed = probe.reason, probe.failed_reads
     if stats_fd >= 0:
         os.close(stats_fd)
     assert child.stdin is not None
@@ -187,6 +242,8 @@ def main() -> int:
         # this process's CPU in a round on, less the median round off, per sample taken
         "user_us_per_sample": round(statistics.median(user_per_sample) / 1e3, 1),
         "samples_per_round": statistics.median(taken),
+        "failed_reads": failed,
+        "switches": switches(args.rounds),
         "scaling": [scaling(int(n), args.window) for n in args.busy.split(",") if n],
         "off_all": off,
         "on_all": on,

@@ -106,7 +106,7 @@ class PythonStacksProbe(BpfProbe):
         self.interpreters: dict[int, Interpreter] = {}
         self.refused: dict[str, str] = {}  # interpreter file -> why its stacks are not read
         self.samples = 0
-        self.failed_reads = 0  # thread lists and code objects that could not be read
+        self._failed_here = 0  # thread lists and code objects that could not be read
         self._core: Any = None
         self._feeders = Feeders()
         self._feeder_changes = -1  # the feeders' change count last written to the kernel
@@ -114,6 +114,13 @@ class PythonStacksProbe(BpfProbe):
         # pid -> when its thread list was read; (pid, tid) -> [perf event fd, thread state]
         self._listed: dict[int, int] = {}
         self._sampled: dict[tuple[int, int], tuple[int, int]] = {}
+
+    @property
+    def failed_reads(self) -> int:
+        """Reads that failed: samples the kernel dropped (a page not resident, a frame freed
+        under the walk), thread lists and code objects' text here."""
+        failed = sum(int(v.value) for v in self.bpf["py_failed"].values()) if self.bpf else 0
+        return failed + self._failed_here
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
         """The thresholds, the constants, and the others' spacing while feeders are known."""
@@ -159,7 +166,7 @@ class PythonStacksProbe(BpfProbe):
                 try:
                     threads = interp.threads()
                 except OSError:
-                    self.failed_reads += 1
+                    self._failed_here += 1
                     continue
                 self._listed[pid] = now_ns
                 self._threads(pid, threads)
@@ -225,7 +232,7 @@ class PythonStacksProbe(BpfProbe):
             try:
                 frame = interp.frame_at(rec.code, rec.filename, rec.name, rec.firstlineno)
             except OSError:
-                self.failed_reads += 1
+                self._failed_here += 1
                 return None
             func, file, line = frame.func, frame.file, frame.line
         self.samples += 1

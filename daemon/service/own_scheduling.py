@@ -50,9 +50,6 @@ POLICIES: dict[str, ThreadPolicy] = {
     # starved, the kernel drops events (lost_kernel)
     "gpujitter-probes": ThreadPolicy("batch", _KEEPS_UP, "drains the BPF ring buffers"),
     "gpujitter-nvml": ThreadPolicy("batch", _KEEPS_UP, "reads NVML's rings before they wrap"),
-    # a sample taken late is of other code: a gap it was for goes unnamed. Its work is one
-    # read per running watched thread per tick (~1 % of a CPU, docs/performance.md)
-    "gpujitter-pystacks": ThreadPolicy("batch", 0, "samples Python stacks on time"),
     # a client or writer that falls behind has its records dropped and counted
     "gpujitter-stream": ThreadPolicy("idle", 19, "snapshots and sends for socket clients"),
     "gpujitter-metrics": ThreadPolicy("idle", 19, "builds the Prometheus exposition"),

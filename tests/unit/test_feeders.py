@@ -32,3 +32,15 @@ def test_a_thread_not_named_for_keep_ns_is_forgotten() -> None:
     assert f.recent(S + KEEP_NS) == {20, 21}
     assert f.recent(S + KEEP_NS + 1) == {20}
     assert f.recent(3 * S + KEEP_NS + 1) == set()
+
+
+def test_changes_count_threads_named_or_forgotten_not_named_again() -> None:
+    """What python_stacks checks at every drain before it rewrites the kernel's feeder flags."""
+    f = Feeders()
+    f.note(GilWait(ts_ns=S, dur_ns=2_000_000, tid=20, tgid=10, cpu=1, holder_tid=21))
+    assert f.changes == 2
+    f.note(GilWait(ts_ns=2 * S, dur_ns=2_000_000, tid=20, tgid=10, cpu=1))
+    f.recent(2 * S)
+    assert f.changes == 2
+    f.recent(S + KEEP_NS + 1)  # 21 forgotten, 20 named again since
+    assert f.changes == 3
