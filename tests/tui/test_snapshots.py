@@ -43,7 +43,7 @@ def test_gaps_view(snap_compare: SnapCompare) -> None:
 
 
 def test_gap_breakdown(snap_compare: SnapCompare) -> None:
-    keys = ("2", "down", "down", "down", "down", "enter")  # the 120 ms allocator stall
+    keys = ("2", *["down"] * 5, "enter")  # 12:00:33.055: the allocator stall
     assert snap_compare(replay_app(), terminal_size=DOCS, run_before=after(*keys))
 
 
@@ -77,7 +77,7 @@ def test_gaps_view_filtered_at_80x24(snap_compare: SnapCompare) -> None:
 
 
 def test_gap_breakdown_at_80x24(snap_compare: SnapCompare) -> None:
-    keys = ("2", "down", "enter")  # swap-in, with the task it waited behind
+    keys = ("2", *["down"] * 3, "enter")  # 12:00:41.605: the swap-in of the thread it waited on
     assert snap_compare(replay_app(), terminal_size=SMALL, run_before=after(*keys))
 
 
