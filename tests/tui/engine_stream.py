@@ -41,7 +41,7 @@ from gpujitter.probes.events import (
 )
 from gpujitter.probes.nvml import GpuInfo
 from gpujitter.probes.topology import Topology
-from gpujitter.tui.sources.streamed import StreamRecords
+from gpujitter.tui.feeds.streamed import StreamRecords
 from tests.fixtures.streams.feeding import FUTEX, LOADER, SEC, TGID, TID, FeedingLoop
 from tests.fixtures.streams.synthetic import MS, T0, TWO_NODES
 
@@ -52,7 +52,7 @@ PID_STEP = 10  # GPU k's process and threads: the loop's ids + k * PID_STEP
 FOOTPRINT: dict[str, Any] = {"cpu_percent": 1.2, "rss_bytes": 61 << 20, "events_per_s": 2400.0}
 # Per GPU: (second of the minute, injected stall kind (feeding.STALL_CAUSE), its ms).
 Plan = Mapping[int, Sequence[tuple[float, str, float]]]
-Timed = tuple[int, str, Event]  # (when the probe emits it, its ring or aggregate, the event)
+Timed = tuple[int, str, Event]  # (when the probe emits it, its channel (feeding.py), the event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,9 +182,9 @@ def stream(node: Node) -> list[dict[str, Any]]:
     for gpu in range(len(node.gpus)):
         loop = loop_for(node.plan.get(gpu, ()))
         place = node.placements.get(gpu, Placement())
-        for at, ring, ev in loop.emitted:
-            if ring != "cpustats":  # the CPUs are the node's: its reports say them
-                merged.emit(at, ring, placed(ev, gpu, place, node.topology))
+        for at, channel, ev in loop.emitted:
+            if channel != "cpustats":  # the CPUs are the node's: its reports say them
+                merged.emit(at, channel, placed(ev, gpu, place, node.topology))
         pids = (TGID + PID_STEP * gpu,)
         merged.emit(T0 + 5 * MS, "gpu", GpuProcesses(T0 + 5 * MS, gpu, pids))
         merged.emitted += samples(gpu, [(i.gap_start_ns, i.gap_end_ns) for i in loop.truth])

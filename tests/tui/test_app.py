@@ -15,8 +15,8 @@ from textual.widgets import DataTable, Input, Static, TabbedContent
 from gpujitter.text import printable
 from gpujitter.tui import audit
 from gpujitter.tui.app import GpujitterTop
-from gpujitter.tui.sources.replay import ReplaySource
-from gpujitter.tui.sources.socket import SocketSource
+from gpujitter.tui.feeds.replay import ReplayFeed
+from gpujitter.tui.feeds.socket import SocketFeed
 from gpujitter.tui.views.audit import FindingScreen
 from gpujitter.tui.views.breakdown import GapScreen
 from gpujitter.tui.views.gaps import GapsTable
@@ -180,7 +180,7 @@ def test_live_pause_freezes_the_views_and_resume_shows_what_came_meanwhile(
 ) -> None:
     async def scenario() -> None:
         daemon.start()
-        app = make_app(SocketSource(daemon.path))
+        app = make_app(SocketFeed(daemon.path))
         async with app.run_test(size=(120, 36)) as pilot:
             await until(pilot, lambda: app.model.hello.pid == 2301, "the hello")
             await pilot.press("2", "p")
@@ -220,8 +220,8 @@ def test_resizes_down_to_80x24_and_everything_still_fits() -> None:
 def test_reconnects_when_the_daemon_restarts(daemon: Daemon) -> None:
     async def scenario() -> None:
         daemon.start(pid=2301)
-        source = SocketSource(daemon.path, retry_s=0.05, retry_max_s=0.2)
-        app = make_app(source)
+        feed = SocketFeed(daemon.path, retry_s=0.05, retry_max_s=0.2)
+        app = make_app(feed)
         async with app.run_test(size=(120, 36)) as pilot:
             await until(pilot, lambda: "daemon pid 2301" in status_line(app), "the daemon")
             daemon.publish_all()
@@ -231,7 +231,7 @@ def test_reconnects_when_the_daemon_restarts(daemon: Daemon) -> None:
             await until(pilot, lambda: "no daemon, retrying" in status_line(app), "the loss")
             daemon.start(pid=2302)  # the restarted daemon: new pid, its own snapshot
             await until(pilot, lambda: "daemon pid 2302" in status_line(app), "reconnected")
-            assert source.connections >= 2  # (one more if it got in as the old one closed)
+            assert feed.connections >= 2  # (one more if it got in as the old one closed)
             assert len(app.model.gaps) == n  # what was seen before the restart stays
 
     asyncio.run(scenario())
@@ -313,9 +313,7 @@ def test_control_sequences_in_names_are_shown_escaped_on_every_view(tmp_path: Pa
         assert [ch for line in text.split("\n") for ch in line if not ch.isprintable()] == []
 
     async def scenario() -> None:
-        app = GpujitterTop(
-            ReplaySource(path, at="end"), audit=lambda: audit.load_file(saved), tz=UTC
-        )
+        app = GpujitterTop(ReplayFeed(path, at="end"), audit=lambda: audit.load_file(saved), tz=UTC)
         async with app.run_test(size=(200, 48)) as pilot:
             await settled(pilot)
             seen = []
@@ -343,10 +341,10 @@ def test_control_sequences_in_names_are_shown_escaped_on_every_view(tmp_path: Pa
     asyncio.run(scenario())
 
 
-def test_a_source_that_breaks_is_shown_and_the_app_stays_up(tmp_path: Path) -> None:
-    from gpujitter.tui.sources import Receiver, Source
+def test_a_feed_that_breaks_is_shown_and_the_app_stays_up(tmp_path: Path) -> None:
+    from gpujitter.tui.feeds import Feed, Receiver
 
-    class Broken(Source):
+    class Broken(Feed):
         label = "broken"
 
         def run(self, sink: Receiver, stopped: object) -> None:
@@ -356,7 +354,7 @@ def test_a_source_that_breaks_is_shown_and_the_app_stays_up(tmp_path: Path) -> N
     async def scenario() -> None:
         app = make_app(Broken())
         async with app.run_test(size=(80, 24)) as pilot:
-            await until(pilot, lambda: "source failed" in status_line(app), "the failure")
+            await until(pilot, lambda: "feed failed" in status_line(app), "the failure")
             assert "OSError: the disk went away" in status_line(app)
             assert app.model.probes["irq"].state == "running" and app.is_running
 

@@ -21,7 +21,7 @@ from gpujitter.daemon.analysis.engine.causes import (
 )
 from gpujitter.tui.app import GpujitterTop, Offer
 from gpujitter.tui.decode import PENDING
-from gpujitter.tui.sources.replay import ReplaySource
+from gpujitter.tui.feeds.replay import ReplayFeed
 from gpujitter.tui.views.audit import AuditView
 from gpujitter.tui.views.gaps import GapsTable
 from gpujitter.tui.views.gpus import DRILL, GpuPanel, GpusView
@@ -146,7 +146,7 @@ def test_the_palette_runs_views_sorts_filters_and_replay_controls_by_name() -> N
     asyncio.run(scenario())
 
 
-def test_live_sources_get_no_replay_commands() -> None:
+def test_live_feeds_get_no_replay_commands() -> None:
     async def scenario() -> None:
         app = make_app(NothingYet())
         async with app.run_test(size=(120, 36)):
@@ -222,16 +222,16 @@ def test_eight_gpus_fit_160x48_and_two_keep_their_boxes(eight_gpu_stream: Path) 
 def test_the_empty_live_view_offers_the_example_and_a_drill() -> None:
     opened: list[Path] = []
 
-    def open_example() -> ReplaySource:
+    def open_example() -> ReplayFeed:
         opened.append(DRILL_TRACE)
-        return ReplaySource(DRILL_TRACE, at="start")
+        return ReplayFeed(DRILL_TRACE, at="start")
 
     offer = Offer(f"gpujitter top --replay {EXAMPLE_TRACE}", open_example)
 
     async def scenario() -> None:
         app = make_app(NothingYet(), example=offer)
         async with app.run_test(size=(120, 36)) as pilot:
-            await until(pilot, lambda: app.connection is not None, "the source")
+            await until(pilot, lambda: app.connection is not None, "the feed")
             note = str(app.query_one("#no-gpu", Static).render())
             assert "No GPU seen yet" in note
             assert offer.command in note and DRILL in note
@@ -254,7 +254,7 @@ def test_the_empty_live_view_offers_the_example_and_a_drill() -> None:
             assert opened == [DRILL_TRACE]
         bare = make_app(NothingYet())
         async with bare.run_test(size=(120, 36)) as pilot:
-            await until(pilot, lambda: bare.connection is not None, "the source")
+            await until(pilot, lambda: bare.connection is not None, "the feed")
             note = str(bare.query_one("#no-gpu", Static).render())
             assert DRILL in note and "gpujitter top --replay" not in note
 
@@ -267,7 +267,7 @@ def test_the_example_is_offered_only_where_the_file_is(tmp_path: Path) -> None:
     there.write_bytes(DRILL_TRACE.read_bytes())
     offer = example_offer(there)
     assert offer is not None and offer.command == f"gpujitter top --replay {there}"
-    assert isinstance(offer.open(), ReplaySource)
+    assert isinstance(offer.open(), ReplayFeed)
     assert str(EXAMPLE_TRACE) == "examples/h200-training.gjtrace"
 
 
@@ -275,7 +275,7 @@ def test_a_gap_on_no_known_gpu_is_shown_as_gpu_question_mark() -> None:
     """The drill's stub libcuda feeds no GPU NVML lists: its gaps are on GPU -1."""
 
     async def scenario() -> None:
-        app = make_app(ReplaySource(DRILL_TRACE, at="end", playing=False))
+        app = make_app(ReplayFeed(DRILL_TRACE, at="end", playing=False))
         async with app.run_test(size=(120, 36)) as pilot:
             await until(pilot, lambda: len(app.model.attributions) >= 3, "the drill's gaps")
             await until(pilot, lambda: bool(app.query(GpuPanel)), "its panel")
