@@ -4,8 +4,9 @@
 Built the one way TUI fixtures are (tests/tui/engine_stream.py): each GPU's feeding loop on
 its own node's CPUs, with stalls of several kinds; the gaps' causes, shares, evidence and
 remedies are the engine's. The processes, threads and IRQ carry names that may be hostile
-("markup": Textual markup and actions; "control": terminal control sequences), so that every
-view's sanitising of what the daemon relays stays exercised. Deterministic:
+("markup": Textual markup and actions; "control": terminal control sequences and bytes that
+were not UTF-8; "long": far wider than a terminal), so that every view's sanitising and
+cutting of what the daemon relays stays exercised. Deterministic:
 `python -m tests.tui.node_stream` rewrites tests/fixtures/tui/node-stream.ndjson, and a test
 checks the committed file is what this produces.
 """
@@ -78,7 +79,10 @@ def names(hostile: str = "") -> dict[str, str]:
     their loader threads, the task that held a CPU ("kworker"), the NVMe's IRQ. Hostile
     "markup": Textual markup and actions; "control": terminal control sequences (a title,
     CSI, the 8-bit CSI), a bidi override, a line break and bytes that were not UTF-8 (as the
-    probes decode them: \\xNN)."""
+    probes decode them: \\xNN); "long": names far wider than any terminal (an IRQ's device
+    name, a workload's, as other probes relay them)."""
+    if hostile == "long":
+        return {key: f"{key}-" + "x" * 300 for key in names()}
     if hostile == "control":
         return {
             "trainer": "\x1b]0;pwned\x07",

@@ -249,12 +249,17 @@ async def breakdown(pilot: Pilot, records: list[dict], cause: str) -> str:
     return shown
 
 
+def hostile_stream(tmp_path: Path, kind: str) -> tuple[dict[str, str], list[dict], Path]:
+    """The node stream with the `kind` of hostile names: (the names, the records, the file
+    a replay reads)."""
+    records = node_stream.stream(kind)
+    return node_stream.names(kind), records, write_stream(tmp_path / f"{kind}.ndjson", records)
+
+
 def test_hostile_names_are_shown_literally_and_never_run(tmp_path: Path) -> None:
     """Process, thread and IRQ names that are Textual markup or action links appear as
     typed on every view, and clicking them does nothing."""
-    hostile = node_stream.names("markup")
-    records = node_stream.stream("markup")
-    path = write_stream(tmp_path / "hostile.ndjson", records)
+    hostile, records, path = hostile_stream(tmp_path, "markup")
 
     async def scenario() -> None:
         app = replay_app(path)
@@ -272,6 +277,28 @@ def test_hostile_names_are_shown_literally_and_never_run(tmp_path: Path) -> None
             waited = await breakdown(pilot, records, "runq_wait")  # behind the task
             assert hostile["kworker"] in waited
             assert hostile["nvme"] in await breakdown(pilot, records, "irq")
+            assert app.is_running
+
+    asyncio.run(scenario())
+
+
+def test_names_wider_than_the_terminal_keep_every_view_inside_it(tmp_path: Path) -> None:
+    """Names of 300 characters: the views keep their width at 80x24 (tables scroll, panels
+    cut), and the breakdown still carries the whole name."""
+    long, records, path = hostile_stream(tmp_path, "long")
+
+    async def scenario() -> None:
+        app = replay_app(path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settled(pilot)
+            for key, view in (("1", GpuPanel), ("2", GapsTable), ("3", "#cpus-table")):
+                await pilot.press(key)
+                await pilot.pause()
+                shown = [w for w in app.query(view) if w.region.width]  # type: ignore[call-overload]
+                assert shown and all(w.region.right <= 80 for w in shown)
+            assert app.query_one("#status").region.height == 1
+            waited = await breakdown(pilot, records, "runq_wait")
+            assert long["kworker"] in waited
             assert app.is_running
 
     asyncio.run(scenario())
