@@ -1,12 +1,12 @@
 """The attribution engine: probe events and GPU gaps in, one Attribution per gap out.
 
 A pure function of its input sequence: no clocks, no randomness, no dependence on hash seeds or
-on how sources interleave (within the lateness bound), so the daemon (live), `gpujitter report`
-(a recorded trace) and the drills all run this same code and get the same records. Time
-advances only through event timestamps: the watermark is the latest end time seen; a gap is
-attributed once the watermark has passed its end by config.lateness_ns, so that aggregates
-polled once a second have arrived. The daemon must record exactly the events it feeds, in
-the order it feeds them; replay then reproduces the live attributions.
+on how the probes' deliveries interleave (within the lateness bound), so the daemon (live),
+`gpujitter report` (a recorded trace) and the drills all run this same code and get the same
+records. Time advances only through event timestamps: the watermark is the latest end time
+seen; a gap is attributed once the watermark has passed its end by config.lateness_ns, so
+that aggregates polled once a second have arrived. The daemon must capture exactly the
+events it feeds, in the order it feeds them; replay then reproduces the live attributions.
 """
 
 from __future__ import annotations
