@@ -1,5 +1,8 @@
-"""Reading a running CPython's thread stacks from outside the process: its threads' innermost
-Python frames (function, file, line where the function starts), with process_vm_readv.
+"""A running CPython seen from outside the process, with process_vm_readv: where its version
+keeps the fields a stack walk needs, its threads' states, and a code object's function, file
+and first line. python_stacks walks the frames in the kernel (python_stacks.bpf.c) with this
+layout and turns the code objects it streams into text here; Interpreter.stack is the same
+walk from user space, which the unit tests hold every layout to against live processes.
 
 How: the interpreter's `_PyRuntime` symbol (in the `python3.X` executable or the
 `libpython3.X.so` it maps) leads to the interpreter state, its thread states (matched to
