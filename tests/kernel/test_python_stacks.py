@@ -5,6 +5,7 @@ read named once in its status while it keeps sampling the others."""
 from __future__ import annotations
 
 import glob
+import os
 import subprocess
 import time
 
@@ -170,3 +171,72 @@ def _cpu_ns(tid: int) -> int:
     """The CPU time a thread has run, from its schedstat (ns)."""
     with open(f"/proc/{tid}/schedstat") as f:
         return int(f.read().split()[0])
+
+
+LATE_THREAD = """
+import sys, threading
+stop = []
+def late_spin():
+    while not stop:
+        pass
+print(flush=True)
+sys.stdin.readline()
+t = threading.Thread(target=late_spin)
+t.start()
+print(t.native_id, flush=True)
+sys.stdin.readline()
+stop.append(1)
+t.join()
+print(flush=True)
+sys.stdin.readline()
+"""
+
+
+def _open_fds() -> int:
+    """Perf events this process holds open (the probe's one per thread among them)."""
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # closed meanwhile (the listing's own)
+            continue
+    return fds.count("anon_inode:[perf_event]")
+
+
+def test_a_thread_started_later_is_sampled_and_let_go_when_it_ends() -> None:
+    """Thread lists are read once a second: a thread started after the probe is sampled from
+    the next read on, and its perf event is closed at the read after it ended."""
+    proc = subprocess.Popen(
+        ["/usr/bin/python3.11", "-c", LATE_THREAD], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdout.readline()
+    took: list[PySample] = []
+
+    def say(line: str = "") -> str:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+        return proc.stdout.readline()
+
+    try:
+        with ProbeSet(
+            ["python_stacks"], topology=load_topology(), watch=WatchSpec(pids={proc.pid}),
+            emit=lambda ev: took.append(ev) if isinstance(ev, PySample) else None,
+        ) as probes:  # fmt: skip
+            probes.start()
+            fds_before = _open_fds()
+            late = int(say())
+            probes.tick(time.monotonic_ns() + 2_000_000_000)  # the next thread-list read
+            assert _open_fds() == fds_before + 1
+            time.sleep(0.3)
+            probes.poll()
+            say()  # the thread ends
+            probes.tick(time.monotonic_ns() + 4_000_000_000)
+            fds_after = _open_fds()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert {(s.tid, s.func) for s in took} == {(late, "late_spin")}, took[:5]
+    assert fds_after == fds_before
