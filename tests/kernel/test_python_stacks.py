@@ -4,10 +4,12 @@ read named once in its status while it keeps sampling the others."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -147,11 +149,7 @@ def test_the_kernels_walk_reads_every_supported_layout(exe: str) -> None:
     took: list[PySample] = []
     period_ns = registry.get("python_stacks").thresholds["period"]
     try:
-        with ProbeSet(
-            ["python_stacks"], topology=load_topology(), watch=WatchSpec(pids={proc.pid}),
-            emit=lambda ev: took.append(ev) if isinstance(ev, PySample) else None,
-        ) as probes:  # fmt: skip
-            probes.start()
+        with _sampling({proc.pid}, took) as probes:
             probes.poll()  # what was taken while the probe started
             took.clear()
             cpu0 = _cpu_ns(proc.pid)
@@ -165,6 +163,17 @@ def test_the_kernels_walk_reads_every_supported_layout(exe: str) -> None:
         (proc.pid, "spin_here", "<string>", 1)
     }
     assert 0.5 * cpu_ns / period_ns <= len(took) <= cpu_ns / period_ns + 2, (len(took), cpu_ns)
+
+
+@contextlib.contextmanager
+def _sampling(pids: set[int], took: list[PySample]) -> Iterator[ProbeSet]:
+    """python_stacks started alone on `pids`, its samples appended to `took`."""
+    with ProbeSet(
+        ["python_stacks"], topology=load_topology(), watch=WatchSpec(pids=pids),
+        emit=lambda ev: took.append(ev) if isinstance(ev, PySample) else None,
+    ) as probes:  # fmt: skip
+        probes.start()
+        yield probes
 
 
 def _cpu_ns(tid: int) -> int:
@@ -221,11 +230,7 @@ def test_a_thread_started_later_is_sampled_and_let_go_when_it_ends() -> None:
         return proc.stdout.readline()
 
     try:
-        with ProbeSet(
-            ["python_stacks"], topology=load_topology(), watch=WatchSpec(pids={proc.pid}),
-            emit=lambda ev: took.append(ev) if isinstance(ev, PySample) else None,
-        ) as probes:  # fmt: skip
-            probes.start()
+        with _sampling({proc.pid}, took) as probes:
             fds_before = _open_fds()
             late = int(say())
             probes.tick(time.monotonic_ns() + 2_000_000_000)  # the next thread-list read
