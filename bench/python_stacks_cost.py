@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.probes.progstats import enable_stats, prog_stats
-from gpujitter.probes.python_stacks import PythonStacksProbe
+from gpujitter.probes.python_gc import PERF_EVENT_IOC_ENABLE
+from gpujitter.probes.python_stacks import PERF_EVENT_IOC_DISABLE, PythonStacksProbe
 from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
@@ -89,7 +90,6 @@ def ask(child: subprocess.Popen[str], iterations: int) -> int:
     return int(json.loads(child.stdout.readline())["ns"])
 
 
-PERF_EVENT_IOC_ENABLE, PERF_EVENT_IOC_DISABLE = 0x2400, 0x2401
 _libc = ct.CDLL(None, use_errno=True)
 
 

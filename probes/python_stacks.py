@@ -12,10 +12,11 @@ with its name and file pointers; user space reads the text once per code object
 (pyframes.Interpreter.frame_at). One budget is shared by all threads: one sample per
 `spacing` (default 10 ms: 100 samples/s however many threads run), the feeding threads the
 other probes' events named first (probes/feeders.py: libcuda callers, GIL waiters and
-holders, the wakers of those): while some are known the others share a twentieth of it. No
-thread of gpujitter wakes to sample, no signal, nothing written into the job. Another
-version, or a build whose layout is not known, is named once in the probe's status and its
-host work stays unnamed.
+holders, the wakers of those): while some are known the others share a twentieth of it, and
+only one of them at a time keeps its perf event on (an event on costs its thread ~1 us a
+context switch). No thread of gpujitter wakes to sample, no signal, nothing written into
+the job. Another version, or a build whose layout is not known, is named once in the
+probe's status and its host work stays unnamed.
 Cost: docs/performance.md (bench/python_stacks_cost.py).
 """
 
@@ -46,6 +47,7 @@ OTHERS_SHARE = 20  # while feeders are known, the others get 1/OTHERS_SHARE of t
 MAX_WALK = 16  # frames walked past shims and non-code before a sample gives up
 PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK = 1, 1
 ATTR_DISABLED = 1  # perf_event_attr.flags bit: opened disabled (enabled once the program is set)
+PERF_EVENT_IOC_DISABLE = 0x2401
 
 # What the .bpf.c gets as -D options besides the thresholds (it never restates them).
 CONSTANTS = {
@@ -110,6 +112,9 @@ class PythonStacksProbe(BpfProbe):
         self._core: Any = None
         self._feeders = Feeders()
         self._feeder_changes = -1  # the feeders' change count last written to the kernel
+        self._feeding: set[int] = set()  # the sampled threads that feed, as last written
+        self._enabled: set[tuple[int, int]] = set()  # (pid, tid) whose perf event is on
+        self._turn = 0  # which other thread keeps its event on while feeders are known
         self._prog_fd = -1
         # pid -> when its thread list was read; (pid, tid) -> [perf event fd, thread state]
         self._listed: dict[int, int] = {}
@@ -190,6 +195,7 @@ class PythonStacksProbe(BpfProbe):
         table = self.bpf["py_threads"]
         for key in [k for k in self._sampled if k[0] == pid and k[1] not in threads]:
             os.close(self._sampled.pop(key)[0])
+            self._enabled.discard(key)
             table.pop(ct.c_uint32(key[1]), None)
         for tid, tstate in threads.items():
             had = self._sampled.get((pid, tid))
@@ -200,6 +206,7 @@ class PythonStacksProbe(BpfProbe):
                     had = (task_clock_fd(self._prog_fd, tid, self.period_ns), tstate)
                 except OSError:  # the thread ended since the list was read
                     continue
+                self._enabled.add((pid, tid))
             self._sampled[(pid, tid)] = (had[0], tstate)
             table[ct.c_uint32(tid)] = table.Leaf(tstate=tstate, tgid=pid, feeder=0)
         self._feeder_changes = -1  # new entries say feeder=0: write the flags again
@@ -211,12 +218,24 @@ class PythonStacksProbe(BpfProbe):
         self._feeder_changes = self._feeders.changes
         feeders = self._feeders.recent(now_ns)
         table = self.bpf["py_threads"]
-        known = 0
+        self._feeding = {tid for _, tid in self._sampled if tid in feeders}
         for (pid, tid), (_, tstate) in self._sampled.items():
             feeder = int(tid in feeders)
-            known |= feeder
             table[ct.c_uint32(tid)] = table.Leaf(tstate=tstate, tgid=pid, feeder=feeder)
-        self.bpf["py_feeders_known"][ct.c_uint32(0)] = ct.c_uint32(known)
+        self.bpf["py_feeders_known"][ct.c_uint32(0)] = ct.c_uint32(bool(self._feeding))
+        self._switch_events()
+
+    def _switch_events(self) -> None:
+        """While feeders are known, the perf events of the others are off but one's, in turn
+        (a second each): an event that is on costs its thread ~1 µs at every context switch
+        (its timer stopped and started), and the others get a twentieth of the budget."""
+        others = sorted(k for k in self._sampled if k[1] not in self._feeding)
+        turn = others[self._turn % len(others)] if others and self._feeding else None
+        for key, (fd, _) in self._sampled.items():
+            on = not self._feeding or key[1] in self._feeding or key == turn
+            if on != (key in self._enabled):
+                _libc.ioctl(fd, PERF_EVENT_IOC_ENABLE if on else PERF_EVENT_IOC_DISABLE, 0)
+                (self._enabled.add if on else self._enabled.discard)(key)
 
     def poll(self) -> None:
         if self.bpf is not None:
@@ -242,12 +261,15 @@ class PythonStacksProbe(BpfProbe):
     def sample(self, now_ns: int) -> tuple[()]:
         if self.bpf is not None:
             self._find(now_ns)
+            self._turn += 1
+            self._switch_events()
         return ()
 
     def close(self) -> None:
         for fd, _ in self._sampled.values():
             os.close(fd)
         self._sampled.clear()
+        self._enabled.clear()
         super().close()
 
 

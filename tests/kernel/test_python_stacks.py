@@ -15,6 +15,7 @@ import pytest
 
 from gpujitter.probes import registry
 from gpujitter.probes.events import Event, GilWait, PySample
+from gpujitter.probes.progstats import enable_stats, prog_stats
 from gpujitter.probes.python_stacks import OTHERS_SHARE, PythonStacksProbe
 from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import load_topology
@@ -245,3 +246,46 @@ def test_a_thread_started_later_is_sampled_and_let_go_when_it_ends() -> None:
         proc.wait()
     assert {(s.tid, s.func) for s in took} == {(late, "late_spin")}, took[:5]
     assert fds_after == fds_before
+
+
+def test_while_feeders_are_known_the_others_timers_stop_but_one() -> None:
+    """Regression: every sampled thread's perf event stayed on, so each of its context
+    switches stopped and started a timer (~1 us here) though the others get only a
+    twentieth of the budget once a feeder is known. Now their events are off but one's (in
+    turn, a second each): the program runs about as often as the feeder's and that one's
+    CPU time has periods, where before it ran for every busy thread's."""
+    procs = [_start("/usr/bin/python3.11", BUSY) for _ in range(4)]
+    feeder = procs[0].pid
+    period_ns = registry.get("python_stacks").thresholds["period"]
+    took: list[PySample] = []
+    stats_fd = enable_stats()
+    runs: dict[str, int] = {}
+    cpu: dict[str, list[int]] = {}
+    try:
+        with _sampling({p.pid for p in procs}, took) as probes:
+            probe = next(p for p in probes.probes if isinstance(p, PythonStacksProbe))
+            while len(probe.interpreters) < len(procs):  # found once a second
+                time.sleep(0.2)
+                probes.tick(time.monotonic_ns())
+            for phase in ("all", "feeder"):
+                if phase == "feeder":
+                    probes.ctx.emit(GilWait(ts_ns=time.monotonic_ns(), dur_ns=2_000_000,
+                                            tid=feeder, tgid=feeder, cpu=0))  # fmt: skip
+                probes.poll()
+                runs0, cpu0 = _runs(probe), [_cpu_ns(p.pid) for p in procs]
+                time.sleep(1.0)
+                runs[phase] = _runs(probe) - runs0
+                cpu[phase] = [_cpu_ns(p.pid) - c for p, c in zip(procs, cpu0, strict=True)]
+    finally:
+        os.close(stats_fd)
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert runs["all"] >= 0.7 * sum(cpu["all"]) // period_ns, (runs, cpu)
+    on = cpu["feeder"][0] + max(cpu["feeder"][1:])
+    assert runs["feeder"] <= on // period_ns + 3, (runs, cpu)
+
+
+def _runs(probe: PythonStacksProbe) -> int:
+    """How often the probe's BPF program has run (statistics on)."""
+    return sum(prog_stats(fd).run_cnt for fd in probe.programs())
