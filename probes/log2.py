@@ -30,6 +30,7 @@ class PerCpuSums:
         self._values = (table.Leaf * count)()
         self._cpus = table.Leaf._length_
         self._flat = memoryview(self._values).cast("B").cast("Q")  # entry-major, u64 each
+        self._key_ints = memoryview(self._keys).cast("B").cast("I")  # an array's keys: u32
 
     def sums(self) -> dict[int, int]:
         """Entry index -> its value summed over every possible CPU."""
@@ -59,8 +60,11 @@ class PerCpuSums:
                 break  # the end of the map
             if got.value == 0:
                 break
-        flat, cpus = self._flat, self._cpus
-        return {int(self._keys[i]): sum(flat[i * cpus : (i + 1) * cpus]) for i in range(total)}
+        # Whole lists and one zip that groups each entry's CPUs: no ctypes object or
+        # memoryview slice per entry (a row per CPU: 16 on the H200).
+        values = iter(self._flat[: total * self._cpus].tolist())
+        rows = zip(*[values] * self._cpus, strict=True)
+        return dict(zip(self._key_ints[:total].tolist(), map(sum, rows), strict=True))
 
 
 class Log2Map:
