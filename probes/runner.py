@@ -62,10 +62,11 @@ class ProbeSet:
         self.meter = CostMeter()
         self._last_tick = 0
 
-    def start(self) -> list[ProbeStatus]:
+    def start(self, release: bool = True) -> list[ProbeStatus]:
         """Load the core, then every probe (compiled as one module with the core's part
         where the process has no core yet). Returns each probe's status; raises only when
-        the core cannot load (then no probe can run)."""
+        the core cannot load (then no probe can run). release: hand back the compiler's
+        memory now (False: the caller does it, after it said the probes are running)."""
         probes = [spec.factory(spec) for spec in self.specs]
         # One compile for every probe's .bpf.c (probes/bundle.py), parts shared by two probes
         # (faults and swap) once.
@@ -93,7 +94,8 @@ class ProbeSet:
             statuses.append(status)
         if self.ctx.bundle is not None:
             self.ctx.bundle.release()  # the parts hold what they use
-        release_compiler_memory()
+        if release:
+            release_compiler_memory()
         self.measure_cost(now)  # the first measured stretch starts now
         return statuses
 
@@ -186,8 +188,10 @@ class ProbeThread:
         names, kwargs = self._set_args
         try:
             with ProbeSet(names, **kwargs) as probes:
-                self.statuses = probes.start()
+                self.statuses = probes.start(release=False)
                 self.started.set()
+                # After the start is said: the daemon's READY need not wait for it (~60 ms).
+                release_compiler_memory()
                 probes.run(self._stop.is_set, *self._periods)
         except BaseException as err:  # handed to the owner thread, which re-raises it
             self.error = err
