@@ -251,6 +251,10 @@ class TraceWriter:
             self.flush()
         return len(data)
 
+    def would_flush(self, size: int) -> bool:
+        """Whether appending a frame of `size` bytes writes the buffer to the file."""
+        return len(self._buf) + size >= self.flush_bytes
+
     def flush_if_due(self, now_ns: int | None = None) -> None:
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
         if self._buf and now_ns - self._last_flush_ns >= self.flush_interval_ns:
