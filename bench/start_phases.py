@@ -8,7 +8,8 @@ Phases: python and the imports (to the daemon's construction), the daemon's cons
 (settings checked, the probe modules, the topology), the runtime's start up to the compile
 (its scheduling, NVML), the one bcc compile, attaching (probes, the core's first /proc
 scan), then the sinks and READY. The daemon watches this process, NVML off (--nvml: on),
-and is stopped by SIGINT a second after READY.
+and is stopped by SIGINT a second after READY. The package is byte-compiled first, as
+bench/startstop.py does (as installing it does).
 """
 
 from __future__ import annotations
@@ -120,6 +121,9 @@ def main() -> None:
     if args.mode == "child":
         child(args.argv, args.marks)
         return
+    from bench.startstop import compile_bytecode
+
+    compile_bytecode()
     flags = [] if args.nvml else ["--no-nvml"]
     flags += ["--probes", args.probes] if args.probes else []
     rounds = [one_round(flags) for _ in range(args.rounds)]
