@@ -26,8 +26,8 @@
  * -D options: THRESHOLD_OFFCPU_NS, THRESHOLD_RUNQ_NS, THRESHOLD_IO_NS, SCHED_NODES (NUMA nodes
  * of the topology), SCHED_SYSCALL_FROM_REGS (read the syscall a thread blocked in from its
  * pt_regs), SCHED_IO_WAKE (block_rq_complete exists), SCHED_IO_DONE (block_io_done exists:
- * without it a completion is only bounded by IO_WAKE_WINDOW_NS), SCHED_RAW with TASK_PID
- * and TASK_COMM (raw tracepoints; task_struct offsets from BTF).
+ * without it a completion is only bounded by IO_WAKE_WINDOW_NS), SCHED_RAW with TASK_PID,
+ * TASK_COMM and TASK_SE_SUM_EXEC_RUNTIME (raw tracepoints; task_struct offsets from BTF).
  */
 /* The switch-in, wake-up and migration filter in front of `threads`: keyed by task pointer
  * on raw tracepoints (the thread id would cost a read through the pointer), else by id. */
@@ -80,11 +80,14 @@ struct thread {
     u64 preemptions;
     u64 migrations;
     u64 cross_node;
+    u64 ran_ns; /* its CPU time (se.sum_exec_runtime) at its last switch-out; 0: none seen */
     u64 oncpu_ns[SCHED_NODES];
 };
 BPF_HASH(threads, u32, struct thread, GJ_MAX_THREADS);
 
-/* The watched thread on this CPU since since_ns (tid 0: none), for on-CPU time per node. */
+/* The watched thread on this CPU since since_ns (tid 0: none): its on-CPU time not yet
+ * charged by a switch-out, which user space adds at a sample (and, without BTF, the stint
+ * that a switch-out charges). */
 struct running {
     u64 since_ns;
     u32 tid;
@@ -306,37 +309,59 @@ static __always_inline u32 current_bit(u32 tid)
 #endif
 }
 
-static __always_inline void switched_out(u32 tid, long prev_state, u64 *now, u32 cpu)
+/* On-CPU time per node is charged at each switch-out: where BTF gives the offset, as the
+ * growth of the thread's own CPU time (se.sum_exec_runtime, which the scheduler brings up to
+ * date before it traces the switch) since its last switch-out, all of it on this CPU's node:
+ * a thread moves between CPUs only while off CPU, and every switch-out of a watched thread
+ * is seen here. Not every switch-in is: some kernels do not trace switches away from
+ * certain tasks (on the development VM, the threads of its PID-1 agent: the switch that
+ * hands the CPU back to a watched thread is never traced), and a stint timed from its
+ * switch-in would be lost whole (docs/probes.md). Without BTF the stint is timed from the
+ * switch-in that the running slot holds. */
+static __always_inline void charge_oncpu(struct thread *t, u32 tid, u64 task, u32 cpu,
+                                         struct running *run, u64 ts)
+{
+    u32 node = gj_node_of(cpu);
+#ifdef TASK_SE_SUM_EXEC_RUNTIME
+    u64 ran = 0;
+    bpf_probe_read_kernel(&ran, sizeof(ran), (void *)(task + TASK_SE_SUM_EXEC_RUNTIME));
+    if (t->ran_ns && ran > t->ran_ns && node < SCHED_NODES)
+        t->oncpu_ns[node] += ran - t->ran_ns;
+    t->ran_ns = ran;
+#else
+    if (run && run->tid == tid && node < SCHED_NODES)
+        t->oncpu_ns[node] += ts - run->since_ns;
+#endif
+}
+
+/* task: the thread switched out (current). */
+static __always_inline void switched_out(u32 tid, u64 task, long prev_state, u64 *now, u32 cpu)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     u32 slot = 0;
-    struct running *run = NULL;
     bool exiting = prev_state & (REPORT_EXIT_DEAD | REPORT_EXIT_ZOMBIE);
-    if (!gj_current_watched_cached(bpf_get_current_pid_tgid())) {
+    struct thread zero = {.tgid = tgid};
+    struct thread *t;
+    if (gj_current_watched_cached(bpf_get_current_pid_tgid())) {
+        t = threads.lookup_or_try_init(&tid, &zero);
+        if (t && t->exited)
+            *t = zero; /* the id of a thread that exited, reused before user space dropped it */
+    } else {
         /* An exiting process has left the watched set already (sched_process_exit runs
-         * before the last switch); its threads switched in as watched still count. */
+         * before the last switch); its threads seen before still count. */
         if (!exiting)
             return;
-        run = running.lookup(&slot);
-        if (!run || run->tid != tid)
+        t = threads.lookup(&tid);
+        if (!t)
             return;
-    } else {
-        run = running.lookup(&slot);
     }
     u64 ts = clock_of(now);
     u8 state = state_of(prev_state);
-    struct thread zero = {.tgid = tgid};
-    struct thread *t = threads.lookup_or_try_init(&tid, &zero);
-    if (t && t->exited)
-        *t = zero; /* the id of a thread that exited, reused before user space dropped it */
-    if (run) {
-        if (t && run->tid == tid) {
-            u32 node = gj_node_of(cpu);
-            if (node < SCHED_NODES)
-                t->oncpu_ns[node] += ts - run->since_ns;
-        }
+    struct running *run = running.lookup(&slot);
+    if (t)
+        charge_oncpu(t, tid, task, cpu, run, ts);
+    if (run)
         run->tid = 0;
-    }
     if (!exiting) /* before the entry's test: cstate's sleepers rely on it where carried */
         gj_task_bit_set(current_bit(tid));
     if (!t)
@@ -491,7 +516,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     u32 next_pid = next_maybe ? task_pid(next) : 0;
     credit_holder(cpu, prev_pid, &now);
     if (prev_pid)
-        switched_out(prev_pid, report_state(ctx->args[0], (u32)ctx->args[3]), &now, cpu);
+        switched_out(prev_pid, prev, report_state(ctx->args[0], (u32)ctx->args[3]), &now, cpu);
     switched_in(next_pid, (const char *)(next + TASK_COMM), prev_pid,
                 (const char *)(prev + TASK_COMM), &now, cpu);
 #ifdef GJ_PART_CSTATE
@@ -507,7 +532,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
     u32 next_pid = gj_task_bit(args->next_pid) ? args->next_pid : 0;
     credit_holder(cpu, args->prev_pid, &now);
     if (args->prev_pid)
-        switched_out(args->prev_pid, args->prev_state, &now, cpu);
+        switched_out(args->prev_pid, bpf_get_current_task(), args->prev_state, &now, cpu);
     switched_in(next_pid, args->next_comm, args->prev_pid, args->prev_comm, &now, cpu);
     return 0;
 }

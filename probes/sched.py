@@ -75,7 +75,8 @@ class SchedProbe(BpfProbe):
         self._cpu_node = dict(ctx.topology.cpu_node)
         self.nodes = max(self._cpu_node.values(), default=0) + 1
         try:
-            self.raw_flags = ["-DSCHED_RAW", *offset_cflags("TASK", "task_struct", ("pid", "comm"))]
+            fields = ("pid", "comm", "se.sum_exec_runtime")
+            self.raw_flags = ["-DSCHED_RAW", *offset_cflags("TASK", "task_struct", fields)]
             self.slower = ""
         except BtfError as err:
             self.raw_flags = []
