@@ -32,8 +32,8 @@ from gpujitter.daemon.analysis.gaps import GapDetector
 from gpujitter.daemon.analysis.records import GpuGap
 from gpujitter.probes.events import Event, to_record
 from gpujitter.probes.gpu import GpuSampler, SamplerThread
-from gpujitter.probes.gpu_record import NvmlRecorder
 from gpujitter.probes.nvml import Nvml, NvmlUnavailable, open_nvml
+from gpujitter.probes.nvml_session import NvmlTap
 from gpujitter.probes.runner import ProbeThread
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
@@ -153,9 +153,9 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    recorder = NvmlRecorder()
+    tap = NvmlTap()
     try:
-        nvml: Nvml | None = open_nvml(recorder)
+        nvml: Nvml | None = open_nvml(tap)
     except NvmlUnavailable as err:
         print(f"NVML unavailable ({err}): host-side evidence only", file=sys.stderr)
         nvml = None
@@ -202,7 +202,7 @@ def main() -> int:
     )
     (args.out / "truth.json").write_text(json.dumps(truth))
     (args.out / "gaps.json").write_bytes(orjson.dumps([to_record(g) for g in feed.gaps]))
-    recorder.save(args.out / "nvml.jsonl", command="bench/gpu_proof.py")
+    tap.save(args.out / "nvml.jsonl", command="bench/gpu_proof.py")
     text = table(rows) + f"\n\nreplay identical to live: {same}; all pass: {ok and same}\n"
     (args.out / "table.md").write_text(text)
     print(text)

@@ -1,6 +1,6 @@
 """What the one runtime (daemon/service/runtime.py) costs per event over the bare pipeline: a
 recorded trace's events through `pipeline.analyse` alone, through the runtime with no sink (its loop
-and node state), and with the daemon's file and counting sinks (trace recorder, attribution log,
+and node state), and with the daemon's file and counting sinks (trace capture, attribution log,
 metrics; their files' opening and closing fsync included), best of a few rounds each.
 CPU time of this process, not wall time: the loop gives the CPU away every 2 ms
 (`in_slices`), and on a busy node what others run then is not the runtime's cost.
@@ -18,10 +18,10 @@ from pathlib import Path
 
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
 from gpujitter.daemon.service.runtime import ListSource, Runtime
-from gpujitter.daemon.sinks.adapters import LogSink, MetricsSink, RecorderSink
+from gpujitter.daemon.sinks.adapters import CaptureSink, LogSink, MetricsSink
+from gpujitter.daemon.sinks.capture import TraceCapture
 from gpujitter.daemon.sinks.jsonlog import JsonLog
 from gpujitter.daemon.sinks.metrics import DaemonMetrics
-from gpujitter.daemon.sinks.recorder import TraceRecorder
 from gpujitter.daemon.sinks.trace import TraceReader
 
 TRACE = Path(__file__).parents[1] / "examples" / "h200-training.gjtrace"
@@ -53,7 +53,7 @@ def main(path: Path) -> None:
     def through_runtime() -> None:
         with tempfile.TemporaryDirectory() as work:
             sinks = [
-                RecorderSink(TraceRecorder(Path(work) / "t.gjtrace", header)),
+                CaptureSink(TraceCapture(Path(work) / "t.gjtrace", header)),
                 LogSink(JsonLog(Path(work) / "a.jsonl")),
                 MetricsSink(DaemonMetrics(), ("log", "trace")),
             ]

@@ -43,7 +43,7 @@ def live_offsets() -> dict[str, int]:
 
 
 def offsets_from_header(header: Mapping[str, int]) -> dict[str, int]:
-    """The offsets a recording's header was taken with (probes/gpu_record.py)."""
+    """The offsets a recording's header was taken with (probes/nvml_session.py)."""
     mono = int(header["mono_ns"])
     return {
         "realtime": int(header["realtime_ns"]) - mono,

@@ -2,8 +2,8 @@
 session per process, and errors mapped per call, so a missing library, a lost GPU or a
 function this driver lacks disables one reading of one GPU and never crashes a caller.
 
-The backend is pynvml by default. Tests pass a backend that replays calls recorded on a real
-GPU (probes/gpu_record.py, tests/fixtures/nvml/), which exposes the same function names;
+The backend is pynvml by default. Tests pass a backend that plays back calls tapped on a real
+GPU (probes/nvml_session.py, tests/fixtures/nvml/), which exposes the same function names;
 nothing else is faked.
 
 Readings beyond identity: the sample streams (nvmlDeviceGetSamples: GPU utilisation every

@@ -1,4 +1,4 @@
-"""The probe registry: every jitter source, its default, the kernel hooks it needs and what is
+"""The probe registry: every probe, its default, the kernel hooks it needs and what is
 lost when it cannot run. `gpujitter doctor`, `gpujitter probe` and the daemon all read it,
 so switches and health reporting come from one place (as node_exporter's collector registry).
 

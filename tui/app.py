@@ -1,7 +1,7 @@
 """`gpujitter top`: the live view of a node's GPUs, their idle gaps and why, its CPUs and its
 tuning audit; the same views over a recording in replay.
 
-The app is handed a Source and never touches a socket or a probe itself: the source runs in
+The app is handed a Feed and never touches a socket or a probe itself: the feed runs in
 a thread worker and fills an Inbox, which wakes the app with one RecordsReady message per
 batch (later ones coalesce into it); the app folds the batch into the NodeModel and redraws
 the visible view. Every key is a Binding below (`?` lists them from there, and the command
@@ -31,9 +31,9 @@ from gpujitter.daemon.analysis.engine.causes import CAUSE_ORDER
 from gpujitter.errors import GpujitterError
 from gpujitter.text import printable
 from gpujitter.tui.audit import AuditReport
+from gpujitter.tui.feeds import Feed
 from gpujitter.tui.inbox import Connection, Inbox, ReplayPosition
 from gpujitter.tui.model import NodeModel
-from gpujitter.tui.sources import Source
 from gpujitter.tui.text import WallClock, join
 from gpujitter.tui.views.audit import AuditView
 from gpujitter.tui.views.breakdown import GapScreen
@@ -52,11 +52,11 @@ PALETTE_SKIP = {"quit", "open", "close_prompt", "help"}  # Textual's own, or nee
 
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """A recording the app offers to replay in place of its live source: `command` is how
-    to open it from a shell, `open` builds its source."""
+    """A recording the app offers to replay in place of its live feed: `command` is how
+    to open it from a shell, `open` builds its feed."""
 
     command: str
-    open: Callable[[], Source]
+    open: Callable[[], Feed]
 
 
 class RecordsReady(Message):
@@ -101,7 +101,7 @@ def seek_target(text: str, clock: WallClock, pos: ReplayPosition) -> int:
 
 
 class GpujitterTop(App[None]):
-    """The app. `source`: where records come from; `audit`: what fills the Audit view
+    """The app. `feed`: where records come from; `audit`: what fills the Audit view
     (called in a worker thread); `tz`: the zone for wall times (None: local)."""
 
     CSS_PATH = "app.tcss"
@@ -146,7 +146,7 @@ class GpujitterTop(App[None]):
 
     def __init__(
         self,
-        source: Source,
+        feed: Feed,
         *,
         audit: Callable[[], AuditReport] | None = None,
         tz: tzinfo | None = None,
@@ -155,12 +155,12 @@ class GpujitterTop(App[None]):
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.source = source
+        self.feed = feed
         self.audit_loader = audit
         self.example = example
         self.model = NodeModel(WallClock(tz=tz))
         self.inbox_limit = inbox_limit
-        self.inbox = Inbox(inbox_limit, block=not source.live, notify=self._wake)
+        self.inbox = Inbox(inbox_limit, block=not feed.live, notify=self._wake)
         self.connection: Connection | None = None
         self.position: ReplayPosition | None = None
         self.paused = False
@@ -174,8 +174,8 @@ class GpujitterTop(App[None]):
         yield Static(id="title")
         with TabbedContent(initial="gpus", id="views"):
             with TabPane("GPUs", id="gpus"):
-                offer = self.example.command if self.example and self.source.live else None
-                yield GpusView(self.model, no_gpu_note(offer, live=self.source.live))
+                offer = self.example.command if self.example and self.feed.live else None
+                yield GpusView(self.model, no_gpu_note(offer, live=self.feed.live))
             with TabPane("Gaps", id="gaps"):
                 yield GapsTable(self.model)
             with TabPane("CPUs", id="cpus"):
@@ -193,29 +193,29 @@ class GpujitterTop(App[None]):
         self._load_audit()
 
     def _wake(self) -> None:
-        """Called on the source's thread (post_message is thread-safe)."""
+        """Called on the feed's thread (post_message is thread-safe)."""
         self.post_message(RecordsReady())
 
     def on_unmount(self) -> None:
         self._stopping = True
         self.inbox.close()
 
-    # -- the source's worker --------------------------------------------------------
+    # -- the feed's worker --------------------------------------------------------
 
-    @work(thread=True, exit_on_error=False, name="source")
+    @work(thread=True, exit_on_error=False, name="feed")
     def _pump(self) -> None:
-        source, inbox = self.source, self.inbox  # a switch of source leaves this pair behind
+        feed, inbox = self.feed, self.inbox  # a switch of feed leaves this pair behind
         try:
-            source.run(inbox, lambda: self._stopping or inbox.closed)
-        except Exception as err:  # a source that breaks says so; the app stays up
+            feed.run(inbox, lambda: self._stopping or inbox.closed)
+        except Exception as err:  # a feed that breaks says so; the app stays up
             inbox.connection("failed", f"{type(err).__name__}: {err}")
 
-    def switch_source(self, source: Source) -> None:
-        """Show `source` instead: the old one's inbox closes (its worker ends), the model
+    def switch_feed(self, feed: Feed) -> None:
+        """Show `feed` instead: the old one's inbox closes (its worker ends), the model
         starts over."""
         self.inbox.close()
-        self.source = source
-        self.inbox = Inbox(self.inbox_limit, block=not source.live, notify=self._wake)
+        self.feed = feed
+        self.inbox = Inbox(self.inbox_limit, block=not feed.live, notify=self._wake)
         self.model.reset()
         self.connection = self.position = None
         self.paused = False
@@ -288,7 +288,7 @@ class GpujitterTop(App[None]):
             parts.append((h.host, "bold cyan"))  # a host name is node data: literal text
         if h.kernel:
             parts.append((h.kernel, "dim"))
-        parts.append((self.source.label, "dim"))
+        parts.append((self.feed.label, "dim"))
         if h.override:
             parts.append((f"topology override {h.override}", "bold yellow"))
         self.main.query_one("#title", Static).update(join(*parts, sep="  "))
@@ -305,7 +305,7 @@ class GpujitterTop(App[None]):
     @work(thread=True, exclusive=True, group="audit", exit_on_error=False)
     def _load_audit(self) -> None:
         if self.audit_loader is None:
-            report = AuditReport(error="no audit for this source")
+            report = AuditReport(error="no audit for this feed")
         else:
             try:
                 report = self.audit_loader()
@@ -322,9 +322,9 @@ class GpujitterTop(App[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in REPLAY_ACTIONS:
-            return self.source.replay is not None
+            return self.feed.replay is not None
         if action == "example":
-            return self.example is not None and self.source.live
+            return self.example is not None and self.feed.live
         return True
 
     def key_rows(self) -> list[tuple[str, list[tuple[str, str]]]]:
@@ -354,12 +354,12 @@ class GpujitterTop(App[None]):
         self.push_screen(HelpScreen(help_text(self.key_rows())))
 
     def action_example(self) -> None:
-        if self.example is not None and self.source.live:
-            self.switch_source(self.example.open())
+        if self.example is not None and self.feed.live:
+            self.switch_feed(self.example.open())
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         """The palette: Textual's commands, then every key's action by name (those the
-        source can do), each gaps order, and a filter per cause."""
+        feed can do), each gaps order, and a filter per cause."""
         yield from super().get_system_commands(screen)
         for b in expand(self.BINDINGS):
             name = b.action.partition("(")[0]
@@ -414,23 +414,23 @@ class GpujitterTop(App[None]):
             )
 
     def action_pause(self) -> None:
-        if self.source.replay is not None:
-            self.source.replay.toggle()
+        if self.feed.replay is not None:
+            self.feed.replay.toggle()
             return
         self.paused = not self.paused
         self._redraw(force=not self.paused)
 
     def action_next_gap(self) -> None:
-        if self.source.replay is not None:
-            self.source.replay.next_gap()
+        if self.feed.replay is not None:
+            self.feed.replay.next_gap()
 
     def action_step(self, direction: int) -> None:
-        if self.source.replay is not None:
-            self.source.replay.step(direction * STEP_NS)
+        if self.feed.replay is not None:
+            self.feed.replay.step(direction * STEP_NS)
 
     def action_speed(self, factor: float) -> None:
-        if self.source.replay is not None:
-            self.source.replay.faster(factor)
+        if self.feed.replay is not None:
+            self.feed.replay.faster(factor)
 
     def action_zoom(self, step: int) -> None:
         self.main.query_one(GpusView).zoom(step)
@@ -478,9 +478,9 @@ class GpujitterTop(App[None]):
 
     @on(Input.Submitted, "#prompt")
     def _prompt_submitted(self, event: Input.Submitted) -> None:
-        if self.prompt_mode == "seek" and self.source.replay and self.position:
+        if self.prompt_mode == "seek" and self.feed.replay and self.position:
             try:
-                self.source.replay.seek(seek_target(event.value, self.model.clock, self.position))
+                self.feed.replay.seek(seek_target(event.value, self.model.clock, self.position))
             except GpujitterError as err:
                 self.notify(printable(str(err)), severity="error", markup=False)
         self._close_prompt()

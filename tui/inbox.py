@@ -1,4 +1,4 @@
-"""The hand-off between a source's worker thread and the app: bounded, so a slow terminal
+"""The hand-off between a feed's worker thread and the app: bounded, so a slow terminal
 never slows the daemon (the socket keeps being read; what does not fit is dropped and
 counted), and coalescing, so a flood costs the UI one wake-up and only the latest value of
 each state record.
@@ -7,7 +7,7 @@ Two lanes. State records that a newer one makes obsolete (a CPU's statistics, a 
 health, the daemon's status, a GPU's processes) wait in a dict keyed by what they describe:
 a newer one replaces the older (counted as coalesced). Everything else (gaps, attributions,
 samples, the hello and snapshot) waits in a FIFO of `limit` records; when it is full a live
-source's record is dropped and counted by type, a replay's worker waits instead (a replay
+feed's record is dropped and counted by type, a replay's worker waits instead (a replay
 must not lose records, and has no daemon to hold up). The app is woken once per batch: the
 worker calls `notify` only when no wake-up is pending.
 """

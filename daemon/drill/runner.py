@@ -1,5 +1,5 @@
-"""Running one drill: set the scenario's stage, start the feeding loop, run the real evidence
-sources (every default probe, NVML on a GPU node) watching it, let it inject its stalls,
+"""Running one drill: set the scenario's stage, start the feeding loop, run the real live
+probes (every default probe, NVML on a GPU node) watching it, let it inject its stalls,
 then run the daemon's pipeline over what the runtime took and score the attributions
 against the stalls the loop reports. Everything the drill changed is restored on the way
 out, on failure and on SIGINT/SIGTERM too.

@@ -1,7 +1,7 @@
 """The daemon's configuration: a TOML file, then GPUJITTER_* environment variables, then
 command-line flags (flags win). Every setting is declared once in SETTINGS with its type,
 range, default and help; unknown keys and bad values are refused with one line naming the
-source (file, variable or flag), the key, the value and what is allowed. `check_node` then
+origin (file, variable or flag), the key, the value and what is allowed. `check_node` then
 checks what the values name on this node (directories, cgroups, the metrics port), so that
 every mistake is found before a probe is attached.
 
@@ -282,23 +282,23 @@ class Config:
     values: Mapping[str, Any]
     # key -> where its value came from, as errors name it: "default", "config PATH",
     # "environment VARIABLE" or "flag --NAME"
-    sources: Mapping[str, str]
+    origins: Mapping[str, str]
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
 
     def explain(self) -> list[tuple[str, Any, str]]:
-        return [(s.key, self.values[s.key], self.sources[s.key]) for s in SETTINGS]
+        return [(s.key, self.values[s.key], self.origins[s.key]) for s in SETTINGS]
 
 
-def parse_value(key: str, raw: Any, source: str) -> Any:
-    """One setting's value from `raw`; a bad one is a GpujitterError naming `source`, the
+def parse_value(key: str, raw: Any, origin: str) -> Any:
+    """One setting's value from `raw`; a bad one is a GpujitterError naming `origin`, the
     key, what was expected and the value. The other commands' options of the same meaning
     (--pid, --threshold) are checked here too."""
     try:
         return _BY_KEY[key].parse(raw)
     except (ValueError, TypeError, GpujitterError) as err:
-        raise GpujitterError(f"{source}: {key}: {err} (got {raw!r})") from None
+        raise GpujitterError(f"{origin}: {key}: {err} (got {raw!r})") from None
 
 
 def read_file(path: Path) -> dict[str, Any]:
@@ -332,7 +332,7 @@ def load_config(
     errors name; its value, None when not given)."""
     env = os.environ if environ is None else environ
     values = {s.key: s.default for s in SETTINGS}
-    sources = dict.fromkeys(values, "default")
+    origins = dict.fromkeys(values, "default")
     given: list[tuple[str, Any, str]] = []
     if path is None and DEFAULT_PATH.is_file():
         path = DEFAULT_PATH
@@ -345,10 +345,10 @@ def load_config(
     given += [
         (key, raw, f"flag {flag}") for key, (flag, raw) in (flags or {}).items() if raw is not None
     ]
-    for key, raw, source in given:
-        values[key] = parse_value(key, raw, source)
-        sources[key] = source
-    return Config(values=values, sources=sources)
+    for key, raw, origin in given:
+        values[key] = parse_value(key, raw, origin)
+        origins[key] = origin
+    return Config(values=values, origins=origins)
 
 
 # -- what the values name on this node -------------------------------------------------
@@ -455,4 +455,4 @@ def check_node(config: Config, *, starting: bool) -> None:
         try:
             check(value)
         except (ValueError, GpujitterError) as err:
-            raise GpujitterError(f"{config.sources[key]}: {key}: {err} (got {value!r})") from None
+            raise GpujitterError(f"{config.origins[key]}: {key}: {err} (got {value!r})") from None

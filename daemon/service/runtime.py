@@ -1,7 +1,7 @@
 """The one loop every event-consuming command runs: an event source (live probes and NVML, a
 recording, a synthetic list) feeds one bounded queue; the runtime takes each event on its own
 thread, keeps the node state, feeds the pipeline (gaps, then attributions) and fans events and
-findings out to sinks (trace recorder, log, stream, metrics, console, a command's printer).
+findings out to sinks (trace capture, log, stream, metrics, console, a command's printer).
 Once a tick (1 s) it measures its footprint, tends its own threads' scheduling and hands the
 daemon.status to the sinks. `run`, `record`, `gaps`, `probe`, drills and the TUI's embedded
 mode are configurations of it: which source, which sinks, whether it analyses.
@@ -129,8 +129,8 @@ class EventSource:
 
 
 class LiveSource(EventSource):
-    """The probes, the libcuda tracer and the NVML sampler (probes/sources.py), each on its
-    own thread; `kwargs` are EvidenceSources' (probe names, topology, watch, ...)."""
+    """The probes, the libcuda tracer and the NVML sampler (probes/live.py), each on its
+    own thread; `kwargs` are LiveProbes' (probe names, topology, watch, ...)."""
 
     label = "live"
 
@@ -141,9 +141,9 @@ class LiveSource(EventSource):
         self._evidence: Any = None
 
     def start(self, emit: Emit) -> None:
-        from gpujitter.probes.sources import EvidenceSources
+        from gpujitter.probes.live import LiveProbes
 
-        evidence = EvidenceSources(self.probes, emit=emit, **self.kwargs)
+        evidence = LiveProbes(self.probes, emit=emit, **self.kwargs)
         evidence.__enter__()
         self._evidence = evidence
         self.gpus = evidence.gpus

@@ -1,6 +1,6 @@
-"""`gpujitter run`: the daemon, a configuration of the runtime (daemon/service/runtime.py). Evidence
-sources (probes, libcuda tracer, NVML sampler) feed one queue; the main thread takes each
-event, records it (trace, when asked), feeds the pipeline (gaps, then attributions) and
+"""`gpujitter run`: the daemon, a configuration of the runtime (daemon/service/runtime.py). The live
+probes (eBPF probes, libcuda tracer, NVML sampler) feed one queue; the main thread takes each
+event, captures it (trace, when asked), feeds the pipeline (gaps, then attributions) and
 publishes what the stream carries; attributions go to the JSON-lines log and the console.
 Once a second: health, footprint, watchdog.
 
@@ -50,15 +50,15 @@ from gpujitter.daemon.service.runtime import EventSource, LiveSource, Runtime, S
 from gpujitter.daemon.service.sdnotify import Notifier
 from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.daemon.sinks.adapters import (
+    CaptureSink,
     ConsoleSink,
     LogSink,
     MetricsSink,
-    RecorderSink,
     StreamSink,
 )
+from gpujitter.daemon.sinks.capture import TraceCapture
 from gpujitter.daemon.sinks.jsonlog import JsonLog
 from gpujitter.daemon.sinks.metrics import DaemonMetrics
-from gpujitter.daemon.sinks.recorder import TraceRecorder
 from gpujitter.daemon.sinks.rotation import Rotation
 from gpujitter.daemon.sinks.stream import StreamServer
 from gpujitter.daemon.sinks.trace import TraceHeader
@@ -166,9 +166,9 @@ def watch_of(config: Config) -> WatchSpec:
 
 
 class Daemon:
-    """`gpujitter run`: the runtime (daemon/service/runtime.py) over the live evidence sources, or
+    """`gpujitter run`: the runtime (daemon/service/runtime.py) over the live probes, or
     over `source` when given (a recording, a test's events), analysing every event, with the log,
-    trace recorder, stream, metrics and console sinks the settings ask for."""
+    trace capture, stream, metrics and console sinks the settings ask for."""
 
     def __init__(
         self,
@@ -264,7 +264,7 @@ class Daemon:
             header = trace_header(self.topology, self.names, self.thresholds, self.watch,
                                   runtime.pipeline.config)  # fmt: skip
             rotation = Rotation(max_bytes=cfg["record.max_bytes"], keep_files=cfg["record.keep"])
-            sinks.append(RecorderSink(TraceRecorder(cfg["record.path"], header, rotation,
+            sinks.append(CaptureSink(TraceCapture(cfg["record.path"], header, rotation,
                                                     say=self._say)))  # fmt: skip
             files.append("trace")
         if cfg["log.path"]:

@@ -1,4 +1,4 @@
-"""Where a runtime's events and findings go (daemon/service/runtime.py's Sink): the trace recorder,
+"""Where a runtime's events and findings go (daemon/service/runtime.py's Sink): the trace capture,
 the attribution log, the console, the unix-socket stream and the Prometheus metrics, each an
 adapter over the writer that does the work. A command picks the ones it needs.
 """
@@ -16,34 +16,34 @@ if TYPE_CHECKING:
     from gpujitter.daemon.service.service import Console
     from gpujitter.daemon.service.state import NodeState
     from gpujitter.daemon.service.status import DaemonStatus
+    from gpujitter.daemon.sinks.capture import TraceCapture
     from gpujitter.daemon.sinks.jsonlog import JsonLog
     from gpujitter.daemon.sinks.metrics import DaemonMetrics
-    from gpujitter.daemon.sinks.recorder import TraceRecorder
     from gpujitter.daemon.sinks.stream import StreamServer
 
 
-class RecorderSink(Sink):
+class CaptureSink(Sink):
     """Every input event into a trace (file or rotated directory); flushed on the tick, a
     new file at SIGHUP."""
 
-    def __init__(self, recorder: TraceRecorder) -> None:
-        self.recorder = recorder
+    def __init__(self, capture: TraceCapture) -> None:
+        self.capture = capture
 
     def event(self, ev: Event) -> None:
-        self.recorder.write(ev)
+        self.capture.write(ev)
 
     def tick(self, now_ns: int, status: DaemonStatus) -> None:
-        self.recorder.tick(now_ns)
+        self.capture.tick(now_ns)
 
     def reload(self) -> None:
-        self.recorder.rotate()
+        self.capture.rotate()
 
     def status(self) -> dict[str, Any]:
-        f = self.recorder.failures
+        f = self.capture.failures
         return {"trace_lost": f.dropped_total, "trace_failing": f.reason}
 
     def close(self) -> None:
-        self.recorder.close()
+        self.capture.close()
 
 
 class LogSink(Sink):

@@ -1,5 +1,5 @@
 """When a sink starts a new file and which old files it deletes: one policy for the trace
-recorder and the JSON-lines log, so `--record` and the attribution log rotate alike."""
+capture and the JSON-lines log, so `--record` and the attribution log rotate alike."""
 
 from __future__ import annotations
 

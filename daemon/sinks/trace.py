@@ -319,7 +319,7 @@ class TraceWriter:
 
 
 class _TornTail(Exception):
-    """The data ends inside a frame: the recorder stopped mid-write."""
+    """The data ends inside a frame: the writer stopped mid-write."""
 
 
 class TraceReader:
@@ -459,7 +459,7 @@ class TraceReader:
         if self.torn_tail_bytes:
             notes.append(
                 f"{self.path}: torn last record dropped ({self.torn_tail_bytes} bytes; "
-                "the recorder stopped mid-write)"
+                "the writer stopped mid-write)"
             )
         if self.skipped:
             kinds = ", ".join(f"{k} ({n})" for k, n in sorted(self.skipped.items()))

@@ -1,4 +1,4 @@
-"""`gpujitter drill SCENARIO`: inject one known jitter source into a steady feeding loop and
+"""`gpujitter drill SCENARIO`: inject one known cause of jitter into a steady feeding loop and
 measure how well gpujitter finds and attributes it (daemon/drill/, docs/accuracy.md)."""
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ COMMAND = Command(
     summary="inject known jitter into a feeding loop and score the attributions",
     description="""
         Start a steady synthetic loop that keeps a GPU busy (the stub libcuda here, a
-        PyTorch loop on a GPU node), inject one known jitter source into its feeding thread
+        PyTorch loop on a GPU node), inject one known cause of jitter into its feeding thread
         at known times and lengths so that the GPU goes idle, run the real probes, NVML
         sampler and attribution pipeline beside it, and score what gpujitter says against
         what was injected: stalls found, top cause right, the injected cause's attributed

@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     analysis = analysis_from_args(args)
     backend = None if args.no_nvml else nvml_backend(args)
     watch, topology = watch_from_args(args), load_topology()
-    # The libcuda tracer and the NVML sampler of the daemon's evidence sources, following
+    # The libcuda tracer and the NVML sampler of the daemon's live probes, following
     # the processes NVML lists on a GPU.
     source = LiveSource(
         ["cuda"],

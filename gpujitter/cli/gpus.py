@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_nvml_source_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("NVML source")
+    g = p.add_argument_group("NVML backend")
     g.add_argument(
         "--nvml-replay",
         type=Path,
@@ -38,22 +38,22 @@ def add_nvml_source_args(p: argparse.ArgumentParser) -> None:
 def nvml_backend(args: argparse.Namespace) -> Any:
     """The backend chosen by --nvml-replay/--nvml-record: None means pynvml itself."""
     from gpujitter.errors import GpujitterError
-    from gpujitter.probes.gpu_record import NvmlRecorder, NvmlReplay
+    from gpujitter.probes.nvml_session import NvmlPlayback, NvmlTap
 
     if args.nvml_replay is not None:
         try:
-            return NvmlReplay(args.nvml_replay)
+            return NvmlPlayback(args.nvml_replay)
         except (OSError, ValueError) as err:
             raise GpujitterError(f"--nvml-replay {args.nvml_replay}: {err}") from None
     if args.nvml_record is not None:
-        return NvmlRecorder()
+        return NvmlTap()
     return None
 
 
 def save_recording(args: argparse.Namespace, backend: Any) -> None:
-    from gpujitter.probes.gpu_record import NvmlRecorder
+    from gpujitter.probes.nvml_session import NvmlTap
 
-    if isinstance(backend, NvmlRecorder):
+    if isinstance(backend, NvmlTap):
         backend.save(args.nvml_record, command=f"gpujitter {args.command}")
 
 
@@ -103,8 +103,8 @@ def describe_gpus(nvml: Any, paths: HostPaths) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     from gpujitter.errors import GpujitterError
-    from gpujitter.probes.gpu_record import NvmlReplayMissing
     from gpujitter.probes.nvml import NvmlUnavailable, open_nvml
+    from gpujitter.probes.nvml_session import NvmlPlaybackMissing
 
     backend = nvml_backend(args)
     try:
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             gpus = describe_gpus(nvml, HostPaths())
             driver = nvml.driver_version()
-        except NvmlReplayMissing as err:
+        except NvmlPlaybackMissing as err:
             # A recording made by another command (the daemon's sampler, `record`) holds
             # other calls than these.
             raise GpujitterError(

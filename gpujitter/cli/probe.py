@@ -32,9 +32,9 @@ from gpujitter.units import format_ns, parse_duration_ns
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "sources",
+        "probes",
         nargs="*",
-        metavar="SOURCE",
+        metavar="PROBE",
         help="probes to run (default: every probe that is on by default; +NAME adds one "
         "to that set); "
         "see `gpujitter doctor` for the list",
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    names = registry.select(args.sources)
+    names = registry.select(args.probes)
     options = precise_options(args, names)
     duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
     shown = _Shown(args, clock_ref())
@@ -132,7 +132,7 @@ def precise_options(args: argparse.Namespace, names: list[str]) -> dict[str, dic
     if not args.precise:
         return {}
     if "malloc" not in names:
-        raise GpujitterError("--precise is a mode of the malloc probe: add `malloc` to SOURCE")
+        raise GpujitterError("--precise is a mode of the malloc probe: add `malloc` to PROBE")
     window_ns = parse_duration_ns(args.window, "s")
     if not 0 < window_ns <= MAX_WINDOW_NS:
         raise GpujitterError(f"--window {args.window}: want a time above 0 and at most 1h")

@@ -21,8 +21,8 @@ from gpujitter.daemon.service.own_scheduling import KEEP_UP_LEVELS, OwnSchedulin
 from gpujitter.daemon.service.runtime import EventSource, LiveSource, Runtime, Sink
 from gpujitter.daemon.service.service import analysis_settings, trace_header
 from gpujitter.daemon.service.status import DaemonStatus
-from gpujitter.daemon.sinks.adapters import RecorderSink
-from gpujitter.daemon.sinks.recorder import TraceRecorder
+from gpujitter.daemon.sinks.adapters import CaptureSink
+from gpujitter.daemon.sinks.capture import TraceCapture
 from gpujitter.daemon.sinks.rotation import Rotation
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
@@ -72,9 +72,9 @@ def rotation_from_args(args: argparse.Namespace) -> Rotation | None:
 
 
 def run(args: argparse.Namespace, source: EventSource | None = None) -> int:
-    """Record what the live evidence sources deliver (or `source`: a stretch of events
+    """Capture what the live probes deliver (or `source`: a stretch of events
     already in hand)."""
-    names = registry.select(args.sources)
+    names = registry.select(args.probes)
     overrides = parse_thresholds(args.threshold)
     rotation = rotation_from_args(args)
     duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
@@ -92,10 +92,10 @@ def run(args: argparse.Namespace, source: EventSource | None = None) -> int:
     # in the header, so that `report` reads this trace as it would a `run --record` one.
     config = load_config(None)
     backend = nvml_backend(args)
-    # The daemon's evidence sources (probes, libcuda tracer, NVML sampler, the processes NVML
+    # The daemon's live probes (probes, libcuda tracer, NVML sampler, the processes NVML
     # lists on a GPU), scheduled as the daemon schedules itself (compiling at nice 0, then
     # below the watched threads), its threads announced in the trace (meta.self): `report`
-    # marks waits behind the recorder as self-inflicted.
+    # marks waits behind this process as self-inflicted.
     source = source or LiveSource(
         names, topology=topology, watch=watch, thresholds=overrides,
         options=precise_options(args, names),
@@ -107,9 +107,9 @@ def run(args: argparse.Namespace, source: EventSource | None = None) -> int:
     def sinks(runtime: Runtime) -> list[Sink]:
         assert runtime.pipeline is not None
         header = trace_header(topology, names, overrides, watch, runtime.pipeline.config)
-        tally.recorder = TraceRecorder(out, header, rotation)
+        tally.capture = TraceCapture(out, header, rotation)
         tally.runtime = runtime
-        return [RecorderSink(tally.recorder), tally]
+        return [CaptureSink(tally.capture), tally]
 
     runtime = Runtime(
         source, topology, sinks=sinks,
@@ -123,15 +123,15 @@ def run(args: argparse.Namespace, source: EventSource | None = None) -> int:
     runtime.run()
     save_recording(args, backend)
 
-    recorder, statuses, counts = tally.recorder, tally.statuses, tally.counts
-    assert recorder is not None
-    kept = [str(p) for p in recorder.files if p not in recorder.removed]
+    capture, statuses, counts = tally.capture, tally.statuses, tally.counts
+    assert capture is not None
+    kept = [str(p) for p in capture.files if p not in capture.removed]
     summary = {
         "output": str(out),
         "files": kept,
-        "removed": [str(p) for p in recorder.removed],
-        "events": recorder.events,
-        "bytes": recorder.bytes,
+        "removed": [str(p) for p in capture.removed],
+        "events": capture.events,
+        "bytes": capture.bytes,
         "lost": tally.lost(),
         "dropped": runtime.queue.dropped,
         "duration_s": round((time.monotonic_ns() - runtime.start_ns) / 1e9, 3),
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace, source: EventSource | None = None) -> int:
         print_json(summary)
     else:
         print(
-            f"recorded {recorder.events} events ({format_bytes(recorder.bytes)}) into {out}"
+            f"recorded {capture.events} events ({format_bytes(capture.bytes)}) into {out}"
             + (f" ({len(kept)} files)" if rotation is not None else "")
             + f"; {summary['lost']} lost",
             file=sys.stderr,
@@ -164,7 +164,7 @@ class _Tally(Sink):
     def __init__(self, quiet: bool, out: Path) -> None:
         self.counts: Counter[str] = Counter()
         self.statuses: dict[str, ProbeStatus] = {}
-        self.recorder: TraceRecorder | None = None
+        self.capture: TraceCapture | None = None
         self.runtime: Runtime | None = None
         self.progress = _Progress(quiet)
         self.out = out
@@ -179,8 +179,8 @@ class _Tally(Sink):
         return sum(s.lost_kernel for s in self.statuses.values()) + dropped
 
     def tick(self, now_ns: int, status: DaemonStatus) -> None:
-        if self.recorder is not None and self.runtime is not None:
-            r = self.recorder
+        if self.capture is not None and self.runtime is not None:
+            r = self.capture
             self.progress.show(self.out, now_ns - self.runtime.start_ns, r.events, r.bytes,
                                self.lost())  # fmt: skip
 
@@ -219,7 +219,7 @@ COMMAND = Command(
     name="record",
     summary="record what the probes see into a trace file, for later analysis",
     description="""
-        Attach the probes (the default set, or the SOURCEs named) and the NVML sampler,
+        Attach the probes (the default set, or the PROBEs named) and the NVML sampler,
         following the processes NVML lists on a GPU, and write every event they emit, with
         their health reports, into TRACE (the evidence `gpujitter run --record` keeps, so
         `gpujitter report` reads both alike): a checksummed, append-only file whose header

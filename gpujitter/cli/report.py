@@ -117,7 +117,7 @@ def write_html(
 
     watching = f"; watching {header.watch or 'everything'}" if traces.kind == TRACE else ""
     meta = [
-        source_line(traces) + watching,
+        reading_line(traces) + watching,
         *([] if traces.wall_clock else ["no wall clock in it: times are since the node booted"]),
         *filter(None, [override_line(header.topology)]),
         *(f"damage: {note}" for note in traces.damage),
@@ -145,7 +145,7 @@ def summarise(attrs: list[Attribution]) -> dict[int, dict[str, Any]]:
     }
 
 
-def source_line(rec: Recording) -> str:
+def reading_line(rec: Recording) -> str:
     """What is being read, as the first line of a report says it."""
     header = rec.header
     if rec.kind != TRACE:
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         })  # fmt: skip
         return 0
     # A trace is a file from elsewhere: whatever it holds is shown inert (gpujitter.text).
-    print(printable(source_line(traces)))
+    print(printable(reading_line(traces)))
     if header.topology.override:
         print(printable(override_line(header.topology)))
     for note in traces.damage:

@@ -26,7 +26,7 @@ from gpujitter.text import printable
 
 if TYPE_CHECKING:
     from gpujitter.tui.app import Offer
-    from gpujitter.tui.sources import Source
+    from gpujitter.tui.feeds import Feed
 
 # The recording a first look replays (from a real H200 run), relative to the checkout; the
 # live view offers it only where the file is there.
@@ -105,39 +105,39 @@ def socket_path(args: argparse.Namespace) -> Path:
     return Path(load_config()["socket.path"])
 
 
-def make_source(args: argparse.Namespace) -> Source:
+def make_feed(args: argparse.Namespace) -> Feed:
     from gpujitter.probes import registry
-    from gpujitter.tui.sources.embedded import EmbeddedSource
-    from gpujitter.tui.sources.replay import ReplaySource
-    from gpujitter.tui.sources.socket import SocketSource, daemon_listening
+    from gpujitter.tui.feeds.embedded import EmbeddedFeed
+    from gpujitter.tui.feeds.replay import ReplayFeed
+    from gpujitter.tui.feeds.socket import SocketFeed, daemon_listening
 
     if args.replay is not None:
-        return replay_source(args, ReplaySource)
+        return replay_feed(args, ReplayFeed)
     path = socket_path(args)
     if args.daemon or (not args.embedded and daemon_listening(path)):
-        return SocketSource(path)
+        return SocketFeed(path)
     names = registry.select(args.probes.split(",") if args.probes else ())
-    return EmbeddedSource(
+    return EmbeddedFeed(
         names,
         topology=topology_from_args(args),
         watch=watch_from_args(args),
     )
 
 
-def replay_source(args: argparse.Namespace, cls: Any) -> Source:
+def replay_feed(args: argparse.Namespace, cls: Any) -> Feed:
     where = args.at
     if where in ("start", "end"):
         return cls(args.replay, at=where, playing=not args.paused, speed=args.speed)
-    source = cls(args.replay, at="start", playing=not args.paused, speed=args.speed)
+    feed = cls(args.replay, at="start", playing=not args.paused, speed=args.speed)
     from gpujitter.tui.app import seek_target
     from gpujitter.tui.inbox import ReplayPosition
     from gpujitter.tui.model import NodeModel
 
     model = NodeModel()
-    model.apply_all(source.scene)
-    pos = ReplayPosition(source.start_ns, source.start_ns, source.end_ns, False, 1.0)
-    source.at_ns = seek_target(where, model.clock, pos)
-    return source
+    model.apply_all(feed.scene)
+    pos = ReplayPosition(feed.start_ns, feed.start_ns, feed.end_ns, False, 1.0)
+    feed.at_ns = seek_target(where, model.clock, pos)
+    return feed
 
 
 @contextlib.contextmanager
@@ -173,24 +173,24 @@ def probe_output_aside() -> Iterator[type[Any]]:
 def example_offer(path: Path = CHECKOUT / EXAMPLE_TRACE) -> Offer | None:
     """The example recording as an offer of the live view, if it is there."""
     from gpujitter.tui.app import Offer
-    from gpujitter.tui.sources.replay import ReplaySource
+    from gpujitter.tui.feeds.replay import ReplayFeed
 
     if not path.is_file():
         return None
     shown = EXAMPLE_TRACE if path == CHECKOUT / EXAMPLE_TRACE else path
-    return Offer(f"gpujitter top --replay {shown}", partial(ReplaySource, path))
+    return Offer(f"gpujitter top --replay {shown}", partial(ReplayFeed, path))
 
 
 def run(args: argparse.Namespace) -> int:
     from gpujitter.tui import audit
     from gpujitter.tui.app import GpujitterTop
 
-    source = make_source(args)  # bad input is reported first, terminal or not
+    feed = make_feed(args)  # bad input is reported first, terminal or not
     if not sys.stdin.isatty() or not sys.stderr.isatty():
         raise GpujitterError("top needs a terminal (for scripts: gpujitter probe --json)")
     loader = audit.run_audit if args.audit is None else partial(audit.load_file, args.audit)
     with probe_output_aside() as driver:
-        GpujitterTop(source, audit=loader, example=example_offer(), driver_class=driver).run()
+        GpujitterTop(feed, audit=loader, example=example_offer(), driver_class=driver).run()
     return 0
 
 
@@ -202,7 +202,7 @@ COMMAND = Command(
         marked; every gap with its top cause, and on enter its breakdown (causes in ms and
         %, the evidence, the remedy); per CPU its NUMA node, interrupt load, idle states
         and the watched threads there (remote-node placements in red); the node's tuning
-        audit. The status line shows the data source, probe health, lost events, the
+        audit. The status line shows the data feed, probe health, lost events, the
         daemon's own CPU and dropped records.
 
         Connects to the daemon's socket when a daemon listens, and reconnects when it

@@ -171,7 +171,7 @@ COMMAND = Command(
     description="""
         Read trace files (from `gpujitter record` or the daemon's --record) and print each
         one's header (host, kernel, probes, thresholds, topology), its events per kind and
-        time span, and any damage: a torn last record (the recorder stopped mid-write) and
+        time span, and any damage: a torn last record (the writer stopped mid-write) and
         records of kinds this version does not know are tolerated and listed; corruption
         elsewhere is listed and makes the exit status 1.
     """,

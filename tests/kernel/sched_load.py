@@ -188,6 +188,20 @@ TRACEPOINT_PROBE(sched, sched_switch) { return put(2, args->prev_pid, args->next
 _KINDS = ("entry", "exit", "switch")
 
 
+def untraced_switch_ins(log: list[Logged], pid: int) -> int:
+    """How often `pid` left the logged CPU without a traced switch onto it: the kernel does
+    not trace every switch (on this VM, none away from its PID-1 agent's threads,
+    docs/probes.md), and what a probe measures at a switch-in is missing for those."""
+    current = None
+    missed = 0
+    for e in log:
+        if e.kind != "switch":
+            continue
+        missed += e.prev_pid == pid and current not in (None, pid)
+        current = e.next_pid
+    return missed
+
+
 @contextlib.contextmanager
 def idle_log(cpu: int) -> Iterator[Callable[[], list[Logged]]]:
     """Log idle-state entries, exits and context switches of `cpu` for the block; yields a

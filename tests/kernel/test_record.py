@@ -21,8 +21,8 @@ from gpujitter.daemon.service.idle_floors import FILE_NAME, IdleFloorStore
 from gpujitter.daemon.sinks.trace import TraceReader, TraceSet
 from gpujitter.probes import registry
 from gpujitter.probes.events import AllocSyscall, Event, OwnThreads, ProbeStatus
-from gpujitter.probes.gpu_record import NvmlReplay
 from gpujitter.probes.nvml import Nvml
+from gpujitter.probes.nvml_session import NvmlPlayback
 from gpujitter.probes.topology import load_topology
 from tests.conftest import FIXTURES
 
@@ -126,14 +126,14 @@ def test_record_until_signalled_writes_what_the_probes_saw(tmp_path: Path, stop:
 def test_a_recording_holds_the_gpu_side_and_the_analysis_settings(tmp_path: Path) -> None:
     """`record` once ran the kernel probes only: its traces had no NVML samples, no GPU
     processes and no analysis settings, so `report` saw cuda-only gaps. It now takes the
-    daemon's evidence sources (here NVML answered from a recording made on the H200)."""
+    daemon's live probes (here NVML answered from a recording made on the H200)."""
     trace = tmp_path / "gpu.gjtrace"
     nvml = FIXTURES / "nvml" / "h200-training.jsonl"
     # The node's daemon proved this board's idle power earlier: the header carries it, as the
     # daemon's own recordings do.
     state = tmp_path / "state"
     state.mkdir()
-    IdleFloorStore(state / FILE_NAME, Nvml(NvmlReplay(nvml)).open().gpus(1)).save({0: 118.0})
+    IdleFloorStore(state / FILE_NAME, Nvml(NvmlPlayback(nvml)).open().gpus(1)).save({0: 118.0})
     done = subprocess.run(
         [sys.executable, "-m", "gpujitter", "record", "-o", str(trace), "sched",
          "--pid", str(os.getpid()), "--nvml-replay", str(nvml), "--duration", "3s", "--json"],

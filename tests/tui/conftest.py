@@ -1,5 +1,5 @@
 """Helpers for the TUI's tests: the fixed node stream, apps over a replay or a real daemon
-stream socket, and waiting for the app to have taken in what its source sent."""
+stream socket, and waiting for the app to have taken in what its feed sent."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from textual.pilot import Pilot
 from gpujitter.daemon.sinks.stream import StreamServer
 from gpujitter.tui import audit
 from gpujitter.tui.app import GpujitterTop
-from gpujitter.tui.sources import Receiver, Source
-from gpujitter.tui.sources.replay import ReplaySource
+from gpujitter.tui.feeds import Feed, Receiver
+from gpujitter.tui.feeds.replay import ReplayFeed
 from tests.tui import eight_gpus, node_stream
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tui"
@@ -27,17 +27,17 @@ STREAM = FIXTURES / "node-stream.ndjson"
 DRILL_TRACE = FIXTURES / "drill-contention.gjtrace"
 
 
-def make_app(source: Source, **kwargs: Any) -> GpujitterTop:
+def make_app(feed: Feed, **kwargs: Any) -> GpujitterTop:
     """The app as `gpujitter top` builds it, with wall times in UTC and a saved audit."""
-    return GpujitterTop(source, audit=lambda: audit.load_file(AUDIT), tz=UTC, **kwargs)
+    return GpujitterTop(feed, audit=lambda: audit.load_file(AUDIT), tz=UTC, **kwargs)
 
 
 def replay_app(path: Path = STREAM, at: str = "end", playing: bool = False) -> GpujitterTop:
-    return make_app(ReplaySource(path, at=at, playing=playing))
+    return make_app(ReplayFeed(path, at=at, playing=playing))
 
 
-class NothingYet(Source):
-    """A live source on a node with no GPU and no gap yet: running, and silent."""
+class NothingYet(Feed):
+    """A live feed on a node with no GPU and no gap yet: running, and silent."""
 
     label = "embedded"
 
@@ -58,7 +58,7 @@ def write_stream(path: Path, records: list[dict[str, Any]]) -> Path:
 
 
 async def until(pilot: Pilot, ready: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    """Let the app run until `ready()` holds (the source's thread and the UI's messages
+    """Let the app run until `ready()` holds (the feed's thread and the UI's messages
     need real time; the test asserts on the state reached, never on how long it took)."""
     deadline = time.monotonic() + timeout
     while not ready():

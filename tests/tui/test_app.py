@@ -9,13 +9,14 @@ from pathlib import Path
 from unittest.mock import patch
 
 import orjson
+from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
 from gpujitter.text import printable
 from gpujitter.tui import audit
 from gpujitter.tui.app import GpujitterTop
-from gpujitter.tui.sources.replay import ReplaySource
-from gpujitter.tui.sources.socket import SocketSource
+from gpujitter.tui.feeds.replay import ReplayFeed
+from gpujitter.tui.feeds.socket import SocketFeed
 from gpujitter.tui.views.audit import FindingScreen
 from gpujitter.tui.views.breakdown import GapScreen
 from gpujitter.tui.views.gaps import GapsTable
@@ -58,18 +59,29 @@ def test_tab_and_number_keys_switch_views_and_enter_opens_the_selected_gap() -> 
             await pilot.press("2")
             assert tabs.active == "gaps"
             table = app.query_one(GapsTable)
-            assert table.row_count == len(node_stream.GAPS)
-            assert "attributing" in table_rows(table)[0]  # newest first: not attributed yet
-            await pilot.press("down", "down", "down", "down", "enter")
+            records = node_stream.stream()
+            gaps = node_stream.gaps_newest_first(records)
+            assert table.row_count == len(gaps)
+            # newest first: the engine still holds it for late events
+            assert node_stream.gap_id(gaps[0]) not in node_stream.attributions(records)
+            assert "attributing" in table_rows(table)[0]
+            row, a = node_stream.first_gap_with(records, "alloc_stall")
+            await pilot.press(*["down"] * row, "enter")
             await until(pilot, lambda: isinstance(app.screen, GapScreen), "the breakdown")
             text = app.screen.query_one("#breakdown-text", Static).render()
             shown = str(text)
-            # The 120 ms gap at 12:00:33.050: allocator stall 70 ms of 120, its evidence,
-            # the remedy line.
-            assert "GPU 0 idle 120.00ms" in shown and "12:00:33.050" in shown
-            assert "allocator stall" in shown and "70.0 ms" in shown and "58%" in shown
-            assert "munmap: 6× 70.00ms, 512.00MiB" in shown
-            assert "LD_PRELOAD=libjemalloc.so.2" in shown
+            # The allocator stall: how long, when, its share of the gap, its evidence, the
+            # remedy the engine gave.
+            dur_ns = a["end_ns"] - a["ts_ns"]
+            assert f"GPU {a['gpu']} idle {dur_ns / 1e6:.2f}ms" in shown
+            assert node_stream.wall(a["ts_ns"]) in shown
+            part = next(p for p in a["parts"] if p["cause"] == "alloc_stall")
+            share = f"{round(100 * part['ns'] / dur_ns)}%"
+            assert "allocator stall" in shown and f"{part['ns'] / 1e6:.1f} ms" in shown
+            assert share in shown
+            (call,) = part["evidence"]
+            assert f"{call['call']}: {call['count']}× {call['ns'] / 1e6:.2f}ms" in shown
+            assert a["remedies"] and a["remedies"][0] in shown
             await pilot.press("escape")
             assert not isinstance(app.screen, GapScreen)
             await pilot.click(GapsTable, offset=(5, 3))  # the mouse: a row, then open it
@@ -79,7 +91,24 @@ def test_tab_and_number_keys_switch_views_and_enter_opens_the_selected_gap() -> 
     asyncio.run(scenario())
 
 
+def remote_cpus(records: list[dict]) -> list[int]:
+    """The CPUs the stream shows anything remote on: interrupts handled off their device's
+    node, or a watched thread last placed off its GPU's node."""
+    gpu_node = {
+        node_stream.pid(g.index): node_stream.TOPOLOGY.gpu_node[g.pci_bus_id]
+        for g in node_stream.GPUS
+    }
+    last = [r for r in records if r["type"] == "daemon.status"][-1]
+    threads = {t["cpu"] for t in last["threads"] if t["node"] != gpu_node[t["tgid"]]}
+    irqs = {r["cpu"] for r in records if r["type"] == "cpu.stats" and r.get("remote_irqs")}
+    return sorted(threads | irqs)
+
+
 def test_filter_narrows_the_view_and_escape_clears_it() -> None:
+    records = node_stream.stream()
+    gaps = node_stream.gaps_newest_first(records)
+    swapped = [c for c in node_stream.top_causes(records) if c == "swap_in"]
+
     async def scenario() -> None:
         app = replay_app()
         async with app.run_test(size=(120, 36)) as pilot:
@@ -88,20 +117,22 @@ def test_filter_narrows_the_view_and_escape_clears_it() -> None:
             assert app.query_one("#prompt", Input).has_focus
             await pilot.press(*"swap")
             rows = table_rows(app.query_one(GapsTable))
-            assert len(rows) == 2 and all("swap-in" in r for r in rows)
+            assert len(rows) == len(swapped) and all("swap-in" in r for r in rows)
             await pilot.press("enter")  # keeps the filter, back to the table
             assert app.query_one(GapsTable).has_focus
-            assert len(table_rows(app.query_one(GapsTable))) == 2
+            assert len(table_rows(app.query_one(GapsTable))) == len(swapped)
             await pilot.press("slash", "escape")
-            assert len(table_rows(app.query_one(GapsTable))) == len(node_stream.GAPS)
+            assert len(table_rows(app.query_one(GapsTable))) == len(gaps)
             await pilot.press("3", "slash", *"remote")  # the CPUs view filters the same way
             cpus = table_rows(app.query_one("#cpus-table", DataTable))
-            assert [r.split()[0] for r in cpus] == ["2", "5"]
+            assert [int(r.split()[0]) for r in cpus] == remote_cpus(records)
 
     asyncio.run(scenario())
 
 
 def test_replay_controls_next_gap_step_seek_and_play(tmp_path: Path) -> None:
+    gaps = node_stream.gaps_newest_first(node_stream.stream())
+
     async def scenario() -> None:
         app = replay_app(at="start", playing=False)
         async with app.run_test(size=(120, 36)) as pilot:
@@ -109,7 +140,7 @@ def test_replay_controls_next_gap_step_seek_and_play(tmp_path: Path) -> None:
             start = app.position.start_ns
             assert not app.model.gaps
             await pilot.press("n")  # the first gap and its attribution, then paused
-            first = f"0:{node_stream.T0 + 6200 * 1_000_000}"
+            first = node_stream.gap_id(gaps[-1])
             await until(pilot, lambda: first in app.model.attributions, "the first gap")
             assert list(app.model.gaps) == [first]
             assert app.query_one(TabbedContent).active == "gaps"
@@ -120,13 +151,13 @@ def test_replay_controls_next_gap_step_seek_and_play(tmp_path: Path) -> None:
             await until(pilot, lambda: app.position.at_ns == at + S, "a step")
             await pilot.press("g", *"+10s", "enter")
             await until(pilot, lambda: app.position.at_ns == at + 11 * S, "a relative seek")
-            assert len(app.model.gaps) == 2  # 6.2 s and 12.75 s
+            assert len(app.model.gaps) == sum(g["end_ns"] <= at + 11 * S for g in gaps)
             await pilot.press("g", *"12:00:05", "enter")  # backwards: the model starts over
             await until(pilot, lambda: not app.model.gaps, "a seek back")
             assert app.position.at_ns == node_stream.T0 + 5 * S
             await pilot.press("g", *"end", "enter")
             await until(pilot, lambda: app.position.done, "the end")
-            assert len(app.model.gaps) == len(node_stream.GAPS)
+            assert len(app.model.gaps) == len(gaps)
             await pilot.press("g", *"start", "enter")
             await until(pilot, lambda: app.position.at_ns == start, "the start")
             await pilot.press("greater_than_sign", "greater_than_sign", "p")
@@ -149,13 +180,13 @@ def test_live_pause_freezes_the_views_and_resume_shows_what_came_meanwhile(
 ) -> None:
     async def scenario() -> None:
         daemon.start()
-        app = make_app(SocketSource(daemon.path))
+        app = make_app(SocketFeed(daemon.path))
         async with app.run_test(size=(120, 36)) as pilot:
             await until(pilot, lambda: app.model.hello.pid == 2301, "the hello")
             await pilot.press("2", "p")
             assert "PAUSED" in status_line(app)
             daemon.publish_all()
-            n = len(node_stream.GAPS)
+            n = len(node_stream.gaps_newest_first(daemon.live))
             await until(pilot, lambda: len(app.model.gaps) == n, "the live gaps")
             assert app.query_one(GapsTable).row_count == 0  # frozen while paused
             await pilot.press("p")
@@ -189,28 +220,46 @@ def test_resizes_down_to_80x24_and_everything_still_fits() -> None:
 def test_reconnects_when_the_daemon_restarts(daemon: Daemon) -> None:
     async def scenario() -> None:
         daemon.start(pid=2301)
-        source = SocketSource(daemon.path, retry_s=0.05, retry_max_s=0.2)
-        app = make_app(source)
+        feed = SocketFeed(daemon.path, retry_s=0.05, retry_max_s=0.2)
+        app = make_app(feed)
         async with app.run_test(size=(120, 36)) as pilot:
             await until(pilot, lambda: "daemon pid 2301" in status_line(app), "the daemon")
             daemon.publish_all()
-            n = len(node_stream.GAPS)
+            n = len(node_stream.gaps_newest_first(daemon.live))
             await until(pilot, lambda: len(app.model.gaps) == n, "the gaps")
             daemon.stop()
             await until(pilot, lambda: "no daemon, retrying" in status_line(app), "the loss")
             daemon.start(pid=2302)  # the restarted daemon: new pid, its own snapshot
             await until(pilot, lambda: "daemon pid 2302" in status_line(app), "reconnected")
-            assert source.connections >= 2  # (one more if it got in as the old one closed)
+            assert feed.connections >= 2  # (one more if it got in as the old one closed)
             assert len(app.model.gaps) == n  # what was seen before the restart stays
 
     asyncio.run(scenario())
 
 
+async def breakdown(pilot: Pilot, records: list[dict], cause: str) -> str:
+    """The text of the breakdown of the newest gap with a part of `cause`, opened from the
+    gaps view and closed again."""
+    app = pilot.app
+    row, _ = node_stream.first_gap_with(records, cause)
+    await pilot.press("2", *["down"] * row, "enter")
+    await until(pilot, lambda: isinstance(app.screen, GapScreen), "the breakdown")
+    shown = str(app.screen.query_one("#breakdown-text", Static).render())
+    await pilot.press("escape", *["up"] * row)
+    return shown
+
+
+def hostile_stream(tmp_path: Path, kind: str) -> tuple[dict[str, str], list[dict], Path]:
+    """The node stream with the `kind` of hostile names: (the names, the records, the file
+    a replay reads)."""
+    records = node_stream.stream(kind)
+    return node_stream.names(kind), records, write_stream(tmp_path / f"{kind}.ndjson", records)
+
+
 def test_hostile_names_are_shown_literally_and_never_run(tmp_path: Path) -> None:
     """Process, thread and IRQ names that are Textual markup or action links appear as
     typed on every view, and clicking them does nothing."""
-    hostile = node_stream.names("markup")
-    path = write_stream(tmp_path / "hostile.ndjson", node_stream.stream("markup"))
+    hostile, records, path = hostile_stream(tmp_path, "markup")
 
     async def scenario() -> None:
         app = replay_app(path)
@@ -224,11 +273,32 @@ def test_hostile_names_are_shown_literally_and_never_run(tmp_path: Path) -> None
             cpus = " ".join(table_rows(app.query_one("#cpus-table", DataTable)))
             for name in ("trainer", "loader", "worker", "nvme"):
                 assert hostile[name] in cpus
-            await pilot.click("#cpus-table", offset=(100, 6))  # on "[@click=quit]"
-            await pilot.press("2", *["down"] * 7, "enter")  # 12:00:12.750: IRQ, then a wait
-            await until(pilot, lambda: isinstance(app.screen, GapScreen), "the breakdown")
-            shown = str(app.screen.query_one("#breakdown-text", Static).render())
-            assert hostile["kworker"] in shown and hostile["nvme"] in shown
+            await pilot.click("#cpus-table", offset=(100, 3))  # on the watched threads' names
+            waited = await breakdown(pilot, records, "runq_wait")  # behind the task
+            assert hostile["kworker"] in waited
+            assert hostile["nvme"] in await breakdown(pilot, records, "irq")
+            assert app.is_running
+
+    asyncio.run(scenario())
+
+
+def test_names_wider_than_the_terminal_keep_every_view_inside_it(tmp_path: Path) -> None:
+    """Names of 300 characters: the views keep their width at 80x24 (tables scroll, panels
+    cut), and the breakdown still carries the whole name."""
+    long, records, path = hostile_stream(tmp_path, "long")
+
+    async def scenario() -> None:
+        app = replay_app(path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settled(pilot)
+            for key, view in (("1", GpuPanel), ("2", GapsTable), ("3", "#cpus-table")):
+                await pilot.press(key)
+                await pilot.pause()
+                shown = [w for w in app.query(view) if w.region.width]  # type: ignore[call-overload]
+                assert shown and all(w.region.right <= 80 for w in shown)
+            assert app.query_one("#status").region.height == 1
+            waited = await breakdown(pilot, records, "runq_wait")
+            assert long["kworker"] in waited
             assert app.is_running
 
     asyncio.run(scenario())
@@ -252,9 +322,11 @@ def test_control_sequences_in_names_are_shown_escaped_on_every_view(tmp_path: Pa
     the title, the status line, the breakdown and an audit finding show them escaped."""
     hostile = node_stream.names("control")
     records = node_stream.stream("control")
+    _, a = node_stream.first_gap_with(records, "runq_wait")
+    (task,) = next(p["evidence"] for p in a["parts"] if p["cause"] == "runq_wait")
     records[0]["host"] = "gpu\x1b]2;host\x07-7"
-    for rec in records[1]["probes"]:
-        if rec["probe"] == "cuda":
+    for rec in records:
+        if rec["type"] == "meta.probe" and rec["state"] != "running":
             rec["reason"] = "libcuda at /tmp/\x1b[8m/libcuda.so.1"
     path = write_stream(tmp_path / "control.ndjson", records)
     doc = orjson.loads(AUDIT.read_bytes())
@@ -268,22 +340,19 @@ def test_control_sequences_in_names_are_shown_escaped_on_every_view(tmp_path: Pa
         assert [ch for line in text.split("\n") for ch in line if not ch.isprintable()] == []
 
     async def scenario() -> None:
-        app = GpujitterTop(
-            ReplaySource(path, at="end"), audit=lambda: audit.load_file(saved), tz=UTC
-        )
+        app = GpujitterTop(ReplayFeed(path, at="end"), audit=lambda: audit.load_file(saved), tz=UTC)
         async with app.run_test(size=(200, 48)) as pilot:
             await settled(pilot)
             seen = []
             for key in ("1", "2", "3", "4"):
                 await pilot.press(key)
                 seen.append(shown_on_screen(app))
-            await pilot.press("2", *["down"] * 7, "enter")  # 12:00:12.750: IRQ, then a wait
-            await until(pilot, lambda: isinstance(app.screen, GapScreen), "the breakdown")
-            breakdown = str(app.screen.query_one("#breakdown-text", Static).render())
-            await pilot.press("escape", "4", "enter")
+            waited = await breakdown(pilot, records, "runq_wait")
+            interrupted = await breakdown(pilot, records, "irq")
+            await pilot.press("4", "enter")
             await until(pilot, lambda: isinstance(app.screen, FindingScreen), "a finding")
             finding = shown_on_screen(app)
-            for text in (*seen, breakdown, finding):
+            for text in (*seen, waited, interrupted, finding):
                 inert(text)
             everything = "\n".join(seen)
             assert printable(hostile["trainer"]) in everything  # GPUs, gaps
@@ -291,18 +360,18 @@ def test_control_sequences_in_names_are_shown_escaped_on_every_view(tmp_path: Pa
             assert "pid 4242 (\\x1b]0;pwned\\x07)" in everything  # the audit table
             assert printable(hostile["loader"]) in everything  # CPUs
             assert printable(hostile["worker"]) == "gpt\\u202etxt.sh" and "gpt\\u202e" in everything
-            assert "kw\\x0afix: rm -rf (tid 77)" in breakdown
-            assert "nvme\\xff\\x1b[2J" in breakdown
+            assert f"kw\\x0afix: rm -rf (tid {task['tid']})" in waited
+            assert "nvme\\xff\\x1b[2J" in interrupted
             assert "pid 4242 (\\x1b]0;pwned\\x07)" in finding and "\\u009b2J\\u202e" in finding
             assert app.is_running
 
     asyncio.run(scenario())
 
 
-def test_a_source_that_breaks_is_shown_and_the_app_stays_up(tmp_path: Path) -> None:
-    from gpujitter.tui.sources import Receiver, Source
+def test_a_feed_that_breaks_is_shown_and_the_app_stays_up(tmp_path: Path) -> None:
+    from gpujitter.tui.feeds import Feed, Receiver
 
-    class Broken(Source):
+    class Broken(Feed):
         label = "broken"
 
         def run(self, sink: Receiver, stopped: object) -> None:
@@ -312,7 +381,7 @@ def test_a_source_that_breaks_is_shown_and_the_app_stays_up(tmp_path: Path) -> N
     async def scenario() -> None:
         app = make_app(Broken())
         async with app.run_test(size=(80, 24)) as pilot:
-            await until(pilot, lambda: "source failed" in status_line(app), "the failure")
+            await until(pilot, lambda: "feed failed" in status_line(app), "the failure")
             assert "OSError: the disk went away" in status_line(app)
             assert app.model.probes["irq"].state == "running" and app.is_running
 

@@ -1,4 +1,4 @@
-"""`gpujitter top`'s command line: which source it picks, where a replay starts, and the
+"""`gpujitter top`'s command line: which feed it picks, where a replay starts, and the
 one-line errors (the app itself is tested through Pilot)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from gpujitter.cli import build_parser, load_commands
-from gpujitter.cli.top import make_source, probe_output_aside
-from gpujitter.tui.sources.embedded import EmbeddedSource
-from gpujitter.tui.sources.replay import ReplaySource
-from gpujitter.tui.sources.socket import SocketSource
+from gpujitter.cli.top import make_feed, probe_output_aside
+from gpujitter.tui.feeds.embedded import EmbeddedFeed
+from gpujitter.tui.feeds.replay import ReplayFeed
+from gpujitter.tui.feeds.socket import SocketFeed
 from tests.tui import node_stream
 from tests.tui.conftest import STREAM, Daemon
 
@@ -27,23 +27,21 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_picks_the_daemon_when_one_listens_else_runs_embedded(daemon: Daemon) -> None:
-    assert isinstance(make_source(parse("--socket", str(daemon.path))), EmbeddedSource)
+    assert isinstance(make_feed(parse("--socket", str(daemon.path))), EmbeddedFeed)
     daemon.start()
-    assert isinstance(make_source(parse("--socket", str(daemon.path))), SocketSource)
-    assert isinstance(
-        make_source(parse("--socket", str(daemon.path), "--embedded")), EmbeddedSource
-    )
+    assert isinstance(make_feed(parse("--socket", str(daemon.path))), SocketFeed)
+    assert isinstance(make_feed(parse("--socket", str(daemon.path), "--embedded")), EmbeddedFeed)
     daemon.stop()
-    waiting = make_source(parse("--socket", str(daemon.path), "--daemon"))
-    assert isinstance(waiting, SocketSource)
+    waiting = make_feed(parse("--socket", str(daemon.path), "--daemon"))
+    assert isinstance(waiting, SocketFeed)
 
 
 def test_replay_starts_where_asked() -> None:
-    source = make_source(parse("--replay", str(STREAM), "--at", "12:00:30", "--paused"))
-    assert isinstance(source, ReplaySource) and not source.playing
-    assert source.at_ns == node_stream.T0 + 30 * S
-    end = make_source(parse("--replay", str(STREAM), "--at", "end"))
-    assert isinstance(end, ReplaySource) and end.at_ns == end.end_ns and end.playing
+    feed = make_feed(parse("--replay", str(STREAM), "--at", "12:00:30", "--paused"))
+    assert isinstance(feed, ReplayFeed) and not feed.playing
+    assert feed.at_ns == node_stream.T0 + 30 * S
+    end = make_feed(parse("--replay", str(STREAM), "--at", "end"))
+    assert isinstance(end, ReplayFeed) and end.at_ns == end.end_ns and end.playing
 
 
 def run_top(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ from gpujitter.daemon.analysis.records import Attribution, Evidence, GpuGap, Tas
 from gpujitter.probes import registry
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
-from gpujitter.tui.sources.embedded import EmbeddedSource
+from gpujitter.tui.feeds.embedded import EmbeddedFeed
 from gpujitter.tui.views.breakdown import GapScreen
 from gpujitter.tui.views.gaps import GapsTable
 from tests.tui.conftest import make_app, until
@@ -29,10 +29,10 @@ pytestmark = pytest.mark.kernel
 def test_embedded_mode_shows_live_cpu_idle_and_probe_health() -> None:
     topo = load_topology()
     names = registry.default_names()
-    source = EmbeddedSource(names, topology=topo, watch=WatchSpec(all=True), tick_s=0.5)
+    feed = EmbeddedFeed(names, topology=topo, watch=WatchSpec(all=True), tick_s=0.5)
 
     async def scenario() -> None:
-        app = make_app(source)
+        app = make_app(feed)
         async with app.run_test(size=(120, 36)) as pilot:
             await until(
                 pilot,
@@ -67,11 +67,11 @@ def test_a_drill_beside_it_shows_the_drills_gaps_and_their_cause() -> None:
     them (run-queue waits too), and can miss a target of the drill's own score (exit 1;
     test_drill scores it): the stall's gap is found by the times the drill reports."""
     names = registry.default_names()
-    source = EmbeddedSource(names, topology=load_topology(), watch=WatchSpec(all=True), tick_s=0.5)
+    feed = EmbeddedFeed(names, topology=load_topology(), watch=WatchSpec(all=True), tick_s=0.5)
     gpujitter = Path(sys.executable).with_name("gpujitter")
 
     async def scenario() -> None:
-        app = make_app(source)
+        app = make_app(feed)
         async with app.run_test(size=(120, 36)) as pilot:
             await until(pilot, lambda: "sched" in app.model.probes, "the probes", timeout=60)
             drill = await asyncio.create_subprocess_exec(

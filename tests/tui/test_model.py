@@ -3,6 +3,7 @@ stream, CPU halves merged and aged, placements judged, bad input counted not rai
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC
 from typing import Any
 
@@ -35,40 +36,56 @@ US = 1_000
 
 
 @pytest.fixture(scope="module")
-def model() -> NodeModel:
+def records() -> list[dict[str, Any]]:
+    return node_stream.stream()
+
+
+@pytest.fixture(scope="module")
+def model(records: list[dict[str, Any]]) -> NodeModel:
     m = NodeModel(WallClock(tz=UTC))
-    m.apply_all(node_stream.stream())
+    m.apply_all(records)
     return m
 
 
-def test_gaps_newest_first_with_their_attribution_and_top_cause(model: NodeModel) -> None:
+def test_gaps_newest_first_with_their_attribution_and_top_cause(
+    model: NodeModel, records: list[dict[str, Any]]
+) -> None:
     rows = model.gaps_newest_first()
-    assert [round((g.ts_ns - node_stream.T0) / MS) for g, _ in rows] == sorted(
-        (round(s * 1000) for s, *_ in node_stream.GAPS), reverse=True
-    )
+    sent = node_stream.gaps_newest_first(records)
+    assert [g.gap_id for g, _ in rows] == [node_stream.gap_id(g) for g in sent]
     newest, pending = rows[0]
-    assert pending is None and newest.dur_ns == 12 * MS
-    gap, a = rows[4]  # 12:00:33.050, 120 ms on GPU 0
+    assert pending is None and newest.dur_ns == sent[0]["end_ns"] - sent[0]["ts_ns"]
+    row, rec = node_stream.first_gap_with(records, "alloc_stall")
+    gap, a = rows[row]
     assert a is not None and a.top is not None
-    assert (a.top.cause, a.top.ns, round(a.share(a.top), 3)) == ("alloc_stall", 70 * MS, 0.583)
+    top = max(rec["parts"], key=lambda p: p["ns"])
+    share = round(top["ns"] / (rec["end_ns"] - rec["ts_ns"]), 3)
+    assert (a.top.cause, a.top.ns, round(a.share(a.top), 3)) == ("alloc_stall", top["ns"], share)
     assert sum(p.ns for p in a.parts) == gap.dur_ns
-    assert a.remedies == (node_stream.REMEDIES["alloc_stall"],)
-    assert model.clock.time(gap.ts_ns) == "12:00:33.050"
+    assert a.remedies == tuple(rec["remedies"]) and a.remedies
+    assert model.clock.time(gap.ts_ns) == node_stream.wall(rec["ts_ns"])
 
 
 def test_cpu_rows_merge_the_irq_and_idle_halves_and_flag_remote_placement(
-    model: NodeModel,
+    model: NodeModel, records: list[dict[str, Any]]
 ) -> None:
     rows = {r.cpu: r for r in model.cpu_rows()}
     assert sorted(rows) == list(range(8)) and [rows[c].node for c in range(8)] == [0] * 4 + [1] * 4
-    busy = rows[2]
-    assert 0.041 <= busy.hardirq <= 0.0416  # 41 ms + 0.3 ms of vectors + up to 0.3 ms jitter
+    busy = rows[node_stream.IRQ_BUSY_CPU]
+    stats = [r for r in records if r["type"] == "cpu.stats" and r["cpu"] == busy.cpu]
+    irq = [r for r in stats if not r["idle_ns"]][-1]  # the irq probe's half
+    idle = [r for r in stats if r["idle_ns"]][-1]  # the cstate probe's
+    assert busy.hardirq == pytest.approx((irq["hardirq_ns"] + irq["vector_ns"]) / S)
     assert busy.top_irqs[0][0] == "nvme0q3" and busy.remote_irqs[0][0] == "nvme0q3"
-    assert dict(busy.idle)["C1"] == pytest.approx(0.1)  # the other half, same window
+    assert dict(busy.idle)["C1"] == pytest.approx(dict(idle["idle_ns"])["C1"] / S)
     placed = {t.tid: remote for row in rows.values() for t, remote in row.threads}
-    # 4125 (GPU 0's feeder) on node 0: local. 4126 feeds GPU 1 (node 1) from CPU 2 (node 0),
-    # 4130 feeds GPU 0 (node 0) from CPU 5 (node 1): remote. 4131 feeds GPU 1 from node 1.
-    assert placed == {4125: False, 4130: True, 4126: True, 4131: False}
+    # GPU 0's feeding thread runs on its GPU's node; GPU 1's rank, feeding thread and
+    # loader, on node 0, away from GPU 1 (node 1).
+    assert placed == {
+        node_stream.thread(0): False,
+        node_stream.thread(1): True,
+        node_stream.thread(1, loader=True): True,
+    }
 
 
 def test_interrupt_figures_age_out_after_quiet_windows_but_idle_ones_stay() -> None:
@@ -81,12 +98,18 @@ def test_interrupt_figures_age_out_after_quiet_windows_but_idle_ones_stay() -> N
     assert row.hardirq == 0.0 and row.idle == (("C1", 1.0),)
 
 
-def test_status_counts_probes_lost_events_and_drops(model: NodeModel) -> None:
+def test_status_counts_probes_lost_events_and_drops(
+    model: NodeModel, records: list[dict[str, Any]]
+) -> None:
+    latest = {r["probe"]: r for r in records if r["type"] == "meta.probe"}
     assert {p.probe: p.state for p in model.probes.values()}["cstate"] == "degraded"
-    assert model.lost_events() == 3
+    lost = sum(p["lost_kernel"] + p["lost_user"] for p in latest.values())
+    assert lost and model.lost_events() == lost
     text = status_text(model, None, None, inbox_dropped=5, paused=False).plain
-    assert "lost 3" in text and "dropped 5" in text and "daemon cpu" in text
-    assert "3 on" in text and "1 degr" in text and "1 unavail" in text and "1 off" in text
+    assert f"lost {lost}" in text and "dropped 5" in text and "daemon cpu" in text
+    states = Counter(p["state"] for p in latest.values())
+    assert f"{states['running']} on" in text and f"{states['degraded']} degr" in text
+    assert f"{states['unavailable']} unavail" in text and f"{states['off']} off" in text
     model.apply({"type": "dropped", "count": 7, "total": 7})
     assert "dropped 12" in status_text(model, None, None, inbox_dropped=5, paused=True).plain
 

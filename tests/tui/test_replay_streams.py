@@ -10,8 +10,8 @@ from pathlib import Path
 from gpujitter.daemon.sinks.trace import TraceHeader, TraceWriter
 from gpujitter.probes.events import CpuStats, GpuSample
 from gpujitter.probes.topology import Topology
+from gpujitter.tui.feeds.replay import ReplayFeed
 from gpujitter.tui.inbox import ReplayPosition
-from gpujitter.tui.sources.replay import ReplaySource
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -58,8 +58,8 @@ def played_to_the_end(path: Path) -> tuple[int, int]:
     app = Discard()
     tracemalloc.start()
     try:
-        source = ReplaySource(path, at="end", playing=False)
-        source.run(app, lambda: app.done)
+        feed = ReplayFeed(path, at="end", playing=False)
+        feed.run(app, lambda: app.done)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

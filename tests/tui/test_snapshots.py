@@ -43,7 +43,7 @@ def test_gaps_view(snap_compare: SnapCompare) -> None:
 
 
 def test_gap_breakdown(snap_compare: SnapCompare) -> None:
-    keys = ("2", "down", "down", "down", "down", "enter")  # the 120 ms allocator stall
+    keys = ("2", *["down"] * 5, "enter")  # 12:00:33.055: the allocator stall
     assert snap_compare(replay_app(), terminal_size=DOCS, run_before=after(*keys))
 
 
@@ -77,7 +77,7 @@ def test_gaps_view_filtered_at_80x24(snap_compare: SnapCompare) -> None:
 
 
 def test_gap_breakdown_at_80x24(snap_compare: SnapCompare) -> None:
-    keys = ("2", "down", "enter")  # swap-in, with the task it waited behind
+    keys = ("2", *["down"] * 3, "enter")  # 12:00:41.605: the swap-in of the thread it waited on
     assert snap_compare(replay_app(), terminal_size=SMALL, run_before=after(*keys))
 
 
@@ -109,13 +109,13 @@ def test_help_on_the_gaps_view(snap_compare: SnapCompare) -> None:
 
 def test_first_screen_without_a_gpu(snap_compare: SnapCompare) -> None:
     """`make run` on a node with no GPU and no daemon: what a newcomer sees first."""
-    from gpujitter.tui.sources.replay import ReplaySource
+    from gpujitter.tui.feeds.replay import ReplayFeed
 
-    offer = Offer(f"gpujitter top --replay {EXAMPLE_TRACE}", lambda: ReplaySource(DRILL_TRACE))
+    offer = Offer(f"gpujitter top --replay {EXAMPLE_TRACE}", lambda: ReplayFeed(DRILL_TRACE))
     app = make_app(NothingYet(), example=offer)
 
     async def run_before(pilot: Pilot) -> None:
-        await until(pilot, lambda: app.connection is not None, "the source")
+        await until(pilot, lambda: app.connection is not None, "the feed")
         await until(pilot, lambda: app.query_one("#audit-view").report is not None, "audit")
 
     assert snap_compare(app, terminal_size=DOCS, run_before=run_before)

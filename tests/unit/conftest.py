@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpujitter.probes.host import HostPaths
-from tests.nvml_replay import ReplayBackend
+from tests.nvml_playback import PlaybackBackend
 
 HOSTS = Path(__file__).parents[1] / "fixtures" / "hosts"
 
@@ -45,6 +45,6 @@ def host_tree(tmp_path: Path) -> MakeTree:
 
 
 @pytest.fixture
-def h200_nvml() -> ReplayBackend:
+def h200_nvml() -> PlaybackBackend:
     """NVML as the H200 machine answered it (driver 580.159, one GPU, a torch process)."""
-    return ReplayBackend.load(HOSTS / "h200-vm" / "nvml.json")
+    return PlaybackBackend.load(HOSTS / "h200-vm" / "nvml.json")

@@ -1,6 +1,6 @@
 """Every audit rule on a good and a bad recorded tree, asserting the exact finding: the
 two-socket server tuned well (two-node-gpu) and badly (two-node-gpu-bad laid over it), this
-dev VM and the H200 VM (NVML replayed)."""
+dev VM and the H200 VM (NVML played back)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import Nvml
 from gpujitter.probes.topology import Topology, load_topology
 from tests.fixtures.hosts.record import keep_allocator_env
-from tests.nvml_replay import ReplayBackend
+from tests.nvml_playback import PlaybackBackend
 from tests.unit.conftest import HOSTS, MakeTree
 
 GOOD = ("two-node-gpu",)
@@ -413,7 +413,7 @@ def test_irq_affinity_against_an_override(host_tree: MakeTree, tmp_path: Path) -
 # --- gpus ---------------------------------------------------------------------------------
 
 
-def test_persistence_from_nvml(host_tree: MakeTree, h200_nvml: ReplayBackend) -> None:
+def test_persistence_from_nvml(host_tree: MakeTree, h200_nvml: PlaybackBackend) -> None:
     p = host_tree("h200-vm")
     nvml = Nvml(h200_nvml).open()
     assert audit(p, "gpu.persistence", nvml=nvml) == [
@@ -468,7 +468,7 @@ def test_gpu_processes_found_by_libcuda_and_dev_nvidia(host_tree: MakeTree) -> N
     ]
 
 
-def test_gpu_processes_from_nvml(host_tree: MakeTree, h200_nvml: ReplayBackend) -> None:
+def test_gpu_processes_from_nvml(host_tree: MakeTree, h200_nvml: PlaybackBackend) -> None:
     p = host_tree("h200-vm")
     nvml = Nvml(h200_nvml).open()
     topo = load_topology(p, nvml=nvml)

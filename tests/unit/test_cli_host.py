@@ -110,7 +110,7 @@ def test_gpu_minus_1_placed_by_the_override_is_named_by_topo_and_doctor(tmp_path
         # An unknown rule audited nothing and exited 0: a typo looked like a clean node.
         (("audit", "--rule", "nosuchrule"), "no audit rule 'nosuchrule'"),
         (("audit", "--rule", "memory.swapiness"), "families: cpu, gpu, irq, memory, process"),
-        # A recording of another command ended in a NvmlReplayMissing traceback.
+        # A recording of another command ended in a NvmlPlaybackMissing traceback.
         (
             ("gpus", "--nvml-replay", "tests/fixtures/nvml/h200-training.jsonl"),
             "not recorded by `gpujitter gpus --nvml-record`",

@@ -49,9 +49,9 @@ def test_file_then_env_then_flags_win(tmp_path: Path) -> None:
     flags = {"socket.path": ("--socket", "/tmp/c.sock"), "log.keep": ("--log-keep", None)}
     cfg = load_config(path, environ=env, flags=flags)
     assert cfg["socket.path"] == "/tmp/c.sock"
-    assert cfg.sources["socket.path"] == "flag --socket"
+    assert cfg.origins["socket.path"] == "flag --socket"
     assert cfg["socket.mode"] == 0o640
-    assert cfg["log.keep"] == 3 and cfg.sources["log.keep"] == "environment GPUJITTER_LOG_KEEP"
+    assert cfg["log.keep"] == 3 and cfg.origins["log.keep"] == "environment GPUJITTER_LOG_KEEP"
     assert cfg["log.max_bytes"] == 10 * 1024**2
     assert cfg["probes.thresholds"] == (("sched.offcpu", 2_000_000),)
     assert cfg["watch.comms"] == ("python*", "torchrun")

@@ -33,7 +33,7 @@ def _no_probes(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
     monkeypatch.setattr(Daemon, "run", _poison)
     monkeypatch.setattr("gpujitter.probes.runner.ProbeThread", _poison)
-    monkeypatch.setattr("gpujitter.tui.sources.embedded.EmbeddedSource", _poison)
+    monkeypatch.setattr("gpujitter.tui.feeds.embedded.EmbeddedFeed", _poison)
 
 
 def toml_of(settings: dict[str, Any]) -> str:

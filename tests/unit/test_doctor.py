@@ -1,5 +1,5 @@
 """Doctor checks on this VM's recorded tree (the passing case) with single files changed for
-each failing case, NVML replayed from the H200 machine, and live on this host."""
+each failing case, NVML played back from the H200 machine, and live on this host."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import Nvml, NvmlUnavailable, open_nvml
 from gpujitter.probes.python_gc import interpreter_hooks, node_interpreter
 from gpujitter.probes.registry import Hook
-from tests.nvml_replay import ReplayBackend
+from tests.nvml_playback import PlaybackBackend
 from tests.unit.conftest import MakeTree
 
 RELEASE = "6.18.44-fc-v657"  # the kernel the dev-vm tree was recorded on
@@ -285,7 +285,7 @@ def test_memlock(host_tree: MakeTree) -> None:
     assert old.detail.startswith("RLIMIT_MEMLOCK 8192 KiB")
 
 
-def test_nvml_replayed_from_the_h200(host_tree: MakeTree, h200_nvml: ReplayBackend) -> None:
+def test_nvml_played_back_from_the_h200(host_tree: MakeTree, h200_nvml: PlaybackBackend) -> None:
     env = env_of(host_tree("h200-vm"), open_nvml=lambda: Nvml(h200_nvml).open())
     assert one(host.check_nvml, env) == Result(
         "nvml", "pass", "driver 580.159.04, 1 GPU(s): 0: NVIDIA H200 at 0000:00:06.0"

@@ -1,5 +1,5 @@
 """Waker chains on a real recording: the `loader` drill on the development VM (stub libcuda,
-the real probes, the product's recorder), cut to its one stall by
+the real probes, the product's trace writer), cut to its one stall by
 tests/fixtures/chains/cut.py. The feeding thread waited on a queue that an intermediate
 thread fills from a worker process's result queue; the worker, forked by the feeder after
 the probes started, computed the batch. The engine must follow the wait three wakers down,

@@ -29,11 +29,11 @@ from tests.fixtures.streams.synthetic import (
     MS,
     TWO_NODES,
     Stream,
+    attribute_all,
     dur,
     evidence,
     ns,
     parts_ms,
-    replay,
 )
 
 SEC = 1000 * MS
@@ -101,8 +101,8 @@ def test_too_many_pending_gaps_are_attributed_early_oldest_first():
 
 def test_the_same_stream_gives_byte_identical_records():
     loop = FeedingLoop(PLAN).build()
-    first = records(list(replay(loop.delivered(1), TWO_NODES, CONFIG)))
-    second = records(list(replay(loop.delivered(1), TWO_NODES, CONFIG)))
+    first = records(list(attribute_all(loop.delivered(1), TWO_NODES, CONFIG)))
+    second = records(list(attribute_all(loop.delivered(1), TWO_NODES, CONFIG)))
     assert first == second
     assert len(first) > 1000
 
@@ -111,7 +111,7 @@ def test_interleavings_that_keep_each_sources_order_give_identical_records():
     loop = FeedingLoop(PLAN).build()
     orders = [loop.delivered(seed) for seed in range(6)]
     assert len({tuple(id(ev) for ev in order) for order in orders}) == 6  # really different
-    outputs = {records(list(replay(order, TWO_NODES, CONFIG))) for order in orders}
+    outputs = {records(list(attribute_all(order, TWO_NODES, CONFIG))) for order in orders}
     assert len(outputs) == 1
 
 
@@ -123,9 +123,10 @@ def test_records_do_not_depend_on_the_hash_seed():
     code = (
         "from tests.fixtures.streams.feeding import FeedingLoop;"
         "from tests.unit.test_engine_stream import PLAN, records;"
-        "from tests.fixtures.streams.synthetic import CONFIG, TWO_NODES, replay;"
+        "from tests.fixtures.streams.synthetic import CONFIG, TWO_NODES, attribute_all;"
         "import hashlib;"
-        "out = records(list(replay(FeedingLoop(PLAN).build().delivered(3), TWO_NODES, CONFIG)));"
+        "events = FeedingLoop(PLAN).build().delivered(3);"
+        "out = records(list(attribute_all(events, TWO_NODES, CONFIG)));"
         "print(hashlib.sha256(out).hexdigest())"
     )
     digests = {
@@ -146,7 +147,7 @@ def test_records_do_not_depend_on_the_hash_seed():
 
 def test_each_injected_stall_is_found_and_attributed_to_its_cause():
     loop = FeedingLoop(PLAN).build()
-    attrs = list(replay(loop.delivered(7), TWO_NODES, CONFIG))
+    attrs = list(attribute_all(loop.delivered(7), TWO_NODES, CONFIG))
     assert [(a.ts_ns, a.end_ns) for a in attrs] == [
         (t.gap_start_ns, t.gap_end_ns) for t in loop.truth
     ]
@@ -161,7 +162,7 @@ def test_each_injected_stall_is_found_and_attributed_to_its_cause():
 
 def test_the_loader_stall_is_credited_to_the_loader_thread_through_the_futex():
     loop = FeedingLoop([("clean", 0), ("loader", 18)]).build()
-    (attr,) = replay(loop.delivered(0), TWO_NODES, CONFIG)
+    (attr,) = attribute_all(loop.delivered(0), TWO_NODES, CONFIG)
     swap = next(p for p in attr.parts if p.cause == "swap_in")
     assert swap.tids == (202,)
     assert [(r.tid, r.role) for r in attr.threads] == [(201, "critical"), (202, "waker")]
@@ -177,8 +178,8 @@ def test_a_trace_round_trip_of_every_input_kind_replays_to_the_same_records():
     assert decoded == events
     kinds = {type(ev).__name__ for ev in events}
     assert {"OffCpu", "IrqStolen", "MinorFaults", "NodeTime", "GpuGap", "CpuStats"} <= kinds
-    assert records(list(replay(decoded, TWO_NODES, CONFIG))) == records(
-        list(replay(events, TWO_NODES, CONFIG))
+    assert records(list(attribute_all(decoded, TWO_NODES, CONFIG))) == records(
+        list(attribute_all(events, TWO_NODES, CONFIG))
     )
 
 

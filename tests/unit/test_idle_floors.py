@@ -19,8 +19,8 @@ from gpujitter.daemon.analysis.records import Attribution
 from gpujitter.daemon.service.idle_floors import IdleFloorStore
 from gpujitter.daemon.sinks.trace import TraceWriter
 from gpujitter.probes.events import CudaCall, Event, from_record
-from gpujitter.probes.gpu_record import NvmlReplay
 from gpujitter.probes.nvml import GpuInfo, Nvml
+from gpujitter.probes.nvml_session import NvmlPlayback
 from tests.conftest import FIXTURES
 from tests.fixtures.streams.synthetic import detect
 from tests.unit.trace_samples import header
@@ -32,7 +32,7 @@ MS = 1_000_000
 
 @pytest.fixture(scope="module")
 def h200() -> GpuInfo:
-    (gpu,) = Nvml(NvmlReplay(FIXTURES / "nvml" / "h200-idle.jsonl")).open().gpus(cpu_count=16)
+    (gpu,) = Nvml(NvmlPlayback(FIXTURES / "nvml" / "h200-idle.jsonl")).open().gpus(cpu_count=16)
     return gpu
 
 

@@ -11,17 +11,17 @@ import pytest
 
 from gpujitter.cli import main
 from gpujitter.probes.events import GpuProcesses, GpuSample, ProbeStatus
-from gpujitter.probes.gpu_record import NvmlReplay
 from gpujitter.probes.nvml import NvmlUnavailable, open_nvml
+from gpujitter.probes.nvml_session import NvmlPlayback
 from tests.conftest import FIXTURES
-from tests.unit.test_nvml_replay import IDLE, TRAINING, replay_sampler
+from tests.unit.test_nvml_playback import IDLE, TRAINING, playback_sampler
 
 NO_DRIVER = FIXTURES / "nvml" / "no-driver.jsonl"
 
 
 def test_no_driver_is_one_line_why() -> None:
     with pytest.raises(NvmlUnavailable) as err:
-        open_nvml(NvmlReplay(NO_DRIVER))
+        open_nvml(NvmlPlayback(NO_DRIVER))
     assert str(err.value) == (
         "NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver on this node"
     )
@@ -50,21 +50,21 @@ def test_gpus_shows_placement_readings_and_problems(capsys: pytest.CaptureFixtur
 
 
 def test_no_gpu_listed_when_nvml_cannot_count_them() -> None:
-    nvml = open_nvml(NvmlReplay(IDLE, refuse={("nvmlDeviceGetCount", None)}))
+    nvml = open_nvml(NvmlPlayback(IDLE, refuse={("nvmlDeviceGetCount", None)}))
     assert nvml.device_count() == 0
     assert nvml.gpus(cpu_count=16) == []
     assert nvml.problems[(None, "nvmlDeviceGetCount")] == "Not Supported"
 
 
 def test_gpu_lost_mid_run_stops_that_gpu_and_nothing_else() -> None:
-    replay, sampler, events = replay_sampler(TRAINING, lose_gpu={0: 40})
+    playback, sampler, events = playback_sampler(TRAINING, lose_gpu={0: 40})
     sampler.start()
     for _ in range(30):
         sampler.poll()
-    calls_after_loss = replay.gpu_calls(0)
+    calls_after_loss = playback.gpu_calls(0)
     for _ in range(10):
         sampler.poll()
-    assert replay.gpu_calls(0) == calls_after_loss  # a lost GPU is not asked again
+    assert playback.gpu_calls(0) == calls_after_loss  # a lost GPU is not asked again
     assert any(isinstance(e, GpuSample) for e in events)  # what came before the loss stays
     final = sampler.status(0)
     assert final.state == "unavailable"
@@ -75,7 +75,7 @@ def test_gpu_lost_mid_run_stops_that_gpu_and_nothing_else() -> None:
 
 
 def test_unsupported_sample_streams_degrade_to_processes_only() -> None:
-    _, sampler, events = replay_sampler(TRAINING, refuse={("nvmlDeviceGetSamples", 0)})
+    _, sampler, events = playback_sampler(TRAINING, refuse={("nvmlDeviceGetSamples", 0)})
     sampler.start()
     for _ in range(10):
         sampler.poll()
@@ -88,7 +88,7 @@ def test_unsupported_sample_streams_degrade_to_processes_only() -> None:
 
 def test_unsupported_process_utilisation_keeps_the_process_list() -> None:
     refused = {("nvmlDeviceGetProcessUtilization", 0)}
-    _, sampler, events = replay_sampler(TRAINING, refuse=refused)
+    _, sampler, events = playback_sampler(TRAINING, refuse=refused)
     sampler.start()
     for _ in range(10):
         sampler.poll()

@@ -16,16 +16,16 @@ import pytest
 
 from gpujitter.cli import build_parser, load_commands, main
 from gpujitter.cli.gaps import SavedEvents
-from gpujitter.cli.top import make_source
+from gpujitter.cli.top import make_feed
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig
 from gpujitter.daemon.service.runtime import ListSource, Runtime
-from gpujitter.daemon.sinks.adapters import LogSink, RecorderSink
+from gpujitter.daemon.sinks.adapters import CaptureSink, LogSink
+from gpujitter.daemon.sinks.capture import TraceCapture
 from gpujitter.daemon.sinks.jsonlog import JsonLog
-from gpujitter.daemon.sinks.recorder import TraceRecorder
 from gpujitter.daemon.sinks.rotation import Rotation
 from gpujitter.daemon.sinks.trace import TraceReader
+from gpujitter.tui.feeds.replay import GAP_KINDS, ReplayFeed
 from gpujitter.tui.inbox import ReplayPosition
-from gpujitter.tui.sources.replay import GAP_KINDS, ReplaySource
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "h200-training.gjtrace"
 FORMATS = ("trace", "rotated", "events", "log")
@@ -39,7 +39,7 @@ SAYS = {
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The example trace's events through the runtime as the daemon runs it, with its
-    trace recorder (one file; a rotated directory), its attribution log and the
+    trace capture (one file; a rotated directory), its attribution log and the
     `gaps --save-events` writer as sinks."""
     out = tmp_path_factory.mktemp("written")
     with TraceReader(EXAMPLE) as reader:
@@ -52,8 +52,8 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "log": out / "attributions.jsonl",
     }
     sinks = [
-        RecorderSink(TraceRecorder(paths["trace"], header)),
-        RecorderSink(TraceRecorder(paths["rotated"], header, Rotation(max_bytes=800_000))),
+        CaptureSink(TraceCapture(paths["trace"], header)),
+        CaptureSink(TraceCapture(paths["rotated"], header, Rotation(max_bytes=800_000))),
         SavedEvents(paths["events"], header.clock),
         LogSink(JsonLog(paths["log"])),
     ]
@@ -126,12 +126,12 @@ class Played:
 
 def top(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, list[tuple[int, int]]]:
     args = build_parser(load_commands()).parse_args(["top", "--replay", str(path), "--at", "end"])
-    source = make_source(args)
-    assert isinstance(source, ReplaySource)
+    feed = make_feed(args)
+    assert isinstance(feed, ReplayFeed)
     app = Played()
-    source.run(app, lambda: app.done)
+    feed.run(app, lambda: app.done)
     attributed = [(r["ts_ns"], r["end_ns"]) for r in app.got if r["type"] == "gpu.attribution"]
-    return source.label, attributed
+    return feed.label, attributed
 
 
 COMMANDS: dict[str, Callable[[Path, pytest.CaptureFixture[str]], tuple[str, list[Any]]]] = {

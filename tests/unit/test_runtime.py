@@ -30,12 +30,12 @@ from gpujitter.daemon.sinks.trace import TraceReader
 from gpujitter.probes.events import Event, Migration, to_record
 from gpujitter.probes.gpu import GpuSampler
 from gpujitter.probes.gpu_clock import offsets_from_header
-from gpujitter.probes.gpu_record import NvmlReplay
 from gpujitter.probes.nvml import GpuInfo, Nvml
+from gpujitter.probes.nvml_session import NvmlPlayback
 from gpujitter.probes.topology import load_topology
 from gpujitter.tui.model import NodeModel
 from tests.conftest import FIXTURES
-from tests.unit.test_nvml_replay import sample_reads
+from tests.unit.test_nvml_playback import sample_reads
 
 TRAINING = FIXTURES / "nvml" / "h200-training.jsonl"
 
@@ -43,12 +43,12 @@ TRAINING = FIXTURES / "nvml" / "h200-training.jsonl"
 def h200_stretch() -> tuple[list[GpuInfo], list[Event]]:
     """The NVML sampler's events over a whole recorded H200 training session, polled as
     often as the real session read its rings."""
-    replay = NvmlReplay(TRAINING)
-    nvml = Nvml(replay).open()
+    playback = NvmlPlayback(TRAINING)
+    nvml = Nvml(playback).open()
     events: list[Event] = []
     sampler = GpuSampler(nvml, events.append, cpu_count=16,
-                         offsets=lambda: offsets_from_header(replay.header),
-                         clock=replay.now)  # fmt: skip
+                         offsets=lambda: offsets_from_header(playback.header),
+                         clock=playback.now)  # fmt: skip
     sampler.start()
     for _ in range(sample_reads(TRAINING) - 1):
         sampler.poll()

@@ -1,5 +1,5 @@
 """Topology readers on recorded trees: this dev VM (no cpuidle driver), the H200 VM (a GPU on
-PCI, NVML replayed), and a hand-made two-socket server (intel_idle, GPUs, NIC, NVMe)."""
+PCI, NVML played back), and a hand-made two-socket server (intel_idle, GPUs, NIC, NVMe)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from gpujitter.probes.topology import (
     read_pci,
 )
 from tests.fixtures.hosts.record import record_tree
-from tests.nvml_replay import ReplayBackend
+from tests.nvml_playback import PlaybackBackend
 from tests.unit.conftest import MakeTree
 
 
@@ -93,7 +93,7 @@ def test_h200_gpu_from_sysfs(host_tree: MakeTree) -> None:
     assert [d.name for d in topo.devices] == ["eth0", "vda", "vdb"]
 
 
-def test_h200_gpu_from_replayed_nvml(host_tree: MakeTree, h200_nvml: ReplayBackend) -> None:
+def test_h200_gpu_from_played_back_nvml(host_tree: MakeTree, h200_nvml: PlaybackBackend) -> None:
     nvml = Nvml(h200_nvml).open()
     topo = load_topology(host_tree("h200-vm"), nvml=nvml)
     assert topo.gpu_source == "nvml"
@@ -150,7 +150,7 @@ def test_two_socket_idle_states_with_intel_idle(host_tree: MakeTree) -> None:
     assert idle.state(5, 3).desc == "MWAIT 0x20"  # type: ignore[union-attr]
 
 
-def test_record_round_trips_through_json(host_tree: MakeTree, h200_nvml: ReplayBackend) -> None:
+def test_record_round_trips_through_json(host_tree: MakeTree, h200_nvml: PlaybackBackend) -> None:
     for topo in (
         load_topology(host_tree("two-node-gpu")),
         load_topology(host_tree("h200-vm"), nvml=Nvml(h200_nvml).open()),

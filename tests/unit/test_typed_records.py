@@ -22,8 +22,8 @@ from gpujitter.daemon.sinks.jsonlog import JsonLog
 from gpujitter.daemon.sinks.trace import PREAMBLE_SIZE, TraceWriter, frame, preamble
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import Event, from_record, to_record
+from gpujitter.tui.feeds.replay import read_recording
 from gpujitter.tui.model import NodeModel
-from gpujitter.tui.sources.replay import read_recording
 from tests.unit.trace_samples import every_kind, header
 
 REAL_EVENTS = Path(__file__).parents[1] / "fixtures" / "gaps" / "h200-power-dip-events.ndjson"

@@ -37,7 +37,7 @@ def connection_text(conn: Connection | None, model: NodeModel, pos: ReplayPositi
             style="bold magenta",
         )
     if conn.state == "failed":
-        return Text(f"✗ source failed: {printable(conn.detail)}", style="bold red")
+        return Text(f"✗ feed failed: {printable(conn.detail)}", style="bold red")
     return Text(f"○ {conn.state}", style="dim")
 
 

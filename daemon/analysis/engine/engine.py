@@ -1,12 +1,12 @@
 """The attribution engine: probe events and GPU gaps in, one Attribution per gap out.
 
 A pure function of its input sequence: no clocks, no randomness, no dependence on hash seeds or
-on how sources interleave (within the lateness bound), so the daemon (live), `gpujitter report`
-(a recorded trace) and the drills all run this same code and get the same records. Time
-advances only through event timestamps: the watermark is the latest end time seen; a gap is
-attributed once the watermark has passed its end by config.lateness_ns, so that aggregates
-polled once a second have arrived. The daemon must record exactly the events it feeds, in
-the order it feeds them; replay then reproduces the live attributions.
+on how the probes' deliveries interleave (within the lateness bound), so the daemon (live),
+`gpujitter report` (a recorded trace) and the drills all run this same code and get the same
+records. Time advances only through event timestamps: the watermark is the latest end time
+seen; a gap is attributed once the watermark has passed its end by config.lateness_ns, so
+that aggregates polled once a second have arrived. The daemon must capture exactly the
+events it feeds, in the order it feeds them; replay then reproduces the live attributions.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from gpujitter.probes.topology import Topology
 from gpujitter.probes.workload import label
 
 _HISTORY = 16  # probe states and GPU process lists kept per probe / GPU
+_DELIVERING = (None, "running", "degraded")  # probe states whose causes can be seen
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,8 +261,9 @@ class Engine:
         self._counts["follow_cut"] += divider.follow_cut
         parts, self_ns = _mark_own(self._parts(divider), self._own[1])
         tl = self._timelines.get(critical)
+        # degraded probes still deliver their events (less of each): only the others are off
         probes_off = tuple(
-            sorted(p for p, hist in self._probes.items() if _at(hist, b) not in (None, "running"))
+            sorted(p for p, hist in self._probes.items() if _at(hist, b) not in _DELIVERING)
         )
         rctx = RemedyContext(
             topology=self.topology,

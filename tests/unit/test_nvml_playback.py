@@ -1,6 +1,6 @@
 """The NVML side against what a real H200 answered: the recording of the GPU proof run
 (bench/gpu_proof.py, tests/fixtures/nvml/h200-training.jsonl) and of `gpujitter gpus` on the
-idle GPU, replayed through probes/nvml.py's backend. Sample rings are replayed as rings, so a
+idle GPU, played back through probes/nvml.py's backend. Sample rings are played back as rings, so a
 sampler that passed a wrong lastSeenTimeStamp would read samples twice or miss them."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from gpujitter.probes.events import GpuClockMap, GpuProcesses, GpuSample, ProbeStatus
 from gpujitter.probes.gpu import LAG_NS, GpuSampler
 from gpujitter.probes.gpu_clock import Observation, calibrate, offsets_from_header
-from gpujitter.probes.gpu_record import NvmlReplay, load
 from gpujitter.probes.nvml import Nvml
+from gpujitter.probes.nvml_session import NvmlPlayback, load
 from tests.conftest import FIXTURES
 
 TRAINING = FIXTURES / "nvml" / "h200-training.jsonl"
@@ -29,26 +29,26 @@ def sample_reads(path: Path) -> int:
     return sum(1 for e in entries if e["fn"] == "nvmlDeviceGetSamples" and e["args"][0] == 0)
 
 
-def replay_sampler(path: Path, **replay_args: object) -> tuple[NvmlReplay, GpuSampler, list]:
-    replay = NvmlReplay(path, **replay_args)  # type: ignore[arg-type]
+def playback_sampler(path: Path, **playback_args: object) -> tuple[NvmlPlayback, GpuSampler, list]:
+    playback = NvmlPlayback(path, **playback_args)  # type: ignore[arg-type]
     events: list = []
     sampler = GpuSampler(
-        Nvml(replay).open(),
+        Nvml(playback).open(),
         events.append,
         cpu_count=16,
-        offsets=lambda: offsets_from_header(replay.header),
-        clock=replay.now,
+        offsets=lambda: offsets_from_header(playback.header),
+        clock=playback.now,
     )
-    return replay, sampler, events
+    return playback, sampler, events
 
 
 @pytest.fixture(scope="module")
-def training() -> tuple[NvmlReplay, GpuSampler, list]:
-    replay, sampler, events = replay_sampler(TRAINING)
+def training() -> tuple[NvmlPlayback, GpuSampler, list]:
+    playback, sampler, events = playback_sampler(TRAINING)
     sampler.start()
     for _ in range(sample_reads(TRAINING) - 1):
         sampler.poll()
-    return replay, sampler, events
+    return playback, sampler, events
 
 
 def distinct_recorded(metric: str, since_us: int) -> int:
@@ -72,8 +72,8 @@ def distinct_recorded(metric: str, since_us: int) -> int:
 
 
 def test_every_sample_is_read_once_and_none_is_skipped(training) -> None:
-    replay, sampler, events = training
-    realtime = offsets_from_header(replay.header)["realtime"]
+    playback, sampler, events = training
+    realtime = offsets_from_header(playback.header)["realtime"]
     for metric, period_ms in (("power", 20), ("util", 200)):
         samples = [e for e in events if isinstance(e, GpuSample) and e.metric == metric]
         # The first one emitted, as NVML stamped it: everything after it must come once.
@@ -140,7 +140,7 @@ def test_status_reports_what_the_h200_could_not_give(training) -> None:
 
 
 def test_gpu_identity_from_the_idle_recording() -> None:
-    nvml = Nvml(NvmlReplay(IDLE)).open()
+    nvml = Nvml(NvmlPlayback(IDLE)).open()
     (gpu,) = nvml.gpus(cpu_count=16)
     assert gpu.name == "NVIDIA H200"
     assert gpu.pci_bus_id == "0000:00:06.0"

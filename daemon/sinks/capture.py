@@ -1,8 +1,8 @@
-"""Recording the raw event stream: a recorder that writes the events a runtime takes
+"""Capturing the raw event stream: a capture that writes the events a runtime takes
 (daemon/service/runtime.py) into one trace file or a rotating directory of them (`gpujitter record
 -o`, the daemon's `--record`).
 
-When the disk refuses a write the recorder keeps going (daemon/sinks/diskfull.py): the frames of
+When the disk refuses a write the capture keeps going (daemon/sinks/diskfull.py): the frames of
 the failed write are counted as lost, a `meta.lost` record with the count goes first into
 the next write, and a file that cannot be created is tried again once a second.
 """
@@ -30,7 +30,7 @@ _SEGMENT_NAME = re.compile(
 )
 
 
-class TraceRecorder:
+class TraceCapture:
     """Writes events into `target`: one trace file when `rotation` is None, else a directory
     where a new file (with its own header: same session, next segment, fresh clock
     reference) starts whenever the rotation policy says so, and the oldest files go when
@@ -52,7 +52,7 @@ class TraceRecorder:
         self.rotation = rotation
         self.events = 0
         self.bytes_closed = 0  # bytes of the files already rotated out (deleted ones too)
-        self.files: list[Path] = []  # every file this recorder started, in order
+        self.files: list[Path] = []  # every file this capture started, in order
         self.removed: list[Path] = []  # those deleted by retention
         self.failures = WriteFailures(f"trace {self.target}", say or to_stderr)
         self._writer_opts = {"flush_bytes": flush_bytes, "flush_interval_ns": flush_interval_ns}
@@ -208,7 +208,7 @@ class TraceRecorder:
             f = self.failures
             f.say(f"{f.what}: stopped with {f.dropped} events lost since the disk failed")
 
-    def __enter__(self) -> TraceRecorder:
+    def __enter__(self) -> TraceCapture:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,6 +1,6 @@
 """The runtime's output as the records the daemon's stream carries (the kinds it streams, and
 the gaps and attributions the pipeline settles), gathered for the app: the sink that the
-embedded and replay sources put on the one runtime (daemon/service/runtime.py)."""
+embedded and replay feeds put on the one runtime (daemon/service/runtime.py)."""
 
 from __future__ import annotations
 

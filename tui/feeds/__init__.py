@@ -1,9 +1,9 @@
-"""Where the app's records come from, behind one interface (live and recorded sources look
+"""Where the app's records come from, behind one interface (live and recorded feeds look
 the same to the app, as Falco's engines and memray's readers do): the daemon's socket, the
 probes run in-process when no daemon runs, or a recording replayed.
 
-A source's `run` is called in a worker thread and hands records (docs/schema.md "Socket
-messages") to a Receiver until `stopped()` says to end. Replay sources also take commands from
+A feed's `run` is called in a worker thread and hands records (docs/schema.md "Socket
+messages") to a Receiver until `stopped()` says to end. Replay feeds also take commands from
 the app (play, pause, step, seek) through `replay`.
 """
 
@@ -19,7 +19,7 @@ Record = Mapping[str, Any]
 
 
 class Receiver(Protocol):
-    """What a source hands its output to (tui.inbox.Inbox)."""
+    """What a feed hands its output to (tui.inbox.Inbox)."""
 
     def records(self, records: Iterable[Record]) -> None: ...
 
@@ -44,9 +44,9 @@ class ReplayControl(Protocol):
     def faster(self, factor: float) -> None: ...
 
 
-class Source(abc.ABC):
+class Feed(abc.ABC):
     label: str = ""  # what the title bar says the data is ("daemon", "embedded", a file)
-    live: bool = True  # live sources may drop under load; a replay's inbox blocks instead
+    live: bool = True  # live feeds may drop under load; a replay's inbox blocks instead
     replay: ReplayControl | None = None
 
     @abc.abstractmethod

@@ -1,4 +1,4 @@
-"""The embedded source: when no daemon runs, `gpujitter top` runs the daemon's runtime
+"""The embedded feed: when no daemon runs, `gpujitter top` runs the daemon's runtime
 in-process (daemon/service/runtime.py: the probes and NVML, the queue, the pipeline and node state)
 and hands the app the records a daemon's stream would carry. What the probes cannot give (no
 root, no bcc, a refused hook: the irq or cstate probe not running) the kernel's counters
@@ -26,14 +26,14 @@ from gpujitter.probes.host import HostPaths
 from gpujitter.probes.procstat import ProcCpuSampler
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import WatchSpec
-from gpujitter.tui.sources import Receiver, Source
-from gpujitter.tui.sources.streamed import StreamRecords
+from gpujitter.tui.feeds import Feed, Receiver
+from gpujitter.tui.feeds.streamed import StreamRecords
 
 # Probes whose cpu.stats halves replace the kernel counters' (interrupts; idle residency).
 IRQ_PROBE, IDLE_PROBE = "irq", "cstate"
 
 
-class EmbeddedSource(Source):
+class EmbeddedFeed(Feed):
     live = True
 
     def __init__(

@@ -22,8 +22,8 @@ from typing import Any
 
 from gpujitter.daemon.offline.recordings import EVENTS, TRACE, WHAT, sniff
 from gpujitter.errors import GpujitterError
+from gpujitter.tui.feeds import Feed, Receiver
 from gpujitter.tui.inbox import ReplayPosition
-from gpujitter.tui.sources import Receiver, Source
 
 Record = Mapping[str, Any]
 CHUNK = 5000  # records per hand-over (the inbox blocks a replay instead of dropping)
@@ -82,7 +82,7 @@ def _analysed(path: Path) -> Iterator[Record]:
     from gpujitter.daemon.analysis.pipeline import AnalysisConfig
     from gpujitter.daemon.offline.recordings import open_recording
     from gpujitter.daemon.service.runtime import ListSource, Runtime
-    from gpujitter.tui.sources.streamed import StreamRecords
+    from gpujitter.tui.feeds.streamed import StreamRecords
 
     recording = open_recording([path])
     header = recording.header
@@ -119,7 +119,7 @@ def _timed(records: Iterator[Record]) -> Iterator[tuple[int, Record]]:
             yield played_ns, rec
 
 
-class ReplaySource(Source):
+class ReplayFeed(Feed):
     """`at`: where to start ("start", "end" or monotonic ns); `playing`: start playing."""
 
     live = False

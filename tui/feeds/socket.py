@@ -1,4 +1,4 @@
-"""The daemon's stream socket as a source: connect, read NDJSON, hand records on; when the
+"""The daemon's stream socket as a feed: connect, read NDJSON, hand records on; when the
 daemon goes away (restart, upgrade) wait and connect again, backing off from `retry_s` to
 `retry_max_s`. Runs in the app's worker thread; every blocking call has a short timeout so
 that quitting is never held up.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 
-from gpujitter.tui.sources import Receiver, Source
+from gpujitter.tui.feeds import Feed, Receiver
 
 POLL_S = 0.2  # the longest a read or a back-off sleep goes without checking stopped()
 
@@ -31,7 +31,7 @@ def daemon_listening(path: Path) -> bool:
     return True
 
 
-class SocketSource(Source):
+class SocketFeed(Feed):
     def __init__(self, path: Path, *, retry_s: float = 0.25, retry_max_s: float = 5.0) -> None:
         self.path = Path(path)
         self.label = f"daemon {self.path}"

@@ -1,6 +1,6 @@
-"""NVML at the boundary, recorded and replayed: RecordingBackend wraps pynvml on a real GPU
-and notes every call (arguments, result or error); ReplayBackend answers the same calls from
-that record, so tests run the production NVML code (probes/nvml.py) on machines without a
+"""NVML at the boundary, tapped and played back: TapBackend wraps pynvml on a real GPU
+and notes every call (arguments, result or error); PlaybackBackend answers the same calls from
+those notes, so tests run the production NVML code (probes/nvml.py) on machines without a
 GPU. Device handles are recorded as "handle:N"; ctypes structures as dicts of their fields."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
-class RecordingBackend:
+class TapBackend:
     """pynvml, with every nvml* call appended to `calls`."""
 
     NVMLError = pynvml.NVMLError
@@ -67,8 +67,8 @@ def _is_handle(arg: Any) -> bool:
     return isinstance(arg, ctypes._Pointer)  # type: ignore[attr-defined]
 
 
-class ReplayBackend:
-    """Answers nvml* calls from a recording: the same function with the same arguments gets
+class PlaybackBackend:
+    """Answers nvml* calls from a tapped session: the same function with the same arguments gets
     the recorded results in order (the last one repeats); an unrecorded call is an error the
     test must see, not a silent None."""
 
@@ -80,7 +80,7 @@ class ReplayBackend:
             self._answers.setdefault(_key(entry["fn"], entry["args"]), []).append(entry)
 
     @classmethod
-    def load(cls, path: Path) -> ReplayBackend:
+    def load(cls, path: Path) -> PlaybackBackend:
         return cls(json.loads(path.read_text()))
 
     def __getattr__(self, name: str) -> Any:

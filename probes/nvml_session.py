@@ -1,15 +1,15 @@
-"""Record every NVML call a real session makes, and replay such a recording as the backend of
+"""Tap every NVML call a real session makes, and play such a session back as the backend of
 probes/nvml.py: CI runs the NVML code against what a real GPU answered (tests/fixtures/nvml/),
 never against invented numbers.
 
-A recording is JSON lines: a header (the host clocks read together), then one line per call
+A session file is JSON lines: a header (the host clocks read together), then one line per call
 with its CLOCK_MONOTONIC start and end, the function, the GPU (device handles are stored as
 GPU indexes), the other arguments, and either the result as plain data or the NVML error
 code.
 
-NvmlReplay answers each (function, GPU) with the recorded results in order (the last one again
+NvmlPlayback answers each (function, GPU) with the recorded results in order (the last one again
 once they run out: identity does not change). Sample rings (nvmlDeviceGetSamples,
-nvmlDeviceGetProcessUtilization) are replayed as rings, not as answers: a call gets every
+nvmlDeviceGetProcessUtilization) are played back as rings, not as answers: a call gets every
 recorded sample newer than the lastSeenTimeStamp it passes and no newer than what the real
 GPU had at that call, so a caller that passes the wrong timestamp reads duplicates or misses
 samples, as it would on the GPU. Faults a GPU rarely shows (lost, not supported) can be
@@ -36,12 +36,12 @@ RING_FUNCS = ("nvmlDeviceGetSamples", "nvmlDeviceGetProcessUtilization")
 JITTER_US = 5  # how far apart two reads of one sample's timestamp were seen (H200: 1 µs)
 
 
-class NvmlReplayMissing(AssertionError):
+class NvmlPlaybackMissing(AssertionError):
     """The code under test called something the recording never saw: a test bug, loudly."""
 
 
 def clock_offsets() -> dict[str, int]:
-    """The host clocks read back to back (the tightest of a few tries): what a replay needs
+    """The host clocks read back to back (the tightest of a few tries): what a playback needs
     to map the recording's NVML timestamps the way the live session did."""
     best: tuple[int, dict[str, int]] | None = None
     for _ in range(5):
@@ -92,9 +92,9 @@ def _handle_key(value: Any) -> int | None:
     return None
 
 
-class NvmlRecorder:
+class NvmlTap:
     """A backend that forwards to a real one (pynvml) and logs each nvml* call:
-    `Nvml(recorder)` records a session; `recorder.save(path)` writes it."""
+    `Nvml(tap)` taps a session; `tap.save(path)` writes it."""
 
     def __init__(self, backend: Any = None, clock: Callable[[], int] = time.monotonic_ns):
         self._nv = backend if backend is not None else _pynvml()
@@ -153,7 +153,7 @@ def load(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 def _namespace(value: Any) -> Any:
     if isinstance(value, dict):
         if set(value) == {"handle"}:
-            return NvmlReplayHandle(int(value["handle"]))
+            return NvmlPlaybackHandle(int(value["handle"]))
         return SimpleNamespace(**{k: _namespace(v) for k, v in value.items()})
     if isinstance(value, list):
         return [_namespace(v) for v in value]
@@ -161,7 +161,7 @@ def _namespace(value: Any) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
-class NvmlReplayHandle:
+class NvmlPlaybackHandle:
     gpu: int
 
 
@@ -176,7 +176,7 @@ class _Ring:
     value_type: int = 1
 
 
-class NvmlReplay:
+class NvmlPlayback:
     """A pynvml stand-in answering from a recording. `lose_gpu` {gpu: n}: from that GPU's
     n-th call on, every call for it fails with GPU_IS_LOST. `refuse` {(fn, gpu)}: those
     calls fail with NOT_SUPPORTED. Error classes and constants are pynvml's own."""
@@ -207,8 +207,8 @@ class NvmlReplay:
         self._now = int(self.header.get("mono_ns", 0))
 
     def now(self) -> int:
-        """The clock a replayed session runs on: when the real session's sample read that
-        was replayed last returned (sample reads pace a sampler: one per stream per poll)."""
+        """The clock a played-back session runs on: when the real session's sample read that
+        was played back last returned (sample reads pace a sampler: one per stream per poll)."""
         return self._now
 
     def _answered(self, e: dict[str, Any]) -> None:
@@ -249,7 +249,7 @@ class NvmlReplay:
         return self._nv.NVMLError(code)
 
     def _call(self, name: str, args: tuple[Any, ...]) -> Any:
-        gpu = args[0].gpu if args and isinstance(args[0], NvmlReplayHandle) else None
+        gpu = args[0].gpu if args and isinstance(args[0], NvmlPlaybackHandle) else None
         if name == "nvmlDeviceGetHandleByIndex":
             gpu = int(args[0])
         self.calls.append((name, gpu))
@@ -263,7 +263,7 @@ class NvmlReplay:
             return self._ring_call(name, gpu, args)
         answers = self._answers.get((name, gpu))
         if not answers:
-            raise NvmlReplayMissing(f"recording has no {name} for GPU {gpu}")
+            raise NvmlPlaybackMissing(f"recording has no {name} for GPU {gpu}")
         i = self._next[(name, gpu)]
         self._next[(name, gpu)] = i + 1
         e = answers[min(i, len(answers) - 1)]
@@ -276,7 +276,7 @@ class NvmlReplay:
         extra = tuple(args[1:-1])
         ring = self._rings.get((name, gpu, extra))
         if ring is None:
-            raise NvmlReplayMissing(f"recording has no {name}{extra} for GPU {gpu}")
+            raise NvmlPlaybackMissing(f"recording has no {name}{extra} for GPU {gpu}")
         key = (name, gpu, extra)
         i = self._next[key]
         self._next[key] = i + 1

@@ -1,9 +1,9 @@
-"""Every source of evidence at once: the eBPF probes (host jitter and libcuda) and the NVML
+"""The live probes at once: the eBPF probes (host jitter and libcuda) and the NVML
 sampler, each on its own thread, all emitting into one callable. The runtime's live source
 (daemon/service/runtime.py: `run`, `record`, `gaps`, `probe`, drills, the TUI's embedded mode) takes
 its events from here, so they all see the same evidence.
 
-A missing GPU or NVML is one unavailable source (an `nvml` ProbeStatus says why), never an
+A missing GPU or NVML is one unavailable probe (an `nvml` ProbeStatus says why), never an
 error; when NVML is there, the processes it lists on each GPU join the watched set.
 """
 
@@ -18,19 +18,19 @@ from typing import Any
 from gpujitter.probes.base import Emit
 from gpujitter.probes.events import ProbeStatus
 from gpujitter.probes.gpu_clock import offsets_from_header
-from gpujitter.probes.gpu_record import NvmlReplay
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import GpuInfo, Nvml, NvmlUnavailable, open_nvml
+from gpujitter.probes.nvml_session import NvmlPlayback
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import WatchSpec
 
 
-class EvidenceSources:
-    """Start with `with EvidenceSources(...) as sources:`; leaving the block stops every
-    source after it handed over what it still held.
+class LiveProbes:
+    """Start with `with LiveProbes(...) as probes:`; leaving the block stops every
+    probe after it handed over what it still held.
 
     nvml: True to open NVML (pynvml), False for none, or a backend object (a recording
-    replayed, for tests). gpu_processes: watch every process NVML lists on a GPU."""
+    played back, for tests). gpu_processes: watch every process NVML lists on a GPU."""
 
     def __init__(
         self,
@@ -60,7 +60,7 @@ class EvidenceSources:
         self._probes: Any = None
         self._stack = contextlib.ExitStack()
 
-    def __enter__(self) -> EvidenceSources:
+    def __enter__(self) -> LiveProbes:
         from gpujitter.probes.gpu import GpuSampler, SamplerThread
         from gpujitter.probes.runner import ProbeThread
 
@@ -103,7 +103,7 @@ class EvidenceSources:
             return None
         self._stack.callback(self.nvml.close)
         self.gpus = self.nvml.gpus(os.cpu_count() or 1)
-        if isinstance(backend, NvmlReplay):
+        if isinstance(backend, NvmlPlayback):
             # A recording answers with the timestamps and clocks it was made with: map them
             # as the live session did, on the recording's own clock.
             return sampler_cls(self.nvml, self.emit, cpu_count=os.cpu_count() or 1,

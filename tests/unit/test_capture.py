@@ -1,4 +1,4 @@
-"""The trace recorder: one file or a rotating directory whose every file is a complete trace,
+"""The trace capture: one file or a rotating directory whose every file is a complete trace,
 retention by count and size, and the event queue that feeds it from other threads."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from bench.soak import RSS_SLOPE_LIMIT_BYTES as SOAK_RSS_LIMIT_BYTES
 from gpujitter.daemon.service.runtime import EventQueue
-from gpujitter.daemon.sinks.recorder import TraceRecorder
+from gpujitter.daemon.sinks.capture import TraceCapture
 from gpujitter.daemon.sinks.rotation import Rotation
 from gpujitter.daemon.sinks.trace import TraceReader, TraceSet
 from gpujitter.errors import GpujitterError
@@ -31,9 +31,9 @@ def alloc(i: int) -> AllocSyscall:
 
 def record(
     target: Path, n: int, rotation: Rotation | None, session: str = "0123456789ab"
-) -> TraceRecorder:
+) -> TraceCapture:
     hdr = header(session=session, clock=clock_ref(), start_ns=time.monotonic_ns())
-    with TraceRecorder(target, hdr, rotation) as rec:
+    with TraceCapture(target, hdr, rotation) as rec:
         for i in range(n):
             rec.write(alloc(i))
     return rec
@@ -86,7 +86,7 @@ def test_retention_covers_earlier_recordings_but_not_foreign_files(tmp_path: Pat
     target = tmp_path / "dir"
     first = record(target, 300, Rotation(max_bytes=4096))
     (target / "notes.txt").write_text("kept")
-    (target / "mine.gjtrace").write_bytes(b"named by a person: not the recorder's to delete")
+    (target / "mine.gjtrace").write_bytes(b"named by a person: not the capture's to delete")
     second = record(target, 50, Rotation(max_bytes=4096, keep_files=2), session="abc")
     left = sorted(p.name for p in target.iterdir())
     assert set(first.files).isdisjoint(target.iterdir())
@@ -96,7 +96,7 @@ def test_retention_covers_earlier_recordings_but_not_foreign_files(tmp_path: Pat
 def test_age_rotation_happens_on_tick_and_never_leaves_an_empty_file(tmp_path: Path) -> None:
     rotation = Rotation(max_age_ns=60 * 10**9)
     hdr = header()
-    with TraceRecorder(tmp_path / "dir", hdr, rotation) as rec:
+    with TraceCapture(tmp_path / "dir", hdr, rotation) as rec:
         start = hdr.start_ns  # a file's age counts from its header's start
         rec.tick(start + 61 * 10**9)  # old but empty: kept open
         assert len(rec.files) == 1
@@ -109,14 +109,14 @@ def test_age_rotation_happens_on_tick_and_never_leaves_an_empty_file(tmp_path: P
     assert [len(list(TraceReader(p))) for p in rec.files] == [1, 1]
 
 
-def test_recorder_refuses_bad_targets_in_one_line(tmp_path: Path) -> None:
+def test_capture_refuses_bad_targets_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(GpujitterError, match="needs a directory"):
-        TraceRecorder(tmp_path / "file", header(), Rotation(max_bytes=1000))
+        TraceCapture(tmp_path / "file", header(), Rotation(max_bytes=1000))
     with pytest.raises(GpujitterError, match="exists"):
-        TraceRecorder(tmp_path / "file", header())
+        TraceCapture(tmp_path / "file", header())
     with pytest.raises(GpujitterError, match="cannot create"):
-        TraceRecorder(tmp_path / "file" / "sub", header(), Rotation(max_bytes=1000))
+        TraceCapture(tmp_path / "file" / "sub", header(), Rotation(max_bytes=1000))
 
 
 def test_rotation_policy_checks_its_limits() -> None:
@@ -204,14 +204,14 @@ def test_sizes_parse_and_print() -> None:
 _DISK_FULL_CHILD = """
 import json, resource, signal, sys
 from pathlib import Path
-from gpujitter.daemon.sinks.recorder import TraceRecorder
-from tests.unit.test_recorder import alloc
+from gpujitter.daemon.sinks.capture import TraceCapture
+from tests.unit.test_capture import alloc
 from tests.unit.trace_samples import header
 said = []
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
 resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, hard))  # the disk is full at 30 kB
-rec = TraceRecorder(Path(sys.argv[1]), header(), flush_bytes=4096, say=said.append)
+rec = TraceCapture(Path(sys.argv[1]), header(), flush_bytes=4096, say=said.append)
 for i in range(1000):
     rec.write(alloc(i))
     if i % 100 == 99:
@@ -226,7 +226,7 @@ print(json.dumps({"lost": rec.failures.dropped_total, "said": said, "events": re
 
 
 def test_disk_full_loses_counted_events_and_says_so_in_the_trace(tmp_path: Path) -> None:
-    """A real EFBIG (RLIMIT_FSIZE) in a child that records into a file: the recorder keeps
+    """A real EFBIG (RLIMIT_FSIZE) in a child that records into a file: the capture keeps
     going, every event is either in the traces or counted as lost, the
     traces hold meta.lost records with those counts, and writing resumes when space
     returns."""

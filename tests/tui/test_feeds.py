@@ -1,4 +1,4 @@
-"""The sources and the inbox between them and the app: coalescing and bounded hand-over,
+"""The feeds and the inbox between them and the app: coalescing and bounded hand-over,
 replay order and controls, recordings of both kinds."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import CpuStats, ProbeStatus, to_record
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
+from gpujitter.tui.feeds.embedded import EmbeddedFeed
+from gpujitter.tui.feeds.replay import GAP_KINDS, ReplayFeed, read_recording
 from gpujitter.tui.inbox import Batch, Inbox, ReplayPosition
-from gpujitter.tui.sources.embedded import EmbeddedSource
-from gpujitter.tui.sources.replay import GAP_KINDS, ReplaySource, read_recording
 from tests.tui import node_stream
 from tests.tui.conftest import STREAM
 
@@ -122,18 +122,18 @@ def test_a_recorded_trace_replays_with_its_header_as_the_hello(tmp_path: Path) -
     with TraceWriter(path, header) as w:
         w.write(ProbeStatus(ts_ns=start, probe="irq", state="running"))
         w.write(CpuStats(ts_ns=start, interval_ns=S, cpu=1, hardirq_ns=S // 4))
-    source = ReplaySource(path, at="end", playing=False)
-    hello = source.scene[0]
+    feed = ReplayFeed(path, at="end", playing=False)
+    hello = feed.scene[0]
     assert hello["type"] == "hello" and hello["topology"]["cpu_node"] == {"0": 0, "1": 1}
     assert hello["clock"]["realtime_ns"] == header.clock.realtime_ns
     assert [r["type"] for r in read(path)[1]] == ["meta.probe", "cpu.stats"]
-    assert source.end_ns == start + S
+    assert feed.end_ns == start + S
 
 
-def run_replay(source: ReplaySource) -> tuple[Inbox, threading.Event]:
+def run_replay(feed: ReplayFeed) -> tuple[Inbox, threading.Event]:
     inbox = Inbox(block=True)
     stop = threading.Event()
-    threading.Thread(target=source.run, args=(inbox, stop.is_set), daemon=True).start()
+    threading.Thread(target=feed.run, args=(inbox, stop.is_set), daemon=True).start()
     return inbox, stop
 
 
@@ -152,21 +152,21 @@ def wait_position(
 
 
 def test_replay_next_gap_brings_its_attribution_and_seeking_back_starts_over() -> None:
-    source = ReplaySource(STREAM, at="start", playing=False)
-    inbox, stop = run_replay(source)
+    feed = ReplayFeed(STREAM, at="start", playing=False)
+    inbox, stop = run_replay(feed)
     try:
-        wait_position(inbox, lambda p: p.at_ns == source.start_ns, "the start")
-        source.next_gap()
-        batch, records = wait_position(inbox, lambda p: p.at_ns > source.start_ns, "a gap")
-        gap_start = node_stream.T0 + 6200 * 1_000_000
-        assert batch.selected_gap == f"0:{gap_start}"
+        wait_position(inbox, lambda p: p.at_ns == feed.start_ns, "the start")
+        feed.next_gap()
+        batch, records = wait_position(inbox, lambda p: p.at_ns > feed.start_ns, "a gap")
+        first = node_stream.gaps_newest_first(node_stream.stream())[-1]
+        assert batch.selected_gap == node_stream.gap_id(first)
         gaps = [r for r in records if r["type"] in ("gpu.gap", "gpu.attribution")]
         assert [(r["type"], r["ts_ns"]) for r in gaps] == [
-            ("gpu.gap", gap_start),
-            ("gpu.attribution", gap_start),
+            ("gpu.gap", first["ts_ns"]),
+            ("gpu.attribution", first["ts_ns"]),
         ]
-        source.seek(source.start_ns + S)
-        batch, _ = wait_position(inbox, lambda p: p.at_ns == source.start_ns + S, "a seek")
+        feed.seek(feed.start_ns + S)
+        batch, _ = wait_position(inbox, lambda p: p.at_ns == feed.start_ns + S, "a seek")
         assert batch.reset and [r["type"] for r in batch.records[:2]] == ["hello", "snapshot"]
     finally:
         stop.set()
@@ -180,14 +180,14 @@ def test_a_recording_that_lost_its_gaps_since_it_was_opened_plays_to_its_end(
     error on the worker's thread."""
     path = tmp_path / "node.ndjson"
     path.write_bytes(STREAM.read_bytes())
-    source = ReplaySource(path, at="start", playing=False)
+    feed = ReplayFeed(path, at="start", playing=False)
     kept = [r for r in node_stream.stream() if r["type"] not in GAP_KINDS]
     path.write_bytes(node_stream.ndjson(kept[:200]))
-    inbox, stop = run_replay(source)
+    inbox, stop = run_replay(feed)
     try:
-        wait_position(inbox, lambda p: p.at_ns == source.start_ns, "the start")
-        source.next_gap()
-        wait_position(inbox, lambda p: p.done and p.at_ns == source.end_ns, "the end")
+        wait_position(inbox, lambda p: p.at_ns == feed.start_ns, "the start")
+        feed.next_gap()
+        wait_position(inbox, lambda p: p.done and p.at_ns == feed.end_ns, "the end")
     finally:
         stop.set()
 
@@ -229,9 +229,9 @@ def test_embedded_without_probes_runs_on_the_kernel_counters(
         def __enter__(self) -> None:
             raise ModuleNotFoundError("No module named 'bcc'")
 
-    monkeypatch.setattr("gpujitter.probes.sources.EvidenceSources", NoBcc)
+    monkeypatch.setattr("gpujitter.probes.live.LiveProbes", NoBcc)
     topo = load_topology()
-    source = EmbeddedSource(["sched", "irq"], topology=topo, watch=WatchSpec(all=True),
+    feed = EmbeddedFeed(["sched", "irq"], topology=topo, watch=WatchSpec(all=True),
                             tick_s=0.05)  # fmt: skip
     got: list[dict] = []
     said: list[tuple[str, str]] = []
@@ -246,7 +246,7 @@ def test_embedded_without_probes_runs_on_the_kernel_counters(
     def statuses() -> list[dict]:
         return [r for r in got if r["type"] == "daemon.status"]
 
-    source.run(App(), lambda: len(statuses()) >= 3)  # type: ignore[arg-type]
+    feed.run(App(), lambda: len(statuses()) >= 3)  # type: ignore[arg-type]
     assert [r["type"] for r in got[:2]] == ["hello", "snapshot"]
     refused = {r["probe"]: r for r in got if r["type"] == "meta.probe"}
     assert set(refused) == {"sched", "irq"}
