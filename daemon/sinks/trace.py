@@ -78,7 +78,7 @@ _KIND_HEADS: dict[str, bytes] = {}  # kind -> the payload's opening, `{"type":KI
 def encode(ev: Event) -> bytes:
     """An event as the frame a trace stores: the JSON of to_record(ev), written by orjson
     from the dataclass itself (its fields in order, nested records as objects) behind the
-    kind, without building the dict: the daemon records every event it takes. Every
+    kind, without building the dict: the daemon captures every event it takes. Every
     event has a field (ts_ns), so the object after the kind is never empty."""
     head = _KIND_HEADS.get(ev.KIND)
     if head is None:
