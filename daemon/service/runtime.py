@@ -54,7 +54,8 @@ class EventQueue:
     The consumer takes the queue in batches: `drain` waits out its timeout to gather one
     (one wake-up a period, whatever the rate: a niced thread woken per ring-buffer poll ran
     cold, ~85 µs an event live against ~15-30 replayed, docs/performance.md), and returns
-    early only when a quarter of the bound is queued, so that a burst is not dropped.
+    early only when a quarter of the bound is queued (a burst is not dropped) or `wake` is
+    called (a stop).
 
     The default bound is memory: a full queue holds ~7 MiB of decoded events (~460 B
     each), and Python keeps that much after a backlog drains (long-lived objects allocated
