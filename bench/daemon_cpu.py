@@ -34,21 +34,27 @@ READY_TIMEOUT_S = 60.0
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
-def _thread_ns(task: Path) -> int:
-    """A thread's on-CPU time: schedstat's run time, else utime + stime at tick resolution."""
+def _thread_ns(task: Path) -> tuple[int, int]:
+    """A thread's on-CPU time and the times it was put on a CPU (its wake-ups, near
+    enough): schedstat's run time and slices, else utime + stime at tick resolution and
+    the context switches."""
     try:
-        return int((task / "schedstat").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+        run_ns, _, slices = (task / "schedstat").read_text().split()[:3]
+        return int(run_ns), int(slices)
+    except (OSError, ValueError):
         fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // TICKS_PER_S
+        status = (task / "status").read_text().splitlines()
+        switches = sum(int(line.split()[1]) for line in status if "ctxt_switches:" in line)
+        return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // TICKS_PER_S, switches
 
 
-def threads_ns(pid: int) -> dict[int, tuple[str, int]]:
-    """tid -> (thread name, on-CPU ns so far) for each live thread of `pid`."""
+def threads_ns(pid: int) -> dict[int, tuple[str, int, int]]:
+    """tid -> (thread name, on-CPU ns so far, times put on a CPU so far) for each live
+    thread of `pid`."""
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            out[int(task.name)] = ((task / "comm").read_text().strip(), _thread_ns(task))
+            out[int(task.name)] = ((task / "comm").read_text().strip(), *_thread_ns(task))
         except (OSError, ValueError):
             continue  # exited between the listing and the read
     return out
@@ -68,13 +74,17 @@ def rss_bytes(pid: int) -> int:
 
 
 def split_by_name(
-    before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]
-) -> dict[str, int]:
-    """On-CPU ns spent inside the window by thread name (threads born inside it count all)."""
+    before: dict[int, tuple[str, int, int]], after: dict[int, tuple[str, int, int]]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """On-CPU ns spent inside the window, and the times put on a CPU, by thread name
+    (threads born inside it count all)."""
     spent: Counter[str] = Counter()
-    for tid, (name, ns) in after.items():
-        spent[name] += ns - before.get(tid, (name, 0))[1]
-    return dict(spent)
+    runs: Counter[str] = Counter()
+    for tid, (name, ns, slices) in after.items():
+        _, ns0, slices0 = before.get(tid, (name, 0, 0))
+        spent[name] += ns - ns0
+        runs[name] += slices - slices0
+    return dict(spent), dict(runs)
 
 
 def run_named(argv: list[str], profile_dir: str) -> None:
@@ -184,7 +194,7 @@ def live(
                 feeder.wait()
         kinds = _kinds(work / "rec")
     window_ns = t1 - t0
-    threads = split_by_name(th0, th1)
+    threads, runs = split_by_name(th0, th1)
     return {
         "window_s": window_ns / 1e9,
         "ready_s": ready_s,
@@ -192,6 +202,7 @@ def live(
         "tree": pythonpath or "this",
         "cpu_pct": 100 * (p1 - p0) / window_ns,
         "threads_pct": {k: 100 * v / window_ns for k, v in sorted(threads.items())},
+        "threads_runs_per_s": {k: round(v / (window_ns / 1e9), 1) for k, v in sorted(runs.items())},
         "exited_threads_pct": 100 * max(0, p1 - p0 - sum(threads.values())) / window_ns,
         "rss_mb": rss / 1e6,
         "events_per_s": {k: round(v / (window_ns / 1e9), 1) for k, v in kinds.most_common()},
@@ -240,8 +251,9 @@ def _print_live(res: dict[str, Any]) -> None:
     print(f"daemon ({res['probes']}, tree {res['tree']}), {res['window_s']:.0f} s window, ready in "
           f"{res['ready_s']:.1f} s: {res['cpu_pct']:.2f} % of one CPU, "
           f"RSS {res['rss_mb']:.0f} MB")  # fmt: skip
+    runs = res["threads_runs_per_s"]
     for name, pct in sorted(res["threads_pct"].items(), key=lambda kv: -kv[1]):
-        print(f"  {name:<20} {pct:6.2f} %")
+        print(f"  {name:<20} {pct:6.2f} %  {runs.get(name, 0):7.1f} runs/s")
     print(f"  {'exited threads':<20} {res['exited_threads_pct']:6.2f} %")
     rates = ", ".join(f"{k} {v}/s" for k, v in res["events_per_s"].items())
     print(f"  recorded: {rates}")

@@ -20,6 +20,7 @@ from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import CpuStats, Event, IrqStolen
 from gpujitter.probes.host import HostPaths, parse_cpulist, read_text
 from gpujitter.probes.interrupts import read_table
+from gpujitter.probes.mapbatch import MapBatch
 from gpujitter.probes.progstats import loaded_prog_stats
 from gpujitter.probes.registry import TRACEFS, Hook, ProbeSpec
 from gpujitter.probes.topology import Topology
@@ -90,6 +91,7 @@ class IrqProbe(BpfProbe):
         self._possible_cpus: list[int] = []
         self.hardirq_slots = 0
         self._last_sample_ns = 0
+        self._stolen: MapBatch | None = None  # the window map's reader, made at the first sweep
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
         present = [v for v in VECTORS if (TRACEFS / "events/irq_vectors" / f"{v}_entry").is_dir()]
@@ -161,11 +163,15 @@ class IrqProbe(BpfProbe):
     def _sweep(self, last_closed: int | None) -> None:
         """Deliver and delete every window up to index last_closed (None: all of them)."""
         table = self.bpf["stolen"]
+        if self._stolen is None:
+            self._stolen = MapBatch(table)  # once: the map holds 32768 windows
+        keys, windows = self._stolen.keys, self._stolen.values
         done = []
-        for key, win in table.items_lookup_batch():
+        for i in range(self._stolen.read()):
+            key = keys[i]
             if last_closed is None or key.window <= last_closed:
                 done.append(key)
-                ev = self.decode("stolen", (key, win))
+                ev = self.decode("stolen", (key, windows[i]))
                 if ev is not None:
                     self.deliver(ev)
         if done:

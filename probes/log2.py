@@ -7,60 +7,33 @@ LOG2_SLOTS slots each, slot `bpf_log2l(v)` counting v (slot s: [2^(s-1), 2^s), s
 
 from __future__ import annotations
 
-import ctypes as ct
-import errno
 from collections.abc import Sequence
 from typing import Any
 
 from gpujitter.probes.events import Log2Hist
+from gpujitter.probes.mapbatch import MapBatch
 
 LOG2_SLOTS = 65  # bpf_log2l() returns 1..64
 
 
 class PerCpuSums:
-    """A BPF per-CPU array of u64 read whole by batch lookups into buffers allocated once,
-    each entry summed across CPUs. bcc's items_lookup_batch allocates max_entries keys and
-    values on every call and builds a ctypes object per entry: read once a second for each
-    histogram map, that was most of the probe thread's time (docs/performance.md)."""
+    """A BPF per-CPU array of u64 read whole (MapBatch), each entry summed across CPUs."""
 
     def __init__(self, table: Any) -> None:
-        self.table = table
-        count = table.max_entries
-        self._keys = (table.Key * count)()
-        self._values = (table.Leaf * count)()
+        self._batch = MapBatch(table)
         self._cpus = table.Leaf._length_
-        self._flat = memoryview(self._values).cast("B").cast("Q")  # entry-major, u64 each
+        # entry-major, u64 each; an array's keys are u32
+        self._flat = memoryview(self._batch.values).cast("B").cast("Q")
+        self._key_ints = memoryview(self._batch.keys).cast("B").cast("I")
 
     def sums(self) -> dict[int, int]:
         """Entry index -> its value summed over every possible CPU."""
-        from bcc.libbcc import lib  # only where a map was loaded: bcc is there
-
-        size, key_size, value_size = (
-            len(self._keys),
-            ct.sizeof(self.table.Key),
-            ct.sizeof(self.table.Leaf),
-        )
-        batch, got, total = ct.c_uint32(0), ct.c_uint32(0), 0
-        while total < size:
-            got.value = size - total
-            res = lib.bpf_lookup_batch(
-                self.table.map_fd,
-                ct.byref(batch) if total else None,
-                ct.byref(batch),
-                ct.byref(self._keys, key_size * total),
-                ct.byref(self._values, value_size * total),
-                ct.byref(got),
-            )
-            err = ct.get_errno()
-            total += got.value
-            if res != 0:
-                if err != errno.ENOENT:
-                    raise OSError(err, f"BPF_MAP_LOOKUP_BATCH failed: {errno.errorcode.get(err)}")
-                break  # the end of the map
-            if got.value == 0:
-                break
-        flat, cpus = self._flat, self._cpus
-        return {int(self._keys[i]): sum(flat[i * cpus : (i + 1) * cpus]) for i in range(total)}
+        total = self._batch.read()
+        # Whole lists and one zip that groups each entry's CPUs: no ctypes object or
+        # memoryview slice per entry (a row per CPU: 16 on the H200).
+        values = iter(self._flat[: total * self._cpus].tolist())
+        rows = zip(*[values] * self._cpus, strict=True)
+        return dict(zip(self._key_ints[:total].tolist(), map(sum, rows), strict=True))
 
 
 class Log2Map:

@@ -27,6 +27,8 @@ from gpujitter.probes.progstats import Cost, CostMeter
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import CoreBpf, WatchSpec
 
+QUIET_RECORDS = 64  # fewer in a poll: the next one may wait twice as long
+
 
 class ProbeSet:
     def __init__(
@@ -43,8 +45,10 @@ class ProbeSet:
         self.specs = [registry.get(n) for n in names]
         self.emit = emit
         feeders = Feeders()
+        self.delivered = 0  # events the probes handed on (the core's excepted)
 
         def noted(ev: Event) -> bool | None:
+            self.delivered += 1
             feeders.note(ev)
             return emit(ev)
 
@@ -58,10 +62,11 @@ class ProbeSet:
         self.meter = CostMeter()
         self._last_tick = 0
 
-    def start(self) -> list[ProbeStatus]:
+    def start(self, release: bool = True) -> list[ProbeStatus]:
         """Load the core, then every probe (compiled as one module with the core's part
         where the process has no core yet). Returns each probe's status; raises only when
-        the core cannot load (then no probe can run)."""
+        the core cannot load (then no probe can run). release: hand back the compiler's
+        memory now (False: the caller does it, after it said the probes are running)."""
         probes = [spec.factory(spec) for spec in self.specs]
         # One compile for every probe's .bpf.c (probes/bundle.py), parts shared by two probes
         # (faults and swap) once.
@@ -89,7 +94,8 @@ class ProbeSet:
             statuses.append(status)
         if self.ctx.bundle is not None:
             self.ctx.bundle.release()  # the parts hold what they use
-        release_compiler_memory()
+        if release:
+            release_compiler_memory()
         self.measure_cost(now)  # the first measured stretch starts now
         return statuses
 
@@ -119,13 +125,19 @@ class ProbeSet:
             self.emit(probe.status(now_ns))
 
     def run(self, should_stop: Callable[[], bool], poll_ms: int = 50, tick_ms: int = 1000) -> None:
+        """Poll every poll_ms, or every 2 * poll_ms after a poll that found fewer than
+        QUIET_RECORDS: an idle node wakes the thread half as often, and the rings (16 pages
+        and more: ~1 000 records) still hold twice the designed 5k records/s over the
+        longer wait. Tick every tick_ms."""
         while not should_stop():
+            before = self.delivered
             self.poll()
             now = time.monotonic_ns()
             if now - self._last_tick >= tick_ms * 1_000_000:
                 self._last_tick = now
                 self.tick(now)
-            time.sleep(poll_ms / 1000)
+            quiet = self.delivered - before < QUIET_RECORDS
+            time.sleep((2 * poll_ms if quiet else poll_ms) / 1000)
         self.poll()
 
     def close(self) -> None:
@@ -176,8 +188,10 @@ class ProbeThread:
         names, kwargs = self._set_args
         try:
             with ProbeSet(names, **kwargs) as probes:
-                self.statuses = probes.start()
+                self.statuses = probes.start(release=False)
                 self.started.set()
+                # After the start is said: the daemon's READY need not wait for it (~60 ms).
+                release_compiler_memory()
                 probes.run(self._stop.is_set, *self._periods)
         except BaseException as err:  # handed to the owner thread, which re-raises it
             self.error = err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
@@ -62,27 +63,33 @@ class NodeState:
     def observe(self, ev: Event) -> None:
         with self._lock:
             self.events += 1
-            if isinstance(ev, ProbeStatus):
-                self.probes[ev.probe] = ev
-            elif isinstance(ev, CpuStats):
-                self.cpus[(ev.cpu, "idle" if ev.idle_ns else "irq")] = ev
-            elif isinstance(ev, GpuGap):
-                self.gaps.append(ev)
-            elif isinstance(ev, Attribution):
-                self.attributions.append(ev)
-            elif isinstance(ev, GpuProcesses):
-                self.procs[ev.gpu] = ev
-            elif isinstance(ev, OffCpu):
-                self._place(ev.ts_ns, ev.tid, ev.tgid, ev.comm, ev.cpu_in)
-            elif isinstance(ev, Migration):
-                self._place(ev.ts_ns, ev.tid, ev.tgid, ev.comm, ev.dst_cpu)
-            elif isinstance(ev, ThreadExit):
-                self._end(("tid", ev.tid), ev.ts_ns)
-                self._forget(ev.tid)
-            elif isinstance(ev, ProcExit):
-                self._end(("tgid", ev.tgid), ev.ts_ns)
-                for tid in list(self._tids.get(ev.tgid, ())):
-                    self._forget(tid)
+            keep = _KEEPERS.get(type(ev))
+            if keep is not None:
+                keep(self, ev)
+
+    def _probe(self, ev: ProbeStatus) -> None:
+        self.probes[ev.probe] = ev
+
+    def _cpu(self, ev: CpuStats) -> None:
+        self.cpus[(ev.cpu, "idle" if ev.idle_ns else "irq")] = ev
+
+    def _procs(self, ev: GpuProcesses) -> None:
+        self.procs[ev.gpu] = ev
+
+    def _off_cpu(self, ev: OffCpu) -> None:
+        self._place(ev.ts_ns, ev.tid, ev.tgid, ev.comm, ev.cpu_in)
+
+    def _migration(self, ev: Migration) -> None:
+        self._place(ev.ts_ns, ev.tid, ev.tgid, ev.comm, ev.dst_cpu)
+
+    def _thread_exit(self, ev: ThreadExit) -> None:
+        self._end(("tid", ev.tid), ev.ts_ns)
+        self._forget(ev.tid)
+
+    def _proc_exit(self, ev: ProcExit) -> None:
+        self._end(("tgid", ev.tgid), ev.ts_ns)
+        for tid in list(self._tids.get(ev.tgid, ())):
+            self._forget(tid)
 
     def _place(self, ts_ns: int, tid: int, tgid: int, comm: str, cpu: int) -> None:
         if self._ended and ts_ns <= max(
@@ -184,3 +191,19 @@ class NodeState:
             "procs": [to_record(p) for _, p in procs],
             "status": status.to_record(),
         }
+
+
+# What each kind of record changes in the state, by its exact type (a lookup per event
+# instead of a chain of isinstance tests; the kinds have no subclasses). Other kinds are
+# only counted.
+_KEEPERS: dict[type[Event], Callable[[NodeState, Any], None]] = {
+    ProbeStatus: NodeState._probe,
+    CpuStats: NodeState._cpu,
+    GpuGap: lambda state, ev: state.gaps.append(ev),
+    Attribution: lambda state, ev: state.attributions.append(ev),
+    GpuProcesses: NodeState._procs,
+    OffCpu: NodeState._off_cpu,
+    Migration: NodeState._migration,
+    ThreadExit: NodeState._thread_exit,
+    ProcExit: NodeState._proc_exit,
+}

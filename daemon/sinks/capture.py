@@ -115,10 +115,14 @@ class TraceCapture:
         w = self._writer
         if w is not None and self._rotation_due(w.size + len(data), 0):
             self.rotate()
-        if self._writer is None:
+        w = self._writer
+        if w is None:
             self.failures.failed(self.failures.reason, ev.ts_ns)  # no file to write to
             return
-        self._guarded(self._writer, lambda w: w.append(data), ev.ts_ns)
+        if self._marker_at is None and not w.would_flush(len(data)):
+            w.append(data)  # into the buffer only: nothing can fail, nothing to recover
+            return
+        self._guarded(w, lambda w: w.append(data), ev.ts_ns)
 
     def tick(self, now_ns: int | None = None) -> None:
         """Flush what waited long enough; rotate a file that got too old; try again to

@@ -40,7 +40,6 @@ from gpujitter.probes.events import (
     Event,
     event_kinds,
     from_record,
-    to_record,
     typed,
 )
 from gpujitter.probes.topology import Topology
@@ -53,6 +52,8 @@ SUFFIX = ".gjtrace"
 _PREAMBLE = struct.Struct("<8sHH")  # then crc32 of these 12 bytes
 PREAMBLE_SIZE = _PREAMBLE.size + 4
 _FRAME = struct.Struct("<III")  # payload length, crc32(payload), crc32(first 8 bytes)
+_LENGTH_CRC = struct.Struct("<II")
+_CRC = struct.Struct("<I")
 FRAME_HEADER_SIZE = _FRAME.size
 # No writer makes a record this large; a checksummed length above it is a writer bug.
 MAX_PAYLOAD_BYTES = 16 << 20
@@ -67,13 +68,22 @@ def preamble(major: int = FORMAT_MAJOR, minor: int = FORMAT_MINOR) -> bytes:
 def frame(payload: bytes) -> bytes:
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise GpujitterError(f"a record of {len(payload)} bytes is larger than a trace holds")
-    head = struct.pack("<II", len(payload), zlib.crc32(payload))
-    return head + struct.pack("<I", zlib.crc32(head)) + payload
+    head = _LENGTH_CRC.pack(len(payload), zlib.crc32(payload))
+    return head + _CRC.pack(zlib.crc32(head)) + payload
+
+
+_KIND_HEADS: dict[str, bytes] = {}  # kind -> the payload's opening, `{"type":KIND,`
 
 
 def encode(ev: Event) -> bytes:
-    """An event as the frame a trace stores."""
-    return frame(orjson.dumps(to_record(ev)))
+    """An event as the frame a trace stores: the JSON of to_record(ev), written by orjson
+    from the dataclass itself (its fields in order, nested records as objects) behind the
+    kind, without building the dict: the daemon captures every event it takes. Every
+    event has a field (ts_ns), so the object after the kind is never empty."""
+    head = _KIND_HEADS.get(ev.KIND)
+    if head is None:
+        head = _KIND_HEADS[ev.KIND] = b'{"type":' + orjson.dumps(ev.KIND) + b","
+    return frame(head + orjson.dumps(ev)[1:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +250,10 @@ class TraceWriter:
         if len(self._buf) >= self.flush_bytes:
             self.flush()
         return len(data)
+
+    def would_flush(self, size: int) -> bool:
+        """Whether appending a frame of `size` bytes writes the buffer to the file."""
+        return len(self._buf) + size >= self.flush_bytes
 
     def flush_if_due(self, now_ns: int | None = None) -> None:
         now_ns = time.monotonic_ns() if now_ns is None else now_ns

@@ -440,6 +440,14 @@ def test_probes_not_running_are_named_and_drive_the_unexplained_remedy():
     assert attr.remedies == (f"unexplained: {remedies.enable_probes(['faults'])}",)
 
 
+def test_a_degraded_probe_still_delivers_and_is_not_named_off():
+    # degraded: running with less detail (sched without the blocked-in syscall, cstate
+    # without exit latencies); its causes are still seen
+    s = Stream().status(0, "sched", "degraded").status(0, "cstate", "degraded")
+    attr = s.status(0, "faults", "off").gap(100, 140).one()
+    assert attr.probes_off == ("faults",)
+
+
 # -- several threads: the critical path follows wakers; other threads are evidence ----------
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,25 @@ def test_the_queue_is_bounded_and_what_it_drops_is_counted() -> None:
     status = runtime.status()
     assert len(kept.events) == 20
     assert status.engine_dropped == 30 and status.lost_user >= 30
+
+
+def test_a_burst_ends_the_consumers_wait_and_what_came_before_a_stop_is_taken() -> None:
+    """The loop gathers events for a period before it takes them (one wake-up a period,
+    not one per event); a quarter of the bound queued ends the wait early (a wait of the
+    whole timeout here would end by the suite's timeout). What was emitted before a stop,
+    however little, is taken before the sinks close."""
+    _, events = h200_stretch()
+    queue = EventQueue(maxsize=8)
+    burst = threading.Timer(0.05, lambda: [queue.emit(ev) for ev in events[:2]])
+    burst.start()
+    assert queue.drain(timeout_s=3600) == events[:2]
+    burst.join()
+    kept = Kept()
+    runtime = Runtime(ListSource([], live=True), load_topology(), sinks=[kept], signals=False,
+                      queue=EventQueue(maxsize=8))  # fmt: skip
+    with runtime.running("test-runtime"):
+        runtime.queue.emit(events[0])  # one event: below a quarter, no early wake-up
+    assert kept.closed and kept.events == events[:1]
 
 
 def test_the_status_is_one_typed_record_from_the_runtime_to_the_tui() -> None:

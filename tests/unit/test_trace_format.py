@@ -369,3 +369,11 @@ def test_events_survive_json_unchanged() -> None:
     # kind, big integers and non-ASCII text included.
     for ev in every_kind():
         assert from_record(orjson.loads(orjson.dumps(to_record(ev)))) == ev
+
+
+def test_a_frame_holds_the_json_of_the_events_record() -> None:
+    # encode() has orjson write the dataclass itself, without building to_record's dict:
+    # the bytes must be the dict's, for every kind (nested records included), or the
+    # daemon's traces would stop being what readers and docs/trace-format.md expect.
+    for ev in every_kind():
+        assert encode(ev) == frame(orjson.dumps(to_record(ev))), ev.KIND

@@ -35,6 +35,7 @@ from gpujitter.probes.topology import Topology
 from gpujitter.probes.workload import label
 
 _HISTORY = 16  # probe states and GPU process lists kept per probe / GPU
+_DELIVERING = (None, "running", "degraded")  # probe states whose causes can be seen
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,8 +261,9 @@ class Engine:
         self._counts["follow_cut"] += divider.follow_cut
         parts, self_ns = _mark_own(self._parts(divider), self._own[1])
         tl = self._timelines.get(critical)
+        # degraded probes still deliver their events (less of each): only the others are off
         probes_off = tuple(
-            sorted(p for p, hist in self._probes.items() if _at(hist, b) not in (None, "running"))
+            sorted(p for p, hist in self._probes.items() if _at(hist, b) not in _DELIVERING)
         )
         rctx = RemedyContext(
             topology=self.topology,

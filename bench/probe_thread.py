@@ -1,0 +1,99 @@
+"""Where the probe thread's time goes, call by call: the default set (or --probes) run by a
+ProbeThread watching a process, each poll and tick of the set and each probe's own poll,
+sample and lost_kernel timed in thread CPU time over a window. No daemon: only the thread
+that drains the rings and reads the in-kernel aggregates.
+
+    flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.probe_thread [--seconds 15]
+        [--pid PID] [--probes LIST] [--json]
+
+--pid: the watched process (default: this process's parent, usually an idle shell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from gpujitter.probes import registry
+from gpujitter.probes.runner import ProbeSet, ProbeThread
+from gpujitter.probes.topology import load_topology
+from gpujitter.probes.watch import CoreBpf, WatchSpec
+
+# Per class, the methods timed where the class itself defines them (an inherited one is
+# timed once, under the class that defines it).
+TIMED = {ProbeSet: ("poll", "tick", "measure_cost"), CoreBpf: ("poll", "refresh")}
+PER_PROBE = ("poll", "sample", "lost_kernel")
+
+
+def time_calls(cls: type, name: str, spent: dict[str, list[int]]) -> None:
+    original: Callable[..., Any] = cls.__dict__[name]
+    label = f"{cls.__name__}.{name}"
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.thread_time_ns()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent[label].append(time.thread_time_ns() - start)
+
+    setattr(cls, name, timed)
+
+
+def measure(names: list[str], pid: int, seconds: float) -> dict[str, Any]:
+    spent: dict[str, list[int]] = defaultdict(list)
+    classes: dict[type, tuple[str, ...]] = dict(TIMED)
+    for name in names:
+        spec = registry.get(name)
+        for cls in type(spec.factory(spec)).__mro__:
+            classes.setdefault(cls, PER_PROBE)
+    for cls, methods in classes.items():
+        for method in methods:
+            if method in cls.__dict__:
+                time_calls(cls, method, spent)
+    events: list[Any] = []
+    watch = WatchSpec(pids={pid})
+    with ProbeThread(names, topology=load_topology(nvml=False), watch=watch, emit=events.append):
+        spent.clear()
+        delivered = len(events)
+        time.sleep(seconds)
+        delivered = len(events) - delivered
+    return {
+        "seconds": seconds,
+        "events_per_s": delivered / seconds,
+        "calls": {
+            label: {
+                "n": len(ns),
+                "mean_us": sum(ns) / len(ns) / 1e3,
+                "ms_per_s": sum(ns) / seconds / 1e6,
+            }
+            for label, ns in sorted(spent.items(), key=lambda kv: -sum(kv[1]))
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--pid", type=int, default=os.getppid())
+    parser.add_argument("--probes", default="", help="comma-separated (default: the default set)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    names = args.probes.split(",") if args.probes else registry.select([], [])
+    res = measure(names, args.pid, args.seconds)
+    if args.json:
+        print(json.dumps(res, indent=1))
+        return
+    print(f"{', '.join(names)}: {res['events_per_s']:.0f} events/s over {args.seconds:.0f} s")
+    print(f"{'call':<28} {'calls':>6} {'mean µs':>9} {'ms per s':>9}")
+    for label, c in res["calls"].items():
+        print(f"{label:<28} {c['n']:>6} {c['mean_us']:>9.0f} {c['ms_per_s']:>9.2f}")
+    print("(ProbeSet.poll and .tick include the probes' calls below them)")
+
+
+if __name__ == "__main__":
+    main()

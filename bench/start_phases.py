@@ -1,0 +1,145 @@
+"""Where `gpujitter run`'s start goes, phase by phase: the wall time since exec and the
+process's CPU time (all its threads) at each boundary, in a child process whose functions
+are wrapped to mark them; the figures of bench/startstop.py's "ready", split.
+
+    flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.start_phases [--rounds 3] [--json]
+
+Phases: python and the imports (to the daemon's construction), the daemon's construction
+(settings checked, the probe modules, the topology), the runtime's start up to the compile
+(its scheduling, NVML), the one bcc compile, attaching (probes, the core's first /proc
+scan), then the sinks and READY. The daemon watches this process, NVML off (--nvml: on),
+and is stopped by SIGINT a second after READY. The package is byte-compiled first, as
+bench/startstop.py does (as installing it does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import runpy
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+# (label, module, class or "", function): each call's start and end are marked.
+WRAPPED = (
+    ("daemon", "gpujitter.daemon.service.service", "Daemon", "__init__"),
+    ("compile", "gpujitter.probes.bundle", "Bundle", "_compile"),
+    ("probes", "gpujitter.probes.runner", "ProbeSet", "start"),
+    ("ready", "gpujitter.daemon.service.sdnotify", "Notifier", "ready"),
+)
+# phase -> (from mark, to mark); "exec" is the child's exec.
+PHASES = {
+    "imports": ("exec", "daemon<"),
+    "daemon": ("daemon<", "daemon>"),
+    "to compile": ("daemon>", "compile<"),
+    "compile": ("compile<", "compile>"),
+    "attach": ("compile>", "probes>"),
+    "sinks, READY": ("probes>", "ready<"),
+}
+
+
+def child(argv: list[str], marks_path: str) -> None:
+    """`gpujitter ARGV` in this process with the WRAPPED functions marking their calls."""
+    import importlib
+
+    t0 = int(os.environ["GJ_EXEC_NS"])
+    marks: dict[str, tuple[float, float]] = {}
+
+    def mark(name: str) -> None:
+        if name not in marks:  # the first call of each
+            marks[name] = ((time.monotonic_ns() - t0) / 1e6, time.process_time() * 1e3)
+
+    def wrap(label: str, module: str, cls: str, fn: str) -> None:
+        owner = getattr(importlib.import_module(module), cls)
+        original = getattr(owner, fn)
+
+        @functools.wraps(original)
+        def marked(*args: Any, **kwargs: Any) -> Any:
+            mark(label + "<")
+            try:
+                return original(*args, **kwargs)
+            finally:
+                mark(label + ">")
+                if label == "ready":
+                    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+        setattr(owner, fn, marked)
+
+    import gpujitter.cli  # noqa: F401 (what `python -m gpujitter` imports first)
+
+    mark("cli imported")
+    for spec in WRAPPED:
+        wrap(*spec)
+    sys.argv = ["gpujitter", *argv]
+    try:
+        runpy.run_module("gpujitter", run_name="__main__")
+    except SystemExit:
+        pass
+    finally:
+        Path(marks_path).write_text(json.dumps(marks))
+
+
+def one_round(flags: list[str]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="gj-phases-") as tmp:
+        marks_path = f"{tmp}/marks.json"
+        argv = [sys.executable, "-P", "-m", "bench.start_phases", "child", marks_path, "run",
+                "--quiet", "--pid", str(os.getpid()), "--socket", f"{tmp}/sock",
+                "--log", f"{tmp}/log.jsonl", *flags]  # fmt: skip
+        env = {**os.environ, "GJ_EXEC_NS": str(time.monotonic_ns()), "NOTIFY_SOCKET": ""}
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (env.get("PYTHONPATH", ""), str(Path(__file__).parents[1])) if p
+        )
+        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True, timeout=120)
+        marks = json.loads(Path(marks_path).read_text())
+    marks["exec"] = (0.0, 0.0)
+    return {
+        phase: {"wall_ms": marks[b][0] - marks[a][0], "cpu_ms": marks[b][1] - marks[a][1]}
+        for phase, (a, b) in PHASES.items()
+    } | {"ready": {"wall_ms": marks["ready<"][0], "cpu_ms": marks["ready<"][1]}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="mode")
+    ch = sub.add_parser("child")  # how a round starts the daemon
+    ch.add_argument("marks")
+    ch.add_argument("argv", nargs=argparse.REMAINDER)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--nvml", action="store_true")
+    parser.add_argument("--probes", default="")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.mode == "child":
+        child(args.argv, args.marks)
+        return
+    from bench.startstop import compile_bytecode
+
+    compile_bytecode()
+    flags = [] if args.nvml else ["--no-nvml"]
+    flags += ["--probes", args.probes] if args.probes else []
+    rounds = [one_round(flags) for _ in range(args.rounds)]
+    if args.json:
+        print(json.dumps(rounds, indent=1))
+        return
+    print(f"{'phase':<14} {'wall ms (median, range)':>26} {'CPU ms (median, range)':>26}")
+    for phase in [*PHASES, "ready"]:
+        cells = []
+        for key in ("wall_ms", "cpu_ms"):
+            values = [r[phase][key] for r in rounds]
+            cells.append(
+                f"{statistics.median(values):7.0f} ({min(values):5.0f}-{max(values):5.0f})"
+            )
+        print(f"{phase:<14} {cells[0]:>26} {cells[1]:>26}")
+
+
+if __name__ == "__main__":
+    main()
