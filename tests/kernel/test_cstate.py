@@ -31,8 +31,10 @@ from tests.kernel.sched_load import (
 
 MS = 1_000_000
 USER_HZ = 100  # /proc/stat's unit is 1/USER_HZ s
-# The log's program and the probe's run one after the other on the same tracepoint.
-LOG_SLACK_NS = 10_000
+# The log's program and the probe's run one after the other on the same tracepoint, a few
+# us apart; on this VM the host can take the vCPU between them (10.7 and 21.6 us seen, CI and
+# a loaded run, 2026-12-01/02), against intervals of milliseconds that the test compares.
+LOG_SLACK_NS = 50_000
 
 
 def sleeper(cpu: int) -> Child:
