@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes as ct
 import json
 import os
 import statistics
@@ -33,9 +32,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gpujitter.probes.perf_event import set_enabled
 from gpujitter.probes.progstats import enable_stats, prog_stats
-from gpujitter.probes.python_gc import PERF_EVENT_IOC_ENABLE
-from gpujitter.probes.python_stacks import PERF_EVENT_IOC_DISABLE, PythonStacksProbe
+from gpujitter.probes.python_stacks import PythonStacksProbe
 from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
@@ -90,13 +89,10 @@ def ask(child: subprocess.Popen[str], iterations: int) -> int:
     return int(json.loads(child.stdout.readline())["ns"])
 
 
-_libc = ct.CDLL(None, use_errno=True)
-
-
 def sampling(probe: PythonStacksProbe, on: bool) -> None:
     """Enable or disable the perf events of every thread the probe samples."""
     for fd, _ in probe._sampled.values():
-        _libc.ioctl(fd, PERF_EVENT_IOC_ENABLE if on else PERF_EVENT_IOC_DISABLE, 0)
+        set_enabled(fd, on)
 
 
 @contextlib.contextmanager

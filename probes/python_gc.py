@@ -37,6 +37,7 @@ from gpujitter.probes.events import Event, GcPause
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.log2 import Log2Map
 from gpujitter.probes.mapped_scan import MappedScan, file_key, watched_pids
+from gpujitter.probes.perf_event import PerfEventAttr, bpf_event_fd
 from gpujitter.probes.procfs import alive, in_root, mapped_files
 from gpujitter.probes.registry import Hook, ProbeSpec
 from gpujitter.probes.uprobe_multi import BPF_PROG_TYPE_KPROBE
@@ -225,51 +226,17 @@ def interpreter_files(pid: int, paths: HostPaths | None = None) -> list[tuple[st
 # Python attach_uprobe does not offer (it has no ref_ctr_offset).
 
 
-class _PerfEventAttr(ct.Structure):
-    _fields_ = [
-        ("type", ct.c_uint32),
-        ("size", ct.c_uint32),
-        ("config", ct.c_uint64),
-        ("sample_period", ct.c_uint64),
-        ("sample_type", ct.c_uint64),
-        ("read_format", ct.c_uint64),
-        ("flags", ct.c_uint64),
-        ("wakeup_events", ct.c_uint32),
-        ("bp_type", ct.c_uint32),
-        ("config1", ct.c_uint64),  # uprobe: the path
-        ("config2", ct.c_uint64),  # uprobe: the file offset
-        ("rest", ct.c_uint8 * 64),
-    ]
-
-
-PERF_FLAG_FD_CLOEXEC = 8
-PERF_EVENT_IOC_ENABLE = 0x2400
-PERF_EVENT_IOC_SET_BPF = 0x40042408
-NR_PERF_EVENT_OPEN = 298  # x86-64
-
-
 def attach_uprobe_fd(prog_fd: int, path: str, offset: int, ref_ctr_offset: int = 0) -> int:
     """A uprobe at `offset` of file `path` running BPF program prog_fd, raising the counter
     at file offset ref_ctr_offset while attached (0: none). Returns the perf event fd (close
     it to detach); raises OSError."""
-    libc = ct.CDLL(None, use_errno=True)
-    attr = _PerfEventAttr()
+    attr = PerfEventAttr()
     attr.type = int((UPROBE_PMU / "type").read_text())
-    attr.size = ct.sizeof(_PerfEventAttr)
     attr.config = ref_ctr_offset << 32
     name = ct.create_string_buffer(path.encode())
     attr.config1 = ct.addressof(name)
     attr.config2 = offset
-    fd = libc.syscall(NR_PERF_EVENT_OPEN, ct.byref(attr), -1, 0, -1, PERF_FLAG_FD_CLOEXEC)
-    if fd < 0:
-        err = ct.get_errno()
-        raise OSError(err, f"perf_event_open uprobe {path}+{offset:#x}: {os.strerror(err)}")
-    ioctl = libc.ioctl
-    if ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd) or ioctl(fd, PERF_EVENT_IOC_ENABLE, 0):
-        err = ct.get_errno()
-        os.close(fd)
-        raise OSError(err, f"attaching BPF to uprobe {path}+{offset:#x}: {os.strerror(err)}")
-    return fd
+    return bpf_event_fd(attr, -1, 0, prog_fd, f"uprobe {path}+{offset:#x}")
 
 
 # ---------------------------------------------------------------------------------------

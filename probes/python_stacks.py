@@ -31,14 +31,8 @@ from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import PySample
 from gpujitter.probes.feeders import Feeders
 from gpujitter.probes.mapped_scan import MappedScan, watched_pids
+from gpujitter.probes.perf_event import ATTR_DISABLED, PerfEventAttr, bpf_event_fd, set_enabled
 from gpujitter.probes.pyframes import OWNED_BY_CSTACK, Interpreter, Layout, NotReadable
-from gpujitter.probes.python_gc import (
-    NR_PERF_EVENT_OPEN,
-    PERF_EVENT_IOC_ENABLE,
-    PERF_EVENT_IOC_SET_BPF,
-    PERF_FLAG_FD_CLOEXEC,
-    _PerfEventAttr,
-)
 from gpujitter.probes.registry import Hook, ProbeSpec
 
 THREADS_EVERY_NS = 1_000_000_000  # a process's thread list is read again this often
@@ -46,8 +40,6 @@ BURST_SAMPLES = 2  # an idle stretch saves up no more than this many samples
 OTHERS_SHARE = 20  # while feeders are known, the others get 1/OTHERS_SHARE of the budget
 MAX_WALK = 16  # frames walked past shims and non-code before a sample gives up
 PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK = 1, 1
-ATTR_DISABLED = 1  # perf_event_attr.flags bit: opened disabled (enabled once the program is set)
-PERF_EVENT_IOC_DISABLE = 0x2401
 
 # What the .bpf.c gets as -D options besides the thresholds (it never restates them).
 CONSTANTS = {
@@ -56,29 +48,16 @@ CONSTANTS = {
     "OWNED_BY_CSTACK": OWNED_BY_CSTACK,
 }
 
-_libc = ct.CDLL(None, use_errno=True)
-
 
 def task_clock_fd(prog_fd: int, tid: int, period_ns: int) -> int:
     """A task-clock perf event on thread `tid` that runs BPF program prog_fd after every
     period_ns of the thread's CPU time. Returns its fd (close it to stop); raises OSError
     (the thread ended, no permission)."""
-    attr = _PerfEventAttr()
+    attr = PerfEventAttr()
     attr.type, attr.config = PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK
-    attr.size = ct.sizeof(_PerfEventAttr)
     attr.sample_period = period_ns
-    attr.flags = ATTR_DISABLED
-    fd = _libc.syscall(NR_PERF_EVENT_OPEN, ct.byref(attr), tid, -1, -1, PERF_FLAG_FD_CLOEXEC)
-    if fd < 0:
-        err = ct.get_errno()
-        raise OSError(err, f"perf_event_open task-clock of thread {tid}: {os.strerror(err)}")
-    if _libc.ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd) or _libc.ioctl(
-        fd, PERF_EVENT_IOC_ENABLE, 0
-    ):
-        err = ct.get_errno()
-        os.close(fd)
-        raise OSError(err, f"sampling thread {tid}: {os.strerror(err)}")
-    return fd
+    attr.flags = ATTR_DISABLED  # enabled once the program is set
+    return bpf_event_fd(attr, tid, -1, prog_fd, f"the task-clock of thread {tid}")
 
 
 def proc_entry(leaf: Any, interp: Interpreter) -> Any:
@@ -234,7 +213,7 @@ class PythonStacksProbe(BpfProbe):
         for key, (fd, _) in self._sampled.items():
             on = not self._feeding or key[1] in self._feeding or key == turn
             if on != (key in self._enabled):
-                _libc.ioctl(fd, PERF_EVENT_IOC_ENABLE if on else PERF_EVENT_IOC_DISABLE, 0)
+                set_enabled(fd, on)
                 (self._enabled.add if on else self._enabled.discard)(key)
 
     def poll(self) -> None:
