@@ -14,9 +14,11 @@ with its name and file pointers; user space reads the text once per code object
 other probes' events named first (probes/feeders.py: libcuda callers, GIL waiters and
 holders, the wakers of those): while some are known the others share a twentieth of it, and
 only one of them at a time keeps its perf event on (an event on costs its thread ~1 us a
-context switch). No thread of gpujitter wakes to sample, no signal, nothing written into
-the job. Another version, or a build whose layout is not known, is named once in the
-probe's status and its host work stays unnamed.
+context switch). Past the budget the others' periods are thinned at random, so that each
+thread's samples follow its CPU time, not its timer's phase (bpf/python_stacks_budget.h).
+No thread of gpujitter wakes to sample, no signal, nothing written into the job. Another
+version, or a build whose layout is not known, is named once in the probe's status and its
+host work stays unnamed.
 Cost: docs/performance.md (bench/python_stacks_cost.py).
 """
 
