@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gpujitter.probes.base import BpfProbe, ProbeContext
 from gpujitter.probes.events import CpuStats, Event, IdleWake
 from gpujitter.probes.host import HostPaths
+from gpujitter.probes.ledger import Ledger
 from gpujitter.probes.log2 import Log2Map
 from gpujitter.probes.registry import Hook, ProbeSpec
 from gpujitter.probes.topology import IdleState, cpuidle_states
@@ -74,7 +75,7 @@ def residency_at(word: int, at_ns: int) -> int:
     return 0 if doubled >= _WORD // 2 else doubled // 2
 
 
-class IdleLedger:
+class IdleLedger(Ledger):
     """Per-(CPU, state) residency handed out sample by sample: what each gained between two
     reads of the kernel's words. Reads are stamped after the words are copied, so a stretch in
     progress counts up to the read and on from there in the next sample. A stretch that
@@ -84,49 +85,7 @@ class IdleLedger:
     is lost."""
 
     def __init__(self, words: dict[int, list[int]], read_ns: int) -> None:
-        self.since_ns = read_ns
-        self._reported = self._residency(words, read_ns)
-
-    @staticmethod
-    def _residency(words: dict[int, list[int]], read_ns: int) -> dict[tuple[int, int], int]:
-        return {
-            (cpu, state): residency_at(word, read_ns)
-            for cpu, row in words.items()
-            for state, word in enumerate(row)
-            if word
-        }
-
-    def take(self, words: dict[int, list[int]], read_ns: int) -> dict[int, list[tuple[int, int]]]:
-        """Per CPU in `words`: (state, ns) gained over [since_ns, read_ns), at most
-        read_ns - since_ns in all; then since_ns moves on to read_ns."""
-        interval_ns = read_ns - self.since_ns
-        now = self._residency(words, read_ns)
-        out: dict[int, list[tuple[int, int]]] = {cpu: [] for cpu in words}
-        for (cpu, state), ns in sorted(now.items()):
-            gain = ns - self._reported.get((cpu, state), 0)
-            if gain > 0:  # a state's residency never falls: a clock read behind, at most
-                out[cpu].append((state, gain))
-        for cpu, gains in out.items():
-            out[cpu] = _at_most(gains, interval_ns)
-            for state, gain in out[cpu]:
-                self._reported[cpu, state] = self._reported.get((cpu, state), 0) + gain
-        self.since_ns = read_ns
-        return out
-
-
-def _at_most(gains: list[tuple[int, int]], total_ns: int) -> list[tuple[int, int]]:
-    """The gains, the largest cut first, so that they add up to at most total_ns."""
-    over = sum(ns for _, ns in gains) - total_ns
-    if over <= 0:
-        return gains
-    cut = dict(gains)
-    for state, ns in sorted(gains, key=lambda g: g[1], reverse=True):
-        take = min(ns, over)
-        cut[state] -= take
-        over -= take
-        if not over:
-            break
-    return [(state, cut[state]) for state, _ in gains if cut[state]]
+        super().__init__(words, read_ns, residency_at)
 
 
 class CstateProbe(BpfProbe):

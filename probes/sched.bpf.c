@@ -87,7 +87,8 @@ BPF_HASH(threads, u32, struct thread, GJ_MAX_THREADS);
 
 /* The watched thread on this CPU since since_ns (tid 0: none): its on-CPU time not yet
  * charged by a switch-out, which user space adds at a sample (and, without BTF, the stint
- * that a switch-out charges). */
+ * that a switch-out charges). User space copies it before and after `threads` and adds a
+ * stint only where both copies agree (probes/sched.py oncpu_at): the hot path stays as is. */
 struct running {
     u64 since_ns;
     u32 tid;

@@ -22,6 +22,7 @@ from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable, comm
 from gpujitter.probes.btf import BtfError, offset_cflags
 from gpujitter.probes.events import Event, Migration, NodeTime, OffCpu, ThreadSched, WorkloadInfo
 from gpujitter.probes.host import HostPaths
+from gpujitter.probes.ledger import Ledger
 from gpujitter.probes.log2 import Log2Map
 from gpujitter.probes.registry import Hook, ProbeSpec, tracepoint_exists
 from gpujitter.probes.workload import TaskOwners
@@ -40,6 +41,28 @@ def dev_name(dev: int) -> str:
     return f"{dev >> MINOR_BITS}:{dev & ((1 << MINOR_BITS) - 1)}" if dev else ""
 
 
+def oncpu_at(
+    charged: dict[int, list[int]],
+    before: dict[int, tuple[int, int]],
+    after: dict[int, tuple[int, int]],
+    at_ns: int,
+    cpu_node: dict[int, int],
+) -> dict[int, list[int]]:
+    """Per thread, its on-CPU ns per node at at_ns: what its switch-outs charged (`charged`,
+    from one copy of `threads`) and its stint in progress up to at_ns, where the CPU's
+    `running` slot (cpu -> (tid, since_ns)) is the same in the copies taken right before and
+    after (`before`, `after`; at_ns stamped before all three): no switch there between them,
+    so the charged copy holds none of that stint. A slot that changed saw the stint end (or a
+    new one begin) meanwhile, and the copy may have charged it already: it is left to the
+    next read rather than counted twice. Never more than the thread ran by the copy."""
+    out = {tid: list(ns) for tid, ns in charged.items()}
+    for cpu, (tid, since_ns) in before.items():
+        row = out.get(tid)
+        if row is not None and after.get(cpu) == (tid, since_ns) and at_ns > since_ns:
+            row[cpu_node.get(cpu, 0)] += at_ns - since_ns
+    return out
+
+
 @dataclass(slots=True)
 class _Totals:
     """One thread's cumulative counters as last reported."""
@@ -51,7 +74,6 @@ class _Totals:
     preemptions: int = 0
     migrations: int = 0
     cross_node: int = 0
-    oncpu_ns: tuple[int, ...] = ()
 
 
 class SchedProbe(BpfProbe):
@@ -67,6 +89,7 @@ class SchedProbe(BpfProbe):
         self.nodes = 1
         self._last: dict[int, _Totals] = {}
         self._last_ns = 0
+        self._oncpu = Ledger({}, 0)  # per thread, on-CPU ns per node handed out
         self._cpu_node: dict[int, int] = {}
         self._hists: list[Log2Map] = []
         self._owners = TaskOwners(HostPaths())
@@ -108,6 +131,7 @@ class SchedProbe(BpfProbe):
             self.state = "degraded"
             self.reason = "; ".join(r for r in (self.reason, self.slower) if r)
         self._last_ns = time.monotonic_ns()
+        self._oncpu = Ledger({}, self._last_ns)
         self._hists = [
             Log2Map(self.bpf["offcpu_log2"], [f"offcpu.{s}" for s in STATES], self.name),
             Log2Map(self.bpf["runq_log2"], ["runq"], self.name),
@@ -153,37 +177,47 @@ class SchedProbe(BpfProbe):
         )
 
     def sample(self, now_ns: int) -> Iterable[Event]:
-        interval = now_ns - self._last_ns
-        events = list(self._thread_totals(now_ns, interval))
+        events = list(self._thread_totals())
         for hists in self._hists:
-            events += hists.delta(now_ns, interval)
+            events += hists.delta(now_ns, now_ns - self._last_ns)
         self._last_ns = now_ns
         return events
 
-    def _running(self, now_ns: int) -> dict[int, list[int]]:
-        """On-CPU time of watched threads still running, not yet added by a switch-out:
-        tid -> ns per node."""
-        out: dict[int, list[int]] = {}
-        for cpu, run in enumerate(self.bpf["running"][ct.c_uint(0)]):
-            if run.tid and now_ns > run.since_ns:
-                per_node = out.setdefault(run.tid, [0] * self.nodes)
-                per_node[self._cpu_node.get(cpu, 0)] += now_ns - run.since_ns
-        return out
+    def _slots(self) -> dict[int, tuple[int, int]]:
+        """CPU -> (tid, since_ns) of the watched thread on it, from one copy of `running`."""
+        return {
+            cpu: (run.tid, run.since_ns)
+            for cpu, run in enumerate(self.bpf["running"][ct.c_uint(0)])
+            if run.tid
+        }
 
-    def _thread_totals(self, now_ns: int, interval: int) -> Iterator[Event]:
-        table = self.bpf["threads"]
-        running = self._running(now_ns)
-        exited = []
-        for tid, st in table.items_lookup_batch():
-            oncpu = list(st.oncpu_ns)
-            for node, ns in enumerate(running.get(tid, ())):
-                oncpu[node] += ns
+    def _read(self) -> tuple[list[tuple[int, Any]], dict[int, list[int]], int]:
+        """`threads` and every thread's on-CPU ns per node at the read's stamp (oncpu_at)."""
+        read_ns = time.monotonic_ns()
+        before = self._slots()
+        rows = [(int(tid), st) for tid, st in self.bpf["threads"].items_lookup_batch()]
+        after = self._slots()
+        charged = {tid: list(st.oncpu_ns) for tid, st in rows}
+        return rows, oncpu_at(charged, before, after, read_ns, self._cpu_node), read_ns
+
+    def _thread_totals(self) -> Iterator[Event]:
+        # Samples run from read to read, not from tick to tick: the maps are read after the
+        # core's refresh and other probes' samples, and what ran meanwhile is the next one's.
+        since_ns = self._oncpu.since_ns
+        rows, oncpu, read_ns = self._read()
+        interval = read_ns - since_ns
+        lasts = {}
+        for tid, st in rows:
             last = self._last.get(tid)
             if last is None or last.tgid != st.tgid or st.switches < last.switches:
                 # new, or its id was reused by another thread and the kernel started over
-                last = _Totals(tgid=st.tgid, oncpu_ns=(0,) * self.nodes)
-            # In-progress on-CPU time read a moment ago may exceed what the kernel adds at
-            # the switch-out (the two maps are read apart): never report time backwards.
+                last = _Totals(tgid=st.tgid)
+                self._oncpu.forget(tid)
+            lasts[tid] = last
+        gains = self._oncpu.take(oncpu, read_ns)
+        exited = []
+        for tid, st in rows:
+            last = lasts[tid]
             now = _Totals(
                 tgid=st.tgid,
                 offcpu_ns=st.offcpu_ns,
@@ -192,19 +226,14 @@ class SchedProbe(BpfProbe):
                 preemptions=st.preemptions,
                 migrations=st.migrations,
                 cross_node=st.cross_node,
-                oncpu_ns=tuple(max(a, b) for a, b in zip(oncpu, last.oncpu_ns, strict=True)),
             )
             self._last[tid] = now
-            if st.exited:
-                exited.append(tid)
-            node_ns = tuple(
-                (node, a - b)
-                for node, (a, b) in enumerate(zip(now.oncpu_ns, last.oncpu_ns, strict=True))
-                if a > b
-            )
+            if st.exited and not self._oncpu.owed(tid):
+                exited.append(tid)  # once all its on-CPU time is out
+            node_ns = tuple(gains[tid])
             if now.switches != last.switches or node_ns or now.migrations != last.migrations:
                 yield ThreadSched(
-                    ts_ns=now_ns - interval,
+                    ts_ns=since_ns,
                     interval_ns=interval,
                     tid=tid,
                     tgid=st.tgid,
@@ -218,15 +247,12 @@ class SchedProbe(BpfProbe):
                 )
             if node_ns:
                 yield NodeTime(
-                    ts_ns=now_ns - interval,
-                    interval_ns=interval,
-                    tid=tid,
-                    tgid=st.tgid,
-                    node_ns=node_ns,
+                    ts_ns=since_ns, interval_ns=interval, tid=tid, tgid=st.tgid, node_ns=node_ns
                 )
         for tid in exited:
-            del table[ct.c_uint(tid)]
+            del self.bpf["threads"][ct.c_uint(tid)]
             self._last.pop(tid, None)
+            self._oncpu.forget(tid)
 
 
 SPECS = (

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from gpujitter.probes.events import (
     ThreadSched,
     WorkloadInfo,
 )
+from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.sched import SchedProbe
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
@@ -33,6 +35,7 @@ from tests.kernel.sched_load import (
     Child,
     hog,
     idle_log,
+    quietest_cpu,
     together,
     untraced_switch_ins,
     unwatched,
@@ -329,6 +332,64 @@ def test_forced_cross_node_migration_and_node_time_split() -> None:
     )
     assert res["node0_ns"] <= node_ns[0] < res["node0_ns"] + 80 * MS, story
     assert node_ns[1] == pytest.approx(res["node1_ns"], rel=0.05, abs=2 * MS), story
+
+
+def test_a_busy_threads_samples_hold_at_most_their_interval_and_add_up_to_its_cpu_time() -> None:
+    # The runner hands every probe the tick's time, read before the core's refresh and the
+    # other probes' samples: sched reads its maps later, here 100 ms later, then at once
+    # again. A thread on CPU nearly throughout (short sleeps every 20 ms: many switch-outs,
+    # some while the maps are read) must show at most each sample's interval (the probe's own
+    # reads), and its samples must add up to its CPU time (its schedstat) from its first
+    # switch-out to its exit.
+    cpu = quietest_cpu()
+    with Child(f"""
+        def work():
+            pin({cpu})
+            out["tid"] = threading.get_native_id()
+            out["ran_ns"] = -schedstat()[0]
+            time.sleep(0.001)  # its first switch-out: on-CPU time counts from here
+            end = time.monotonic() + 1.5
+            while time.monotonic() < end:
+                spin(0.02)
+                time.sleep(0.0001)
+            out["ran_ns"] += schedstat()[0]
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join()
+    """) as child:
+        samples: list[Any] = []
+        late: list[tuple[int, int]] = []  # (tick, read) of each late read
+        with ProbeSet(
+            ["sched"],
+            topology=load_topology(),
+            watch=WatchSpec(pids={child.pid}),
+            emit=list().append,
+        ) as probes:
+            assert [s.state for s in probes.start()] == ["running"]
+            (sched,) = probes.probes
+            child.go()
+            while child.proc.poll() is None:
+                time.sleep(0.2)
+                tick_ns = time.monotonic_ns()
+                time.sleep(0.1)
+                late.append((tick_ns, time.monotonic_ns()))
+                for now_ns in (tick_ns, time.monotonic_ns()):
+                    samples += sched.sample(now_ns)
+            for _ in range(3):  # what a sample held back comes out in the next ones
+                time.sleep(0.2)
+                samples += sched.sample(time.monotonic_ns())
+        res = child.wait()
+    mine = [e for e in samples if isinstance(e, ThreadSched) and e.tid == res["tid"]]
+    story = f"{res} {late}\n" + "\n".join(
+        f"  {(e.ts_ns - late[0][0]) / MS:9.3f} +{e.interval_ns / MS:8.3f}: {e.oncpu_ns / MS:.3f}"
+        for e in mine
+    )
+    assert all(e.oncpu_ns <= e.interval_ns for e in mine), story
+    # Its CPU time from its first switch-out to its exit: the schedstat reads add the time
+    # before that sleep and before the exit, a few microseconds each.
+    assert sum(e.oncpu_ns for e in mine) == pytest.approx(res["ran_ns"], abs=1 * MS), story
+    nodes = [e for e in samples if isinstance(e, NodeTime) and e.tid == res["tid"]]
+    assert sum(ns for e in nodes for _, ns in e.node_ns) == sum(e.oncpu_ns for e in mine)
 
 
 class BadHookProbe(SchedProbe):
