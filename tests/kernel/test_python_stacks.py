@@ -10,11 +10,12 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from gpujitter.probes import registry
-from gpujitter.probes.events import Event, GilWait, PySample
+from gpujitter.probes.events import NATIVE_LINE, Event, GilWait, PySample
 from gpujitter.probes.progstats import enable_stats, prog_stats
 from gpujitter.probes.python_stacks import BURST_SAMPLES, OTHERS_SHARE, PythonStacksProbe
 from gpujitter.probes.runner import ProbeSet
@@ -296,3 +297,73 @@ def test_while_feeders_are_known_the_others_timers_stop_but_one() -> None:
 def _runs(probe: PythonStacksProbe) -> int:
     """How often the probe's BPF program has run (statistics on)."""
     return sum(prog_stats(fd).run_cnt for fd in probe.programs())
+
+
+# A native thread that takes a Python thread state once (as a C extension's worker does to
+# call back into Python) and then spins in C with the GIL released: it has no Python frame.
+NATIVE_LIB = r"""
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+extern int PyGILState_Ensure(void);
+extern void *PyEval_SaveThread(void);
+static volatile unsigned long sink;
+volatile int spinner_tid;
+__attribute__((noinline)) void gj_native_spin(void)
+{
+    for (;;)
+        sink++;
+}
+static void *run(void *arg)
+{
+    PyGILState_Ensure();
+    PyEval_SaveThread();
+    spinner_tid = syscall(SYS_gettid);
+    gj_native_spin();
+    return arg;
+}
+int start_spinner(void)
+{
+    pthread_t t;
+    return pthread_create(&t, 0, run, 0);
+}
+"""
+
+NATIVE_JOB = """
+import ctypes, sys, time
+lib = ctypes.CDLL(sys.argv[1])
+lib.start_spinner()
+tid = ctypes.c_int.in_dll(lib, "spinner_tid")
+while not tid.value:
+    time.sleep(0.01)
+print(tid.value, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_thread_with_no_python_frame_is_named_by_its_native_function(tmp_path: Path) -> None:
+    """A Python thread running only C code (no Python frame): its samples name the native
+    function the thread was in and the library holding it, at line NATIVE_LINE; the main
+    thread, asleep, has none."""
+    src, lib = tmp_path / "spin.c", tmp_path / "libgjspin.so"
+    src.write_text(NATIVE_LIB)
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(lib), str(src), "-lpthread"],
+                   check=True)  # fmt: skip
+    proc = subprocess.Popen(["/usr/bin/python3.11", "-c", NATIVE_JOB, str(lib)],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None
+    spinner = int(proc.stdout.readline())
+    took: list[PySample] = []
+    try:
+        with _sampling({proc.pid}, took) as probes:
+            probes.tick(time.monotonic_ns() + 2_000_000_000)  # found, its thread list read
+            time.sleep(1.0)
+            probes.poll()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(took) >= 20, took[:5]
+    assert {(s.tid, s.func, s.file, s.line) for s in took} == {
+        (spinner, "gj_native_spin", str(lib), NATIVE_LINE)
+    }, took[:5]
