@@ -21,6 +21,7 @@ from gpujitter.probes.python_stacks import BURST_SAMPLES, OTHERS_SHARE, PythonSt
 from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
+from tests import native_spin
 from tests.proportion import proportional_tail
 
 BUSY = "def spin_here():\n    while True:\n        pass\nprint(flush=True)\nspin_here()\n"
@@ -299,61 +300,12 @@ def _runs(probe: PythonStacksProbe) -> int:
     return sum(prog_stats(fd).run_cnt for fd in probe.programs())
 
 
-# A native thread that takes a Python thread state once (as a C extension's worker does to
-# call back into Python) and then spins in C with the GIL released: it has no Python frame.
-NATIVE_LIB = r"""
-#define _GNU_SOURCE
-#include <pthread.h>
-#include <unistd.h>
-#include <sys/syscall.h>
-extern int PyGILState_Ensure(void);
-extern void *PyEval_SaveThread(void);
-static volatile unsigned long sink;
-volatile int spinner_tid;
-__attribute__((noinline)) void gj_native_spin(void)
-{
-    for (;;)
-        sink++;
-}
-static void *run(void *arg)
-{
-    PyGILState_Ensure();
-    PyEval_SaveThread();
-    spinner_tid = syscall(SYS_gettid);
-    gj_native_spin();
-    return arg;
-}
-int start_spinner(void)
-{
-    pthread_t t;
-    return pthread_create(&t, 0, run, 0);
-}
-"""
-
-NATIVE_JOB = """
-import ctypes, sys, time
-lib = ctypes.CDLL(sys.argv[1])
-lib.start_spinner()
-tid = ctypes.c_int.in_dll(lib, "spinner_tid")
-while not tid.value:
-    time.sleep(0.01)
-print(tid.value, flush=True)
-time.sleep(60)
-"""
-
-
 def test_a_thread_with_no_python_frame_is_named_by_its_native_function(tmp_path: Path) -> None:
     """A Python thread running only C code (no Python frame): its samples name the native
     function the thread was in and the library holding it, at line NATIVE_LINE; the main
     thread, asleep, has none."""
-    src, lib = tmp_path / "spin.c", tmp_path / "libgjspin.so"
-    src.write_text(NATIVE_LIB)
-    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(lib), str(src), "-lpthread"],
-                   check=True)  # fmt: skip
-    proc = subprocess.Popen(["/usr/bin/python3.11", "-c", NATIVE_JOB, str(lib)],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
-    assert proc.stdout is not None
-    spinner = int(proc.stdout.readline())
+    lib = native_spin.build(tmp_path)
+    proc, spinner = native_spin.start(lib)
     took: list[PySample] = []
     try:
         with _sampling({proc.pid}, took) as probes:
@@ -365,5 +317,5 @@ def test_a_thread_with_no_python_frame_is_named_by_its_native_function(tmp_path:
         proc.wait()
     assert len(took) >= 20, took[:5]
     assert {(s.tid, s.func, s.file, s.line) for s in took} == {
-        (spinner, "gj_native_spin", str(lib), NATIVE_LINE)
+        (spinner, native_spin.SPIN_FUNC, str(lib), NATIVE_LINE)
     }, took[:5]
