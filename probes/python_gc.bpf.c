@@ -97,7 +97,7 @@ static __always_inline s64 read_arg(struct pt_regs *ctx, struct gc_arg *a)
     } else if (a->deref) {
         /* 8 bytes whatever the size (truncated below): a constant size for the verifier */
         u64 where = reg_value(&regs, a->reg) + a->off;
-        if (bpf_probe_read_user(&raw, sizeof(raw), (void *)where))
+        if (gj_read_user(&raw, sizeof(raw), (void *)where))
             return -1;
     } else {
         raw = reg_value(&regs, a->reg);
