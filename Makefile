@@ -33,8 +33,9 @@ bench: setup
 
 # The soak and fault suite (30 min, root): the daemon under slow and stuck clients, floods,
 # a disk that fills, SIGHUP, SIGKILL and SIGTERM; fails on any lost record, leak, stall or
-# slow exit. `make test` runs its short form (tests/kernel/test_soak.py). No kernel lock:
-# its probes watch only its own feeding loop, and other work on the node is welcome load.
+# slow exit. `make test` runs its short form (tests/kernel/test_soak.py) beside its tests that
+# attach no probes (tests/kernel/soak_beside.py). No kernel lock: its probes watch only its
+# own feeding loop, and other work on the node is welcome load.
 soak: setup
 	$(BIN)/python -m bench.soak --minutes 30 --json bench/results/dev-vm/soak.json
 

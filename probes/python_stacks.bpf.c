@@ -9,12 +9,14 @@
  * object, and streams the code object's address with its name, file and first line as
  * pointers: user space turns them into text once per code object.
  *
- * Budget: one sample per THRESHOLD_SPACING_NS in all, bursts of BURST_SAMPLES at most; while
- * user space says feeding threads are known (py_feeders_known), the other threads share
- * only one sample per OTHERS_SPACING_NS of it. The budget is read and written without a
- * lock: two CPUs deciding in the same instant can both spend it (one sample over, rarely).
+ * Budget (python_stacks_budget.h): one sample per THRESHOLD_SPACING_NS in all, the feeders'
+ * periods first (py_feeders_known: user space says feeding threads are known), the others'
+ * thinned at random past the budget so that their shares follow their CPU time. The budget
+ * is read and written without a lock: two CPUs deciding in the same instant can both spend
+ * it (one sample over, rarely) or miscount a period of the thinning's window.
  */
 #include "gpujitter.h"
+#include "python_stacks_budget.h"
 
 struct py_proc {
     u64 code_type;          /* PyCode_Type's address in the process */
@@ -36,11 +38,6 @@ struct py_thread {
 };
 BPF_HASH(py_threads, u32, struct py_thread, GJ_MAX_THREADS);
 
-struct py_budget {
-    u64 last_ns;
-    s64 credit_ns;          /* all threads */
-    s64 others_ns;          /* the non-feeders, while feeders are known */
-};
 BPF_ARRAY(py_budget, struct py_budget, 1);
 BPF_ARRAY(py_feeders_known, u32, 1);
 
@@ -65,25 +62,7 @@ static __always_inline bool py_spend(u64 now, bool feeder)
     u32 *known = py_feeders_known.lookup(&zero);
     if (!b)
         return false;
-    s64 elapsed = b->last_ns ? (s64)(now - b->last_ns) : BURST_SAMPLES * THRESHOLD_SPACING_NS;
-    b->last_ns = now;
-    s64 credit = b->credit_ns + elapsed, others = b->others_ns + elapsed;
-    if (credit > BURST_SAMPLES * THRESHOLD_SPACING_NS)
-        credit = BURST_SAMPLES * THRESHOLD_SPACING_NS;
-    if (others > OTHERS_SPACING_NS)
-        others = OTHERS_SPACING_NS;
-    bool take = credit >= THRESHOLD_SPACING_NS;
-    bool held = !feeder && known && *known;
-    if (take && held) {
-        take = others >= OTHERS_SPACING_NS;
-        if (take)
-            others -= OTHERS_SPACING_NS;
-    }
-    if (take)
-        credit -= THRESHOLD_SPACING_NS;
-    b->credit_ns = credit;
-    b->others_ns = others;
-    return take;
+    return py_budget_spend(b, now, feeder, known && *known);
 }
 
 /* The word at addr in the current process; a failed read (a page not resident, a frame

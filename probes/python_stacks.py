@@ -14,9 +14,11 @@ with its name and file pointers; user space reads the text once per code object
 other probes' events named first (probes/feeders.py: libcuda callers, GIL waiters and
 holders, the wakers of those): while some are known the others share a twentieth of it, and
 only one of them at a time keeps its perf event on (an event on costs its thread ~1 us a
-context switch). No thread of gpujitter wakes to sample, no signal, nothing written into
-the job. Another version, or a build whose layout is not known, is named once in the
-probe's status and its host work stays unnamed.
+context switch). Past the budget the others' periods are thinned at random, so that each
+thread's samples follow its CPU time, not its timer's phase (bpf/python_stacks_budget.h).
+No thread of gpujitter wakes to sample, no signal, nothing written into the job. Another
+version, or a build whose layout is not known, is named once in the probe's status and its
+host work stays unnamed.
 Cost: docs/performance.md (bench/python_stacks_cost.py).
 """
 
@@ -27,7 +29,7 @@ import os
 import time
 from typing import Any
 
-from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
+from gpujitter.probes.base import BPF_DIR, BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import PySample
 from gpujitter.probes.feeders import Feeders
 from gpujitter.probes.mapped_scan import MappedScan, watched_pids
@@ -36,7 +38,10 @@ from gpujitter.probes.pyframes import OWNED_BY_CSTACK, Interpreter, Layout, NotR
 from gpujitter.probes.registry import Hook, ProbeSpec
 
 THREADS_EVERY_NS = 1_000_000_000  # a process's thread list is read again this often
-BURST_SAMPLES = 2  # an idle stretch saves up no more than this many samples
+BURST_SAMPLES = 8  # an idle stretch saves up no more than this many samples
+# Past the budget, the non-feeders' periods are thinned at random to THIN_PCT % of its rate,
+# from their rate over the last THIN_WINDOW_NS (python_stacks_budget.h says why).
+THIN_WINDOW_NS, THIN_PCT = 100_000_000, 80
 OTHERS_SHARE = 20  # while feeders are known, the others get 1/OTHERS_SHARE of the budget
 MAX_WALK = 16  # frames walked past shims and non-code before a sample gives up
 PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK = 1, 1
@@ -44,6 +49,8 @@ PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK = 1, 1
 # What the .bpf.c gets as -D options besides the thresholds (it never restates them).
 CONSTANTS = {
     "BURST_SAMPLES": BURST_SAMPLES,
+    "THIN_WINDOW_NS": THIN_WINDOW_NS,
+    "THIN_PCT": THIN_PCT,
     "MAX_WALK": MAX_WALK,
     "OWNED_BY_CSTACK": OWNED_BY_CSTACK,
 }
@@ -107,9 +114,14 @@ class PythonStacksProbe(BpfProbe):
         return failed + self._failed_here
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
-        """The thresholds, the constants, and the others' spacing while feeders are known."""
+        """The thresholds, the constants, the others' spacing while feeders are known, and
+        where the budget's header is (python_stacks_budget.h, beside gpujitter.h)."""
         spacing_ns = max(1, self.threshold(ctx, "spacing"))
-        return [*super().cflags(ctx), f"-DOTHERS_SPACING_NS={OTHERS_SHARE * spacing_ns}LL"]
+        return [
+            *super().cflags(ctx),
+            f"-DOTHERS_SPACING_NS={OTHERS_SHARE * spacing_ns}LL",
+            f"-I{BPF_DIR}",
+        ]
 
     def start(self, ctx: ProbeContext) -> None:
         self._core = ctx.shared.get("core")

@@ -128,6 +128,8 @@ class Inbox:
 
     def position(self, pos: ReplayPosition, selected_gap: str | None = None) -> None:
         with self._cond:
+            if pos == self._position and selected_gap is None:
+                return  # a paused replay reports each tick: redrawing for it kept the app busy
             self._position = pos
             if selected_gap is not None:
                 self._selected = selected_gap

@@ -16,8 +16,14 @@ from gpujitter.probes.events import Event, ProbeStatus
 from gpujitter.probes.runner import ProbeThread
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
+from tests.kernel import soak_beside
 
 pytestmark = pytest.mark.kernel
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    soak_beside.plan_beside(config, items)
 
 
 @pytest.fixture(scope="session", autouse=True)

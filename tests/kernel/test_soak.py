@@ -8,17 +8,23 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-from bench.soak import Plan, soak, summary
+from bench.soak import Plan, summary
 from gpujitter.daemon.sinks import jsonlog
 from gpujitter.daemon.sinks.jsonlog import JsonLog
+from tests.kernel import soak_beside
 
 
-def test_short_soak_accounts_for_every_attribution_and_never_hangs() -> None:
-    result = soak(Plan.short(100.0), say=lambda line: None)
+def test_short_soak_accounts_for_every_attribution_and_never_hangs(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Plan.short(100 s), run beside the tests that attach no probes (soak_beside.py)."""
+    result = soak_beside.running(request.config).result(timeout_s=280)
+    assert result["plan"] == asdict(Plan.short(soak_beside.SOAK_S))
     assert result["passed"], summary(result)
 
 

@@ -5,8 +5,8 @@ so that every cause shows on some GPU's timeline and one GPU stays clean."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
-from typing import Any
 
 from gpujitter.probes.events import ProbeStatus
 from gpujitter.probes.nvml import GpuInfo
@@ -42,11 +42,13 @@ NODE = Node(
 )
 
 
-def stream() -> list[dict[str, Any]]:
-    """hello, snapshot and the minute's records, in the order a client receives them."""
-    return engine_stream(NODE)
+@functools.cache
+def _built() -> bytes:
+    return ndjson(engine_stream(NODE))
 
 
 def write(path: Path) -> Path:
-    path.write_bytes(ndjson(stream()))
+    """hello, snapshot and the minute's records, in the order a client receives them, as a
+    replay reads them (the engine runs once a session: its output is deterministic)."""
+    path.write_bytes(_built())
     return path

@@ -213,3 +213,8 @@ def stream(node: Node) -> list[dict[str, Any]]:
 
 def ndjson(records: list[dict[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(r) + b"\n" for r in records)
+
+
+def copy_of(built: bytes) -> list[dict[str, Any]]:
+    """A stream built once (as ndjson) as records of the caller's own, free to change."""
+    return [orjson.loads(line) for line in built.splitlines()]

@@ -3,6 +3,7 @@ replay order and controls, recordings of both kinds."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +54,23 @@ def test_inbox_keeps_the_latest_state_wakes_once_and_counts_drops() -> None:
     assert not batch.more and not inbox.pending
     inbox.records([{"type": "gpu.gap", "ts_ns": 3}])
     assert len(wakes) == 2
+
+
+def test_a_position_reported_again_unchanged_does_not_wake_the_app() -> None:
+    """Regression: a paused replay reports its position every tick (50 ms); each report woke
+    the app to redraw its title and status, so the app never went idle (a full screen render
+    20 times a second, under the palette's dimmed background)."""
+    wakes = []
+    inbox = Inbox(limit=3, block=True, notify=lambda: wakes.append(1))
+    paused = ReplayPosition(at_ns=5, start_ns=0, end_ns=10, playing=False, speed=1.0)
+    inbox.position(paused)
+    assert inbox.take().position == paused and len(wakes) == 1
+    inbox.position(paused)
+    assert len(wakes) == 1 and not inbox.pending
+    inbox.position(paused, selected_gap="0:5")  # a jump to a gap at the same place
+    assert len(wakes) == 2 and inbox.take().selected_gap == "0:5"
+    inbox.position(dataclasses.replace(paused, at_ns=6))
+    assert len(wakes) == 3 and inbox.take().position.at_ns == 6  # type: ignore[union-attr]
 
 
 def test_a_replay_inbox_makes_the_worker_wait_instead_of_dropping() -> None:

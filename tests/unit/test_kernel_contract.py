@@ -32,8 +32,13 @@ def constants_of(source: Path) -> Mapping[str, int]:
 
 
 def code(source: Path) -> str:
-    """The C text without its comments (a name in a comment neither defines nor uses it)."""
-    return re.sub(r"/\*.*?\*/|//[^\n]*", " ", source.read_text(), flags=re.S)
+    """The C text without its comments (a name in a comment neither defines nor uses it),
+    with the probe's own headers it includes from probes/bpf (python_stacks_budget.h)."""
+    text = source.read_text()
+    for name in re.findall(r'^\s*#\s*include\s+"(\w+\.h)"', text, re.M):
+        if name != SHARED_HEADER and (BPF_DIR / name).is_file():
+            text += (BPF_DIR / name).read_text()
+    return re.sub(r"/\*.*?\*/|//[^\n]*", " ", text, flags=re.S)
 
 
 def defined_in_c(text: str) -> set[str]:
