@@ -6,12 +6,10 @@ are wrapped to mark them; the figures of bench/startstop.py's "ready", split.
 
 Phases: python and the imports (to the daemon's construction), the daemon's construction
 (settings checked, the probe modules, the topology), the runtime's start up to the compile
-(its scheduling, NVML), the one bcc compile (where it was started ahead, the wait for it:
-"compile ahead" is that compile on its own thread, from NVML's start on, with the CPU of
-both threads), attaching (probes, the core's first /proc scan), then the sinks and READY.
-The daemon watches this process, NVML off (--nvml: on), and is stopped by SIGINT a second
-after READY. The package is byte-compiled first, as bench/startstop.py does (as
-installing it does).
+(its scheduling, NVML), the one bcc compile, attaching (probes, the core's first /proc
+scan), then the sinks and READY. The daemon watches this process, NVML off (--nvml: on),
+and is stopped by SIGINT a second after READY. The package is byte-compiled first, as
+bench/startstop.py does (as installing it does).
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ from typing import Any
 # (label, module, class or "", function): each call's start and end are marked.
 WRAPPED = (
     ("daemon", "gpujitter.daemon.service.service", "Daemon", "__init__"),
-    ("ahead", "gpujitter.probes.bundle", "_Ahead", "run"),
     ("compile", "gpujitter.probes.bundle", "Bundle", "_compile"),
     ("probes", "gpujitter.probes.runner", "ProbeSet", "start"),
     ("ready", "gpujitter.daemon.service.sdnotify", "Notifier", "ready"),
@@ -45,9 +42,6 @@ PHASES = {
     "daemon": ("daemon<", "daemon>"),
     "to compile": ("daemon>", "compile<"),
     "compile": ("compile<", "compile>"),
-    # On a thread of its own from NVML's start on (probes/bundle.py compile_ahead): it
-    # overlaps "to compile", and "compile" is then the wait for its end.
-    "compile ahead": ("ahead<", "ahead>"),
     "attach": ("compile>", "probes>"),
     "sinks, READY": ("probes>", "ready<"),
 }
@@ -110,7 +104,6 @@ def one_round(flags: list[str]) -> dict[str, Any]:
     return {
         phase: {"wall_ms": marks[b][0] - marks[a][0], "cpu_ms": marks[b][1] - marks[a][1]}
         for phase, (a, b) in PHASES.items()
-        if a in marks and b in marks  # a start without the compile ahead has none
     } | {"ready": {"wall_ms": marks["ready<"][0], "cpu_ms": marks["ready<"][1]}}
 
 
@@ -138,7 +131,7 @@ def main() -> None:
         print(json.dumps(rounds, indent=1))
         return
     print(f"{'phase':<14} {'wall ms (median, range)':>26} {'CPU ms (median, range)':>26}")
-    for phase in [p for p in [*PHASES, "ready"] if p in rounds[0]]:
+    for phase in [*PHASES, "ready"]:
         cells = []
         for key in ("wall_ms", "cpu_ms"):
             values = [r[phase][key] for r in rounds]

@@ -13,7 +13,6 @@ import contextlib
 import os
 import sys
 import tempfile
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,20 +118,15 @@ class Probe(abc.ABC):
         )
 
 
-_capture_lock = threading.RLock()
-
-
 @contextlib.contextmanager
 def captured_output() -> Iterator[Callable[[], str]]:
     """Capture fds 1 and 2 while bcc compiles: libbcc and clang print errors on stderr (a
     refused probe is then reported in one line, not a screenful of clang output) and notes
     such as "Unable to find kernel headers" on stdout, where they would corrupt the NDJSON
-    of `gpujitter probe --json`. One thread at a time (a compile on a thread of its own,
-    probes/bundle.py compile_ahead): two that interleaved would each restore the other's
-    file."""
-    with _capture_lock, tempfile.TemporaryFile(mode="w+b") as tmp:
-        sys.stdout.flush()
-        sys.stderr.flush()
+    of `gpujitter probe --json`."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
         saved = [os.dup(1), os.dup(2)]
         os.dup2(tmp.fileno(), 1)
         os.dup2(tmp.fileno(), 2)

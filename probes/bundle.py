@@ -23,8 +23,6 @@ be started ahead, on a thread of its own (compile_ahead); the Bundle of the same
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
 import re
 import threading
@@ -128,82 +126,6 @@ def _own_text(part: ModulePart) -> str:
     return part.bpf_file.read_text() + header.split("#endif /* GPUJITTER_H */", 1)[-1]
 
 
-def module_cflags(parts: Sequence[ModulePart]) -> list[str]:
-    """The compiler options of a module of `parts`: theirs but the -D options, which
-    part_text confines to each part."""
-    return sorted({f for p in parts for f in p.cflags if not f.startswith("-D")})
-
-
-def compile_text(text: str, cflags: list[str]) -> tuple[Any, str]:
-    """bcc's module of `text`, or None and the first line of why not."""
-    from bcc import BPF  # imported here: the registry must load on nodes without bcc
-
-    with captured_output() as err:
-        try:
-            return BPF(text=text.encode(), cflags=cflags), ""
-        except Exception as exc:
-            return None, first_error_line(err(), str(exc))
-
-
-@dataclass(slots=True)
-class _Ahead:
-    """A compile started before the Bundle that takes it (compile_ahead)."""
-
-    parts: tuple[ModulePart, ...]
-    text: str
-    renamed: dict[str, set[str]]
-    thread: threading.Thread | None = None
-    bpf: Any = None
-
-    def run(self) -> None:
-        # No bcc, say: the Bundle's own compile raises it, on the thread that reports it.
-        with contextlib.suppress(Exception):
-            self.bpf, _ = compile_text(self.text, module_cflags(self.parts))
-
-
-_ahead: _Ahead | None = None
-_ahead_lock = threading.Lock()
-
-
-def compile_ahead(parts: Sequence[ModulePart]) -> None:
-    """Start compiling the module of `parts` on a thread of its own: libbcc compiles without
-    the GIL, so the seconds of the compile overlap what the process does before it attaches
-    (NVML's start, ~0.3-1 s on a GPU node); the Bundle of the same parts takes the result.
-    One at a time: a call while one is pending is a no-op. A compile that fails is made
-    again by that Bundle, which says why (and leaves a part out). The fds 1 and 2 are the
-    compile's for its duration (captured_output): nothing prints between this call and the
-    probes' start."""
-    global _ahead
-    with _ahead_lock:
-        if _ahead is not None or not parts:
-            return
-        text, renamed = bundle_text(parts)
-        ahead = _ahead = _Ahead(tuple(parts), text, renamed)
-        ahead.thread = threading.Thread(target=ahead.run, name="gpujitter-compile", daemon=True)
-        ahead.thread.start()
-
-
-def _take_ahead() -> _Ahead | None:
-    """The pending compile_ahead, once it has finished."""
-    global _ahead
-    with _ahead_lock:
-        ahead, _ahead = _ahead, None
-    if ahead is not None and ahead.thread is not None:
-        ahead.thread.join()
-    return ahead
-
-
-def _drop_ahead() -> None:
-    """At exit, a compile nobody took: finished and freed before the interpreter goes (a
-    thread still in LLVM while the process tears it down can crash it)."""
-    ahead = _take_ahead()
-    if ahead is not None and ahead.bpf is not None:
-        ahead.bpf.cleanup()
-
-
-atexit.register(_drop_ahead)
-
-
 class Bundle:
     """The compiled module, shared by the views of its parts; freed when its creator and
     every view have released it."""
@@ -220,20 +142,19 @@ class Bundle:
         self._compile()
 
     def _compile(self) -> None:
+        from bcc import BPF  # imported here: the registry must load on nodes without bcc
+
         todo = list(self.parts.values())
-        ahead = _take_ahead()
-        if ahead is not None and ahead.bpf is not None and ahead.parts == tuple(todo):
-            self.ids = {p.name: i for i, p in enumerate(todo, start=1)}
-            self.bpf, self.renamed = ahead.bpf, ahead.renamed
-            return
-        if ahead is not None and ahead.bpf is not None:  # of other parts: nobody's
-            ahead.bpf.cleanup()
         while todo:
             text, self.renamed = bundle_text(todo)
             self.ids = {p.name: i for i, p in enumerate(todo, start=1)}
-            self.bpf, line = compile_text(text, module_cflags(todo))
-            if self.bpf is not None:
-                return
+            cflags = sorted({f for p in todo for f in p.cflags if not f.startswith("-D")})
+            with captured_output() as err:
+                try:
+                    self.bpf = BPF(text=text.encode(), cflags=cflags)
+                    return
+                except Exception as exc:
+                    line = first_error_line(err(), str(exc))
             culprit = next((p for p in todo if str(p.bpf_file) in line), None)
             essential = [p for p in todo if p.essential]
             if culprit is not None and not culprit.essential and len(todo) > 1:

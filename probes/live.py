@@ -62,11 +62,8 @@ class LiveProbes:
 
     def __enter__(self) -> LiveProbes:
         from gpujitter.probes.gpu import GpuSampler, SamplerThread
-        from gpujitter.probes.runner import ProbeThread, compile_ahead
+        from gpujitter.probes.runner import ProbeThread
 
-        # The probes' compile (seconds of CPU) overlaps NVML's start.
-        compile_ahead(self.probes, topology=self.topology, thresholds=self.thresholds,
-                      options=self.options)  # fmt: skip
         try:
             sampler = self._sampler(GpuSampler)
             if sampler is not None:

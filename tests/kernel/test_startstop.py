@@ -17,7 +17,7 @@ import pytest
 from gpujitter.daemon.drill.build import build_stub
 from gpujitter.probes import registry
 from gpujitter.probes.base import ProbeContext, ProbeUnavailable
-from gpujitter.probes.bundle import Bundle, ModulePart, compile_ahead
+from gpujitter.probes.bundle import Bundle, ModulePart
 from gpujitter.probes.cstate import CstateProbe
 from gpujitter.probes.cuda import armed_sites
 from gpujitter.probes.host import HostPaths
@@ -195,51 +195,3 @@ def test_an_error_that_names_no_part_leaves_the_essential_part_running(tmp_path:
         bundle.view("essential").cleanup()  # it compiled, alone
     finally:
         bundle.release()
-
-
-def bpf_file(tmp_path: Path, name: str, text: str) -> Path:
-    path = tmp_path / f"{name}.bpf.c"
-    path.write_text(text)
-    return path
-
-
-def test_a_compile_started_ahead_is_the_one_its_parts_bundle_takes(tmp_path: Path) -> None:
-    part = ModulePart(
-        "ahead",
-        bpf_file(tmp_path, "ahead", "RAW_TRACEPOINT_PROBE(sched_waking) { return 0; }\n"),
-        essential=True,
-    )
-    compile_ahead([part])
-    # The file as the compile ahead read it is the module's: a compile made now would fail.
-    part.bpf_file.write_text("RAW_TRACEPOINT_PROBE(sched_waking) { return nope; }\n")
-    bundle = Bundle([part])
-    try:
-        bundle.view("ahead").cleanup()
-    finally:
-        bundle.release()
-
-
-def test_a_compile_ahead_of_other_parts_or_that_fails_is_made_again(tmp_path: Path) -> None:
-    parts = [
-        ModulePart(
-            "good",
-            bpf_file(tmp_path, "good", "RAW_TRACEPOINT_PROBE(sched_waking) { return 0; }\n"),
-            essential=True,
-        ),
-        ModulePart(
-            "broken",
-            bpf_file(tmp_path, "broken", "RAW_TRACEPOINT_PROBE(sched_switch) { return nope; }\n"),
-        ),
-    ]
-    compile_ahead(parts[:1])  # other parts than the bundle's: freed, not taken
-    other = Bundle(parts)
-    compile_ahead(parts)  # these parts, but the compile fails: the bundle's own says why
-    failed = Bundle(parts)
-    try:
-        for bundle in (other, failed):
-            with pytest.raises(ProbeUnavailable, match=r"broken\.bpf\.c.*nope"):
-                bundle.view("broken")
-            bundle.view("good").cleanup()  # compiled without the broken part
-    finally:
-        other.release()
-        failed.release()
