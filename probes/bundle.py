@@ -17,8 +17,7 @@ that hook unattached (load_part's `skip`) while the carrier's program is attache
 
 A part that does not compile is left out and the rest compiled again without it (the error
 names its file), unless it is essential (the core, whose maps the others use: then none runs);
-a part whose programs the kernel refuses fails on attach, in its view only. The compile may
-be started ahead, on a thread of its own (compile_ahead); the Bundle of the same parts takes it.
+a part whose programs the kernel refuses fails on attach, in its view only.
 """
 
 from __future__ import annotations
