@@ -1,6 +1,7 @@
 /* cstate: idle states of every CPU, and what they cost watched threads that wake onto them.
  * cpu_idle (every idle entry and exit, system-wide) keeps each CPU's current state, entry
- * time and last exit in a per-CPU slot and adds residency per state. A watched thread that
+ * time and last exit in a per-CPU slot, and there its residency per state as one word each
+ * that also holds the stretch in progress (struct idle_cpu). A watched thread that
  * goes to sleep is recorded at sched_switch (it is current then, so its tgid is known), its
  * wake-up time at sched_waking (in the waker's context, before the target CPU leaves idle);
  * when it is switched in straight from the idle task, the CPU's last idle interval is the one
@@ -45,9 +46,16 @@ struct idle_cpu {
     u32 state;         /* state entered last */
     u32 in_idle;
     u32 switched; /* a context switch, and no idle state entered since */
+    u32 pad;
+    /* Per state, twice its residency so far, and while the CPU is in it, minus twice the
+     * entry time, plus one (odd: in progress); modulo 2^64. User space reads these while the
+     * CPU runs on: a finished total and an entry time kept apart can be read from either side
+     * of an exit (the stretch then counted twice, or in no sample at all). One word is read
+     * whole, so the residency it gives at the read is exact: word / 2 while even,
+     * (word - 1) / 2 + now while odd (probes/cstate.py). */
+    u64 residency2[IDLE_STATES];
 };
 BPF_PERCPU_ARRAY(idle_now, struct idle_cpu, 1);
-BPF_PERCPU_ARRAY(residency_ns, u64, IDLE_STATES);
 BPF_PERCPU_ARRAY(wake_log2, u64, (IDLE_STATES + 1) * LOG2_SLOTS);
 
 /* A watched thread that went to sleep, keyed by its task_struct's address (wake_ns 0 until it
@@ -73,6 +81,19 @@ struct idle_wake_rec {
 };
 BPF_RINGBUF_OUTPUT(idle_wakes, 32);
 
+static __always_inline u32 state_slot(u32 state)
+{
+    return state < IDLE_STATES ? state : IDLE_STATES - 1;
+}
+
+/* The CPU leaves its idle state at `now`: the stretch joins the state's residency. */
+static __always_inline void idle_exit(struct idle_cpu *c, u64 now)
+{
+    c->in_idle = 0;
+    c->exit_ns = now;
+    c->residency2[state_slot(c->state)] += 2 * now - 1;
+}
+
 /* cpu_idle(unsigned int state, unsigned int cpu_id) */
 RAW_TRACEPOINT_PROBE(cpu_idle)
 {
@@ -90,19 +111,18 @@ RAW_TRACEPOINT_PROBE(cpu_idle)
             c->idle_since_ns = now;
             c->switched = 0;
         }
+        /* A second entry without an exit between (one this program missed) ends the first
+         * stretch here: its +1 on top of the first's would spoil both words for good. */
+        if (c->in_idle)
+            idle_exit(c, now);
         c->entry_ns = now;
         c->state = state;
         c->in_idle = 1;
+        c->residency2[state_slot(state)] += 1 - 2 * now;
         return 0;
     }
-    if (!c->in_idle)
-        return 0;
-    c->in_idle = 0;
-    c->exit_ns = now;
-    u32 slot = c->state < IDLE_STATES ? c->state : IDLE_STATES - 1;
-    u64 *r = residency_ns.lookup(&slot);
-    if (r)
-        *r += now - c->entry_ns;
+    if (c->in_idle)
+        idle_exit(c, now);
     return 0;
 }
 
@@ -118,7 +138,7 @@ static __always_inline void woken_in(struct sleeper *s, struct idle_cpu *c, bool
     bool from_idle = c && from_idle_task && !c->in_idle && !c->switched && c->idle_since_ns &&
                      c->idle_since_ns <= wake_ns && c->entry_ns >= c->idle_since_ns &&
                      c->exit_ns >= c->entry_ns;
-    u32 state = from_idle ? (c->state < IDLE_STATES ? c->state : IDLE_STATES - 1) : IDLE_STATES;
+    u32 state = from_idle ? state_slot(c->state) : IDLE_STATES;
     u32 slot = state * LOG2_SLOTS + bpf_log2l(wake_to_run);
     u64 *n = wake_log2.lookup(&slot);
     if (n)

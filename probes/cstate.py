@@ -2,8 +2,9 @@
 through power:cpu_idle, sched_switch and sched_waking (see cstate.bpf.c for the in-kernel side
 and its cost). Wake-ups onto an idle CPU whose wake->run latency exceeds the `wake` threshold
 stream as IdleWake (state, how long the CPU idled, the state's exit latency from cpuidle
-sysfs); every CPU's idle residency per state arrives once a second as CpuStats, the
-wake->run histograms per state as Log2Hist.
+sysfs); every CPU's idle residency per state arrives once a second as CpuStats (over the
+interval between two reads of the kernel's counters, split exactly at each read: IdleLedger),
+the wake->run histograms per state as Log2Hist.
 
 State names and exit latencies come from /sys/devices/system/cpu/cpuN/cpuidle/stateK. Without
 a cpuidle driver (no such directories) the kernel's default idle reports state 1 for HLT and
@@ -59,6 +60,74 @@ CONSTANTS = {"IDLE_STATES": IDLE_STATES}
 CARRIER = "sched"
 CARRIED = ("sched_switch", "sched_waking")
 
+_WORD = 1 << 64
+
+
+def residency_at(word: int, at_ns: int) -> int:
+    """A state's residency in ns at at_ns from its word in idle_now.residency2 (twice the
+    residency, less twice the entry time plus one while the CPU is in that state, modulo
+    2^64: cstate.bpf.c), at_ns not before the word was read."""
+    if not word & 1:
+        return word // 2
+    doubled = (word - 1 + 2 * at_ns) % _WORD
+    # a clock read here a little behind the kernel's (at_ns before the entry): nothing yet
+    return 0 if doubled >= _WORD // 2 else doubled // 2
+
+
+class IdleLedger:
+    """Per-(CPU, state) residency handed out sample by sample: what each gained between two
+    reads of the kernel's words. Reads are stamped after the words are copied, so a stretch in
+    progress counts up to the read and on from there in the next sample. A stretch that
+    started between a word's copy and the stamp is the one thing no read shows: the gain of
+    the next sample can then top its interval by that much (microseconds); it is held back
+    for the samples after, so that no sample holds more idle time than its length and none
+    is lost."""
+
+    def __init__(self, words: dict[int, list[int]], read_ns: int) -> None:
+        self.since_ns = read_ns
+        self._reported = self._residency(words, read_ns)
+
+    @staticmethod
+    def _residency(words: dict[int, list[int]], read_ns: int) -> dict[tuple[int, int], int]:
+        return {
+            (cpu, state): residency_at(word, read_ns)
+            for cpu, row in words.items()
+            for state, word in enumerate(row)
+            if word
+        }
+
+    def take(self, words: dict[int, list[int]], read_ns: int) -> dict[int, list[tuple[int, int]]]:
+        """Per CPU in `words`: (state, ns) gained over [since_ns, read_ns), at most
+        read_ns - since_ns in all; then since_ns moves on to read_ns."""
+        interval_ns = read_ns - self.since_ns
+        now = self._residency(words, read_ns)
+        out: dict[int, list[tuple[int, int]]] = {cpu: [] for cpu in words}
+        for (cpu, state), ns in sorted(now.items()):
+            gain = ns - self._reported.get((cpu, state), 0)
+            if gain > 0:  # a state's residency never falls: a clock read behind, at most
+                out[cpu].append((state, gain))
+        for cpu, gains in out.items():
+            out[cpu] = _at_most(gains, interval_ns)
+            for state, gain in out[cpu]:
+                self._reported[cpu, state] = self._reported.get((cpu, state), 0) + gain
+        self.since_ns = read_ns
+        return out
+
+
+def _at_most(gains: list[tuple[int, int]], total_ns: int) -> list[tuple[int, int]]:
+    """The gains, the largest cut first, so that they add up to at most total_ns."""
+    over = sum(ns for _, ns in gains) - total_ns
+    if over <= 0:
+        return gains
+    cut = dict(gains)
+    for state, ns in sorted(gains, key=lambda g: g[1], reverse=True):
+        take = min(ns, over)
+        cut[state] -= take
+        over -= take
+        if not over:
+            break
+    return [(state, cut[state]) for state, _ in gains if cut[state]]
+
 
 class CstateProbe(BpfProbe):
     bpf_file = "cstate.bpf.c"
@@ -71,7 +140,7 @@ class CstateProbe(BpfProbe):
         self.states: dict[int, dict[int, IdleState]] = {}
         self._cpus: list[int] = []
         self._last_ns = 0
-        self._last: dict[tuple[int, int], int] = {}  # (cpu, state) -> residency reported
+        self._ledger: IdleLedger | None = None
         self._hists: Log2Map | None = None
         self.carrier = 0  # the carrier's part number in this probe's module; 0: none
 
@@ -97,7 +166,7 @@ class CstateProbe(BpfProbe):
             self.bpf["wake_log2"], [f"wake_to_run.{n}" for n in [*names, "busy"]], self.name
         )
         self._last_ns = time.monotonic_ns()
-        self._last = self._residency(self._last_ns)
+        self._ledger = IdleLedger(*self._read_words())
 
     def decode(self, ring: str, rec: Any) -> IdleWake:
         state = _state(self.states.get(rec.cpu, DEFAULT_IDLE), rec.state)
@@ -114,34 +183,33 @@ class CstateProbe(BpfProbe):
             wake_to_run_ns=rec.wake_to_run_ns,
         )
 
-    def _residency(self, now_ns: int) -> dict[tuple[int, int], int]:
-        """(cpu, state) -> idle ns since load, the idle interval in progress included."""
-        out: dict[tuple[int, int], int] = {}
-        for key, per_cpu in self.bpf["residency_ns"].items_lookup_batch():
-            for cpu in self._cpus:
-                if per_cpu[cpu]:
-                    out[cpu, int(key)] = per_cpu[cpu]
-        for cpu, c in enumerate(self.bpf["idle_now"][ct.c_uint(0)]):
-            if c.in_idle and now_ns > c.entry_ns and cpu in self.states:
-                key = (cpu, min(c.state, IDLE_STATES - 1))
-                out[key] = out.get(key, 0) + now_ns - c.entry_ns
-        return out
+    def _read_words(self) -> tuple[dict[int, list[int]], int]:
+        """Per CPU its residency words (idle_now.residency2), and the time just after the
+        copy: every stretch the words show in progress had begun by then."""
+        per_cpu = self.bpf["idle_now"][ct.c_uint(0)]
+        read_ns = time.monotonic_ns()
+        return {cpu: list(per_cpu[cpu].residency2) for cpu in self._cpus}, read_ns
 
     def sample(self, now_ns: int) -> Iterable[Event]:
-        interval = now_ns - self._last_ns
-        idle: dict[int, list[tuple[str, int]]] = {cpu: [] for cpu in self._cpus}
-        for (cpu, state), ns in sorted(self._residency(now_ns).items()):
-            last = self._last.get((cpu, state), 0)
-            # The interval in progress is read apart from the totals: never go backwards.
-            if ns > last:
-                idle[cpu].append((_state(self.states[cpu], state).name, ns - last))
-                self._last[cpu, state] = ns
-        events: list[Event] = [
-            CpuStats(ts_ns=self._last_ns, interval_ns=interval, cpu=cpu, idle_ns=tuple(states))
-            for cpu, states in idle.items()
-        ]
+        # Idle time over the probe's own reads, not the tick's time: the counters are read
+        # later than that (the core's refresh and other probes' samples come first), and
+        # what the CPUs idled meanwhile belongs to the next sample.
+        events: list[Event] = []
+        if self._ledger is not None:
+            since_ns = self._ledger.since_ns
+            words, read_ns = self._read_words()
+            gains = self._ledger.take(words, read_ns)
+            events += [
+                CpuStats(
+                    ts_ns=since_ns,
+                    interval_ns=read_ns - since_ns,
+                    cpu=cpu,
+                    idle_ns=tuple((_state(self.states[cpu], n).name, ns) for n, ns in states),
+                )
+                for cpu, states in gains.items()
+            ]
         if self._hists is not None:
-            events += self._hists.delta(now_ns, interval)
+            events += self._hists.delta(now_ns, now_ns - self._last_ns)
         self._last_ns = now_ns
         return events
 

@@ -73,7 +73,7 @@ static __always_inline bool py_spend(u64 now, bool feeder)
 static __always_inline u64 py_word(u64 addr, bool *bad)
 {
     u64 v = 0;
-    if (bpf_probe_read_user(&v, sizeof(v), (void *)addr))
+    if (gj_read_user(&v, sizeof(v), (void *)addr))
         *bad = true;
     return v;
 }
@@ -115,13 +115,13 @@ int py_tick(struct bpf_perf_event_data *ctx)
             break;
         u64 code = py_word(frame + p->frame_code, &bad);
         u8 owner = 0;
-        if (p->frame_owner >= 0 && bpf_probe_read_user(&owner, 1, (void *)(frame + p->frame_owner)))
+        if (p->frame_owner >= 0 && gj_read_user(&owner, 1, (void *)(frame + p->frame_owner)))
             bad = true;
         if (code && owner != OWNED_BY_CSTACK && py_word(code + 8, &bad) == p->code_type) {
             e->code = code;
             e->filename = py_word(code + p->code_filename, &bad);
             e->name = py_word(code + p->code_name, &bad);
-            if (bpf_probe_read_user(&e->firstlineno, 4, (void *)(code + p->code_firstlineno)))
+            if (gj_read_user(&e->firstlineno, 4, (void *)(code + p->code_firstlineno)))
                 bad = true;
             break;
         }

@@ -1,11 +1,13 @@
 """cstate probe on the real kernel: sleeps that wake onto an idle CPU are reported with the
 idle state and an idle time matching the sleep, idle residency per CPU agrees with the
-kernel's own idle accounting (/proc/stat), the threshold filters in the kernel while the
+kernel's own idle accounting (/proc/stat) and, sample by sample, with a raw log of the CPU's
+idle stretches split at each read, the threshold filters in the kernel while the
 histograms count every wake-up, and unwatched processes produce nothing."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import statistics
 import threading
 import time
@@ -21,6 +23,7 @@ from gpujitter.probes.watch import WatchSpec
 from tests.kernel.conftest import run_probes
 from tests.kernel.sched_load import (
     Child,
+    Logged,
     hog,
     idle_log,
     idle_ticks,
@@ -35,6 +38,12 @@ USER_HZ = 100  # /proc/stat's unit is 1/USER_HZ s
 # us apart; on this VM the host can take the vCPU between them (10.7 and 21.6 us seen, CI and
 # a loaded run, 2026-12-01/02), against intervals of milliseconds that the test compares.
 LOG_SLACK_NS = 50_000
+# Each idle stretch the log times differs from the probe's by the log's program's lag behind
+# the probe's at the exit less that at the entry: the first program to run after an exit
+# from HLT runs slow. 0.1-4 us a stretch, 10-180 us a 300 ms sample, the probe ahead of the
+# log (with the order swapped, the probe's stretches were 2-7 us longer), loaded runs
+# 2026-12-02. On top of the slack, this much per stretch:
+STRETCH_SLACK_NS = 10_000
 
 
 def sleeper(cpu: int) -> Child:
@@ -200,6 +209,64 @@ def test_idle_residency_agrees_with_the_kernels_idle_time() -> None:
         assert probe_ns == pytest.approx(kernel_ns, abs=20 * MS + 0.03 * s.interval_ns)
         busy_seconds += s.cpu == 0 and probe_ns < 0.5 * s.interval_ns
     assert busy_seconds >= 1  # the hog's second on CPU 0 shows as (nearly) no idle time
+
+
+def idle_within(log: list[Logged], t0_ns: int, t1_ns: int) -> int:
+    """The logged CPU's idle-state time inside [t0_ns, t1_ns]: each entry to its exit (a stretch
+    still open at the end of the log runs to t1_ns), clipped to the window."""
+    total, entry = 0, None
+    for e in log:
+        if e.kind == "entry" and entry is None:
+            entry = e.ts_ns
+        elif e.kind == "exit" and entry is not None:
+            total += max(0, min(e.ts_ns, t1_ns) - max(entry, t0_ns))
+            entry = None
+    if entry is not None:
+        total += max(0, t1_ns - max(entry, t0_ns))
+    return total
+
+
+def test_a_samples_idle_time_is_what_the_cpu_idled_within_its_interval() -> None:
+    # The runner hands every probe the tick's time, read before the core's refresh and the
+    # other probes' samples: cstate reads its counters later. Here 100 ms later, while the CPU
+    # idles on and is then woken (this thread visits it) before the read: an idle stretch
+    # straddles the tick and ends before the read. The next read follows at once. Each
+    # sample must hold that CPU's idle time within its own interval (the raw log's), never
+    # more than the interval: none of the late read's in the sample before it, none of the
+    # prompt one's taken by the sample before.
+    cpu = quietest_cpu()
+    home = os.sched_getaffinity(0)
+    samples: list[CpuStats] = []
+    late: list[tuple[int, int]] = []  # (tick, read) of each late read
+    with ProbeSet(
+        ["cstate"], topology=load_topology(), watch=WatchSpec(pids={1}), emit=list().append
+    ) as probes:
+        assert [s.state for s in probes.start()] == ["running"]
+        (cstate,) = probes.probes
+        with idle_log(cpu) as logged:
+            cstate.sample(time.monotonic_ns())  # the first interval starts in the log
+            for _ in range(4):
+                time.sleep(0.2)
+                tick_ns = time.monotonic_ns()
+                time.sleep(0.1)
+                os.sched_setaffinity(0, {cpu})  # the CPU leaves idle to run this thread
+                os.sched_setaffinity(0, home)
+                late.append((tick_ns, time.monotonic_ns()))
+                for now_ns in (tick_ns, time.monotonic_ns()):
+                    stats = cstate.sample(now_ns)
+                    samples += [s for s in stats if isinstance(s, CpuStats) and s.cpu == cpu]
+            log = logged()
+    # A precondition, not the probe: other work kept the CPU busy if this fails.
+    assert sum(idle_within(log, t0, t1) for t0, t1 in late) > 10 * MS, f"CPU {cpu} seldom idled"
+    assert len(samples) == 8
+    for s in samples:
+        idle_ns = sum(ns for _, ns in s.idle_ns)
+        assert idle_ns <= s.interval_ns
+        end_ns = s.ts_ns + s.interval_ns
+        logged_ns = idle_within(log, s.ts_ns, end_ns)
+        stretches = 1 + sum(e.kind == "exit" and s.ts_ns <= e.ts_ns <= end_ns for e in log)
+        slack_ns = LOG_SLACK_NS + STRETCH_SLACK_NS * stretches
+        assert idle_ns == pytest.approx(logged_ns, abs=slack_ns), (s, logged_ns, stretches)
 
 
 def test_beside_sched_one_program_per_scheduler_hook_and_each_stops_alone() -> None:
