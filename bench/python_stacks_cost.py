@@ -13,7 +13,10 @@ thread). Then the scaling: N watched Python processes each spinning in Python (a
 runnable: data-loader workers at full load), for each N in --busy, over --window seconds with
 the records consumed every 50 ms as the daemon does: this process's CPU share of one CPU
 (the 50 ms loop included), the samples per second, and the BPF program's runs per second
-and time per run.
+and time per run. Then the same for one process whose only running thread has no Python
+frame (a native thread spinning in C: each sample reads its user-space instruction address
+and is named from the library's symbols, tests/native_spin.py), beside one spinning in
+Python measured just before it.
 
     flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.python_stacks_cost --rounds 10
 """
@@ -27,6 +30,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +42,7 @@ from gpujitter.probes.python_stacks import PythonStacksProbe
 from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
+from tests import native_spin
 
 # The measured process: on "loop N", N iterations of Python arithmetic inside a function
 # three calls deep (a frame chain to walk, as a training step has); replies with the thread's
@@ -149,10 +154,25 @@ def scaling(busy: int, window_s: float) -> dict[str, float]:
         subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True)
         for _ in range(busy)
     ]
+    for p in procs:
+        assert p.stdout is not None
+        p.stdout.readline()
+    return measured(procs, window_s) | {"busy_processes": busy}
+
+
+def native(window_s: float) -> dict[str, float]:
+    """measured() for one process whose running thread has no Python frame (its samples
+    native frames), the library built in a directory of its own."""
+    with tempfile.TemporaryDirectory() as where:
+        proc, _ = native_spin.start(native_spin.build(Path(where)), sys.executable)
+        return measured([proc], window_s)
+
+
+def measured(procs: list[subprocess.Popen[str]], window_s: float) -> dict[str, float]:
+    """The sampler's CPU share, samples/s and BPF runs/s and time per run over window_s with
+    the processes `procs` watched (killed at the end)."""
+    busy = len(procs)
     try:
-        for p in procs:
-            assert p.stdout is not None
-            p.stdout.readline()
         with sampling_set({p.pid for p in procs}) as (probes, probe):
             while len(probe.interpreters) < busy:  # the scan looks at new processes each second
                 time.sleep(0.2)
@@ -169,7 +189,6 @@ def scaling(busy: int, window_s: float) -> dict[str, float]:
             cpu_s = (time.process_time_ns() - cpu0) / 1e9
             runs, bpf_ns = (a - b for a, b in zip(bpf_totals(probe), (runs0, bpf0), strict=True))
             return {
-                "busy_processes": busy,
                 "user_cpu_share": round(cpu_s / elapsed_s, 4),
                 "samples_per_s": round((probe.samples - samples0) / elapsed_s, 1),
                 "bpf_runs_per_s": round(runs / elapsed_s, 1),
@@ -241,6 +260,7 @@ def main() -> int:
         "failed_reads": failed,
         "switches": switches(args.rounds),
         "scaling": [scaling(int(n), args.window) for n in args.busy.split(",") if n],
+        "native": {"python": scaling(1, args.window), "native": native(args.window)},
         "off_all": off,
         "on_all": on,
     }

@@ -670,14 +670,24 @@ class GcPause(Event):
 @dataclass(frozen=True, slots=True)
 class PySample(Event):
     """A stack sample of thread `tid` taken at ts_ns while it ran: its innermost Python frame,
-    func in file where the function starts at `line` (func "": the thread ran no Python
-    code then, or its frames could not be read)."""
+    func in file where the function starts at `line`; where the thread had no Python frame,
+    its native one (line NATIVE_LINE: func the symbol at its instruction address, file the
+    module; native_frame says which). func "": neither could be read."""
 
     tid: int
     tgid: int
     func: str
     file: str
     line: int
+
+
+# A frame at this line is native (a Python function starts at line 1 or later).
+NATIVE_LINE = 0
+
+
+def native_frame(func: str, line: int) -> bool:
+    """Whether a sampled frame (func, line) is a native one, not a Python function's."""
+    return bool(func) and line == NATIVE_LINE
 
 
 # ---------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@
  * keeps the fields, from probes/pyframes.py). The walk goes from the thread state to its
  * current frame, past shim frames (owned by the C stack) and anything that is not a code
  * object, and streams the code object's address with its name, file and first line as
- * pointers: user space turns them into text once per code object.
+ * pointers: user space turns them into text once per code object. A thread with no Python
+ * frame (a native thread holding a thread state, C code between Python calls) streams its
+ * user-space instruction address instead, for user space to name (native_names.py).
  *
  * Budget (python_stacks_budget.h): one sample per THRESHOLD_SPACING_NS in all, the feeders'
  * periods first (py_feeders_known: user space says feeding threads are known), the others'
@@ -46,6 +48,7 @@ struct py_sample {
     u64 code;               /* 0: the thread runs no Python code now */
     u64 filename;
     u64 name;
+    u64 ip;                 /* code 0: the user-space instruction address (0: not read) */
     u32 tid;
     u32 tgid;
     s32 firstlineno;
@@ -70,7 +73,7 @@ static __always_inline bool py_spend(u64 now, bool feeder)
 static __always_inline u64 py_word(u64 addr, bool *bad)
 {
     u64 v = 0;
-    if (bpf_probe_read_user(&v, sizeof(v), (void *)addr))
+    if (gj_read_user(&v, sizeof(v), (void *)addr))
         *bad = true;
     return v;
 }
@@ -99,6 +102,7 @@ int py_tick(struct bpf_perf_event_data *ctx)
     e->code = 0;
     e->filename = 0;
     e->name = 0;
+    e->ip = 0;
     e->firstlineno = 0;
     e->pad = 0;
     bool bad = false;
@@ -111,17 +115,24 @@ int py_tick(struct bpf_perf_event_data *ctx)
             break;
         u64 code = py_word(frame + p->frame_code, &bad);
         u8 owner = 0;
-        if (p->frame_owner >= 0 && bpf_probe_read_user(&owner, 1, (void *)(frame + p->frame_owner)))
+        if (p->frame_owner >= 0 && gj_read_user(&owner, 1, (void *)(frame + p->frame_owner)))
             bad = true;
         if (code && owner != OWNED_BY_CSTACK && py_word(code + 8, &bad) == p->code_type) {
             e->code = code;
             e->filename = py_word(code + p->code_filename, &bad);
             e->name = py_word(code + p->code_name, &bad);
-            if (bpf_probe_read_user(&e->firstlineno, 4, (void *)(code + p->code_firstlineno)))
+            if (gj_read_user(&e->firstlineno, 4, (void *)(code + p->code_firstlineno)))
                 bad = true;
             break;
         }
         frame = py_word(frame + p->frame_previous, &bad);
+    }
+    if (!e->code && !bad) {
+        /* The first entry of the user stack is the user registers' IP, also when the timer
+         * interrupted the thread in the kernel; frame pointers are not needed for it. */
+        u64 ip = 0;
+        if (bpf_get_stack(ctx, &ip, sizeof(ip), BPF_F_USER_STACK) > 0)
+            e->ip = ip;
     }
     if (bad) {
         py_samples.ringbuf_discard(e, BPF_RB_NO_WAKEUP);

@@ -9,16 +9,18 @@ gets a task-clock perf event that runs a BPF program each time the thread has us
 the scheduler slices it, and a thread that does not run costs nothing. The program reads the
 innermost Python frame from the thread's own memory and streams the code object's address
 with its name and file pointers; user space reads the text once per code object
-(pyframes.Interpreter.frame_at). One budget is shared by all threads: one sample per
-`spacing` (default 10 ms: 100 samples/s however many threads run), the feeding threads the
-other probes' events named first (probes/feeders.py: libcuda callers, GIL waiters and
-holders, the wakers of those): while some are known the others share a twentieth of it, and
-only one of them at a time keeps its perf event on (an event on costs its thread ~1 us a
-context switch). Past the budget the others' periods are thinned at random, so that each
-thread's samples follow its CPU time, not its timer's phase (bpf/python_stacks_budget.h).
-No thread of gpujitter wakes to sample, no signal, nothing written into the job. Another
-version, or a build whose layout is not known, is named once in the probe's status and its
-host work stays unnamed.
+(pyframes.Interpreter.frame_at). A thread with no Python frame then (a native thread that
+holds a thread state) streams its user-space instruction address instead, named here by
+symbol and module (native_names.py) as a native frame (events.NATIVE_LINE). One budget is
+shared by all threads: one sample per `spacing` (default 10 ms: 100 samples/s however many
+threads run), the feeding threads the other probes' events named first (probes/feeders.py:
+libcuda callers, GIL waiters and holders, the wakers of those): while some are known the
+others share a twentieth of it, and only one of them at a time keeps its perf event on (an
+event on costs its thread ~1 us a context switch). Past the budget the others' periods are
+thinned at random, so that each thread's samples follow its CPU time, not its timer's phase
+(bpf/python_stacks_budget.h). No thread of gpujitter wakes to sample, no signal, nothing
+written into the job. Another version, or a build whose layout is not known, is named once
+in the probe's status and its host work stays unnamed.
 Cost: docs/performance.md (bench/python_stacks_cost.py).
 """
 
@@ -30,9 +32,10 @@ import time
 from typing import Any
 
 from gpujitter.probes.base import BPF_DIR, BpfProbe, ProbeContext, ProbeUnavailable
-from gpujitter.probes.events import PySample
+from gpujitter.probes.events import NATIVE_LINE, PySample
 from gpujitter.probes.feeders import Feeders
 from gpujitter.probes.mapped_scan import MappedScan, watched_pids
+from gpujitter.probes.native_names import NativeNames
 from gpujitter.probes.perf_event import ATTR_DISABLED, PerfEventAttr, bpf_event_fd, set_enabled
 from gpujitter.probes.pyframes import OWNED_BY_CSTACK, Interpreter, Layout, NotReadable
 from gpujitter.probes.registry import Hook, ProbeSpec
@@ -91,6 +94,7 @@ class PythonStacksProbe(BpfProbe):
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
         self.scan = MappedScan()
+        self.native = NativeNames()
         self.interpreters: dict[int, Interpreter] = {}
         self.refused: dict[str, str] = {}  # interpreter file -> why its stacks are not read
         self.samples = 0
@@ -153,6 +157,7 @@ class PythonStacksProbe(BpfProbe):
             procs[ct.c_uint32(pid)] = proc_entry(procs.Leaf, interp)
             self.scan.done(pid)
         for pid in self.scan.forget_exited():
+            self.native.forget(pid)
             if self.interpreters.pop(pid, None) is not None:
                 del procs[ct.c_uint32(pid)]
                 self._threads(pid, {})
@@ -245,6 +250,9 @@ class PythonStacksProbe(BpfProbe):
                 self._failed_here += 1
                 return None
             func, file, line = frame.func, frame.file, frame.line
+        elif rec.ip:
+            func, file = self.native.name(rec.tgid, rec.ip, time.monotonic_ns())
+            line = NATIVE_LINE
         self.samples += 1
         return PySample(ts_ns=rec.ts_ns, tid=rec.tid, tgid=rec.tgid, func=func, file=file,
                         line=line)  # fmt: skip
@@ -261,6 +269,7 @@ class PythonStacksProbe(BpfProbe):
             os.close(fd)
         self._sampled.clear()
         self._enabled.clear()
+        self.native.close()
         super().close()
 
 

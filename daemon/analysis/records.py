@@ -4,9 +4,10 @@ log, the socket stream and replay all use one serialisation."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-from gpujitter.probes.events import Event, event_kind
+from gpujitter.probes.events import Event, event_kind, native_frame
 from gpujitter.units import format_bytes, format_ns
 
 
@@ -296,7 +297,7 @@ class GilEvidence:
         if not self.holder_tid:
             return ""
         doing = f", {self.holder_cause.replace('_', ' ')} there" if self.holder_cause else ""
-        where = f", in {self.holder_func} ({self.holder_file}:{self.holder_line})"
+        where = f", in {frame_where(self.holder_func, self.holder_file, self.holder_line)}"
         return f"{self.holder_comm or 'thread'} (tid {self.holder_tid}){doing}" + (
             where if self.holder_func else ""
         )
@@ -306,12 +307,21 @@ class GilEvidence:
         return f"GIL held by {who}: {_times(self.count, self.ns)}, {format_ns(self.dur_ns)} in all"
 
 
+def frame_where(func: str, file: str, line: int) -> str:
+    """A sampled frame as people look for it: a Python function as "name (file:line)", a
+    native one (events.native_frame) as "native name (module's file name)"."""
+    if not native_frame(func, line):
+        return f"{func} ({file}:{line})"
+    return f"native {func} ({os.path.basename(file)})" if file else f"native {func}"
+
+
 @dataclass(frozen=True, slots=True)
 class FrameEvidence:
-    """A Python function the host-work threads were in: samples of the python_stacks probe
-    taken inside the part's time whose innermost frame was func (defined in file at line;
-    func "": no Python frame), of `of` samples in all; ns: the part's time in that
-    proportion."""
+    """A function the host-work threads were in: samples of the python_stacks probe taken
+    inside the part's time whose innermost Python frame was func (defined in file at line),
+    or with no Python frame, whose native frame was func (in module `file`, line
+    NATIVE_LINE); func "": neither known. Of `of` samples in all; ns: the part's time in
+    that proportion."""
 
     func: str
     file: str
@@ -323,8 +333,8 @@ class FrameEvidence:
 
     @property
     def where(self) -> str:
-        """The function as people look for it: name (file:line)."""
-        return f"{self.func} ({self.file}:{self.line})" if self.func else "no Python frame"
+        """The function as people look for it (frame_where)."""
+        return frame_where(self.func, self.file, self.line) if self.func else "no Python frame"
 
     @property
     def share(self) -> str:
@@ -332,7 +342,8 @@ class FrameEvidence:
         return f"{100 * self.samples // max(1, self.of)}% of {self.of} sample{plural}"
 
     def words(self, gap_start_ns: int) -> str:
-        return f"Python {self.where}: {self.share}, ~{format_ns(self.ns)}"
+        kind = "" if native_frame(self.func, self.line) else "Python "
+        return f"{kind}{self.where}: {self.share}, ~{format_ns(self.ns)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,18 @@
 #define TASK_COMM_LEN 16
 #endif
 
+/* bpf_probe_read_user under a name of ours: bcc 0.26's rewriter rebuilds a hash of all the
+ * kernel's symbols (~120k) at every call it sees by that name (a check of the helper that
+ * only matters on s390x), 0.1-0.2 CPU-s a call site: the four in the probes cost ~0.6 s of
+ * each start (docs/performance.md). On a kernel without the helper (before 5.5), bcc's
+ * prologue defines the name as a macro for bpf_probe_read: the same fallback here. */
+#ifdef bpf_probe_read_user
+#define gj_read_user bpf_probe_read
+#else
+static long (*gj_read_user)(void *dst, u32 size, const void *unsafe_ptr) =
+    (void *)BPF_FUNC_probe_read_user;
+#endif
+
 #define GJ_MAX_WATCHED 16384
 #define GJ_MAX_CPUS 1024
 #define GJ_MAX_THREADS 65536

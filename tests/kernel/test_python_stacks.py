@@ -10,16 +10,18 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from gpujitter.probes import registry
-from gpujitter.probes.events import Event, GilWait, PySample
+from gpujitter.probes.events import NATIVE_LINE, Event, GilWait, PySample
 from gpujitter.probes.progstats import enable_stats, prog_stats
 from gpujitter.probes.python_stacks import BURST_SAMPLES, OTHERS_SHARE, PythonStacksProbe
 from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
+from tests import native_spin
 from tests.proportion import proportional_tail
 
 BUSY = "def spin_here():\n    while True:\n        pass\nprint(flush=True)\nspin_here()\n"
@@ -296,3 +298,24 @@ def test_while_feeders_are_known_the_others_timers_stop_but_one() -> None:
 def _runs(probe: PythonStacksProbe) -> int:
     """How often the probe's BPF program has run (statistics on)."""
     return sum(prog_stats(fd).run_cnt for fd in probe.programs())
+
+
+def test_a_thread_with_no_python_frame_is_named_by_its_native_function(tmp_path: Path) -> None:
+    """A Python thread running only C code (no Python frame): its samples name the native
+    function the thread was in and the library holding it, at line NATIVE_LINE; the main
+    thread, asleep, has none."""
+    lib = native_spin.build(tmp_path)
+    proc, spinner = native_spin.start(lib)
+    took: list[PySample] = []
+    try:
+        with _sampling({proc.pid}, took) as probes:
+            probes.tick(time.monotonic_ns() + 2_000_000_000)  # found, its thread list read
+            time.sleep(1.0)
+            probes.poll()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(took) >= 20, took[:5]
+    assert {(s.tid, s.func, s.file, s.line) for s in took} == {
+        (spinner, native_spin.SPIN_FUNC, str(lib), NATIVE_LINE)
+    }, took[:5]

@@ -4,8 +4,10 @@ macros confined to it. Compiling and attaching it is tests/kernel/test_startstop
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+from gpujitter.probes import base
 from gpujitter.probes.bundle import ModulePart, bundle_text
 
 ONE = """#include "gpujitter.h"
@@ -79,3 +81,13 @@ def test_parts_are_announced_and_a_part_calls_what_another_defines(tmp_path: Pat
     assert text.startswith("#define GJ_PART_ONE 1\n#define GJ_PART_TWO 1\n")
     one = text.index("#define GJ_THIS_PART 1")
     assert one < text.index("#undef GJ_THIS_PART") < text.index("#define GJ_THIS_PART 2")
+
+
+def test_no_probe_calls_bpf_probe_read_user_by_name() -> None:
+    # bcc 0.26 rebuilds its table of every kernel symbol at each call of the helper by that
+    # name (0.1-0.2 CPU-s a call site, at every start): the probes call gj_read_user
+    by_name = re.compile(r"\bbpf_probe_read_user(?:_str)?\s*\(")
+    sources = sorted(Path(base.__file__).parent.glob("*.bpf.c"))
+    assert sources
+    calls = {s.name: by_name.findall(base.bpf_source(s)) for s in sources}
+    assert {name: found for name, found in calls.items() if found} == {}

@@ -25,7 +25,7 @@ from gpujitter.daemon.analysis.records import (
     SyscallEvidence,
     TaskEvidence,
 )
-from gpujitter.probes.events import WorkloadInfo
+from gpujitter.probes.events import NATIVE_LINE, WorkloadInfo
 from gpujitter.probes.workload import Workload
 from tests.fixtures.streams.synthetic import (
     CONFIG,
@@ -60,6 +60,41 @@ def test_host_work_names_the_python_functions_sampled_inside_it():
         FrameEvidence(func="log_metrics", file="/job/log.py", line=7, samples=1, of=5, ns=8 * MS),
     ]
     assert "40.00ms host work (in collate (/job/data.py:40) 80% of 5 samples)" in one_line(attr)
+
+
+def test_host_work_names_a_native_frame_by_function_and_module_without_a_line():
+    # Samples of a thread with no Python frame carry its native function (line NATIVE_LINE,
+    # file the module's path); one in no module is its hex address with no module.
+    s = Stream()
+    for at in (102, 112, 122):
+        s.sample(at, "gj_native_spin", "/opt/lib/libgjspin.so", NATIVE_LINE)
+    s.sample(132, "0x7f00dead0000", "", NATIVE_LINE).sample(136, "collate", "/job/data.py", 40)
+    attr = s.ran(0, 1000).gap(100, 140).one()
+    frames = [e for e in evidence(attr, "host_work") if isinstance(e, FrameEvidence)]
+    assert [f.where for f in frames] == [
+        "native gj_native_spin (libgjspin.so)",
+        "native 0x7f00dead0000",
+        "collate (/job/data.py:40)",
+    ]
+    assert [f.words(0) for f in (frames[0], frames[2])] == [
+        "native gj_native_spin (libgjspin.so): 60% of 5 samples, ~24.00ms",
+        "Python collate (/job/data.py:40): 20% of 5 samples, ~8.00ms",
+    ]
+    assert "40.00ms host work (in native gj_native_spin (libgjspin.so) 60% of 5 samples)" in (
+        one_line(attr)
+    )
+
+
+def test_gil_wait_names_a_native_frame_of_the_holder_without_a_line():
+    s = Stream().gil(100, 30, holder=102, comm="worker")
+    s.offcpu(100, 130, state="sleeping", syscall=202, waker=102)
+    for at in (104, 114, 124):
+        s.sample(at, "crunch", "/opt/lib/libcrunch.so", NATIVE_LINE, tid=102)
+    attr = s.ran(0, 1000).ran(0, 1000, tid=102).gap(100, 140).one()
+    (holder,) = evidence(attr, "gil_wait")
+    assert holder.words(0).startswith(
+        "GIL held by worker (tid 102), host work there, in native crunch (libcrunch.so): "
+    )
 
 
 def test_samples_inside_time_another_cause_took_are_not_host_work():

@@ -1,0 +1,87 @@
+"""Naming native addresses (probes/native_names.py): bcc's symbols of a live process, and
+the fallbacks: an address no symbol covers, one in no module, a process gone, a library
+loaded after the maps were read, a symbol cache that cannot be made."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+
+import pytest
+
+from gpujitter.probes.native_names import REOPEN_NS, UNKNOWN, BccSymbols, NativeNames
+
+
+class FakeSymbols:
+    """A process's symbols as a table: address -> (function or None, module or None)."""
+
+    def __init__(self, table: dict[int, tuple[str | None, str | None]], opened: list[int]):
+        self.table, self.closed = table, False
+        opened.append(1)
+
+    def resolve(self, addr: int) -> tuple[str | None, str | None]:
+        return self.table.get(addr, (None, None))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _names(tables: list[dict[int, tuple[str | None, str | None]]]) -> tuple[NativeNames, list]:
+    """NativeNames whose n-th symbol cache made holds tables[n] (the last one from then on)."""
+    opened: list[int] = []
+    made: list[FakeSymbols] = []
+
+    def open_symbols(pid: int) -> FakeSymbols:
+        made.append(FakeSymbols(tables[min(len(opened), len(tables) - 1)], opened))
+        return made[-1]
+
+    return NativeNames(open_symbols), made
+
+
+def test_a_symbol_is_named_with_its_module_once_per_address() -> None:
+    names, made = _names([{0x1000: ("memcpy", "/lib/libc.so.6")}])
+    assert names.name(7, 0x1000, 0) == ("memcpy", "/lib/libc.so.6")
+    assert names.name(7, 0x1000, 5 * REOPEN_NS) == ("memcpy", "/lib/libc.so.6")
+    assert len(made) == 1
+
+
+def test_an_address_no_symbol_covers_is_unknown_in_its_module() -> None:
+    names, _ = _names([{0x2000: (None, "/lib/libcrypto.so.3")}])
+    assert names.name(7, 0x2000, 0) == (UNKNOWN, "/lib/libcrypto.so.3")
+
+
+def test_an_address_in_no_module_reads_the_maps_again_at_most_once_a_second() -> None:
+    # A library loaded after the maps were read: its address is the hex one until the maps
+    # are read again (not sooner than REOPEN_NS after the last read), then its function.
+    names, made = _names([{}, {0x3000: ("late_fn", "/opt/late.so")}])
+    assert names.name(7, 0x3000, 0) == ("0x3000", "")
+    assert names.name(7, 0x3000, REOPEN_NS // 2) == ("0x3000", "")
+    assert len(made) == 1
+    assert names.name(7, 0x3000, REOPEN_NS) == ("late_fn", "/opt/late.so")
+    assert len(made) == 2 and made[0].closed
+    names.forget(7)
+    assert made[1].closed
+
+
+def test_a_symbol_cache_that_cannot_be_made_gives_hex_addresses() -> None:
+    def refuse(pid: int) -> FakeSymbols:
+        raise OSError("no such process")
+
+    names = NativeNames(refuse)
+    assert names.name(7, 0xABC, 0) == ("0xabc", "")
+    names.close()
+
+
+def test_bcc_names_a_libc_function_of_a_live_process_and_hex_for_a_gone_one() -> None:
+    pytest.importorskip("bcc")
+    libc = ctypes.CDLL("libc.so.6")
+    addr = ctypes.cast(libc.getpid, ctypes.c_void_p).value
+    assert addr is not None
+    names = NativeNames(BccSymbols)
+    func, module = names.name(os.getpid(), addr, 0)
+    assert "getpid" in func and os.path.basename(module).startswith("libc"), (func, module)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert names.name(gone.pid, addr, 0) == (f"{addr:#x}", "")
+    names.close()
