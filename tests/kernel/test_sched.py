@@ -385,9 +385,12 @@ def test_a_busy_threads_samples_hold_at_most_their_interval_and_add_up_to_its_cp
         for e in mine
     )
     assert all(e.oncpu_ns <= e.interval_ns for e in mine), story
-    # Its CPU time from its first switch-out to its exit: the schedstat reads add the time
-    # before that sleep and before the exit, a few microseconds each.
-    assert sum(e.oncpu_ns for e in mine) == pytest.approx(res["ran_ns"], abs=1 * MS), story
+    # Its CPU time from its first switch-out to its exit: its own schedstat reads leave out
+    # the few microseconds from the first read to that sleep (the probe counts from there:
+    # none may be missing beyond that) and the thread's exit after the last read (0.5-0.8 ms
+    # here, the probe counts it).
+    counted_ns = sum(e.oncpu_ns for e in mine)
+    assert res["ran_ns"] - 0.2 * MS <= counted_ns <= res["ran_ns"] + 5 * MS, story
     nodes = [e for e in samples if isinstance(e, NodeTime) and e.tid == res["tid"]]
     assert sum(ns for e in nodes for _, ns in e.node_ns) == sum(e.oncpu_ns for e in mine)
 
