@@ -114,7 +114,10 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str])
         assert off_ns < MS, (w, switch_in)
         stolen.append(off_ns >= LOG_SLACK_NS)
         slack_ns = LOG_SLACK_NS + off_ns * stolen[-1]
-        went_idle = max(e.ts_ns for e in switches if e.next_pid == 0 and e.ts_ns < switch_in.ts_ns)
+        # The CPU's last switch before it: to idle, or onto a task whose switch away the
+        # kernel did not trace (this VM's PID-1 agent threads, docs/probes.md), after which
+        # the CPU idled again; the probe's idle time starts at the next idle entry either way.
+        went_idle = max(e.ts_ns for e in switches if e.ts_ns < switch_in.ts_ns)
         idle_since = min(e.ts_ns for e in log if e.kind == "entry" and e.ts_ns > went_idle)
         entry = max(
             (e for e in log if e.kind == "entry" and e.ts_ns < switch_in.ts_ns),
@@ -124,9 +127,10 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str])
         assert w.state == entry.state
         assert w.in_state_ns == pytest.approx(exit_ns - entry.ts_ns, abs=slack_ns)
         # The probe's idle time starts at its first idle entry after the CPU's last switch:
-        # it lies within the log's idle stretch, and is all of it but where the probe saw a
-        # switch that the log did not (in ~2 of 10 runs here, 2026-12-01, one wake-up's idle
-        # time started ~3.5 ms late; not explained yet: at most one such wake-up a run).
+        # it lies within the log's idle stretch, and is all of it but for one a run at most
+        # (the vCPU taken between the two programs at an idle entry or exit; an idle stretch
+        # began ~3.5 ms late in ~2 of 10 runs on 2026-12-01, before the untraced switches
+        # above were known, and two in one run in CI on 2026-12-02).
         assert w.in_state_ns <= w.idle_ns <= exit_ns - idle_since + slack_ns
         close.append(abs(w.idle_ns - (exit_ns - idle_since)) < slack_ns)
         # Not capped by the 10 ms sleep: on this VM a timer can fire late (a 12.4 ms idle
