@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes as ct
 import math
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +20,6 @@ from tests.proportion import proportional_tail
 BUDGET_C = Path(__file__).parent.parent / "fixtures" / "python_stacks_budget" / "budget.c"
 SPACING_NS = registry.get("python_stacks").thresholds["spacing"]
 MS = 1_000_000
-
-pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
 
 class Budget:
