@@ -1,15 +1,24 @@
 """Names for native instruction addresses in watched processes (python_stacks' samples of
-threads with no Python frame): the function and its module, from bcc's symbol cache."""
+threads with no Python frame): the function and its module, from the process's maps and the
+mapped files' own symbol tables."""
 
 from __future__ import annotations
 
-import ctypes as ct
+import bisect
+import functools
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
+
+from gpujitter.probes.elf import ElfFile
 
 UNKNOWN = "[unknown]"  # the function when the module is known but no symbol covers the address
 REOPEN_NS = 1_000_000_000  # an address in no known module re-reads the maps at most this often
 MAX_NAMES = 65_536  # (process, address) names kept; past it the cache starts afresh
+FILES_KEPT = 16  # files whose functions are kept (read again when they change)
+DEBUG_FILES = Path("/usr/lib/debug/.build-id")  # separate debug files, by build id
 
 
 class Symbols(Protocol):
@@ -20,27 +29,81 @@ class Symbols(Protocol):
     def close(self) -> None: ...
 
 
-class BccSymbols:
-    """bcc's symbol cache of one process (its maps as read when made; ELF symbols and debug
-    files loaded per module on first use)."""
+@dataclass(frozen=True, slots=True)
+class Functions:
+    """One file's functions: where its loadable segments lie in the file, and each
+    function's span (start, end, name) sorted by start, with the starts alone for bisect."""
+
+    loads: tuple[tuple[int, int, int], ...]
+    spans: tuple[tuple[int, int, str], ...]
+    starts: tuple[int, ...]
+
+    @classmethod
+    def of(cls, path: str) -> Functions:
+        """The functions of the ELF file at `path`, its separate debug file's added (where
+        the distribution stripped the file's own table); OSError, ValueError if unreadable."""
+        with ElfFile(path) as elf:
+            loads, spans, build_id = tuple(elf.loads), set(elf.function_spans()), elf.build_id()
+        debug = DEBUG_FILES / build_id[:2] / f"{build_id[2:]}.debug" if build_id else None
+        if debug is not None and debug.is_file():
+            with ElfFile(debug) as extra:
+                spans |= set(extra.function_spans())
+        ordered = tuple(sorted(spans))
+        return cls(loads, ordered, tuple(s[0] for s in ordered))
+
+    def at(self, file_offset: int) -> str | None:
+        """The function whose code holds the byte at `file_offset`, None if none."""
+        vaddr = next((file_offset - offset + start for start, offset, size in self.loads
+                      if offset <= file_offset < offset + size), None)  # fmt: skip
+        if vaddr is None:
+            return None
+        i = bisect.bisect_right(self.starts, vaddr) - 1
+        return self.spans[i][2] if i >= 0 and vaddr < self.spans[i][1] else None
+
+
+@functools.lru_cache(maxsize=FILES_KEPT)
+def file_functions(path: str, dev: int, ino: int, mtime_ns: int) -> Functions:
+    """Functions.of a file, kept by the file's identity: the processes of one program, and
+    one process's maps read again, share it (libc's 7,400 functions take ~35 ms to read)."""
+    return Functions.of(path)
+
+
+class ProcessSymbols:
+    """One process's symbols: its executable file mappings as /proc/<pid>/maps listed them
+    when made, each file's functions read on first use (through the process's root, so a
+    process in a container is read in its own files). It opens and closes only descriptors
+    of its own: bcc 0.26's symbol cache, used here before, closes an uninitialised number
+    each time it is made for a process whose root link cannot be read (one that exited, or
+    a zombie), which took whatever descriptor of this process held that number."""
 
     def __init__(self, pid: int) -> None:
-        from bcc import SymbolCache
-
-        self._pid = pid
-        self._cache = SymbolCache(pid)
+        self._root = f"/proc/{pid}/root"
+        self._maps: list[tuple[int, int, int, str]] = []  # start, end, file offset, path
+        with open(f"/proc/{pid}/maps") as maps:
+            for line in maps:
+                fields = line.rstrip("\n").split(maxsplit=5)
+                if len(fields) == 6 and fields[1][2:3] == "x" and fields[5].startswith("/"):
+                    start, end = (int(a, 16) for a in fields[0].split("-"))
+                    self._maps.append((start, end, int(fields[2], 16), fields[5]))
+        self._files: dict[str, Functions | None] = {}
 
     def resolve(self, addr: int) -> tuple[str | None, str | None]:
-        name, _, module = self._cache.resolve(addr, True)
-        return (
-            name.decode(errors="replace") if name else None,
-            module.decode(errors="replace") if module else None,
-        )
+        for start, end, offset, path in self._maps:
+            if start <= addr < end:
+                if path not in self._files:
+                    try:
+                        st = os.stat(self._root + path)
+                        self._files[path] = file_functions(
+                            self._root + path, st.st_dev, st.st_ino, st.st_mtime_ns
+                        )
+                    except (OSError, ValueError):  # gone, unreadable, not ELF: the module only
+                        self._files[path] = None
+                functions = self._files[path]
+                return (functions.at(addr - start + offset) if functions else None), path
+        return None, None
 
     def close(self) -> None:
-        from bcc.libbcc import lib
-
-        lib.bcc_free_symcache(ct.c_void_p(self._cache.cache), self._pid)
+        self._files.clear()
 
 
 class NativeNames:
@@ -48,7 +111,7 @@ class NativeNames:
     not found reads "[unknown]" in its module; an address in no module (a process that
     exited before its maps were read, JIT code) reads as its hex address with module ""."""
 
-    def __init__(self, open_symbols: Callable[[int], Symbols] = BccSymbols) -> None:
+    def __init__(self, open_symbols: Callable[[int], Symbols] = ProcessSymbols) -> None:
         self._open = open_symbols
         self._symbols: dict[int, tuple[Symbols | None, int]] = {}  # pid -> symbols, when read
         self._names: dict[tuple[int, int], tuple[str, str]] = {}
@@ -76,7 +139,7 @@ class NativeNames:
             self._close(pid)
             try:
                 had = (self._open(pid), now_ns)
-            except (OSError, ImportError):
+            except (OSError, ValueError):
                 had = (None, now_ns)
             self._symbols[pid] = had
         return had[0].resolve(addr) if had[0] is not None else (None, None)
