@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Protocol
 
 from gpujitter.probes.elf import ElfFile
+from gpujitter.probes.host import HostPaths
+from gpujitter.probes.procfs import in_root, read_maps
 
 UNKNOWN = "[unknown]"  # the function when the module is known but no symbol covers the address
 REOPEN_NS = 1_000_000_000  # an address in no known module re-reads the maps at most this often
@@ -76,34 +78,38 @@ class ProcessSymbols:
     each time it is made for a process whose root link cannot be read (one that exited, or
     a zombie), which took whatever descriptor of this process held that number."""
 
-    def __init__(self, pid: int) -> None:
-        self._root = f"/proc/{pid}/root"
-        self._maps: list[tuple[int, int, int, str]] = []  # start, end, file offset, path
-        with open(f"/proc/{pid}/maps") as maps:
-            for line in maps:
-                fields = line.rstrip("\n").split(maxsplit=5)
-                if len(fields) == 6 and fields[1][2:3] == "x" and fields[5].startswith("/"):
-                    start, end = (int(a, 16) for a in fields[0].split("-"))
-                    self._maps.append((start, end, int(fields[2], 16), fields[5]))
+    def __init__(self, pid: int, paths: HostPaths | None = None) -> None:
+        self._pid, self._paths = pid, paths or HostPaths()
+        self._code = [m for m in read_maps(self._paths, pid) if m.file and m.executable]
         self._files: dict[str, Functions | None] = {}
 
     def resolve(self, addr: int) -> tuple[str | None, str | None]:
-        for start, end, offset, path in self._maps:
-            if start <= addr < end:
-                if path not in self._files:
+        for m in self._code:
+            if m.start <= addr < m.end:
+                if m.path not in self._files:
+                    path = in_root(self._paths, self._pid, m.path)
                     try:
-                        st = os.stat(self._root + path)
-                        self._files[path] = file_functions(
-                            self._root + path, st.st_dev, st.st_ino, st.st_mtime_ns
+                        st = os.stat(path)
+                        self._files[m.path] = file_functions(
+                            path, st.st_dev, st.st_ino, st.st_mtime_ns
                         )
                     except (OSError, ValueError):  # gone, unreadable, not ELF: the module only
-                        self._files[path] = None
-                functions = self._files[path]
-                return (functions.at(addr - start + offset) if functions else None), path
+                        self._files[m.path] = None
+                functions = self._files[m.path]
+                return (functions.at(addr - m.start + m.offset) if functions else None), m.path
         return None, None
 
     def close(self) -> None:
         self._files.clear()
+
+
+def file_code(pid: int) -> list[tuple[int, int]]:
+    """[start, end) of each stretch of code process pid maps from a file; [] when its maps
+    cannot be read (it exited)."""
+    try:
+        return [(m.start, m.end) for m in read_maps(HostPaths(), pid) if m.file and m.executable]
+    except OSError:
+        return []
 
 
 class NativeNames:
@@ -111,9 +117,14 @@ class NativeNames:
     not found reads "[unknown]" in its module; an address in no module (a process that
     exited before its maps were read, JIT code) reads as its hex address with module ""."""
 
-    def __init__(self, open_symbols: Callable[[int], Symbols] = ProcessSymbols) -> None:
+    def __init__(
+        self,
+        open_symbols: Callable[[int], Symbols] = ProcessSymbols,
+        code_of: Callable[[int], list[tuple[int, int]]] = file_code,
+    ) -> None:
         self._open = open_symbols
-        self._symbols: dict[int, tuple[Symbols | None, int]] = {}  # pid -> symbols, when read
+        self._code_of = code_of
+        self._symbols: dict[int, tuple[Symbols | None, int]] = {}  # pid -> symbols, maps read
         self._names: dict[tuple[int, int], tuple[str, str]] = {}
 
     def name(self, pid: int, addr: int, now_ns: int) -> tuple[str, str]:
@@ -122,14 +133,26 @@ class NativeNames:
         if known is not None:
             return known
         func, module = self._resolve(pid, addr, now_ns, reopen=False)
-        if module is None and now_ns - self._symbols[pid][1] >= REOPEN_NS:
-            func, module = self._resolve(pid, addr, now_ns, reopen=True)  # a library loaded since
+        if module is None and self._loaded_since(pid, addr, now_ns):
+            func, module = self._resolve(pid, addr, now_ns, reopen=True)
         if not module:  # not kept: a library loaded later is found at a later read of the maps
             return (f"{addr:#x}", "")
         if len(self._names) >= MAX_NAMES:
             self._names.clear()
         self._names[(pid, addr)] = (func or UNKNOWN, module)
         return self._names[(pid, addr)]
+
+    def _loaded_since(self, pid: int, addr: int, now_ns: int) -> bool:
+        """Whether addr lies in code mapped from a file since the symbols were made (a library
+        loaded later), by the maps read at most once a REOPEN_NS. Only then are the symbols
+        made again: that drops every library's symbol table loaded so far, and code in no
+        file (JIT, trampolines) would do it each time, reloading libtorch's tables (hundreds
+        of ms each) every second on a training job."""
+        symbols, read_ns = self._symbols[pid]
+        if now_ns - read_ns < REOPEN_NS:
+            return False
+        self._symbols[pid] = (symbols, now_ns)
+        return any(start <= addr < end for start, end in self._code_of(pid))
 
     def _resolve(
         self, pid: int, addr: int, now_ns: int, reopen: bool
