@@ -6,6 +6,7 @@ probe against what the same tracepoints reported."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import subprocess
 import sys
@@ -220,6 +221,17 @@ def untraced_switch_ins(log: list[Logged], pid: int) -> int:
         missed += e.prev_pid == pid and current not in (None, pid)
         current = e.next_pid
     return missed
+
+
+def held_within(log: list[Logged], pid: int, t0_ns: int, t1_ns: int) -> int:
+    """How long `pid` held the logged CPU inside [t0_ns, t1_ns]: from each traced switch onto
+    it to the CPU's next traced switch, clipped to the window."""
+    switches = [e for e in log if e.kind == "switch"]
+    return sum(
+        max(0, min(b.ts_ns, t1_ns) - max(a.ts_ns, t0_ns))
+        for a, b in itertools.pairwise(switches)
+        if a.next_pid == pid
+    )
 
 
 @contextlib.contextmanager
