@@ -37,7 +37,9 @@ from tests.kernel.sched_load import (
     hog,
     idle_log,
     quietest_cpu,
+    switch_log,
     together,
+    unseen_off_cpu,
     untraced_switch_ins,
     unwatched,
 )
@@ -474,24 +476,32 @@ def test_waits_on_block_reads_carry_the_disk(tmp_path: Path) -> None:
         data = Path(scratch) / "data"
         with data.open("wb") as f:
             f.write(os.urandom(1 << 20) * 96)
-        with Child(f"""
+        with (
+            Child(f"""
             for _ in range(3):
                 time.sleep(0.02)
             fd = os.open({str(data)!r}, os.O_RDONLY)
             os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            before = schedstat()
+            # On-CPU time from the thread's CPU clock, which brings the running stint up to
+            # date; schedstat's is as of the last tick or switch (up to 4 ms stale, e.g.
+            # after fadvise's few ms of CPU: 2.7-3.9 ms in 4 of 14 runs here, 2026-12-02).
+            # Its run-queue wait is whole: it only grows when the thread is switched in.
+            delay0, ran0 = schedstat()[1], time.thread_time_ns()
             out["t0"] = time.monotonic_ns()
             while os.read(fd, 1 << 20):
                 pass
             out["t1"] = time.monotonic_ns()
-            after = schedstat()
+            ran1, delay1 = time.thread_time_ns(), schedstat()[1]
             elapsed = out["t1"] - out["t0"]
-            out["blocked_ns"] = elapsed - (after[0] - before[0]) - (after[1] - before[1])
-        """) as child:
+            out["blocked_ns"] = elapsed - (ran1 - ran0) - (delay1 - delay0)
+        """) as child,
+            switch_log(child.pid) as logged,
+        ):
             rec = run_probes(
                 ["sched"], child.load, watch=WatchSpec(pids={child.pid}), thresholds=EVERYTHING
             )
+            log = logged()
         disk = system.whole_disk(data)
     res = child.result
     mine = rec.of(OffCpu, tid=child.pid)
@@ -501,8 +511,18 @@ def test_waits_on_block_reads_carry_the_disk(tmp_path: Path) -> None:
         (disk, "read", "uninterruptible", SYS_READ)
     }
     assert all(e.io_bytes > 0 for e in io)
-    # The kernel's own accounting: nearly all of the thread's blocked time was these waits.
-    assert sum(blocked_ns(e) for e in io) == pytest.approx(res["blocked_ns"], rel=0.1)
+    # The kernel's own accounting: nearly all of the thread's blocked time was these waits,
+    # but for those the probe cannot stream: a wait that ends in a switch the kernel does
+    # not trace (from the VM agent's threads, docs/probes.md), which is missing whole. The
+    # log bounds each by the thread's switch-outs around it (CI, 2026-12-02: 9.7 ms short;
+    # here once in 6 runs, 2 such waits, 3.9 ms of the thread's 26 ms blocked).
+    unseen_ns = sum(
+        b - a for a, b in unseen_off_cpu(log, child.pid) if res["t0"] <= a and b <= res["t1"]
+    )
+    io_ns = sum(blocked_ns(e) for e in io)
+    assert 0.9 * res["blocked_ns"] - unseen_ns <= io_ns <= 1.1 * res["blocked_ns"], (
+        f"{io_ns=} {res['blocked_ns']=} {unseen_ns=}\n{rec.story(res['t0'], tid=child.pid)}"
+    )
     sleeps = [e for e in mine if e.syscall == SYS_CLOCK_NANOSLEEP]
     assert len(sleeps) == 3
     assert all(e.io_dev == "" and e.io_bytes == 0 and e.io_op == "" for e in sleeps)
