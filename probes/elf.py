@@ -18,7 +18,8 @@ from types import TracebackType
 ENDBR64 = bytes.fromhex("f30f1efa")  # a CET build's first instruction of a function
 PT_LOAD = 1
 SHT_SYMTAB, SHT_NOTE, SHT_DYNSYM = 2, 7, 11
-STT_OBJECT, STT_FUNC = 1, 2
+STT_OBJECT, STT_FUNC, STT_GNU_IFUNC = 1, 2, 10
+NT_GNU_BUILD_ID = 3
 STB_GLOBAL, STB_WEAK = 1, 2
 _SYMBOL = struct.Struct("<IBBHQQ")  # Elf64_Sym
 
@@ -126,6 +127,34 @@ class ElfFile:
         if self._exported is None:
             self._exported = self.symbols(None, STT_FUNC, exported=True)
         return self._exported
+
+    def function_spans(self) -> list[tuple[int, int, str]]:
+        """Every function with a size, as (start, end, name) sorted by start (.symtab and
+        .dynsym; an indirect function's resolver among them), for naming an address."""
+        spans = set()
+        for _name, sh_type, _flags, _addr, off, size, link, _info, _align, entsize in self.sections:
+            if sh_type not in (SHT_SYMTAB, SHT_DYNSYM):
+                continue
+            strtab = self.sections[link][4]
+            for pos in range(off, off + size - _SYMBOL.size + 1, entsize or _SYMBOL.size):
+                st_name, st_info, _other, shndx, value, length = _SYMBOL.unpack_from(self.data, pos)
+                if st_info & 0xF in (STT_FUNC, STT_GNU_IFUNC) and shndx and value and length:
+                    name = self._string(strtab + st_name).decode(errors="replace")
+                    spans.add((value, value + length, name))
+        return sorted(spans)
+
+    def build_id(self) -> str | None:
+        """The GNU build id (hex), where the file carries one: it names the file's separate
+        debug file (/usr/lib/debug/.build-id/xx/yyyy.debug)."""
+        for _name, sh_type, _flags, _addr, off, size, *_ in self.sections:
+            pos = off
+            while sh_type == SHT_NOTE and pos + 12 <= off + size:
+                namesz, descsz, kind = struct.unpack_from("<III", self.data, pos)
+                desc = pos + 12 + (namesz + 3) // 4 * 4
+                if kind == NT_GNU_BUILD_ID and self.data[pos + 12 : pos + 16] == b"GNU\0":
+                    return self.data[desc : desc + descsz].hex()
+                pos = desc + (descsz + 3) // 4 * 4
+        return None
 
     def file_offset(self, vaddr: int) -> int:
         """Where address `vaddr` lies in the file; ValueError when in no loadable segment."""

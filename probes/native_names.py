@@ -1,15 +1,26 @@
 """Names for native instruction addresses in watched processes (python_stacks' samples of
-threads with no Python frame): the function and its module, from bcc's symbol cache."""
+threads with no Python frame): the function and its module, from the process's maps and the
+mapped files' own symbol tables."""
 
 from __future__ import annotations
 
-import ctypes as ct
+import bisect
+import functools
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
+
+from gpujitter.probes.elf import ElfFile
+from gpujitter.probes.host import HostPaths
+from gpujitter.probes.procfs import in_root, read_maps
 
 UNKNOWN = "[unknown]"  # the function when the module is known but no symbol covers the address
 REOPEN_NS = 1_000_000_000  # an address in no known module re-reads the maps at most this often
 MAX_NAMES = 65_536  # (process, address) names kept; past it the cache starts afresh
+FILES_KEPT = 16  # files whose functions are kept (read again when they change)
+DEBUG_FILES = Path("/usr/lib/debug/.build-id")  # separate debug files, by build id
 
 
 class Symbols(Protocol):
@@ -20,27 +31,85 @@ class Symbols(Protocol):
     def close(self) -> None: ...
 
 
-class BccSymbols:
-    """bcc's symbol cache of one process (its maps as read when made; ELF symbols and debug
-    files loaded per module on first use)."""
+@dataclass(frozen=True, slots=True)
+class Functions:
+    """One file's functions: where its loadable segments lie in the file, and each
+    function's span (start, end, name) sorted by start, with the starts alone for bisect."""
 
-    def __init__(self, pid: int) -> None:
-        from bcc import SymbolCache
+    loads: tuple[tuple[int, int, int], ...]
+    spans: tuple[tuple[int, int, str], ...]
+    starts: tuple[int, ...]
 
-        self._pid = pid
-        self._cache = SymbolCache(pid)
+    @classmethod
+    def of(cls, path: str) -> Functions:
+        """The functions of the ELF file at `path`, its separate debug file's added (where
+        the distribution stripped the file's own table); OSError, ValueError if unreadable."""
+        with ElfFile(path) as elf:
+            loads, spans, build_id = tuple(elf.loads), set(elf.function_spans()), elf.build_id()
+        debug = DEBUG_FILES / build_id[:2] / f"{build_id[2:]}.debug" if build_id else None
+        if debug is not None and debug.is_file():
+            with ElfFile(debug) as extra:
+                spans |= set(extra.function_spans())
+        ordered = tuple(sorted(spans))
+        return cls(loads, ordered, tuple(s[0] for s in ordered))
+
+    def at(self, file_offset: int) -> str | None:
+        """The function whose code holds the byte at `file_offset`, None if none."""
+        vaddr = next((file_offset - offset + start for start, offset, size in self.loads
+                      if offset <= file_offset < offset + size), None)  # fmt: skip
+        if vaddr is None:
+            return None
+        i = bisect.bisect_right(self.starts, vaddr) - 1
+        return self.spans[i][2] if i >= 0 and vaddr < self.spans[i][1] else None
+
+
+@functools.lru_cache(maxsize=FILES_KEPT)
+def file_functions(path: str, dev: int, ino: int, mtime_ns: int) -> Functions:
+    """Functions.of a file, kept by the file's identity: the processes of one program, and
+    one process's maps read again, share it (libc's 7,400 functions take ~35 ms to read)."""
+    return Functions.of(path)
+
+
+class ProcessSymbols:
+    """One process's symbols: its executable file mappings as /proc/<pid>/maps listed them
+    when made, each file's functions read on first use (through the process's root, so a
+    process in a container is read in its own files). It opens and closes only descriptors
+    of its own: bcc 0.26's symbol cache, used here before, closes an uninitialised number
+    each time it is made for a process whose root link cannot be read (one that exited, or
+    a zombie), which took whatever descriptor of this process held that number."""
+
+    def __init__(self, pid: int, paths: HostPaths | None = None) -> None:
+        self._pid, self._paths = pid, paths or HostPaths()
+        self._code = [m for m in read_maps(self._paths, pid) if m.file and m.executable]
+        self._files: dict[str, Functions | None] = {}
 
     def resolve(self, addr: int) -> tuple[str | None, str | None]:
-        name, _, module = self._cache.resolve(addr, True)
-        return (
-            name.decode(errors="replace") if name else None,
-            module.decode(errors="replace") if module else None,
-        )
+        for m in self._code:
+            if m.start <= addr < m.end:
+                if m.path not in self._files:
+                    path = in_root(self._paths, self._pid, m.path)
+                    try:
+                        st = os.stat(path)
+                        self._files[m.path] = file_functions(
+                            path, st.st_dev, st.st_ino, st.st_mtime_ns
+                        )
+                    except (OSError, ValueError):  # gone, unreadable, not ELF: the module only
+                        self._files[m.path] = None
+                functions = self._files[m.path]
+                return (functions.at(addr - m.start + m.offset) if functions else None), m.path
+        return None, None
 
     def close(self) -> None:
-        from bcc.libbcc import lib
+        self._files.clear()
 
-        lib.bcc_free_symcache(ct.c_void_p(self._cache.cache), self._pid)
+
+def file_code(pid: int) -> list[tuple[int, int]]:
+    """[start, end) of each stretch of code process pid maps from a file; [] when its maps
+    cannot be read (it exited)."""
+    try:
+        return [(m.start, m.end) for m in read_maps(HostPaths(), pid) if m.file and m.executable]
+    except OSError:
+        return []
 
 
 class NativeNames:
@@ -48,9 +117,14 @@ class NativeNames:
     not found reads "[unknown]" in its module; an address in no module (a process that
     exited before its maps were read, JIT code) reads as its hex address with module ""."""
 
-    def __init__(self, open_symbols: Callable[[int], Symbols] = BccSymbols) -> None:
+    def __init__(
+        self,
+        open_symbols: Callable[[int], Symbols] = ProcessSymbols,
+        code_of: Callable[[int], list[tuple[int, int]]] = file_code,
+    ) -> None:
         self._open = open_symbols
-        self._symbols: dict[int, tuple[Symbols | None, int]] = {}  # pid -> symbols, when read
+        self._code_of = code_of
+        self._symbols: dict[int, tuple[Symbols | None, int]] = {}  # pid -> symbols, maps read
         self._names: dict[tuple[int, int], tuple[str, str]] = {}
 
     def name(self, pid: int, addr: int, now_ns: int) -> tuple[str, str]:
@@ -59,14 +133,26 @@ class NativeNames:
         if known is not None:
             return known
         func, module = self._resolve(pid, addr, now_ns, reopen=False)
-        if module is None and now_ns - self._symbols[pid][1] >= REOPEN_NS:
-            func, module = self._resolve(pid, addr, now_ns, reopen=True)  # a library loaded since
+        if module is None and self._loaded_since(pid, addr, now_ns):
+            func, module = self._resolve(pid, addr, now_ns, reopen=True)
         if not module:  # not kept: a library loaded later is found at a later read of the maps
             return (f"{addr:#x}", "")
         if len(self._names) >= MAX_NAMES:
             self._names.clear()
         self._names[(pid, addr)] = (func or UNKNOWN, module)
         return self._names[(pid, addr)]
+
+    def _loaded_since(self, pid: int, addr: int, now_ns: int) -> bool:
+        """Whether addr lies in code mapped from a file since the symbols were made (a library
+        loaded later), by the maps read at most once a REOPEN_NS. Only then are the symbols
+        made again: that drops every library's symbol table loaded so far, and code in no
+        file (JIT, trampolines) would do it each time, reloading libtorch's tables (hundreds
+        of ms each) every second on a training job."""
+        symbols, read_ns = self._symbols[pid]
+        if now_ns - read_ns < REOPEN_NS:
+            return False
+        self._symbols[pid] = (symbols, now_ns)
+        return any(start <= addr < end for start, end in self._code_of(pid))
 
     def _resolve(
         self, pid: int, addr: int, now_ns: int, reopen: bool
@@ -76,7 +162,7 @@ class NativeNames:
             self._close(pid)
             try:
                 had = (self._open(pid), now_ns)
-            except (OSError, ImportError):
+            except (OSError, ValueError):
                 had = (None, now_ns)
             self._symbols[pid] = had
         return had[0].resolve(addr) if had[0] is not None else (None, None)

@@ -8,6 +8,11 @@ from pathlib import Path
 import pytest
 
 from gpujitter.daemon.analysis.records import Attribution
+from tests.descriptors import (  # noqa: F401 (the descriptor guard: every test, every run)
+    descriptors_kept,
+    pytest_runtest_call,
+    pytest_runtestloop,
+)
 
 FIXTURES = Path(__file__).with_name("fixtures")
 

@@ -20,10 +20,37 @@ from tests.kernel import soak_beside
 
 pytestmark = pytest.mark.kernel
 
+# These tests time real kernel events on a VM whose host takes a vCPU when it likes (for
+# 0.1-1 ms between two programs on one tracepoint, seen in CI) and whose sandbox agent's
+# switches are never traced: a rare run meets such a moment in a check made to the
+# microsecond. A kernel test that fails runs once more and fails only if that run fails too;
+# every first failure is listed at the end of the run (below), so a flake is still seen and
+# a product bug that fails once in a while still shows there.
+RERUNS = 1
+_first_failures: list[tuple[str, str]] = []  # (test, its failure's one line)
+
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     soak_beside.plan_beside(config, items)
+    here = Path(__file__).parent
+    for item in items:  # every collected test: keep to this folder's
+        if item.path.is_relative_to(here) and not item.get_closest_marker("flaky"):
+            item.add_marker(pytest.mark.flaky(reruns=RERUNS))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.outcome == "rerun":  # pytest-rerunfailures' outcome
+        crash = getattr(report.longrepr, "reprcrash", None)
+        line = (getattr(crash, "message", "") or str(report.longrepr)).splitlines()
+        _first_failures.append((report.nodeid, line[0][:300] if line else ""))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _first_failures:
+        terminalreporter.section("kernel tests that failed once and ran again")
+        for nodeid, line in _first_failures:
+            terminalreporter.line(f"{nodeid}: {line}")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,10 +3,11 @@ replay order and controls, recordings of both kinds."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
@@ -148,11 +149,20 @@ def test_a_recorded_trace_replays_with_its_header_as_the_hello(tmp_path: Path) -
     assert feed.end_ns == start + S
 
 
-def run_replay(feed: ReplayFeed) -> tuple[Inbox, threading.Event]:
+@contextlib.contextmanager
+def replaying(feed: ReplayFeed) -> Iterator[Inbox]:
+    """The feed played into an inbox on a thread of its own; leaving the block stops it and
+    waits for its end, so that it closes its file within the test that opened it."""
     inbox = Inbox(block=True)
     stop = threading.Event()
-    threading.Thread(target=feed.run, args=(inbox, stop.is_set), daemon=True).start()
-    return inbox, stop
+    worker = threading.Thread(target=feed.run, args=(inbox, stop.is_set), daemon=True)
+    worker.start()
+    try:
+        yield inbox
+    finally:
+        stop.set()
+        inbox.close()
+        worker.join()
 
 
 def wait_position(
@@ -171,8 +181,7 @@ def wait_position(
 
 def test_replay_next_gap_brings_its_attribution_and_seeking_back_starts_over() -> None:
     feed = ReplayFeed(STREAM, at="start", playing=False)
-    inbox, stop = run_replay(feed)
-    try:
+    with replaying(feed) as inbox:
         wait_position(inbox, lambda p: p.at_ns == feed.start_ns, "the start")
         feed.next_gap()
         batch, records = wait_position(inbox, lambda p: p.at_ns > feed.start_ns, "a gap")
@@ -186,8 +195,6 @@ def test_replay_next_gap_brings_its_attribution_and_seeking_back_starts_over() -
         feed.seek(feed.start_ns + S)
         batch, _ = wait_position(inbox, lambda p: p.at_ns == feed.start_ns + S, "a seek")
         assert batch.reset and [r["type"] for r in batch.records[:2]] == ["hello", "snapshot"]
-    finally:
-        stop.set()
 
 
 def test_a_recording_that_lost_its_gaps_since_it_was_opened_plays_to_its_end(
@@ -201,13 +208,10 @@ def test_a_recording_that_lost_its_gaps_since_it_was_opened_plays_to_its_end(
     feed = ReplayFeed(path, at="start", playing=False)
     kept = [r for r in node_stream.stream() if r["type"] not in GAP_KINDS]
     path.write_bytes(node_stream.ndjson(kept[:200]))
-    inbox, stop = run_replay(feed)
-    try:
+    with replaying(feed) as inbox:
         wait_position(inbox, lambda p: p.at_ns == feed.start_ns, "the start")
         feed.next_gap()
         wait_position(inbox, lambda p: p.done and p.at_ns == feed.end_ns, "the end")
-    finally:
-        stop.set()
 
 
 def test_the_committed_stream_fixture_is_what_its_generator_writes() -> None:
