@@ -2,8 +2,10 @@
  * free, posix_memalign, aligned_alloc/memalign of glibc, jemalloc or tcmalloc) in chosen
  * processes, timed by a uprobe at its entry and a uretprobe at its return; calls slower
  * than THRESHOLD_CALL_NS are streamed. Attached per process (the kernel plants the
- * breakpoints in those processes only) for a bounded window: after DEADLINE_NS nothing is
- * recorded even before user space detaches. Cost: two traps per call (~1.4 us each past
+ * breakpoints in those processes only) for a bounded window: nothing is timed before user
+ * space writes the window's end into `window` (once every probe is attached, so the window
+ * is as long as asked for, the compile and the attaches not in it), nor after that end,
+ * even before user space detaches. Cost: two traps per call (~1.4 us each past
  * endbr64 on the GPU machine, ~6.5 us on it), hence opt-in and bounded.
  */
 #include "gpujitter.h"
@@ -27,6 +29,8 @@ struct alloc_call {
 };
 BPF_RINGBUF_OUTPUT(slow_calls, 64);
 
+BPF_ARRAY(window, u64, 1);  /* the window's end (bpf_ktime_get_ns), 0 until it opens */
+
 enum { COUNT_TIMED, COUNT_SLOW, COUNT_SLOTS };
 BPF_PERCPU_ARRAY(counts, u64, COUNT_SLOTS);
 
@@ -39,8 +43,10 @@ static __always_inline void count(u32 slot)
 
 static __always_inline int enter(struct pt_regs *ctx, u64 size)
 {
+    u32 zero = 0;
+    u64 *end = window.lookup(&zero);
     u64 now = bpf_ktime_get_ns();
-    if (now >= DEADLINE_NS)
+    if (!end || now >= *end)
         return 0;
     u32 tid = bpf_get_current_pid_tgid();
     struct call c = {.ts_ns = now, .size = size, .ip = PT_REGS_IP(ctx)};

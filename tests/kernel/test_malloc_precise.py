@@ -137,6 +137,11 @@ def cet_caller(tmp_path: Path) -> Iterator[Caller]:
     caller.proc.wait()
 
 
+# The longest the probes' start may take after the precise window opens (the window's own
+# compile and attaches come before it opens).
+OPENED_BEFORE_NS = 150_000_000
+
+
 def precise(pid: int, window_s: float) -> dict[str, dict[str, object]]:
     return {"malloc": {"precise_pids": [pid], "precise_window_ns": int(window_s * 1e9)}}
 
@@ -222,13 +227,15 @@ def test_window_closes_on_time_and_leaves_the_process(glibc_caller: Caller) -> N
 
     rec = run_precise(glibc_caller, load, window_s=window_s)
     window_ns = int(window_s * 1e9)
-    # The window opened after the probes' first status and before load() began; it ends a
-    # window later.
+    # The window opened once its probes were attached, after the probes' first status and
+    # before load() began (the rest of the probes' start between: at most OPENED_BEFORE_NS);
+    # it ends a window later. Its compile and attaches are not taken out of it: they were,
+    # and the last ~0.6 s of the 3 s asked for went untimed.
     opened = rec.statuses[0].ts_ns
     earliest_end, latest_end = opened + window_ns, marks["start"] + window_ns
     slow = rec.of(AllocCall, tgid=glibc_caller.pid, func="calloc")
     assert slow and all(c.ts_ns < latest_end for c in slow)
-    inside = [s for s in glibc_caller.spans if s.t1_ns < earliest_end]
+    inside = [s for s in glibc_caller.spans if s.t1_ns < latest_end - OPENED_BEFORE_NS]
     after = [s for s in glibc_caller.spans if s.t0_ns > latest_end]
     assert len(inside) >= 3 and len(after) >= 3
     missed = [s for s in inside if not any(matches(c, s) for c in slow)]
