@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpujitter.probes.base import trim_heap
+from gpujitter.probes.demangle import demangle
 from gpujitter.probes.elf import ElfFile
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.procfs import in_root, read_maps
@@ -107,7 +108,7 @@ class Functions:
         return cls(loads, starts, ends, outer, names, sources, files)
 
     def at(self, file_offset: int) -> str | None:
-        """The function whose code holds the byte at `file_offset`; None if none
+        """The function whose code holds the byte at `file_offset`, demangled; None if none
         (or its name cannot be read). Of nested functions, the innermost; of aliases (one
         span, several names), the shortest name, then the first in byte order (getpid, not
         __getpid)."""
@@ -128,7 +129,7 @@ class Functions:
             last += 1
         names = [self.files[self.sources[j]].name_at(self.names[j]) for j in range(first, last + 1)]
         known = [n for n in names if n]
-        return min(known, key=lambda n: (len(n), n)) if known else None
+        return demangle(min(known, key=lambda n: (len(n), n))) if known else None
 
 
 @functools.lru_cache(maxsize=FILES_KEPT)

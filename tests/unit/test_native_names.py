@@ -2,8 +2,8 @@
 fallbacks: an address no symbol covers, one in no module, a process gone, a library loaded
 after the maps were read, a symbol cache that cannot be made; and that naming closes no
 descriptor but its own (bcc's symbol cache, used before, did). A file's functions: nested,
-overlapping, aliased and zero-size ones, a large table kept compactly, and corrupt files
-named "[unknown]" without an exception."""
+overlapping, aliased and zero-size ones, C++ names demangled, a large table kept
+compactly, and corrupt files named "[unknown]" without an exception."""
 
 from __future__ import annotations
 
@@ -204,8 +204,16 @@ def test_zero_size_symbols_and_addresses_outside_every_function_have_no_name(
         None, None, None, None, "last", None, None]  # fmt: skip
 
 
+def test_a_mangled_cxx_function_is_named_as_its_source_spells_it(tmp_path: Path) -> None:
+    funcs = _functions(tmp_path, [(0x1000, 0x10, mangled(7)), (0x1010, 0x10, "_Znot_mangled")])
+    assert funcs.at(0x1000) == (
+        "at::native::add_kernel_7(at::TensorIteratorBase&, c10::Scalar const&)"
+    )
+    assert funcs.at(0x1010) == "_Znot_mangled"
+
+
 # A child's resident memory before and after reading a file of 100k C++ functions (a third of
-# libtorch's): a tuple and a str each held ~90 bytes... ~260 bytes a function in all.
+# libtorch_cpu's): kept as a tuple and a str each, they took ~260 bytes a function.
 KEPT = """
 import sys
 from gpujitter.probes.native_names import Functions
