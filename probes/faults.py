@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import os
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -67,6 +68,9 @@ class FaultPrograms:
         self.have_bio = tracepoint_exists(BIO_QUEUE)
         self._previous: dict[int, tuple[int, ...]] = {}
         self._sampled_ns = 0
+        # faults and swap close side by side (ProbeSet.close): without it both could find
+        # the other gone and unload the object twice, closing its descriptors twice.
+        self._members_lock = threading.Lock()
 
     @classmethod
     def of(cls, ctx: ProbeContext) -> FaultPrograms:
@@ -88,13 +92,14 @@ class FaultPrograms:
         self._set_modes()
 
     def leave(self, probe: FaultProbe) -> None:
-        if self.members.pop(probe.name, None) is None:
-            return
-        if self.members:
-            self._set_modes()
-        else:
-            self.bpf.cleanup()
-            self.bpf = None
+        with self._members_lock:
+            if self.members.pop(probe.name, None) is None:
+                return
+            if self.members:
+                self._set_modes()
+            else:
+                self.bpf.cleanup()
+                self.bpf = None
 
     def part(self, ctx: ProbeContext) -> ModulePart:
         """faults.bpf.c with its options, as a part of the set's module."""

@@ -6,6 +6,7 @@ probe against what the same tracepoints reported."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import subprocess
 import sys
@@ -159,14 +160,16 @@ class Logged:
 # most events raised by the idle task (power:cpu_idle, switches away from idle), which BPF
 # programs do see. So the ground truth is a second, deliberately naive BPF program that
 # logs every raw event on one CPU for the test to recompute from.
-RECORDER = r"""
+_RECORDER_BASE = r"""
 struct logged { u64 ts_ns; u32 kind; u32 a; u32 b; };
 BPF_RINGBUF_OUTPUT(logged, 4096);
 BPF_ARRAY(dropped, u64, 1);
 static __always_inline int put(u32 kind, u32 a, u32 b)
 {
+#ifdef CPU
     if (bpf_get_smp_processor_id() != CPU)
         return 0;
+#endif
     struct logged *e = logged.ringbuf_reserve(sizeof(*e));
     if (!e) {
         dropped.increment(0);
@@ -179,12 +182,44 @@ static __always_inline int put(u32 kind, u32 a, u32 b)
     logged.ringbuf_submit(e, 0);
     return 0;
 }
+"""
+RECORDER = (
+    _RECORDER_BASE
+    + r"""
 TRACEPOINT_PROBE(power, cpu_idle)
 {
     return put(args->state == 0xffffffff ? 1 : 0, args->state, 0);
 }
 TRACEPOINT_PROBE(sched, sched_switch) { return put(2, args->prev_pid, args->next_pid); }
 """
+)
+# Idle entries and exits alone, from the raw tracepoint. A tracepoint calls its raw programs
+# in the order they were attached (perf tracepoint programs, RECORDER's, all at the place of
+# the first one), so two of these, attached before a probe's program and after it, stamp
+# every event on either side of the probe's stamp, whatever the host takes between programs.
+IDLE_STAMPER = (
+    _RECORDER_BASE
+    + r"""
+/* cpu_idle(unsigned int state, unsigned int cpu_id) */
+RAW_TRACEPOINT_PROBE(cpu_idle)
+{
+    u32 state = (u32)ctx->args[0];
+    return put(state == 0xffffffff ? 1 : 0, state, 0);
+}
+"""
+)
+# The switches of one thread (PID), on every CPU.
+SWITCHES_OF = (
+    _RECORDER_BASE
+    + r"""
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+    if (args->prev_pid != PID && args->next_pid != PID)
+        return 0;
+    return put(2, args->prev_pid, args->next_pid);
+}
+"""
+)
 _KINDS = ("entry", "exit", "switch")
 
 
@@ -202,13 +237,54 @@ def untraced_switch_ins(log: list[Logged], pid: int) -> int:
     return missed
 
 
+def unseen_off_cpu(log: list[Logged], pid: int) -> list[tuple[int, int]]:
+    """Per off-CPU interval of `pid` (in a log of its CPU, or a switch_log) that ended in a
+    switch the kernel did not trace (untraced_switch_ins): its traced switch-out and the
+    next one, which bound it (it ended in between, before a stint on CPU)."""
+    spans = []
+    out_ns = None
+    for e in log:
+        if e.kind != "switch":
+            continue
+        if e.next_pid == pid:
+            out_ns = None
+        if e.prev_pid == pid:
+            if out_ns is not None:
+                spans.append((out_ns, e.ts_ns))
+            out_ns = e.ts_ns
+    return spans
+
+
+def held_within(log: list[Logged], pid: int, t0_ns: int, t1_ns: int) -> int:
+    """How long `pid` held the logged CPU inside [t0_ns, t1_ns]: from each traced switch onto
+    it to the CPU's next traced switch, clipped to the window."""
+    switches = [e for e in log if e.kind == "switch"]
+    return sum(
+        max(0, min(b.ts_ns, t1_ns) - max(a.ts_ns, t0_ns))
+        for a, b in itertools.pairwise(switches)
+        if a.next_pid == pid
+    )
+
+
+def idle_log(
+    cpu: int, recorder: str = RECORDER
+) -> contextlib.AbstractContextManager[Callable[[], list[Logged]]]:
+    """Log idle-state entries, exits and context switches of `cpu` for the block (only the
+    first two with IDLE_STAMPER); yields a function that returns them (in order) and checks
+    that none was dropped."""
+    return _recording(recorder, f"-DCPU={cpu}")
+
+
+def switch_log(pid: int) -> contextlib.AbstractContextManager[Callable[[], list[Logged]]]:
+    """Log the context switches of thread `pid` on every CPU for the block, as idle_log."""
+    return _recording(SWITCHES_OF, f"-DPID={pid}")
+
+
 @contextlib.contextmanager
-def idle_log(cpu: int) -> Iterator[Callable[[], list[Logged]]]:
-    """Log idle-state entries, exits and context switches of `cpu` for the block; yields a
-    function that returns them (in order) and checks that none was dropped."""
+def _recording(recorder: str, define: str) -> Iterator[Callable[[], list[Logged]]]:
     from bcc import BPF
 
-    bpf = BPF(text=RECORDER, cflags=[f"-DCPU={cpu}"])
+    bpf = BPF(text=recorder, cflags=[define])
     try:
         out: list[Logged] = []
 
@@ -224,7 +300,8 @@ def idle_log(cpu: int) -> Iterator[Callable[[], list[Logged]]]:
 
         def logged() -> list[Logged]:
             bpf.ring_buffer_consume()
-            assert bpf["dropped"][0].value == 0, "the idle log overflowed"
+            assert bpf["dropped"][0].value == 0, "the log overflowed"
+            out.sort(key=lambda e: e.ts_ns)  # one ring for every CPU: reserved in about that order
             return out
 
         yield logged

@@ -6,6 +6,7 @@ histograms count every wake-up, and unwatched processes produce nothing."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
 import statistics
@@ -22,6 +23,7 @@ from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
 from tests.kernel.conftest import run_probes
 from tests.kernel.sched_load import (
+    IDLE_STAMPER,
     Child,
     Logged,
     hog,
@@ -38,12 +40,33 @@ USER_HZ = 100  # /proc/stat's unit is 1/USER_HZ s
 # us apart; on this VM the host can take the vCPU between them (10.7 and 21.6 us seen, CI and
 # a loaded run, 2026-12-01/02), against intervals of milliseconds that the test compares.
 LOG_SLACK_NS = 50_000
-# Each idle stretch the log times differs from the probe's by the log's program's lag behind
-# the probe's at the exit less that at the entry: the first program to run after an exit
-# from HLT runs slow. 0.1-4 us a stretch, 10-180 us a 300 ms sample, the probe ahead of the
-# log (with the order swapped, the probe's stretches were 2-7 us longer), loaded runs
-# 2026-12-02. On top of the slack, this much per stretch:
-STRETCH_SLACK_NS = 10_000
+# A sample's ends are the probe's reads: a copy of the words, then the clock. A stretch that
+# begins or ends between the two lands in the sample after, by that gap (microseconds).
+READ_SLACK_NS = 20_000
+# Now and then the host takes the vCPU between the two programs for longer than the slack:
+# a switch-in the log timed 101 us from the probe (CI, 2026-12-02); between two programs
+# on cpu_idle, 107-169 us 3 times in 40 s of idle stretches here (2026-12-02), ~1 ms at most
+# seen. One comparison of each kind a run may be off by that much (Stolen); a second, or a
+# larger one, is the probe's error.
+STOLEN_MAX_NS = MS
+
+
+class Stolen:
+    """One kind of comparison with the log, over a run: at most one may miss its slack, by
+    less than STOLEN_MAX_NS beyond it (the vCPU taken between the two programs once)."""
+
+    def __init__(self) -> None:
+        self.off_ns: list[int] = []
+
+    def beyond(self, off_ns: int, slack_ns: int, what: object) -> int:
+        """0 for a comparison (of `what`) off by off_ns, probe against log, within slack_ns;
+        else off_ns, the run's one steal, which must stay below the bound."""
+        if off_ns <= slack_ns:
+            return 0
+        self.off_ns.append(off_ns)
+        assert len(self.off_ns) == 1, (f"off by {self.off_ns} ns, {slack_ns} allowed", what)
+        assert off_ns < slack_ns + STOLEN_MAX_NS, (f"off by {off_ns} ns, {slack_ns} allowed", what)
+        return off_ns
 
 
 def sleeper(cpu: int) -> Child:
@@ -92,8 +115,7 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str])
     wakes = [w for w in rec.of(IdleWake, tid=child.pid) if res["t0"] <= w.ts_ns <= res["t1"]]
     names = idle_states(HostPaths(), [cpu])[cpu]
     switches = [e for e in log if e.kind == "switch"]
-    close: list[bool] = []  # per wake-up: its idle time the log's to the slack
-    stolen: list[bool] = []  # per wake-up: the log's switch-in further than the slack
+    switch_in_stolen, idle_stolen = Stolen(), Stolen()
     from_idle = [
         e
         for e in switches
@@ -108,12 +130,10 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str])
         assert w.exit_latency_ns == names[w.state].exit_latency_ns
         run_ns = w.ts_ns + w.wake_to_run_ns
         switch_in = min(from_idle, key=lambda e: abs(e.ts_ns - run_ns))
-        # The same switch-in (the sleeps are 10 ms apart), to the slack; at most one a run
-        # further, by what the host took between the two programs (101 us in CI, 2026-12-02).
+        # The same switch-in (the sleeps are 10 ms apart), to the slack or a steal; what the
+        # host took there is slack for this wake-up's times too.
         off_ns = abs(switch_in.ts_ns - run_ns)
-        assert off_ns < MS, (w, switch_in)
-        stolen.append(off_ns >= LOG_SLACK_NS)
-        slack_ns = LOG_SLACK_NS + off_ns * stolen[-1]
+        slack_ns = LOG_SLACK_NS + switch_in_stolen.beyond(off_ns, LOG_SLACK_NS, (w, switch_in))
         # The CPU's last switch before it: to idle, or onto a task whose switch away the
         # kernel did not trace (this VM's PID-1 agent threads, docs/probes.md), after which
         # the CPU idled again; the probe's idle time starts at the next idle entry either way.
@@ -127,17 +147,15 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str])
         assert w.state == entry.state
         assert w.in_state_ns == pytest.approx(exit_ns - entry.ts_ns, abs=slack_ns)
         # The probe's idle time starts at its first idle entry after the CPU's last switch:
-        # it lies within the log's idle stretch, and is all of it but for one a run at most
+        # it lies within the log's idle stretch, and is all of it to the slack or a steal
         # (the vCPU taken between the two programs at an idle entry or exit; an idle stretch
         # began ~3.5 ms late in ~2 of 10 runs on 2026-12-01, before the untraced switches
         # above were known, and two in one run in CI on 2026-12-02).
         assert w.in_state_ns <= w.idle_ns <= exit_ns - idle_since + slack_ns
-        close.append(abs(w.idle_ns - (exit_ns - idle_since)) < slack_ns)
+        idle_stolen.beyond(abs(w.idle_ns - (exit_ns - idle_since)), slack_ns, (w, idle_since))
         # Not capped by the 10 ms sleep: on this VM a timer can fire late (a 12.4 ms idle
         # stretch in CI, the raw log's too); the log's stretch above is the bound.
         assert 0 < w.in_state_ns <= w.idle_ns
-    assert sum(close) >= len(close) - 1, close
-    assert sum(stolen) <= 1, stolen
     assert statistics.median(w.wake_to_run_ns for w in wakes) < 500_000
 
     # With threshold 0 every wake-up onto an idle CPU was streamed; the histograms counted
@@ -237,6 +255,42 @@ def idle_within(log: list[Logged], t0_ns: int, t1_ns: int) -> int:
     return total
 
 
+def bracketed(early: list[Logged], late: list[Logged]) -> list[tuple[Logged, Logged]]:
+    """Each idle entry and exit in `early` (stamped by a program on cpu_idle that runs before
+    the probe's) with its twin in `late` (one that runs after it): the first late event
+    from then on, which comes before early's next (one CPU's next event waits for both
+    programs); itself outside late's span (before its program was attached, after its read)."""
+    late_ns = [e.ts_ns for e in late]
+    pairs = []
+    for i, e in enumerate(early):
+        j = bisect.bisect_left(late_ns, e.ts_ns)
+        if j < len(late) and (i + 1 == len(early) or late_ns[j] < early[i + 1].ts_ns):
+            assert late[j].kind == e.kind, (e, late[j])
+            pairs.append((e, late[j]))
+        else:
+            pairs.append((e, e))
+    return pairs
+
+
+def idle_bounds(early: list[Logged], late: list[Logged], t0_ns: int, t1_ns: int) -> tuple[int, int]:
+    """The least and the most idle time inside [t0_ns, t1_ns] that a program on cpu_idle run
+    between early's and late's can have stamped: each stretch from its entry's later stamp to
+    its exit's earlier one, and from the earlier entry to the later exit (as idle_within)."""
+    least = most = 0
+    entry: tuple[int, int] | None = None
+    for lo, hi in bracketed(early, late):
+        if lo.kind == "entry" and entry is None:
+            entry = (lo.ts_ns, hi.ts_ns)
+        elif lo.kind == "exit" and entry is not None:
+            least += max(0, min(lo.ts_ns, t1_ns) - max(entry[1], t0_ns))
+            most += max(0, min(hi.ts_ns, t1_ns) - max(entry[0], t0_ns))
+            entry = None
+    if entry is not None:
+        least += max(0, t1_ns - max(entry[1], t0_ns))
+        most += max(0, t1_ns - max(entry[0], t0_ns))
+    return least, most
+
+
 def test_a_samples_idle_time_is_what_the_cpu_idled_within_its_interval() -> None:
     # The runner hands every probe the tick's time, read before the core's refresh and the
     # other probes' samples: cstate reads its counters later. Here 100 ms later, while the CPU
@@ -244,17 +298,24 @@ def test_a_samples_idle_time_is_what_the_cpu_idled_within_its_interval() -> None
     # straddles the tick and ends before the read. The next read follows at once. Each
     # sample must hold that CPU's idle time within its own interval (the raw log's), never
     # more than the interval: none of the late read's in the sample before it, none of the
-    # prompt one's taken by the sample before.
+    # prompt one's taken by the sample before. The log's programs on cpu_idle run before and
+    # after the probe's, so that each of its stamps lies between theirs: a log's program
+    # running next to it can lag its stamp by what the host takes between programs (a 300 ms
+    # sample 131 us short of such a log's over 5 stretches, CI 2026-12-02; 3-6 us a stretch
+    # short here, more the longer the stretch, 2026-12-02).
     cpu = quietest_cpu()
     home = os.sched_getaffinity(0)
     samples: list[CpuStats] = []
     late: list[tuple[int, int]] = []  # (tick, read) of each late read
-    with ProbeSet(
-        ["cstate"], topology=load_topology(), watch=WatchSpec(pids={1}), emit=list().append
-    ) as probes:
+    with (
+        idle_log(cpu, IDLE_STAMPER) as stamped_before,
+        ProbeSet(
+            ["cstate"], topology=load_topology(), watch=WatchSpec(pids={1}), emit=list().append
+        ) as probes,
+    ):
         assert [s.state for s in probes.start()] == ["running"]
         (cstate,) = probes.probes
-        with idle_log(cpu) as logged:
+        with idle_log(cpu, IDLE_STAMPER) as stamped_after:
             cstate.sample(time.monotonic_ns())  # the first interval starts in the log
             for _ in range(4):
                 time.sleep(0.2)
@@ -266,18 +327,20 @@ def test_a_samples_idle_time_is_what_the_cpu_idled_within_its_interval() -> None
                 for now_ns in (tick_ns, time.monotonic_ns()):
                     stats = cstate.sample(now_ns)
                     samples += [s for s in stats if isinstance(s, CpuStats) and s.cpu == cpu]
-            log = logged()
+            after = stamped_after()
+        before = stamped_before()
     # A precondition, not the probe: other work kept the CPU busy if this fails.
-    assert sum(idle_within(log, t0, t1) for t0, t1 in late) > 10 * MS, f"CPU {cpu} seldom idled"
+    assert sum(idle_within(after, t0, t1) for t0, t1 in late) > 10 * MS, f"CPU {cpu} seldom idled"
     assert len(samples) == 8
     for s in samples:
         idle_ns = sum(ns for _, ns in s.idle_ns)
         assert idle_ns <= s.interval_ns
-        end_ns = s.ts_ns + s.interval_ns
-        logged_ns = idle_within(log, s.ts_ns, end_ns)
-        stretches = 1 + sum(e.kind == "exit" and s.ts_ns <= e.ts_ns <= end_ns for e in log)
-        slack_ns = LOG_SLACK_NS + STRETCH_SLACK_NS * stretches
-        assert idle_ns == pytest.approx(logged_ns, abs=slack_ns), (s, logged_ns, stretches)
+        least_ns, most_ns = idle_bounds(before, after, s.ts_ns, s.ts_ns + s.interval_ns)
+        assert least_ns - READ_SLACK_NS <= idle_ns <= most_ns + READ_SLACK_NS, (
+            s,
+            least_ns,
+            most_ns,
+        )
 
 
 def test_beside_sched_one_program_per_scheduler_hook_and_each_stops_alone() -> None:

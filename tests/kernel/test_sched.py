@@ -33,10 +33,13 @@ from gpujitter.probes.watch import WatchSpec
 from tests.kernel.conftest import Recorded, run_probes
 from tests.kernel.sched_load import (
     Child,
+    held_within,
     hog,
     idle_log,
     quietest_cpu,
+    switch_log,
     together,
+    unseen_off_cpu,
     untraced_switch_ins,
     unwatched,
 )
@@ -116,6 +119,12 @@ def test_the_task_named_is_the_one_that_held_the_cpu_not_the_last_to_leave_it() 
     # sleeps 5 ms), the short task (0.2 ms busy each time it is woken), the watched child.
     # Each of the hog's stints preempts the child; the short task runs after the hog, so it
     # is the task switched out right before the child resumes, for 1/25 of the wait.
+    # Real-time tasks get 950 ms a second (sched_rt_runtime_us): for the rest all three wait
+    # while other tasks run or the CPU idles. A hog stint the throttle interrupts ends as soon
+    # as the hog runs again (its 5 ms have passed by then): interrupted within its first
+    # 0.2 ms, the hog held less of that wait than the short task after it (CI, 2026-12-02:
+    # a 12.9 ms wait, the short task's 254 us the most any task held), and naming the short
+    # task is right. So a raw log of the CPU's switches says, wait by wait, who held it.
     read_end, write_end = os.pipe()
     short = unwatched(1, "gj-short", f"""
     while os.read({read_end}, 1):
@@ -131,7 +140,7 @@ def test_the_task_named_is_the_one_that_held_the_cpu_not_the_last_to_leave_it() 
         os.write({write_end}, b"x")
         time.sleep(0.005)
     """, fifo_priority=10, pass_fds=(write_end,))  # fmt: skip
-    with short, hogging as hogger:
+    with short as shorter, hogging as hogger, idle_log(1) as logged:
         os.close(read_end)
         os.close(write_end)
         with Child(f"""
@@ -149,12 +158,22 @@ def test_the_task_named_is_the_one_that_held_the_cpu_not_the_last_to_leave_it() 
             rec = run_probes(
                 ["sched"], child.load, watch=WatchSpec(pids={child.pid}), thresholds=EVERYTHING
             )
+        log = logged()
     waits = in_window(rec.of(OffCpu, tid=child.pid), child.result)
     runq = sum(e.runq_ns for e in waits)
     behind_hog = [e for e in waits if e.other_comm == "gj-hog"]
     assert sum(e.runq_ns for e in behind_hog) > 0.85 * runq, {e.other_comm for e in waits}
     assert all(e.other_tid == hogger.pid for e in behind_hog)
-    assert not [e for e in waits if e.other_comm == "gj-short"]
+    # Named by its last place, the short task would be named in nearly every wait, where the
+    # log has the hog hold 5 ms to its 0.2.
+    misnamed = [
+        (e, held_within(log, hogger.pid, e.runnable_ns, e.end_ns))
+        for e in waits
+        if e.other_comm == "gj-short"
+        and held_within(log, hogger.pid, e.runnable_ns, e.end_ns)
+        >= held_within(log, shorter.pid, e.runnable_ns, e.end_ns)
+    ]
+    assert not misnamed
     # The time it held the CPU: its stints, as the kernel counted them, less the short
     # task's 0.2 ms after each, which the child waited through too.
     held = sum(e.other_ns for e in behind_hog)
@@ -457,24 +476,32 @@ def test_waits_on_block_reads_carry_the_disk(tmp_path: Path) -> None:
         data = Path(scratch) / "data"
         with data.open("wb") as f:
             f.write(os.urandom(1 << 20) * 96)
-        with Child(f"""
+        with (
+            Child(f"""
             for _ in range(3):
                 time.sleep(0.02)
             fd = os.open({str(data)!r}, os.O_RDONLY)
             os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            before = schedstat()
+            # On-CPU time from the thread's CPU clock, which brings the running stint up to
+            # date; schedstat's is as of the last tick or switch (up to 4 ms stale, e.g.
+            # after fadvise's few ms of CPU: 2.7-3.9 ms in 4 of 14 runs here, 2026-12-02).
+            # Its run-queue wait is whole: it only grows when the thread is switched in.
+            delay0, ran0 = schedstat()[1], time.thread_time_ns()
             out["t0"] = time.monotonic_ns()
             while os.read(fd, 1 << 20):
                 pass
             out["t1"] = time.monotonic_ns()
-            after = schedstat()
+            ran1, delay1 = time.thread_time_ns(), schedstat()[1]
             elapsed = out["t1"] - out["t0"]
-            out["blocked_ns"] = elapsed - (after[0] - before[0]) - (after[1] - before[1])
-        """) as child:
+            out["blocked_ns"] = elapsed - (ran1 - ran0) - (delay1 - delay0)
+        """) as child,
+            switch_log(child.pid) as logged,
+        ):
             rec = run_probes(
                 ["sched"], child.load, watch=WatchSpec(pids={child.pid}), thresholds=EVERYTHING
             )
+            log = logged()
         disk = system.whole_disk(data)
     res = child.result
     mine = rec.of(OffCpu, tid=child.pid)
@@ -484,8 +511,18 @@ def test_waits_on_block_reads_carry_the_disk(tmp_path: Path) -> None:
         (disk, "read", "uninterruptible", SYS_READ)
     }
     assert all(e.io_bytes > 0 for e in io)
-    # The kernel's own accounting: nearly all of the thread's blocked time was these waits.
-    assert sum(blocked_ns(e) for e in io) == pytest.approx(res["blocked_ns"], rel=0.1)
+    # The kernel's own accounting: nearly all of the thread's blocked time was these waits,
+    # but for those the probe cannot stream: a wait that ends in a switch the kernel does
+    # not trace (from the VM agent's threads, docs/probes.md), which is missing whole. The
+    # log bounds each by the thread's switch-outs around it (CI, 2026-12-02: 9.7 ms short;
+    # here once in 6 runs, 2 such waits, 3.9 ms of the thread's 26 ms blocked).
+    unseen_ns = sum(
+        b - a for a, b in unseen_off_cpu(log, child.pid) if res["t0"] <= a and b <= res["t1"]
+    )
+    io_ns = sum(blocked_ns(e) for e in io)
+    assert 0.9 * res["blocked_ns"] - unseen_ns <= io_ns <= 1.1 * res["blocked_ns"], (
+        f"{io_ns=} {res['blocked_ns']=} {unseen_ns=}\n{rec.story(res['t0'], tid=child.pid)}"
+    )
     sleeps = [e for e in mine if e.syscall == SYS_CLOCK_NANOSLEEP]
     assert len(sleeps) == 3
     assert all(e.io_dev == "" and e.io_bytes == 0 and e.io_op == "" for e in sleeps)
