@@ -273,3 +273,32 @@ def test_corrupt_or_truncated_libraries_give_unknown_never_an_exception(tmp_path
         if len(content) < 0x1000:
             assert func == UNKNOWN
     names.close()
+
+
+def test_a_symbol_table_pointing_outside_the_file_gives_unknown(tmp_path: Path) -> None:
+    # Each way a header of the one symbol table of a generated library can point past the
+    # file: its string table's index (sh_link), its own offset, a name's offset in the
+    # string table, the string table's offset, its own size (what lies inside is read).
+    good = write_elf(tmp_path / "good.so", [(0x1000, 0x100, "spin")]).read_bytes()
+    table_header = struct.unpack_from("<Q", good, 0x28)[0] + 2 * 64  # section 2's header
+    names_header = table_header + 64
+    first_symbol = struct.unpack_from("<Q", good, table_header + 24)[0] + 24
+
+    def patched(at: int, fmt: str, value: int) -> bytes:
+        out = bytearray(good)
+        struct.pack_into(fmt, out, at, value)
+        return bytes(out)
+
+    files = [
+        good,
+        patched(table_header + 40, "<I", 99),  # sh_link: no such section
+        patched(table_header + 24, "<Q", len(good) + 4096),  # the table past the end
+        patched(first_symbol, "<I", 0xFFFF_FFF0),  # the name past its string table
+        patched(names_header + 24, "<Q", 1 << 62),  # the string table past the end
+        patched(table_header + 32, "<Q", 1 << 62),  # the table running past the end
+    ]
+    paths = HostPaths.under(_proc_tree(tmp_path, files))
+    names = NativeNames(lambda pid: ProcessSymbols(pid, paths))
+    got = [names.name(7, 0x100000 * (n + 1) + 0x1010, 0)[0] for n in range(len(files))]
+    assert got == ["spin", UNKNOWN, UNKNOWN, UNKNOWN, UNKNOWN, "spin"]
+    names.close()
