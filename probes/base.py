@@ -182,6 +182,17 @@ def compiler_code(maps: list[procfs.Mapping]) -> list[tuple[int, int]]:
     ]
 
 
+def trim_heap() -> None:
+    """Hand the heap that glibc keeps free (after a large transient, like a compile's or a
+    big symbol table's sort) back to the system. Best effort: a C library without
+    malloc_trim keeps it."""
+    import ctypes
+
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
 def release_compiler_memory() -> None:
     """Hand back to the system what bcc's compiles left resident: the heap LLVM freed (it stays
     in glibc's arenas, ~40 MB) and the compiler's code, which nothing runs between compiles
@@ -191,9 +202,7 @@ def release_compiler_memory() -> None:
     import ctypes
 
     libc = ctypes.CDLL(None)
-    trim = getattr(libc, "malloc_trim", None)
-    if trim is not None:
-        trim(0)
+    trim_heap()
     try:
         maps = procfs.read_maps(HostPaths(), "self")
     except OSError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from array import array
 from pathlib import Path
 from types import TracebackType
 
@@ -37,9 +38,12 @@ class ElfFile:
             self.data = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
         try:
             self._headers()
-        except (ValueError, IndexError, struct.error):
+        except ValueError:
             self.data.close()
             raise
+        except (IndexError, OverflowError, struct.error) as err:  # pointing outside the file
+            self.data.close()
+            raise ValueError(f"{path}: a malformed ELF file ({err})") from None
 
     def _headers(self) -> None:
         data = self.data
@@ -128,32 +132,57 @@ class ElfFile:
             self._exported = self.symbols(None, STT_FUNC, exported=True)
         return self._exported
 
-    def function_spans(self) -> list[tuple[int, int, str]]:
-        """Every function with a size, as (start, end, name) sorted by start (.symtab and
-        .dynsym; an indirect function's resolver among them), for naming an address."""
-        spans = set()
+    def function_entries(self) -> tuple[array, array, array]:
+        """Every function with a size in .symtab and .dynsym (an indirect function's resolver
+        among them), in table order, as three arrays: start address, end address, and where
+        its name starts in the file (name_at reads it). Names are not read here: libtorch's
+        .dynsym alone holds hundreds of thousands of long C++ names, of which a profile
+        names a few. A table whose entries or string table lie outside the file, in part or
+        whole, gives what of it does lie inside (a name past its string table: not kept)."""
+        starts, ends, names = array("Q"), array("Q"), array("Q")
+        end_of_file = len(self.data)
         for _name, sh_type, _flags, _addr, off, size, link, _info, _align, entsize in self.sections:
-            if sh_type not in (SHT_SYMTAB, SHT_DYNSYM):
+            if sh_type not in (SHT_SYMTAB, SHT_DYNSYM) or entsize not in (0, _SYMBOL.size):
                 continue
-            strtab = self.sections[link][4]
-            for pos in range(off, off + size - _SYMBOL.size + 1, entsize or _SYMBOL.size):
-                st_name, st_info, _other, shndx, value, length = _SYMBOL.unpack_from(self.data, pos)
-                if st_info & 0xF in (STT_FUNC, STT_GNU_IFUNC) and shndx and value and length:
-                    name = self._string(strtab + st_name).decode(errors="replace")
-                    spans.add((value, value + length, name))
-        return sorted(spans)
+            if link >= len(self.sections) or off >= end_of_file:
+                continue
+            strtab, strsize = self.sections[link][4], self.sections[link][5]
+            strsize = min(strsize, max(0, end_of_file - strtab))
+            count = min(size, end_of_file - off) // _SYMBOL.size
+            table = memoryview(self.data)[off : off + count * _SYMBOL.size]
+            try:
+                for st_name, st_info, _other, shndx, value, length in _SYMBOL.iter_unpack(table):
+                    if (st_info & 0xF in (STT_FUNC, STT_GNU_IFUNC) and shndx and value and length
+                            and st_name < strsize and value + length < 1 << 64):  # fmt: skip
+                        starts.append(value)
+                        ends.append(value + length)
+                        names.append(strtab + st_name)
+            finally:
+                table.release()
+        return starts, ends, names
+
+    def name_at(self, offset: int) -> str | None:
+        """The name that starts at `offset` of the file (function_entries' third array), None
+        when it runs past the end of the file (one cut short or changed since)."""
+        size = self.data.size()  # the file's size now: a page past its end is not to be read
+        end = self.data.find(b"\0", offset, size) if offset < size else -1
+        return None if end < 0 else self.data[offset:end].decode(errors="replace")
 
     def build_id(self) -> str | None:
         """The GNU build id (hex), where the file carries one: it names the file's separate
-        debug file (/usr/lib/debug/.build-id/xx/yyyy.debug)."""
-        for _name, sh_type, _flags, _addr, off, size, *_ in self.sections:
-            pos = off
-            while sh_type == SHT_NOTE and pos + 12 <= off + size:
-                namesz, descsz, kind = struct.unpack_from("<III", self.data, pos)
-                desc = pos + 12 + (namesz + 3) // 4 * 4
-                if kind == NT_GNU_BUILD_ID and self.data[pos + 12 : pos + 16] == b"GNU\0":
-                    return self.data[desc : desc + descsz].hex()
-                pos = desc + (descsz + 3) // 4 * 4
+        debug file (/usr/lib/debug/.build-id/xx/yyyy.debug). None too where a note runs
+        past the end of the file."""
+        try:
+            for _name, sh_type, _flags, _addr, off, size, *_ in self.sections:
+                pos = off
+                while sh_type == SHT_NOTE and pos + 12 <= off + size:
+                    namesz, descsz, kind = struct.unpack_from("<III", self.data, pos)
+                    desc = pos + 12 + (namesz + 3) // 4 * 4
+                    if kind == NT_GNU_BUILD_ID and self.data[pos + 12 : pos + 16] == b"GNU\0":
+                        return self.data[desc : desc + descsz].hex()
+                    pos = desc + (descsz + 3) // 4 * 4
+        except (OverflowError, struct.error):
+            return None
         return None
 
     def file_offset(self, vaddr: int) -> int:

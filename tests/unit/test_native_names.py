@@ -1,16 +1,42 @@
 """Naming native addresses (probes/native_names.py): the symbols of a live process, and the
 fallbacks: an address no symbol covers, one in no module, a process gone, a library loaded
 after the maps were read, a symbol cache that cannot be made; and that naming closes no
-descriptor but its own (bcc's symbol cache, used before, did)."""
+descriptor but its own (bcc's symbol cache, used before, did). A file's functions: nested,
+overlapping, aliased and zero-size ones, C++ names demangled, a large table kept
+compactly, and corrupt files named "[unknown]" without an exception."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import random
+import struct
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
-from gpujitter.probes.native_names import REOPEN_NS, UNKNOWN, NativeNames
+import pytest
+
+from bench.synthetic_elf import mangled, write_elf
+from gpujitter.probes.host import HostPaths
+from gpujitter.probes.native_names import (
+    REOPEN_NS,
+    UNKNOWN,
+    Functions,
+    NativeNames,
+    ProcessSymbols,
+    file_functions,
+)
+
+
+@pytest.fixture(autouse=True)
+def files_forgotten() -> Iterator[None]:
+    """Each test's files are dropped from the process-wide cache at its end: each keeps its
+    file mapped (a descriptor), which a later test's files would push out of the cache and
+    close, and the suite's descriptor guard fails a test that closes an earlier one's."""
+    yield
+    file_functions.cache_clear()
 
 
 class FakeSymbols:
@@ -135,3 +161,144 @@ def test_naming_an_exited_process_closes_no_descriptor_it_did_not_open() -> None
     run = subprocess.run([sys.executable, "-c", NAMING], capture_output=True, text=True,
                          timeout=60)  # fmt: skip
     assert run.stdout.strip() == "kept", run.stdout + run.stderr
+
+
+def _functions(tmp_path: Path, symbols: list[tuple[int, int, str]], **kw: int) -> Functions:
+    """Functions.of a file whose one symbol table holds `symbols` (address, size, name); the
+    file maps from address 0, so an address is its file offset."""
+    return Functions.of(str(write_elf(tmp_path / "lib.so", symbols, **kw)))
+
+
+def test_an_address_past_a_nested_function_is_named_by_the_outer_one(tmp_path: Path) -> None:
+    # A function inside another's span (a local label with a size, a nested helper): the
+    # inner one where it lies, the outer one before and after it, not "no function".
+    funcs = _functions(tmp_path, [(0x1000, 0x100, "outer"), (0x1040, 0x20, "inner"),
+                                  (0x1050, 0x8, "innermost")])  # fmt: skip
+    assert [funcs.at(a) for a in (0x1000, 0x1044, 0x1052, 0x1059, 0x1070, 0x10FF)] == [
+        "outer", "inner", "innermost", "inner", "outer", "outer"]  # fmt: skip
+
+
+def test_functions_that_overlap_without_nesting_name_the_later_one(tmp_path: Path) -> None:
+    funcs = _functions(tmp_path, [(0x1000, 0x30, "first"), (0x1010, 0x30, "second")])
+    assert [funcs.at(a) for a in (0x100F, 0x1010, 0x102F, 0x1030, 0x103F)] == [
+        "first", "second", "second", "second", "second"]  # fmt: skip
+
+
+def test_aliases_of_one_span_read_as_the_shortest_name_whatever_the_order(
+    tmp_path: Path,
+) -> None:
+    for order in (["__getpid", "getpid", "__GI_getpid"], ["__GI_getpid", "getpid", "__getpid"]):
+        funcs = _functions(tmp_path, [(0x2000, 0x10, name) for name in order])
+        assert funcs.at(0x2008) == "getpid"
+    # A wider alias starting at the same address covers the narrower one's end.
+    funcs = _functions(tmp_path, [(0x2000, 0x10, "narrow"), (0x2000, 0x40, "wide")])
+    assert (funcs.at(0x2004), funcs.at(0x2030)) == ("narrow", "wide")
+
+
+def test_zero_size_symbols_and_addresses_outside_every_function_have_no_name(
+    tmp_path: Path,
+) -> None:
+    funcs = _functions(tmp_path, [(0x1000, 0, "marker"), (0x3000, 0x10, "last"),
+                                  (0x3000, 0, "label_at_last")])  # fmt: skip
+    assert [funcs.at(a) for a in (0x0FFF, 0x1000, 0x1001, 0x2FFF, 0x3008, 0x3010, 1 << 39)] == [
+        None, None, None, None, "last", None, None]  # fmt: skip
+
+
+def test_a_mangled_cxx_function_is_named_as_its_source_spells_it(tmp_path: Path) -> None:
+    funcs = _functions(tmp_path, [(0x1000, 0x10, mangled(7)), (0x1010, 0x10, "_Znot_mangled")])
+    assert funcs.at(0x1000) == (
+        "at::native::add_kernel_7(at::TensorIteratorBase&, c10::Scalar const&)"
+    )
+    assert funcs.at(0x1010) == "_Znot_mangled"
+
+
+# A child's resident memory before and after reading a file of 100k C++ functions (a third of
+# libtorch_cpu's): kept as a tuple and a str each, they took ~260 bytes a function.
+KEPT = """
+import sys
+from gpujitter.probes.native_names import Functions
+def anon_kib():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("RssAnon")).split()[1])
+before = anon_kib()
+funcs = Functions.of(sys.argv[1])
+print(len(funcs.starts), (anon_kib() - before) // 1024)
+"""
+
+
+def test_a_large_symbol_table_is_kept_in_tens_of_bytes_a_function(tmp_path: Path) -> None:
+    big = write_elf(tmp_path / "libbig.so", ((0x10000 + 64 * i, 48, mangled(i))
+                                             for i in range(100_000)))  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", KEPT, str(big)], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    functions, grew_mb = (int(x) for x in out.stdout.split())
+    assert functions == 100_000
+    assert grew_mb < 12, grew_mb  # ~29 bytes a function kept: 3 MB; tuples and strs: 30 MB
+
+
+def _proc_tree(tmp_path: Path, files: list[bytes]) -> Path:
+    """A recorded /proc where process 7 maps code from /lib/libN.so for each of `files`
+    (its content), 16 pages each from 0x100000 * (N + 1)."""
+    proc = tmp_path / "proc" / "7"
+    (proc / "root" / "lib").mkdir(parents=True)
+    lines = []
+    for n, content in enumerate(files):
+        (proc / "root" / "lib" / f"lib{n}.so").write_bytes(content)
+        start = 0x100000 * (n + 1)
+        lines.append(f"{start:x}-{start + 0x10000:x} r-xp 00000000 08:01 {n + 1} /lib/lib{n}.so")
+    (proc / "maps").write_text("\n".join(lines) + "\n")
+    return tmp_path
+
+
+def test_corrupt_or_truncated_libraries_give_unknown_never_an_exception(tmp_path: Path) -> None:
+    # Any user's process can map any file: libz cut short or with bytes changed (headers,
+    # section table, symbol table), many times over, is named without an exception, in its
+    # module; cut short before its symbols, it reads "[unknown]".
+    libz = Path("/usr/lib/x86_64-linux-gnu/libz.so.1").read_bytes()
+    rng = random.Random(14)
+    shoff = struct.unpack_from("<Q", libz, 0x28)[0]
+    files = [libz[: rng.randrange(0, len(libz))] for _ in range(40)]
+    for _ in range(360):
+        mutant = bytearray(libz)
+        for _ in range(rng.randrange(1, 9)):
+            where = rng.choice((rng.randrange(0, 64), rng.randrange(shoff, len(libz)),
+                                rng.randrange(0, 0x4000), rng.randrange(0, len(libz))))  # fmt: skip
+            mutant[where] = rng.randrange(256)
+        files.append(bytes(mutant))
+    paths = HostPaths.under(_proc_tree(tmp_path, files))
+    names = NativeNames(lambda pid: ProcessSymbols(pid, paths))
+    for n, content in enumerate(files):
+        addr = 0x100000 * (n + 1) + rng.randrange(0, 0x10000)
+        func, module = names.name(7, addr, 0)
+        assert module == f"/lib/lib{n}.so"
+        if len(content) < 0x1000:
+            assert func == UNKNOWN
+    names.close()
+
+
+def test_a_symbol_table_pointing_outside_the_file_gives_unknown(tmp_path: Path) -> None:
+    # Each way a header of the one symbol table of a generated library can point past the
+    # file: its string table's index (sh_link), its own offset, a name's offset in the
+    # string table, the string table's offset, its own size (what lies inside is read).
+    good = write_elf(tmp_path / "good.so", [(0x1000, 0x100, "spin")]).read_bytes()
+    table_header = struct.unpack_from("<Q", good, 0x28)[0] + 2 * 64  # section 2's header
+    names_header = table_header + 64
+    first_symbol = struct.unpack_from("<Q", good, table_header + 24)[0] + 24
+
+    def patched(at: int, fmt: str, value: int) -> bytes:
+        out = bytearray(good)
+        struct.pack_into(fmt, out, at, value)
+        return bytes(out)
+
+    files = [
+        good,
+        patched(table_header + 40, "<I", 99),  # sh_link: no such section
+        patched(table_header + 24, "<Q", len(good) + 4096),  # the table past the end
+        patched(first_symbol, "<I", 0xFFFF_FFF0),  # the name past its string table
+        patched(names_header + 24, "<Q", 1 << 62),  # the string table past the end
+        patched(table_header + 32, "<Q", 1 << 62),  # the table running past the end
+    ]
+    paths = HostPaths.under(_proc_tree(tmp_path, files))
+    names = NativeNames(lambda pid: ProcessSymbols(pid, paths))
+    got = [names.name(7, 0x100000 * (n + 1) + 0x1010, 0)[0] for n in range(len(files))]
+    assert got == ["spin", UNKNOWN, UNKNOWN, UNKNOWN, UNKNOWN, "spin"]
+    names.close()
