@@ -135,10 +135,11 @@ class ElfFile:
     def function_entries(self) -> tuple[array, array, array]:
         """Every function with a size in .symtab and .dynsym (an indirect function's resolver
         among them), in table order, as three arrays: start address, end address, and where
-        its name starts in the file (name_at reads it). Names are not read here: libtorch's
-        .dynsym alone holds hundreds of thousands of long C++ names, of which a profile
-        names a few. A table whose entries or string table lie outside the file, in part or
-        whole, gives what of it does lie inside (a name past its string table: not kept)."""
+        its name starts in the file (native_names.NameFile reads it). Names are not read
+        here: libtorch's .dynsym alone holds hundreds of thousands of long C++ names, of
+        which a profile names a few. A table whose entries or string table lie outside the
+        file, in part or whole, gives what of it does lie inside (a name past its string
+        table: not kept)."""
         starts, ends, names = array("Q"), array("Q"), array("Q")
         end_of_file = len(self.data)
         for _name, sh_type, _flags, _addr, off, size, link, _info, _align, entsize in self.sections:
@@ -160,13 +161,6 @@ class ElfFile:
             finally:
                 table.release()
         return starts, ends, names
-
-    def name_at(self, offset: int) -> str | None:
-        """The name that starts at `offset` of the file (function_entries' third array), None
-        when it runs past the end of the file (one cut short or changed since)."""
-        size = self.data.size()  # the file's size now: a page past its end is not to be read
-        end = self.data.find(b"\0", offset, size) if offset < size else -1
-        return None if end < 0 else self.data[offset:end].decode(errors="replace")
 
     def build_id(self) -> str | None:
         """The GNU build id (hex), where the file carries one: it names the file's separate

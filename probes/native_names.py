@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import mmap
 import os
 from array import array
 from collections.abc import Callable
@@ -37,11 +36,56 @@ class Symbols(Protocol):
     def close(self) -> None: ...
 
 
+NAME_CHUNK = 256  # bytes read at a time for a name (most C++ names fit; longer ones loop)
+MAX_NAME = 65_536  # a name longer than this (no NUL found) is not a name
+
+
+class NameFile:
+    """A kept file's names, read with pread at their offsets: a file cut short or rewritten
+    in place since (by the user who runs the watched process) reads as no name, where a
+    page of a mapping past the file's new end would kill the daemon with SIGBUS."""
+
+    __slots__ = ("_fd",)
+
+    def __init__(self, path: str | Path) -> None:
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    @property
+    def proc_path(self) -> str:
+        """A path to this very file (whatever is at its own path now)."""
+        return f"/proc/self/fd/{self._fd}"
+
+    def name_at(self, offset: int) -> str | None:
+        """The NUL-ended name that starts at `offset`, None if the file ends first."""
+        chunks: list[bytes] = []
+        while sum(map(len, chunks)) < MAX_NAME:
+            try:
+                chunk = os.pread(self._fd, NAME_CHUNK, offset)
+            except OSError:
+                return None
+            end = chunk.find(b"\0")
+            if end >= 0:
+                return b"".join([*chunks, chunk[:end]]).decode(errors="replace")
+            if len(chunk) < NAME_CHUNK:
+                return None
+            chunks.append(chunk)
+            offset += NAME_CHUNK
+        return None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:  # a Functions dropped by the cache takes its files with it
+        self.close()
+
+
 @dataclass(frozen=True, slots=True)
 class Functions:
     """One file's functions, kept as arrays (29 bytes a function; a tuple and a str each took
-    ~260, ~95 MB for libtorch_cpu's 300k), their names left in the mapped files and read
-    only for an address a sample hits. `loads`: where the file's loadable segments lie
+    ~260, ~95 MB for libtorch_cpu's 300k), their names left in the files and read only for
+    an address a sample hits. `loads`: where the file's loadable segments lie
     (vaddr, file offset, size); starts, ends: each function's span, sorted by start, a wider
     span first where two start together; outer: the index of the nearest earlier function
     still open at its start (-1: none), so that an address past a function nested in
@@ -53,25 +97,25 @@ class Functions:
     outer: array[int]
     names: array[int]
     sources: array[int]
-    files: tuple[ElfFile, ...]
+    files: tuple[NameFile, ...]
 
     @classmethod
     def of(cls, path: str) -> Functions:
         """The functions of the ELF file at `path`, its separate debug file's added (where
         the distribution stripped the file's own table); OSError, ValueError if unreadable."""
-        files = [ElfFile(path)]
-        build_id = files[0].build_id()
+        # Each file is read through a descriptor kept for its names, so that the names come
+        # from the file the table was read from, even where it is replaced since (an
+        # upgrade): the processes that map it keep its old contents too.
+        files = [NameFile(path)]
+        with ElfFile(files[0].proc_path) as elf:
+            loads, build_id = tuple(elf.loads), elf.build_id()
+            entries = [elf.function_entries()]
         debug = DEBUG_FILES / build_id[:2] / f"{build_id[2:]}.debug" if build_id else None
-        try:
-            if debug is not None and debug.is_file():
-                files.append(ElfFile(debug))
-        except OSError:
-            files[0].close()
-            raise
-        functions = cls._sorted(tuple(files[0].loads), [e.function_entries() for e in files],
-                                tuple(files))  # fmt: skip
-        for elf in files:  # the tables' pages are read: give them back to the page cache
-            elf.data.madvise(mmap.MADV_DONTNEED)
+        if debug is not None and debug.is_file():
+            files.append(NameFile(debug))
+            with ElfFile(files[1].proc_path) as extra:
+                entries.append(extra.function_entries())
+        functions = cls._sorted(loads, entries, tuple(files))
         trim_heap()  # the entries and the sort's keys (~75 bytes a function) are freed now
         return functions
 
@@ -80,7 +124,7 @@ class Functions:
         cls,
         loads: tuple[tuple[int, int, int], ...],
         entries: list[tuple[array[int], array[int], array[int]]],
-        files: tuple[ElfFile, ...],
+        files: tuple[NameFile, ...],
     ) -> Functions:
         """The entries of each file (function_entries) in one table ordered by start, then
         the wider first. One integer key per function, so that sorting 300k of them makes

@@ -212,6 +212,28 @@ def test_a_mangled_cxx_function_is_named_as_its_source_spells_it(tmp_path: Path)
     assert funcs.at(0x1010) == "_Znot_mangled"
 
 
+# Reads a library's functions, then cuts the file short in place (as the user who owns a
+# watched process's library may) and names an address: no name, in a process that lives on
+# (a read of a mapped page past a file's end is SIGBUS, which is why names are pread).
+CUT_SHORT = """
+import sys
+from gpujitter.probes.native_names import Functions
+funcs = Functions.of(sys.argv[1])
+assert funcs.at(int(sys.argv[2], 16)) == "gj_named"
+with open(sys.argv[1], "r+b") as f:
+    f.truncate(64)
+print(funcs.at(int(sys.argv[2], 16)))
+"""
+
+
+def test_a_library_cut_short_after_its_table_was_read_gives_no_name(tmp_path: Path) -> None:
+    lib = write_elf(tmp_path / "libcut.so", [(0x1000, 0x40, "gj_named")])
+    done = subprocess.run([sys.executable, "-c", CUT_SHORT, str(lib), "0x1010"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None"
+
+
 # A child's resident memory before and after reading a file of 100k C++ functions (a third of
 # libtorch_cpu's): kept as a tuple and a str each, they took ~260 bytes a function.
 KEPT = """
