@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench.synthetic_elf import mangled, write_elf
 from gpujitter.probes.host import HostPaths
-from gpujitter.probes.native_names import NativeNames, file_functions
+from gpujitter.probes.native_names import NativeNames
 from gpujitter.probes.procfs import in_root, read_maps
 
 SAMPLES_PER_S = 100
@@ -70,14 +70,12 @@ def main() -> int:
         code = [m for m in read_maps(HostPaths(), pid) if library in m.path and m.executable]
         # The one read of the table, as the first sample in the library makes it (the
         # samples below find it kept, by the file's identity).
-        path = in_root(HostPaths(), pid, code[0].path)
-        st = os.stat(path)
+        names, now_ns = NativeNames(), 0
         anon0, cpu0 = anon_resident_bytes(), time.process_time()
-        functions = file_functions(path, st.st_dev, st.st_ino, st.st_mtime_ns)
+        functions = names.files.of(in_root(HostPaths(), pid, code[0].path))
         load_cpu_s = time.process_time() - cpu0
         kept_mb = (anon_resident_bytes() - anon0) / 1e6
         rng = random.Random(1)
-        names, now_ns = NativeNames(), 0
         cpu0 = time.process_time()
         for i in range(args.seconds * SAMPLES_PER_S):
             now_ns += 1_000_000_000 // SAMPLES_PER_S

@@ -5,9 +5,9 @@ mapped files' own symbol tables."""
 from __future__ import annotations
 
 import bisect
-import functools
 import os
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,45 +175,68 @@ class Functions:
         known = [n for n in names if n]
         return demangle(min(known, key=lambda n: (len(n), n))) if known else None
 
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
 
-@functools.lru_cache(maxsize=FILES_KEPT)
-def file_functions(path: str, dev: int, ino: int, mtime_ns: int) -> Functions:
-    """Functions.of a file, kept by the file's identity: the processes of one program, and
-    one process's maps read again, share it (libc's 7,400 functions take ~35 ms to read)."""
-    return Functions.of(path)
+
+class FileFunctions:
+    """The functions of the files a NativeNames has read, kept by the file's identity
+    (device, inode, modification time), not its path: the processes of one program (a
+    training job and its DataLoader workers, each seen through its own /proc/PID/root) and
+    one process's maps read again share one read (libc's 7,400 functions take ~35 ms,
+    libtorch's hundreds of thousands seconds). At most FILES_KEPT, the least recently used
+    dropped first (its descriptors close once no process's symbols hold it)."""
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[tuple[int, int, int], Functions] = OrderedDict()
+
+    def of(self, path: str) -> Functions:
+        """The functions of the file at `path`; OSError, ValueError if unreadable."""
+        st = os.stat(path)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        functions = self._kept.get(key)
+        if functions is None:
+            functions = self._kept[key] = Functions.of(path)
+            while len(self._kept) > FILES_KEPT:
+                self._kept.popitem(last=False)
+        self._kept.move_to_end(key)
+        return functions
+
+    def close(self) -> None:
+        for functions in self._kept.values():
+            functions.close()
+        self._kept.clear()
 
 
 class ProcessSymbols:
     """One process's symbols: its executable file mappings as /proc/<pid>/maps listed them
     when made, each file's functions read on first use (through the process's root, so a
-    process in a container is read in its own files). It opens and closes only descriptors
-    of its own: bcc 0.26's symbol cache, used here before, closes an uninitialised number
-    each time it is made for a process whose root link cannot be read (one that exited, or
-    a zombie), which took whatever descriptor of this process held that number."""
+    process in a container is read in its own files) and kept in `files`. It opens and
+    closes only descriptors of its own: bcc 0.26's symbol cache, used here before, closes
+    an uninitialised number each time it is made for a process whose root link cannot be
+    read (one that exited, or a zombie), which took whatever descriptor of this process
+    held that number."""
 
-    def __init__(self, pid: int, paths: HostPaths | None = None) -> None:
-        self._pid, self._paths = pid, paths or HostPaths()
+    def __init__(self, pid: int, files: FileFunctions, paths: HostPaths | None = None) -> None:
+        self._pid, self._files, self._paths = pid, files, paths or HostPaths()
         self._code = [m for m in read_maps(self._paths, pid) if m.file and m.executable]
-        self._files: dict[str, Functions | None] = {}
+        self._read: dict[str, Functions | None] = {}
 
     def resolve(self, addr: int) -> tuple[str | None, str | None]:
         for m in self._code:
             if m.start <= addr < m.end:
-                if m.path not in self._files:
-                    path = in_root(self._paths, self._pid, m.path)
+                if m.path not in self._read:
                     try:
-                        st = os.stat(path)
-                        self._files[m.path] = file_functions(
-                            path, st.st_dev, st.st_ino, st.st_mtime_ns
-                        )
+                        self._read[m.path] = self._files.of(in_root(self._paths, self._pid, m.path))
                     except (OSError, ValueError):  # gone, unreadable, not ELF: the module only
-                        self._files[m.path] = None
-                functions = self._files[m.path]
+                        self._read[m.path] = None
+                functions = self._read[m.path]
                 return (functions.at(addr - m.start + m.offset) if functions else None), m.path
         return None, None
 
     def close(self) -> None:
-        self._files.clear()
+        self._read.clear()
 
 
 def file_code(pid: int) -> list[tuple[int, int]]:
@@ -232,11 +255,12 @@ class NativeNames:
 
     def __init__(
         self,
-        open_symbols: Callable[[int], Symbols] = ProcessSymbols,
+        open_symbols: Callable[[int, FileFunctions], Symbols] = ProcessSymbols,
         code_of: Callable[[int], list[tuple[int, int]]] = file_code,
     ) -> None:
         self._open = open_symbols
         self._code_of = code_of
+        self.files = FileFunctions()  # the files' functions, shared by the processes
         self._symbols: dict[int, tuple[Symbols | None, int]] = {}  # pid -> symbols, maps read
         self._names: dict[tuple[int, int], tuple[str, str]] = {}
 
@@ -274,7 +298,7 @@ class NativeNames:
         if had is None or reopen:
             self._close(pid)
             try:
-                had = (self._open(pid), now_ns)
+                had = (self._open(pid, self.files), now_ns)
             except (OSError, ValueError):
                 had = (None, now_ns)
             self._symbols[pid] = had
@@ -294,3 +318,4 @@ class NativeNames:
     def close(self) -> None:
         for pid in list(self._symbols):
             self.forget(pid)
+        self.files.close()

@@ -13,30 +13,18 @@ import random
 import struct
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from bench.synthetic_elf import mangled, write_elf
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.native_names import (
     REOPEN_NS,
     UNKNOWN,
+    FileFunctions,
     Functions,
     NativeNames,
     ProcessSymbols,
-    file_functions,
 )
-
-
-@pytest.fixture(autouse=True)
-def files_forgotten() -> Iterator[None]:
-    """Each test's files are dropped from the process-wide cache at its end: each keeps its
-    file mapped (a descriptor), which a later test's files would push out of the cache and
-    close, and the suite's descriptor guard fails a test that closes an earlier one's."""
-    yield
-    file_functions.cache_clear()
 
 
 class FakeSymbols:
@@ -62,7 +50,7 @@ def _names(
     opened: list[int] = []
     made: list[FakeSymbols] = []
 
-    def open_symbols(pid: int) -> FakeSymbols:
+    def open_symbols(pid: int, _files: FileFunctions) -> FakeSymbols:
         made.append(FakeSymbols(tables[min(len(opened), len(tables) - 1)], opened))
         return made[-1]
 
@@ -106,7 +94,7 @@ def test_code_in_no_file_never_makes_the_symbols_again() -> None:
 
 
 def test_a_symbol_cache_that_cannot_be_made_gives_hex_addresses() -> None:
-    def refuse(pid: int) -> FakeSymbols:
+    def refuse(pid: int, _files: FileFunctions) -> FakeSymbols:
         raise OSError("no such process")
 
     names = NativeNames(refuse)
@@ -212,6 +200,31 @@ def test_a_mangled_cxx_function_is_named_as_its_source_spells_it(tmp_path: Path)
     assert funcs.at(0x1010) == "_Znot_mangled"
 
 
+def test_one_file_seen_through_two_paths_is_read_once(tmp_path: Path) -> None:
+    # A job and its DataLoader workers map the same libraries, each named through its own
+    # /proc/PID/root: the key was the path, so each process read libtorch's table again.
+    lib = write_elf(tmp_path / "libone.so", [(0x1000, 0x40, "gj_named")])
+    (tmp_path / "via").symlink_to(tmp_path)
+    files = FileFunctions()
+    first = files.of(str(lib))
+    assert files.of(str(tmp_path / "via" / "libone.so")) is first
+    assert first.at(0x1010) == "gj_named"
+    files.close()
+
+
+def test_names_close_every_descriptor_they_opened(tmp_path: Path) -> None:
+    # The files' descriptors go with the NativeNames that read them (the probe's close),
+    # not with a process-wide cache that outlives it.
+    before = set(os.listdir("/proc/self/fd"))
+    libc = ctypes.CDLL("libc.so.6")
+    addr = ctypes.cast(libc.getpid, ctypes.c_void_p).value
+    names = NativeNames()
+    assert "getpid" in names.name(os.getpid(), addr, 0)[0]
+    assert set(os.listdir("/proc/self/fd")) - before
+    names.close()
+    assert set(os.listdir("/proc/self/fd")) <= before
+
+
 # Reads a library's functions, then cuts the file short in place (as the user who owns a
 # watched process's library may) and names an address: no name, in a process that lives on
 # (a read of a mapped page past a file's end is SIGBUS, which is why names are pread).
@@ -287,7 +300,7 @@ def test_corrupt_or_truncated_libraries_give_unknown_never_an_exception(tmp_path
             mutant[where] = rng.randrange(256)
         files.append(bytes(mutant))
     paths = HostPaths.under(_proc_tree(tmp_path, files))
-    names = NativeNames(lambda pid: ProcessSymbols(pid, paths))
+    names = NativeNames(lambda pid, files: ProcessSymbols(pid, files, paths))
     for n, content in enumerate(files):
         addr = 0x100000 * (n + 1) + rng.randrange(0, 0x10000)
         func, module = names.name(7, addr, 0)
@@ -320,7 +333,7 @@ def test_a_symbol_table_pointing_outside_the_file_gives_unknown(tmp_path: Path) 
         patched(table_header + 32, "<Q", 1 << 62),  # the table running past the end
     ]
     paths = HostPaths.under(_proc_tree(tmp_path, files))
-    names = NativeNames(lambda pid: ProcessSymbols(pid, paths))
+    names = NativeNames(lambda pid, files: ProcessSymbols(pid, files, paths))
     got = [names.name(7, 0x100000 * (n + 1) + 0x1010, 0)[0] for n in range(len(files))]
     assert got == ["spin", UNKNOWN, UNKNOWN, UNKNOWN, UNKNOWN, "spin"]
     names.close()
