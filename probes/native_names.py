@@ -26,6 +26,8 @@ FILES_KEPT = 16  # files whose functions are kept (read again when they change)
 DEBUG_FILES = Path("/usr/lib/debug/.build-id")  # separate debug files, by build id
 _WIDEST = (1 << 64) - 1  # the largest end: keys hold (_WIDEST - end), the wider span first
 _INDEX = (1 << 31) - 1  # a function's index in its file's entries, in a sort key
+NAME_CHUNK = 256  # bytes read at a time for a name (most C++ names fit; longer ones loop)
+MAX_NAME = 65_536  # a name longer than this (no NUL found) is not a name
 
 
 class Symbols(Protocol):
@@ -34,10 +36,6 @@ class Symbols(Protocol):
     def resolve(self, addr: int) -> tuple[str | None, str | None]: ...
 
     def close(self) -> None: ...
-
-
-NAME_CHUNK = 256  # bytes read at a time for a name (most C++ names fit; longer ones loop)
-MAX_NAME = 65_536  # a name longer than this (no NUL found) is not a name
 
 
 class NameFile:
@@ -57,19 +55,18 @@ class NameFile:
 
     def name_at(self, offset: int) -> str | None:
         """The NUL-ended name that starts at `offset`, None if the file ends first."""
-        chunks: list[bytes] = []
-        while sum(map(len, chunks)) < MAX_NAME:
+        name = b""
+        while len(name) < MAX_NAME:
             try:
-                chunk = os.pread(self._fd, NAME_CHUNK, offset)
+                chunk = os.pread(self._fd, NAME_CHUNK, offset + len(name))
             except OSError:
                 return None
             end = chunk.find(b"\0")
             if end >= 0:
-                return b"".join([*chunks, chunk[:end]]).decode(errors="replace")
+                return (name + chunk[:end]).decode(errors="replace")
             if len(chunk) < NAME_CHUNK:
                 return None
-            chunks.append(chunk)
-            offset += NAME_CHUNK
+            name += chunk
         return None
 
     def close(self) -> None:
