@@ -9,7 +9,9 @@
  * object, and streams the code object's address with its name, file and first line as
  * pointers: user space turns them into text once per code object. A thread with no Python
  * frame (a native thread holding a thread state, C code between Python calls) streams its
- * user-space instruction address instead, for user space to name (native_names.py).
+ * user-space instruction address instead, for user space to name (native_names.py). So does
+ * a native-only thread (thread state 0 in py_threads: a feeder in no interpreter's thread
+ * list, in any watched process, Python or not) at once, with no thread state to read.
  *
  * Budget (python_stacks_budget.h): one sample per THRESHOLD_SPACING_NS in all, the feeders'
  * periods first (py_feeders_known: user space says feeding threads are known), the others'
@@ -34,7 +36,7 @@ struct py_proc {
 BPF_HASH(py_procs, u32, struct py_proc, 1024);
 
 struct py_thread {
-    u64 tstate;
+    u64 tstate;             /* 0: native-only, the thread's instruction address alone */
     u32 tgid;               /* a thread id reused by another process is not read */
     u32 feeder;             /* a feeding thread (probes/feeders.py): first on the budget */
 };
@@ -78,6 +80,34 @@ static __always_inline u64 py_word(u64 addr, bool *bad)
     return v;
 }
 
+/* The innermost Python frame of the thread whose thread state is at tstate into e (its code
+ * object's address, name, file and first line; e->code stays 0 where there is none). */
+static __always_inline void py_walk(u64 tstate, struct py_proc *p, struct py_sample *e,
+                                    bool *bad)
+{
+    u64 frame = py_word(tstate + p->tstate_frame, bad);
+    if (frame && p->cframe_current_frame >= 0)
+        frame = py_word(frame + p->cframe_current_frame, bad);
+#pragma unroll
+    for (int i = 0; i < MAX_WALK; i++) {
+        if (!frame || *bad)
+            break;
+        u64 code = py_word(frame + p->frame_code, bad);
+        u8 owner = 0;
+        if (p->frame_owner >= 0 && gj_read_user(&owner, 1, (void *)(frame + p->frame_owner)))
+            *bad = true;
+        if (code && owner != OWNED_BY_CSTACK && py_word(code + 8, bad) == p->code_type) {
+            e->code = code;
+            e->filename = py_word(code + p->code_filename, bad);
+            e->name = py_word(code + p->code_name, bad);
+            if (gj_read_user(&e->firstlineno, 4, (void *)(code + p->code_firstlineno)))
+                *bad = true;
+            return;
+        }
+        frame = py_word(frame + p->frame_previous, bad);
+    }
+}
+
 int py_tick(struct bpf_perf_event_data *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -85,9 +115,12 @@ int py_tick(struct bpf_perf_event_data *ctx)
     struct py_thread *t = py_threads.lookup(&tid);
     if (!t || t->tgid != tgid)
         return 0;
-    struct py_proc *p = py_procs.lookup(&tgid);
-    if (!p)
-        return 0;
+    struct py_proc *p = 0;
+    if (t->tstate) {
+        p = py_procs.lookup(&tgid);
+        if (!p)
+            return 0;
+    }
     u64 now = bpf_ktime_get_ns();
     if (!py_spend(now, t->feeder))
         return 0;
@@ -106,27 +139,8 @@ int py_tick(struct bpf_perf_event_data *ctx)
     e->firstlineno = 0;
     e->pad = 0;
     bool bad = false;
-    u64 frame = py_word(t->tstate + p->tstate_frame, &bad);
-    if (frame && p->cframe_current_frame >= 0)
-        frame = py_word(frame + p->cframe_current_frame, &bad);
-#pragma unroll
-    for (int i = 0; i < MAX_WALK; i++) {
-        if (!frame || bad)
-            break;
-        u64 code = py_word(frame + p->frame_code, &bad);
-        u8 owner = 0;
-        if (p->frame_owner >= 0 && gj_read_user(&owner, 1, (void *)(frame + p->frame_owner)))
-            bad = true;
-        if (code && owner != OWNED_BY_CSTACK && py_word(code + 8, &bad) == p->code_type) {
-            e->code = code;
-            e->filename = py_word(code + p->code_filename, &bad);
-            e->name = py_word(code + p->code_name, &bad);
-            if (gj_read_user(&e->firstlineno, 4, (void *)(code + p->code_firstlineno)))
-                bad = true;
-            break;
-        }
-        frame = py_word(frame + p->frame_previous, &bad);
-    }
+    if (p)
+        py_walk(t->tstate, p, e, &bad);
     if (!e->code && !bad) {
         /* The first entry of the user stack is the user registers' IP, also when the timer
          * interrupted the thread in the kernel; frame pointers are not needed for it. */

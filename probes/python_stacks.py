@@ -11,13 +11,17 @@ innermost Python frame from the thread's own memory and streams the code object'
 with its name and file pointers; user space reads the text once per code object
 (pyframes.Interpreter.frame_at). A thread with no Python frame then (a native thread that
 holds a thread state) streams its user-space instruction address instead, named here by
-symbol and module (native_names.py) as a native frame (events.NATIVE_LINE). One budget is
-shared by all threads: one sample per `spacing` (default 10 ms: 100 samples/s however many
-threads run), the feeding threads the other probes' events named first (probes/feeders.py:
-libcuda callers, GIL waiters and holders, the wakers of those): while some are known the
-others share a twentieth of it, and only one of them at a time keeps its perf event on (an
-event on costs its thread ~1 us a context switch). Past the budget the others' periods are
-thinned at random, so that each thread's samples follow its CPU time, not its timer's phase
+symbol and module (native_names.py) as a native frame (events.NATIVE_LINE). A feeder in no
+interpreter's thread list (a native thread that never took a thread state: libtorch's, a
+C++ launcher's, any thread of a watched process with no Python) gets a perf event too,
+marked native-only (thread state 0): its samples are native frames, read with no thread
+state (MAX_NATIVE_ONLY such threads at most). One budget is shared by all threads: one
+sample per `spacing` (default 10 ms: 100 samples/s however many threads run), the feeding
+threads the other probes' events named first (probes/feeders.py: libcuda callers, GIL
+waiters and holders, the wakers of those): while some are known the others share a
+twentieth of it, and only one of them at a time keeps its perf event on (an event on costs
+its thread ~1 us a context switch). Past the budget the others' periods are thinned at
+random, so that each thread's samples follow its CPU time, not its timer's phase
 (bpf/python_stacks_budget.h). No thread of gpujitter wakes to sample, no signal, nothing
 written into the job. Another version, or a build whose layout is not known, is named once
 in the probe's status and its host work stays unnamed.
@@ -29,11 +33,13 @@ from __future__ import annotations
 import ctypes as ct
 import os
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpujitter.probes.base import BPF_DIR, BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import NATIVE_LINE, PySample
 from gpujitter.probes.feeders import Feeders
+from gpujitter.probes.host import status_fields
 from gpujitter.probes.mapped_scan import MappedScan, watched_pids
 from gpujitter.probes.native_names import NativeNames
 from gpujitter.probes.perf_event import ATTR_DISABLED, PerfEventAttr, bpf_event_fd, set_enabled
@@ -48,6 +54,10 @@ THIN_WINDOW_NS, THIN_PCT = 100_000_000, 80
 OTHERS_SHARE = 20  # while feeders are known, the others get 1/OTHERS_SHARE of the budget
 MAX_WALK = 16  # frames walked past shims and non-code before a sample gives up
 PERF_TYPE_SOFTWARE, PERF_COUNT_SW_TASK_CLOCK = 1, 1
+# Feeders sampled with no thread state at once, at most (a perf event and a status read a
+# second each): a job's launcher, loader and NCCL threads fit.
+MAX_NATIVE_ONLY = 16
+NATIVE_ONLY = 0  # the thread state of a native-only thread in py_threads
 
 # What the .bpf.c gets as -D options besides the thresholds (it never restates them).
 CONSTANTS = {
@@ -68,6 +78,26 @@ def task_clock_fd(prog_fd: int, tid: int, period_ns: int) -> int:
     attr.sample_period = period_ns
     attr.flags = ATTR_DISABLED  # enabled once the program is set
     return bpf_event_fd(attr, tid, -1, prog_fd, f"the task-clock of thread {tid}")
+
+
+def native_only(
+    feeders: Iterable[int],
+    python: set[int],
+    held: set[int],
+    process_of: Callable[[int], int | None],
+) -> dict[tuple[int, int], int]:
+    """The feeders to sample by their native frame alone, as (pid, tid) -> NATIVE_ONLY: those
+    not in an interpreter's thread list (`python`) whose process_of(tid) names a watched
+    process (None: gone, a kernel thread, not watched); those `held` already first, then by
+    thread id, MAX_NATIVE_ONLY at most."""
+    found: dict[tuple[int, int], int] = {}
+    for tid in sorted(set(feeders) - python, key=lambda t: (t not in held, t)):
+        if len(found) == MAX_NATIVE_ONLY:
+            break
+        pid = process_of(tid)
+        if pid is not None:
+            found[(pid, tid)] = NATIVE_ONLY
+    return found
 
 
 def proc_entry(leaf: Any, interp: Interpreter) -> Any:
@@ -106,7 +136,8 @@ class PythonStacksProbe(BpfProbe):
         self._enabled: set[tuple[int, int]] = set()  # (pid, tid) whose perf event is on
         self._turn = 0  # which other thread keeps its event on while feeders are known
         self._prog_fd = -1
-        # pid -> when its thread list was read; (pid, tid) -> [perf event fd, thread state]
+        # pid -> when its thread list was read; (pid, tid) -> [perf event fd, thread state
+        # (NATIVE_ONLY: a feeder in no thread list)]
         self._listed: dict[int, int] = {}
         self._sampled: dict[tuple[int, int], tuple[int, int]] = {}
 
@@ -145,7 +176,8 @@ class PythonStacksProbe(BpfProbe):
         """Look at the watched processes not yet looked at (the watched set lives in the
         core's BPF maps), forget those that exited, read the thread lists that are due."""
         procs = self.bpf["py_procs"]
-        for pid in self.scan.due(watched_pids(self._core.bpf), now_ns):
+        watched = watched_pids(self._core.bpf)
+        for pid in self.scan.due(watched, now_ns):
             try:
                 interp = Interpreter(pid)
             except NotReadable as err:
@@ -171,15 +203,20 @@ class PythonStacksProbe(BpfProbe):
                     continue
                 self._listed[pid] = now_ns
                 self._threads(pid, threads)
-        self._feeders.recent(now_ns)  # forgets those not named for a while: a change
+        self._native_only(self._feeders.recent(now_ns), watched)  # those that exited go
         self._push_feeders(now_ns)
         versions = sorted({i.version for i in self.interpreters.values()})
         said = "; ".join(f"{path}: {why}" for path, why in sorted(self.refused.items()))
+        native = sum(1 for _, tstate in self._sampled.values() if tstate == NATIVE_ONLY)
         self.state = "running"
         self.reason = (
             ", ".join(
                 x
-                for x in (f"sampling CPython {', '.join(versions)}" if versions else "", said)
+                for x in (
+                    f"sampling CPython {', '.join(versions)}" if versions else "",
+                    f"feeders with no thread state (native frames): {native}" if native else "",
+                    said,
+                )
                 if x
             )
             or "no CPython process among the watched ones yet"
@@ -187,32 +224,66 @@ class PythonStacksProbe(BpfProbe):
 
     def _threads(self, pid: int, threads: dict[int, int]) -> None:
         """Sample the process's Python threads `threads` (tid -> thread state) from now on,
-        and no longer its others: a perf event and a py_threads entry per thread."""
-        table = self.bpf["py_threads"]
-        for key in [k for k in self._sampled if k[0] == pid and k[1] not in threads]:
-            os.close(self._sampled.pop(key)[0])
-            self._enabled.discard(key)
-            table.pop(ct.c_uint32(key[1]), None)
+        and no longer its others but the native-only ones (_native_only's)."""
+        for key, (_, tstate) in list(self._sampled.items()):
+            if key[0] == pid and key[1] not in threads and tstate != NATIVE_ONLY:
+                self._unsample(key)
         for tid, tstate in threads.items():
-            had = self._sampled.get((pid, tid))
-            if had is not None and had[1] == tstate:
-                continue
-            if had is None:
-                try:
-                    had = (task_clock_fd(self._prog_fd, tid, self.period_ns), tstate)
-                except OSError:  # the thread ended since the list was read
-                    continue
-                self._enabled.add((pid, tid))
-            self._sampled[(pid, tid)] = (had[0], tstate)
-            table[ct.c_uint32(tid)] = table.Leaf(tstate=tstate, tgid=pid, feeder=0)
+            self._sample((pid, tid), tstate)
+
+    def _native_only(self, feeders: set[int], watched: list[int] | None) -> None:
+        """Sample the feeders in no thread list by their native frame (native_only()), and
+        no longer those that exited, stopped feeding or took a thread state."""
+        python = {tid for (_, tid), (_, ts) in self._sampled.items() if ts != NATIVE_ONLY}
+        held = {key for key, (_, ts) in self._sampled.items() if ts == NATIVE_ONLY}
+        allowed = None if watched is None else set(watched)
+        wanted = native_only(
+            feeders, python, {tid for _, tid in held}, lambda tid: self._process_of(tid, allowed)
+        )
+        for key in held - wanted.keys():
+            self._unsample(key)
+        for key, tstate in wanted.items():
+            self._sample(key, tstate)
+
+    def _process_of(self, tid: int, allowed: set[int] | None) -> int | None:
+        """The process of thread `tid` if it is watched (in `allowed`, None: every one but
+        gpujitter) and has user memory (a kernel thread, or one exiting, has none)."""
+        status = status_fields(self.scan.paths, tid)
+        pid = int(status.get("Tgid") or 0)
+        mapped = "VmSize" in status
+        ok = mapped and pid != os.getpid() and (allowed is None or pid in allowed)
+        return pid if ok else None
+
+    def _sample(self, key: tuple[int, int], tstate: int) -> None:
+        """Sample thread key = (pid, tid) with thread state tstate: its perf event opened
+        unless it has one (a native-only thread found in a thread list keeps its own)."""
+        had = self._sampled.get(key)
+        if had is not None and had[1] == tstate:
+            return
+        if had is None:
+            try:
+                had = (task_clock_fd(self._prog_fd, key[1], self.period_ns), tstate)
+            except OSError:  # the thread ended since it was listed
+                return
+            self._enabled.add(key)
+        self._sampled[key] = (had[0], tstate)
+        table = self.bpf["py_threads"]
+        table[ct.c_uint32(key[1])] = table.Leaf(tstate=tstate, tgid=key[0], feeder=0)
         self._feeder_changes = -1  # new entries say feeder=0: write the flags again
+
+    def _unsample(self, key: tuple[int, int]) -> None:
+        os.close(self._sampled.pop(key)[0])
+        self._enabled.discard(key)
+        self.bpf["py_threads"].pop(ct.c_uint32(key[1]), None)
+        self._feeder_changes = -1  # the feeders known may be fewer
 
     def _push_feeders(self, now_ns: int) -> None:
         """Tell the kernel which sampled threads feed, when that changed."""
         if self._feeders.changes == self._feeder_changes:
             return
-        self._feeder_changes = self._feeders.changes
         feeders = self._feeders.recent(now_ns)
+        self._native_only(feeders, watched_pids(self._core.bpf))
+        self._feeder_changes = self._feeders.changes
         table = self.bpf["py_threads"]
         self._feeding = {tid for _, tid in self._sampled if tid in feeders}
         for (pid, tid), (_, tstate) in self._sampled.items():
@@ -239,11 +310,11 @@ class PythonStacksProbe(BpfProbe):
         super().poll()
 
     def decode(self, ring: str, rec: Any) -> PySample | None:
-        interp = self.interpreters.get(rec.tgid)
-        if interp is None:
-            return None
         func, file, line = "", "", 0
         if rec.code:
+            interp = self.interpreters.get(rec.tgid)
+            if interp is None:
+                return None
             try:
                 frame = interp.frame_at(rec.code, rec.filename, rec.name, rec.firstlineno)
             except OSError:

@@ -1,6 +1,7 @@
-"""A Python process with a thread that has no Python frame: a native thread (from a shared
-library built with gcc) that takes a thread state, releases the GIL and spins in C, for the
-python_stacks probe's native frames (kernel test and bench)."""
+"""Threads with no Python frame, built with gcc, for the python_stacks probe's native frames
+(kernel tests and bench): in a Python process, a native thread (from a shared library) that
+takes a thread state, releases the GIL and spins in C; and a process with no Python in it at
+all, whose two threads spin in C functions of their own."""
 
 from __future__ import annotations
 
@@ -53,13 +54,76 @@ time.sleep(600)
 """
 
 
+# A program with no interpreter: two threads spinning in C (no thread state anywhere); prints
+# their thread ids, "FEEDER OTHER", then waits to be killed.
+FEEDER_FUNC, OTHER_FUNC = "gj_feeder_spin", "gj_other_spin"
+PROGRAM_NAME = "gjnative"
+PROGRAM_SOURCE = r"""
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+static volatile unsigned long sink;
+static volatile int tids[2];
+__attribute__((noinline)) void gj_feeder_spin(void)
+{
+    for (;;)
+        sink++;
+}
+__attribute__((noinline)) void gj_other_spin(void)
+{
+    for (;;)
+        sink += 3;
+}
+static void *run(void *which)
+{
+    tids[which != 0] = syscall(SYS_gettid);
+    if (which)
+        gj_other_spin();
+    gj_feeder_spin();
+    return which;
+}
+int main(void)
+{
+    pthread_t t;
+    pthread_create(&t, 0, run, 0);
+    pthread_create(&t, 0, run, (void *)1);
+    while (!tids[0] || !tids[1])
+        usleep(1000);
+    printf("%d %d\n", tids[0], tids[1]);
+    fflush(stdout);
+    for (;;)
+        pause();
+}
+"""
+
+
+def _compile(where: Path, name: str, source: str, *flags: str) -> Path:
+    """`source` compiled with gcc into `where`/`name`."""
+    src, out = where / f"{name}.c", where / name
+    src.write_text(source)
+    subprocess.run(["gcc", "-O1", *flags, "-o", str(out), str(src), "-lpthread"], check=True)
+    return out
+
+
 def build(where: Path) -> Path:
     """The library, compiled into directory `where`."""
-    src, lib = where / "gjspin.c", where / LIB_NAME
-    src.write_text(LIB_SOURCE)
-    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(lib), str(src), "-lpthread"],
-                   check=True)  # fmt: skip
-    return lib
+    return _compile(where, LIB_NAME, LIB_SOURCE, "-shared", "-fPIC")
+
+
+def build_program(where: Path) -> Path:
+    """The program with no interpreter, compiled into directory `where`."""
+    return _compile(where, PROGRAM_NAME, PROGRAM_SOURCE)
+
+
+def start_program(exe: Path) -> tuple[subprocess.Popen[str], int, int]:
+    """The program running, with its feeder-to-be's and its other thread's ids (kill the
+    process when done)."""
+    proc = subprocess.Popen([str(exe)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    feeder, other = (int(t) for t in proc.stdout.readline().split())
+    return proc, feeder, other
 
 
 def start(lib: Path, python: str = "/usr/bin/python3.11") -> tuple[subprocess.Popen[str], int]:

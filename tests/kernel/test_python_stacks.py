@@ -9,13 +9,13 @@ import glob
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from gpujitter.probes import registry
-from gpujitter.probes.events import NATIVE_LINE, Event, GilWait, PySample
+from gpujitter.probes.events import NATIVE_LINE, CudaCall, Event, GilWait, PySample
 from gpujitter.probes.progstats import enable_stats, prog_stats
 from gpujitter.probes.python_stacks import BURST_SAMPLES, OTHERS_SHARE, PythonStacksProbe
 from gpujitter.probes.runner import ProbeSet
@@ -211,6 +211,34 @@ sys.stdin.readline()
 """
 
 
+@contextlib.contextmanager
+def _late_thread() -> Iterator[tuple[subprocess.Popen[str], ProbeSet, list[PySample], int]]:
+    """A Python process running LATE_THREAD (talked to with _say) sampled alone: it, the
+    probes, their samples, and the perf events this process held open before its late
+    thread started. The process is killed at the end."""
+    proc = subprocess.Popen(
+        ["/usr/bin/python3.11", "-c", LATE_THREAD], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    took: list[PySample] = []
+    try:
+        _say(proc, None)
+        with _sampling({proc.pid}, took) as probes:
+            yield proc, probes, took, _open_fds()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _say(proc: subprocess.Popen[str], line: str | None = "") -> str:
+    """Send `line` (None: nothing) to a child, then read its reply."""
+    assert proc.stdin is not None and proc.stdout is not None
+    if line is not None:
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+    return proc.stdout.readline()
+
+
 def _open_fds() -> int:
     """Perf events this process holds open (the probe's one per thread among them)."""
     fds = []
@@ -225,34 +253,15 @@ def _open_fds() -> int:
 def test_a_thread_started_later_is_sampled_and_let_go_when_it_ends() -> None:
     """Thread lists are read once a second: a thread started after the probe is sampled from
     the next read on, and its perf event is closed at the read after it ended."""
-    proc = subprocess.Popen(
-        ["/usr/bin/python3.11", "-c", LATE_THREAD], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdout.readline()
-    took: list[PySample] = []
-
-    def say(line: str = "") -> str:
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(line + "\n")
-        proc.stdin.flush()
-        return proc.stdout.readline()
-
-    try:
-        with _sampling({proc.pid}, took) as probes:
-            fds_before = _open_fds()
-            late = int(say())
-            probes.tick(time.monotonic_ns() + 2_000_000_000)  # the next thread-list read
-            assert _open_fds() == fds_before + 1
-            time.sleep(0.3)
-            probes.poll()
-            say()  # the thread ends
-            probes.tick(time.monotonic_ns() + 4_000_000_000)
-            fds_after = _open_fds()
-    finally:
-        proc.kill()
-        proc.wait()
+    with _late_thread() as (proc, probes, took, fds_before):
+        late = int(_say(proc))
+        probes.tick(time.monotonic_ns() + 2_000_000_000)  # the next thread-list read
+        assert _open_fds() == fds_before + 1
+        time.sleep(0.3)
+        probes.poll()
+        _say(proc)  # the thread ends
+        probes.tick(time.monotonic_ns() + 4_000_000_000)
+        fds_after = _open_fds()
     assert {(s.tid, s.func) for s in took} == {(late, "late_spin")}, took[:5]
     assert fds_after == fds_before
 
@@ -319,3 +328,71 @@ def test_a_thread_with_no_python_frame_is_named_by_its_native_function(tmp_path:
     assert {(s.tid, s.func, s.file, s.line) for s in took} == {
         (spinner, native_spin.SPIN_FUNC, str(lib), NATIVE_LINE)
     }, took[:5]
+
+
+def test_a_feeder_with_no_thread_state_is_named_by_its_native_function(tmp_path: Path) -> None:
+    """Regression: only threads in an interpreter's thread list were sampled, so a feeder
+    that never took a thread state (here a libcuda caller in a process with no Python at
+    all, as a C++ launcher is) had no sample and its host work named nothing. Now every
+    sample of it names the C function it spins in and the program, at line NATIVE_LINE; the
+    process's other thread, no feeder, is not sampled, and a Python feeder beside it is
+    still sampled by its Python function."""
+    exe = native_spin.build_program(tmp_path)
+    proc, feeder, other = native_spin.start_program(exe)
+    py = _start("/usr/bin/python3.11", BUSY)
+    took: list[PySample] = []
+    try:
+        with _sampling({proc.pid, py.pid}, took) as probes:
+            _feed_until(
+                probes, [(feeder, proc.pid), (py.pid, py.pid)],
+                lambda: min(sum(1 for s in took if s.tgid == p) for p in (proc.pid, py.pid)) >= 10,
+            )  # fmt: skip
+            probes.tick(time.monotonic_ns())
+            reason = probes.probes[0].reason
+    finally:
+        for p in (proc, py):
+            p.kill()
+            p.wait()
+    native = {(s.tid, s.func, s.file, s.line) for s in took if s.tgid == proc.pid}
+    assert native == {(feeder, native_spin.FEEDER_FUNC, str(exe), NATIVE_LINE)}, took[:5]
+    assert other not in {s.tid for s in took}
+    python = {(s.tid, s.func, s.file, s.line) for s in took if s.tgid == py.pid}
+    assert python == {(py.pid, "spin_here", "<string>", 1)}, took[:5]
+    assert "feeders with no thread state (native frames): 1" in reason, reason
+
+
+def _feed_until(probes: ProbeSet, feeders: list[tuple[int, int]], done: Callable[[], bool]) -> None:
+    """Poll the probes, naming the threads `feeders` (tid, pid) libcuda callers every round,
+    until done() or 20 s have passed (~1 s is enough on a busy 2-CPU VM)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not done():
+        for tid, pid in feeders:
+            probes.ctx.emit(CudaCall(ts_ns=time.monotonic_ns(), dur_ns=0, tid=tid, tgid=pid,
+                                     cpu=0, api="launch", func="cuLaunchKernel"))  # fmt: skip
+        time.sleep(0.2)
+        probes.poll()
+
+
+def test_a_native_only_feeder_becomes_a_python_thread_once_listed_and_is_let_go() -> None:
+    """A feeder started since its process's thread list was read is in no list: it is
+    sampled by its native frame, then, from the next read that lists it, by its Python
+    function on the same perf event; once it has ended its event is closed (not opened
+    again as a native-only one, though it is still named a feeder)."""
+    with _late_thread() as (proc, probes, took, fds_before):
+        late = int(_say(proc))
+        _feed_until(probes, [(late, proc.pid)], lambda: any(s.tid == late for s in took))
+        native, fds_native = list(took), _open_fds()
+        took.clear()
+        probes.tick(time.monotonic_ns() + 2_000_000_000)  # the next thread-list read
+        _feed_until(probes, [(late, proc.pid)], lambda: len(took) >= 5)
+        fds_python = _open_fds()
+        _say(proc)  # the thread ends
+        probes.ctx.emit(CudaCall(ts_ns=time.monotonic_ns(), dur_ns=0, tid=late, tgid=proc.pid,
+                                 cpu=0, api="launch", func="cuLaunchKernel"))  # fmt: skip
+        probes.tick(time.monotonic_ns() + 4_000_000_000)
+        probes.poll()
+        fds_after = _open_fds()
+    assert native and {(s.tid, s.line) for s in native} == {(late, NATIVE_LINE)}, native[:5]
+    assert {(s.tid, s.func) for s in took} == {(late, "late_spin")}, took[:5]
+    assert fds_native == fds_python == fds_before + 1
+    assert fds_after == fds_before
