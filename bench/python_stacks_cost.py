@@ -16,7 +16,8 @@ the records consumed every 50 ms as the daemon does: this process's CPU share of
 and time per run. Then the same for one process whose only running thread has no Python
 frame (a native thread spinning in C: each sample reads its user-space instruction address
 and is named from the library's symbols, tests/native_spin.py), beside one spinning in
-Python measured just before it.
+Python measured just before it, and for a feeder with no thread state at all (a program with
+no Python whose one spinning thread is named a libcuda caller: sampled native-only).
 
     flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.python_stacks_cost --rounds 10
 """
@@ -36,6 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gpujitter.probes.events import CudaCall
 from gpujitter.probes.perf_event import set_enabled
 from gpujitter.probes.progstats import enable_stats, prog_stats
 from gpujitter.probes.python_stacks import PythonStacksProbe
@@ -160,31 +162,46 @@ def scaling(busy: int, window_s: float) -> dict[str, float]:
     return measured(procs, window_s) | {"busy_processes": busy}
 
 
-def native(window_s: float) -> dict[str, float]:
+def native(window_s: float) -> dict[str, dict[str, float]]:
     """measured() for one process whose running thread has no Python frame (its samples
-    native frames), the library built in a directory of its own."""
+    native frames), the library built in a directory of its own; then for a feeder in a
+    process with no Python (native-only)."""
     with tempfile.TemporaryDirectory() as where:
         proc, _ = native_spin.start(native_spin.build(Path(where)), sys.executable)
-        return measured([proc], window_s)
+        held = measured([proc], window_s)
+        proc, feeder, _ = native_spin.start_program(native_spin.build_program(Path(where)), True)
+        return {"native": held, "native_only": measured([proc], window_s, feeder)}
 
 
-def measured(procs: list[subprocess.Popen[str]], window_s: float) -> dict[str, float]:
+def measured(
+    procs: list[subprocess.Popen[str]], window_s: float, feeder: int = 0
+) -> dict[str, float]:
     """The sampler's CPU share, samples/s and BPF runs/s and time per run over window_s with
-    the processes `procs` watched (killed at the end)."""
-    busy = len(procs)
+    the processes `procs` watched (killed at the end); feeder: a thread of procs[0] named a
+    libcuda caller at every poll (0: none)."""
+    pids = {p.pid for p in procs}
+
+    def poll(probes: ProbeSet) -> None:
+        if feeder:
+            named = CudaCall(ts_ns=time.monotonic_ns(), dur_ns=0, tid=feeder,
+                             tgid=procs[0].pid, cpu=0, api="launch", func="bench")  # fmt: skip
+            probes.ctx.emit(named)
+        probes.poll()
+
     try:
-        with sampling_set({p.pid for p in procs}) as (probes, probe):
-            while len(probe.interpreters) < busy:  # the scan looks at new processes each second
+        with sampling_set(pids) as (probes, probe):
+            while {pid for pid, _ in probe._sampled} < pids:  # processes found each second
                 time.sleep(0.2)
+                poll(probes)
                 probes.tick(time.monotonic_ns())
             time.sleep(1.0)  # thread lists read, files opened
-            probes.poll()
+            poll(probes)
             samples0, cpu0, t0 = probe.samples, time.process_time_ns(), time.monotonic_ns()
             runs0, bpf0 = bpf_totals(probe)
             end = t0 + int(window_s * 1e9)
             while time.monotonic_ns() < end:
                 time.sleep(0.05)
-                probes.poll()
+                poll(probes)
             elapsed_s = (time.monotonic_ns() - t0) / 1e9
             cpu_s = (time.process_time_ns() - cpu0) / 1e9
             runs, bpf_ns = (a - b for a, b in zip(bpf_totals(probe), (runs0, bpf0), strict=True))
@@ -260,7 +277,7 @@ def main() -> int:
         "failed_reads": failed,
         "switches": switches(args.rounds),
         "scaling": [scaling(int(n), args.window) for n in args.busy.split(",") if n],
-        "native": {"python": scaling(1, args.window), "native": native(args.window)},
+        "native": {"python": scaling(1, args.window), **native(args.window)},
         "off_all": off,
         "on_all": on,
     }

@@ -54,8 +54,9 @@ time.sleep(600)
 """
 
 
-# A program with no interpreter: two threads spinning in C (no thread state anywhere); prints
-# their thread ids, "FEEDER OTHER", then waits to be killed.
+# A program with no interpreter: two threads spinning in C (no thread state anywhere), the
+# feeder-to-be alone with an argument; prints their thread ids, "FEEDER OTHER" (0: none),
+# then waits to be killed.
 FEEDER_FUNC, OTHER_FUNC = "gj_feeder_spin", "gj_other_spin"
 PROGRAM_NAME = "gjnative"
 PROGRAM_SOURCE = r"""
@@ -84,12 +85,14 @@ static void *run(void *which)
     gj_feeder_spin();
     return which;
 }
-int main(void)
+int main(int argc, char **argv)
 {
     pthread_t t;
+    int other = argc < 2;
     pthread_create(&t, 0, run, 0);
-    pthread_create(&t, 0, run, (void *)1);
-    while (!tids[0] || !tids[1])
+    if (other)
+        pthread_create(&t, 0, run, (void *)1);
+    while (!tids[0] || (other && !tids[1]))
         usleep(1000);
     printf("%d %d\n", tids[0], tids[1]);
     fflush(stdout);
@@ -117,10 +120,11 @@ def build_program(where: Path) -> Path:
     return _compile(where, PROGRAM_NAME, PROGRAM_SOURCE)
 
 
-def start_program(exe: Path) -> tuple[subprocess.Popen[str], int, int]:
-    """The program running, with its feeder-to-be's and its other thread's ids (kill the
-    process when done)."""
-    proc = subprocess.Popen([str(exe)], stdout=subprocess.PIPE, text=True)
+def start_program(exe: Path, alone: bool = False) -> tuple[subprocess.Popen[str], int, int]:
+    """The program running, with its feeder-to-be's and its other thread's ids (alone: no
+    other thread, id 0; kill the process when done)."""
+    proc = subprocess.Popen([str(exe), *(["alone"] if alone else [])], stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
     assert proc.stdout is not None
     feeder, other = (int(t) for t in proc.stdout.readline().split())
     return proc, feeder, other
