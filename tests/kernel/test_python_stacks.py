@@ -381,9 +381,12 @@ def test_a_native_only_feeder_becomes_a_python_thread_once_listed_and_is_let_go(
     with _late_thread() as (proc, probes, took, fds_before):
         late = int(_say(proc))
         _feed_until(probes, [(late, proc.pid)], lambda: any(s.tid == late for s in took))
-        native, fds_native = list(took), _open_fds()
+        listed_ns = time.monotonic_ns()
+        probes.tick(listed_ns + 2_000_000_000)  # the next thread-list read
+        probes.poll()  # what was taken before it (the ring is drained at each poll)
+        native = [s for s in took if s.ts_ns < listed_ns]
+        fds_native = _open_fds()
         took.clear()
-        probes.tick(time.monotonic_ns() + 2_000_000_000)  # the next thread-list read
         _feed_until(probes, [(late, proc.pid)], lambda: len(took) >= 5)
         fds_python = _open_fds()
         _say(proc)  # the thread ends
