@@ -1,6 +1,7 @@
 """The python_stacks probe on this kernel: samples of a running CPython process's innermost
-function from the watched set, nothing for a sleeping one, and an interpreter it cannot
-read named once in its status while it keeps sampling the others."""
+function from the watched set (a feeder with no thread state, in any watched process, by its
+native function), nothing for a sleeping one, and an interpreter it cannot read named once
+in its status while it keeps sampling the others."""
 
 from __future__ import annotations
 
