@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpujitter.daemon.analysis.records import Attribution
+from gpujitter.daemon.analysis.records import Attribution, FrameEvidence
 from gpujitter.daemon.drill.score import Stall, score
 from gpujitter.daemon.drill.system import interrupted_by_signals
 from gpujitter.daemon.sinks.jsonlog import JsonLogReader
+from gpujitter.probes import registry
 from gpujitter.probes.events import from_record
 
 S = 1_000_000_000
@@ -48,7 +49,7 @@ DAEMON_STOP_TIMEOUT_S = 30.0
 SETTLE_S = 4.0  # after the last stall: the detector holds a gap until power covers it (3 s)
 WRAP_S = 20.0  # stopping the job and writing the results
 SCENARIO_SETUP_S = 4.0  # a scenario's set-up, before its first stall (swap: more)
-SCENARIO_EXTRA_S = {"swap": 12.0, "readahead": 4.0}
+SCENARIO_EXTRA_S = {"swap": 12.0, "readahead": 4.0, "gc": 6.0}  # the heap grown first
 MIN_IDLE_NS = 5_000_000  # the daemon's default min_gap: the job's own idle that long counts
 
 
@@ -279,6 +280,28 @@ def clean_window(
     }
 
 
+def named_frames(stalls: list[dict[str, Any]], attrs: list[Attribution]) -> dict[str, Any]:
+    """For stalls that say which Python function ran them (pyhot: func, file, line): of the
+    gaps over them whose host work lasted a sampling period or more (less leaves no sample
+    to name it by), how many name that function as host work's top frame (issue 14's
+    target: >= 90 %)."""
+    period_ns = registry.get("python_stacks").thresholds["period"]
+    named = scored = 0
+    for a in attrs:
+        if not any(a.ts_ns < s["t1_ns"] and s["t0_ns"] < a.end_ns for s in stalls):
+            continue
+        host = [p for p in a.parts if p.cause == "host_work"]
+        if sum(p.ns for p in host) < period_ns:
+            continue
+        frames = [e for p in host for e in p.evidence if isinstance(e, FrameEvidence)]
+        scored += 1
+        named += bool(frames) and any(
+            (frames[0].func, frames[0].file, frames[0].line) == (s["func"], s["file"], s["line"])
+            for s in stalls
+        )
+    return {"gaps": scored, "named": named}
+
+
 def scenario_score(
     spec: dict[str, Any], stalls: list[dict[str, Any]], end_ns: int, attrs: list[Attribution]
 ) -> dict[str, Any]:
@@ -294,6 +317,7 @@ def scenario_score(
             "stall_ms": spec["stall_ms"], "notes": spec.get("notes", []),
             **result, "teardown_gaps": [{"ms": round(a.dur_ns / 1e6, 1),
                                          "top_cause": a.top_cause} for a in teardown],
+            **({"frames": named_frames(stalls, kept)} if stalls and "func" in stalls[0] else {}),
             "loop": {"stalls": stalls}}  # fmt: skip
 
 
@@ -570,7 +594,7 @@ def main() -> int:
     )
     p.add_argument(
         "--scenario-probes",
-        default="+faults,+swap",
+        default="+faults,+swap,+python_gil",
         help="the probes the scenarios need beyond the defaults",
     )
     p.add_argument("--stalls", type=int, default=5)

@@ -78,6 +78,10 @@ def scenario_rows(summary: dict[str, Any]) -> list[str]:
             out.append(f"| {r['scenario']} | no stall injected | | | {r['false_gaps']} | |")
         else:
             out.append(drill_row(r))
+    for r in summary.get("scenarios", []):
+        if f := r.get("frames"):
+            out.append(f"\n{r['scenario']}: the injected function is host work's top frame in "
+                       f"{f['named']} of {f['gaps']} gaps (target: >= 90 %)")  # fmt: skip
     return out
 
 

@@ -282,6 +282,7 @@ class Scenario:
                 self.injector = spec.injector(job.lib, self.stall_ns, self.params)
                 self.stack.callback(close_quietly, self.injector)
                 self.setup = self.injector.setup()
+                self.injector.start()
         except Exception as err:  # reported in the scenario record; the job trains on
             self.error = f"{type(err).__name__}: {err}"
         self.ready.set()

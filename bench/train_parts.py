@@ -27,6 +27,7 @@ from gpujitter.daemon.drill.injectors import (
     Injector,
     MinorFaultStorm,
     SwapIns,
+    blocked_read,
 )
 
 MB = 1 << 20
@@ -154,7 +155,8 @@ class Sleep(Injector):
 class ReadAhead(Injector):
     """Reads a file (params file) sequentially, 1 MiB a read(), after dropping its page
     cache: the kernel's read-ahead, and the thread blocked on the disk. The cache is dropped
-    again while the GPU is busy after each stall."""
+    again while the GPU is busy after each stall. The truth is the thread's blocked time, as
+    the readahead drill's (blocked_read): the reads' own CPU is host work."""
 
     name = "readahead"
 
@@ -171,14 +173,8 @@ class ReadAhead(Injector):
 
     def inject(self, deadline_ns: int) -> dict[str, Any]:
         self.stale = True
-        got = 0
         os.lseek(self.fd, 0, os.SEEK_SET)
-        while time.monotonic_ns() < deadline_ns:
-            n = os.readv(self.fd, [self.buf])
-            if n == 0:
-                return {"bytes": got, "short": True}
-            got += n
-        return {"bytes": got, "short": False}
+        return blocked_read(self.fd, self.buf, deadline_ns)
 
     def close(self) -> None:
         os.close(self.fd)
@@ -263,12 +259,22 @@ JOB_SCENARIOS: dict[str, JobScenario] = {
         JobScenario("faults", "a page-fault storm: first touch of fresh memory", "minor_faults",
                     "the stall", AFTER_SYNC, MinorFaultStorm),
         JobScenario("readahead", "reads a file after dropping its page cache", "io_wait",
-                    "the stall", AFTER_SYNC, ReadAhead),
+                    "the stall's blocked time", AFTER_SYNC, ReadAhead),
         JobScenario("loader", "a DataLoader worker computes on the next batch until released",
                     "host_work", "the step's wait for the batch", LOADER),
         JobScenario("sync", "a hog lands on the thread's CPU while it waits in "
                     "torch.cuda.synchronize()", "runq_wait",
                     "GPU done (CUDA event) to the sync's return", IN_SYNC, None, "contention"),
+        # the Python runtime's causes (issue 14), in the job's own training thread
+        JobScenario("gc", "full CPython collections over a heap grown until one takes ~45 % "
+                    "of the stall", "gc_pause", "the collections (gc.callbacks)", AFTER_SYNC,
+                    INJECTORS["gc"]),
+        JobScenario("gil", "a Python thread of the job holds the GIL in a pure-Python loop "
+                    "while the training thread does small I/O (needs +python_gil)", "gil_wait",
+                    "the training thread's GIL-releasing calls (timed by itself)", AFTER_SYNC,
+                    INJECTORS["gil"], "gil"),
+        JobScenario("pyhot", "a pure-Python function runs the whole stall in the step",
+                    "host_work", "the stall", AFTER_SYNC, INJECTORS["pyhot"]),
         JobScenario("swap", "swap-ins: reads through a shared file that a cgroup-capped "
                     "helper filled", "swap_in", "the stall", AFTER_SYNC, SharedSwapIns, "swap"),
     )

@@ -4,12 +4,13 @@ score, against the job's step log and stall records."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bench.real_job import attributions, clean_window, cost_summary, read_steps, scenario_score
 from bench.real_job_table import tables
-from gpujitter.daemon.analysis.records import Attribution, Part
+from gpujitter.daemon.analysis.records import Attribution, FrameEvidence, Part
 from gpujitter.daemon.sinks.jsonlog import JsonLog
 
 MS = 1_000_000
@@ -86,6 +87,41 @@ def test_a_scenario_is_scored_as_a_drill_with_its_false_gaps(tmp_path: Path) -> 
     text = "\n".join(tables(summary))
     assert "| sleep | 3/3 (30.0 ms each) | blocked: 2/3 (top: blocked, host_work) |" in text
     assert "| swap | not run: no swap |" in text and "- a note" in text
+
+
+def test_a_python_function_named_by_the_stalls_is_scored_as_host_works_top_frame(
+    tmp_path: Path,
+) -> None:
+    """pyhot: a gap counts as named when its host work's top frame is the stalls' function;
+    gaps whose host work is shorter than a sampling period are not scored."""
+    spec = {"name": "pyhot", "cause": "host_work", "truth": "the stall", "where": "after_sync",
+            "start_ns": 1 * S, "stall_ms": 30.0}  # fmt: skip
+    hot = ("pyhot_step", "/x/injectors.py", 640)
+    stalls = [{"scenario": "pyhot", "index": k, "t0_ns": (2 + k) * S,
+               "t1_ns": (2 + k) * S + 30 * MS, "cause_ns": 30 * MS,
+               "func": hot[0], "file": hot[1], "line": hot[2]} for k in range(4)]  # fmt: skip
+
+    def frames(*named: tuple[str, str, int]) -> tuple[FrameEvidence, ...]:
+        return tuple(FrameEvidence(f, fi, li, samples=2, of=3, ns=20 * MS) for f, fi, li in named)
+
+    def hot_gap(start_ms: float, host_ms: float, *named: tuple[str, str, int]) -> Attribution:
+        a = gap(start_ms, start_ms + host_ms, host_work=host_ms)
+        return replace(a, parts=(Part("host_work", round(host_ms * MS), (7,), frames(*named)),))
+
+    log = write_log(tmp_path / "attach-6.jsonl", [
+        hot_gap(2_000, 30, hot, ("other", "/x/y.py", 3)),
+        hot_gap(3_000, 30, ("other", "/x/y.py", 3), hot),  # not the top frame
+        hot_gap(4_000, 30),  # no sample at all
+        hot_gap(5_000, 2, ("other", "/x/y.py", 3)),  # under a period: not scored
+    ])  # fmt: skip
+    got = scenario_score(spec, stalls, 6 * S, attributions(log))
+    assert got["frames"] == {"gaps": 3, "named": 1}
+    text = "\n".join(tables({"mode": "accuracy", "attaches": [], "scenarios": [got]}))
+    assert "pyhot: the injected function is host work's top frame in 1 of 3 gaps" in text
+    sleep = scenario_score({**spec, "name": "sleep"}, [{k: v for k, v in s.items()
+                            if k not in ("func", "file", "line")} for s in stalls],
+                           6 * S, attributions(log))  # fmt: skip
+    assert "frames" not in sleep
 
 
 def test_cost_is_the_median_paired_difference_and_rounds_without_steps_are_left_out() -> None:
