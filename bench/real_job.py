@@ -594,7 +594,7 @@ def main() -> int:
     )
     p.add_argument(
         "--scenario-probes",
-        default="+faults,+swap,+python_gil",
+        default="+python_gil",
         help="the probes the scenarios need beyond the defaults",
     )
     p.add_argument("--stalls", type=int, default=5)
