@@ -7,7 +7,11 @@ and a recorded trace replayed, for the user-space cost per event of decoding and
 
 live needs root (the probes); --pid PID watches that process instead of the feeder,
 --before DIR alternates rounds with the package found in DIR (another tree), --profile DIR
-writes a cProfile file per thread there. Each thread's time is its schedstat run time,
+writes a profile per thread there: a cProfile file per thread (NAME.prof) where the
+interpreter gives each thread one (Python < 3.12), else py-spy's samples of the window by
+thread (py-spy-this.txt, raw; py-spy-this.json, each thread's top functions), py-spy found
+on PATH or in a bin/ beside sys.path's entries (`pip install --target` puts it there).
+Each thread's time is its schedstat run time,
 summed by thread name; a thread that exited inside the window counts in the process's
 total only ("exited threads"). The daemon runs through `daemon` below, which gives each
 Python thread its role as its kernel name (gpujitter-probes -> "probes") so that /proc
@@ -19,7 +23,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,10 +34,13 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 READY_TIMEOUT_S = 60.0
+PY_SPY_RATE_HZ = 250
+FRAME_LINE = re.compile(r":\d+\)$")  # py-spy's "func (file.py:12)" -> "func (file.py)"
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -87,22 +97,34 @@ def split_by_name(
     return dict(spent), dict(runs)
 
 
+def profiled(name: str, run: Callable[[], object], profile_dir: str) -> None:
+    """run() on this thread, with a profile_dir under a cProfile of its own written there
+    as NAME.prof. Where the interpreter refuses it a profiler (3.12+ has one per process:
+    `live` samples with py-spy there), run() runs unprofiled, said on stderr."""
+    import cProfile
+
+    if not profile_dir:
+        run()
+        return
+    prof = cProfile.Profile(time.thread_time)  # CPU time: waits are not its cost
+    try:
+        prof.enable()
+    except ValueError as err:
+        print(f"daemon_cpu: thread {name} not profiled: {err}", file=sys.stderr)
+        run()
+        return
+    try:
+        run()
+    finally:
+        prof.disable()
+        prof.dump_stats(f"{profile_dir}/{name}.prof")
+
+
 def run_named(argv: list[str], profile_dir: str) -> None:
     """`gpujitter ARGV` in this process, each thread named in the kernel after its role
     and, with a profile_dir, profiled on its own (cProfile follows one thread)."""
-    import cProfile
     import runpy
     import threading
-
-    def profiled(name: str, run: Any) -> None:
-        if not profile_dir:
-            run()
-            return
-        prof = cProfile.Profile(time.thread_time)  # CPU time: waits are not its cost
-        try:
-            prof.runcall(run)
-        finally:
-            prof.dump_stats(f"{profile_dir}/{name}.prof")
 
     start_thread = threading.Thread.run
 
@@ -110,7 +132,7 @@ def run_named(argv: list[str], profile_dir: str) -> None:
         name = self.name.removeprefix("gpujitter-")[:15]
         with contextlib.suppress(OSError):
             Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(name)
-        profiled(name, lambda: start_thread(self))
+        profiled(name, lambda: start_thread(self), profile_dir)
 
     if tree := os.environ.get("GJ_BENCH_TREE"):
         # The package from another tree: ahead of an editable install's finder, which would
@@ -120,7 +142,56 @@ def run_named(argv: list[str], profile_dir: str) -> None:
     threading.Thread.run = named_run  # type: ignore[method-assign]
     Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text("main")
     sys.argv = ["gpujitter", *argv]
-    profiled("main", lambda: runpy.run_module("gpujitter", run_name="__main__"))
+    profiled("main", lambda: runpy.run_module("gpujitter", run_name="__main__"), profile_dir)
+
+
+def per_thread_cprofile() -> bool:
+    """Whether cProfile can follow one thread at a time in this interpreter: from 3.12 it
+    takes the interpreter's one profiling slot (sys.monitoring), so every thread's but the
+    first is refused ("Another profiling tool is already active")."""
+    return sys.version_info < (3, 12)
+
+
+def find_py_spy() -> str:
+    """py-spy on PATH, else in a bin/ beside an entry of sys.path (`pip install --target`
+    puts it there); "" when there is none."""
+    if found := shutil.which("py-spy"):
+        return found
+    for entry in sys.path:
+        candidate = Path(entry or ".") / "bin" / "py-spy"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return ""
+
+
+def summarise_py_spy(lines: list[str], top: int = 30) -> dict[str, Any]:
+    """Per thread (by role, as `daemon` names them), from py-spy's raw output with thread
+    ids ("thread (TID): NAME;frame;...;frame COUNT"): its samples, and the functions with
+    the most samples as the innermost frame (self) and anywhere on the stack (total)."""
+    selfs: dict[str, Counter[str]] = {}
+    totals: dict[str, Counter[str]] = {}
+    samples: Counter[str] = Counter()
+    for line in lines:
+        stack, _, count = line.rstrip("\n").rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        thread, *frames = stack.split(";")
+        name = thread.partition(": ")[2] or thread
+        name = "main" if name == "MainThread" else name.removeprefix("gpujitter-")
+        funcs = [FRAME_LINE.sub(")", f) for f in frames]
+        samples[name] += int(count)
+        if funcs:
+            selfs.setdefault(name, Counter())[funcs[-1]] += int(count)
+        for func in set(funcs):
+            totals.setdefault(name, Counter())[func] += int(count)
+    return {
+        name: {
+            "samples": n,
+            "self": selfs.get(name, Counter()).most_common(top),
+            "total": totals.get(name, Counter()).most_common(top),
+        }
+        for name, n in samples.most_common()
+    }
 
 
 def _feeder(work: Path, seconds: float) -> subprocess.Popen[str]:
@@ -152,18 +223,48 @@ def _wait_ready(sock: socket.socket, daemon: subprocess.Popen[bytes]) -> float:
     raise SystemExit("daemon not READY in time")
 
 
+def _start_py_spy(py_spy: str, pid: int, seconds: float, out: Path) -> subprocess.Popen[str]:
+    """py-spy sampling process `pid`'s threads for `seconds` into `out` (raw, by thread),
+    without stopping it (--nonblocking: the daemon's own timing stays its own)."""
+    argv = [py_spy, "record", "-p", str(pid), "-d", str(math.ceil(seconds)), "-r",
+            str(PY_SPY_RATE_HZ), "-f", "raw", "-t", "--nonblocking", "-o", str(out)]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _py_spy_profile(spy: subprocess.Popen[str], raw: Path) -> dict[str, Any]:
+    """py-spy's samples by thread once it ended, also written beside its raw output."""
+    _, err = spy.communicate(timeout=60)
+    if spy.returncode or not raw.exists():
+        last = (err.strip().splitlines() or ["no output"])[-1]
+        print(f"daemon_cpu: py-spy failed ({spy.returncode}): {last}", file=sys.stderr)
+        return {}
+    summary = summarise_py_spy(raw.read_text().splitlines())
+    raw.with_suffix(".json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
 def live(
-    seconds: float, probes: str, profile_dir: str = "", pid: int = 0, pythonpath: str = ""
+    seconds: float,
+    probes: str,
+    profile_dir: str = "",
+    pid: int = 0,
+    pythonpath: str = "",
+    py_spy: str = "",
 ) -> dict[str, Any]:
     """One start of the daemon watching `pid` (else a feeder loop of its own); with
-    `pythonpath`, the package found there first (another tree, for before/after rounds)."""
+    `pythonpath`, the package found there first (another tree, for before/after rounds);
+    with `profile_dir`, a profile per thread there: py-spy's samples when `py_spy` names it
+    (py-spy.txt, and py-spy.json by thread), else one cProfile file per thread."""
+    spy = None
+    raw = Path(profile_dir) / f"py-spy-{'before' if pythonpath else 'this'}.txt"
     with tempfile.TemporaryDirectory(prefix="gj-daemon-cpu-") as tmp:
         work = Path(tmp)
         feeder = None if pid else _feeder(work, seconds)
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(str(work / "notify"))
         notify.settimeout(0.5)
-        argv = [sys.executable, "-m", "bench.daemon_cpu", "daemon", profile_dir, "run",
+        argv = [sys.executable, "-m", "bench.daemon_cpu", "daemon",
+                "" if py_spy else profile_dir, "run",
                 "--quiet", "--record", str(work / "rec"), "--log", str(work / "log.jsonl"),
                 "--socket", str(work / "sock"), "-p", str(pid or feeder.pid)]  # type: ignore[union-attr]  # fmt: skip
         if probes:
@@ -182,6 +283,8 @@ def live(
                 feeder.stdin.write("go\n")
                 feeder.stdin.flush()
             time.sleep(1.0)
+            if py_spy and profile_dir:
+                spy = _start_py_spy(py_spy, daemon.pid, seconds, raw)
             t0, p0, th0 = time.monotonic_ns(), process_ns(daemon.pid), threads_ns(daemon.pid)
             time.sleep(seconds)
             t1, p1, th1 = time.monotonic_ns(), process_ns(daemon.pid), threads_ns(daemon.pid)
@@ -193,6 +296,7 @@ def live(
                 feeder.kill()
                 feeder.wait()
         kinds = _kinds(work / "rec")
+    profile = _py_spy_profile(spy, raw) if spy is not None else {}
     window_ns = t1 - t0
     threads, runs = split_by_name(th0, th1)
     return {
@@ -206,6 +310,7 @@ def live(
         "exited_threads_pct": 100 * max(0, p1 - p0 - sum(threads.values())) / window_ns,
         "rss_mb": rss / 1e6,
         "events_per_s": {k: round(v / (window_ns / 1e9), 1) for k, v in kinds.most_common()},
+        "profile_samples": {name: t["samples"] for name, t in profile.items()},
     }
 
 
@@ -266,7 +371,14 @@ def main() -> None:
     lv.add_argument("--seconds", type=float, default=60.0)
     lv.add_argument("--probes", default="")
     lv.add_argument("--json", action="store_true")
-    lv.add_argument("--profile", default="", metavar="DIR")
+    lv.add_argument("--profile", default="", metavar="DIR", help="a profile per thread there")
+    lv.add_argument(
+        "--profiler",
+        choices=("auto", "cprofile", "py-spy"),
+        default="auto",
+        help="auto: cProfile per thread where the interpreter allows one per thread (< 3.12), "
+        "else py-spy (on PATH, or in a bin/ beside sys.path's entries)",
+    )
     lv.add_argument("--pid", type=int, default=0, help="watch this process (no feeder loop)")
     lv.add_argument("--rounds", type=int, default=1)
     lv.add_argument(
@@ -287,11 +399,20 @@ def main() -> None:
         return
     if args.mode == "live":
         profile = str(Path(args.profile).resolve()) if args.profile else ""
+        py_spy = ""
+        if profile and (
+            args.profiler == "py-spy" or (args.profiler == "auto" and not per_thread_cprofile())
+        ):
+            py_spy = find_py_spy()
+            if not py_spy:
+                raise SystemExit("daemon_cpu: --profile needs py-spy here (Python 3.12+ has "
+                                 "one cProfile per process): pip install py-spy")  # fmt: skip
+            Path(profile).mkdir(parents=True, exist_ok=True)
         trees = [args.before, ""] if args.before else [""]
         results = []
         for k in range(args.rounds):
             for tree in trees if k % 2 == 0 else trees[::-1]:
-                res = live(args.seconds, args.probes, profile, args.pid, tree)
+                res = live(args.seconds, args.probes, profile, args.pid, tree, py_spy)
                 results.append(res)
                 if not args.json:
                     _print_live(res)
