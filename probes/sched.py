@@ -24,6 +24,7 @@ from gpujitter.probes.events import Event, Migration, NodeTime, OffCpu, ThreadSc
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.ledger import Ledger
 from gpujitter.probes.log2 import Log2Map
+from gpujitter.probes.mapbatch import MapBatch
 from gpujitter.probes.registry import Hook, ProbeSpec, tracepoint_exists
 from gpujitter.probes.workload import TaskOwners
 
@@ -34,6 +35,7 @@ IO_OPS = ("", "read", "write", "other")  # IO_* in the .bpf.c
 BLOCK_COMPLETE = "block:block_rq_complete"
 BLOCK_DONE = "block:block_io_done"
 MINOR_BITS = 20  # the kernel's dev_t: major << 20 | minor (block tracepoints' dev field)
+THREADS_PER_READ = 1024  # `threads` entries per batch lookup (the map holds GJ_MAX_THREADS)
 
 
 def dev_name(dev: int) -> str:
@@ -92,6 +94,7 @@ class SchedProbe(BpfProbe):
         self._oncpu = Ledger({}, 0)  # per thread, on-CPU ns per node handed out
         self._cpu_node: dict[int, int] = {}
         self._hists: list[Log2Map] = []
+        self._threads: MapBatch | None = None
         self._owners = TaskOwners(HostPaths())
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
@@ -195,7 +198,9 @@ class SchedProbe(BpfProbe):
         """`threads` and every thread's on-CPU ns per node at the read's stamp (oncpu_at)."""
         read_ns = time.monotonic_ns()
         before = self._slots()
-        rows = [(int(tid), st) for tid, st in self.bpf["threads"].items_lookup_batch()]
+        if self._threads is None:  # buffers for a thousand threads, not the map's 65536
+            self._threads = MapBatch(self.bpf["threads"], entries=THREADS_PER_READ)
+        rows = list(self._threads.items())
         after = self._slots()
         charged = {tid: list(st.oncpu_ns) for tid, st in rows}
         return rows, oncpu_at(charged, before, after, read_ns, self._cpu_node), read_ns

@@ -38,13 +38,14 @@ class Slot:
 
 
 class Threads:
-    """The `threads` hash; `on_read` runs as the probe reads it (a switch on another CPU)."""
+    """The `threads` hash as the probe's batch reader gives it (MapBatch.items); `on_read`
+    runs as the probe reads it (a switch on another CPU)."""
 
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
         self.on_read: list[Any] = []
 
-    def items_lookup_batch(self) -> list[tuple[int, Entry]]:
+    def items(self) -> list[tuple[int, Entry]]:
         while self.on_read:
             self.on_read.pop(0)()
         return [(tid, Entry(**vars(e))) for tid, e in self.kernel.entries.items()]
@@ -94,6 +95,7 @@ class Kernel:
 def probe_on(kernel: Kernel) -> SchedProbe:
     probe = SchedProbe(SPECS[0])
     probe.bpf = kernel
+    probe._threads = kernel.maps["threads"]  # no BPF map to batch-read
     return probe
 
 
