@@ -147,14 +147,33 @@ def proc_pids(paths: HostPaths) -> list[int]:
         return []
 
 
+def read_raw(path: str | Path) -> bytes | None:
+    """A procfs file's bytes through the raw system calls, None when it cannot be read: a
+    path joined as a string and an os.open cost a third of a pathlib read (~95 µs against
+    ~30 here), and some of these files are read for every watched thread each second."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        chunks = [os.read(fd, 65536)]
+        while chunks[-1]:  # procfs hands a file over a page or so at a time
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def status_fields(paths: HostPaths, pid: int | str) -> dict[str, str]:
     """/proc/PID/status as {'Name': 'python3', 'Cpus_allowed_list': '0-3', ...}; {} when it
     cannot be read. A name's invalid bytes read as U+FFFD: the kernel takes any name, and
     the other fields must still read."""
-    try:
-        text = (paths.proc / str(pid) / "status").read_bytes().decode(errors="replace")
-    except OSError:
+    raw = read_raw(f"{paths.proc}/{pid}/status")
+    if raw is None:
         return {}
+    text = raw.decode(errors="replace")
     fields = {}
     for line in text.splitlines():
         key, sep, value = line.partition(":")

@@ -124,7 +124,7 @@ def task_ids(paths: HostPaths, pid: int | str) -> list[int]:
     """The thread ids of process `pid` (its task folder), ascending; [] when it is gone or
     cannot be read."""
     try:
-        return sorted(int(t) for t in os.listdir(paths.proc / str(pid) / "task") if t.isdigit())
+        return sorted(int(t) for t in os.listdir(f"{paths.proc}/{pid}/task") if t.isdigit())
     except OSError:
         return []
 

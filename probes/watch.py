@@ -35,7 +35,14 @@ from gpujitter.probes.events import (
     WatchChange,
     WorkloadInfo,
 )
-from gpujitter.probes.host import HostPaths, proc_pids, read_name, read_text, status_fields
+from gpujitter.probes.host import (
+    HostPaths,
+    proc_pids,
+    read_name,
+    read_raw,
+    read_text,
+    status_fields,
+)
 from gpujitter.probes.procfs import task_ids
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.workload import WorkloadReader, matches_pod, matches_slurm_job
@@ -130,10 +137,9 @@ def _descendants(paths: HostPaths, roots: list[int]) -> set[int]:
     todo = list(roots)
     while todo:
         pid = todo.pop()
+        task = f"{paths.proc}/{pid}/task"
         for tid in task_ids(paths, pid):  # none when gone, or not readable
-            for child in (
-                read_text(paths.proc / str(pid) / "task" / str(tid) / "children") or ""
-            ).split():
+            for child in (read_raw(f"{task}/{tid}/children") or b"").decode().split():
                 if child.isdigit() and int(child) not in found:
                     found.add(int(child))
                     todo.append(int(child))

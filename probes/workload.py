@@ -10,7 +10,6 @@ costs one small read once its cgroups have been seen.
 
 from __future__ import annotations
 
-import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from gpujitter.probes.host import HostPaths, read_text, status_fields
+from gpujitter.probes.host import HostPaths, read_raw, read_text, status_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +213,7 @@ class WorkloadReader:
 
     def of(self, pid: int) -> Workload | None:
         """The workload of a process; None when it is in none, or gone."""
-        raw = _read_raw(self.paths.proc / str(pid) / "cgroup")
+        raw = read_raw(f"{self.paths.proc}/{pid}/cgroup")
         if not raw:
             return None
         if raw in self._cache:
@@ -273,21 +272,6 @@ def _remember(cache: OrderedDict[int, Any], key: int, value: Any, most: int) -> 
     cache[key] = value
     if len(cache) > most:
         cache.popitem(last=False)
-
-
-def _read_raw(path: Path) -> bytes | None:
-    """A small procfs file's bytes, through the raw system calls (a quarter of what a
-    text-mode open costs: this runs for every process at each refresh of a pod selection)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 65536)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def matches_pod(w: Workload | None, selector: str) -> bool:
