@@ -301,11 +301,17 @@ class BpfProbe(Probe):
 
     def _callback(self, ring: str) -> Callable[[Any, int, int], int]:
         table = self.bpf[ring]
+        record: Any = None  # the ring's record struct, known from its first record
 
         def on_record(_ctx: Any, data: int, _size: int) -> int:
+            nonlocal record
             if self.bpf is None:  # closed: its module may live on (the core's, watch.py)
                 return 0
-            ev = self.decode(ring, table.event(data))
+            if record is None:
+                record = type(table.event(data))
+            # The same view of the record as bcc's table.event (a cast of the pointer, 1.7 µs
+            # a record), made from its address (0.2 µs).
+            ev = self.decode(ring, record.from_address(data))
             if ev is not None:
                 self.deliver(ev)
             return 0
