@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpujitter.probes.host import read_raw
+
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 # bpf(BPF_ENABLE_STATS, {type = BPF_STATS_RUN_TIME}): statistics stay on while the returned
 # fd is open, counted per holder, so neither the sysctl nor another holder is disturbed.
@@ -34,13 +36,12 @@ class ProgStats:
 def prog_stats(fd: int) -> ProgStats:
     """The counters of the BPF program behind `fd` (bcc: `bpf.funcs[name].fd`); zeros when
     the kernel does not show them."""
-    try:
-        with open(f"/proc/{os.getpid()}/fdinfo/{fd}") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-    except OSError:
+    raw = read_raw(f"/proc/{os.getpid()}/fdinfo/{fd}")  # every program, once a second
+    if raw is None:
         return ProgStats()
+    fields = dict(line.split(b":", 1) for line in raw.splitlines() if b":" in line)
     return ProgStats(
-        *(int(fields.get(k, "0")) for k in ("run_cnt", "run_time_ns", "recursion_misses"))
+        *(int(fields.get(k, b"0")) for k in (b"run_cnt", b"run_time_ns", b"recursion_misses"))
     )
 
 
