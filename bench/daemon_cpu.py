@@ -407,6 +407,7 @@ def main() -> None:
             if not py_spy:
                 raise SystemExit("daemon_cpu: --profile needs py-spy here (Python 3.12+ has "
                                  "one cProfile per process): pip install py-spy")  # fmt: skip
+        if profile:
             Path(profile).mkdir(parents=True, exist_ok=True)
         trees = [args.before, ""] if args.before else [""]
         results = []
