@@ -140,14 +140,18 @@ def armed_sites(pid: int, path: str) -> dict[str, bool]:
 # Finding libcuda.
 
 
+LIBCUDA_NAME = "libcuda.so"  # how every libcuda file's name begins
+
+
 def is_libcuda(path: str) -> bool:
-    return os.path.basename(path).startswith("libcuda.so")
+    return os.path.basename(path).startswith(LIBCUDA_NAME)
 
 
 def mapped_libcuda(pid: int, paths: HostPaths | None = None) -> list[str]:
     """The libcuda files process `pid` has mapped, as paths this process can open."""
     paths = paths or HostPaths()
-    return [in_root(paths, pid, p) for p in mapped_files(paths, pid) if is_libcuda(p)]
+    mapped = mapped_files(paths, pid, containing=LIBCUDA_NAME)
+    return [in_root(paths, pid, p) for p in mapped if is_libcuda(p)]
 
 
 def system_libcuda() -> list[str]:

@@ -70,21 +70,36 @@ def parse_maps(text: str) -> list[Mapping]:
     return out
 
 
-def read_maps(paths: HostPaths, pid: int | str) -> list[Mapping]:
-    """/proc/PID/maps of process `pid` ("self" for this one); OSError when it cannot be read
-    (the process exited, or is another user's)."""
+def read_maps(paths: HostPaths, pid: int | str, containing: str = "") -> list[Mapping]:
+    """/proc/PID/maps of process `pid` ("self" for this one), only its lines holding
+    `containing` when given; OSError when it cannot be read (the process exited, or is
+    another user's)."""
     with open(paths.proc / str(pid) / "maps") as f:
-        return parse_maps(f.read())
+        text = f.read()
+    if containing:
+        text = "\n".join(line for line in text.splitlines() if containing in line)
+    return parse_maps(text)
 
 
-def mapped_files(paths: HostPaths, pid: int | str, *, executable: bool = False) -> list[str]:
-    """The files process `pid` maps (executable: those it maps code from), each once, in
-    address order; [] when its maps cannot be read."""
+def mapped_files(
+    paths: HostPaths, pid: int | str, *, executable: bool = False, containing: str = ""
+) -> list[str]:
+    """The files process `pid` maps (executable: those it maps code from; containing: those
+    whose path holds that text), each once, in address order; [] when its maps cannot be
+    read. A scan for one library parses only the lines that can name it: a process that
+    never maps it is read again every second, and a libtorch process's maps run to
+    thousands of lines (585 cost 2 ms parsed whole here)."""
     try:
-        maps = read_maps(paths, pid)
+        maps = read_maps(paths, pid, containing)
     except OSError:
         return []
-    return list(dict.fromkeys(m.path for m in maps if m.file and (m.executable or not executable)))
+    return list(
+        dict.fromkeys(
+            m.path
+            for m in maps
+            if m.file and (m.executable or not executable) and containing in m.path
+        )
+    )
 
 
 def in_root(paths: HostPaths, pid: int, path: str) -> str:

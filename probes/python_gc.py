@@ -216,7 +216,7 @@ def interpreter_files(pid: int, paths: HostPaths | None = None) -> list[tuple[st
     paths = paths or HostPaths()
     return [
         (p, in_root(paths, pid, p))
-        for p in mapped_files(paths, pid, executable=True)
+        for p in mapped_files(paths, pid, executable=True, containing="python")  # INTERPRETER's
         if INTERPRETER.match(os.path.basename(p))
     ]
 

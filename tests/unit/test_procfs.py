@@ -69,6 +69,13 @@ def test_mapped_files_once_each_in_address_order() -> None:
     assert set(code) < set(files) and LIBCUDA in code
 
 
+def test_a_scan_for_one_name_finds_what_the_whole_list_holds_of_it() -> None:
+    for name, executable in (("libcuda.so", False), ("python", True), ("lib", True)):
+        files = mapped_files(TREE, PID, executable=executable)
+        wanted = [f for f in files if name in f]
+        assert wanted and mapped_files(TREE, PID, executable=executable, containing=name) == wanted
+
+
 def test_offsets_become_addresses_in_the_mapping_that_holds_them() -> None:
     text = next(m for m in read_maps(TREE, PID) if m.path == LIBCUDA and m.executable)
     assert text.holds(0x3000) and text.holds(0x15FFF) and not text.holds(0x16000)
