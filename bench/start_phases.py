@@ -33,15 +33,18 @@ from typing import Any
 WRAPPED = (
     ("daemon", "gpujitter.daemon.service.service", "Daemon", "__init__"),
     ("compile", "gpujitter.probes.bundle", "Bundle", "_compile"),
+    ("ahead", "gpujitter.probes.bundle", "_Ahead", "run"),
     ("probes", "gpujitter.probes.runner", "ProbeSet", "start"),
     ("ready", "gpujitter.daemon.service.sdnotify", "Notifier", "ready"),
 )
 # phase -> (from mark, to mark); "exec" is the child's exec.
 PHASES = {
+    "to the compile ahead": ("exec", "ahead<"),
     "imports": ("exec", "daemon<"),
     "daemon": ("daemon<", "daemon>"),
     "to compile": ("daemon>", "compile<"),
     "compile": ("compile<", "compile>"),
+    "compile ahead": ("ahead<", "ahead>"),
     "attach": ("compile>", "probes>"),
     "sinks, READY": ("probes>", "ready<"),
 }
@@ -49,7 +52,8 @@ PHASES = {
 
 def child(argv: list[str], marks_path: str) -> None:
     """`gpujitter ARGV` in this process with the WRAPPED functions marking their calls."""
-    import importlib
+    import importlib.abc
+    import importlib.machinery
 
     t0 = int(os.environ["GJ_EXEC_NS"])
     marks: dict[str, tuple[float, float]] = {}
@@ -58,8 +62,7 @@ def child(argv: list[str], marks_path: str) -> None:
         if name not in marks:  # the first call of each
             marks[name] = ((time.monotonic_ns() - t0) / 1e6, time.process_time() * 1e3)
 
-    def wrap(label: str, module: str, cls: str, fn: str) -> None:
-        owner = getattr(importlib.import_module(module), cls)
+    def wrap(label: str, owner: Any, fn: str) -> None:
         original = getattr(owner, fn)
 
         @functools.wraps(original)
@@ -74,11 +77,36 @@ def child(argv: list[str], marks_path: str) -> None:
 
         setattr(owner, fn, marked)
 
-    import gpujitter.cli  # noqa: F401 (what `python -m gpujitter` imports first)
+    # Each module is wrapped once the program imports it (importing them here would move
+    # the imports ahead of the start, where `run` overlaps them with the compile).
+    waiting: dict[str, list[tuple[str, str, str]]] = {}
+    for label, module, cls, fn in WRAPPED:
+        waiting.setdefault(module, []).append((label, cls, fn))
 
-    mark("cli imported")
-    for spec in WRAPPED:
-        wrap(*spec)
+    class Marker(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+            if name not in waiting:
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+            for finder in sys.meta_path:
+                if spec is None and finder is not self and hasattr(finder, "find_spec"):
+                    spec = finder.find_spec(name, path, target)
+            if spec is None or spec.loader is None:
+                return spec
+            loader, wrapped = spec.loader, waiting.pop(name)
+            exec_module = loader.exec_module
+
+            def exec_and_wrap(module: Any) -> None:
+                exec_module(module)
+                for label, cls, fn in wrapped:
+                    owner = getattr(module, cls, None)
+                    if owner is not None:  # a tree without it (the compile ahead, before it)
+                        wrap(label, owner, fn)
+
+            loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, Marker())
     sys.argv = ["gpujitter", *argv]
     try:
         runpy.run_module("gpujitter", run_name="__main__")
@@ -104,6 +132,7 @@ def one_round(flags: list[str]) -> dict[str, Any]:
     return {
         phase: {"wall_ms": marks[b][0] - marks[a][0], "cpu_ms": marks[b][1] - marks[a][1]}
         for phase, (a, b) in PHASES.items()
+        if a in marks and b in marks
     } | {"ready": {"wall_ms": marks["ready<"][0], "cpu_ms": marks["ready<"][1]}}
 
 
@@ -130,15 +159,17 @@ def main() -> None:
     if args.json:
         print(json.dumps(rounds, indent=1))
         return
-    print(f"{'phase':<14} {'wall ms (median, range)':>26} {'CPU ms (median, range)':>26}")
+    print(f"{'phase':<20} {'wall ms (median, range)':>26} {'CPU ms (median, range)':>26}")
     for phase in [*PHASES, "ready"]:
         cells = []
+        if any(phase not in r for r in rounds):
+            continue
         for key in ("wall_ms", "cpu_ms"):
             values = [r[phase][key] for r in rounds]
             cells.append(
                 f"{statistics.median(values):7.0f} ({min(values):5.0f}-{max(values):5.0f})"
             )
-        print(f"{phase:<14} {cells[0]:>26} {cells[1]:>26}")
+        print(f"{phase:<20} {cells[0]:>26} {cells[1]:>26}")
 
 
 if __name__ == "__main__":
