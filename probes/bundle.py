@@ -149,15 +149,15 @@ class _Ahead:
     """A compile started before the Bundle that takes it (compile_ahead), and its result."""
 
     parts: tuple[ModulePart, ...]
+    text: str
+    renamed: dict[str, set[str]]
     thread: threading.Thread | None = None
     bpf: Any = None
     error: str | None = None  # its first error line, "" for none; None: no result
-    renamed: dict[str, set[str]] = field(default_factory=dict)
 
     def run(self) -> None:
         try:
-            text, self.renamed = bundle_text(self.parts)
-            self.bpf, self.error = compile_module(text, module_cflags(self.parts))
+            self.bpf, self.error = compile_module(self.text, module_cflags(self.parts))
         except Exception:  # bcc missing, say: raised again by the Bundle's own compile
             self.bpf, self.error = None, None
 
@@ -171,12 +171,14 @@ def compile_ahead(parts: Sequence[ModulePart]) -> None:
     the GIL, so the seconds of the compile overlap what the process does before it needs
     the module (`gpujitter run`: importing and building the daemon, NVML's start); the
     first Bundle of the same parts takes the result, its error included, instead of
-    compiling. One at a time: a call while one is pending does nothing."""
+    compiling. The module's text is made here, from the parts' files as they are now;
+    the thread has only the compile's Python around the C to run. One at a time: a call
+    while one is pending does nothing."""
     global _ahead
     with _ahead_lock:
         if _ahead is not None or not parts:
             return
-        ahead = _ahead = _Ahead(tuple(parts))
+        ahead = _ahead = _Ahead(tuple(parts), *bundle_text(parts))
         ahead.thread = threading.Thread(target=ahead.run, name="gpujitter-compile", daemon=True)
         ahead.thread.start()
 

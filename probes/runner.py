@@ -55,7 +55,7 @@ def compile_ahead(
     try:
         probes = [spec.factory(spec) for spec in map(registry.get, names)]
         parts = module_parts(set_parts(probes, ctx))
-    except Exception:  # noqa: BLE001 (raised again, and reported, by the set's own start)
+    except Exception:  # raised again, and reported, by the set's own start
         return
     bundle.compile_ahead(parts)
 
