@@ -84,8 +84,9 @@ def part_text(part: ModulePart, clashing: set[str], part_id: int = 1) -> str:
     """The part's C text for a bundle: options, its number, its hooks under its own names,
     its names that clash with another part's renamed, its macros undefined after it."""
     text = bpf_source(part.bpf_file)
-    for name in sorted(clashing):
-        text = re.sub(rf"(?<![\w.])(?<!->){name}\b", f"{part.prefix}__{name}", text)
+    if clashing:  # one pass for all (one per name was ~40 ms of the default set's ~50)
+        names = "|".join(sorted(clashing, key=lambda n: (-len(n), n)))
+        text = re.sub(rf"(?<![\w.])(?<!->)(?:{names})\b", rf"{part.prefix}__\g<0>", text)
     defines = [f"#define {f[2:].replace('=', ' ', 1)}" for f in part.cflags if f.startswith("-D")]
     # Its own macros, not gpujitter.h's, which every part uses.
     flagged = {m.group() for f in part.cflags if f.startswith("-D") and (m := _NAME.match(f[2:]))}
