@@ -6,10 +6,13 @@ are wrapped to mark them; the figures of bench/startstop.py's "ready", split.
 
 Phases: python and the imports (to the daemon's construction), the daemon's construction
 (settings checked, the probe modules, the topology), the runtime's start up to the compile
-(its scheduling, NVML), the one bcc compile, attaching (probes, the core's first /proc
-scan), then the sinks and READY. The daemon watches this process, NVML off (--nvml: on),
-and is stopped by SIGINT a second after READY. The package is byte-compiled first, as
-bench/startstop.py does (as installing it does).
+(its scheduling, NVML), the one bcc compile (where `run` started it ahead: the wait for it),
+attaching (probes, the core's first /proc scan), then the sinks and READY; and, where the
+tree has it, the compile ahead on its own thread and the time to its start (python, the
+CLI, the settings, the module's text). A module is marked once the program imports it, so
+the imports stay where the program makes them. The daemon watches this process, NVML off
+(--nvml: on), and is stopped by SIGINT a second after READY. The package is byte-compiled
+first, as bench/startstop.py does (as installing it does).
 """
 
 from __future__ import annotations
