@@ -5,6 +5,9 @@ building the daemon, and NVML's start, overlap it (docs/performance.md, "Start a
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 from gpujitter.daemon.service.config import Config, check_node, probe_names, thresholds_by_probe
 from gpujitter.probes.runner import compile_ahead
 from gpujitter.probes.topology import cpu_topology
@@ -16,6 +19,11 @@ def start_compile(config: Config) -> None:
     for (probes/runner.py compile_ahead: the set takes it only where its inputs are the
     same; what fails is reported by the set's own start, as without this)."""
     check_node(config, starting=True)
+    # The daemon's start runs SCHED_BATCH (never preempting a waking watched thread,
+    # daemon/service/own_scheduling.py); the runtime sets that later, so the compile's
+    # thread inherits it from here. Refused (no privilege): the runtime says so, later.
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     topology = cpu_topology(override=config["topology.override"] or None)
     compile_ahead(probe_names(config), topology=topology,
                   thresholds=thresholds_by_probe(config["probes.thresholds"]))  # fmt: skip
