@@ -13,6 +13,7 @@ import mmap
 import os
 import struct
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -92,23 +93,38 @@ class ElfFile:
                 return sec
         return None
 
+    def _tables(self, kinds: tuple[int, ...]) -> Iterator[tuple[int, int, memoryview]]:
+        """Each symbol table of `kinds` (SHT_SYMTAB, SHT_DYNSYM) as (where its string table
+        starts in the file, that table's size, its entries: Elf64_Sym rows), what of it lies
+        inside the file: a table or string table that runs past the end, in part or whole,
+        is cut there (a name past its string table is then the reader's to leave out). The
+        view is released when the caller asks for the next table."""
+        end_of_file = len(self.data)
+        for _name, sh_type, _flags, _addr, off, size, link, _info, _align, entsize in self.sections:
+            if sh_type not in kinds or entsize not in (0, _SYMBOL.size):
+                continue
+            if link >= len(self.sections) or off >= end_of_file:
+                continue
+            strtab, strsize = self.sections[link][4], self.sections[link][5]
+            count = min(size, end_of_file - off) // _SYMBOL.size
+            table = memoryview(self.data)[off : off + count * _SYMBOL.size]
+            try:
+                yield strtab, min(strsize, max(0, end_of_file - strtab)), table
+            finally:
+                table.release()
+
     def symbols(
         self, names: set[str] | None, stt: int, *, exported: bool = False
     ) -> dict[str, int]:
         """Defined symbols of type `stt` (STT_FUNC, STT_OBJECT) -> their address: those among
         `names` (None: all) from .symtab and .dynsym; exported: only .dynsym's global and weak
-        ones (what another object can call)."""
+        ones (what another object can call). Of a corrupt file, those that lie inside it."""
         tables = (SHT_DYNSYM,) if exported else (SHT_SYMTAB, SHT_DYNSYM)
         wanted = None if names is None else {n.encode(): n for n in names}
         found: dict[str, int] = {}
-        for _name, sh_type, _flags, _addr, off, size, link, _info, _align, entsize in self.sections:
-            if sh_type not in tables:
-                continue
-            strtab = self.sections[link][4]
-            step = entsize or _SYMBOL.size
-            for pos in range(off, off + size - _SYMBOL.size + 1, step):
-                st_name, st_info, _other, shndx, value, _size = _SYMBOL.unpack_from(self.data, pos)
-                if st_info & 0xF != stt or shndx == 0:  # of that type, defined here
+        for strtab, strsize, table in self._tables(tables):
+            for st_name, st_info, _other, shndx, value, _size in _SYMBOL.iter_unpack(table):
+                if st_info & 0xF != stt or shndx == 0 or st_name >= strsize:  # defined here
                     continue
                 if exported and st_info >> 4 not in (STB_GLOBAL, STB_WEAK):
                     continue
@@ -137,29 +153,15 @@ class ElfFile:
         among them), in table order, as three arrays: start address, end address, and where
         its name starts in the file (native_names.NameFile reads it). Names are not read
         here: libtorch's .dynsym alone holds hundreds of thousands of long C++ names, of
-        which a profile names a few. A table whose entries or string table lie outside the
-        file, in part or whole, gives what of it does lie inside (a name past its string
-        table: not kept)."""
+        which a profile names a few. Of a corrupt file, those that lie inside it."""
         starts, ends, names = array("Q"), array("Q"), array("Q")
-        end_of_file = len(self.data)
-        for _name, sh_type, _flags, _addr, off, size, link, _info, _align, entsize in self.sections:
-            if sh_type not in (SHT_SYMTAB, SHT_DYNSYM) or entsize not in (0, _SYMBOL.size):
-                continue
-            if link >= len(self.sections) or off >= end_of_file:
-                continue
-            strtab, strsize = self.sections[link][4], self.sections[link][5]
-            strsize = min(strsize, max(0, end_of_file - strtab))
-            count = min(size, end_of_file - off) // _SYMBOL.size
-            table = memoryview(self.data)[off : off + count * _SYMBOL.size]
-            try:
-                for st_name, st_info, _other, shndx, value, length in _SYMBOL.iter_unpack(table):
-                    if (st_info & 0xF in (STT_FUNC, STT_GNU_IFUNC) and shndx and value and length
-                            and st_name < strsize and value + length < 1 << 64):  # fmt: skip
-                        starts.append(value)
-                        ends.append(value + length)
-                        names.append(strtab + st_name)
-            finally:
-                table.release()
+        for strtab, strsize, table in self._tables((SHT_SYMTAB, SHT_DYNSYM)):
+            for st_name, st_info, _other, shndx, value, length in _SYMBOL.iter_unpack(table):
+                if (st_info & 0xF in (STT_FUNC, STT_GNU_IFUNC) and shndx and value and length
+                        and st_name < strsize and value + length < 1 << 64):  # fmt: skip
+                    starts.append(value)
+                    ends.append(value + length)
+                    names.append(strtab + st_name)
         return starts, ends, names
 
     def build_id(self) -> str | None:

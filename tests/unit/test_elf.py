@@ -5,6 +5,7 @@ code bytes at an address, and files that are not ELF or are cut short refused wi
 from __future__ import annotations
 
 import os
+import random
 import re
 import struct
 import subprocess
@@ -92,3 +93,33 @@ def test_a_file_cut_short_is_refused_not_misread(tmp_path: Path) -> None:
     cut.write_bytes(LIBZ.read_bytes()[:4096])  # headers, but no section table
     with pytest.raises((ValueError, IndexError, struct.error)), ElfFile(cut) as elf:
         elf.exported_functions()
+
+
+def test_symbols_of_a_corrupt_file_are_what_lies_inside_or_a_one_line_refusal(
+    tmp_path: Path,
+) -> None:
+    # Any process can map any file, and the probes look up symbols of what watched processes
+    # map (libpython's _PyRuntime, libcuda's entry points): libz cut short or with bytes
+    # changed in its headers and tables gives the symbols that lie inside the file or a
+    # ValueError, never an IndexError or a struct.error from past its end.
+    libz = LIBZ.read_bytes()
+    rng = random.Random(15)
+    shoff = struct.unpack_from("<Q", libz, 0x28)[0]
+    refused = 0
+    for n in range(300):
+        mutant = bytearray(libz[: rng.randrange(64, len(libz))] if n % 5 == 0 else libz)
+        for _ in range(rng.randrange(1, 9)):
+            where = rng.choice((rng.randrange(0, 64), rng.randrange(shoff, len(libz)),
+                                rng.randrange(0, len(libz))))  # fmt: skip
+            if where < len(mutant):
+                mutant[where] = rng.randrange(256)
+        path = tmp_path / f"lib{n}.so"
+        path.write_bytes(mutant)
+        try:
+            with ElfFile(path) as elf:
+                elf.exported_functions()
+                elf.functions({"inflate", "no_such"})
+                elf.symbols(None, STT_OBJECT)
+        except ValueError:
+            refused += 1
+    assert 0 < refused < 300
