@@ -10,9 +10,10 @@ Phases: python and the imports (to the daemon's construction), the daemon's cons
 attaching (probes, the core's first /proc scan), then the sinks and READY; and, where the
 tree has it, the compile ahead on its own thread and the time to its start (python, the
 CLI, the settings, the module's text). A module is marked once the program imports it, so
-the imports stay where the program makes them. The daemon watches this process, NVML off
-(--nvml: on), and is stopped by SIGINT a second after READY. The package is byte-compiled
-first, as bench/startstop.py does (as installing it does).
+the imports stay where the program makes them. At each boundary the resident peak so far
+(VmHWM) is taken too: the phase whose end first shows the peak holds it. The daemon watches
+this process, NVML off (--nvml: on), and is stopped by SIGINT a second after READY. The
+package is byte-compiled first, as bench/startstop.py does (as installing it does).
 """
 
 from __future__ import annotations
@@ -53,6 +54,14 @@ PHASES = {
 }
 
 
+def peak_mb() -> float:
+    """The process's resident peak so far (VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def child(argv: list[str], marks_path: str) -> None:
     """`gpujitter ARGV` in this process with the WRAPPED functions marking their calls."""
     import importlib.abc
@@ -63,7 +72,8 @@ def child(argv: list[str], marks_path: str) -> None:
 
     def mark(name: str) -> None:
         if name not in marks:  # the first call of each
-            marks[name] = ((time.monotonic_ns() - t0) / 1e6, time.process_time() * 1e3)
+            marks[name] = ((time.monotonic_ns() - t0) / 1e6, time.process_time() * 1e3,
+                           peak_mb())  # fmt: skip
 
     def wrap(label: str, owner: Any, fn: str) -> None:
         original = getattr(owner, fn)
@@ -131,12 +141,16 @@ def one_round(flags: list[str]) -> dict[str, Any]:
         )
         subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True, timeout=120)
         marks = json.loads(Path(marks_path).read_text())
-    marks["exec"] = (0.0, 0.0)
+    marks["exec"] = (0.0, 0.0, 0.0)
     return {
-        phase: {"wall_ms": marks[b][0] - marks[a][0], "cpu_ms": marks[b][1] - marks[a][1]}
+        phase: {
+            "wall_ms": marks[b][0] - marks[a][0],
+            "cpu_ms": marks[b][1] - marks[a][1],
+            "peak_mb": marks[b][2],
+        }
         for phase, (a, b) in PHASES.items()
         if a in marks and b in marks
-    } | {"ready": {"wall_ms": marks["ready<"][0], "cpu_ms": marks["ready<"][1]}}
+    } | {"ready": dict(zip(("wall_ms", "cpu_ms", "peak_mb"), marks["ready<"], strict=True))}
 
 
 def main() -> None:
@@ -162,7 +176,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(rounds, indent=1))
         return
-    print(f"{'phase':<20} {'wall ms (median, range)':>26} {'CPU ms (median, range)':>26}")
+    print(f"{'phase':<20} {'wall ms (median, range)':>26} {'CPU ms (median, range)':>26}"
+          f" {'peak MB at its end':>20}")  # fmt: skip
     for phase in [*PHASES, "ready"]:
         cells = []
         if any(phase not in r for r in rounds):
@@ -172,7 +187,8 @@ def main() -> None:
             cells.append(
                 f"{statistics.median(values):7.0f} ({min(values):5.0f}-{max(values):5.0f})"
             )
-        print(f"{phase:<20} {cells[0]:>26} {cells[1]:>26}")
+        peak = statistics.median(r[phase]["peak_mb"] for r in rounds)
+        print(f"{phase:<20} {cells[0]:>26} {cells[1]:>26} {peak:>20.0f}")
 
 
 if __name__ == "__main__":
