@@ -119,7 +119,7 @@ class Probe(abc.ABC):
         )
 
 
-_capture_lock = threading.Lock()
+_capture_lock = threading.RLock()  # a capture may hold another (an attach that compiles)
 
 
 class _SideStream:
@@ -155,7 +155,7 @@ class _SideStream:
         return getattr(self._stream, name)
 
 
-def _side_stream(stream: TextIO, fd: int, copy: int) -> TextIO | None:
+def _side_stream(stream: TextIO, fd: int, copy: int) -> _SideStream | None:
     """A _SideStream for `stream` where it writes to `fd`, else None (a test's capture, a
     replaced stream: the capture does not touch it)."""
     try:
@@ -163,7 +163,7 @@ def _side_stream(stream: TextIO, fd: int, copy: int) -> TextIO | None:
             return None
     except (AttributeError, OSError, ValueError):
         return None
-    return _SideStream(stream, copy)  # type: ignore[return-value]
+    return _SideStream(stream, copy)
 
 
 @contextlib.contextmanager
@@ -179,9 +179,8 @@ def captured_output() -> Iterator[Callable[[], str]]:
         sys.stderr.flush()
         saved = [os.dup(1), os.dup(2)]
         streams = (sys.stdout, sys.stderr)
-        side = [_side_stream(s, fd, copy) for s, fd, copy in zip(streams, (1, 2), saved,
-                                                                  strict=True)]  # fmt: skip
-        sys.stdout, sys.stderr = (a or s for a, s in zip(side, streams, strict=True))
+        side = (_side_stream(sys.stdout, 1, saved[0]), _side_stream(sys.stderr, 2, saved[1]))
+        sys.stdout, sys.stderr = (new or old for new, old in zip(side, streams, strict=True))
         os.dup2(tmp.fileno(), 1)
         os.dup2(tmp.fileno(), 2)
         try:
@@ -189,14 +188,14 @@ def captured_output() -> Iterator[Callable[[], str]]:
         finally:
             for fd, copy in zip((1, 2), saved, strict=True):
                 os.dup2(copy, fd)
-            for s in side:
-                if s is not None:
-                    s.end()  # type: ignore[attr-defined]
+            for stream in side:
+                if stream is not None:
+                    stream.end()
             for copy in saved:
                 os.close(copy)
-            if sys.stdout is side[0] and side[0] is not None:
+            if side[0] is not None and sys.stdout is side[0]:
                 sys.stdout = streams[0]
-            if sys.stderr is side[1] and side[1] is not None:
+            if side[1] is not None and sys.stderr is side[1]:
                 sys.stderr = streams[1]
 
 
