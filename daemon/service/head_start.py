@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 
 from gpujitter.daemon.service.config import Config, check_node, probe_names, thresholds_by_probe
 from gpujitter.probes.runner import compile_ahead
@@ -19,11 +20,26 @@ def start_compile(config: Config) -> None:
     for (probes/runner.py compile_ahead: the set takes it only where its inputs are the
     same; what fails is reported by the set's own start, as without this)."""
     check_node(config, starting=True)
-    # The daemon's start runs SCHED_BATCH (never preempting a waking watched thread,
-    # daemon/service/own_scheduling.py); the runtime sets that later, so the compile's
-    # thread inherits it from here. Refused (no privilege): the runtime says so, later.
-    with contextlib.suppress(OSError):
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     topology = cpu_topology(override=config["topology.override"] or None)
-    compile_ahead(probe_names(config), topology=topology,
-                  thresholds=thresholds_by_probe(config["probes.thresholds"]))  # fmt: skip
+    with _batch():
+        compile_ahead(probe_names(config), topology=topology,
+                      thresholds=thresholds_by_probe(config["probes.thresholds"]))  # fmt: skip
+
+
+@contextlib.contextmanager
+def _batch() -> Iterator[None]:
+    """The calling thread SCHED_BATCH for the block, so that a thread started in it inherits
+    it: the daemon's start runs so (never preempting a waking watched thread,
+    daemon/service/own_scheduling.py), but the runtime sets it only later. The caller gets
+    its policy back (`run` called in a longer process, a test's). Refused: as it was."""
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, policy, param)

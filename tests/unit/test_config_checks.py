@@ -161,6 +161,15 @@ def test_a_bad_setting_starts_no_compile(
     assert "gpujitter-compile" not in {t.name for t in threading.enumerate()}
 
 
+def test_run_gives_its_caller_the_scheduling_it_had(tmp_path: Path) -> None:
+    # `run` starts its compile SCHED_BATCH, as the daemon's start runs; a process that
+    # called it (this test session) keeps its own policy, as its later children do.
+    before = os.sched_getscheduler(0)
+    with pytest.raises(Attached):  # where the compile would start
+        run_with(tmp_path, {})
+    assert os.sched_getscheduler(0) == before
+
+
 def test_bad_environment_names_its_variable(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
