@@ -6,10 +6,14 @@ are wrapped to mark them; the figures of bench/startstop.py's "ready", split.
 
 Phases: python and the imports (to the daemon's construction), the daemon's construction
 (settings checked, the probe modules, the topology), the runtime's start up to the compile
-(its scheduling, NVML), the one bcc compile, attaching (probes, the core's first /proc
-scan), then the sinks and READY. The daemon watches this process, NVML off (--nvml: on),
-and is stopped by SIGINT a second after READY. The package is byte-compiled first, as
-bench/startstop.py does (as installing it does).
+(its scheduling, NVML), the one bcc compile (where `run` started it ahead: the wait for it),
+attaching (probes, the core's first /proc scan), then the sinks and READY; and, where the
+tree has it, the compile ahead on its own thread and the time to its start (python, the
+CLI, the settings, the module's text). A module is marked once the program imports it, so
+the imports stay where the program makes them. At each boundary the resident peak so far
+(VmHWM) is taken too: the phase whose end first shows the peak holds it. The daemon watches
+this process, NVML off (--nvml: on), and is stopped by SIGINT a second after READY. The
+package is byte-compiled first, as bench/startstop.py does (as installing it does).
 """
 
 from __future__ import annotations
@@ -33,33 +37,45 @@ from typing import Any
 WRAPPED = (
     ("daemon", "gpujitter.daemon.service.service", "Daemon", "__init__"),
     ("compile", "gpujitter.probes.bundle", "Bundle", "_compile"),
+    ("ahead", "gpujitter.probes.bundle", "_Ahead", "run"),
     ("probes", "gpujitter.probes.runner", "ProbeSet", "start"),
     ("ready", "gpujitter.daemon.service.sdnotify", "Notifier", "ready"),
 )
 # phase -> (from mark, to mark); "exec" is the child's exec.
 PHASES = {
+    "to the compile ahead": ("exec", "ahead<"),
     "imports": ("exec", "daemon<"),
     "daemon": ("daemon<", "daemon>"),
     "to compile": ("daemon>", "compile<"),
     "compile": ("compile<", "compile>"),
+    "compile ahead": ("ahead<", "ahead>"),
     "attach": ("compile>", "probes>"),
     "sinks, READY": ("probes>", "ready<"),
 }
 
 
+def peak_mb() -> float:
+    """The process's resident peak so far (VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def child(argv: list[str], marks_path: str) -> None:
     """`gpujitter ARGV` in this process with the WRAPPED functions marking their calls."""
-    import importlib
+    import importlib.abc
+    import importlib.machinery
 
     t0 = int(os.environ["GJ_EXEC_NS"])
     marks: dict[str, tuple[float, float]] = {}
 
     def mark(name: str) -> None:
         if name not in marks:  # the first call of each
-            marks[name] = ((time.monotonic_ns() - t0) / 1e6, time.process_time() * 1e3)
+            marks[name] = ((time.monotonic_ns() - t0) / 1e6, time.process_time() * 1e3,
+                           peak_mb())  # fmt: skip
 
-    def wrap(label: str, module: str, cls: str, fn: str) -> None:
-        owner = getattr(importlib.import_module(module), cls)
+    def wrap(label: str, owner: Any, fn: str) -> None:
         original = getattr(owner, fn)
 
         @functools.wraps(original)
@@ -74,11 +90,36 @@ def child(argv: list[str], marks_path: str) -> None:
 
         setattr(owner, fn, marked)
 
-    import gpujitter.cli  # noqa: F401 (what `python -m gpujitter` imports first)
+    # Each module is wrapped once the program imports it (importing them here would move
+    # the imports ahead of the start, where `run` overlaps them with the compile).
+    waiting: dict[str, list[tuple[str, str, str]]] = {}
+    for label, module, cls, fn in WRAPPED:
+        waiting.setdefault(module, []).append((label, cls, fn))
 
-    mark("cli imported")
-    for spec in WRAPPED:
-        wrap(*spec)
+    class Marker(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+            if name not in waiting:
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+            for finder in sys.meta_path:
+                if spec is None and finder is not self and hasattr(finder, "find_spec"):
+                    spec = finder.find_spec(name, path, target)
+            if spec is None or spec.loader is None:
+                return spec
+            loader, wrapped = spec.loader, waiting.pop(name)
+            exec_module = loader.exec_module
+
+            def exec_and_wrap(module: Any) -> None:
+                exec_module(module)
+                for label, cls, fn in wrapped:
+                    owner = getattr(module, cls, None)
+                    if owner is not None:  # a tree without it (the compile ahead, before it)
+                        wrap(label, owner, fn)
+
+            loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, Marker())
     sys.argv = ["gpujitter", *argv]
     try:
         runpy.run_module("gpujitter", run_name="__main__")
@@ -100,11 +141,16 @@ def one_round(flags: list[str]) -> dict[str, Any]:
         )
         subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True, timeout=120)
         marks = json.loads(Path(marks_path).read_text())
-    marks["exec"] = (0.0, 0.0)
+    marks["exec"] = (0.0, 0.0, 0.0)
     return {
-        phase: {"wall_ms": marks[b][0] - marks[a][0], "cpu_ms": marks[b][1] - marks[a][1]}
+        phase: {
+            "wall_ms": marks[b][0] - marks[a][0],
+            "cpu_ms": marks[b][1] - marks[a][1],
+            "peak_mb": marks[b][2],
+        }
         for phase, (a, b) in PHASES.items()
-    } | {"ready": {"wall_ms": marks["ready<"][0], "cpu_ms": marks["ready<"][1]}}
+        if a in marks and b in marks
+    } | {"ready": dict(zip(("wall_ms", "cpu_ms", "peak_mb"), marks["ready<"], strict=True))}
 
 
 def main() -> None:
@@ -130,15 +176,19 @@ def main() -> None:
     if args.json:
         print(json.dumps(rounds, indent=1))
         return
-    print(f"{'phase':<14} {'wall ms (median, range)':>26} {'CPU ms (median, range)':>26}")
+    print(f"{'phase':<20} {'wall ms (median, range)':>26} {'CPU ms (median, range)':>26}"
+          f" {'peak MB at its end':>20}")  # fmt: skip
     for phase in [*PHASES, "ready"]:
         cells = []
+        if any(phase not in r for r in rounds):
+            continue
         for key in ("wall_ms", "cpu_ms"):
             values = [r[phase][key] for r in rounds]
             cells.append(
                 f"{statistics.median(values):7.0f} ({min(values):5.0f}-{max(values):5.0f})"
             )
-        print(f"{phase:<14} {cells[0]:>26} {cells[1]:>26}")
+        peak = statistics.median(r[phase]["peak_mb"] for r in rounds)
+        print(f"{phase:<20} {cells[0]:>26} {cells[1]:>26} {peak:>20.0f}")
 
 
 if __name__ == "__main__":

@@ -13,10 +13,11 @@ import contextlib
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from gpujitter.probes import contract, procfs
 from gpujitter.probes.events import Event, ProbeStatus
@@ -118,16 +119,68 @@ class Probe(abc.ABC):
         )
 
 
+_capture_lock = threading.RLock()  # a capture may hold another (an attach that compiles)
+
+
+class _SideStream:
+    """sys.stdout or sys.stderr while their fd is captured (captured_output): what Python
+    code of any thread writes still goes where it went, through a copy of the fd; once the
+    capture ends, to the stream itself (whoever took this object meanwhile, a console's
+    writer thread say, keeps writing)."""
+
+    def __init__(self, stream: TextIO, fd: int) -> None:
+        self._stream = stream
+        self._fd = fd  # the copy; -1 once the capture ended
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            if self._fd < 0:
+                return self._stream.write(text)
+            data = text.encode(self._stream.encoding or "utf-8", errors="replace")
+            while data:
+                data = data[os.write(self._fd, data) :]
+            return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._fd < 0:
+                self._stream.flush()
+
+    def end(self) -> None:
+        with self._lock:
+            self._fd = -1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _side_stream(stream: TextIO, fd: int, copy: int) -> _SideStream | None:
+    """A _SideStream for `stream` where it writes to `fd`, else None (a test's capture, a
+    replaced stream: the capture does not touch it)."""
+    try:
+        if stream.fileno() != fd:
+            return None
+    except (AttributeError, OSError, ValueError):
+        return None
+    return _SideStream(stream, copy)
+
+
 @contextlib.contextmanager
 def captured_output() -> Iterator[Callable[[], str]]:
     """Capture fds 1 and 2 while bcc compiles: libbcc and clang print errors on stderr (a
     refused probe is then reported in one line, not a screenful of clang output) and notes
     such as "Unable to find kernel headers" on stdout, where they would corrupt the NDJSON
-    of `gpujitter probe --json`."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
+    of `gpujitter probe --json`. Only C code's output: Python's sys.stdout and sys.stderr
+    write to copies of the fds meanwhile, so what another thread says during a compile of
+    seconds (the daemon's notes, an error) is not swallowed. One capture at a time."""
+    with _capture_lock, tempfile.TemporaryFile(mode="w+b") as tmp:
+        sys.stdout.flush()
+        sys.stderr.flush()
         saved = [os.dup(1), os.dup(2)]
+        streams = (sys.stdout, sys.stderr)
+        side = (_side_stream(sys.stdout, 1, saved[0]), _side_stream(sys.stderr, 2, saved[1]))
+        sys.stdout, sys.stderr = (new or old for new, old in zip(side, streams, strict=True))
         os.dup2(tmp.fileno(), 1)
         os.dup2(tmp.fileno(), 2)
         try:
@@ -135,7 +188,15 @@ def captured_output() -> Iterator[Callable[[], str]]:
         finally:
             for fd, copy in zip((1, 2), saved, strict=True):
                 os.dup2(copy, fd)
+            for stream in side:
+                if stream is not None:
+                    stream.end()
+            for copy in saved:
                 os.close(copy)
+            if side[0] is not None and sys.stdout is side[0]:
+                sys.stdout = streams[0]
+            if side[1] is not None and sys.stderr is side[1]:
+                sys.stderr = streams[1]
 
 
 def bpf_source(path: Path) -> str:

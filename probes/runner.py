@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpujitter.errors import GpujitterError
-from gpujitter.probes import registry
+from gpujitter.probes import bundle, registry
 from gpujitter.probes.base import (
     Emit,
     Probe,
@@ -20,14 +20,44 @@ from gpujitter.probes.base import (
     ProbeUnavailable,
     release_compiler_memory,
 )
+from gpujitter.probes.bundle import ModulePart
 from gpujitter.probes.events import Event, ProbeStatus
 from gpujitter.probes.feeders import Feeders
 from gpujitter.probes.host import HostPaths, can_load_bpf
 from gpujitter.probes.progstats import Cost, CostMeter
 from gpujitter.probes.topology import Topology
-from gpujitter.probes.watch import CoreBpf, WatchSpec
+from gpujitter.probes.watch import CoreBpf, WatchSpec, module_parts
 
 QUIET_RECORDS = 64  # fewer in a poll: the next one may wait twice as long
+
+
+def set_parts(probes: Sequence[Probe], ctx: ProbeContext) -> list[ModulePart]:
+    """The parts of the one module compiled for a set's probes (probes/bundle.py): every
+    probe's .bpf.c, a part two probes share (faults and swap) once."""
+    parts = {part.name: part for probe in probes for part in probe.parts(ctx)}
+    return list(parts.values())
+
+
+def compile_ahead(
+    names: Sequence[str],
+    *,
+    topology: Topology,
+    thresholds: Mapping[str, Mapping[str, int]] | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
+    """Start compiling, on a thread of its own, the module that a ProbeSet of these
+    arguments compiles when it starts (probes/bundle.py compile_ahead). The set's probes
+    work out their parts again then and take this compile where they are the same; where
+    they are not (another topology, a probe's options), or whatever fails here, the set
+    compiles and reports as it would have. Only a head start: never raises."""
+    ctx = ProbeContext(topology=topology, emit=lambda ev: True, thresholds=thresholds or {},
+                       options=options or {})  # fmt: skip
+    try:
+        probes = [spec.factory(spec) for spec in map(registry.get, names)]
+        parts = module_parts(set_parts(probes, ctx))
+    except Exception:  # raised again, and reported, by the set's own start
+        return
+    bundle.compile_ahead(parts)
 
 
 class ProbeSet:
@@ -68,11 +98,8 @@ class ProbeSet:
         the core cannot load (then no probe can run). release: hand back the compiler's
         memory now (False: the caller does it, after it said the probes are running)."""
         probes = [spec.factory(spec) for spec in self.specs]
-        # One compile for every probe's .bpf.c (probes/bundle.py), parts shared by two probes
-        # (faults and swap) once.
-        parts = {part.name: part for probe in probes for part in probe.parts(self.ctx)}
         try:
-            self.ctx.bundle = self.core.start(self.emit, list(parts.values()))
+            self.ctx.bundle = self.core.start(self.emit, set_parts(probes, self.ctx))
         except ProbeUnavailable as err:
             if not can_load_bpf(self.core.paths):
                 raise GpujitterError(

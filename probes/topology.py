@@ -648,6 +648,16 @@ def apply_override(real: Topology, emulated: Override, source: str) -> Topology:
     )
 
 
+def cpu_topology(paths: HostPaths | None = None, override: str | Path | None = None) -> Topology:
+    """The CPUs' nodes alone (the override's where one is given): what the probes' compile
+    needs of the topology, without the devices, IRQs and GPUs (NVML) that load_topology
+    reads. GpujitterError for a bad override, as load_topology."""
+    real = Topology(cpu_node=read_cpu_nodes(paths or HostPaths()))
+    if override is None:
+        return real
+    return apply_override(real, load_override(override), os.fspath(override))
+
+
 def load_topology(
     paths: HostPaths | None = None,
     override: str | Path | None = None,

@@ -201,6 +201,12 @@ _core: _LoadedCore | None = None
 _core_lock = threading.Lock()
 
 
+def module_parts(parts: Sequence[ModulePart]) -> list[ModulePart]:
+    """What the module of a probe set holds: its probes' parts, after the core's where the
+    process has no core loaded yet."""
+    return list(parts) if _core is not None else [CORE_PART, *parts]
+
+
 class CoreBpf:
     """The core module as one probe set uses it: the shared maps (exported to every probe
     loaded after it in this process) and the exec/exit stream. Everything else depends on
@@ -229,7 +235,7 @@ class CoreBpf:
                 raise ProbeUnavailable("another probe set is already running in this process")
             bundle = Bundle(parts) if parts and _core is not None else None
             if _core is None:
-                first = Bundle([CORE_PART, *parts])
+                first = Bundle(module_parts(parts))
                 try:
                     _core = _LoadedCore(first.view(CORE_PART.name))
                 except ProbeUnavailable:

@@ -189,6 +189,11 @@ def _thresholds(v: Any) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(out))
 
 
+def probe_names(config: Config) -> list[str]:
+    """The probes the settings select (registry.select)."""
+    return registry.select(config["probes.enable"], config["probes.disable"])
+
+
 def thresholds_by_probe(entries: Iterable[tuple[str, int]]) -> dict[str, dict[str, int]]:
     """(("sched.offcpu", 1_000_000),) -> {"sched": {"offcpu": 1_000_000}}, as probes take them."""
     out: dict[str, dict[str, int]] = {}

@@ -43,7 +43,12 @@ from gpujitter.daemon.analysis.engine import EngineConfig
 from gpujitter.daemon.analysis.gaps import GapConfig
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig
 from gpujitter.daemon.analysis.records import Attribution
-from gpujitter.daemon.service.config import Config, check_node, thresholds_by_probe
+from gpujitter.daemon.service.config import (
+    Config,
+    check_node,
+    probe_names,
+    thresholds_by_probe,
+)
 from gpujitter.daemon.service.idle_floors import FILE_NAME, IdleFloorStore
 from gpujitter.daemon.service.own_scheduling import KEEP_UP_LEVELS, OwnScheduling
 from gpujitter.daemon.service.runtime import EventSource, LiveSource, Runtime, Sink
@@ -145,10 +150,6 @@ class Console:
         deadline = time.monotonic() + timeout_s
         self._err.close(deadline)
         self._out.close(deadline)
-
-
-def probe_names(config: Config) -> list[str]:
-    return registry.select(config["probes.enable"], config["probes.disable"])
 
 
 def watch_of(config: Config) -> WatchSpec:

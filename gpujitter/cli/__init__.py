@@ -2,7 +2,9 @@
 
 Each subcommand module exposes `COMMAND`, a `Command`. Heavy imports (bcc, textual, NVML)
 happen inside `run`, so `gpujitter --help` stays instant and a missing optional part only
-breaks the subcommand that needs it.
+breaks the subcommand that needs it. A command line that names its command loads that
+command's module alone: several import the daemon's modules, and `gpujitter run` starts its
+probes' compile before it imports them (daemon/service/head_start.py).
 """
 
 from __future__ import annotations
@@ -24,8 +26,15 @@ COMMANDS = (
 )  # fmt: skip
 
 
-def load_commands() -> list[Command]:
-    return [importlib.import_module(f"gpujitter.cli.{name}").COMMAND for name in COMMANDS]
+def load_commands(names: Sequence[str] = COMMANDS) -> list[Command]:
+    return [importlib.import_module(f"gpujitter.cli.{name}").COMMAND for name in names]
+
+
+def named_command(argv: Sequence[str]) -> list[str]:
+    """[the command] where `argv` names one, else every command (help, a mistake): the
+    options before it take no value, so the first word that is not one is the command."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return [first] if first in COMMANDS else list(COMMANDS)
 
 
 def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
@@ -43,7 +52,7 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    commands = load_commands()
+    commands = load_commands(named_command(sys.argv[1:] if argv is None else argv))
     args = build_parser(commands).parse_args(argv)
     try:
         return int(args.run(args))

@@ -1,6 +1,7 @@
 """Starting and stopping as a service, on this kernel: a stop leaves no uprobe behind in the
-watched process (both ways the cuda probe attaches), and the probes of a set compiled as one
-module still run when one part of it does not compile. The times are bench/startstop.py's."""
+watched process (both ways the cuda probe attaches), the probes of a set compiled as one
+module still run when one part of it does not compile, and a compile started ahead (`gpujitter
+run`'s) is the one the set takes. The times are bench/startstop.py's."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpujitter.daemon.drill.build import build_stub
 from gpujitter.probes import registry
 from gpujitter.probes.base import ProbeContext, ProbeUnavailable
-from gpujitter.probes.bundle import Bundle, ModulePart
+from gpujitter.probes.bundle import Bundle, ModulePart, compile_ahead
 from gpujitter.probes.cstate import CstateProbe
 from gpujitter.probes.cuda import armed_sites
 from gpujitter.probes.host import HostPaths
@@ -195,3 +197,124 @@ def test_an_error_that_names_no_part_leaves_the_essential_part_running(tmp_path:
         bundle.view("essential").cleanup()  # it compiled, alone
     finally:
         bundle.release()
+
+
+def bpf_file(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / f"{name}.bpf.c"
+    path.write_text(text)
+    return path
+
+
+def counted_compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The first line of the text of each bcc module made from now on."""
+    import bcc
+
+    texts: list[str] = []
+    real = bcc.BPF
+
+    class Counted(real):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            texts.append(kwargs["text"].decode().splitlines()[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(bcc, "BPF", Counted)
+    return texts
+
+
+def test_a_compile_started_ahead_is_the_one_its_parts_bundle_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compiles = counted_compiles(monkeypatch)
+    part = ModulePart(
+        "ahead",
+        bpf_file(tmp_path, "ahead", "RAW_TRACEPOINT_PROBE(sched_waking) { return 0; }\n"),
+        essential=True,
+    )
+    compile_ahead([part])
+    # The module is the file as it was then: a compile made now would fail.
+    part.bpf_file.write_text("RAW_TRACEPOINT_PROBE(sched_waking) { return nope; }\n")
+    bundle = Bundle([part])
+    try:
+        bundle.view("ahead").cleanup()
+    finally:
+        bundle.release()
+    assert len(compiles) == 1
+
+
+def test_a_compile_ahead_of_other_parts_is_freed_and_one_that_failed_is_not_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compiles = counted_compiles(monkeypatch)
+    good = ModulePart(
+        "good",
+        bpf_file(tmp_path, "good", "RAW_TRACEPOINT_PROBE(sched_waking) { return 0; }\n"),
+        essential=True,
+    )
+    broken = ModulePart(
+        "broken",
+        bpf_file(tmp_path, "broken", "RAW_TRACEPOINT_PROBE(sched_switch) { return nope; }\n"),
+    )
+    compile_ahead([good])  # other parts than the bundle's: freed, not taken
+    other = Bundle([good, broken])  # compiles both, then the good one alone
+    assert len(compiles) == 3
+    compile_ahead([good, broken])  # these parts, and the compile fails: its error is taken
+    failed = Bundle([good, broken])  # compiles only the good one alone
+    assert len(compiles) == 5
+    try:
+        for bundle in (other, failed):
+            with pytest.raises(ProbeUnavailable, match=r"broken\.bpf\.c.*nope"):
+                bundle.view("broken")
+            bundle.view("good").cleanup()  # compiled without the broken part
+    finally:
+        other.release()
+        failed.release()
+
+
+# A fresh process each: the bcc modules made, by which thread, from which text and options:
+# `gpujitter run` (its compile started ahead, before the daemon's imports), or the same
+# probes' set started alone, as every other command starts it.
+COMPILES = """
+import hashlib, sys, threading
+import bcc
+
+made = []
+real = bcc.BPF
+class Counted(real):
+    def __init__(self, *args, **kwargs):
+        made.append((threading.current_thread().name,
+                     hashlib.sha256(kwargs["text"]).hexdigest(), kwargs["cflags"]))
+        super().__init__(*args, **kwargs)
+bcc.BPF = Counted
+if sys.argv[1] == "run":
+    from gpujitter.cli import main
+    assert main(["run", "--no-nvml", "--quiet", "--pid", "1", "--probes", "sched,irq",
+                 "--duration", "1", "--log", "", "--socket", "", "--config", sys.argv[2]]) == 0
+else:
+    from gpujitter.probes.runner import ProbeThread
+    from gpujitter.probes.topology import load_topology
+    from gpujitter.probes.watch import WatchSpec
+    with ProbeThread(["sched", "irq"], emit=lambda ev: True, watch=WatchSpec(pids={1}),
+                     topology=load_topology(nvml=False)):
+        pass
+print(repr(made))
+"""
+
+
+def test_run_compiles_once_ahead_from_the_text_and_options_of_a_start_without(
+    tmp_path: Path,
+) -> None:
+    import ast
+
+    (tmp_path / "empty.toml").touch()
+    made = {}
+    for how in ("run", "set"):
+        out = subprocess.run(
+            [sys.executable, "-c", COMPILES, how, str(tmp_path / "empty.toml")],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        made[how] = ast.literal_eval(out.stdout.splitlines()[-1])
+    (ahead,) = made["run"]  # one compile, on its own thread
+    (alone,) = made["set"]
+    assert ahead[0] == "gpujitter-compile" and alone[0] == "gpujitter-probes"
+    assert ahead[1:] == alone[1:]

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ def _no_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [k for k in os.environ if k.startswith("GPUJITTER_")]:
         monkeypatch.delenv(name)
     monkeypatch.setattr(Daemon, "run", _poison)
+    monkeypatch.setattr("gpujitter.daemon.service.head_start.compile_ahead", _poison)
     monkeypatch.setattr("gpujitter.probes.runner.ProbeThread", _poison)
     monkeypatch.setattr("gpujitter.tui.feeds.embedded.EmbeddedFeed", _poison)
 
@@ -147,6 +149,25 @@ def test_bad_setting_is_one_line_before_probes_attach(
     assert_one_line(err, f" {key}: ", said)
     if settings:
         assert str(tmp_path / "gpujitter.toml") in err
+
+
+def test_a_bad_setting_starts_no_compile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `run` starts its probes' compile ahead of the daemon (daemon/service/head_start.py):
+    # only once the settings passed, so a mistake is one line at once, seconds of CPU saved.
+    assert run_with(tmp_path, {}, "--log", MISSING + "/a.jsonl") == 2
+    assert_one_line(capsys.readouterr().err, "log.path")
+    assert "gpujitter-compile" not in {t.name for t in threading.enumerate()}
+
+
+def test_run_gives_its_caller_the_scheduling_it_had(tmp_path: Path) -> None:
+    # `run` starts its compile SCHED_BATCH, as the daemon's start runs; a process that
+    # called it (this test session) keeps its own policy, as its later children do.
+    before = os.sched_getscheduler(0)
+    with pytest.raises(Attached):  # where the compile would start
+        run_with(tmp_path, {})
+    assert os.sched_getscheduler(0) == before
 
 
 def test_bad_environment_names_its_variable(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.topology import Topology, load_override, load_topology
+from gpujitter.probes.topology import Topology, cpu_topology, load_override, load_topology
 from tests.unit.conftest import MakeTree
 
 SPLIT_DEV_VM = """
@@ -61,6 +61,19 @@ def test_override_places_the_gpu_without_a_bus_id(host_tree: MakeTree, tmp_path:
     assert topo.unknown_gpu_note() == "GPU -1 (no bus id) placed on node 1 by the override"
     assert Topology.from_record(topo.to_record()) == topo
     assert load_topology(host_tree("dev-vm")).unknown_gpu_note() == ""
+
+
+@pytest.mark.parametrize(
+    ("host", "override"), [("dev-vm", None), ("dev-vm", SPLIT_DEV_VM), ("two-node-gpu", None)]
+)
+def test_the_cpus_nodes_alone_are_the_whole_maps(
+    host_tree: MakeTree, tmp_path: Path, host: str, override: str | None
+) -> None:
+    # What `run` compiles ahead from (cpu_topology) is what the probe set compiles from.
+    path = write(tmp_path, override) if override else None
+    whole = load_topology(host_tree(host), path, nvml=False)
+    assert cpu_topology(host_tree(host), path).cpu_node == whole.cpu_node
+    assert len(set(whole.cpu_node.values())) == (1 if host == "dev-vm" and not path else 2)
 
 
 def test_without_override_nothing_is_emulated(host_tree: MakeTree) -> None:
