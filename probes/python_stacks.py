@@ -203,8 +203,7 @@ class PythonStacksProbe(BpfProbe):
                     continue
                 self._listed[pid] = now_ns
                 self._threads(pid, threads)
-        self._native_only(self._feeders.recent(now_ns), watched)  # those that exited go
-        self._push_feeders(now_ns)
+        self._push_feeders(now_ns, rescan=True, watched=watched)  # exited native-only go
         versions = sorted({i.version for i in self.interpreters.values()})
         said = "; ".join(f"{path}: {why}" for path, why in sorted(self.refused.items()))
         native = sum(1 for _, tstate in self._sampled.values() if tstate == NATIVE_ONLY)
@@ -277,12 +276,18 @@ class PythonStacksProbe(BpfProbe):
         self.bpf["py_threads"].pop(ct.c_uint32(key[1]), None)
         self._feeder_changes = -1  # the feeders known may be fewer
 
-    def _push_feeders(self, now_ns: int) -> None:
-        """Tell the kernel which sampled threads feed, when that changed."""
-        if self._feeders.changes == self._feeder_changes:
+    def _push_feeders(
+        self, now_ns: int, *, rescan: bool = False, watched: list[int] | None = None
+    ) -> None:
+        """Tell the kernel which sampled threads feed, when that changed. rescan (the
+        once-a-second look, with its `watched`): the native-only threads are looked at again
+        even when the feeders did not change (one may have exited), in the same pass."""
+        if not rescan and self._feeders.changes == self._feeder_changes:
             return
-        feeders = self._feeders.recent(now_ns)
-        self._native_only(feeders, watched_pids(self._core.bpf))
+        feeders = self._feeders.recent(now_ns)  # forgets those not named for a while
+        self._native_only(feeders, watched if rescan else watched_pids(self._core.bpf))
+        if self._feeders.changes == self._feeder_changes:
+            return  # _sample and _unsample mark a change where they made one
         self._feeder_changes = self._feeders.changes
         table = self.bpf["py_threads"]
         self._feeding = {tid for _, tid in self._sampled if tid in feeders}
