@@ -121,30 +121,40 @@ def test_a_part_that_does_not_compile_leaves_the_others_running(tmp_path: Path) 
         core.close()
 
 
+# The head of a script run in a fresh process: each bcc module it makes is listed in
+# `made` as (the thread that made it, its text's sha256, its options).
+MODULES_MADE = """
+import hashlib, sys, threading
+import bcc
+
+made = []
+real = bcc.BPF
+class Counted(real):
+    def __init__(self, *args, **kwargs):
+        made.append((threading.current_thread().name,
+                     hashlib.sha256(kwargs["text"]).hexdigest(), kwargs["cflags"]))
+        super().__init__(*args, **kwargs)
+bcc.BPF = Counted
+"""
+
 # A fresh process (the test session's core may be loaded already): each bcc module it
 # compiles is counted, and a second probe set runs after the first.
-ONE_COMPILE = """
-import sys, time
-import bcc
+ONE_COMPILE = (
+    MODULES_MADE
+    + """
 from gpujitter.probes.runner import ProbeThread
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
 
-compiled = []
-real = bcc.BPF
-class Counted(real):
-    def __init__(self, *args, **kwargs):
-        compiled.append(1)
-        super().__init__(*args, **kwargs)
-bcc.BPF = Counted
 kwargs = {"topology": load_topology(nvml=False), "watch": WatchSpec(pids={1})}
 with ProbeThread(["sched", "irq"], emit=lambda ev: True, **kwargs) as first:
     states = [s.state for s in first.statuses]
-print("first", len(compiled), *states)
+print("first", len(made), *states)
 with ProbeThread(["malloc"], emit=lambda ev: True, **kwargs) as second:
     states = [s.state for s in second.statuses]
-print("second", len(compiled), *states)
+print("second", len(made), *states)
 """
+)
 
 
 def test_the_core_compiles_in_the_first_probe_sets_module() -> None:
@@ -273,18 +283,9 @@ def test_a_compile_ahead_of_other_parts_is_freed_and_one_that_failed_is_not_made
 # A fresh process each: the bcc modules made, by which thread, from which text and options:
 # `gpujitter run` (its compile started ahead, before the daemon's imports), or the same
 # probes' set started alone, as every other command starts it.
-COMPILES = """
-import hashlib, sys, threading
-import bcc
-
-made = []
-real = bcc.BPF
-class Counted(real):
-    def __init__(self, *args, **kwargs):
-        made.append((threading.current_thread().name,
-                     hashlib.sha256(kwargs["text"]).hexdigest(), kwargs["cflags"]))
-        super().__init__(*args, **kwargs)
-bcc.BPF = Counted
+COMPILES = (
+    MODULES_MADE
+    + """
 if sys.argv[1] == "run":
     from gpujitter.cli import main
     assert main(["run", "--no-nvml", "--quiet", "--pid", "1", "--probes", "sched,irq",
@@ -298,6 +299,7 @@ else:
         pass
 print(repr(made))
 """
+)
 
 
 def test_run_compiles_once_ahead_from_the_text_and_options_of_a_start_without(
