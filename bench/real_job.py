@@ -34,11 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpujitter.daemon.analysis.records import Attribution, FrameEvidence
-from gpujitter.daemon.drill.score import Stall, score
+from gpujitter.daemon.analysis.records import Attribution
+from gpujitter.daemon.drill.score import Stall, named_frames, score
 from gpujitter.daemon.drill.system import interrupted_by_signals
 from gpujitter.daemon.sinks.jsonlog import JsonLogReader
-from gpujitter.probes import registry
 from gpujitter.probes.events import from_record
 
 S = 1_000_000_000
@@ -278,28 +277,6 @@ def clean_window(
         "false": result["false"],
         "steps": step_stats(steps, t0, t1),
     }
-
-
-def named_frames(stalls: list[dict[str, Any]], attrs: list[Attribution]) -> dict[str, Any]:
-    """For stalls that say which Python function ran them (pyhot: func, file, line): of the
-    gaps over them whose host work lasted a sampling period or more (less leaves no sample
-    to name it by), how many name that function as host work's top frame (issue 14's
-    target: >= 90 %)."""
-    period_ns = registry.get("python_stacks").thresholds["period"]
-    named = scored = 0
-    for a in attrs:
-        if not any(a.ts_ns < s["t1_ns"] and s["t0_ns"] < a.end_ns for s in stalls):
-            continue
-        host = [p for p in a.parts if p.cause == "host_work"]
-        if sum(p.ns for p in host) < period_ns:
-            continue
-        frames = [e for p in host for e in p.evidence if isinstance(e, FrameEvidence)]
-        scored += 1
-        named += bool(frames) and any(
-            (frames[0].func, frames[0].file, frames[0].line) == (s["func"], s["file"], s["line"])
-            for s in stalls
-        )
-    return {"gaps": scored, "named": named}
 
 
 def scenario_score(

@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gpujitter.daemon.analysis.engine.causes import CAUSES
-from gpujitter.daemon.analysis.records import Attribution, TaskEvidence
+from gpujitter.daemon.analysis.records import Attribution, FrameEvidence, TaskEvidence
+from gpujitter.probes import registry
 
 MIN_STALL_NS = 10_000_000  # stalls at least this long must be found
 TOP_CAUSE_SHARE = 0.95
@@ -305,3 +306,27 @@ def _targets(s: Score) -> dict[str, bool]:
     if any(st.culprit_tgid for st in s.stalls):
         targets["culprit"] = all(st.culprit for st in s.stalls if st.culprit_tgid)
     return targets
+
+
+def named_frames(
+    stalls: Sequence[Mapping[str, Any]], attrs: Iterable[Attribution]
+) -> dict[str, Any]:
+    """For stalls that say which Python function ran them (pyhot: func, file, line): of the
+    gaps over them whose host work lasted a sampling period or more (less leaves no sample
+    to name it by), how many name that function as host work's top frame (issue 14's
+    target: >= 90 %)."""
+    period_ns = registry.get("python_stacks").thresholds["period"]
+    named = scored = 0
+    for a in attrs:
+        if not any(a.ts_ns < s["t1_ns"] and s["t0_ns"] < a.end_ns for s in stalls):
+            continue
+        host = [p for p in a.parts if p.cause == "host_work"]
+        if sum(p.ns for p in host) < period_ns:
+            continue
+        frames = [e for p in host for e in p.evidence if isinstance(e, FrameEvidence)]
+        scored += 1
+        named += bool(frames) and any(
+            (frames[0].func, frames[0].file, frames[0].line) == (s["func"], s["file"], s["line"])
+            for s in stalls
+        )
+    return {"gaps": scored, "named": named}

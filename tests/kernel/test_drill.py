@@ -23,7 +23,6 @@ from gpujitter.daemon.analysis.records import (
     Attribution,
     Evidence,
     FaultEvidence,
-    FrameEvidence,
     GcEvidence,
     GilEvidence,
     IdleEvidence,
@@ -35,11 +34,11 @@ from gpujitter.daemon.analysis.records import (
 )
 from gpujitter.daemon.drill import system
 from gpujitter.daemon.drill.runner import WORK_ROOT, DrillOptions, DrillResult, run_drill
+from gpujitter.daemon.drill.score import named_frames
 from gpujitter.daemon.drill.system import MEMCG_V1
 from gpujitter.daemon.sinks.trace import TraceReader
 from gpujitter.probes import registry
 from gpujitter.probes.events import CudaCall, to_record
-from tests.conftest import cause_ns
 
 GPUJITTER = Path(sys.executable).with_name("gpujitter")
 MS = 1_000_000
@@ -178,17 +177,8 @@ def test_pyhot_names_the_python_function_with_file_and_line(tmp_path: Path) -> N
     trace = tmp_path / "pyhot.gjtrace"
     r = drill("pyhot", keep_trace=trace)
     assert_meets_targets(r)
-    period = registry.get("python_stacks").thresholds["period"]
-    scored = [
-        (a, [e for p in a.parts if p.cause == "host_work" for e in p.evidence
-             if isinstance(e, FrameEvidence)])
-        for a in r.attributions
-        if any(a.ts_ns < s["t1_ns"] and s["t0_ns"] < a.end_ns for s in r.stalls)
-        and cause_ns(a, "host_work") >= period
-    ]  # fmt: skip
-    injected = tuple(r.stalls[0][k] for k in ("func", "file", "line"))
-    named = [bool(f) and (f[0].func, f[0].file, f[0].line) == injected for _, f in scored]
-    assert scored and sum(named) >= 0.9 * len(named), (rows(r), [f for _, f in scored])
+    frames = named_frames(r.stalls, r.attributions)
+    assert frames["gaps"] and frames["named"] >= 0.9 * frames["gaps"], (frames, rows(r))
     report = subprocess.run(
         [str(GPUJITTER), "report", "--json", str(trace)], capture_output=True, text=True,
         check=True,
