@@ -59,6 +59,7 @@ class MallocProbe(BpfProbe):
             window_ns=opts.get("precise_window_ns", DEFAULT_WINDOW_NS),
             threshold_ns=self.threshold(ctx, "call"),
             deliver=self.deliver,
+            linked=bool(opts.get("uprobe_multi", True)),
         )
         try:
             self.reason = self.precise.start()

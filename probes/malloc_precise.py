@@ -7,14 +7,16 @@ the uprobes are detached and the processes run at full speed again.
 from __future__ import annotations
 
 import ctypes as ct
+import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from gpujitter.probes import uprobe_multi
 from gpujitter.probes.base import ProbeUnavailable, compile_bpf
 from gpujitter.probes.events import AllocCall, Event
-from gpujitter.probes.malloc_sites import Site, allocator_sites
+from gpujitter.probes.malloc_sites import SIZE_PROGRAMS, Site, allocator_sites
 from gpujitter.units import format_ns
 
 MAX_WINDOW_NS = 3600 * 1_000_000_000  # the mode is for a look, not a way of life
@@ -27,6 +29,8 @@ class PreciseWindow:
         window_ns: int,
         threshold_ns: int,
         deliver: Callable[[Event], None],
+        *,
+        linked: bool = True,
     ) -> None:
         self.pids = sorted({int(p) for p in pids})
         self.window_ns = int(window_ns)
@@ -34,6 +38,11 @@ class PreciseWindow:
         self.deliver = deliver
         self.bpf: Any = None
         self.sites: dict[tuple[int, int], Site] = {}  # (tgid, probe address) -> site
+        # Uprobe-multi links (fds), two per file per process, where the kernel makes them:
+        # the window's end then waits for the kernel once, not once per breakpoint (~110 ms
+        # each on a busy 2-CPU VM: 12 of them outlasted a second).
+        self.links: list[int] = []
+        self.linked = linked
         self.start_ns = 0
         self.deadline_ns = 0
         self.timed = self.slow = self.lost = 0
@@ -64,15 +73,20 @@ class PreciseWindow:
 
         def attach(bpf: Any) -> None:
             for pid, sites in per_pid.items():
+                if self.linked and uprobe_multi.supported():
+                    self._link(bpf, pid, sites)
+                else:
+                    for site in sites:
+                        addr = site.elf_addr + site.skip
+                        bpf.attach_uprobe(name=site.path, addr=addr, fn_name=site.program, pid=pid)
+                        bpf.attach_uretprobe(name=site.path, addr=addr, fn_name="leave", pid=pid)
                 for site in sites:
-                    addr = site.elf_addr + site.skip
-                    bpf.attach_uprobe(name=site.path, addr=addr, fn_name=site.program, pid=pid)
-                    bpf.attach_uretprobe(name=site.path, addr=addr, fn_name="leave", pid=pid)
                     self.sites[(pid, site.addr)] = site
 
         try:
             self.bpf = compile_bpf(Path(__file__).with_name("malloc_uprobes.bpf.c"), flags, attach)
         except ProbeUnavailable:
+            self._unlink()
             self.sites.clear()
             raise
         self.bpf["slow_calls"].open_ring_buffer(self._on_call)
@@ -83,6 +97,27 @@ class PreciseWindow:
         self.deadline_ns = self.start_ns + self.window_ns
         self.bpf["window"][ct.c_int(0)] = ct.c_uint64(self.deadline_ns)
         return self.describe(per_pid)
+
+    def _link(self, bpf: Any, pid: int, sites: list[Site]) -> None:
+        """Every site of `pid` through two links per file: the entries (the cookie says
+        where the size is) and the returns."""
+        enter = uprobe_multi.load_program(bpf, "enter_linked")
+        leave = uprobe_multi.load_program(bpf, "leave")
+        by_file: dict[str, list[Site]] = {}
+        for site in sites:
+            by_file.setdefault(site.path, []).append(site)
+        for path, in_file in by_file.items():
+            offsets = [site.offset for site in in_file]
+            kinds = [SIZE_PROGRAMS.index(site.program) for site in in_file]
+            self.links.append(
+                uprobe_multi.link(enter, path, offsets, kinds, returns=False, pid=pid)
+            )
+            zeros = [0] * len(offsets)
+            self.links.append(uprobe_multi.link(leave, path, offsets, zeros, returns=True, pid=pid))
+
+    def _unlink(self) -> None:
+        while self.links:
+            os.close(self.links.pop())
 
     def describe(self, per_pid: dict[int, list[Site]]) -> str:
         parts = []
@@ -147,6 +182,7 @@ class PreciseWindow:
         if self._ring_open:
             self.bpf.ring_buffer_consume()
         self._read_counters()
+        self._unlink()
         self.bpf.cleanup()
         self.bpf = None
 

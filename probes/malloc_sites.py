@@ -18,7 +18,8 @@ from gpujitter.probes.host import HostPaths
 from gpujitter.probes.procfs import Mapping, in_root, read_maps
 
 # How each entry point passes the size it allocates; the value names the BPF entry program
-# (malloc_uprobes.bpf.c) that reads it.
+# (malloc_uprobes.bpf.c) that reads it. A uprobe-multi link's single entry program is told
+# the same by its cookie: the program's index in SIZE_PROGRAMS.
 SIZE_ARG1, SIZE_ARG2, SIZE_ARG3, CALLOC, NO_SIZE = (
     "enter_size1",
     "enter_size2",
@@ -26,6 +27,7 @@ SIZE_ARG1, SIZE_ARG2, SIZE_ARG3, CALLOC, NO_SIZE = (
     "enter_calloc",
     "enter_nosize",
 )
+SIZE_PROGRAMS = (NO_SIZE, SIZE_ARG1, SIZE_ARG2, SIZE_ARG3, CALLOC)
 ENTRY_POINTS = {
     "malloc": SIZE_ARG1,
     "calloc": CALLOC,
@@ -62,6 +64,7 @@ class Site:
     path: str  # the file, as the probing process can open it
     elf_addr: int  # the symbol's address in the ELF (what bcc's attach takes, with the skip)
     skip: int  # bytes moved past the function's start: 4 past endbr64, else 0
+    offset: int  # where the probe sits in the file (what a uprobe-multi link takes)
     addr: int  # where the probe sits in the process (what PT_REGS_IP reads at the probe)
 
 
@@ -132,6 +135,7 @@ def _sites_in(alloc: Allocator, elf: ElfFile, local: str, mappings: list[Mapping
                 path=local,
                 elf_addr=elf_addr,
                 skip=skip,
+                offset=off,
                 addr=mapped[0].address_of(off),
             )
         )

@@ -60,6 +60,19 @@ int enter_size3(struct pt_regs *ctx) { return enter(ctx, PT_REGS_PARM3(ctx)); }
 int enter_calloc(struct pt_regs *ctx) { return enter(ctx, PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx)); }
 int enter_nosize(struct pt_regs *ctx) { return enter(ctx, 0); }
 
+/* One program for every site of a uprobe-multi link; the cookie says where the size is,
+ * as SIZE_PROGRAMS in malloc_sites.py orders the programs above. */
+int enter_linked(struct pt_regs *ctx)
+{
+    switch (bpf_get_attach_cookie(ctx)) {
+    case 1: return enter(ctx, PT_REGS_PARM1(ctx));
+    case 2: return enter(ctx, PT_REGS_PARM2(ctx));
+    case 3: return enter(ctx, PT_REGS_PARM3(ctx));
+    case 4: return enter(ctx, PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx));
+    default: return enter(ctx, 0);
+    }
+}
+
 int leave(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();

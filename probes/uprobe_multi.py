@@ -118,9 +118,16 @@ def load_program(bpf: Any, fn_name: str) -> int:
 
 
 def link(
-    prog_fd: int, path: str, offsets: Sequence[int], cookies: Sequence[int], *, returns: bool
+    prog_fd: int,
+    path: str,
+    offsets: Sequence[int],
+    cookies: Sequence[int],
+    *,
+    returns: bool,
+    pid: int = 0,
 ) -> int:
-    """Attach `prog_fd` at the file offsets of `path` (entry, or return when `returns`); the
+    """Attach `prog_fd` at the file offsets of `path` (entry, or return when `returns`), in
+    process `pid` only when given (the kernel plants breakpoints in that process alone); the
     link's fd, which detaches everything at once when closed. OSError when refused."""
     raw_path = ct.create_string_buffer(os.fsencode(path))
     raw_offsets = (ct.c_uint64 * len(offsets))(*offsets)
@@ -133,6 +140,7 @@ def link(
         cookies=ct.addressof(raw_cookies),
         cnt=len(offsets),
         multi_flags=BPF_F_UPROBE_MULTI_RETURN if returns else 0,
+        pid=pid,
     )
     try:
         return _bpf(BPF_LINK_CREATE, attr)
