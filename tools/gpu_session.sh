@@ -19,6 +19,7 @@
 #                a `git archive` of an earlier commit; a run call of its own)
 #   startstop    `gpujitter run` from exec to READY and from SIGTERM/SIGINT to exit, its memory,
 #                every uprobe gone after the stop (bench/startstop.py, the node's libcuda)
+#   phases       where that start goes: wall, CPU and peak memory by phase (bench/start_phases.py)
 # Usage: tools/gpu_session.sh TREE BCC_TARBALL [STEP...]   (TREE: a copy of the repository
 # holding .whl/ with an orjson wheel for the node's python3)
 set -uo pipefail
@@ -95,6 +96,11 @@ for step in $steps; do
         log "startstop: gpujitter run ready and stop times, memory, uprobes left"
         timeout 400 python3 "$tree/bench/startstop.py" --rounds 5 --nvml --libcuda system \
             --out "$out/startstop.json"
+        ;;
+    phases)
+        log "phases: gpujitter run's start by phase"
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 200 python3 -P -m bench.start_phases \
+            --rounds 3 --nvml --json > "$out/phases.json")
         ;;
     daemoncpu)
         log "daemoncpu: the daemon's CPU by thread beside the training job"
