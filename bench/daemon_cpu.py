@@ -15,7 +15,9 @@ Each thread's time is its schedstat run time,
 summed by thread name; a thread that exited inside the window counts in the process's
 total only ("exited threads"). The daemon runs through `daemon` below, which gives each
 Python thread its role as its kernel name (gpujitter-probes -> "probes") so that /proc
-tells them apart. The window opens a second after READY (start-up work left out).
+tells them apart. The window opens a second after READY (start-up work left out), or
+--settle seconds after it: the first minute holds one-off work that steady running does
+not (the first look at each library's symbols, the first scans).
 """
 
 from __future__ import annotations
@@ -250,6 +252,7 @@ def live(
     pid: int = 0,
     pythonpath: str = "",
     py_spy: str = "",
+    settle_s: float = 1.0,
 ) -> dict[str, Any]:
     """One start of the daemon watching `pid` (else a feeder loop of its own); with
     `pythonpath`, the package found there first (another tree, for before/after rounds);
@@ -282,7 +285,7 @@ def live(
                 assert feeder.stdin is not None
                 feeder.stdin.write("go\n")
                 feeder.stdin.flush()
-            time.sleep(1.0)
+            time.sleep(settle_s)
             if py_spy and profile_dir:
                 spy = _start_py_spy(py_spy, daemon.pid, seconds, raw)
             t0, p0, th0 = time.monotonic_ns(), process_ns(daemon.pid), threads_ns(daemon.pid)
@@ -301,6 +304,7 @@ def live(
     threads, runs = split_by_name(th0, th1)
     return {
         "window_s": window_ns / 1e9,
+        "settle_s": settle_s,
         "ready_s": ready_s,
         "probes": probes or "default",
         "tree": pythonpath or "this",
@@ -382,6 +386,9 @@ def main() -> None:
     lv.add_argument("--pid", type=int, default=0, help="watch this process (no feeder loop)")
     lv.add_argument("--rounds", type=int, default=1)
     lv.add_argument(
+        "--settle", type=float, default=1.0, metavar="S", help="open the window S s after READY"
+    )
+    lv.add_argument(
         "--before",
         default="",
         metavar="PYTHONPATH",
@@ -413,7 +420,7 @@ def main() -> None:
         results = []
         for k in range(args.rounds):
             for tree in trees if k % 2 == 0 else trees[::-1]:
-                res = live(args.seconds, args.probes, profile, args.pid, tree, py_spy)
+                res = live(args.seconds, args.probes, profile, args.pid, tree, py_spy, args.settle)
                 results.append(res)
                 if not args.json:
                     _print_live(res)

@@ -15,6 +15,7 @@
 #   realjob-cost the training job's step time with and without the daemon, its CPU and memory
 #                (bench/real_job_gpu.sh cost; a run call of its own)
 #   daemoncpu    the daemon's CPU by thread beside the training job (bench/daemon_cpu.py;
+#                DAEMON_CPU_SETTLE=S: the windows open S s after READY (steady running);
 #                DAEMON_CPU_BEFORE=DIR: rounds alternate with the package tree in DIR, e.g.
 #                a `git archive` of an earlier commit; a run call of its own)
 #   startstop    `gpujitter run` from exec to READY and from SIGTERM/SIGINT to exit, its memory,
@@ -121,10 +122,11 @@ for step in $steps; do
         fi
         (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 420 python3 -P -m bench.daemon_cpu live \
             --pid "$pid" --seconds "${DAEMON_CPU_SECONDS:-40}" --rounds "${DAEMON_CPU_ROUNDS:-2}" \
-            "${before[@]}" --json > "$out/daemoncpu.json")
+            --settle "${DAEMON_CPU_SETTLE:-1}" "${before[@]}" --json > "$out/daemoncpu.json")
         mkdir -p "$job/prof"
-        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 100 python3 -P -m bench.daemon_cpu live \
-            --pid "$pid" --seconds 30 --profile "$job/prof" --json > "$job/profiled.json")
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout $((100 + ${DAEMON_CPU_SETTLE:-1})) python3 -P -m bench.daemon_cpu live \
+            --pid "$pid" --seconds 30 --settle "${DAEMON_CPU_SETTLE:-1}" --profile "$job/prof" \
+            --json > "$job/profiled.json")
         kill -INT "$pid"; sleep 5
         ;;
     realjob-cost)
