@@ -10,7 +10,8 @@ live needs root (the probes); --pid PID watches that process instead of the feed
 writes a profile per thread there: a cProfile file per thread (NAME.prof) where the
 interpreter gives each thread one (Python < 3.12), else py-spy's samples of the window by
 thread (py-spy-this.txt, raw; py-spy-this.json, each thread's top functions), py-spy found
-on PATH or in a bin/ beside sys.path's entries (`pip install --target` puts it there).
+on PATH or in a bin/ beside sys.path's entries (`pip install --target` puts it there), and
+the run's recording (rec-this/), for `replay`.
 Each thread's time is its schedstat run time,
 summed by thread name; a thread that exited inside the window counts in the process's
 total only ("exited threads"). The daemon runs through `daemon` below, which gives each
@@ -299,6 +300,8 @@ def live(
                 feeder.kill()
                 feeder.wait()
         kinds = _kinds(work / "rec")
+        if profile_dir:  # the run's recording, to replay the main thread's work elsewhere
+            shutil.copytree(work / "rec", Path(profile_dir) / f"rec-{raw.stem.split('-')[-1]}")
     profile = _py_spy_profile(spy, raw) if spy is not None else {}
     window_ns = t1 - t0
     threads, runs = split_by_name(th0, th1)
