@@ -20,6 +20,7 @@
 #                a `git archive` of an earlier commit; a run call of its own)
 #   startstop    `gpujitter run` from exec to READY and from SIGTERM/SIGINT to exit, its memory,
 #                every uprobe gone after the stop (bench/startstop.py, the node's libcuda)
+#   nvmlcalls    what one NVML read costs, per way of calling it (bench/nvml_calls.py)
 #   phases       where that start goes: wall, CPU and peak memory by phase (bench/start_phases.py)
 # Usage: tools/gpu_session.sh TREE BCC_TARBALL [STEP...]   (TREE: a copy of the repository
 # holding .whl/ with an orjson wheel for the node's python3)
@@ -97,6 +98,11 @@ for step in $steps; do
         log "startstop: gpujitter run ready and stop times, memory, uprobes left"
         timeout 400 python3 "$tree/bench/startstop.py" --rounds 5 --nvml --libcuda system \
             --out "$out/startstop.json"
+        ;;
+    nvmlcalls)
+        log "nvmlcalls: NVML reads' cost by way of calling"
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 120 python3 -P -m bench.nvml_calls \
+            --json > "$out/nvml_calls.json")
         ;;
     phases)
         log "phases: gpujitter run's start by phase"

@@ -1,0 +1,108 @@
+"""What one NVML read costs the calling thread, per way of calling it: pynvml's wrappers of
+nvmlDeviceGetSamples and nvmlDeviceGetProcessUtilization ask the driver twice (once for a
+size, then for the samples), the same functions called once into a buffer kept between
+calls, and the size query alone. CPU time of this thread (the daemon's NVML thread pays
+it) and wall time per call, medians over interleaved rounds; needs a GPU.
+
+    python3 -m bench.nvml_calls [--calls 200] [--rounds 5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes as ct
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+SAMPLE_TYPES = {"power": 0, "util": 1}
+
+
+def _timed(call: Callable[[], object], n: int) -> tuple[float, float]:
+    """(CPU µs, wall µs) per call of `call`, over n calls."""
+    c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+    for _ in range(n):
+        call()
+    return (time.thread_time_ns() - c0) / n / 1e3, (time.perf_counter_ns() - w0) / n / 1e3
+
+
+def ways(nv: Any, handle: Any) -> dict[str, Callable[[], object]]:
+    """Each way of reading, by name; the raw ones through pynvml's own function pointers."""
+    samples = nv._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
+    procs = nv._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
+    out: dict[str, Callable[[], object]] = {}
+    for kind, code in SAMPLE_TYPES.items():
+        value_type, count = nv._nvmlValueType_t(), ct.c_uint(0)
+        samples(handle, nv._nvmlSamplingType_t(code), ct.c_ulonglong(0), ct.byref(value_type),
+                ct.byref(count), None)  # fmt: skip
+        kept = (nv.c_nvmlSample_t * count.value)()
+        ring = count.value
+
+        def size_only(code: int = code) -> object:
+            n = ct.c_uint(0)
+            return samples(handle, nv._nvmlSamplingType_t(code), ct.c_ulonglong(0),
+                           ct.byref(nv._nvmlValueType_t()), ct.byref(n), None)  # fmt: skip
+
+        def into_kept(code: int = code, kept: Any = kept, ring: int = ring) -> object:
+            n = ct.c_uint(ring)
+            return samples(handle, nv._nvmlSamplingType_t(code), ct.c_ulonglong(0),
+                           ct.byref(nv._nvmlValueType_t()), ct.byref(n), kept)  # fmt: skip
+
+        out[f"{kind}: pynvml (size, then samples)"] = lambda code=code: nv.nvmlDeviceGetSamples(
+            handle, code, 0
+        )
+        out[f"{kind}: size query alone"] = size_only
+        out[f"{kind}: once, into a kept buffer of {ring}"] = into_kept
+    kept_procs = (nv.c_nvmlProcessUtilizationSample_t * 64)()
+
+    def procs_once() -> object:
+        n = ct.c_uint(64)
+        return procs(handle, kept_procs, ct.byref(n), ct.c_ulonglong(0))
+
+    out["processes: pynvml (size, then samples)"] = lambda: _procs(nv, handle)
+    out["processes: once, into a kept buffer of 64"] = procs_once
+    return out
+
+
+def _procs(nv: Any, handle: Any) -> object:
+    try:
+        return nv.nvmlDeviceGetProcessUtilization(handle, 0)
+    except nv.NVMLError:  # no process sampled yet: the driver says NOT_FOUND
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    import pynvml as nv
+
+    nv.nvmlInit()
+    try:
+        handle = nv.nvmlDeviceGetHandleByIndex(0)
+        calls = ways(nv, handle)
+        cpu: dict[str, list[float]] = {k: [] for k in calls}
+        wall: dict[str, list[float]] = {k: [] for k in calls}
+        for _ in range(args.rounds):
+            for name, call in calls.items():
+                c, w = _timed(call, args.calls)
+                cpu[name].append(c)
+                wall[name].append(w)
+    finally:
+        nv.nvmlShutdown()
+    rows = {k: {"cpu_us": statistics.median(cpu[k]), "wall_us": statistics.median(wall[k]),
+                "cpu_us_range": [min(cpu[k]), max(cpu[k])]} for k in calls}  # fmt: skip
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"{'way':<48} {'CPU µs':>9} {'wall µs':>9}")
+    for name, row in rows.items():
+        print(f"{name:<48} {row['cpu_us']:9.0f} {row['wall_us']:9.0f}")
+
+
+if __name__ == "__main__":
+    main()
