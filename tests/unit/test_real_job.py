@@ -92,32 +92,37 @@ def test_a_scenario_is_scored_as_a_drill_with_its_false_gaps(tmp_path: Path) -> 
 def test_a_python_function_named_by_the_stalls_is_scored_as_host_works_top_frame(
     tmp_path: Path,
 ) -> None:
-    """pyhot: a gap counts as named when its host work's top frame is the stalls' function;
-    gaps whose host work is shorter than a sampling period are not scored."""
+    """pyhot: a gap counts as named when its host work's top frame is the stalls' function
+    (frames tied for the top alike); gaps whose host work is shorter than a sampling period
+    are not scored."""
     spec = {"name": "pyhot", "cause": "host_work", "truth": "the stall", "where": "after_sync",
             "start_ns": 1 * S, "stall_ms": 30.0}  # fmt: skip
     hot = ("pyhot_step", "/x/injectors.py", 640)
     stalls = [{"scenario": "pyhot", "index": k, "t0_ns": (2 + k) * S,
                "t1_ns": (2 + k) * S + 30 * MS, "cause_ns": 30 * MS,
-               "func": hot[0], "file": hot[1], "line": hot[2]} for k in range(4)]  # fmt: skip
+               "func": hot[0], "file": hot[1], "line": hot[2]} for k in range(5)]  # fmt: skip
 
-    def frames(*named: tuple[str, str, int]) -> tuple[FrameEvidence, ...]:
-        return tuple(FrameEvidence(f, fi, li, samples=2, of=3, ns=20 * MS) for f, fi, li in named)
+    other = ("other", "/x/y.py", 3)
 
-    def hot_gap(start_ms: float, host_ms: float, *named: tuple[str, str, int]) -> Attribution:
+    def hot_gap(
+        start_ms: float, host_ms: float, *named: tuple[tuple[str, str, int], int]
+    ) -> Attribution:
+        """A gap of host work whose frames (function, samples) are listed heaviest first."""
+        frames = tuple(FrameEvidence(*where, samples=n, of=3, ns=n * 10 * MS) for where, n in named)
         a = gap(start_ms, start_ms + host_ms, host_work=host_ms)
-        return replace(a, parts=(Part("host_work", round(host_ms * MS), (7,), frames(*named)),))
+        return replace(a, parts=(Part("host_work", round(host_ms * MS), (7,), frames),))
 
     log = write_log(tmp_path / "attach-6.jsonl", [
-        hot_gap(2_000, 30, hot, ("other", "/x/y.py", 3)),
-        hot_gap(3_000, 30, ("other", "/x/y.py", 3), hot),  # not the top frame
-        hot_gap(4_000, 30),  # no sample at all
-        hot_gap(5_000, 2, ("other", "/x/y.py", 3)),  # under a period: not scored
+        hot_gap(2_000, 30, (hot, 2), (other, 1)),
+        hot_gap(3_000, 30, (other, 2), (hot, 1)),  # not the top frame
+        hot_gap(4_000, 30, (other, 1), (hot, 1)),  # tied for the top: named
+        hot_gap(5_000, 30),  # no sample at all
+        hot_gap(6_000, 2, (other, 1)),  # under a period: not scored
     ])  # fmt: skip
-    got = scenario_score(spec, stalls, 6 * S, attributions(log))
-    assert got["frames"] == {"gaps": 3, "named": 1}
+    got = scenario_score(spec, stalls, 7 * S, attributions(log))
+    assert got["frames"] == {"gaps": 4, "named": 2}
     text = "\n".join(tables({"mode": "accuracy", "attaches": [], "scenarios": [got]}))
-    assert "pyhot: the injected function is host work's top frame in 1 of 3 gaps" in text
+    assert "pyhot: the injected function is host work's top frame in 2 of 4 gaps" in text
     sleep = scenario_score({**spec, "name": "sleep"}, [{k: v for k, v in s.items()
                             if k not in ("func", "file", "line")} for s in stalls],
                            6 * S, attributions(log))  # fmt: skip
