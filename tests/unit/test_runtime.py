@@ -261,3 +261,43 @@ def test_a_stopped_recording_is_not_read_to_its_end() -> None:
     runtime = Runtime(ListSource(events), load_topology(), sinks=[StopsAtOnce()], signals=False)
     runtime.run()
     assert len(events) > 10_000 and len(kept.events) == 10_000
+
+
+STOPPING = """
+import json, os, signal
+from gpujitter.daemon.service.own_scheduling import OwnScheduling
+from gpujitter.daemon.service.runtime import ListSource, Runtime
+from gpujitter.probes.topology import load_topology
+
+def now():
+    return [os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)]
+
+seen = {"before": now()}
+
+class Source(ListSource):
+    def stop(self):
+        seen["stopping"] = now()  # where the probes detach and hand over their last events
+        super().stop()
+
+def ready(rt):
+    seen["running"] = now()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+Runtime(Source([], live=True), load_topology(), own=OwnScheduling()).run(ready=ready)
+print(json.dumps(seen))
+"""
+
+
+def test_the_stop_runs_as_the_process_was_started_not_at_its_running_scheduling() -> None:
+    """Running, the runtime's threads are niced and batch (the observer must not delay the
+    observed); stopping, the last drain, the detaches and the flushes get the scheduling
+    the process started with, so that a busy node does not stretch the exit (12.7 s of
+    the 2 s it may on 2 CPUs at a load of 4)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", STOPPING], capture_output=True, text=True,
+                          timeout=60, check=True)  # fmt: skip
+    seen = json.loads(done.stdout)
+    assert seen["running"] != seen["before"]
+    assert seen["stopping"] == seen["before"]
