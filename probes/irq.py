@@ -175,7 +175,8 @@ class IrqProbe(BpfProbe):
             if lib.bpf_lookup_and_delete(queue.map_fd, None, ct.byref(key)) != 0:
                 break  # ENOENT: the queue is empty
             self._open.append(key)
-        done, still_open = [], []
+        done: list[Any] = []
+        still_open: list[Any] = []
         for key in self._open:
             (done if last_closed is None or key.window <= last_closed else still_open).append(key)
         self._open = still_open
