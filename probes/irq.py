@@ -9,6 +9,7 @@ names them (the handlers' names: "virtio1-req.0", "nvme0q3", "mlx5_comp2@pci:...
 
 from __future__ import annotations
 
+import ctypes as ct
 import time
 from array import array
 from collections import defaultdict
@@ -91,7 +92,8 @@ class IrqProbe(BpfProbe):
         self._possible_cpus: list[int] = []
         self.hardirq_slots = 0
         self._last_sample_ns = 0
-        self._stolen: MapBatch | None = None  # the window map's reader, made at the first sweep
+        self._open: list[Any] = []  # keys of windows popped from `opened`, not yet closed
+        self._stats: MapBatch | None = None  # the per-CPU totals' reader, made at the first sample
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
         present = [v for v in VECTORS if (TRACEFS / "events/irq_vectors" / f"{v}_entry").is_dir()]
@@ -161,17 +163,27 @@ class IrqProbe(BpfProbe):
             self._sweep(closed)
 
     def _sweep(self, last_closed: int | None) -> None:
-        """Deliver and delete every window up to index last_closed (None: all of them)."""
+        """Deliver and delete every window up to index last_closed (None: all of them): those
+        whose keys the kernel queued (`opened`), one lookup each; a window still open keeps
+        its key here for a later sweep."""
+        from bcc.libbcc import lib  # only where the probe loaded: bcc is there
+
         table = self.bpf["stolen"]
-        if self._stolen is None:
-            self._stolen = MapBatch(table)  # once: the map holds 32768 windows
-        keys, windows = self._stolen.keys, self._stolen.values
-        done = []
-        for i in range(self._stolen.read()):
-            key = keys[i]
-            if last_closed is None or key.window <= last_closed:
-                done.append(key)
-                ev = self.decode("stolen", (key, windows[i]))
+        queue = self.bpf["opened"]
+        while True:  # the keys of the windows made since the last sweep
+            key = table.Key()
+            if lib.bpf_lookup_and_delete(queue.map_fd, None, ct.byref(key)) != 0:
+                break  # ENOENT: the queue is empty
+            self._open.append(key)
+        done: list[Any] = []
+        still_open: list[Any] = []
+        for key in self._open:
+            (done if last_closed is None or key.window <= last_closed else still_open).append(key)
+        self._open = still_open
+        window = table.Leaf()
+        for key in done:
+            if lib.bpf_lookup_elem(table.map_fd, ct.byref(key), ct.byref(window)) == 0:
+                ev = self.decode("stolen", (key, window))
                 if ev is not None:
                     self.deliver(ev)
         if done:
@@ -185,9 +197,15 @@ class IrqProbe(BpfProbe):
             return []
         interval = now_ns - self._last_sample_ns
         per_cpu: dict[int, list[tuple[IrqId, int, int]]] = defaultdict(list)
-        table = self.bpf["stats"]
-        for slot, per_cpu_stats in table.items_lookup_batch():  # array keys come as ints
-            raw = bytes(per_cpu_stats)
+        if self._stats is None:
+            self._stats = MapBatch(self.bpf["stats"])
+        # One copy of the whole map, cut per slot: bcc's items_lookup_batch allocated the
+        # map's buffers and built a ctypes object per slot, each second.
+        total, keys = self._stats.read(), self._stats.keys
+        size = ct.sizeof(self._stats.table.Leaf)
+        every = ct.string_at(self._stats.values, total * size)
+        for n in range(total):
+            slot, raw = keys[n], every[n * size : (n + 1) * size]
             previous = self._last_stats.get(slot)
             if raw == previous:
                 continue  # unused, or nothing new on any CPU: no Python loop over CPUs

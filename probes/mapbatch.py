@@ -1,6 +1,6 @@
 """Whole-map reads of a BPF map by batch lookups (BPF_MAP_LOOKUP_BATCH) into key and value
-buffers allocated once per map, for the maps read every second or more often (the log2
-histograms, irq's windows, sched's threads)."""
+buffers allocated once per map, for the maps read every second or more often (irq's
+per-CPU totals, sched's threads)."""
 
 from __future__ import annotations
 

@@ -52,8 +52,12 @@ struct gc_event {
 };
 BPF_RINGBUF_OUTPUT(gc_events, 8);
 
-/* key: generation slot * LOG2_SLOTS + log2(ns): collections below the threshold */
-BPF_PERCPU_ARRAY(short_log2, u64, (GENERATIONS + 1) * LOG2_SLOTS);
+/* Collections below the threshold, slot generation slot * LOG2_SLOTS + log2(ns), as one
+ * entry of a per-CPU array: user space copies them in one lookup (probes/log2.py). */
+struct gc_hists {
+    u64 n[(GENERATIONS + 1) * LOG2_SLOTS];
+};
+BPF_PERCPU_ARRAY(short_log2, struct gc_hists, 1);
 /* collections per generation slot, all durations */
 BPF_PERCPU_ARRAY(collections, u64, GENERATIONS + 1);
 
@@ -152,10 +156,10 @@ static __always_inline int end(s64 collected)
             gc_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
         }
     } else {
-        u32 h = slot * LOG2_SLOTS + bpf_log2l(dur);
-        u64 *c = short_log2.lookup(&h);
-        if (c)
-            (*c)++;
+        u32 h = slot * LOG2_SLOTS + bpf_log2l(dur), zero = 0;
+        struct gc_hists *hists = short_log2.lookup(&zero);
+        if (hists && h < (GENERATIONS + 1) * LOG2_SLOTS)
+            hists->n[h]++;
     }
     running.delete(&tid);
     return 0;

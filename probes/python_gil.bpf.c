@@ -34,8 +34,12 @@ struct gil_event {
 };
 BPF_RINGBUF_OUTPUT(gil_events, 8);
 
-/* waits below the threshold, by log2(ns) */
-BPF_PERCPU_ARRAY(short_log2, u64, LOG2_SLOTS);
+/* Waits below the threshold, by log2(ns), as one entry of a per-CPU array: user space
+ * copies them in one lookup (probes/log2.py). */
+struct gil_hist {
+    u64 n[LOG2_SLOTS];
+};
+BPF_PERCPU_ARRAY(short_log2, struct gil_hist, 1);
 /* GIL acquisitions of watched threads, all durations */
 BPF_PERCPU_ARRAY(acquisitions, u64, 1);
 
@@ -85,10 +89,10 @@ int gil_leave(struct pt_regs *ctx)
             gil_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
         }
     } else {
-        u32 h = bpf_log2l(dur);
-        u64 *c = short_log2.lookup(&h);
-        if (c)
-            (*c)++;
+        u32 h = bpf_log2l(dur), zero = 0;
+        struct gil_hist *hist = short_log2.lookup(&zero);
+        if (hist && h < LOG2_SLOTS)
+            hist->n[h]++;
     }
     gil_owner.update(&tgid, &me);
     gil_waiting.delete(&tid);

@@ -95,9 +95,17 @@ struct running {
 };
 BPF_PERCPU_ARRAY(running, struct running, 1);
 
-/* Log2 histograms of every completed interval: off-CPU time per state, run-queue wait. */
-BPF_PERCPU_ARRAY(offcpu_log2, u64, ST_COUNT * LOG2_SLOTS);
-BPF_PERCPU_ARRAY(runq_log2, u64, LOG2_SLOTS);
+/* Log2 histograms of every completed interval: off-CPU time per state (slot state *
+ * LOG2_SLOTS + bpf_log2l(ns)), run-queue wait; each set as one entry of a per-CPU array:
+ * user space copies it in one lookup (probes/log2.py). */
+struct offcpu_hists {
+    u64 n[ST_COUNT * LOG2_SLOTS];
+};
+struct runq_hist {
+    u64 n[LOG2_SLOTS];
+};
+BPF_PERCPU_ARRAY(offcpu_log2, struct offcpu_hists, 1);
+BPF_PERCPU_ARRAY(runq_log2, struct runq_hist, 1);
 
 /* Who held a CPU while watched threads waited on its run queue. The task switched out right
  * before a waiter runs again is often a bystander (a kworker, a short wake-up) that ran last
@@ -396,14 +404,15 @@ static __always_inline void switched_out(u32 tid, u64 task, long prev_state, u64
 
 static __always_inline void count_log2(u32 state, u64 offcpu_ns, u64 runq_ns)
 {
+    u32 zero = 0;
     u32 slot = state * LOG2_SLOTS + bpf_log2l(offcpu_ns);
-    u64 *n = offcpu_log2.lookup(&slot);
-    if (n)
-        (*n)++;
+    struct offcpu_hists *off = offcpu_log2.lookup(&zero);
+    if (off && slot < ST_COUNT * LOG2_SLOTS)
+        off->n[slot]++;
     slot = bpf_log2l(runq_ns);
-    n = runq_log2.lookup(&slot);
-    if (n)
-        (*n)++;
+    struct runq_hist *runq = runq_log2.lookup(&zero);
+    if (runq && slot < LOG2_SLOTS)
+        runq->n[slot]++;
 }
 
 /* tid 0: a task the filter rules out (or the idle task); only the CPU's running slot is
