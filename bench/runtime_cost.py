@@ -1,7 +1,8 @@
 """What the one runtime (daemon/service/runtime.py) costs per event over the bare pipeline: a
 recording's events through `pipeline.analyse` alone, through the runtime with no sink (its loop
 and node state), and with the sinks `gpujitter run` configures (trace capture, attribution log,
-the socket stream with no client, metrics; the files' opening and closing fsync included):
+the socket stream with no client, metrics; rotation as the default settings have it; the
+files' opening and closing fsync included):
 the main thread's whole per-event path as the daemon runs it, minus the probes' decoding.
 CPU time of this process, not wall time: the loop gives the CPU away every 2 ms
 (`in_slices`), and on a busy node what others run then is not the runtime's cost. Each row
@@ -25,14 +26,22 @@ from pathlib import Path
 import gpujitter.daemon
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
 from gpujitter.daemon.offline.recordings import open_recording
+from gpujitter.daemon.service.config import load_config
 from gpujitter.daemon.service.runtime import ListSource, Runtime, Sink
 from gpujitter.daemon.sinks.adapters import CaptureSink, LogSink, MetricsSink, StreamSink
 from gpujitter.daemon.sinks.capture import TraceCapture
 from gpujitter.daemon.sinks.jsonlog import JsonLog
 from gpujitter.daemon.sinks.metrics import DaemonMetrics
+from gpujitter.daemon.sinks.rotation import Rotation
 from gpujitter.daemon.sinks.stream import StreamServer
 
 TRACE = Path(__file__).parents[1] / "examples" / "h200-training.gjtrace"
+
+
+def rotation(sink: str) -> Rotation:
+    """A file sink's rotation as the daemon's default settings make it."""
+    config = load_config(environ={})
+    return Rotation(max_bytes=config[f"{sink}.max_bytes"], keep_files=config[f"{sink}.keep"])
 
 
 def best_s(run: Callable[[], None], rounds: int) -> float:
@@ -64,8 +73,8 @@ def measure(path: Path, rounds: int, profile: str = "") -> dict[str, float]:
             def sinks(runtime: Runtime) -> list[Sink]:
                 stream = StreamServer(Path(work) / "sock", hello=dict, snapshot=list).start()
                 return [
-                    CaptureSink(TraceCapture(Path(work) / "t.gjtrace", header)),
-                    LogSink(JsonLog(Path(work) / "a.jsonl")),
+                    CaptureSink(TraceCapture(Path(work) / "rec", header, rotation("record"))),
+                    LogSink(JsonLog(Path(work) / "a.jsonl", rotation("log"))),
                     StreamSink(stream, runtime.state),
                     MetricsSink(DaemonMetrics(), ("trace", "log", "stream")),
                 ]
