@@ -327,7 +327,16 @@ class GapDetector:
         handler = self._handlers.get(type(ev))
         if handler is not None:
             handler(ev)
-        return self._finalise(force=False)
+        syncs = self.syncs
+        if (
+            self.pending
+            or self._nvml_waiting
+            or (syncs and self.now_ns >= syncs[0].end + self.config.offcpu_settle_ns)
+        ):
+            return self._finalise(force=False)
+        # Nothing waits for a decision and no sync's verdict is due (the usual event):
+        # _finalise would change nothing and return none.
+        return []
 
     def flush(self) -> list[GpuGap]:
         """End of the stream: decide every pending gap with the evidence there is."""
@@ -705,16 +714,6 @@ class GapDetector:
             )  # fmt: skip
 
     def _finalise(self, force: bool) -> list[GpuGap]:
-        syncs = self.syncs
-        if not (
-            force
-            or self.pending
-            or self._nvml_waiting
-            or (syncs and self.now_ns >= syncs[0].end + self.config.offcpu_settle_ns)
-        ):
-            # Nothing waits for a decision, and no sync's verdict is due (the usual event):
-            # the steps below would change nothing and return none.
-            return []
         out: list[GpuGap] = []
         keep: list[_Candidate] = []
         self._judge_syncs(force)

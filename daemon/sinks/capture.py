@@ -127,9 +127,8 @@ class TraceCapture:
         if w is None:
             self.failures.failed(self.failures.reason, ev.ts_ns)  # no file to write to
             return
-        if self._marker_at is None and not w.would_flush(len(data)):
-            w.append(data)  # into the buffer only: nothing can fail, nothing to recover
-            return
+        if self._marker_at is None and w.buffer(data):
+            return  # into the buffer only: nothing can fail, nothing to recover
         self._guarded(w, lambda w: w.append(data), ev.ts_ns)
 
     def tick(self, now_ns: int | None = None) -> None:
