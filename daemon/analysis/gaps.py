@@ -43,7 +43,7 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gpujitter.daemon.analysis.records import GpuGap
 from gpujitter.errors import GpujitterError
@@ -291,6 +291,17 @@ class GapDetector:
         self.waited: dict[tuple[int, str], deque[_Sync]] = {}
         self.waited_queued: dict[int, deque[_Sync]] = {}
         self._swept_ns = 0
+        # GPUs with NVML-only candidates waiting: most events find none, and _finalise
+        # returns at once when nothing else waits either.
+        self._nvml_waiting: set[int] = set()
+        # What each kind of evidence changes (a table by type, not a chain of isinstance
+        # tests: every event of the stream passes here).
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            CudaCall: self._on_cuda,
+            GpuSample: self._on_sample,
+            GpuProcesses: self._on_procs,
+            OffCpu: self._on_offcpu,
+        }
 
     def gpu(self, index: int) -> _GpuState:
         if index not in self.gpus:
@@ -313,15 +324,19 @@ class GapDetector:
         self.now_ns = max(self.now_ns, ev.ts_ns + getattr(ev, "dur_ns", 0))
         if self.now_ns - self._swept_ns >= SWEEP_EVERY_NS:
             self._sweep()
-        if isinstance(ev, CudaCall):
-            self._on_cuda(ev)
-        elif isinstance(ev, GpuSample):
-            self._on_sample(ev)
-        elif isinstance(ev, GpuProcesses):
-            self.gpu(ev.gpu).pids = ev.pids
-        elif isinstance(ev, OffCpu) and ev.runq_ns >= self.config.cuda_resolution_ns:
-            self._on_offcpu(ev)
-        return self._finalise(force=False)
+        handler = self._handlers.get(type(ev))
+        if handler is not None:
+            handler(ev)
+        syncs = self.syncs
+        if (
+            self.pending
+            or self._nvml_waiting
+            or (syncs and self.now_ns >= syncs[0].end + self.config.offcpu_settle_ns)
+        ):
+            return self._finalise(force=False)
+        # Nothing waits for a decision and no sync's verdict is due (the usual event):
+        # _finalise would change nothing and return none.
+        return []
 
     def flush(self) -> list[GpuGap]:
         """End of the stream: decide every pending gap with the evidence there is."""
@@ -358,7 +373,12 @@ class GapDetector:
         for g in self.gpus_of(c.tgid):
             self.pending.append(replace(c, gpu=g))
 
+    def _on_procs(self, ev: GpuProcesses) -> None:
+        self.gpu(ev.gpu).pids = ev.pids
+
     def _on_offcpu(self, ev: OffCpu) -> None:
+        if ev.runq_ns < self.config.cuda_resolution_ns:
+            return  # no run-queue wait worth keeping: no sync's verdict can use it
         kept = self.offcpu.get(ev.tid)
         if kept is None:
             kept = self.offcpu[ev.tid] = _OffCpuKept(self.config.max_offcpu_per_thread)
@@ -652,6 +672,7 @@ class GapDetector:
                         source=s.metric,
                     )
                 )
+                self._nvml_waiting.add(s.gpu)
         run.clear()
 
     def _was_busy(self, st: _GpuState, s: GpuSample) -> bool:
@@ -705,9 +726,7 @@ class GapDetector:
             for g in gpus:
                 out += self._remember(self._decide_host(replace(c, gpu=g)))
         self.pending = keep
-        # Only GPUs with NVML-only candidates waiting (most events find none: no sorting).
-        waiting_on = [i for i, st in self.gpus.items() if st.nvml_only]
-        for index in sorted(waiting_on) if waiting_on else ():
+        for index in sorted(self._nvml_waiting):
             st = self.gpus[index]
             waiting: list[_Candidate] = []
             for c in sorted(st.nvml_only, key=lambda c: (c.start, c.source)):
@@ -716,6 +735,8 @@ class GapDetector:
                 else:
                     waiting.append(c)
             st.nvml_only = waiting
+            if not waiting:
+                self._nvml_waiting.discard(index)
         if len(out) > 1:
             out.sort(key=lambda g: (g.ts_ns, g.gpu))
         return out

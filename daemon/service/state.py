@@ -61,10 +61,13 @@ class NodeState:
         self.events = 0
 
     def observe(self, ev: Event) -> None:
-        with self._lock:
-            self.events += 1
-            keep = _KEEPERS.get(type(ev))
-            if keep is not None:
+        # The count is the runtime thread's alone (it writes and reads it); the lock guards
+        # what the stream's thread reads too, and is taken only by the events that change it
+        # (a third of them on the H200: a lock per event is ~0.1-0.3 µs).
+        self.events += 1
+        keep = _KEEPERS.get(type(ev))
+        if keep is not None:
+            with self._lock:
                 keep(self, ev)
 
     def _probe(self, ev: ProbeStatus) -> None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.daemon.service.runtime import Sink
+from gpujitter.daemon.service.state import STREAMED
 from gpujitter.probes.events import Event, ProbeStatus, to_record
 
 if TYPE_CHECKING:
@@ -90,8 +91,11 @@ class StreamSink(Sink):
     def started(self, runtime: Runtime) -> None:
         self._runtime = runtime
 
+    def wants(self, kind: type[Event]) -> bool:
+        return kind.KIND in STREAMED
+
     def event(self, ev: Event) -> None:
-        if self.state.streamed(ev) and self.stream.listened():
+        if self.stream.listened():
             self.stream.publish(to_record(ev), self.state.tgids_of(ev))
 
     def finding(self, found: Event) -> None:
@@ -122,9 +126,12 @@ class MetricsSink(Sink):
     def started(self, runtime: Runtime) -> None:
         self.metrics.set_gpus(runtime.source.gpus)
 
+    def wants(self, kind: type[Event]) -> bool:
+        return issubclass(kind, ProbeStatus)
+
     def event(self, ev: Event) -> None:
-        if isinstance(ev, ProbeStatus):
-            self.metrics.observe_probe(ev)
+        assert isinstance(ev, ProbeStatus)  # the only kind it wants
+        self.metrics.observe_probe(ev)
 
     def finding(self, found: Event) -> None:
         if isinstance(found, GpuGap):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -50,6 +51,9 @@ class TraceCapture:
     ) -> None:
         self.target = Path(target)
         self.rotation = rotation
+        # Per event only its size can make a file due (age is the tick's): the policy is
+        # asked once the file would pass max_bytes, not for every event.
+        self._due_above = rotation.max_bytes if rotation and rotation.max_bytes else sys.maxsize
         self.events = 0
         self.bytes_closed = 0  # bytes of the files already rotated out (deleted ones too)
         self.files: list[Path] = []  # every file this capture started, in order
@@ -113,15 +117,18 @@ class TraceCapture:
         self.events += 1
         data = encode(ev)
         w = self._writer
-        if w is not None and self._rotation_due(w.size + len(data), 0):
+        if (
+            w is not None
+            and w.size + len(data) > self._due_above
+            and self._rotation_due(w.size + len(data), 0)
+        ):
             self.rotate()
         w = self._writer
         if w is None:
             self.failures.failed(self.failures.reason, ev.ts_ns)  # no file to write to
             return
-        if self._marker_at is None and not w.would_flush(len(data)):
-            w.append(data)  # into the buffer only: nothing can fail, nothing to recover
-            return
+        if self._marker_at is None and w.buffer(data):
+            return  # into the buffer only: nothing can fail, nothing to recover
         self._guarded(w, lambda w: w.append(data), ev.ts_ns)
 
     def tick(self, now_ns: int | None = None) -> None:

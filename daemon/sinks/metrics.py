@@ -8,6 +8,7 @@ asked (`metrics.listen`, metrics_server.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import (
@@ -41,6 +42,29 @@ def nvml_bus_id(sysfs_id: str) -> str:
     """0000:3b:00.0 (sysfs, as gpujitter keeps it) -> 00000000:3B:00.0 (NVML's, DCGM's)."""
     domain, _, rest = sysfs_id.partition(":")
     return f"{int(domain, 16):08X}:{rest.upper()}" if rest else sysfs_id
+
+
+@dataclass(slots=True)
+class _ProbeSeries:
+    """One probe's series, looked up once: each probe reports its status every second or
+    so, and prometheus_client's labels() costs a few µs a call (ten of them per status)."""
+
+    states: tuple[tuple[str, Any], ...]  # (state, its gauge), PROBE_STATES in order
+    events: Any
+    lost_kernel: Any
+    lost_user: Any
+    # The BPF cost gauges (seconds, runs), made once it is first measured: absent until then.
+    bpf: tuple[Any, Any] | None = None
+
+    @classmethod
+    def of(cls, metrics: DaemonMetrics, probe: str) -> _ProbeSeries:
+        states = tuple((s, metrics.probe_state.labels(probe=probe, state=s)) for s in PROBE_STATES)
+        return cls(
+            states=states,
+            events=metrics.probe_events.labels(probe=probe),
+            lost_kernel=metrics.probe_lost.labels(probe=probe, where="kernel"),
+            lost_user=metrics.probe_lost.labels(probe=probe, where="user"),
+        )
 
 
 class DaemonMetrics:
@@ -154,6 +178,7 @@ class DaemonMetrics:
             registry=r,
         )
         self._totals: dict[str, int] = {}  # running totals the daemon hands in
+        self._probe_series: dict[str, _ProbeSeries] = {}
         self._gpus: dict[int, dict[str, str]] = {}
         self._server: MetricsServer | None = None
 
@@ -204,19 +229,22 @@ class DaemonMetrics:
         self.self_inflicted_seconds.labels(**labels).inc(seconds)
 
     def observe_probe(self, status: ProbeStatus) -> None:
-        for state in PROBE_STATES:
-            self.probe_state.labels(probe=status.probe, state=state).set(
-                1 if status.state == state else 0
-            )
+        series = self._probe_series.get(status.probe)
+        if series is None:
+            series = self._probe_series[status.probe] = _ProbeSeries.of(self, status.probe)
+        for state, gauge in series.states:
+            gauge.set(1 if status.state == state else 0)
         name = status.probe
-        self._advance(self.probe_events.labels(probe=name), f"events/{name}", status.events)
-        for where, total in (("kernel", status.lost_kernel), ("user", status.lost_user)):
-            self._advance(
-                self.probe_lost.labels(probe=name, where=where), f"lost/{name}/{where}", total
-            )
+        self._advance(series.events, f"events/{name}", status.events)
+        self._advance(series.lost_kernel, f"lost/{name}/kernel", status.lost_kernel)
+        self._advance(series.lost_user, f"lost/{name}/user", status.lost_user)
         if status.bpf_ns_per_s >= 0:
-            self.probe_bpf_seconds.labels(probe=name).set(status.bpf_ns_per_s / 1e9)
-            self.probe_bpf_runs.labels(probe=name).set(status.bpf_runs_per_s)
+            if series.bpf is None:
+                series.bpf = (self.probe_bpf_seconds.labels(probe=name),
+                              self.probe_bpf_runs.labels(probe=name))  # fmt: skip
+            seconds, runs = series.bpf
+            seconds.set(status.bpf_ns_per_s / 1e9)
+            runs.set(status.bpf_runs_per_s)
 
     def observe_stream(self, clients: int, dropped_total: int) -> None:
         self.stream_clients.set(clients)

@@ -242,18 +242,22 @@ class TraceWriter:
         return self.append(encode(ev))
 
     def append(self, data: bytes) -> int:
-        """Append one frame made by `encode`."""
-        self._buf += data
-        self.size += len(data)
-        self.events += 1
-        self.buffered_events += 1
-        if len(self._buf) >= self.flush_bytes:
+        """Append one frame made by `encode`; a full buffer goes to the file."""
+        if not self.buffer(data, fill=True):
             self.flush()
         return len(data)
 
-    def would_flush(self, size: int) -> bool:
-        """Whether appending a frame of `size` bytes writes the buffer to the file."""
-        return len(self._buf) + size >= self.flush_bytes
+    def buffer(self, data: bytes, fill: bool = False) -> bool:
+        """Put one frame made by `encode` in the buffer when it leaves room there (then
+        nothing can fail: the capture's per-event path, in one call); False when it would
+        fill the buffer, which takes it even so with `fill` (the caller writes it out)."""
+        room = len(self._buf) + len(data) < self.flush_bytes
+        if room or fill:
+            self._buf += data
+            self.size += len(data)
+            self.events += 1
+            self.buffered_events += 1
+        return room
 
     def flush_if_due(self, now_ns: int | None = None) -> None:
         now_ns = time.monotonic_ns() if now_ns is None else now_ns

@@ -140,7 +140,13 @@ class Engine:
             self._now = end
         if self._now - self._last_evict >= self.config.evict_every_ns:
             self._evict_by_age()
-        return self._release(self._now - self.config.lateness_ns)
+        pending = self._pending
+        if pending and (
+            pending[0][1].end_ns <= self._now - self.config.lateness_ns
+            or len(pending) > self.config.max_pending_gaps
+        ):
+            return self._release(self._now - self.config.lateness_ns)
+        return []  # no gap is due (the usual event): _release would find none
 
     def flush(self) -> list[Attribution]:
         """End of stream: attribute every gap still held."""

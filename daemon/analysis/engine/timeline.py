@@ -59,58 +59,56 @@ def _window(ev: Any) -> tuple[int, int]:
     return ev.ts_ns, max(ev.end_ns, ev.ts_ns + ev.total_ns)
 
 
-def _no_places(ev: Any) -> tuple[tuple[int, int, int], ...]:
-    return ()
-
-
 def _at(ev: Any) -> tuple[tuple[int, int, int], ...]:
     return ((ev.ts_ns, ev.cpu, ev.cpu),)
 
 
 @dataclass(frozen=True, slots=True)
 class SpanRule:
-    """How one event type enters a timeline: its span kind and bounds, and the place points
-    it gives, (time, CPU before, CPU after), that tell where the thread ran around an instant."""
+    """How one event type enters a timeline: its span kind (`kind_of` where the event
+    decides it) and bounds, and the place points it gives, (time, CPU before, CPU after),
+    that tell where the thread ran around an instant (None: none). The constant kind and the
+    absent places cost no call: most events the daemon takes enter a timeline."""
 
-    kind: Callable[[Any], str]
+    kind: str
     bounds: Callable[[Any], tuple[int, int]]
-    places: Callable[[Any], tuple[tuple[int, int, int], ...]] = _no_places
+    places: Callable[[Any], tuple[tuple[int, int, int], ...]] | None = None
+    kind_of: Callable[[Any], str] | None = None
 
 
 # The registry of what enters a timeline.
 SPAN_RULES: dict[type[Event], SpanRule] = {
     OffCpu: SpanRule(
-        lambda e: "offcpu",
+        "offcpu",
         lambda e: (e.ts_ns, max(e.ts_ns, e.end_ns)),
         lambda e: ((e.ts_ns, e.cpu, e.cpu), (e.end_ns, e.cpu_in, e.cpu_in)),
     ),
     MajorFault: SpanRule(
-        lambda e: "swap" if e.kind == "swap" else "major", lambda e: _bounds(e, e.dur_ns), _at
+        "major",
+        lambda e: _bounds(e, e.dur_ns),
+        _at,
+        kind_of=lambda e: "swap" if e.kind == "swap" else "major",
     ),
-    IrqStolen: SpanRule(lambda e: "irq", _window),
-    MinorFaults: SpanRule(lambda e: "minor", _window),
+    IrqStolen: SpanRule("irq", _window),
+    MinorFaults: SpanRule("minor", _window),
     IdleWake: SpanRule(
-        lambda e: "idle",
+        "idle",
         lambda e: _bounds(e, e.wake_to_run_ns),
         lambda e: ((e.ts_ns + e.wake_to_run_ns, e.cpu, e.cpu),),
     ),
-    AllocSyscall: SpanRule(lambda e: "alloc", lambda e: _bounds(e, e.dur_ns), _at),
-    AllocCall: SpanRule(lambda e: "alloc", lambda e: _bounds(e, e.dur_ns), _at),
+    AllocSyscall: SpanRule("alloc", lambda e: _bounds(e, e.dur_ns), _at),
+    AllocCall: SpanRule("alloc", lambda e: _bounds(e, e.dur_ns), _at),
     # The probe reads the CPU as the collection ends.
     GcPause: SpanRule(
-        lambda e: "gc",
-        lambda e: _bounds(e, e.dur_ns),
-        lambda e: ((e.ts_ns + e.dur_ns, e.cpu, e.cpu),),
+        "gc", lambda e: _bounds(e, e.dur_ns), lambda e: ((e.ts_ns + e.dur_ns, e.cpu, e.cpu),)
     ),
-    GilWait: SpanRule(lambda e: "gil", lambda e: _bounds(e, e.dur_ns)),
-    NodeTime: SpanRule(lambda e: "nodetime", lambda e: _bounds(e, e.interval_ns)),
+    GilWait: SpanRule("gil", lambda e: _bounds(e, e.dur_ns)),
+    NodeTime: SpanRule("nodetime", lambda e: _bounds(e, e.interval_ns)),
     Migration: SpanRule(
-        lambda e: "migration",
-        lambda e: (e.ts_ns, e.ts_ns),
-        lambda e: ((e.ts_ns, e.src_cpu, e.dst_cpu),),
+        "migration", lambda e: (e.ts_ns, e.ts_ns), lambda e: ((e.ts_ns, e.src_cpu, e.dst_cpu),)
     ),
-    CudaCall: SpanRule(lambda e: "cuda", lambda e: _bounds(e, e.dur_ns), _at),
-    PySample: SpanRule(lambda e: "pysample", lambda e: (e.ts_ns, e.ts_ns)),
+    CudaCall: SpanRule("cuda", lambda e: _bounds(e, e.dur_ns), _at),
+    PySample: SpanRule("pysample", lambda e: (e.ts_ns, e.ts_ns)),
 }
 
 
@@ -124,10 +122,8 @@ def _span_bounds(span: Span) -> tuple[int, int]:
 
 
 def _insert(spans: list[Span], span: Span) -> None:
+    """Put a span that arrived out of order in its place."""
     key = (span.start, span.end)
-    if not spans or (spans[-1].start, spans[-1].end) < key:  # the usual case: in order
-        spans.append(span)
-        return
     pos = bisect_right(spans, key, key=_span_bounds)
     if pos and _span_bounds(spans[pos - 1]) == key:
         lo = bisect_left(spans, key, key=_span_bounds)
@@ -160,10 +156,17 @@ class Timeline:
         comm = getattr(ev, "comm", "")
         if comm and ev.ts_ns >= self._comm_ts:
             self.comm, self._comm_ts = comm, ev.ts_ns
-        kind = rule.kind(ev)
-        _insert(self.spans[kind], Span(start, end, ev))
+        kind = rule.kind if rule.kind_of is None else rule.kind_of(ev)
+        spans = self.spans[kind]
+        last = spans[-1] if spans else None
+        if last is None or last.start < start or (last.start == start and last.end < end):
+            spans.append(Span(start, end, ev))  # the usual case: in (start, end) order
+        else:
+            _insert(spans, Span(start, end, ev))
         if end - start > self.longest[kind]:
             self.longest[kind] = end - start
+        if rule.places is None:
+            return 1
         points = rule.places(ev)
         places = self.places
         for p in points:
@@ -210,12 +213,13 @@ class Timeline:
         the thread's CPU stays known. Returns the entries removed."""
         removed = 0
         for spans in self.spans.values():
-            n = 0
-            while n < len(spans) and spans[n].end < cutoff:
-                self.horizon = max(self.horizon, spans[n].end)
+            n, count = 0, len(spans)
+            while n < count and spans[n].end < cutoff:
                 n += 1
-            del spans[:n]
-            removed += n
+            if n:
+                self.horizon = max(self.horizon, *[s.end for s in spans[:n]])
+                del spans[:n]
+                removed += n
         keep_from = bisect_left(self.places, (cutoff, -1, -1)) - 1
         if keep_from > 0:
             del self.places[:keep_from]
