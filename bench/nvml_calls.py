@@ -1,8 +1,7 @@
 """What one NVML read costs the calling thread, per way of calling it: pynvml's wrappers of
 nvmlDeviceGetSamples and nvmlDeviceGetProcessUtilization ask the driver twice (once for a
 size, then for the samples), the same functions called once into a buffer kept between
-calls (probes/nvml.py's direct reads, checked to answer as the wrappers do), and the size
-query alone. CPU time of this thread (the daemon's NVML thread pays
+calls, and the size query alone. CPU time of this thread (the daemon's NVML thread pays
 it) and wall time per call, medians over interleaved rounds; needs a GPU.
 
     python3 -m bench.nvml_calls [--calls 200] [--rounds 5] [--json]
@@ -18,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpujitter.probes.nvml import SAMPLE_TYPES, DirectRings
+SAMPLE_TYPES = {"power": 0, "util": 1}
 
 
 def _timed(call: Callable[[], object], n: int) -> tuple[float, float]:
@@ -30,51 +29,47 @@ def _timed(call: Callable[[], object], n: int) -> tuple[float, float]:
 
 
 def ways(nv: Any, handle: Any) -> dict[str, Callable[[], object]]:
-    """Each way of reading, by name: pynvml's wrappers, the size query alone (through
-    pynvml's own function pointer), and gpujitter's direct reads (probes/nvml.py)."""
-    direct = DirectRings(nv)
-    raw = nv._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
+    """Each way of reading, by name; the raw ones through pynvml's own function pointers."""
+    samples = nv._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
+    procs = nv._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
     out: dict[str, Callable[[], object]] = {}
     for kind, code in SAMPLE_TYPES.items():
+        value_type, count = nv._nvmlValueType_t(), ct.c_uint(0)
+        samples(handle, nv._nvmlSamplingType_t(code), ct.c_ulonglong(0), ct.byref(value_type),
+                ct.byref(count), None)  # fmt: skip
+        kept = (nv.c_nvmlSample_t * count.value)()
+        ring = count.value
 
         def size_only(code: int = code) -> object:
             n = ct.c_uint(0)
-            return raw(handle, nv._nvmlSamplingType_t(code), ct.c_ulonglong(0),
-                       ct.byref(nv._nvmlValueType_t()), ct.byref(n), None)  # fmt: skip
+            return samples(handle, nv._nvmlSamplingType_t(code), ct.c_ulonglong(0),
+                           ct.byref(nv._nvmlValueType_t()), ct.byref(n), None)  # fmt: skip
+
+        def into_kept(code: int = code, kept: Any = kept, ring: int = ring) -> object:
+            n = ct.c_uint(ring)
+            return samples(handle, nv._nvmlSamplingType_t(code), ct.c_ulonglong(0),
+                           ct.byref(nv._nvmlValueType_t()), ct.byref(n), kept)  # fmt: skip
 
         out[f"{kind}: pynvml (size, then samples)"] = lambda code=code: nv.nvmlDeviceGetSamples(
             handle, code, 0
         )
         out[f"{kind}: size query alone"] = size_only
-        out[f"{kind}: direct (one call, kept buffer)"] = lambda code=code: (
-            direct.nvmlDeviceGetSamples(handle, code, 0)
-        )
+        out[f"{kind}: once, into a kept buffer of {ring}"] = into_kept
+    kept_procs = (nv.c_nvmlProcessUtilizationSample_t * 64)()
+
+    def procs_once() -> object:
+        n = ct.c_uint(64)
+        return procs(handle, kept_procs, ct.byref(n), ct.c_ulonglong(0))
+
     out["processes: pynvml (size, then samples)"] = lambda: _procs(nv, handle)
-    out["processes: direct (one call, kept buffer)"] = lambda: _procs(direct, handle)
+    out["processes: once, into a kept buffer of 64"] = procs_once
     return out
 
 
-def agree(nv: Any, handle: Any) -> dict[str, bool]:
-    """Whether the direct reads answer what pynvml's wrappers do: the samples both hold up
-    to the older read's newest (the ring moves on between the two calls)."""
-    direct, out = DirectRings(nv), {}
-    for kind, code in SAMPLE_TYPES.items():
-        _, wrapped = nv.nvmlDeviceGetSamples(handle, code, 0)
-        _, mine = direct.nvmlDeviceGetSamples(handle, code, 0)
-        upto = min(max((s.timeStamp for s in wrapped), default=0),
-                   max((s.timeStamp for s in mine), default=0))  # fmt: skip
-        pairs = [sorted((s.timeStamp, s.sampleValue.uiVal) for s in got if s.timeStamp <= upto)
-                 for got in (wrapped, mine)]  # fmt: skip
-        out[kind] = bool(pairs[0]) and pairs[0] == pairs[1]
-    return out
-
-
-def _procs(reader: Any, handle: Any) -> object:
-    import pynvml
-
+def _procs(nv: Any, handle: Any) -> object:
     try:
-        return reader.nvmlDeviceGetProcessUtilization(handle, 0)
-    except pynvml.NVMLError:  # no process sampled yet: the driver says NOT_FOUND
+        return nv.nvmlDeviceGetProcessUtilization(handle, 0)
+    except nv.NVMLError:  # no process sampled yet: the driver says NOT_FOUND
         return None
 
 
@@ -89,7 +84,6 @@ def main() -> None:
     nv.nvmlInit()
     try:
         handle = nv.nvmlDeviceGetHandleByIndex(0)
-        same = agree(nv, handle)
         calls = ways(nv, handle)
         cpu: dict[str, list[float]] = {k: [] for k in calls}
         wall: dict[str, list[float]] = {k: [] for k in calls}
@@ -103,9 +97,8 @@ def main() -> None:
     rows = {k: {"cpu_us": statistics.median(cpu[k]), "wall_us": statistics.median(wall[k]),
                 "cpu_us_range": [min(cpu[k]), max(cpu[k])]} for k in calls}  # fmt: skip
     if args.json:
-        print(json.dumps({"agree": same, "ways": rows}, indent=1))
+        print(json.dumps(rows, indent=1))
         return
-    print(f"direct reads answer as pynvml's: {same}")
     print(f"{'way':<48} {'CPU µs':>9} {'wall µs':>9}")
     for name, row in rows.items():
         print(f"{name:<48} {row['cpu_us']:9.0f} {row['wall_us']:9.0f}")

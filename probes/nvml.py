@@ -15,9 +15,7 @@ this GPU cannot answer and records why in `Nvml.problems`, so callers report it 
 from __future__ import annotations
 
 import contextlib
-import ctypes as ct
 import threading
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -34,7 +32,6 @@ SAMPLE_TYPES = {"power": 0, "util": 1}  # NVML_TOTAL_POWER_SAMPLES, NVML_GPU_UTI
 # nvmlValueType_t -> the field of nvmlValue_t that holds the value.
 _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 _NOT_FOUND = 6  # NVML_ERROR_NOT_FOUND: "no sample newer than lastSeenTimeStamp", not a fault
-_INSUFFICIENT_SIZE = 7  # NVML_ERROR_INSUFFICIENT_SIZE: the count it sets is what it needs
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,59 +79,6 @@ def _text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-class DirectRings:
-    """The two sample-ring reads, each one driver call into a buffer kept between reads.
-    pynvml's wrappers of nvmlDeviceGetSamples and nvmlDeviceGetProcessUtilization call the
-    driver twice each time (for a size, then for the samples), and the NVML thread's cost
-    is almost all these calls. Same answers as the wrappers' (raising pynvml's NVMLError),
-    so Nvml treats both alike; used on pynvml itself only, so that a tap or a playback
-    backend still sees every call by its name."""
-
-    def __init__(self, nv: types.ModuleType) -> None:
-        self.nv = nv
-        self._kept: dict[tuple[int, int], Any] = {}  # (handle, sampling type) -> buffer
-        self._kept_procs: dict[int, Any] = {}  # handle -> buffer
-
-    def nvmlDeviceGetSamples(
-        self, handle: Any, kind: int, last_seen_us: int
-    ) -> tuple[int, list[Any]]:
-        nv, key = self.nv, (_address(handle), kind)
-        read = nv._nvmlGetFunctionPointer("nvmlDeviceGetSamples")  # pynvml keeps it once found
-        value_type, count = nv._nvmlValueType_t(), ct.c_uint(0)
-        buffer = self._kept.get(key)
-        if buffer is None:  # the whole ring's size (timestamp 0), once
-            self._check(read(handle, nv._nvmlSamplingType_t(kind), ct.c_ulonglong(0),
-                             ct.byref(value_type), ct.byref(count), None))  # fmt: skip
-            buffer = self._kept[key] = (nv.c_nvmlSample_t * max(1, count.value))()
-        while True:
-            count.value = len(buffer)
-            self._check(read(handle, nv._nvmlSamplingType_t(kind), ct.c_ulonglong(last_seen_us),
-                             ct.byref(value_type), ct.byref(count), buffer))  # fmt: skip
-            if count.value < len(buffer):
-                return value_type.value, buffer[: count.value]
-            # Filled: the driver fills what fits, so there may have been more.
-            buffer = self._kept[key] = (nv.c_nvmlSample_t * (2 * len(buffer)))()
-
-    def nvmlDeviceGetProcessUtilization(self, handle: Any, last_seen_us: int) -> list[Any]:
-        key, read = (
-            _address(handle),
-            self.nv._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization"),
-        )
-        buffer = self._kept_procs.get(key)
-        count = ct.c_uint(0 if buffer is None else len(buffer))
-        ret = read(handle, buffer, ct.byref(count), ct.c_ulonglong(last_seen_us))
-        if ret == _INSUFFICIENT_SIZE:  # the first read, or more processes than it held
-            kind = self.nv.c_nvmlProcessUtilizationSample_t
-            buffer = self._kept_procs[key] = (kind * count.value)()
-            ret = read(handle, buffer, ct.byref(count), ct.c_ulonglong(last_seen_us))
-        self._check(ret)
-        return [] if buffer is None else buffer[: count.value]
-
-    def _check(self, ret: int) -> None:
-        if ret != 0:
-            raise self.nv.NVMLError(ret)
-
-
 class Nvml:
     """A session over NVML. `open()` initialises it once; `call()` runs one NVML function
     and returns None where the driver says not supported / not found; a GPU that is lost is
@@ -146,7 +90,6 @@ class Nvml:
 
             backend = pynvml
         self.nv = backend
-        self._direct = DirectRings(backend) if isinstance(backend, types.ModuleType) else None
         self._lock = threading.Lock()
         self._open = False
         self.lost: dict[int, str] = {}  # GPU index -> why it is no longer read
@@ -185,9 +128,7 @@ class Nvml:
         code -1 when the binding is missing or the GPU was lost before."""
         if gpu is not None and gpu in self.lost:
             return None, -1
-        fn: Callable[..., Any] | None = getattr(self._direct, fn_name, None) or getattr(
-            self.nv, fn_name, None
-        )
+        fn: Callable[..., Any] | None = getattr(self.nv, fn_name, None)
         if fn is None:
             self.problems[(gpu, fn_name)] = "not in this pynvml"
             return None, -1
@@ -307,11 +248,6 @@ class Nvml:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _address(handle: Any) -> int:
-    """A device handle (a pointer) as a number, to key what is kept per GPU."""
-    return int(ct.cast(handle, ct.c_void_p).value or 0)
 
 
 def _opt_int(value: Any) -> int | None:
