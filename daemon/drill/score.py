@@ -19,7 +19,9 @@ Outside contention: on a busy machine the feeding thread also waits behind tasks
 no part of the drill. Given the drill's own threads (`own_tids`), run-queue wait behind any
 other task is explained time that is not the injection's: it is taken out of each gap's
 parts before the top cause is picked, out of the truth where the loop's measure holds such
-waits (`truth_holds_waits`), and a gap it makes up at least half of is not a false gap.
+waits (`truth_holds_waits`: as much of it as must lie inside the stall, the gaps' parts
+outside the stall holding the rest first), and a gap it makes up at least half of is not a
+false gap.
 
 Self-inflicted gaps: gaps of the loop's run in which the feeding thread waited behind the
 drill's gpujitter process itself (the engine marks that evidence `own`, from meta.self).
@@ -220,6 +222,17 @@ def score(
         longest = max(gaps, key=lambda a: (a.dur_ns, -a.ts_ns), default=None)
         parts = _parts(gaps, own_tids)
         outside = sum(_outside(a, own_tids) for a in gaps)
+        # The truth is held to the stall less the outside waits inside it. A gap that began
+        # before the stall (the loop kept waiting behind outside load) may hold such waits
+        # before it too: only what its part outside the stall cannot hold lies inside.
+        inside = sum(
+            max(
+                0,
+                _outside(a, own_tids)
+                - (a.dur_ns - _overlap(a.ts_ns, a.end_ns, st.t0_ns, st.t1_ns)),
+            )
+            for a in gaps
+        )
         scored.append(
             StallScore(
                 index=st.index,
@@ -237,7 +250,7 @@ def score(
                 ),
                 parts=parts,
                 outside_ns=outside,
-                expected_ns=max(0, st.cause_ns - outside) if truth_holds_waits else st.cause_ns,
+                expected_ns=max(0, st.cause_ns - inside) if truth_holds_waits else st.cause_ns,
                 culprit_tgid=st.culprit_tgid,
                 culprit=_culprit(longest, st.culprit_tgid) if longest else "",
             )

@@ -184,6 +184,17 @@ def test_outside_contention_is_explained_time_not_a_missed_target() -> None:
     assert not score("host_work", stalls, attrs, (0, 1_000 * MS)).passed
 
 
+def test_outside_waits_before_the_stall_are_not_taken_from_its_truth() -> None:
+    """A gap that began 35 ms before a 25 ms stall, the loop waiting behind outside load:
+    of its 45 ms of outside waits at most 35 lie before the stall, so 10 ms are taken from
+    the truth, not 45 (which left nothing to hold the cause's 14 ms to)."""
+    attrs = [waited(65, 125, {777: 45}, host_work=14)]
+    s = score("host_work", [stall(0, 100, 125)], attrs, (0, 1_000 * MS), own_tids=OWN)
+    (st,) = s.stalls
+    assert (st.outside_ns, st.expected_ns, st.attributed_ns) == (45 * MS, 15 * MS, 14 * MS)
+    assert s.passed, s.targets
+
+
 def test_waits_behind_the_drills_own_tasks_are_not_outside() -> None:
     """The contention drill's hog is part of the drill: its wait is the injected cause; an
     outside task's wait beside it is not counted as the drill's."""
