@@ -52,7 +52,9 @@ POLICIES: dict[str, ThreadPolicy] = {
     "gpujitter-nvml": ThreadPolicy("batch", _KEEPS_UP, "reads NVML's rings before they wrap"),
     # a client or writer that falls behind has its records dropped and counted
     "gpujitter-stream": ThreadPolicy("idle", 19, "snapshots and sends for socket clients"),
-    "gpujitter-metrics": ThreadPolicy("idle", 19, "builds the Prometheus exposition"),
+    # a scrape has a deadline (Prometheus': 10 s; the soak's 3 s): the smallest share, never
+    # none (SCHED_IDLE starved it past 3 s beside a CPU hog and a connection flood on 2 CPUs)
+    "gpujitter-metrics": ThreadPolicy("batch", 19, "builds the Prometheus exposition"),
     "gpujitter-console": ThreadPolicy("idle", 19, "writes attribution lines"),
     "gpujitter-notes": ThreadPolicy("idle", 19, "writes notes for the operator"),
 }
