@@ -221,17 +221,14 @@ def score(
         gaps = [a for _, a in mine]
         longest = max(gaps, key=lambda a: (a.dur_ns, -a.ts_ns), default=None)
         parts = _parts(gaps, own_tids)
-        outside = sum(_outside(a, own_tids) for a in gaps)
+        waits = [(a, _outside(a, own_tids)) for a in gaps]  # each gap's outside waits
+        outside = sum(ns for _, ns in waits)
         # The truth is held to the stall less the outside waits inside it. A gap that began
         # before the stall (the loop kept waiting behind outside load) may hold such waits
         # before it too: only what its part outside the stall cannot hold lies inside.
         inside = sum(
-            max(
-                0,
-                _outside(a, own_tids)
-                - (a.dur_ns - _overlap(a.ts_ns, a.end_ns, st.t0_ns, st.t1_ns)),
-            )
-            for a in gaps
+            max(0, ns - (a.dur_ns - _overlap(a.ts_ns, a.end_ns, st.t0_ns, st.t1_ns)))
+            for a, ns in waits
         )
         scored.append(
             StallScore(
