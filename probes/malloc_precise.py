@@ -40,7 +40,7 @@ class PreciseWindow:
         self.sites: dict[tuple[int, int], Site] = {}  # (tgid, probe address) -> site
         # Uprobe-multi links (fds), two per file per process, where the kernel makes them:
         # the window's end then waits for the kernel once, not once per breakpoint (~110 ms
-        # each on a busy 2-CPU VM: 12 of them outlasted a second).
+        # each on the 2-CPU VM, quiet or busy: 12 of them outlasted a second).
         self.links: list[int] = []
         self.linked = linked
         self.start_ns = 0
