@@ -240,6 +240,16 @@ def _say(proc: subprocess.Popen[str], line: str | None = "") -> str:
     return proc.stdout.readline()
 
 
+def _end_thread(proc: subprocess.Popen[str], tid: int) -> None:
+    """Tell LATE_THREAD's thread to end, and wait until the kernel has let its task go: the
+    join returns once Python is done with the thread, but the task lives on a little (long
+    beside a CPU hog), and a thread list read before it is gone still finds it."""
+    _say(proc)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{proc.pid}/task/{tid}") and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _open_fds() -> int:
     """Perf events this process holds open (the probe's one per thread among them)."""
     fds = []
@@ -260,7 +270,7 @@ def test_a_thread_started_later_is_sampled_and_let_go_when_it_ends() -> None:
         assert _open_fds() == fds_before + 1
         time.sleep(0.3)
         probes.poll()
-        _say(proc)  # the thread ends
+        _end_thread(proc, late)
         probes.tick(time.monotonic_ns() + 4_000_000_000)
         fds_after = _open_fds()
     assert {(s.tid, s.func) for s in took} == {(late, "late_spin")}, took[:5]
@@ -390,7 +400,7 @@ def test_a_native_only_feeder_becomes_a_python_thread_once_listed_and_is_let_go(
         took.clear()
         _feed_until(probes, [(late, proc.pid)], lambda: len(took) >= 5)
         fds_python = _open_fds()
-        _say(proc)  # the thread ends
+        _end_thread(proc, late)
         probes.ctx.emit(CudaCall(ts_ns=time.monotonic_ns(), dur_ns=0, tid=late, tgid=proc.pid,
                                  cpu=0, api="launch", func="cuLaunchKernel"))  # fmt: skip
         probes.tick(time.monotonic_ns() + 4_000_000_000)
