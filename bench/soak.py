@@ -701,11 +701,12 @@ def check_watchdog(life: Lifetime, notify: NotifyListener) -> None:
         times.append(life.started_s + (life.ready_s or 0) + life.signal_at_s)
     elif stopping:
         times.append(stopping[0])
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    life.max_ping_gap_s = max(gaps, default=0.0)
+    gaps = [(b - a, a - times[0]) for a, b in itertools.pairwise(times)]
+    life.max_ping_gap_s, at_s = max(gaps, default=(0.0, 0.0))
     interval_s = WATCHDOG_USEC / 2e6
     if life.max_ping_gap_s > interval_s + STALL_LIMIT_S:
-        life.problems.append(f"main loop stalled: {life.max_ping_gap_s:.2f} s between pings")
+        life.problems.append(f"main loop stalled: {life.max_ping_gap_s:.2f} s between pings, "
+                             f"from {at_s:.1f} s after READY")  # fmt: skip
 
 
 def read_traces(record: Path, life: Lifetime) -> None:

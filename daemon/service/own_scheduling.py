@@ -36,12 +36,15 @@ class ThreadPolicy:
 # Threads that must keep up with the kernel get a small share but never none; the rest wait
 # for idle CPU time, and what they would lose by starving is counted where it is dropped.
 _KEEPS_UP = 10
-# While events are being lost (a saturated node leaves nice 10 too small a share: measured,
-# docs/performance.md), the threads that keep up step towards nice 0, a level per tick that
-# lost events, and back a level after each QUIET_NS without loss. Still SCHED_BATCH: even at
-# nice 0 they never preempt a waking thread.
+# While events are being lost, or the main loop falls behind (a saturated node leaves nice 10
+# too small a share: measured, docs/performance.md), the threads that keep up step towards
+# nice 0, a level per tick that lost events or came late, and back a level after each QUIET_NS
+# of neither. Still SCHED_BATCH: even at nice 0 they never preempt a waking thread.
 KEEP_UP_LEVELS = (_KEEPS_UP, 5, 0)
 QUIET_NS = 60_000_000_000
+# A tick (due once a second) this late means the main loop got well under half a CPU's
+# worth of turns for a second: a systemd watchdog ping (half its interval apart) is as late.
+LATE_NS = 1_000_000_000
 POLICIES: dict[str, ThreadPolicy] = {
     # starved, the event queue overflows (engine_dropped)
     "MainThread": ThreadPolicy("batch", _KEEPS_UP, "analysis of every event"),
@@ -115,20 +118,23 @@ class OwnScheduling:
         """The nice level of the threads that must keep up, now."""
         return KEEP_UP_LEVELS[self.level]
 
-    def keep_up(self, lost_total: int, now_ns: int) -> None:
-        """Called each tick with the events lost so far (kernel rings, queues): a tick that
-        lost some lowers the keeping-up threads' nice level one step; QUIET_NS without loss
-        raises it one step. A change is said in `notes`."""
+    def keep_up(self, lost_total: int, now_ns: int, late_ns: int = 0) -> None:
+        """Called each tick with the events lost so far (kernel rings, queues) and how late
+        the tick came (the main loop starved: its analysis and its watchdog pings wait): a
+        tick that lost some or came LATE_NS late lowers the keeping-up threads' nice level
+        one step; QUIET_NS of neither raises it one step. A change is said in `notes`."""
         lost, self._lost = lost_total - self._lost, lost_total
-        if lost > 0:
+        if lost > 0 or late_ns >= LATE_NS:
             self._quiet_since = now_ns
             step = min(self.level + 1, len(KEEP_UP_LEVELS) - 1)
+            why = (f"{lost} events lost in the last tick" if lost > 0
+                   else f"the main loop's tick came {late_ns / 1e9:.1f} s late")  # fmt: skip
         elif now_ns - self._quiet_since >= QUIET_NS:
             self._quiet_since = now_ns
             step = max(self.level - 1, 0)
+            why = "no events lost and no tick late for a minute"
         else:
             return
-        why = f"{lost} events lost in the last tick" if lost > 0 else "no events lost for a minute"
         self.step_to(step, why)
 
     def step_to(self, level: int, why: str = "") -> None:

@@ -556,7 +556,8 @@ class Runtime:
         for sink in self.sinks:
             sink.tick(now, status)
         if self.own is not None:
-            self.own.keep_up(status.lost_kernel + status.lost_user, now)
+            late_ns = int(elapsed_s * 1e9) - self.tick_ns
+            self.own.keep_up(status.lost_kernel + status.lost_user, now, late_ns)
         self._tend_own(now)
         if self.notifier is not None:
             self.notifier.status(status_line(status))

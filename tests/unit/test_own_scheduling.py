@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpujitter.daemon.service.own_scheduling import (
+    LATE_NS,
     DEFAULT_POLICY,
     KEEP_UP_LEVELS,
     POLICIES,
@@ -87,8 +88,24 @@ def test_losing_events_steps_the_keeping_up_threads_towards_nice_0_and_quiet_bac
         levels.append(own.nice)
     assert levels == [10, 5, 5, 0, 0, 0, 5, 10]
     assert own.notes[0].endswith("nice 5 (3 events lost in the last tick)")
-    assert own.notes[-1].endswith("nice 10 (no events lost for a minute)")
+    assert own.notes[-1].endswith("nice 10 (no events lost and no tick late for a minute)")
     assert QUIET_NS == 60_000_000_000 and KEEP_UP_LEVELS[0] == POLICIES["MainThread"].nice
+
+
+def test_a_late_tick_steps_up_like_a_loss_and_a_quiet_minute_needs_both() -> None:
+    """A main loop starved by other load (a hog, a flood of clients) shows as late ticks
+    before anything is lost: its analysis and its watchdog pings wait. A tick LATE_NS late
+    steps up; one a little late (a busy second) does not; late ticks keep it from stepping
+    back down."""
+    own = OwnScheduling()
+    s = 1_000_000_000
+    levels = []
+    for t_s, late_ns in ((1, 0), (2, LATE_NS - 1), (4, LATE_NS), (7, 2 * LATE_NS), (62, LATE_NS),
+                         (121, 0), (123, 0), (184, 0)):  # fmt: skip
+        own.keep_up(0, t_s * s, late_ns)
+        levels.append(own.nice)
+    assert levels == [10, 10, 5, 0, 0, 0, 5, 10]
+    assert own.notes[0].endswith("nice 5 (the main loop's tick came 1.0 s late)")
 
 
 @pytest.fixture
