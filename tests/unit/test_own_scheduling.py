@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from gpujitter.daemon.service.own_scheduling import (
-    LATE_NS,
     DEFAULT_POLICY,
     KEEP_UP_LEVELS,
+    LATE_NS,
     POLICIES,
     QUIET_NS,
     OwnScheduling,
