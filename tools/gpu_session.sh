@@ -129,10 +129,14 @@ for step in $steps; do
         (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 420 python3 -P -m bench.daemon_cpu live \
             --pid "$pid" --seconds "${DAEMON_CPU_SECONDS:-40}" --rounds "${DAEMON_CPU_ROUNDS:-2}" \
             --settle "${DAEMON_CPU_SETTLE:-1}" "${before[@]}" --json > "$out/daemoncpu.json")
-        mkdir -p "$job/prof"
+        # py-spy's samples and the run's recording come back (to replay the main thread here)
+        mkdir -p "$out/prof"
         (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout $((100 + ${DAEMON_CPU_SETTLE:-1})) python3 -P -m bench.daemon_cpu live \
-            --pid "$pid" --seconds 30 --settle "${DAEMON_CPU_SETTLE:-1}" --profile "$job/prof" \
-            --json > "$job/profiled.json")
+            --pid "$pid" --seconds 30 --settle "${DAEMON_CPU_SETTLE:-1}" --profile "$out/prof" \
+            --json > "$out/profiled.json")
+        for rec in "$out"/prof/rec-*/; do
+            [ -d "$rec" ] && tar -C "$rec" -cJf "${rec%/}.tar.xz" . && rm -rf "$rec"
+        done
         kill -INT "$pid"; sleep 5
         ;;
     realjob-cost)
