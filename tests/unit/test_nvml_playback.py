@@ -9,13 +9,15 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from gpujitter.probes import gpu
 from gpujitter.probes.events import Event, GpuClockMap, GpuProcesses, GpuSample, ProbeStatus
-from gpujitter.probes.gpu import LAG_NS, GpuSampler
+from gpujitter.probes.gpu import LAG_NS, READ_EVERY_NS, GpuSampler, read_every_ns
 from gpujitter.probes.gpu_clock import Observation, calibrate, offsets_from_header
 from gpujitter.probes.nvml import Nvml
 from gpujitter.probes.nvml_session import NvmlPlayback, load
@@ -50,16 +52,18 @@ class Played:
     clock: SteppedClock
 
     def run(self, polls: int | None = None) -> None:
-        """Start the sampler and poll it every poll_ns for `polls` polls; or to the
-        recording's end, then once more as SamplerThread does at its stop."""
+        """Start the sampler and run its own loop for `polls` polls; or to the recording's
+        end, then stop it there as SamplerThread does (a last read of every stream)."""
         self.sampler.start()
-        done = 0
-        while self.playback.now() < self.playback.end_ns if polls is None else done < polls:
-            self.clock.sleep(self.sampler.poll_ns / 1e9)
-            self.sampler.poll()
-            done += 1
+        count = itertools.count()
+        stop: Callable[[], bool] = (
+            (lambda: self.playback.now() >= self.playback.end_ns)
+            if polls is None
+            else (lambda: next(count) >= polls)
+        )
+        self.sampler.run(stop, sleep=self.clock.sleep)
         if polls is None:
-            self.sampler.poll()
+            self.sampler.flush()
 
 
 def playback_sampler(recording: Path | tuple[dict, list[dict]], **playback_args: object) -> Played:
@@ -153,10 +157,80 @@ def test_calibration_from_the_recorded_reads_alone() -> None:
     assert cal.lag_median_ns < 600 * MS  # read every 500 ms
 
 
+def test_each_stream_is_read_at_its_own_cadence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Power every 500 ms, utilisation and the processes every 2 s (READ_EVERY_NS: what a
+    read costs), read together where their beats meet; the stop reads everything once more."""
+    played = playback_sampler(TRAINING)
+    nvml, now = played.sampler.nvml, played.playback.now
+    reads: dict[str, list[int]] = {"power": [], "util": [], "procs": []}
+    samples, processes = nvml.samples, nvml.process_utilization
+
+    def read_samples(index: int, kind: str, last_seen_us: int) -> object:
+        reads[kind].append(now())
+        return samples(index, kind, last_seen_us)
+
+    def read_processes(index: int, last_seen_us: int) -> object:
+        reads["procs"].append(now())
+        return processes(index, last_seen_us)
+
+    monkeypatch.setattr(nvml, "samples", read_samples)
+    monkeypatch.setattr(nvml, "process_utilization", read_processes)
+    played.run()
+    spacing = {kind: {b - a for a, b in itertools.pairwise(at[:-1])} for kind, at in reads.items()}
+    assert spacing == {"power": {500 * MS}, "util": {2000 * MS}, "procs": {2000 * MS}}
+    assert set(reads["util"][:-1]) <= set(reads["power"])
+    assert reads["util"][-1] == reads["power"][-1] == reads["procs"][-1]  # the stop's read
+
+
+def test_the_samples_do_not_depend_on_the_cadence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The playback serves a ring by time: read every 500 ms, as the recorded session did,
+    or at the sampler's cadence, the same samples come out, once each."""
+
+    def emitted(played: Played) -> dict[str, list[float]]:
+        played.run()
+        got = [e for e in played.events if isinstance(e, GpuSample)]
+        return {m: [e.value for e in got if e.metric == m] for m in ("power", "util")}
+
+    own = emitted(playback_sampler(TRAINING))
+    monkeypatch.setitem(READ_EVERY_NS, "util", 500 * MS)
+    recorded_cadence = emitted(playback_sampler(TRAINING))
+    assert own == recorded_cadence
+    assert len(own["power"]) > 1500 and len(own["util"]) > 150
+
+
+def shallow_power_ring(depth: int) -> tuple[dict, list[dict]]:
+    """The H200 recording as if its power ring held only `depth` samples: the recorded read
+    of the whole ring cut to its newest `depth`."""
+    header, entries = load(TRAINING)
+    (whole,) = [e for e in entries if e["fn"] == "nvmlDeviceGetSamples" and e["args"] == [0, 0]]
+    value_type, samples = whole["ret"]
+    whole["ret"] = [value_type, samples[-depth:]]
+    return header, entries
+
+
+def test_a_shallow_ring_is_read_before_it_wraps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cadence follows the ring's measured depth: a power ring of 20 samples (~0.4 s on
+    the H200) is read three times over its span, and nothing is overwritten unread; read at
+    the default 500 ms it wraps, and the sampler counts what it lost."""
+    assert read_every_ns("power", 119, 20 * MS) == 500 * MS  # the H200's: the default
+    assert read_every_ns("util", 71, 200 * MS) == 2000 * MS
+    assert read_every_ns("power", 20, 20 * MS) == 133_333_333
+    played = playback_sampler(shallow_power_ring(20))
+    played.run()
+    assert played.sampler.status(0).lost_user == 0
+    assert "overwritten" not in played.sampler.status(0).reason
+
+    monkeypatch.setattr(gpu, "read_every_ns", lambda metric, ring, period: READ_EVERY_NS[metric])
+    late = playback_sampler(shallow_power_ring(20))
+    late.run()
+    assert late.sampler.status(0).lost_user > 0
+    assert "power samples overwritten" in late.sampler.status(0).reason
+
+
 def test_compute_processes_and_their_share(training: Played) -> None:
     sampler, events = training.sampler, training.events
     listed = [e for e in events if isinstance(e, GpuProcesses)]
-    assert len(listed) >= 20  # once a second
+    assert len(listed) >= 15  # every 2 s over the recording's 31 s
     workload = {pid for e in listed for pid in e.pids}
     assert len(workload) == 1  # the proof's PyTorch process, alone on the GPU
     busy = [share for e in listed for pid, share in e.sm_util]
