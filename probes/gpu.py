@@ -1,9 +1,12 @@
 """The NVML sampler: per GPU, the utilisation (200 ms) and power (20 ms) sample streams read
 with last-seen timestamps so that no sample is read twice or skipped, mapped onto
-CLOCK_MONOTONIC (probes/gpu_clock.py); compute processes and their SM share once a second.
-It feeds the gap detector (GpuSample, GpuProcesses) and the watched set
-(`gpu_processes`, the hook of WatchSpec). Costs ~1.5 ms of NVML time per sample read on the
-H200, so two reads per GPU every 500 ms.
+CLOCK_MONOTONIC (probes/gpu_clock.py); compute processes and their SM share. It feeds the
+gap detector (GpuSample, GpuProcesses) and the watched set (`gpu_processes`, the hook of
+WatchSpec). Each reading has a cadence of its own, set by what a read costs (READ_EVERY_NS):
+power every 500 ms, utilisation and the processes every 2 s, and a ring never less often than
+three times over the span it holds (measured at the first read), so none wraps unread. From
+the per-read costs measured on the H200, ~2.7 ms of NVML CPU a second per GPU, where reading
+both rings every 500 ms and the processes every second cost ~6.9 ms (docs/gpu.md).
 
 NVML faults are per GPU and per reading: a GPU that is lost, or a reading its driver does not
 support, is reported in the sampler's status and skipped; the rest keeps going.
@@ -29,6 +32,19 @@ from gpujitter.probes.gpu_clock import (
 from gpujitter.probes.nvml import Nvml, NvmlSample
 
 METRICS: tuple[Literal["util", "power"], ...] = ("util", "power")
+# How often each reading is taken, by what one read costs the NVML thread on the H200
+# (bench/results/h200/nvml_calls.json, docs/performance.md "The daemon's own CPU"): a power-ring
+# read 0.29 ms of CPU, a utilisation-ring read 2.1 ms, a per-process utilisation read 2.1 ms.
+# Power is cheap, its ring short (119 samples, ~2.4 s) and the gap detector waits for it to
+# judge a candidate: every 500 ms. The utilisation ring holds ~14 s and a candidate gap
+# waits up to 3 s for its evidence: every 2 s. The processes every 2 s: a new GPU process is
+# watched up to ~3 s after NVML lists it (this, then the watched set's refresh each second).
+READ_EVERY_NS = {"power": 500_000_000, "util": 2_000_000_000}
+PROCESSES_EVERY_NS = 2_000_000_000
+# A ring is read at least this many times over the span it holds (its depth times the
+# spacing of its samples, both measured), however long READ_EVERY_NS says: a read that comes
+# late (a busy node, a slow driver call) still finds the samples since the last one.
+READS_PER_RING = 3
 # Nominal sample periods (measured on the H200: docs/gpu.md); the observed spacing is used
 # once a stream has shown two samples.
 NOMINAL_PERIOD_NS = {"util": 200_000_000, "power": 20_000_000}
@@ -50,19 +66,34 @@ SAMPLER_READINGS = (
 CALIBRATION_OBSERVATIONS = 64
 
 
+def read_every_ns(metric: Literal["util", "power"], ring: int, period_ns: int) -> int:
+    """The time between two reads of a stream whose ring holds `ring` samples `period_ns`
+    apart (0: not known yet): READ_EVERY_NS, or less where the ring holds less than
+    READS_PER_RING times that."""
+    every = READ_EVERY_NS[metric]
+    if not ring:
+        return every
+    return min(every, ring * (period_ns or NOMINAL_PERIOD_NS[metric]) // READS_PER_RING)
+
+
 @dataclass(slots=True)
 class _Stream:
+    metric: Literal["util", "power"]
     last_seen_us: int = 0
     period_ns: int = 0
     read: int = 0
     ring: int = 0  # how many samples NVML keeps (what a read from lastSeen 0 returns)
     skipped: int = 0  # samples the ring dropped before they were read
+    due_ns: int = 0  # when it is read next
+
+    def every_ns(self) -> int:
+        return read_every_ns(self.metric, self.ring, self.period_ns)
 
 
 @dataclass(slots=True)
 class _Gpu:
     index: int
-    streams: dict[str, _Stream] = field(default_factory=lambda: {m: _Stream() for m in METRICS})
+    streams: dict[str, _Stream] = field(default_factory=lambda: {m: _Stream(m) for m in METRICS})
     pids: tuple[int, ...] = ()
     proc_last_us: int = 0
     calibration: Calibration | None = None
@@ -70,8 +101,9 @@ class _Gpu:
 
 
 class GpuSampler:
-    """Poll NVML: call `poll()` every `poll_ns` (or `run()` on a thread of its own). The
-    first poll reads each ring whole, which both calibrates the clock mapping and tells how
+    """Poll NVML: call `poll()` when `next_due_ns()` comes (or `run()` on a thread of its
+    own); each poll reads the streams and process lists that are due. The first read (at
+    `start()`) takes each ring whole, which both calibrates the clock mapping and tells how
     deep the ring is; only samples taken after `start()` are emitted."""
 
     name = "nvml"
@@ -82,20 +114,16 @@ class GpuSampler:
         emit: Emit,
         *,
         cpu_count: int,
-        poll_ns: int = 500_000_000,
-        procs_every_ns: int = 1_000_000_000,
         offsets: Callable[[], Mapping[str, int]] = live_offsets,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.nvml = nvml
         self._emit = emit
-        self.poll_ns = poll_ns
-        self.procs_every_ns = procs_every_ns
         self._offsets = offsets
         self._clock = clock
         self.gpus = {g.index: _Gpu(g.index) for g in nvml.gpus(cpu_count)}
         self.start_ns = 0
-        self._last_procs_ns = -procs_every_ns
+        self._procs_due_ns = 0
         self._lock = threading.Lock()
         self._status: tuple[str, str] | None = None
         self.events = 0
@@ -106,27 +134,39 @@ class GpuSampler:
 
     def start(self) -> None:
         self.start_ns = self._clock()
-        self.poll()
+        self._poll(self.start_ns, due_only=False)
 
     def poll(self) -> None:
-        now = self._clock()
+        """Read what is due."""
+        self._poll(self._clock(), due_only=True)
+
+    def flush(self) -> None:
+        """Read every stream and process list now, due or not: the last read before a stop."""
+        self._poll(self._clock(), due_only=False)
+
+    def next_due_ns(self) -> int:
+        """When the next reading is due (the sampler's clock)."""
+        streams = [s.due_ns for gpu in self.gpus.values() for s in gpu.streams.values()]
+        return min([self._procs_due_ns, *streams])
+
+    def _poll(self, now: int, due_only: bool) -> None:
         offsets = self._offsets()
         for gpu in self.gpus.values():
-            for metric in METRICS:
-                self._read_stream(gpu, metric, offsets)
+            for stream in gpu.streams.values():
+                if not due_only or now >= stream.due_ns:
+                    self._read_stream(gpu, stream, offsets)
+                    stream.due_ns = _next_due(stream.due_ns, stream.every_ns(), now)
             if gpu.index in self.nvml.lost and gpu.pids:
                 with self._lock:
                     gpu.pids = ()  # nothing is known to run on a lost GPU
-        if now - self._last_procs_ns >= self.procs_every_ns:
-            self._last_procs_ns = now
+        if not due_only or now >= self._procs_due_ns:
+            self._procs_due_ns = _next_due(self._procs_due_ns, PROCESSES_EVERY_NS, now)
             for gpu in self.gpus.values():
                 self._read_processes(gpu, now)
         self._report(now)
 
-    def _read_stream(
-        self, gpu: _Gpu, metric: Literal["util", "power"], offsets: Mapping[str, int]
-    ) -> None:
-        stream = gpu.streams[metric]
+    def _read_stream(self, gpu: _Gpu, stream: _Stream, offsets: Mapping[str, int]) -> None:
+        metric = stream.metric
         got = self.nvml.samples(gpu.index, metric, stream.last_seen_us)
         read_at = self._clock()  # every sample returned existed by now
         if not got:
@@ -277,12 +317,21 @@ class GpuSampler:
             self._status = key
             self.emit(status)
 
-    def run(self, should_stop: Callable[[], bool]) -> None:
-        next_poll = self._clock()
+    def run(
+        self, should_stop: Callable[[], bool], sleep: Callable[[float], object] = time.sleep
+    ) -> None:
+        """Poll when a reading is due until `should_stop` (`sleep` in seconds: a test's
+        clock moves with it)."""
         while not should_stop():
-            next_poll += self.poll_ns
-            time.sleep(max(0.0, (next_poll - self._clock()) / 1e9))
+            sleep(max(0.0, (self.next_due_ns() - self._clock()) / 1e9))
             self.poll()
+
+
+def _next_due(due_ns: int, every_ns: int, now_ns: int) -> int:
+    """The next read on the stream's beat (streams of one GPU read together where their beats
+    meet), or a whole interval from now when the reader fell behind it."""
+    beat = due_ns + every_ns
+    return beat if beat > now_ns else now_ns + every_ns
 
 
 class SamplerThread:
@@ -304,4 +353,4 @@ class SamplerThread:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.sampler.poll()
+        self.sampler.flush()

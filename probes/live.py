@@ -105,7 +105,7 @@ class LiveProbes:
         self.gpus = self.nvml.gpus(os.cpu_count() or 1)
         if isinstance(backend, NvmlPlayback):
             # A recording answers with the timestamps and clocks it was made with: map them
-            # as the live session did, on the recording's own clock.
+            # as the live session did, on the recording's own timeline (played in real time).
             return sampler_cls(self.nvml, self.emit, cpu_count=os.cpu_count() or 1,
                                offsets=lambda: offsets_from_header(backend.header),
                                clock=backend.now)  # fmt: skip

@@ -9,10 +9,15 @@ code.
 
 NvmlPlayback answers each (function, GPU) with the recorded results in order (the last one again
 once they run out: identity does not change). Sample rings (nvmlDeviceGetSamples,
-nvmlDeviceGetProcessUtilization) are played back as rings, not as answers: a call gets every
-recorded sample newer than the lastSeenTimeStamp it passes and no newer than what the real
-GPU had at that call, so a caller that passes the wrong timestamp reads duplicates or misses
-samples, as it would on the GPU. Faults a GPU rarely shows (lost, not supported) can be
+nvmlDeviceGetProcessUtilization) are played back as rings, by time, not as answers: a
+playback runs on the recording's timeline (`now()`: from the moment its rings had all been
+read whole once, on `clock`, real time unless a test steps it), and a call gets what the
+ring held at that moment: of the samples any recorded read returned, those taken by then
+(mapped through the clock the recording's own reads show NVML stamped with), the newest
+`depth` of each process (the ring's depth: what a recorded read of the whole ring returned),
+newer than the lastSeenTimeStamp it passes. So a caller may read at a cadence of its own, and
+one that passes the wrong timestamp, or comes back after the ring wrapped, reads duplicates or
+misses samples, as it would on the GPU. Faults a GPU rarely shows (lost, not supported) can be
 injected into a real recording at a chosen call; tests say so where they do.
 """
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import math
 import time
+from bisect import bisect_right, insort
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -29,6 +35,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import orjson
+
+from gpujitter.probes.gpu_clock import (
+    CalibrationFailed,
+    Observation,
+    calibrate,
+    offsets_from_header,
+)
 
 FORMAT = "gpujitter-nvml-recording"
 VERSION = 1
@@ -167,19 +180,47 @@ class NvmlPlaybackHandle:
 
 @dataclass(slots=True)
 class _Ring:
-    """The union of one sample stream's recorded samples, and per call what the GPU held."""
+    """One sample stream as the recording saw it: the union of the samples its reads returned,
+    per process (pid 0 for nvmlDeviceGetSamples), and how many of each the GPU keeps."""
 
-    samples: dict[tuple[int, int], Any] = field(default_factory=dict)  # (ts, pid) -> sample
-    horizons: list[int | None] = field(default_factory=list)  # newest ts at each call
-    entries: list[dict[str, Any]] = field(default_factory=list)  # the recorded calls
-    span_us: int = 0  # how far back the ring reaches
+    samples: dict[int, dict[int, Any]] = field(default_factory=dict)  # pid -> ts -> sample
+    stamps: dict[int, list[int]] = field(default_factory=dict)  # pid -> its ts, in order
+    depth: int = 0  # per process, what a read of the whole ring returned; 0: never read whole
     value_type: int = 1
+    answered: bool = False  # some recorded read returned samples
+    error: int = 0  # the last error a recorded read failed with
+
+    def add(self, raw: list[dict[str, Any]], whole: bool) -> None:
+        per_pid: dict[int, int] = defaultdict(int)
+        for s in raw:
+            ts, pid = int(s["timeStamp"]), int(s.get("pid", 0))
+            per_pid[pid] += 1
+            kept = self.samples.setdefault(pid, {})
+            # NVML re-derives timestamps at each read: the same sample can come back a few
+            # µs off. The ring holds it once, as first seen.
+            if not any(ts + d in kept for d in range(-JITTER_US, JITTER_US + 1)):
+                kept[ts] = s
+                insort(self.stamps.setdefault(pid, []), ts)
+        if whole:
+            self.depth = max([self.depth, *per_pid.values()])
+
+    def held(self, horizon_us: int, last_seen_us: int) -> list[Any]:
+        """What a read passing `last_seen_us` gets when the GPU's newest sample is no newer
+        than `horizon_us`: per process, of the `depth` newest samples, those past last_seen."""
+        out = []
+        for pid, stamps in self.stamps.items():
+            end = bisect_right(stamps, horizon_us)
+            begin = max(end - self.depth if self.depth else 0, bisect_right(stamps, last_seen_us))
+            out += [self.samples[pid][ts] for ts in stamps[begin:end]]
+        return sorted(out, key=lambda s: int(s["timeStamp"]))
 
 
 class NvmlPlayback:
     """A pynvml stand-in answering from a recording. `lose_gpu` {gpu: n}: from that GPU's
     n-th call on, every call for it fails with GPU_IS_LOST. `refuse` {(fn, gpu)}: those
-    calls fail with NOT_SUPPORTED. Error classes and constants are pynvml's own."""
+    calls fail with NOT_SUPPORTED. `clock` (ns) moves the playback along the recording's
+    timeline: real time by default, a test's own clock to play a recording in no time.
+    Error classes and constants are pynvml's own."""
 
     def __init__(
         self,
@@ -187,58 +228,68 @@ class NvmlPlayback:
         *,
         lose_gpu: dict[int, int] | None = None,
         refuse: Iterable[tuple[str, int | None]] = (),
+        clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.header, entries = load(recording) if isinstance(recording, str | Path) else recording
         self._nv = _pynvml()
         self._answers: dict[tuple[str, int | None], list[dict[str, Any]]] = defaultdict(list)
         self._rings: dict[tuple[str, int | None, tuple[Any, ...]], _Ring] = {}
+        ring_reads: list[dict[str, Any]] = []
         for e in entries:
             if e["fn"] == "nvmlDeviceGetHandleByIndex":
                 e = {**e, "gpu": int(e["args"][0])}
             if e["fn"] in RING_FUNCS:
                 self._add_ring(e)
+                ring_reads.append(e)
             else:
                 self._answers[(e["fn"], e["gpu"])].append(e)
+        # The timeline starts once every ring has been read whole (before that the recording
+        # does not know all a ring held) and ends with the last read of one.
+        whole: dict[tuple[Any, ...], int] = {}
+        for e in ring_reads:
+            if e["args"][-1] == 0:
+                whole.setdefault((e["fn"], e["gpu"], tuple(e["args"][:-1])), e["t_end"])
+        self.start_ns = max(whole.values(), default=int(self.header.get("mono_ns", 0)))
+        self.end_ns = max((e["t_end"] for e in ring_reads), default=self.start_ns)
+        self._nvml_offset_ns = self._nvml_clock(ring_reads)
+        self._clock = clock
+        self._clock_zero = clock()
         self._next: dict[tuple[Any, ...], int] = defaultdict(int)
         self._gpu_calls: dict[int, int] = defaultdict(int)
         self.lose_gpu = dict(lose_gpu or {})
         self.refuse = set(refuse)
         self.calls: list[tuple[str, int | None]] = []
-        self._now = int(self.header.get("mono_ns", 0))
 
     def now(self) -> int:
-        """The clock a played-back session runs on: when the real session's sample read that
-        was played back last returned (sample reads pace a sampler: one per stream per poll)."""
-        return self._now
+        """Where the playback is on the recording's timeline (its CLOCK_MONOTONIC ns): the
+        recording's start_ns plus the time `clock` has run since the playback was made."""
+        return self.start_ns + self._clock() - self._clock_zero
 
-    def _answered(self, e: dict[str, Any]) -> None:
-        if e["fn"] == "nvmlDeviceGetSamples":
-            self._now = max(self._now, int(e.get("t_end", e["t"])))
+    def _nvml_clock(self, ring_reads: list[dict[str, Any]]) -> int | None:
+        """NVML's timestamp clock minus CLOCK_MONOTONIC in the recorded session (ns), found as
+        the sampler finds it (probes/gpu_clock.py) from each recorded read's newest sample;
+        None when no clock explains them (a ring read then fails loudly)."""
+        offsets = offsets_from_header(self.header)
+        observations = [
+            Observation(max(int(s["timeStamp"]) for s in raw), int(e["t_end"]), offsets)
+            for e in ring_reads
+            if "ret" in e and (raw := _ring_samples(e))
+        ]
+        try:
+            return offsets[calibrate(observations).source]
+        except CalibrationFailed:
+            return None
 
     def _add_ring(self, e: dict[str, Any]) -> None:
         extra = tuple(e["args"][:-1])  # the sampling type; the last argument is lastSeen
         ring = self._rings.setdefault((e["fn"], e["gpu"], extra), _Ring())
-        ring.entries.append(e)
         if "err" in e:
-            ring.horizons.append(ring.horizons[-1] if ring.horizons else None)
+            ring.error = int(e["err"])
             return
-        ret = e["ret"]
         if e["fn"] == "nvmlDeviceGetSamples":
-            ring.value_type, raw = ret
-        else:
-            raw = ret
-        stamps = [int(s["timeStamp"]) for s in raw]
-        for s in raw:
-            ts, pid = int(s["timeStamp"]), int(s.get("pid", 0))
-            # NVML re-derives timestamps at each read: the same sample can come back a few
-            # µs off. The ring holds it once, as first seen.
-            if not any((ts + d, pid) in ring.samples for d in range(-JITTER_US, JITTER_US + 1)):
-                ring.samples[(ts, pid)] = s
-        newest = max(stamps) if stamps else None
-        previous = ring.horizons[-1] if ring.horizons else None
-        ring.horizons.append(newest if previous is None or (newest or 0) > previous else previous)
-        if stamps and e["args"][-1] == 0:  # a read of the whole ring shows how deep it is
-            ring.span_us = max(ring.span_us, max(stamps) - min(stamps))
+            ring.value_type = e["ret"][0]
+        ring.answered = True
+        ring.add(_ring_samples(e), whole=e["args"][-1] == 0)
 
     def __getattr__(self, name: str) -> Any:
         if not name.startswith("nvml"):
@@ -267,7 +318,6 @@ class NvmlPlayback:
         i = self._next[(name, gpu)]
         self._next[(name, gpu)] = i + 1
         e = answers[min(i, len(answers) - 1)]
-        self._answered(e)
         if "err" in e:
             raise self._fail(int(e["err"]))
         return _namespace(e["ret"])
@@ -277,18 +327,14 @@ class NvmlPlayback:
         ring = self._rings.get((name, gpu, extra))
         if ring is None:
             raise NvmlPlaybackMissing(f"recording has no {name}{extra} for GPU {gpu}")
-        key = (name, gpu, extra)
-        i = self._next[key]
-        self._next[key] = i + 1
-        horizon = ring.horizons[min(i, len(ring.horizons) - 1)]
-        self._answered(ring.entries[min(i, len(ring.entries) - 1)])
-        last_seen = int(args[-1])
-        oldest = (horizon or 0) - ring.span_us if ring.span_us else 0
-        picked = [
-            s
-            for (ts, _pid), s in sorted(ring.samples.items())
-            if horizon is not None and last_seen < ts <= horizon and ts >= oldest
-        ]
+        if not ring.answered:  # every recorded read failed: so does this one
+            raise self._fail(ring.error)
+        if self._nvml_offset_ns is None:
+            raise NvmlPlaybackMissing(
+                f"recording's sample timestamps fit none of its header's clocks: {name}"
+            )
+        horizon_us = (self.now() + self._nvml_offset_ns) // 1000
+        picked = ring.held(horizon_us, int(args[-1]))
         if not picked:
             raise self._fail(self._nv.NVML_ERROR_NOT_FOUND)
         samples = [_namespace(s) for s in picked]
@@ -296,3 +342,8 @@ class NvmlPlayback:
 
     def gpu_calls(self, gpu: int) -> int:
         return self._gpu_calls[gpu]
+
+
+def _ring_samples(e: dict[str, Any]) -> list[dict[str, Any]]:
+    """The samples a recorded ring read returned."""
+    return list(e["ret"][1] if e["fn"] == "nvmlDeviceGetSamples" else e["ret"])

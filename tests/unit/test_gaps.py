@@ -313,6 +313,47 @@ def test_the_starved_gap_waits_for_the_off_cpu_intervals_however_the_rings_inter
     assert len(detect(events)) == 3
 
 
+def at_the_samplers_cadence(stream: list[Event]) -> list[Event]:
+    """A stream the sampler read every 500 ms, as its cadence now delivers it (utilisation
+    and the processes every 2 s): each poll's utilisation samples (a poll emits them before
+    its power samples) held back to the fourth poll, every other process list left out."""
+    polls: list[int] = []  # where each poll's samples begin in the stream
+    poll_of: dict[int, int] = {}
+    last = None
+    for i, ev in enumerate(stream):
+        if isinstance(ev, GpuSample):
+            if ev.metric == "util" and last != "util":
+                polls.append(i)
+            poll_of[i] = len(polls) - 1
+            last = ev.metric
+    held: dict[int, list[Event]] = {}
+    out: list[Event] = []
+    procs = 0
+    for i, ev in enumerate(stream):
+        out += held.pop(i, [])
+        if isinstance(ev, GpuProcesses):
+            procs += 1
+            if procs % 2 == 0:
+                continue
+        if isinstance(ev, GpuSample) and ev.metric == "util" and poll_of[i] % 4 != 3:
+            due = poll_of[i] + 3 - poll_of[i] % 4
+            held.setdefault(polls[due] if due < len(polls) else len(stream), []).append(ev)
+            continue
+        out.append(ev)
+    return out + held.pop(len(stream), [])
+
+
+def test_nvml_read_at_the_samplers_cadence_gives_the_same_gaps(stream: list[Event]) -> None:
+    """Utilisation samples arriving up to 2 s after their window (not 0.5 s), and process
+    lists every 2 s: the proof run's gaps, those a 0 % utilisation window corroborates
+    among them, come out the same."""
+    later = at_the_samplers_cadence(stream)
+    assert later != stream
+    gaps = detect(stream)
+    assert detect(later) == gaps
+    assert [g for g in gaps if "util" in g.sources]
+
+
 def spinning_sync_preempted(power_w: list[float]) -> list[Event]:
     """A thread spinning in a 300 ms sync (as PyTorch's default schedule does), preempted
     from 40 ms until just before the sync returned (it saw the drain as soon as it ran

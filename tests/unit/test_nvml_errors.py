@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 
+import pynvml
 import pytest
 
 from gpujitter.cli import main
 from gpujitter.probes.events import GpuProcesses, GpuSample, ProbeStatus
-from gpujitter.probes.nvml import NvmlUnavailable, open_nvml
-from gpujitter.probes.nvml_session import NvmlPlayback
+from gpujitter.probes.nvml import SAMPLE_TYPES, NvmlUnavailable, open_nvml
+from gpujitter.probes.nvml_session import NvmlPlayback, load
 from tests.conftest import FIXTURES
 from tests.unit.test_nvml_playback import IDLE, TRAINING, playback_sampler
 
@@ -57,12 +58,12 @@ def test_no_gpu_listed_when_nvml_cannot_count_them() -> None:
 
 
 def test_gpu_lost_mid_run_stops_that_gpu_and_nothing_else() -> None:
-    playback, sampler, events = playback_sampler(TRAINING, lose_gpu={0: 40})
-    sampler.start()
-    for _ in range(30):
-        sampler.poll()
+    played = playback_sampler(TRAINING, lose_gpu={0: 40})
+    playback, sampler, events = played.playback, played.sampler, played.events
+    played.run(polls=30)
     calls_after_loss = playback.gpu_calls(0)
     for _ in range(10):
+        played.clock.sleep(0.5)
         sampler.poll()
     assert playback.gpu_calls(0) == calls_after_loss  # a lost GPU is not asked again
     assert any(isinstance(e, GpuSample) for e in events)  # what came before the loss stays
@@ -75,10 +76,9 @@ def test_gpu_lost_mid_run_stops_that_gpu_and_nothing_else() -> None:
 
 
 def test_unsupported_sample_streams_degrade_to_processes_only() -> None:
-    _, sampler, events = playback_sampler(TRAINING, refuse={("nvmlDeviceGetSamples", 0)})
-    sampler.start()
-    for _ in range(10):
-        sampler.poll()
+    played = playback_sampler(TRAINING, refuse={("nvmlDeviceGetSamples", 0)})
+    played.run(polls=10)
+    sampler, events = played.sampler, played.events
     assert not any(isinstance(e, GpuSample) for e in events)
     assert any(isinstance(e, GpuProcesses) and e.pids for e in events)
     status = sampler.status(0)
@@ -88,11 +88,25 @@ def test_unsupported_sample_streams_degrade_to_processes_only() -> None:
 
 def test_unsupported_process_utilisation_keeps_the_process_list() -> None:
     refused = {("nvmlDeviceGetProcessUtilization", 0)}
-    _, sampler, events = playback_sampler(TRAINING, refuse=refused)
-    sampler.start()
-    for _ in range(10):
-        sampler.poll()
+    played = playback_sampler(TRAINING, refuse=refused)
+    played.run(polls=10)
+    sampler, events = played.sampler, played.events
     listed = [e for e in events if isinstance(e, GpuProcesses)]
     assert listed and all(e.pids and e.sm_util == () for e in listed)
     assert any(isinstance(e, GpuSample) for e in events)
     assert "nvmlDeviceGetProcessUtilization: Not Supported" in sampler.status(0).reason
+
+
+def test_a_ring_the_recording_could_not_read_is_refused_in_playback() -> None:
+    """A ring whose every recorded read failed fails in playback too, with the recorded
+    error, not as an empty ring. Injected: the H200 recording with its power reads refused."""
+    header, entries = load(TRAINING)
+    for e in entries:
+        if e["fn"] == "nvmlDeviceGetSamples" and e["args"][0] == SAMPLE_TYPES["power"]:
+            e.pop("ret", None)
+            e["err"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    played = playback_sampler((header, entries))
+    played.run(polls=10)
+    samples = [e for e in played.events if isinstance(e, GpuSample)]
+    assert samples and {e.metric for e in samples} == {"util"}
+    assert played.sampler.status(0).reason == "GPU 0: nvmlDeviceGetSamples: Not Supported"

@@ -1,18 +1,23 @@
 """The NVML side against what a real H200 answered: the recording of the GPU proof run
 (bench/gpu_proof.py, tests/fixtures/nvml/h200-training.jsonl) and of `gpujitter gpus` on the
-idle GPU, played back through probes/nvml.py's backend. Sample rings are played back as rings, so a
-sampler that passed a wrong lastSeenTimeStamp would read samples twice or miss them."""
+idle GPU, played back through probes/nvml.py's backend. Sample rings are played back as rings, by
+time: the sampler reads them at its own cadence on a stepped clock, and one that passed a wrong
+lastSeenTimeStamp, or came back after a ring wrapped, would read samples twice or miss them."""
 
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from gpujitter.probes.events import GpuClockMap, GpuProcesses, GpuSample, ProbeStatus
-from gpujitter.probes.gpu import LAG_NS, GpuSampler
+from gpujitter.probes import gpu
+from gpujitter.probes.events import Event, GpuClockMap, GpuProcesses, GpuSample, ProbeStatus
+from gpujitter.probes.gpu import LAG_NS, READ_EVERY_NS, GpuSampler, read_every_ns
 from gpujitter.probes.gpu_clock import Observation, calibrate, offsets_from_header
 from gpujitter.probes.nvml import Nvml
 from gpujitter.probes.nvml_session import NvmlPlayback, load
@@ -23,15 +28,48 @@ IDLE = FIXTURES / "nvml" / "h200-idle.jsonl"
 MS = 1_000_000
 
 
-def sample_reads(path: Path) -> int:
-    """How many sample reads (one per stream per poll) the real session made."""
-    _, entries = load(path)
-    return sum(1 for e in entries if e["fn"] == "nvmlDeviceGetSamples" and e["args"][0] == 0)
+class SteppedClock:
+    """A clock that moves only when the code under test sleeps: a recorded session plays in
+    no time, with each read where a live sampler's would fall."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def sleep(self, seconds: float) -> None:
+        self.ns += math.ceil(seconds * 1e9)
 
 
-def playback_sampler(path: Path, **playback_args: object) -> tuple[NvmlPlayback, GpuSampler, list]:
-    playback = NvmlPlayback(path, **playback_args)  # type: ignore[arg-type]
-    events: list = []
+@dataclass(slots=True)
+class Played:
+    """A GpuSampler reading a recorded session on a stepped clock."""
+
+    playback: NvmlPlayback
+    sampler: GpuSampler
+    events: list[Event]
+    clock: SteppedClock
+
+    def run(self, polls: int | None = None) -> None:
+        """Start the sampler and run its own loop for `polls` polls; or to the recording's
+        end, then stop it there as SamplerThread does (a last read of every stream)."""
+        self.sampler.start()
+        count = itertools.count()
+        stop: Callable[[], bool] = (
+            (lambda: self.playback.now() >= self.playback.end_ns)
+            if polls is None
+            else (lambda: next(count) >= polls)
+        )
+        self.sampler.run(stop, sleep=self.clock.sleep)
+        if polls is None:
+            self.sampler.flush()
+
+
+def playback_sampler(recording: Path | tuple[dict, list[dict]], **playback_args: object) -> Played:
+    clock = SteppedClock()
+    playback = NvmlPlayback(recording, clock=clock, **playback_args)  # type: ignore[arg-type]
+    events: list[Event] = []
     sampler = GpuSampler(
         Nvml(playback).open(),
         events.append,
@@ -39,16 +77,14 @@ def playback_sampler(path: Path, **playback_args: object) -> tuple[NvmlPlayback,
         offsets=lambda: offsets_from_header(playback.header),
         clock=playback.now,
     )
-    return playback, sampler, events
+    return Played(playback, sampler, events, clock)
 
 
 @pytest.fixture(scope="module")
-def training() -> tuple[NvmlPlayback, GpuSampler, list]:
-    playback, sampler, events = playback_sampler(TRAINING)
-    sampler.start()
-    for _ in range(sample_reads(TRAINING) - 1):
-        sampler.poll()
-    return playback, sampler, events
+def training() -> Played:
+    played = playback_sampler(TRAINING)
+    played.run()
+    return played
 
 
 def distinct_recorded(metric: str, since_us: int) -> int:
@@ -71,8 +107,8 @@ def distinct_recorded(metric: str, since_us: int) -> int:
     return sum(1 for ts in distinct if ts > since_us)
 
 
-def test_every_sample_is_read_once_and_none_is_skipped(training) -> None:
-    playback, sampler, events = training
+def test_every_sample_is_read_once_and_none_is_skipped(training: Played) -> None:
+    playback, sampler, events = training.playback, training.sampler, training.events
     realtime = offsets_from_header(playback.header)["realtime"]
     for metric, period_ms in (("power", 20), ("util", 200)):
         samples = [e for e in events if isinstance(e, GpuSample) and e.metric == metric]
@@ -91,12 +127,14 @@ def test_every_sample_is_read_once_and_none_is_skipped(training) -> None:
     assert (streams["power"].ring, streams["util"].ring) == (119, 71)  # ~2.4 s and ~14 s
 
 
-def test_samples_map_onto_the_monotonic_clock(training) -> None:
-    _, _, events = training
+def test_samples_map_onto_the_monotonic_clock(training: Played) -> None:
+    events = training.events
     (first, *_, final) = [e for e in events if isinstance(e, GpuClockMap)]
     assert first.source == final.source == "realtime"
     assert final.observations >= 64
-    assert 0 <= final.lag_min_ns < 5 * MS  # a power sample is readable within ms
+    # Played back, a sample is readable from its timestamp on: the least lag is how soon
+    # after a power sample a read came, under the widest spacing of two (45 ms).
+    assert 0 <= final.lag_min_ns < 45 * MS
     assert final.lag_max_ns < 3_000 * MS  # read before the 2.4 s power ring wraps
     # Mapped samples lie in the session's time span, none in the future of their read.
     _, entries = load(TRAINING)
@@ -115,14 +153,84 @@ def test_calibration_from_the_recorded_reads_alone() -> None:
     ]
     cal = calibrate(observations)
     assert cal.source == "realtime"
-    assert cal.lag_min_ns >= 0
+    assert 0 <= cal.lag_min_ns < 5 * MS  # a power sample is readable within ms
     assert cal.lag_median_ns < 600 * MS  # read every 500 ms
 
 
-def test_compute_processes_and_their_share(training) -> None:
-    _, sampler, events = training
+def test_each_stream_is_read_at_its_own_cadence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Power every 500 ms, utilisation and the processes every 2 s (READ_EVERY_NS: what a
+    read costs), read together where their beats meet; the stop reads everything once more."""
+    played = playback_sampler(TRAINING)
+    nvml, now = played.sampler.nvml, played.playback.now
+    reads: dict[str, list[int]] = {"power": [], "util": [], "procs": []}
+    samples, processes = nvml.samples, nvml.process_utilization
+
+    def read_samples(index: int, kind: str, last_seen_us: int) -> object:
+        reads[kind].append(now())
+        return samples(index, kind, last_seen_us)
+
+    def read_processes(index: int, last_seen_us: int) -> object:
+        reads["procs"].append(now())
+        return processes(index, last_seen_us)
+
+    monkeypatch.setattr(nvml, "samples", read_samples)
+    monkeypatch.setattr(nvml, "process_utilization", read_processes)
+    played.run()
+    spacing = {kind: {b - a for a, b in itertools.pairwise(at[:-1])} for kind, at in reads.items()}
+    assert spacing == {"power": {500 * MS}, "util": {2000 * MS}, "procs": {2000 * MS}}
+    assert set(reads["util"][:-1]) <= set(reads["power"])
+    assert reads["util"][-1] == reads["power"][-1] == reads["procs"][-1]  # the stop's read
+
+
+def test_the_samples_do_not_depend_on_the_cadence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The playback serves a ring by time: read every 500 ms, as the recorded session did,
+    or at the sampler's cadence, the same samples come out, once each."""
+
+    def emitted(played: Played) -> dict[str, list[float]]:
+        played.run()
+        got = [e for e in played.events if isinstance(e, GpuSample)]
+        return {m: [e.value for e in got if e.metric == m] for m in ("power", "util")}
+
+    own = emitted(playback_sampler(TRAINING))
+    monkeypatch.setitem(READ_EVERY_NS, "util", 500 * MS)
+    recorded_cadence = emitted(playback_sampler(TRAINING))
+    assert own == recorded_cadence
+    assert len(own["power"]) > 1500 and len(own["util"]) > 150
+
+
+def shallow_power_ring(depth: int) -> tuple[dict, list[dict]]:
+    """The H200 recording as if its power ring held only `depth` samples: the recorded read
+    of the whole ring cut to its newest `depth`."""
+    header, entries = load(TRAINING)
+    (whole,) = [e for e in entries if e["fn"] == "nvmlDeviceGetSamples" and e["args"] == [0, 0]]
+    value_type, samples = whole["ret"]
+    whole["ret"] = [value_type, samples[-depth:]]
+    return header, entries
+
+
+def test_a_shallow_ring_is_read_before_it_wraps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cadence follows the ring's measured depth: a power ring of 20 samples (~0.4 s on
+    the H200) is read three times over its span, and nothing is overwritten unread; read at
+    the default 500 ms it wraps, and the sampler counts what it lost."""
+    assert read_every_ns("power", 119, 20 * MS) == 500 * MS  # the H200's: the default
+    assert read_every_ns("util", 71, 200 * MS) == 2000 * MS
+    assert read_every_ns("power", 20, 20 * MS) == 133_333_333
+    played = playback_sampler(shallow_power_ring(20))
+    played.run()
+    assert played.sampler.status(0).lost_user == 0
+    assert "overwritten" not in played.sampler.status(0).reason
+
+    monkeypatch.setattr(gpu, "read_every_ns", lambda metric, ring, period: READ_EVERY_NS[metric])
+    late = playback_sampler(shallow_power_ring(20))
+    late.run()
+    assert late.sampler.status(0).lost_user > 0
+    assert "power samples overwritten" in late.sampler.status(0).reason
+
+
+def test_compute_processes_and_their_share(training: Played) -> None:
+    sampler, events = training.sampler, training.events
     listed = [e for e in events if isinstance(e, GpuProcesses)]
-    assert len(listed) >= 20  # once a second
+    assert len(listed) >= 15  # every 2 s over the recording's 31 s
     workload = {pid for e in listed for pid in e.pids}
     assert len(workload) == 1  # the proof's PyTorch process, alone on the GPU
     busy = [share for e in listed for pid, share in e.sm_util]
@@ -130,8 +238,8 @@ def test_compute_processes_and_their_share(training) -> None:
     assert sampler.gpu_processes() == sorted(workload)  # what WatchSpec.gpu_processes sees
 
 
-def test_status_reports_what_the_h200_could_not_give(training) -> None:
-    _, sampler, events = training
+def test_status_reports_what_the_h200_could_not_give(training: Played) -> None:
+    sampler, events = training.sampler, training.events
     statuses = [e for e in events if isinstance(e, ProbeStatus)]
     assert statuses[0].state == "running"
     assert sampler.status(0).lost_user == 0

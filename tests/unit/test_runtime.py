@@ -28,31 +28,21 @@ from gpujitter.daemon.service.service import Daemon
 from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.daemon.sinks.trace import TraceReader
 from gpujitter.probes.events import Event, Migration, to_record
-from gpujitter.probes.gpu import GpuSampler
-from gpujitter.probes.gpu_clock import offsets_from_header
-from gpujitter.probes.nvml import GpuInfo, Nvml
-from gpujitter.probes.nvml_session import NvmlPlayback
+from gpujitter.probes.nvml import GpuInfo
 from gpujitter.probes.topology import load_topology
 from gpujitter.tui.model import NodeModel
 from tests.conftest import FIXTURES
-from tests.unit.test_nvml_playback import sample_reads
+from tests.unit.test_nvml_playback import playback_sampler
 
 TRAINING = FIXTURES / "nvml" / "h200-training.jsonl"
 
 
 def h200_stretch() -> tuple[list[GpuInfo], list[Event]]:
-    """The NVML sampler's events over a whole recorded H200 training session, polled as
-    often as the real session read its rings."""
-    playback = NvmlPlayback(TRAINING)
-    nvml = Nvml(playback).open()
-    events: list[Event] = []
-    sampler = GpuSampler(nvml, events.append, cpu_count=16,
-                         offsets=lambda: offsets_from_header(playback.header),
-                         clock=playback.now)  # fmt: skip
-    sampler.start()
-    for _ in range(sample_reads(TRAINING) - 1):
-        sampler.poll()
-    return nvml.gpus(16), events
+    """The NVML sampler's events over a whole recorded H200 training session, read at the
+    sampler's own cadence."""
+    played = playback_sampler(TRAINING)
+    played.run()
+    return played.sampler.nvml.gpus(16), played.events
 
 
 class Kept(Sink):
