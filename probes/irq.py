@@ -281,11 +281,12 @@ class IrqProbe(BpfProbe):
         return super().lost_kernel() + misses + self.evicted
 
     def close(self) -> None:
-        """Stop the hooks, then hand over what the maps still hold: the open windows and
-        the totals since the last sample."""
+        """Stop the hooks, then hand over what the maps still hold: the open windows that
+        reached the threshold and the totals since the last sample. The hooks are raw
+        tracepoints: detached through the part's view (its tracepoint_fds hold none), so
+        that no window reaches the threshold, or is made again, after the last sweep."""
         if self.bpf is not None and self.state in ("running", "degraded"):
-            for tp in list(self.bpf.tracepoint_fds):
-                self.bpf.detach_tracepoint(tp)
+            self.bpf.detach()
             self._sweep(None)
             for ev in self.sample(time.monotonic_ns()):
                 self._emit(ev)
