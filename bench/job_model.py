@@ -3,14 +3,15 @@ own CPU (bench/daemon_cpu.py live --pid): a Python parent with many threads and 
 mapped shared libraries, feeding the drills' stub libcuda in a loop, and forked worker
 processes that share its maps.
 
-    .venv/bin/python -m bench.job_model [--libs 400] [--threads 40] [--workers 4] [--seconds 600]
+    .venv/bin/python -m bench.job_model [--libs 400] [--threads 40] [--workers 4] [--tickers 0]
+        [--seconds 600]
 
 The libraries are mapped read+exec from their files (no constructors run), one mapping per
 file, which is what a scan of /proc/PID/maps meets in a libtorch process (hundreds of files).
 The parent steps at ~24 steps a second: 20 ms of Python work, then 10 ms of simulated kernels
 launched on the stub and a synchronisation that sleeps until they drain (the drills' stub
 feeder's step); its other threads wait in 1 s sleeps, as a framework's idle pools do; each
-worker works 5 ms every 40 ms.
+worker works 5 ms every 40 ms. --tickers adds processes that each work ~3 ms every 100 ms.
 It prints its pid, then runs until --seconds pass or it is killed (workers die with it).
 """
 
@@ -76,11 +77,23 @@ def worker(stop_at: float) -> None:
     os._exit(0)
 
 
+def ticker(stop_at: float) -> None:
+    """A process of the job that runs briefly: ~3 ms every 100 ms, about one timer tick (at
+    HZ=250) in each of the irq probe's 100 ms windows. Beside the H200's training job most
+    windows made were such single ticks (~400 a second made, ~41 past the 10 µs threshold);
+    the default model's are mostly its busy main thread's, past it."""
+    while time.monotonic() < stop_at and os.getppid() != 1:
+        busy(0.003)
+        time.sleep(0.097)
+    os._exit(0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--libs", type=int, default=400)
     parser.add_argument("--threads", type=int, default=40)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--tickers", type=int, default=0)
     parser.add_argument("--seconds", type=float, default=600.0)
     args = parser.parse_args()
     stop_at = time.monotonic() + args.seconds
@@ -89,10 +102,10 @@ def main() -> None:
     gpu = StubGpu(FeederConfig(backend="stub", inject_lib="", scenario="clean", cpu=-1,
                                duration_s=args.seconds, stall_ms=0.0, stub=stub))  # fmt: skip
     workers = []
-    for _ in range(args.workers):
+    for run in [worker] * args.workers + [ticker] * args.tickers:
         pid = os.fork()
         if pid == 0:
-            worker(stop_at)
+            run(stop_at)
         workers.append(pid)
     stop = threading.Event()
     for _ in range(args.threads):

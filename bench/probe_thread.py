@@ -1,7 +1,8 @@
 """Where the probe thread's time goes, call by call: the default set (or --probes) run by a
 ProbeThread watching a process, each poll and tick of the set and each probe's own poll,
-sample and lost_kernel timed in thread CPU time over a window. No daemon: only the thread
-that drains the rings and reads the in-kernel aggregates.
+sample and lost_kernel timed in thread CPU time over a window; and how many windows irq's
+sweep read against how many it delivered. No daemon: only the thread that drains the rings
+and reads the in-kernel aggregates.
 
     flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.probe_thread [--seconds 15]
         [--pid PID] [--probes LIST] [--json]
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpujitter.probes import registry
+from gpujitter.probes.events import IrqStolen
+from gpujitter.probes.irq import IrqProbe
 from gpujitter.probes.runner import ProbeSet, ProbeThread
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import CoreBpf, WatchSpec
@@ -44,8 +47,24 @@ def time_calls(cls: type, name: str, spent: dict[str, list[int]]) -> None:
     setattr(cls, name, timed)
 
 
+def count_calls(cls: type, name: str, counts: dict[str, int]) -> None:
+    """Count calls only (a clock read around each would cost more than some calls do)."""
+    original: Callable[..., Any] = cls.__dict__[name]
+    label = f"{cls.__name__}.{name}"
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counts[label] += 1
+        return original(*args, **kwargs)
+
+    setattr(cls, name, counted)
+
+
 def measure(names: list[str], pid: int, seconds: float) -> dict[str, Any]:
     spent: dict[str, list[int]] = defaultdict(list)
+    # Each window irq's sweep looks up is decoded (whether delivered or not, on trees where
+    # the sweep drops those below the threshold after reading them).
+    counts: dict[str, int] = defaultdict(int)
+    count_calls(IrqProbe, "decode", counts)
     classes: dict[type, tuple[str, ...]] = dict(TIMED)
     for name in names:
         spec = registry.get(name)
@@ -59,12 +78,17 @@ def measure(names: list[str], pid: int, seconds: float) -> dict[str, Any]:
     watch = WatchSpec(pids={pid})
     with ProbeThread(names, topology=load_topology(nvml=False), watch=watch, emit=events.append):
         spent.clear()
+        counts.clear()
         delivered = len(events)
         time.sleep(seconds)
+        windows = [ev for ev in events[delivered:] if isinstance(ev, IrqStolen)]
         delivered = len(events) - delivered
+        read = counts["IrqProbe.decode"]
     return {
         "seconds": seconds,
         "events_per_s": delivered / seconds,
+        "irq_windows_read_per_s": read / seconds,
+        "irq_windows_delivered_per_s": len(windows) / seconds,
         "calls": {
             label: {
                 "n": len(ns),
@@ -89,6 +113,10 @@ def main() -> None:
         print(json.dumps(res, indent=1))
         return
     print(f"{', '.join(names)}: {res['events_per_s']:.0f} events/s over {args.seconds:.0f} s")
+    print(
+        f"irq windows: {res['irq_windows_read_per_s']:.0f}/s read by the sweep, "
+        f"{res['irq_windows_delivered_per_s']:.0f}/s delivered"
+    )
     print(f"{'call':<28} {'calls':>6} {'mean µs':>9} {'ms per s':>9}")
     for label, c in res["calls"].items():
         print(f"{label:<28} {c['n']:>6} {c['mean_us']:>9.0f} {c['ms_per_s']:>9.2f}")

@@ -317,7 +317,7 @@ class ProbeStatus(Event):
     state: ProbeState
     reason: str = ""  # why not running, or what a degraded probe lacks
     events: int = 0  # delivered to user space since start
-    lost_kernel: int = 0  # ring-buffer reserve failures counted in BPF
+    lost_kernel: int = 0  # lost in the kernel: ring-buffer reserve failures, irq's map losses
     lost_user: int = 0  # dropped in Python (queue full)
     # What the probe's BPF programs cost the kernel: CPU ns and program runs per second over
     # the last measured stretch; -1 until measured. cost_from: "bpf_stats" (the kernel's

@@ -14,8 +14,10 @@
  *
  * Stolen time is summed per (thread, CPU, source) over windows of THRESHOLD_WINDOW_NS,
  * keyed by the window's index: the kernel only ever writes the current window, so user
- * space can read and delete closed windows without racing the kernel. Each new window's key
- * is queued (`opened`), so that user space reads only the windows there are.
+ * space can read and delete closed windows without racing the kernel. A window's key is
+ * queued (`opened`) when its total first reaches THRESHOLD_STOLEN_NS, so that user space
+ * reads only the windows it delivers; the others (most: single timer ticks of a few µs on a
+ * busy thread) stay in the map until newer windows evict them (`stolen` is an LRU hash).
  */
 #include "gpujitter.h"
 
@@ -68,15 +70,25 @@ struct window {
     u64 count;
     u64 total_ns;
     u32 tgid;
-    u32 pad;
+    u32 queued;  /* its key went to `opened` (total_ns reached THRESHOLD_STOLEN_NS) */
 };
-BPF_HASH(stolen, struct window_key, struct window, 32768);
 
-/* The key of each window made, in the order made: user space pops them and looks up and
- * deletes exactly the closed windows, instead of walking the map's 32768 buckets (~300 µs,
- * ten times a second) to find the few dozen a second that a busy node makes. As large as
- * `stolen`: a key is queued once, when its window is made, and leaves the queue before its
- * window leaves the map, so the queue never holds more keys than the map holds windows. */
+/* An LRU hash: user space deletes only the windows it delivers, and the windows that never
+ * reach the threshold (~9 in 10 beside a training job on the H200: ~400 made a second, ~40
+ * delivered) are left for newer windows to evict, the least recently written first. User
+ * space reads a window 120-220 ms after it ends, so a queued window is evicted before it is
+ * read only when tens of thousands of windows are made in between (the map's size, less
+ * what the CPUs' free lists hold); user space counts each such window as lost (irq.py's
+ * `_sweep`). Under that pressure an eviction could also take a window still being written
+ * (this program's writes then land in the window that took its element); below it, never. */
+BPF_TABLE("lru_hash", struct window_key, struct window, stolen, 32768);
+
+/* The key of each window that reached the threshold, in that order: user space pops them
+ * and looks up and deletes exactly the closed windows it delivers, instead of walking the
+ * map's 32768 buckets (~300 µs, ten times a second). A key is queued once per window (the
+ * window's `queued`), and user space empties the queue at every sweep (about ten a second),
+ * so a push fails only when more windows than the map holds reach the threshold between two
+ * sweeps: windows the map could not have kept either. Such a window is counted lost here. */
 BPF_QUEUE(opened, struct window_key, 32768);
 
 static __always_inline struct cpu_state *state(void)
@@ -114,18 +126,27 @@ static __always_inline void account(u16 kind, u16 sub, u32 irq, u64 start, u64 e
         w->last_ns = end;
         w->count++;
         w->total_ns += dur;
+        if (w->queued || w->total_ns < THRESHOLD_STOLEN_NS)
+            return;
+        w->queued = 1;
     } else {
-        struct window first = {
-            .first_ns = start, .last_ns = end, .count = 1, .total_ns = dur, .tgid = id >> 32};
+        struct window first = {.first_ns = start,
+                               .last_ns = end,
+                               .count = 1,
+                               .total_ns = dur,
+                               .tgid = id >> 32,
+                               .queued = dur >= THRESHOLD_STOLEN_NS};
         if (stolen.update(&wk, &first)) {
             gj_count_lost();
-        } else if (opened.push(&wk, 0)) {
-            /* cannot happen (see `opened`); were it to, a window user space never hears of
-             * would hold its slot for good: drop it, counted */
-            stolen.delete(&wk);
-            gj_count_lost();
+            return;
         }
+        if (!first.queued)
+            return;
     }
+    /* A window whose key cannot be queued (see `opened`) is never delivered: counted once
+     * (it stays marked queued), and left to the LRU. */
+    if (opened.push(&wk, 0))
+        gj_count_lost();
 }
 
 static __always_inline int entered(u32 kind, u32 num)

@@ -1,15 +1,19 @@
 """irq: interrupt time per CPU and per source (hard IRQs, softirqs, x86 system vectors) for
 every CPU, delivered once a second as CpuStats, and the interrupt work stolen from watched
-threads, delivered as IrqStolen windows (one per thread, CPU and source per window). The
-kernel side (irq.bpf.c) keeps everything in hash maps; this module reads them: closed
-windows as they close, per-CPU totals once a second. Nothing is streamed per interrupt, so
-100k IRQs/s reach Python as a handful of records. Hard IRQs are named as /proc/interrupts
-names them (the handlers' names: "virtio1-req.0", "nvme0q3", "mlx5_comp2@pci:...").
+threads, delivered as IrqStolen windows (one per thread, CPU and source per window that
+reached the `stolen` threshold). The kernel side (irq.bpf.c) keeps everything in maps; this
+module reads them: the windows that reached the threshold (the kernel queues their keys) as
+they close, per-CPU totals once a second. Nothing is streamed per interrupt, so 100k IRQs/s
+reach Python as a handful of records, and a window below the threshold is never read. Hard
+IRQs are named as /proc/interrupts names them (the handlers' names: "virtio1-req.0",
+"nvme0q3", "mlx5_comp2@pci:...").
 """
 
 from __future__ import annotations
 
 import ctypes as ct
+import errno
+import os
 import time
 from array import array
 from collections import defaultdict
@@ -84,7 +88,6 @@ class IrqProbe(BpfProbe):
         super().__init__(spec)
         self.topology = Topology(cpu_node={})
         self.window_ns = spec.thresholds["window"]
-        self.stolen_min_ns = spec.thresholds["stolen"]
         self.missing_vectors: list[str] = []
         self._names: dict[int, str] = {}
         self._swept_window = 0
@@ -93,6 +96,7 @@ class IrqProbe(BpfProbe):
         self.hardirq_slots = 0
         self._last_sample_ns = 0
         self._open: list[Any] = []  # keys of windows popped from `opened`, not yet closed
+        self.evicted = 0  # queued windows the kernel's LRU evicted before their sweep
         self._stats: MapBatch | None = None  # the per-CPU totals' reader, made at the first sample
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
@@ -121,7 +125,6 @@ class IrqProbe(BpfProbe):
     def start(self, ctx: ProbeContext) -> None:
         self.topology = ctx.topology
         self.window_ns = self.threshold(ctx, "window")
-        self.stolen_min_ns = self.threshold(ctx, "stolen")
         if self.window_ns <= 0:
             raise ProbeUnavailable(f"irq.window must be positive, not {self.window_ns} ns")
         super().start(ctx)
@@ -137,11 +140,9 @@ class IrqProbe(BpfProbe):
                 "time in those vectors is not seen"
             )
 
-    def decode(self, ring: str, rec: Any) -> IrqStolen | None:
-        """One closed window of the `stolen` map: (key, value)."""
+    def decode(self, ring: str, rec: Any) -> IrqStolen:
+        """One closed window of the `stolen` map that reached the threshold: (key, value)."""
         key, win = rec
-        if win.total_ns < self.stolen_min_ns:
-            return None
         src = IrqId(int(key.src.kind), int(key.src.sub), int(key.src.irq))
         return IrqStolen(
             ts_ns=win.first_ns,
@@ -163,31 +164,42 @@ class IrqProbe(BpfProbe):
             self._sweep(closed)
 
     def _sweep(self, last_closed: int | None) -> None:
-        """Deliver and delete every window up to index last_closed (None: all of them): those
-        whose keys the kernel queued (`opened`), one lookup each; a window still open keeps
-        its key here for a later sweep."""
+        """Deliver and delete every window up to index last_closed (None: all of them) that
+        reached the threshold: those whose keys the kernel queued (`opened`), one lookup
+        each; a window still open keeps its key here for a later sweep. A queued window the
+        kernel's LRU evicted before this sweep is counted lost (`evicted`): its key is not
+        found, or finds a window made since under the same key that never reached the
+        threshold, or comes twice (evicted while open, made again and queued again: the map
+        holds one window a key)."""
         from bcc.libbcc import lib  # only where the probe loaded: bcc is there
 
         table = self.bpf["stolen"]
         queue = self.bpf["opened"]
-        while True:  # the keys of the windows made since the last sweep
+        while True:  # the keys of the windows that reached the threshold since the last sweep
             key = table.Key()
             if lib.bpf_lookup_and_delete(queue.map_fd, None, ct.byref(key)) != 0:
                 break  # ENOENT: the queue is empty
             self._open.append(key)
-        done: list[Any] = []
+        done: dict[bytes, list[Any]] = {}  # each closed window's key, as often as queued
         still_open: list[Any] = []
         for key in self._open:
-            (done if last_closed is None or key.window <= last_closed else still_open).append(key)
+            if last_closed is None or key.window <= last_closed:
+                done.setdefault(bytes(key), []).append(key)
+            else:
+                still_open.append(key)
         self._open = still_open
         window = table.Leaf()
-        for key in done:
-            if lib.bpf_lookup_elem(table.map_fd, ct.byref(key), ct.byref(window)) == 0:
-                ev = self.decode("stolen", (key, window))
-                if ev is not None:
-                    self.deliver(ev)
-        if done:
-            table.items_delete_batch((table.Key * len(done))(*done))
+        delivered: list[Any] = []
+        for key, *again in done.values():
+            found = lib.bpf_lookup_elem(table.map_fd, ct.byref(key), ct.byref(window)) == 0
+            if found and window.queued:
+                self.deliver(self.decode("stolen", (key, window)))
+                delivered.append(key)
+            else:
+                self.evicted += 1
+            self.evicted += len(again)
+        if delivered:
+            delete_keys(table, delivered)
         if last_closed is not None:
             self._swept_window = last_closed
 
@@ -259,23 +271,44 @@ class IrqProbe(BpfProbe):
         return node >= 0 and node != self.topology.node_of(cpu)
 
     def lost_kernel(self) -> int:
-        """Map-full failures, plus handlers whose program the kernel skipped because one of
-        ours was already running on that CPU (an IRQ during a softirq's exit program)."""
+        """Windows lost in the kernel: those the map could not take and those whose key the
+        full queue refused (counted in BPF), those the LRU evicted before their sweep
+        (counted here); plus handlers whose program the kernel skipped because one of ours
+        was already running on that CPU (an IRQ during a softirq's exit program)."""
         if self.bpf is None:
             return 0
         misses = sum(s.recursion_misses for s in loaded_prog_stats(self.bpf).values())
-        return super().lost_kernel() + misses
+        return super().lost_kernel() + misses + self.evicted
 
     def close(self) -> None:
-        """Stop the hooks, then hand over what the maps still hold: the open windows and
-        the totals since the last sample."""
+        """Stop the hooks, then hand over what the maps still hold: the open windows that
+        reached the threshold and the totals since the last sample. The hooks are raw
+        tracepoints: detached through the part's view (its tracepoint_fds hold none), so
+        that no window reaches the threshold, or is made again, after the last sweep."""
         if self.bpf is not None and self.state in ("running", "degraded"):
-            for tp in list(self.bpf.tracepoint_fds):
-                self.bpf.detach_tracepoint(tp)
+            self.bpf.detach()
             self._sweep(None)
             for ev in self.sample(time.monotonic_ns()):
                 self._emit(ev)
         super().close()
+
+
+def delete_keys(table: Any, keys: list[Any]) -> None:
+    """Delete `keys` from the hash map `table` in one batch call. A key the kernel's LRU
+    evicted since it was read ends a call there (ENOENT): the next call starts past it."""
+    from bcc.libbcc import lib
+
+    size = ct.sizeof(table.Key)
+    batch = (table.Key * len(keys))(*keys)
+    start = 0
+    while start < len(keys):
+        count = ct.c_uint32(len(keys) - start)
+        if lib.bpf_delete_batch(table.map_fd, ct.byref(batch, start * size), ct.byref(count)) == 0:
+            return
+        err = ct.get_errno()
+        if err != errno.ENOENT:
+            raise OSError(err, os.strerror(err))
+        start += count.value + 1
 
 
 SPECS = (

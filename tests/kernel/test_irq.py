@@ -1,24 +1,31 @@
 """irq probe on the real kernel: the virtio disk IRQ pinned to a watched thread's CPU while
 direct I/O makes it fire; busy watched threads taking timer ticks and IPIs. What the probe
-reports is checked against the kernel's own counters in /proc/interrupts."""
+reports is checked against the kernel's own counters in /proc/interrupts. How windows reach
+user space (queued once they reach the threshold, evicted by the LRU otherwise) is checked
+with windows written into the probe's maps."""
 
 from __future__ import annotations
 
+import ctypes as ct
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpujitter.probes import irq as irq_probe
-from gpujitter.probes.events import CpuStats, IrqStolen
+from gpujitter.probes.events import CpuStats, Event, IrqStolen, ProbeStatus
 from gpujitter.probes.host import HostPaths, format_cpulist, parse_cpulist
 from gpujitter.probes.interrupts import read_table
+from gpujitter.probes.irq import IrqProbe, delete_keys
+from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 from tests.kernel.conftest import Recorded, run_probes
@@ -264,6 +271,109 @@ def test_busy_watched_thread_loses_timer_ticks_and_ipis() -> None:
     # Softirqs run on the tick's exit (TIMER, RCU, SCHED) are stolen too.
     soft = [e for e in rec.of(IrqStolen, tgid=spinner) if e.irq_kind == "softirq"]
     assert soft and all(e.cpu == CPU for e in soft)
+
+
+def test_a_window_is_queued_once_it_reaches_the_threshold_and_delivered_whole() -> None:
+    """With a threshold of a few ticks (~2-10 µs each on these VMs), a busy thread's 100 ms
+    windows of timer ticks (~25 at HZ=250) reach it midway: each is queued then, once, and
+    delivered with every tick from its first."""
+    stolen_ns = 20_000
+    with children() as kids:
+        spinner = kids.spinner(seconds=1.5, rt=1)
+        during: list[int] = []
+
+        def load() -> None:
+            before = counts("LOC")[CPU]
+            kids.go()
+            kids.wait()
+            during.append(counts("LOC")[CPU] - before)
+
+        outer_before = counts("LOC")[CPU]
+        rec = run_probes(
+            ["irq"],
+            load,
+            watch=WatchSpec(pids={spinner}),
+            thresholds={"irq": {"stolen": stolen_ns}},
+        )
+        outer = counts("LOC")[CPU] - outer_before
+    ticks = stolen_by(rec, "local_timer", {spinner})
+    assert all(e.total_ns >= stolen_ns for e in ticks)
+    # Every window but the run's first and last holds ~25 ticks, past the threshold.
+    assert 0.8 * during[0] <= sum(e.count for e in ticks) <= outer
+    assert rec.status("irq").lost_kernel == 0  # no key queued twice (it would count lost)
+
+
+def window_key(table: Any, tid: int) -> Any:
+    """The key of a window long closed (index 1) of thread `tid` on CPU 0, local timer."""
+    key = table.Key()
+    key.window, key.tid, key.cpu = 1, tid, 0
+    key.src.kind = irq_probe.VECTOR
+    return key
+
+
+def write_window(table: Any, key: Any, *, queued: bool) -> None:
+    table[key] = table.Leaf(first_ns=1, last_ns=2, count=1, total_ns=50_000, queued=queued)
+
+
+def test_a_queued_window_the_lru_evicted_before_its_sweep_is_counted_lost() -> None:
+    """The map evicts its least recently written windows to make room, the queued ones too
+    when a map's worth of windows comes between a window and its sweep (made here from user
+    space). A queued key that finds no window, finds one made again under it that never
+    reached the threshold, or comes twice, is a window lost, counted in lost_kernel; the
+    windows found are delivered once."""
+    events: list[Event] = []
+    gone, kept, twice, remade = 0x7FFF0001, 0x7FFF0002, 0x7FFF0003, 0x7FFF0004
+    with children() as kids:
+        idle = kids.start("import sys; sys.stdin.readline()")  # watched; never released
+        with ProbeSet(
+            ["irq"], topology=load_topology(), watch=WatchSpec(pids={idle}), emit=events.append
+        ) as probes:
+            (started,) = probes.start()
+            assert started.state == "running"
+            (irq,) = probes.probes
+            assert isinstance(irq, IrqProbe)
+            table, queue = irq.bpf["stolen"], irq.bpf["opened"]
+            first = window_key(table, gone)
+            write_window(table, first, queued=True)
+            queue.push(first)
+            size = table.max_entries
+            for batch in range(2):  # twice the map's size of windows, not queued
+                keys = (window_key(table, batch * size + n) for n in range(size))
+                table.items_update_batch((table.Key * size)(*keys), (table.Leaf * size)())
+            assert first not in table  # evicted
+            for tid, queued, pushes in ((kept, True, 1), (twice, True, 2), (remade, False, 1)):
+                key = window_key(table, tid)
+                write_window(table, key, queued=queued)
+                for _ in range(pushes):
+                    queue.push(key)
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline and len(delivered(events)) < 2:
+                time.sleep(0.05)
+                probes.poll()  # sweeps once a window has closed since the start
+            probes.tick(time.monotonic_ns())
+    assert sorted(delivered(events)) == [kept, twice]
+    status = [e for e in events if isinstance(e, ProbeStatus) and e.probe == "irq"][-1]
+    assert status.lost_kernel - started.lost_kernel == 3  # gone, twice's second, remade
+
+
+def delivered(events: list[Event]) -> list[int]:
+    return [e.tid for e in events if isinstance(e, IrqStolen) and e.tid >= 0x7FFF0000]
+
+
+def test_deleting_windows_the_lru_took_meanwhile_deletes_the_rest() -> None:
+    """The sweep deletes the windows it delivered in one batch; one that the LRU evicted
+    since its lookup ends the kernel's batch there, and the rest are deleted all the same."""
+    from bcc import BPF
+
+    bpf = BPF(text='BPF_TABLE("lru_hash", u64, u64, windows, 16);')
+    try:
+        table = bpf["windows"]
+        for n in (1, 3, 5):
+            table[ct.c_uint64(n)] = ct.c_uint64(n)
+        delete_keys(table, [ct.c_uint64(n) for n in (1, 2, 3, 4, 5)])
+        assert len(list(table.keys())) == 0
+    finally:
+        bpf.cleanup()
 
 
 def test_remote_flag_follows_the_topology_override(
