@@ -299,7 +299,7 @@ def live(
             if feeder is not None:
                 feeder.kill()
                 feeder.wait()
-        kinds = _kinds(work / "rec")
+        kinds = _kinds(work / "rec", t0, t1)
         if profile_dir:  # the run's recording, to replay the main thread's work elsewhere
             shutil.copytree(work / "rec", Path(profile_dir) / f"rec-{raw.stem.split('-')[-1]}")
     profile = _py_spy_profile(spy, raw) if spy is not None else {}
@@ -321,11 +321,13 @@ def live(
     }
 
 
-def _kinds(folder: Path) -> Counter[str]:
-    """Events of each kind the daemon recorded (over its whole run)."""
+def _kinds(folder: Path, t0_ns: int, t1_ns: int) -> Counter[str]:
+    """Events of each kind the daemon recorded stamped inside the window [t0_ns, t1_ns)
+    (CLOCK_MONOTONIC, the events' clock): counted over the whole recording, settling and
+    stop included, and divided by the window, the rates came out ~2x too high."""
     from gpujitter.daemon.offline.recordings import open_recording
 
-    return Counter(ev.KIND for ev in open_recording([folder]))
+    return Counter(ev.KIND for ev in open_recording([folder]) if t0_ns <= ev.ts_ns < t1_ns)
 
 
 def replay(path: Path) -> dict[str, Any]:
