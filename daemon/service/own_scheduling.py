@@ -1,6 +1,6 @@
 """How gpujitter's own threads are scheduled so that the observer does not delay the observed:
-each thread's policy and nice level by its role, the CPUs kept clear for the watched
-processes, work in short slices, and the list of its threads (meta.self) by which the engine
+one policy and nice level for all of them (they share the GIL), the CPUs kept clear for the
+watched processes, work in short slices, and the list of its threads (meta.self) by which the engine
 tells a wait behind gpujitter itself (docs/architecture.md, "The daemon's own scheduling")."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,56 +22,29 @@ T = TypeVar("T")
 SLICE_NS = 2_000_000  # longest stretch of work before a loop gives the CPU away
 
 
-@dataclass(frozen=True, slots=True)
-class ThreadPolicy:
-    """policy: "batch" (never preempts a waking task, shares the CPU by its nice level) or
-    "idle" (runs only when nothing else wants the CPU: may starve on a saturated node)."""
-
-    policy: str
-    nice: int
-    why: str
-
-
-# Threads that must keep up with the kernel get a small share but never none; the rest wait
-# for idle CPU time, and what they would lose by starving is counted where it is dropped.
+# Every thread of the daemon runs SCHED_BATCH (it never preempts a waking task and shares a
+# busy CPU by its nice level) at one level, KEEP_UP_LEVELS[level]. One level, not one per
+# role: the threads share the GIL, and one that a busier task preempts while it holds the GIL
+# stops all the others until it runs again. A lower level makes that wait longer, not the
+# thread cheaper: with the stream thread SCHED_IDLE and busy (a flood of 200 connections), the
+# soak under a one-CPU hog saw the main loop go 3.6-5.8 s between watchdog pings; a toy (a
+# busy Python thread beside a nice-10 loop on a CPU with four hogs) stalled the loop 8.2 s with
+# that thread SCHED_IDLE, 1.1 s at nice 19 (docs/architecture.md, "The daemon's own scheduling").
 _KEEPS_UP = 10
 # While events are being lost, or the main loop falls behind (a saturated node leaves nice 10
-# too small a share: measured, docs/performance.md), the threads that keep up step towards
-# nice 0, a level per tick that lost events or came late, and back a level after each QUIET_NS
-# of neither. Still SCHED_BATCH: even at nice 0 they never preempt a waking thread.
+# too small a share: measured, docs/performance.md), the threads step towards nice 0, a level
+# per tick that lost events or came late, and back a level after each QUIET_NS of neither.
+# Still SCHED_BATCH: even at nice 0 they never preempt a waking thread.
 KEEP_UP_LEVELS = (_KEEPS_UP, 5, 0)
 QUIET_NS = 60_000_000_000
 # A tick (due once a second) this late means the main loop got well under half a CPU's
 # worth of turns for a second: a systemd watchdog ping (half its interval apart) is as late.
 LATE_NS = 1_000_000_000
-POLICIES: dict[str, ThreadPolicy] = {
-    # starved, the event queue overflows (engine_dropped)
-    "MainThread": ThreadPolicy("batch", _KEEPS_UP, "analysis of every event"),
-    # the runtime's loop where it runs beside other work (a drill's)
-    "gpujitter-runtime": ThreadPolicy("batch", _KEEPS_UP, "takes every event"),
-    # starved, the kernel drops events (lost_kernel)
-    "gpujitter-probes": ThreadPolicy("batch", _KEEPS_UP, "drains the BPF ring buffers"),
-    "gpujitter-nvml": ThreadPolicy("batch", _KEEPS_UP, "reads NVML's rings before they wrap"),
-    # a client or writer that falls behind has its records dropped and counted
-    "gpujitter-stream": ThreadPolicy("idle", 19, "snapshots and sends for socket clients"),
-    # a scrape has a deadline (Prometheus': 10 s; the soak's 3 s): the smallest share, never
-    # none (SCHED_IDLE starved it past 3 s beside a CPU hog and a connection flood on 2 CPUs)
-    "gpujitter-metrics": ThreadPolicy("batch", 19, "builds the Prometheus exposition"),
-    "gpujitter-console": ThreadPolicy("idle", 19, "writes attribution lines"),
-    "gpujitter-notes": ThreadPolicy("idle", 19, "writes notes for the operator"),
-}
-# Threads gpujitter did not start itself (a library's): as those that must keep up.
-DEFAULT_POLICY = ThreadPolicy("batch", _KEEPS_UP, "a library's thread")
-_POLICY_IDS = {"batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
-
-
-def policy_of(name: str) -> ThreadPolicy:
-    return POLICIES.get(name, DEFAULT_POLICY)
 
 
 class OwnScheduling:
     """The scheduling of this process's threads. `tend` (at start, then once a second) gives
-    each thread it has not seen its policy and CPUs, and returns the announcement of the
+    each thread it has not seen the policy, level and CPUs, and returns the announcement of the
     threads when they changed; `keep_off` moves every thread off the CPUs the watched
     processes may run on, when any others are allowed. What cannot be set (no privilege) is
     said once in `notes` and left as it was."""
@@ -85,7 +57,6 @@ class OwnScheduling:
         self.notes: list[str] = []
         self.level = level  # index into KEEP_UP_LEVELS
         self._seen: set[int] = set()
-        self._keeping_up: set[int] = set()  # tids whose policy is to keep up
         self._refused: set[str] = set()
         self._lost = 0
         self._quiet_since = 0
@@ -97,31 +68,25 @@ class OwnScheduling:
 
     def tend(self, now_ns: int) -> OwnThreads | None:
         tids = self.tids()
-        names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         for tid in sorted(tids - self._seen):
             self._remember(tid)
-            p = policy_of(names.get(tid, ""))
-            if p.nice == _KEEPS_UP:
-                self._keeping_up.add(tid)
-                p = replace(p, nice=self.nice)
-            self._set_policy(tid, p)
+            self._set_policy(tid)
             self._set_cpus(tid, self.cpus)
         changed = tids != self._seen
         self._seen = tids
-        self._keeping_up &= tids
         if not changed:
             return None
         return OwnThreads(ts_ns=now_ns, tgid=self.pid, tids=tuple(sorted(tids)))
 
     @property
     def nice(self) -> int:
-        """The nice level of the threads that must keep up, now."""
+        """The nice level of the daemon's threads, now."""
         return KEEP_UP_LEVELS[self.level]
 
     def keep_up(self, lost_total: int, now_ns: int, late_ns: int = 0) -> None:
         """Called each tick with the events lost so far (kernel rings, queues) and how late
         the tick came (the main loop starved: its analysis and its watchdog pings wait): a
-        tick that lost some or came LATE_NS late lowers the keeping-up threads' nice level
+        tick that lost some or came LATE_NS late lowers the threads' nice level
         one step; QUIET_NS of neither raises it one step. A change is said in `notes`."""
         lost, self._lost = lost_total - self._lost, lost_total
         if lost > 0 or late_ns >= LATE_NS:
@@ -138,14 +103,14 @@ class OwnScheduling:
         self.step_to(step, why)
 
     def step_to(self, level: int, why: str = "") -> None:
-        """Put the threads that must keep up at KEEP_UP_LEVELS[level]; `why` is said."""
+        """Put the threads at KEEP_UP_LEVELS[level]; `why` is said."""
         if level == self.level:
             return
         self.level = level
-        for tid in sorted(self._keeping_up):
+        for tid in sorted(self._seen):
             self._set_nice(tid, self.nice)
         if why:
-            self.notes.append(f"threads that drain and analyse events now at nice {self.nice} "
+            self.notes.append(f"the daemon's threads now at nice {self.nice} "
                               f"({why})")  # fmt: skip
 
     def keep_off(self, watched: Iterable[int]) -> frozenset[int]:
@@ -181,10 +146,10 @@ class OwnScheduling:
                 os.sched_getaffinity(tid),
             )
 
-    def _set_policy(self, tid: int, p: ThreadPolicy) -> None:
-        self._set_nice(tid, p.nice)
+    def _set_policy(self, tid: int) -> None:
+        self._set_nice(tid, self.nice)
         try:
-            os.sched_setscheduler(tid, _POLICY_IDS[p.policy], os.sched_param(0))
+            os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
         except ProcessLookupError:
             return  # the thread ended meanwhile
         except OSError as err:

@@ -1,5 +1,5 @@
 """`gpujitter run` schedules itself below what it watches, on this kernel: every thread of the
-daemon runs SCHED_BATCH (niced) or SCHED_IDLE, as /proc says, and with the watched process
+daemon runs SCHED_BATCH at one nice level, as /proc says, and with the watched process
 pinned to CPU 0 the daemon's threads keep off CPU 0 while another CPU is allowed; its
 status record says where it runs and counts self-inflicted gaps."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon.service.own_scheduling import POLICIES
+from gpujitter.daemon.service.own_scheduling import KEEP_UP_LEVELS
 from tests.kernel.test_daemon import GPUJITTER, drain, read_stream
 
 POLICY_NAMES = {0: "normal", 3: "batch", 5: "idle"}
@@ -54,11 +54,8 @@ def test_daemon_threads_run_below_and_beside_a_pinned_watched_process(tmp_path: 
         watched.kill()
         watched.wait()
     assert daemon.wait(timeout=60) == 0
-    main = POLICIES["MainThread"]
-    assert policies[str(daemon.pid)] == (main.policy, main.nice), policies
-    assert all(p in ("batch", "idle") for p, _ in policies.values()), policies
-    assert all(n > 0 for p, n in policies.values() if p == "batch"), policies
-    assert "idle" in {p for p, _ in policies.values()}, policies  # the stream's thread
+    # one policy and level for every thread (they share the GIL), the stream's included
+    assert set(policies.values()) == {("batch", KEEP_UP_LEVELS[0])}, policies
     rest = os.sched_getaffinity(0) - {0}
     assert all(c == rest for c in cpus.values()), cpus
     status = next(r for r in stream if r["type"] == "daemon.status")

@@ -78,9 +78,9 @@ def own_scheduling_result(env: DoctorEnv) -> Result:
     own = OwnScheduling(env.paths.proc)
     own.tend(time.monotonic_ns())
     got = thread_policies(env.paths.proc, own.pid)
-    wanted = {"batch", "idle"}
+    wanted = {"batch"}
     src = f"{env.paths.proc}/PID/task/TID/stat"
-    seen = ", ".join(sorted({f"{p} nice {n}" if p != "idle" else p for p, n in got.values()}))
+    seen = ", ".join(sorted({f"{p} nice {n}" for p, n in got.values()}))
     if own.notes or not got or any(p not in wanted for p, _ in got.values()):
         why = "; ".join(own.notes) or f"threads run {seen or 'unread'}"
         return Result("own scheduling", "warn",
