@@ -101,7 +101,11 @@ def test_malloc_munmaps_are_allocator_stalls() -> None:
     r = drill("malloc")
     assert_meets_targets(r)
     for found, stall in zip(evidence(r, "alloc_stall", AllocEvidence), r.stalls, strict=True):
-        assert [(e.call, e.count) for e in found] == [("munmap", stall["munmaps"])], rows(r)
+        munmaps = [e for e in found if e.call == "munmap"]
+        assert [e.count for e in munmaps] == [stall["munmaps"]], rows(r)
+        # Another allocator call the loop makes may be slow too beside outside load (an mmap
+        # preempted under a CPU hog, once in the suite under one): named, but not the stall.
+        assert all(e.ns < munmaps[0].ns for e in found if e.call != "munmap"), rows(r)
 
 
 def test_gc_collections_are_gc_pauses_with_their_generation() -> None:
