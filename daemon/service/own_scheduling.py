@@ -27,9 +27,10 @@ SLICE_NS = 2_000_000  # longest stretch of work before a loop gives the CPU away
 # role: the threads share the GIL, and one that a busier task preempts while it holds the GIL
 # stops all the others until it runs again. A lower level makes that wait longer, not the
 # thread cheaper: with the stream thread SCHED_IDLE and busy (a flood of 200 connections), the
-# soak under a one-CPU hog saw the main loop go 3.6-5.8 s between watchdog pings; a toy (a
-# busy Python thread beside a nice-10 loop on a CPU with four hogs) stalled the loop 8.2 s with
-# that thread SCHED_IDLE, 1.1 s at nice 19 (docs/architecture.md, "The daemon's own scheduling").
+# soak under a one-CPU hog saw the main loop go 3.6-5.8 s between watchdog pings;
+# bench/gil_inversion.py (a busy thread beside a nice-10 loop, four hogs on their CPU) held the
+# loop up to 5.8-8.0 s with that thread SCHED_IDLE, 1.1-1.2 s at nice 19, 0.15-0.17 s at the
+# loop's own level (docs/architecture.md, "The daemon's own scheduling").
 _KEEPS_UP = 10
 # While events are being lost, or the main loop falls behind (a saturated node leaves nice 10
 # too small a share: measured, docs/performance.md), the threads step towards nice 0, a level
