@@ -266,12 +266,10 @@ def slowdown(workloads: Workloads, n_rounds: int) -> tuple[dict[str, Any], dict[
     with ProbeSet(["irq"], topology=load_topology(), watch=watch, emit=lambda ev: True) as probes:
         probes.start()
         bpf = probes.probes[0].bpf  # type: ignore[attr-defined]
-        hooks = list(bpf.raw_tracepoint_fds)
 
         def run(name: str, mode: str) -> None:
             if mode == "off":
-                for tp in hooks:
-                    bpf.detach_raw_tracepoint(tp)
+                bpf.detach()  # the part's raw tracepoints; its programs and maps stay loaded
             watch.comms = [WORKLOAD] if mode == "watched" else []
             proc = workloads.start(name)
             time.sleep(0.3)
@@ -279,8 +277,7 @@ def slowdown(workloads: Workloads, n_rounds: int) -> tuple[dict[str, Any], dict[
             runs[name].setdefault(mode, []).append(finish(proc))
             probes.tick(time.monotonic_ns())  # hand over what the maps gathered
             if mode == "off":
-                for tp in hooks:
-                    bpf.attach_raw_tracepoint(tp=tp, fn_name=b"raw_tracepoint__" + tp)
+                bpf.attach_hooks()  # irq leaves none of its hooks to another part
 
         for _ in range(n_rounds):
             for name in workloads.args:
@@ -331,7 +328,8 @@ def in_kernel_cost(workloads: Workloads) -> dict[str, dict[str, float]]:
     ):
         probes.start()
         ours = probes.probes[0].bpf  # type: ignore[attr-defined]
-        hooks = [name.decode().removeprefix("raw_tracepoint__") for name in ours.funcs]
+        hooks = list(ours.raw_tracepoint_fds)  # the raw tracepoints it attached, by event
+        ours_prefix = ours.prefix + "__raw_tracepoint__"  # its programs' names in the bundle
         empty = BPF(text="".join(f"RAW_TRACEPOINT_PROBE({h}) {{ return 0; }}\n" for h in hooks))
         try:
             for name in workloads.args:
@@ -345,13 +343,13 @@ def in_kernel_cost(workloads: Workloads) -> dict[str, dict[str, float]]:
         finally:
             empty.cleanup()
     return {
-        name.removeprefix("raw_tracepoint__"): {
+        hook: {
             "runs": s.run_cnt,
             "ns_per_run": per_run(s),
-            "empty_ns_per_run": per_run(floor[name]),
+            "empty_ns_per_run": per_run(floor[f"raw_tracepoint__{hook}"]),
         }
-        for name, s in stats.items()
-        if s.run_cnt
+        for hook in hooks
+        if (s := stats[ours_prefix + hook]).run_cnt
     }
 
 
