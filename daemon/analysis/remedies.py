@@ -358,7 +358,7 @@ def runq_wait(top: TaskEvidence, ctx: RemedyContext) -> str | None:
     if top.own:
         return (
             f"gpujitter's own thread {top.tid} ran instead (self-inflicted): check that its "
-            "threads run SCHED_BATCH/SCHED_IDLE (`gpujitter doctor --load`, `ps -L -o "
+            "threads run SCHED_BATCH niced (`gpujitter doctor --load`, `ps -L -o "
             "tid,cls,ni,psr -p PID`) and leave it a CPU the job may not use"
         )
     if top.tid in ctx.job_tids:
