@@ -28,7 +28,7 @@ def policy_and_nice(pid: int, tid: str) -> tuple[str, int]:
 
 def test_daemon_threads_run_below_and_beside_a_pinned_watched_process(tmp_path: Path) -> None:
     if not {0, 1} <= os.sched_getaffinity(0):
-        pytest.skip("needs CPUs 0 and 1")
+        pytest.fail("needs CPUs 0 and 1 (the CI machine has two)")
     watched = subprocess.Popen(["sleep", "300"], preexec_fn=lambda: os.sched_setaffinity(0, {0}))
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(tmp_path / "notify"))

@@ -51,7 +51,7 @@ def test_exported_functions_are_readelfs() -> None:
 def test_symbols_of_a_type_come_from_both_tables() -> None:
     symtab = readelf_symbols(PYTHON, dynamic=False)
     if "_PyRuntime" not in symtab:
-        pytest.skip(f"{PYTHON} has no _PyRuntime symbol")
+        pytest.fail(f"{PYTHON} has no _PyRuntime symbol")
     with ElfFile(PYTHON) as elf:
         found = elf.symbols({"_PyRuntime", "PyCode_Type", "Py_Initialize", "no_such"}, STT_OBJECT)
         assert found == {n: symtab[n][0] for n in ("_PyRuntime", "PyCode_Type")}

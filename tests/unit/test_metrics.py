@@ -157,7 +157,7 @@ def test_served_on_ipv6_loopback(metrics: DaemonMetrics) -> None:
     try:
         port = free_port(socket.AF_INET6, "::1")
     except OSError:
-        pytest.skip("no IPv6 loopback here")
+        pytest.fail("no IPv6 loopback here")
     metrics.observe_gap(2, 0.5)
     metrics.serve(f"[::1]:{port}")
     assert scrape_value(scrape(port, host="[::1]"), "gpujitter_gaps_total", **unknown_gpu(2)) == 1

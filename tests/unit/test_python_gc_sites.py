@@ -67,8 +67,8 @@ def test_a_file_that_is_not_elf_has_no_gc_probe(tmp_path: Path) -> None:
 DEBIAN_PYTHON = Path("/usr/bin/python3.11")
 
 
-@pytest.mark.skipif(not DEBIAN_PYTHON.exists(), reason="Debian's python3.11 is not here")
 def test_debian_python_has_both_markers_with_semaphores() -> None:
+    assert DEBIAN_PYTHON.exists(), "Debian's python3.11 is not here (the set-up installs it)"
     hooks = interpreter_hooks(DEBIAN_PYTHON)
     assert hooks.via == "usdt"
     assert hooks.start is not None and hooks.done is not None
@@ -78,13 +78,10 @@ def test_debian_python_has_both_markers_with_semaphores() -> None:
     assert interpreter_hooks(DEBIAN_PYTHON, ref_ctr=False).via == "none"
 
 
-@pytest.mark.skipif(
-    not DEBIAN_PYTHON.exists() or shutil.which("objcopy") is None,
-    reason="needs Debian's python3.11 and objcopy",
-)
 def test_an_interpreter_built_without_markers_and_stripped_has_no_gc_probe(
     tmp_path: Path,
 ) -> None:
+    assert DEBIAN_PYTHON.exists() and shutil.which("objcopy"), "needs python3.11, objcopy"
     # What python.org-style builds are: the collector is there (PyGC_Collect exported), but
     # no marker and no gc_collect_main symbol to probe it by.
     bare = tmp_path / "python3.11"
@@ -96,8 +93,8 @@ def test_an_interpreter_built_without_markers_and_stripped_has_no_gc_probe(
     assert hooks.via == "none" and hooks.why.startswith(NO_GC_PROBE)
 
 
-@pytest.mark.skipif(not DEBIAN_PYTHON.exists(), reason="Debian's python3.11 is not here")
 def test_a_truncated_interpreter_file_has_no_gc_probe_and_raises_nothing(tmp_path: Path) -> None:
+    assert DEBIAN_PYTHON.exists(), "Debian's python3.11 is not here (the set-up installs it)"
     # A file being replaced under a running process (an upgrade) can be cut short: its
     # header claims sections past its end.
     cut = tmp_path / "python3.11"
@@ -106,11 +103,10 @@ def test_a_truncated_interpreter_file_has_no_gc_probe_and_raises_nothing(tmp_pat
     assert hooks.via == "none" and hooks.why.startswith(NO_GC_PROBE)
 
 
-@pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("nm") is None,
-                    reason="needs gcc and nm")  # fmt: skip
 def test_the_collector_symbol_of_a_non_pie_executable_is_given_by_its_address(
     tmp_path: Path,
 ) -> None:
+    assert shutil.which("gcc") and shutil.which("nm"), "needs gcc and nm (the set-up installs them)"
     # bcc's attach_uprobe(addr=) takes the ELF's virtual address and finds the file offset
     # itself; in an ET_EXEC executable (a statically linked python3.X) the two differ, so a
     # file offset there puts the uprobe on some other instruction.
