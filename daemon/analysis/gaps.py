@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_left, bisect_right
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -191,6 +191,7 @@ class _GpuState:
     util_run: list[GpuSample] = field(default_factory=list)
     nvml_only: list[_Candidate] = field(default_factory=list)
     emitted: deque[GpuGap] = field(default_factory=deque)
+    emitted_end: int = 0  # the latest end of those, ever: most candidates start after it
 
     def power_end(self) -> int:
         return self.power[-1].ts_ns + self.power[-1].period_ns if self.power else 0
@@ -279,6 +280,15 @@ class GapDetector:
         self.quiet: dict[int, deque[_Quiet]] = {}  # tgid -> recent quiet stretches
         self.busy: dict[int, deque[_Sync]] = {}  # tgid -> recent long syncs
         self.syncs: deque[_Sync] = deque()  # syncs waiting for their off-CPU intervals
+        # Where those end, by (tgid, end): a candidate beginning at one waits (_settled),
+        # asked for every pending candidate at each decision.
+        self._sync_ends: Counter[tuple[int, int]] = Counter()
+        # The stream time at which _finalise next decides something: a candidate's or
+        # NVML-only candidate's settling, a sync's verdict (_finalise sets it); evidence
+        # that may let a candidate settle sooner (a candidate proposed, a GPU's sample or
+        # process list) makes it due at once. Between those, _finalise would decide nothing
+        # however many candidates wait.
+        self._due_ns = 0
         self.offcpu: dict[int, _OffCpuKept] = {}  # tid -> intervals with a run-queue wait
         # Syncs with no run-queue wait inside, by (tid, func) and (tid, ""), and by tgid.
         self.clean: dict[tuple[int, str], deque[_Sync]] = {}
@@ -327,16 +337,9 @@ class GapDetector:
         handler = self._handlers.get(type(ev))
         if handler is not None:
             handler(ev)
-        syncs = self.syncs
-        if (
-            self.pending
-            or self._nvml_waiting
-            or (syncs and self.now_ns >= syncs[0].end + self.config.offcpu_settle_ns)
-        ):
+        if self.now_ns >= self._due_ns:
             return self._finalise(force=False)
-        # Nothing waits for a decision and no sync's verdict is due (the usual event):
-        # _finalise would change nothing and return none.
-        return []
+        return []  # the usual event: nothing is due
 
     def flush(self) -> list[GpuGap]:
         """End of the stream: decide every pending gap with the evidence there is."""
@@ -353,6 +356,7 @@ class GapDetector:
             late = queued and sync.end - sync.queued >= self.config.min_gap_ns
             if ev.dur_ns >= self.config.cuda_resolution_ns or late:
                 self.syncs.append(sync)
+                self._sync_ends[sync.tgid, sync.end] += 1
             return
         if ev.after_idle_ns <= 0:
             return
@@ -372,9 +376,11 @@ class GapDetector:
         """A candidate gap for each GPU its process feeds."""
         for g in self.gpus_of(c.tgid):
             self.pending.append(replace(c, gpu=g))
+        self._due_ns = 0
 
     def _on_procs(self, ev: GpuProcesses) -> None:
         self.gpu(ev.gpu).pids = ev.pids
+        self._due_ns = 0
 
     def _on_offcpu(self, ev: OffCpu) -> None:
         if ev.runq_ns < self.config.cuda_resolution_ns:
@@ -589,6 +595,7 @@ class GapDetector:
             self.clean_queued.setdefault(sync.tid, deque(maxlen=keep)).append(sync)
 
     def _on_sample(self, ev: GpuSample) -> None:
+        self._due_ns = 0  # a power sample may settle a candidate; any may add NVML-only ones
         st = self.gpu(ev.gpu)
         cfg = self.config
         if ev.metric == "power":
@@ -694,6 +701,10 @@ class GapDetector:
         settle = self.config.offcpu_settle_ns
         while self.syncs and (force or self.now_ns >= self.syncs[0].end + settle):
             sync = self.syncs.popleft()
+            ends = self._sync_ends
+            ends[sync.tgid, sync.end] -= 1
+            if not ends[sync.tgid, sync.end]:
+                del ends[sync.tgid, sync.end]
             inside = self._runq_inside(sync)
             found = self._reached_late(sync, inside)
             if found is None and inside:
@@ -739,18 +750,32 @@ class GapDetector:
                 self._nvml_waiting.discard(index)
         if len(out) > 1:
             out.sort(key=lambda g: (g.ts_ns, g.gpu))
+        self._due_ns = self._next_due()
         return out
+
+    def _next_due(self) -> int:
+        """When time alone next changes what _finalise decides: the first pending or
+        NVML-only candidate to settle, the first sync's verdict. Everything else that can
+        change it (power samples, processes listed, candidates proposed) is evidence."""
+        settle = self.config.settle_ns
+        due = [c.end + settle for c in self.pending]
+        due += [c.end + settle for i in self._nvml_waiting for c in self.gpus[i].nvml_only]
+        if self.syncs:
+            due.append(self.syncs[0].end + self.config.offcpu_settle_ns)
+        return min(due, default=1 << 62)
 
     def _remember(self, gaps: list[GpuGap]) -> list[GpuGap]:
         for gap in gaps:
-            emitted = self.gpu(gap.gpu).emitted
+            st = self.gpu(gap.gpu)
+            emitted = st.emitted
             emitted.append(gap)
+            st.emitted_end = max(st.emitted_end, gap.end_ns)
             while emitted and emitted[0].end_ns < self.now_ns - self.config.history_ns:
                 emitted.popleft()
         return gaps
 
     def _settled(self, c: _Candidate) -> bool:
-        if any(s.tgid == c.tgid and s.end == c.start for s in self.syncs):
+        if (c.tgid, c.start) in self._sync_ends:
             return False  # the sync it begins at may hold a starved stretch to prepend
         if self.now_ns >= c.end + self.config.settle_ns:
             return True
@@ -911,6 +936,8 @@ class GapDetector:
         )
 
     def _overlaps_emitted(self, st: _GpuState, start: int, end: int) -> bool:
+        if st.emitted_end <= start:
+            return False
         return any(g.ts_ns < end and start < g.end_ns for g in st.emitted)
 
     def _decide_nvml_only(self, index: int, st: _GpuState, c: _Candidate) -> list[GpuGap]:

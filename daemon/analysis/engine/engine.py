@@ -376,7 +376,7 @@ class Engine:
         dur_ns = b - a
         tids = {t for tgid in {*tgids, rctx.tgid} for t in self._by_tgid.get(tgid, ())}
         tids |= {t for p in parts for t in p.tids}
-        cpus = {c for t in tids if t in self._timelines for c in self._timelines[t].cpus_in(0, b)}
+        cpus = {c for t in tids if t in self._timelines for c in self._timelines[t].cpus_until(b)}
         rctx = replace(rctx, job_tids=frozenset(tids), job_cpus=tuple(sorted(cpus - {-1})))
         lines: list[str] = []
         for i, part in enumerate(parts):

@@ -14,6 +14,7 @@ import itertools
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any
 
 from gpujitter.probes.events import (
@@ -117,6 +118,9 @@ def content(ev: Event) -> tuple[Any, ...]:
     return (ev.KIND, *(getattr(ev, f.name) for f in fields(ev)))
 
 
+_START = attrgetter("start")
+
+
 def _span_bounds(span: Span) -> tuple[int, int]:
     return span.start, span.end
 
@@ -137,7 +141,9 @@ def _insert(spans: list[Span], span: Span) -> None:
 class Timeline:
     """One thread's spans by kind, each list sorted, plus the CPUs it was seen on."""
 
-    __slots__ = ("_comm_ts", "comm", "horizon", "longest", "places", "spans", "tgid", "tid")
+    __slots__ = (
+        "_comm_ts", "_first", "comm", "horizon", "longest", "places", "spans", "tgid", "tid",
+    )  # fmt: skip
 
     def __init__(self, tid: int, tgid: int) -> None:
         self.tid = tid
@@ -147,6 +153,9 @@ class Timeline:
         self.spans: dict[str, list[Span]] = {k: [] for k in (*KINDS, *POINT_KINDS)}
         self.longest: dict[str, int] = dict.fromkeys(self.spans, 0)
         self.places: list[tuple[int, int, int]] = []
+        # Each CPU of the places with the time of its first place point: every remedy asks
+        # which CPUs the job's threads were seen on, and a scan of the places is their length.
+        self._first: dict[int, int] = {}
         # Spans ending before this may have been evicted: time there is not known.
         self.horizon = 0
 
@@ -168,12 +177,15 @@ class Timeline:
         if rule.places is None:
             return 1
         points = rule.places(ev)
-        places = self.places
+        places, first = self.places, self._first
         for p in points:
             if not places or places[-1] <= p:
                 places.append(p)
             else:
                 places.insert(bisect_right(places, p), p)
+            for cpu in p[1:]:
+                if first.get(cpu, p[0] + 1) > p[0]:
+                    first[cpu] = p[0]
         return 1 + len(points)
 
     @property
@@ -183,8 +195,10 @@ class Timeline:
     def overlapping(self, kind: str, a: int, b: int) -> list[Span]:
         """Spans of `kind` that share time with [a, b); points inside [a, b)."""
         spans = self.spans[kind]
-        hi = bisect_left(spans, b, key=lambda s: s.start)
-        lo = bisect_left(spans, a - self.longest[kind], key=lambda s: s.start)
+        if not spans:
+            return []  # most kinds of most threads: asked for each kind at every division
+        hi = bisect_left(spans, b, key=_START)
+        lo = bisect_left(spans, a - self.longest[kind], key=_START)
         return [
             s
             for s in spans[lo:hi]
@@ -207,6 +221,19 @@ class Timeline:
         at = self.cpu_at(a)
         return cpus if at is None else cpus | {at}
 
+    def cpus_until(self, b: int) -> set[int]:
+        """CPUs the thread ran or waited on up to b (cpus_in(0, b)), without a scan."""
+        if not self.places:
+            return set()
+        return {c for c, t in self._first.items() if t <= b} | {self.places[0][1]}
+
+    def _places_dropped(self) -> None:
+        first: dict[int, int] = {}
+        for t, before, after in self.places:
+            first.setdefault(before, t)
+            first.setdefault(after, t)
+        self._first = first
+
     def evict_older(self, cutoff: int) -> int:
         """Drop spans that ended before cutoff (from the front of each list: a long span holds
         later ones until it goes) and place points before it, keeping the last of those so
@@ -223,6 +250,7 @@ class Timeline:
         keep_from = bisect_left(self.places, (cutoff, -1, -1)) - 1
         if keep_from > 0:
             del self.places[:keep_from]
+            self._places_dropped()
             removed += keep_from
         return removed
 
@@ -243,5 +271,6 @@ class Timeline:
         if dropped < n and len(self.places) > 1:
             k = min(n - dropped, len(self.places) - 1)
             del self.places[:k]
+            self._places_dropped()
             dropped += k
         return dropped
