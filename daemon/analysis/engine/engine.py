@@ -412,23 +412,34 @@ class Engine:
         ]
         wakers.sort(key=lambda r: (-sum(c.ns for c in r.causes), r.tid))
         roles += wakers
+        room = self.config.max_threads_listed - len(roles)
         seen = {critical, *divider.wakers}
-        others = []
-        if gap.tid_before and gap.tid_before not in seen:
-            others.append((gap.tid_before, "before"))
+        if room > 0 and gap.tid_before and gap.tid_before not in seen:
+            roles.append(self._evidence(gap.tid_before, "before", a, b, gpu_node))
             seen.add(gap.tid_before)
+            room -= 1
+        # Siblings are listed by their time in the gap, then by tid; none holds more than the
+        # whole gap, so once `room` of them hold all of it no later tid can be listed, and
+        # the rest (a framework's idle pools, asleep through every gap) go undivided.
+        ranked: list[tuple[int, int, ThreadRole]] = []
+        whole = 0
         for tid in sorted({t for tgid in tgids for t in self._by_tgid.get(tgid, ())} - seen):
+            if whole >= room:
+                break
             tl = self._timelines[tid]
             if any(tl.overlapping(k, a, b) for k in CLAIMING_KINDS if k != "nodetime"):
-                others.append((tid, "sibling"))
-        evidence = []
-        for tid, role in others:
-            own = self._divider(gpu_node, b, follow=False)
-            own.divide(tid, a, b)
-            cause, ns = _top(own.tally, tid)
-            evidence.append(self._role(tid, role, ns, own.tally, cause))
-        evidence.sort(key=lambda r: (r.role != "before", -r.ns, r.tid))
-        return tuple((roles + evidence)[: self.config.max_threads_listed])
+                role = self._evidence(tid, "sibling", a, b, gpu_node)
+                ranked.append((-role.ns, tid, role))
+                whole += role.ns >= b - a
+        ranked.sort(key=lambda r: r[:2])
+        return tuple(roles + [r for _, _, r in ranked[: max(room, 0)]])
+
+    def _evidence(self, tid: int, role: str, a: int, b: int, gpu_node: int | None) -> ThreadRole:
+        """A thread listed as evidence only: its own time in [a, b), not followed."""
+        own = self._divider(gpu_node, b, follow=False)
+        own.divide(tid, a, b)
+        cause, ns = _top(own.tally, tid)
+        return self._role(tid, role, ns, own.tally, cause)
 
     def _role(
         self,
