@@ -35,7 +35,7 @@ from gpujitter.probes.events import (
     Event,
     event_kinds,
     from_record,
-    to_record,
+    to_json,
 )
 from gpujitter.text import inert_json
 
@@ -145,9 +145,12 @@ class JsonLog:
     def write(self, record: Event | Mapping[str, Any]) -> bool:
         """Append one record (an event, or a plain mapping) as one line; False when the
         disk refused it (dropped and counted in `failures`)."""
-        rec = to_record(record) if isinstance(record, Event) else record
+        if isinstance(record, Event):
+            raw = to_json(record, b'"schema":' + orjson.dumps(self.schema) + b",")
+        else:
+            raw = orjson.dumps({"schema": self.schema, **record})
         # inert_json: names in it are other processes' choice, and people `tail -f` a log.
-        line = inert_json(orjson.dumps({"schema": self.schema, **rec})) + b"\n"
+        line = inert_json(raw) + b"\n"
         with self._lock:
             if self._closed:
                 raise GpujitterError(f"log {self.path} written after close")

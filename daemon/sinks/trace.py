@@ -40,6 +40,7 @@ from gpujitter.probes.events import (
     Event,
     event_kinds,
     from_record,
+    to_json,
     typed,
 )
 from gpujitter.probes.topology import Topology
@@ -72,18 +73,10 @@ def frame(payload: bytes) -> bytes:
     return head + _CRC.pack(zlib.crc32(head)) + payload
 
 
-_KIND_HEADS: dict[str, bytes] = {}  # kind -> the payload's opening, `{"type":KIND,`
-
-
 def encode(ev: Event) -> bytes:
-    """An event as the frame a trace stores: the JSON of to_record(ev), written by orjson
-    from the dataclass itself (its fields in order, nested records as objects) behind the
-    kind, without building the dict: the daemon captures every event it takes. Every
-    event has a field (ts_ns), so the object after the kind is never empty."""
-    head = _KIND_HEADS.get(ev.KIND)
-    if head is None:
-        head = _KIND_HEADS[ev.KIND] = b'{"type":' + orjson.dumps(ev.KIND) + b","
-    return frame(head + orjson.dumps(ev)[1:])
+    """An event as the frame a trace stores: the JSON of to_record(ev) (to_json: the daemon
+    captures every event it takes)."""
+    return frame(to_json(ev))
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from gpujitter.daemon.sinks.trace import (
     preamble,
 )
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import AllocSyscall, Event, OffCpu, from_record, to_record
+from gpujitter.probes.events import AllocSyscall, Event, OffCpu, from_record, to_json, to_record
 from tests.unit.sink_child import kill_when_ready, sink_writer
 from tests.unit.trace_samples import every_kind, header
 
@@ -371,9 +371,13 @@ def test_events_survive_json_unchanged() -> None:
         assert from_record(orjson.loads(orjson.dumps(to_record(ev)))) == ev
 
 
-def test_a_frame_holds_the_json_of_the_events_record() -> None:
+def test_a_frame_and_a_log_line_hold_the_json_of_the_events_record() -> None:
     # encode() has orjson write the dataclass itself, without building to_record's dict:
     # the bytes must be the dict's, for every kind (nested records included), or the
     # daemon's traces would stop being what readers and docs/trace-format.md expect.
     for ev in every_kind():
         assert encode(ev) == frame(orjson.dumps(to_record(ev))), ev.KIND
+        lead = {"schema": "gpujitter.attribution/1"}
+        assert to_json(ev, b'"schema":"gpujitter.attribution/1",') == orjson.dumps(
+            {**lead, **to_record(ev)}
+        ), ev.KIND
