@@ -269,6 +269,7 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
         (done["go_ns"], done["end_ns"]),
         own_tids=frozenset(feeder_tids | helper_tids | {feeder.pid}),
         truth_holds_waits=scenario.truth_holds_waits,
+        injected=scenario.injected,
     )
     trace = None
     if opts.keep_trace is not None:

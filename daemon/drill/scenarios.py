@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpujitter.daemon.analysis.records import AllocEvidence, Evidence
 from gpujitter.daemon.drill import system
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import HostPaths, format_cpulist
@@ -100,6 +101,15 @@ class Scenario:
     duration_s: float = 20.0  # default run length
     truth_holds_waits: bool = True  # the loop's measure includes time it waited to run
     prefeed: bool = False  # the loop keeps the GPU busy before the probes attach
+    # Which evidence of the cause the injection makes (None: all of it); the rest is the
+    # loop's own work that outside load pushed into a stall's gap (drill/score.py).
+    injected: Callable[[Evidence], bool] | None = None
+
+
+def _munmaps(e: Evidence) -> bool:
+    """The malloc scenario's injection: the munmaps of its pool (its mmaps refill the pool
+    while the GPU is busy, between stalls)."""
+    return isinstance(e, AllocEvidence) and e.call == "munmap"
 
 
 def _swap(stage: Stage) -> None:
@@ -318,7 +328,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("cstate", "short sleeps that wake the feeding thread onto an idle CPU",
                  "idle_wake", "the wake-ups' lateness", ("cstate",), _cstate),
         Scenario("malloc", "munmap of large touched blocks in the critical path",
-                 "alloc_stall", "the stall", ("malloc",)),
+                 "alloc_stall", "the munmaps less run-queue waits (schedstat)", ("malloc",),
+                 truth_holds_waits=False, injected=_munmaps),
         Scenario("gc", "full CPython GC collections over a large heap in the step",
                  "gc_pause", "the collections (gc.callbacks)", ("python_gc",)),
         Scenario("gil", "a background Python thread holds the GIL while the feeder does I/O",

@@ -23,6 +23,12 @@ waits (`truth_holds_waits`: as much of it as must lie inside the stall, the gaps
 outside the stall holding the rest first), and a gap it makes up at least half of is not a
 false gap.
 
+The loop's own work between stalls: outside load can stretch a stall's gap over the work the
+loop does while the GPU is busy (the malloc scenario maps its next blocks then). That work is
+named as what it is (an mmap, not the injected munmaps) and is no part of the stall: a
+scenario that says which evidence its injection makes (`injected`) is credited with that
+evidence's time only.
+
 Self-inflicted gaps: gaps of the loop's run in which the feeding thread waited behind the
 drill's gpujitter process itself (the engine marks that evidence `own`, from meta.self).
 The observer must not delay the observed: the target is none.
@@ -30,12 +36,12 @@ The observer must not delay the observed: the target is none.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gpujitter.daemon.analysis.engine.causes import CAUSES
-from gpujitter.daemon.analysis.records import Attribution, FrameEvidence, TaskEvidence
+from gpujitter.daemon.analysis.records import Attribution, Evidence, FrameEvidence, TaskEvidence
 from gpujitter.probes import registry
 
 MIN_STALL_NS = 10_000_000  # stalls at least this long must be found
@@ -203,11 +209,13 @@ def score(
     window: tuple[int, int],
     own_tids: frozenset[int] | None = None,
     truth_holds_waits: bool = True,
+    injected: Callable[[Evidence], bool] | None = None,
 ) -> Score:
     """cause: the cause the injection is (CAUSES name), "" for the control; window: when the
     loop started and ended (CLOCK_MONOTONIC ns); own_tids: the drill's threads (feeder and
     helpers), None to count every wait as the drill's; truth_holds_waits: whether the loop's
-    measure of the cause includes time it waited to run."""
+    measure of the cause includes time it waited to run; injected: which evidence of the
+    cause the injection makes (None: all of it)."""
     go_ns, end_ns = window
     matched: set[int] = set()
     scored = []
@@ -243,7 +251,7 @@ def score(
                 attributed_ns=(
                     _culprit_ns(gaps, cause, st.culprit_tgid)
                     if st.culprit_tgid
-                    else parts.get(cause, 0)
+                    else parts.get(cause, 0) - _not_injected(gaps, cause, injected)
                 ),
                 parts=parts,
                 outside_ns=outside,
@@ -264,6 +272,16 @@ def score(
     result = Score(cause, tuple(scored), false, end_ns - go_ns, len(by_outside), len(own),
                    sum(a.self_ns for a in own))  # fmt: skip
     return replace(result, targets=_targets(result))
+
+
+def _not_injected(
+    attrs: Iterable[Attribution], cause: str, injected: Callable[[Evidence], bool] | None
+) -> int:
+    """The cause's time in evidence the injection did not make (the loop's own work)."""
+    if injected is None:
+        return 0
+    return sum(getattr(e, "ns", 0) for a in attrs for p in a.parts if p.cause == cause
+               for e in p.evidence if not injected(e))  # fmt: skip
 
 
 def _culprit_ns(attrs: Iterable[Attribution], cause: str, tgid: int) -> int:

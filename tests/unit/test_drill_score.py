@@ -8,7 +8,14 @@ from dataclasses import replace
 import pytest
 
 from gpujitter.cli.drill import print_result
-from gpujitter.daemon.analysis.records import Attribution, CauseTime, Part, TaskEvidence, ThreadRole
+from gpujitter.daemon.analysis.records import (
+    AllocEvidence,
+    Attribution,
+    CauseTime,
+    Part,
+    TaskEvidence,
+    ThreadRole,
+)
 from gpujitter.daemon.drill import scenarios
 from gpujitter.daemon.drill.runner import DrillResult, stall_times
 from gpujitter.daemon.drill.score import TARGETS, Stall, score
@@ -228,6 +235,33 @@ def test_truth_that_excludes_waits_is_not_reduced() -> None:
     s = score("irq", [stall(0, 100, 125, cause_ms=6)], attrs, (0, 1_000 * MS),
               own_tids=OWN, truth_holds_waits=False)  # fmt: skip
     assert (s.truth_ns, s.expected_ns, s.attributed_ns) == (6 * MS, 6 * MS, 5 * MS)
+
+
+def test_the_loops_own_mmaps_in_a_stretched_gap_are_not_the_injected_munmaps() -> None:
+    """The malloc drill under a hog on the feeding CPU (the suite under load, 2026-12-03): the
+    hog stretched a 25 ms stall's gap to 65 ms, and inside it the loop also mapped the next
+    block of its pool (8 MiB, populated: 20 ms under the hog). The engine names that mmap as
+    it is; it is no part of the munmaps injected, whose own time (the loop's measure: the
+    stall less its run-queue waits) is all the truth holds. Before, every allocator call in
+    the gap was held to the whole stall: 32.7 ms against 25.1, or, with the waits taken out,
+    against 12.5."""
+    munmaps = AllocEvidence("munmap", "", 24, round(12.3 * MS), 24 * 8 << 20)
+    mmaps = AllocEvidence("mmap", "", 1, round(20.4 * MS), 8 << 20)
+    gap = waited(100, 165, {777: 31.7}, alloc_stall=32.7, host_work=0.6)
+    parts = [replace(p, evidence=(munmaps, mmaps)) if p.cause == "alloc_stall" else p
+             for p in gap.parts]  # fmt: skip
+    gap = replace(gap, parts=tuple(parts))
+    malloc = scenarios.get("malloc")
+    stalls = [stall(0, 120, 145.1, cause_ms=12.5)]
+    s = score(malloc.cause, stalls, [gap], (0, 1_000 * MS), own_tids=OWN,
+              truth_holds_waits=malloc.truth_holds_waits, injected=malloc.injected)  # fmt: skip
+    assert s.stalls[0].top_cause == "alloc_stall"
+    assert (s.expected_ns, s.attributed_ns) == (12.5 * MS, round(12.3 * MS))
+    assert s.passed, s.targets
+    everything = score(malloc.cause, stalls, [gap], (0, 1_000 * MS), own_tids=OWN,
+                       truth_holds_waits=malloc.truth_holds_waits)  # fmt: skip
+    assert everything.attributed_ns == round(32.7 * MS)
+    assert not everything.targets["attributed"]
 
 
 def test_a_culprits_cause_is_held_to_its_own_measure_under_outside_contention() -> None:
