@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import ctypes as ct
+import functools
 import os
 import sys
 import tempfile
@@ -282,6 +284,28 @@ def threshold_cflags(spec: ProbeSpec, ctx: ProbeContext) -> list[str]:
     return [
         f"-DTHRESHOLD_{key.upper()}_NS={threshold_ns(spec, ctx, key)}ULL" for key in spec.thresholds
     ]
+
+
+def consume_rings(bpf: Any) -> None:
+    """Deliver every record bpf's ring buffers hold (bcc's ring_buffer_consume), the GIL
+    held throughout. bcc calls libbcc as a CDLL, which lets the GIL go for the call, so each
+    record's callback had to take it back: beside a busy thread (the daemon's analysis)
+    every record waited its turn, 1.95 µs of this thread's CPU a record against 0.43 µs
+    held, and the busy thread lost 14 % of its work to the handovers
+    (docs/performance.md, "The rings' callbacks and the GIL"). libbpf's consume never
+    blocks, and the callbacks are Python: nothing could have run beside them."""
+    manager = bpf._ringbuf_manager  # bcc's libbpf ring_buffer, one per module
+    if manager:
+        _consume_holding_gil()(manager)
+
+
+@functools.cache
+def _consume_holding_gil() -> Callable[[int], int]:
+    from bcc.libbcc import lib  # imported here: the registry must load without bcc
+
+    fn = ct.PyDLL(lib._name).bpf_consume_ringbuf
+    fn.argtypes, fn.restype = [ct.c_void_p], ct.c_int
+    return fn
 
 
 def compile_bpf(source: Path, cflags: list[str], attach: Callable[[Any], None]) -> Any:

@@ -38,6 +38,7 @@ from gpujitter.probes.base import (
     ProbeUnavailable,
     bpf_source,
     captured_output,
+    consume_rings,
     first_error_line,
 )
 
@@ -414,7 +415,7 @@ class PartView:
             self.funcs[fn.name] = fn
 
     def ring_buffer_consume(self) -> None:
-        self.bpf.ring_buffer_consume()
+        consume_rings(self.bpf)
 
     def cleanup(self) -> None:
         """Detach what this part attached; the module goes with the last part's view."""

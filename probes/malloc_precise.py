@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.probes import uprobe_multi
-from gpujitter.probes.base import ProbeUnavailable, compile_bpf
+from gpujitter.probes.base import ProbeUnavailable, compile_bpf, consume_rings
 from gpujitter.probes.events import AllocCall, Event
 from gpujitter.probes.malloc_sites import SIZE_PROGRAMS, Site, allocator_sites
 from gpujitter.units import format_ns
@@ -158,7 +158,7 @@ class PreciseWindow:
         call closed it."""
         if self.bpf is None:
             return False
-        self.bpf.ring_buffer_consume()
+        consume_rings(self.bpf)
         if now_ns < self.deadline_ns:
             return False
         self.close()
@@ -180,7 +180,7 @@ class PreciseWindow:
         if self.bpf is None:
             return
         if self._ring_open:
-            self.bpf.ring_buffer_consume()
+            consume_rings(self.bpf)
         self._read_counters()
         self._unlink()
         self.bpf.cleanup()
