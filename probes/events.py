@@ -45,9 +45,35 @@ def event_kind(name: str):
         _KINDS[name] = cls
         # Computed once per kind: dataclasses.fields() per event dominated trace reading.
         _FIELDS[name] = tuple(f.name for f in dataclasses.fields(cls))
+        cls.__init__ = _slot_init(cls)  # type: ignore[method-assign]
         return cls
 
     return register
+
+
+def _slot_init(cls: type) -> Callable[..., None]:
+    """The dataclass's __init__, each field stored through its slot's descriptor. A frozen
+    dataclass's own __init__ stores each by object.__setattr__(self, "name", value): for an
+    18-field sched.offcpu that was 3.6 µs of the probe thread's ~6 µs to decode a record
+    (an eighth of its time beside the H200 training job); this one takes 1.7 µs. Same
+    parameters, defaults and order; instances stay frozen (only the descriptors write)."""
+    fields = dataclasses.fields(cls)
+    if any(f.default_factory is not MISSING or not f.init for f in fields):
+        return cls.__init__  # type: ignore[misc]
+    env: dict[str, Any] = {}
+    params, body = [], []
+    for f in fields:
+        env[f"_set_{f.name}"] = getattr(cls, f.name).__set__  # the slot's member descriptor
+        if f.default is MISSING:
+            params.append(f.name)
+        else:
+            env[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+        body.append(f"    _set_{f.name}(self, {f.name})")
+    exec(f"def __init__(self, {', '.join(params)}):\n" + "\n".join(body), env)
+    init: Callable[..., None] = env["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    return init
 
 
 @dataclass(frozen=True, slots=True)
