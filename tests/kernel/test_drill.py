@@ -310,8 +310,15 @@ def test_disk_interrupts_on_the_feeding_cpu() -> None:
     r = drill("irq")
     s = r.score
     assert s.found == s.injected and not s.false_gaps, rows(r)
-    for found in evidence(r, "irq", IrqEvidence):
-        assert found[0].irq_kind in ("hardirq", "softirq") and found[0].count > 50, rows(r)
+    for stall, scored in zip(r.stalls, s.stalls, strict=True):
+        gaps = [a for a in r.attributions if a.ts_ns < stall["t1_ns"] and stall["t0_ns"] < a.end_ns]
+        top = max((e for a in gaps for p in a.parts if p.cause == "irq" for e in p.evidence
+                   if isinstance(e, IrqEvidence)), key=lambda e: e.ns)  # fmt: skip
+        # The handlers counted are those that interrupted the loop: where outside load held
+        # its CPU for part of the stall (the suite under a hog: 36 in 25 ms, half of it
+        # waiting), only that part's share of them.
+        ran = 1 - scored.outside_ns / scored.injected_ns
+        assert top.irq_kind in ("hardirq", "softirq") and top.count > 50 * ran, rows(r)
     assert 0.4 * s.truth_ns <= s.attributed_ns <= 1.2 * s.truth_ns, rows(r)
 
 
