@@ -22,6 +22,9 @@
 #                every uprobe gone after the stop (bench/startstop.py, the node's libcuda)
 #   nvmlcalls    what one NVML read costs, per way of calling it (bench/nvml_calls.py)
 #   phases       where that start goes: wall, CPU and peak memory by phase (bench/start_phases.py)
+#   defaultset   the default set's cost on the C microbenchmarks (ping-pong, faults, alloc,
+#                steady) and in the kernel per sched event (bench/default_set.py;
+#                DEFAULT_SET_ROUNDS=N, default 6; a run call of its own)
 # Usage: tools/gpu_session.sh TREE BCC_TARBALL [STEP...]   (TREE: a copy of the repository
 # holding .whl/ with an orjson wheel for the node's python3)
 set -uo pipefail
@@ -108,6 +111,11 @@ for step in $steps; do
         log "phases: gpujitter run's start by phase"
         (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 200 python3 -P -m bench.start_phases \
             --rounds 3 --nvml --json > "$out/phases.json")
+        ;;
+    defaultset)
+        log "defaultset: the default set on the C microbenchmarks, interleaved rounds"
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 500 python3 -P -m bench.default_set \
+            --rounds "${DEFAULT_SET_ROUNDS:-6}" --json > "$out/default_set.json")
         ;;
     daemoncpu)
         log "daemoncpu: the daemon's CPU by thread beside the training job"
