@@ -13,6 +13,12 @@ started, timed, between the two runs, and stopped after the second; which run co
 alternates by round), so that drift on a shared machine hits both alike; figures are the
 medians over rounds of each round's ratio, with the rounds' spread. The workloads are watched (by
 command name), which is the expensive case: unwatched processes only pay the filter.
+
+Every timed run starts after SETTLE_S of quiet: the set's start (a clang compile, seconds of
+one CPU) came right before each run with the probes and never before one without. Where the
+machine has CPUs beside the two the workloads use (the ping-pong's ends on CPUs 0 and 1, the
+single-threaded loops on CPU 1), this process polls the probes from those others, as the
+daemon keeps its threads off the watched processes' CPUs (daemon/service/own_scheduling.py).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import resource
 import shutil
 import statistics
@@ -163,10 +170,29 @@ def build(where: Path) -> dict[str, Path]:
     return binaries
 
 
+SETTLE_S = 1.0
+WORKLOAD_CPUS = frozenset({0, 1})  # the ping-pong's ends (its code pins them)
+LOOP_CPU = 1  # the single-threaded loops'
+
+
+def _on_workload_cpu() -> None:
+    """A workload's place (a Popen preexec_fn): CPU 1 for the loops, which the ping-pong's
+    own pinning overrides for its two ends."""
+    os.sched_setaffinity(0, {LOOP_CPU})
+
+
+def keep_off_workloads() -> None:
+    """This process on the CPUs the workloads do not use, where there are any."""
+    others = os.sched_getaffinity(0) - WORKLOAD_CPUS
+    if others:
+        os.sched_setaffinity(0, others)
+
+
 def calibrate_steady(binary: Path) -> str:
     """Iterations of the inner loop that take about 1 ms here."""
     work = 200_000
     proc = subprocess.Popen([str(binary), "20", str(work)], stdin=subprocess.PIPE,
+                            preexec_fn=_on_workload_cpu,
                             stdout=subprocess.PIPE, text=True)  # fmt: skip
     out, _ = proc.communicate("g")
     per_iter_ns = int(out) / 20 - 1_000_000
@@ -176,8 +202,9 @@ def calibrate_steady(binary: Path) -> str:
 def run_workload(binary: Path, args: list[str], probes: ProbeSet | None) -> int:
     """Elapsed ns of one run; while it runs, the probes (if any) are polled as the daemon
     polls them."""
-    proc = subprocess.Popen([str(binary), *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(SETTLE_S)
+    proc = subprocess.Popen([str(binary), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, preexec_fn=_on_workload_cpu)  # fmt: skip
     if probes is not None:
         probes.core.refresh(time.monotonic_ns())  # watched before its first call
     assert proc.stdin is not None and proc.stdout is not None
@@ -259,6 +286,7 @@ def record_programs(into: dict[str, list[float]], delta: dict[str, tuple[int, in
 
 def measure(rounds: int, names: list[str]) -> dict[str, Any]:
     topology = load_topology()
+    keep_off_workloads()
     me = psutil.Process()
     results: dict[str, Any] = {"probes": names, "startup": [], "rss_mb": [], "workloads": {}}
     with tempfile.TemporaryDirectory() as tmp:
