@@ -59,7 +59,7 @@ def _slot_init(cls: type) -> Callable[..., None]:
     parameters, defaults and order; instances stay frozen (only the descriptors write)."""
     fields = dataclasses.fields(cls)
     if any(f.default_factory is not MISSING or not f.init for f in fields):
-        return cls.__init__  # type: ignore[misc]
+        raise TypeError(f"{cls.__name__}: an event's fields take plain defaults only")
     env: dict[str, Any] = {}
     params, body = [], []
     for f in fields:
