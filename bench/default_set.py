@@ -6,13 +6,18 @@ probes' in-kernel time per program run (kernel.bpf_stats_enabled), per scheduler
 watched and an unwatched ping-pong (beside an empty program's), and the events delivered to
 Python per second.
 
-    flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.default_set [--rounds 5] [--json]
+    flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.default_set [--rounds 5]
+        [--probes LIST] [--workloads LIST] [--unwatched] [--json]
 
 In each round every workload runs without and with the probes back to back (the set is
 started, timed, between the two runs, and stopped after the second; which run comes first
 alternates by round), so that drift on a shared machine hits both alike; figures are the
 medians over rounds of each round's ratio, with the rounds' spread. The workloads are watched (by
 command name), which is the expensive case: unwatched processes only pay the filter.
+--unwatched runs them under names the set does not watch instead, for what the set's
+presence alone costs them (hooks that filter them out, its polling on the other CPUs): a
+slowdown watched well above the in-kernel time, and as high unwatched, is not the watched
+path's.
 
 Every timed run starts after SETTLE_S of quiet: the set's start (a clang compile, seconds of
 one CPU) came right before each run with the probes and never before one without. Where the
@@ -69,7 +74,7 @@ int main(int argc, char **argv) {
     if (fork() == 0) { pin(1);
         for (long i = 0; i < n; i++) { read(a[0], &c, 1); write(b[1], &c, 1); }
         _exit(0); }
-    pin(0);
+    pin(argc > 2 ? atoi(argv[2]) : 0);
     for (long i = 0; i < n; i++) { write(a[1], &c, 1); read(b[0], &c, 1); }
     printf("%lld\n", now() - t0); return 0; }
 """,
@@ -144,8 +149,14 @@ int main(int argc, char **argv) {
         __asm__ volatile("" : : "r"(p) : "memory"); free(p); }
     printf("%lld\n", now() - t0); return 0; }
 """
+# The same ping-pong with both ends on CPU 1 (opt-in): no idle CPU, no IPI, every watched
+# thread's state written and read on one CPU; against the two-CPU one, what crossing CPUs
+# adds to the programs' time.
+PROGRAMS["samecpu"] = PROGRAMS["pingpong"]
+DEFAULT_WORKLOADS = ("pingpong", "faults", "alloc", "alloc2", "steady")
 ARGS = {
     "pingpong": ["100000"],
+    "samecpu": ["100000", "1"],
     "faults": ["16"],
     "alloc": ["90000"],
     "alloc2": ["1000000"],
@@ -254,14 +265,26 @@ def program_totals(probes: ProbeSet, floor: Any = None) -> dict[str, tuple[int, 
             out[f"floor:{fn}"] = (st.run_cnt, st.run_time_ns)
     seen: set[int] = set()
     for probe in probes.running:
-        # faults and swap share one BPF object, held by their engine
-        bpf = getattr(probe, "bpf", None) or getattr(getattr(probe, "engine", None), "bpf", None)
+        bpf = bcc_object(probe)
         if bpf is None or id(bpf) in seen:
             continue
         seen.add(id(bpf))
         for fn, st in loaded_prog_stats(bpf).items():
             out[f"{probe.name}:{fn}"] = (st.run_cnt, st.run_time_ns)
     return out
+
+
+def bcc_object(probe: Any) -> Any:
+    """The bcc object that holds a probe's programs: its own, or the one faults and swap
+    share (FaultPrograms). A probe that reports programs for its cost but holds neither is
+    an error here, not a probe left out of the figures."""
+    for holder in (probe, getattr(probe, "loaded", None)):
+        bpf = getattr(holder, "bpf", None)
+        if bpf is not None:
+            return bpf
+    if probe.programs():
+        raise RuntimeError(f"{probe.name}: runs BPF programs, but no bcc object was found")
+    return None
 
 
 def kernel_run(
@@ -284,32 +307,39 @@ def record_programs(into: dict[str, list[float]], delta: dict[str, tuple[int, in
             into.setdefault(k, []).append(t / n)
 
 
-def measure(rounds: int, names: list[str]) -> dict[str, Any]:
+def measure(
+    rounds: int, names: list[str], workloads: list[str], watched: bool = True
+) -> dict[str, Any]:
     topology = load_topology()
     keep_off_workloads()
     me = psutil.Process()
-    results: dict[str, Any] = {"probes": names, "startup": [], "rss_mb": [], "workloads": {}}
+    results: dict[str, Any] = {
+        "probes": names, "watched": watched, "startup": [], "rss_mb": [], "workloads": {}
+    }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         binaries = build(Path(tmp))
-        # the same ping-pong under a name the probes do not watch: what every other process pays
-        unwatched = Path(tmp) / "gju-pingpong"
-        shutil.copy(binaries["pingpong"], unwatched)
+        # the same programs under names the probes do not watch: what every other process pays
+        others = {w: Path(tmp) / f"gju-{w}" for w in PROGRAMS}
+        for w, path in others.items():
+            shutil.copy(binaries[w], path)
+        timed = binaries if watched else others
         args = dict(ARGS)
-        args["steady"] = [ARGS["steady"][0], calibrate_steady(binaries["steady"])]
-        base: dict[str, list[int]] = {w: [] for w in PROGRAMS}
-        probed: dict[str, list[int]] = {w: [] for w in PROGRAMS}
-        rates: dict[str, list[float]] = {w: [] for w in PROGRAMS}
-        kernel: dict[str, list[float]] = {w: [] for w in PROGRAMS}
-        runs_per_op: dict[str, list[int]] = {w: [] for w in PROGRAMS}
-        programs: dict[str, dict[str, list[float]]] = {w: {} for w in [*PROGRAMS, "unwatched"]}
+        if "steady" in workloads:
+            args["steady"] = [ARGS["steady"][0], calibrate_steady(binaries["steady"])]
+        base: dict[str, list[int]] = {w: [] for w in workloads}
+        probed: dict[str, list[int]] = {w: [] for w in workloads}
+        rates: dict[str, list[float]] = {w: [] for w in workloads}
+        kernel: dict[str, list[float]] = {w: [] for w in workloads}
+        runs_per_op: dict[str, list[int]] = {w: [] for w in workloads}
+        programs: dict[str, dict[str, list[float]]] = {w: {} for w in [*workloads, "unwatched"]}
         watch = WatchSpec(comms=[f"gjb-{name}" for name in PROGRAMS])
         for r in range(rounds):
-            for w in PROGRAMS:
+            for w in workloads:
                 # A workload's runs without and with the probes next to each other (the set
                 # started between them), in turns first and second: over a round's minutes
                 # the shared machine's load drifts by more than the probes cost.
                 if r % 2 == 0:
-                    base[w].append(run_workload(binaries[w], args[w], None))
+                    base[w].append(run_workload(timed[w], args[w], None))
                 events: list[Any] = []
                 cpu0, wall0 = sum(me.cpu_times()[:2]), time.monotonic()
                 with ProbeSet(names, topology=topology, watch=watch, emit=events.append) as probes:
@@ -321,24 +351,24 @@ def measure(rounds: int, names: list[str]) -> dict[str, Any]:
                         }
                     )
                     results["rss_mb"].append(me.memory_info().rss / 2**20)
-                    elapsed = run_workload(binaries[w], args[w], probes)
+                    elapsed = run_workload(timed[w], args[w], probes)
                     probed[w].append(elapsed)
                     rates[w].append(len(events) / (elapsed / 1e9))
                     # A separate run for the in-kernel time: the statistics themselves cost
                     # two clock reads per program run, which must not count in the slowdown.
                     with bpf_stats(), floor_programs() as floor:
-                        delta = kernel_run(probes, floor, binaries[w], args[w])
+                        delta = kernel_run(probes, floor, timed[w], args[w])
                         record_programs(programs[w], delta)
                         own = {k: d for k, d in delta.items() if not k.startswith("floor:")}
                         runs = sum(d[0] for d in own.values())
                         kernel[w].append(sum(d[1] for d in own.values()) / runs if runs else 0.0)
                         runs_per_op[w].append(runs)
-                        if w == "pingpong":
-                            delta = kernel_run(probes, floor, unwatched, args[w])
+                        if w == "pingpong" and watched:
+                            delta = kernel_run(probes, floor, others[w], args[w])
                             record_programs(programs["unwatched"], delta)
                 if r % 2 == 1:
-                    base[w].append(run_workload(binaries[w], args[w], None))
-        for w in PROGRAMS:
+                    base[w].append(run_workload(timed[w], args[w], None))
+        for w in workloads:
             b, p = statistics.median(base[w]), statistics.median(probed[w])
             # Each round's ratio to its own run without probes: drift between rounds cancels.
             ratios = sorted(100 * (pr - br) / br for br, pr in zip(base[w], probed[w], strict=True))
@@ -362,17 +392,24 @@ def measure(rounds: int, names: list[str]) -> dict[str, Any]:
     }
     results["rss_mb_median"] = statistics.median(results["rss_mb"])
     results["rss_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    results["sched_event_ns"] = sched_event_ns(programs)
+    results["sched_event_ns"] = sched_event_ns(programs, watched)
     return results
 
 
-def sched_event_ns(programs: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
-    """In-kernel ns per scheduler event on the ping-pong, watched and not: every probe's
-    program on that hook together (each runs once per event), and the empty program's."""
+def sched_event_ns(
+    programs: dict[str, dict[str, list[float]]], watched: bool
+) -> dict[str, dict[str, float]]:
+    """In-kernel ns per scheduler event on the ping-pong, watched and not (only unwatched
+    where the workloads ran so): every probe's program on that hook together (each runs once
+    per event), and the empty program's."""
     out: dict[str, dict[str, float]] = {}
+    modes = [("watched", "pingpong"), ("unwatched", "unwatched")]
+    if not watched:
+        modes = [("unwatched", "pingpong")]
+    modes = [(m, w) for m, w in modes if programs.get(w)]
     for event in SCHED_EVENTS:
         row = {}
-        for mode, w in (("watched", "pingpong"), ("unwatched", "unwatched")):
+        for mode, w in modes:
             row[mode] = sum(
                 statistics.median(v)
                 for k, v in programs[w].items()
@@ -388,16 +425,19 @@ def sched_event_ns(programs: dict[str, dict[str, list[float]]]) -> dict[str, dic
 def report(r: dict[str, Any]) -> str:
     first = r["startup"][0]
     lines = [
-        f"probes: {', '.join(r['probes'])}",
+        f"probes: {', '.join(r['probes'])}"
+        + ("" if r["watched"] else " (the workloads unwatched: the set's presence alone)"),
         f"start-up (compile + attach), median of {len(r['startup'])} starts: "
         f"{r['startup_median']['wall_s']:.2f} s wall, {r['startup_median']['cpu_s']:.2f} CPU-s "
         f"(the first, with the core's compile: {first['wall_s']:.1f} / {first['cpu_s']:.1f}); "
         f"resident {r['rss_mb_median']:.0f} MB after start (max {max(r['rss_mb']):.0f}), "
         f"peak {r['rss_peak_mb']:.0f} MB",
         *(
-            f"in-kernel per {event}: watched {x['watched']:.0f} ns, unwatched "
-            f"{x['unwatched']:.0f} ns (all probes' programs on it; an empty program "
-            f"{x['watched_floor']:.0f} / {x['unwatched_floor']:.0f} ns)"
+            f"in-kernel per {event}: "
+            + ", ".join(f"{m} {x[m]:.0f} ns" for m in ("watched", "unwatched") if m in x)
+            + " (all probes' programs on it; an empty program "
+            + " / ".join(f"{x[m + '_floor']:.0f}" for m in ("watched", "unwatched") if m in x)
+            + " ns)"
             for event, x in r["sched_event_ns"].items()
         ),
         f"{'workload':10} {'without':>9} {'with':>9} {'slowdown':>9} {'(min..max)':>15} "
@@ -417,10 +457,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--probes", help="comma-separated (default: the registry's default set)")
+    p.add_argument("--workloads", help=f"comma-separated, of {','.join(PROGRAMS)} "
+                   f"(default: {','.join(DEFAULT_WORKLOADS)})")  # fmt: skip
+    p.add_argument("--unwatched", action="store_true",
+                   help="run the workloads under names the set does not watch")  # fmt: skip
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     names = args.probes.split(",") if args.probes else registry.default_names()
-    results = measure(args.rounds, names)
+    workloads = args.workloads.split(",") if args.workloads else list(DEFAULT_WORKLOADS)
+    unknown = sorted(set(workloads) - set(PROGRAMS))
+    if unknown:
+        p.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(PROGRAMS)}")
+    results = measure(args.rounds, names, workloads, watched=not args.unwatched)
     print(json.dumps(results, indent=2) if args.json else report(results))
     return 0
 

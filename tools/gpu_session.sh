@@ -24,7 +24,8 @@
 #   phases       where that start goes: wall, CPU and peak memory by phase (bench/start_phases.py)
 #   defaultset   the default set's cost on the C microbenchmarks (ping-pong, faults, alloc,
 #                steady) and in the kernel per sched event (bench/default_set.py;
-#                DEFAULT_SET_ROUNDS=N, default 6; a run call of its own)
+#                DEFAULT_SET_ROUNDS=N, default 6; DEFAULT_SET_ARGS: more of its options;
+#                DEFAULT_SET_TAG: default_set-TAG.json; a run call of its own)
 # Usage: tools/gpu_session.sh TREE BCC_TARBALL [STEP...]   (TREE: a copy of the repository
 # holding .whl/ with an orjson wheel for the node's python3)
 set -uo pipefail
@@ -114,8 +115,12 @@ for step in $steps; do
         ;;
     defaultset)
         log "defaultset: the default set on the C microbenchmarks, interleaved rounds"
+        # the fault loop's fault count per mapping depends on it
+        echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled)"
+        # shellcheck disable=SC2086  # DEFAULT_SET_ARGS: words, e.g. --unwatched --workloads faults
         (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 500 python3 -P -m bench.default_set \
-            --rounds "${DEFAULT_SET_ROUNDS:-6}" --json > "$out/default_set.json")
+            --rounds "${DEFAULT_SET_ROUNDS:-6}" ${DEFAULT_SET_ARGS:-} --json \
+            > "$out/default_set${DEFAULT_SET_TAG:+-$DEFAULT_SET_TAG}.json")
         ;;
     daemoncpu)
         log "daemoncpu: the daemon's CPU by thread beside the training job"
