@@ -19,14 +19,18 @@
  *
  * One program per hook with sched: where sched runs in the same module (probes/bundle.py)
  * with its programs on the raw sched_switch and sched_waking, those programs run this
- * probe's share of both events (cstate_switch, cstate_waking below) and this probe attaches
- * only cpu_idle; it tells them so through `carried` (sched's part number, GJ_THIS_PART; 0:
- * not carried, when this probe stops). One program run and one prologue per event instead
- * of two, one clock read per switch and wake-up, and sched's filter bit for the task
- * switched in or woken instead of a second one (docs/performance.md). Alone, or beside a
- * sched on perf tracepoints, this probe attaches its own programs to both. No map crosses
- * probes either way (an extern map needs its owner loaded first, and bcc never releases a
- * public one): the two probes stay separately switchable and fail alone.
+ * probe's share of both events and this probe attaches only cpu_idle; it tells them so
+ * through `carried` (sched's part number, GJ_THIS_PART; 0: not carried, when this probe
+ * stops). sched already keeps, per watched thread, the state it went to sleep in and when it
+ * was woken, in its own entry: carried, this probe keeps no `sleepers` of its own and only
+ * takes the wake-up from sched's entry as the thread is switched in (cstate_carried_woken),
+ * so a watched sleep costs no hash lookup and no cache line of this probe's at the
+ * switch-out, the wake-up (on the waker's CPU) and the switch-in. One program run and one
+ * prologue per event instead of two, one clock read per switch and wake-up
+ * (docs/performance.md). Alone, or beside a sched on perf tracepoints, this probe attaches
+ * its own programs to both and keeps `sleepers`. No map crosses probes either way (an extern
+ * map needs its owner loaded first, and bcc never releases a public one): the two probes
+ * stay separately switchable and fail alone.
  */
 #define GJ_TASK_BITS /* `sleepers` keys, hashed: the switch-in and wake-up filter */
 #include "gpujitter.h"
@@ -133,11 +137,11 @@ RAW_TRACEPOINT_PROBE(cpu_idle)
     return 0;
 }
 
-/* The sleeper `s` is switched in on this CPU; `from_idle_task`: the idle task switched out. */
-static __always_inline void woken_in(struct sleeper *s, struct idle_cpu *c, bool from_idle_task,
-                                     u64 now)
+/* Watched thread tid (of tgid), woken at wake_ns, is switched in on this CPU at `now`;
+ * `from_idle_task`: the idle task switched out. */
+static __always_inline void woken_in(u32 tid, u32 tgid, u64 wake_ns, struct idle_cpu *c,
+                                     bool from_idle_task, u64 now)
 {
-    u64 wake_ns = s->wake_ns;
     u64 wake_to_run = now - wake_ns;
     /* Onto an idle CPU: the idle task ran, and had entered an idle state, before the
      * wake-up. The CPU idled from then until it left its last idle state (interrupts in
@@ -162,8 +166,8 @@ static __always_inline void woken_in(struct sleeper *s, struct idle_cpu *c, bool
     e->idle_ns = c->exit_ns - c->idle_since_ns;
     e->in_state_ns = c->exit_ns - c->entry_ns;
     e->wake_to_run_ns = wake_to_run;
-    e->tid = s->tid;
-    e->tgid = s->tgid;
+    e->tid = tid;
+    e->tgid = tgid;
     e->cpu = bpf_get_smp_processor_id();
     e->state = c->state;
     idle_wakes.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
@@ -187,7 +191,7 @@ static __always_inline void cstate_switch(struct bpf_raw_tracepoint_args *ctx, u
         if (s->wake_ns) {
             if (!*now)
                 *now = bpf_ktime_get_ns();
-            woken_in(s, c, (u32)id == 0, *now);
+            woken_in(s->tid, s->tgid, s->wake_ns, c, (u32)id == 0, *now);
         }
         s->armed = 0;
     }
@@ -198,8 +202,10 @@ static __always_inline void cstate_switch(struct bpf_raw_tracepoint_args *ctx, u
         return;
     u64 prev = ctx->args[1];
     if (prev_state & STATE_DEAD) {
-        if (gj_task_bit(gj_task_ptr_bit(prev)))
-            sleepers.delete(&prev);
+        /* the bit goes with the sleeper, as sched's with its thread (sched.bpf.c) */
+        u32 bit = gj_task_ptr_bit(prev);
+        if (gj_task_bit(bit) && sleepers.delete(&prev) == 0)
+            gj_task_bit_clear(bit);
         return;
     }
     u32 tgid = id >> 32;
@@ -227,8 +233,8 @@ static __always_inline void cstate_waking(u64 task, u64 *now)
     }
 }
 
-/* The same, run from the program of part `part` (sched's), which does the filtering: it
- * sets its own bit for every watched task switched out, which this probe's sleepers are. */
+/* The share run from the program of part `part` (sched's), where that part's entry for the
+ * thread holds what `sleepers` would: whether it went to sleep and when it was woken. */
 static __always_inline bool cstate_carried_by(u32 part)
 {
     u32 zero = 0;
@@ -236,17 +242,24 @@ static __always_inline bool cstate_carried_by(u32 part)
     return by && *by == part;
 }
 
-static __always_inline void cstate_carried_switch(struct bpf_raw_tracepoint_args *ctx, u64 id,
-                                                  bool next_maybe, u64 *now, u32 part)
+/* A watched thread that went to sleep and was woken at wake_ns is switched in at `now` (sched
+ * calls this before its switch share below, as cstate_switch takes the sleeper first). */
+static __always_inline void cstate_carried_woken(u32 tid, u32 tgid, u64 wake_ns, u64 now,
+                                                 bool from_idle_task, u32 part)
 {
-    if (cstate_carried_by(part))
-        cstate_switch(ctx, id, next_maybe, now);
+    if (!cstate_carried_by(part))
+        return;
+    u32 zero = 0;
+    woken_in(tid, tgid, wake_ns, idle_now.lookup(&zero), from_idle_task, now);
 }
 
-static __always_inline void cstate_carried_waking(u64 task, u64 *now, u32 part)
+/* Every context switch: no idle state entered since. */
+static __always_inline void cstate_carried_switch(u32 part)
 {
-    if (cstate_carried_by(part))
-        cstate_waking(task, now);
+    u32 zero = 0;
+    struct idle_cpu *c = idle_now.lookup(&zero);
+    if (c && cstate_carried_by(part))
+        c->switched = 1;
 }
 
 /* sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,

@@ -19,9 +19,10 @@
  * carries the request's device, size and direction. Cost per block request completed on the
  * node: a clock read and two per-CPU stores.
  *
- * With cstate in the same module (GJ_PART_CSTATE, probes/bundle.py) the raw sched_switch and
- * sched_waking programs here also run cstate's share of both events, where cstate asks for
- * it (cstate.bpf.c): one program per hook, one clock read, this filter for both.
+ * With cstate in the same module (GJ_PART_CSTATE, probes/bundle.py) the raw sched_switch
+ * program here also runs cstate's share of the switch, where cstate asks for it
+ * (cstate.bpf.c): one program per hook, one clock read, and `threads` for both (a watched
+ * thread's sleep and wake-up are what cstate's own `sleepers` hold when it runs alone).
  *
  * -D options: THRESHOLD_OFFCPU_NS, THRESHOLD_RUNQ_NS, THRESHOLD_IO_NS, SCHED_NODES (NUMA nodes
  * of the topology), SCHED_SYSCALL_FROM_REGS (read the syscall a thread blocked in from its
@@ -371,7 +372,7 @@ static __always_inline void switched_out(u32 tid, u64 task, long prev_state, u64
         charge_oncpu(t, tid, task, cpu, run, ts);
     if (run)
         run->tid = 0;
-    if (!exiting) /* before the entry's test: cstate's sleepers rely on it where carried */
+    if (!exiting)
         gj_task_bit_set(current_bit(tid));
     if (!t)
         return;
@@ -381,9 +382,13 @@ static __always_inline void switched_out(u32 tid, u64 task, long prev_state, u64
          * nothing looks it up again. */
         t->exited = 1;
         t->off_ns = 0;
-#ifndef SCHED_RAW
-        gj_task_bit_clear(tid); /* a thread id's bit is its own; a pointer's may be shared */
-#endif
+        /* Its bit goes with it. A thread id's bit is its own. A task pointer's is the
+         * pointer's: task_structs are reused in place, and a task that took this one over
+         * would pass the filter at every event of its own, for a `threads` lookup that
+         * misses (gj_task_ptr_bit). Another watched thread whose pointer shares the bit (one
+         * in 2^22 / watched threads, per exit) goes unseen from its next wake-up to its
+         * next switch-out, which sets the bit again. */
+        gj_task_bit_clear(current_bit(tid));
         return;
     }
     if (state == ST_PREEMPTED)
@@ -415,6 +420,13 @@ static __always_inline void count_log2(u32 state, u64 offcpu_ns, u64 runq_ns)
         runq->n[slot]++;
 }
 
+#if defined(SCHED_RAW) && defined(GJ_PART_CSTATE)
+/* cstate's share of sched_switch, defined by its part of the module. */
+static __always_inline void cstate_carried_woken(u32 tid, u32 tgid, u64 wake_ns, u64 now,
+                                                 bool from_idle_task, u32 part);
+static __always_inline void cstate_carried_switch(u32 part);
+#endif
+
 /* tid 0: a task the filter rules out (or the idle task); only the CPU's running slot is
  * cleared. */
 static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid,
@@ -441,6 +453,11 @@ static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid
     u64 offcpu_ns = ts - off_ns;
     u64 runq_ns = ts - runnable_ns;
     u32 state = t->state;
+#if defined(SCHED_RAW) && defined(GJ_PART_CSTATE)
+    /* a sleep whose wake-up was seen (a preempted thread's runnable_ns is its switch-out) */
+    if (t->runnable_ns && (state == ST_SLEEPING || state == ST_UNINTERRUPTIBLE))
+        cstate_carried_woken(tid, t->tgid, runnable_ns, ts, other_tid == 0, GJ_THIS_PART);
+#endif
     count_log2(state, offcpu_ns, runq_ns);
     t->offcpu_ns += offcpu_ns;
     t->runq_ns += runq_ns;
@@ -478,12 +495,6 @@ static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid
     offcpu_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
-#if defined(SCHED_RAW) && defined(GJ_PART_CSTATE)
-/* cstate's share of sched_switch and sched_waking, defined by its part of the module. */
-static __always_inline void cstate_carried_switch(struct bpf_raw_tracepoint_args *ctx, u64 id,
-                                                  bool next_maybe, u64 *now, u32 part);
-static __always_inline void cstate_carried_waking(u64 task, u64 *now, u32 part);
-#endif
 
 #ifdef SCHED_RAW
 /* Raw tracepoints: no perf record is built per event, about half the hook's cost
@@ -530,7 +541,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
     switched_in(next_pid, (const char *)(next + TASK_COMM), prev_pid,
                 (const char *)(prev + TASK_COMM), &now, cpu);
 #ifdef GJ_PART_CSTATE
-    cstate_carried_switch(ctx, id, next_maybe, &now, GJ_THIS_PART);
+    cstate_carried_switch(GJ_THIS_PART);
 #endif
     return 0;
 }
@@ -635,9 +646,6 @@ RAW_TRACEPOINT_PROBE(sched_waking)
     if (!gj_task_bit(gj_task_ptr_bit(task)))
         return 0;
     waking(task_pid(task), &now);
-#ifdef GJ_PART_CSTATE
-    cstate_carried_waking(task, &now, GJ_THIS_PART);
-#endif
     return 0;
 }
 #else

@@ -167,8 +167,8 @@ static __always_inline void gj_task_bit_clear(u32 bit)
 
 /* A task pointer's bit (Fibonacci hashing onto the 2^22): for hooks that hand over task
  * pointers, so that a task the probe never entered costs no read through its pointer.
- * Another pointer may share the bit, so it is never cleared; task_structs are slab objects
- * reused in place, so the pointers of watched tasks, and the bits set, stay few. */
+ * task_structs are slab objects reused in place: a probe clears a task's bit at its last
+ * switch, or the task that takes its place next passes the filter at every event. */
 static __always_inline u32 gj_task_ptr_bit(u64 task)
 {
     return (u32)((task * 0x9E3779B97F4A7C15ULL) >> 42);
