@@ -5,7 +5,7 @@ sweep read against how many it delivered. No daemon: only the thread that drains
 and reads the in-kernel aggregates.
 
     flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.probe_thread [--seconds 15]
-        [--pid PID] [--probes LIST] [--json]
+        [--settle S] [--pid PID] [--probes LIST] [--json]
 
 --pid: the watched process (default: this process's parent, usually an idle shell).
 """
@@ -59,7 +59,7 @@ def count_calls(cls: type, name: str, counts: dict[str, int]) -> None:
     setattr(cls, name, counted)
 
 
-def measure(names: list[str], pid: int, seconds: float) -> dict[str, Any]:
+def measure(names: list[str], pid: int, seconds: float, settle: float = 0.0) -> dict[str, Any]:
     spent: dict[str, list[int]] = defaultdict(list)
     # Each window irq's sweep looks up is decoded (whether delivered or not, on trees where
     # the sweep drops those below the threshold after reading them).
@@ -77,6 +77,9 @@ def measure(names: list[str], pid: int, seconds: float) -> dict[str, Any]:
     events: list[Any] = []
     watch = WatchSpec(pids={pid})
     with ProbeThread(names, topology=load_topology(nvml=False), watch=watch, emit=events.append):
+        # what a probe does once (reading a new process's maps, its libraries' symbols, its
+        # Python code objects) comes in the first seconds after the start
+        time.sleep(settle)
         spent.clear()
         counts.clear()
         delivered = len(events)
@@ -86,6 +89,7 @@ def measure(names: list[str], pid: int, seconds: float) -> dict[str, Any]:
         read = counts["IrqProbe.decode"]
     return {
         "seconds": seconds,
+        "settle_s": settle,
         "events_per_s": delivered / seconds,
         "irq_windows_read_per_s": read / seconds,
         "irq_windows_delivered_per_s": len(windows) / seconds,
@@ -103,12 +107,14 @@ def measure(names: list[str], pid: int, seconds: float) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--settle", type=float, default=0.0,
+                        help="seconds after the start before the window opens")  # fmt: skip
     parser.add_argument("--pid", type=int, default=os.getppid())
     parser.add_argument("--probes", default="", help="comma-separated (default: the default set)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     names = args.probes.split(",") if args.probes else registry.select([], [])
-    res = measure(names, args.pid, args.seconds)
+    res = measure(names, args.pid, args.seconds, args.settle)
     if args.json:
         print(json.dumps(res, indent=1))
         return

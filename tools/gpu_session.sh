@@ -18,6 +18,8 @@
 #                DAEMON_CPU_SETTLE=S: the windows open S s after READY (steady running);
 #                DAEMON_CPU_BEFORE=DIR: rounds alternate with the package tree in DIR, e.g.
 #                a `git archive` of an earlier commit; a run call of its own)
+#   probethread  the probe thread's calls (poll, tick, each probe's sample), timed, beside the
+#                training job (bench/probe_thread.py; PROBE_THREAD_SECONDS, default 30)
 #   startstop    `gpujitter run` from exec to READY and from SIGTERM/SIGINT to exit, its memory,
 #                every uprobe gone after the stop (bench/startstop.py, the node's libcuda)
 #   nvmlcalls    what one NVML read costs, per way of calling it (bench/nvml_calls.py)
@@ -45,6 +47,17 @@ for f in "$tree"/gpujitter/*; do ln -s "$f" /tmp/pkg/gpujitter/; done
 for part in probes daemon tui; do ln -s "$tree/$part" "/tmp/pkg/gpujitter/$part"; done
 export PYTHONPATH=/tmp/pkg:/tmp/site:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
+
+# bench/train_job.py in the background, watched by what follows: sets $pid once it is ready
+# (its stdin held open: end of input is the job's quit).
+start_train_job() {
+    local job=$1
+    mkdir -p "$job"
+    PYTHONPATH=$PYTHONPATH:$tree timeout 560 python3 -P -m bench.train_job --out "$job" \
+        --target-step-ms 50 < <(sleep 600) > "$job/job.jsonl" 2> "$job/job.err" &
+    for _ in $(seq 240); do grep -q '"ready"' "$job/job.jsonl" 2>/dev/null && break; sleep 1; done
+    pid=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["ready"]["pid"])' "$job/job.jsonl")
+}
 
 for step in $steps; do
     case $step in
@@ -124,12 +137,7 @@ for step in $steps; do
         ;;
     daemoncpu)
         log "daemoncpu: the daemon's CPU by thread beside the training job"
-        job=/tmp/gj/daemoncpu && mkdir -p "$job"
-        # stdin held open (end of input is the job's quit)
-        PYTHONPATH=$PYTHONPATH:$tree timeout 560 python3 -P -m bench.train_job --out "$job" \
-            --target-step-ms 50 < <(sleep 600) > "$job/job.jsonl" 2> "$job/job.err" &
-        for _ in $(seq 240); do grep -q '"ready"' "$job/job.jsonl" 2>/dev/null && break; sleep 1; done
-        pid=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["ready"]["pid"])' "$job/job.jsonl")
+        start_train_job /tmp/gj/daemoncpu
         before=()
         if [ -n "${DAEMON_CPU_BEFORE:-}" ]; then
             rm -rf /tmp/pkg-before && mkdir -p /tmp/pkg-before/gpujitter
@@ -150,6 +158,14 @@ for step in $steps; do
         for rec in "$out"/prof/rec-*/; do
             [ -d "$rec" ] && tar -C "$rec" -cJf "${rec%/}.tar.xz" . && rm -rf "$rec"
         done
+        kill -INT "$pid"; sleep 5
+        ;;
+    probethread)
+        log "probethread: the probe thread's calls, timed, beside the training job"
+        start_train_job /tmp/gj/probethread
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 200 python3 -P -m bench.probe_thread \
+            --pid "$pid" --seconds "${PROBE_THREAD_SECONDS:-30}" --settle 20 --json \
+            > "$out/probe_thread.json")
         kill -INT "$pid"; sleep 5
         ;;
     realjob-cost)
