@@ -495,7 +495,6 @@ static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid
     offcpu_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
-
 #ifdef SCHED_RAW
 /* Raw tracepoints: no perf record is built per event, about half the hook's cost
  * (docs/performance.md). They hand over task pointers; the fields read through them are at
