@@ -1,7 +1,8 @@
 """sched probe on the real kernel: run-queue waits behind a CPU hog (checked against the
 kernel's own schedstat), off-CPU states with the syscall and the waker, a forced cross-node
 migration under a topology override, thresholds applied in the kernel, unwatched processes
-ignored, and a probe that the kernel refuses reported unavailable while the others run."""
+ignored, a probe that the kernel refuses reported unavailable while the others run, and the
+thread filter's bits (sched's and cstate's) gone with the threads that set them."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from gpujitter.probes.events import (
     ThreadSched,
     WorkloadInfo,
 )
+from gpujitter.probes.mapbatch import MapBatch
 from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.sched import SchedProbe
 from gpujitter.probes.topology import load_topology
@@ -571,3 +573,49 @@ def test_the_task_that_ran_instead_is_named_with_its_process_and_container(
         ("container", CONTAINER_ID)
     ]
     assert rec.events.index(infos[0]) < rec.events.index(behind[0])
+
+
+def set_filter_bits(bpf: Any) -> int:
+    """Bits set in a probe's thread filter (gj_task_bits), read whole."""
+    batch = MapBatch(bpf["gj_task_bits"])
+    return sum(int(batch.values[i]).bit_count() for i in range(batch.read()))
+
+
+# Alone, sched and cstate each keep a filter; beside sched (one module), cstate's share keeps
+# no sleepers and sets no bits: sched's filter is the one to watch.
+@pytest.mark.parametrize("names", [["sched"], ["cstate"], ["sched", "cstate"]])
+def test_a_watched_threads_filter_bit_goes_with_it_at_its_exit(names: list[str]) -> None:
+    # Task structures are reused in place: a bit left set would let the next task in an
+    # exited watched thread's place pass the filter at every event of its own.
+    with (
+        Child("""
+        stop = threading.Event()
+        def work():
+            while not stop.is_set():
+                time.sleep(0.005)
+        workers = [threading.Thread(target=work) for _ in range(8)]
+        for w in workers:
+            w.start()
+        sys.stdin.readline()
+        stop.set()
+        for w in workers:
+            w.join()
+    """) as child,
+        ProbeSet(
+            names, topology=load_topology(), watch=WatchSpec(pids={child.pid}), emit=[].append
+        ) as probes,
+    ):
+        assert all(s.state == "running" for s in probes.start())
+        bpf = probes.probes[0].bpf
+        child.go()
+        time.sleep(0.3)  # each worker has slept and woken ~50 times
+        live = set_filter_bits(bpf)
+        assert child.proc.stdin is not None
+        child.proc.stdin.write("stop\n")
+        child.proc.stdin.flush()
+        child.wait()
+        time.sleep(0.1)
+        # eight workers and the main thread (asleep in its second read), any two of
+        # which may share a bit of the 2^22
+        assert live >= 8
+        assert set_filter_bits(bpf) == 0
