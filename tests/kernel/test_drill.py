@@ -88,11 +88,16 @@ def assert_meets_targets(r: DrillResult) -> None:
     assert met, rows(r)
 
 
+def overlaps(a: Attribution, stall: dict[str, Any]) -> bool:
+    """Does the attribution's gap overlap the injected stall?"""
+    return a.ts_ns < stall["t1_ns"] and stall["t0_ns"] < a.end_ns
+
+
 def evidence(r: DrillResult, cause: str, kind: type[Evidence]) -> list[list[Any]]:
     """Per attribution that overlaps a stall: the evidence of that kind in its `cause` part."""
     out = []
     for a in r.attributions:
-        if any(a.ts_ns < s["t1_ns"] and s["t0_ns"] < a.end_ns for s in r.stalls):
+        if any(overlaps(a, s) for s in r.stalls):
             parts = [p for p in a.parts if p.cause == cause]
             out.append([e for p in parts for e in p.evidence if isinstance(e, kind)])
     return out
@@ -311,9 +316,10 @@ def test_disk_interrupts_on_the_feeding_cpu() -> None:
     s = r.score
     assert s.found == s.injected and not s.false_gaps, rows(r)
     for stall, scored in zip(r.stalls, s.stalls, strict=True):
-        gaps = [a for a in r.attributions if a.ts_ns < stall["t1_ns"] and stall["t0_ns"] < a.end_ns]
-        top = max((e for a in gaps for p in a.parts if p.cause == "irq" for e in p.evidence
-                   if isinstance(e, IrqEvidence)), key=lambda e: e.ns)  # fmt: skip
+        found = [e for a in r.attributions if overlaps(a, stall)
+                 for p in a.parts if p.cause == "irq"
+                 for e in p.evidence if isinstance(e, IrqEvidence)]  # fmt: skip
+        top = max(found, key=lambda e: e.ns)
         # The handlers counted are those that interrupted the loop: where outside load held
         # its CPU for part of the stall (the suite under a hog: 36 in 25 ms, half of it
         # waiting), only that part's share of them.
@@ -412,7 +418,7 @@ def test_loader_names_the_worker_process_that_computed_the_batch() -> None:
     assert s.found == s.injected and not s.false_gaps, rows(r)
     assert s.targets["attributed"], rows(r)
     for st, stall in zip(s.stalls, r.stalls, strict=True):
-        (a,) = [a for a in r.attributions if a.ts_ns < stall["t1_ns"] and stall["t0_ns"] < a.end_ns]
+        (a,) = [a for a in r.attributions if overlaps(a, stall)]
         (worker,) = [t for t in a.threads if t.tgid == stall["culprit_tgid"] and t.hops == 3]
         assert (worker.role, worker.comm, worker.tid) == ("waker", "gj-loader-wkr", worker.tgid)
         own = {c.cause: c.ns for c in worker.causes}
