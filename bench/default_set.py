@@ -171,11 +171,11 @@ RAW_TRACEPOINT_PROBE(sched_waking) { return 0; }
 """
 
 
-def build(where: Path) -> dict[str, Path]:
+def build(where: Path, names: list[str]) -> dict[str, Path]:
     binaries = {}
-    for name, code in PROGRAMS.items():
+    for name in names:
         src = where / f"gjb-{name}.c"
-        src.write_text(code)
+        src.write_text(PROGRAMS[name])
         binaries[name] = where / f"gjb-{name}"
         subprocess.run(["gcc", "-O2", "-o", str(binaries[name]), str(src)], check=True)
     return binaries
@@ -317,9 +317,9 @@ def measure(
         "probes": names, "watched": watched, "startup": [], "rss_mb": [], "workloads": {}
     }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        binaries = build(Path(tmp))
+        binaries = build(Path(tmp), workloads)
         # the same programs under names the probes do not watch: what every other process pays
-        others = {w: Path(tmp) / f"gju-{w}" for w in PROGRAMS}
+        others = {w: Path(tmp) / f"gju-{w}" for w in workloads}
         for w, path in others.items():
             shutil.copy(binaries[w], path)
         timed = binaries if watched else others
