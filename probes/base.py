@@ -85,7 +85,13 @@ class Probe(abc.ABC):
         the kernel refuses."""
 
     def poll(self) -> None:  # noqa: B027 (a probe without a ring buffer has nothing to poll)
-        """Deliver what the kernel has queued (called every few tens of ms)."""
+        """Deliver what the kernel has queued (every POLL_MS of probes/runner.py, or sooner
+        when the kernel says a burst is filling the rings)."""
+
+    def ring_fds(self) -> list[int]:
+        """The fds of the ring buffers its poll drains: the runner waits on them for the
+        kernel's early wake-up (gj_wake_flags in gpujitter.h; none by default)."""
+        return []
 
     def sample(self, now_ns: int) -> Iterable[Event]:
         """Periodic aggregates read from kernel maps (called about once a second)."""
@@ -405,6 +411,9 @@ class BpfProbe(Probe):
     def poll(self) -> None:
         if self.bpf is not None and self.rings:
             self.bpf.ring_buffer_consume()
+
+    def ring_fds(self) -> list[int]:
+        return [self.bpf[ring].map_fd for ring in self.rings] if self.bpf is not None else []
 
     def lost_kernel(self) -> int:
         if self.bpf is None:

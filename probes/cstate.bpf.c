@@ -170,7 +170,7 @@ static __always_inline void woken_in(u32 tid, u32 tgid, u64 wake_ns, struct idle
     e->tgid = tgid;
     e->cpu = bpf_get_smp_processor_id();
     e->state = c->state;
-    idle_wakes.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    idle_wakes.ringbuf_submit(e, gj_wake_flags());
 }
 
 /* Which part's programs run this probe's share of sched_switch and sched_waking: sched's

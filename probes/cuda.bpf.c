@@ -88,7 +88,7 @@ static __always_inline void emit(u64 ts, u64 dur, u64 idle, u32 tid, u32 tgid, u
     e->prev_func = prev_func;
     e->role = role;
     e->prev_role = prev_role;
-    cuda_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    cuda_events.ringbuf_submit(e, gj_wake_flags());
 }
 
 /* Work enqueued: a launch, graph launch or copy. */

@@ -198,7 +198,7 @@ static __always_inline void storm_read(struct thread_faults *t, u64 id, u64 now)
             r->count = t->win_count;
             r->cls = CLS_MINOR;
             r->comm[0] = 0;
-            fault_records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+            fault_records.ringbuf_submit(r, gj_wake_flags());
         }
     }
     open_window(t, now, 0);
@@ -287,7 +287,7 @@ int on_major_done(struct bpf_perf_event_data *ctx)
     r->count = 1;
     r->cls = cls;
     bpf_get_current_comm(&r->comm, sizeof(r->comm));
-    fault_records.ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+    fault_records.ringbuf_submit(r, gj_wake_flags());
     return 0;
 }
 

@@ -152,6 +152,9 @@ class FaultPrograms:
     def poll(self) -> None:
         self.bpf.ring_buffer_consume()
 
+    def ring_fds(self) -> list[int]:
+        return [self._ring.map_fd]
+
     def lost(self, probe: FaultProbe) -> int:
         table = self.bpf["lost_by_class"]
         return sum(
@@ -262,6 +265,9 @@ class FaultProbe(Probe):
 
     def poll(self) -> None:
         self.joined.poll()
+
+    def ring_fds(self) -> list[int]:
+        return self.joined.ring_fds()
 
     def sample(self, now_ns: int) -> Iterable[Event]:
         return self.joined.sample(self, now_ns)

@@ -99,7 +99,7 @@ RAW_TRACEPOINT_PROBE(mmap_lock_released)
             e->tgid = id >> 32;
             e->cpu = bpf_get_smp_processor_id();
             e->sc = call->sc;
-            slow_syscalls.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+            slow_syscalls.ringbuf_submit(e, gj_wake_flags());
         }
     }
     inflight.delete(&tid);

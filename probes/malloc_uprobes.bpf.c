@@ -96,7 +96,7 @@ int leave(struct pt_regs *ctx)
             e->tid = tid;
             e->tgid = id >> 32;
             e->cpu = bpf_get_smp_processor_id();
-            slow_calls.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+            slow_calls.ringbuf_submit(e, gj_wake_flags());
         }
     }
     calls.delete(&tid);

@@ -153,7 +153,7 @@ static __always_inline int end(s64 collected)
             e->tgid = id >> 32;
             e->cpu = bpf_get_smp_processor_id();
             e->generation = gen;
-            gc_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+            gc_events.ringbuf_submit(e, gj_wake_flags());
         }
     } else {
         u32 h = slot * LOG2_SLOTS + bpf_log2l(dur), zero = 0;

@@ -86,7 +86,7 @@ int gil_leave(struct pt_regs *ctx)
             } else {
                 __builtin_memset(e->holder_comm, 0, TASK_COMM_LEN);
             }
-            gil_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+            gil_events.ringbuf_submit(e, gj_wake_flags());
         }
     } else {
         u32 h = bpf_log2l(dur), zero = 0;

@@ -156,6 +156,6 @@ int py_tick(struct bpf_perf_event_data *ctx)
             __sync_fetch_and_add(n, 1);
         return 0;
     }
-    py_samples.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    py_samples.ringbuf_submit(e, gj_wake_flags());
     return 0;
 }

@@ -1,14 +1,17 @@
 """Run a set of probes: the core module first, then each probe; a probe the kernel refuses is
 reported unavailable and the rest keep running. One thread does all bcc work (bcc objects
-are not thread-safe): it consumes ring buffers every `poll_ms` and, once a second, reads
-in-kernel aggregates, refreshes the watched set and reports probe health.
+are not thread-safe): it consumes ring buffers every `poll_ms`, or sooner when the kernel
+wakes it for a burst, and, once a second, reads in-kernel aggregates, refreshes the watched
+set and reports probe health.
 """
 
 from __future__ import annotations
 
+import os
+import select
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gpujitter.errors import GpujitterError
@@ -28,7 +31,43 @@ from gpujitter.probes.progstats import Cost, CostMeter
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import CoreBpf, WatchSpec, module_parts
 
-QUIET_RECORDS = 64  # fewer in a poll: the next one may wait twice as long
+# The rings are drained this often: records wait in the kernel meanwhile (a record wakes
+# nobody), and a drain of a quarter second's records cost the daemon ~20 % less CPU beside
+# a busy job than drains every 50-100 ms; half a second saved nothing more
+# (docs/performance.md, "Fewer wake-ups"). A burst does not wait for it: the kernel wakes
+# the drain after GJ_WAKE_RECORDS records (gpujitter.h), half the smallest ring.
+POLL_MS = 250
+
+
+class RingWaits:
+    """Where the probe thread waits between drains: an edge-triggered epoll on the rings'
+    fds, which report ready only when the kernel wakes them (the GJ_WAKE_RECORDS-th record
+    since the last drain; records submitted without a wake-up leave a waiter asleep), and
+    on an eventfd that a stop writes to."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._fds: set[int] = set()
+        self._stop_fd = os.eventfd(0, os.EFD_NONBLOCK)
+        self._epoll.register(self._stop_fd, select.EPOLLIN)
+
+    def watch(self, fds: Iterable[int]) -> None:
+        """Wait on these rings too (fds already waited on are left as they are)."""
+        for fd in set(fds) - self._fds:
+            self._epoll.register(fd, select.EPOLLIN | select.EPOLLET)
+            self._fds.add(fd)
+
+    def wait(self, timeout_s: float) -> None:
+        self._epoll.poll(timeout_s)
+
+    def wake(self) -> None:
+        """End the wait now, and every later one (a stop)."""
+        os.eventfd_write(self._stop_fd, 1)
+
+    def close(self) -> None:
+        if not self._epoll.closed:
+            self._epoll.close()
+            os.close(self._stop_fd)
 
 
 def set_parts(probes: Sequence[Probe], ctx: ProbeContext) -> list[ModulePart]:
@@ -90,6 +129,7 @@ class ProbeSet:
         self.ctx.shared["feeders"] = feeders  # the threads a sampler looks at first
         self.probes: list[Probe] = []
         self.meter = CostMeter()
+        self.waits = RingWaits()
         self._last_tick = 0
 
     def start(self, release: bool = True) -> list[ProbeStatus]:
@@ -124,6 +164,7 @@ class ProbeSet:
         if release:
             release_compiler_memory()
         self.measure_cost(now)  # the first measured stretch starts now
+        self._watch_rings()
         return statuses
 
     @property
@@ -131,9 +172,14 @@ class ProbeSet:
         return [p for p in self.probes if p.state in ("running", "degraded")]
 
     def poll(self) -> None:
+        self.core.rearm()
         self.core.poll()
         for probe in self.running:
             probe.poll()
+
+    def _watch_rings(self) -> None:
+        probes = [fd for probe in self.running for fd in probe.ring_fds()]
+        self.waits.watch([*self.core.ring_fds(), *probes])
 
     def measure_cost(self, now_ns: int) -> None:
         """Each running probe's BPF cost (progstats.CostMeter), kept on the probe."""
@@ -151,20 +197,19 @@ class ProbeSet:
         for probe in self.probes:
             self.emit(probe.status(now_ns))
 
-    def run(self, should_stop: Callable[[], bool], poll_ms: int = 50, tick_ms: int = 1000) -> None:
-        """Poll every poll_ms, or every 2 * poll_ms after a poll that found fewer than
-        QUIET_RECORDS: an idle node wakes the thread half as often, and the rings (16 pages
-        and more: ~1 000 records) still hold twice the designed 5k records/s over the
-        longer wait. Tick every tick_ms."""
+    def run(
+        self, should_stop: Callable[[], bool], poll_ms: int = POLL_MS, tick_ms: int = 1000
+    ) -> None:
+        """Poll every poll_ms, or as soon as the kernel wakes a ring (a burst); tick every
+        tick_ms. A stop ends the wait at once (`waits.wake`)."""
         while not should_stop():
-            before = self.delivered
             self.poll()
             now = time.monotonic_ns()
             if now - self._last_tick >= tick_ms * 1_000_000:
                 self._last_tick = now
                 self.tick(now)
-            quiet = self.delivered - before < QUIET_RECORDS
-            time.sleep((2 * poll_ms if quiet else poll_ms) / 1000)
+            tick_in_ms = (self._last_tick + tick_ms * 1_000_000 - now) / 1e6
+            self.waits.wait(max(0.0, min(poll_ms, tick_in_ms)) / 1000)
         self.poll()
 
     def close(self) -> None:
@@ -180,6 +225,7 @@ class ProbeSet:
             t.join()
         self.core.close()
         self.meter.close()
+        self.waits.close()
 
     def __enter__(self) -> ProbeSet:
         return self
@@ -199,7 +245,7 @@ class ProbeThread:
     """
 
     def __init__(
-        self, names: Sequence[str], *, poll_ms: int = 50, tick_ms: int = 1000, **kwargs: Any
+        self, names: Sequence[str], *, poll_ms: int = POLL_MS, tick_ms: int = 1000, **kwargs: Any
     ) -> None:
         import threading
 
@@ -209,12 +255,14 @@ class ProbeThread:
         self.statuses: list[ProbeStatus] = []
         self.error: BaseException | None = None
         self._stop = threading.Event()
+        self._waits: RingWaits | None = None  # the running set's, for a stop to end its wait
         self._thread = threading.Thread(target=self._main, name="gpujitter-probes", daemon=True)
 
     def _main(self) -> None:
         names, kwargs = self._set_args
         try:
             with ProbeSet(names, **kwargs) as probes:
+                self._waits = probes.waits
                 self.statuses = probes.start(release=False)
                 self.started.set()
                 # After the start is said: the daemon's READY need not wait for it (~60 ms).
@@ -234,6 +282,8 @@ class ProbeThread:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        if self._waits is not None:
+            self._waits.wake()
         self._thread.join()
         if self.error is not None and exc[0] is None:
             raise self.error

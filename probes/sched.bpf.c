@@ -492,7 +492,7 @@ static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid
         __builtin_memcpy(e->other_comm, top.comm, TASK_COMM_LEN);
     else
         bpf_probe_read_kernel(e->other_comm, TASK_COMM_LEN, other_comm);
-    offcpu_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    offcpu_events.ringbuf_submit(e, gj_wake_flags());
 }
 
 #ifdef SCHED_RAW
@@ -693,6 +693,6 @@ TRACEPOINT_PROBE(sched, sched_migrate_task)
     e->src_node = src_node;
     e->dst_node = dst_node;
     TP_DATA_LOC_READ_STR(&e->comm, comm, sizeof(e->comm));
-    migrations.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    migrations.ringbuf_submit(e, gj_wake_flags());
     return 0;
 }

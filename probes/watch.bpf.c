@@ -49,7 +49,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     e->exited = GJ_EXEC;
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
     TP_DATA_LOC_READ_STR(&e->filename, filename, sizeof(e->filename));
-    proc_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    proc_events.ringbuf_submit(e, gj_wake_flags());
     return 0;
 }
 
@@ -82,6 +82,6 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     e->exited = tid == tgid ? GJ_EXIT_PROCESS : GJ_EXIT_THREAD;
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
     e->filename[0] = 0;
-    proc_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    proc_events.ringbuf_submit(e, gj_wake_flags());
     return 0;
 }

@@ -217,6 +217,7 @@ class CoreBpf:
         self.topology = topology
         self.paths = paths
         self.bpf: Any = None
+        self._pending: Any = None  # gj_pending, zeroed at each drain
         self.watched: dict[int, int] = {}
         self.workloads = WorkloadReader(paths)
         self._announced: set[int] = set()  # tgids whose workload was looked up
@@ -251,6 +252,7 @@ class CoreBpf:
                 if bundle is not None:
                     bundle.release()
                 raise
+        self._pending = self.bpf["gj_pending"]
         config = self.bpf["gj_config"]
         config[ct.c_uint(CFG_FLAGS)] = ct.c_ulonglong(WATCH_ALL if self.spec.all else 0)
         config[ct.c_uint(CFG_SELF_TGID)] = ct.c_ulonglong(os.getpid())
@@ -286,6 +288,16 @@ class CoreBpf:
     def poll(self) -> None:
         if self.bpf is not None:
             self.bpf.ring_buffer_consume()
+
+    def ring_fds(self) -> list[int]:
+        return [self.bpf["proc_events"].map_fd] if self.bpf is not None else []
+
+    def rearm(self) -> None:
+        """Zero the kernel's count of records since the last drain (gpujitter.h
+        gj_wake_flags): called as a drain begins, so that what comes during it counts
+        towards the next early wake-up."""
+        if self.bpf is not None:
+            self._pending[ct.c_uint(0)] = ct.c_ulonglong(0)
 
     def refresh(self, now_ns: int) -> None:
         """Re-resolve the spec (new PIDs of patterns, cgroup members, GPU processes); keep

@@ -38,8 +38,10 @@ from gpujitter.probes.topology import Topology
 
 TICK_NS = 1_000_000_000
 # How long the loop gathers events before it takes them (unless a burst fills a quarter of
-# the queue): how late a stop or a tick can be, and how often an idle daemon wakes.
-DRAIN_TIMEOUT_S = 0.1
+# the queue or a stop wakes it): how late a tick can be, and how often an idle daemon
+# wakes. The probe thread hands over on the same period (probes/runner.py POLL_MS): a
+# larger batch a wake-up costs less an event (docs/performance.md, "Fewer wake-ups").
+DRAIN_TIMEOUT_S = 0.25
 # The watched processes may pin their threads at any time: their CPUs are read again this
 # often, besides whenever the watched set changes.
 REPIN_NS = 10_000_000_000

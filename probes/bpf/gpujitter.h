@@ -39,19 +39,28 @@ static long (*gj_read_user)(void *dst, u32 size, const void *unsafe_ptr) =
 BPF_TABLE_PUBLIC("hash", u32, u8, gj_watched, GJ_MAX_WATCHED);
 BPF_TABLE_PUBLIC("array", u32, u64, gj_config, 4);
 BPF_TABLE_PUBLIC("array", u32, u32, gj_cpu_node, GJ_MAX_CPUS);
+BPF_TABLE_PUBLIC("array", u32, u64, gj_pending, 1);
 #else
 BPF_TABLE("extern", u32, u8, gj_watched, GJ_MAX_WATCHED);
 BPF_TABLE("extern", u32, u64, gj_config, 4);
 BPF_TABLE("extern", u32, u32, gj_cpu_node, GJ_MAX_CPUS);
+BPF_TABLE("extern", u32, u64, gj_pending, 1);
 #endif
 
 /* Ring-buffer use, in every probe (bcc rewrites map calls, so no macro can wrap them):
  *     struct rec *e = ring.ringbuf_reserve(sizeof(*e));
  *     if (!e) { gj_count_lost(); return 0; }
  *     ...
- *     ring.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
- * BPF_RB_NO_WAKEUP: user space consumes on a timer, so no wake-up (a syscall and a context
- * switch) per record. */
+ *     ring.ringbuf_submit(e, gj_wake_flags());
+ * User space drains the rings on a timer (probes/runner.py), so a record wakes nobody
+ * (BPF_RB_NO_WAKEUP: no wake-up, a syscall and a context switch, per record) unless it is
+ * the GJ_WAKE_RECORDS-th since user space last began a drain, counted across all rings in
+ * gj_pending (zeroed by user space): that one wakes the drain early, so a burst cannot fill
+ * a ring while the timer waits. 256 is half of the smallest ring's records (8 pages of
+ * 64-byte records). The count is not atomic with its test: where two CPUs add at once, the
+ * wake-up can be missed, and the timer drains instead. A record is rare next to the
+ * events the probes filter (≤ 5k a second by design), so the shared line costs little. */
+#define GJ_WAKE_RECORDS 256
 
 static __always_inline u64 gj_config_get(u32 slot)
 {
@@ -113,6 +122,17 @@ static __always_inline void gj_watched_changed(void)
     u64 *gen = gj_config.lookup(&slot);
     if (gen)
         __sync_fetch_and_add(gen, 1);
+}
+
+/* The flags for a record's ringbuf_submit: see "Ring-buffer use" above. */
+static __always_inline u64 gj_wake_flags(void)
+{
+    u32 zero = 0;
+    u64 *n = gj_pending.lookup(&zero);
+    if (!n)
+        return BPF_RB_NO_WAKEUP;
+    __sync_fetch_and_add(n, 1);
+    return *n == GJ_WAKE_RECORDS ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 }
 
 /* NUMA node of a CPU as user space configured it (topology override honoured); 0 if unset. */

@@ -4,11 +4,13 @@ nothing missing. CI-sized (20k records); the 100k/s figure is bench/event_rate.p
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
 from bench.event_rate import account, build_generator, run_generator, start_generator
 from gpujitter.daemon.service.runtime import EventQueue
+from gpujitter.probes.base import Emit
 from gpujitter.probes.events import Event, ProbeStatus
 from gpujitter.probes.runner import ProbeThread
 from gpujitter.probes.topology import load_topology
@@ -16,6 +18,18 @@ from gpujitter.probes.watch import WatchSpec
 
 CALLS = 20_000
 QUEUED = 5_000  # the event queue's bound: nothing drains it, so the rest is dropped
+
+
+def _streaming(gen: subprocess.Popen[str], emit: Emit, **periods: int) -> ProbeThread:
+    """The malloc probe watching the generator, every system call of it a record."""
+    return ProbeThread(
+        ["malloc"],
+        topology=load_topology(nvml=False),
+        watch=WatchSpec(pids={gen.pid}),
+        emit=emit,
+        thresholds={"malloc": {"syscall": 0}},
+        **periods,
+    )
 
 
 def test_generated_records_are_received_lost_or_dropped_and_each_counted(tmp_path: Path) -> None:
@@ -30,14 +44,7 @@ def test_generated_records_are_received_lost_or_dropped_and_each_counted(tmp_pat
         return queue.emit(ev)
 
     try:
-        with ProbeThread(
-            ["malloc"],
-            topology=load_topology(nvml=False),
-            watch=WatchSpec(pids={gen.pid}),
-            emit=emit,
-            thresholds={"malloc": {"syscall": 0}},
-            tick_ms=100,
-        ):
+        with _streaming(gen, emit, tick_ms=100):
             generated, _ = run_generator(gen)
             time.sleep(1.0)  # ticks after the last record: the last status counts them all
     finally:
@@ -50,3 +57,39 @@ def test_generated_records_are_received_lost_or_dropped_and_each_counted(tmp_pat
     assert result["dropped_python"] > 0  # the queue's drops of this probe's records
     assert result["unaccounted"] == 0, result
     assert result["probe_events"] == result["received"] + result["dropped_python"]
+
+
+def _first_record_after(tmp_path: Path, calls: int, wait_s: float) -> float | None:
+    """Seconds from the end of a burst of `calls` streamed records to the first of them
+    handed over, by a probe thread whose drains are 30 s apart; None: none within wait_s."""
+    gen = start_generator(build_generator(tmp_path), rate=50_000, seconds=calls / 50_000)
+    arrived: list[float] = []
+
+    def emit(ev: Event) -> bool:
+        if not isinstance(ev, ProbeStatus) and not arrived:
+            arrived.append(time.monotonic())
+        return True
+
+    try:
+        with _streaming(gen, emit, poll_ms=30_000, tick_ms=30_000):
+            time.sleep(0.5)  # past the start's drain and first tick
+            arrived.clear()
+            generated, _ = run_generator(gen)
+            done = time.monotonic()
+            assert generated == calls
+            while not arrived and time.monotonic() - done < wait_s:
+                time.sleep(0.05)
+            return arrived[0] - done if arrived else None
+    finally:
+        if gen.poll() is None:
+            gen.kill()
+            gen.wait()
+
+
+def test_a_burst_wakes_the_drain_before_its_period(tmp_path: Path) -> None:
+    """Records wait in the kernel for the next drain, except that the 256th since the last
+    one wakes it (gj_wake_flags): a burst is handed over at once, and a trickle is not (a
+    wake-up per record would be the cost the timer exists to avoid)."""
+    assert _first_record_after(tmp_path, calls=100, wait_s=2.0) is None
+    late = _first_record_after(tmp_path, calls=2_000, wait_s=5.0)
+    assert late is not None and late < 1.0
