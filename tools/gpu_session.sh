@@ -17,7 +17,8 @@
 #   daemoncpu    the daemon's CPU by thread beside the training job (bench/daemon_cpu.py;
 #                DAEMON_CPU_SETTLE=S: the windows open S s after READY (steady running);
 #                DAEMON_CPU_BEFORE=DIR: rounds alternate with the package tree in DIR, e.g.
-#                a `git archive` of an earlier commit; a run call of its own)
+#                a `git archive` of an earlier commit; DAEMON_CPU_PROFILE=0: no profiled
+#                round after them; a run call of its own)
 #   probethread  the probe thread's calls (poll, tick, each probe's sample), timed, beside the
 #                training job (bench/probe_thread.py; PROBE_THREAD_SECONDS, default 30)
 #   startstop    `gpujitter run` from exec to READY and from SIGTERM/SIGINT to exit, its memory,
@@ -151,10 +152,13 @@ for step in $steps; do
             --pid "$pid" --seconds "${DAEMON_CPU_SECONDS:-40}" --rounds "${DAEMON_CPU_ROUNDS:-2}" \
             --settle "${DAEMON_CPU_SETTLE:-1}" "${before[@]}" --json > "$out/daemoncpu.json")
         # py-spy's samples and the run's recording come back (to replay the main thread here)
-        mkdir -p "$out/prof"
-        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout $((100 + ${DAEMON_CPU_SETTLE:-1})) python3 -P -m bench.daemon_cpu live \
-            --pid "$pid" --seconds 30 --settle "${DAEMON_CPU_SETTLE:-1}" --profile "$out/prof" \
-            --json > "$out/profiled.json")
+        if [ "${DAEMON_CPU_PROFILE:-1}" != 0 ]; then
+            mkdir -p "$out/prof"
+            (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout $((100 + ${DAEMON_CPU_SETTLE:-1})) \
+                python3 -P -m bench.daemon_cpu live --pid "$pid" --seconds 30 \
+                --settle "${DAEMON_CPU_SETTLE:-1}" --profile "$out/prof" --json \
+                > "$out/profiled.json")
+        fi
         for rec in "$out"/prof/rec-*/; do
             [ -d "$rec" ] && tar -C "$rec" -cJf "${rec%/}.tar.xz" . && rm -rf "$rec"
         done
