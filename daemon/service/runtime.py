@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import os
+import select
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -57,7 +60,9 @@ class EventQueue:
     (one wake-up a period, whatever the rate: a niced thread woken per ring-buffer poll ran
     cold, ~85 µs an event live against ~15-30 replayed, docs/performance.md), and returns
     early only when a quarter of the bound is queued (a burst is not dropped) or `wake` is
-    called (a stop).
+    called (a stop). The wait is a poll on an eventfd, not a threading.Event: `wake` takes
+    no lock, so a signal handler may call it (one that set an Event could deadlock on the
+    lock the thread it interrupted holds), and a stop never waits out the period.
 
     The default bound is memory: a full queue holds ~7 MiB of decoded events (~460 B
     each), and Python keeps that much after a backlog drains (long-lived objects allocated
@@ -70,7 +75,14 @@ class EventQueue:
         self.dropped = 0
         self._events: collections.deque[Event] = collections.deque()
         self._wake_at = max(1, maxsize // 4)
-        self._more = threading.Event()
+        self._more = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        weakref.finalize(self, os.close, self._more)
+        self._waiter = select.poll()
+        self._waiter.register(self._more, select.POLLIN)
+        # Written once per batch: a burst's emits past the quarter mark cost no syscall each.
+        # Read and written by several threads without a lock: a race costs one write more,
+        # or the early wake-up of one batch (the period then ends its wait).
+        self._woken = False
 
     def emit(self, ev: Event) -> bool:
         events = self._events
@@ -78,13 +90,14 @@ class EventQueue:
             self.dropped += 1
             return False
         events.append(ev)
-        if len(events) >= self._wake_at and not self._more.is_set():
-            self._more.set()
+        if len(events) >= self._wake_at and not self._woken:
+            self._woken = True
+            os.eventfd_write(self._more, 1)
         return True
 
     def wake(self) -> None:
-        """End the consumer's wait now (a stop from another thread)."""
-        self._more.set()
+        """End the consumer's wait now (a stop: from another thread, or a signal handler)."""
+        os.eventfd_write(self._more, 1)
 
     def empty(self) -> bool:
         return not self._events
@@ -93,8 +106,10 @@ class EventQueue:
         """What is queued (up to `limit`, oldest first), after waiting up to timeout_s for
         a quarter of the bound to gather."""
         if timeout_s and len(self._events) < self._wake_at:
-            self._more.wait(timeout_s)
-        self._more.clear()
+            self._waiter.poll(math.ceil(timeout_s * 1000))
+        with contextlib.suppress(BlockingIOError):  # nothing written: the period ended
+            os.eventfd_read(self._more)
+        self._woken = False
         events = self._events
         return [events.popleft() for _ in range(min(len(events), limit))]
 
@@ -292,8 +307,7 @@ class Runtime:
     # -- signals ----------------------------------------------------------------------
 
     def stop(self) -> None:
-        """End the loop at its next turn (from any thread; not a signal handler's: the
-        queue's wake-up takes a lock the interrupted loop may hold)."""
+        """End the loop at its next turn (from any thread, or a signal handler)."""
         self._stop = True
         self.queue.wake()
 
@@ -303,7 +317,7 @@ class Runtime:
             # so nothing is lost by stopping at once, as the signal's default would.
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
-        self._stop = True
+        self.stop()
 
     def _on_hup(self, signum: int, frame: object) -> None:
         self._reload = True

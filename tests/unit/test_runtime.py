@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,24 @@ def test_sigterm_stops_the_loop_and_closes_the_sinks() -> None:
     runtime.run(ready=lambda rt: os.kill(os.getpid(), signal.SIGTERM))
     assert kept.closed
     assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
+
+
+def test_sigterm_ends_the_loops_wait_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The handler wakes the queue's wait itself: a stop does not wait out the period (here
+    made a minute, so that a missed wake-up cannot pass)."""
+    monkeypatch.setattr("gpujitter.daemon.service.runtime.DRAIN_TIMEOUT_S", 60.0)
+    runtime = Runtime(ListSource([], live=True), load_topology(), sinks=[Kept()])
+    sent: list[float] = []
+
+    def term_later(rt: Runtime) -> None:
+        def term() -> None:
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Timer(0.3, term).start()  # once the loop waits
+
+    runtime.run(ready=term_later)
+    assert sent and time.monotonic() - sent[0] < 10
 
 
 def report_of(trace: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
