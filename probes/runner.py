@@ -172,10 +172,10 @@ class ProbeSet:
         return [p for p in self.probes if p.state in ("running", "degraded")]
 
     def poll(self) -> None:
-        self.core.rearm()
         self.core.poll()
         for probe in self.running:
             probe.poll()
+        self.core.rearm()
 
     def _watch_rings(self) -> None:
         probes = [fd for probe in self.running for fd in probe.ring_fds()]

@@ -294,8 +294,10 @@ class CoreBpf:
 
     def rearm(self) -> None:
         """Zero the kernel's count of records since the last drain (gpujitter.h
-        gj_wake_flags): called as a drain begins, so that what comes during it counts
-        towards the next early wake-up."""
+        gj_wake_flags), and with it the latch of its one wake-up: called once a drain is
+        over. Zeroed as it began, a wake-up that came during the drain was spent on rings
+        that the drain then emptied (the edge-triggered wait reports a ring only if it
+        holds records), and the next burst waited out the period."""
         if self.bpf is not None:
             self._pending[ct.c_uint(0)] = ct.c_ulonglong(0)
 

@@ -53,14 +53,16 @@ BPF_TABLE("extern", u32, u64, gj_pending, 1);
  *     ...
  *     ring.ringbuf_submit(e, gj_wake_flags());
  * User space drains the rings on a timer (probes/runner.py), so a record wakes nobody
- * (BPF_RB_NO_WAKEUP: no wake-up, a syscall and a context switch, per record) unless it is
- * the GJ_WAKE_RECORDS-th since user space last began a drain, counted across all rings in
- * gj_pending (zeroed by user space): that one wakes the drain early, so a burst cannot fill
- * a ring while the timer waits. 256 is half of the smallest ring's records (8 pages of
- * 64-byte records). The count is not atomic with its test: where two CPUs add at once, the
- * wake-up can be missed, and the timer drains instead. A record is rare next to the
- * events the probes filter (≤ 5k a second by design), so the shared line costs little. */
+ * (BPF_RB_NO_WAKEUP: no wake-up, a syscall and a context switch, per record) unless the
+ * records since the last drain, counted across all rings in gj_pending (zeroed by user
+ * space after each drain), reach GJ_WAKE_RECORDS: the first record to find the count there
+ * wakes the drain early, so a burst cannot fill a ring while the timer waits, and latches
+ * the count (GJ_WOKEN), so that a burst costs one wake-up a drain, not one a record. 256 is
+ * half of the smallest ring's records (8 pages of 64-byte records). Two records that race
+ * may both wake (harmless). A record is rare next to the events the probes filter (≤ 5k a
+ * second by design), so the shared line costs little. */
 #define GJ_WAKE_RECORDS 256
+#define GJ_WOKEN (1ULL << 62)
 
 static __always_inline u64 gj_config_get(u32 slot)
 {
@@ -132,7 +134,10 @@ static __always_inline u64 gj_wake_flags(void)
     if (!n)
         return BPF_RB_NO_WAKEUP;
     __sync_fetch_and_add(n, 1);
-    return *n == GJ_WAKE_RECORDS ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+    if (*n < GJ_WAKE_RECORDS || *n >= GJ_WOKEN)
+        return BPF_RB_NO_WAKEUP;
+    *n = GJ_WOKEN; /* one wake-up until user space zeroes the count */
+    return BPF_RB_FORCE_WAKEUP;
 }
 
 /* NUMA node of a CPU as user space configured it (topology override honoured); 0 if unset. */
