@@ -93,6 +93,11 @@ class Probe(abc.ABC):
         kernel's early wake-up (gj_wake_flags in gpujitter.h; none by default)."""
         return []
 
+    def due_ns(self) -> int | None:
+        """When its poll has work due whatever its rings hold (monotonic ns; None: never),
+        which the runner's wait does not outlast."""
+        return None
+
     def sample(self, now_ns: int) -> Iterable[Event]:
         """Periodic aggregates read from kernel maps (called about once a second)."""
         return ()

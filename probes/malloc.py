@@ -86,6 +86,10 @@ class MallocProbe(BpfProbe):
                 self.reason = self.precise.summary(now)
                 self._emit(self.status(now))
 
+    def due_ns(self) -> int | None:
+        """The precise window's end: it closes at a poll, on time."""
+        return self.precise.deadline_ns if self.precise is not None and self.precise.open else None
+
     def lost_kernel(self) -> int:
         precise = self.precise.lost_kernel() if self.precise is not None else 0
         return super().lost_kernel() + precise

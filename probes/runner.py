@@ -41,14 +41,14 @@ POLL_MS = 250
 
 class RingWaits:
     """Where the probe thread waits between drains: an edge-triggered epoll on the rings'
-    fds, which report ready only when the kernel wakes them (the GJ_WAKE_RECORDS-th record
-    since the last drain; records submitted without a wake-up leave a waiter asleep), and
-    on an eventfd that a stop writes to."""
+    fds, which report ready only when the kernel wakes them (GJ_WAKE_RECORDS records since
+    the last drain; records submitted without a wake-up leave a waiter asleep), and on an
+    eventfd that a stop writes to."""
 
     def __init__(self) -> None:
         self._epoll = select.epoll()
         self._fds: set[int] = set()
-        self._stop_fd = os.eventfd(0, os.EFD_NONBLOCK)
+        self._stop_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll.register(self._stop_fd, select.EPOLLIN)
 
     def watch(self, fds: Iterable[int]) -> None:
@@ -208,8 +208,9 @@ class ProbeSet:
             if now - self._last_tick >= tick_ms * 1_000_000:
                 self._last_tick = now
                 self.tick(now)
-            tick_in_ms = (self._last_tick + tick_ms * 1_000_000 - now) / 1e6
-            self.waits.wait(max(0.0, min(poll_ms, tick_in_ms)) / 1000)
+            due = [self._last_tick + tick_ms * 1_000_000]
+            due += [d for p in self.running if (d := p.due_ns()) is not None]
+            self.waits.wait(max(0.0, min(poll_ms, (min(due) - now) / 1e6)) / 1000)
         self.poll()
 
     def close(self) -> None:
