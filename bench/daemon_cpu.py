@@ -5,13 +5,19 @@ and a recorded trace replayed, for the user-space cost per event of decoding and
     flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.daemon_cpu live --seconds 60
     .venv/bin/python -m bench.daemon_cpu replay TRACE_OR_DIR
 
-live needs root (the probes); --pid PID watches that process instead of the feeder,
---before DIR alternates rounds with the package found in DIR (another tree), --profile DIR
-writes a profile per thread there: a cProfile file per thread (NAME.prof) where the
-interpreter gives each thread one (Python < 3.12), else py-spy's samples of the window by
-thread (py-spy-this.txt, raw; py-spy-this.json, each thread's top functions), py-spy found
-on PATH or in a bin/ beside sys.path's entries (`pip install --target` puts it there), and
-the run's recording (rec-this/), for `replay`.
+live needs root (the probes). The daemon runs as installed: its defaults, the attribution
+log and the socket on, no client, no recording; what it delivered by probe, and the
+attributions it made in the window (self-inflicted ones apart), come from the status it
+serves a client connecting for a moment at each end of the window. --record yes adds
+`run --record` (off in its defaults) for the events' count by kind, its cost included;
+--record alternate runs rounds with and without it.
+--pid PID watches that process instead of the feeder, --before DIR alternates rounds with
+the package found in DIR (another tree), --profile DIR writes a profile per thread there: a
+cProfile file per thread (NAME.prof) where the interpreter gives each thread one (Python
+< 3.12), else py-spy's samples of the window by thread (py-spy-this.txt, raw;
+py-spy-this.json, each thread's top functions), py-spy found on PATH or in a bin/ beside
+sys.path's entries (`pip install --target` puts it there), and the run's recording
+(rec-this/; a profiled run records), for `replay`.
 Each thread's time is its schedstat run time,
 summed by thread name; a thread that exited inside the window counts in the process's
 total only ("exited threads"). The daemon runs through `daemon` below, which gives each
@@ -42,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 READY_TIMEOUT_S = 60.0
+STATUS_TIMEOUT_S = 5.0
 PY_SPY_RATE_HZ = 250
 FRAME_LINE = re.compile(r":\d+\)$")  # py-spy's "func (file.py:12)" -> "func (file.py)"
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -226,6 +233,49 @@ def _wait_ready(sock: socket.socket, daemon: subprocess.Popen[bytes]) -> float:
     raise SystemExit("daemon not READY in time")
 
 
+def _daemon_status(path: Path) -> dict[str, Any]:
+    """The daemon's status record from the snapshot its stream sends a new client (the
+    probes' delivered and lost counts, the attributions and how many were self-inflicted);
+    {} when none came in time. A client for a moment: the stream's cost while none is
+    connected stays out of the window."""
+    import orjson
+
+    deadline = time.monotonic() + STATUS_TIMEOUT_S
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(STATUS_TIMEOUT_S)
+        try:
+            client.connect(str(path))
+            reader = client.makefile("rb")
+            while time.monotonic() < deadline:
+                line = reader.readline()
+                if not line:
+                    break
+                rec = orjson.loads(line)
+                if rec.get("type") == "snapshot":
+                    return dict(rec.get("status") or {})
+        except (OSError, ValueError):
+            pass
+    return {}
+
+
+def _window_counts(first: dict[str, Any], last: dict[str, Any], window_s: float) -> dict[str, Any]:
+    """What the daemon counted between two of its status records: events a second by probe,
+    and the attributions, self-inflicted ones and lost events in the window."""
+    if not first or not last:
+        return {}
+
+    def events(status: dict[str, Any]) -> dict[str, int]:
+        return {p: int(c.get("events", 0)) for p, c in (status.get("probe_cost") or {}).items()}
+
+    before, after = events(first), events(last)
+    by_probe = {p: round((n - before.get(p, 0)) / window_s, 1) for p, n in after.items()}
+    keys = ("attributions", "self_inflicted", "lost_kernel", "lost_user")
+    return {
+        "events_per_s_by_probe": dict(sorted(by_probe.items(), key=lambda kv: -kv[1])),
+        **{k: int(last.get(k, 0)) - int(first.get(k, 0)) for k in keys},
+    }
+
+
 def _start_py_spy(py_spy: str, pid: int, seconds: float, out: Path) -> subprocess.Popen[str]:
     """py-spy sampling process `pid`'s threads for `seconds` into `out` (raw, by thread),
     without stopping it (--nonblocking: the daemon's own timing stays its own)."""
@@ -254,11 +304,14 @@ def live(
     pythonpath: str = "",
     py_spy: str = "",
     settle_s: float = 1.0,
+    record: bool = False,
 ) -> dict[str, Any]:
     """One start of the daemon watching `pid` (else a feeder loop of its own); with
     `pythonpath`, the package found there first (another tree, for before/after rounds);
     with `profile_dir`, a profile per thread there: py-spy's samples when `py_spy` names it
-    (py-spy.txt, and py-spy.json by thread), else one cProfile file per thread."""
+    (py-spy.txt, and py-spy.json by thread), else one cProfile file per thread. `record`:
+    the daemon records its raw events too (`run --record`, off in its defaults), which
+    gives their count by kind at the recording's cost."""
     spy = None
     raw = Path(profile_dir) / f"py-spy-{'before' if pythonpath else 'this'}.txt"
     with tempfile.TemporaryDirectory(prefix="gj-daemon-cpu-") as tmp:
@@ -269,8 +322,10 @@ def live(
         notify.settimeout(0.5)
         argv = [sys.executable, "-m", "bench.daemon_cpu", "daemon",
                 "" if py_spy else profile_dir, "run",
-                "--quiet", "--record", str(work / "rec"), "--log", str(work / "log.jsonl"),
-                "--socket", str(work / "sock"), "-p", str(pid or feeder.pid)]  # type: ignore[union-attr]  # fmt: skip
+                "--quiet", "--log", str(work / "log.jsonl"), "--socket", str(work / "sock"),
+                "-p", str(pid or feeder.pid)]  # type: ignore[union-attr]  # fmt: skip
+        if record or profile_dir:
+            argv += ["--record", str(work / "rec")]
         if probes:
             argv += ["--probes", probes]
         env = {**os.environ, "NOTIFY_SOCKET": str(work / "notify")}
@@ -289,9 +344,11 @@ def live(
             time.sleep(settle_s)
             if py_spy and profile_dir:
                 spy = _start_py_spy(py_spy, daemon.pid, seconds, raw)
+            first = _daemon_status(work / "sock")
             t0, p0, th0 = time.monotonic_ns(), process_ns(daemon.pid), threads_ns(daemon.pid)
             time.sleep(seconds)
             t1, p1, th1 = time.monotonic_ns(), process_ns(daemon.pid), threads_ns(daemon.pid)
+            last = _daemon_status(work / "sock")
             rss = rss_bytes(daemon.pid)
         finally:
             daemon.send_signal(signal.SIGINT)
@@ -299,7 +356,7 @@ def live(
             if feeder is not None:
                 feeder.kill()
                 feeder.wait()
-        kinds = _kinds(work / "rec", t0, t1)
+        kinds = _kinds(work / "rec", t0, t1) if (work / "rec").exists() else Counter()
         if profile_dir:  # the run's recording, to replay the main thread's work elsewhere
             shutil.copytree(work / "rec", Path(profile_dir) / f"rec-{raw.stem.split('-')[-1]}")
     profile = _py_spy_profile(spy, raw) if spy is not None else {}
@@ -311,12 +368,14 @@ def live(
         "ready_s": ready_s,
         "probes": probes or "default",
         "tree": pythonpath or "this",
+        "record": bool(record or profile_dir),
         "cpu_pct": 100 * (p1 - p0) / window_ns,
         "threads_pct": {k: 100 * v / window_ns for k, v in sorted(threads.items())},
         "threads_runs_per_s": {k: round(v / (window_ns / 1e9), 1) for k, v in sorted(runs.items())},
         "exited_threads_pct": 100 * max(0, p1 - p0 - sum(threads.values())) / window_ns,
         "rss_mb": rss / 1e6,
         "events_per_s": {k: round(v / (window_ns / 1e9), 1) for k, v in kinds.most_common()},
+        "daemon_counted": _window_counts(first, last, window_ns / 1e9),
         "profile_samples": {name: t["samples"] for name, t in profile.items()},
     }
 
@@ -362,15 +421,24 @@ def replay(path: Path) -> dict[str, Any]:
 
 
 def _print_live(res: dict[str, Any]) -> None:
-    print(f"daemon ({res['probes']}, tree {res['tree']}), {res['window_s']:.0f} s window, ready in "
-          f"{res['ready_s']:.1f} s: {res['cpu_pct']:.2f} % of one CPU, "
+    recorded = ", recording" if res["record"] else ""
+    print(f"daemon ({res['probes']}{recorded}, tree {res['tree']}), {res['window_s']:.0f} s "
+          f"window, ready in {res['ready_s']:.1f} s: {res['cpu_pct']:.2f} % of one CPU, "
           f"RSS {res['rss_mb']:.0f} MB")  # fmt: skip
     runs = res["threads_runs_per_s"]
     for name, pct in sorted(res["threads_pct"].items(), key=lambda kv: -kv[1]):
         print(f"  {name:<20} {pct:6.2f} %  {runs.get(name, 0):7.1f} runs/s")
     print(f"  {'exited threads':<20} {res['exited_threads_pct']:6.2f} %")
-    rates = ", ".join(f"{k} {v}/s" for k, v in res["events_per_s"].items())
-    print(f"  recorded: {rates}")
+    counted = res["daemon_counted"]
+    if counted:
+        rates = ", ".join(f"{k} {v}/s" for k, v in counted["events_per_s_by_probe"].items())
+        print(f"  delivered by probe: {rates}")
+        print(f"  in the window: {counted['attributions']} attributions "
+              f"({counted['self_inflicted']} self-inflicted), lost {counted['lost_kernel']} "
+              f"in the kernel and {counted['lost_user']} in the daemon")  # fmt: skip
+    if res["events_per_s"]:
+        rates = ", ".join(f"{k} {v}/s" for k, v in res["events_per_s"].items())
+        print(f"  recorded: {rates}")
 
 
 def main() -> None:
@@ -392,6 +460,13 @@ def main() -> None:
     lv.add_argument("--rounds", type=int, default=1)
     lv.add_argument(
         "--settle", type=float, default=1.0, metavar="S", help="open the window S s after READY"
+    )
+    lv.add_argument(
+        "--record",
+        choices=("no", "yes", "alternate"),
+        default="no",
+        help="the daemon also records its raw events (off in its defaults): their count by "
+        "kind, at the recording's cost; alternate: rounds with and without, for that cost",
     )
     lv.add_argument(
         "--before",
@@ -422,10 +497,13 @@ def main() -> None:
         if profile:
             Path(profile).mkdir(parents=True, exist_ok=True)
         trees = [args.before, ""] if args.before else [""]
+        records = {"no": [False], "yes": [True], "alternate": [False, True]}[args.record]
+        variants = [(tree, rec) for tree in trees for rec in records]
         results = []
         for k in range(args.rounds):
-            for tree in trees if k % 2 == 0 else trees[::-1]:
-                res = live(args.seconds, args.probes, profile, args.pid, tree, py_spy, args.settle)
+            for tree, rec in variants if k % 2 == 0 else variants[::-1]:
+                res = live(args.seconds, args.probes, profile, args.pid, tree, py_spy,
+                           args.settle, rec)  # fmt: skip
                 results.append(res)
                 if not args.json:
                     _print_live(res)

@@ -18,7 +18,9 @@
 #                DAEMON_CPU_SETTLE=S: the windows open S s after READY (steady running);
 #                DAEMON_CPU_BEFORE=DIR: rounds alternate with the package tree in DIR, e.g.
 #                a `git archive` of an earlier commit; DAEMON_CPU_PROFILE=0: no profiled
-#                round after them; a run call of its own)
+#                round after them; DAEMON_CPU_RECORD=yes|alternate: the daemon also
+#                records (off in its defaults), in every round or every other; a run call
+#                of its own)
 #   probethread  the probe thread's calls (poll, tick, each probe's sample), timed, beside the
 #                training job (bench/probe_thread.py; PROBE_THREAD_SECONDS, default 30)
 #   startstop    `gpujitter run` from exec to READY and from SIGTERM/SIGINT to exit, its memory,
@@ -150,7 +152,8 @@ for step in $steps; do
         fi
         (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 420 python3 -P -m bench.daemon_cpu live \
             --pid "$pid" --seconds "${DAEMON_CPU_SECONDS:-40}" --rounds "${DAEMON_CPU_ROUNDS:-2}" \
-            --settle "${DAEMON_CPU_SETTLE:-1}" "${before[@]}" --json > "$out/daemoncpu.json")
+            --settle "${DAEMON_CPU_SETTLE:-1}" --record "${DAEMON_CPU_RECORD:-no}" "${before[@]}" \
+            --json > "$out/daemoncpu.json")
         # py-spy's samples and the run's recording come back (to replay the main thread here)
         if [ "${DAEMON_CPU_PROFILE:-1}" != 0 ]; then
             mkdir -p "$out/prof"
