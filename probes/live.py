@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpujitter.probes.base import Emit
@@ -39,6 +39,7 @@ class LiveProbes:
         topology: Topology,
         watch: WatchSpec,
         emit: Emit,
+        handed: Callable[[], None] | None = None,
         thresholds: Mapping[str, Mapping[str, int]] | None = None,
         options: Mapping[str, Mapping[str, Any]] | None = None,
         nvml: bool | Any = True,
@@ -49,6 +50,7 @@ class LiveProbes:
         self.topology = topology
         self.watch = watch
         self.emit = emit
+        self.handed = handed
         self.thresholds = thresholds or {}
         self.options = options or {}
         self.nvml_choice = nvml
@@ -79,6 +81,7 @@ class LiveProbes:
                 topology=self.topology,
                 watch=self.watch,
                 emit=self.emit,
+                handed=self.handed,
                 thresholds=self.thresholds,
                 options=self.options,
                 paths=self.paths,

@@ -107,12 +107,16 @@ class ProbeSet:
         topology: Topology,
         watch: WatchSpec,
         emit: Emit,
+        handed: Callable[[], None] | None = None,
         thresholds: Mapping[str, Mapping[str, int]] | None = None,
         options: Mapping[str, Mapping[str, Any]] | None = None,
         paths: HostPaths | None = None,
     ) -> None:
         self.specs = [registry.get(n) for n in names]
         self.emit = emit
+        # Told after each drain (and tick) of `run`, once what it delivered is emitted: a
+        # consumer that takes events in batches takes them then (the daemon's queue).
+        self.handed = handed
         feeders = Feeders()
         self.delivered = 0  # events the probes handed on (the core's excepted)
 
@@ -208,6 +212,8 @@ class ProbeSet:
             if now - self._last_tick >= tick_ms * 1_000_000:
                 self._last_tick = now
                 self.tick(now)
+            if self.handed is not None:
+                self.handed()
             due = [self._last_tick + tick_ms * 1_000_000]
             due += [d for p in self.running if (d := p.due_ns()) is not None]
             self.waits.wait(max(0.0, min(poll_ms, (min(due) - now) / 1e6)) / 1000)

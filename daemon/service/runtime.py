@@ -45,6 +45,10 @@ TICK_NS = 1_000_000_000
 # wakes. The probe thread hands over on the same period (probes/runner.py POLL_MS): a
 # larger batch a wake-up costs less an event (docs/performance.md, "Fewer wake-ups").
 DRAIN_TIMEOUT_S = 0.25
+# With a source that says when it handed a batch over (the live probes, after each drain),
+# the loop wakes on that, and its own period only backs it up: longer than the probe
+# thread's, so that the two do not both wake a few ms apart each period.
+HANDED_TIMEOUT_S = 0.5
 # The watched processes may pin their threads at any time: their CPUs are read again this
 # often, besides whenever the watched set changes.
 REPIN_NS = 10_000_000_000
@@ -59,7 +63,8 @@ class EventQueue:
     The consumer takes the queue in batches: `drain` waits out its timeout to gather one
     (one wake-up a period, whatever the rate: a niced thread woken per ring-buffer poll ran
     cold, ~85 µs an event live against ~15-30 replayed, docs/performance.md), and returns
-    early only when a quarter of the bound is queued (a burst is not dropped) or `wake` is
+    early only when a quarter of the bound is queued (a burst is not dropped), a source says
+    it `handed` a batch over (the probe thread, after each of its drains) or `wake` is
     called (a stop). The wait is a poll on an eventfd, not a threading.Event: `wake` takes
     no lock, so a signal handler may call it (one that set an Event could deadlock on the
     lock the thread it interrupted holds), and a stop never waits out the period.
@@ -99,6 +104,16 @@ class EventQueue:
         """End the consumer's wait now (a stop: from another thread, or a signal handler)."""
         os.eventfd_write(self._more, 1)
 
+    def handed(self) -> None:
+        """A source handed a batch over: the consumer takes it now, not when its period
+        ends. Its wake-ups then follow the probe thread's drains instead of adding their
+        own, and it takes the events right behind the thread that made them (a tenth less
+        of the main thread's CPU on the development VM, docs/performance.md). Nothing
+        queued, or a wake-up already due: no syscall."""
+        if self._events and not self._woken:
+            self._woken = True
+            os.eventfd_write(self._more, 1)
+
     def empty(self) -> bool:
         return not self._events
 
@@ -120,13 +135,15 @@ class EventSource:
     recorded one hands its events over in order through `pull`, never dropped."""
 
     label = ""
+    hands_over = False  # says when it handed a batch over (`start`'s handed)
 
     def __init__(self) -> None:
         self.gpus: list[GpuInfo] = []
         self.statuses: list[ProbeStatus] = []
 
-    def start(self, emit: Emit) -> None:
-        """Begin delivering (live sources: start their threads)."""
+    def start(self, emit: Emit, handed: Callable[[], None] | None = None) -> None:
+        """Begin delivering (live sources: start their threads); one that `hands_over`
+        calls `handed` after each batch it emitted."""
 
     def stop(self) -> None:
         """Stop, after handing over through `emit` what was still held."""
@@ -151,6 +168,7 @@ class LiveSource(EventSource):
     own thread; `kwargs` are LiveProbes' (probe names, topology, watch, ...)."""
 
     label = "live"
+    hands_over = True
 
     def __init__(self, probes: Sequence[str], **kwargs: Any) -> None:
         super().__init__()
@@ -158,10 +176,10 @@ class LiveSource(EventSource):
         self.kwargs = kwargs
         self._evidence: Any = None
 
-    def start(self, emit: Emit) -> None:
+    def start(self, emit: Emit, handed: Callable[[], None] | None = None) -> None:
         from gpujitter.probes.live import LiveProbes
 
-        evidence = LiveProbes(self.probes, emit=emit, **self.kwargs)
+        evidence = LiveProbes(self.probes, emit=emit, handed=handed, **self.kwargs)
         evidence.__enter__()
         self._evidence = evidence
         self.gpus = evidence.gpus
@@ -196,7 +214,7 @@ class ListSource(EventSource):
         self.live = live
         self._events: Iterator[Event] = iter(events)
 
-    def start(self, emit: Emit) -> None:
+    def start(self, emit: Emit, handed: Callable[[], None] | None = None) -> None:
         if self.live:
             for ev in self._events:
                 emit(ev)
@@ -380,7 +398,7 @@ class Runtime:
     def _run(self, ready: Callable[[Runtime], None] | None) -> None:
         # Before any thread starts: the probe thread (and its compiles) inherit the policy.
         self._tend_own(time.monotonic_ns())
-        self.source.start(self.queue.emit)
+        self.source.start(self.queue.emit, self.queue.handed)
         try:
             self._open(ready)
             self._loop()
@@ -468,6 +486,7 @@ class Runtime:
         last_tick = self.start_ns
         self._me.cpu_percent()  # the first call primes psutil's CPU measurement
         self._rss_bytes = self._me.memory_info().rss
+        period_s = HANDED_TIMEOUT_S if self.source.hands_over else DRAIN_TIMEOUT_S
         while not (self._stop or self._stopped() or self.source.failed):
             now = time.monotonic_ns()
             if self.duration_ns is not None and now - self.start_ns >= self.duration_ns:
@@ -475,7 +494,7 @@ class Runtime:
             pulled = self.source.pull(10_000)
             if pulled is None and self.queue.empty():
                 break  # a recorded source handed over everything
-            self._take(pulled or self.queue.drain(timeout_s=DRAIN_TIMEOUT_S))
+            self._take(pulled or self.queue.drain(timeout_s=period_s))
             if self._reload:
                 self._reload = False
                 self._reopen()

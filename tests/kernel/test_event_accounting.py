@@ -11,7 +11,7 @@ from pathlib import Path
 from bench.event_rate import account, build_generator, run_generator, start_generator
 from gpujitter.daemon.service.runtime import EventQueue
 from gpujitter.probes.base import Emit
-from gpujitter.probes.events import Event, ProbeStatus
+from gpujitter.probes.events import AllocSyscall, Event, ProbeStatus
 from gpujitter.probes.runner import ProbeThread
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
@@ -102,3 +102,31 @@ def test_a_stream_keeps_waking_the_drain(tmp_path: Path) -> None:
     first few hundred records."""
     stream = _arrivals(tmp_path, calls=100_000, rate=100_000, wait_s=1.0)
     assert sum(1 for t in stream if t < 0) > 50_000, len(stream)
+
+
+def test_a_drain_hands_its_records_to_the_waiting_consumer(tmp_path: Path) -> None:
+    """After each drain the probe thread says it handed a batch over, and the daemon's
+    queue ends its consumer's wait on that: the consumer wakes behind the drain, not on a
+    clock of its own. Here the consumer's wait is 20 s and the 100 records are far below the
+    quarter of the bound that would end it early: only the hand-over can."""
+    gen = start_generator(build_generator(tmp_path), rate=1_000, seconds=0.1)
+    queue = EventQueue(maxsize=QUEUED)
+
+    def emit(ev: Event) -> bool:
+        return isinstance(ev, ProbeStatus) or queue.emit(ev)
+
+    try:
+        with _streaming(gen, emit, handed=queue.handed, poll_ms=200, tick_ms=30_000):
+            time.sleep(0.5)  # past the start's drain
+            queue.drain()
+            generated, _ = run_generator(gen)
+            done = time.monotonic()
+            taken = queue.drain(timeout_s=20)
+            waited = time.monotonic() - done
+    finally:
+        if gen.poll() is None:
+            gen.kill()
+            gen.wait()
+    brk = [ev for ev in taken if isinstance(ev, AllocSyscall) and ev.syscall == "brk"]
+    assert generated == 100 and len(brk) == 100
+    assert waited < 5.0, waited

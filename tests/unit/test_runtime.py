@@ -137,6 +137,22 @@ def test_a_burst_ends_the_consumers_wait_and_what_came_before_a_stop_is_taken() 
     assert kept.closed and kept.events == events[:1]
 
 
+def test_a_hand_over_ends_the_consumers_wait_when_events_are_queued() -> None:
+    """A source's `handed` (the probe thread after each drain) wakes the consumer at once
+    when it left events, and not at all when it left none: the consumer then waits out its
+    period (a wake-up with nothing to take is the cost the period exists to avoid)."""
+    _, events = h200_stretch()
+    queue = EventQueue(maxsize=8)  # one event is below a quarter: no early wake-up by count
+    queue.handed()
+    start = time.monotonic()
+    assert queue.drain(timeout_s=0.3) == []
+    assert time.monotonic() - start >= 0.25
+    hand = threading.Timer(0.05, lambda: (queue.emit(events[0]), queue.handed()))
+    hand.start()
+    assert queue.drain(timeout_s=3600) == events[:1]
+    hand.join()
+
+
 def test_the_status_is_one_typed_record_from_the_runtime_to_the_tui() -> None:
     """What the runtime says of itself is one DaemonStatus: each sink adds its counters, the
     stream carries it as daemon.status, and the TUI decodes that record into the same type
