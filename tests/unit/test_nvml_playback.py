@@ -158,8 +158,9 @@ def test_calibration_from_the_recorded_reads_alone() -> None:
 
 
 def test_each_stream_is_read_at_its_own_cadence(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Power every 500 ms, utilisation and the processes every 2 s (READ_EVERY_NS: what a
-    read costs), read together where their beats meet; the stop reads everything once more."""
+    """Power every 500 ms, utilisation every 2 s and the processes' SM share every 10 s
+    (READ_EVERY_NS, PROCESS_UTIL_EVERY_NS: what a read costs), read together where their
+    beats meet; the stop reads everything once more."""
     played = playback_sampler(TRAINING)
     nvml, now = played.sampler.nvml, played.playback.now
     reads: dict[str, list[int]] = {"power": [], "util": [], "procs": []}
@@ -177,7 +178,7 @@ def test_each_stream_is_read_at_its_own_cadence(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(nvml, "process_utilization", read_processes)
     played.run()
     spacing = {kind: {b - a for a, b in itertools.pairwise(at[:-1])} for kind, at in reads.items()}
-    assert spacing == {"power": {500 * MS}, "util": {2000 * MS}, "procs": {2000 * MS}}
+    assert spacing == {"power": {500 * MS}, "util": {2000 * MS}, "procs": {10_000 * MS}}
     assert set(reads["util"][:-1]) <= set(reads["power"])
     assert reads["util"][-1] == reads["power"][-1] == reads["procs"][-1]  # the stop's read
 
