@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpujitter.errors import GpujitterError
+from gpujitter.probes import watch
 from gpujitter.probes.events import (
     AllocSyscall,
     ProcExec,
@@ -23,9 +24,10 @@ from gpujitter.probes.events import (
     WatchChange,
     WorkloadInfo,
 )
+from gpujitter.probes.host import HostPaths
 from gpujitter.probes.runner import ProbeThread
 from gpujitter.probes.topology import load_topology
-from gpujitter.probes.watch import WatchSpec
+from gpujitter.probes.watch import ROOT_WALKS, WatchSpec
 from tests.kernel.conftest import run_probes
 from tests.kernel.test_malloc import allocating_child
 
@@ -110,6 +112,42 @@ def test_children_a_watched_process_had_before_the_probes_attached_are_watched()
     )
     maps = [e for e in rec.of(AllocSyscall, tgid=child) if e.syscall == "mmap" and e.length == SIZE]
     assert len(maps) == MAPS
+
+
+def test_a_watched_process_s_children_are_walked_at_its_first_refreshes_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The walk of a watched process's threads' children files (what it forked before it
+    was watched) runs at the first ROOT_WALKS refreshes that choose it; from then on the
+    fork hook follows its children (the tests above), and ten refreshes a second of a
+    training process do not read its hundred threads' files each time."""
+    roots: list[int] = []
+    walk = watch._descendants
+
+    def counted(paths: HostPaths, tgids: list[int]) -> set[int]:
+        roots.extend(tgids)
+        return walk(paths, tgids)
+
+    monkeypatch.setattr(watch, "_descendants", counted)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", EARLY_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert parent.stdout is not None and parent.stdin is not None
+    child = int(parent.stdout.readline())
+
+    def load() -> None:
+        time.sleep(1.0)  # ten refreshes
+        assert parent.stdin is not None
+        parent.stdin.write("go\n")
+        parent.stdin.flush()
+        assert parent.wait(timeout=30) == 0
+
+    rec = run_probes(["malloc"], load, watch=WatchSpec(pids={parent.pid}), tick_ms=100,
+                     thresholds={"malloc": {"syscall": 0}})  # fmt: skip
+    assert roots.count(parent.pid) == ROOT_WALKS
+    maps = [e for e in rec.of(AllocSyscall, tgid=child) if e.syscall == "mmap" and e.length == SIZE]
+    assert len(maps) == MAPS  # the child it had before is watched all the same
 
 
 def test_a_process_matching_a_comm_pattern_is_watched_when_it_execs(tmp_path: Path) -> None:

@@ -160,6 +160,9 @@ def test_a_watched_process_brings_its_children_and_theirs() -> None:
             time.sleep(0.01)
         assert chosen[child.pid] == WHY_PID and len(chosen) == 3
         assert all(why == WHY_FORK for pid, why in chosen.items() if pid != child.pid)
+        # A process whose children were walked before is left to the fork hook.
+        walked = resolve(WatchSpec(pids={child.pid}), HostPaths(), walked=lambda t: True)
+        assert walked == {child.pid: WHY_PID}
         assert task_ids(HostPaths(), child.pid) == [child.pid]
         assert threading.get_native_id() in task_ids(HostPaths(), os.getpid())
     finally:
