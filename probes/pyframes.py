@@ -290,15 +290,21 @@ class Interpreter:
             if not interp:
                 break
             ts = mem.pointer(interp + lay.interp_threads_head)
+            # The thread id and the next thread state in one read (a read is a system call;
+            # this list is read once a second for every watched interpreter).
+            first = min(lay.tstate_tid, lay.tstate_next)
+            span = max(lay.tstate_tid, lay.tstate_next) + 8 - first
             for _ in range(1024):
                 if not ts:
                     break
-                tid = mem.pointer(ts + lay.tstate_tid)
+                raw = mem.read(ts + first, span)
+                tid, following = (struct.unpack_from("<Q", raw, off - first)[0]
+                                  for off in (lay.tstate_tid, lay.tstate_next))  # fmt: skip
                 if not lay.tid_is_native and tid:
                     off = pthread_tid_offset() or 0
                     tid = struct.unpack("<i", mem.read(tid + off, 4))[0]
                 out[tid] = ts
-                ts = mem.pointer(ts + lay.tstate_next)
+                ts = following
             interp = mem.pointer(interp + lay.interp_next)
         return out
 
