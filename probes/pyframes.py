@@ -298,8 +298,8 @@ class Interpreter:
                 if not ts:
                     break
                 raw = mem.read(ts + first, span)
-                tid, following = (struct.unpack_from("<Q", raw, off - first)[0]
-                                  for off in (lay.tstate_tid, lay.tstate_next))  # fmt: skip
+                tid, following = (struct.unpack_from("<Q", raw, at - first)[0]
+                                  for at in (lay.tstate_tid, lay.tstate_next))  # fmt: skip
                 if not lay.tid_is_native and tid:
                     off = pthread_tid_offset() or 0
                     tid = struct.unpack("<i", mem.read(tid + off, 4))[0]

@@ -107,9 +107,9 @@ class EventQueue:
     def handed(self) -> None:
         """A source handed a batch over: the consumer takes it now, not when its period
         ends. Its wake-ups then follow the probe thread's drains instead of adding their
-        own, and it takes the events right behind the thread that made them (a tenth less
-        of the main thread's CPU on the development VM, docs/performance.md). Nothing
-        queued, or a wake-up already due: no syscall."""
+        own, and it takes the events right behind the thread that made them (the main
+        thread a third cheaper on the development VM, unchanged on the H200:
+        docs/performance.md). Nothing queued, or a wake-up already due: no syscall."""
         if self._events and not self._woken:
             self._woken = True
             os.eventfd_write(self._more, 1)
