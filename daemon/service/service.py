@@ -285,8 +285,10 @@ class Daemon:
             sinks.append(StreamSink(stream, runtime.state))
             files.append("stream")
         if cfg["metrics.listen"]:
+            # Only where they are served: nothing else reads them, and keeping them is a
+            # call per probe status and finding (a reload reopens files, not the listener).
             self.metrics.serve(cfg["metrics.listen"])
-        sinks.append(MetricsSink(self.metrics, tuple(files)))
+            sinks.append(MetricsSink(self.metrics, tuple(files)))
         if self.console is not None:
             sinks.append(ConsoleSink(self.console))
         sinks.append(_Keeper(self))  # last: closes first, while the others still write
