@@ -95,9 +95,8 @@ class EventQueue:
             self.dropped += 1
             return False
         events.append(ev)
-        if len(events) >= self._wake_at and not self._woken:
-            self._woken = True
-            os.eventfd_write(self._more, 1)
+        if len(events) >= self._wake_at:
+            self._wake_once()
         return True
 
     def wake(self) -> None:
@@ -110,7 +109,12 @@ class EventQueue:
         own, and it takes the events right behind the thread that made them (the main
         thread a third cheaper on the development VM, unchanged on the H200:
         docs/performance.md). Nothing queued, or a wake-up already due: no syscall."""
-        if self._events and not self._woken:
+        if self._events:
+            self._wake_once()
+
+    def _wake_once(self) -> None:
+        """Wake the consumer unless a wake-up is already due for this batch."""
+        if not self._woken:
             self._woken = True
             os.eventfd_write(self._more, 1)
 
