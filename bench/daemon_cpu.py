@@ -314,6 +314,7 @@ def live(
     gives their count by kind at the recording's cost."""
     spy = None
     raw = Path(profile_dir) / f"py-spy-{'before' if pythonpath else 'this'}.txt"
+    record = record or bool(profile_dir)  # a profiled run's recording goes back for `replay`
     with tempfile.TemporaryDirectory(prefix="gj-daemon-cpu-") as tmp:
         work = Path(tmp)
         feeder = None if pid else _feeder(work, seconds)
@@ -324,7 +325,7 @@ def live(
                 "" if py_spy else profile_dir, "run",
                 "--quiet", "--log", str(work / "log.jsonl"), "--socket", str(work / "sock"),
                 "-p", str(pid or feeder.pid)]  # type: ignore[union-attr]  # fmt: skip
-        if record or profile_dir:
+        if record:
             argv += ["--record", str(work / "rec")]
         if probes:
             argv += ["--probes", probes]
@@ -356,7 +357,7 @@ def live(
             if feeder is not None:
                 feeder.kill()
                 feeder.wait()
-        kinds = _kinds(work / "rec", t0, t1) if (work / "rec").exists() else Counter()
+        kinds = _kinds(work / "rec", t0, t1) if record else Counter()
         if profile_dir:  # the run's recording, to replay the main thread's work elsewhere
             shutil.copytree(work / "rec", Path(profile_dir) / f"rec-{raw.stem.split('-')[-1]}")
     profile = _py_spy_profile(spy, raw) if spy is not None else {}
@@ -368,7 +369,7 @@ def live(
         "ready_s": ready_s,
         "probes": probes or "default",
         "tree": pythonpath or "this",
-        "record": bool(record or profile_dir),
+        "record": record,
         "cpu_pct": 100 * (p1 - p0) / window_ns,
         "threads_pct": {k: 100 * v / window_ns for k, v in sorted(threads.items())},
         "threads_runs_per_s": {k: round(v / (window_ns / 1e9), 1) for k, v in sorted(runs.items())},
