@@ -91,15 +91,20 @@ EARLY_CHILD = textwrap.dedent(f"""
 """)
 
 
-def test_children_a_watched_process_had_before_the_probes_attached_are_watched() -> None:
-    """Attached to a job already running, its DataLoader workers (forked before) went
-    unwatched: a wait of the training thread on them then read as plain `blocked`."""
+def _early_child() -> tuple[subprocess.Popen[str], int]:
+    """EARLY_CHILD started: the parent, and the pid of the child it forked at once."""
     parent = subprocess.Popen(
         [sys.executable, "-c", EARLY_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         text=True,
     )  # fmt: skip
     assert parent.stdout is not None and parent.stdin is not None
-    child = int(parent.stdout.readline())
+    return parent, int(parent.stdout.readline())
+
+
+def test_children_a_watched_process_had_before_the_probes_attached_are_watched() -> None:
+    """Attached to a job already running, its DataLoader workers (forked before) went
+    unwatched: a wait of the training thread on them then read as plain `blocked`."""
+    parent, child = _early_child()
 
     def load() -> None:
         assert parent.stdin is not None
@@ -129,12 +134,7 @@ def test_a_watched_process_s_children_are_walked_at_its_first_refreshes_only(
         return walk(paths, tgids)
 
     monkeypatch.setattr(watch, "_descendants", counted)
-    parent = subprocess.Popen(
-        [sys.executable, "-c", EARLY_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    assert parent.stdout is not None and parent.stdin is not None
-    child = int(parent.stdout.readline())
+    parent, child = _early_child()
 
     def load() -> None:
         time.sleep(1.0)  # ten refreshes
