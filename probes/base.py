@@ -34,6 +34,12 @@ if TYPE_CHECKING:
 
 BPF_DIR = Path(__file__).with_name("bpf")
 SHARED_HEADER = "gpujitter.h"
+# Options every compile ends with. bcc (0.26, LLVM >= 9) compiles with -g -gdwarf-4 to load
+# the programs' BTF beside them; nothing here needs BTF (no spin locks, task storage, timers
+# or global subprograms), and making the debug info is ~15 % of the compile's CPU time
+# (docs/performance.md, "Start and stop"). A later -g0 turns it off. What it costs: a
+# verifier's refusal no longer quotes the source line.
+COMPILE_FLAGS = ("-g0",)
 
 # Called with each event; returns False when the consumer had to drop it (counted as lost).
 Emit = Callable[[Event], bool | None]
@@ -327,7 +333,7 @@ def compile_bpf(source: Path, cflags: list[str], attach: Callable[[Any], None]) 
     bpf = None
     with captured_output() as err:
         try:
-            bpf = BPF(text=bpf_source(source).encode(), cflags=cflags)
+            bpf = BPF(text=bpf_source(source).encode(), cflags=[*cflags, *COMPILE_FLAGS])
             attach(bpf)
         except Exception as exc:
             if bpf is not None:

@@ -33,6 +33,7 @@ from typing import Any
 
 from gpujitter.probes.base import (
     BPF_DIR,
+    COMPILE_FLAGS,
     SHARED_HEADER,
     ProbeContext,
     ProbeUnavailable,
@@ -130,8 +131,9 @@ def _own_text(part: ModulePart) -> str:
 
 def module_cflags(parts: Sequence[ModulePart]) -> list[str]:
     """The compiler options of a module of `parts`: theirs but the -D options, which
-    part_text confines to each part."""
-    return sorted({f for p in parts for f in p.cflags if not f.startswith("-D")})
+    part_text confines to each part; COMPILE_FLAGS last."""
+    own = sorted({f for p in parts for f in p.cflags if not f.startswith("-D")})
+    return [*own, *COMPILE_FLAGS]
 
 
 def compile_module(text: str, cflags: list[str]) -> tuple[Any, str]:
