@@ -24,7 +24,10 @@
 #   probethread  the probe thread's calls (poll, tick, each probe's sample), timed, beside the
 #                training job (bench/probe_thread.py; PROBE_THREAD_SECONDS, default 30)
 #   startstop    `gpujitter run` from exec to READY and from SIGTERM/SIGINT to exit, its memory,
-#                every uprobe gone after the stop (bench/startstop.py, the node's libcuda)
+#                every uprobe gone after the stop (bench/startstop.py, the node's libcuda;
+#                STARTSTOP_MAPS=1: also its memory by mapping at the peak, --maps;
+#                STARTSTOP_BEFORE=DIR: rounds alternate with the package tree in DIR;
+#                STARTSTOP_ROUNDS=N, default 5 a tree)
 #   nvmlcalls    what one NVML read costs, per way of calling it (bench/nvml_calls.py)
 #   phases       where that start goes: wall, CPU and peak memory by phase (bench/start_phases.py)
 #   defaultset   the default set's cost on the C microbenchmarks (ping-pong, faults, alloc,
@@ -50,6 +53,14 @@ for f in "$tree"/gpujitter/*; do ln -s "$f" /tmp/pkg/gpujitter/; done
 for part in probes daemon tui; do ln -s "$tree/$part" "/tmp/pkg/gpujitter/$part"; done
 export PYTHONPATH=/tmp/pkg:/tmp/site:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
+
+# A package tree at /tmp/pkg-before made of the tree in $1 (e.g. a `git archive` of an
+# earlier commit), laid out as /tmp/pkg is: for a bench's rounds that alternate with it.
+before_pkg() {
+    rm -rf /tmp/pkg-before && mkdir -p /tmp/pkg-before/gpujitter
+    for f in "$1"/gpujitter/*; do ln -s "$f" /tmp/pkg-before/gpujitter/; done
+    for part in probes daemon tui; do ln -s "$1/$part" "/tmp/pkg-before/gpujitter/$part"; done
+}
 
 # bench/train_job.py in the background, watched by what follows: sets $pid once it is ready
 # (its stdin held open: end of input is the job's quit).
@@ -116,8 +127,13 @@ for step in $steps; do
         ;;
     startstop)
         log "startstop: gpujitter run ready and stop times, memory, uprobes left"
-        timeout 400 python3 "$tree/bench/startstop.py" --rounds 5 --nvml --libcuda system \
-            --out "$out/startstop.json"
+        before=()
+        if [ -n "${STARTSTOP_BEFORE:-}" ]; then
+            before_pkg "$STARTSTOP_BEFORE"
+            before=(--before /tmp/pkg-before)
+        fi
+        timeout 500 python3 "$tree/bench/startstop.py" --rounds "${STARTSTOP_ROUNDS:-5}" --nvml \
+            --libcuda system ${STARTSTOP_MAPS:+--maps} "${before[@]}" --out "$out/startstop.json"
         ;;
     nvmlcalls)
         log "nvmlcalls: NVML reads' cost by way of calling"
@@ -143,11 +159,7 @@ for step in $steps; do
         start_train_job /tmp/gj/daemoncpu
         before=()
         if [ -n "${DAEMON_CPU_BEFORE:-}" ]; then
-            rm -rf /tmp/pkg-before && mkdir -p /tmp/pkg-before/gpujitter
-            for f in "$DAEMON_CPU_BEFORE"/gpujitter/*; do ln -s "$f" /tmp/pkg-before/gpujitter/; done
-            for part in probes daemon tui; do
-                ln -s "$DAEMON_CPU_BEFORE/$part" "/tmp/pkg-before/gpujitter/$part"
-            done
+            before_pkg "$DAEMON_CPU_BEFORE"
             before=(--before /tmp/pkg-before)
         fi
         (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 420 python3 -P -m bench.daemon_cpu live \
