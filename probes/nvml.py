@@ -15,10 +15,13 @@ this GPU cannot answer and records why in `Nvml.problems`, so callers report it 
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from gpujitter.probes.base import trim_heap
 
 T = TypeVar("T")
 
@@ -85,11 +88,7 @@ class Nvml:
     remembered and skipped afterwards."""
 
     def __init__(self, backend: Any = None) -> None:
-        if backend is None:
-            import pynvml
-
-            backend = pynvml
-        self.nv = backend
+        self.nv = _import_pynvml() if backend is None else backend
         self._lock = threading.Lock()
         self._open = False
         self.lost: dict[int, str] = {}  # GPU index -> why it is no longer read
@@ -276,6 +275,20 @@ def _describe_init_error(nv: Any, err: BaseException) -> str:
     if _is(nv, err, "NVMLError_NoPermission"):
         return "no permission to use NVML (run as root or add the user to the video group)"
     return f"NVML init failed: {err}"
+
+
+def _import_pynvml() -> Any:
+    """pynvml, with what its import freed handed back. Where it has no .pyc (an install
+    that did not byte-compile, or PYTHONDONTWRITEBYTECODE: the H200 node's venv), each
+    import compiles its ~290 KB of source: 95 ms there, and ~10 MB the compiler freed that
+    glibc keeps, which a starting daemon would carry into the probes' compile and its
+    resident peak (docs/performance.md, "Start and stop")."""
+    fresh = "pynvml" not in sys.modules
+    import pynvml
+
+    if fresh:
+        trim_heap()
+    return pynvml
 
 
 def open_nvml(backend: Any = None) -> Nvml:
