@@ -48,6 +48,14 @@ for path in "$here" "$here/.venv" "$here/.venv/bin/gpujitter"; do
     fi
 done
 
+# The unit's filesystem is read-only to the daemon (ProtectSystem=strict): Python cannot
+# write the checkout's .pyc files there, and a start that compiles ~80 modules from source
+# costs ~0.4 CPU-s more (docs/performance.md, "Start and stop"). The venv's packages were
+# byte-compiled by pip as it installed them; the checkout is installed editable.
+step "bytecode: the gpujitter, probes, daemon and tui packages"
+"$here/.venv/bin/python" -m compileall -q "$here/gpujitter" "$here/probes" "$here/daemon" \
+    "$here/tui"
+
 step "command: $command -> $here/.venv/bin/gpujitter"
 install -d -m 0755 "$(dirname "$command")"
 ln -sfn "$here/.venv/bin/gpujitter" "$command"

@@ -4,6 +4,7 @@ shows every setting and loads, and `make install` stages an idempotent install."
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -218,8 +219,14 @@ def tree(root: Path) -> dict[str, tuple[int, str]]:
 
 
 def test_make_install_stages_the_command_unit_config_and_docs(tmp_path: Path) -> None:
+    # The daemon cannot write .pyc files under the unit's read-only filesystem: the
+    # install byte-compiles the checkout (one module's cache removed first to see it).
+    module = REPO / "probes" / "demangle.py"
+    cached = Path(importlib.util.cache_from_source(str(module)))
+    cached.unlink(missing_ok=True)
     out = staged_install(tmp_path)
     assert out.returncode == 0, out.stderr
+    assert cached.stat().st_mtime >= module.stat().st_mtime
     command = tmp_path / INSTALLED_COMMAND.lstrip("/")
     assert os.readlink(command) == str(REPO / ".venv" / "bin" / "gpujitter")
     assert (tmp_path / "etc/systemd/system/gpujitter.service").read_text() == UNIT.read_text()
