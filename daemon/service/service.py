@@ -192,7 +192,10 @@ class Daemon:
         self.thresholds = thresholds_by_probe(config["probes.thresholds"])
         self.watch = watch_of(config)
         override = config["topology.override"] or None
-        self.topology: Topology = load_topology(override=override)
+        # --no-nvml: none for the topology either (its GPUs from sysfs).
+        self.topology: Topology = load_topology(
+            override=override, nvml=False if nvml is False else None
+        )
         self.notifier = Notifier(environ)
         self.metrics = DaemonMetrics()
         self.source = source or LiveSource(

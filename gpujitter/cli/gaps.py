@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     }
     analysis = analysis_from_args(args)
     backend = None if args.no_nvml else nvml_backend(args)
-    watch, topology = watch_from_args(args), load_topology()
+    watch, topology = watch_from_args(args), load_topology(nvml=False if args.no_nvml else None)
     # The libcuda tracer and the NVML sampler of the daemon's live probes, following
     # the processes NVML lists on a GPU.
     source = LiveSource(

@@ -92,7 +92,9 @@ def add_topology_args(p: argparse.ArgumentParser) -> None:
 
 
 def topology_from_args(args: argparse.Namespace) -> Topology:
-    return load_topology(override=args.topology_override)
+    """The node's topology; a command's --no-nvml keeps NVML out of it too (GPUs from sysfs)."""
+    nvml = False if getattr(args, "no_nvml", False) else None
+    return load_topology(override=args.topology_override, nvml=nvml)
 
 
 def add_threshold_arg(p: argparse.ArgumentParser) -> None:

@@ -215,6 +215,20 @@ def report_of(trace: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, obje
     return {"summary": out["summary"], "attributions": out["attributions"]}
 
 
+def test_a_daemon_told_no_nvml_never_opens_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run --no-nvml` (host evidence only): the topology's GPUs come from sysfs too; it
+    had opened NVML for them (on a GPU node: pynvml's import, nvmlInit's 18 MB)."""
+
+    def refuse() -> None:
+        raise AssertionError("NVML opened")
+
+    monkeypatch.setattr("gpujitter.probes.topology.open_nvml", refuse)
+    config = load_config(environ={}, flags={
+        "log.path": ("--log", ""), "socket.path": ("--socket", ""),
+    })  # fmt: skip
+    assert Daemon(config, nvml=False, source=ListSource([])).run() == 0
+
+
 def test_report_on_record_equals_report_on_run_record_of_the_same_stretch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
