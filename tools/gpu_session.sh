@@ -29,6 +29,7 @@
 #                STARTSTOP_BEFORE=DIR: rounds alternate with the package tree in DIR;
 #                STARTSTOP_ROUNDS=N, default 5 a tree)
 #   nvmlcalls    what one NVML read costs, per way of calling it (bench/nvml_calls.py)
+#   nvmlmemory   NVML's memory and CPU in a fresh process, step by step (bench/nvml_memory.py)
 #   phases       where that start goes: wall, CPU and peak memory by phase (bench/start_phases.py)
 #   defaultset   the default set's cost on the C microbenchmarks (ping-pong, faults, alloc,
 #                steady) and in the kernel per sched event (bench/default_set.py;
@@ -139,6 +140,11 @@ for step in $steps; do
         log "nvmlcalls: NVML reads' cost by way of calling"
         (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 120 python3 -P -m bench.nvml_calls \
             --json > "$out/nvml_calls.json")
+        ;;
+    nvmlmemory)
+        log "nvmlmemory: NVML's memory in a fresh process, step by step"
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 60 python3 -P -m bench.nvml_memory \
+            > "$out/nvml-memory.log")
         ;;
     phases)
         log "phases: gpujitter run's start by phase"
