@@ -14,7 +14,9 @@ as it would to a training job's. NVML is off unless --nvml (a GPU node). The pac
 byte-compiled first, as installing it does. --maps says where the resident peak sits: the
 daemon's memory by mapping at the highest of its sizes polled from exec to its stop.
 --before DIR alternates rounds with the package found in DIR (another tree, byte-compiled
-too), for a change's effect side by side.
+too), for a change's effect side by side. --cold drops the page cache before each start (a
+start after boot: the compiler's libraries, the kernel headers and the package read from
+disk again).
 """
 
 from __future__ import annotations
@@ -170,6 +172,9 @@ def one_round(
     flags = ["--log", str(log), "--record", str(trace)]
     flags += [] if args.nvml else ["--no-nvml"]
     flags += ["--probes", args.probes] if args.probes else []
+    if args.cold:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
     peak = PeakMaps() if args.maps else None  # its poll ends with the process
     daemon, ready_s = start_daemon(tmp, watched, flags, peak, tree)
     try:
@@ -317,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nvml", action="store_true", help="let the daemon open NVML")
     parser.add_argument(
         "--maps", action="store_true", help="the memory by mapping at the resident peak"
+    )
+    parser.add_argument(
+        "--cold", action="store_true", help="drop the page cache before each start (root)"
     )
     parser.add_argument(
         "--before",

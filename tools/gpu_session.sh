@@ -27,7 +27,8 @@
 #                every uprobe gone after the stop (bench/startstop.py, the node's libcuda;
 #                STARTSTOP_MAPS=1: also its memory by mapping at the peak, --maps;
 #                STARTSTOP_BEFORE=DIR: rounds alternate with the package tree in DIR;
-#                STARTSTOP_ROUNDS=N, default 5 a tree)
+#                STARTSTOP_ROUNDS=N, default 5 a tree; STARTSTOP_COLD=1: the page cache
+#                dropped before each start, --cold)
 #   nvmlcalls    what one NVML read costs, per way of calling it (bench/nvml_calls.py)
 #   nvmlmemory   NVML's memory and CPU in a fresh process, step by step (bench/nvml_memory.py)
 #   phases       where that start goes: wall, CPU and peak memory by phase (bench/start_phases.py)
@@ -134,7 +135,8 @@ for step in $steps; do
             before=(--before /tmp/pkg-before)
         fi
         timeout 500 python3 "$tree/bench/startstop.py" --rounds "${STARTSTOP_ROUNDS:-5}" --nvml \
-            --libcuda system ${STARTSTOP_MAPS:+--maps} "${before[@]}" --out "$out/startstop.json"
+            --libcuda system ${STARTSTOP_MAPS:+--maps} ${STARTSTOP_COLD:+--cold} "${before[@]}" \
+            --out "$out/startstop.json"
         ;;
     nvmlcalls)
         log "nvmlcalls: NVML reads' cost by way of calling"
