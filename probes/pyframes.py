@@ -285,15 +285,15 @@ class Interpreter:
         """Kernel thread id -> its thread state's address, for every Python thread."""
         lay, mem = self.layout, self.mem
         out: dict[int, int] = {}
+        # The thread id and the next thread state in one read (a read is a system call;
+        # this list is read once a second for every watched interpreter).
+        first = min(lay.tstate_tid, lay.tstate_next)
+        span = max(lay.tstate_tid, lay.tstate_next) + 8 - first
         interp = mem.pointer(self.runtime + lay.runtime_interpreters_head)
         for _ in range(8):  # sub-interpreters: a few
             if not interp:
                 break
             ts = mem.pointer(interp + lay.interp_threads_head)
-            # The thread id and the next thread state in one read (a read is a system call;
-            # this list is read once a second for every watched interpreter).
-            first = min(lay.tstate_tid, lay.tstate_next)
-            span = max(lay.tstate_tid, lay.tstate_next) + 8 - first
             for _ in range(1024):
                 if not ts:
                     break
