@@ -27,7 +27,10 @@
  * so a watched sleep costs no hash lookup and no cache line of this probe's at the
  * switch-out, the wake-up (on the waker's CPU) and the switch-in. One program run and one
  * prologue per event instead of two, one clock read per switch and wake-up
- * (docs/performance.md). Alone, or beside a sched on perf tracepoints, this probe attaches
+ * (docs/performance.md). And where sched streams an off-CPU record of that switch-in (most
+ * IdleWakes: a sleep long enough to stream ends in most wake-ups slow enough to), the
+ * IdleWake rides in it (struct gj_idle_wake) instead of a record of its own here: user space
+ * gets the same two events from one record, one reservation and one ring callback. Alone, or beside a sched on perf tracepoints, this probe attaches
  * its own programs to both and keeps `sleepers`. No map crosses probes either way (an extern
  * map needs its owner loaded first, and bcc never releases a public one): the two probes
  * stay separately switchable and fail alone.
@@ -138,9 +141,12 @@ RAW_TRACEPOINT_PROBE(cpu_idle)
 }
 
 /* Watched thread tid (of tgid), woken at wake_ns, is switched in on this CPU at `now`;
- * `from_idle_task`: the idle task switched out. */
+ * `from_idle_task`: the idle task switched out. An IdleWake to report goes into *out where
+ * the caller streams a record of this switch-in anyway (sched's off-CPU record, whose
+ * runnable_ns, end_ns and cpu_in are this wake-up's wake_ns, now and CPU), else into this
+ * probe's ring. */
 static __always_inline void woken_in(u32 tid, u32 tgid, u64 wake_ns, struct idle_cpu *c,
-                                     bool from_idle_task, u64 now)
+                                     bool from_idle_task, u64 now, struct gj_idle_wake *out)
 {
     u64 wake_to_run = now - wake_ns;
     /* Onto an idle CPU: the idle task ran, and had entered an idle state, before the
@@ -157,6 +163,12 @@ static __always_inline void woken_in(u32 tid, u32 tgid, u64 wake_ns, struct idle
         h->n[slot]++;
     if (!from_idle || wake_to_run < THRESHOLD_WAKE_NS)
         return;
+    if (out) {
+        out->idle_ns = c->exit_ns - c->idle_since_ns;
+        out->in_state_ns = c->exit_ns - c->entry_ns;
+        out->state = c->state + 1;
+        return;
+    }
     struct idle_wake_rec *e = idle_wakes.ringbuf_reserve(sizeof(*e));
     if (!e) {
         gj_count_lost();
@@ -191,7 +203,7 @@ static __always_inline void cstate_switch(struct bpf_raw_tracepoint_args *ctx, u
         if (s->wake_ns) {
             if (!*now)
                 *now = bpf_ktime_get_ns();
-            woken_in(s->tid, s->tgid, s->wake_ns, c, (u32)id == 0, *now);
+            woken_in(s->tid, s->tgid, s->wake_ns, c, (u32)id == 0, *now, NULL);
         }
         s->armed = 0;
     }
@@ -243,14 +255,17 @@ static __always_inline bool cstate_carried_by(u32 part)
 }
 
 /* A watched thread that went to sleep and was woken at wake_ns is switched in at `now` (sched
- * calls this before its switch share below, as cstate_switch takes the sleeper first). */
+ * calls this before its switch share below, as cstate_switch takes the sleeper first). out:
+ * where sched streams its off-CPU record of this switch-in, the IdleWake goes in there
+ * (NULL: none is streamed, this probe's ring takes it). */
 static __always_inline void cstate_carried_woken(u32 tid, u32 tgid, u64 wake_ns, u64 now,
-                                                 bool from_idle_task, u32 part)
+                                                 bool from_idle_task, u32 part,
+                                                 struct gj_idle_wake *out)
 {
     if (!cstate_carried_by(part))
         return;
     u32 zero = 0;
-    woken_in(tid, tgid, wake_ns, idle_now.lookup(&zero), from_idle_task, now);
+    woken_in(tid, tgid, wake_ns, idle_now.lookup(&zero), from_idle_task, now, out);
 }
 
 /* Every context switch: no idle state entered since. */

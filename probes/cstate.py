@@ -24,6 +24,7 @@ from gpujitter.probes.host import HostPaths
 from gpujitter.probes.ledger import Ledger
 from gpujitter.probes.log2 import Log2Map
 from gpujitter.probes.registry import Hook, ProbeSpec
+from gpujitter.probes.sched import IDLE_WAKE_CARRIED
 from gpujitter.probes.topology import IdleState, cpuidle_states
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ class CstateProbe(BpfProbe):
         self._ledger: IdleLedger | None = None
         self._hists: Log2Map | None = None
         self.carrier = 0  # the carrier's part number in this probe's module; 0: none
+        self._shared: dict[str, Any] = {}
 
     def carried(self, bundle: Bundle) -> frozenset[str]:
         self.carrier = bundle.carrier(CARRIER, CARRIED)
@@ -109,11 +111,17 @@ class CstateProbe(BpfProbe):
 
     def attach(self, ctx: ProbeContext) -> None:
         self.bpf["carried"][ct.c_uint(0)] = ct.c_uint(self.carrier)
+        if self.carrier:
+            # The wake-ups that ride in the carrier's off-CPU records (sched.bpf.c).
+            self._shared = ctx.shared
+            ctx.shared[IDLE_WAKE_CARRIED] = self._carried_wake
 
     def close(self) -> None:
         if self.bpf is not None and self.carrier:
             # the carrier's programs stop running this probe's share before its maps go
             self.bpf["carried"][ct.c_uint(0)] = ct.c_uint(0)
+            if self._shared.get(IDLE_WAKE_CARRIED) == self._carried_wake:
+                del self._shared[IDLE_WAKE_CARRIED]
         super().close()
 
     def start(self, ctx: ProbeContext) -> None:
@@ -128,18 +136,31 @@ class CstateProbe(BpfProbe):
         self._ledger = IdleLedger(*self._read_words())
 
     def decode(self, ring: str, rec: Any) -> IdleWake:
-        state = _state(self.states.get(rec.cpu, DEFAULT_IDLE), rec.state)
+        return self._idle_wake(rec.ts_ns, rec.tid, rec.tgid, rec.cpu, rec.state, rec.idle_ns,
+                               rec.in_state_ns, rec.wake_to_run_ns)  # fmt: skip
+
+    def _carried_wake(self, rec: Any) -> None:
+        """The IdleWake that the carrier's off-CPU record `rec` holds (idle_state: the state
+        plus one): woken at runnable_ns, switched in at end_ns on cpu_in."""
+        self.deliver(
+            self._idle_wake(rec.runnable_ns, rec.tid, rec.tgid, rec.cpu_in, rec.idle_state - 1,
+                            rec.idle_ns, rec.in_state_ns, rec.end_ns - rec.runnable_ns)
+        )  # fmt: skip
+
+    def _idle_wake(self, wake_ns: int, tid: int, tgid: int, cpu: int, n: int, idle_ns: int,
+                   in_state_ns: int, wake_to_run_ns: int) -> IdleWake:  # fmt: skip
+        state = _state(self.states.get(cpu, DEFAULT_IDLE), n)
         return IdleWake(
-            ts_ns=rec.ts_ns,
-            tid=rec.tid,
-            tgid=rec.tgid,
-            cpu=rec.cpu,
-            state=rec.state,
+            ts_ns=wake_ns,
+            tid=tid,
+            tgid=tgid,
+            cpu=cpu,
+            state=n,
             state_name=state.name,
-            idle_ns=rec.idle_ns,
-            in_state_ns=rec.in_state_ns,
+            idle_ns=idle_ns,
+            in_state_ns=in_state_ns,
             exit_latency_ns=state.exit_latency_ns,
-            wake_to_run_ns=rec.wake_to_run_ns,
+            wake_to_run_ns=wake_to_run_ns,
         )
 
     def _read_words(self) -> tuple[dict[int, list[int]], int]:

@@ -155,6 +155,9 @@ struct offcpu_rec {
     u32 io_dev;
     u32 io_bytes;
     u32 io_op;
+    u32 idle_state; /* cstate's IdleWake of this switch-in, carried (gj_idle_wake) */
+    u64 idle_ns;
+    u64 in_state_ns;
     char comm[TASK_COMM_LEN];
     char other_comm[TASK_COMM_LEN];
 };
@@ -423,7 +426,8 @@ static __always_inline void count_log2(u32 state, u64 offcpu_ns, u64 runq_ns)
 #if defined(SCHED_RAW) && defined(GJ_PART_CSTATE)
 /* cstate's share of sched_switch, defined by its part of the module. */
 static __always_inline void cstate_carried_woken(u32 tid, u32 tgid, u64 wake_ns, u64 now,
-                                                 bool from_idle_task, u32 part);
+                                                 bool from_idle_task, u32 part,
+                                                 struct gj_idle_wake *out);
 static __always_inline void cstate_carried_switch(u32 part);
 #endif
 
@@ -453,21 +457,27 @@ static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid
     u64 offcpu_ns = ts - off_ns;
     u64 runq_ns = ts - runnable_ns;
     u32 state = t->state;
+    bool stream = offcpu_ns >= THRESHOLD_OFFCPU_NS || runq_ns >= THRESHOLD_RUNQ_NS ||
+                  (t->io_dev && offcpu_ns >= THRESHOLD_IO_NS);
+    struct gj_idle_wake idle = {};
 #if defined(SCHED_RAW) && defined(GJ_PART_CSTATE)
-    /* a sleep whose wake-up was seen (a preempted thread's runnable_ns is its switch-out) */
+    /* a sleep whose wake-up was seen (a preempted thread's runnable_ns is its switch-out);
+     * where this switch-in is streamed, its IdleWake rides in the same record */
     if (t->runnable_ns && (state == ST_SLEEPING || state == ST_UNINTERRUPTIBLE))
-        cstate_carried_woken(tid, t->tgid, runnable_ns, ts, other_tid == 0, GJ_THIS_PART);
+        cstate_carried_woken(tid, t->tgid, runnable_ns, ts, other_tid == 0, GJ_THIS_PART,
+                             stream ? &idle : NULL);
 #endif
     count_log2(state, offcpu_ns, runq_ns);
     t->offcpu_ns += offcpu_ns;
     t->runq_ns += runq_ns;
     t->off_ns = 0;
-    if (offcpu_ns < THRESHOLD_OFFCPU_NS && runq_ns < THRESHOLD_RUNQ_NS &&
-        (!t->io_dev || offcpu_ns < THRESHOLD_IO_NS))
+    if (!stream)
         return;
     struct offcpu_rec *e = offcpu_events.ringbuf_reserve(sizeof(*e));
     if (!e) {
         gj_count_lost();
+        if (idle.state) /* two events in the record */
+            gj_count_lost();
         return;
     }
     e->ts_ns = off_ns;
@@ -485,6 +495,9 @@ static __always_inline void switched_in(u32 tid, const char *comm, u32 other_tid
     e->io_dev = t->io_dev;
     e->io_bytes = t->io_bytes;
     e->io_op = t->io_op;
+    e->idle_state = idle.state;
+    e->idle_ns = idle.idle_ns;
+    e->in_state_ns = idle.in_state_ns;
     /* the comms point into the tracepoint record, which only helpers may read once the
      * pointer has moved from the start of it */
     bpf_probe_read_kernel(e->comm, TASK_COMM_LEN, comm);

@@ -36,6 +36,9 @@ BLOCK_COMPLETE = "block:block_rq_complete"
 BLOCK_DONE = "block:block_io_done"
 MINOR_BITS = 20  # the kernel's dev_t: major << 20 | minor (block tracepoints' dev field)
 THREADS_PER_READ = 1024  # `threads` entries per batch lookup (the map holds GJ_MAX_THREADS)
+# The shared slot (ProbeContext.shared) where cstate, carried by this probe, takes the
+# IdleWake an off-CPU record carries.
+IDLE_WAKE_CARRIED = "cstate.idle_wake"
 
 
 def dev_name(dev: int) -> str:
@@ -96,6 +99,7 @@ class SchedProbe(BpfProbe):
         self._hists: list[Log2Map] = []
         self._threads: MapBatch | None = None
         self._owners = TaskOwners(HostPaths())
+        self._shared: dict[str, Any] = {}
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
         self._cpu_node = dict(ctx.topology.cpu_node)
@@ -117,6 +121,7 @@ class SchedProbe(BpfProbe):
         return flags + self.raw_flags
 
     def start(self, ctx: ProbeContext) -> None:
+        self._shared = ctx.shared
         try:
             super().start(ctx)
         except ProbeUnavailable as err:
@@ -158,6 +163,13 @@ class SchedProbe(BpfProbe):
         workload = self._owners.first_seen(other_tgid)
         if workload is not None:
             self.deliver(WorkloadInfo(ts_ns=rec.ts_ns, tgid=other_tgid, workload=workload))
+        if rec.idle_state:
+            # cstate's IdleWake of this switch-in, carried in the record (sched.bpf.c): handed
+            # to cstate, which delivers it as its own, ahead of the interval as the kernel
+            # made them; gone with cstate if it stopped meanwhile.
+            carried = self._shared.get(IDLE_WAKE_CARRIED)
+            if carried is not None:
+                carried(rec)
         return OffCpu(
             ts_ns=rec.ts_ns,
             end_ns=rec.end_ns,

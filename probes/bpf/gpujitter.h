@@ -140,6 +140,16 @@ static __always_inline u64 gj_wake_flags(void)
     return BPF_RB_FORCE_WAKEUP;
 }
 
+/* A watched thread's wake-up onto an idle CPU, as cstate's share of a switch-in hands it to
+ * the probe that carries that share (sched), for the record that probe streams anyway: one
+ * record where there were two (cstate.bpf.c, woken_in). state: the idle state plus one; 0:
+ * none to report. */
+struct gj_idle_wake {
+    u64 idle_ns;
+    u64 in_state_ns;
+    u32 state;
+};
+
 /* NUMA node of a CPU as user space configured it (topology override honoured); 0 if unset. */
 static __always_inline u32 gj_node_of(u32 cpu)
 {

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from gpujitter.probes.cstate import idle_states
-from gpujitter.probes.events import CpuStats, IdleWake, Log2Hist, ThreadSched
+from gpujitter.probes.events import CpuStats, IdleWake, Log2Hist, OffCpu, ThreadSched
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import load_topology
@@ -101,6 +101,7 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str])
     # Other tasks may run on the CPU during a sleep (this machine is shared), so each wake-up
     # is checked against a raw log of that CPU's idle entries, exits and switches: when it
     # went idle, which state it entered last, when it left it.
+    carried = "sched" in names
     cpu = quietest_cpu()
     with sleeper(cpu) as child, idle_log(cpu) as logged:
         rec = run_probes(
@@ -157,6 +158,17 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str])
         # stretch in CI, the raw log's too); the log's stretch above is the bound.
         assert 0 < w.in_state_ns <= w.idle_ns
     assert statistics.median(w.wake_to_run_ns for w in wakes) < 500_000
+    if carried:
+        # Carried: the 10 ms sleeps are streamed by sched (its offcpu threshold is 5 ms), and
+        # each wake-up rides in sched's record of the same switch-in, delivered right before
+        # that interval (one record, not one in each probe's ring).
+        for w in wakes:
+            at = next(i for i, e in enumerate(rec.events) if e is w)
+            off = rec.events[at + 1]
+            assert isinstance(off, OffCpu) and off.tid == w.tid, rec.events[at : at + 2]
+            assert (off.runnable_ns, off.end_ns, off.cpu_in) == (
+                w.ts_ns, w.ts_ns + w.wake_to_run_ns, w.cpu
+            )  # fmt: skip
 
     # With threshold 0 every wake-up onto an idle CPU was streamed; the histograms counted
     # those and the ones onto a busy CPU: every one of the 21 sleeps after "go" whose switch
