@@ -144,11 +144,6 @@ def run_named(argv: list[str], profile_dir: str) -> None:
             Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(name)
         profiled(name, lambda: start_thread(self), profile_dir)
 
-    if tree := os.environ.get("GJ_BENCH_TREE"):
-        # The package from another tree: ahead of an editable install's finder, which would
-        # otherwise win over the path.
-        sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
-        sys.path.insert(0, tree)
     threading.Thread.run = named_run  # type: ignore[method-assign]
     Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text("main")
     sys.argv = ["gpujitter", *argv]
@@ -331,7 +326,7 @@ def live(
             argv += ["--probes", probes]
         env = {**os.environ, "NOTIFY_SOCKET": str(work / "notify")}
         if pythonpath:
-            env["GJ_BENCH_TREE"] = pythonpath
+            env["GJ_BENCH_TREE"] = pythonpath  # taken by bench/__init__.py
             # the bench's own tree last: its gpujitter/ folder is not the package
             path = [pythonpath, env.get("PYTHONPATH", ""), str(Path(__file__).parents[1])]
             env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)

@@ -5,9 +5,11 @@ sweep read against how many it delivered. No daemon: only the thread that drains
 and reads the in-kernel aggregates.
 
     flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.probe_thread [--seconds 15]
-        [--settle S] [--pid PID] [--probes LIST] [--json]
+        [--settle S] [--pid PID] [--probes LIST] [--rounds N] [--before DIR] [--json]
 
 --pid: the watched process (default: this process's parent, usually an idle shell).
+--rounds N runs N windows, each in a fresh process; --before DIR alternates them with the
+package laid out in DIR (another tree, bench/__init__.py), N of each, beside the same process.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -104,6 +108,22 @@ def measure(names: list[str], pid: int, seconds: float, settle: float = 0.0) -> 
     }
 
 
+def in_rounds(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """args.rounds windows of this tree (and as many of args.before's, in turns: before,
+    this, this, before, ...), each a child run of this bench; each result names its tree."""
+    trees = [args.before, ""] if args.before else [""]
+    order = [t for r in range(args.rounds) for t in (trees if r % 2 == 0 else trees[::-1])]
+    argv = [sys.executable, "-m", "bench.probe_thread", "--json", "--pid", str(args.pid),
+            "--seconds", str(args.seconds), "--settle", str(args.settle)]  # fmt: skip
+    argv += ["--probes", args.probes] if args.probes else []
+    out = []
+    for tree in order:
+        env = {**os.environ, "GJ_BENCH_TREE": tree} if tree else os.environ
+        done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, check=True)
+        out.append({"tree": tree or "this", **json.loads(done.stdout)})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0)
@@ -111,9 +131,24 @@ def main() -> None:
                         help="seconds after the start before the window opens")  # fmt: skip
     parser.add_argument("--pid", type=int, default=os.getppid())
     parser.add_argument("--probes", default="", help="comma-separated (default: the default set)")
+    parser.add_argument("--rounds", type=int, default=1, help="windows, each in a fresh process")
+    parser.add_argument("--before", metavar="DIR", default="",
+                        help="alternate rounds with the package laid out there")  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     names = args.probes.split(",") if args.probes else registry.select([], [])
+    if args.rounds > 1 or args.before:
+        rounds = in_rounds(args)
+        if args.json:
+            print(json.dumps(rounds, indent=1))
+            return
+        for r in rounds:
+            calls = r["calls"]
+            per_s = {k: c["ms_per_s"] for k, c in calls.items()}
+            print(f"{r['tree']:<24} {r['events_per_s']:6.0f} events/s  poll "
+                  f"{per_s.get('ProbeSet.poll', 0):5.2f}  tick {per_s.get('ProbeSet.tick', 0):5.2f}"
+                  " ms per s")  # fmt: skip
+        return
     res = measure(names, args.pid, args.seconds, args.settle)
     if args.json:
         print(json.dumps(res, indent=1))
