@@ -144,6 +144,15 @@ def task_ids(paths: HostPaths, pid: int | str) -> list[int]:
         return []
 
 
+def thread_count(paths: HostPaths, pid: int | str) -> int:
+    """How many threads process `pid` has, from one stat of its task folder (procfs counts
+    them into its link count, past the two of any folder); -1 when it is gone."""
+    try:
+        return os.stat(f"{paths.proc}/{pid}/task").st_nlink - 2
+    except OSError:
+        return -1
+
+
 def task_state(stat: bytes) -> str:
     """Field 3 of a task's stat (R running or runnable, S, D, ...), "" when cut short: the
     one field read at sampling rate, so cut from the bytes without splitting the rest."""

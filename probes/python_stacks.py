@@ -40,13 +40,19 @@ from gpujitter.probes.base import BPF_DIR, BpfProbe, ProbeContext, ProbeUnavaila
 from gpujitter.probes.events import NATIVE_LINE, PySample
 from gpujitter.probes.feeders import Feeders
 from gpujitter.probes.host import status_fields
-from gpujitter.probes.mapped_scan import MappedScan, watched_pids
+from gpujitter.probes.mapped_scan import MappedScan
 from gpujitter.probes.native_names import NativeNames
 from gpujitter.probes.perf_event import ATTR_DISABLED, PerfEventAttr, bpf_event_fd, set_enabled
+from gpujitter.probes.procfs import thread_count
 from gpujitter.probes.pyframes import OWNED_BY_CSTACK, Interpreter, Layout, NotReadable
 from gpujitter.probes.registry import Hook, ProbeSpec
 
-THREADS_EVERY_NS = 1_000_000_000  # a process's thread list is read again this often
+# A process's thread list is looked at this often, and read again where its number of
+# threads changed since the last read (a stat; the read walks the interpreter's list through
+# its memory: ~60 µs a process on the H200, eleven of them beside its training job), or
+# THREADS_AT_MOST_NS after it: a thread that ended and one that began meanwhile keep the count.
+THREADS_EVERY_NS = 1_000_000_000
+THREADS_AT_MOST_NS = 10_000_000_000
 BURST_SAMPLES = 8  # an idle stretch saves up no more than this many samples
 # Past the budget, the non-feeders' periods are thinned at random to THIN_PCT % of its rate,
 # from their rate over the last THIN_WINDOW_NS (python_stacks_budget.h says why).
@@ -136,9 +142,9 @@ class PythonStacksProbe(BpfProbe):
         self._enabled: set[tuple[int, int]] = set()  # (pid, tid) whose perf event is on
         self._turn = 0  # which other thread keeps its event on while feeders are known
         self._prog_fd = -1
-        # pid -> when its thread list was read; (pid, tid) -> [perf event fd, thread state
-        # (NATIVE_ONLY: a feeder in no thread list)]
-        self._listed: dict[int, int] = {}
+        # pid -> when its thread list was read, and its number of threads then; (pid, tid) ->
+        # [perf event fd, thread state (NATIVE_ONLY: a feeder in no thread list)]
+        self._listed: dict[int, tuple[int, int]] = {}
         self._sampled: dict[tuple[int, int], tuple[int, int]] = {}
 
     @property
@@ -176,7 +182,7 @@ class PythonStacksProbe(BpfProbe):
         """Look at the watched processes not yet looked at (the watched set lives in the
         core's BPF maps), forget those that exited, read the thread lists that are due."""
         procs = self.bpf["py_procs"]
-        watched = watched_pids(self._core.bpf)
+        watched = self._core.watched_pids()
         for pid in self.scan.due(watched, now_ns):
             try:
                 interp = Interpreter(pid)
@@ -195,14 +201,19 @@ class PythonStacksProbe(BpfProbe):
                 self._threads(pid, {})
                 self._listed.pop(pid, None)
         for pid, interp in self.interpreters.items():
-            if now_ns - self._listed.get(pid, -THREADS_EVERY_NS) >= THREADS_EVERY_NS:
-                try:
-                    threads = interp.threads()
-                except OSError:
-                    self._failed_here += 1
-                    continue
-                self._listed[pid] = now_ns
-                self._threads(pid, threads)
+            listed_ns, count = self._listed.get(pid, (-THREADS_AT_MOST_NS, -1))
+            if now_ns - listed_ns < THREADS_EVERY_NS:
+                continue
+            now_count = thread_count(self.scan.paths, pid)
+            if now_count == count and now_ns - listed_ns < THREADS_AT_MOST_NS:
+                continue
+            try:
+                threads = interp.threads()
+            except OSError:
+                self._failed_here += 1
+                continue
+            self._listed[pid] = (now_ns, now_count)
+            self._threads(pid, threads)
         self._push_feeders(now_ns, rescan=True, watched=watched)  # exited native-only go
         versions = sorted({i.version for i in self.interpreters.values()})
         said = "; ".join(f"{path}: {why}" for path, why in sorted(self.refused.items()))
@@ -285,7 +296,7 @@ class PythonStacksProbe(BpfProbe):
         if not rescan and self._feeders.changes == self._feeder_changes:
             return
         feeders = self._feeders.recent(now_ns)  # forgets those not named for a while
-        self._native_only(feeders, watched if rescan else watched_pids(self._core.bpf))
+        self._native_only(feeders, watched if rescan else self._core.watched_pids())
         if self._feeders.changes == self._feeder_changes:
             return  # _sample and _unsample mark a change where they made one
         self._feeder_changes = self._feeders.changes

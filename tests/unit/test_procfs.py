@@ -29,6 +29,7 @@ from gpujitter.probes.procfs import (
     task_ids,
     task_stat_fields,
     task_state,
+    thread_count,
 )
 from gpujitter.probes.python_gc import interpreter_files
 from gpujitter.probes.watch import WHY_FORK, WHY_PID, WatchSpec, resolve
@@ -171,6 +172,26 @@ def test_a_watched_process_brings_its_children_and_theirs() -> None:
                 os.kill(pid, signal.SIGKILL)
         child.wait()
     assert task_ids(HostPaths(), child.pid) == []
+
+
+def test_a_thread_count_follows_threads_that_start_and_end() -> None:
+    """thread_count reads the kernel's count of a process's threads off its task folder's
+    link count (python_stacks reads a thread list again only when it moved)."""
+    paths = HostPaths()
+    before = thread_count(paths, os.getpid())
+    assert before == len(task_ids(paths, os.getpid()))
+    done = threading.Event()
+    threads = [threading.Thread(target=done.wait) for _ in range(3)]
+    for th in threads:
+        th.start()
+    try:
+        assert thread_count(paths, os.getpid()) == before + 3
+    finally:
+        done.set()
+        for th in threads:
+            th.join()
+    assert thread_count(paths, os.getpid()) == before
+    assert thread_count(paths, 2**22 + 1) == -1  # above pid_max: no such process
 
 
 def test_swap_devices_with_escaped_paths_and_odd_rows() -> None:
