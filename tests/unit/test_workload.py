@@ -23,6 +23,7 @@ from gpujitter.daemon.service.service import watch_of
 from gpujitter.daemon.sinks import metrics
 from gpujitter.daemon.sinks.trace import TraceWriter
 from gpujitter.errors import GpujitterError
+from gpujitter.probes import watch
 from gpujitter.probes.events import WorkloadInfo, from_record, to_record
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import WHY_CGROUP, WHY_FORK, CoreBpf, WatchSpec, resolve
@@ -270,6 +271,32 @@ def test_joining_processes_are_announced_once_with_their_workload(host_tree: Mak
     ]
     record = to_record(infos[1])
     assert record["type"] == "meta.workload" and from_record(record) == infos[1]
+
+
+def test_a_fork_followed_process_is_read_once_and_a_thread_id_goes(
+    host_tree: MakeTree, monkeypatch: pytest.MonkeyPatch
+):
+    """What the kernel's fork hook added: a process stays watched, its /proc entry read at
+    the first refresh only (not once a second per loader worker); a thread's id (its status
+    names another Tgid) leaves the set."""
+    files = _procs((10, "0::/user.slice\n"), (11, "0::/user.slice\n"))
+    files["proc/12/status"] = "Name:\tpt_worker\nTgid:\t10\n"  # a thread of process 10
+    paths = host_tree(files=files)
+    core = CoreBpf(WatchSpec(pids={10}), Topology(cpu_node={0: 0}), paths)
+    table = _KernelMap()
+    core.bpf = {"gj_watched": table, "gj_config": _KernelArray()}
+    core._emit = lambda ev: None
+    read: list[int] = []
+    is_process = watch._is_process
+    monkeypatch.setattr(
+        watch, "_is_process", lambda p, tgid: read.append(tgid) or is_process(p, tgid)
+    )
+    core.refresh(now_ns=100)
+    table.why[11] = table.why[12] = WHY_FORK
+    for now in (200, 300, 400):
+        core.refresh(now_ns=now)
+    assert sorted(core.watched) == [10, 11] and sorted(table.why) == [10, 11]
+    assert read == [11, 12]
 
 
 def _info(ts_ms: float, tgid: int, **fields: str) -> WorkloadInfo:
