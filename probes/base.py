@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 from gpujitter.probes import contract, procfs
 from gpujitter.probes.events import Event, ProbeStatus
 from gpujitter.probes.host import HostPaths
+from gpujitter.probes.mapbatch import PerCpuSum
 from gpujitter.probes.progstats import Cost, program_fds
 from gpujitter.text import decode_name
 
@@ -356,6 +357,7 @@ class BpfProbe(Probe):
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
         self.bpf: Any = None
+        self._lost: tuple[Any, PerCpuSum] | None = None  # (bpf, its gj_lost), per status
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
         """-D options: every threshold as THRESHOLD_<KEY>_NS, the constants shared with the
@@ -429,7 +431,9 @@ class BpfProbe(Probe):
     def lost_kernel(self) -> int:
         if self.bpf is None:
             return 0
-        return sum(int(v) for v in self.bpf["gj_lost"][0])
+        if self._lost is None or self._lost[0] is not self.bpf:
+            self._lost = (self.bpf, PerCpuSum(self.bpf["gj_lost"]))
+        return self._lost[1].read()
 
     def programs(self) -> list[int]:
         return program_fds(self.bpf)
@@ -438,6 +442,7 @@ class BpfProbe(Probe):
         if self.bpf is not None:
             self.bpf.cleanup()
             self.bpf = None
+        self._lost = None
         if self.state == "running":
             self.state = "stopped"
 

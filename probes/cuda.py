@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpujitter.probes import uprobe_multi
-from gpujitter.probes.base import BpfProbe, ProbeContext
+from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.elf import ElfFile
 from gpujitter.probes.events import CudaCall
 from gpujitter.probes.host import HostPaths
-from gpujitter.probes.mapped_scan import MappedScan, file_key, watched_pids
+from gpujitter.probes.mapped_scan import MappedScan, file_key
 from gpujitter.probes.procfs import alive, in_root, mapped_files, read_maps
 from gpujitter.probes.registry import Hook, ProbeSpec
 
@@ -186,6 +186,7 @@ class CudaProbe(BpfProbe):
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
         self.libs: dict[tuple[int, int], str] = {}  # attached files: (dev, inode) -> path
+        self._core: Any = None  # the watched set (probes/watch.py CoreBpf)
         self.symbols: dict[str, int] = {}  # traced function -> files it is attached in
         self.failed: dict[str, str] = {}  # path -> why it could not be attached
         # (path, address, entry program, with a return probe): what attach put in place.
@@ -217,6 +218,9 @@ class CudaProbe(BpfProbe):
         self.scan_processes()
 
     def start(self, ctx: ProbeContext) -> None:
+        self._core = ctx.shared.get("core")
+        if self._core is None:
+            raise ProbeUnavailable("no watched set to scan (the core module is not loaded)")
         super().start(ctx)
         self._update_state()
 
@@ -305,7 +309,7 @@ class CudaProbe(BpfProbe):
         """Attach libcuda files that watched processes mapped and are not attached yet
         (frameworks load libcuda late, at their first CUDA call: mapped_scan.py says how
         long a process is looked at)."""
-        for pid in self.scan.due(watched_pids(self.bpf), time.monotonic_ns()):
+        for pid in self.scan.due(self._core.watched_pids(), time.monotonic_ns()):
             libs = mapped_libcuda(pid, self.paths)
             for path in libs:
                 self.add_library(path)

@@ -77,3 +77,23 @@ class MapBatch:
 def _copied(item: Any) -> Any:
     """A buffer's element as a value of its own (ctypes gives simple types as ints)."""
     return type(item).from_buffer_copy(item) if isinstance(item, ct.Structure | ct.Array) else item
+
+
+class PerCpuSum:
+    """One entry of a per-CPU array of integers, summed over the CPUs, read into a buffer
+    allocated once: bcc's `table[key]` builds the per-CPU value and a list of it at every
+    read (~15 µs for a counter read once a second by every probe; ~3 µs this way)."""
+
+    def __init__(self, table: Any, key: int = 0) -> None:
+        self.table = table
+        self._key = table.Key(key)
+        self._value = table.Leaf()  # the entry on every possible CPU, one after the other
+
+    def read(self) -> int:
+        from bcc.libbcc import lib  # only where a map was loaded: bcc is there
+
+        fd = self.table.map_fd
+        if lib.bpf_lookup_elem(fd, ct.byref(self._key), ct.byref(self._value)) != 0:
+            err = ct.get_errno()
+            raise OSError(err, f"reading a per-CPU counter: {errno.errorcode.get(err)}")
+        return sum(self._value)

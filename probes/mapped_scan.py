@@ -12,20 +12,11 @@ probe itself.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from gpujitter.probes.host import HostPaths, proc_pids
 from gpujitter.probes.procfs import alive
 
 LATE_LOAD_NS = 60_000_000_000
-
-
-def watched_pids(bpf: Any) -> list[int] | None:
-    """Watched process ids from the core's shared maps; None when every process is watched."""
-    config = bpf["gj_config"]
-    if int(config[config.Key(0)].value) & 1:
-        return None
-    return [k.value for k in bpf["gj_watched"]]
 
 
 def file_key(path: str) -> tuple[int, int] | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,7 +102,9 @@ class CostMeter:
         self._next_ns = 0
         self._last: dict[str, tuple[int, int, int]] = {}  # probe -> (t, runs, ns)
 
-    def tick(self, now_ns: int, programs: Mapping[str, list[int]]) -> dict[str, Cost]:
+    def tick(self, now_ns: int, programs: Callable[[], Mapping[str, list[int]]]) -> dict[str, Cost]:
+        """The costs as of now; `programs` (each probe's program fds) is asked for only
+        when the counters are read: in sampled mode, a tick in about sixty."""
         continuous = stats_on()
         if continuous:
             self._close()
@@ -115,7 +117,7 @@ class CostMeter:
             if self._fd < 0:
                 return self.costs
         source = "bpf_stats" if continuous else "sampled"
-        for probe, fds in programs.items():
+        for probe, fds in programs().items():
             t, runs, ns = now_ns, *_totals(fds)
             last = self._last.get(probe)
             self._last[probe] = (t, runs, ns)

@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.probes import contract
-from gpujitter.probes.base import BpfProbe, ProbeContext
+from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.elf import SHT_NOTE, ElfFile
 from gpujitter.probes.events import Event, GcPause
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.log2 import Log2Map
-from gpujitter.probes.mapped_scan import MappedScan, file_key, watched_pids
+from gpujitter.probes.mapped_scan import MappedScan, file_key
 from gpujitter.probes.perf_event import PerfEventAttr, bpf_event_fd
 from gpujitter.probes.procfs import alive, in_root, mapped_files
 from gpujitter.probes.registry import Hook, ProbeSpec
@@ -262,16 +262,20 @@ class InterpreterProbe(BpfProbe):
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
         self.scan = MappedScan()
+        self._core: Any = None  # the watched set (probes/watch.py CoreBpf)
         self.paths = HostPaths()
         # Interpreter files looked at, by (dev, inode): (the path as mapped, how probed).
         self.interpreters: dict[tuple[int, int], tuple[str, Any]] = {}
 
     def start(self, ctx: ProbeContext) -> None:
+        self._core = ctx.shared.get("core")
+        if self._core is None:
+            raise ProbeUnavailable("no watched set to scan (the core module is not loaded)")
         super().start(ctx)
         self._update_state()
 
     def scan_processes(self) -> None:
-        for pid in self.scan.due(watched_pids(self.bpf), time.monotonic_ns()):
+        for pid in self.scan.due(self._core.watched_pids(), time.monotonic_ns()):
             files = interpreter_files(pid, self.paths)
             for mapped, local in files:
                 self.add_interpreter(mapped, local)

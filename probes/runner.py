@@ -187,7 +187,7 @@ class ProbeSet:
 
     def measure_cost(self, now_ns: int) -> None:
         """Each running probe's BPF cost (progstats.CostMeter), kept on the probe."""
-        costs = self.meter.tick(now_ns, {p.name: p.programs() for p in self.running})
+        costs = self.meter.tick(now_ns, lambda: {p.name: p.programs() for p in self.running})
         for probe in self.probes:
             probe.cost = costs.get(probe.name, Cost())
 
