@@ -113,8 +113,10 @@ def in_rounds(args: argparse.Namespace) -> list[dict[str, Any]]:
     this, this, before, ...), each a child run of this bench; each result names its tree."""
     trees = [args.before, ""] if args.before else [""]
     order = [t for r in range(args.rounds) for t in (trees if r % 2 == 0 else trees[::-1])]
-    argv = [sys.executable, "-m", "bench.probe_thread", "--json", "--pid", str(args.pid),
-            "--seconds", str(args.seconds), "--settle", str(args.settle)]  # fmt: skip
+    safe_path = ["-P"] if sys.flags.safe_path else []  # as this process was started
+    argv = [sys.executable, *safe_path, "-m", "bench.probe_thread", "--json",
+            "--pid", str(args.pid), "--seconds", str(args.seconds),
+            "--settle", str(args.settle)]  # fmt: skip
     argv += ["--probes", args.probes] if args.probes else []
     out = []
     for tree in order:

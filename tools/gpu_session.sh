@@ -22,7 +22,9 @@
 #                records (off in its defaults), in every round or every other; a run call
 #                of its own)
 #   probethread  the probe thread's calls (poll, tick, each probe's sample), timed, beside the
-#                training job (bench/probe_thread.py; PROBE_THREAD_SECONDS, default 30)
+#                training job (bench/probe_thread.py; PROBE_THREAD_SECONDS, default 30;
+#                PROBE_THREAD_BEFORE=DIR: rounds alternate with the package tree in DIR,
+#                PROBE_THREAD_ROUNDS=N of each, default 2)
 #   startstop    `gpujitter run` from exec to READY and from SIGTERM/SIGINT to exit, its memory,
 #                every uprobe gone after the stop (bench/startstop.py, the node's libcuda;
 #                STARTSTOP_MAPS=1: also its memory by mapping at the peak, --maps;
@@ -190,9 +192,14 @@ for step in $steps; do
     probethread)
         log "probethread: the probe thread's calls, timed, beside the training job"
         start_train_job /tmp/gj/probethread
-        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 200 python3 -P -m bench.probe_thread \
-            --pid "$pid" --seconds "${PROBE_THREAD_SECONDS:-30}" --settle 20 --json \
-            > "$out/probe_thread.json")
+        rounds=()
+        if [ -n "${PROBE_THREAD_BEFORE:-}" ]; then
+            before_pkg "$PROBE_THREAD_BEFORE"
+            rounds=(--rounds "${PROBE_THREAD_ROUNDS:-2}" --before /tmp/pkg-before)
+        fi
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 480 python3 -P -m bench.probe_thread \
+            --pid "$pid" --seconds "${PROBE_THREAD_SECONDS:-30}" --settle 20 "${rounds[@]}" \
+            --json > "$out/probe_thread.json")
         kill -INT "$pid"; sleep 5
         ;;
     realjob-cost)
