@@ -30,8 +30,9 @@
  * (docs/performance.md). And where sched streams an off-CPU record of that switch-in (most
  * IdleWakes: a sleep long enough to stream ends in most wake-ups slow enough to), the
  * IdleWake rides in it (struct gj_idle_wake) instead of a record of its own here: user space
- * gets the same two events from one record, one reservation and one ring callback. Alone, or beside a sched on perf tracepoints, this probe attaches
- * its own programs to both and keeps `sleepers`. No map crosses probes either way (an extern
+ * gets the same two events from one record, one reservation and one ring callback. Alone,
+ * or beside a sched on perf tracepoints, this probe attaches its own programs to both and
+ * keeps `sleepers`. No map crosses probes either way (an extern
  * map needs its owner loaded first, and bcc never releases a public one): the two probes
  * stay separately switchable and fail alone.
  */
