@@ -190,6 +190,10 @@ def test_a_thread_count_follows_threads_that_start_and_end() -> None:
         done.set()
         for th in threads:
             th.join()
+    # join() returns as a thread's Python part ends; the kernel task goes a moment later
+    deadline = time.monotonic() + 5
+    while thread_count(paths, os.getpid()) != before and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert thread_count(paths, os.getpid()) == before
     assert thread_count(paths, 2**22 + 1) == -1  # above pid_max: no such process
 
