@@ -233,24 +233,13 @@ def _daemon_status(path: Path) -> dict[str, Any]:
     probes' delivered and lost counts, the attributions and how many were self-inflicted);
     {} when none came in time. A client for a moment: the stream's cost while none is
     connected stays out of the window."""
-    import orjson
+    from gpujitter.daemon.sinks.stream import first_records
 
-    deadline = time.monotonic() + STATUS_TIMEOUT_S
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-        client.settimeout(STATUS_TIMEOUT_S)
-        try:
-            client.connect(str(path))
-            reader = client.makefile("rb")
-            while time.monotonic() < deadline:
-                line = reader.readline()
-                if not line:
-                    break
-                rec = orjson.loads(line)
-                if rec.get("type") == "snapshot":
-                    return dict(rec.get("status") or {})
-        except (OSError, ValueError):
-            pass
-    return {}
+    try:
+        snapshot = first_records(path, ["snapshot"], STATUS_TIMEOUT_S).get("snapshot", {})
+    except OSError:
+        return {}
+    return dict(snapshot.get("status") or {})
 
 
 def _window_counts(first: dict[str, Any], last: dict[str, Any], window_s: float) -> dict[str, Any]:

@@ -452,3 +452,32 @@ class StreamServer:
         self._wake_w.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+
+def first_records(path: Path, types: Iterable[str], timeout_s: float) -> dict[str, dict[str, Any]]:
+    """A client for a moment: the first record of each of `types` that the daemon listening
+    at `path` sends a new client (its "hello", its "snapshot"), by type; those that did not
+    come within `timeout_s` are missing. OSError when no daemon can be reached there (none
+    listening, or the socket's mode shuts this user out)."""
+    wanted = set(types)
+    got: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout_s
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(timeout_s)
+        client.connect(str(path))
+        reader = client.makefile("rb")
+        while wanted - got.keys() and time.monotonic() < deadline:
+            try:
+                line = reader.readline(QUEUE_BYTES)
+            except TimeoutError:
+                break
+            if not line:
+                break  # the daemon closed the connection (too many clients, stopping)
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # a line cut at the limit: not one of these
+            kind = rec.get("type") if isinstance(rec, dict) else None
+            if kind in wanted and kind not in got:
+                got[kind] = rec
+    return got

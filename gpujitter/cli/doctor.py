@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 
 from gpujitter.cli.command import Command
-from gpujitter.cli.options import add_topology_args
+from gpujitter.cli.options import add_socket_arg, add_topology_args, socket_from_args
 from gpujitter.cli.output import print_json
 from gpujitter.text import printable
 
@@ -18,15 +18,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--load",
         action="store_true",
-        help="also load the core BPF module and every probe for a moment (needs root)",
+        help="also load the core BPF module and every probe for a moment (needs root), and "
+        "ask a daemon running on this node for its own account",
     )
+    add_socket_arg(p, "asked with --load")
     add_topology_args(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from gpujitter.daemon.checks.doctor import DoctorEnv, can_profile, run_checks
 
-    env = DoctorEnv(override=args.topology_override, load=args.load)
+    env = DoctorEnv(
+        override=args.topology_override,
+        load=args.load,
+        socket=socket_from_args(args) if args.load else None,
+    )
     results = run_checks(env)
     ok = can_profile(results)
     if args.json:
@@ -63,6 +69,13 @@ COMMAND = Command(
         record: gpujitter does not use them. Anything that does not pass comes with the exact
         command that fixes it.
 
+        --load really loads the core module and every probe for a moment: each probe's BPF
+        cost, what the start took (wall, CPU, peak memory) and the daemon's own scheduling
+        read back. Where a daemon runs (its stream socket answers), --load adds its own
+        account from its status record: its CPU, resident memory, events a second, events
+        lost, gaps attributed and how many its own threads caused, and each probe's BPF
+        cost, events and losses ("daemon PROBE" lines).
+
         Exit status: 0 when profiling can run (warnings only narrow it), 1 when it cannot.
     """,
     examples="""
@@ -70,7 +83,8 @@ COMMAND = Command(
         gpujitter doctor
         # the same as JSON, for a provisioning script
         gpujitter doctor --json
-        # really load the core module and every probe for half a second
+        # really load the core module and every probe for half a second; and what the
+        # running daemon says it costs
         gpujitter doctor --load
         # check with emulated NUMA nodes (the override is reported)
         gpujitter doctor --topology-override two-nodes.toml

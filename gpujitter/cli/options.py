@@ -1,12 +1,18 @@
 """Options several subcommands share: which processes to watch, the topology override,
-threshold overrides; checked as the daemon's settings of the same meaning are."""
+threshold overrides, the daemon's socket; checked as the daemon's settings of the same
+meaning are."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from gpujitter.daemon.service.config import check_cgroup, parse_value, thresholds_by_probe
+from gpujitter.daemon.service.config import (
+    check_cgroup,
+    load_config,
+    parse_value,
+    thresholds_by_probe,
+)
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
@@ -95,6 +101,24 @@ def topology_from_args(args: argparse.Namespace) -> Topology:
     """The node's topology; a command's --no-nvml keeps NVML out of it too (GPUs from sysfs)."""
     nvml = False if getattr(args, "no_nvml", False) else None
     return load_topology(override=args.topology_override, nvml=nvml)
+
+
+def add_socket_arg(p: argparse.ArgumentParser, why: str) -> None:
+    """--socket: the running daemon's stream socket, which the command reads `why`."""
+    p.add_argument(
+        "--socket",
+        type=Path,
+        metavar="PATH",
+        help=f"the daemon's stream socket, {why} (default: socket.path of the daemon's "
+        "configuration, /run/gpujitter/gpujitter.sock)",
+    )
+
+
+def socket_from_args(args: argparse.Namespace) -> Path:
+    """--socket, else where the daemon's configuration puts its socket."""
+    if args.socket is not None:
+        return Path(args.socket)
+    return Path(load_config()["socket.path"])
 
 
 def add_threshold_arg(p: argparse.ArgumentParser) -> None:

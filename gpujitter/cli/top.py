@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import (
+    add_socket_arg,
     add_topology_args,
     add_watch_args,
+    socket_from_args,
     topology_from_args,
     watch_from_args,
 )
@@ -46,13 +48,7 @@ def speed(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--socket",
-        type=Path,
-        metavar="PATH",
-        help="the daemon's stream socket (default: socket.path of the daemon's configuration, "
-        "/run/gpujitter/gpujitter.sock)",
-    )
+    add_socket_arg(p, "read when a daemon listens there")
     p.add_argument(
         "--probes",
         metavar="LIST",
@@ -97,14 +93,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_topology_args(p)
 
 
-def socket_path(args: argparse.Namespace) -> Path:
-    if args.socket is not None:
-        return Path(args.socket)
-    from gpujitter.daemon.service.config import load_config
-
-    return Path(load_config()["socket.path"])
-
-
 def make_feed(args: argparse.Namespace) -> Feed:
     from gpujitter.probes import registry
     from gpujitter.tui.feeds.embedded import EmbeddedFeed
@@ -113,7 +101,7 @@ def make_feed(args: argparse.Namespace) -> Feed:
 
     if args.replay is not None:
         return replay_feed(args, ReplayFeed)
-    path = socket_path(args)
+    path = socket_from_args(args)
     if args.daemon or (not args.embedded and daemon_listening(path)):
         return SocketFeed(path)
     names = registry.select(args.probes.split(",") if args.probes else ())

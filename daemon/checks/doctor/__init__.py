@@ -5,7 +5,7 @@ function registered into CHECKS (model.py) that reads the host through HostPaths
 one Result per line: pass, warn (profiling runs with less), fail (profiling cannot run) or
 info. Probe hooks come from the probe registry, so a probe added there is checked here
 without a change. `--load` goes further and really loads the core BPF module and every probe
-for a moment.
+for a moment, and asks a daemon running on the node for its own account.
 """
 
 from __future__ import annotations

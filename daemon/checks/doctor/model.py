@@ -43,6 +43,9 @@ class DoctorEnv:
     override: Path | None = None
     load: bool = False  # really load the core module and every probe (--load)
     load_s: float = 0.5  # how long each loaded probe set runs
+    # The running daemon's stream socket, asked for its own account under --load (None: not
+    # asked).
+    socket: Path | None = None
     open_nvml: Callable[[], Nvml] = open_nvml  # the NVML boundary: tests replay recordings
     specs: Callable[[], dict[str, ProbeSpec]] = registry.specs  # the probes whose hooks count
 
