@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from gpujitter.probes.bundle import Bundle, ModulePart
     from gpujitter.probes.registry import ProbeSpec
     from gpujitter.probes.topology import Topology
+    from gpujitter.probes.watch import CoreBpf
 
 BPF_DIR = Path(__file__).with_name("bpf")
 SHARED_HEADER = "gpujitter.h"
@@ -63,6 +64,14 @@ class ProbeContext:
     shared: dict[str, Any] = field(default_factory=dict)
     # The one bcc module the set's probes were compiled into (probes/bundle.py), if any.
     bundle: Bundle | None = None
+
+    def watched_set(self, need: str) -> CoreBpf:
+        """The set's watched processes (the runner's core, shared as "core"), for a probe that
+        needs them to `need` ("scan", "sample"): without the core it cannot start."""
+        core = self.shared.get("core")
+        if core is None:
+            raise ProbeUnavailable(f"no watched set to {need} (the core module is not loaded)")
+        return core
 
 
 class Probe(abc.ABC):

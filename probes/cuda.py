@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpujitter.probes import uprobe_multi
-from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
+from gpujitter.probes.base import BpfProbe, ProbeContext
 from gpujitter.probes.elf import ElfFile
 from gpujitter.probes.events import CudaCall
 from gpujitter.probes.host import HostPaths
@@ -218,9 +218,7 @@ class CudaProbe(BpfProbe):
         self.scan_processes()
 
     def start(self, ctx: ProbeContext) -> None:
-        self._core = ctx.shared.get("core")
-        if self._core is None:
-            raise ProbeUnavailable("no watched set to scan (the core module is not loaded)")
+        self._core = ctx.watched_set("scan")
         super().start(ctx)
         self._update_state()
 

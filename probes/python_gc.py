@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.probes import contract
-from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
+from gpujitter.probes.base import BpfProbe, ProbeContext
 from gpujitter.probes.elf import SHT_NOTE, ElfFile
 from gpujitter.probes.events import Event, GcPause
 from gpujitter.probes.host import HostPaths
@@ -268,9 +268,7 @@ class InterpreterProbe(BpfProbe):
         self.interpreters: dict[tuple[int, int], tuple[str, Any]] = {}
 
     def start(self, ctx: ProbeContext) -> None:
-        self._core = ctx.shared.get("core")
-        if self._core is None:
-            raise ProbeUnavailable("no watched set to scan (the core module is not loaded)")
+        self._core = ctx.watched_set("scan")
         super().start(ctx)
         self._update_state()
 

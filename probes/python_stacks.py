@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gpujitter.probes.base import BPF_DIR, BpfProbe, ProbeContext, ProbeUnavailable
+from gpujitter.probes.base import BPF_DIR, BpfProbe, ProbeContext
 from gpujitter.probes.events import NATIVE_LINE, PySample
 from gpujitter.probes.feeders import Feeders
 from gpujitter.probes.host import status_fields
@@ -165,9 +165,7 @@ class PythonStacksProbe(BpfProbe):
         ]
 
     def start(self, ctx: ProbeContext) -> None:
-        self._core = ctx.shared.get("core")
-        if self._core is None:
-            raise ProbeUnavailable("no watched set to sample (the core module is not loaded)")
+        self._core = ctx.watched_set("sample")
         self._feeders = ctx.shared.get("feeders", self._feeders)
         self.period_ns = max(1, self.threshold(ctx, "period"))
         super().start(ctx)

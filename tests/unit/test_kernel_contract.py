@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpujitter.probes import contract
-from gpujitter.probes.base import BPF_DIR, SHARED_HEADER, ProbeContext, bpf_source
+from gpujitter.probes.base import BPF_DIR, SHARED_HEADER, ProbeContext, ProbeUnavailable, bpf_source
 from gpujitter.probes.cstate import CstateProbe
 from gpujitter.probes.registry import get
 from gpujitter.probes.topology import Topology
@@ -86,3 +86,15 @@ def test_a_probe_hands_its_constants_to_the_compiler() -> None:
     probe = CstateProbe(get("cstate"))
     flags = probe.cflags(ProbeContext(topology=Topology(cpu_node={0: 0}), emit=lambda ev: True))
     assert "-DIDLE_STATES=16" in flags
+
+
+@pytest.mark.parametrize("name", ["cuda", "python_gc", "python_gil", "python_stacks"])
+def test_a_probe_that_needs_the_watched_set_does_not_start_without_it(name: str) -> None:
+    """The probes that find their processes in the core's watched set refuse to start,
+    in one line, where the core is not loaded (before any compile)."""
+    spec = get(name)
+    ctx = ProbeContext(topology=Topology(cpu_node={0: 0}), emit=lambda ev: True)
+    with pytest.raises(ProbeUnavailable, match=r"^no watched set to \w+ \(the core module"):
+        spec.factory(spec).start(ctx)
+    ctx.shared["core"] = core = object()
+    assert ctx.watched_set("scan") is core
