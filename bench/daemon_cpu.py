@@ -336,8 +336,10 @@ def live(
             last = _daemon_status(work / "sock")
             rss = rss_bytes(daemon.pid)
         finally:
+            stopping = time.monotonic()
             daemon.send_signal(signal.SIGINT)
             daemon.wait(timeout=60)
+            stop_s = time.monotonic() - stopping  # after a stay: the heap the exit meets
             if feeder is not None:
                 feeder.kill()
                 feeder.wait()
@@ -359,6 +361,7 @@ def live(
         "threads_runs_per_s": {k: round(v / (window_ns / 1e9), 1) for k, v in sorted(runs.items())},
         "exited_threads_pct": 100 * max(0, p1 - p0 - sum(threads.values())) / window_ns,
         "rss_mb": rss / 1e6,
+        "stop_s": stop_s,
         "events_per_s": {k: round(v / (window_ns / 1e9), 1) for k, v in kinds.most_common()},
         "daemon_counted": _window_counts(first, last, window_ns / 1e9),
         "profile_samples": {name: t["samples"] for name, t in profile.items()},
@@ -409,7 +412,7 @@ def _print_live(res: dict[str, Any]) -> None:
     recorded = ", recording" if res["record"] else ""
     print(f"daemon ({res['probes']}{recorded}, tree {res['tree']}), {res['window_s']:.0f} s "
           f"window, ready in {res['ready_s']:.1f} s: {res['cpu_pct']:.2f} % of one CPU, "
-          f"RSS {res['rss_mb']:.0f} MB")  # fmt: skip
+          f"RSS {res['rss_mb']:.0f} MB, stopped in {res['stop_s']:.2f} s")  # fmt: skip
     runs = res["threads_runs_per_s"]
     for name, pct in sorted(res["threads_pct"].items(), key=lambda kv: -kv[1]):
         print(f"  {name:<20} {pct:6.2f} %  {runs.get(name, 0):7.1f} runs/s")

@@ -1,5 +1,5 @@
 """`python -m gpujitter` is the console script."""
 
-from gpujitter.cli import main
+from gpujitter.cli import entry
 
-raise SystemExit(main())
+entry()

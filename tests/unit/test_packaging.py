@@ -5,6 +5,8 @@ out of a wheel while the editable install still finds it."""
 from __future__ import annotations
 
 import fnmatch
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -43,3 +45,24 @@ def test_every_file_a_package_ships_besides_python_is_package_data() -> None:
             if path.is_file() and path.suffix not in (".py", ".pyc"):
                 name = path.relative_to(folder).as_posix()
                 assert any(fnmatch.fnmatch(name, g) for g in data.get(package, [])), path
+
+
+def test_the_console_script_exits_with_the_commands_code_and_a_frozen_heap(
+    tmp_path: Path,
+) -> None:
+    """The script and `python -m gpujitter` go through cli.entry: the command's exit code,
+    and the heap frozen before the interpreter's teardown (its last collections of the
+    whole heap are what made a long-running daemon's exit slow)."""
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"gpujitter": "gpujitter.cli:entry"}
+    probe = (
+        "import atexit, gc, runpy, sys\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
+        "sys.argv = ['gpujitter', 'report', sys.argv[1]]\n"
+        "runpy.run_module('gpujitter', run_name='__main__')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "none.gjtrace")],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr  # report's one-line error for a missing file
+    assert proc.stderr.startswith("gpujitter report: error:")
+    assert proc.stdout.strip() == "frozen True"
