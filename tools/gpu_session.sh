@@ -15,7 +15,9 @@
 #   realjob-cost the training job's step time with and without the daemon, its CPU and memory
 #                (bench/real_job_gpu.sh cost; a run call of its own)
 #   daemoncpu    the daemon's CPU by thread beside the training job (bench/daemon_cpu.py;
-#                DAEMON_CPU_SETTLE=S: the windows open S s after READY (steady running);
+#                DAEMON_CPU_SETTLE=S: the windows open S s after READY (default 90: past
+#                the engine's 60 s retention, steady running; the bench's 420 s limit fits
+#                ROUNDS x trees x (S + SECONDS + 15));
 #                DAEMON_CPU_BEFORE=DIR: rounds alternate with the package tree in DIR, e.g.
 #                a `git archive` of an earlier commit; DAEMON_CPU_PROFILE=0: no profiled
 #                round after them; DAEMON_CPU_RECORD=yes|alternate: the daemon also
@@ -174,14 +176,14 @@ for step in $steps; do
         fi
         (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 420 python3 -P -m bench.daemon_cpu live \
             --pid "$pid" --seconds "${DAEMON_CPU_SECONDS:-40}" --rounds "${DAEMON_CPU_ROUNDS:-2}" \
-            --settle "${DAEMON_CPU_SETTLE:-1}" --record "${DAEMON_CPU_RECORD:-no}" "${before[@]}" \
+            --settle "${DAEMON_CPU_SETTLE:-90}" --record "${DAEMON_CPU_RECORD:-no}" "${before[@]}" \
             --json > "$out/daemoncpu.json")
         # py-spy's samples and the run's recording come back (to replay the main thread here)
         if [ "${DAEMON_CPU_PROFILE:-1}" != 0 ]; then
             mkdir -p "$out/prof"
-            (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout $((100 + ${DAEMON_CPU_SETTLE:-1})) \
+            (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout $((100 + ${DAEMON_CPU_SETTLE:-90})) \
                 python3 -P -m bench.daemon_cpu live --pid "$pid" --seconds 30 \
-                --settle "${DAEMON_CPU_SETTLE:-1}" --profile "$out/prof" --json \
+                --settle "${DAEMON_CPU_SETTLE:-90}" --profile "$out/prof" --json \
                 > "$out/profiled.json")
         fi
         for rec in "$out"/prof/rec-*/; do
