@@ -20,6 +20,7 @@ from gpujitter.probes.interrupts import read_table
 from gpujitter.probes.procfs import parse_swaps
 
 MEMCG_V1 = Path("/sys/fs/cgroup/memory")
+CPU_V1 = Path("/sys/fs/cgroup/cpu")
 BLKIO_V1 = Path("/sys/fs/cgroup/blkio")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -85,13 +86,15 @@ def _cgroup_root(v1: Path, controller: str) -> Path | None:
 
 
 @contextlib.contextmanager
-def _cgroup(root: Path, name: str, setting: str, value: str) -> Iterator[Path]:
-    """A cgroup `name` under `root` with one setting written. On exit its remaining
-    processes are moved back to the root cgroup and the directory is removed."""
+def _cgroup(root: Path, name: str, settings: dict[str, str]) -> Iterator[Path]:
+    """A cgroup `name` under `root` with `settings` (file -> value) written in order. On
+    exit its remaining processes are moved back to the root cgroup and the directory is
+    removed."""
     group = root / name
     group.mkdir()
     try:
-        (group / setting).write_text(value)
+        for setting, value in settings.items():
+            (group / setting).write_text(value)
         yield group
     finally:
         for pid in (group / "cgroup.procs").read_text().split():
@@ -118,7 +121,33 @@ def memory_cgroup(name: str, limit_bytes: int) -> Iterator[Path]:
             f"{CGROUP_V2}/cgroup.subtree_control (v2)"
         )
     setting = "memory.limit_in_bytes" if root == MEMCG_V1 else "memory.max"
-    with _cgroup(root, name, setting, str(limit_bytes)) as group:
+    with _cgroup(root, name, {setting: str(limit_bytes)}) as group:
+        yield group
+
+
+@contextlib.contextmanager
+def cpu_cgroup(
+    name: str, weight: int, quota_us: int = 0, period_us: int = 100_000
+) -> Iterator[Path]:
+    """A CPU cgroup at systemd's CPUWeight `weight` (1-10000, default 100), with a CFS quota
+    of quota_us per period_us where given: cgroup v1's cpu controller where mounted
+    (cpu.shares = weight * 1024 / 100, systemd's mapping), else a cgroup-v2 group
+    (cpu.weight, cpu.max)."""
+    root = _cgroup_root(CPU_V1, "cpu")
+    if root is None:
+        raise GpujitterError(
+            f"no CPU cgroup controller: neither {CPU_V1} (v1) nor cpu in "
+            f"{CGROUP_V2}/cgroup.subtree_control (v2)"
+        )
+    if root == CPU_V1:
+        settings = {"cpu.shares": str(weight * 1024 // 100)}
+        if quota_us:
+            settings |= {"cpu.cfs_period_us": str(period_us), "cpu.cfs_quota_us": str(quota_us)}
+    else:
+        settings = {"cpu.weight": str(weight)}
+        if quota_us:
+            settings["cpu.max"] = f"{quota_us} {period_us}"
+    with _cgroup(root, name, settings) as group:
         yield group
 
 
@@ -135,7 +164,7 @@ def read_throttle(name: str, dev: str, bps: int) -> Iterator[Path | None]:
         setting, value = "blkio.throttle.read_bps_device", f"{dev} {bps}"
     else:
         setting, value = "io.max", f"{dev} rbps={bps}"
-    with _cgroup(root, name, setting, value) as group:
+    with _cgroup(root, name, {setting: value}) as group:
         yield group
 
 
