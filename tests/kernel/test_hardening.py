@@ -911,13 +911,15 @@ SANDBOX: dict[str, Callable[[dict[str, Any]], bool]] = {
     ),
     "CPUQuota": lambda r: r["cgroup"]["cpu_quota_us"] > 0,
     "CPUQuotaPeriodSec": lambda r: r["cgroup"]["cpu_period_us"] == 10_000,
+    # systemd's own mapping on v1: weight * 1024 / 100 shares
+    "CPUWeight": lambda r: r["cgroup"]["cpu_weight_set"] in ("10", "102"),
     "TasksMax": lambda r: r["cgroup"]["pids_max"] == 64,
 }
 # Options run together: one means nothing without the other, or both are one resource.
 GROUPS = (
     ("ProtectSystem", "PrivateTmp"),  # see test_protect_system_needs_private_tmp
     ("MemoryHigh", "MemoryMax"),
-    ("CPUQuota", "CPUQuotaPeriodSec"),
+    ("CPUQuota", "CPUQuotaPeriodSec", "CPUWeight"),
     ("LimitMEMLOCK", "LimitNOFILE", "LimitNICE"),
     ("SystemCallFilter", "SystemCallErrorNumber"),
 )
@@ -1013,7 +1015,7 @@ def resource_cgroups(settings: dict[str, str]) -> Iterator[tuple[list[str], dict
     cgroup.procs files the child joins, then fills in what the cgroups saw."""
     name = f"gpujitter-hardening-{os.getpid()}"
     stats: dict[str, Any] = {"name": name, "memory_limit_hits": 0, "pids_max": 0}
-    stats.update(cpu_quota_us=0, cpu_period_us=0)
+    stats.update(cpu_quota_us=0, cpu_period_us=0, cpu_weight_set="")
     memory = [parse_size(settings[k]) for k in ("MemoryHigh", "MemoryMax") if k in settings]
     period_us = int(seconds(settings.get("CPUQuotaPeriodSec", "100ms")) * 1e6)
     quota_us = (
@@ -1036,6 +1038,10 @@ def resource_cgroups(settings: dict[str, str]) -> Iterator[tuple[list[str], dict
                 ("cpu", "cpu.cfs_quota_us", str(quota_us)),
             ]
         stats.update(cpu_quota_us=quota_us, cpu_period_us=period_us)
+    if "CPUWeight" in settings:
+        weight = int(settings["CPUWeight"])
+        writes.append(("cpu", "cpu.weight", str(weight)) if v2 else
+                      ("cpu", "cpu.shares", str(weight * 1024 // 100)))  # fmt: skip
     if "TasksMax" in settings:
         writes.append(("pids", "pids.max", settings["TasksMax"]))
         stats["pids_max"] = int(settings["TasksMax"])
@@ -1047,6 +1053,11 @@ def resource_cgroups(settings: dict[str, str]) -> Iterator[tuple[list[str], dict
         for controller, file, value in writes:
             Path("/sys/fs/cgroup", "" if v2 else controller, name, file).write_text(value)
         yield [str(d / "cgroup.procs") for d in dirs], stats
+        cpu = Path("/sys/fs/cgroup", "" if v2 else "cpu", name)
+        for file in ("cpu.weight", "cpu.shares") if "CPUWeight" in settings else ():
+            if (cpu / file).exists():  # what the kernel kept while the load ran
+                stats["cpu_weight_set"] = (cpu / file).read_text().strip()
+                break
         for d in dirs:
             if v2 and (d / "memory.events").exists():
                 events = dict(
