@@ -502,9 +502,11 @@ def test_waits_on_block_reads_carry_the_disk(tmp_path: Path) -> None:
         disk = system.whole_disk(data)
     res = child.result
     # The truth: the read's time less its stints on a CPU (from the log) and its run-queue
-    # wait. Not the thread's CPU clock, which leaves out what the hypervisor stole while it
-    # ran: neither run nor wait, that time read as blocked (CI under a hog, 2026-12-04: 9.5
-    # of 59.7 ms; the VM's steal count grows while the host is busy).
+    # wait. Not the thread's CPU clock, which leaves out what the hypervisor steals while
+    # the thread runs (this VM's steal count grows while the host is busy): neither run nor
+    # wait, that time read as blocked. CI under a hog, 2026-12-04: 59.7 ms blocked by the
+    # clock, more than the 53.9 ms the thread spent off CPU in all the probe saw, with no
+    # untraced switch: a short CPU clock, as steal makes it.
     elapsed = res["t1"] - res["t0"]
     held = held_within(log, child.pid, res["t0"], res["t1"])
     res["blocked_ns"] = elapsed - held - res["delay_ns"]
