@@ -234,9 +234,11 @@ def test_off_cpu_states_carry_the_syscall_and_the_waker(tmp_path: Path) -> None:
         assert 25 * MS <= blocked_ns(read) < 60 * MS  # the writer slept 30 ms
         assert read.tid == child.pid
 
-    disk = [e for e in mine if e.state == "uninterruptible"]
-    assert disk, "O_DIRECT writes and fsync must block uninterruptibly"
-    assert {e.syscall for e in disk} <= {SYS_WRITE, SYS_PWRITE64, SYS_FSYNC, SYS_FDATASYNC}
+    # The disk's waits, by the call they block in. Not every uninterruptible wait is one: under
+    # load an madvise (the allocator giving memory back) waited too (CI under a hog, 2026-12-04).
+    stuck = [e for e in mine if e.state == "uninterruptible"]
+    disk = [e for e in stuck if e.syscall in (SYS_WRITE, SYS_PWRITE64, SYS_FSYNC, SYS_FDATASYNC)]
+    assert disk, f"O_DIRECT writes and fsync must block uninterruptibly: {stuck}"
     assert sum(blocked_ns(e) for e in disk) > 0
     assert rec.status("sched").state == "running"
 
