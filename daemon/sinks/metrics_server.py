@@ -168,6 +168,10 @@ class MetricsServer:
             conn = _Connection(sock, time.monotonic() + self.timeout_s)
             self._conns[sock] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
+            # A scraper sends its request as it connects: read it now, so that the rest of
+            # a flood accepted in this batch cannot push it out unanswered (a close with its
+            # request unread resets the scraper's connection) before the selector sees it.
+            self._receive(conn)
 
     def _receive(self, conn: _Connection) -> None:
         try:

@@ -17,7 +17,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gpujitter.daemon.service.runtime import EventQueue
 from gpujitter.daemon.sinks.metrics import DaemonMetrics
-from gpujitter.daemon.sinks.metrics_server import MAX_CONNECTIONS, REQUEST_LIMIT_BYTES
+from gpujitter.daemon.sinks.metrics_server import (
+    MAX_CONNECTIONS,
+    REQUEST_LIMIT_BYTES,
+    MetricsServer,
+)
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import ProbeStatus
 from gpujitter.probes.nvml import GpuInfo
@@ -201,6 +205,32 @@ def test_flood_of_idle_connections_leaves_threads_bounded_and_scrapes_answered(
     err = capfd.readouterr().err
     assert "Traceback" not in err
     assert len(err.splitlines()) <= 1  # one line for the connections over the limit
+
+
+def test_a_scrape_inside_a_flood_is_answered() -> None:
+    """A scraper whose connection arrives in the middle of a burst: 16 idle connections
+    before it, 20 after it, all waiting to be accepted in one batch (the server starts after
+    they connect). Were its request read only when the selector next looked, the 20 after it
+    would push it out first, and its close with the request unread resets the scraper."""
+    port = free_port()
+    closed: list[str] = []
+    server = MetricsServer("127.0.0.1", port, lambda: b"up 1\n", closed=closed.append)
+    with contextlib.ExitStack() as idle:
+        for _ in range(MAX_CONNECTIONS):
+            idle.enter_context(socket.create_connection(("127.0.0.1", port), timeout=2))
+        scraper = idle.enter_context(socket.create_connection(("127.0.0.1", port), timeout=2))
+        scraper.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(20):
+            idle.enter_context(socket.create_connection(("127.0.0.1", port), timeout=2))
+        server.start()
+        try:
+            reply = b""
+            while chunk := scraper.recv(4096):
+                reply += chunk
+        finally:
+            server.close()
+    assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"up 1\n")
+    assert closed.count("over_limit") >= 20
 
 
 def test_idle_connection_is_closed_after_the_timeout(metrics: DaemonMetrics) -> None:
