@@ -179,22 +179,84 @@ class _Starved:
     estimate: tuple[int, int] | None = None
 
 
+class _Samples:
+    """One GPU's samples of one metric in arrival order, and those lying wholly inside a
+    span. A gap is decided seconds after it ends, against a history of a minute (~3,000
+    power samples on the H200): while the samples are in time order with no negative
+    period, as NVML's rings deliver them, the span's are found by bisection instead of a
+    scan of all of them per decision. A stream out of order (a clock step, a hand-made
+    trace) is scanned whole until its out-of-order samples age out."""
+
+    __slots__ = ("_descents", "_negative", "items")
+
+    def __init__(self) -> None:
+        self.items: deque[GpuSample] = deque()
+        self._descents = 0  # neighbours whose later arrival starts earlier
+        self._negative = 0  # samples with a negative period
+
+    def append(self, s: GpuSample) -> None:
+        if self.items and s.ts_ns < self.items[-1].ts_ns:
+            self._descents += 1
+        self._negative += s.period_ns < 0
+        self.items.append(s)
+
+    def forget_before(self, horizon: int) -> None:
+        items = self.items
+        while items and items[0].ts_ns < horizon:
+            gone = items.popleft()
+            self._negative -= gone.period_ns < 0
+            if items and items[0].ts_ns < gone.ts_ns:
+                self._descents -= 1
+
+    def inside(self, start: int, end: int) -> Iterator[GpuSample]:
+        """The samples lying wholly inside [start, end], in arrival order."""
+        items = self.items
+        if self._descents or self._negative:
+            yield from (s for s in items if s.ts_ns >= start and s.ts_ns + s.period_ns <= end)
+            return
+        # A deque's item is found from its nearer end: the span is near the newest.
+        for k in range(bisect_left(items, start, key=_ts_ns), len(items)):
+            s = items[k]
+            if s.ts_ns > end:
+                return
+            if s.ts_ns + s.period_ns <= end:
+                yield s
+
+    def __iter__(self) -> Iterator[GpuSample]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, k: int) -> GpuSample:
+        return self.items[k]
+
+
+def _ts_ns(s: GpuSample) -> int:
+    return s.ts_ns
+
+
 @dataclass(slots=True)
 class _GpuState:
     pids: tuple[int, ...] = ()
-    power: deque[GpuSample] = field(default_factory=deque)
-    util: deque[GpuSample] = field(default_factory=deque)
+    power: _Samples = field(default_factory=_Samples)
+    util: _Samples = field(default_factory=_Samples)
     idle_floor: float | None = None  # lowest power proven idle (a 0 % utilisation window)
     power_peak: float | None = None
     idle_windows: deque[GpuSample] = field(default_factory=deque)  # utilisation at 0 %
     power_run: list[GpuSample] = field(default_factory=list)  # current run of idle samples
     util_run: list[GpuSample] = field(default_factory=list)
     nvml_only: list[_Candidate] = field(default_factory=list)
-    emitted: deque[GpuGap] = field(default_factory=deque)
-    emitted_end: int = 0  # the latest end of those, ever: most candidates start after it
+    # Gaps emitted in the history, oldest first, each with its reach: the latest end of it
+    # and of every gap emitted before it (_overlaps_emitted stops at the first too early).
+    emitted: deque[tuple[GpuGap, int]] = field(default_factory=deque)
+    emitted_end: int = 0  # the latest end of those, ever
 
-    def power_end(self) -> int:
-        return self.power[-1].ts_ns + self.power[-1].period_ns if self.power else 0
+    def power_past(self, end: int) -> bool:
+        """Whether a power sample has come a whole period past `end`: what the GPU did up to
+        it is known."""
+        power = self.power.items
+        return bool(power) and power[-1].ts_ns >= end
 
 
 class _OffCpuKept:
@@ -276,6 +338,13 @@ class GapDetector:
         for index, watts in (idle_floors or {}).items():
             self.gpu(index).idle_floor = watts
         self.pending: list[_Candidate] = []
+        # GPU -> the earliest end among its pending candidates (_next_due), and among those
+        # no sync holds back (_settled) as the last look at each found them: the first to
+        # settle (_settling), so that most evidence needs no look at every one waiting. That
+        # look is stale once a candidate is proposed or a sync judged (it may free some).
+        self._first_end: dict[int, int] = {}
+        self._open_first: dict[int, int] = {}
+        self._open_stale = False
         self.last_call: dict[int, int] = {}  # tgid -> end of its latest traced call
         self.quiet: dict[int, deque[_Quiet]] = {}  # tgid -> recent quiet stretches
         self.busy: dict[int, deque[_Sync]] = {}  # tgid -> recent long syncs
@@ -374,8 +443,11 @@ class GapDetector:
 
     def _propose(self, c: _Candidate) -> None:
         """A candidate gap for each GPU its process feeds."""
+        first = self._first_end
         for g in self.gpus_of(c.tgid):
             self.pending.append(replace(c, gpu=g))
+            first[g] = min(first.get(g, c.end), c.end)
+        self._open_stale = True
         self._due_ns = 0
 
     def _on_procs(self, ev: GpuProcesses) -> None:
@@ -608,12 +680,11 @@ class GapDetector:
             st.util.append(ev)
             if ev.value <= 0.0:
                 st.idle_windows.append(ev)
-                self._learn_floor(st, st.power, [ev])
+                self._learn_floor(st, st.power.inside(ev.ts_ns, ev.ts_ns + ev.period_ns), [ev])
             self._extend_run(st, st.util_run, ev, ev.value <= 0.0, 1)
         horizon = self.now_ns - cfg.history_ns
-        for samples in (st.power, st.util):
-            while samples and samples[0].ts_ns < horizon:
-                samples.popleft()
+        st.power.forget_before(horizon)
+        st.util.forget_before(horizon)
         # The power samples of a window arrive within a poll or two of it (500 ms each).
         while st.idle_windows and st.idle_windows[0].ts_ns < self.now_ns - cfg.settle_ns:
             st.idle_windows.popleft()
@@ -701,6 +772,7 @@ class GapDetector:
         settle = self.config.offcpu_settle_ns
         while self.syncs and (force or self.now_ns >= self.syncs[0].end + settle):
             sync = self.syncs.popleft()
+            self._open_stale = True
             ends = self._sync_ends
             ends[sync.tgid, sync.end] -= 1
             if not ends[sync.tgid, sync.end]:
@@ -728,21 +800,38 @@ class GapDetector:
         out: list[GpuGap] = []
         keep: list[_Candidate] = []
         self._judge_syncs(force)
-        for c in self.pending:
-            if not (force or self._settled(c)):
-                keep.append(c)
-                continue
-            # A process NVML had not listed yet when its gap arrived may be listed now.
-            gpus = self.gpus_of(c.tgid) if c.gpu == UNKNOWN_GPU else [c.gpu]
-            for g in gpus:
-                out += self._remember(self._decide_host(replace(c, gpu=g)))
-        self.pending = keep
+        ready = set() if force else self._settling()
+        if force or ready:
+            held = self._sync_ends
+            open_first: dict[int, int] = {}
+            for c in self.pending:
+                if not force and (c.gpu not in ready or not self._settled(c)):
+                    keep.append(c)
+                    if (c.tgid, c.start) not in held:
+                        open_first[c.gpu] = min(open_first.get(c.gpu, c.end), c.end)
+                    continue
+                # A process NVML had not listed yet when its gap arrived may be listed now.
+                gpus = self.gpus_of(c.tgid) if c.gpu == UNKNOWN_GPU else [c.gpu]
+                for g in gpus:
+                    out += self._remember(self._decide_host(replace(c, gpu=g)))
+            self._open_first, self._open_stale = open_first, False
+            if len(keep) < len(self.pending):  # most passes decide nothing (syncs unjudged)
+                self.pending = keep
+                first = self._first_end = {}
+                for c in keep:
+                    first[c.gpu] = min(first.get(c.gpu, c.end), c.end)
+        starts: dict[int, int] | None = None  # GPU -> earliest start pending, once a pass
         for index in sorted(self._nvml_waiting):
             st = self.gpus[index]
             waiting: list[_Candidate] = []
             for c in sorted(st.nvml_only, key=lambda c: (c.start, c.source)):
                 if force or self.now_ns >= c.end + self.config.settle_ns:
-                    out += self._remember(self._decide_nvml_only(index, st, c))
+                    if starts is None:
+                        starts = {}
+                        for p in self.pending:
+                            starts[p.gpu] = min(starts.get(p.gpu, p.start), p.start)
+                    decided = self._decide_nvml_only(index, st, c, starts.get(index))
+                    out += self._remember(decided)
                 else:
                     waiting.append(c)
             st.nvml_only = waiting
@@ -758,7 +847,7 @@ class GapDetector:
         NVML-only candidate to settle, the first sync's verdict. Everything else that can
         change it (power samples, processes listed, candidates proposed) is evidence."""
         settle = self.config.settle_ns
-        due = [c.end + settle for c in self.pending]
+        due = [end + settle for end in self._first_end.values()]
         due += [c.end + settle for i in self._nvml_waiting for c in self.gpus[i].nvml_only]
         if self.syncs:
             due.append(self.syncs[0].end + self.config.offcpu_settle_ns)
@@ -768,11 +857,32 @@ class GapDetector:
         for gap in gaps:
             st = self.gpu(gap.gpu)
             emitted = st.emitted
-            emitted.append(gap)
             st.emitted_end = max(st.emitted_end, gap.end_ns)
-            while emitted and emitted[0].end_ns < self.now_ns - self.config.history_ns:
+            emitted.append((gap, st.emitted_end))
+            while emitted and emitted[0][0].end_ns < self.now_ns - self.config.history_ns:
                 emitted.popleft()
         return gaps
+
+    def _settling(self) -> set[int]:
+        """The GPUs some of whose pending candidates may settle now. Of a GPU's candidates no
+        sync holds back, the earliest-ending settles first: the time and the power sample a
+        candidate waits for both come later for a later end. A held one waits for its sync's
+        verdict, which marks the look stale; so does a new candidate, and then every GPU
+        with one pending is looked at. A GPU here says only that a look at each of its
+        candidates is worth it (a sync judged since may hold one back)."""
+        if self._open_stale:
+            return set(self._first_end)
+        settle = self.config.settle_ns
+        found = set()
+        for g, end in self._open_first.items():
+            if self.now_ns >= end + settle:
+                found.add(g)
+            elif g == UNKNOWN_GPU:
+                if not self.gpus:
+                    found.add(g)
+            elif (st := self.gpus.get(g)) is not None and st.power_past(end):
+                found.add(g)
+        return found
 
     def _settled(self, c: _Candidate) -> bool:
         if (c.tgid, c.start) in self._sync_ends:
@@ -782,9 +892,7 @@ class GapDetector:
         if c.gpu == UNKNOWN_GPU:
             return not self.gpus  # no NVML on this node: nothing more will come
         st = self.gpus.get(c.gpu)
-        return (
-            st is not None and bool(st.power) and st.power_end() >= c.end + st.power[-1].period_ns
-        )
+        return st is not None and st.power_past(c.end)
 
     def _feeders(self, c: _Candidate) -> list[int]:
         """Processes feeding c's GPU around c: listed on it (or c's own) and recently active."""
@@ -885,8 +993,7 @@ class GapDetector:
     def _power_verdict(self, st: _GpuState, start: int, end: int) -> str | None:
         """ "idle" if most power samples lying wholly inside [start, end] are idle, "busy" if
         none of at least two is, else None (too short for 20 ms samples, or no swing yet)."""
-        inside = [s for s in st.power if s.ts_ns >= start and s.ts_ns + s.period_ns <= end]
-        verdicts = [self._power_idle(st, s) for s in inside]
+        verdicts = [self._power_idle(st, s) for s in st.power.inside(start, end)]
         known = [v for v in verdicts if v is not None]
         if not known:
             return None
@@ -900,8 +1007,8 @@ class GapDetector:
     def _power_drain(self, st: _GpuState, start: int, end: int) -> tuple[int, int]:
         """Where the GPU went idle within [start, end], by power: the start of the first idle
         sample lying inside (no earlier than `start`), and that placement's resolution."""
-        for s in st.power:
-            if s.ts_ns >= start and s.ts_ns + s.period_ns <= end and self._power_idle(st, s):
+        for s in st.power.inside(start, end):
+            if self._power_idle(st, s):
                 return s.ts_ns, s.period_ns
         return start, self.config.cuda_resolution_ns
 
@@ -920,7 +1027,7 @@ class GapDetector:
             for s in st.power
             if (k := bisect_right(starts, s.ts_ns)) and reach[k - 1] >= s.ts_ns + s.period_ns
         )
-        inside = [s.value for s in st.power if s.ts_ns >= start and s.ts_ns + s.period_ns <= end]
+        inside = [s.value for s in st.power.inside(start, end)]
         if not busy or not inside:
             return False
         level = busy[len(busy) // 2] * self.config.power_drop_fraction
@@ -931,18 +1038,28 @@ class GapDetector:
         return st is not None and bool(st.power or st.util)
 
     def _util_idle_inside(self, st: _GpuState, start: int, end: int) -> bool:
-        return any(
-            s.value <= 0.0 and s.ts_ns >= start and s.ts_ns + s.period_ns <= end for s in st.util
-        )
+        return any(s.value <= 0.0 for s in st.util.inside(start, end))
 
-    def _overlaps_emitted(self, st: _GpuState, start: int, end: int) -> bool:
-        if st.emitted_end <= start:
-            return False
-        return any(g.ts_ns < end and start < g.end_ns for g in st.emitted)
+    @staticmethod
+    def _overlaps_emitted(st: _GpuState, start: int, end: int) -> bool:
+        # Newest first: once a reach is at or before `start`, no gap from there back can
+        # overlap, and gaps are emitted nearly in time order, so few are looked at.
+        for gap, reach in reversed(st.emitted):
+            if reach <= start:
+                return False
+            if gap.ts_ns < end and start < gap.end_ns:
+                return True
+        return False
 
-    def _decide_nvml_only(self, index: int, st: _GpuState, c: _Candidate) -> list[GpuGap]:
-        if self._overlaps_emitted(st, c.start, c.end) or any(
-            p.gpu == index and p.start < c.end and c.start < p.end for p in self.pending
+    def _decide_nvml_only(
+        self, index: int, st: _GpuState, c: _Candidate, pending_from: int | None
+    ) -> list[GpuGap]:
+        """pending_from: the earliest start among the GPU's pending host-side candidates
+        (None: none pending), so that one ending before it needs no look at each."""
+        if self._overlaps_emitted(st, c.start, c.end) or (
+            pending_from is not None
+            and pending_from < c.end
+            and any(p.gpu == index and p.start < c.end and c.start < p.end for p in self.pending)
         ):
             return []  # a host-side gap covers it, with finer placement
         if 2 * self._busy_ns(index, st, c.start, c.end) >= c.end - c.start:
