@@ -33,6 +33,8 @@
 #                STARTSTOP_BEFORE=DIR: rounds alternate with the package tree in DIR;
 #                STARTSTOP_ROUNDS=N, default 5 a tree; STARTSTOP_COLD=1: the page cache
 #                dropped before each start, --cold)
+#   rssgrowth    the daemon's resident memory over its first minutes beside the training job,
+#                and the mappings that grew (bench/rss_growth.py; RSS_GROWTH_SECONDS, default 150)
 #   nvmlcalls    what one NVML read costs, per way of calling it (bench/nvml_calls.py)
 #   nvmlmemory   NVML's memory and CPU in a fresh process, step by step (bench/nvml_memory.py)
 #   phases       where that start goes: wall, CPU and peak memory by phase (bench/start_phases.py)
@@ -141,6 +143,13 @@ for step in $steps; do
         timeout 500 python3 "$tree/bench/startstop.py" --rounds "${STARTSTOP_ROUNDS:-5}" --nvml \
             --libcuda system ${STARTSTOP_MAPS:+--maps} ${STARTSTOP_COLD:+--cold} "${before[@]}" \
             --out "$out/startstop.json"
+        ;;
+    rssgrowth)
+        log "rssgrowth: the daemon's resident memory after READY beside the training job"
+        start_train_job /tmp/gj/rssgrowth
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 400 python3 -P -m bench.rss_growth \
+            --pid "$pid" --seconds "${RSS_GROWTH_SECONDS:-150}" --json > "$out/rss_growth.json")
+        kill -INT "$pid"; sleep 5
         ;;
     nvmlcalls)
         log "nvmlcalls: NVML reads' cost by way of calling"
