@@ -869,7 +869,7 @@ class GapDetector:
         candidate waits for both come later for a later end. A held one waits for its sync's
         verdict, which marks the look stale; so does a new candidate, and then every GPU
         with one pending is looked at. A GPU here says only that a look at each of its
-        candidates is worth it (a sync judged since may hold one back)."""
+        candidates is worth it (a sync reported since may hold one back)."""
         if self._open_stale:
             return set(self._first_end)
         settle = self.config.settle_ns
