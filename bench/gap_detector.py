@@ -18,12 +18,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import subprocess
-import sys
 import time
 from typing import Any
 
+from bench import alternated
 from gpujitter.daemon.analysis.gaps import GapDetector
 from tests.fixtures.streams.synthetic import gappy_steps
 
@@ -46,23 +44,6 @@ def measure(gpus: int, seconds: int, rounds: int) -> dict[str, Any]:
     }
 
 
-def in_turns(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """A child run of this bench per tree and GPU count, the trees in turns."""
-    trees = [args.before, ""]
-    safe_path = ["-P"] if sys.flags.safe_path else []
-    out = []
-    for turn in range(2):
-        for gpus in args.gpus:
-            for tree in trees if turn % 2 == 0 else trees[::-1]:
-                argv = [sys.executable, *safe_path, "-m", "bench.gap_detector", "--json",
-                        "--gpus", str(gpus), "--seconds", str(args.seconds),
-                        "--rounds", str(args.rounds)]  # fmt: skip
-                env = {**os.environ, "GJ_BENCH_TREE": tree} if tree else os.environ
-                done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, check=True)
-                out += [{"tree": tree or "this", **r} for r in json.loads(done.stdout)]
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", default="1,4", help="GPU counts, comma-separated")
@@ -74,7 +55,10 @@ def main() -> None:
     args = parser.parse_args()
     args.gpus = [int(g) for g in args.gpus.split(",")]
     if args.before:
-        results = in_turns(args)
+        argv = ["--gpus", ",".join(map(str, args.gpus)), "--seconds", str(args.seconds),
+                "--rounds", str(args.rounds)]  # fmt: skip
+        runs = alternated("bench.gap_detector", argv, args.before, 2)
+        results = [{"tree": tree, **r} for tree, found in runs for r in found]
     else:
         results = [measure(g, args.seconds, args.rounds) for g in args.gpus]
     if args.json:

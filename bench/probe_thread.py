@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from bench import alternated
 from gpujitter.probes import registry
 from gpujitter.probes.events import IrqStolen
 from gpujitter.probes.irq import IrqProbe
@@ -111,19 +110,10 @@ def measure(names: list[str], pid: int, seconds: float, settle: float = 0.0) -> 
 def in_rounds(args: argparse.Namespace) -> list[dict[str, Any]]:
     """args.rounds windows of this tree (and as many of args.before's, in turns: before,
     this, this, before, ...), each a child run of this bench; each result names its tree."""
-    trees = [args.before, ""] if args.before else [""]
-    order = [t for r in range(args.rounds) for t in (trees if r % 2 == 0 else trees[::-1])]
-    safe_path = ["-P"] if sys.flags.safe_path else []  # as this process was started
-    argv = [sys.executable, *safe_path, "-m", "bench.probe_thread", "--json",
-            "--pid", str(args.pid), "--seconds", str(args.seconds),
-            "--settle", str(args.settle)]  # fmt: skip
+    argv = ["--pid", str(args.pid), "--seconds", str(args.seconds), "--settle", str(args.settle)]
     argv += ["--probes", args.probes] if args.probes else []
-    out = []
-    for tree in order:
-        env = {**os.environ, "GJ_BENCH_TREE": tree} if tree else os.environ
-        done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, check=True)
-        out.append({"tree": tree or "this", **json.loads(done.stdout)})
-    return out
+    runs = alternated("bench.probe_thread", argv, args.before, args.rounds)
+    return [{"tree": tree, **result} for tree, result in runs]
 
 
 def main() -> None:
