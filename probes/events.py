@@ -25,7 +25,7 @@ import orjson
 from gpujitter.probes.workload import Workload
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 10
+SCHEMA_MINOR = 11
 
 _KINDS: dict[str, type[Event]] = {}
 _FIELDS: dict[str, tuple[str, ...]] = {}  # kind -> field names
@@ -497,6 +497,22 @@ class OffCpu(Event):
     @property
     def runq_ns(self) -> int:
         return self.end_ns - self.runnable_ns
+
+
+@event_kind("sched.offcpu_open")
+@dataclass(frozen=True, slots=True)
+class OffCpuOpen(Event):
+    """A watched thread has been off CPU since ts_ns and still was at as_of_ns: what is known
+    of an interval whose OffCpu comes only when it ends, maybe long after the gaps it
+    overlaps are attributed. Read from the probe's per-thread state once a second, one per
+    interval, once it has lasted the `offcpu` threshold (so that its OffCpu, with the same
+    ts_ns, follows). state and syscall as OffCpu's at the switch-out (schema 1.11)."""
+
+    as_of_ns: int
+    tid: int
+    tgid: int
+    state: Literal["preempted", "uninterruptible", "sleeping", "stopped", "other"]
+    syscall: int = -1
 
 
 @event_kind("sched.migrate")

@@ -6,7 +6,8 @@ on-CPU time per node. Traced through sched_switch, sched_waking, sched_migrate_t
 block_rq_complete and block_io_done (see sched.bpf.c for the in-kernel side and its cost);
 intervals above the `offcpu` or `runq` threshold, and I/O waits above `io`, are streamed as
 OffCpu, cross-node migrations as Migration, and once a second every watched thread's totals
-arrive as ThreadSched and NodeTime, the histograms as Log2Hist.
+arrive as ThreadSched and NodeTime, the histograms as Log2Hist; an interval still open at
+that read, past the `offcpu` threshold, is announced once as OffCpuOpen.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from typing import Any
 from gpujitter.probes import contract
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable, comm_str
 from gpujitter.probes.btf import BtfError, offset_cflags
-from gpujitter.probes.events import Event, Migration, NodeTime, OffCpu, ThreadSched, WorkloadInfo
+from gpujitter.probes.events import (
+    Event,
+    Migration,
+    NodeTime,
+    OffCpu,
+    OffCpuOpen,
+    ThreadSched,
+    WorkloadInfo,
+)
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.ledger import Ledger
 from gpujitter.probes.log2 import Log2Map
@@ -100,6 +109,8 @@ class SchedProbe(BpfProbe):
         self._threads: MapBatch | None = None
         self._owners = TaskOwners(HostPaths())
         self._shared: dict[str, Any] = {}
+        self._open_after = 0  # the offcpu threshold: OffCpuOpen from there, as OffCpu
+        self._announced: dict[int, int] = {}  # tid -> the off_ns of its last OffCpuOpen
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
         self._cpu_node = dict(ctx.topology.cpu_node)
@@ -122,6 +133,7 @@ class SchedProbe(BpfProbe):
 
     def start(self, ctx: ProbeContext) -> None:
         self._shared = ctx.shared
+        self._open_after = self.threshold(ctx, "offcpu")
         try:
             super().start(ctx)
         except ProbeUnavailable as err:
@@ -266,9 +278,27 @@ class SchedProbe(BpfProbe):
                 yield NodeTime(
                     ts_ns=since_ns, interval_ns=interval, tid=tid, tgid=st.tgid, node_ns=node_ns
                 )
+            if (
+                st.off_ns
+                and not st.exited
+                and read_ns - st.off_ns >= self._open_after
+                and self._announced.get(tid) != st.off_ns
+            ):
+                # Asleep across this read: the engine would otherwise take the thread for
+                # one that may be running until its OffCpu comes, at the wake-up.
+                self._announced[tid] = st.off_ns
+                yield OffCpuOpen(
+                    ts_ns=st.off_ns,
+                    as_of_ns=read_ns,
+                    tid=tid,
+                    tgid=st.tgid,
+                    state=STATES[st.state] if st.state < len(STATES) else "other",  # type: ignore[arg-type]
+                    syscall=st.syscall,
+                )
         for tid in exited:
             del self.bpf["threads"][ct.c_uint(tid)]
             self._last.pop(tid, None)
+            self._announced.pop(tid, None)
             self._oncpu.forget(tid)
 
 

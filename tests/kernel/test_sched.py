@@ -1,8 +1,9 @@
 """sched probe on the real kernel: run-queue waits behind a CPU hog (checked against the
 kernel's own schedstat), off-CPU states with the syscall and the waker, a forced cross-node
-migration under a topology override, thresholds applied in the kernel, unwatched processes
-ignored, a probe that the kernel refuses reported unavailable while the others run, and the
-thread filter's bits (sched's and cstate's) gone with the threads that set them."""
+migration under a topology override, thresholds applied in the kernel, an interval still open
+at a read announced once, unwatched processes ignored, a probe that the kernel refuses
+reported unavailable while the others run, and the thread filter's bits (sched's and
+cstate's) gone with the threads that set them."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from gpujitter.probes.events import (
     Migration,
     NodeTime,
     OffCpu,
+    OffCpuOpen,
     ThreadSched,
     WorkloadInfo,
 )
@@ -249,10 +251,13 @@ SLEEPS = """
 """
 
 
-def sleeps_under(thresholds: dict[str, int], settle_s: float = 0.3) -> tuple[Child, Recorded, int]:
-    """The ten sleeps under the thresholds; with how many of the child's switches back in
-    the kernel did not trace (a sleep whose end the probe cannot see, docs/probes.md)."""
-    with Child(SLEEPS) as child, contextlib.ExitStack() as logs:
+def sleeps_under(
+    thresholds: dict[str, int], settle_s: float = 0.3, body: str = SLEEPS
+) -> tuple[Child, Recorded, int]:
+    """The sleeps of `body` (the ten) under the thresholds; with how many of the child's
+    switches back in the kernel did not trace (a sleep whose end the probe cannot see,
+    docs/probes.md)."""
+    with Child(body) as child, contextlib.ExitStack() as logs:
         logged = [logs.enter_context(idle_log(cpu)) for cpu in range(os.cpu_count() or 1)]
         rec = run_probes(
             ["sched"],
@@ -279,6 +284,31 @@ def test_thresholds_filter_in_the_kernel_and_aggregates_still_count() -> None:
     sleeping = rec.of(Log2Hist, probe="sched", name="offcpu.sleeping")
     assert sum(n for h in sleeping for lo, n in h.buckets if lo == 1 << 24) >= 10 - untraced
     assert sum(t.switches for t in rec.of(ThreadSched, tid=child.pid)) >= 11  # and the exit
+
+
+LONG_SLEEP = """
+    for _ in range(5):
+        time.sleep(0.02)
+    time.sleep(2.5)
+    time.sleep(0.02)
+"""
+
+
+def test_an_interval_open_across_reads_is_announced_once_and_its_record_follows() -> None:
+    """The 2.5 s sleep outlasts two of the once-a-second reads: announced at the first,
+    with the stamp its OffCpu then carries, as that record's state and syscall; not
+    again at the second. The 20 ms sleeps, under the threshold, are not announced."""
+    child, rec, untraced = sleeps_under({"offcpu": 100 * MS, "runq": 10_000 * MS}, body=LONG_SLEEP)
+    (opened,) = rec.of(OffCpuOpen, tgid=child.pid)
+    closed = {e.ts_ns: e for e in rec.of(OffCpu, tgid=child.pid)}
+    if opened.ts_ns not in closed:  # its end was one of the switch-ins the kernel missed
+        assert untraced, (opened, closed)
+        return
+    record = closed[opened.ts_ns]
+    assert record.end_ns - record.ts_ns >= 2_400 * MS
+    assert opened.ts_ns + 100 * MS <= opened.as_of_ns < record.end_ns
+    assert (opened.tid, opened.state, opened.syscall) == (record.tid, record.state, record.syscall)
+    assert opened.state == "sleeping"
 
 
 def test_unwatched_processes_produce_nothing() -> None:

@@ -25,7 +25,7 @@ from gpujitter.daemon.analysis.records import (
     SyscallEvidence,
     TaskEvidence,
 )
-from gpujitter.probes.events import NATIVE_LINE, WorkloadInfo
+from gpujitter.probes.events import NATIVE_LINE, NodeTime, WorkloadInfo
 from gpujitter.probes.workload import Workload
 from tests.fixtures.streams.synthetic import (
     CONFIG,
@@ -510,6 +510,45 @@ def test_what_the_waker_cannot_explain_stays_blocked_for_the_critical_thread():
     assert parts_ms(attr) == {"swap_in": 25, "blocked": 15}
     assert part(attr, "blocked").tids == (101,)
     assert roles(attr) == [(101, "critical", "swap_in", 40), (102, "waker", "swap_in", 25)]
+
+
+def second_of_102(start: float, oncpu_ms: int) -> NodeTime:
+    """Thread 102's on-CPU window of a second from `start`."""
+    return NodeTime(
+        ts_ns=ns(start), interval_ns=1000 * MS, tid=102, tgid=100, node_ns=((0, oncpu_ms * MS),)
+    )
+
+
+def waker_asleep_after(still_off: bool) -> Stream:
+    """101 waits on a futex for 102, which computes until 139 ms, wakes it and sleeps on
+    past the attribution (its OffCpu comes at its wake-up, later); 102's on-CPU window of
+    the second holds those 139 ms."""
+    s = Stream().offcpu(100, 140, syscall=FUTEX, waker=102).ran(0, 1000)
+    s.add(second_of_102(0, 139))
+    if still_off:
+        s.still_off(139, as_of=1000, tid=102)
+    return s.gap(100, 140)
+
+
+def test_a_waker_still_asleep_has_its_cpu_time_where_it_was_awake():
+    """Announced asleep from 139 ms, the waker's 139 ms of the second lie in [0, 139): all
+    of the wait up to then is its host work. Without the announcement the 139 ms spread
+    over the whole second, as if it might have run while it slept, and most of the wait
+    read as blocked."""
+    assert parts_ms(waker_asleep_after(still_off=True).one()) == {"host_work": 39, "blocked": 1}
+    unknown = parts_ms(waker_asleep_after(still_off=False).one())
+    assert unknown["blocked"] > 34 and unknown["host_work"] < 6
+
+
+def test_an_interval_announced_open_gives_way_to_what_came_since():
+    # Its OffCpu came already (same stamp): the record itself says it all.
+    s = waker_asleep_after(still_off=False).offcpu(139, 2000, tid=102).still_off(139, 1000, tid=102)
+    assert parts_ms(s.one()) == {"host_work": 39, "blocked": 1}
+    # A window in which it ran came after it was found asleep: it woke since (the OffCpu
+    # lost), so the announcement no longer holds and the earlier window spreads as before.
+    s = waker_asleep_after(still_off=True)
+    s.add(second_of_102(1000, 5))
+    assert parts_ms(s.one()) == parts_ms(waker_asleep_after(still_off=False).one())
 
 
 def loader_chain() -> Stream:

@@ -1,6 +1,7 @@
 """sched's per-sample on-CPU time (ThreadSched, NodeTime) from the kernel's maps as they change
 while the probe reads them: no sample holds more on-CPU time than its length, and the samples
-add up to what the switch-outs charged (no stint counted twice, none lost)."""
+add up to what the switch-outs charged (no stint counted twice, none lost). And an off-CPU
+interval still open at a read, announced once (OffCpuOpen)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpujitter.probes.events import NodeTime, ThreadSched
+from gpujitter.probes.events import NodeTime, OffCpuOpen, ThreadSched
 from gpujitter.probes.sched import SPECS, SchedProbe, oncpu_at
 
 TID, TGID = 4242, 4240
@@ -27,6 +28,9 @@ class Entry:
     cross_node: int = 0
     exited: int = 0
     oncpu_ns: list[int] = field(default_factory=lambda: [0])
+    off_ns: int = 0  # switched out at; 0 while on CPU
+    state: int = 1  # STATES[1]: sleeping
+    syscall: int = -1
 
 
 @dataclass
@@ -80,6 +84,7 @@ class Kernel:
 
     def switch_in(self, traced: bool = True) -> None:
         self.since_ns = time.monotonic_ns()
+        self.entries[TID].off_ns = 0
         if traced:
             self.slots[0] = Slot(self.since_ns, TID)
 
@@ -88,6 +93,7 @@ class Kernel:
         self.charged_ns += stint_ns
         self.entries[TID].oncpu_ns[0] += stint_ns
         self.entries[TID].switches += 1
+        self.entries[TID].off_ns = time.monotonic_ns()
         self.slots[0] = Slot()
         self.since_ns = 0
 
@@ -189,3 +195,30 @@ def test_a_stint_in_progress_counts_on_its_cpu_s_node_only_where_no_switch_came_
     assert oncpu_at(charged, slots, changed, 2_000, {0: 0, 1: 1}) == {7: [100, 0], 8: [15, 5]}
     # a stint begun after the stamp has nothing to add yet
     assert oncpu_at(charged, {0: (8, 2_001)}, {0: (8, 2_001)}, 2_000, {}) == charged
+
+
+def test_an_interval_open_at_a_read_is_announced_once_past_the_threshold() -> None:
+    """Announced at the first read where it has lasted the offcpu threshold, with the
+    switch-out's stamp (its OffCpu's ts_ns), and not again at later reads; a new interval
+    is announced anew; a thread on CPU, or off for less, is not."""
+    kernel = Kernel()
+    probe = probe_on(kernel)
+    probe._open_after = 20 * 1_000_000
+
+    def opened() -> list[OffCpuOpen]:
+        return [e for e in probe.sample(time.monotonic_ns()) if isinstance(e, OffCpuOpen)]
+
+    kernel.switch_in()
+    assert opened() == []  # on CPU
+    kernel.switch_out()
+    off_ns = kernel.entries[TID].off_ns
+    assert opened() == []  # off for less than the threshold
+    time.sleep(0.025)
+    first = opened()
+    assert [(e.ts_ns, e.tid, e.tgid, e.state) for e in first] == [(off_ns, TID, TGID, "sleeping")]
+    assert first[0].as_of_ns - off_ns >= 20 * 1_000_000
+    assert opened() == []  # the same interval, still open
+    kernel.switch_in()
+    kernel.switch_out()
+    time.sleep(0.025)
+    assert [e.ts_ns for e in opened()] == [kernel.entries[TID].off_ns]

@@ -198,6 +198,13 @@ def _offcpu_index(tl: Timeline, window: Span) -> tuple[list[int], list[int], lis
     spans = tl.overlapping("offcpu", window.start, window.end)
     starts = [max(s.start, window.start) for s in spans]
     ends = [min(s.end, window.end) for s in spans]
+    # An interval still open (its OffCpu comes when it ends, maybe after this gap is
+    # attributed): off CPU from its start as far as is known, so that the window's on-CPU
+    # time is not spread over time in which the thread slept.
+    since = tl.open_off()
+    if since and since < window.end and (not ends or since >= ends[-1]):
+        starts.append(max(since, window.start))
+        ends.append(window.end)
     off = (e - s for s, e in zip(starts, ends, strict=True))
     return starts, ends, list(accumulate(off, initial=0))
 

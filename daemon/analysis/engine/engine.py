@@ -30,7 +30,14 @@ from gpujitter.daemon.analysis.records import (
 )
 from gpujitter.daemon.analysis.remedies import RemedyContext
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import Event, GpuProcesses, OwnThreads, ProbeStatus, WorkloadInfo
+from gpujitter.probes.events import (
+    Event,
+    GpuProcesses,
+    OffCpuOpen,
+    OwnThreads,
+    ProbeStatus,
+    WorkloadInfo,
+)
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.workload import label
 
@@ -120,6 +127,7 @@ class Engine:
             ProbeStatus: self._on_status,
             WorkloadInfo: self._on_workload,
             OwnThreads: self._on_own,
+            OffCpuOpen: self._on_open,
         }
 
     # -- input ---------------------------------------------------------------------------
@@ -171,10 +179,7 @@ class Engine:
             return
         if end + self.config.lateness_ns <= self._now:
             self._counts["late"] += 1  # a gap ending with it may have gone out without it
-        tl = self._timelines.get(ev.tid)
-        if tl is None:
-            tl = self._timelines[ev.tid] = Timeline(ev.tid, ev.tgid)
-            self._by_tgid.setdefault(ev.tgid, set()).add(ev.tid)
+        tl = self._timeline(ev.tid, ev.tgid)
         self._size += tl.add(rule, start, end, ev)
         if self._size > self.config.max_spans:
             self._evict_by_count()
@@ -199,6 +204,17 @@ class Engine:
         if len(self._workloads) > self.config.max_workloads:
             del self._workloads[next(iter(self._workloads))]
 
+    def _timeline(self, tid: int, tgid: int) -> Timeline:
+        tl = self._timelines.get(tid)
+        if tl is None:
+            tl = self._timelines[tid] = Timeline(tid, tgid)
+            self._by_tgid.setdefault(tgid, set()).add(tid)
+        return tl
+
+    def _on_open(self, ev: OffCpuOpen) -> None:
+        if ev.tid > 0:
+            self._timeline(ev.tid, ev.tgid).still_off(ev.ts_ns)
+
     def _on_own(self, ev: OwnThreads) -> None:
         tgid, tids = self._own
         if tgid != ev.tgid:  # another gpujitter process (traces of two runs, one after another)
@@ -215,7 +231,11 @@ class Engine:
             removed = tl.evict_older(cutoff)
             self._size -= removed
             self._evicted += removed
-            if not any(tl.spans.values()) and (not tl.places or tl.places[-1][0] < cutoff):
+            if (
+                not any(tl.spans.values())
+                and (not tl.places or tl.places[-1][0] < cutoff)
+                and tl.open_since < cutoff  # asleep since lately: its record is to come
+            ):
                 self._drop_timeline(tl)
 
     def _evict_by_count(self) -> None:

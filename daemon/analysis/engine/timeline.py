@@ -142,7 +142,8 @@ class Timeline:
     """One thread's spans by kind, each list sorted, plus the CPUs it was seen on."""
 
     __slots__ = (
-        "_comm_ts", "_first", "comm", "horizon", "longest", "places", "spans", "tgid", "tid",
+        "_comm_ts", "_first", "comm", "horizon", "longest", "open_since", "places", "spans",
+        "tgid", "tid",
     )  # fmt: skip
 
     def __init__(self, tid: int, tgid: int) -> None:
@@ -158,6 +159,9 @@ class Timeline:
         self._first: dict[int, int] = {}
         # Spans ending before this may have been evicted: time there is not known.
         self.horizon = 0
+        # The start of the latest off-CPU interval announced still open (OffCpuOpen), 0: none
+        # (open_off says whether it still holds).
+        self.open_since = 0
 
     def add(self, rule: SpanRule, start: int, end: int, ev: Event) -> int:
         """Store one event as [start, end); returns how many entries (spans and place
@@ -187,6 +191,21 @@ class Timeline:
                 if first.get(cpu, p[0] + 1) > p[0]:
                     first[cpu] = p[0]
         return 1 + len(points)
+
+    def still_off(self, since: int) -> None:
+        """The thread has been off CPU since `since` and still was when read (OffCpuOpen)."""
+        self.open_since = max(self.open_since, since)
+
+    def open_off(self) -> int:
+        """The start of the interval announced open, while nothing has closed it: its own
+        OffCpu (the same start), or any span that starts later (the thread ran again, its
+        OffCpu lost or under the threshold); 0: none. Asked of what the timeline holds, so
+        the answer does not depend on the order in which the events came."""
+        since = self.open_since
+        if not since or any(spans and spans[-1].start > since for spans in self.spans.values()):
+            return 0
+        offcpu = self.spans["offcpu"]
+        return 0 if offcpu and offcpu[-1].start == since else since
 
     @property
     def size(self) -> int:
