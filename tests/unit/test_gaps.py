@@ -149,6 +149,20 @@ def test_without_nvml_host_side_gaps_stand_alone(stream: list[Event], truth: lis
     assert {g.confidence for g in gaps} == {0.9, 0.3}
 
 
+def test_without_nvml_no_gap_waits_for_power_that_will_not_come(stream: list[Event]) -> None:
+    """Deciding the first gap keeps a state under UNKNOWN_GPU; the node must not look as if
+    NVML were there from then on: no later gap waits the settle time for a power sample.
+    Those that begin at a sync's return wait for its verdict, no more."""
+    host_only = [e for e in stream if not isinstance(e, GpuSample | GpuProcesses)]
+    config = GapConfig()
+    detector = GapDetector(config)
+    lags = [detector.now_ns - gap.end_ns for ev in host_only for gap in detector.feed(ev)]
+    # decided at the event that ended them, or once their sync was judged (the stream's
+    # next event after that: 1.6 s at most here); all but the first waited 3.0-4.0 s before
+    assert len(lags) > 5 and lags.count(0) > len(lags) // 2
+    assert max(lags) < config.settle_ns
+
+
 def test_a_gap_needs_every_feeder_of_the_gpu_quiet(stream: list[Event], truth: list[dict]) -> None:
     # A second process on the GPU, quiet only over the second half of a real stall: the GPU
     # was idle only where both were.
