@@ -121,6 +121,10 @@ class Engine:
             ("events", "gaps", "attributions", "late", "forced", "follow_cut"), 0
         )
         self._evicted = 0
+        # Threads announced off CPU (OffCpuOpen) before any span of theirs came: tid -> since,
+        # handed to the timeline when one is made. Not a timeline of their own: a thread with
+        # nothing known is not a waker to follow or a thread to list.
+        self._asleep: dict[int, int] = {}
         self._handlers: dict[type, Callable[[Any], None]] = {
             GpuGap: self._on_gap,
             GpuProcesses: self._on_procs,
@@ -209,11 +213,15 @@ class Engine:
         if tl is None:
             tl = self._timelines[tid] = Timeline(tid, tgid)
             self._by_tgid.setdefault(tgid, set()).add(tid)
+            tl.still_off(self._asleep.pop(tid, 0))
         return tl
 
     def _on_open(self, ev: OffCpuOpen) -> None:
-        if ev.tid > 0:
-            self._timeline(ev.tid, ev.tgid).still_off(ev.ts_ns)
+        tl = self._timelines.get(ev.tid)
+        if tl is not None:
+            tl.still_off(ev.ts_ns)
+        elif ev.tid > 0:
+            self._asleep[ev.tid] = max(self._asleep.get(ev.tid, 0), ev.ts_ns)
 
     def _on_own(self, ev: OwnThreads) -> None:
         tgid, tids = self._own
@@ -226,6 +234,7 @@ class Engine:
     def _evict_by_age(self) -> None:
         self._last_evict = self._now
         cutoff = self._now - self.config.retention_ns
+        self._asleep = {tid: since for tid, since in self._asleep.items() if since >= cutoff}
         for tid in sorted(self._timelines):
             tl = self._timelines[tid]
             removed = tl.evict_older(cutoff)
