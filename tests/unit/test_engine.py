@@ -551,6 +551,19 @@ def test_an_interval_announced_open_gives_way_to_what_came_since():
     assert parts_ms(s.one()) == parts_ms(waker_asleep_after(still_off=False).one())
 
 
+def test_an_announcement_alone_makes_no_thread_known():
+    """Announced asleep before any span of its own, a thread is no waker to follow and no
+    timeline; its first span picks the announcement up."""
+    engine = Engine(TWO_NODES, CONFIG)
+    for ev in Stream().still_off(139, as_of=1000, tid=102).events:
+        engine.feed(ev)
+    assert engine.stats().threads == 0
+    for ev in waker_asleep_after(still_off=False).in_emission_order():
+        engine.feed(ev)
+    (attr,) = engine.flush()
+    assert parts_ms(attr) == {"host_work": 39, "blocked": 1}
+
+
 def loader_chain() -> Stream:
     """A DataLoader's shape: the trainer (101) waits on a futex for the pin-memory thread
     (102), which waits in a pipe read for the worker process's queue feeder thread (302),
