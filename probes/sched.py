@@ -110,7 +110,6 @@ class SchedProbe(BpfProbe):
         self._owners = TaskOwners(HostPaths())
         self._shared: dict[str, Any] = {}
         self._open_after = 0  # the offcpu threshold: OffCpuOpen from there, as OffCpu
-        self._announced: dict[int, int] = {}  # tid -> the off_ns of its last OffCpuOpen
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
         self._cpu_node = dict(ctx.topology.cpu_node)
@@ -278,27 +277,22 @@ class SchedProbe(BpfProbe):
                 yield NodeTime(
                     ts_ns=since_ns, interval_ns=interval, tid=tid, tgid=st.tgid, node_ns=node_ns
                 )
-            if (
-                st.off_ns
-                and not st.exited
-                and read_ns - st.off_ns >= self._open_after
-                and self._announced.get(tid) != st.off_ns
-            ):
-                # Asleep across this read: the engine would otherwise take the thread for
-                # one that may be running until its OffCpu comes, at the wake-up.
-                self._announced[tid] = st.off_ns
+            # Off CPU across this read, and first past the threshold since the last one (so
+            # once an interval): the engine would otherwise take the thread for one that may
+            # be running until its OffCpu comes, at the wake-up.
+            off_for = read_ns - st.off_ns
+            if st.off_ns and not st.exited and off_for >= self._open_after > off_for - interval:
                 yield OffCpuOpen(
                     ts_ns=st.off_ns,
                     as_of_ns=read_ns,
                     tid=tid,
                     tgid=st.tgid,
-                    state=STATES[st.state] if st.state < len(STATES) else "other",  # type: ignore[arg-type]
+                    state=STATES[st.state],  # type: ignore[arg-type]
                     syscall=st.syscall,
                 )
         for tid in exited:
             del self.bpf["threads"][ct.c_uint(tid)]
             self._last.pop(tid, None)
-            self._announced.pop(tid, None)
             self._oncpu.forget(tid)
 
 
