@@ -335,11 +335,6 @@ class GapDetector:
         self.config = config or GapConfig()
         self.now_ns = 0
         self.gpus: dict[int, _GpuState] = {}
-        # Whether NVML has told of a GPU (a sample, a process list, a recorded idle floor).
-        # Not `self.gpus` itself: deciding a gap of a process no GPU lists keeps a state
-        # under UNKNOWN_GPU, which made a node without NVML look like one with it from its
-        # first gap on and held each later candidate the whole settle_ns.
-        self._gpus_known = False
         for index, watts in (idle_floors or {}).items():
             self.gpu(index).idle_floor = watts
         self.pending: list[_Candidate] = []
@@ -390,8 +385,14 @@ class GapDetector:
     def gpu(self, index: int) -> _GpuState:
         if index not in self.gpus:
             self.gpus[index] = _GpuState()
-            self._gpus_known = self._gpus_known or index != UNKNOWN_GPU
         return self.gpus[index]
+
+    def _nvml_seen(self) -> bool:
+        """Whether NVML told of a GPU (a sample, a process list, a recorded idle floor). Not
+        `self.gpus` alone: deciding a gap of a process no GPU lists keeps a state under
+        UNKNOWN_GPU, which made a node without NVML look like one with it from its first
+        gap on and held each later candidate the whole settle_ns."""
+        return len(self.gpus) > (UNKNOWN_GPU in self.gpus)
 
     def idle_floors(self) -> dict[int, float]:
         """GPU index -> its evidenced idle power (W), for the GPUs where one is known."""
@@ -884,7 +885,7 @@ class GapDetector:
             if self.now_ns >= end + settle:
                 found.add(g)
             elif g == UNKNOWN_GPU:
-                if not self._gpus_known:
+                if not self._nvml_seen():
                     found.add(g)
             elif (st := self.gpus.get(g)) is not None and st.power_past(end):
                 found.add(g)
@@ -896,7 +897,7 @@ class GapDetector:
         if self.now_ns >= c.end + self.config.settle_ns:
             return True
         if c.gpu == UNKNOWN_GPU:
-            return not self._gpus_known  # no NVML on this node: nothing more will come
+            return not self._nvml_seen()  # no NVML on this node: nothing more will come
         st = self.gpus.get(c.gpu)
         return st is not None and st.power_past(c.end)
 
