@@ -19,18 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.startstop import smaps_by_mapping, start_daemon
+from bench.startstop import smaps_by_mapping, start_daemon, status_mb
 
 
 def resident_mb(pid: int) -> dict[str, float]:
-    """VmRSS, RssAnon and RssFile of a process, in MB."""
-    wanted = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file"}
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        head, _, rest = line.partition("\t")
-        if head in wanted:
-            out[wanted[head]] = int(rest.split()[0]) / 1024
-    return out
+    """Resident size of a process, all, anonymous and file-backed, in MB."""
+    mb = status_mb(pid, "VmRSS", "RssAnon", "RssFile")
+    return {"rss": mb["VmRSS"], "anon": mb["RssAnon"], "file": mb["RssFile"]}
 
 
 def measure(pid: int, seconds: float, every: float, nvml: bool) -> dict[str, Any]:

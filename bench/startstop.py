@@ -54,11 +54,18 @@ def cpu_s(pid: int) -> float:
     return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLOCK_TICKS
 
 
-def rss_mb(pid: int) -> float:
+def status_mb(pid: int, *fields: str) -> dict[str, float]:
+    """Memory fields of /proc/PID/status (VmRSS, RssAnon, ...), in MB; absent ones left out."""
+    out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+        head, _, rest = line.partition(":")
+        if head in fields:
+            out[head] = int(rest.split()[0]) / 1024
+    return out
+
+
+def rss_mb(pid: int) -> float:
+    return status_mb(pid, "VmRSS").get("VmRSS", 0.0)
 
 
 class PeakMaps:
