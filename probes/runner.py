@@ -205,7 +205,9 @@ class ProbeSet:
         self, should_stop: Callable[[], bool], poll_ms: int = POLL_MS, tick_ms: int = 1000
     ) -> None:
         """Poll every poll_ms, or as soon as the kernel wakes a ring (a burst); tick every
-        tick_ms. A stop ends the wait at once (`waits.wake`)."""
+        tick_ms. A stop ends the wait at once (`waits.wake`), then drains and ticks once more:
+        what the probes counted since the last tick (per-CPU totals, histograms, losses) is
+        handed over, not dropped with the maps."""
         while not should_stop():
             self.poll()
             now = time.monotonic_ns()
@@ -218,6 +220,7 @@ class ProbeSet:
             due += [d for p in self.running if (d := p.due_ns()) is not None]
             self.waits.wait(max(0.0, min(poll_ms, (min(due) - now) / 1e6)) / 1000)
         self.poll()
+        self.tick(time.monotonic_ns())
 
     def close(self) -> None:
         """Detach every probe, then the core module (the probes' programs use its maps).

@@ -273,13 +273,28 @@ def test_busy_watched_thread_loses_timer_ticks_and_ipis() -> None:
     assert soft and all(e.cpu == CPU for e in soft)
 
 
-def test_a_window_is_queued_once_it_reaches_the_threshold_and_delivered_whole() -> None:
-    """With a threshold of a few ticks (~2-10 µs each on these VMs), a busy thread's 100 ms
-    windows of timer ticks (~25 at HZ=250) reach it midway: each is queued then, once, and
-    delivered with every tick from its first."""
-    stolen_ns = 20_000
+def test_a_stop_hands_over_what_was_counted_since_the_last_tick() -> None:
+    """Ticks a minute apart: none falls due after the first, and the per-CPU totals of the
+    whole run come from the tick that the stop runs (runner.ProbeSet.run). Without it the
+    last partial second of every run was lost."""
+    run = spin_under_irq(0.5, watched=False, tick_ms=60_000)
+    assert run.inner >= 50  # HZ=250 here: a busy CPU's tick keeps running
+    assert run.inner <= cpu_count_of(run.rec, "local_timer", CPU) <= run.outer
+
+
+@dataclass
+class Spin:
+    rec: Recorded
+    spinner: int
+    inner: int  # timer ticks on CPU while the spinner ran
+    outer: int  # and while the probe was attached
+
+
+def spin_under_irq(seconds: float, *, watched: bool, **run_kwargs: Any) -> Spin:
+    """A real-time spinner on CPU for `seconds` under the irq probe (watching it or nothing;
+    `run_kwargs` for run_probes), with the kernel's count of CPU's timer ticks."""
     with children() as kids:
-        spinner = kids.spinner(seconds=1.5, rt=1)
+        spinner = kids.spinner(seconds=seconds, rt=1)
         during: list[int] = []
 
         def load() -> None:
@@ -289,18 +304,23 @@ def test_a_window_is_queued_once_it_reaches_the_threshold_and_delivered_whole() 
             during.append(counts("LOC")[CPU] - before)
 
         outer_before = counts("LOC")[CPU]
-        rec = run_probes(
-            ["irq"],
-            load,
-            watch=WatchSpec(pids={spinner}),
-            thresholds={"irq": {"stolen": stolen_ns}},
-        )
+        watch = WatchSpec(pids={spinner}) if watched else WatchSpec()
+        rec = run_probes(["irq"], load, watch=watch, **run_kwargs)
         outer = counts("LOC")[CPU] - outer_before
-    ticks = stolen_by(rec, "local_timer", {spinner})
+    return Spin(rec, spinner, during[0], outer)
+
+
+def test_a_window_is_queued_once_it_reaches_the_threshold_and_delivered_whole() -> None:
+    """With a threshold of a few ticks (~2-10 µs each on these VMs), a busy thread's 100 ms
+    windows of timer ticks (~25 at HZ=250) reach it midway: each is queued then, once, and
+    delivered with every tick from its first."""
+    stolen_ns = 20_000
+    run = spin_under_irq(1.5, watched=True, thresholds={"irq": {"stolen": stolen_ns}})
+    ticks = stolen_by(run.rec, "local_timer", {run.spinner})
     assert all(e.total_ns >= stolen_ns for e in ticks)
     # Every window but the run's first and last holds ~25 ticks, past the threshold.
-    assert 0.8 * during[0] <= sum(e.count for e in ticks) <= outer
-    assert rec.status("irq").lost_kernel == 0  # no key queued twice (it would count lost)
+    assert 0.8 * run.inner <= sum(e.count for e in ticks) <= run.outer
+    assert run.rec.status("irq").lost_kernel == 0  # no key queued twice (it would count lost)
 
 
 def window_key(table: Any, tid: int) -> Any:
