@@ -1,10 +1,11 @@
 /* irq: time spent in hard IRQ handlers, softirqs and x86 system vectors (local timer, IPIs),
- * per CPU and per source for every CPU, and the part of it that was stolen from watched
- * threads. Hooks: raw tracepoints irq_handler_entry/exit, softirq_entry/exit and, when the
- * kernel has them, the irq_vectors <vector>_entry/exit pairs. Raw tracepoints hand over the
- * tracepoint's arguments (all plain numbers here) without building a perf record, which
- * halves the cost per hook. Cost: two short programs per interrupt, hash updates only
- * (nothing is streamed: user space reads the maps).
+ * per CPU and per source for every CPU (a vector that finds the CPU idle is counted, not
+ * timed), and the part of it that was stolen from watched threads. Hooks: raw tracepoints
+ * irq_handler_entry/exit, softirq_entry/exit and, when the kernel has them, the irq_vectors
+ * <vector>_entry/exit pairs. Raw tracepoints hand over the tracepoint's arguments (all plain
+ * numbers here) without building a perf record, which halves the cost per hook. Cost: two
+ * short programs per interrupt, hash updates only (nothing is streamed: user space reads the
+ * maps).
  *
  * In interrupt context `current` is the task that was interrupted, so work that ran while a
  * watched thread was current was stolen from it; no scheduler hook is needed. Softirqs run
@@ -163,13 +164,15 @@ static __always_inline int entered(u32 kind, u32 num)
 
 static __always_inline int exited(u32 kind, u16 sub, u32 num)
 {
-    u64 now = bpf_ktime_get_ns();
     struct cpu_state *st = state();
     if (!st)
         return 0;
     struct running *r = &st->kind[kind];
+    /* its start was not seen (the probe attached mid-handler), or not timed (an idle CPU's
+     * vector, below): the clock is read after this test */
     if (!r->ts_ns || r->num != num)
-        return 0; /* its start was not seen: the probe attached mid-handler */
+        return 0;
+    u64 now = bpf_ktime_get_ns();
     u64 start = r->ts_ns;
     r->ts_ns = 0;
     if (kind == KIND_SOFTIRQ) {
@@ -193,11 +196,27 @@ RAW_TRACEPOINT_PROBE(irq_handler_exit) { return exited(KIND_HARDIRQ, 0, ctx->arg
 RAW_TRACEPOINT_PROBE(softirq_entry) { return entered(KIND_SOFTIRQ, ctx->args[0]); }
 RAW_TRACEPOINT_PROBE(softirq_exit) { return exited(KIND_SOFTIRQ, 0, ctx->args[0]); }
 
+/* A vector taken while this CPU idles (current is the idle task) is counted, not timed: a
+ * reschedule or function-call IPI there is how a wake-up reaches the CPU and takes no task's
+ * time, and timing it cost two clock reads on every wake-up onto an idle CPU (70-90 ns on
+ * the H200, docs/performance.md, "irq"). Its exit finds no start and returns before the
+ * clock. */
+static __always_inline int vector_entered(u16 sub, u32 num)
+{
+    if (bpf_get_current_pid_tgid())
+        return entered(KIND_VECTOR, num);
+    u32 slot = VECTOR_SLOT(sub);
+    struct stat *s = stats.lookup(&slot);
+    if (s)
+        s->count++;
+    return 0;
+}
+
 /* One entry/exit pair per vector, each (int vector), compiled in when its tracepoints exist
  * (irq.py checks tracefs): bcc attaches every probe it compiles, and one missing hook would
  * fail the whole probe. */
 #define VECTOR_PROBES(name, sub)                                                               \
-    RAW_TRACEPOINT_PROBE(name##_entry) { return entered(KIND_VECTOR, ctx->args[0]); }         \
+    RAW_TRACEPOINT_PROBE(name##_entry) { return vector_entered(sub, ctx->args[0]); }          \
     RAW_TRACEPOINT_PROBE(name##_exit) { return exited(KIND_VECTOR, sub, ctx->args[0]); }
 
 #ifdef HAVE_LOCAL_TIMER

@@ -236,7 +236,8 @@ class IrqProbe(BpfProbe):
                     per_cpu[cpu].append((src, now[2 * i] - old[2 * i], count))
         out: list[Event] = []
         for cpu in sorted(per_cpu):
-            rows = sorted(per_cpu[cpu], key=lambda r: r[1], reverse=True)
+            # by time, then count: vectors that found the CPU idle are counted, not timed
+            rows = sorted(per_cpu[cpu], key=lambda r: (r[1], r[2]), reverse=True)
             totals = [sum(ns for src, ns, _ in rows if src.kind == k) for k in range(3)]
             out.append(
                 CpuStats(

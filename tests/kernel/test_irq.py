@@ -273,6 +273,100 @@ def test_busy_watched_thread_loses_timer_ticks_and_ipis() -> None:
     assert soft and all(e.cpu == CPU for e in soft)
 
 
+# Bounces a byte `n` times between two processes pinned to two CPUs: the one on {cpu} sleeps
+# in a read between the bounces and is woken by the other each time, by an IPI where {cpu} is
+# idle (or, where a task holds it, to preempt that task).
+BOUNCE = textwrap.dedent("""
+    import os, sys
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    def pin(cpu):
+        os.sched_setaffinity(0, {{cpu}})
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    if os.fork() == 0:
+        os.close(w1)
+        pin({cpu})
+        while os.read(r1, 1):
+            os.write(w2, b"x")
+        os._exit(0)
+    pin({other})
+    sys.stdin.readline()
+    for _ in range({n}):
+        os.write(w1, b"x")
+        os.read(r2, 1)
+    os.close(w1)
+    assert os.wait()[1] == 0
+""")
+IPI_ROWS = ("RES", "CAL")  # /proc/interrupts: reschedule, function call (single and many)
+IPI_NAMES = ("reschedule", "call_function", "call_function_single")
+
+
+@dataclass
+class Ipis:
+    count: int  # what the probe's per-CPU totals counted
+    ns: int  # and the time they gave them
+    inner: int  # the kernel's count while the bounces ran
+    outer: int  # and while the probe was attached
+
+
+def ipis_while_bouncing(cpu: int, other: int, n: int, *, busy: bool) -> Ipis:
+    with children() as kids:
+        kids.start(BOUNCE.format(cpu=cpu, other=other, n=n))
+        if busy:  # holds the CPU between the bounces; the woken process preempts it
+            kids.spinner(seconds=1.0, cpu=cpu)
+        during: list[int] = []
+
+        def load() -> None:
+            before = sum(counts(r)[cpu] for r in IPI_ROWS)
+            kids.go()
+            kids.wait()
+            during.append(sum(counts(r)[cpu] for r in IPI_ROWS) - before)
+
+        # this process and its probe thread off the CPU: their own turns there would be
+        # interrupted by the wake-ups meant for an idle CPU
+        mine = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {other})
+        try:
+            outer_before = sum(counts(r)[cpu] for r in IPI_ROWS)
+            rec = run_probes(["irq"], load, watch=WatchSpec())
+            outer = sum(counts(r)[cpu] for r in IPI_ROWS) - outer_before
+        finally:
+            os.sched_setaffinity(0, mine)
+    rows = [r for s in rec.of(CpuStats, cpu=cpu) for r in s.top_irqs if r[0] in IPI_NAMES]
+    return Ipis(sum(r[2] for r in rows), sum(r[1] for r in rows), during[0], outer)
+
+
+def test_ipis_that_wake_an_idle_cpu_are_counted_not_timed() -> None:
+    """An IPI that wakes a thread onto an idle CPU takes no task's time: the per-CPU totals
+    count it and give it none (irq.bpf.c, vector_entered), which spares two clock reads per
+    such wake-up. The same wake-ups while a spinner holds the CPU interrupt a task, and are
+    timed: the yardstick."""
+    others = os.sched_getaffinity(0) - {CPU}
+    if not others:
+        pytest.skip("needs two CPUs")
+    cpu, n = min(others), 2000  # not CPU, where the other tests pin their load
+    busy = ipis_while_bouncing(cpu, CPU, n, busy=True)
+    assert busy.ns > 0
+    per_busy_ipi = busy.ns / busy.count
+    # An IPI that finds another task on the CPU (this machine is shared) is timed: the
+    # quietest of up to three runs is the one that tells. Here an idle run's IPIs average
+    # 0-15 ns, against 230-410 ns an IPI that interrupts the spinner; timed, an IPI that woke
+    # the idle CPU took ~1.5 µs (its handler ran on cold caches), 5 times the spinner's.
+    for _ in range(3):
+        idle = ipis_while_bouncing(cpu, CPU, n, busy=False)
+        if idle.inner < n // 2:
+            pytest.skip(
+                f"{idle.inner} IPIs for {n} wake-ups: this kernel wakes idle CPUs by polling"
+            )
+        if idle.ns / idle.count < per_busy_ipi / 2:
+            break
+    assert idle.ns / idle.count < per_busy_ipi / 2
+    for run in (busy, idle):
+        # a few of ~2,000 have gone uncounted in one run of about ten, before this change as
+        # since (cause not found); a wake-up's count is not what this test is about
+        assert 0.98 * run.inner <= run.count <= run.outer
+
+
 def test_a_stop_hands_over_what_was_counted_since_the_last_tick() -> None:
     """Ticks a minute apart: none falls due after the first, and the per-CPU totals of the
     whole run come from the tick that the stop runs (runner.ProbeSet.run). Without it the
