@@ -41,7 +41,10 @@
 #   defaultset   the default set's cost on the C microbenchmarks (ping-pong, faults, alloc,
 #                steady) and in the kernel per sched event (bench/default_set.py;
 #                DEFAULT_SET_ROUNDS=N, default 6; DEFAULT_SET_ARGS: more of its options;
-#                DEFAULT_SET_TAG: default_set-TAG.json; a run call of its own)
+#                DEFAULT_SET_TAG: default_set-TAG.json; DEFAULT_SET_BEFORE=DIR: the bench
+#                also runs with the package tree in DIR, the trees in turns,
+#                DEFAULT_SET_TURNS=N times each (default 1), into default_set-TAG-{this,
+#                before}-TURN.json; a run call of its own)
 # Usage: tools/gpu_session.sh TREE BCC_TARBALL [STEP...]   (TREE: a copy of the repository
 # holding .whl/ with an orjson wheel for the node's python3)
 set -uo pipefail
@@ -170,10 +173,25 @@ for step in $steps; do
         log "defaultset: the default set on the C microbenchmarks, interleaved rounds"
         # the fault loop's fault count per mapping depends on it
         echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled)"
-        # shellcheck disable=SC2086  # DEFAULT_SET_ARGS: words, e.g. --unwatched --workloads faults
-        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 500 python3 -P -m bench.default_set \
-            --rounds "${DEFAULT_SET_ROUNDS:-6}" ${DEFAULT_SET_ARGS:-} --json \
-            > "$out/default_set${DEFAULT_SET_TAG:+-$DEFAULT_SET_TAG}.json")
+        name="$out/default_set${DEFAULT_SET_TAG:+-$DEFAULT_SET_TAG}"
+        if [ -z "${DEFAULT_SET_BEFORE:-}" ]; then
+            # shellcheck disable=SC2086  # DEFAULT_SET_ARGS: words, e.g. --unwatched --workloads faults
+            (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 500 python3 -P -m bench.default_set \
+                --rounds "${DEFAULT_SET_ROUNDS:-6}" ${DEFAULT_SET_ARGS:-} --json > "$name.json")
+        else
+            before_pkg "$DEFAULT_SET_BEFORE"
+            for turn in $(seq "${DEFAULT_SET_TURNS:-1}"); do
+                for which in before this; do
+                    path=$PYTHONPATH  # /tmp/pkg first, bcc's and orjson's after it
+                    [ "$which" = before ] && path=/tmp/pkg-before:${PYTHONPATH#/tmp/pkg:}
+                    log "defaultset: $which, turn $turn"
+                    # shellcheck disable=SC2086
+                    (cd /tmp && PYTHONPATH=$path:$tree timeout 500 python3 -P \
+                        -m bench.default_set --rounds "${DEFAULT_SET_ROUNDS:-6}" \
+                        ${DEFAULT_SET_ARGS:-} --json > "$name-$which-$turn.json")
+                done
+            done
+        fi
         ;;
     daemoncpu)
         log "daemoncpu: the daemon's CPU by thread beside the training job"
