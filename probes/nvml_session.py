@@ -156,11 +156,39 @@ class NvmlTap:
 
 
 def load(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A recording's header and call records; ValueError saying where a file is not one."""
     lines = Path(path).read_bytes().splitlines()
-    header = orjson.loads(lines[0])
-    if header.get("format") != FORMAT:
-        raise ValueError(f"{path}: not an NVML recording")
-    return header, [orjson.loads(line) for line in lines[1:] if line.strip()]
+    try:
+        header = orjson.loads(lines[0]) if lines else None
+    except orjson.JSONDecodeError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ValueError("not an NVML recording")
+    entries = []
+    for n, line in enumerate(lines[1:], 2):
+        if not line.strip():
+            continue
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            raise ValueError(f"line {n}: not JSON") from None
+        if not _is_call(entry):
+            raise ValueError(f"line {n}: not an NVML call record")
+        entries.append(entry)
+    return header, entries
+
+
+def _is_call(e: Any) -> bool:
+    """The shape NvmlTap writes: a function, its GPU and arguments, the call's clock before
+    and after, and what it returned or the NVML error it raised."""
+    return (
+        isinstance(e, dict)
+        and isinstance(e.get("fn"), str)
+        and isinstance(e.get("args"), list)
+        and (e.get("gpu") is None or type(e.get("gpu")) is int)
+        and all(type(e.get(k)) is int for k in ("t", "t_end"))
+        and ("ret" in e or type(e.get("err")) is int)
+    )
 
 
 def _namespace(value: Any) -> Any:
@@ -235,23 +263,28 @@ class NvmlPlayback:
         self._answers: dict[tuple[str, int | None], list[dict[str, Any]]] = defaultdict(list)
         self._rings: dict[tuple[str, int | None, tuple[Any, ...]], _Ring] = {}
         ring_reads: list[dict[str, Any]] = []
-        for e in entries:
-            if e["fn"] == "nvmlDeviceGetHandleByIndex":
-                e = {**e, "gpu": int(e["args"][0])}
-            if e["fn"] in RING_FUNCS:
-                self._add_ring(e)
-                ring_reads.append(e)
-            else:
-                self._answers[(e["fn"], e["gpu"])].append(e)
-        # The timeline starts once every ring has been read whole (before that the recording
-        # does not know all a ring held) and ends with the last read of one.
-        whole: dict[tuple[Any, ...], int] = {}
-        for e in ring_reads:
-            if e["args"][-1] == 0:
-                whole.setdefault((e["fn"], e["gpu"], tuple(e["args"][:-1])), e["t_end"])
-        self.start_ns = max(whole.values(), default=int(self.header.get("mono_ns", 0)))
-        self.end_ns = max((e["t_end"] for e in ring_reads), default=self.start_ns)
-        self._nvml_offset_ns = self._nvml_clock(ring_reads)
+        # A recording is input: one whose answers are not of the shapes NvmlTap wrote is
+        # refused whole, here, rather than failing a call later.
+        try:
+            for e in entries:
+                if e["fn"] == "nvmlDeviceGetHandleByIndex":
+                    e = {**e, "gpu": int(e["args"][0])}
+                if e["fn"] in RING_FUNCS:
+                    self._add_ring(e)
+                    ring_reads.append(e)
+                else:
+                    self._answers[(e["fn"], e["gpu"])].append(e)
+            # The timeline starts once every ring has been read whole (before that the
+            # recording does not know all a ring held) and ends with the last read of one.
+            whole: dict[tuple[Any, ...], int] = {}
+            for e in ring_reads:
+                if e["args"][-1] == 0:
+                    whole.setdefault((e["fn"], e["gpu"], tuple(e["args"][:-1])), e["t_end"])
+            self.start_ns = max(whole.values(), default=int(self.header.get("mono_ns", 0)))
+            self.end_ns = max((e["t_end"] for e in ring_reads), default=self.start_ns)
+            self._nvml_offset_ns = self._nvml_clock(ring_reads)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"a {e.get('fn')} record is malformed ({err!r})") from None
         self._clock = clock
         self._clock_zero = clock()
         self._next: dict[tuple[Any, ...], int] = defaultdict(int)

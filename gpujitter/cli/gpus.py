@@ -43,18 +43,30 @@ def nvml_backend(args: argparse.Namespace) -> Any:
     if args.nvml_replay is not None:
         try:
             return NvmlPlayback(args.nvml_replay)
-        except (OSError, ValueError) as err:
+        except OSError as err:
+            raise GpujitterError(f"--nvml-replay {args.nvml_replay}: {err.strerror}") from None
+        except ValueError as err:
             raise GpujitterError(f"--nvml-replay {args.nvml_replay}: {err}") from None
     if args.nvml_record is not None:
+        # said before the work, not after it when the recording is written
+        target = Path(args.nvml_record)
+        if target.is_dir():
+            raise GpujitterError(f"--nvml-record {target}: is a directory")
+        if not target.parent.is_dir():
+            raise GpujitterError(f"--nvml-record {target}: no directory {target.parent}")
         return NvmlTap()
     return None
 
 
 def save_recording(args: argparse.Namespace, backend: Any) -> None:
+    from gpujitter.errors import GpujitterError
     from gpujitter.probes.nvml_session import NvmlTap
 
     if isinstance(backend, NvmlTap):
-        backend.save(args.nvml_record, command=f"gpujitter {args.command}")
+        try:
+            backend.save(args.nvml_record, command=f"gpujitter {args.command}")
+        except OSError as err:
+            raise GpujitterError(f"--nvml-record {args.nvml_record}: {err.strerror}") from None
 
 
 def describe_gpus(nvml: Any, paths: HostPaths) -> list[dict[str, Any]]:
