@@ -36,10 +36,19 @@ WHAT = {
 FORMATS = "a trace, a directory of them, an events file (gaps --save-events) or an attribution log"
 
 
+def _known_kind(kind: object) -> bool:
+    """An event kind this version reads (a record's "type" can be any JSON value)."""
+    return isinstance(kind, str) and kind in event_kinds()
+
+
 def sniff(path: Path) -> str:
-    """Which kind of recording a path holds (a directory: rotated traces)."""
+    """Which kind of recording a path holds (a directory: rotated traces). Only a regular
+    file or a directory: a FIFO would block the open, and a pipe's first bytes, read here,
+    would be gone for the reader that follows."""
     if path.is_dir():
         return TRACE
+    if path.exists() and not path.is_file():
+        raise GpujitterError(f"{path}: not a regular file (save a stream to a file first)")
     try:
         with open(path, "rb") as f:
             head = f.read(len(MAGIC))
@@ -58,7 +67,7 @@ def sniff(path: Path) -> str:
             return LOG
         if isinstance(schema, str) and schema.startswith(STREAM_PREFIX):
             return STREAM
-        if "schema" not in first and first.get("type") in event_kinds():
+        if "schema" not in first and _known_kind(first.get("type")):
             return EVENTS
     raise GpujitterError(f"{path}: not a gpujitter recording ({FORMATS})")
 
@@ -155,7 +164,7 @@ def _events(path: Path, into: Recording | None) -> Iterator[Event]:
                         into.damage.append(f"{path}: torn last line ({len(line)} bytes)")
                     return
                 raise GpujitterError(f"{path}:{n}: not a JSON line") from None
-            if isinstance(rec, dict) and rec.get("type") not in event_kinds():
+            if isinstance(rec, dict) and not _known_kind(rec.get("type")):
                 skipped += 1
                 continue
             try:
@@ -171,7 +180,7 @@ def _logged(path: Path, into: Recording | None, rotated: bool) -> Iterator[Event
     reader = JsonLogReader(path, rotated=rotated)
     rec: dict[str, Any]
     for rec in reader:
-        if rec.get("type") in event_kinds():
+        if _known_kind(rec.get("type")):
             yield from_record({k: v for k, v in rec.items() if k != "schema"})
     if reader.torn_bytes and into is not None:
         into.damage.append(f"{path}: torn last line ({reader.torn_bytes} bytes)")

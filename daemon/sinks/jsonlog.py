@@ -292,7 +292,10 @@ class JsonLogReader:
                     schema, named_once = self.stream_schema, True
                 if not (named_once and isinstance(rec, dict) and "schema" not in rec):
                     _check_schema(where, rec, schema)
-                if rec.get("type") in event_kinds():
+                kind = rec.get("type", "")
+                if not isinstance(kind, str):  # what every reader of records keys on
+                    raise GpujitterError(f"{where}: record type is not a string")
+                if kind in event_kinds():
                     try:
                         from_record(rec)
                     except BadRecord as err:
