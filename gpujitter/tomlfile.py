@@ -19,3 +19,5 @@ def load_toml(path: Path, what: str) -> dict[str, Any]:
         raise GpujitterError(f"{what} {path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as err:
         raise GpujitterError(f"{what} {path}: {err}") from None
+    except RecursionError:  # tomllib recurses per level of nested arrays and tables
+        raise GpujitterError(f"{what} {path}: nested too deeply") from None

@@ -77,23 +77,38 @@ def read_int(path: Path) -> int | None:
         return None
 
 
+# Past any kernel's CPU count (NR_CPUS is at most 8192): a list naming higher CPUs is not a
+# node's, and a range to 4e9 would be built before anything refused it.
+MAX_CPU = 1 << 16
+
+
 def parse_cpulist(text: str) -> list[int]:
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]; empty text -> []."""
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]; empty text -> []; ValueError for a
+    malformed list or a CPU number past MAX_CPU."""
     cpus: list[int] = []
     for part in text.strip().split(","):
         if not part:
             continue
         lo, _, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
+        first, last = int(lo), int(hi or lo)
+        if not 0 <= first <= last < MAX_CPU:
+            raise ValueError(f"CPU range {part!r} out of bounds (0-{MAX_CPU - 1}, low to high)")
+        cpus.extend(range(first, last + 1))
     return cpus
+
+
+def cpus_in(text: str) -> tuple[int, ...]:
+    """A cpulist read from the system (a /proc or /sys file, a status field) as CPU numbers;
+    () when malformed."""
+    try:
+        return tuple(parse_cpulist(text))
+    except ValueError:
+        return ()
 
 
 def read_cpulist(path: Path) -> tuple[int, ...]:
     """A cpulist file as CPU numbers; () when absent or malformed."""
-    try:
-        return tuple(parse_cpulist(read_text(path) or ""))
-    except ValueError:
-        return ()
+    return cpus_in(read_text(path) or "")
 
 
 def format_cpulist(cpus: list[int] | set[int] | tuple[int, ...]) -> str:

@@ -29,6 +29,7 @@ from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import typed
 from gpujitter.probes.host import (
     HostPaths,
+    cpus_in,
     numa_node,
     parse_cpulist,
     pci_address_of,
@@ -45,6 +46,7 @@ GPU_CLASSES = ("0x0302", "0x0300")  # 3D controller, VGA controller
 # The [gpus] key that places the GPU nothing gives a bus id: the stub libcuda's, or any
 # GPU when NVML does not answer, whose gaps land on GPU -1.
 UNKNOWN_GPU_KEY = "unknown"
+MAX_NODE = 1 << 10  # the kernel's MAX_NUMNODES at its largest (NODES_SHIFT 10)
 DeviceKind = Literal["gpu", "nic", "nvme", "block", ""]
 
 # Without a cpuidle driver the kernel idles through the architecture's default idle routine
@@ -247,7 +249,7 @@ def _idle_record(idle: CpuIdle) -> dict[str, Any]:
 
 def read_cpu_nodes(paths: HostPaths) -> dict[int, int]:
     """Online CPUs and their node; every CPU on node 0 when the kernel has no NUMA info."""
-    online = parse_cpulist(read_text(paths.sys / "devices/system/cpu/online") or "0")
+    online = cpus_in(read_text(paths.sys / "devices/system/cpu/online") or "0") or (0,)
     cpu_node = dict.fromkeys(online, 0)
     for node, node_dir in _node_dirs(paths):
         for cpu in read_cpulist(node_dir / "cpulist"):
@@ -558,7 +560,7 @@ def load_override(path: str | Path) -> Override:
             cpu_list = parse_cpulist(cpus) if isinstance(cpus, str) else []
         except ValueError:
             node_id, cpu_list = -1, []
-        if node_id < 0 or not cpu_list:
+        if not 0 <= node_id < MAX_NODE or not cpu_list:
             raise GpujitterError(
                 f'topology override {path}: bad [nodes] entry {node} = {cpus!r} (want 0 = "0-3")'
             )
@@ -597,7 +599,10 @@ def _node_map(path: Path, table: str, items: Any, key: Any, defined: set[int]) -
         try:
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ValueError(v)
-            out[key(k)] = v
+            name = key(k)
+            if isinstance(name, int) and not 0 <= name < 1 << 32:  # an IRQ number
+                raise ValueError(k)
+            out[name] = v
         except ValueError:
             raise GpujitterError(
                 f"topology override {path}: bad [{table}] entry {k} = {v!r} (want a node number)"

@@ -62,13 +62,19 @@ def _int(v: Any) -> int:
     raise ValueError("expected a whole number")
 
 
-def _at_least(low: int, high: int | None = None) -> Callable[[Any], int]:
-    """A parser of whole numbers from `low` to `high` (None: no upper limit)."""
+# The largest count or size any setting takes: what a 64-bit signed field holds (the JSON
+# of --print-config, the daemon's status), far past any file size or count that means
+# something; past it a value is a mistake, not a wish.
+MAX_SETTING = (1 << 63) - 1
+
+
+def _at_least(low: int, high: int = MAX_SETTING) -> Callable[[Any], int]:
+    """A parser of whole numbers from `low` to `high`."""
 
     def parse(v: Any) -> int:
         n = _int(v)
-        if n < low or (high is not None and n > high):
-            raise ValueError(f"expected at least {low}" + (f" and at most {high}" if high else ""))
+        if n < low or n > high:
+            raise ValueError(f"expected at least {low} and at most {high}")
         return n
 
     return parse
@@ -88,8 +94,8 @@ def _gap_length(v: Any) -> int:
 
 def _size(v: Any) -> int:
     n = parse_size_bytes(v) if isinstance(v, str) else _int(v)
-    if n < 0:
-        raise ValueError("expected at least 0 bytes")
+    if not 0 <= n <= MAX_SETTING:
+        raise ValueError("expected at least 0 bytes and at most 8 EiB")
     return n
 
 

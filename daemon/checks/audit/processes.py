@@ -16,8 +16,8 @@ from gpujitter.errors import GpujitterError
 from gpujitter.probes.cuda import is_libcuda
 from gpujitter.probes.host import (
     HostPaths,
+    cpus_in,
     format_cpulist,
-    parse_cpulist,
     proc_pids,
     read_name,
     read_text,
@@ -134,7 +134,7 @@ def cpu_affinity(ctx: AuditContext) -> Iterator[Finding]:
         if node is None:
             yield _unknown_node(name, p, why, ev)
             continue
-        allowed = set(parse_cpulist(allowed_text))
+        allowed = set(cpus_in(allowed_text))
         local = ctx.topology.cpus_of(node)
         remote = sorted(allowed - set(local))
         single = " (one NUMA node: every CPU is local)" if len(ctx.topology.nodes) == 1 else ""
@@ -200,7 +200,7 @@ def memory_policy(ctx: AuditContext) -> Iterator[Finding]:
         bound = {f"bind:{node}"} >= {pol for pol in policies if pol != "default"} and (
             policies.get("default", 0) == 0
         )
-        if (mems and set(parse_cpulist(mems)) == {node}) or bound:
+        if (mems and set(cpus_in(mems)) == {node}) or bound:
             yield Finding(
                 name, "ok", _subject(p), f"memory bound to node {node}", (status_ev, maps_ev)
             )
