@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -68,6 +69,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `gpujitter probe sched | head`: the reader left; not an error worth a traceback.
         sys.stderr.close()
         return 0
+    except OSError as err:
+        # What the system refused past the commands' own checks (the output's disk full, a
+        # file gone mid-read): its words, on one line. Output still buffered for a full or
+        # broken stdout is dropped, so that the exit does not fail writing it a second time.
+        _drop_stdout()
+        where = f": {err.filename}" if err.filename else ""
+        why = err.strerror or str(err)
+        print(f"gpujitter {args.command}: error{printable(str(where))}: {why}", file=sys.stderr)
+        return 2
+
+
+def _drop_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def entry() -> NoReturn:
@@ -76,7 +95,22 @@ def entry() -> NoReturn:
     of a daemon's stop after a few minutes beside a busy job on the development VM, and more
     the longer it ran (3.6 s after 17 minutes), against 2 s for the whole stop; frozen, the
     exit took 0.18 s (docs/performance.md, "Start and stop"). Everything the command wrote
-    is closed by then; what a collection would still free, the process's end frees."""
-    code = main()
+    is closed by then; what a collection would still free, the process's end frees.
+
+    An exception no command foresaw (input no check caught) ends the process with one line
+    and EX_SOFTWARE, not a traceback; GPUJITTER_DEBUG=1 lets the traceback through."""
+    try:
+        code = main()
+    except Exception as err:
+        if os.environ.get("GPUJITTER_DEBUG"):
+            raise
+        command = named_command(sys.argv[1:])
+        name = f"gpujitter {command[0]}" if len(command) == 1 else "gpujitter"
+        print(
+            f"{name}: internal error: {type(err).__name__}: {printable(str(err))[:300]} "
+            "(GPUJITTER_DEBUG=1 shows where; please report it)",
+            file=sys.stderr,
+        )
+        code = 70  # EX_SOFTWARE
     gc.freeze()
     sys.exit(code)

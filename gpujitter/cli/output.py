@@ -4,28 +4,64 @@ character, a table shows each cell through gpujitter.text.printable."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
 
-from gpujitter.text import inert_json, printable
+from gpujitter.text import decode_name, inert_json, printable
 
 _OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
 def print_json(obj: Any) -> None:
     """One indented JSON document (results of one-shot commands)."""
-    sys.stdout.buffer.write(inert_json(orjson.dumps(obj, option=_OPTS | orjson.OPT_INDENT_2)))
+    sys.stdout.buffer.write(inert_json(_dumps(obj, _OPTS | orjson.OPT_INDENT_2)))
     sys.stdout.buffer.write(b"\n")
     sys.stdout.flush()
 
 
 def print_ndjson(obj: Any) -> None:
     """One line of an NDJSON stream (live commands); flushed so pipes see it at once."""
-    sys.stdout.buffer.write(inert_json(orjson.dumps(obj, option=_OPTS)) + b"\n")
+    sys.stdout.buffer.write(inert_json(_dumps(obj, _OPTS)) + b"\n")
     sys.stdout.flush()
+
+
+def _dumps(obj: Any, option: int) -> bytes:
+    try:
+        return orjson.dumps(obj, option=option)
+    except TypeError:
+        # orjson refuses a str that is not UTF-8 (a file name or argument of undecodable
+        # bytes: os.fsdecode's surrogates) and an integer past 64 bits: written as text.
+        return orjson.dumps(_serialisable(obj), option=option)
+
+
+def _serialisable(obj: Any) -> Any:
+    """`obj` with such strings as decode_name writes bytes that are not UTF-8 (`\\xff`) and
+    such integers as decimal strings; the rest as it is."""
+    if isinstance(obj, str):
+        try:
+            obj.encode()
+            return obj
+        except UnicodeEncodeError:
+            errors = "surrogateescape" if _escaped(obj) else "backslashreplace"
+            return decode_name(obj.encode(errors=errors))
+    if isinstance(obj, int) and not isinstance(obj, bool) and not -(2**63) <= obj < 2**64:
+        return str(obj)
+    if isinstance(obj, dict):
+        return {_serialisable(k): _serialisable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_serialisable(v) for v in obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _serialisable(dataclasses.asdict(obj))
+    return obj
+
+
+def _escaped(text: str) -> bool:
+    """Every surrogate in `text` is one of os.fsdecode's (an undecodable byte)."""
+    return all(not 0xD800 <= ord(c) <= 0xDFFF or 0xDC80 <= ord(c) <= 0xDCFF for c in text)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

@@ -1,0 +1,183 @@
+"""Input that no command's own checks foresaw, found by fuzzing the offline commands: each is
+one line on stderr and exit 2 (or, for what is valid, a normal answer), never a traceback or
+a hang. The process's last resort for the rest is one line and exit 70 (cli.entry)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpujitter import cli
+from gpujitter.cli.output import print_json
+from gpujitter.probes.host import parse_cpulist
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "h200-training.gjtrace"
+NVML_IDLE = Path(__file__).parents[1] / "fixtures" / "nvml" / "h200-idle.jsonl"
+
+
+def gpujitter(*args: str | bytes, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpujitter", *args],
+        capture_output=True,
+        text=True,
+        errors="backslashreplace",
+        timeout=60,
+        cwd=cwd,
+    )
+
+
+def refused(proc: subprocess.CompletedProcess[str], said: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert said in proc.stderr
+
+
+def nvml_recording(tmp_path: Path, *, header: bytes | None = None, extra: bytes = b"") -> Path:
+    lines = NVML_IDLE.read_bytes().splitlines(keepends=True)
+    path = tmp_path / "nvml.jsonl"
+    path.write_bytes((lines[0] if header is None else header) + b"".join(lines[1:3]) + extra)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("header", "extra", "said"),
+    [
+        (b"", b"", "not an NVML recording"),
+        (b"[]\n", b"", "not an NVML recording"),
+        (None, b"{}\n", "line 4: not an NVML call record"),
+        (
+            None,
+            b'{"fn": "nvmlInit", "gpu": null, "args": 7, "t": 1, "t_end": 2, "ret": null}\n',
+            "line 4: not an NVML call record",
+        ),
+        (None, b"[1, 2]\n", "line 4: not an NVML call record"),
+    ],
+)
+def test_an_nvml_replay_that_is_not_a_recording(
+    tmp_path: Path, header: bytes | None, extra: bytes, said: str
+) -> None:
+    path = nvml_recording(tmp_path, header=header, extra=extra)
+    refused(gpujitter("gpus", "--json", "--nvml-replay", str(path)), said)
+
+
+def test_an_nvml_record_path_that_cannot_be_written_is_said_before_the_work(
+    tmp_path: Path,
+) -> None:
+    refused(
+        gpujitter("gpus", "--json", "--nvml-record", str(tmp_path / "gone" / "x.jsonl")),
+        "no directory",
+    )
+    refused(gpujitter("gpus", "--json", "--nvml-record", str(tmp_path)), "is a directory")
+
+
+def test_a_file_name_that_is_not_utf8_reads_as_escaped_json(tmp_path: Path) -> None:
+    name = os.fsencode(tmp_path) + b"/\xff\xfe.gjtrace"
+    shutil.copy(EXAMPLE, name)
+    for command in ("trace", "report"):
+        proc = gpujitter(command, "--json", name)
+        assert proc.returncode == 0, proc.stderr
+        json.loads(proc.stdout)
+        assert "\\\\xff\\\\xfe.gjtrace" in proc.stdout
+
+
+@pytest.mark.parametrize("line", [1, 2])
+def test_a_record_type_that_is_not_a_string(tmp_path: Path, line: int) -> None:
+    events = tmp_path / "events.ndjson"
+    good = orjson.dumps({"type": "meta.clock", "ts_ns": 1, "wall_ns": 1, "source": "x"})
+    bad = b'{"type": {"a": 1}, "ts_ns": 1}'
+    events.write_bytes(b"\n".join([bad] if line == 1 else [good, bad]) + b"\n")
+    proc = gpujitter("trace", "--json", str(events))
+    assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr, proc.stderr
+    log = tmp_path / "attributions.jsonl"
+    log.write_bytes(
+        b'{"schema": "gpujitter.attribution/1", "type": "gpu.attribution"}\n' * (line - 1)
+        + b'{"schema": "gpujitter.attribution/1", "type": ["gpu.attribution"]}\n'
+    )
+    for command in ("trace", "report"):
+        proc = gpujitter(command, str(log))
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_toml_nested_deeper_than_the_parser_recurses(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.toml"
+    deep.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    refused(gpujitter("run", "--print-config", "--config", str(deep)), "nested too deeply")
+    refused(gpujitter("topo", "--topology-override", str(deep)), "nested too deeply")
+
+
+@pytest.mark.parametrize(
+    "nodes", ['0 = "0-4000000000"', '99999999999999999999 = "0-1"', '0 = "3-1"']
+)
+def test_a_topology_override_past_any_machine(tmp_path: Path, nodes: str) -> None:
+    override = tmp_path / "topology.toml"
+    override.write_text(f"[nodes]\n{nodes}\n")
+    refused(gpujitter("topo", "--json", "--topology-override", str(override)), "bad [nodes]")
+
+
+def test_a_size_past_64_bits_is_refused_not_printed(tmp_path: Path) -> None:
+    config = tmp_path / "gpujitter.toml"
+    config.write_text('[log]\nmax_bytes = "99999999999999999999999999999TiB"\n')
+    refused(gpujitter("run", "--print-config", "--json", "--config", str(config)), "log.max_bytes")
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "trace.gjtrace"
+    os.mkfifo(fifo)
+    for command in ("trace", "report"):
+        refused(gpujitter(command, str(fifo)), "not a regular file")
+
+
+def test_a_full_output_device_is_one_line() -> None:
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpujitter", "report", str(EXAMPLE)],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "gpujitter report: error: No space left on device"
+
+
+def test_what_slips_past_every_check_is_one_line_and_ex_software(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(argv: object = None) -> int:
+        raise TypeError("unhashable type: 'dict'")
+
+    monkeypatch.setattr(cli, "main", broken)
+    monkeypatch.setattr(sys, "argv", ["gpujitter", "report", "x"])
+    monkeypatch.delenv("GPUJITTER_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        cli.entry()
+    assert stop.value.code == 70
+    err = capsys.readouterr().err
+    assert err.startswith("gpujitter report: internal error: TypeError: unhashable type")
+    assert len(err.strip().splitlines()) == 1
+    monkeypatch.setenv("GPUJITTER_DEBUG", "1")
+    with pytest.raises(TypeError):
+        cli.entry()
+
+
+def test_json_output_takes_undecodable_names_and_huge_integers(
+    capsysbinary: pytest.CaptureFixture[bytes],
+) -> None:
+    print_json({"path": os.fsdecode(b"/tmp/\xff"), "n": 10**30, "ok": [1, "a"]})
+    out = json.loads(capsysbinary.readouterr().out)
+    assert out == {"path": "/tmp/\\xff", "n": str(10**30), "ok": [1, "a"]}
+
+
+def test_cpu_lists_past_any_kernel_are_malformed() -> None:
+    assert parse_cpulist("0-3,8") == [0, 1, 2, 3, 8]
+    for text in ("0-4000000000", "65536", "5-3", "-1"):
+        with pytest.raises(ValueError):
+            parse_cpulist(text)
