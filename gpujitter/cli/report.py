@@ -162,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
     header = traces.header
     start = parse_when(args.start, traces) if args.start else None
     end = parse_when(args.end, traces) if args.end else None
+    if start is not None and end is not None and end <= start:
+        raise GpujitterError(f"--to {args.end} is not after --from {args.start}")
     config = AnalysisConfig.from_record(header.analysis)
 
     def wanted(ev: GpuGap | Attribution) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import add_traces_arg
 from gpujitter.cli.output import print_json, table
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig
 from gpujitter.daemon.offline.recordings import TRACE, Recording, open_recording
 from gpujitter.daemon.sinks.trace import TraceHeader, TraceReader, TraceSet
 from gpujitter.errors import GpujitterError
@@ -37,6 +38,11 @@ def inspect(path: Path) -> dict[str, Any]:
         except GpujitterError as err:
             error = str(err)
         header = reader.header
+        damage = reader.damage_notes() + ([error] if error else [])
+        try:  # what report and export would refuse the trace for
+            AnalysisConfig.from_record(header.analysis)
+        except GpujitterError as err:
+            damage.append(f"{err} (report and export refuse it)")
         return {
             "path": str(path),
             "bytes": path.stat().st_size,
@@ -46,7 +52,7 @@ def inspect(path: Path) -> dict[str, Any]:
             "kinds": dict(sorted(kinds.items())),
             "first_ns": first,
             "last_ns": last,
-            "damage": reader.damage_notes() + ([error] if error else []),
+            "damage": damage,
             "readable": error is None,
         }
 

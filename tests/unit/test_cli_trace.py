@@ -98,3 +98,18 @@ def test_record_never_overwrites(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["record", "-o", str(tmp_path / "t.gjtrace"), "--rotate-size", "1M"]) == 2
     assert "this is a file" in capsys.readouterr().err
     assert (tmp_path / "t.gjtrace").read_text() == "precious"
+
+
+def test_trace_names_analysis_settings_that_report_would_refuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A header whose analysis block report and export refuse is damage `trace` shows, not
+    a clean trace."""
+    bad = header(analysis={"gaps": {"min_gap_ns": -1}})
+    with TraceWriter(tmp_path / "a.gjtrace", bad) as w:
+        w.write(every_kind()[0])
+    main(["trace", "--json", str(tmp_path / "a.gjtrace")])
+    (f,) = json.loads(capsys.readouterr().out)["files"]
+    assert any("min_gap_ns must not be negative" in d for d in f["damage"])
+    assert main(["report", str(tmp_path / "a.gjtrace")]) == 2
+    assert "min_gap_ns must not be negative" in capsys.readouterr().err

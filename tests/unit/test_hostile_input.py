@@ -181,3 +181,9 @@ def test_cpu_lists_past_any_kernel_are_malformed() -> None:
     for text in ("0-4000000000", "65536", "5-3", "-1"):
         with pytest.raises(ValueError):
             parse_cpulist(text)
+
+
+def test_a_report_window_that_ends_before_it_starts() -> None:
+    refused(
+        gpujitter("report", str(EXAMPLE), "--from", "+20s", "--to", "+10s"), "is not after --from"
+    )
