@@ -100,9 +100,15 @@ def _size(v: Any) -> int:
 
 
 def _mode(v: Any) -> int:
-    """File modes are written as octal strings ("0660"); a TOML integer is taken as octal
-    digits too (0660 written bare would be decimal 660, which nobody means)."""
-    mode = int(str(v), 8)
+    """File modes are octal strings ("0660"). A TOML integer is refused: 0o660 arrives as 432
+    and 660 as 660, and reading either as octal digits turned 0o660 into 0o432, a socket
+    others may write to."""
+    if not isinstance(v, str):
+        raise ValueError('expected an octal file mode as a string, like "0660"')
+    try:
+        mode = int(v, 8)
+    except ValueError:
+        raise ValueError('expected an octal file mode like "0660"') from None
     if not 0 <= mode <= 0o777:
         raise ValueError('expected an octal file mode like "0660"')
     return mode
@@ -234,6 +240,7 @@ class Setting:
     parse: Callable[[Any], Any]
     default: Any
     help: str
+    shown: Callable[[Any], Any] = lambda value: value  # as --print-config shows it
 
     @property
     def env(self) -> str:
@@ -264,7 +271,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("record.keep", _at_least(0), 8, "rotated trace files kept (0: no limit)"),
     Setting("socket.path", _str, "/run/gpujitter/gpujitter.sock", "stream socket"),
     Setting("socket.group", _str, "", "group owning the socket (empty: root's)"),
-    Setting("socket.mode", _mode, 0o660, "socket file mode"),
+    Setting("socket.mode", _mode, 0o660, "socket file mode", shown=lambda mode: f"{mode:04o}"),
     Setting(
         "socket.queue",
         _at_least(1, MAX_SOCKET_QUEUE),
@@ -299,7 +306,7 @@ class Config:
         return self.values[key]
 
     def explain(self) -> list[tuple[str, Any, str]]:
-        return [(s.key, self.values[s.key], self.origins[s.key]) for s in SETTINGS]
+        return [(s.key, s.shown(self.values[s.key]), self.origins[s.key]) for s in SETTINGS]
 
 
 def parse_value(key: str, raw: Any, origin: str) -> Any:

@@ -69,6 +69,9 @@ def test_env_lists_and_thresholds_are_comma_separated(tmp_path: Path) -> None:
     [
         ('[socket]\nmode = "abc"\n', "socket.mode"),
         ('[socket]\nmode = "01777"\n', "octal file mode"),
+        # 0o660 arrives as 432: read as octal digits it was 0o432, others may write
+        ("[socket]\nmode = 0o660\n", "as a string"),
+        ("[socket]\nmode = 660\n", "as a string"),
         ('[log]\nmax_bytes = "lots"\n', "bad size"),
         ('[sockett]\npath = "x"\n', "unknown setting sockett.path"),
         ('[socket]\npaht = "x"\n', "known in [socket]: socket.path"),
