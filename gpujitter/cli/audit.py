@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 
 from gpujitter.cli.command import Command
-from gpujitter.cli.options import add_topology_args
+from gpujitter.cli.options import add_topology_args, count
 from gpujitter.cli.output import print_json, table
 from gpujitter.cli.topo import add_root_arg, override_banner, paths_from_args
 from gpujitter.text import printable
@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-exit-latency",
-        type=int,
+        type=count,
         default=10,
         metavar="US",
         help="flag enabled idle states that take longer than US microseconds to leave (default 10)",

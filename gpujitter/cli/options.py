@@ -18,6 +18,17 @@ from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 
 
+def count(text: str) -> int:
+    """An option's whole number, 0 or more (things to show, microseconds)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"want a whole number, 0 or more, not {text!r}")
+    return n
+
+
 def add_traces_arg(p: argparse.ArgumentParser) -> None:
     """The recordings an offline command reads (args.traces)."""
     p.add_argument(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.cli.command import Command
-from gpujitter.cli.options import add_traces_arg
+from gpujitter.cli.options import add_traces_arg, count
 from gpujitter.cli.output import print_json, table
 from gpujitter.daemon.analysis.describe import gpu_name, one_line
 from gpujitter.daemon.analysis.engine.causes import cause_label
@@ -48,17 +48,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "of idle time by cause, gap durations, culprits, fixes)")  # fmt: skip
     p.add_argument("--top", type=count, default=10, metavar="N",
                    help="show the N longest gaps with their breakdown (default 10)")  # fmt: skip
-
-
-def count(text: str) -> int:
-    """A number of things to show: 0 or more."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"want a whole number, 0 or more, not {text!r}")
-    return n
 
 
 def parse_when(text: str, rec: Recording) -> int:
