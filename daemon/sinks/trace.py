@@ -498,6 +498,24 @@ def trace_paths(args: Sequence[str | Path]) -> list[Path]:
     return list(out)
 
 
+def _one_timeline(headers: list[tuple[Path, TraceHeader]]) -> None:
+    """Files read as one stream must be one node's, and each segment of a recording once:
+    another host's events would land on this one's CPUs, GPUs and clock, and a segment read
+    twice would count its gaps twice, both without a word."""
+    nodes = sorted({(h.host, h.kernel) for _, h in headers})
+    if len(nodes) > 1:  # host names repeat (cloud VMs); a kernel of its own is another node
+        named = ", ".join(f"{host} ({kernel})" for host, kernel in nodes)
+        raise GpujitterError(f"traces of {len(nodes)} nodes, {named}: read each on its own")
+    seen: dict[tuple[str, int], Path] = {}
+    for path, h in headers:
+        if h.session and (h.session, h.segment) in seen:
+            raise GpujitterError(
+                f"{path} and {seen[h.session, h.segment]} are the same recording's segment "
+                f"{h.segment}: read one of them"
+            )
+        seen[h.session, h.segment] = path
+
+
 class TraceSet:
     """Several trace files read as one stream: a rotated recording, in recording order (start
     wall time, then session and segment, from each header; file names do not matter). Only
@@ -515,6 +533,7 @@ class TraceSet:
 
     def __iter__(self) -> Iterator[Event]:
         """Every file's events in turn; afterwards `damage` has each file's damage notes."""
+        _one_timeline(list(zip(self.paths, self.headers, strict=True)))
         self.damage = []
         for path in self.paths:
             with TraceReader(path) as reader:

@@ -187,3 +187,23 @@ def test_a_report_window_that_ends_before_it_starts() -> None:
     refused(
         gpujitter("report", str(EXAMPLE), "--from", "+20s", "--to", "+10s"), "is not after --from"
     )
+
+
+def test_traces_of_two_nodes_or_one_segment_twice_are_not_one_stream(tmp_path: Path) -> None:
+    """Read as one stream (report, export), another node's events would land on this one's
+    CPUs, GPUs and clock, and a segment read twice would count its gaps twice."""
+    from gpujitter.daemon.sinks.trace import TraceWriter
+    from tests.unit.trace_samples import every_kind, header
+
+    def write(name: str, **changes: object) -> Path:
+        with TraceWriter(tmp_path / name, header(**changes)) as w:
+            w.write(every_kind()[0])
+        return tmp_path / name
+
+    a = write("a.gjtrace", session="s1", segment=0)
+    other = write("b.gjtrace", session="s2", kernel="6.1.0-other")
+    again = tmp_path / "c.gjtrace"
+    shutil.copy(a, again)
+    refused(gpujitter("report", str(a), str(other)), "traces of 2 nodes")
+    refused(gpujitter("report", str(a), str(again)), "same recording's segment 0")
+    assert gpujitter("trace", str(a), str(again)).returncode == 0  # each file on its own
