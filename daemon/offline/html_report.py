@@ -17,6 +17,7 @@ from gpujitter.daemon.analysis.engine.causes import CAUSES, cause_colour, cause_
 from gpujitter.daemon.analysis.records import Attribution, IrqEvidence, TaskEvidence, task_name
 from gpujitter.probes.clock import format_wall
 from gpujitter.probes.events import ClockRef
+from gpujitter.text import printable
 from gpujitter.units import format_ns
 
 BUCKETS = 48  # columns of the idle-by-cause chart
@@ -40,7 +41,9 @@ class GpuSummary:
 
 
 def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    """Markup escaped, and control characters (a host name's ESC or BEL) written as escapes:
+    a page is read in browsers and, as often, with cat and less."""
+    return html.escape(printable(str(text)), quote=True)
 
 
 def _legend(causes: Iterable[str]) -> str:

@@ -207,3 +207,22 @@ def test_traces_of_two_nodes_or_one_segment_twice_are_not_one_stream(tmp_path: P
     refused(gpujitter("report", str(a), str(other)), "traces of 2 nodes")
     refused(gpujitter("report", str(a), str(again)), "same recording's segment 0")
     assert gpujitter("trace", str(a), str(again)).returncode == 0  # each file on its own
+
+
+def test_an_html_page_shows_a_hostile_host_name_inert(tmp_path: Path) -> None:
+    from gpujitter.daemon.sinks.trace import TraceWriter
+    from tests.fixtures.streams.synthetic import TWO_NODES, Stream
+    from tests.unit.trace_samples import header
+
+    s = Stream().offcpu(100, 125, runnable=100, state="preempted", other=555, other_comm="x")
+    with TraceWriter(
+        tmp_path / "a.gjtrace", header(host="evil\x1b]0;pwned\x07", topology=TWO_NODES)
+    ) as w:
+        for ev in s.ran(0, 1000).gap(100, 140).in_emission_order():
+            w.write(ev)
+    page = tmp_path / "a.html"
+    proc = gpujitter("report", str(tmp_path / "a.gjtrace"), "--html", str(page))
+    assert proc.returncode == 0, proc.stderr
+    html = page.read_bytes()
+    assert b"\x1b" not in html and b"\x07" not in html
+    assert b"evil\\x1b]0;pwned\\x07" in html
