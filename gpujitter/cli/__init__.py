@@ -10,6 +10,7 @@ probes' compile before it imports them (daemon/service/head_start.py).
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import importlib
 import os
@@ -70,14 +71,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except OSError as err:
-        # What the system refused past the commands' own checks (the output's disk full, a
-        # file gone mid-read): its words, on one line. Output still buffered for a full or
-        # broken stdout is dropped, so that the exit does not fail writing it a second time.
+        # The output's device full or failing (`report > /dev/full`): the system's words, on
+        # one line, and what is still buffered for it dropped, so that the exit does not fail
+        # writing it a second time. Any other OSError is a fault (entry()).
+        if err.filename is not None or err.errno not in OUTPUT_ERRNOS:
+            raise
         _drop_stdout()
-        where = f": {err.filename}" if err.filename else ""
-        why = err.strerror or str(err)
-        print(f"gpujitter {args.command}: error{printable(str(where))}: {why}", file=sys.stderr)
+        print(f"gpujitter {args.command}: error: {err.strerror}", file=sys.stderr)
         return 2
+
+
+OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
 
 
 def _drop_stdout() -> None:
