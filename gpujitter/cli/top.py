@@ -169,13 +169,58 @@ def example_offer(path: Path = CHECKOUT / EXAMPLE_TRACE) -> Offer | None:
     return Offer(f"gpujitter top --replay {shown}", partial(ReplayFeed, path))
 
 
+SNAPSHOT_WAIT_S = 5.0  # a daemon answers a connection with its snapshot at once
+SNAPSHOT_MAX_BYTES = 64 << 20  # what a snapshot may take before it is given up on
+
+
+def daemon_snapshot(path: Path) -> dict[str, Any]:
+    """The snapshot a daemon sends each client as it connects (daemon/sinks/stream.py): its
+    GPUs, recent gaps and attributions, CPUs, probes and own status, what the view shows."""
+    import socket
+
+    import orjson
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(SNAPSHOT_WAIT_S)
+    with sock:
+        try:
+            sock.connect(str(path))
+            reader = sock.makefile("rb")
+            while line := reader.readline(SNAPSHOT_MAX_BYTES):
+                rec = orjson.loads(line)
+                if isinstance(rec, dict) and rec.get("type") == "snapshot":
+                    return rec
+        except TimeoutError:
+            raise GpujitterError(
+                f"the daemon at {path} sent no snapshot within {SNAPSHOT_WAIT_S:.0f} s"
+            ) from None
+        except OSError as err:
+            raise GpujitterError(
+                f"no daemon answers at {path} ({err.strerror}): --json prints a running "
+                "daemon's snapshot (a recording's: gpujitter report --json)"
+            ) from None
+        except orjson.JSONDecodeError:
+            raise GpujitterError(f"{path}: not a gpujitter daemon's stream") from None
+    raise GpujitterError(f"the daemon at {path} closed the connection before its snapshot")
+
+
 def run(args: argparse.Namespace) -> int:
     from gpujitter.tui import audit
     from gpujitter.tui.app import GpujitterTop
 
+    if args.json:  # for scripts and monitoring: one look, the daemon's, no terminal needed
+        if args.replay is not None or args.embedded:
+            raise GpujitterError(
+                "--json prints the daemon's snapshot; for a recording: gpujitter report "
+                "--json, for the probes in this process: gpujitter probe --json"
+            )
+        from gpujitter.cli.output import print_json
+
+        print_json(daemon_snapshot(socket_from_args(args)))
+        return 0
     feed = make_feed(args)  # bad input is reported first, terminal or not
     if not sys.stdin.isatty() or not sys.stderr.isatty():
-        raise GpujitterError("top needs a terminal (for scripts: gpujitter probe --json)")
+        raise GpujitterError("top needs a terminal (for scripts: gpujitter top --json)")
     loader = audit.run_audit if args.audit is None else partial(audit.load_file, args.audit)
     with probe_output_aside() as driver:
         GpujitterTop(feed, audit=loader, example=example_offer(), driver_class=driver).run()
@@ -196,7 +241,9 @@ COMMAND = Command(
         Connects to the daemon's socket when a daemon listens, and reconnects when it
         restarts; with no daemon it runs the probes itself (needs root; without, it shows
         the kernel's interrupt and idle counters). --replay plays a recording through the
-        same views: p play/pause, n next gap, . step, g seek.
+        same views: p play/pause, n next gap, . step, g seek. --json prints the daemon's
+        snapshot of all that once (GPUs, recent gaps and attributions, CPUs, probes, its
+        status) and exits.
     """,
     examples="""
         # this node, live (the daemon's stream, or the probes in-process)
@@ -207,8 +254,9 @@ COMMAND = Command(
         gpujitter top --replay /var/lib/gpujitter/traces --at end --paused
         # the attribution log, with the audit of the node it came from
         gpujitter top --replay attributions.jsonl --audit node-audit.json
+        # what the view shows, once, as JSON (the daemon's snapshot; no terminal needed)
+        gpujitter top --json | jq '.gaps[-1]'
     """,
     add_arguments=add_arguments,
     run=run,
-    json_flag=False,
 )

@@ -4,6 +4,7 @@ one-line errors (the app itself is tested through Pilot)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -59,8 +60,24 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
     assert no_tty.returncode == 2
     assert (
         no_tty.stderr
-        == "gpujitter top: error: top needs a terminal (for scripts: gpujitter probe --json)\n"
+        == "gpujitter top: error: top needs a terminal (for scripts: gpujitter top --json)\n"
     )
+
+
+def test_json_prints_the_daemons_snapshot_once_without_a_terminal(daemon: Daemon) -> None:
+    """--json: what the view would show, as the daemon's snapshot (after its hello), one
+    document; no daemon, a replay or the embedded probes are one line each."""
+    daemon.start()
+    proc = run_top("--json", "--socket", str(daemon.path))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == daemon.snapshot
+    daemon.stop()
+    gone = run_top("--json", "--socket", str(daemon.path))
+    assert gone.returncode == 2 and gone.stderr.count("\n") == 1
+    assert "no daemon answers at" in gone.stderr
+    for mode in (["--replay", str(STREAM)], ["--embedded"]):
+        refused = run_top("--json", *mode)
+        assert refused.returncode == 2 and "gpujitter report --json" in refused.stderr
 
 
 def test_the_last_message_the_probes_left_on_stderr_is_shown_inert(
