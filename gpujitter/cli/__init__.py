@@ -41,8 +41,16 @@ def named_command(argv: Sequence[str]) -> list[str]:
     return [first] if first in COMMANDS else list(COMMANDS)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's, but a mistake on the command line is one line, as every other error is
+    (argparse prints its usage block first): what is wrong, and where the help is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {printable(message)} (see {self.prog} --help)\n")
+
+
 def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gpujitter",
         description="Find out why the GPUs of this node sit idle: host jitter probes (eBPF), "
         "GPU idle-gap detection and attribution of each gap to its causes.",

@@ -129,7 +129,10 @@ def test_a_replay_speed_of_0_is_refused() -> None:
     """Speed 0 (or below) froze the replay."""
     proc = gpujitter("top", "--replay", "x.gjtrace", "--speed", "0")
     assert proc.returncode == 2
-    assert proc.stderr.splitlines()[-1].endswith("want a speed above 0 and at most 1000, not '0'")
+    assert proc.stderr == (
+        "gpujitter top: error: argument --speed: want a speed above 0 and at most 1000, "
+        "not '0' (see gpujitter top --help)\n"
+    )
 
 
 @pytest.mark.parametrize("command", ["doctor", "audit", "topo"])
