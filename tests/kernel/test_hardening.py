@@ -934,6 +934,7 @@ NOT_SANDBOX = {
     "ExecStart",
     "ExecReload",
     "EnvironmentFile",
+    "Environment",  # GPUJITTER_DEBUG=1 (test_systemd)
     "TimeoutStartSec",
     "TimeoutStopSec",
     "WatchdogSec",
