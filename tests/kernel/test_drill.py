@@ -125,7 +125,12 @@ def test_gc_collections_are_gc_pauses_with_their_generation() -> None:
     assert_meets_targets(r)
     assert r.score.stalls and all(s.truth_ns >= 10 * MS for s in r.score.stalls), rows(r)
     for found, stall in zip(evidence(r, "gc_pause", GcEvidence), r.stalls, strict=True):
-        assert [(e.generation, e.count) for e in found] == [(2, stall["full_collections"])], rows(r)
+        pairs = [(e.generation, e.count) for e in found]
+        assert pairs[0] == (2, stall["full_collections"]), rows(r)
+        # A young collection that the loop's own allocations set off inside the stall's
+        # window is evidence too: under load (the stall waits out other work) the window
+        # widens enough to catch one now and then, e.g. [(2, 2), (0, 1)].
+        assert all(generation < 2 for generation, _ in pairs[1:]), rows(r)
 
 
 def test_gil_waits_name_the_thread_holding_the_gil() -> None:
