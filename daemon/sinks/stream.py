@@ -478,6 +478,6 @@ def first_records(path: Path, types: Iterable[str], timeout_s: float) -> dict[st
             except orjson.JSONDecodeError:
                 continue  # a line cut at the limit: not one of these
             kind = rec.get("type") if isinstance(rec, dict) else None
-            if kind in wanted and kind not in got:
+            if isinstance(kind, str) and kind in wanted and kind not in got:
                 got[kind] = rec
     return got

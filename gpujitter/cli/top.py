@@ -170,38 +170,25 @@ def example_offer(path: Path = CHECKOUT / EXAMPLE_TRACE) -> Offer | None:
 
 
 SNAPSHOT_WAIT_S = 5.0  # a daemon answers a connection with its snapshot at once
-SNAPSHOT_MAX_BYTES = 64 << 20  # what a snapshot may take before it is given up on
 
 
 def daemon_snapshot(path: Path) -> dict[str, Any]:
     """The snapshot a daemon sends each client as it connects (daemon/sinks/stream.py): its
     GPUs, recent gaps and attributions, CPUs, probes and own status, what the view shows."""
-    import socket
+    from gpujitter.daemon.sinks.stream import first_records
 
-    import orjson
-
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(SNAPSHOT_WAIT_S)
-    with sock:
-        try:
-            sock.connect(str(path))
-            reader = sock.makefile("rb")
-            while line := reader.readline(SNAPSHOT_MAX_BYTES):
-                rec = orjson.loads(line)
-                if isinstance(rec, dict) and rec.get("type") == "snapshot":
-                    return rec
-        except TimeoutError:
-            raise GpujitterError(
-                f"the daemon at {path} sent no snapshot within {SNAPSHOT_WAIT_S:.0f} s"
-            ) from None
-        except OSError as err:
-            raise GpujitterError(
-                f"no daemon answers at {path} ({err.strerror}): --json prints a running "
-                "daemon's snapshot (a recording's: gpujitter report --json)"
-            ) from None
-        except orjson.JSONDecodeError:
-            raise GpujitterError(f"{path}: not a gpujitter daemon's stream") from None
-    raise GpujitterError(f"the daemon at {path} closed the connection before its snapshot")
+    try:
+        got = first_records(path, ["snapshot"], SNAPSHOT_WAIT_S)
+    except OSError as err:
+        raise GpujitterError(
+            f"no daemon answers at {path} ({err.strerror}): --json prints a running "
+            "daemon's snapshot (a recording's: gpujitter report --json)"
+        ) from None
+    if "snapshot" not in got:
+        raise GpujitterError(
+            f"the daemon at {path} sent no snapshot within {SNAPSHOT_WAIT_S:.0f} s"
+        )
+    return got["snapshot"]
 
 
 def run(args: argparse.Namespace) -> int:
