@@ -46,8 +46,11 @@ def _serialisable(obj: Any) -> Any:
             obj.encode()
             return obj
         except UnicodeEncodeError:
-            errors = "surrogateescape" if _escaped(obj) else "backslashreplace"
-            return decode_name(obj.encode(errors=errors))
+            try:  # os.fsdecode's surrogates: the bytes they stand for
+                raw = obj.encode(errors="surrogateescape")
+            except UnicodeEncodeError:  # any other lone surrogate
+                raw = obj.encode(errors="backslashreplace")
+            return decode_name(raw)
     if isinstance(obj, int) and not isinstance(obj, bool) and not -(2**63) <= obj < 2**64:
         return str(obj)
     if isinstance(obj, dict):
@@ -57,11 +60,6 @@ def _serialisable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return _serialisable(dataclasses.asdict(obj))
     return obj
-
-
-def _escaped(text: str) -> bool:
-    """Every surrogate in `text` is one of os.fsdecode's (an undecodable byte)."""
-    return all(not 0xD800 <= ord(c) <= 0xDFFF or 0xDC80 <= ord(c) <= 0xDCFF for c in text)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
