@@ -265,6 +265,7 @@ class NvmlPlayback:
         ring_reads: list[dict[str, Any]] = []
         # A recording is input: one whose answers are not of the shapes NvmlTap wrote is
         # refused whole, here, rather than failing a call later.
+        e: dict[str, Any] = {}
         try:
             for e in entries:
                 if e["fn"] == "nvmlDeviceGetHandleByIndex":
@@ -284,7 +285,8 @@ class NvmlPlayback:
             self.end_ns = max((e["t_end"] for e in ring_reads), default=self.start_ns)
             self._nvml_offset_ns = self._nvml_clock(ring_reads)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
-            raise ValueError(f"a {e.get('fn')} record is malformed ({err!r})") from None
+            where = f"a {e['fn']} record" if e else "its header"
+            raise ValueError(f"{where} is malformed ({err!r})") from None
         self._clock = clock
         self._clock_zero = clock()
         self._next: dict[tuple[Any, ...], int] = defaultdict(int)
