@@ -10,18 +10,28 @@
  * log2 latency histogram per system call; calls slower than THRESHOLD_SYSCALL_NS are
  * streamed. Not seen: calls that take no mmap_lock (madvise DONTNEED/FREE of one VMA on
  * 6.18, which takes that VMA's lock only). x86_64 registers.
+ *
+ * Per watched thread, one entry for the call in flight, written in place and never deleted
+ * (an insert takes an element from the map's free list and a delete gives it back, each
+ * under the bucket's lock): an LRU hash, so that the entries of threads gone are recycled.
+ * Another thread's release (system-wide: every munmap and mprotect of the node) is turned
+ * away by the per-CPU watched cache before any hash lookup. The histograms are one per-CPU
+ * array entry (probes/log2.py), not a hash of counters. (Task storage would need no hash
+ * at all, but its map needs the BTF that the compile no longer emits, docs/performance.md.)
  */
 #include "gpujitter.h"
 
 /* SC_MMAP .. SC_MREMAP, SC_COUNT and NR_MMAP .. NR_MREMAP (their system call numbers):
  * SYSCALLS and SYSCALL_NR in malloc.py, as -D options. */
 
+/* A watched thread's call in flight, by thread id (ts_ns 0: none). */
 struct inflight {
     u64 ts_ns;
     u64 length;
     u32 sc;
+    u32 pad;
 };
-BPF_HASH(inflight, u32, struct inflight, GJ_MAX_THREADS);
+BPF_TABLE("lru_hash", u32, struct inflight, inflight, GJ_MAX_THREADS);
 
 struct alloc_syscall {
     u64 ts_ns;
@@ -35,8 +45,12 @@ struct alloc_syscall {
 };
 BPF_RINGBUF_OUTPUT(slow_syscalls, 32);
 
-/* key: sc * 64 + log2(latency ns) */
-BPF_HISTOGRAM(latency_log2, u32, SC_COUNT * 64);
+#define LOG2_SLOTS 65
+/* slot sc * LOG2_SLOTS + log2(latency ns) */
+struct latency_hists {
+    u64 n[SC_COUNT * LOG2_SLOTS];
+};
+BPF_PERCPU_ARRAY(latency_log2, struct latency_hists, 1);
 
 static __always_inline int syscall_index(u64 nr)
 {
@@ -56,52 +70,60 @@ RAW_TRACEPOINT_PROBE(mmap_lock_start_locking)
     if (!gj_current_watched_cached(id))
         return 0;
     struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
-    struct pt_regs regs = {};
-    bpf_probe_read_kernel(&regs, sizeof(regs), (void *)bpf_task_pt_regs(task));
-    int sc = syscall_index(regs.orig_ax);
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+    int sc = syscall_index(regs->orig_ax);
     u32 tid = (u32)id;
+    struct inflight *call = inflight.lookup(&tid);
     if (sc < 0) {
-        /* what a thread that died waiting for the lock left (no release came) must not
-         * time the next release of a thread given its id */
-        inflight.delete(&tid);
+        /* a fault or another call: what a thread that died waiting for the lock left (no
+         * release came) must not time the next release of a thread given its id */
+        if (call)
+            call->ts_ns = 0;
         return 0;
     }
     /* the bytes asked for: mmap's, munmap's and madvise's second argument, mremap's new
      * length (third); brk's argument is an address, not a length */
-    u64 length = sc == SC_MREMAP ? regs.dx : sc == SC_BRK ? 0 : regs.si;
+    u64 length = sc == SC_MREMAP ? regs->dx : sc == SC_BRK ? 0 : regs->si;
     /* overwritten, never kept: a lock wait cut short by a fatal signal has no release */
-    struct inflight call = {.ts_ns = bpf_ktime_get_ns(), .length = length, .sc = sc};
-    inflight.update(&tid, &call);
+    struct inflight fresh = {.ts_ns = bpf_ktime_get_ns(), .length = length, .sc = sc};
+    if (call)
+        *call = fresh;
+    else
+        inflight.update(&tid, &fresh);
     return 0;
 }
 
 RAW_TRACEPOINT_PROBE(mmap_lock_released)
 {
     u64 id = bpf_get_current_pid_tgid();
+    if (!gj_current_watched_cached(id))
+        return 0;
     u32 tid = (u32)id;
     struct inflight *call = inflight.lookup(&tid);
-    if (!call)
+    if (!call || !call->ts_ns)
         return 0;
-    u64 now = bpf_ktime_get_ns();
-    u64 dur = now - call->ts_ns;
-    u32 slot = call->sc * 64 + bpf_log2l(dur);
-    latency_log2.increment(slot);
-    if (dur >= THRESHOLD_SYSCALL_NS) {
-        struct alloc_syscall *e = slow_syscalls.ringbuf_reserve(sizeof(*e));
-        if (!e) {
-            gj_count_lost();
-        } else {
-            e->ts_ns = call->ts_ns;
-            e->dur_ns = dur;
-            e->length = call->length;
-            e->ret = 0;  /* the call has not returned yet */
-            e->tid = tid;
-            e->tgid = id >> 32;
-            e->cpu = bpf_get_smp_processor_id();
-            e->sc = call->sc;
-            slow_syscalls.ringbuf_submit(e, gj_wake_flags());
-        }
+    u64 start = call->ts_ns, length = call->length, dur = bpf_ktime_get_ns() - start;
+    u32 sc = call->sc;
+    call->ts_ns = 0;
+    u32 zero = 0, slot = sc * LOG2_SLOTS + bpf_log2l(dur);
+    struct latency_hists *h = latency_log2.lookup(&zero);
+    if (h && slot < SC_COUNT * LOG2_SLOTS)
+        h->n[slot]++;
+    if (dur < THRESHOLD_SYSCALL_NS)
+        return 0;
+    struct alloc_syscall *e = slow_syscalls.ringbuf_reserve(sizeof(*e));
+    if (!e) {
+        gj_count_lost();
+        return 0;
     }
-    inflight.delete(&tid);
+    e->ts_ns = start;
+    e->dur_ns = dur;
+    e->length = length;
+    e->ret = 0; /* the call has not returned yet */
+    e->tid = tid;
+    e->tgid = id >> 32;
+    e->cpu = bpf_get_smp_processor_id();
+    e->sc = sc;
+    slow_syscalls.ringbuf_submit(e, gj_wake_flags());
     return 0;
 }

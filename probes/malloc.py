@@ -2,8 +2,9 @@
 
 Cheap (default): the allocator's system calls (mmap, munmap, brk, madvise, mremap) of
 watched processes, timed by the mm lock they take (mmap_lock raw tracepoints, malloc.bpf.c);
-calls slower than the `syscall` threshold (default 100 us) are streamed, all calls land in
-in-kernel log2 latency histograms. No syscall tracepoint: enabling one sends every system
+calls slower than the `syscall` threshold (default 100 us) are streamed, and every call lands
+in an in-kernel log2 latency histogram, handed on each second as a Log2Hist named after its
+system call ("mmap", "munmap", ...). No syscall tracepoint: enabling one sends every system
 call of every task on the node down the kernel's traced path (bench/syscall_tracing.py).
 
 Precise (opt-in, per process, for a bounded window): uprobes on the allocator entry points
@@ -17,11 +18,13 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from gpujitter.probes import contract
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
-from gpujitter.probes.events import AllocSyscall
+from gpujitter.probes.events import AllocSyscall, Event
+from gpujitter.probes.log2 import Log2Map
 from gpujitter.probes.malloc_precise import PreciseWindow
 from gpujitter.probes.progstats import program_fds
 from gpujitter.probes.registry import Hook, ProbeSpec
@@ -45,11 +48,15 @@ class MallocProbe(BpfProbe):
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
         self.precise: PreciseWindow | None = None
+        self._hists: Log2Map | None = None
+        self._last_ns = 0
 
     def start(self, ctx: ProbeContext) -> None:
         if platform.machine() not in SYSCALL_NR:
             raise ProbeUnavailable(f"system call numbers of {platform.machine()} not known")
         super().start(ctx)
+        self._hists = Log2Map(self.bpf["latency_log2"], SYSCALLS, self.name)
+        self._last_ns = time.monotonic_ns()
         opts = ctx.options.get(self.name, {})
         pids = opts.get("precise_pids") or ()
         if not pids:
@@ -77,6 +84,11 @@ class MallocProbe(BpfProbe):
             length=rec.length,
             ret=rec.ret,
         )
+
+    def sample(self, now_ns: int) -> Iterable[Event]:
+        """Every call's latency per system call, as Log2Hist named after it."""
+        interval, self._last_ns = now_ns - self._last_ns, now_ns
+        return self._hists.delta(now_ns, interval) if self._hists is not None else []
 
     def poll(self) -> None:
         super().poll()

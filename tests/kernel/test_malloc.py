@@ -9,7 +9,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 
-from gpujitter.probes.events import AllocSyscall
+from gpujitter.probes.events import AllocSyscall, Log2Hist
 from gpujitter.probes.watch import WatchSpec
 from tests.kernel.conftest import run_probes
 
@@ -63,8 +63,9 @@ def test_glibc_large_allocations_are_seen_as_mmap_and_munmap() -> None:
     assert rec.status("malloc").lost_kernel == 0
 
 
-def test_threshold_filters_fast_calls_in_the_kernel() -> None:
-    child, load = allocating_child(20, 1 << 20)
+def test_threshold_filters_fast_calls_in_the_kernel_and_the_histograms_count_them() -> None:
+    n = 20  # 32 MiB: glibc's mmap threshold never rises that far, each is an mmap and munmap
+    child, load = allocating_child(n, 32 << 20)
     rec = run_probes(
         ["malloc"],
         load,
@@ -73,6 +74,15 @@ def test_threshold_filters_fast_calls_in_the_kernel() -> None:
     )
     assert rec.of(AllocSyscall, tgid=child.pid) == []
     assert rec.status("malloc").state == "running"
+    # None streamed, every one counted: the interpreter's own mappings after the watch
+    # began come on top of the loop's n pairs, never in place of them.
+    hists = rec.of(Log2Hist, probe="malloc")
+    calls = {
+        name: sum(count for h in hists if h.name == name for _, count in h.buckets)
+        for name in ("mmap", "munmap")
+    }
+    assert n <= calls["mmap"] < n + 500
+    assert n <= calls["munmap"] < n + 500
 
 
 def test_unwatched_processes_are_filtered_out() -> None:
