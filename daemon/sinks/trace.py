@@ -481,6 +481,8 @@ def trace_paths(args: Sequence[str | Path]) -> list[Path]:
     trace files, each once."""
     out: dict[Path, None] = {}
     for arg in args:
+        if not str(arg):  # Path("") is "."; an empty argument is a mistake, not this directory
+            raise GpujitterError("an empty path was given")
         path = Path(arg)
         if path.is_dir():
             found = sorted(path.glob(f"*{SUFFIX}"))

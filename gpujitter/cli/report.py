@@ -5,6 +5,8 @@ and summarises per GPU and per cause, with the top gaps and their breakdown."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -113,9 +115,19 @@ def write_html(
     ]  # fmt: skip
     page = render(attrs, clock=header.clock, title=f"GPU idle gaps on {header.host}",
                   meta=meta, start_ns=start_ns, end_ns=end_ns, top=top)  # fmt: skip
+    # A file is written beside it and renamed over it: a full disk or an interrupt leaves the
+    # page that was there (or none), never a truncated one. Anything else (/dev/stdout, a
+    # pipe, a link) is written through as it is, never replaced.
+    whole = not path.is_symlink() and (path.is_file() or not path.exists())
+    tmp = path.with_name(f".{path.name}.tmp") if whole else path
     try:
-        path.write_text(page, encoding="utf-8")
+        tmp.write_text(page, encoding="utf-8")
+        if whole:
+            os.replace(tmp, path)
     except OSError as err:
+        if whole:
+            with contextlib.suppress(OSError):  # not ours to remove if a directory
+                tmp.unlink()
         raise GpujitterError(f"--html {path}: {err.strerror}") from None
 
 

@@ -226,3 +226,27 @@ def test_an_html_page_shows_a_hostile_host_name_inert(tmp_path: Path) -> None:
     html = page.read_bytes()
     assert b"\x1b" not in html and b"\x07" not in html
     assert b"evil\\x1b]0;pwned\\x07" in html
+
+
+def test_an_empty_path_is_refused_not_read_as_this_directory() -> None:
+    refused(gpujitter("trace", ""), "an empty path was given")
+    refused(gpujitter("report", ""), "an empty path was given")
+
+
+def test_an_html_page_replaces_a_file_whole_and_writes_through_a_link(tmp_path: Path) -> None:
+    page = tmp_path / "page.html"
+    page.write_text("the old page")
+    assert gpujitter("report", str(EXAMPLE), "--html", str(page)).returncode == 0
+    assert page.read_text().startswith("<!DOCTYPE html>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["page.html"]  # no temporary left
+    # a link is written through, never replaced by a file of its own
+    link = tmp_path / "link.html"
+    link.symlink_to(page)
+    page.write_text("the old page")
+    assert gpujitter("report", str(EXAMPLE), "--html", str(link)).returncode == 0
+    assert link.is_symlink() and page.read_text().startswith("<!DOCTYPE html>")
+    # where it cannot be written, the page there stays as it was
+    page.write_text("the old page")
+    (tmp_path / ".page.html.tmp").mkdir()  # the temporary's name taken: the write fails
+    refused(gpujitter("report", str(EXAMPLE), "--html", str(page)), "--html")
+    assert page.read_text() == "the old page"
