@@ -14,6 +14,7 @@ from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
+from operator import sub
 from typing import TYPE_CHECKING, Any
 
 from gpujitter.daemon.analysis.engine.timeline import KINDS, Span, Timeline
@@ -37,7 +38,7 @@ class Segment:
     start: int
     end: int
     tl: Timeline
-    active: dict[str, list[Span]]
+    active: dict[str, tuple[Span, ...]]  # every claiming kind, () where none is active
     off: Span | None  # the off-CPU interval covering it, if any
     runq: bool  # inside that interval's run-queue wait (else its blocked part)
     oncpu_claimed: int = 0  # windowed on-CPU causes' share so far (IRQ, minor faults)
@@ -95,8 +96,9 @@ class Divider:
         self.follow_cut = False  # a wait was left unfollowed because the budget ran out
         # What causes noted beside their time, for their evidence: (cause, tid) -> items.
         self.notes: dict[tuple[str, int], list[Any]] = {}
-        # Per window: its off-CPU intervals (starts, ends, time off before each).
-        self._offcpu: dict[int, tuple[list[int], list[int], list[int]]] = {}
+        # Per window (by id: the divider lives for one gap, the spans longer): its off-CPU
+        # intervals, indexed for the shares of it that the segments take.
+        self._offcpu: dict[int, OffCpuIndex] = {}
 
     def add(self, cause: str, tid: int, key: Any, ns: int) -> None:
         self.tally.add(cause, tid, key, ns)
@@ -125,8 +127,14 @@ class Divider:
                 self.add("unexplained", tid, ("no_thread" if tid == 0 else "no_data",), b - a)
                 return b - a
             return 0
-        spans = [(k, s) for k in CLAIMING_KINDS for s in tl.overlapping(k, a, b) if s.end > s.start]
-        spans.sort(key=lambda ks: ks[1].start)  # stable: kind, then content order on ties
+        spans = [
+            (k, s)
+            for k in CLAIMING_KINDS
+            if tl.spans[k]  # most kinds of most threads hold nothing: no call for them
+            for s in tl.overlapping(k, a, b)
+            if s.end > s.start
+        ]
+        spans.sort(key=_span_start)  # stable: kind, then content order on ties
         cuts = _cuts(tl, spans, a, b)
         if explain_only:
             # A stretch followed costs its segments and one more for reading its spans.
@@ -167,25 +175,17 @@ class Divider:
         time, so a window's segments add up to its total without rounding loss."""
         if total_ns <= 0:
             return 0
-        full = self._eligible_until(tl, window, window.end)
+        index = self._offcpu.get(id(window))
+        if index is None:
+            index = self._offcpu[id(window)] = _offcpu_index(tl, window)
+        full = index.eligible
         if full <= 0:  # contradicting sched data: fall back to the plain window length
             full = window.end - window.start
             upto_s, upto_e = _clip(window, s) - window.start, _clip(window, e) - window.start
         else:
-            upto_s = self._eligible_until(tl, window, s)
-            upto_e = self._eligible_until(tl, window, e)
+            upto_s = index.eligible_until(_clip(window, s))
+            upto_e = index.eligible_until(_clip(window, e))
         return total_ns * upto_e // full - total_ns * upto_s // full
-
-    def _eligible_until(self, tl: Timeline, window: Span, x: int) -> int:
-        """Time in [window start, x) in which the thread was not known to be off CPU."""
-        x = _clip(window, x)
-        index = self._offcpu.get(id(window))
-        if index is None:
-            index = self._offcpu[id(window)] = _offcpu_index(tl, window)
-        starts, ends, before = index
-        i = bisect_right(starts, x)  # off-CPU intervals that began by x
-        off = before[i] - (max(0, ends[i - 1] - x) if i else 0)
-        return (x - window.start) - off
 
     def node_of(self, cpu: int) -> int:
         return self.topology.node_of(cpu)
@@ -194,40 +194,81 @@ class Divider:
         return self.gpu_node is not None and node != self.gpu_node
 
 
-def _offcpu_index(tl: Timeline, window: Span) -> tuple[list[int], list[int], list[int]]:
-    spans = tl.overlapping("offcpu", window.start, window.end)
-    starts = [max(s.start, window.start) for s in spans]
-    ends = [min(s.end, window.end) for s in spans]
+@dataclass(slots=True)
+class OffCpuIndex:
+    """A window's off-CPU intervals, clipped to it: starts, ends, the time off before each,
+    and the window's eligible time (not known off CPU), which every share of it divides by."""
+
+    start: int  # the window's
+    starts: list[int]
+    ends: list[int]
+    before: list[int]
+    eligible: int
+
+    def eligible_until(self, x: int) -> int:
+        """Time in [window start, x) in which the thread was not known to be off CPU; x
+        inside the window."""
+        i = bisect_right(self.starts, x)  # off-CPU intervals that began by x
+        off = self.before[i] - (max(0, self.ends[i - 1] - x) if i else 0)
+        return (x - self.start) - off
+
+
+def _offcpu_index(tl: Timeline, window: Span) -> OffCpuIndex:
+    a, b = window.start, window.end
+    spans = tl.overlapping("offcpu", a, b)
+    # Clipped to the window, without a call per interval (every share of a window that a gap
+    # reads builds this): starts before it are a prefix (spans sort by start), and an end
+    # past it is the last interval's, unless the thread's intervals overlap.
+    starts = [s.start for s in spans]
+    for i, start in enumerate(starts):
+        if start >= a:
+            break
+        starts[i] = a
+    ends = [s.end for s in spans]
+    if ends and ends[-1] > b:
+        ends[-1] = b
+    if ends and max(ends) > b:
+        ends = [min(end, b) for end in ends]
     # An interval still open (its OffCpu comes when it ends, maybe after this gap is
     # attributed): off CPU from its start as far as is known, so that the window's on-CPU
     # time is not spread over time in which the thread slept.
     since = tl.open_off()
-    if since and since < window.end and (not ends or since >= ends[-1]):
-        starts.append(max(since, window.start))
-        ends.append(window.end)
-    off = (e - s for s, e in zip(starts, ends, strict=True))
-    return starts, ends, list(accumulate(off, initial=0))
+    if since and since < b and (not ends or since >= ends[-1]):
+        starts.append(max(since, a))
+        ends.append(b)
+    before = list(accumulate(map(sub, ends, starts), initial=0))
+    return OffCpuIndex(a, starts, ends, before, (b - a) - before[-1])
 
 
 def _clip(span: Span, x: int) -> int:
     return min(max(x, span.start), span.end)
 
 
+def _span_start(ks: tuple[str, Span]) -> int:
+    return ks[1].start
+
+
 def _cuts(tl: Timeline, spans: list[tuple[str, Span]], a: int, b: int) -> list[int]:
-    cuts = {a, b}
+    cuts = {a, b, tl.horizon}
     for kind, sp in spans:
-        cuts.update((sp.start, sp.end))
+        cuts.add(sp.start)
+        cuts.add(sp.end)
         if kind == "offcpu":
             cuts.add(_clip(sp, sp.event.runnable_ns))
-    cuts.update(m.start for m in tl.overlapping("migration", a, b))
-    cuts.add(tl.horizon)
-    return sorted(c for c in cuts if a <= c <= b)
+    if tl.spans["migration"]:
+        cuts.update(m.start for m in tl.overlapping("migration", a, b))
+    return sorted([c for c in cuts if a <= c <= b])
+
+
+# A segment's spans by kind, every claiming kind present: most segments hold one or two
+# kinds, and a copy of this costs less than a new list per kind.
+_NONE_ACTIVE: dict[str, tuple[Span, ...]] = dict.fromkeys(CLAIMING_KINDS, ())
 
 
 def _segment(tl: Timeline, s: int, e: int, active: list[tuple[str, Span]]) -> Segment:
-    by_kind: dict[str, list[Span]] = {k: [] for k in CLAIMING_KINDS}
+    by_kind = _NONE_ACTIVE.copy()
     for kind, sp in active:
-        by_kind[kind].append(sp)
+        by_kind[kind] += (sp,)
     off = by_kind["offcpu"][0] if by_kind["offcpu"] else None
     runq = off is not None and s >= _clip(off, off.event.runnable_ns)
     return Segment(s, e, tl, by_kind, off, runq)

@@ -11,9 +11,10 @@ events it feeds, in the order it feeds them; replay then reproduces the live att
 
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_right, insort
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import Any
 
 from gpujitter.daemon.analysis.engine.causes import CAUSE_BY_NAME, CAUSE_ORDER, CAUSES
@@ -300,12 +301,15 @@ class Engine:
         probes_off = tuple(
             sorted(p for p, hist in self._probes.items() if _at(hist, b) not in _DELIVERING)
         )
+        job_tids, job_cpus = self._job(parts, b, tgids, tl.tgid if tl else 0)
         rctx = RemedyContext(
             topology=self.topology,
             gpu_node=gpu_node,
             tgid=tl.tgid if tl else 0,
             feeding_cpus=tuple(sorted(tl.cpus_in(a, b))) if tl else (),
             probes_off=probes_off,
+            job_tids=job_tids,
+            job_cpus=job_cpus,
         )
         return Attribution(
             ts_ns=gap.ts_ns,
@@ -321,7 +325,7 @@ class Engine:
             comm=tl.comm if tl else "",
             gpu_node=-1 if gpu_node is None else gpu_node,
             threads=self._threads(gap, tgids, critical, divider, parts, gpu_node),
-            remedies=self._remedies(parts, (a, b), rctx, tgids),
+            remedies=self._remedies(parts, b - a, rctx),
             probes_off=probes_off,
             workload=next(
                 (
@@ -391,22 +395,28 @@ class Engine:
         parts.sort(key=lambda p: (-p.ns, CAUSES.index(p.cause)))
         return tuple(parts)
 
-    def _remedies(
-        self,
-        parts: tuple[Part, ...],
-        gap: tuple[int, int],
-        rctx: RemedyContext,
-        tgids: tuple[int, ...],
-    ) -> tuple[str, ...]:
-        """One line per top cause. The job is what the stream says: the feeding processes'
-        threads (and those whose time the parts hold) and every CPU they ran or waited on up
-        to the gap's end, so that no remedy moves other work onto them."""
-        a, b = gap
-        dur_ns = b - a
-        tids = {t for tgid in {*tgids, rctx.tgid} for t in self._by_tgid.get(tgid, ())}
+    def _job(
+        self, parts: tuple[Part, ...], b: int, tgids: tuple[int, ...], tgid: int
+    ) -> tuple[frozenset[int], tuple[int, ...]]:
+        """The job, for the remedies, as the stream says it: the feeding processes' threads
+        (the critical thread's process too, and the threads whose time the parts hold) and
+        every CPU they ran or waited on up to the gap's end, so that no remedy moves other
+        work onto them."""
+        tids = {t for p in {*tgids, tgid} for t in self._by_tgid.get(p, ())}
         tids |= {t for p in parts for t in p.tids}
-        cpus = {c for t in tids if t in self._timelines for c in self._timelines[t].cpus_until(b)}
-        rctx = replace(rctx, job_tids=frozenset(tids), job_cpus=tuple(sorted(cpus - {-1})))
+        cpus: set[int] = set()
+        for t in tids:
+            tl = self._timelines.get(t)
+            if tl is not None:
+                cpus |= tl.cpus_until(b)
+        cpus.discard(-1)
+        return frozenset(tids), tuple(sorted(cpus))
+
+    def _remedies(
+        self, parts: tuple[Part, ...], dur_ns: int, rctx: RemedyContext
+    ) -> tuple[str, ...]:
+        """One line per top cause, two at most: the top cause's, and the next one's where it
+        holds at least config.remedy_min_pct of the gap."""
         lines: list[str] = []
         for i, part in enumerate(parts):
             if len(lines) == 2 or (i and part.ns * 100 < dur_ns * self.config.remedy_min_pct):
@@ -434,11 +444,14 @@ class Engine:
         if critical:
             # The whole gap is its path; its top cause is the attribution's, wherever it lay.
             top = parts[0].cause if parts else "unexplained"
-            roles.append(self._role(critical, "critical", b - a, divider.tally, top))
-        wakers = [
-            self._role(tid, "waker", ns, divider.tally, chain=divider.chain[tid])
-            for tid, ns in divider.wakers.items()
-        ]
+            roles.append(
+                self._role(critical, "critical", b - a, _own(divider.tally, critical), top)
+            )
+        wakers = []
+        for tid, ns in divider.wakers.items():
+            mine = _own(divider.tally, tid)
+            role = self._role(tid, "waker", ns, mine, _top(mine)[0], divider.chain[tid])
+            wakers.append(role)
         wakers.sort(key=lambda r: (-sum(c.ns for c in r.causes), r.tid))
         roles += wakers
         room = self.config.max_threads_listed - len(roles)
@@ -467,27 +480,28 @@ class Engine:
         """A thread listed as evidence only: its own time in [a, b), not followed."""
         own = self._divider(gpu_node, b, follow=False)
         own.divide(tid, a, b)
-        cause, ns = _top(own.tally, tid)
-        return self._role(tid, role, ns, own.tally, cause)
+        mine = _own(own.tally, tid)
+        cause, ns = _top(mine)
+        return self._role(tid, role, ns, mine, cause)
 
     def _role(
         self,
         tid: int,
         role: str,
         ns: int,
-        tally: Tally,
-        cause: str = "",
+        mine: dict[str, int],
+        cause: str,
         chain: tuple[int, int] = (0, 0),
     ) -> ThreadRole:
+        """A listed thread, with its own time per cause (mine) and its top cause."""
         tl = self._timelines.get(tid)
-        mine = _own(tally, tid)
         return ThreadRole(
             tid=tid,
             tgid=tl.tgid if tl else 0,
             comm=tl.comm if tl else "",
             role=role,
             ns=ns,
-            top_cause=cause or _top(tally, tid)[0],
+            top_cause=cause,
             hops=chain[0],
             woke=chain[1],
             causes=tuple(
@@ -506,6 +520,9 @@ def _mark_own(parts: tuple[Part, ...], own: set[int]) -> tuple[tuple[Part, ...],
     marked: list[Part] = []
     self_ns = 0
     for part in parts:
+        if not any(isinstance(e, TaskEvidence) and e.tid in own for e in part.evidence):
+            marked.append(part)  # nothing to mark (evidence is made unmarked): no copy
+            continue
         evidence = tuple(
             replace(e, own=True) if isinstance(e, TaskEvidence) and e.tid in own else e
             for e in part.evidence
@@ -524,9 +541,9 @@ def _own(tally: Tally, tid: int) -> dict[str, int]:
     return mine
 
 
-def _top(tally: Tally, tid: int) -> tuple[str, int]:
-    """A thread's largest explained cause in a tally (unexplained only when nothing else)."""
-    mine = _own(tally, tid)
+def _top(mine: dict[str, int]) -> tuple[str, int]:
+    """A thread's largest explained cause, from its time per cause (_own); unexplained only
+    when nothing else."""
     explained = [(ns, -CAUSES.index(c), c) for c, ns in mine.items() if c != "unexplained"]
     if explained:
         ns, _, cause = max(explained)
@@ -541,7 +558,7 @@ def _remember(history: list[tuple[int, Any]], item: tuple[int, Any]) -> None:
 
 def _at(history: list[tuple[int, Any]], t: int) -> Any:
     """The value in force at t: the latest at or before t, else the earliest known."""
-    before = [v for ts, v in history if ts <= t]
-    if before:
-        return before[-1]
+    i = bisect_right(history, t, key=itemgetter(0))  # history is sorted (_remember)
+    if i:
+        return history[i - 1][1]
     return history[0][1] if history else None

@@ -14,7 +14,6 @@ import itertools
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from operator import attrgetter
 from typing import Any
 
 from gpujitter.probes.events import (
@@ -118,15 +117,12 @@ def content(ev: Event) -> tuple[Any, ...]:
     return (ev.KIND, *(getattr(ev, f.name) for f in fields(ev)))
 
 
-_START = attrgetter("start")
-
-
 def _span_bounds(span: Span) -> tuple[int, int]:
     return span.start, span.end
 
 
-def _insert(spans: list[Span], span: Span) -> None:
-    """Put a span that arrived out of order in its place."""
+def _insert(spans: list[Span], span: Span) -> int:
+    """Put a span that arrived out of order in its place; returns where it went."""
     key = (span.start, span.end)
     pos = bisect_right(spans, key, key=_span_bounds)
     if pos and _span_bounds(spans[pos - 1]) == key:
@@ -136,14 +132,15 @@ def _insert(spans: list[Span], span: Span) -> None:
             lo += 1
         pos = lo
     spans.insert(pos, span)
+    return pos
 
 
 class Timeline:
     """One thread's spans by kind, each list sorted, plus the CPUs it was seen on."""
 
     __slots__ = (
-        "_comm_ts", "_first", "comm", "horizon", "longest", "open_since", "places", "spans",
-        "tgid", "tid",
+        "_comm_ts", "_first", "_first_by", "_starts", "comm", "horizon", "longest",
+        "open_since", "places", "spans", "tgid", "tid",
     )  # fmt: skip
 
     def __init__(self, tid: int, tgid: int) -> None:
@@ -152,11 +149,17 @@ class Timeline:
         self.comm = ""
         self._comm_ts = -1
         self.spans: dict[str, list[Span]] = {k: [] for k in (*KINDS, *POINT_KINDS)}
+        # Each list's starts, in step with it (every change to a list here changes both):
+        # bisected without a key function, which a window's read of every kind costs.
+        self._starts: dict[str, list[int]] = {k: [] for k in self.spans}
         self.longest: dict[str, int] = dict.fromkeys(self.spans, 0)
         self.places: list[tuple[int, int, int]] = []
         # Each CPU of the places with the time of its first place point: every remedy asks
         # which CPUs the job's threads were seen on, and a scan of the places is their length.
         self._first: dict[int, int] = {}
+        # No time in _first is later than this: past it, every CPU there was seen already,
+        # which is what a gap's remedies ask of each of the job's threads.
+        self._first_by = 0
         # Spans ending before this may have been evicted: time there is not known.
         self.horizon = 0
         # The start of the latest off-CPU interval announced still open (OffCpuOpen), 0: none
@@ -174,8 +177,9 @@ class Timeline:
         last = spans[-1] if spans else None
         if last is None or last.start < start or (last.start == start and last.end < end):
             spans.append(Span(start, end, ev))  # the usual case: in (start, end) order
+            self._starts[kind].append(start)
         else:
-            _insert(spans, Span(start, end, ev))
+            self._starts[kind].insert(_insert(spans, Span(start, end, ev)), start)
         if end - start > self.longest[kind]:
             self.longest[kind] = end - start
         if rule.places is None:
@@ -190,6 +194,7 @@ class Timeline:
             for cpu in p[1:]:
                 if first.get(cpu, p[0] + 1) > p[0]:
                     first[cpu] = p[0]
+                    self._first_by = max(self._first_by, p[0])
         return 1 + len(points)
 
     def still_off(self, since: int) -> None:
@@ -216,8 +221,9 @@ class Timeline:
         spans = self.spans[kind]
         if not spans:
             return []  # most kinds of most threads: asked for each kind at every division
-        hi = bisect_left(spans, b, key=_START)
-        lo = bisect_left(spans, a - self.longest[kind], key=_START)
+        starts = self._starts[kind]
+        hi = bisect_left(starts, b)
+        lo = bisect_left(starts, a - self.longest[kind], 0, hi)
         return [
             s
             for s in spans[lo:hi]
@@ -244,7 +250,12 @@ class Timeline:
         """CPUs the thread ran or waited on up to b (cpus_in(0, b)), without a scan."""
         if not self.places:
             return set()
-        return {c for c, t in self._first.items() if t <= b} | {self.places[0][1]}
+        if b >= self._first_by:
+            cpus = set(self._first)  # every CPU the thread was seen on
+        else:
+            cpus = {c for c, t in self._first.items() if t <= b}
+        cpus.add(self.places[0][1])
+        return cpus
 
     def _drop_places(self, k: int) -> None:
         """Drop the k oldest place points. Only the CPUs first seen among them need a new
@@ -266,19 +277,21 @@ class Timeline:
                 if c in moved:
                     moved.discard(c)
                     first[c] = t
+                    self._first_by = max(self._first_by, t)
 
     def evict_older(self, cutoff: int) -> int:
         """Drop spans that ended before cutoff (from the front of each list: a long span holds
         later ones until it goes) and place points before it, keeping the last of those so
         the thread's CPU stays known. Returns the entries removed."""
         removed = 0
-        for spans in self.spans.values():
+        for kind, spans in self.spans.items():
             n, count = 0, len(spans)
             while n < count and spans[n].end < cutoff:
                 n += 1
             if n:
                 self.horizon = max(self.horizon, *[s.end for s in spans[:n]])
                 del spans[:n]
+                del self._starts[kind][:n]
                 removed += n
         keep_from = bisect_left(self.places, (cutoff, -1, -1)) - 1
         if keep_from > 0:
@@ -299,6 +312,7 @@ class Timeline:
             spans = self.spans[kind]
             self.horizon = max([self.horizon, *(s.end for s in spans[:k])])
             del spans[:k]
+            del self._starts[kind][:k]
         dropped = sum(counts.values())
         if dropped < n and len(self.places) > 1:
             k = min(n - dropped, len(self.places) - 1)
