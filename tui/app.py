@@ -15,7 +15,7 @@ import contextlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime, tzinfo
+from datetime import tzinfo
 from functools import partial
 from typing import ClassVar
 
@@ -82,10 +82,9 @@ def seek_target(text: str, clock: WallClock, pos: ReplayPosition) -> int:
     if text[:1] in "+-" and len(text) > 1:
         sign = -1 if text[0] == "-" else 1
         return pos.at_ns + sign * parse_duration_ns(text[1:], "s")
-    if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?", text) and clock.known:
-        day = datetime.fromtimestamp(clock.wall_ns(pos.at_ns) / 1e9, tz=clock.tz).astimezone(
-            clock.tz
-        )
+    if re.fullmatch(r"\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?", text) and (
+        day := clock.wall_time(pos.at_ns)
+    ):
         parts = text.split(":")
         seconds = float(parts[2]) if len(parts) > 2 else 0.0
         wall = day.replace(

@@ -82,20 +82,28 @@ class WallClock:
     def wall_ns(self, mono_ns: int) -> int:
         return self.realtime_ns + (mono_ns - self.ts_ns)
 
-    def _dt(self, mono_ns: int) -> datetime:
-        return datetime.fromtimestamp(self.wall_ns(mono_ns) / 1e9, tz=self.tz).astimezone(self.tz)
+    def wall_time(self, mono_ns: int) -> datetime | None:
+        """The wall time, None where it is not one a datetime holds (a clock reference from a
+        damaged stream or trace, years past 9999): such times are shown relative."""
+        if not self.known:
+            return None
+        try:
+            wall = datetime.fromtimestamp(self.wall_ns(mono_ns) / 1e9, tz=self.tz)
+            return wall.astimezone(self.tz)
+        except (ValueError, OverflowError, OSError):
+            return None
 
     def time(self, mono_ns: int, digits: int = 3) -> str:
         """12:01:07.250 (digits of the second's fraction: 0, 3 or 6)."""
-        if not self.known:
+        dt = self.wall_time(mono_ns)
+        if dt is None:
             return f"+{mono_ns / 1e9:.{digits}f}s"
-        text = self._dt(mono_ns).strftime("%H:%M:%S.%f")
+        text = dt.strftime("%H:%M:%S.%f")
         return text[: len(text) - 6 + digits].rstrip(".")
 
     def date(self, mono_ns: int) -> str:
-        if not self.known:
-            return ""
-        return self._dt(mono_ns).strftime("%Y-%m-%d")
+        dt = self.wall_time(mono_ns)
+        return "" if dt is None else dt.strftime("%Y-%m-%d")
 
     def mono_of(self, wall: datetime) -> int:
         """The monotonic ns of a wall time (for seeking by clock time)."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from gpujitter.errors import GpujitterError
 from gpujitter.text import decode_name, inert_json, printable
 
 _OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
@@ -35,7 +36,12 @@ def _dumps(obj: Any, option: int) -> bytes:
     except TypeError:
         # orjson refuses a str that is not UTF-8 (a file name or argument of undecodable
         # bytes: os.fsdecode's surrogates) and an integer past 64 bits: written as text.
-        return orjson.dumps(_serialisable(obj), option=option)
+        try:
+            return orjson.dumps(_serialisable(obj), option=option)
+        except (TypeError, RecursionError) as err:
+            # What is left: nesting past orjson's 254 levels, which only data from elsewhere
+            # has (a daemon's snapshot read with a reader that takes 1024).
+            raise GpujitterError(f"cannot be written as JSON: {err}") from None
 
 
 def _serialisable(obj: Any) -> Any:

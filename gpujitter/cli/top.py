@@ -210,8 +210,11 @@ def run(args: argparse.Namespace) -> int:
         raise GpujitterError("top needs a terminal (for scripts: gpujitter top --json)")
     loader = audit.run_audit if args.audit is None else partial(audit.load_file, args.audit)
     with probe_output_aside() as driver:
-        GpujitterTop(feed, audit=loader, example=example_offer(), driver_class=driver).run()
-    return 0
+        app = GpujitterTop(feed, audit=loader, example=example_offer(), driver_class=driver)
+        app.run()
+    # Textual prints a crash's traceback itself and sets 1; the CLI's code for it is 70
+    # (internal error), as for any command, so that a wrapper can tell it from a clean quit.
+    return 70 if app.return_code else 0
 
 
 COMMAND = Command(

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -250,3 +251,25 @@ def test_an_html_page_replaces_a_file_whole_and_writes_through_a_link(tmp_path: 
     (tmp_path / ".page.html.tmp").mkdir()  # the temporary's name taken: the write fails
     refused(gpujitter("report", str(EXAMPLE), "--html", str(page)), "--html")
     assert page.read_text() == "the old page"
+
+
+def test_json_nested_past_what_the_writer_takes_is_one_line() -> None:
+    from gpujitter.errors import GpujitterError
+
+    deep: Any = []
+    for _ in range(300):  # a daemon's snapshot read back with orjson takes up to 1024 levels
+        deep = [deep]
+    with pytest.raises(GpujitterError, match="cannot be written as JSON"):
+        print_json({"snapshot": deep})
+
+
+def test_a_wall_clock_no_date_holds_is_shown_relative() -> None:
+    from datetime import UTC
+
+    from gpujitter.tui.text import WallClock
+
+    clock = WallClock(ts_ns=0, realtime_ns=10**22, tz=UTC)  # year ~318857
+    assert clock.time(1_500_000_000) == "+1.500s"
+    assert clock.date(1_500_000_000) == ""
+    assert WallClock(ts_ns=0, realtime_ns=-(10**22), tz=UTC).time(0, digits=0) == "+0s"
+    assert WallClock(ts_ns=0, realtime_ns=10**18, tz=UTC).date(0) == "2001-09-09"
