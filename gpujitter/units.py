@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from gpujitter.errors import GpujitterError
@@ -26,7 +27,15 @@ def parse_duration_ns(text: str, default_unit: str = "ns") -> int:
         raise GpujitterError(
             f"bad duration {text!r}: want a number with a unit (ns, us, ms, s, m, h), e.g. 200us"
         )
-    return round(float(m.group(1)) * _UNITS_NS[unit])
+    return _whole(float(m.group(1)) * _UNITS_NS[unit], f"bad duration {text!r}")
+
+
+def _whole(value: float, what: str) -> int:
+    """`value` rounded; a number past a float's range is infinite here, which no int holds
+    (round() would raise OverflowError, no one-line input error)."""
+    if math.isinf(value):
+        raise GpujitterError(f"{what}: too large")
+    return round(value)
 
 
 def format_ns(ns: int | float) -> str:
@@ -53,7 +62,7 @@ def parse_size_bytes(text: str | int) -> int:
     m = _SIZE.match(str(text))
     if not m:
         raise GpujitterError(f"bad size {text!r}: want a number with K, M, G or T, e.g. 100M")
-    return round(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    return _whole(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()], f"bad size {text!r}")
 
 
 def format_bytes(n: int | float) -> str:

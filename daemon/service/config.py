@@ -46,6 +46,22 @@ def _str(v: Any) -> str:
     return v
 
 
+def _path(v: Any) -> str:
+    """A file or directory name; empty means none. A NUL cannot be in a name: the kernel
+    would take the path cut short at it (a socket bound there), Python refuses it late."""
+    text = _str(v)
+    if "\0" in text:
+        raise ValueError("a path cannot contain a NUL character")
+    return text
+
+
+def _paths(v: Any) -> tuple[str, ...]:
+    paths = _list(v)
+    for path in paths:
+        _path(path)
+    return paths
+
+
 def _bool(v: Any) -> bool:
     if isinstance(v, bool):
         return v
@@ -258,18 +274,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("probes.thresholds", _thresholds, (), "emission thresholds, PROBE.KEY = TIME"),
     Setting("watch.pids", _pids, (), "process ids to watch"),
     Setting("watch.comms", _list, (), "command-name patterns to watch ('python*')"),
-    Setting("watch.cgroups", _list, (), "cgroup directories whose processes are watched"),
+    Setting("watch.cgroups", _paths, (), "cgroup directories whose processes are watched"),
     Setting("watch.pods", _pods, (), "Kubernetes pods (NAME or NAMESPACE/NAME) to watch"),
     Setting("watch.slurm_jobs", _slurm_jobs, (), "Slurm job ids whose processes are watched"),
     Setting("watch.gpu_processes", _bool, True, "watch every process using a GPU"),
-    Setting("topology.override", _str, "", "topology override file (emulated NUMA nodes)"),
-    Setting("log.path", _str, "/var/log/gpujitter/attributions.jsonl", "attribution log"),
+    Setting("topology.override", _path, "", "topology override file (emulated NUMA nodes)"),
+    Setting("log.path", _path, "/var/log/gpujitter/attributions.jsonl", "attribution log"),
     Setting("log.max_bytes", _size, 64 * 1024**2, "rotate the log at this size"),
     Setting("log.keep", _at_least(0), 8, "rotated log files kept (0: no limit)"),
-    Setting("record.path", _str, "", "record the raw event stream here (empty: off)"),
+    Setting("record.path", _path, "", "record the raw event stream here (empty: off)"),
     Setting("record.max_bytes", _size, 256 * 1024**2, "rotate the trace at this size"),
     Setting("record.keep", _at_least(0), 8, "rotated trace files kept (0: no limit)"),
-    Setting("socket.path", _str, "/run/gpujitter/gpujitter.sock", "stream socket"),
+    Setting("socket.path", _path, "/run/gpujitter/gpujitter.sock", "stream socket"),
     Setting("socket.group", _str, "", "group owning the socket (empty: root's)"),
     Setting("socket.mode", _mode, 0o660, "socket file mode", shown=lambda mode: f"{mode:04o}"),
     Setting(
@@ -287,7 +303,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "state.dir",
-        _str,
+        _path,
         "/var/lib/gpujitter",
         "what the daemon learns and keeps across restarts: each GPU's idle power (empty: none)",
     ),

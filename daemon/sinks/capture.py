@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpujitter.daemon.sinks.diskfull import WriteFailures, no_room, to_stderr
-from gpujitter.daemon.sinks.rotation import Rotation
+from gpujitter.daemon.sinks.rotation import Rotation, say_once
 from gpujitter.daemon.sinks.trace import SUFFIX, TraceHeader, TraceWriter, encode
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref
@@ -59,6 +59,7 @@ class TraceCapture:
         self.files: list[Path] = []  # every file this capture started, in order
         self.removed: list[Path] = []  # those deleted by retention
         self.failures = WriteFailures(f"trace {self.target}", say or to_stderr)
+        self._cannot_delete = say_once(self.failures.what, self.failures.say)
         self._writer_opts = {"flush_bytes": flush_bytes, "flush_interval_ns": flush_interval_ns}
         self._marker_at: int | None = None  # on_disk of the writer when a meta.lost was queued
         if rotation is not None:
@@ -91,7 +92,12 @@ class TraceCapture:
         self.files.append(path)
         self._started_ns = header.start_ns
         if self.rotation is not None:
-            self.removed += self.rotation.prune(self._set())
+            try:
+                segments = self._set()
+            except OSError as err:  # the directory went away after the file was made
+                self._cannot_delete(self.target, err)
+            else:
+                self.removed += self.rotation.prune(segments, self._cannot_delete)
         return writer
 
     def _set(self) -> list[Path]:

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from gpujitter.daemon.sinks.diskfull import WriteFailures, no_room, to_stderr
-from gpujitter.daemon.sinks.rotation import Rotation, fsync_dir
+from gpujitter.daemon.sinks.rotation import Rotation, fsync_dir, say_once
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import (
     SCHEMA_MAJOR,
@@ -96,6 +96,7 @@ class JsonLog:
         self.lines = 0
         self.repaired_bytes = 0
         self.failures = WriteFailures(f"log {self.path}", say or to_stderr)
+        self._cannot_delete = say_once(self.failures.what, self.failures.say)
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._closed = False
@@ -123,21 +124,37 @@ class JsonLog:
             if fd >= 0:
                 os.close(fd)
             raise GpujitterError(f"cannot open log {self.path}: {err.strerror}") from None
+        except GpujitterError:
+            os.close(fd)
+            raise
         self._fd = fd
         self._opened_ns = time.monotonic_ns()
 
     def _cut_torn_line(self, fd: int) -> int:
-        """Truncate a last line without its newline (a crash mid-write); returns the size."""
+        """Truncate a last line without its newline (a crash mid-write); returns the size.
+        Only what can be a torn record is cut: a longer run without a newline (the reader's
+        limit), or a file with none that does not start as a record does, is someone else's
+        file at a mistyped path, and is refused untouched."""
         size = os.fstat(fd).st_size
         if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
             return size
-        keep = pos = 0
-        for pos in range(size, 0, -_TAIL_CHUNK):
-            start = max(0, pos - _TAIL_CHUNK)
+        floor = max(0, size - MAX_LINE_BYTES - 1)  # a torn line has its newline before it here
+        keep = -1
+        for pos in range(size, floor, -_TAIL_CHUNK):
+            start = max(floor, pos - _TAIL_CHUNK)
             newline = os.pread(fd, pos - start, start).rfind(b"\n")
             if newline >= 0:
                 keep = start + newline + 1
                 break
+        if keep < 0:
+            # No newline at all: a torn first line only if it begins as every line does.
+            lead = b'{"schema":' + orjson.dumps(self.schema)
+            if floor > 0 or not lead.startswith(os.pread(fd, len(lead), 0)):
+                raise GpujitterError(
+                    f"cannot open log {self.path}: its last {size - floor} bytes have no "
+                    "newline and are no torn record: not a gpujitter log (left untouched)"
+                )
+            keep = 0
         os.ftruncate(fd, keep)
         self.repaired_bytes += size - keep
         return keep
@@ -207,7 +224,7 @@ class JsonLog:
             raise GpujitterError(f"cannot rotate log {self.path}: {err.strerror}") from None
         finally:
             self._open()  # the new file, or the same one again when renaming failed
-        self.rotation.prune(rotated_files(self.path))
+        self.rotation.prune(rotated_files(self.path), self._cannot_delete)
 
     def reopen(self) -> None:
         """Close and open the path again: after logrotate renamed the file (SIGHUP), new

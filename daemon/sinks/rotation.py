@@ -3,9 +3,8 @@ capture and the JSON-lines log, so `--record` and the attribution log rotate ali
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +40,13 @@ class Rotation:
         by_age = self.max_age_ns > 0 and age_ns >= self.max_age_ns
         return by_size or by_age
 
-    def prune(self, files: Sequence[Path]) -> list[Path]:
+    def prune(
+        self, files: Sequence[Path], cannot_delete: Callable[[Path, OSError], None]
+    ) -> list[Path]:
         """Delete the oldest of `files` (oldest first; the last is the one being written)
-        until the limits hold. Returns what was deleted."""
+        until the limits hold. Returns what was deleted. A file that cannot be deleted (a
+        directory by that name, a mount point, no permission) is kept and handed to
+        `cannot_delete`: deleting is housekeeping, and must not stop the sink writing."""
         sizes = [_size(f) for f in files]
         # The file being written will grow to max_bytes: leave room for it now, so that the
         # limit holds until the next rotation, not only at this moment.
@@ -55,17 +58,40 @@ class Rotation:
             too_big = self.keep_bytes > 0 and total > self.keep_bytes
             if not (too_many or too_big):
                 break
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            # Counted as gone either way: newer files are not deleted to make up for one
+            # that is not the sink's to delete.
             total -= sizes[i]
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass  # someone deleted it already: the limit holds all the same
+            except OSError as err:
+                cannot_delete(path, err)
+                continue
             removed.append(path)
         return removed
+
+
+def say_once(what: str, say: Callable[[str], None]) -> Callable[[Path, OSError], None]:
+    """A `cannot_delete` for `prune` that tells `say` about the first such file only: the same
+    file comes up at every rotation (a log's under its next number), and one line for each
+    would bury the journal."""
+    told = False
+
+    def cannot_delete(path: Path, err: OSError) -> None:
+        nonlocal told
+        if not told:
+            told = True
+            say(f"{what}: cannot delete old file {path}: {err.strerror or err}; keeping it "
+                "and writing on (said once)")  # fmt: skip
+
+    return cannot_delete
 
 
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
-    except FileNotFoundError:
+    except OSError:  # gone, or not ours to read: prune then fails on it, and says so
         return 0
 
 

@@ -250,3 +250,27 @@ def test_disk_full_loses_counted_events_and_says_so_in_the_trace(tmp_path: Path)
     assert kept == sorted(set(kept)) and kept[-100:] == list(range(1000, 1100))
     assert sum(m.count for m in markers) == out["lost"]
     assert "dropping records" in out["said"][0] and "writing again" in out["said"][-1]
+
+
+def test_retention_records_on_when_an_old_file_cannot_be_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A directory named like a segment: deleting it failed and took the daemon down.
+    target = tmp_path / "dir"
+    target.mkdir()
+    stuck = target / "gpujitter-20200101T000000.000000Z-abc-000001.gjtrace"
+    stuck.mkdir()
+    said: list[str] = []
+    hdr = header(clock=clock_ref(), start_ns=time.monotonic_ns())
+    with TraceCapture(target, hdr, Rotation(max_bytes=4096, keep_files=2), say=said.append) as rec:
+        for i in range(300):
+            rec.write(alloc(i))
+        # The directory gone between making the next file and listing it: no retention then.
+        monkeypatch.setattr(TraceCapture, "_set", lambda self: (_ for _ in ()).throw(
+            FileNotFoundError(2, "No such file or directory")))  # fmt: skip
+        rec.rotate()
+        rec.write(alloc(300))
+    assert stuck.is_dir() and stuck not in rec.removed and len(rec.files) > 5
+    assert len(said) == 1 and f"cannot delete old file {stuck}: Is a directory" in said[0]
+    assert not rec.failures.failing and rec.events == 301
+    assert sorted(target.iterdir()) == [stuck, *rec.files[-3:]]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,8 @@ import pytest
 from gpujitter.daemon.service.config import SETTINGS, load_config
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
+from gpujitter.probes.topology import load_override
+from gpujitter.units import parse_duration_ns
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -117,3 +122,67 @@ def test_probe_selection_plain_names_replace_plus_names_add() -> None:
     ]  # fmt: skip
     with pytest.raises(GpujitterError, match="unknown probe 'fault'"):
         registry.select(["+fault"])
+
+
+def load_in_time(path: Path) -> str:
+    """The error loading `path` gives, within 10 s (a FIFO once hung the load for ever)."""
+    result: list[str] = []
+
+    def load() -> None:
+        try:
+            load_config(path, environ={})
+        except GpujitterError as err:
+            result.append(str(err))
+
+    loader = threading.Thread(target=load, daemon=True)
+    loader.start()
+    loader.join(10)
+    return result[0] if result else "no error in time"
+
+
+def test_config_names_only_a_regular_file_of_bounded_size(tmp_path: Path) -> None:
+    # Read whole, /dev/zero took all the memory there was and a FIFO waited for ever.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * (1 << 20) + "\n")
+    for path, message in [
+        (Path("/dev/null"), "not a regular file"),
+        (tmp_path, "not a regular file"),
+        (fifo, "not a regular file"),
+        (big, "larger than 1 MiB; not a configuration"),
+    ]:
+        assert load_in_time(path) == f"config {path}: {message}"
+    with pytest.raises(GpujitterError, match="topology override /dev/null: not a regular file"):
+        load_override("/dev/null")
+
+
+@pytest.mark.parametrize(
+    ("environ", "flags"),
+    [
+        ({"GPUJITTER_LOG_MAX_BYTES": "9" * 400 + "K"}, {}),
+        ({"GPUJITTER_GAPS_MIN_GAP": "1" + "0" * 400 + "ms"}, {}),
+        ({}, {"probes.thresholds": ("-t", "sched.offcpu=1" + "0" * 400 + "s")}),
+    ],
+)
+def test_numbers_past_a_float_are_too_large_not_an_internal_error(
+    tmp_path: Path, environ: dict[str, str], flags: dict[str, tuple[str, str]]
+) -> None:
+    with pytest.raises(GpujitterError, match="too large"):
+        load_config(write(tmp_path, ""), environ=environ, flags=flags)
+    with pytest.raises(GpujitterError, match="too large"):
+        parse_duration_ns("1" + "0" * 400, "s")  # -d, --min-gap of the other commands
+
+
+@pytest.mark.parametrize(
+    "key", ["log.path", "record.path", "socket.path", "state.dir", "topology.override"]
+)
+def test_a_path_with_a_nul_is_refused_before_anything_is_made(tmp_path: Path, key: str) -> None:
+    # A socket was bound at the path cut short at the NUL, then the daemon died (exit 70).
+    section, name = key.split(".")
+    path = write(tmp_path, f'[{section}]\n{name} = "{tmp_path}/a\\u0000b"\n')
+    with pytest.raises(GpujitterError, match=re.escape(f"{key}: a path cannot contain a NUL")):
+        load_config(path, environ={})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpujitter.toml"]
+    with pytest.raises(GpujitterError, match=r"watch\.cgroups: a path cannot contain a NUL"):
+        load_config(write(tmp_path, ""), environ={"GPUJITTER_WATCH_CGROUPS": "/sys/fs/cgroup/a\0b"})

@@ -16,6 +16,7 @@ from gpujitter.daemon.analysis.records import GpuGap
 from gpujitter.daemon.sinks.jsonlog import (
     DROPPED,
     LOG_SCHEMA,
+    MAX_LINE_BYTES,
     JsonLog,
     JsonLogReader,
     rotated_files,
@@ -253,3 +254,45 @@ def test_a_line_shown_with_tail_carries_no_control_character(tmp_path: Path) -> 
     text = path.read_text()
     assert [ch for ch in text.rstrip("\n") if not ch.isprintable()] == []
     assert orjson.loads(text)["comm"] == comm
+
+
+def test_rotation_writes_on_when_an_old_file_cannot_be_deleted(tmp_path: Path) -> None:
+    # A directory named like a rotated file: deleting it failed and took the daemon down.
+    path = tmp_path / "a.jsonl"
+    (tmp_path / "a.jsonl.1").mkdir()
+    (tmp_path / "a.jsonl.1" / "keepme").write_text("someone's")
+    said: list[str] = []
+    with JsonLog(path, Rotation(max_bytes=2000, keep_files=2), say=said.append) as log:
+        assert all(log.write(gap(i)) for i in range(100))
+    assert len(said) == 1 and "cannot delete old file" in said[0] and "Is a directory" in said[0]
+    assert [p.read_text() for p in tmp_path.glob("a.jsonl.*/keepme")] == ["someone's"]
+    assert from_record(list(JsonLogReader(path))[-1]) == gap(99)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"DATA!",  # a short file that is no record
+        b"\0" * (8 << 20) + b"DATA!",  # a run without a newline longer than any record
+        orjson.dumps({"schema": LOG_SCHEMA, "type": "x"}) + b"\n" + b"y" * (MAX_LINE_BYTES + 1),
+    ],
+)
+def test_a_file_that_ends_in_no_torn_record_is_refused_untouched(
+    tmp_path: Path, content: bytes
+) -> None:
+    # It was cut back to its last newline, however far: a 3 GB data file went to nothing.
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(GpujitterError, match="not a gpujitter log"):
+        JsonLog(path)
+    assert path.read_bytes() == content
+    # After logrotate (SIGHUP) the same: the sink fails, says so, and the file stays.
+    other = tmp_path / "b.jsonl"
+    said: list[str] = []
+    with JsonLog(other, say=said.append) as log:
+        other.rename(tmp_path / "b.jsonl-old")
+        other.write_bytes(content)
+        log.reopen()
+        assert not log.write(gap(1))
+    assert len(said) == 1 and "not a gpujitter log" in said[0]
+    assert other.read_bytes() == content
