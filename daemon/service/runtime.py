@@ -586,7 +586,9 @@ class Runtime:
         return self.state.status(time.monotonic_ns(), **fields)
 
     def _tick(self, now: int, elapsed_s: float) -> None:
-        with self._me.oneshot():
+        # Reading /proc needs a descriptor, and the daemon may be out of them (stream clients):
+        # a tick without a fresh footprint keeps the last one rather than ending the run.
+        with contextlib.suppress(OSError, psutil.Error), self._me.oneshot():
             self._cpu_percent = self._me.cpu_percent()
             self._rss_bytes = self._me.memory_info().rss
         self._events_per_s = (self.state.events - self._events_at_tick) / max(elapsed_s, 1e-9)

@@ -8,13 +8,14 @@ from __future__ import annotations
 import contextlib
 import selectors
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gpujitter.daemon.sinks.stream import FD_ERRORS, FD_PAUSE_S, Notes
 
 # Scrapers open one connection at a time; more than this is a flood or a leak, and the unit's
 # TasksMax would not care (one thread serves them all) but file descriptors and memory would.
@@ -23,7 +24,6 @@ MAX_CONNECTIONS = 16
 # milliseconds; an idle or trickling (slowloris) connection goes when this runs out.
 CONNECTION_TIMEOUT_S = 5.0
 REQUEST_LIMIT_BYTES = 8192  # request line and headers; a scrape sends a few hundred
-NOTE_INTERVAL_S = 600.0  # at most one line per kind of trouble this often
 _ACCEPT_BATCH = 64  # connections taken per wakeup, so that a flood cannot hold the loop
 
 _STATUS = {
@@ -45,27 +45,6 @@ class _Connection:
     replying: bool = False
 
 
-class _Notes:
-    """One stderr line (the journal, under systemd) per kind of trouble per interval, saying
-    how many times it happened since the last line of that kind."""
-
-    def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        self._last_s: dict[str, float] = {}
-        self._since: dict[str, int] = {}
-
-    def __call__(self, kind: str, text: str) -> None:
-        now = time.monotonic()
-        self._since[kind] = self._since.get(kind, 0) + 1
-        last = self._last_s.get(kind)
-        if last is not None and now - last < self.interval_s:
-            return
-        times = self._since.pop(kind)
-        again = f" ({times} times in the last {now - last:.0f} s)" if last is not None else ""
-        print(f"gpujitter metrics: {text}{again}", file=sys.stderr, flush=True)
-        self._last_s[kind] = now
-
-
 class MetricsServer:
     """Serve `render()` as Prometheus text on (host, port). Binding happens here, so that the
     caller learns of a bad address at once (OSError); `start` runs the selector thread.
@@ -85,7 +64,8 @@ class MetricsServer:
         self.render = render
         self.closed = closed
         self.timeout_s = timeout_s
-        self._note = _Notes(NOTE_INTERVAL_S)
+        self._note = Notes("gpujitter metrics")
+        self._paused_until = 0.0  # while out of descriptors: the listener is not watched
         self._conns: dict[socket.socket, _Connection] = {}  # in order of arrival
         self._listener = self._listen(host, port)
         self._sel = selectors.DefaultSelector()
@@ -132,7 +112,12 @@ class MetricsServer:
     def _serve(self) -> None:
         while not self._stop.is_set():
             now = time.monotonic()
+            if self._paused_until and now >= self._paused_until:
+                self._paused_until = 0.0
+                self._sel.register(self._listener, selectors.EVENT_READ)
             first = min((c.deadline_s for c in self._conns.values()), default=now + 1.0)
+            if self._paused_until:
+                first = min(first, self._paused_until)
             for key, _ in self._sel.select(timeout=min(max(first - now, 0.0), 1.0)):
                 if key.fileobj is self._listener:
                     self._accept()
@@ -152,7 +137,12 @@ class MetricsServer:
         for _ in range(_ACCEPT_BATCH):
             try:
                 sock, _ = self._listener.accept()
-            except OSError:  # none left, or the client already gone
+            except OSError as err:  # none left, the client already gone, or no descriptor
+                if err.errno in FD_ERRORS:
+                    self._note("fds", f"out of file descriptors ({err.strerror}): new "
+                               "connections wait until some are free")  # fmt: skip
+                    self._sel.unregister(self._listener)
+                    self._paused_until = time.monotonic() + FD_PAUSE_S
                 return
             sock.setblocking(False)
             if len(self._conns) >= MAX_CONNECTIONS:
@@ -184,11 +174,12 @@ class MetricsServer:
             self._drop(conn)
             return
         conn.inbox += data
-        head, sep, _ = conn.inbox.partition(b"\r\n\r\n")
-        if not sep and len(conn.inbox) > REQUEST_LIMIT_BYTES:
+        # RFC 9112 lets a server take a bare LF for CRLF: some minimal health checkers send one.
+        ends = [i for i in (conn.inbox.find(b"\r\n\r\n"), conn.inbox.find(b"\n\n")) if i >= 0]
+        if not ends and len(conn.inbox) > REQUEST_LIMIT_BYTES:
             self._reply(conn, 431, bad="bad_request")
-        elif sep:
-            self._answer(conn, head.split(b"\r\n", 1)[0])
+        elif ends:
+            self._answer(conn, conn.inbox[: min(ends)].split(b"\n", 1)[0].rstrip(b"\r"))
 
     def _answer(self, conn: _Connection, request_line: bytes) -> None:
         words = request_line.split()

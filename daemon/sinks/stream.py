@@ -5,9 +5,12 @@ snapshot of current state, then live records as the daemon publishes them. Each 
 a queue bounded in records and in bytes: a client that reads too slowly loses records
 (counted, and told so in a "dropped" message once it catches up) and never slows the daemon
 or grows its memory. Clients may send one JSON request per line ({"cmd": "snapshot"} or
-{"cmd": "ping"}); a bad request gets an error line; a snapshot asked for while the last one
-is still unsent is not built again. Past `max_clients` a new connection gets one error line
-and is closed.
+{"cmd": "ping"}); a bad request gets an error line, and the BAD_REQUESTS-th closes the
+connection; a snapshot asked for while the last one is still unsent is not built again. A
+connection past the caps (MAX_PER_UID for a user other than root, MAX_CLIENTS - ROOT_ROOM for
+such users together, MAX_CLIENTS in all) gets one error line and is closed, as is one that
+comes while the daemon is out of file descriptors. Trouble with one client drops that client
+(said on stderr, at most once per kind per 10 minutes); the server thread goes on.
 
 Threads: `publish` is called by the daemon's main thread and never blocks it for longer than
 a queue append (the wake-up socket is non-blocking); the server thread accepts, reads and
@@ -22,12 +25,14 @@ the entries of lists inside a record (a status record's threads, a watch change'
 from __future__ import annotations
 
 import contextlib
+import errno
 import grp
 import os
 import select
 import selectors
 import socket
 import struct
+import sys
 import threading
 import time
 from collections import deque
@@ -47,6 +52,21 @@ CLOSE_IDLE_S = 0.1  # at close, a client that takes nothing for this long is giv
 SNAPSHOT_EVERY_S = 1.0  # per client: snapshots asked for faster are built once a second
 QUEUE_BYTES = 4 << 20  # per client: what may wait unsent, a snapshot or two and live records
 MAX_CLIENTS = 64  # past this a connection is refused (the unit caps the daemon's fds)
+# Idle connections cost nothing to hold, so one user could fill MAX_CLIENTS and lock out
+# everyone else: a user other than root may hold MAX_PER_UID, and such users together all but
+# ROOT_ROOM, which is kept for root (`gpujitter top` as root always gets in).
+MAX_PER_UID = 8
+ROOT_ROOM = 8
+# A client that keeps sending what is not a request (each costs a parse and a reply) is
+# closed at this many, rather than served at a full CPU for as long as it likes.
+BAD_REQUESTS = 16
+NOTE_INTERVAL_S = 600.0  # at most one stderr line per kind of trouble this often
+# Out of file descriptors, a listener stays readable and accept keeps failing: it is left out
+# of the selector this long (connections wait in the backlog) rather than spun on.
+FD_PAUSE_S = 0.1
+FD_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+# sun_path is 108 bytes with its terminating NUL: a longer path cannot be bound.
+UNIX_PATH_MAX = 107
 # Keys whose lists name processes: a non-root client sees only the entries it owns.
 _PID_LISTS = ("tgids", "pids", "added", "removed")
 BAD_REQUEST = 'bad request: want {"cmd": "snapshot"} or {"cmd": "ping"}'
@@ -66,6 +86,29 @@ class _Client:
     snapshot_unsent: bool = False  # a snapshot is queued and not yet all sent
     snapshot_due: float = 0.0  # monotonic s from which it may have another one built
     snapshot_wanted: bool = False  # asked for one sooner: it is built when due
+    bad_requests: int = 0
+
+
+class Notes:
+    """One stderr line (the journal, under systemd) per kind of trouble per interval, saying
+    how many times it happened since the last line of that kind; `who` starts each line."""
+
+    def __init__(self, who: str, interval_s: float = NOTE_INTERVAL_S) -> None:
+        self.who = who
+        self.interval_s = interval_s
+        self._last_s: dict[str, float] = {}
+        self._since: dict[str, int] = {}
+
+    def __call__(self, kind: str, text: str) -> None:
+        now = time.monotonic()
+        self._since[kind] = self._since.get(kind, 0) + 1
+        last = self._last_s.get(kind)
+        if last is not None and now - last < self.interval_s:
+            return
+        times = self._since.pop(kind)
+        again = f" ({times} times in the last {now - last:.0f} s)" if last is not None else ""
+        print(f"{self.who}: {text}{again}", file=sys.stderr, flush=True)
+        self._last_s[kind] = now
 
 
 def _line(record: dict[str, Any]) -> bytes:
@@ -102,6 +145,7 @@ class StreamServer:
         mode: int = 0o660,
         group: str = "",
         owner: Callable[[int], int | None] = process_owner,
+        credentials: Callable[[socket.socket], tuple[int, int, int]] = peer_credentials,
     ) -> None:
         self.path = Path(path)
         self.hello = hello
@@ -110,6 +154,7 @@ class StreamServer:
         self.queue_bytes = queue_bytes
         self.max_clients = max_clients
         self.owner = owner
+        self.credentials = credentials
         self._clients: dict[int, _Client] = {}
         self._lock = threading.Lock()
         self._sel = selectors.DefaultSelector()
@@ -118,13 +163,23 @@ class StreamServer:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self.refused = 0  # connections refused past max_clients
+        self.refused = 0  # connections refused: past the caps, or out of descriptors
+        # Kept open to be closed when accept finds no descriptor free: the one it frees lets
+        # the connection be taken, told why and closed, rather than wait unanswered.
+        self._spare: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        self._paused_until = 0.0  # no spare either: the listener is not watched till then
+        self._note = Notes("gpujitter stream")
         self._stop = threading.Event()
         self._listener = self._listen(mode, group)
         self._thread = threading.Thread(target=self._serve, name="gpujitter-stream", daemon=True)
         self.dropped_total = 0
 
     def _listen(self, mode: int, group: str) -> socket.socket:
+        if (size := len(os.fsencode(self.path))) > UNIX_PATH_MAX:
+            raise GpujitterError(
+                f"socket {self.path}: path too long for a unix socket "
+                f"({size} bytes, at most {UNIX_PATH_MAX})"
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             if self.path.is_socket():
@@ -134,7 +189,7 @@ class StreamServer:
             sock.bind(str(self.path))
         except OSError as err:
             sock.close()
-            raise GpujitterError(f"socket {self.path}: {err.strerror}") from None
+            raise GpujitterError(f"socket {self.path}: {err.strerror or err}") from None
         if group:
             try:
                 os.chown(self.path, -1, grp.getgrnam(group).gr_gid)
@@ -203,13 +258,21 @@ class StreamServer:
                     self._enqueue(client, mine)
         self._wake()
 
-    def _enqueue(self, client: _Client, line: bytes, *, first: bool = False) -> bool:
+    def _enqueue(
+        self, client: _Client, line: bytes, *, first: bool = False, answer: bool = False
+    ) -> bool:
         """Queue `line` unless the client's queue is full (then count it); `first`: the
-        client's first messages, which it always gets. Call with the lock held."""
+        client's first messages, which it always gets; `answer`: a pong or an error line
+        for the client's own request, which is not a record: when it does not fit it is
+        not sent and not counted as a dropped record (the client has left its earlier
+        answers unread, and BAD_REQUESTS bounds how many it can ask for). Call with the
+        lock held."""
         full = (
             len(client.queue) >= self.queue_limit
             or client.queued_bytes + len(line) > self.queue_bytes
         )
+        if full and answer:
+            return False
         if full and not first:
             client.dropped += 1
             client.dropped_total += 1
@@ -233,38 +296,121 @@ class StreamServer:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
-            for key, events in self._sel.select(timeout=1.0):
+            if self._paused_until and time.monotonic() >= self._paused_until:
+                self._paused_until = 0.0
+                self._sel.register(self._listener, selectors.EVENT_READ, "accept")
+            timeout = 1.0
+            if self._paused_until:
+                timeout = min(timeout, max(self._paused_until - time.monotonic(), 0.0))
+            for key, events in self._sel.select(timeout=timeout):
                 if key.data == "accept":
                     self._accept()
                 elif key.data == "wake":
                     with contextlib.suppress(BlockingIOError):
                         self._wake_r.recv(4096)
                 else:
-                    client = key.data
-                    if events & selectors.EVENT_READ:
-                        self._read(client)
-                    if events & selectors.EVENT_WRITE and client.sock.fileno() != -1:
-                        self._flush(client)
+                    self._guarded(key.data, self._on_events, key.data, events)
             with self._lock:
                 clients = list(self._clients.values())
             for client in clients:
-                if client.snapshot_wanted and not client.snapshot_unsent:
-                    self._send_snapshot_if_due(client)
-                self._flush(client)
+                self._guarded(client, self._tend, client)
+
+    def _on_events(self, client: _Client, events: int) -> None:
+        if events & selectors.EVENT_READ:
+            self._read(client)
+        if events & selectors.EVENT_WRITE and client.sock.fileno() != -1:
+            self._flush(client)
+
+    def _tend(self, client: _Client) -> None:
+        if client.sock.fileno() == -1:
+            return  # dropped earlier in this round
+        if client.snapshot_wanted and not client.snapshot_unsent:
+            self._send_snapshot_if_due(client)
+        self._flush(client)
+
+    def _guarded(self, client: _Client, step: Callable[..., None], *args: Any) -> None:
+        """Run one client's step; whatever goes wrong in it (a snapshot callback's bug, a
+        socket error not foreseen) drops that client, not the server thread and so the
+        stream for everyone."""
+        try:
+            step(*args)
+        except Exception as err:
+            self._note("client", f"dropped a client (pid {client.pid}) after an error: "
+                       f"{type(err).__name__}: {err}")  # fmt: skip
+            self._drop(client)
 
     def _accept(self) -> None:
         try:
             sock, _ = self._listener.accept()
-        except BlockingIOError:
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return  # taken back before we got to it
+        except OSError as err:
+            if err.errno in FD_ERRORS:
+                self._note("fds", f"out of file descriptors ({err.strerror}): refusing "
+                           "new clients")  # fmt: skip
+                if self._refuse_with_spare():
+                    return
+            else:
+                self._note("listen", f"accepting a client failed: {err.strerror or err}")
+            # The listener stays readable: out of the selector for a moment, or the thread
+            # would spin on it (new connections wait in the backlog meanwhile).
+            self._sel.unregister(self._listener)
+            self._paused_until = time.monotonic() + FD_PAUSE_S
             return
-        sock.setblocking(False)
-        if self.clients >= self.max_clients:
-            self.refused += 1
-            with contextlib.suppress(OSError):
-                sock.send(_line({"type": "error", "message": "too many clients"}))
+        try:
+            self._admit(sock)
+        except Exception as err:  # the connection's own trouble must not end the thread
+            self._note("accept", f"dropped a new client: {type(err).__name__}: {err}")
+            with self._lock:
+                self._clients.pop(sock.fileno(), None)
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(sock)
             sock.close()
+
+    def _refuse_with_spare(self) -> bool:
+        """Out of descriptors: give up the spare one for a moment, so that the waiting
+        connection can be taken and told why it is refused. False when there is no spare
+        (the whole system ran short and took it before it could be opened again)."""
+        if self._spare is None:
+            with contextlib.suppress(OSError):
+                self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            return False
+        os.close(self._spare)
+        self._spare = None
+        with contextlib.suppress(OSError):
+            sock, _ = self._listener.accept()
+            self._refuse(sock, "the daemon is out of file descriptors")
+        with contextlib.suppress(OSError):
+            self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        return True
+
+    def _refuse(self, sock: socket.socket, why: str) -> None:
+        self.refused += 1
+        sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            sock.send(_line({"type": "error", "message": why}))
+        sock.close()
+
+    def _over_cap(self, uid: int) -> str | None:
+        """Why a new connection from `uid` is refused, or None (see MAX_PER_UID)."""
+        with self._lock:
+            uids = [c.uid for c in self._clients.values()]
+        if len(uids) >= self.max_clients:
+            return "too many clients"
+        if uid == 0:
+            return None
+        if sum(1 for u in uids if u != 0) >= max(self.max_clients - ROOT_ROOM, 0):
+            return "too many clients (the rest are kept for root)"
+        if uids.count(uid) >= MAX_PER_UID:
+            return f"too many clients for uid {uid} (at most {MAX_PER_UID})"
+        return None
+
+    def _admit(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        pid, uid, _ = self.credentials(sock)
+        if (why := self._over_cap(uid)) is not None:
+            self._refuse(sock, why)
             return
-        pid, uid, _ = peer_credentials(sock)
         client = _Client(sock=sock, uid=uid, pid=pid)
         first = [
             {
@@ -336,9 +482,9 @@ class StreamServer:
             return
         client.inbox += data
         if len(client.inbox) > _READ_LIMIT and b"\n" not in client.inbox:
-            self._reply(client, {"type": "error", "message": "request line too long"})
             client.inbox = b""
-        while b"\n" in client.inbox:
+            self._bad_request(client, "request line too long")
+        while b"\n" in client.inbox and client.sock.fileno() != -1:
             line, client.inbox = client.inbox.split(b"\n", 1)
             if line.strip():
                 self._request(client, line)
@@ -350,14 +496,30 @@ class StreamServer:
         except (orjson.JSONDecodeError, KeyError):
             cmd = None
         if cmd == "ping":
-            self._reply(client, {"type": "pong"})
+            self._answer(client, {"type": "pong"})
         elif cmd == "snapshot":
             if client.snapshot_unsent:
                 return  # the one still on its way is as recent as a new one would be
             client.snapshot_wanted = True
             self._send_snapshot_if_due(client)
         else:
-            self._reply(client, {"type": "error", "message": BAD_REQUEST})
+            self._bad_request(client, BAD_REQUEST)
+
+    def _bad_request(self, client: _Client, message: str) -> None:
+        """Say what is wrong; at the BAD_REQUESTS-th, say so too, send what may be sent now
+        and close the connection."""
+        client.bad_requests += 1
+        if client.bad_requests < BAD_REQUESTS:
+            self._answer(client, {"type": "error", "message": message})
+            return
+        message += f"; closing the connection after {BAD_REQUESTS} bad requests"
+        self._answer(client, {"type": "error", "message": message})
+        self._flush(client)
+        self._drop(client)
+
+    def _answer(self, client: _Client, rec: dict[str, Any]) -> None:
+        with self._lock:
+            self._enqueue(client, _line(rec), answer=True)
 
     def _send_snapshot_if_due(self, client: _Client) -> None:
         """A snapshot costs the daemon a copy of its state and its encoding: a client that
@@ -448,6 +610,9 @@ class StreamServer:
             self._drop(client)
         self._sel.close()
         self._listener.close()
+        if self._spare is not None:  # once: a second close must not close another's fd
+            os.close(self._spare)
+            self._spare = None
         self._wake_r.close()
         self._wake_w.close()
         with contextlib.suppress(FileNotFoundError):
@@ -457,27 +622,38 @@ class StreamServer:
 def first_records(path: Path, types: Iterable[str], timeout_s: float) -> dict[str, dict[str, Any]]:
     """A client for a moment: the first record of each of `types` that the daemon listening
     at `path` sends a new client (its "hello", its "snapshot"), by type; those that did not
-    come within `timeout_s` are missing. OSError when no daemon can be reached there (none
-    listening, or the socket's mode shuts this user out)."""
+    come within `timeout_s` are missing, however slowly the bytes trickle in. OSError when no
+    daemon can be reached there (none listening, or the socket's mode shuts this user out);
+    GpujitterError, with the daemon's reason, when it refused the connection."""
     wanted = set(types)
     got: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
+    buf = b""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
         client.settimeout(timeout_s)
         client.connect(str(path))
-        reader = client.makefile("rb")
-        while wanted - got.keys() and time.monotonic() < deadline:
+        while wanted - got.keys() and (left := deadline - time.monotonic()) > 0:
+            client.settimeout(left)  # the deadline holds for each recv, not between lines
             try:
-                line = reader.readline(QUEUE_BYTES)
+                data = client.recv(1 << 16)
             except TimeoutError:
                 break
-            if not line:
-                break  # the daemon closed the connection (too many clients, stopping)
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue  # a line cut at the limit: not one of these
-            kind = rec.get("type") if isinstance(rec, dict) else None
-            if isinstance(kind, str) and kind in wanted and kind not in got:
-                got[kind] = rec
+            if not data:
+                break  # the daemon closed the connection (stopping)
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            if len(buf) > QUEUE_BYTES:
+                buf = b""  # no line the daemon sends is this long: not one of these
+            for line in lines:
+                try:
+                    rec = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                kind = rec.get("type") if isinstance(rec, dict) else None
+                if kind == "error" and not got:  # its first line: the connection refused
+                    raise GpujitterError(
+                        f"the daemon at {path} refused the connection: {rec.get('message')}"
+                    )
+                if isinstance(kind, str) and kind in wanted and kind not in got:
+                    got[kind] = rec
     return got

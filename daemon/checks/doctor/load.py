@@ -118,6 +118,9 @@ def check_daemon(env: DoctorEnv) -> Iterator[Result]:
         yield Result("daemon", "info", f"cannot reach a daemon at {src}: {err.strerror or err}",
                      source=src)  # fmt: skip
         return
+    except GpujitterError as err:  # it answered, and refused (too many clients, out of fds)
+        yield Result("daemon", "warn", str(err), source=src)
+        return
     record = got.get("snapshot", {}).get("status")
     if not isinstance(record, dict):
         yield Result("daemon", "warn",

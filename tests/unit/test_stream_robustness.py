@@ -1,0 +1,310 @@
+"""Misbehaving clients and a short system against the stream socket and the metrics endpoint,
+over real sockets: descriptors running out, a client whose step fails, idle clients filling
+the caps, garbage requests, a daemon trickling bytes, bare-LF HTTP, a too-long socket path.
+The daemon must go on serving, say what is wrong in one line and count only what it drops."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import resource
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import psutil
+import pytest
+
+from gpujitter.daemon.service.runtime import ListSource, Runtime
+from gpujitter.daemon.sinks import stream
+from gpujitter.daemon.sinks.metrics_server import MetricsServer
+from gpujitter.daemon.sinks.stream import (
+    BAD_REQUESTS,
+    MAX_CLIENTS,
+    MAX_PER_UID,
+    ROOT_ROOM,
+    StreamServer,
+    first_records,
+)
+from gpujitter.errors import GpujitterError
+from gpujitter.probes.topology import load_topology
+from tests.unit.test_metrics import free_port
+from tests.unit.test_stream import connect, read_lines, wait_for_clients
+
+
+@contextlib.contextmanager
+def no_descriptor_left() -> Iterator[None]:
+    """This process can open no more files until the block ends: the soft RLIMIT_NOFILE
+    at the lowest free descriptor."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest = os.dup(0)
+    os.close(lowest)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def read_all(sock: socket.socket) -> list[dict]:
+    buf = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            buf += chunk
+    return [orjson.loads(line) for line in buf.splitlines()]
+
+
+# -- finding 2: out of descriptors, a failing client -----------------------------------------
+
+
+def test_out_of_descriptors_refuses_in_one_line_and_the_stream_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """EMFILE in accept killed the server thread: no client was ever served again."""
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=list).start()
+    early = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3)]
+    try:
+        with no_descriptor_left():
+            for sock in early:
+                sock.settimeout(2)
+                sock.connect(str(srv.path))
+            said = [read_all(sock) for sock in early]
+        assert said == [[{"type": "error", "message": "the daemon is out of file descriptors"}]] * 3
+        assert srv.refused == 3 and srv.clients == 0
+        assert capsys.readouterr().err.count("out of file descriptors") == 1  # said once
+        late = connect(srv.path)  # descriptors free again: served as ever
+        assert read_lines(late, 1)[0]["type"] == "hello"
+        late.close()
+    finally:
+        for sock in early:
+            sock.close()
+        srv.close()
+
+
+def test_a_client_whose_step_fails_is_dropped_and_the_others_are_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An exception in a client's step (here the snapshot callback, on connect and on request)
+    ended the server thread silently: the daemon ran on with a dead stream."""
+    monkeypatch.setattr(stream, "SNAPSHOT_EVERY_S", 0.0)
+    failing = [True]
+
+    def snapshot() -> list[dict]:
+        if failing[0]:
+            raise RuntimeError("a bug")
+        return [{"type": "snapshot"}]
+
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=snapshot).start()
+    try:
+        first = connect(srv.path)
+        assert read_all(first) == []  # dropped on connect
+        failing[0] = False
+        second = connect(srv.path)
+        assert [r["type"] for r in read_lines(second, 2)] == ["hello", "snapshot"]
+        failing[0] = True
+        second.sendall(b'{"cmd": "snapshot"}\n')
+        assert read_all(second) == []  # dropped on its request
+        failing[0] = False
+        third = connect(srv.path)
+        assert [r["type"] for r in read_lines(third, 2)] == ["hello", "snapshot"]
+        err = capsys.readouterr().err
+        assert "RuntimeError: a bug" in err and "Traceback" not in err
+        for sock in (first, second, third):
+            sock.close()
+    finally:
+        srv.close()
+
+
+def test_a_failed_footprint_read_keeps_the_last_values() -> None:
+    """Out of descriptors, psutil's read of /proc/PID/stat raised EMFILE in the main loop's
+    tick, and the daemon ended with "internal error"."""
+
+    class Unreadable:
+        @contextlib.contextmanager
+        def oneshot(self) -> Iterator[None]:
+            yield
+
+        def cpu_percent(self) -> float:
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        def memory_info(self) -> None:
+            raise psutil.NoSuchProcess(os.getpid())
+
+    runtime = Runtime(ListSource([], live=True), load_topology())
+    runtime._cpu_percent, runtime._rss_bytes = 3.5, 1 << 20
+    runtime._me = Unreadable()  # type: ignore[assignment]
+    runtime._tick(time.monotonic_ns(), 1.0)
+    assert (runtime._cpu_percent, runtime._rss_bytes) == (3.5, 1 << 20)
+
+
+def test_metrics_endpoint_out_of_descriptors_waits_rather_than_spins() -> None:
+    """The listener stayed in the selector while accept failed: the thread spun at a full
+    CPU for as long as descriptors were short."""
+    port = free_port()
+    server = MetricsServer("127.0.0.1", port, lambda: b"up 1\n", closed=lambda reason: None)
+    scraper = socket.socket()
+    scraper.settimeout(2)
+    server.start()
+    try:
+        with no_descriptor_left():
+            scraper.connect(("127.0.0.1", port))
+            scraper.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+            cpu = time.process_time()
+            time.sleep(0.5)
+            spent = time.process_time() - cpu
+        assert spent < 0.15  # a spinning thread takes all of the 0.5 s
+        assert scraper.recv(4096).startswith(b"HTTP/1.1 200")  # answered once fds are free
+    finally:
+        scraper.close()
+        server.close()
+
+
+# -- finding 3: idle clients filling the caps -----------------------------------------------
+
+
+def test_one_user_cannot_lock_out_others_or_root(tmp_path: Path) -> None:
+    """63 idle connections from one user locked everyone out, root included."""
+    uids: list[int] = []  # the uid each next connection comes as
+    srv = StreamServer(
+        tmp_path / "s.sock", hello=dict, snapshot=list, credentials=lambda sock: (1, uids.pop(0), 1)
+    ).start()
+    socks: list[socket.socket] = []
+
+    def comes_as(uid: int) -> list[dict]:
+        uids.append(uid)
+        socks.append(connect(srv.path))
+        return read_lines(socks[-1], 1)
+
+    try:
+        for _ in range(MAX_PER_UID):
+            assert comes_as(1000)[0]["type"] == "hello"
+        assert comes_as(1000) == [
+            {"type": "error", "message": f"too many clients for uid 1000 (at most {MAX_PER_UID})"}
+        ]
+        others = 1001  # the next users, MAX_PER_UID connections each
+        while srv.clients < MAX_CLIENTS - ROOT_ROOM:
+            assert comes_as(others)[0]["type"] == "hello"
+            if srv.clients % MAX_PER_UID == 0:
+                others += 1
+        assert comes_as(others)[0]["message"] == "too many clients (the rest are kept for root)"
+        for _ in range(ROOT_ROOM):
+            assert comes_as(0)[0]["type"] == "hello"
+        assert comes_as(0) == [{"type": "error", "message": "too many clients"}]
+        assert srv.refused == 3
+    finally:
+        for sock in socks:
+            sock.close()
+        srv.close()
+
+
+def test_first_records_says_why_the_daemon_refused(tmp_path: Path) -> None:
+    """`gpujitter top --json` said "sent no snapshot within 5 s" and threw the reason away."""
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=list, max_clients=1).start()
+    kept = connect(srv.path)
+    try:
+        wait_for_clients(srv, 1)
+        with pytest.raises(GpujitterError, match=r"refused the connection: too many clients$"):
+            first_records(srv.path, ["snapshot"], timeout_s=1.0)
+    finally:
+        kept.close()
+        srv.close()
+
+
+# -- finding 6: garbage requests ---------------------------------------------------------------
+
+
+def test_garbage_requests_close_the_connection_and_are_not_dropped_records(
+    tmp_path: Path,
+) -> None:
+    """Garbage sent in a loop kept the daemon at a full CPU, and the error lines the client
+    never read counted as records dropped for slow clients."""
+    small = StreamServer(tmp_path / "q.sock", hello=dict, snapshot=list, queue_limit=4).start()
+    try:
+        pinger = connect(small.path)
+        read_lines(pinger, 1)  # hello
+        pinger.sendall(b'{"cmd": "ping"}\n' * 20)  # read together: more than the queue holds
+        time.sleep(0.2)
+        assert small.dropped_total == 0
+        pinger.close()
+    finally:
+        small.close()
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=list).start()
+    try:
+        garbage = connect(srv.path)
+        garbage.settimeout(1)
+        garbage.sendall(b"garbage\n" * (BAD_REQUESTS + 10))
+        lines = read_all(garbage)  # the server closes it
+        assert [r["type"] for r in lines] == ["hello"] + ["error"] * BAD_REQUESTS
+        assert lines[-1]["message"].endswith(
+            f"closing the connection after {BAD_REQUESTS} bad requests"
+        )
+        assert srv.dropped_total == 0
+        garbage.close()
+    finally:
+        srv.close()
+
+
+# -- finding 7: a trickling daemon ----------------------------------------------------------
+
+
+def test_first_records_deadline_holds_against_a_trickle(tmp_path: Path) -> None:
+    """The deadline was checked between lines only: a byte every 0.1 s kept each recv under
+    its timeout, and `top --json` hung until a whole line came."""
+    path = tmp_path / "trickle.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        with conn, contextlib.suppress(OSError):
+            conn.sendall(b'{"type": "snap')
+            for _ in range(30):  # 3 s at most: a client that hangs on fails, not for ever
+                if stop.wait(0.1):
+                    break
+                conn.sendall(b" ")
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    start = time.monotonic()
+    try:
+        assert first_records(path, ["snapshot"], timeout_s=0.5) == {}
+        assert time.monotonic() - start < 1.0
+    finally:
+        stop.set()
+        thread.join(3)
+        listener.close()
+
+
+# -- finding 12: bare LF ---------------------------------------------------------------------
+
+
+def test_metrics_request_with_bare_lf_lines_is_answered() -> None:
+    port = free_port()
+    server = MetricsServer("127.0.0.1", port, lambda: b"up 1\n", closed=lambda reason: None)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.5) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.0\nHost: x\n\n")
+            reply = b""
+            while chunk := sock.recv(4096):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200 OK\r\n") and reply.endswith(b"up 1\n")
+    finally:
+        server.close()
+
+
+# -- finding 13: a too-long socket path -------------------------------------------------------
+
+
+def test_too_long_socket_path_says_so(tmp_path: Path) -> None:
+    path = tmp_path / ("s" * 120 + ".sock")
+    with pytest.raises(
+        GpujitterError, match=r"path too long for a unix socket \(\d+ bytes, at most 107\)"
+    ):
+        StreamServer(path, hello=dict, snapshot=list)
