@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpujitter.daemon.sinks.stream import UNIX_PATH_MAX
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.topology import load_override
@@ -432,6 +433,8 @@ def _record_path(value: str) -> None:
 
 
 def _socket_path(value: str) -> None:
+    if (size := len(os.fsencode(value))) > UNIX_PATH_MAX:  # before its directory is made
+        raise ValueError(f"too long for a unix socket ({size} bytes, at most {UNIX_PATH_MAX})")
     own_dir(Path(value).parent, 0o755)  # clients reach the socket through it (0660 itself)
     if Path(value).exists() and not Path(value).is_socket():
         raise ValueError(f"{value} exists and is not a socket")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujitter.daemon.service.config import SETTINGS, load_config
+from gpujitter.daemon.service.config import SETTINGS, check_node, load_config
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.topology import load_override
@@ -186,3 +186,15 @@ def test_a_path_with_a_nul_is_refused_before_anything_is_made(tmp_path: Path, ke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpujitter.toml"]
     with pytest.raises(GpujitterError, match=r"watch\.cgroups: a path cannot contain a NUL"):
         load_config(write(tmp_path, ""), environ={"GPUJITTER_WATCH_CGROUPS": "/sys/fs/cgroup/a\0b"})
+
+
+def test_a_socket_path_too_long_to_bind_is_refused_before_its_directory_is_made(
+    tmp_path: Path,
+) -> None:
+    deep = tmp_path / ("d" * 60) / ("s" * 60)
+    # the other settings that name places on the node off: nothing else is checked or made
+    text = f'[socket]\npath = "{deep}"\n[log]\npath = ""\n[state]\ndir = ""\n'
+    config = load_config(write(tmp_path, text), environ={})
+    with pytest.raises(GpujitterError, match=r"socket\.path: too long for a unix socket"):
+        check_node(config, starting=True)
+    assert not deep.parent.exists()
