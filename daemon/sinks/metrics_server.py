@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gpujitter.daemon.sinks.stream import FD_ERRORS, FD_PAUSE_S, Notes
+from gpujitter.daemon.sinks.listening import FD_ERRORS, ListenerPause, Notes
 
 # Scrapers open one connection at a time; more than this is a flood or a leak, and the unit's
 # TasksMax would not care (one thread serves them all) but file descriptors and memory would.
@@ -65,10 +65,10 @@ class MetricsServer:
         self.closed = closed
         self.timeout_s = timeout_s
         self._note = Notes("gpujitter metrics")
-        self._paused_until = 0.0  # while out of descriptors: the listener is not watched
         self._conns: dict[socket.socket, _Connection] = {}  # in order of arrival
         self._listener = self._listen(host, port)
         self._sel = selectors.DefaultSelector()
+        self._pause = ListenerPause(self._sel, self._listener)  # while out of descriptors
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="gpujitter-metrics", daemon=True)
@@ -112,13 +112,9 @@ class MetricsServer:
     def _serve(self) -> None:
         while not self._stop.is_set():
             now = time.monotonic()
-            if self._paused_until and now >= self._paused_until:
-                self._paused_until = 0.0
-                self._sel.register(self._listener, selectors.EVENT_READ)
             first = min((c.deadline_s for c in self._conns.values()), default=now + 1.0)
-            if self._paused_until:
-                first = min(first, self._paused_until)
-            for key, _ in self._sel.select(timeout=min(max(first - now, 0.0), 1.0)):
+            timeout = self._pause.timeout(min(max(first - now, 0.0), 1.0))
+            for key, _ in self._sel.select(timeout=timeout):
                 if key.fileobj is self._listener:
                     self._accept()
                 elif key.fileobj is self._wake_r:
@@ -141,8 +137,7 @@ class MetricsServer:
                 if err.errno in FD_ERRORS:
                     self._note("fds", f"out of file descriptors ({err.strerror}): new "
                                "connections wait until some are free")  # fmt: skip
-                    self._sel.unregister(self._listener)
-                    self._paused_until = time.monotonic() + FD_PAUSE_S
+                    self._pause.pause()
                 return
             sock.setblocking(False)
             if len(self._conns) >= MAX_CONNECTIONS:

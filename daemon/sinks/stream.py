@@ -25,14 +25,12 @@ the entries of lists inside a record (a status record's threads, a watch change'
 from __future__ import annotations
 
 import contextlib
-import errno
 import grp
 import os
 import select
 import selectors
 import socket
 import struct
-import sys
 import threading
 import time
 from collections import deque
@@ -43,6 +41,7 @@ from typing import Any
 
 import orjson
 
+from gpujitter.daemon.sinks.listening import FD_ERRORS, ListenerPause, Notes
 from gpujitter.errors import GpujitterError
 
 STREAM_SCHEMA = "gpujitter.stream/1"
@@ -60,11 +59,6 @@ ROOT_ROOM = 8
 # A client that keeps sending what is not a request (each costs a parse and a reply) is
 # closed at this many, rather than served at a full CPU for as long as it likes.
 BAD_REQUESTS = 16
-NOTE_INTERVAL_S = 600.0  # at most one stderr line per kind of trouble this often
-# Out of file descriptors, a listener stays readable and accept keeps failing: it is left out
-# of the selector this long (connections wait in the backlog) rather than spun on.
-FD_PAUSE_S = 0.1
-FD_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 # sun_path is 108 bytes with its terminating NUL: a longer path cannot be bound.
 UNIX_PATH_MAX = 107
 # Keys whose lists name processes: a non-root client sees only the entries it owns.
@@ -89,26 +83,12 @@ class _Client:
     bad_requests: int = 0
 
 
-class Notes:
-    """One stderr line (the journal, under systemd) per kind of trouble per interval, saying
-    how many times it happened since the last line of that kind; `who` starts each line."""
-
-    def __init__(self, who: str, interval_s: float = NOTE_INTERVAL_S) -> None:
-        self.who = who
-        self.interval_s = interval_s
-        self._last_s: dict[str, float] = {}
-        self._since: dict[str, int] = {}
-
-    def __call__(self, kind: str, text: str) -> None:
-        now = time.monotonic()
-        self._since[kind] = self._since.get(kind, 0) + 1
-        last = self._last_s.get(kind)
-        if last is not None and now - last < self.interval_s:
-            return
-        times = self._since.pop(kind)
-        again = f" ({times} times in the last {now - last:.0f} s)" if last is not None else ""
-        print(f"{self.who}: {text}{again}", file=sys.stderr, flush=True)
-        self._last_s[kind] = now
+def _spare_fd() -> int | None:
+    """A descriptor held only to be given up when none is left (None: none to be had now)."""
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def _line(record: dict[str, Any]) -> bytes:
@@ -166,11 +146,11 @@ class StreamServer:
         self.refused = 0  # connections refused: past the caps, or out of descriptors
         # Kept open to be closed when accept finds no descriptor free: the one it frees lets
         # the connection be taken, told why and closed, rather than wait unanswered.
-        self._spare: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        self._paused_until = 0.0  # no spare either: the listener is not watched till then
+        self._spare = _spare_fd()
         self._note = Notes("gpujitter stream")
         self._stop = threading.Event()
         self._listener = self._listen(mode, group)
+        self._pause = ListenerPause(self._sel, self._listener, "accept")  # no spare either
         self._thread = threading.Thread(target=self._serve, name="gpujitter-stream", daemon=True)
         self.dropped_total = 0
 
@@ -296,13 +276,7 @@ class StreamServer:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
-            if self._paused_until and time.monotonic() >= self._paused_until:
-                self._paused_until = 0.0
-                self._sel.register(self._listener, selectors.EVENT_READ, "accept")
-            timeout = 1.0
-            if self._paused_until:
-                timeout = min(timeout, max(self._paused_until - time.monotonic(), 0.0))
-            for key, events in self._sel.select(timeout=timeout):
+            for key, events in self._sel.select(timeout=self._pause.timeout(1.0)):
                 if key.data == "accept":
                     self._accept()
                 elif key.data == "wake":
@@ -352,10 +326,7 @@ class StreamServer:
                     return
             else:
                 self._note("listen", f"accepting a client failed: {err.strerror or err}")
-            # The listener stays readable: out of the selector for a moment, or the thread
-            # would spin on it (new connections wait in the backlog meanwhile).
-            self._sel.unregister(self._listener)
-            self._paused_until = time.monotonic() + FD_PAUSE_S
+            self._pause.pause()
             return
         try:
             self._admit(sock)
@@ -371,18 +342,15 @@ class StreamServer:
         """Out of descriptors: give up the spare one for a moment, so that the waiting
         connection can be taken and told why it is refused. False when there is no spare
         (the whole system ran short and took it before it could be opened again)."""
-        if self._spare is None:
+        had_spare = self._spare is not None
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None
             with contextlib.suppress(OSError):
-                self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            return False
-        os.close(self._spare)
-        self._spare = None
-        with contextlib.suppress(OSError):
-            sock, _ = self._listener.accept()
-            self._refuse(sock, "the daemon is out of file descriptors")
-        with contextlib.suppress(OSError):
-            self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        return True
+                sock, _ = self._listener.accept()
+                self._refuse(sock, "the daemon is out of file descriptors")
+        self._spare = _spare_fd()
+        return had_spare
 
     def _refuse(self, sock: socket.socket, why: str) -> None:
         self.refused += 1
