@@ -92,6 +92,8 @@ class JsonLog:
         self.path = Path(path)
         self.rotation = rotation
         self.schema = schema
+        # What every line starts with after its "{", made once: written with each record.
+        self._lead = b'"schema":' + orjson.dumps(schema) + b","
         self.mode = mode
         self.lines = 0
         self.repaired_bytes = 0
@@ -148,7 +150,7 @@ class JsonLog:
                 break
         if keep < 0:
             # No newline at all: a torn first line only if it begins as every line does.
-            lead = b'{"schema":' + orjson.dumps(self.schema)
+            lead = b"{" + self._lead
             if floor > 0 or not lead.startswith(os.pread(fd, len(lead), 0)):
                 raise GpujitterError(
                     f"cannot open log {self.path}: its last {size - floor} bytes have no "
@@ -163,7 +165,7 @@ class JsonLog:
         """Append one record (an event, or a plain mapping) as one line; False when the
         disk refused it (dropped and counted in `failures`)."""
         if isinstance(record, Event):
-            raw = to_json(record, b'"schema":' + orjson.dumps(self.schema) + b",")
+            raw = to_json(record, self._lead)
         else:
             raw = orjson.dumps({"schema": self.schema, **record})
         # inert_json: names in it are other processes' choice, and people `tail -f` a log.
