@@ -44,8 +44,7 @@ from gpujitter.probes.base import (
 )
 
 _MAP = re.compile(
-    r"\bBPF_(?:HASH|ARRAY|PERCPU_ARRAY|PERCPU_HASH|LRU_HASH|RINGBUF_OUTPUT|PERF_OUTPUT|QUEUE|TASK_STORAGE)"
-    r"\(\s*(\w+)"
+    r"\bBPF_(?:HASH|ARRAY|PERCPU_ARRAY|PERCPU_HASH|LRU_HASH|RINGBUF_OUTPUT|PERF_OUTPUT|QUEUE)\(\s*(\w+)"
 )
 _TABLE = re.compile(r'\bBPF_TABLE\(\s*"(\w+)"\s*,[^,]+,[^,]+,\s*(\w+)')
 # A function defined (not only declared) at the start of a line:

@@ -62,9 +62,7 @@ class Rotation:
             # that is not the sink's to delete.
             total -= sizes[i]
             try:
-                path.unlink()
-            except FileNotFoundError:
-                pass  # someone deleted it already: the limit holds all the same
+                path.unlink(missing_ok=True)  # deleted by someone already: the limit holds
             except OSError as err:
                 cannot_delete(path, err)
                 continue
