@@ -39,9 +39,9 @@ class Notes:
 
 
 class ListenerPause:
-    """A listener taken out of its selector for FD_PAUSE_S. Out of file descriptors, accept
-    keeps failing while the listener stays readable, and the server's loop would spin on it;
-    meanwhile new connections wait in the backlog."""
+    """A listener taken out of its selector for a while (FD_PAUSE_S unless told). Out of file
+    descriptors, accept keeps failing while the listener stays readable, and the server's loop
+    would spin on it; meanwhile new connections wait in the backlog."""
 
     def __init__(self, sel: selectors.BaseSelector, listener: socket.socket, data: object = None):
         self._sel = sel
@@ -49,9 +49,9 @@ class ListenerPause:
         self._data = data  # what the listener is registered with
         self._until = 0.0  # monotonic s; 0: not paused
 
-    def pause(self) -> None:
+    def pause(self, seconds: float = FD_PAUSE_S) -> None:
         self._sel.unregister(self._listener)
-        self._until = time.monotonic() + FD_PAUSE_S
+        self._until = time.monotonic() + seconds
 
     def timeout(self, limit_s: float) -> float:
         """Before each select: the listener back in once its pause is over, and `limit_s`

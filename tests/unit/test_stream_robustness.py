@@ -214,6 +214,57 @@ def test_first_records_says_why_the_daemon_refused(tmp_path: Path) -> None:
         srv.close()
 
 
+# -- a connect/disconnect loop ----------------------------------------------------------------
+
+
+def test_connections_waiting_together_share_one_snapshot(tmp_path: Path) -> None:
+    """Each connection built a snapshot of its own: a client connecting and disconnecting in
+    a loop held the daemon at 60 % of a CPU. Those that wait together are admitted in one
+    round, with one snapshot, each still with its own user's scope."""
+    built: list[int] = []
+    uids = [0, 1000, 0, 1000, 1001, 0]
+    srv = StreamServer(
+        tmp_path / "s.sock",
+        hello=dict,
+        snapshot=lambda: built.append(1) or [{"type": "snapshot", "records": []}],
+        credentials=lambda sock: (1, uids.pop(0), 1),
+    )
+    socks = [connect(srv.path) for _ in range(6)]  # in the backlog: the server is not started
+    try:
+        srv.start()
+        firsts = [read_lines(sock, 2) for sock in socks]
+        assert built == [1]
+        assert [first[0]["scope"] for first in firsts] == [
+            "all", "uid 1000", "all", "uid 1000", "uid 1001", "all"
+        ]  # fmt: skip
+        assert all(first[1]["type"] == "snapshot" for first in firsts)
+    finally:
+        for sock in socks:
+            sock.close()
+        srv.close()
+
+
+def test_a_connect_loop_costs_a_snapshot_a_round_not_one_a_connection(tmp_path: Path) -> None:
+    built: list[int] = []
+    srv = StreamServer(tmp_path / "s.sock", hello=dict,
+                       snapshot=lambda: built.append(1) or []).start()  # fmt: skip
+    try:
+        start = time.monotonic()
+        connects = 0
+        while time.monotonic() - start < 0.5:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(srv.path))
+            sock.close()
+            connects += 1
+        took = time.monotonic() - start
+        assert len(built) <= took / stream.ADMIT_EVERY_S + 2 < connects
+        late = connect(srv.path)  # a client that stays is served as ever
+        assert read_lines(late, 1)[0]["type"] == "hello"
+        late.close()
+    finally:
+        srv.close()
+
+
 # -- finding 6: garbage requests ---------------------------------------------------------------
 
 
