@@ -134,11 +134,23 @@ class JsonLog:
 
     def _cut_torn_line(self, fd: int) -> int:
         """Truncate a last line without its newline (a crash mid-write); returns the size.
-        Only what can be a torn record is cut: a longer run without a newline (the reader's
+        A file that does not begin with a record is refused untouched. Only what can be a
+        torn record is cut: a longer run without a newline (the reader's
         limit), or a file with none that does not start as a record does, is someone else's
         file at a mistyped path, and is refused untouched."""
         size = os.fstat(fd).st_size
-        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        if size == 0:
+            return size
+        # Every line starts so (whatever the schema's major): a file that does not is someone
+        # else's at a mistyped path (--log /etc/hosts), neither appended to nor cut.
+        family = b'{"schema":' + orjson.dumps(self.schema.rsplit("/", 1)[0] + "/")[:-1]
+        head = os.pread(fd, len(family), 0)
+        if not family.startswith(head):  # (shorter: a first line torn inside its lead)
+            raise GpujitterError(
+                f"cannot open log {self.path}: it does not begin with a gpujitter record: "
+                "not a gpujitter log (left untouched)"
+            )
+        if os.pread(fd, 1, size - 1) == b"\n":
             return size
         floor = max(0, size - MAX_LINE_BYTES - 1)  # a torn line has its newline before it here
         keep = -1

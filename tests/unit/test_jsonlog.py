@@ -275,11 +275,13 @@ def test_rotation_writes_on_when_an_old_file_cannot_be_deleted(tmp_path: Path) -
         b"DATA!",  # a short file that is no record
         b"\0" * (8 << 20) + b"DATA!",  # a run without a newline longer than any record
         orjson.dumps({"schema": LOG_SCHEMA, "type": "x"}) + b"\n" + b"y" * (MAX_LINE_BYTES + 1),
+        # someone else's file at a mistyped path: it was appended to, its last line cut
+        b"127.0.0.1 localhost\n::1 localhost",
+        b"127.0.0.1 localhost\n",
+        b'{"schema":"gpujitter.trace/1"}\n',  # another gpujitter file is no log either
     ],
 )
-def test_a_file_that_ends_in_no_torn_record_is_refused_untouched(
-    tmp_path: Path, content: bytes
-) -> None:
+def test_a_file_that_is_no_log_is_refused_untouched(tmp_path: Path, content: bytes) -> None:
     # It was cut back to its last newline, however far: a 3 GB data file went to nothing.
     path = tmp_path / "a.jsonl"
     path.write_bytes(content)
