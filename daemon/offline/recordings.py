@@ -12,6 +12,7 @@ and every command says what it is reading when it is not a trace.
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import orjson
 
 from gpujitter.daemon.sinks.jsonlog import LOG_SCHEMA, MAX_LINE_BYTES, JsonLogReader
-from gpujitter.daemon.sinks.trace import MAGIC, TraceHeader, TraceSet, trace_paths
+from gpujitter.daemon.sinks.trace import MAGIC, TraceHeader, TraceSet, path_mode, trace_paths
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import BadRecord, ClockRef, Event, event_kinds, from_record
 from gpujitter.probes.topology import Topology
@@ -45,9 +46,10 @@ def sniff(path: Path) -> str:
     """Which kind of recording a path holds (a directory: rotated traces). Only a regular
     file or a directory: a FIFO would block the open, and a pipe's first bytes, read here,
     would be gone for the reader that follows."""
-    if path.is_dir():
+    mode = path_mode(path)
+    if mode is not None and stat.S_ISDIR(mode):
         return TRACE
-    if path.exists() and not path.is_file():
+    if mode is not None and not stat.S_ISREG(mode):
         raise GpujitterError(f"{path}: not a regular file (save a stream to a file first)")
     try:
         with open(path, "rb") as f:

@@ -67,10 +67,12 @@ def rotated_files(path: Path) -> list[Path]:
     """The log and its rotated files, oldest first: name.N .. name.1, name (if present)."""
     numbered = []
     k = 1
-    while (candidate := path.with_name(f"{path.name}.{k}")).exists():
+    # os.path.exists: False where a directory on the way may not be searched (Path.exists
+    # raises there); opening the file then says why in one line.
+    while os.path.exists(candidate := path.with_name(f"{path.name}.{k}")):
         numbered.append(candidate)
         k += 1
-    current = [path] if path.exists() else []
+    current = [path] if os.path.exists(path) else []
     return [*reversed(numbered), *current]
 
 

@@ -15,6 +15,7 @@ import contextlib
 import glob
 import os
 import socket
+import stat
 import struct
 import time
 import uuid
@@ -476,6 +477,22 @@ class TraceReader:
         self.close()
 
 
+def path_mode(path: Path) -> int | None:
+    """st_mode of what a user named, None where nothing is; a path this user may not reach
+    (a directory on the way without search permission) is one line, not a traceback."""
+    try:
+        return path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:
+        raise GpujitterError(f"cannot read {path}: {err.strerror}") from None
+
+
+def _listed(name: str) -> bool:
+    """Whether a directory's entry is one of its traces, as the glob *.gjtrace finds them."""
+    return name.endswith(SUFFIX) and not name.startswith(".")
+
+
 def trace_paths(args: Sequence[str | Path]) -> list[Path]:
     """Expand what a user named (files, directories of *.gjtrace files, glob patterns) into
     trace files, each once."""
@@ -484,11 +501,15 @@ def trace_paths(args: Sequence[str | Path]) -> list[Path]:
         if not str(arg):  # Path("") is "."; an empty argument is a mistake, not this directory
             raise GpujitterError("an empty path was given")
         path = Path(arg)
-        if path.is_dir():
-            found = sorted(path.glob(f"*{SUFFIX}"))
+        mode = path_mode(path)
+        if mode is not None and stat.S_ISDIR(mode):
+            try:  # (Path.glob says nothing of a directory it may not list)
+                found = sorted(path / e.name for e in os.scandir(path) if _listed(e.name))
+            except OSError as err:
+                raise GpujitterError(f"cannot read {path}: {err.strerror}") from None
             if not found:
                 raise GpujitterError(f"{path}: no *{SUFFIX} files in this directory")
-        elif path.exists():
+        elif mode is not None:
             found = [path]
         elif glob.has_magic(str(arg)):
             found = sorted(Path(p) for p in glob.glob(str(arg)))

@@ -8,15 +8,17 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
 
 from gpujitter.cli import main
-from gpujitter.daemon.offline.recordings import EVENTS, LOG, TRACE, open_recording
-from gpujitter.daemon.sinks.jsonlog import JsonLog
-from gpujitter.daemon.sinks.trace import TraceReader
+from gpujitter.daemon.offline.recordings import EVENTS, LOG, TRACE, open_recording, sniff
+from gpujitter.daemon.sinks.jsonlog import JsonLog, rotated_files
+from gpujitter.daemon.sinks.trace import TraceReader, trace_paths
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import to_record
 
@@ -169,3 +171,54 @@ def test_export_draws_an_events_file_and_refuses_a_log(
     assert json.loads(capsys.readouterr().out)["gaps"] == 32
     assert main(["export", str(formats[LOG]), "-o", str(out)]) == 2
     assert "holds no events to draw" in capsys.readouterr().err
+
+
+def _as_another_user(call: Callable[[], object]) -> str:
+    """What `call` says (its one-line error, or "ok") in a forked child that is not root
+    where this process is (root passes every permission check)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: everything it needs is imported already
+        try:
+            os.close(read)
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            try:
+                call()
+                said = "ok"
+            except GpujitterError as err:
+                said = str(err)
+            except BaseException as err:  # what escaped is the finding
+                said = f"escaped: {type(err).__name__}: {err}"
+            os.write(write, said.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        said = f.read().decode()
+    os.waitpid(pid, 0)
+    return said
+
+
+def test_a_path_this_user_may_not_reach_is_one_line(tmp_path: Path) -> None:
+    # A log under a directory without search permission for the reader: `report`, `trace`
+    # and `top --replay` ended in "internal error: PermissionError", and a directory that
+    # could not be listed read as one with no traces in it.
+    shut = tmp_path / "shut"
+    shut.mkdir()
+    (shut / "a.jsonl").write_bytes(b"x")
+    (shut / "b.gjtrace").write_bytes(b"x")
+    shut.chmod(0)
+    tmp_path.chmod(0o755)
+    try:
+        for call in (
+            lambda: sniff(shut / "a.jsonl"),
+            lambda: trace_paths([shut / "a.jsonl"]),
+            lambda: open_recording([shut]),
+        ):
+            said = _as_another_user(call)
+            assert said.startswith("cannot read ") and said.endswith(": Permission denied"), said
+        assert _as_another_user(lambda: rotated_files(shut / "a.jsonl")) == "ok"
+    finally:
+        shut.chmod(0o700)
