@@ -19,6 +19,8 @@ import pytest
 
 from gpujitter.daemon.drill import system
 from gpujitter.probes import registry
+from gpujitter.probes import sched as sched_probe
+from gpujitter.probes.btf import BtfError
 from gpujitter.probes.events import (
     IdleWake,
     Log2Hist,
@@ -190,7 +192,16 @@ def test_the_task_named_is_the_one_that_held_the_cpu_not_the_last_to_leave_it() 
     assert sum(e.runq_ns - e.other_ns for e in behind_hog) < 0.15 * runq
 
 
-def test_off_cpu_states_carry_the_syscall_and_the_waker(tmp_path: Path) -> None:
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "perf-tracepoints"])
+def test_off_cpu_states_carry_the_syscall_and_the_waker(
+    tmp_path: Path, raw: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not raw:  # a kernel whose BTF lacks the fields: the perf tracepoints' programs
+
+        def no_offsets(*args: Any) -> list[str]:
+            raise BtfError("refused by the test")
+
+        monkeypatch.setattr(sched_probe, "offset_cflags", no_offsets)
     with (
         Child(f"""
         for _ in range(5):
@@ -242,7 +253,9 @@ def test_off_cpu_states_carry_the_syscall_and_the_waker(tmp_path: Path) -> None:
     disk = [e for e in stuck if e.syscall in (SYS_WRITE, SYS_PWRITE64, SYS_FSYNC, SYS_FDATASYNC)]
     assert disk, f"O_DIRECT writes and fsync must block uninterruptibly: {stuck}"
     assert sum(blocked_ns(e) for e in disk) > 0
-    assert rec.status("sched").state == "running"
+    # without BTF's offsets: degraded, and it says why (the twice dearer hooks)
+    assert rec.status("sched").state == ("running" if raw else "degraded")
+    assert ("perf tracepoints" in rec.status("sched").reason) != raw
 
 
 SLEEPS = """
