@@ -432,9 +432,12 @@ def _record_path(value: str) -> None:
         raise ValueError(f"{value} is a file; the daemon records into a directory")
 
 
-def _socket_path(value: str) -> None:
-    if (size := len(os.fsencode(value))) > UNIX_PATH_MAX:  # before its directory is made
+def _socket_fits(value: str) -> None:
+    if (size := len(os.fsencode(value))) > UNIX_PATH_MAX:
         raise ValueError(f"too long for a unix socket ({size} bytes, at most {UNIX_PATH_MAX})")
+
+
+def _socket_path(value: str) -> None:
     own_dir(Path(value).parent, 0o755)  # clients reach the socket through it (0660 itself)
     if Path(value).exists() and not Path(value).is_socket():
         raise ValueError(f"{value} exists and is not a socket")
@@ -467,6 +470,7 @@ _NODE_CHECKS: dict[str, Callable[[Any], Any]] = {
     "watch.cgroups": _cgroups,
     "topology.override": load_override,
     "socket.group": _group,
+    "socket.path": _socket_fits,  # (before its directory is made, at start)
 }
 # Checked only when the daemon starts: under systemd these directories are the unit's, made
 # at start (and /run/gpujitter is gone while it is stopped), and a running daemon holds the
@@ -484,8 +488,8 @@ def check_node(config: Config, *, starting: bool) -> None:
     """What the settings name on this node: cgroups, the topology override, the socket's
     group; when `starting`, also the directories of the log, the recordings and the socket,
     and the metrics address."""
-    checks = {**_NODE_CHECKS, **(_START_CHECKS if starting else {})}
-    for key, check in checks.items():
+    checks = [*_NODE_CHECKS.items(), *(_START_CHECKS.items() if starting else ())]
+    for key, check in checks:
         value = config[key]
         if not value:
             continue

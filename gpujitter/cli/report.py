@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "offset or Z; local without), or +OFFSET from the recording's start (+90s)",
     )
     p.add_argument("--to", dest="end", metavar="WHEN", help="only gaps starting before WHEN")
-    p.add_argument("--gpu", type=int, action="append", default=[], help="only this GPU")
+    p.add_argument("--gpu", type=int, action="append", default=[],
+                   help="only this GPU (repeatable)")  # fmt: skip
     p.add_argument("--html", type=Path, metavar="FILE",
                    help="also write the report as one self-contained HTML page (charts "
                    "of idle time by cause, gap durations, culprits, fixes)")  # fmt: skip
