@@ -133,6 +133,25 @@ def test_a_log_replay_refuses_another_schema_garbage_and_ill_typed_lines(tmp_pat
         assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_stream_replay_refuses_messages_whose_times_are_no_ints(tmp_path: Path) -> None:
+    # The stream's own messages and kinds of later versions are not event kinds: their
+    # times reached the replay's clock unchecked (a TypeError, an internal error).
+    hello = b'{"type": "hello", "schema": "gpujitter.stream/1"}\n'
+    stream = tmp_path / "s.ndjson"
+    for line, message in [
+        (
+            b'{"type": "daemon.status", "ts_ns": null}',
+            ":2: bad daemon.status record: ts_ns: want int",
+        ),
+        (b'{"type": "zz.future", "end_ns": "soon"}', ":2: bad zz.future record: end_ns: want int"),
+        (b'{"type": "x", "ts_ns": 1, "interval_ns": 1.5}', ":2: bad x record: interval_ns: want"),
+    ]:
+        stream.write_bytes(hello + line + b"\n")
+        with pytest.raises(GpujitterError) as err:
+            read(stream)
+        assert message in str(err.value) and "\n" not in str(err.value)
+
+
 def test_a_recorded_trace_replays_with_its_header_as_the_hello(tmp_path: Path) -> None:
     topo = Topology(cpu_node={0: 0, 1: 1})
     header = TraceHeader.now(topo, ["irq", "cstate"], {})

@@ -72,3 +72,20 @@ def test_a_replay_holds_no_more_for_a_longer_trace(tmp_path: Path) -> None:
     assert long_records - 2 == 4 * (short_records - 2) == 21_600  # all, after hello+snapshot
     # Holding the long replay's records would take ~6 MiB more than the short one's.
     assert long_peak - short_peak < 1 << 20, (short_peak, long_peak)
+
+
+def test_a_recording_with_no_timed_record_plays_as_an_empty_one(tmp_path: Path) -> None:
+    # A daemon stopped before its first event leaves a header-only trace; a stream captured
+    # as it connected holds only the hello. `top --replay` ended in an internal error on
+    # both (the empty rest had no close()).
+    header_only = tmp_path / "a.gjtrace"
+    with TraceWriter(header_only, TraceHeader.now(Topology(cpu_node={0: 0}), ["irq"], {})):
+        pass
+    hello_only = tmp_path / "b.ndjson"
+    hello_only.write_text('{"type": "hello", "schema": "gpujitter.stream/1"}\n')
+    for path in (header_only, hello_only):
+        app = Discard()
+        feed = ReplayFeed(path, at="end", playing=False)
+        feed.run(app, lambda app=app: app.done)
+        assert (feed.start_ns, feed.end_ns, feed.gaps) == (0, 0, 0)
+        assert app.done

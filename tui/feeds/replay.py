@@ -22,6 +22,7 @@ from typing import Any
 
 from gpujitter.daemon.offline.recordings import EVENTS, TRACE, WHAT, sniff
 from gpujitter.errors import GpujitterError
+from gpujitter.text import printable
 from gpujitter.tui.feeds import Feed, Receiver
 from gpujitter.tui.inbox import ReplayPosition
 
@@ -32,6 +33,7 @@ GAP_KINDS = ("gpu.gap", "gpu.attribution")
 ATTRIBUTION_WAIT_NS = 30 * 1_000_000_000  # how far past a gap its attribution is looked for
 SPEEDS = (1 / 16, 256.0)
 SCENE_KINDS = ("hello", "snapshot")
+_TIMES = ("ts_ns", "end_ns", "interval_ns")  # what emitted_at reads
 
 
 def emitted_at(rec: Record) -> int | None:
@@ -54,11 +56,13 @@ def read_recording(path: Path) -> tuple[list[Record], Iterator[Record]]:
         if rec.get("type") not in SCENE_KINDS:
             return scene, _following(rec, records)
         scene.append(rec)
-    return scene, iter(())
+    return scene, _following(None, records)  # no timed record (stopped before its first)
 
 
-def _following(first: Record, rest: Iterator[Record]) -> Iterator[Record]:
-    yield first
+def _following(first: Record | None, rest: Iterator[Record]) -> Iterator[Record]:
+    """`first`, then the rest: a generator, which the replay closes when it is done."""
+    if first is not None:
+        yield first
     yield from rest
 
 
@@ -71,6 +75,12 @@ def _ndjson_records(path: Path) -> Iterator[Record]:
     for n, rec in enumerate(JsonLogReader(path, stream_schema=STREAM_SCHEMA), 1):
         if not isinstance(rec.get("type"), str):
             raise GpujitterError(f"{path}:{n}: not a stream record (no type)")
+        # The times the replay plays by; event kinds had theirs checked, the stream's own
+        # messages (hello, snapshot, daemon.status) and kinds of later versions had not.
+        for key in _TIMES:
+            if key in rec and type(rec[key]) is not int:
+                raise GpujitterError(f"{path}:{n}: bad {printable(rec['type'])[:40]} record: "
+                                     f"{key}: want int, got {type(rec[key]).__name__}")  # fmt: skip
         if rec["type"] != "hello":
             rec.pop("schema", None)  # the attribution log's per-line schema tag
         yield rec
