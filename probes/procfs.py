@@ -73,9 +73,10 @@ def parse_maps(text: str) -> list[Mapping]:
 def read_maps(paths: HostPaths, pid: int | str, containing: str = "") -> list[Mapping]:
     """/proc/PID/maps of process `pid` ("self" for this one), only its lines holding
     `containing` when given; OSError when it cannot be read (the process exited, or is
-    another user's)."""
-    with open(paths.proc / str(pid) / "maps") as f:
-        text = f.read()
+    another user's). Paths are decoded as the file system's names are (os.fsdecode): a
+    mapped file whose name is not UTF-8 keeps its bytes, and opening the path opens it."""
+    with open(paths.proc / str(pid) / "maps", "rb") as f:
+        text = os.fsdecode(f.read())
     if containing:
         text = "\n".join(line for line in text.splitlines() if containing in line)
     return parse_maps(text)

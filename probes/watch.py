@@ -109,7 +109,9 @@ def resolve(
     if spec.comms:
         for tgid in proc_pids(paths):
             names = {read_name(paths.proc / str(tgid) / "comm") or ""}
-            cmdline = read_text(paths.proc / str(tgid) / "cmdline") or ""
+            # any bytes the process chose: a name that is not UTF-8 still matches by the rest
+            raw = read_raw(f"{paths.proc}/{tgid}/cmdline")
+            cmdline = raw.decode(errors="replace") if raw else ""
             if cmdline:
                 names.add(os.path.basename(cmdline.split("\0", 1)[0]))
             if any(fnmatch.fnmatchcase(n, pat) for n in names if n for pat in spec.comms):

@@ -135,6 +135,22 @@ def test_status_of_a_process_whose_name_is_not_utf8_is_read(tmp_path: Path) -> N
         child.wait()
 
 
+def test_a_mapped_file_whose_name_is_not_utf8_is_read_and_opens(tmp_path: Path) -> None:
+    """A process mapping such a file made every reader of its maps raise UnicodeDecodeError
+    (`audit --pid` ended in an internal error; the daemon's libcuda scan reads the same
+    file each second)."""
+    import mmap
+
+    odd = os.fsencode(tmp_path) + b"/lib\xff\xfe.so"
+    with open(odd, "wb") as f:
+        f.write(b"x" * 4096)
+    with open(odd, "rb") as f, mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ):
+        files = mapped_files(HostPaths(), "self", containing="lib\udcff")
+        assert len(files) == 1 and os.fsencode(files[0]) == odd
+        assert Path(files[0]).read_bytes()[:1] == b"x"  # the name opens the file it names
+        assert any(m.path == files[0] for m in read_maps(HostPaths(), "self"))
+
+
 HOSTILE_CHILD = """
 import ctypes, sys
 ctypes.CDLL(None).prctl(15, b"gj\\xff\\xfe", 0, 0, 0)  # PR_SET_NAME
