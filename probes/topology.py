@@ -260,16 +260,17 @@ def read_cpu_nodes(paths: HostPaths) -> dict[int, int]:
 
 def _node_dirs(paths: HostPaths) -> list[tuple[int, Path]]:
     root = paths.sys / "devices/system/node"
-    found = [(int(d.name[4:]), d) for d in root.glob("node[0-9]*")]
+    found = [(int(d.name[4:]), d) for d in root.glob("node[0-9]*") if d.name[4:].isdecimal()]
     return sorted(found)
 
 
 def read_node_distance(paths: HostPaths) -> dict[int, tuple[int, ...]]:
-    """Node -> its SLIT distances to nodes 0..N (10 = local)."""
+    """Node -> its SLIT distances to nodes 0..N (10 = local); a node whose file does not
+    read as numbers has none (unknown, as without the file)."""
     out = {}
     for node, node_dir in _node_dirs(paths):
-        text = read_text(node_dir / "distance")
-        if text:
+        text = read_text(node_dir / "distance") or ""
+        if text and all(d.isdecimal() for d in text.split()):
             out[node] = tuple(int(d) for d in text.split())
     return out
 

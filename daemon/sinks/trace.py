@@ -495,8 +495,8 @@ def _listed(name: str) -> bool:
 
 def trace_paths(args: Sequence[str | Path]) -> list[Path]:
     """Expand what a user named (files, directories of *.gjtrace files, glob patterns) into
-    trace files, each once."""
-    out: dict[Path, None] = {}
+    trace files, each file once under the first name given for it."""
+    out: dict[tuple[int, int] | Path, Path] = {}
     for arg in args:
         if not str(arg):  # Path("") is "."; an empty argument is a mistake, not this directory
             raise GpujitterError("an empty path was given")
@@ -517,8 +517,19 @@ def trace_paths(args: Sequence[str | Path]) -> list[Path]:
                 raise GpujitterError(f"{arg}: no file matches")
         else:
             raise GpujitterError(f"{path}: no such file or directory")
-        out.update(dict.fromkeys(found))
-    return list(out)
+        for f in found:
+            out.setdefault(_identity(f), f)
+    return list(out.values())
+
+
+def _identity(path: Path) -> tuple[int, int] | Path:
+    """What makes two names one file (a link, `dir/../x`): its device and inode; the name
+    where it cannot be stat'ed (the reader then says why)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return path
+    return st.st_dev, st.st_ino
 
 
 def _one_timeline(headers: list[tuple[Path, TraceHeader]]) -> None:
