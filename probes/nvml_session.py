@@ -36,6 +36,7 @@ from typing import Any
 
 import orjson
 
+from gpujitter.files import read_regular
 from gpujitter.probes.gpu_clock import (
     CalibrationFailed,
     Observation,
@@ -44,6 +45,9 @@ from gpujitter.probes.gpu_clock import (
 )
 
 FORMAT = "gpujitter-nvml-recording"
+# Far past a recording of hours (the H200 training fixture: 330 KB for its calls of a few
+# seconds' sampling); a larger file is a mistake, and it is read whole.
+MAX_RECORDING_BYTES = 256 << 20
 VERSION = 1
 RING_FUNCS = ("nvmlDeviceGetSamples", "nvmlDeviceGetProcessUtilization")
 JITTER_US = 5  # how far apart two reads of one sample's timestamp were seen (H200: 1 µs)
@@ -156,8 +160,10 @@ class NvmlTap:
 
 
 def load(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A recording's header and call records; ValueError saying where a file is not one."""
-    lines = Path(path).read_bytes().splitlines()
+    """A recording's header and call records; ValueError saying where a file is not one,
+    GpujitterError where it is no regular file of at most MAX_RECORDING_BYTES."""
+    data = read_regular(Path(path), "NVML recording", MAX_RECORDING_BYTES, "not a recording")
+    lines = data.splitlines()
     try:
         header = orjson.loads(lines[0]) if lines else None
     except orjson.JSONDecodeError:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import io
 import os
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -16,6 +17,7 @@ from gpujitter.cli.command import Command
 from gpujitter.cli.options import add_traces_arg
 from gpujitter.cli.output import print_json
 from gpujitter.errors import GpujitterError
+from gpujitter.files import read_regular
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,11 +32,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+# Far past a profiler trace of a long run (they run to hundreds of MB); a larger file, or one
+# that decompresses to more, is not one, and all of it is held to be parsed.
+MAX_PROFILER_BYTES = 1 << 30
+
+
 def _load_profiler(path: Path) -> Any:
+    raw = read_regular(path, "--merge", MAX_PROFILER_BYTES, "not a profiler trace")
     try:
-        raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
+                raw = f.read(MAX_PROFILER_BYTES + 1)  # a gzip bomb stops here
+            if len(raw) > MAX_PROFILER_BYTES:
+                raise GpujitterError(f"--merge {path}: decompresses to more than 1 GiB; "
+                                     "not a profiler trace")  # fmt: skip
         return orjson.loads(raw)
     except (OSError, EOFError, gzip.BadGzipFile) as err:
         raise GpujitterError(f"--merge {path}: {getattr(err, 'strerror', None) or err}") from None

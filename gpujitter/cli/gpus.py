@@ -119,26 +119,32 @@ def run(args: argparse.Namespace) -> int:
     from gpujitter.probes.nvml_session import NvmlPlaybackMissing
 
     backend = nvml_backend(args)
+    # What a recording played back can get wrong: the calls these make were not recorded
+    # (one made by another command, the daemon's sampler or `record`, holds others), or
+    # the answers recorded are not what NVML gives (a damaged or hand-made file).
+    played_wrong = (
+        (NvmlPlaybackMissing, TypeError, ValueError, AttributeError, LookupError, OSError)
+        if args.nvml_replay is not None
+        else ()
+    )
     try:
-        nvml = open_nvml(backend)
-    except NvmlUnavailable as err:
-        save_recording(args, backend)
-        if args.json:
-            print_json({"gpus": [], "reason": str(err)})
-        else:
-            print(f"no NVIDIA GPU usable: {printable(str(err))}")
-        return 0
-    with nvml:
         try:
+            nvml = open_nvml(backend)
+        except NvmlUnavailable as err:
+            save_recording(args, backend)
+            if args.json:
+                print_json({"gpus": [], "reason": str(err)})
+            else:
+                print(f"no NVIDIA GPU usable: {printable(str(err))}")
+            return 0
+        with nvml:
             gpus = describe_gpus(nvml, HostPaths())
             driver = nvml.driver_version()
-        except NvmlPlaybackMissing as err:
-            # A recording made by another command (the daemon's sampler, `record`) holds
-            # other calls than these.
-            raise GpujitterError(
-                f"--nvml-replay {args.nvml_replay}: {err}: it was not recorded by "
-                "`gpujitter gpus --nvml-record`"
-            ) from None
+    except played_wrong as err:
+        why = (f"{err}: it was not recorded by `gpujitter gpus --nvml-record`"
+               if isinstance(err, NvmlPlaybackMissing)
+               else f"not an NVML session's answers ({type(err).__name__}: {err})")  # fmt: skip
+        raise GpujitterError(f"--nvml-replay {args.nvml_replay}: {why}") from None
     save_recording(args, backend)
     if args.json:
         print_json({"driver": driver, "gpus": gpus})

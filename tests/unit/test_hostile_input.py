@@ -4,6 +4,7 @@ a hang. The process's last resort for the rest is one line and exit 70 (cli.entr
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -273,3 +274,78 @@ def test_a_wall_clock_no_date_holds_is_shown_relative() -> None:
     assert clock.date(1_500_000_000) == ""
     assert WallClock(ts_ns=0, realtime_ns=-(10**22), tz=UTC).time(0, digits=0) == "+0s"
     assert WallClock(ts_ns=0, realtime_ns=10**18, tz=UTC).date(0) == "2001-09-09"
+
+
+# -- the second fuzzing round (2026-12-04) -------------------------------------------------------
+
+
+def test_nvml_and_profiler_inputs_that_are_no_regular_file_or_too_big(tmp_path: Path) -> None:
+    # A FIFO waited for ever; /dev/zero took the memory there was; a gzip bomb decompressed.
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    bomb = tmp_path / "bomb.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=1) as f:
+        chunk = b" " * (1 << 20)
+        for _ in range(1100):  # 1.1 GiB of blanks, ~1 MiB compressed
+            f.write(chunk)
+    for path, said in ((fifo, "not a regular file"), (Path("/dev/zero"), "not a regular file")):
+        refused(gpujitter("gpus", "--nvml-replay", str(path)), said)
+    out = tmp_path / "t.json"
+    for path, said in (
+        (fifo, "not a regular file"),
+        (Path("/dev/zero"), "not a regular file"),
+        (bomb, "decompresses to more than 1 GiB"),
+    ):
+        refused(gpujitter("export", str(EXAMPLE), "-o", str(out), "--merge", str(path)), said)
+        assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("drop", "change", "said"),
+    [
+        ("nvmlInit", None, "it was not recorded by `gpujitter gpus --nvml-record`"),
+        (None, ("nvmlDeviceGetCpuAffinity", b'"ret":[null]'), "not an NVML session's answers"),
+        (None, ("nvmlDeviceGetPciInfo", b'"ret":{"busId":7}'), "not an NVML session's answers"),
+    ],
+)
+def test_an_nvml_recording_whose_answers_are_not_nvmls(
+    tmp_path: Path, drop: str | None, change: tuple[str, bytes] | None, said: str
+) -> None:
+    lines = NVML_IDLE.read_bytes().splitlines(keepends=True)
+    out = [lines[0]]
+    for line in lines[1:]:
+        call = orjson.loads(line)
+        if call["fn"] == drop:
+            continue
+        if change and call["fn"] == change[0]:
+            line = orjson.dumps({k: v for k, v in call.items() if k != "ret"})[:-1]
+            line += b"," + change[1] + b"}\n"
+        out.append(line)
+    path = tmp_path / "nvml.jsonl"
+    path.write_bytes(b"".join(out))
+    refused(gpujitter("gpus", "--nvml-replay", str(path)), said)
+
+
+def test_a_node_distance_or_node_directory_that_does_not_read_as_numbers(tmp_path: Path) -> None:
+    from gpujitter.probes.host import HostPaths
+    from gpujitter.probes.topology import read_node_distance
+
+    root = tmp_path / "root"
+    for node, distance in (("node0", "10 x\n"), ("node1", "21 10\n"), ("node1x", "10\n")):
+        (root / "sys/devices/system/node" / node).mkdir(parents=True)
+        (root / "sys/devices/system/node" / node / "distance").write_text(distance)
+    assert read_node_distance(HostPaths.under(root)) == {1: (21, 10)}
+
+
+def test_one_log_named_twice_is_read_once(tmp_path: Path) -> None:
+    # Under a second name (a link, dir/../file) its gaps were counted twice, exit 0.
+    from gpujitter.daemon.sinks.jsonlog import JsonLog
+    from gpujitter.daemon.sinks.trace import trace_paths
+
+    log = tmp_path / "a.jsonl"
+    with JsonLog(log) as w:
+        w.write({"type": "x"})
+    (tmp_path / "link.jsonl").symlink_to(log)
+    (tmp_path / "d").mkdir()
+    names = [log, tmp_path / "link.jsonl", tmp_path / "d" / ".." / "a.jsonl"]
+    assert trace_paths(names) == [log]
