@@ -173,6 +173,9 @@ def run(args: argparse.Namespace) -> int:
     ref = clock_ref()
     out = Printer(args.json, ref)
     if args.replay_events is not None:
+        if args.nvml_replay is not None or args.nvml_record is not None:
+            raise GpujitterError("--replay-events reads the saved events and no NVML: "
+                                 "--nvml-replay and --nvml-record do nothing with it")  # fmt: skip
         return replay(args, out)
     from gpujitter.probes.topology import load_topology
 

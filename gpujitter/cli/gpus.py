@@ -40,6 +40,9 @@ def nvml_backend(args: argparse.Namespace) -> Any:
     from gpujitter.errors import GpujitterError
     from gpujitter.probes.nvml_session import NvmlPlayback, NvmlTap
 
+    if args.nvml_replay is not None and args.nvml_record is not None:
+        raise GpujitterError("--nvml-record with --nvml-replay: a session played back is not "
+                             "recorded again; give one of them")  # fmt: skip
     if args.nvml_replay is not None:
         try:
             return NvmlPlayback(args.nvml_replay)

@@ -349,3 +349,15 @@ def test_one_log_named_twice_is_read_once(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     names = [log, tmp_path / "link.jsonl", tmp_path / "d" / ".." / "a.jsonl"]
     assert trace_paths(names) == [log]
+
+
+def test_nvml_options_that_would_do_nothing_are_refused(tmp_path: Path) -> None:
+    # --nvml-record beside a playback (or beside saved events) recorded nothing, silently.
+    target = str(tmp_path / "x.jsonl")
+    refused(gpujitter("gpus", "--nvml-replay", str(NVML_IDLE), "--nvml-record", target),
+            "--nvml-record with --nvml-replay")  # fmt: skip
+    events = tmp_path / "events.ndjson"
+    events.write_bytes(orjson.dumps({"type": "meta.clock", "ts_ns": 1, "wall_ns": 1}) + b"\n")
+    refused(gpujitter("gaps", "--replay-events", str(events), "--nvml-record", target),
+            "--nvml-replay and --nvml-record do nothing with it")  # fmt: skip
+    assert not Path(target).exists()
