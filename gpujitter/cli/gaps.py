@@ -152,6 +152,7 @@ def analysis_from_args(args: argparse.Namespace) -> AnalysisConfig:
 def replay(args: argparse.Namespace, out: Printer) -> int:
     """The detector over any recording's events; an attribution log's gaps as it logged them
     (it holds no events to detect from)."""
+    analysis = analysis_from_args(args)  # a bad value said before the file is read
     try:
         rec = open_recording([args.replay_events])
     except GpujitterError as err:
@@ -159,7 +160,6 @@ def replay(args: argparse.Namespace, out: Printer) -> int:
     if rec.kind != TRACE and not args.json:
         print(printable(f"# reading {rec.what}"), file=sys.stderr)
     out.ref = rec.header.clock if rec.wall_clock else None
-    analysis = analysis_from_args(args)
     Runtime(
         ListSource(rec, label=rec.what), rec.header.topology,
         sinks=[_Shown(out, live=False, analysed=rec.analysed)],
