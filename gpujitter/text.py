@@ -14,6 +14,8 @@ import dataclasses
 import re
 from typing import Any, TypeVar
 
+import orjson
+
 T = TypeVar("T")
 
 
@@ -84,3 +86,39 @@ def _inert(value: Any) -> Any:
         changes = {f.name: _inert(getattr(value, f.name)) for f in dataclasses.fields(value)}
         return dataclasses.replace(value, **changes)
     return value
+
+
+def jsonable(obj: Any) -> Any:
+    """`obj` with what orjson refuses made writable: a str holding surrogates (a file name
+    or argument of bytes that are not UTF-8, as os.fsdecode reads it) as decode_name writes
+    those bytes (`\\xff`), an integer past 64 bits as its decimal string; dataclasses as
+    dicts, tuples as lists; the rest as it is."""
+    if isinstance(obj, str):
+        try:
+            obj.encode()
+            return obj
+        except UnicodeEncodeError:
+            try:  # os.fsdecode's surrogates: the bytes they stand for
+                raw = obj.encode(errors="surrogateescape")
+            except UnicodeEncodeError:  # any other lone surrogate
+                raw = obj.encode(errors="backslashreplace")
+            return decode_name(raw)
+    if isinstance(obj, int) and not isinstance(obj, bool) and not -(2**63) <= obj < 2**64:
+        return str(obj)
+    if isinstance(obj, dict):
+        return {jsonable(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    return obj
+
+
+def dumps(obj: Any, option: int = 0) -> bytes:
+    """orjson.dumps, and where orjson refuses a value (jsonable's kinds: a name of bytes that
+    are not UTF-8 reached a record), the same record written as jsonable makes it: what the
+    daemon's sinks write never raises for what another process chose to name its files."""
+    try:
+        return orjson.dumps(obj, option=option)
+    except TypeError:
+        return orjson.dumps(jsonable(obj), option=option)

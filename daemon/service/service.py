@@ -35,8 +35,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-import orjson
-
 from gpujitter import __version__
 from gpujitter.daemon.analysis.describe import one_line
 from gpujitter.daemon.analysis.engine import EngineConfig
@@ -72,7 +70,7 @@ from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import to_record
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
-from gpujitter.text import inert_json, printable
+from gpujitter.text import dumps, inert_json, printable
 
 
 class _LineWriter:
@@ -136,7 +134,7 @@ class Console:
         if self.quiet:
             return
         if self.as_json:
-            self._out.put(inert_json(orjson.dumps(to_record(attr))).decode())
+            self._out.put(inert_json(dumps(to_record(attr))).decode())
         else:
             self._out.put(one_line(attr, self.clock))
 

@@ -37,7 +37,7 @@ from gpujitter.probes.events import (
     from_record,
     to_json,
 )
-from gpujitter.text import inert_json
+from gpujitter.text import dumps, inert_json
 
 LOG_SCHEMA = f"gpujitter.attribution/{SCHEMA_MAJOR}"
 DROPPED = "log.dropped"  # the record that says how many records a failing disk cost
@@ -181,7 +181,7 @@ class JsonLog:
         if isinstance(record, Event):
             raw = to_json(record, self._lead)
         else:
-            raw = orjson.dumps({"schema": self.schema, **record})
+            raw = dumps({"schema": self.schema, **record})
         # inert_json: names in it are other processes' choice, and people `tail -f` a log.
         line = inert_json(raw) + b"\n"
         with self._lock:

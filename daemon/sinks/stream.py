@@ -47,6 +47,7 @@ import orjson
 
 from gpujitter.daemon.sinks.listening import FD_ERRORS, FD_PAUSE_S, ListenerPause, Notes
 from gpujitter.errors import GpujitterError
+from gpujitter.text import dumps
 
 STREAM_SCHEMA = "gpujitter.stream/1"
 _READ_LIMIT = 64 * 1024  # a request line longer than this is refused
@@ -100,7 +101,7 @@ def _spare_fd() -> int | None:
 
 
 def _line(record: dict[str, Any]) -> bytes:
-    return orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS) + b"\n"
+    return dumps(record, orjson.OPT_NON_STR_KEYS) + b"\n"
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:

@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import IO
 
-import orjson
-
 from gpujitter.cli.command import Command
 from gpujitter.cli.gpus import add_nvml_source_args, nvml_backend, save_recording
 from gpujitter.cli.options import add_watch_args, watch_from_args
@@ -23,7 +21,7 @@ from gpujitter.daemon.service.runtime import ListSource, LiveSource, Runtime, Si
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref, format_wall
 from gpujitter.probes.events import ClockRef, Event, ProbeStatus, to_record
-from gpujitter.text import printable
+from gpujitter.text import dumps, printable
 from gpujitter.units import format_ns, parse_duration_ns
 
 
@@ -136,10 +134,10 @@ class SavedEvents(Sink):
 
     def __init__(self, path: Path, ref: ClockRef) -> None:
         self.file: IO[bytes] = open(path, "wb")  # noqa: SIM115 (closed with the runtime)
-        self.file.write(orjson.dumps(to_record(ref)) + b"\n")
+        self.file.write(dumps(to_record(ref)) + b"\n")
 
     def event(self, ev: Event) -> None:
-        self.file.write(orjson.dumps(to_record(ev)) + b"\n")
+        self.file.write(dumps(to_record(ev)) + b"\n")
 
     def close(self) -> None:
         self.file.close()

@@ -4,7 +4,6 @@ character, a table shows each cell through gpujitter.text.printable."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import orjson
 
 from gpujitter.errors import GpujitterError
-from gpujitter.text import decode_name, inert_json, printable
+from gpujitter.text import inert_json, jsonable, printable
 
 _OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
@@ -37,35 +36,11 @@ def _dumps(obj: Any, option: int) -> bytes:
         # orjson refuses a str that is not UTF-8 (a file name or argument of undecodable
         # bytes: os.fsdecode's surrogates) and an integer past 64 bits: written as text.
         try:
-            return orjson.dumps(_serialisable(obj), option=option)
+            return orjson.dumps(jsonable(obj), option=option)
         except (TypeError, RecursionError) as err:
             # What is left: nesting past orjson's 254 levels, which only data from elsewhere
             # has (a daemon's snapshot read with a reader that takes 1024).
             raise GpujitterError(f"cannot be written as JSON: {err}") from None
-
-
-def _serialisable(obj: Any) -> Any:
-    """`obj` with such strings as decode_name writes bytes that are not UTF-8 (`\\xff`) and
-    such integers as decimal strings; the rest as it is."""
-    if isinstance(obj, str):
-        try:
-            obj.encode()
-            return obj
-        except UnicodeEncodeError:
-            try:  # os.fsdecode's surrogates: the bytes they stand for
-                raw = obj.encode(errors="surrogateescape")
-            except UnicodeEncodeError:  # any other lone surrogate
-                raw = obj.encode(errors="backslashreplace")
-            return decode_name(raw)
-    if isinstance(obj, int) and not isinstance(obj, bool) and not -(2**63) <= obj < 2**64:
-        return str(obj)
-    if isinstance(obj, dict):
-        return {_serialisable(k): _serialisable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_serialisable(v) for v in obj]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return _serialisable(dataclasses.asdict(obj))
-    return obj
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

@@ -3,12 +3,14 @@ two different names never read the same (gpujitter/text.py)."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
+from pathlib import Path
 
 import orjson
 
-from gpujitter.text import decode_name, inert_json, printable
+from gpujitter.text import decode_name, dumps, inert_json, printable
 
 # What a hostile process may call itself: a terminal title (OSC ... BEL), CSI sequences,
 # the 8-bit CSI, a bidi override, Textual markup, and bytes that are not UTF-8.
@@ -110,3 +112,31 @@ def test_json_output_escapes_what_orjson_leaves_raw_and_keeps_the_value() -> Non
     assert orjson.loads(data) == value
     plain = orjson.dumps({"comm": "python3"})
     assert inert_json(plain) is plain
+
+
+def test_a_file_name_of_bytes_that_are_not_utf8_reaches_every_sink_written_as_its_bytes(
+    tmp_path: Path,
+) -> None:
+    """Mapped-file paths are read as os.fsdecode reads names (surrogates for such bytes), so
+    that they open what they name; orjson refuses such a str, and a module path in a stack
+    sample or a library path in a probe's status raised out of the log, the stream and the
+    capture: the daemon exited, and under systemd restarted into the same exit."""
+    from gpujitter.daemon.sinks.jsonlog import JsonLog, JsonLogReader
+    from gpujitter.daemon.sinks.stream import _line
+    from gpujitter.daemon.sinks.trace import encode
+    from gpujitter.probes.events import ProbeStatus, PySample, to_json, to_record
+
+    path = os.fsdecode(b"/opt/caf\xe9/libfoo.so")
+    sample = PySample(ts_ns=1, tid=2, tgid=2, func="f", file=path, line=0)
+    status = ProbeStatus(ts_ns=1, probe="cuda", state="degraded", reason=f"{path}: no symbols")
+    written = "/opt/caf\\xe9/libfoo.so"  # decode_name's form of those bytes
+    assert orjson.loads(to_json(sample))["file"] == written
+    assert encode(sample)  # the capture's frame
+    assert orjson.loads(_line(to_record(status)))["reason"] == f"{written}: no symbols"
+    assert orjson.loads(dumps({"n": 2**70, "p": [path]})) == {"n": str(2**70), "p": [written]}
+    with JsonLog(tmp_path / "a.jsonl") as log:
+        assert log.write(sample) and log.write({"type": "x", "path": path})
+    assert [r.get("file", r.get("path")) for r in JsonLogReader(tmp_path / "a.jsonl")] == [
+        written,
+        written,
+    ]
