@@ -138,6 +138,15 @@ def test_zero_filled_tail_is_a_torn_tail(tmp_path: Path) -> None:
     got, reader = read(path)
     assert got == events
     assert reader.torn_tail_bytes == 5000
+    # A size set with no data written (sparse): its holes are skipped, not read (4 GiB of
+    # them took half a minute), and data after a hole is still looked at.
+    with open(path, "r+b") as f:
+        f.truncate(len(path.read_bytes()) + (4 << 30))
+    got, reader = read(path)
+    assert got == events and reader.torn_tail_bytes == 5000 + (4 << 30)
+    with open(path, "ab") as f:
+        f.write(b"\x01")
+    assert "corrupt record header" in one_line_error(path)
 
 
 def test_garbage_after_the_last_record_is_refused(tmp_path: Path) -> None:
