@@ -9,6 +9,7 @@ Symbols and code bytes come from the ELF files themselves (elf.py), opened throu
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,7 +96,13 @@ def allocator_sites(pid: int, paths: HostPaths | None = None) -> list[Site]:
     """Every allocator entry point mapped into process `pid`, one Site per distinct address
     (aliases such as tcmalloc's malloc and tc_malloc share one)."""
     paths = paths or HostPaths()
-    exe = (paths.proc / str(pid) / "exe").resolve()
+    # Where /proc/PID/exe points, as the process's maps name it: readlink, never resolve
+    # (a deleted executable reads "<path> (deleted)", which its owner may make a link loop:
+    # Path.resolve raises RuntimeError there).
+    try:
+        exe = Path(os.readlink(paths.proc / str(pid) / "exe"))
+    except OSError:
+        exe = None
     sites: list[Site] = []
     for path, mappings in file_mappings(paths, pid).items():
         is_exe = Path(path) == exe

@@ -361,3 +361,16 @@ def test_nvml_options_that_would_do_nothing_are_refused(tmp_path: Path) -> None:
     refused(gpujitter("gaps", "--replay-events", str(events), "--nvml-record", target),
             "--nvml-replay and --nvml-record do nothing with it")  # fmt: skip
     assert not Path(target).exists()
+
+
+def test_an_executable_link_that_loops_is_no_crash(tmp_path: Path) -> None:
+    # A deleted executable reads "<path> (deleted)", which its owner can make a link to
+    # itself: Path.resolve raised RuntimeError, and malloc's precise mode stopped the start.
+    from gpujitter.probes.host import HostPaths
+    from gpujitter.probes.malloc_sites import allocator_sites
+
+    task = tmp_path / "proc" / "42"
+    task.mkdir(parents=True)
+    (task / "maps").write_text("")
+    (task / "exe").symlink_to(task / "exe")
+    assert allocator_sites(42, HostPaths.under(tmp_path)) == []
