@@ -286,9 +286,11 @@ class CudaProbe(BpfProbe):
         for site in sites:
             entry, syncing = f"enter_{site.func_id}", site.role in (SYNC, COPY_SYNC)
             try:
-                self.bpf.attach_uprobe(name=path, addr=site.addr, fn_name=entry)
+                self.bpf.attach_uprobe(name=os.fsencode(path), addr=site.addr, fn_name=entry)
                 if syncing:
-                    self.bpf.attach_uretprobe(name=path, addr=site.addr, fn_name="leave_sync")
+                    self.bpf.attach_uretprobe(
+                        name=os.fsencode(path), addr=site.addr, fn_name="leave_sync"
+                    )
             except Exception as err:
                 self.failed[path] = f"{site.symbol}: {err}"
                 continue

@@ -78,8 +78,12 @@ class PreciseWindow:
                 else:
                     for site in sites:
                         addr = site.elf_addr + site.skip
-                        bpf.attach_uprobe(name=site.path, addr=addr, fn_name=site.program, pid=pid)
-                        bpf.attach_uretprobe(name=site.path, addr=addr, fn_name="leave", pid=pid)
+                        bpf.attach_uprobe(
+                            name=os.fsencode(site.path), addr=addr, fn_name=site.program, pid=pid
+                        )
+                        bpf.attach_uretprobe(
+                            name=os.fsencode(site.path), addr=addr, fn_name="leave", pid=pid
+                        )
                 for site in sites:
                     self.sites[(pid, site.addr)] = site
 

@@ -233,7 +233,7 @@ def attach_uprobe_fd(prog_fd: int, path: str, offset: int, ref_ctr_offset: int =
     attr = PerfEventAttr()
     attr.type = int((UPROBE_PMU / "type").read_text())
     attr.config = ref_ctr_offset << 32
-    name = ct.create_string_buffer(path.encode())
+    name = ct.create_string_buffer(os.fsencode(path))
     attr.config1 = ct.addressof(name)
     attr.config2 = offset
     return bpf_event_fd(attr, -1, 0, prog_fd, f"uprobe {path}+{offset:#x}")
@@ -346,8 +346,12 @@ class PythonGcProbe(InterpreterProbe):
 
     def _attach(self, path: str, hooks: Hooks) -> None:
         if hooks.via == "symbol":
-            self.bpf.attach_uprobe(name=path, addr=hooks.symbol_address, fn_name="gc_enter")
-            self.bpf.attach_uretprobe(name=path, addr=hooks.symbol_address, fn_name="gc_leave")
+            self.bpf.attach_uprobe(
+                name=os.fsencode(path), addr=hooks.symbol_address, fn_name="gc_enter"
+            )
+            self.bpf.attach_uretprobe(
+                name=os.fsencode(path), addr=hooks.symbol_address, fn_name="gc_leave"
+            )
             return
         if self._slots >= MAX_INTERPRETERS:
             raise RuntimeError(f"more than {MAX_INTERPRETERS} distinct interpreters")

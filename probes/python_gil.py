@@ -15,6 +15,7 @@ which PyTorch makes in every operator call: off by default (docs/probes.md has t
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from dataclasses import dataclass
@@ -121,8 +122,12 @@ class PythonGilProbe(InterpreterProbe):
         site = acquire_site(local)
         if site.address >= 0:
             try:
-                self.bpf.attach_uprobe(name=local, addr=site.address, fn_name="gil_enter")
-                self.bpf.attach_uretprobe(name=local, addr=site.address, fn_name="gil_leave")
+                self.bpf.attach_uprobe(
+                    name=os.fsencode(local), addr=site.address, fn_name="gil_enter"
+                )
+                self.bpf.attach_uretprobe(
+                    name=os.fsencode(local), addr=site.address, fn_name="gil_leave"
+                )
             except Exception as err:  # bcc raises plain Exception; one file never stops the probe
                 site = AcquireSite(-1, why=f"{NO_GIL_PROBE}: {err}")
         self.interpreters[key] = (mapped, site)
