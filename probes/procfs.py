@@ -55,16 +55,18 @@ class Mapping:
 
 
 def parse_maps(text: str) -> list[Mapping]:
-    """A /proc/PID/maps text as its mappings, in address order; malformed lines skipped."""
+    """A /proc/PID/maps text as its mappings, in address order; malformed lines skipped.
+    Lines end at "\n" only (a file name may hold any other line break, \f or U+2028), and a
+    newline in a name is the kernel's "\\012"."""
     out = []
-    for line in text.splitlines():
+    for line in text.split("\n"):
         fields = line.split(maxsplit=5)
         if len(fields) < 5:
             continue
         lo, _, hi = fields[0].partition("-")
         try:
-            out.append(Mapping(int(lo, 16), int(hi, 16), fields[1], int(fields[2], 16),
-                               fields[5] if len(fields) == 6 else ""))  # fmt: skip
+            path = fields[5].replace("\\012", "\n") if len(fields) == 6 else ""
+            out.append(Mapping(int(lo, 16), int(hi, 16), fields[1], int(fields[2], 16), path))
         except ValueError:
             continue
     return out
@@ -78,7 +80,7 @@ def read_maps(paths: HostPaths, pid: int | str, containing: str = "") -> list[Ma
     with open(paths.proc / str(pid) / "maps", "rb") as f:
         text = os.fsdecode(f.read())
     if containing:
-        text = "\n".join(line for line in text.splitlines() if containing in line)
+        text = "\n".join(line for line in text.split("\n") if containing in line)
     return parse_maps(text)
 
 

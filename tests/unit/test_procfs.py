@@ -229,3 +229,19 @@ def test_swap_devices_with_escaped_paths_and_odd_rows() -> None:
     ]
     assert parse_swaps("Filename\tType\tSize\tUsed\tPriority\n") == []
     assert parse_swaps("") == []
+
+
+def test_a_name_with_a_line_break_other_than_newline_is_one_mapping() -> None:
+    # splitlines() also cut at \f, \x1c-\x1e, U+0085 and U+2028: a libcuda under such a
+    # directory read as two broken lines and was never found; the kernel writes a newline
+    # in a name as \012.
+    lines = [
+        "7f0000000000-7f0000001000 r-xp 00000000 08:01 11 /opt/a\x0cb/libcuda.so.1",
+        "7f0000001000-7f0000002000 r-xp 00000000 08:01 12 /opt/c\u2028d/libcuda.so.1",
+        "7f0000002000-7f0000003000 r-xp 00000000 08:01 13 /opt/e\\012f/libcuda.so.1",
+    ]
+    assert [m.path for m in parse_maps("\n".join(lines) + "\n")] == [
+        "/opt/a\x0cb/libcuda.so.1",
+        "/opt/c\u2028d/libcuda.so.1",
+        "/opt/e\nf/libcuda.so.1",
+    ]
