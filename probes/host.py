@@ -58,6 +58,14 @@ def read_text(path: Path) -> str | None:
         return None
 
 
+def read_foreign(path: Path) -> str | None:
+    """A procfs file whose text another process chose (its environment, the names of the
+    files it maps), bytes that are not UTF-8 read as U+FFFD: one such byte no longer hides
+    the whole file, as read_text's strict decoding does. None when absent or unreadable."""
+    raw = read_raw(str(path))
+    return None if raw is None else raw.decode(errors="replace")
+
+
 def read_name(path: Path) -> str | None:
     """A process's name file (/proc/PID/comm) decoded as the probes decode comm
     (gpujitter.text.decode_name), so both name a process alike; None when absent."""

@@ -190,7 +190,8 @@ def thread_policies(proc: Path, pid: int) -> dict[int, tuple[str, int]]:
     return out
 
 
-_POLICY_NAMES = ("normal", "fifo", "rr", "batch", "iso", "idle", "deadline")
+# By policy number; "ext" is sched_ext's (6.12 on): a thread under it was dropped unnamed.
+_POLICY_NAMES = ("normal", "fifo", "rr", "batch", "iso", "idle", "deadline", "ext")
 
 
 def allowed_cpus(proc: Path, tgid: int) -> set[int]:

@@ -624,6 +624,12 @@ def test_allocator(host_tree: MakeTree) -> None:
         ),
         f"LD_PRELOAD=libjemalloc.so.2 MALLOC_CONF={JEMALLOC_CONF} <command>",
     )
+    # one variable with a byte that is not UTF-8 hid the whole environment
+    odd = host_tree(*GOOD)
+    environ = odd.proc / "4242" / "environ"
+    environ.write_bytes(b"HOME=/home/caf\xe9\0" + environ.read_bytes())
+    (finding,) = audit(odd, "process.allocator")
+    assert finding.severity == "ok" and finding.evidence[1].value == env
     defaults = host_tree(*GOOD, files={"proc/4242/environ": ""})
     (plain,) = audit(defaults, "process.allocator")
     assert plain.severity == "info" and plain.message.startswith("jemalloc with default settings")

@@ -374,3 +374,25 @@ def test_an_executable_link_that_loops_is_no_crash(tmp_path: Path) -> None:
     (task / "maps").write_text("")
     (task / "exe").symlink_to(task / "exe")
     assert allocator_sites(42, HostPaths.under(tmp_path)) == []
+
+
+def test_a_sched_ext_thread_and_a_damaged_kernel_config_are_read(tmp_path: Path) -> None:
+    import gzip as gz
+
+    from gpujitter.daemon.checks.doctor.hooks import kernel_config
+    from gpujitter.daemon.service.own_scheduling import thread_policies
+    from gpujitter.probes.host import HostPaths
+
+    # policy 7 (sched_ext, 6.12 on) was past the names: the thread was dropped unnamed
+    fields = ["0"] * 50
+    fields[16], fields[38] = "10", "7"  # nice, policy
+    task = tmp_path / "proc" / "42" / "task" / "43"
+    task.mkdir(parents=True)
+    (task / "stat").write_text("43 (a) (b) S " + " ".join(fields[1:]) + "\n")
+    assert thread_policies(tmp_path / "proc", 42) == {43: ("ext", 10)}
+    # a damaged /proc/config.gz (a recorded tree) ended doctor with zlib.error
+    config = tmp_path / "proc" / "config.gz"
+    config.write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03garbage")
+    assert kernel_config(HostPaths.under(tmp_path)) == {}
+    config.write_bytes(gz.compress('CONFIG_LOCALVERSION="caf\xe9"\n'.encode("latin-1")))
+    assert kernel_config(HostPaths.under(tmp_path)) == {"CONFIG_LOCALVERSION": '"caf\ufffd"'}

@@ -14,6 +14,7 @@ from gpujitter.probes.host import (
     format_cpulist,
     parse_cpulist,
     proc_pids,
+    read_foreign,
     read_name,
     read_text,
 )
@@ -38,7 +39,7 @@ def _banned_cpus(ctx: AuditContext, pid: int) -> tuple[list[int], Reading] | Non
     """irqbalance's banned CPUs from its environment or its config file, with evidence."""
     environ = ctx.paths.proc / str(pid) / "environ"
     sources: list[tuple[Path, list[str]]] = [
-        (environ, (read_text(environ) or "").split("\0")),
+        (environ, (read_foreign(environ) or "").split("\0")),
         *(
             (f, (read_text(f) or "").splitlines())
             for f in (ctx.paths.etc / "default/irqbalance", ctx.paths.etc / "sysconfig/irqbalance")

@@ -19,6 +19,7 @@ from gpujitter.probes.host import (
     cpus_in,
     format_cpulist,
     proc_pids,
+    read_foreign,
     read_name,
     read_text,
     status_fields,
@@ -188,7 +189,7 @@ def memory_policy(ctx: AuditContext) -> Iterator[Finding]:
             )
             continue
         numa_maps = ctx.paths.proc / str(p.pid) / "numa_maps"
-        pages, policies = _numa_pages(read_text(numa_maps) or "")
+        pages, policies = _numa_pages(read_foreign(numa_maps) or "")
         total = sum(pages.values())
         remote = sum(n for nd, n in pages.items() if nd != node)
         summary = " ".join(f"N{nd}={n}" for nd, n in sorted(pages.items())) or "no pages"
@@ -265,7 +266,7 @@ def allocator(ctx: AuditContext) -> Iterator[Finding]:
         maps_path = ctx.paths.proc / str(p.pid) / "maps"
         libs = {f for f in mapped_files(ctx.paths, p.pid) if any(lib in f for lib in ALLOCATORS)}
         environ = ctx.paths.proc / str(p.pid) / "environ"
-        env = [v for v in (read_text(environ) or "").split("\0") if v.startswith(ALLOCATOR_ENV)]
+        env = [v for v in (read_foreign(environ) or "").split("\0") if v.startswith(ALLOCATOR_ENV)]
         env_ev = Reading(str(environ), " ".join(env) or "no allocator variables")
         if not libs:
             yield Finding(

@@ -10,6 +10,7 @@ import os
 import platform
 import re
 import struct
+import zlib
 from collections.abc import Callable, Iterator
 
 from gpujitter.daemon.analysis import remedies
@@ -229,8 +230,8 @@ def check_unused_hooks(env: DoctorEnv) -> Iterator[Result]:
 def kernel_config(paths: HostPaths) -> dict[str, str]:
     """/proc/config.gz as {'CONFIG_KPROBES': 'y', ...}; {} when the kernel does not expose it."""
     try:
-        text = gzip.decompress((paths.proc / "config.gz").read_bytes()).decode()
-    except (OSError, EOFError, gzip.BadGzipFile):
+        text = gzip.decompress((paths.proc / "config.gz").read_bytes()).decode(errors="replace")
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error):  # absent, or a damaged copy
         return {}
     out = {}
     for line in text.splitlines():
