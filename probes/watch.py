@@ -1,9 +1,9 @@
 """The watched set: which processes the probes follow, and the core BPF module that holds it.
 
 Processes are chosen by PID, by command-name pattern (fnmatch, on comm and on the program's
-basename), by cgroup (v1 or v2 directory: its cgroup.procs), by Kubernetes pod or Slurm job
-(their processes' cgroup paths, probes/workload.py), and "every process using a GPU"
-(a callable the GPU side supplies). The set is resolved to process ids in user space and
+basename), by cgroup (v1 or v2 directory: its cgroup.procs and those below it), by Kubernetes
+pod or Slurm job (their processes' cgroup paths, probes/workload.py), and "every process using
+a GPU" (a callable the GPU side supplies). The set is resolved to process ids in user space and
 written into one kernel map that every probe filters on; the kernel itself adds children of
 watched processes as they fork and drops processes as they exit, so threads and workers
 created after start are watched from their first instruction. Each process that joins the set
@@ -88,6 +88,17 @@ class WatchSpec:
         return ", ".join(parts) or "nothing"
 
 
+def cgroup_members(cgroup: Path) -> list[int]:
+    """Every process in cgroup directory `cgroup` and the cgroups below it: on cgroup v2 a
+    job's, a pod's or a slice's own cgroup holds none itself once it has controllers, its
+    processes are in its children. A threaded cgroup's cgroup.procs cannot be read
+    (EOPNOTSUPP): its processes are its domain parent's."""
+    out: list[int] = []
+    for root, _, _ in os.walk(cgroup):
+        out += [int(pid) for pid in (read_text(Path(root) / "cgroup.procs") or "").split()]
+    return out
+
+
 def resolve(
     spec: WatchSpec,
     paths: HostPaths,
@@ -117,8 +128,8 @@ def resolve(
             if any(fnmatch.fnmatchcase(n, pat) for n in names if n for pat in spec.comms):
                 add(tgid, WHY_COMM)
     for cgroup in spec.cgroups:
-        for line in (read_text(Path(cgroup) / "cgroup.procs") or "").split():
-            add(int(line), WHY_CGROUP)
+        for tgid in cgroup_members(Path(cgroup)):
+            add(tgid, WHY_CGROUP)
     if spec.pods or spec.slurm_jobs:
         reader = workloads or WorkloadReader(paths)
         for tgid in proc_pids(paths):

@@ -116,7 +116,9 @@ def cgroup_paths(text: str) -> list[str]:
     """The paths of a /proc/PID/cgroup file, the v2 line ("0::/...") first."""
     v2: list[str] = []
     v1: list[str] = []
-    for line in text.splitlines():
+    # Lines end at "\n" only: the kernel writes a cgroup's name raw, and one holding \f or
+    # U+2028 read as two lines, the second a made-up "0::" path.
+    for line in text.split("\n"):
         hier, _, rest = line.partition(":")
         _, sep, path = rest.partition(":")
         if sep:

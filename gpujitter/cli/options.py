@@ -57,7 +57,7 @@ def add_watch_args(p: argparse.ArgumentParser) -> None:
         default=[],
         type=Path,
         metavar="DIR",
-        help="every process of a cgroup directory",
+        help="every process of a cgroup directory and of the cgroups below it",
     )
     g.add_argument(
         "--pod",

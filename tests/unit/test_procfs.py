@@ -245,3 +245,24 @@ def test_a_name_with_a_line_break_other_than_newline_is_one_mapping() -> None:
         "/opt/c\u2028d/libcuda.so.1",
         "/opt/e\nf/libcuda.so.1",
     ]
+
+
+def test_a_cgroup_watched_brings_the_processes_of_the_cgroups_below_it(tmp_path: Path) -> None:
+    # On cgroup v2 a job's or a slice's own cgroup holds no process once it has controllers:
+    # --cgroup on it watched nothing, and said nothing.
+    from gpujitter.probes.watch import cgroup_members
+
+    job = tmp_path / "job_42"
+    (job / "step_0" / "task_1").mkdir(parents=True)
+    (job / "cgroup.procs").write_text("")
+    (job / "step_0" / "cgroup.procs").write_text("101\n102\n")
+    (job / "step_0" / "task_1" / "cgroup.procs").write_text("103\n")
+    assert sorted(cgroup_members(job)) == [101, 102, 103]
+    assert cgroup_members(tmp_path / "gone") == []
+
+
+def test_a_cgroup_name_with_a_line_break_is_one_path() -> None:
+    from gpujitter.probes.workload import cgroup_paths
+
+    text = "0::/user.slice/a\x0c0::/kubepods/podX/" + "f" * 64 + "\n"
+    assert cgroup_paths(text) == ["/user.slice/a\x0c0::/kubepods/podX/" + "f" * 64]
