@@ -182,8 +182,12 @@ def build(where: Path, names: list[str]) -> dict[str, Path]:
 
 
 SETTLE_S = 1.0
-WORKLOAD_CPUS = frozenset({0, 1})  # the ping-pong's ends (its code pins them)
 LOOP_CPU = 1  # the single-threaded loops'
+# The CPUs each workload runs on: the ping-pong's two ends (its code pins them), CPU 1 for
+# the rest. The probe set's threads keep off them where any CPU is left, as the daemon's do
+# (daemon/service/own_scheduling.py keep_off): on two CPUs the loops' runs have the set's
+# polling and sampling on CPU 0, the ping-pong's share both.
+WORKLOAD_CPUS = {"pingpong": frozenset({0, 1})}
 
 
 def _on_workload_cpu() -> None:
@@ -192,11 +196,10 @@ def _on_workload_cpu() -> None:
     os.sched_setaffinity(0, {LOOP_CPU})
 
 
-def keep_off_workloads() -> None:
-    """This process on the CPUs the workloads do not use, where there are any."""
-    others = os.sched_getaffinity(0) - WORKLOAD_CPUS
-    if others:
-        os.sched_setaffinity(0, others)
+def keep_off(workload: str, allowed: frozenset[int]) -> None:
+    """This thread (and the probe set's threads started after it) on the CPUs of `allowed`
+    that `workload` does not use, where there are any; else on all of `allowed`."""
+    os.sched_setaffinity(0, (allowed - WORKLOAD_CPUS.get(workload, {LOOP_CPU})) or allowed)
 
 
 def calibrate_steady(binary: Path) -> str:
@@ -223,10 +226,12 @@ def run_workload(binary: Path, args: list[str], probes: ProbeSet | None) -> int:
     proc.stdin.close()
     while proc.poll() is None:
         if probes is not None:
+            # No cost meter here: a fresh set's meter switches the BPF statistics on at its
+            # first tick for a second (progstats.CostMeter), which held every loop shorter
+            # than that inside the statistics' two clock reads a program run (~3 points of
+            # the fault loop's slowdown); the daemon has them on a second a minute, and the
+            # kernel run below has them on for the in-kernel figures.
             probes.poll()
-            # as the daemon's loop does: BPF statistics switched on for a probe's cost are
-            # switched off again after their second (progstats.CostMeter)
-            probes.measure_cost(time.monotonic_ns())
         time.sleep(0.05)
     if probes is not None:
         probes.poll()
@@ -311,7 +316,7 @@ def measure(
     rounds: int, names: list[str], workloads: list[str], watched: bool = True
 ) -> dict[str, Any]:
     topology = load_topology()
-    keep_off_workloads()
+    allowed = frozenset(os.sched_getaffinity(0))
     me = psutil.Process()
     results: dict[str, Any] = {
         "probes": names, "watched": watched, "startup": [], "rss_mb": [], "workloads": {}
@@ -341,6 +346,7 @@ def measure(
                 if r % 2 == 0:
                     base[w].append(run_workload(timed[w], args[w], None))
                 events: list[Any] = []
+                keep_off(w, allowed)
                 cpu0, wall0 = sum(me.cpu_times()[:2]), time.monotonic()
                 with ProbeSet(names, topology=topology, watch=watch, emit=events.append) as probes:
                     probes.start()
