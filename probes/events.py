@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 import orjson
 
 from gpujitter.probes.workload import Workload
-from gpujitter.text import jsonable
+from gpujitter.text import dumps
 
 SCHEMA_MAJOR = 1
 SCHEMA_MINOR = 11
@@ -112,10 +112,7 @@ def to_json(ev: Event, lead: bytes = b"") -> bytes:
     head = _JSON_HEADS.get((lead, ev.KIND))
     if head is None:
         head = _JSON_HEADS[lead, ev.KIND] = b"{" + lead + b'"type":' + orjson.dumps(ev.KIND) + b","
-    try:
-        return head + orjson.dumps(ev)[1:]
-    except TypeError:  # a name of bytes that are not UTF-8 in it: gpujitter.text.jsonable
-        return head + orjson.dumps(jsonable(ev))[1:]
+    return head + dumps(ev)[1:]  # (dumps: a name of bytes that are not UTF-8 written as such)
 
 
 def _plain(value: Any) -> Any:

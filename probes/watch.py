@@ -38,6 +38,7 @@ from gpujitter.probes.events import (
 from gpujitter.probes.host import (
     HostPaths,
     proc_pids,
+    read_foreign,
     read_name,
     read_raw,
     read_text,
@@ -121,8 +122,7 @@ def resolve(
         for tgid in proc_pids(paths):
             names = {read_name(paths.proc / str(tgid) / "comm") or ""}
             # any bytes the process chose: a name that is not UTF-8 still matches by the rest
-            raw = read_raw(f"{paths.proc}/{tgid}/cmdline")
-            cmdline = raw.decode(errors="replace") if raw else ""
+            cmdline = read_foreign(paths.proc / str(tgid) / "cmdline") or ""
             if cmdline:
                 names.add(os.path.basename(cmdline.split("\0", 1)[0]))
             if any(fnmatch.fnmatchcase(n, pat) for n in names if n for pat in spec.comms):

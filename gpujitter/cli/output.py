@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from gpujitter.errors import GpujitterError
-from gpujitter.text import inert_json, jsonable, printable
+from gpujitter.text import dumps, inert_json, printable
 
 _OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
@@ -30,17 +30,13 @@ def print_ndjson(obj: Any) -> None:
 
 
 def _dumps(obj: Any, option: int) -> bytes:
+    # gpujitter.text.dumps writes what orjson refuses (a str of undecodable bytes, an integer
+    # past 64 bits) as text; what is left is nesting past orjson's 254 levels, which only
+    # data from elsewhere has (a daemon's snapshot read with a reader that takes 1024).
     try:
-        return orjson.dumps(obj, option=option)
-    except TypeError:
-        # orjson refuses a str that is not UTF-8 (a file name or argument of undecodable
-        # bytes: os.fsdecode's surrogates) and an integer past 64 bits: written as text.
-        try:
-            return orjson.dumps(jsonable(obj), option=option)
-        except (TypeError, RecursionError) as err:
-            # What is left: nesting past orjson's 254 levels, which only data from elsewhere
-            # has (a daemon's snapshot read with a reader that takes 1024).
-            raise GpujitterError(f"cannot be written as JSON: {err}") from None
+        return dumps(obj, option)
+    except (TypeError, RecursionError) as err:
+        raise GpujitterError(f"cannot be written as JSON: {err}") from None
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
