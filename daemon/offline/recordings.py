@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from gpujitter.daemon.sinks.jsonlog import LOG_SCHEMA, MAX_LINE_BYTES, JsonLogReader
-from gpujitter.daemon.sinks.trace import MAGIC, TraceHeader, TraceSet, path_mode, trace_paths
+from gpujitter.daemon.sinks.trace import MAGIC, TraceHeader, TraceSet, path_stat, trace_paths
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import BadRecord, ClockRef, Event, event_kinds, from_record
 from gpujitter.probes.topology import Topology
@@ -46,10 +46,10 @@ def sniff(path: Path) -> str:
     """Which kind of recording a path holds (a directory: rotated traces). Only a regular
     file or a directory: a FIFO would block the open, and a pipe's first bytes, read here,
     would be gone for the reader that follows."""
-    mode = path_mode(path)
-    if mode is not None and stat.S_ISDIR(mode):
+    st = path_stat(path)
+    if st is not None and stat.S_ISDIR(st.st_mode):
         return TRACE
-    if mode is not None and not stat.S_ISREG(mode):
+    if st is not None and not stat.S_ISREG(st.st_mode):
         raise GpujitterError(f"{path}: not a regular file (save a stream to a file first)")
     try:
         with open(path, "rb") as f:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpujitter.daemon.sinks.stream import UNIX_PATH_MAX
+from gpujitter.daemon.sinks.stream import too_long_for_a_socket
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.topology import load_override
@@ -433,8 +433,8 @@ def _record_path(value: str) -> None:
 
 
 def _socket_fits(value: str) -> None:
-    if (size := len(os.fsencode(value))) > UNIX_PATH_MAX:
-        raise ValueError(f"too long for a unix socket ({size} bytes, at most {UNIX_PATH_MAX})")
+    if (why := too_long_for_a_socket(value)) is not None:
+        raise ValueError(why)
 
 
 def _socket_path(value: str) -> None:

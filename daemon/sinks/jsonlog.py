@@ -96,6 +96,9 @@ class JsonLog:
         self.schema = schema
         # What every line starts with after its "{", made once: written with each record.
         self._lead = b'"schema":' + orjson.dumps(schema) + b","
+        # ... and, whatever the schema's major, how every line of a log begins: a file that
+        # does not is someone else's at a mistyped path (--log /etc/hosts).
+        self._family = b'{"schema":' + orjson.dumps(schema.rsplit("/", 1)[0] + "/")[:-1]
         self.mode = mode
         self.lines = 0
         self.repaired_bytes = 0
@@ -136,18 +139,15 @@ class JsonLog:
 
     def _cut_torn_line(self, fd: int) -> int:
         """Truncate a last line without its newline (a crash mid-write); returns the size.
-        A file that does not begin with a record is refused untouched. Only what can be a
-        torn record is cut: a longer run without a newline (the reader's
-        limit), or a file with none that does not start as a record does, is someone else's
-        file at a mistyped path, and is refused untouched."""
+        Only what can be a torn record is cut. A file that does not begin as a log does, one
+        whose end runs longer than a record without a newline, or one with no newline that
+        does not begin as this schema's record, is someone else's file at a mistyped path:
+        refused untouched."""
         size = os.fstat(fd).st_size
         if size == 0:
             return size
-        # Every line starts so (whatever the schema's major): a file that does not is someone
-        # else's at a mistyped path (--log /etc/hosts), neither appended to nor cut.
-        family = b'{"schema":' + orjson.dumps(self.schema.rsplit("/", 1)[0] + "/")[:-1]
-        head = os.pread(fd, len(family), 0)
-        if not family.startswith(head):  # (shorter: a first line torn inside its lead)
+        head = os.pread(fd, len(self._family), 0)
+        if not self._family.startswith(head):  # (shorter: a first line torn inside its lead)
             raise GpujitterError(
                 f"cannot open log {self.path}: it does not begin with a gpujitter record: "
                 "not a gpujitter log (left untouched)"

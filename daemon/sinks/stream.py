@@ -100,6 +100,15 @@ def _spare_fd() -> int | None:
         return None
 
 
+def too_long_for_a_socket(path: str | Path) -> str | None:
+    """Why `path` cannot be a unix socket's (None: it can): sun_path holds UNIX_PATH_MAX bytes.
+    The configuration's checks ask before the socket's directory is made, the server again
+    where it binds."""
+    if (size := len(os.fsencode(path))) > UNIX_PATH_MAX:
+        return f"too long for a unix socket ({size} bytes, at most {UNIX_PATH_MAX})"
+    return None
+
+
 def _line(record: dict[str, Any]) -> bytes:
     return dumps(record, orjson.OPT_NON_STR_KEYS) + b"\n"
 
@@ -164,11 +173,8 @@ class StreamServer:
         self.dropped_total = 0
 
     def _listen(self, mode: int, group: str) -> socket.socket:
-        if (size := len(os.fsencode(self.path))) > UNIX_PATH_MAX:
-            raise GpujitterError(
-                f"socket {self.path}: path too long for a unix socket "
-                f"({size} bytes, at most {UNIX_PATH_MAX})"
-            )
+        if (why := too_long_for_a_socket(self.path)) is not None:
+            raise GpujitterError(f"socket {self.path}: path {why}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             if self.path.is_socket():

@@ -498,11 +498,11 @@ class TraceReader:
         self.close()
 
 
-def path_mode(path: Path) -> int | None:
-    """st_mode of what a user named, None where nothing is; a path this user may not reach
-    (a directory on the way without search permission) is one line, not a traceback."""
+def path_stat(path: Path) -> os.stat_result | None:
+    """stat of what a user named, None where nothing is; a path this user may not reach (a
+    directory on the way without search permission) is one line, not a traceback."""
     try:
-        return path.stat().st_mode
+        return path.stat()
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as err:
@@ -522,16 +522,17 @@ def trace_paths(args: Sequence[str | Path]) -> list[Path]:
         if not str(arg):  # Path("") is "."; an empty argument is a mistake, not this directory
             raise GpujitterError("an empty path was given")
         path = Path(arg)
-        mode = path_mode(path)
-        if mode is not None and stat.S_ISDIR(mode):
+        st = path_stat(path)
+        if st is not None and stat.S_ISDIR(st.st_mode):
             try:  # (Path.glob says nothing of a directory it may not list)
                 found = sorted(path / e.name for e in os.scandir(path) if _listed(e.name))
             except OSError as err:
                 raise GpujitterError(f"cannot read {path}: {err.strerror}") from None
             if not found:
                 raise GpujitterError(f"{path}: no *{SUFFIX} files in this directory")
-        elif mode is not None:
-            found = [path]
+        elif st is not None:
+            out.setdefault((st.st_dev, st.st_ino), path)  # stat'ed already
+            continue
         elif glob.has_magic(str(arg)):
             found = sorted(Path(p) for p in glob.glob(str(arg)))
             if not found:
