@@ -78,12 +78,9 @@ class PreciseWindow:
                 else:
                     for site in sites:
                         addr = site.elf_addr + site.skip
-                        bpf.attach_uprobe(
-                            name=os.fsencode(site.path), addr=addr, fn_name=site.program, pid=pid
-                        )
-                        bpf.attach_uretprobe(
-                            name=os.fsencode(site.path), addr=addr, fn_name="leave", pid=pid
-                        )
+                        name = os.fsencode(site.path)  # bytes: bcc encodes a str strictly
+                        bpf.attach_uprobe(name=name, addr=addr, fn_name=site.program, pid=pid)
+                        bpf.attach_uretprobe(name=name, addr=addr, fn_name="leave", pid=pid)
                 for site in sites:
                     self.sites[(pid, site.addr)] = site
 

@@ -346,12 +346,9 @@ class PythonGcProbe(InterpreterProbe):
 
     def _attach(self, path: str, hooks: Hooks) -> None:
         if hooks.via == "symbol":
-            self.bpf.attach_uprobe(
-                name=os.fsencode(path), addr=hooks.symbol_address, fn_name="gc_enter"
-            )
-            self.bpf.attach_uretprobe(
-                name=os.fsencode(path), addr=hooks.symbol_address, fn_name="gc_leave"
-            )
+            name = os.fsencode(path)  # bytes: bcc encodes a str strictly (names may not be UTF-8)
+            self.bpf.attach_uprobe(name=name, addr=hooks.symbol_address, fn_name="gc_enter")
+            self.bpf.attach_uretprobe(name=name, addr=hooks.symbol_address, fn_name="gc_leave")
             return
         if self._slots >= MAX_INTERPRETERS:
             raise RuntimeError(f"more than {MAX_INTERPRETERS} distinct interpreters")

@@ -121,13 +121,10 @@ class PythonGilProbe(InterpreterProbe):
             return None
         site = acquire_site(local)
         if site.address >= 0:
+            name = os.fsencode(local)  # bytes: bcc encodes a str strictly (names may not be UTF-8)
             try:
-                self.bpf.attach_uprobe(
-                    name=os.fsencode(local), addr=site.address, fn_name="gil_enter"
-                )
-                self.bpf.attach_uretprobe(
-                    name=os.fsencode(local), addr=site.address, fn_name="gil_leave"
-                )
+                self.bpf.attach_uprobe(name=name, addr=site.address, fn_name="gil_enter")
+                self.bpf.attach_uretprobe(name=name, addr=site.address, fn_name="gil_leave")
             except Exception as err:  # bcc raises plain Exception; one file never stops the probe
                 site = AcquireSite(-1, why=f"{NO_GIL_PROBE}: {err}")
         self.interpreters[key] = (mapped, site)

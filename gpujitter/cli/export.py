@@ -44,8 +44,9 @@ def _load_profiler(path: Path) -> Any:
             with gzip.GzipFile(fileobj=io.BytesIO(raw)) as f:
                 raw = f.read(MAX_PROFILER_BYTES + 1)  # a gzip bomb stops here
             if len(raw) > MAX_PROFILER_BYTES:
-                raise GpujitterError(f"--merge {path}: decompresses to more than 1 GiB; "
-                                     "not a profiler trace")  # fmt: skip
+                raise GpujitterError(f"--merge {path}: decompresses to more than "
+                                     f"{MAX_PROFILER_BYTES >> 30} GiB; not a profiler "
+                                     "trace")  # fmt: skip
         return orjson.loads(raw)
     except (OSError, EOFError, gzip.BadGzipFile) as err:
         raise GpujitterError(f"--merge {path}: {getattr(err, 'strerror', None) or err}") from None
