@@ -29,7 +29,7 @@ test-matrix: setup
 # The headline overhead figure: the default probe set with and without, on host workloads
 # (root, no GPU, minutes). `$(BIN)/python -m bench` lists every benchmark and its command.
 bench: setup
-	flock /tmp/gpujitter-kernel.lock $(BIN)/python -m bench.default_set --rounds 5
+	flock /tmp/gpujitter-kernel.lock $(BIN)/python -m bench.default_set --rounds 5 --hook-floor
 
 # The soak and fault suite (30 min, root): the daemon under slow and stuck clients, floods,
 # a disk that fills, SIGHUP, SIGKILL and SIGTERM; fails on any lost record, leak, stall or

@@ -7,7 +7,7 @@ watched and an unwatched ping-pong (beside an empty program's), and the events d
 Python per second.
 
     flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.default_set [--rounds 5]
-        [--probes LIST] [--workloads LIST] [--unwatched] [--json]
+        [--probes LIST] [--workloads LIST] [--unwatched] [--hook-floor] [--json]
 
 In each round every workload runs without and with the probes back to back (the set is
 started, timed, between the two runs, and stopped after the second; which run comes first
@@ -17,7 +17,10 @@ command name), which is the expensive case: unwatched processes only pay the fil
 --unwatched runs them under names the set does not watch instead, for what the set's
 presence alone costs them (hooks that filter them out, its polling on the other CPUs): a
 slowdown watched well above the in-kernel time, and as high unwatched, is not the watched
-path's.
+path's. --hook-floor adds a third run a round (first or last, in turns) with an empty program
+on the hook of each of the set's programs that ran on that workload and no set: the kernel's
+dispatch to a program (tracepoint, trampoline, retpolines), which the BPF statistics do not
+time (they time the program alone) and no program of ours can undercut.
 
 Every timed run starts after SETTLE_S of quiet: the set's start (a clang compile, seconds of
 one CPU) came right before each run with the probes and never before one without. Where the
@@ -32,6 +35,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -261,6 +265,53 @@ def floor_programs() -> Iterator[Any]:
         bpf.cleanup()
 
 
+# A set's program, as bundle.py names the hooks it attaches itself: the probe's part, then
+# raw_tracepoint__EVENT or tracepoint__CATEGORY__EVENT.
+_RAW_HOOK = re.compile(r"__raw_tracepoint__(\w+)$")
+_TP_HOOK = re.compile(r"__tracepoint__(\w+?)__(\w+)$")
+
+
+def mirror_hooks(programs: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The hook of each of the set's programs (probe:function) that an empty program can
+    take: ("raw", event) or ("tp", "category:event"), one per program (the kernel runs each
+    attached program of a hook in turn); and the programs left out (perf events, uprobes:
+    their hooks are not named by the function)."""
+    hooks, left = [], []
+    for name in programs:
+        fn = name.partition(":")[2]
+        if m := _RAW_HOOK.search(fn):
+            hooks.append(("raw", m.group(1)))
+        elif m := _TP_HOOK.search(fn):
+            hooks.append(("tp", f"{m.group(1)}:{m.group(2)}"))
+        else:
+            left.append(name)
+    return hooks, left
+
+
+@contextlib.contextmanager
+def hook_floor(hooks: list[tuple[str, str]]) -> Iterator[Any]:
+    """An empty program on each of `hooks`: what the kernel's dispatch to any program there
+    costs a workload, which the BPF statistics (timing the program alone) do not see."""
+    from bcc import BPF
+
+    text = "\n".join(
+        f"int floor_{i}(struct bpf_raw_tracepoint_args *ctx) {{ return 0; }}"
+        if kind == "raw"
+        else f"int floor_{i}(void *ctx) {{ return 0; }}"
+        for i, (kind, _) in enumerate(hooks)
+    )
+    bpf = BPF(text=text)
+    try:
+        for i, (kind, target) in enumerate(hooks):
+            if kind == "raw":
+                bpf.attach_raw_tracepoint(tp=target, fn_name=f"floor_{i}")
+            else:
+                bpf.attach_tracepoint(tp=target, fn_name=f"floor_{i}")
+        yield bpf
+    finally:
+        bpf.cleanup()
+
+
 def program_totals(probes: ProbeSet, floor: Any = None) -> dict[str, tuple[int, int]]:
     """(runs, ns) of every loaded program of every probe, by probe:program; the floor's
     programs as floor:program."""
@@ -313,7 +364,11 @@ def record_programs(into: dict[str, list[float]], delta: dict[str, tuple[int, in
 
 
 def measure(
-    rounds: int, names: list[str], workloads: list[str], watched: bool = True
+    rounds: int,
+    names: list[str],
+    workloads: list[str],
+    watched: bool = True,
+    hook_floors: bool = False,
 ) -> dict[str, Any]:
     topology = load_topology()
     allowed = frozenset(os.sched_getaffinity(0))
@@ -337,6 +392,16 @@ def measure(
         kernel: dict[str, list[float]] = {w: [] for w in workloads}
         runs_per_op: dict[str, list[int]] = {w: [] for w in workloads}
         programs: dict[str, dict[str, list[float]]] = {w: {} for w in [*workloads, "unwatched"]}
+        floored: dict[str, list[int]] = {w: [] for w in workloads}
+        mirrored: dict[str, tuple[list[tuple[str, str]], list[str]]] = {}
+
+        def floor_run(w: str) -> None:
+            # the hooks of the set's programs that ran on this workload (its kernel runs)
+            own = sorted(k for k in programs[w] if not k.startswith("floor:"))
+            mirrored[w] = mirror_hooks(own)
+            with hook_floor(mirrored[w][0]):
+                floored[w].append(run_workload(timed[w], args[w], None))
+
         watch = WatchSpec(comms=[f"gjb-{name}" for name in PROGRAMS])
         for r in range(rounds):
             for w in workloads:
@@ -345,6 +410,8 @@ def measure(
                 # the shared machine's load drifts by more than the probes cost.
                 if r % 2 == 0:
                     base[w].append(run_workload(timed[w], args[w], None))
+                elif hook_floors:
+                    floor_run(w)
                 events: list[Any] = []
                 keep_off(w, allowed)
                 cpu0, wall0 = sum(me.cpu_times()[:2]), time.monotonic()
@@ -374,6 +441,8 @@ def measure(
                             record_programs(programs["unwatched"], delta)
                 if r % 2 == 1:
                     base[w].append(run_workload(timed[w], args[w], None))
+                elif hook_floors:
+                    floor_run(w)
         for w in workloads:
             b, p = statistics.median(base[w]), statistics.median(probed[w])
             # Each round's ratio to its own run without probes: drift between rounds cancels.
@@ -393,6 +462,18 @@ def measure(
                     k: statistics.median(v) for k, v in sorted(programs[w].items())
                 },
             }
+            if hook_floors:
+                ratios = sorted(
+                    100 * (fr - br) / br for br, fr in zip(base[w], floored[w], strict=True)
+                )
+                hooks, left = mirrored[w]
+                results["workloads"][w].update(
+                    hook_floor_pct=statistics.median(ratios),
+                    hook_floor_pct_rounds=ratios,
+                    hook_floor_s_rounds=[x / 1e9 for x in floored[w]],
+                    hook_floor_programs=len(hooks),
+                    hook_floor_left_out=left,
+                )
     results["startup_median"] = {
         k: statistics.median(s[k] for s in results["startup"]) for k in ("wall_s", "cpu_s")
     }
@@ -430,6 +511,7 @@ def sched_event_ns(
 
 def report(r: dict[str, Any]) -> str:
     first = r["startup"][0]
+    floored = any("hook_floor_pct" in x for x in r["workloads"].values())
     lines = [
         f"probes: {', '.join(r['probes'])}"
         + ("" if r["watched"] else " (the workloads unwatched: the set's presence alone)"),
@@ -447,14 +529,26 @@ def report(r: dict[str, Any]) -> str:
             for event, x in r["sched_event_ns"].items()
         ),
         f"{'workload':10} {'without':>9} {'with':>9} {'slowdown':>9} {'(min..max)':>15} "
-        f"{'kernel/run':>11} {'runs/op':>8} {'py ev/s':>8}",
+        f"{'kernel/run':>11} {'runs/op':>8} {'py ev/s':>8}"
+        + (f" {'hook floor':>10} {'(min..max)':>15}" if floored else ""),
     ]
     for w, x in r["workloads"].items():
         lo, hi = x["slowdown_pct_rounds"][0], x["slowdown_pct_rounds"][-1]
-        lines.append(
+        line = (
             f"{w:10} {x['without_s']:8.3f}s {x['with_s']:8.3f}s {x['slowdown_pct']:8.1f}% "
             f"{f'({lo:.1f}..{hi:.1f})':>15} {x['kernel_ns_per_run']:9.0f}ns "
             f"{x['program_runs_per_op']:8.1f} {x['python_events_per_s']:8.0f}"
+        )
+        if "hook_floor_pct" in x:
+            lo, hi = x["hook_floor_pct_rounds"][0], x["hook_floor_pct_rounds"][-1]
+            line += f" {x['hook_floor_pct']:9.1f}% {f'({lo:.1f}..{hi:.1f})':>15}"
+        lines.append(line)
+    if floored:
+        left = sorted({n for x in r["workloads"].values() for n in x["hook_floor_left_out"]})
+        lines.append(
+            "hook floor: an empty program on the hook of each of the set's programs that ran "
+            "on the workload (the kernel's dispatch, which the statistics do not time)"
+            + (f"; not mirrored: {', '.join(left)}" if left else "")
         )
     return "\n".join(lines)
 
@@ -467,6 +561,12 @@ def main(argv: list[str] | None = None) -> int:
                    f"(default: {','.join(DEFAULT_WORKLOADS)})")  # fmt: skip
     p.add_argument("--unwatched", action="store_true",
                    help="run the workloads under names the set does not watch")  # fmt: skip
+    p.add_argument(
+        "--hook-floor",
+        action="store_true",
+        help="a third run a round with an empty program on each hook the set's programs ran "
+        "on: the part of the slowdown that any program there costs",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     names = args.probes.split(",") if args.probes else registry.default_names()
@@ -474,7 +574,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(workloads) - set(PROGRAMS))
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(PROGRAMS)}")
-    results = measure(args.rounds, names, workloads, watched=not args.unwatched)
+    results = measure(
+        args.rounds, names, workloads, watched=not args.unwatched, hook_floors=args.hook_floor
+    )
     print(json.dumps(results, indent=2) if args.json else report(results))
     return 0
 

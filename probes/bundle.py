@@ -364,7 +364,6 @@ class PartView:
     def attach_hooks(self, skip: frozenset[str] = frozenset()) -> None:
         """Attach the part's tracepoint programs (what bcc does by itself for a module of
         one source), but those on the raw tracepoints in `skip`."""
-        from bcc import BPF
         from bcc.libbcc import lib
 
         tracepoint, raw = self.prefix + _TP_PREFIX, self.prefix + _RAW_PREFIX
@@ -374,12 +373,21 @@ class PartView:
                 category, _, event = name[len(tracepoint) :].partition("__")
                 self.attach_tracepoint(tp=f"{category}:{event}", fn_name=name)
             elif name.startswith(raw) and name[len(raw) :] not in skip:
-                event = name[len(raw) :]
-                fn = self.load_func(name, BPF.RAW_TRACEPOINT)
-                fd = lib.bpf_attach_raw_tracepoint(fn.fd, event.encode())
-                if fd < 0:
-                    raise ProbeUnavailable(f"cannot attach raw tracepoint {event}")
-                self.raw_tracepoint_fds[event] = fd
+                self.attach_raw_tracepoint(tp=name[len(raw) :], fn_name=name)
+
+    def attach_raw_tracepoint(self, *, tp: str | bytes, fn_name: str | bytes) -> None:
+        from bcc import BPF
+        from bcc.libbcc import lib
+
+        event = tp.decode() if isinstance(tp, bytes) else tp
+        fn = self.load_func(fn_name, BPF.RAW_TRACEPOINT)
+        fd = lib.bpf_attach_raw_tracepoint(fn.fd, event.encode())
+        if fd < 0:
+            raise ProbeUnavailable(f"cannot attach raw tracepoint {event}")
+        self.raw_tracepoint_fds[event] = fd
+
+    def detach_raw_tracepoint(self, *, tp: str | bytes) -> None:
+        os.close(self.raw_tracepoint_fds.pop(tp.decode() if isinstance(tp, bytes) else tp))
 
     def detach_tracepoint(self, tp: str) -> None:
         from bcc.libbcc import lib
@@ -391,6 +399,10 @@ class PartView:
         self.bpf.attach_perf_event(fn_name=self.real(fn_name), **kwargs)
         self.perf_events += sorted(set(self.bpf.open_perf_events) - before)
         self._keep_loaded(fn_name)
+
+    def detach_perf_event(self, *, ev_type: int, ev_config: int) -> None:
+        self.bpf.detach_perf_event(ev_type=ev_type, ev_config=ev_config)
+        self.perf_events.remove((ev_type, ev_config))
 
     def attach_uprobe(self, *, fn_name: str, **kwargs: Any) -> None:
         self._with_uprobes(lambda: self.bpf.attach_uprobe(fn_name=self.real(fn_name), **kwargs))

@@ -14,6 +14,8 @@
 #                injected scenarios scored (bench/real_job_gpu.sh accuracy; a run call of its own)
 #   realjob-cost the training job's step time with and without the daemon, its CPU and memory
 #                (bench/real_job_gpu.sh cost; a run call of its own)
+#   faulthooks   the fault loop bare, with the faults probe watching it and not, and with empty
+#                programs on its per-fault hooks (bench/faults.py; FAULT_HOOKS_ROUNDS, default 16)
 #   daemoncpu    the daemon's CPU by thread beside the training job (bench/daemon_cpu.py;
 #                DAEMON_CPU_SETTLE=S: the windows open S s after READY (default 90: past
 #                the engine's 60 s retention, steady running; the bench's 420 s limit fits
@@ -89,6 +91,10 @@ for step in $steps; do
     info)
         log "info"
         nvidia-smi -L; uname -r; nproc
+        # what a probe's dispatch costs depends on them (docs/performance.md, "The hook floor")
+        lscpu | grep -E 'Model name|Thread|Hypervisor'
+        grep -H . /sys/devices/system/cpu/vulnerabilities/{spectre_v2,retbleed,spec_rstack_overflow}
+        cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null
         python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
         ldconfig -p | grep -i libcuda; ls -la /usr/local/nvidia/lib64/libcuda.so* 2>/dev/null
         timeout 60 python3 -P -m gpujitter gpus
@@ -192,6 +198,11 @@ for step in $steps; do
                 done
             done
         fi
+        ;;
+    faulthooks)
+        log "faulthooks: the fault loop bare, with the faults probe and with empty programs"
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 400 python3 -P -m bench.faults \
+            --rounds "${FAULT_HOOKS_ROUNDS:-16}" --loops 8 --json > "$out/faults.json")
         ;;
     daemoncpu)
         log "daemoncpu: the daemon's CPU by thread beside the training job"
