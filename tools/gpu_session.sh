@@ -15,7 +15,9 @@
 #   realjob-cost the training job's step time with and without the daemon, its CPU and memory
 #                (bench/real_job_gpu.sh cost; a run call of its own)
 #   faulthooks   the fault loop bare, with the faults probe watching it and not, and with empty
-#                programs on its per-fault hooks (bench/faults.py; FAULT_HOOKS_ROUNDS, default 16)
+#                programs on its per-fault hooks (bench/faults.py; FAULT_HOOKS_ROUNDS, default 16);
+#                minor-fault time sampled from the kernel's counters against the probe's
+#                (bench/fault_sampling.py)
 #   daemoncpu    the daemon's CPU by thread beside the training job (bench/daemon_cpu.py;
 #                DAEMON_CPU_SETTLE=S: the windows open S s after READY (default 90: past
 #                the engine's 60 s retention, steady running; the bench's 420 s limit fits
@@ -203,6 +205,8 @@ for step in $steps; do
         log "faulthooks: the fault loop bare, with the faults probe and with empty programs"
         (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 400 python3 -P -m bench.faults \
             --rounds "${FAULT_HOOKS_ROUNDS:-16}" --loops 8 --json > "$out/faults.json")
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 200 python3 -P -m bench.fault_sampling \
+            --runs 3 --json > "$out/fault_sampling.json")
         ;;
     daemoncpu)
         log "daemoncpu: the daemon's CPU by thread beside the training job"
