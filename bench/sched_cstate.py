@@ -289,14 +289,20 @@ def cpu_seconds() -> float:
 def detached(probes: list[Probe]) -> Iterator[None]:
     """The probes' tracepoints detached for the block, their programs and maps kept, so that
     runs without probes interleave with runs with them (the machine's load drifts)."""
-    attached = [(p.bpf, tp) for p in probes for tp in list(p.bpf.tracepoint_fds)]  # type: ignore[attr-defined]
-    for bpf, tp in attached:
-        bpf.detach_tracepoint(tp)
+    views = [p.bpf for p in probes]  # type: ignore[attr-defined]  # their part views
+    raw = [(view, event) for view in views for event in list(view.raw_tracepoint_fds)]
+    tracepoints = [(view, tp) for view in views for tp in list(view.tracepoint_fds)]
+    for view, event in raw:
+        view.detach_raw_tracepoint(tp=event)
+    for view, tp in tracepoints:
+        view.detach_tracepoint(tp)
     try:
         yield
     finally:
-        for bpf, tp in attached:
-            bpf.attach_tracepoint(tp=tp, fn_name=b"tracepoint__" + tp.replace(b":", b"__"))
+        for view, event in raw:
+            view.attach_raw_tracepoint(tp=event, fn_name=f"raw_tracepoint__{event}")
+        for view, tp in tracepoints:
+            view.attach_tracepoint(tp=tp, fn_name="tracepoint__" + tp.replace(":", "__"))
 
 
 def measure(workload: Workload, reps: int) -> dict[str, Any]:

@@ -413,8 +413,14 @@ class PartView:
         self._keep_loaded(fn_name)
 
     def detach_uprobe(self, **kwargs: Any) -> None:
+        self._without_uprobes(lambda: self.bpf.detach_uprobe(**kwargs))
+
+    def detach_uretprobe(self, **kwargs: Any) -> None:
+        self._without_uprobes(lambda: self.bpf.detach_uretprobe(**kwargs))
+
+    def _without_uprobes(self, detach: Callable[[], None]) -> None:
         before = set(self.bpf.uprobe_fds)
-        self.bpf.detach_uprobe(**kwargs)
+        detach()
         gone = before - set(self.bpf.uprobe_fds)
         self.uprobes = [u for u in self.uprobes if u not in gone]
 
