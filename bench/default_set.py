@@ -19,8 +19,9 @@ presence alone costs them (hooks that filter them out, its polling on the other 
 slowdown watched well above the in-kernel time, and as high unwatched, is not the watched
 path's. --hook-floor adds a third run a round (first or last, in turns) with an empty program
 on the hook of each of the set's programs that ran on that workload and no set: the kernel's
-dispatch to a program (tracepoint, trampoline, retpolines), which the BPF statistics do not
-time (they time the program alone) and no program of ours can undercut.
+dispatch to a program (the tracepoint's call, bpf_trace_run's bookkeeping, the indirect call
+into the program and the returns), which the BPF statistics do not time (they time the
+program alone) and no program of ours can undercut.
 
 Every timed run starts after SETTLE_S of quiet: the set's start (a clang compile, seconds of
 one CPU) came right before each run with the probes and never before one without. Where the
@@ -294,6 +295,9 @@ def hook_floor(hooks: list[tuple[str, str]]) -> Iterator[Any]:
     costs a workload, which the BPF statistics (timing the program alone) do not see."""
     from bcc import BPF
 
+    if not hooks:  # none of the set's programs ran on the workload: nothing to mirror
+        yield None
+        return
     text = "\n".join(
         f"int floor_{i}(struct bpf_raw_tracepoint_args *ctx) {{ return 0; }}"
         if kind == "raw"

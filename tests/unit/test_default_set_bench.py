@@ -4,7 +4,7 @@ programs whose hook the function name does not give are listed, not dropped sile
 
 from __future__ import annotations
 
-from bench.default_set import mirror_hooks
+from bench.default_set import hook_floor, mirror_hooks
 
 # Program names as the bench reads them (probe:function), from a dev VM run's kernel figures.
 RAN = [
@@ -44,3 +44,9 @@ def test_two_programs_on_one_hook_are_two_floors() -> None:
 def test_a_category_with_underscores() -> None:
     hooks, left = mirror_hooks(["x:x__tracepoint__irq_vectors__local_timer_entry"])
     assert hooks == [("tp", "irq_vectors:local_timer_entry")] and not left
+
+
+def test_no_program_ran_no_floor_to_load() -> None:
+    # a workload no program of the set ran on: its floor run is a plain run (no compile)
+    with hook_floor([]) as bpf:
+        assert bpf is None
