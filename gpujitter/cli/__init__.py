@@ -13,6 +13,7 @@ import argparse
 import errno
 import gc
 import importlib
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -64,32 +65,77 @@ def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _standard_streams()
     commands = load_commands(named_command(sys.argv[1:] if argv is None else argv))
-    args = build_parser(commands).parse_args(argv)
+    parser = build_parser(commands)
+    name = "gpujitter"
     try:
-        return int(args.run(args))
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit:
+            # --help, --version or a usage error, written by argparse: its output flushed
+            # here, where a closed pipe or a full disk is handled, not at the interpreter's exit
+            sys.stdout.flush()
+            raise
+        name = f"gpujitter {args.command}"
+        code = int(args.run(args))
+        # A short text output still sits in the buffer: written now, for the same reason.
+        sys.stdout.flush()
+        return code
     except GpujitterError as err:
         # An error can quote a file's or a process's text: shown inert, like all output.
-        print(f"gpujitter {args.command}: error: {printable(str(err))}", file=sys.stderr)
+        print(f"{name}: error: {printable(str(err))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        # `gpujitter probe sched | head`: the reader left; not an error worth a traceback.
-        sys.stderr.close()
+        # `gpujitter probe sched | head`: the reader left; not an error worth a word.
+        _drop_stdout()
         return 0
     except OSError as err:
-        # The output's device full or failing (`report > /dev/full`): the system's words, on
-        # one line, and what is still buffered for it dropped, so that the exit does not fail
-        # writing it a second time. Any other OSError is a fault (entry()).
+        # The output's device full or failing (`report > /dev/full`), or closed (`>&-`): the
+        # system's words, on one line, and what is still buffered for it dropped, so that
+        # the exit does not fail writing it a second time. Any other OSError is a fault
+        # (entry()).
         if err.filename is not None or err.errno not in OUTPUT_ERRNOS:
             raise
         _drop_stdout()
-        print(f"gpujitter {args.command}: error: {err.strerror}", file=sys.stderr)
+        print(f"{name}: error: {err.strerror}", file=sys.stderr)
         return 2
 
 
-OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF)
+
+
+class _Closed(io.TextIOBase):
+    """Standard output that the caller closed (`gpujitter topo >&-`), where Python leaves
+    None: print() takes that as "write nowhere" (the output lost, the command a success) and
+    JSON output as an AttributeError. Here writing fails as writing to a closed descriptor
+    does."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: object) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+    @property
+    def buffer(self) -> _Closed:  # JSON is written as bytes, to the text stream's buffer
+        return self
+
+
+def _standard_streams() -> None:
+    """Streams every command can write to. Closed standard error (None) becomes /dev/null:
+    argparse fails on None, and print() would send the message to standard output. Text
+    that the output's encoding cannot hold (PYTHONIOENCODING=ascii, a latin-1 terminal: a
+    µ or a ± of ours, an undecodable byte of a file's name) is escaped, not an error."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115  # the process's, to its end
+    if sys.stdout is None:
+        sys.stdout = _Closed()
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _drop_stdout() -> None:

@@ -129,7 +129,16 @@ def write_html(
         if whole:
             with contextlib.suppress(OSError):  # not ours to remove if a directory
                 tmp.unlink()
-        raise GpujitterError(f"--html {path}: {err.strerror}") from None
+        # the file beside it may be what failed (a directory that takes no new file)
+        beside = f" (writing {tmp.name} beside it)" if whole and tmp != path else ""
+        raise GpujitterError(f"--html {path}: {err.strerror}{beside}") from None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them is not there (yet): not the same
+        return False
 
 
 def summarise(attrs: list[Attribution]) -> dict[int, dict[str, Any]]:
@@ -161,6 +170,8 @@ def reading_line(rec: Recording) -> str:
 
 def run(args: argparse.Namespace) -> int:
     traces = open_recording(args.traces)
+    if args.html and any(_same_file(args.html, path) for path in traces.paths):
+        raise GpujitterError(f"--html {args.html} is a recording being read; choose another name")
     header = traces.header
     start = parse_when(args.start, traces) if args.start else None
     end = parse_when(args.end, traces) if args.end else None

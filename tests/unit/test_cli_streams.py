@@ -1,0 +1,79 @@
+"""The CLI when its own streams misbehave, as a shell leaves them: output whose reader left
+(`| head`), a full device, a closed descriptor (`>&-`, `2>&-`), an encoding that cannot hold
+our text. Each is one line on standard error and an exit status that says what happened,
+never a traceback or Python's "Exception ignored" at the interpreter's exit. Run with the
+output buffered, as a user's shell runs it: a short text output then reaches the stream
+only when flushed, which is where these failures surface."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "h200-training.gjtrace"
+
+
+def gpujitter(*args: str, env: dict[str, str] | None = None, **how: Any) -> Any:
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    return subprocess.run([sys.executable, "-m", "gpujitter", *args],
+                          env={**environ, **(env or {})}, timeout=60, **how)  # fmt: skip
+
+
+def clean(stderr: bytes) -> str:
+    text = stderr.decode()
+    assert "Traceback" not in text and "Exception ignored" not in text, text
+    return text.strip()
+
+
+def test_a_reader_that_leaves_is_no_error() -> None:
+    for args in (["topo"], ["topo", "--json"], ["--help"], ["report", str(EXAMPLE)]):
+        read, write = os.pipe()
+        os.close(read)  # the reader gone before the first byte (`| head -c 0`)
+        proc = gpujitter(*args, stdout=write, stderr=subprocess.PIPE)
+        os.close(write)
+        assert proc.returncode == 0, args
+        assert clean(proc.stderr) == "", args
+
+
+def test_a_full_device_is_one_line_for_text_and_help() -> None:
+    with open("/dev/full", "w") as full:
+        for args, name in ((["topo"], "gpujitter topo"), (["topo", "--help"], "gpujitter")):
+            proc = gpujitter(*args, stdout=full, stderr=subprocess.PIPE)
+            assert proc.returncode == 2, args
+            assert clean(proc.stderr) == f"{name}: error: No space left on device"
+
+
+def test_closed_output_is_an_error_not_a_silent_success() -> None:
+    for args in (["topo"], ["topo", "--json"]):
+        proc = gpujitter(*args, stdout=None, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: os.close(1))  # fmt: skip
+        assert proc.returncode == 2, args
+        assert clean(proc.stderr) == "gpujitter topo: error: standard output is closed"
+
+
+def test_closed_error_stream_keeps_the_status_and_the_output_clean() -> None:
+    proc = gpujitter("topo", "--bogus", stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2))
+    assert proc.returncode == 2
+    assert proc.stdout == b""
+
+
+def test_an_ascii_output_gets_our_symbols_escaped() -> None:
+    proc = gpujitter("report", str(EXAMPLE), env={"PYTHONIOENCODING": "ascii"},
+                     capture_output=True)  # fmt: skip
+    assert proc.returncode == 0
+    assert clean(proc.stderr) == ""
+    assert b"\\xb1" in proc.stdout  # the resolution's plus-minus, escaped
+
+
+def test_report_html_never_replaces_a_recording_it_reads(tmp_path: Path) -> None:
+    trace = tmp_path / "run.gjtrace"
+    shutil.copy(EXAMPLE, trace)
+    before = trace.read_bytes()
+    proc = gpujitter("report", str(trace), "--html", str(trace), capture_output=True)
+    assert proc.returncode == 2
+    assert "is a recording being read" in clean(proc.stderr)
+    assert trace.read_bytes() == before
