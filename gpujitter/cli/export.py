@@ -87,8 +87,10 @@ def run(args: argparse.Namespace) -> int:
         with out:
             writer = export(traces, out, header.topology,
                             AnalysisConfig.from_record(header.analysis), clock, extra)  # fmt: skip
-    except BaseException:
+    except BaseException as err:
         os.unlink(args.output)  # never leave half a timeline behind
+        if isinstance(err, OSError) and err.filename is None:  # the file's disk, size limit
+            raise GpujitterError(f"{args.output}: {err.strerror}") from None
         raise
     summary = {"output": str(args.output), "gaps": writer.gaps, "slices": writer.slices,
                "merged_events": len(extra), "damage": traces.damage}  # fmt: skip

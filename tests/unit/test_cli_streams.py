@@ -8,6 +8,7 @@ only when flushed, which is where these failures surface."""
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -77,3 +78,16 @@ def test_report_html_never_replaces_a_recording_it_reads(tmp_path: Path) -> None
     assert proc.returncode == 2
     assert "is a recording being read" in clean(proc.stderr)
     assert trace.read_bytes() == before
+
+
+def test_an_output_past_the_size_limit_is_named(tmp_path: Path) -> None:
+    out = tmp_path / "timeline.json"
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, resource.RLIM_INFINITY))
+
+    proc = gpujitter("export", str(EXAMPLE), "-o", str(out), capture_output=True,
+                     preexec_fn=small_files)  # fmt: skip
+    assert proc.returncode == 2
+    assert clean(proc.stderr) == f"gpujitter export: error: {out}: File too large"
+    assert not out.exists()  # no half a timeline left behind
