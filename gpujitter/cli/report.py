@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import os
 import re
+import stat
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import datetime
@@ -124,6 +125,8 @@ def write_html(
     try:
         tmp.write_text(page, encoding="utf-8")
         if whole:
+            if path.exists():  # the page it replaces keeps its permissions
+                os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
             os.replace(tmp, path)
     except OSError as err:
         if whole:

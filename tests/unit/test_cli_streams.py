@@ -91,3 +91,13 @@ def test_an_output_past_the_size_limit_is_named(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert clean(proc.stderr) == f"gpujitter export: error: {out}: File too large"
     assert not out.exists()  # no half a timeline left behind
+
+
+def test_report_html_keeps_the_permissions_of_the_page_it_replaces(tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    page.write_text("old")
+    page.chmod(0o640)
+    proc = gpujitter("report", str(EXAMPLE), "--html", str(page), capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+    assert page.read_text().startswith("<!DOCTYPE html>")
+    assert oct(page.stat().st_mode & 0o777) == oct(0o640)
