@@ -10,13 +10,15 @@ probes' compile before it imports them (daemon/service/head_start.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import gc
 import importlib
 import io
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from gpujitter import __version__
@@ -78,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.flush()
             raise
         name = f"gpujitter {args.command}"
-        code = int(args.run(args))
+        with _interrupted_by_sigterm(args.writes_files):
+            code = int(args.run(args))
         # A short text output still sits in the buffer: written now, for the same reason.
         sys.stdout.flush()
         return code
@@ -86,8 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # An error can quote a file's or a process's text: shown inert, like all output.
         print(f"{name}: error: {printable(str(err))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as stop:
+        return 143 if isinstance(stop, Terminated) else 130
     except BrokenPipeError:
         # `gpujitter probe sched | head`: the reader left; not an error worth a word.
         _drop_stdout()
@@ -105,6 +108,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered as Ctrl-C is (`timeout 60 gpujitter export ...`): what a command
+    cleans up on an interrupt, it cleans up on a kill too."""
+
+
+@contextlib.contextmanager
+def _interrupted_by_sigterm(wanted: bool) -> Iterator[None]:
+    if not wanted:
+        yield
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _Closed(io.TextIOBase):

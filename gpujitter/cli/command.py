@@ -17,6 +17,9 @@ class Command:
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
     json_flag: bool = True  # every command that prints results offers --json
+    # It writes a file that a kill must not leave half written: SIGTERM ends it as Ctrl-C
+    # does (its cleanup runs), with exit status 143.
+    writes_files: bool = False
 
     def install(self, sub: argparse._SubParsersAction) -> None:
         parser = sub.add_parser(
@@ -31,4 +34,4 @@ class Command:
                 "--json", action="store_true", help="print machine-readable JSON instead of text"
             )
         self.add_arguments(parser)
-        parser.set_defaults(run=self.run)
+        parser.set_defaults(run=self.run, writes_files=self.writes_files)

@@ -125,4 +125,5 @@ COMMAND = Command(
     """,
     add_arguments=add_arguments,
     run=run,
+    writes_files=True,
 )

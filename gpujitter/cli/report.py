@@ -128,10 +128,12 @@ def write_html(
             if path.exists():  # the page it replaces keeps its permissions
                 os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
             os.replace(tmp, path)
-    except OSError as err:
+    except BaseException as err:  # a full disk, or an interrupt or SIGTERM midway
         if whole:
             with contextlib.suppress(OSError):  # not ours to remove if a directory
                 tmp.unlink()
+        if not isinstance(err, OSError):
+            raise
         # the file beside it may be what failed (a directory that takes no new file)
         beside = f" (writing {tmp.name} beside it)" if whole and tmp != path else ""
         raise GpujitterError(f"--html {path}: {err.strerror}{beside}") from None
@@ -277,4 +279,5 @@ COMMAND = Command(
     """,
     add_arguments=add_arguments,
     run=run,
+    writes_files=True,
 )

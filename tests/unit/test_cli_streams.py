@@ -10,10 +10,14 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "h200-training.gjtrace"
 
@@ -101,3 +105,24 @@ def test_report_html_keeps_the_permissions_of_the_page_it_replaces(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     assert page.read_text().startswith("<!DOCTYPE html>")
     assert oct(page.stat().st_mode & 0o777) == oct(0o640)
+
+
+def test_sigterm_midway_leaves_no_half_timeline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `timeout 60 gpujitter export ...` on a long recording: killed while it writes
+    from gpujitter.cli import main
+    from gpujitter.daemon.offline import timeline
+
+    def killed_midway(traces: object, out: Any, *rest: object) -> None:
+        out.write(b'{"traceEvents": [')
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises in here
+        raise AssertionError("SIGTERM did not stop the export")
+
+    monkeypatch.setattr(timeline, "export", killed_midway)
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "timeline.json"
+    assert main(["export", str(EXAMPLE), "-o", str(out)]) == 143
+    assert not out.exists()
+    assert signal.getsignal(signal.SIGTERM) is before  # the command's handler is gone again
