@@ -18,6 +18,9 @@
 #                programs on its per-fault hooks (bench/faults.py; FAULT_HOOKS_ROUNDS, default 16);
 #                minor-fault time sampled from the kernel's counters against the probe's
 #                (bench/fault_sampling.py)
+#   schedcstate  sched and cstate alone on the two ping-pongs and a feeder, hooks toggled on one
+#                loaded set, and their in-kernel time (bench/sched_cstate.py; SCHED_CSTATE_REPS,
+#                default 9)
 #   daemoncpu    the daemon's CPU by thread beside the training job (bench/daemon_cpu.py;
 #                DAEMON_CPU_SETTLE=S: the windows open S s after READY (default 90: past
 #                the engine's 60 s retention, steady running; the bench's 420 s limit fits
@@ -207,6 +210,11 @@ for step in $steps; do
             --rounds "${FAULT_HOOKS_ROUNDS:-16}" --loops 8 --json > "$out/faults.json")
         (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 200 python3 -P -m bench.fault_sampling \
             --runs 3 --json > "$out/fault_sampling.json")
+        ;;
+    schedcstate)
+        log "schedcstate: sched and cstate on the ping-pongs and a feeder, hooks toggled"
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 500 python3 -P -m bench.sched_cstate \
+            --reps "${SCHED_CSTATE_REPS:-9}" --json > "$out/sched_cstate.json")
         ;;
     daemoncpu)
         log "daemoncpu: the daemon's CPU by thread beside the training job"
