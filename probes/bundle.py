@@ -314,6 +314,14 @@ def load_part(
     return view
 
 
+def _file_name_bytes(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A uprobe's `name=` as bytes: bcc encodes a str strictly, and a mapped file's name need
+    not be UTF-8 (the probes read /proc/PID/maps with os.fsdecode: its surrogates stand for
+    those bytes). Attach and detach encode alike, so bcc names the event the same."""
+    name = kwargs.get("name")
+    return {**kwargs, "name": os.fsencode(name)} if isinstance(name, str) else kwargs
+
+
 @dataclass(slots=True)
 class PartView:
     """The bcc module as one part sees it: its maps and programs under the names of its
@@ -405,17 +413,21 @@ class PartView:
         self.perf_events.remove((ev_type, ev_config))
 
     def attach_uprobe(self, *, fn_name: str, **kwargs: Any) -> None:
+        kwargs = _file_name_bytes(kwargs)
         self._with_uprobes(lambda: self.bpf.attach_uprobe(fn_name=self.real(fn_name), **kwargs))
         self._keep_loaded(fn_name)
 
     def attach_uretprobe(self, *, fn_name: str, **kwargs: Any) -> None:
+        kwargs = _file_name_bytes(kwargs)
         self._with_uprobes(lambda: self.bpf.attach_uretprobe(fn_name=self.real(fn_name), **kwargs))
         self._keep_loaded(fn_name)
 
     def detach_uprobe(self, **kwargs: Any) -> None:
+        kwargs = _file_name_bytes(kwargs)
         self._without_uprobes(lambda: self.bpf.detach_uprobe(**kwargs))
 
     def detach_uretprobe(self, **kwargs: Any) -> None:
+        kwargs = _file_name_bytes(kwargs)
         self._without_uprobes(lambda: self.bpf.detach_uretprobe(**kwargs))
 
     def _without_uprobes(self, detach: Callable[[], None]) -> None:

@@ -283,13 +283,12 @@ class CudaProbe(BpfProbe):
     def _attach_each(self, path: str, sites: list[Site]) -> int:
         """One bcc uprobe per site (and a uretprobe for synchronising functions)."""
         attached = 0
-        name = os.fsencode(path)  # bytes: bcc encodes a str strictly, and names may not be UTF-8
         for site in sites:
             entry, syncing = f"enter_{site.func_id}", site.role in (SYNC, COPY_SYNC)
             try:
-                self.bpf.attach_uprobe(name=name, addr=site.addr, fn_name=entry)
+                self.bpf.attach_uprobe(name=path, addr=site.addr, fn_name=entry)
                 if syncing:
-                    self.bpf.attach_uretprobe(name=name, addr=site.addr, fn_name="leave_sync")
+                    self.bpf.attach_uretprobe(name=path, addr=site.addr, fn_name="leave_sync")
             except Exception as err:
                 self.failed[path] = f"{site.symbol}: {err}"
                 continue

@@ -346,9 +346,8 @@ class PythonGcProbe(InterpreterProbe):
 
     def _attach(self, path: str, hooks: Hooks) -> None:
         if hooks.via == "symbol":
-            name = os.fsencode(path)  # bytes: bcc encodes a str strictly (names may not be UTF-8)
-            self.bpf.attach_uprobe(name=name, addr=hooks.symbol_address, fn_name="gc_enter")
-            self.bpf.attach_uretprobe(name=name, addr=hooks.symbol_address, fn_name="gc_leave")
+            self.bpf.attach_uprobe(name=path, addr=hooks.symbol_address, fn_name="gc_enter")
+            self.bpf.attach_uretprobe(name=path, addr=hooks.symbol_address, fn_name="gc_leave")
             return
         if self._slots >= MAX_INTERPRETERS:
             raise RuntimeError(f"more than {MAX_INTERPRETERS} distinct interpreters")

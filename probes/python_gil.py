@@ -15,7 +15,6 @@ which PyTorch makes in every operator call: off by default (docs/probes.md has t
 
 from __future__ import annotations
 
-import os
 import struct
 import time
 from dataclasses import dataclass
@@ -121,10 +120,9 @@ class PythonGilProbe(InterpreterProbe):
             return None
         site = acquire_site(local)
         if site.address >= 0:
-            name = os.fsencode(local)  # bytes: bcc encodes a str strictly (names may not be UTF-8)
             try:
-                self.bpf.attach_uprobe(name=name, addr=site.address, fn_name="gil_enter")
-                self.bpf.attach_uretprobe(name=name, addr=site.address, fn_name="gil_leave")
+                self.bpf.attach_uprobe(name=local, addr=site.address, fn_name="gil_enter")
+                self.bpf.attach_uretprobe(name=local, addr=site.address, fn_name="gil_leave")
             except Exception as err:  # bcc raises plain Exception; one file never stops the probe
                 site = AcquireSite(-1, why=f"{NO_GIL_PROBE}: {err}")
         self.interpreters[key] = (mapped, site)
