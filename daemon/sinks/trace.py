@@ -540,11 +540,11 @@ def trace_paths(args: Sequence[str | Path]) -> list[Path]:
         else:
             raise GpujitterError(f"{path}: no such file or directory")
         for f in found:
-            out.setdefault(_identity(f), f)
+            out.setdefault(file_identity(f), f)
     return list(out.values())
 
 
-def _identity(path: Path) -> tuple[int, int] | Path:
+def file_identity(path: Path) -> tuple[int, int] | Path:
     """What makes two names one file (a link, `dir/../x`): its device and inode; the name
     where it cannot be stat'ed (the reader then says why)."""
     try:

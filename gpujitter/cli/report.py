@@ -23,7 +23,7 @@ from gpujitter.daemon.analysis.engine.causes import cause_label
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.daemon.offline.recordings import TRACE, Recording, open_recording
-from gpujitter.daemon.sinks.trace import TraceHeader
+from gpujitter.daemon.sinks.trace import TraceHeader, file_identity
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import format_wall
 from gpujitter.probes.events import Event, to_record
@@ -139,13 +139,6 @@ def write_html(
         raise GpujitterError(f"--html {path}: {err.strerror}{beside}") from None
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them is not there (yet): not the same
-        return False
-
-
 def summarise(attrs: list[Attribution]) -> dict[int, dict[str, Any]]:
     per_gpu: dict[int, dict[str, Any]] = defaultdict(
         lambda: {"gaps": 0, "idle_ns": 0, "causes": Counter()}
@@ -175,7 +168,7 @@ def reading_line(rec: Recording) -> str:
 
 def run(args: argparse.Namespace) -> int:
     traces = open_recording(args.traces)
-    if args.html and any(_same_file(args.html, path) for path in traces.paths):
+    if args.html and file_identity(args.html) in {file_identity(p) for p in traces.paths}:
         raise GpujitterError(f"--html {args.html} is a recording being read; choose another name")
     header = traces.header
     start = parse_when(args.start, traces) if args.start else None
