@@ -5,9 +5,11 @@ PyTorch profiler trace of the same run (daemon/offline/timeline.py)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import io
 import os
+import sys
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -24,13 +26,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_traces_arg(p)
     p.add_argument(
         "-o", "--output", required=True, type=Path, metavar="FILE",
-        help="the timeline to write (Chrome trace JSON; gzipped when FILE ends in .gz)",
+        help="the timeline to write (Chrome trace JSON; gzipped when FILE ends in .gz; "
+             "- for standard output, the summary then on standard error)",
     )  # fmt: skip
     p.add_argument(
         "--merge", type=Path, metavar="PROFILER_TRACE",
         help="a PyTorch profiler (Kineto) trace of the same run, put on the same clock",
     )  # fmt: skip
 
+
+STDOUT = Path("-")
 
 # Far past a profiler trace of a long run (they run to hundreds of MB); a larger file, or one
 # that decompresses to more, is not one, and all of it is held to be parsed.
@@ -54,7 +59,11 @@ def _load_profiler(path: Path) -> Any:
         raise GpujitterError(f"--merge {path}: not JSON (want a Chrome trace)") from None
 
 
-def _open(path: Path) -> BinaryIO | gzip.GzipFile:
+def _open(path: Path) -> contextlib.AbstractContextManager[BinaryIO | gzip.GzipFile]:
+    if path == STDOUT:
+        # left open, as main() flushes it: what fails there (a full disk, a closed
+        # descriptor, a reader that left) is main()'s to tell, as for every command's output
+        return contextlib.nullcontext(sys.stdout.buffer)
     if path.exists():
         raise GpujitterError(f"{path} exists; remove it or choose another name")
     try:
@@ -82,26 +91,30 @@ def run(args: argparse.Namespace) -> int:
         profiler = _load_profiler(args.merge)
         extra = profiler_events(profiler)
         clock = profiler_clock(profiler, header.clock)
-    out = _open(args.output)
     try:
-        with out:
+        with _open(args.output) as out:
             writer = export(traces, out, header.topology,
                             AnalysisConfig.from_record(header.analysis), clock, extra)  # fmt: skip
     except BaseException as err:
+        if args.output == STDOUT:
+            raise
         os.unlink(args.output)  # never leave half a timeline behind
         if isinstance(err, OSError) and err.filename is None:  # the file's disk, size limit
             raise GpujitterError(f"{args.output}: {err.strerror}") from None
         raise
+    # with the timeline on standard output, what tells of it goes beside it
+    report = sys.stderr if args.output == STDOUT else sys.stdout
     summary = {"output": str(args.output), "gaps": writer.gaps, "slices": writer.slices,
                "merged_events": len(extra), "damage": traces.damage}  # fmt: skip
     if args.json:
-        print_json(summary)
+        print_json(summary, report)
     else:
         merged = f", {len(extra)} profiler events merged" if args.merge else ""
-        print(f"{args.output}: {writer.gaps} gaps, {writer.slices} slices{merged}; "
-              "open it in https://ui.perfetto.dev or chrome://tracing")  # fmt: skip
+        where = "standard output" if args.output == STDOUT else args.output
+        print(f"{where}: {writer.gaps} gaps, {writer.slices} slices{merged}; "
+              "open it in https://ui.perfetto.dev or chrome://tracing", file=report)  # fmt: skip
         for note in traces.damage:
-            print(f"damage: {note}")
+            print(f"damage: {note}", file=report)
     return 0
 
 
@@ -122,6 +135,8 @@ COMMAND = Command(
         gpujitter export /var/lib/gpujitter/traces -o run.json
         # beside the PyTorch profiler's trace of the same run, compressed
         gpujitter export run.gjtrace --merge trace.pt.trace.json -o merged.json.gz
+        # to standard output, e.g. compressed by another tool
+        gpujitter export run.gjtrace -o - | zstd > run.json.zst
     """,
     add_arguments=add_arguments,
     run=run,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 
@@ -16,11 +16,13 @@ from gpujitter.text import dumps, inert_json, printable
 _OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
-def print_json(obj: Any) -> None:
-    """One indented JSON document (results of one-shot commands)."""
-    sys.stdout.buffer.write(inert_json(_dumps(obj, _OPTS | orjson.OPT_INDENT_2)))
-    sys.stdout.buffer.write(b"\n")
-    sys.stdout.flush()
+def print_json(obj: Any, stream: TextIO | None = None) -> None:
+    """One indented JSON document (results of one-shot commands), on standard output unless
+    another stream is named."""
+    stream = stream or sys.stdout
+    stream.flush()  # what was printed before comes first
+    stream.buffer.write(inert_json(_dumps(obj, _OPTS | orjson.OPT_INDENT_2)) + b"\n")
+    stream.flush()
 
 
 def print_ndjson(obj: Any) -> None:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "h200-training.gjtrace"
@@ -95,6 +96,25 @@ def test_an_output_past_the_size_limit_is_named(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert clean(proc.stderr) == f"gpujitter export: error: {out}: File too large"
     assert not out.exists()  # no half a timeline left behind
+
+
+def test_export_to_standard_output_keeps_its_summary_apart(tmp_path: Path) -> None:
+    # `gpujitter export run.gjtrace -o - | zstd`: the timeline alone on standard output, what
+    # tells of it on standard error, and no file named "-" anywhere
+    proc = gpujitter("export", str(EXAMPLE), "-o", "-", "--json", capture_output=True,
+                     cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert orjson.loads(proc.stdout)["traceEvents"]
+    summary = orjson.loads(proc.stderr)
+    assert summary["output"] == "-" and summary["gaps"] > 0
+    text = gpujitter("export", str(EXAMPLE), "-o", "-", capture_output=True, cwd=tmp_path)
+    assert text.stdout == proc.stdout
+    assert clean(text.stderr).startswith(f"standard output: {summary['gaps']} gaps")
+    assert list(tmp_path.iterdir()) == []
+    with open("/dev/full", "w") as full:
+        proc = gpujitter("export", str(EXAMPLE), "-o", "-", stdout=full, stderr=subprocess.PIPE)
+    assert proc.returncode == 2
+    assert clean(proc.stderr) == "gpujitter export: error: No space left on device"
 
 
 def test_report_html_keeps_the_permissions_of_the_page_it_replaces(tmp_path: Path) -> None:
