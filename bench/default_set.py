@@ -7,7 +7,8 @@ watched and an unwatched ping-pong (beside an empty program's), and the events d
 Python per second.
 
     flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.default_set [--rounds 5]
-        [--probes LIST] [--workloads LIST] [--unwatched] [--hook-floor] [--json]
+        [--probes LIST] [--workloads LIST] [--unwatched] [--hook-floor] [--min-seconds S]
+        [--json]
 
 In each round every workload runs without and with the probes back to back (the set is
 started, timed, between the two runs, and stopped after the second; which run comes first
@@ -21,7 +22,9 @@ path's. --hook-floor adds a third run a round (first or last, in turns) with an 
 on the hook of each of the set's programs that ran on that workload and no set: the kernel's
 dispatch to a program (the tracepoint's call, bpf_trace_run's bookkeeping, the indirect call
 into the program and the returns), which the BPF statistics do not time (they time the
-program alone) and no program of ours can undercut.
+program alone) and no program of ours can undercut. Before the rounds, each workload's count
+is multiplied so that a bare run takes at least --min-seconds here (default 1): the counts
+are sized for the development VM, and a faster host ran through them too quickly to read.
 
 Every timed run starts after SETTLE_S of quiet: the set's start (a clang compile, seconds of
 one CPU) came right before each run with the probes and never before one without. Where the
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import resource
@@ -218,6 +222,15 @@ def calibrate_steady(binary: Path) -> str:
     return str(max(1000, int(work * 1_000_000 / max(per_iter_ns, 1))))
 
 
+def sized(binary: Path, args: list[str], min_s: float) -> list[str]:
+    """args with the workload's count (the first) multiplied so that one bare run here takes
+    min_s or more. At fixed counts a fast host's runs were over in 0.09-0.5 s and their rounds
+    spread over 40-90 points, no reading at 5 % (the H200 of 2026-12-05)."""
+    elapsed_ns = run_workload(binary, args, None)
+    scale = math.ceil(min_s * 1e9 / max(elapsed_ns, 1))
+    return [str(int(args[0]) * scale), *args[1:]] if scale > 1 else args
+
+
 def run_workload(binary: Path, args: list[str], probes: ProbeSet | None) -> int:
     """Elapsed ns of one run; while it runs, the probes (if any) are polled as the daemon
     polls them."""
@@ -373,6 +386,7 @@ def measure(
     workloads: list[str],
     watched: bool = True,
     hook_floors: bool = False,
+    min_s: float = 0.0,
 ) -> dict[str, Any]:
     topology = load_topology()
     allowed = frozenset(os.sched_getaffinity(0))
@@ -390,6 +404,9 @@ def measure(
         args = dict(ARGS)
         if "steady" in workloads:
             args["steady"] = [ARGS["steady"][0], calibrate_steady(binaries["steady"])]
+        for w in workloads:
+            args[w] = sized(timed[w], args[w], min_s)
+        results["args"] = {w: args[w] for w in workloads}
         base: dict[str, list[int]] = {w: [] for w in workloads}
         probed: dict[str, list[int]] = {w: [] for w in workloads}
         rates: dict[str, list[float]] = {w: [] for w in workloads}
@@ -532,6 +549,7 @@ def report(r: dict[str, Any]) -> str:
             + " ns)"
             for event, x in r["sched_event_ns"].items()
         ),
+        "counts: " + ", ".join(f"{w} {' '.join(a)}" for w, a in r["args"].items()),
         f"{'workload':10} {'without':>9} {'with':>9} {'slowdown':>9} {'(min..max)':>15} "
         f"{'kernel/run':>11} {'runs/op':>8} {'py ev/s':>8}"
         + (f" {'hook floor':>10} {'(min..max)':>15}" if floored else ""),
@@ -571,6 +589,14 @@ def main(argv: list[str] | None = None) -> int:
         help="a third run a round with an empty program on each hook the set's programs ran "
         "on: the part of the slowdown that any program there costs",
     )
+    p.add_argument(
+        "--min-seconds",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="scale each workload's count so that a bare run takes at least S seconds here "
+        "(default 1; 0: the fixed counts)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     names = args.probes.split(",") if args.probes else registry.default_names()
@@ -578,9 +604,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(workloads) - set(PROGRAMS))
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(PROGRAMS)}")
-    results = measure(
-        args.rounds, names, workloads, watched=not args.unwatched, hook_floors=args.hook_floor
-    )
+    results = measure(args.rounds, names, workloads, watched=not args.unwatched,
+                      hook_floors=args.hook_floor, min_s=args.min_seconds)  # fmt: skip
     print(json.dumps(results, indent=2) if args.json else report(results))
     return 0
 

@@ -50,3 +50,18 @@ def test_no_program_ran_no_floor_to_load() -> None:
     # a workload no program of the set ran on: its floor run is a plain run (no compile)
     with hook_floor([]) as bpf:
         assert bpf is None
+
+
+def test_a_workload_too_quick_here_is_sized_up(tmp_path, monkeypatch) -> None:
+    """A run over in 0.3 s is run with four times its count; one long enough keeps it."""
+    from bench import default_set
+
+    monkeypatch.setattr(default_set, "SETTLE_S", 0.0)
+    monkeypatch.setattr(default_set, "_on_workload_cpu", lambda: None)  # any machine's CPUs
+    loop = tmp_path / "gjb-loop"
+    # reports its count times 3 ms as its elapsed ns, as the workloads report theirs
+    loop.write_text("#!/bin/sh\nread go\necho $(($1 * 3000000))\n")
+    loop.chmod(0o755)
+    assert default_set.sized(loop, ["100", "7"], 1.0) == ["400", "7"]
+    assert default_set.sized(loop, ["400", "7"], 1.0) == ["400", "7"]
+    assert default_set.sized(loop, ["100"], 0.0) == ["100"]
