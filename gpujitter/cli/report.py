@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import re
 import stat
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import datetime
@@ -32,6 +34,7 @@ from gpujitter.text import printable
 from gpujitter.units import format_ns, parse_duration_ns
 
 _OFFSET = re.compile(r"^\+(.+)$")
+STDOUT = Path("-")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only this GPU (repeatable)")  # fmt: skip
     p.add_argument("--html", type=Path, metavar="FILE",
                    help="also write the report as one self-contained HTML page (charts "
-                   "of idle time by cause, gap durations, culprits, fixes)")  # fmt: skip
+                   "of idle time by cause, gap durations, culprits, fixes); - for standard "
+                   "output, the report then on standard error")  # fmt: skip
     p.add_argument("--top", type=count, default=10, metavar="N",
                    help="show the N longest gaps with their breakdown (default 10)")  # fmt: skip
 
@@ -117,6 +121,9 @@ def write_html(
     ]  # fmt: skip
     page = render(attrs, clock=header.clock, title=f"GPU idle gaps on {header.host}",
                   meta=meta, start_ns=start_ns, end_ns=end_ns, top=top)  # fmt: skip
+    if path == STDOUT:  # what fails there is main()'s to tell, as for every command's output
+        sys.stdout.write(page)
+        return
     # A file is written beside it and renamed over it: a full disk or an interrupt leaves the
     # page that was there (or none), never a truncated one. Anything else (/dev/stdout, a
     # pipe, a link) is written through as it is, never replaced.
@@ -168,7 +175,8 @@ def reading_line(rec: Recording) -> str:
 
 def run(args: argparse.Namespace) -> int:
     traces = open_recording(args.traces)
-    if args.html and file_identity(args.html) in {file_identity(p) for p in traces.paths}:
+    read = {file_identity(p) for p in traces.paths}
+    if args.html and args.html != STDOUT and file_identity(args.html) in read:
         raise GpujitterError(f"--html {args.html} is a recording being read; choose another name")
     header = traces.header
     start = parse_when(args.start, traces) if args.start else None
@@ -202,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
         elif isinstance(out, GpuGap) and wanted(out):
             gaps += 1
     summary = summarise(attrs)
+    # with the page on standard output, the report goes beside it
+    told = sys.stderr if args.html == STDOUT else sys.stdout
     if args.html:
         first, last = span or [header.start_ns] * 2
         write_html(args.html, attrs, header, traces, start or first, end or last, args.top)
@@ -217,35 +227,34 @@ def run(args: argparse.Namespace) -> int:
             "damage": traces.damage,
             "summary": {str(g): s for g, s in summary.items()},
             "attributions": [to_record(a) for a in attrs],
-        })  # fmt: skip
+        }, told)  # fmt: skip
         return 0
     # A trace is a file from elsewhere: whatever it holds is shown inert (gpujitter.text).
-    print(printable(reading_line(traces)))
+    say = functools.partial(print, file=told)
+    say(printable(reading_line(traces)))
     if header.topology.override:
-        print(printable(override_line(header.topology)))
+        say(printable(override_line(header.topology)))
     for note in traces.damage:
-        print(f"damage: {printable(note)}")
+        say(f"damage: {printable(note)}")
     if not attrs:
-        print(
-            "no GPU idle gaps in this range" + (f" ({gaps} gaps, none attributed)" if gaps else "")
-        )
+        say("no GPU idle gaps in this range" + (f" ({gaps} gaps, none attributed)" if gaps else ""))
         if missing := sorted(set(args.gpu) - seen_gpus):
             known = ", ".join(gpu_name(g) for g in sorted(seen_gpus)) or "none"
-            print(f"{', '.join(gpu_name(g) for g in missing)}: not in this recording "
-                  f"(GPUs with gaps: {known})")  # fmt: skip
+            say(f"{', '.join(gpu_name(g) for g in missing)}: not in this recording "
+                f"(GPUs with gaps: {known})")  # fmt: skip
         return 0
     for gpu, s in summary.items():
-        print(f"\n{gpu_name(gpu)}: {s['gaps']} gaps, {format_ns(s['idle_ns'])} idle")
+        say(f"\n{gpu_name(gpu)}: {s['gaps']} gaps, {format_ns(s['idle_ns'])} idle")
         rows = [
             (cause_label(cause), format_ns(ns), f"{100 * ns / s['idle_ns']:.1f}%")
             for cause, ns in s["causes"].items()
         ]
-        print(table(["CAUSE", "TIME", "SHARE"], rows))
-    print(f"\nlongest {min(args.top, len(attrs))} gaps:")
+        say(table(["CAUSE", "TIME", "SHARE"], rows))
+    say(f"\nlongest {min(args.top, len(attrs))} gaps:")
     for a in sorted(attrs, key=lambda a: (-a.dur_ns, a.ts_ns))[: args.top]:
-        print(one_line(a, header.clock if traces.wall_clock else None))
+        say(one_line(a, header.clock if traces.wall_clock else None))
         for remedy in a.remedies:
-            print(f"    fix: {printable(remedy)}")
+            say(f"    fix: {printable(remedy)}")
     return 0
 
 
@@ -265,6 +274,8 @@ COMMAND = Command(
         gpujitter report /var/lib/gpujitter/traces
         # as a page to look at (or to mail: it needs nothing else)
         gpujitter report /var/lib/gpujitter/traces --html report.html
+        # the page to standard output (the text report then on standard error)
+        gpujitter report run.gjtrace --html - | ssh web 'cat > /srv/gaps.html'
         # ten minutes of it, GPU 3 only, as JSON
         gpujitter report run.gjtrace --from 12:00:00 --to 12:10:00 --gpu 3 --json
         # the first 90 seconds after the recording started

@@ -117,6 +117,20 @@ def test_export_to_standard_output_keeps_its_summary_apart(tmp_path: Path) -> No
     assert clean(proc.stderr) == "gpujitter export: error: No space left on device"
 
 
+def test_report_html_to_standard_output_keeps_the_report_apart(tmp_path: Path) -> None:
+    # `gpujitter report run.gjtrace --html - | ssh web 'cat > gaps.html'`: the page alone
+    page = gpujitter("report", str(EXAMPLE), "--html", "-", capture_output=True, cwd=tmp_path)
+    assert page.returncode == 0, page.stderr
+    assert page.stdout.startswith(b"<!DOCTYPE html>") and page.stdout.rstrip().endswith(b"</html>")
+    plain = gpujitter("report", str(EXAMPLE), capture_output=True)
+    assert clean(page.stderr) == plain.stdout.decode().strip()
+    as_json = gpujitter("report", str(EXAMPLE), "--html", "-", "--json", capture_output=True,
+                        cwd=tmp_path)  # fmt: skip
+    assert as_json.stdout == page.stdout
+    assert orjson.loads(as_json.stderr)["attributions"]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_report_html_keeps_the_permissions_of_the_page_it_replaces(tmp_path: Path) -> None:
     page = tmp_path / "report.html"
     page.write_text("old")
