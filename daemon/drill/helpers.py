@@ -15,13 +15,15 @@ each stall's deadline (8 bytes, CLOCK_MONOTONIC ns):
         the feeder) until each deadline: the disk's interrupts land wherever its IRQ is
         routed (irq).
 
-They run until the pipe closes."""
+They run until the pipe closes, and die with the drill's process (die_with_parent), as the
+feeding loop and its loader worker do."""
 
 from __future__ import annotations
 
 import ctypes as ct
 import mmap
 import os
+import signal
 import struct
 import sys
 import threading
@@ -31,6 +33,27 @@ from gpujitter.probes.host import parse_cpulist
 
 PAGE = mmap.PAGESIZE
 PR_SET_NAME = 15
+PR_SET_PDEATHSIG = 1
+# The drill's pid, in the environment of the processes it starts (child_env)
+PARENT_ENV = "GPUJITTER_DRILL_PARENT"
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a process the drill starts: this process named its parent."""
+    return {**os.environ, PARENT_ENV: str(os.getpid())}
+
+
+def die_with_parent(parent: int = 0) -> None:
+    """This process killed when its parent (the pid given, else the drill's from child_env)
+    ends, however it ends. The drill stops its children on every way out it sees, but not
+    when it is killed outright (SIGKILL, the OOM killer), and the loader's worker is the
+    feeding loop's child, which the drill SIGKILLs: a worker left behind held its CPU
+    pinning, memory and pipes for good (`drill loader` stopped by SIGINT or SIGTERM, 4 times
+    in 7, 2026-12-05)."""
+    parent = parent or int(os.environ.get(PARENT_ENV, "0"))
+    ct.CDLL(None).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if parent and os.getppid() != parent:  # it had ended before the request took hold
+        os._exit(1)
 
 
 def deadlines(fd: int):
@@ -81,6 +104,7 @@ def io(fd: int, path: str, threads: int, cpus: list[int]) -> None:
 
 
 def main() -> None:
+    die_with_parent()
     role, fd = sys.argv[1], int(sys.argv[2])
     # A name of its own, so that attributions name the helper (comm), not "python3".
     ct.CDLL(None).prctl(PR_SET_NAME, f"gj-drill-{role}".encode(), 0, 0, 0)

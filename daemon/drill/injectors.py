@@ -27,6 +27,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, ClassVar
 
+from gpujitter.daemon.drill.helpers import die_with_parent
+
 PAGE = mmap.PAGESIZE
 MB = 1 << 20
 SPIN_LOST_NS = 1_000  # a step between two clock reads longer than this is time lost
@@ -450,10 +452,11 @@ def _name_thread(name: str) -> None:
     ct.CDLL(None).prctl(PR_SET_NAME, name.encode(), 0, 0, 0)
 
 
-def _loader_worker(lib: ct.CDLL, cpus: list[int], index_q: Any, result_q: Any) -> None:
+def _loader_worker(lib: ct.CDLL, cpus: list[int], index_q: Any, result_q: Any, feeder: int) -> None:
     """A data-loader worker process: for each batch (a deadline on its index queue) it
     computes, CPU-bound, until the deadline, and puts what it measured on its result queue
     (a multiprocessing queue: its own feeder thread writes it to the pipe)."""
+    die_with_parent(feeder)
     _name_thread("gj-loader-wkr")
     os.sched_setaffinity(0, cpus)
     # The queue's feeder thread starts on the first put: put one now, as a real loader's
@@ -505,7 +508,7 @@ class Loader(Injector):
         result_q = self.ctx.Queue()
         self.worker = self.ctx.Process(
             target=_loader_worker,
-            args=(self.lib, self.params["worker_cpus"], self.index_q, result_q),
+            args=(self.lib, self.params["worker_cpus"], self.index_q, result_q, os.getpid()),
             daemon=True,
         )
         self.worker.start()

@@ -26,6 +26,7 @@ from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
 from gpujitter.daemon.analysis.records import Attribution
 from gpujitter.daemon.drill import build, scenarios, system
 from gpujitter.daemon.drill.feeder import FeederConfig
+from gpujitter.daemon.drill.helpers import child_env
 from gpujitter.daemon.drill.score import Score, Stall, score
 from gpujitter.daemon.service.own_scheduling import OwnScheduling
 from gpujitter.daemon.service.runtime import LiveSource, Runtime, Sink
@@ -141,6 +142,7 @@ class Feeder:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             pass_fds=pass_fds,
+            env=child_env(),
         )
         self._sel = selectors.DefaultSelector()
         assert self.proc.stdout is not None

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpujitter.daemon.analysis.records import AllocEvidence, Evidence
 from gpujitter.daemon.drill import system
+from gpujitter.daemon.drill.helpers import child_env
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import HostPaths, format_cpulist
 from gpujitter.probes.procfs import task_ids
@@ -73,6 +74,7 @@ class Stage:
         proc = subprocess.Popen(
             [sys.executable, "-P", "-m", "gpujitter.daemon.drill.helpers", role, str(read), *args],
             pass_fds=(read,),
+            env=child_env(),
         )
         os.close(read)
         self.helpers.append(proc)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -409,6 +411,39 @@ def test_sigint_leaves_the_system_as_it_was(page_cluster: str) -> None:
     assert set(Path("/var/tmp").glob("gpujitter-drill-*")) == scratch_before
     leftovers = subprocess.run(["pgrep", "-f", "gpujitter.daemon.drill"], capture_output=True)
     assert leftovers.stdout == b"", "the feeding loop or a helper outlived the drill"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_no_process_of_a_stopped_drill_outlives_it(sig: signal.Signals) -> None:
+    """The loader drill has a child of a child: the worker the feeding loop forks. Stopped
+    by SIGTERM, the drill SIGKILLs its feeding loop, which left the worker waiting on its
+    queue for good (4 stops in 7, 2026-12-05); killed outright, the drill stops nothing.
+    Every process of it dies with its parent either way. (A SIGKILL leaves its work folder.)"""
+    scratch_before = set(Path("/var/tmp").glob("gpujitter-drill-*"))
+    drill_proc = subprocess.Popen(
+        [str(GPUJITTER), "drill", "loader", "--duration", "8s", "--stalls", "3"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert drill_proc.stderr is not None
+    try:
+        for line in drill_proc.stderr:
+            if "stall 1/3" in line:
+                break
+        drill_proc.send_signal(sig)
+        drill_proc.wait(timeout=60)
+    finally:
+        if drill_proc.poll() is None:
+            drill_proc.kill()
+        for left in set(Path("/var/tmp").glob("gpujitter-drill-*")) - scratch_before:
+            shutil.rmtree(left, ignore_errors=True)
+    deadline = time.monotonic() + 5  # a parent's death signal is delivered as it exits
+
+    def left() -> bytes:
+        return subprocess.run(["pgrep", "-f", "gpujitter.daemon.drill"], capture_output=True).stdout
+
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left() == b"", "a process of the drill outlived it"
 
 
 def test_loader_names_the_worker_process_that_computed_the_batch() -> None:
