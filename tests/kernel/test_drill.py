@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -388,24 +388,38 @@ def page_cluster() -> Iterator[str]:
     assert path.read_text() == before
 
 
-def test_sigint_leaves_the_system_as_it_was(page_cluster: str) -> None:
-    scratch_before = set(Path("/var/tmp").glob("gpujitter-drill-*"))  # a killed run's leftovers
+def stopped_at_first_stall(
+    scenario: str, sig: signal.Signals, running: Callable[[], None] = lambda: None
+) -> subprocess.Popen[str]:
+    """`gpujitter drill SCENARIO` (8 s, 3 stalls) sent `sig` once it reports its first stall,
+    right after `running()` has looked at it; waited for."""
     drill_proc = subprocess.Popen(
-        [str(GPUJITTER), "drill", "swap", "--duration", "30s", "--stalls", "4"],
+        [str(GPUJITTER), "drill", scenario, "--duration", "8s", "--stalls", "3"],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
     )  # fmt: skip
     assert drill_proc.stderr is not None
     try:
         for line in drill_proc.stderr:
-            if "stall 1/4" in line:
+            if "stall 1/3" in line:
                 break
-        assert Path("/proc/sys/vm/page-cluster").read_text().strip() == "0"
-        assert "gpujitter-drill-" in Path("/proc/swaps").read_text()
-        drill_proc.send_signal(signal.SIGINT)
-        assert drill_proc.wait(timeout=60) == 130
+        running()
+        drill_proc.send_signal(sig)
+        drill_proc.wait(timeout=60)
     finally:
         if drill_proc.poll() is None:
             drill_proc.kill()
+    return drill_proc
+
+
+def test_sigint_leaves_the_system_as_it_was(page_cluster: str) -> None:
+    scratch_before = set(Path("/var/tmp").glob("gpujitter-drill-*"))  # a killed run's leftovers
+
+    def changed() -> None:
+        assert Path("/proc/sys/vm/page-cluster").read_text().strip() == "0"
+        assert "gpujitter-drill-" in Path("/proc/swaps").read_text()
+
+    drill_proc = stopped_at_first_stall("swap", signal.SIGINT, changed)
+    assert drill_proc.returncode == 130
     assert "gpujitter-drill-" not in Path("/proc/swaps").read_text()
     assert not list(MEMCG_V1.glob(f"gpujitter-drill-{drill_proc.pid}"))
     assert set(Path("/var/tmp").glob("gpujitter-drill-*")) == scratch_before
@@ -420,22 +434,11 @@ def test_no_process_of_a_stopped_drill_outlives_it(sig: signal.Signals) -> None:
     queue for good (4 stops in 7, 2026-12-05); killed outright, the drill stops nothing.
     Every process of it dies with its parent either way. (A SIGKILL leaves its work folder.)"""
     scratch_before = set(Path("/var/tmp").glob("gpujitter-drill-*"))
-    drill_proc = subprocess.Popen(
-        [str(GPUJITTER), "drill", "loader", "--duration", "8s", "--stalls", "3"],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    assert drill_proc.stderr is not None
     try:
-        for line in drill_proc.stderr:
-            if "stall 1/3" in line:
-                break
-        drill_proc.send_signal(sig)
-        drill_proc.wait(timeout=60)
+        stopped_at_first_stall("loader", sig)
     finally:
-        if drill_proc.poll() is None:
-            drill_proc.kill()
-        for left in set(Path("/var/tmp").glob("gpujitter-drill-*")) - scratch_before:
-            shutil.rmtree(left, ignore_errors=True)
+        for folder in set(Path("/var/tmp").glob("gpujitter-drill-*")) - scratch_before:
+            shutil.rmtree(folder, ignore_errors=True)
     deadline = time.monotonic() + 5  # a parent's death signal is delivered as it exits
 
     def left() -> bytes:
