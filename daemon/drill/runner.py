@@ -195,6 +195,9 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
     known = registry.specs()
     notes = [f"probe {p} is not in this build: {scenario.cause} cannot be seen"
              for p in scenario.needs if p not in known]  # fmt: skip
+    for note in system.recover_killed(WORK_ROOT):
+        progress(note)
+        notes.append(note)
     progress(f"building the drill's C parts ({backend} backend)")
     inject_lib = build.cached_inject()
     stub = str(build.cached_stub()) if backend == "stub" else ""
@@ -202,8 +205,9 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
     events: list[Event] = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(system.interrupted_by_signals())
-        stage = scenarios.Stage(stack, stack.enter_context(work_folder()), real, backend,
-                                stalls, opts.stall_ms)  # fmt: skip
+        work = stack.enter_context(work_folder())
+        stack.enter_context(system.undo_log(work))
+        stage = scenarios.Stage(stack, work, real, backend, stalls, opts.stall_ms)
         scenario.stage(stage)
         notes += stage.notes
         stack.enter_context(system.own_affinity(stage.other_cpus))

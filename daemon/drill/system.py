@@ -1,18 +1,27 @@
 """System state the drills change, each as a context manager that puts it back however the
 block ends (failure, SIGINT): sysctls, a swap file, a memory cgroup with a limit, an
 IRQ's affinity, this process's CPU affinity, a disk read throttle. Also finding the IRQ that
-disk I/O raises and the disk under a file."""
+disk I/O raises and the disk under a file.
+
+A drill killed outright (SIGKILL, the OOM killer) puts nothing back: each change is written
+down first, in an undo log in the drill's work folder (undo_log), and the next drill puts
+back what a dead one left (recover_killed)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import mmap
 import os
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import HostPaths, format_cpulist, parse_cpulist, read_text
@@ -24,6 +33,82 @@ CPU_V1 = Path("/sys/fs/cgroup/cpu")
 BLKIO_V1 = Path("/sys/fs/cgroup/blkio")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 PAGE = os.sysconf("SC_PAGE_SIZE")
+UNDO_LOG = "undo.jsonl"
+
+# The undo log of the drill running in this process (undo_log), None outside one
+_undo: Path | None = None
+
+
+@contextlib.contextmanager
+def undo_log(folder: Path) -> Iterator[None]:
+    """For the block, every change below is written down in folder/undo.jsonl before it is
+    made, after a first line naming this process (pid and start time: a pid is reused)."""
+    global _undo
+    _undo = folder / UNDO_LOG
+    _undo.write_text(json.dumps({"pid": os.getpid(), "started": _started(os.getpid())}) + "\n")
+    try:
+        yield
+    finally:
+        _undo = None
+
+
+def _will(**change: Any) -> None:
+    """A change about to be made, in the undo log (if a drill keeps one)."""
+    if _undo is not None:
+        with _undo.open("a") as log:
+            log.write(json.dumps(change) + "\n")
+
+
+def _started(pid: int) -> float:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return 0.0
+
+
+def recover_killed(root: Path) -> list[str]:
+    """Put back what drills that died without cleaning up (their work folders under root,
+    whose process is gone) left changed, most recent change first, and remove their
+    folders. What was put back, and what could not be, one line each."""
+    notes = []
+    for log in sorted(root.glob(f"gpujitter-drill-*/{UNDO_LOG}")):
+        try:
+            head, *changes = [json.loads(line) for line in log.read_text().splitlines()]
+        except (OSError, ValueError):
+            continue  # not a log this version wrote: left alone
+        if head.get("started") and _started(head.get("pid", 0)) == head["started"]:
+            continue  # that drill runs
+        for change in reversed(changes):
+            try:
+                done = _undo_one(change)
+            except (OSError, GpujitterError) as err:
+                done = f"could not put back {change}: {getattr(err, 'strerror', None) or err}"
+            if done:
+                notes.append(f"a killed drill (pid {head.get('pid')}) left {done}")
+        shutil.rmtree(log.parent, ignore_errors=True)
+    return notes
+
+
+def _undo_one(change: dict[str, Any]) -> str:
+    """One change put back; what it was, or "" where there was nothing left to do."""
+    if "write" in change:
+        path = Path(change["write"])
+        if path.exists() and path.read_text().strip() != change["value"]:
+            path.write_text(change["value"])
+            return f"{path} changed: put back to {change['value']}"
+    elif "swap" in change:
+        path = Path(change["swap"])
+        if any(
+            s.path == str(path) for s in parse_swaps(read_text(HostPaths().proc / "swaps") or "")
+        ):
+            _run(["swapoff", str(path)])
+            return f"swap file {path} on: swapped off"
+    elif "cgroup" in change:
+        group = Path(change["cgroup"])
+        if group.is_dir():
+            group.rmdir()  # its tasks died with the drill: a group of dead tasks is empty
+            return f"cgroup {group}: removed"
+    return ""
 
 
 @contextlib.contextmanager
@@ -31,6 +116,7 @@ def sysctl(name: str, value: str) -> Iterator[None]:
     """Set /proc/sys/<name> (dots or slashes) for the block, then put the old value back."""
     path = Path("/proc/sys") / name.replace(".", "/")
     old = path.read_text().strip()
+    _will(write=str(path), value=old)
     path.write_text(value)
     try:
         yield
@@ -62,6 +148,7 @@ def _run(cmd: list[str]) -> None:
 @contextlib.contextmanager
 def swap_file(path: Path, size_bytes: int) -> Iterator[Path]:
     """A swap file, on for the block; swapped off and removed afterwards, even on failure."""
+    _will(swap=str(path))
     try:
         _run(["fallocate", "-l", str(size_bytes), str(path)])
         path.chmod(0o600)
@@ -91,6 +178,7 @@ def _cgroup(root: Path, name: str, settings: dict[str, str]) -> Iterator[Path]:
     exit its remaining processes are moved back to the root cgroup and the directory is
     removed."""
     group = root / name
+    _will(cgroup=str(group))
     group.mkdir()
     try:
         for setting, value in settings.items():
@@ -173,6 +261,7 @@ def read_ahead_kb(disk: str, kb: int) -> Iterator[None]:
     """The read-ahead window of a disk (MAJ:MIN) set for the block, then put back."""
     path = Path(f"/sys/dev/block/{disk}/queue/read_ahead_kb")
     old = path.read_text().strip()
+    _will(write=str(path), value=old)
     path.write_text(str(kb))
     try:
         yield
@@ -197,6 +286,7 @@ def irq_affinity(irq: int, cpus: list[int]) -> Iterator[bool]:
     answer EPERM, and their effective CPU is the kernel's choice."""
     path = Path(f"/proc/irq/{irq}/smp_affinity_list")
     old = path.read_text().strip()
+    _will(write=str(path), value=old)
     try:
         path.write_text(format_cpulist(cpus))
     except PermissionError:

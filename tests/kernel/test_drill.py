@@ -449,6 +449,24 @@ def test_no_process_of_a_stopped_drill_outlives_it(sig: signal.Signals) -> None:
     assert left() == b"", "a process of the drill outlived it"
 
 
+def test_the_next_drill_puts_back_what_a_killed_one_left(page_cluster: str) -> None:
+    """A drill killed outright (SIGKILL, the OOM killer) leaves its swap file on, vm.page-cluster
+    at 0, its memory cgroup and its work folder; the next drill puts them back from the
+    killed one's undo log, and says so."""
+    drill_proc = stopped_at_first_stall("swap", signal.SIGKILL)
+    assert drill_proc.returncode == -signal.SIGKILL
+    assert Path("/proc/sys/vm/page-cluster").read_text().strip() == "0"  # what a kill leaves
+    assert "gpujitter-drill-" in Path("/proc/swaps").read_text()
+    notes = system.recover_killed(WORK_ROOT)
+    assert any("page-cluster changed: put back to " + page_cluster.strip() in n for n in notes)
+    assert any("swapped off" in n for n in notes), notes
+    assert all(f"(pid {drill_proc.pid})" in n for n in notes), notes
+    assert "gpujitter-drill-" not in Path("/proc/swaps").read_text()
+    assert not list(MEMCG_V1.glob(f"gpujitter-drill-{drill_proc.pid}"))
+    assert not [f for f in WORK_ROOT.glob("gpujitter-drill-*") if (f / "undo.jsonl").exists()]
+    assert system.recover_killed(WORK_ROOT) == []  # nothing left to put back
+
+
 def test_loader_names_the_worker_process_that_computed_the_batch() -> None:
     """The feeder waits on a queue filled by an intermediate thread from a worker process's
     result queue: the wait is followed three wakers down (intermediate thread, the worker's
