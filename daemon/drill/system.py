@@ -10,18 +10,19 @@ back what a dead one left (recover_killed)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import mmap
 import os
+import re
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import HostPaths, format_cpulist, parse_cpulist, read_text
@@ -32,8 +33,16 @@ MEMCG_V1 = Path("/sys/fs/cgroup/memory")
 CPU_V1 = Path("/sys/fs/cgroup/cpu")
 BLKIO_V1 = Path("/sys/fs/cgroup/blkio")
 CGROUP_V2 = Path("/sys/fs/cgroup")
+_CGROUP_ROOTS = (MEMCG_V1, CPU_V1, BLKIO_V1, CGROUP_V2)
 PAGE = os.sysconf("SC_PAGE_SIZE")
 UNDO_LOG = "undo.jsonl"
+# What an undo log may name, and nothing else: it is read by root from a folder under a
+# world-writable directory, so a change is put back only where it is one a drill makes
+_WRITABLE = re.compile(
+    r"/proc/sys/[a-z0-9_]+(/[a-z0-9_-]+)+|/proc/irq/\d+/smp_affinity_list"
+    r"|/sys/dev/block/\d+:\d+/queue/read_ahead_kb"
+)
+_GROUP = re.compile(r"gpujitter-drill-\d+")
 
 # The undo log of the drill running in this process (undo_log), None outside one
 _undo: Path | None = None
@@ -42,54 +51,122 @@ _undo: Path | None = None
 @contextlib.contextmanager
 def undo_log(folder: Path) -> Iterator[None]:
     """For the block, every change below is written down in folder/undo.jsonl before it is
-    made, after a first line naming this process (pid and start time: a pid is reused)."""
+    made, after a first line with this process's pid, and the log is held locked (flock):
+    the kernel drops the lock when the process ends, however it ends, so a log that can be
+    locked is a dead drill's (recover_killed)."""
     global _undo
-    _undo = folder / UNDO_LOG
-    _undo.write_text(json.dumps({"pid": os.getpid(), "started": _started(os.getpid())}) + "\n")
-    try:
-        yield
-    finally:
-        _undo = None
+    fd = os.open(folder / UNDO_LOG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w") as log:
+        fcntl.flock(log, fcntl.LOCK_EX)
+        log.write(json.dumps({"pid": os.getpid()}) + "\n")
+        log.flush()
+        _undo = folder / UNDO_LOG
+        try:
+            yield
+        finally:
+            _undo = None
 
 
-def _will(**change: Any) -> None:
+def _will(**change: str) -> None:
     """A change about to be made, in the undo log (if a drill keeps one)."""
     if _undo is not None:
         with _undo.open("a") as log:
             log.write(json.dumps(change) + "\n")
 
 
-def _started(pid: int) -> float:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return 0.0
-
-
 def recover_killed(root: Path) -> list[str]:
-    """Put back what drills that died without cleaning up (their work folders under root,
-    whose process is gone) left changed, most recent change first, and remove their
-    folders. What was put back, and what could not be, one line each."""
+    """Put back what drills that died without cleaning up (their work folders under root)
+    left changed, most recent change first, and remove their folders; a change that cannot
+    be put back stays in its log for the next drill. What was put back, what could not be
+    and what was left alone, one line each."""
     notes = []
-    for log in sorted(root.glob(f"gpujitter-drill-*/{UNDO_LOG}")):
-        try:
-            head, *changes = [json.loads(line) for line in log.read_text().splitlines()]
-        except (OSError, ValueError):
-            continue  # not a log this version wrote: left alone
-        if head.get("started") and _started(head.get("pid", 0)) == head["started"]:
-            continue  # that drill runs
-        for change in reversed(changes):
+    for folder in sorted(root.glob("gpujitter-drill-*")):
+        log = folder / UNDO_LOG
+        if not _root_only(folder, stat.S_ISDIR) or not _root_only(log, stat.S_ISREG):
+            continue  # not a folder of a drill's (an older drill's has no log)
+        with open(log, "r+") as f:
             try:
-                done = _undo_one(change)
-            except (OSError, GpujitterError) as err:
-                done = f"could not put back {change}: {getattr(err, 'strerror', None) or err}"
-            if done:
-                notes.append(f"a killed drill (pid {head.get('pid')}) left {done}")
-        shutil.rmtree(log.parent, ignore_errors=True)
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # that drill runs, or another drill is putting it back
+            head, changes, bad = _read_log(f.read())
+            if bad:
+                notes.append(f"{log}: {bad}; left alone")
+                continue
+            who = f"a killed drill (pid {head['pid']})"
+            left = []
+            for i in range(len(changes) - 1, -1, -1):
+                try:
+                    done = _undo_one(changes[i], folder)
+                except (OSError, GpujitterError) as err:
+                    left = changes[: i + 1]
+                    notes.append(f"{who} left {_what(changes[i])}: could not put it back "
+                                 f"({getattr(err, 'strerror', None) or err})")  # fmt: skip
+                    break
+                if done:
+                    notes.append(f"{who} left {done}")
+            if left:  # kept for the next drill, without what was put back
+                f.seek(0)
+                f.truncate()
+                f.write("".join(json.dumps(c) + "\n" for c in [head, *left]))
+                continue
+        shutil.rmtree(folder, ignore_errors=True)
     return notes
 
 
-def _undo_one(change: dict[str, Any]) -> str:
+def _root_only(path: Path, kind: Any) -> bool:
+    """path is of that kind itself (not a link to one), ours (root's, as drills run), and no
+    one else's to write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return kind(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _read_log(text: str) -> tuple[dict[str, Any], list[dict[str, str]], str]:
+    """The log's head and changes, or why it is not a log to act on. A last line cut short
+    (the drill killed while it wrote) was a change not yet made: dropped."""
+    lines = text.splitlines()
+    records = []
+    for n, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            if n == len(lines) - 1 and n > 0:
+                break
+            return {}, [], f"line {n + 1} is not JSON"
+    if (
+        not records
+        or not isinstance(records[0], dict)
+        or not isinstance(records[0].get("pid"), int)
+    ):
+        return {}, [], "no drill named in its first line"
+    for n, change in enumerate(records[1:], 2):
+        if not _known(change):
+            return {}, [], f"line {n} is not a change a drill makes"
+    return records[0], records[1:], ""
+
+
+def _known(change: Any) -> bool:
+    if not isinstance(change, dict) or not all(isinstance(v, str) for v in change.values()):
+        return False
+    if change.keys() == {"write", "value"}:
+        return bool(_WRITABLE.fullmatch(change["write"])) and ".." not in change["write"]
+    if change.keys() == {"cgroup"}:
+        group = Path(change["cgroup"])
+        return group.parent in _CGROUP_ROOTS and bool(_GROUP.fullmatch(group.name))
+    return change.keys() == {"swap"}
+
+
+def _what(change: dict[str, str]) -> str:
+    (kind,) = (k for k in ("write", "swap", "cgroup") if k in change)
+    return {"write": "{} changed", "swap": "swap file {}", "cgroup": "cgroup {}"}[kind].format(
+        change[kind]
+    )
+
+
+def _undo_one(change: dict[str, str], folder: Path) -> str:
     """One change put back; what it was, or "" where there was nothing left to do."""
     if "write" in change:
         path = Path(change["write"])
@@ -98,17 +175,29 @@ def _undo_one(change: dict[str, Any]) -> str:
             return f"{path} changed: put back to {change['value']}"
     elif "swap" in change:
         path = Path(change["swap"])
-        if any(
-            s.path == str(path) for s in parse_swaps(read_text(HostPaths().proc / "swaps") or "")
-        ):
+        if path.parent != folder:
+            raise GpujitterError("not in the drill's folder")
+        swaps = parse_swaps(read_text(HostPaths().proc / "swaps") or "")
+        if any(s.path == str(path) for s in swaps):
             _run(["swapoff", str(path)])
             return f"swap file {path} on: swapped off"
     elif "cgroup" in change:
         group = Path(change["cgroup"])
         if group.is_dir():
-            group.rmdir()  # its tasks died with the drill: a group of dead tasks is empty
+            _rmdir(group)  # its tasks died with the drill
             return f"cgroup {group}: removed"
     return ""
+
+
+def _rmdir(group: Path) -> None:
+    """Remove a cgroup: rmdir fails while the kernel still releases its last task."""
+    for _ in range(50):
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+    group.rmdir()
 
 
 @contextlib.contextmanager
@@ -188,14 +277,7 @@ def _cgroup(root: Path, name: str, settings: dict[str, str]) -> Iterator[Path]:
         for pid in (group / "cgroup.procs").read_text().split():
             with contextlib.suppress(ProcessLookupError):
                 (root / "cgroup.procs").write_text(pid)
-        for _ in range(50):  # rmdir fails while the kernel still releases the last task
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            group.rmdir()
+        _rmdir(group)
 
 
 @contextlib.contextmanager
