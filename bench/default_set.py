@@ -226,6 +226,8 @@ def sized(binary: Path, args: list[str], min_s: float) -> list[str]:
     """args with the workload's count (the first) multiplied so that one bare run here takes
     min_s or more. At fixed counts a fast host's runs were over in 0.09-0.5 s and their rounds
     spread over 40-90 points, no reading at 5 % (the H200 of 2026-12-05)."""
+    if min_s <= 0:
+        return args
     elapsed_ns = run_workload(binary, args, None)
     scale = math.ceil(min_s * 1e9 / max(elapsed_ns, 1))
     return [str(int(args[0]) * scale), *args[1:]] if scale > 1 else args

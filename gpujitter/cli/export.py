@@ -25,7 +25,7 @@ from gpujitter.files import read_regular
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_traces_arg(p)
     p.add_argument(
-        "-o", "--output", required=True, type=Path, metavar="FILE",
+        "-o", "--output", required=True, metavar="FILE",
         help="the timeline to write (Chrome trace JSON; gzipped when FILE ends in .gz; "
              "- for standard output, the summary then on standard error)",
     )  # fmt: skip
@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-STDOUT = Path("-")
+STDOUT = "-"  # as given: ./- is a file of that name
 
 # Far past a profiler trace of a long run (they run to hundreds of MB); a larger file, or one
 # that decompresses to more, is not one, and all of it is held to be parsed.
@@ -59,11 +59,12 @@ def _load_profiler(path: Path) -> Any:
         raise GpujitterError(f"--merge {path}: not JSON (want a Chrome trace)") from None
 
 
-def _open(path: Path) -> contextlib.AbstractContextManager[BinaryIO | gzip.GzipFile]:
-    if path == STDOUT:
-        # left open, as main() flushes it: what fails there (a full disk, a closed
-        # descriptor, a reader that left) is main()'s to tell, as for every command's output
+def _open(name: str) -> contextlib.AbstractContextManager[BinaryIO | gzip.GzipFile]:
+    if name == STDOUT:
+        # left open: what fails there (a full disk, a closed descriptor, a reader that left)
+        # is main()'s to tell, as for every command's output
         return contextlib.nullcontext(sys.stdout.buffer)
+    path = Path(name)
     if path.exists():
         raise GpujitterError(f"{path} exists; remove it or choose another name")
     try:
@@ -95,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
         with _open(args.output) as out:
             writer = export(traces, out, header.topology,
                             AnalysisConfig.from_record(header.analysis), clock, extra)  # fmt: skip
+            if args.output == STDOUT:  # all of it out (or failed) before the summary
+                out.flush()
     except BaseException as err:
         if args.output == STDOUT:
             raise

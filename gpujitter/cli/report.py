@@ -34,7 +34,7 @@ from gpujitter.text import printable
 from gpujitter.units import format_ns, parse_duration_ns
 
 _OFFSET = re.compile(r"^\+(.+)$")
-STDOUT = Path("-")
+STDOUT = "-"  # as given: ./- is a file of that name
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--to", dest="end", metavar="WHEN", help="only gaps starting before WHEN")
     p.add_argument("--gpu", type=int, action="append", default=[],
                    help="only this GPU (repeatable)")  # fmt: skip
-    p.add_argument("--html", type=Path, metavar="FILE",
+    p.add_argument("--html", metavar="FILE",
                    help="also write the report as one self-contained HTML page (charts "
                    "of idle time by cause, gap durations, culprits, fixes); - for standard "
                    "output, the report then on standard error")  # fmt: skip
@@ -102,7 +102,7 @@ def override_line(topo: Topology) -> str:
 
 
 def write_html(
-    path: Path,
+    path: Path | None,
     attrs: list[Attribution],
     header: TraceHeader,
     traces: Recording,
@@ -121,8 +121,9 @@ def write_html(
     ]  # fmt: skip
     page = render(attrs, clock=header.clock, title=f"GPU idle gaps on {header.host}",
                   meta=meta, start_ns=start_ns, end_ns=end_ns, top=top)  # fmt: skip
-    if path == STDOUT:  # what fails there is main()'s to tell, as for every command's output
-        sys.stdout.write(page)
+    if path is None:  # standard output: what fails there is main()'s to tell, as for any output
+        sys.stdout.flush()
+        sys.stdout.buffer.write(page.encode("utf-8"))  # the page says it is UTF-8
         return
     # A file is written beside it and renamed over it: a full disk or an interrupt leaves the
     # page that was there (or none), never a truncated one. Anything else (/dev/stdout, a
@@ -176,7 +177,8 @@ def reading_line(rec: Recording) -> str:
 def run(args: argparse.Namespace) -> int:
     traces = open_recording(args.traces)
     read = {file_identity(p) for p in traces.paths}
-    if args.html and args.html != STDOUT and file_identity(args.html) in read:
+    html = None if args.html in (None, STDOUT) else Path(args.html)
+    if html and file_identity(html) in read:
         raise GpujitterError(f"--html {args.html} is a recording being read; choose another name")
     header = traces.header
     start = parse_when(args.start, traces) if args.start else None
@@ -214,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     told = sys.stderr if args.html == STDOUT else sys.stdout
     if args.html:
         first, last = span or [header.start_ns] * 2
-        write_html(args.html, attrs, header, traces, start or first, end or last, args.top)
+        write_html(html, attrs, header, traces, start or first, end or last, args.top)
     if args.json:
         print_json({
             "traces": [str(p) for p in traces.paths],

@@ -111,6 +111,8 @@ def test_export_to_standard_output_keeps_its_summary_apart(tmp_path: Path) -> No
     assert text.stdout == proc.stdout
     assert clean(text.stderr).startswith(f"standard output: {summary['gaps']} gaps")
     assert list(tmp_path.iterdir()) == []
+    named = gpujitter("export", str(EXAMPLE), "-o", "./-", capture_output=True, cwd=tmp_path)
+    assert named.returncode == 0 and (tmp_path / "-").read_bytes() == proc.stdout
     with open("/dev/full", "w") as full:
         proc = gpujitter("export", str(EXAMPLE), "-o", "-", stdout=full, stderr=subprocess.PIPE)
     assert proc.returncode == 2
@@ -129,6 +131,12 @@ def test_report_html_to_standard_output_keeps_the_report_apart(tmp_path: Path) -
     assert as_json.stdout == page.stdout
     assert orjson.loads(as_json.stderr)["attributions"]
     assert list(tmp_path.iterdir()) == []
+    # the page is UTF-8 whatever the output's encoding (its ± too); ./- is a file of that name
+    ascii_out = gpujitter("report", str(EXAMPLE), "--html", "-", capture_output=True,
+                          env={"PYTHONIOENCODING": "ascii"})  # fmt: skip
+    assert ascii_out.stdout == page.stdout and "±".encode() in page.stdout
+    named = gpujitter("report", str(EXAMPLE), "--html", "./-", capture_output=True, cwd=tmp_path)
+    assert named.returncode == 0 and (tmp_path / "-").read_bytes() == page.stdout
 
 
 def test_report_html_keeps_the_permissions_of_the_page_it_replaces(tmp_path: Path) -> None:
