@@ -114,6 +114,25 @@ def recover_killed(root: Path) -> list[str]:
     return notes
 
 
+def killed_leftovers(root: Path) -> list[tuple[int, list[str]]]:
+    """What drills that died without cleaning up left changed (pid, changes), looked at
+    only: the next drill puts it back (recover_killed)."""
+    found = []
+    for folder in sorted(root.glob("gpujitter-drill-*")):
+        log = folder / UNDO_LOG
+        if not _root_only(folder, stat.S_ISDIR) or not _root_only(log, stat.S_ISREG):
+            continue
+        with open(log) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # that drill runs
+            head, changes, bad = _read_log(f.read())
+        if not bad and changes:
+            found.append((head["pid"], [_what(c) for c in reversed(changes)]))
+    return found
+
+
 def _root_only(path: Path, kind: Any) -> bool:
     """path is of that kind itself (not a link to one), ours (root's, as drills run), and no
     one else's to write."""

@@ -93,3 +93,26 @@ def test_what_cannot_be_put_back_stays_for_the_next_drill(tmp_path: Path) -> Non
     broken.rmdir()
     setting(tmp_path, "b", "4096")
     assert len(system.recover_killed(tmp_path)) == 2 and not folder.exists()
+
+
+def test_doctor_shows_what_a_killed_drill_left(tmp_path: Path) -> None:
+    from gpujitter.daemon.checks.doctor import DoctorEnv
+    from gpujitter.daemon.checks.doctor.host import check_drill_leftovers
+    from gpujitter.probes.host import HostPaths
+
+    env = DoctorEnv(paths=HostPaths.under(tmp_path))
+    assert list(check_drill_leftovers(env)) == []  # nothing to say: no line
+    (tmp_path / "var/tmp").mkdir(parents=True)
+    value = setting(tmp_path, "a", "0")
+    folder = drill_folder(tmp_path / "var/tmp", "x", {"pid": 4121},
+                          {"write": str(value), "value": "3"},
+                          {"swap": "/var/tmp/gpujitter-drill-x/swap"})  # fmt: skip
+    (result,) = check_drill_leftovers(env)
+    assert result.status == "warn"
+    assert result.detail == ("a killed drill (pid 4121) left: swap file "
+                             f"/var/tmp/gpujitter-drill-x/swap; {value} changed")  # fmt: skip
+    assert "gpujitter drill" in result.fix
+    with open(folder / system.UNDO_LOG) as held:  # a drill that runs has left nothing
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert list(check_drill_leftovers(env)) == []
+    assert folder.exists()  # looked at only

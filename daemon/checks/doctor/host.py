@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from gpujitter.daemon.analysis import remedies
 from gpujitter.daemon.checks.doctor.model import DoctorEnv, Result, check
+from gpujitter.daemon.drill import system as drill_system
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import read_text
 from gpujitter.probes.nvml import NvmlUnavailable
@@ -142,3 +143,19 @@ def check_topology(env: DoctorEnv) -> Iterator[Result]:
         parts.append(f"OVERRIDE {topo.override} in force: NUMA nodes are emulated")
     parts += filter(None, [topo.unknown_gpu_note()])
     yield Result("topology", "pass", ", ".join(parts))
+
+
+@check
+def check_drill_leftovers(env: DoctorEnv) -> Iterator[Result]:
+    """What a drill killed outright left changed on the node (a swap file on, a sysctl, a
+    cgroup): only shown where there is some."""
+    tmp = env.paths.var / "tmp"
+    for pid, changes in drill_system.killed_leftovers(tmp):
+        yield Result(
+            "drill leftovers",
+            "warn",
+            f"a killed drill (pid {pid}) left: {'; '.join(changes)}",
+            fix="sudo gpujitter drill clean --duration 5s  (a drill first puts back what a "
+            "killed one left)",
+            source=str(tmp),
+        )
