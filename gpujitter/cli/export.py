@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from gpujitter.cli.command import Command
-from gpujitter.cli.options import add_traces_arg
+from gpujitter.cli.options import STDOUT, add_traces_arg
 from gpujitter.cli.output import print_json
 from gpujitter.errors import GpujitterError
 from gpujitter.files import read_regular
@@ -34,8 +34,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a PyTorch profiler (Kineto) trace of the same run, put on the same clock",
     )  # fmt: skip
 
-
-STDOUT = "-"  # as given: ./- is a file of that name
 
 # Far past a profiler trace of a long run (they run to hundreds of MB); a larger file, or one
 # that decompresses to more, is not one, and all of it is held to be parsed.

@@ -17,6 +17,9 @@ from gpujitter.errors import GpujitterError
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 
+# An output file given as "-": standard output. Compared as given: ./- names a file "-".
+STDOUT = "-"
+
 
 def count(text: str) -> int:
     """An option's whole number, 0 or more (things to show, microseconds)."""

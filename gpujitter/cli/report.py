@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.cli.command import Command
-from gpujitter.cli.options import add_traces_arg, count
+from gpujitter.cli.options import STDOUT, add_traces_arg, count
 from gpujitter.cli.output import print_json, table
 from gpujitter.daemon.analysis.describe import gpu_name, one_line
 from gpujitter.daemon.analysis.engine.causes import cause_label
@@ -34,7 +34,6 @@ from gpujitter.text import printable
 from gpujitter.units import format_ns, parse_duration_ns
 
 _OFFSET = re.compile(r"^\+(.+)$")
-STDOUT = "-"  # as given: ./- is a file of that name
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
