@@ -22,7 +22,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import HostPaths, format_cpulist, parse_cpulist, read_text
@@ -45,7 +45,7 @@ _WRITABLE = re.compile(
 _GROUP = re.compile(r"gpujitter-drill-\d+")
 
 # The undo log of the drill running in this process (undo_log), None outside one
-_undo: Path | None = None
+_undo: TextIO | None = None
 
 
 @contextlib.contextmanager
@@ -58,20 +58,20 @@ def undo_log(folder: Path) -> Iterator[None]:
     fd = os.open(folder / UNDO_LOG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with open(fd, "w") as log:
         fcntl.flock(log, fcntl.LOCK_EX)
-        log.write(json.dumps({"pid": os.getpid()}) + "\n")
-        log.flush()
-        _undo = folder / UNDO_LOG
+        _undo = log
         try:
+            _will(pid=os.getpid())
             yield
         finally:
             _undo = None
 
 
-def _will(**change: str) -> None:
-    """A change about to be made, in the undo log (if a drill keeps one)."""
+def _will(**change: str | int) -> None:
+    """A change about to be made, in the undo log (if a drill keeps one): out of this
+    process before the change is made, as a kill may come right after."""
     if _undo is not None:
-        with _undo.open("a") as log:
-            log.write(json.dumps(change) + "\n")
+        _undo.write(json.dumps(change) + "\n")
+        _undo.flush()
 
 
 def recover_killed(root: Path) -> list[str]:
@@ -79,58 +79,56 @@ def recover_killed(root: Path) -> list[str]:
     left changed, most recent change first, and remove their folders; a change that cannot
     be put back stays in its log for the next drill. What was put back, what could not be
     and what was left alone, one line each."""
-    notes = []
-    for folder in sorted(root.glob("gpujitter-drill-*")):
-        log = folder / UNDO_LOG
-        if not _root_only(folder, stat.S_ISDIR) or not _root_only(log, stat.S_ISREG):
-            continue  # not a folder of a drill's (an older drill's has no log)
-        with open(log, "r+") as f:
+    notes: list[str] = []
+    for folder, log, head, changes in _dead_logs(root, fcntl.LOCK_EX, notes):
+        who = f"a killed drill (pid {head['pid']})"
+        left = []
+        for i in range(len(changes) - 1, -1, -1):
             try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # that drill runs, or another drill is putting it back
-            head, changes, bad = _read_log(f.read())
-            if bad:
-                notes.append(f"{log}: {bad}; left alone")
-                continue
-            who = f"a killed drill (pid {head['pid']})"
-            left = []
-            for i in range(len(changes) - 1, -1, -1):
-                try:
-                    done = _undo_one(changes[i], folder)
-                except (OSError, GpujitterError) as err:
-                    left = changes[: i + 1]
-                    notes.append(f"{who} left {_what(changes[i])}: could not put it back "
-                                 f"({getattr(err, 'strerror', None) or err})")  # fmt: skip
-                    break
-                if done:
-                    notes.append(f"{who} left {done}")
-            if left:  # kept for the next drill, without what was put back
-                f.seek(0)
-                f.truncate()
-                f.write("".join(json.dumps(c) + "\n" for c in [head, *left]))
-                continue
-        shutil.rmtree(folder, ignore_errors=True)
+                done = _undo_one(changes[i], folder)
+            except (OSError, GpujitterError) as err:
+                left = changes[: i + 1]
+                notes.append(f"{who} left {_what(changes[i])}: could not put it back "
+                             f"({getattr(err, 'strerror', None) or err})")  # fmt: skip
+                break
+            if done:
+                notes.append(f"{who} left {done}")
+        if left:  # kept for the next drill, without what was put back
+            log.seek(0)
+            log.truncate()
+            log.write("".join(json.dumps(c) + "\n" for c in [head, *left]))
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
     return notes
 
 
 def killed_leftovers(root: Path) -> list[tuple[int, list[str]]]:
     """What drills that died without cleaning up left changed (pid, changes), looked at
     only: the next drill puts it back (recover_killed)."""
-    found = []
+    return [(head["pid"], [_what(c) for c in reversed(changes)])
+            for _, _, head, changes in _dead_logs(root, fcntl.LOCK_SH, []) if changes]  # fmt: skip
+
+
+def _dead_logs(
+    root: Path, lock: int, notes: list[str]
+) -> Iterator[tuple[Path, TextIO, dict[str, Any], list[dict[str, str]]]]:
+    """Each dead drill's folder under root, its log (open, locked with `lock` while the
+    caller has it), the log's head and its changes. Only folders and logs of ours that no
+    one else may write; a log that cannot be read as one is named in `notes`, left alone."""
     for folder in sorted(root.glob("gpujitter-drill-*")):
-        log = folder / UNDO_LOG
-        if not _root_only(folder, stat.S_ISDIR) or not _root_only(log, stat.S_ISREG):
-            continue
-        with open(log) as f:
+        path = folder / UNDO_LOG
+        if not _root_only(folder, stat.S_ISDIR) or not _root_only(path, stat.S_ISREG):
+            continue  # not a folder of a drill's (an older drill's has no log)
+        with open(path, "r+" if lock == fcntl.LOCK_EX else "r") as log:
             try:
-                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(log, lock | fcntl.LOCK_NB)
             except BlockingIOError:
-                continue  # that drill runs
-            head, changes, bad = _read_log(f.read())
-        if not bad and changes:
-            found.append((head["pid"], [_what(c) for c in reversed(changes)]))
-    return found
+                continue  # that drill runs, or another drill is putting it back
+            head, changes, bad = _read_log(log.read())
+            if bad:
+                notes.append(f"{path}: {bad}; left alone")
+                continue
+            yield folder, log, head, changes
 
 
 def _root_only(path: Path, kind: Any) -> bool:
