@@ -40,7 +40,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import resource
 import shutil
 import statistics
@@ -54,6 +53,7 @@ from typing import Any
 import psutil
 
 from gpujitter.probes import registry
+from gpujitter.probes.bundle import hook_of
 from gpujitter.probes.progstats import loaded_prog_stats
 from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import load_topology
@@ -281,12 +281,6 @@ def floor_programs() -> Iterator[Any]:
         bpf.cleanup()
 
 
-# A set's program, as bundle.py names the hooks it attaches itself: the probe's part, then
-# raw_tracepoint__EVENT or tracepoint__CATEGORY__EVENT.
-_RAW_HOOK = re.compile(r"__raw_tracepoint__(\w+)$")
-_TP_HOOK = re.compile(r"__tracepoint__(\w+?)__(\w+)$")
-
-
 def mirror_hooks(programs: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
     """The hook of each of the set's programs (probe:function) that an empty program can
     take: ("raw", event) or ("tp", "category:event"), one per program (the kernel runs each
@@ -294,11 +288,8 @@ def mirror_hooks(programs: list[str]) -> tuple[list[tuple[str, str]], list[str]]
     their hooks are not named by the function)."""
     hooks, left = [], []
     for name in programs:
-        fn = name.partition(":")[2]
-        if m := _RAW_HOOK.search(fn):
-            hooks.append(("raw", m.group(1)))
-        elif m := _TP_HOOK.search(fn):
-            hooks.append(("tp", f"{m.group(1)}:{m.group(2)}"))
+        if hook := hook_of(name.partition(":")[2]):
+            hooks.append(hook)
         else:
             left.append(name)
     return hooks, left

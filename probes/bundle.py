@@ -314,6 +314,20 @@ def load_part(
     return view
 
 
+def hook_of(function: str) -> tuple[str, str] | None:
+    """The hook a module's program runs on, from its name (the probe macros above make
+    PART__raw_tracepoint__EVENT and PART__tracepoint__CATEGORY__EVENT): ("raw", EVENT) or
+    ("tp", "CATEGORY:EVENT"); None for any other program (perf events, uprobes)."""
+    _, raw, event = function.partition(_RAW_PREFIX)
+    if raw:
+        return "raw", event
+    _, tracepoint, rest = function.partition(_TP_PREFIX)
+    if tracepoint:
+        category, _, event = rest.partition("__")
+        return "tp", f"{category}:{event}"
+    return None
+
+
 def _file_name_bytes(kwargs: dict[str, Any]) -> dict[str, Any]:
     """A uprobe's `name=` as bytes: bcc encodes a str strictly, and a mapped file's name need
     not be UTF-8 (the probes read /proc/PID/maps with os.fsdecode: its surrogates stand for
@@ -374,14 +388,13 @@ class PartView:
         one source), but those on the raw tracepoints in `skip`."""
         from bcc.libbcc import lib
 
-        tracepoint, raw = self.prefix + _TP_PREFIX, self.prefix + _RAW_PREFIX
         for i in range(int(lib.bpf_num_functions(self.bpf.module))):
             name = lib.bpf_function_name(self.bpf.module, i).decode()
-            if name.startswith(tracepoint):
-                category, _, event = name[len(tracepoint) :].partition("__")
-                self.attach_tracepoint(tp=f"{category}:{event}", fn_name=name)
-            elif name.startswith(raw) and name[len(raw) :] not in skip:
-                self.attach_raw_tracepoint(tp=name[len(raw) :], fn_name=name)
+            hook = hook_of(name) if name.startswith(f"{self.prefix}__") else None
+            if hook and hook[0] == "tp":
+                self.attach_tracepoint(tp=hook[1], fn_name=name)
+            elif hook and hook[1] not in skip:
+                self.attach_raw_tracepoint(tp=hook[1], fn_name=name)
 
     def attach_raw_tracepoint(self, *, tp: str | bytes, fn_name: str | bytes) -> None:
         from bcc import BPF
