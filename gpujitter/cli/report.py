@@ -175,9 +175,8 @@ def reading_line(rec: Recording) -> str:
 
 def run(args: argparse.Namespace) -> int:
     traces = open_recording(args.traces)
-    read = {file_identity(p) for p in traces.paths}
     html = None if args.html in (None, STDOUT) else Path(args.html)
-    if html and file_identity(html) in read:
+    if html and file_identity(html) in {file_identity(p) for p in traces.paths}:
         raise GpujitterError(f"--html {args.html} is a recording being read; choose another name")
     header = traces.header
     start = parse_when(args.start, traces) if args.start else None
