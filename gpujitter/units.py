@@ -30,6 +30,13 @@ def parse_duration_ns(text: str, default_unit: str = "ns") -> int:
     return _whole(float(m.group(1)) * _UNITS_NS[unit], f"bad duration {text!r}")
 
 
+def with_unit(text: str, unit: str) -> str:
+    """`text` as a duration in `unit` where it is a bare number ("5" -> "5ms"), else as
+    given: for a flag whose value reaches a parser where a bare number means another unit."""
+    m = _DURATION.match(text)
+    return f"{text.strip()}{unit}" if m and not m.group(2) else text
+
+
 def _whole(value: float, what: str) -> int:
     """`value` rounded; a number past a float's range is infinite here, which no int holds
     (round() would raise OverflowError, no one-line input error)."""

@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--min-gap",
         default="5ms",
         metavar="TIME",
-        help="report idle gaps at least this long (default 5ms)",
+        help="report idle gaps at least this long (default 5ms, a bare number is in ms)",
     )
     p.add_argument(
         "--quiet-stretch",

@@ -10,7 +10,7 @@ from typing import Any
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import add_threshold_arg, add_watch_args
-from gpujitter.units import parse_duration_ns
+from gpujitter.units import parse_duration_ns, with_unit
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--min-gap",
         metavar="TIME",
-        help="report GPU idle stretches of at least TIME (default 5ms; gaps.min_gap)",
+        help="report GPU idle stretches of at least TIME (default 5ms, a bare number is in ms; "
+        "gaps.min_gap)",
     )
     p.add_argument(
         "-d", "--duration", metavar="TIME", help="stop after TIME (default: run until stopped)"
@@ -80,7 +81,8 @@ def flags_of(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
         "watch.slurm_jobs": ("--slurm-job", list(args.slurm_job) or None),
         "watch.gpu_processes": ("--no-gpu-processes", False if args.no_gpu_processes else None),
         "topology.override": ("--topology-override", args.topology_override),
-        "gaps.min_gap": ("--min-gap", args.min_gap),
+        # in ms where bare, as `gaps --min-gap` reads it (the file's bare numbers are ns)
+        "gaps.min_gap": ("--min-gap", args.min_gap and with_unit(args.min_gap, "ms")),
     }
 
 

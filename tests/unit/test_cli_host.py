@@ -141,3 +141,12 @@ def test_help_has_examples(command: str) -> None:
     assert proc.returncode == 0
     assert "examples:" in proc.stdout and f"gpujitter {command}" in proc.stdout
     assert "--json" in proc.stdout
+
+
+@pytest.mark.parametrize(("given", "ns"), [("5", 5_000_000), ("0.5", 500_000), ("200us", 200_000)])
+def test_run_reads_a_bare_min_gap_in_ms_as_gaps_does(given: str, ns: int) -> None:
+    """`run --min-gap 5` meant 5 ns (the file's unit for a bare number), `gaps --min-gap 5`
+    5 ms: one flag, two meanings."""
+    proc = gpujitter("run", "--print-config", "--json", "--min-gap", given)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["gaps.min_gap"] == {"value": ns, "source": "flag --min-gap"}
