@@ -282,10 +282,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("topology.override", _path, "", "topology override file (emulated NUMA nodes)"),
     Setting("log.path", _path, "/var/log/gpujitter/attributions.jsonl", "attribution log"),
     Setting("log.max_bytes", _size, 64 * 1024**2, "rotate the log at this size"),
-    Setting("log.keep", _at_least(0), 8, "rotated log files kept (0: no limit)"),
+    Setting("log.keep", _at_least(0), 8, "log files kept, the current one counted (0: no limit)"),
     Setting("record.path", _path, "", "record the raw event stream here (empty: off)"),
     Setting("record.max_bytes", _size, 256 * 1024**2, "rotate the trace at this size"),
-    Setting("record.keep", _at_least(0), 8, "rotated trace files kept (0: no limit)"),
+    Setting(
+        "record.keep", _at_least(0), 8, "trace files kept, the current one counted (0: no limit)"
+    ),
     Setting("socket.path", _path, "/run/gpujitter/gpujitter.sock", "stream socket"),
     Setting("socket.group", _str, "", "group owning the socket (empty: root's)"),
     Setting("socket.mode", _mode, 0o660, "socket file mode", shown=lambda mode: f"{mode:04o}"),

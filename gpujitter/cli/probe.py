@@ -173,7 +173,7 @@ COMMAND = Command(
         doctor` lists them) and print their events as they arrive: one line each, or NDJSON
         with --json. With no process chosen, every process is watched (thresholds keep the
         rate down). Ends with a summary per probe: state, events delivered, records lost in
-        the kernel and in Python.
+        the kernel and in Python. Exits 1 when none of the probes could run.
     """,
     examples="""
         # what the default probes see on this node, for 10 seconds

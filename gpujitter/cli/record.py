@@ -230,6 +230,7 @@ COMMAND = Command(
         --rotate-age, TRACE is a directory of complete traces that `gpujitter report` and
         `gpujitter trace` read as one, and --keep-files/--keep-size bound what it holds.
         Progress (events, bytes, lost) goes to stderr; --json prints a summary at the end.
+        Exits 1 when none of the probes could run (the trace then holds only the NVML side).
     """,
     examples="""
         # one minute of the default probes into one file
