@@ -8,8 +8,8 @@ import argparse
 import contextlib
 import gzip
 import io
-import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -20,6 +20,7 @@ from gpujitter.cli.options import STDOUT, add_traces_arg
 from gpujitter.cli.output import print_json
 from gpujitter.errors import GpujitterError
 from gpujitter.files import read_regular
+from gpujitter.text import printable
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,20 +58,36 @@ def _load_profiler(path: Path) -> Any:
         raise GpujitterError(f"--merge {path}: not JSON (want a Chrome trace)") from None
 
 
-def _open(name: str) -> contextlib.AbstractContextManager[BinaryIO | gzip.GzipFile]:
+@contextlib.contextmanager
+def _created(name: str) -> Iterator[BinaryIO | gzip.GzipFile]:
+    """The timeline's output: a new file (never one that exists: a recording given as -o by
+    mistake stays whole), removed again when the export fails, or standard output."""
     if name == STDOUT:
         # left open: what fails there (a full disk, a closed descriptor, a reader that left)
         # is main()'s to tell, as for every command's output
-        return contextlib.nullcontext(sys.stdout.buffer)
+        yield sys.stdout.buffer
+        return
+    if not name:
+        raise GpujitterError("-o: an empty file name")
     path = Path(name)
-    if path.exists():
-        raise GpujitterError(f"{path} exists; remove it or choose another name")
     try:
-        if path.suffix == ".gz":
-            return gzip.open(path, "wb")
-        return open(path, "wb")
+        raw = open(path, "xb")  # noqa: SIM115 (closed below) O_EXCL: what exists is refused
+    except FileExistsError:
+        raise GpujitterError(f"{path} exists; remove it or choose another name") from None
     except OSError as err:
         raise GpujitterError(f"cannot create {path}: {err.strerror}") from None
+    try:
+        with raw:
+            if path.suffix == ".gz":
+                with gzip.GzipFile(fileobj=raw, mode="wb") as packed:
+                    yield packed
+            else:
+                yield raw
+    except BaseException as err:
+        path.unlink(missing_ok=True)  # ours: never leave half a timeline behind
+        if isinstance(err, OSError) and err.filename is None:  # the file's disk, size limit
+            raise GpujitterError(f"{path}: {err.strerror}") from None
+        raise
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,19 +107,11 @@ def run(args: argparse.Namespace) -> int:
         profiler = _load_profiler(args.merge)
         extra = profiler_events(profiler)
         clock = profiler_clock(profiler, header.clock)
-    try:
-        with _open(args.output) as out:
-            writer = export(traces, out, header.topology,
-                            AnalysisConfig.from_record(header.analysis), clock, extra)  # fmt: skip
-            if args.output == STDOUT:  # all of it out (or failed) before the summary
-                out.flush()
-    except BaseException as err:
-        if args.output == STDOUT:
-            raise
-        os.unlink(args.output)  # never leave half a timeline behind
-        if isinstance(err, OSError) and err.filename is None:  # the file's disk, size limit
-            raise GpujitterError(f"{args.output}: {err.strerror}") from None
-        raise
+    with _created(args.output) as out:
+        writer = export(traces, out, header.topology,
+                        AnalysisConfig.from_record(header.analysis), clock, extra)  # fmt: skip
+        if args.output == STDOUT:  # all of it out (or failed) before the summary
+            out.flush()
     # with the timeline on standard output, what tells of it goes beside it
     report = sys.stderr if args.output == STDOUT else sys.stdout
     summary = {"output": str(args.output), "gaps": writer.gaps, "slices": writer.slices,
@@ -112,10 +121,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         merged = f", {len(extra)} profiler events merged" if args.merge else ""
         where = "standard output" if args.output == STDOUT else args.output
-        print(f"{where}: {writer.gaps} gaps, {writer.slices} slices{merged}; "
-              "open it in https://ui.perfetto.dev or chrome://tracing", file=report)  # fmt: skip
+        # the name and the damage notes quote what the user and the files gave: shown inert
+        print(printable(f"{where}: {writer.gaps} gaps, {writer.slices} slices{merged}; "
+                        "open it in https://ui.perfetto.dev or chrome://tracing"),
+              file=report)  # fmt: skip
         for note in traces.damage:
-            print(f"damage: {note}", file=report)
+            print(printable(f"damage: {note}"), file=report)
     return 0
 
 

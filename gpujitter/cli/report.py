@@ -174,6 +174,8 @@ def reading_line(rec: Recording) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.html == "":  # the page was asked for, and would go nowhere
+        raise GpujitterError("--html: an empty file name")
     traces = open_recording(args.traces)
     html = None if args.html in (None, STDOUT) else Path(args.html)
     if html and file_identity(html) in {file_identity(p) for p in traces.paths}:

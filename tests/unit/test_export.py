@@ -80,6 +80,31 @@ def test_bad_input_is_one_line(trace: Path, tmp_path: Path, capsys) -> None:
     assert main(["export", str(trace), "-o", str(tmp_path / "u.json"), "--merge", str(bad)]) == 2
     assert "not JSON" in capsys.readouterr().err
     assert not (tmp_path / "u.json").exists()
+    assert main(["export", str(trace), "-o", ""]) == 2
+    assert capsys.readouterr().err == "gpujitter export: error: -o: an empty file name\n"
+
+
+def test_a_file_it_refuses_to_write_over_is_left_whole(trace: Path, tmp_path: Path, capsys) -> None:
+    """The refusal ("exists") went through the clean-up of a failed export, which removed the
+    file: another file of the user's, the recording itself given as -o, a device node."""
+    kept = tmp_path / "precious.json"
+    kept.write_text("the user's")
+    recording = trace.read_bytes()
+    for out in (kept, trace):
+        assert main(["export", str(trace), "-o", str(out)]) == 2
+        assert capsys.readouterr().err.endswith("exists; remove it or choose another name\n")
+    assert kept.read_text() == "the user's" and trace.read_bytes() == recording
+    # what cannot be created is the user's error in one line, not an internal one
+    assert main(["export", str(trace), "-o", str(tmp_path / "no" / "t.json")]) == 2
+    assert "cannot create" in capsys.readouterr().err
+
+
+def test_what_it_says_of_the_output_is_inert(trace: Path, tmp_path: Path, capsys) -> None:
+    """The summary quoted the output's name (and the damage notes the files' text) raw."""
+    out = tmp_path / "run\x1b]0;pwned\x07.json"
+    assert main(["export", str(trace), "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "\x1b" not in said and "run\\x1b]0;pwned\\x07.json" in said
 
 
 PROFILER = FIXTURES / "profiler"

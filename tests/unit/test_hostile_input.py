@@ -233,6 +233,7 @@ def test_an_html_page_shows_a_hostile_host_name_inert(tmp_path: Path) -> None:
 def test_an_empty_path_is_refused_not_read_as_this_directory() -> None:
     refused(gpujitter("trace", ""), "an empty path was given")
     refused(gpujitter("report", ""), "an empty path was given")
+    refused(gpujitter("report", "x.gjtrace", "--html", ""), "--html: an empty file name")
 
 
 def test_an_html_page_replaces_a_file_whole_and_writes_through_a_link(tmp_path: Path) -> None:
