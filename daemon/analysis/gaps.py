@@ -110,12 +110,14 @@ class GapConfig:
         # A trace header carries these (report replays with them): refuse what the detector
         # cannot work with, e.g. a run of idle samples of length 0, which it indexes.
         for name in ("min_gap_ns", "settle_ns", "feeder_window_ns", "cuda_resolution_ns",
-                     "busy_sync_ns", "history_ns", "spin_return_ns",
+                     "busy_sync_ns", "history_ns", "offcpu_settle_ns", "spin_return_ns",
                      "drained_return_ns"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise GpujitterError(f"gaps: {name} must not be negative")
         if self.power_min_samples < 1:
             raise GpujitterError("gaps: power_min_samples must be at least 1")
+        if self.max_offcpu_per_thread < 1:
+            raise GpujitterError("gaps: max_offcpu_per_thread must be at least 1")
         if not 0 < self.power_idle_fraction < 1:
             raise GpujitterError("gaps: power_idle_fraction must be between 0 and 1")
         if self.power_min_swing_w < 0:
@@ -486,7 +488,10 @@ class GapDetector:
         _drop_stale(self.clean_queued, horizon)
         _drop_stale(self.waited, horizon)
         _drop_stale(self.waited_queued, horizon)
-        for tid in [t for t, kept in self.offcpu.items() if kept.last_end_ns() < horizon]:
+        # a thread's intervals may all have gone already (a history shorter than their wait)
+        for tid in [
+            t for t, kept in self.offcpu.items() if not kept or kept.last_end_ns() < horizon
+        ]:
             del self.offcpu[tid]
 
     def _remember_busy(self, sync: _Sync) -> None:

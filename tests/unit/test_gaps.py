@@ -259,6 +259,8 @@ def test_a_floor_kept_from_a_previous_run_lets_power_find_real_gaps(
         ("power_min_samples", 0, "power_min_samples must be at least 1"),
         ("power_idle_fraction", 1.5, "power_idle_fraction must be between 0 and 1"),
         ("min_gap_ns", -1, "min_gap_ns must not be negative"),
+        ("max_offcpu_per_thread", 0, "max_offcpu_per_thread must be at least 1"),
+        ("offcpu_settle_ns", -1, "offcpu_settle_ns must not be negative"),
     ],
 )
 def test_settings_the_detector_cannot_work_with_are_refused(
@@ -273,6 +275,21 @@ def test_settings_the_detector_cannot_work_with_are_refused(
     rec["gaps"][setting] = value
     with pytest.raises(GpujitterError, match=said):
         AnalysisConfig.from_record(rec)
+
+
+@pytest.mark.parametrize("history_ns", [0, 1])
+def test_a_history_shorter_than_the_waits_it_keeps(history_ns: int) -> None:
+    """A header's history_ns of 0 or 1 (valid values) ended the replay of a real recording
+    in an IndexError: a thread whose kept run-queue waits had all aged out at once."""
+    from gpujitter.daemon.analysis.pipeline import Pipeline
+    from gpujitter.daemon.offline.recordings import open_recording
+
+    rec = open_recording([FIXTURES / "gaps" / "h200-realjob-sync.gjtrace"])
+    record = AnalysisConfig.from_record(rec.header.analysis).to_record()
+    record["gaps"]["history_ns"] = history_ns
+    pipeline = Pipeline(rec.header.topology, AnalysisConfig.from_record(record))
+    out = [e for ev in rec for e in pipeline.feed(ev)] + pipeline.flush()
+    assert any(isinstance(e, GpuGap) for e in out)
 
 
 # -- starved inside a synchronisation (issue 11): a sync covers GPU work only while work is
