@@ -7,27 +7,37 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from gpujitter.errors import GpujitterError
 
 
-def read_regular(path: Path, what: str, max_bytes: int, kind: str) -> bytes:
-    """The bytes of regular file `path`, at most max_bytes; GpujitterError('<what> <path>:
-    <why>') otherwise (`kind` names what a larger file is not: "not a configuration")."""
+def open_regular(path: Path, what: str) -> BinaryIO:
+    """Regular file `path` opened for reading; GpujitterError('<what> <path>: <why>') for
+    anything else (a FIFO, a device), without waiting on it."""
     try:
-        # O_NONBLOCK: a FIFO's open returns at once, to be refused below
+        # O_NONBLOCK: a FIFO's open returns at once, to be refused below (on a regular file
+        # the flag changes nothing)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         raise GpujitterError(f"{what} {path}: {err.strerror}") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise GpujitterError(f"{what} {path}: not a regular file")
-        with open(fd, "rb", closefd=False) as f:
-            data = f.read(max_bytes + 1)  # it may grow after a stat: read, then judge
-    except OSError as err:
-        raise GpujitterError(f"{what} {path}: {err.strerror}") from None
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return open(fd, "rb")
+
+
+def read_regular(path: Path, what: str, max_bytes: int, kind: str) -> bytes:
+    """The bytes of regular file `path`, at most max_bytes; GpujitterError('<what> <path>:
+    <why>') otherwise (`kind` names what a larger file is not: "not a configuration")."""
+    with open_regular(path, what) as f:
+        try:
+            data = f.read(max_bytes + 1)  # it may grow after a stat: read, then judge
+        except OSError as err:
+            raise GpujitterError(f"{what} {path}: {err.strerror}") from None
     if len(data) > max_bytes:
         raise GpujitterError(f"{what} {path}: larger than {_size(max_bytes)}; {kind}")
     return data

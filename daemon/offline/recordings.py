@@ -23,6 +23,7 @@ import orjson
 from gpujitter.daemon.sinks.jsonlog import LOG_SCHEMA, MAX_LINE_BYTES, JsonLogReader
 from gpujitter.daemon.sinks.trace import MAGIC, TraceHeader, TraceSet, path_stat, trace_paths
 from gpujitter.errors import GpujitterError
+from gpujitter.files import open_regular
 from gpujitter.probes.events import BadRecord, ClockRef, Event, event_kinds, from_record
 from gpujitter.probes.topology import Topology
 
@@ -154,8 +155,13 @@ def _events(path: Path, into: Recording | None) -> Iterator[Event]:
     """An events file's events; a line of an unknown kind is skipped and noted (a newer
     writer), a broken one ends the read with one line."""
     skipped = 0
-    with open(path, "rb") as f:
+    with open_regular(path, "cannot read") as f:
         for n, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if len(line) > MAX_LINE_BYTES:  # not the last line cut short: no event is this long
+                raise GpujitterError(
+                    f"{path}:{n}: over {MAX_LINE_BYTES} bytes without a newline, longer than "
+                    "any event; the file is damaged"
+                )
             if not line.strip():
                 continue
             try:

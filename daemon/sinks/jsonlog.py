@@ -29,6 +29,7 @@ import orjson
 from gpujitter.daemon.sinks.diskfull import WriteFailures, no_room, to_stderr
 from gpujitter.daemon.sinks.rotation import Rotation, fsync_dir, say_once
 from gpujitter.errors import GpujitterError
+from gpujitter.files import open_regular
 from gpujitter.probes.events import (
     SCHEMA_MAJOR,
     BadRecord,
@@ -304,10 +305,8 @@ class JsonLogReader:
             yield from self._read(path)
 
     def _read(self, path: Path) -> Iterator[dict[str, Any]]:
-        try:
-            f = open(path, "rb")  # noqa: SIM115 (closed below, also when the caller stops)
-        except OSError as err:
-            raise GpujitterError(f"cannot open log {path}: {err.strerror}") from None
+        # a rotated file is opened by its name alone: a FIFO by that name would block
+        f = open_regular(path, "cannot open log")
         schema, named_once = self.schema, False
         with f:
             for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):

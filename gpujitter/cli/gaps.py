@@ -164,6 +164,8 @@ def replay(args: argparse.Namespace, out: Printer) -> int:
         analysis=None if rec.analysed else lambda _: analysis,
         signals=False,
     ).run()  # fmt: skip
+    for note in rec.damage:  # what the reading tolerated (a torn tail, skipped kinds)
+        print(printable(f"damage: {note}"), file=sys.stderr)
     return 0
 
 

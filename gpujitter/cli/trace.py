@@ -16,12 +16,26 @@ from gpujitter.daemon.offline.recordings import TRACE, Recording, open_recording
 from gpujitter.daemon.sinks.trace import TraceHeader, TraceReader, TraceSet
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import format_wall
+from gpujitter.probes.events import ClockRef, Event
 from gpujitter.text import printable
 from gpujitter.units import format_bytes, format_ns
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_traces_arg(p)
+
+
+def _span(first: int | None, last: int | None, ev: Event) -> tuple[int | None, int | None]:
+    """The span so far, widened to ev (events come in no strict order). What times nothing
+    takes no part: the clock's pairing (an events file's meta.clock, taken before the
+    recording, a trace's in its header) and records that carry 0 (an events file's
+    meta.watch)."""
+    ts_ns = ev.ts_ns
+    if not ts_ns or isinstance(ev, ClockRef):
+        return first, last
+    if first is None or last is None:
+        return ts_ns, ts_ns
+    return min(first, ts_ns), max(last, ts_ns)
 
 
 def inspect(path: Path) -> dict[str, Any]:
@@ -33,8 +47,7 @@ def inspect(path: Path) -> dict[str, Any]:
         try:
             for ev in reader:
                 kinds[ev.KIND] += 1
-                first = ev.ts_ns if first is None else min(first, ev.ts_ns)
-                last = ev.ts_ns if last is None else max(last, ev.ts_ns)
+                first, last = _span(first, last, ev)
         except GpujitterError as err:
             error = str(err)
         header = reader.header
@@ -65,8 +78,7 @@ def inspect_other(rec: Recording) -> dict[str, Any]:
     try:
         for ev in rec:
             kinds[ev.KIND] += 1
-            first = ev.ts_ns if first is None else first
-            last = ev.ts_ns
+            first, last = _span(first, last, ev)
     except GpujitterError as err:
         error = str(err)
     return {

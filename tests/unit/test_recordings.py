@@ -122,9 +122,20 @@ def test_trace_summarises_any_format(
     else:
         with TraceReader(EXAMPLE) as reader:
             assert got["events"] == sum(1 for _ in reader) + 1  # and the meta.clock
+        # the span is the earliest to the latest event, as for the trace (not the first and
+        # the last line, which a file out of time order turned around)
+        whole = _run_json(["trace", "--json", str(EXAMPLE)])["files"][0]
+        assert (got["first_ns"], got["last_ns"]) == (whole["first_ns"], whole["last_ns"])
+        lines = formats[kind].read_bytes().splitlines(keepends=True)
+        backwards = formats[kind].with_name("backwards.ndjson")
+        backwards.write_bytes(lines[0] + b"".join(reversed(lines[1:])))
+        turned = _run_json(["trace", "--json", str(backwards)])
+        assert (turned["first_ns"], turned["last_ns"]) == (whole["first_ns"], whole["last_ns"])
 
 
-def test_a_torn_events_file_is_read_to_its_tear(formats: dict[str, Path], tmp_path: Path) -> None:
+def test_a_torn_events_file_is_read_to_its_tear(
+    formats: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     whole = formats[EVENTS].read_bytes()
     torn = tmp_path / "torn.ndjson"
     torn.write_bytes(whole[: len(whole) - 40])  # the writer stopped mid-line
@@ -132,6 +143,35 @@ def test_a_torn_events_file_is_read_to_its_tear(formats: dict[str, Path], tmp_pa
     n = sum(1 for _ in rec)
     assert n == whole.count(b"\n") - 1
     assert rec.damage == [f"{torn}: torn last line ({len(whole.splitlines()[-1]) - 39} bytes)"]
+
+    # gaps --replay-events says so too (it said nothing, exit 0, as if the file were whole)
+    main(["gaps", "--replay-events", str(torn), "--json"])
+    assert f"damage: {torn}: torn last line" in capsys.readouterr().err
+
+
+def test_a_line_too_long_inside_an_events_file_is_damage(
+    formats: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Read as a torn last line, it ended the read there in silence: 100 events of 2,841,
+    no gap, exit 0."""
+    lines = formats[EVENTS].read_bytes().splitlines(keepends=True)
+    long = tmp_path / "long.ndjson"
+    long.write_bytes(b"".join(lines[:100]) + b" " * (1 << 20) + b"\n" + b"".join(lines[100:]))
+    for argv in (["report"], ["gaps", "--replay-events"]):
+        assert main([*argv, str(long)]) == 2
+        assert f"{long}:101: over 1048576 bytes without a newline" in capsys.readouterr().err
+    assert main(["trace", str(long)]) == 1
+
+
+def test_a_rotated_log_that_is_no_regular_file_is_refused_not_waited_on(
+    formats: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A FIFO named like a rotated file (NAME.1) was opened as one: the read waited for ever."""
+    log = tmp_path / "attributions.jsonl"
+    log.write_bytes(formats[LOG].read_bytes())
+    os.mkfifo(tmp_path / "attributions.jsonl.1")
+    assert main(["report", str(log)]) == 2
+    assert "attributions.jsonl.1: not a regular file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
