@@ -39,6 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # Far past a profiler trace of a long run (they run to hundreds of MB); a larger file, or one
 # that decompresses to more, is not one, and all of it is held to be parsed.
 MAX_PROFILER_BYTES = 1 << 30
+# Parsed, a JSON value costs ~50-100 bytes however short its text: `{},` 31 times its size
+# (3 bytes of text per dict), a real profiler trace 3.3 times (21 bytes per value, the
+# H200's). Values are counted by their separators before the parse, and capped at what a
+# real trace of MAX_PROFILER_BYTES holds, so that no input costs much more memory than
+# the largest real one (~3.5 GB).
+MAX_PROFILER_VALUES = MAX_PROFILER_BYTES // 21
 
 
 def _load_profiler(path: Path) -> Any:
@@ -51,6 +57,10 @@ def _load_profiler(path: Path) -> Any:
                 raise GpujitterError(f"--merge {path}: decompresses to more than "
                                      f"{MAX_PROFILER_BYTES >> 30} GiB; not a profiler "
                                      "trace")  # fmt: skip
+        if raw.count(b",") > MAX_PROFILER_VALUES:
+            raise GpujitterError(f"--merge {path}: more than {MAX_PROFILER_VALUES:,} JSON "
+                                 "values; larger than any profiler trace of one run "
+                                 "(shorten the profiler's schedule)")  # fmt: skip
         return orjson.loads(raw)
     except (OSError, EOFError, gzip.BadGzipFile) as err:
         raise GpujitterError(f"--merge {path}: {getattr(err, 'strerror', None) or err}") from None

@@ -166,3 +166,19 @@ def test_a_gil_wait_shows_on_the_thread_with_its_holder(tmp_path: Path) -> None:
     assert wait["args"]["holder_tid"] == 102 and wait["args"]["holder_comm"] == "logger"
     gap_causes = [e["args"].get("cause") for e in events if e["pid"] == GPU_PID and "args" in e]
     assert "gil_wait" in gap_causes
+
+
+def test_a_profiler_file_of_tiny_values_is_refused_before_its_parse(
+    trace: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """30 MB of `{},` took 940 MB to parse (31 times its size, a real trace 3.3): values are
+    counted before the parse and capped at what a real trace of the size limit holds."""
+    from gpujitter.cli import export
+
+    monkeypatch.setattr(export, "MAX_PROFILER_VALUES", 1000)
+    tiny = tmp_path / "tiny.json"
+    tiny.write_bytes(b"[" + b"{}," * 1001 + b"{}]")
+    out = tmp_path / "t.json"
+    assert main(["export", str(trace), "-o", str(out), "--merge", str(tiny)]) == 2
+    assert "more than 1,000 JSON values" in capsys.readouterr().err
+    assert not out.exists()
