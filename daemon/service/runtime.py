@@ -133,6 +133,11 @@ class EventQueue:
         return [events.popleft() for _ in range(min(len(events), limit))]
 
 
+def _alive(tid: int) -> bool:
+    """Whether thread `tid` of this node still exists (its /proc entry, listed or not)."""
+    return os.path.exists(f"/proc/{tid}")
+
+
 class EventSource:
     """Where a runtime's events come from. A live source delivers from threads of its own
     through `emit` (the runtime's bounded queue, which drops and counts past its bound); a
@@ -140,6 +145,7 @@ class EventSource:
 
     label = ""
     hands_over = False  # says when it handed a batch over (`start`'s handed)
+    on_this_node = False  # its threads are this node's (/proc tells whether they are alive)
 
     def __init__(self) -> None:
         self.gpus: list[GpuInfo] = []
@@ -173,6 +179,7 @@ class LiveSource(EventSource):
 
     label = "live"
     hands_over = True
+    on_this_node = True
 
     def __init__(self, probes: Sequence[str], **kwargs: Any) -> None:
         super().__init__()
@@ -593,6 +600,8 @@ class Runtime:
             self._rss_bytes = self._me.memory_info().rss
         self._events_per_s = (self.state.events - self._events_at_tick) / max(elapsed_s, 1e-9)
         self._events_at_tick = self.state.events
+        if self.source.on_this_node:
+            self.state.forget_gone(_alive)
         status = self.status()
         for sink in self.sinks:
             sink.tick(now, status)

@@ -9,6 +9,7 @@ the feeding thread waits at most for a copy."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -38,6 +39,7 @@ STREAMED = frozenset(
 )  # fmt: skip
 RECENT = 200  # gaps and attributions kept for the snapshot
 MAX_THREADS = 4096  # watched threads whose placement is kept
+GONE_CHECKS = 256  # threads asked about per forget_gone (a /proc stat each, ~3 µs)
 
 
 class NodeState:
@@ -100,19 +102,43 @@ class NodeState:
         ):
             return  # news of a thread that has ended since
         if tid not in self.threads and len(self.threads) >= MAX_THREADS:
-            self._forget(next(iter(self.threads)))  # the longest-known thread goes
-        previous = self.threads.get(tid)
+            self._forget(next(iter(self.threads)))  # the thread placed longest ago goes
+        previous = self.threads.pop(tid, None)  # re-entered: the order is of last placement
         if previous is not None and previous[0] != tgid:
-            self._forget(tid)  # the id now names a thread of another process
+            self._tids_discard(previous[0], tid)  # the id now names a thread of another process
+            previous = None
         self.threads[tid] = (tgid, comm or (previous[1] if previous else ""), cpu)
         self._tids.setdefault(tgid, set()).add(tid)
 
+    def forget_gone(self, alive: Callable[[int], bool], budget: int = GONE_CHECKS) -> int:
+        """Threads placed longest ago that are gone, forgotten (how many): an exit is
+        streamed only for a process in the watched set, so with every process watched (no
+        set) nothing else takes an exited thread out, and thousands of short-lived ones
+        filled `threads`, each daemon.status with them (250 KB a second to every client).
+        At most `budget` are asked about; those alive go to the back, so that the next call
+        asks about others. The live daemon calls it once a tick (`alive`: /proc/TID)."""
+        with self._lock:
+            oldest = list(itertools.islice(self.threads, budget))
+        gone = [tid for tid in oldest if not alive(tid)]
+        with self._lock:
+            for tid in oldest:
+                known = self.threads.pop(tid, None)
+                if known is not None and tid not in gone:
+                    self.threads[tid] = known
+                elif known is not None:
+                    self._tids_discard(known[0], tid)
+        return len(gone)
+
     def _forget(self, tid: int) -> None:
         known = self.threads.pop(tid, None)
-        if known is not None and (tids := self._tids.get(known[0])) is not None:
+        if known is not None:
+            self._tids_discard(known[0], tid)
+
+    def _tids_discard(self, tgid: int, tid: int) -> None:
+        if (tids := self._tids.get(tgid)) is not None:
             tids.discard(tid)
             if not tids:
-                del self._tids[known[0]]
+                del self._tids[tgid]
 
     def _end(self, key: tuple[str, int], ts_ns: int) -> None:
         self._ended.pop(key, None)
