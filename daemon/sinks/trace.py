@@ -321,18 +321,37 @@ class _TornTail(Exception):
     """The data ends inside a frame: the writer stopped mid-write."""
 
 
+class _BadPayload(Exception):
+    """A frame whose payload fails its checksum, not the last: its header's length (which
+    has a checksum of its own) says where the next frame starts, and the file is there."""
+
+
+class _Unframed(Exception):
+    """A frame header that fails its checksum before the end: where the next frame starts
+    is not known, so nothing after it can be read."""
+
+
 class TraceReader:
     """Reads one trace file as a stream of events. Opening reads and checks the preamble and
-    header; iterating yields events in file order. Damage, as docs/trace-format.md says:
-    a torn last frame (crash mid-write) or a zero-filled tail ends the stream and is counted
-    in `torn_tail_bytes`; records of kinds this version does not know (a newer writer) are
-    skipped and counted in `skipped`; anything else raises GpujitterError with one line."""
+    header (damage there raises GpujitterError with one line: without them nothing can be
+    read). Iterating yields events in file order, and every other damage is read past where
+    it can be and reported (docs/trace-format.md): a torn last frame (crash mid-write) or a
+    zero-filled tail ends the stream (`torn_tail_bytes`); records of kinds this version does
+    not know (a newer writer) are skipped (`skipped`); a record whose checksum fails, or
+    that is checksummed but malformed, is skipped (`corrupt`, the first in `corrupt_at`); a
+    frame header whose checksum fails ends the read there (`unread_bytes`). Nothing is
+    dropped without a note in damage_notes(); `damaged` tells the last three apart from
+    what a writer's crash or a newer version leaves."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.records = 0
         self.skipped: Counter[str] = Counter()
         self.torn_tail_bytes = 0
+        self.corrupt = 0
+        self.corrupt_at = ""  # the first corrupt record: what and where
+        self.unread_bytes = 0
+        self.unread_at = ""
         try:
             self._file: BinaryIO = open(self.path, "rb")  # noqa: SIM115 (closed by close())
         except OSError as err:
@@ -368,7 +387,7 @@ class TraceReader:
         return major, minor
 
     def _read_header(self) -> TraceHeader:
-        payload = self._next_frame(PREAMBLE_SIZE)
+        payload = self._header_frame(PREAMBLE_SIZE)
         if payload is None:
             raise GpujitterError(f"{self.path}: truncated trace header")
         try:
@@ -384,14 +403,17 @@ class TraceReader:
             )
         return header
 
-    def _next_frame(self, offset: int) -> bytes | None:
-        """The payload of the frame at `offset` (where the file is positioned), or None at the
-        end of the data: a clean end, or a torn tail (then torn_tail_bytes is set)."""
+    def _header_frame(self, offset: int) -> bytes | None:
+        """The payload of the header's frame at `offset` (where the file is positioned), None
+        where the file ends inside it; damage raises: without the header nothing is read."""
         try:
             return self._frame_at(offset)
         except _TornTail:
-            self.torn_tail_bytes = os.fstat(self._file.fileno()).st_size - offset
             return None
+        except _BadPayload:
+            raise self._fail(offset, "corrupt trace header (checksum mismatch)") from None
+        except _Unframed as what:
+            raise self._fail(offset, f"trace header: {what}") from None
 
     def _frame_at(self, offset: int) -> bytes | None:
         head = self._file.read(FRAME_HEADER_SIZE)
@@ -403,17 +425,30 @@ class TraceReader:
         if zlib.crc32(head[:8]) != head_crc:
             if not any(head) and self._rest_is_zero():  # size grew, data never landed
                 raise _TornTail
-            raise self._fail(offset, "corrupt record header (checksum mismatch)")
+            raise _Unframed("corrupt record header (checksum mismatch)")
         if length > MAX_PAYLOAD_BYTES:
-            raise self._fail(offset, f"record of {length} bytes (larger than any writer makes)")
+            raise _Unframed(f"record of {length} bytes (larger than any writer makes)")
         payload = self._file.read(length)
         if len(payload) < length:
             raise _TornTail
         if zlib.crc32(payload) != payload_crc:
             if not self._file.read(1):  # the last frame, written only in part
                 raise _TornTail
-            raise self._fail(offset, "corrupt record (checksum mismatch)")
+            self._file.seek(-1, os.SEEK_CUR)
+            raise _BadPayload
         return payload
+
+    def _corrupt(self, offset: int, what: str) -> None:
+        """A damaged record, skipped and counted."""
+        self.corrupt += 1
+        if not self.corrupt_at:
+            self.corrupt_at = f"{what} at byte {offset}"
+
+    @property
+    def damaged(self) -> bool:
+        """Whether the last iteration met damage beyond a torn tail or unknown kinds: records
+        that were there could not be read."""
+        return bool(self.corrupt or self.unread_bytes)
 
     def _rest_is_zero(self) -> bool:
         """Whether nothing but zeros follows. The holes of a sparse file (a size set with no
@@ -443,19 +478,40 @@ class TraceReader:
 
     def raw(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """(offset, record dict) for every intact frame after the header, unknown kinds
-        included; counts restart on every call."""
+        included; damage is counted (restarting on every call), not raised."""
         self._file.seek(self._data_start)
-        self.torn_tail_bytes = 0
+        self.torn_tail_bytes = self.corrupt = self.unread_bytes = 0
+        self.corrupt_at = self.unread_at = ""
         offset = self._data_start
-        while (payload := self._next_frame(offset)) is not None:
+        while True:
+            try:
+                payload = self._frame_at(offset)
+            except _TornTail:
+                self.torn_tail_bytes = self._size() - offset
+                return
+            except _Unframed as what:
+                self.unread_bytes = self._size() - offset
+                self.unread_at = f"{what} at byte {offset}"
+                return
+            except _BadPayload:
+                self._corrupt(offset, "corrupt record (checksum mismatch)")
+                offset = self._file.tell()
+                continue
+            if payload is None:
+                return
             try:
                 rec = orjson.loads(payload)
             except orjson.JSONDecodeError as err:
-                raise self._fail(offset, f"record is not JSON ({err})") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("type"), str):
-                raise self._fail(offset, "record without a type")
-            yield offset, rec
+                self._corrupt(offset, f"record is not JSON ({err})")
+            else:
+                if isinstance(rec, dict) and isinstance(rec.get("type"), str):
+                    yield offset, rec
+                else:
+                    self._corrupt(offset, "record without a type")
             offset = self._file.tell()
+
+    def _size(self) -> int:
+        return os.fstat(self._file.fileno()).st_size
 
     def __iter__(self) -> Iterator[Event]:
         kinds = event_kinds()
@@ -468,13 +524,24 @@ class TraceReader:
             try:
                 ev = from_record(rec)
             except BadRecord as err:
-                raise self._fail(offset, f"record {index}: {err}") from None
+                self._corrupt(offset, f"record {index}: {err}")
+                continue
             self.records += 1
             yield ev
 
     def damage_notes(self) -> list[str]:
-        """What the last iteration tolerated, one line each (empty for an intact trace)."""
+        """What the last iteration met, one line each (empty for an intact trace)."""
         notes = []
+        if self.corrupt:
+            notes.append(
+                f"{self.path}: {self.corrupt} damaged record(s) skipped, the first: "
+                f"{self.corrupt_at}; the trace is damaged"
+            )
+        if self.unread_bytes:
+            notes.append(
+                f"{self.path}: {self.unread_at}; the last {self.unread_bytes} bytes could not "
+                "be read (the trace is damaged)"
+            )
         if self.torn_tail_bytes:
             notes.append(
                 f"{self.path}: torn last record dropped ({self.torn_tail_bytes} bytes; "
@@ -575,13 +642,24 @@ def _one_timeline(headers: list[tuple[Path, TraceHeader]]) -> None:
 class TraceSet:
     """Several trace files read as one stream: a rotated recording, in recording order (start
     wall time, then session and segment, from each header; file names do not matter). Only
-    one file is open at a time. Damage is collected per file in `damage`."""
+    one file is open at a time. Damage is collected per file in `damage`. A file whose
+    header cannot be read is left out, in `unreadable` (path, why), as long as another one
+    can be: one damaged segment does not cost the others (none readable: its error)."""
 
     def __init__(self, args: Sequence[str | Path]) -> None:
         headers = []
-        for path in trace_paths(args):
-            with TraceReader(path) as reader:
-                headers.append((path, reader.header))
+        self.unreadable: list[tuple[Path, str]] = []
+        paths = trace_paths(args)
+        for path in paths:
+            try:
+                with TraceReader(path) as reader:
+                    headers.append((path, reader.header))
+            except GpujitterError as err:
+                if len(paths) == 1:
+                    raise
+                self.unreadable.append((path, str(err)))
+        if not headers:
+            raise GpujitterError(self.unreadable[0][1])
         headers.sort(key=lambda ph: (ph[1].start_wall_ns, ph[1].session, ph[1].segment))
         self.paths = [p for p, _ in headers]
         self.headers = [h for _, h in headers]
@@ -590,7 +668,7 @@ class TraceSet:
     def __iter__(self) -> Iterator[Event]:
         """Every file's events in turn; afterwards `damage` has each file's damage notes."""
         _one_timeline(list(zip(self.paths, self.headers, strict=True)))
-        self.damage = []
+        self.damage = [f"{why}; left out" for _, why in self.unreadable]
         for path in self.paths:
             with TraceReader(path) as reader:
                 yield from reader

@@ -42,16 +42,12 @@ def inspect(path: Path) -> dict[str, Any]:
     """One file's header, counts and damage; corruption is reported, not raised."""
     kinds: Counter[str] = Counter()
     first = last = None
-    error = None
     with TraceReader(path) as reader:
-        try:
-            for ev in reader:
-                kinds[ev.KIND] += 1
-                first, last = _span(first, last, ev)
-        except GpujitterError as err:
-            error = str(err)
+        for ev in reader:
+            kinds[ev.KIND] += 1
+            first, last = _span(first, last, ev)
         header = reader.header
-        damage = reader.damage_notes() + ([error] if error else [])
+        damage = reader.damage_notes()
         try:  # what report and export would refuse the trace for
             AnalysisConfig.from_record(header.analysis)
         except GpujitterError as err:
@@ -66,7 +62,7 @@ def inspect(path: Path) -> dict[str, Any]:
             "first_ns": first,
             "last_ns": last,
             "damage": damage,
-            "readable": error is None,
+            "readable": not reader.damaged,
         }
 
 
@@ -97,26 +93,30 @@ def run(args: argparse.Namespace) -> int:
     rec = open_recording(args.traces)
     if rec.kind != TRACE:
         return run_other(rec, args.json)
-    traces = TraceSet(rec.paths)
+    traces = TraceSet(args.traces)  # with the files whose header could not be read
     files = [inspect(p) for p in traces.paths]
     kinds: Counter[str] = Counter()
     for f in files:
         kinds.update(f["kinds"])
+    unreadable = [{"path": str(p), "damage": [why]} for p, why in traces.unreadable]
     result = {
         "files": files,
+        "unreadable": unreadable,
         "events": sum(f["events"] for f in files),
         "kinds": dict(sorted(kinds.items())),
-        "damaged": sum(1 for f in files if f["damage"]),
+        "damaged": sum(1 for f in files if f["damage"]) + len(unreadable),
     }
     if args.json:
         print_json(result)
     else:
         for f, header in zip(files, traces.headers, strict=True):
             print(describe(f, header))
-        if len(files) > 1:
+        for u in unreadable:
+            print(printable(f"{u['path']}\n  damage: {u['damage'][0]} (left out)"))
+        if len(files) + len(unreadable) > 1:
             print(f"total: {len(files)} files, {result['events']} events")
             print(table(["KIND", "EVENTS"], sorted(kinds.items())))
-    return 0 if all(f["readable"] for f in files) else 1
+    return 0 if all(f["readable"] for f in files) and not unreadable else 1
 
 
 def run_other(rec: Recording, as_json: bool) -> int:

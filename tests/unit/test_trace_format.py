@@ -1,5 +1,6 @@
-"""The trace format: round trips, and what a reader does with every kind of damage (torn
-tails tolerated and reported, everything else one GpujitterError line, never wrong data)."""
+"""The trace format: round trips, and what a reader does with every kind of damage (a
+damaged preamble or header one GpujitterError line; past them every intact record is read
+and what could not be is reported; never wrong data)."""
 
 from __future__ import annotations
 
@@ -106,28 +107,40 @@ def test_truncation_at_every_offset_keeps_every_whole_record_or_fails_in_one_lin
         assert bool(reader.damage_notes()) == (torn > 0)
 
 
-def test_every_bit_flip_is_an_error_or_a_dropped_last_record(tmp_path: Path) -> None:
+def test_every_bit_flip_is_an_error_or_reported_and_no_record_is_wrong(tmp_path: Path) -> None:
+    """A flip in the preamble or the header is one line (nothing can be read without them);
+    past them the reader goes on where the framing allows, and every flip is reported: the
+    records delivered are the written ones, in order, each one whole."""
     events = [alloc(1), every_kind()[-1], alloc(2)]
     raw = write_trace(tmp_path / "full.gjtrace", events)
-    last = frame_starts(raw)[-2]
+    starts = frame_starts(raw)
+    last = starts[-2]
     path = tmp_path / "flipped.gjtrace"
     errors = 0
     for bit in range(len(raw) * 8):
+        byte = bit // 8
         flipped = bytearray(raw)
-        flipped[bit // 8] ^= 1 << (bit % 8)
+        flipped[byte] ^= 1 << (bit % 8)
         path.write_bytes(flipped)
         try:
             got, reader = read(path)
         except GpujitterError as err:
             assert "\n" not in str(err)
+            assert byte < starts[0], bit
             errors += 1
             continue
-        # Tolerated only as a torn tail: a damaged last payload is dropped and reported.
-        assert bit // 8 >= last + FRAME_HEADER_SIZE, bit
-        assert got == events[:-1]
-        assert reader.torn_tail_bytes == len(raw) - last
-    # Everything up to the last record's payload (its frame header included) is an error.
-    assert errors == (last + FRAME_HEADER_SIZE) * 8
+        assert byte >= starts[0] and reader.damage_notes(), bit
+        hit = max(i for i, start in enumerate(starts[:-1]) if start <= byte)
+        in_head = byte < starts[hit] + FRAME_HEADER_SIZE
+        if hit == len(events) - 1 and not in_head:  # the last payload: a torn tail
+            assert got == events[:-1] and reader.torn_tail_bytes == len(raw) - last
+        elif in_head:  # its frame header fails its checksum: nothing after it is framed
+            assert got == events[:hit] and reader.unread_bytes == len(raw) - starts[hit]
+        else:  # its payload: that record alone is skipped
+            assert got == events[:hit] + events[hit + 1 :], bit
+            assert reader.damaged
+    # The preamble and the header's frame (its header, its payload) refuse the file.
+    assert errors == starts[0] * 8
 
 
 def test_zero_filled_tail_is_a_torn_tail(tmp_path: Path) -> None:
@@ -146,13 +159,21 @@ def test_zero_filled_tail_is_a_torn_tail(tmp_path: Path) -> None:
     assert got == events and reader.torn_tail_bytes == 5000 + (4 << 30)
     with open(path, "ab") as f:
         f.write(b"\x01")
-    assert "corrupt record header" in one_line_error(path)
+    got, reader = read(path)
+    assert got == events and reader.unread_bytes == 5000 + (4 << 30) + 1
+    assert "corrupt record header (checksum mismatch)" in reader.damage_notes()[0]
 
 
-def test_garbage_after_the_last_record_is_refused(tmp_path: Path) -> None:
+def test_garbage_after_the_last_record_is_damage_and_the_records_are_read(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "t.gjtrace"
     path.write_bytes(write_trace(path, [alloc(1)]) + b"\x01" * 40)
-    assert "corrupt record header" in one_line_error(path)
+    got, reader = read(path)
+    assert got == [alloc(1)] and reader.damaged
+    (note,) = reader.damage_notes()
+    assert "corrupt record header (checksum mismatch) at byte" in note
+    assert "the last 40 bytes could not be read" in note
 
 
 def test_unknown_major_version_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -211,27 +232,63 @@ def test_empty_and_foreign_files_are_refused_in_one_line(tmp_path: Path) -> None
     assert "Is a directory" in one_line_error(tmp_path)
 
 
-def test_malformed_but_checksummed_input_is_refused_in_one_line(tmp_path: Path) -> None:
-    # Frames whose checksums hold but whose content no writer makes.
+def test_malformed_but_checksummed_input_is_refused_or_skipped(tmp_path: Path) -> None:
+    # Frames whose checksums hold but whose content no writer makes: in the header, the
+    # file is refused; a record is skipped and reported, the records after it read.
     hdr = frame(orjson.dumps(header().to_record()))
     length_crc = struct.pack("<II", 32 << 20, 0)
     huge_frame_header = length_crc + struct.pack("<I", zlib.crc32(length_crc))
-    cases = {
+    refused = {
         "malformed trace header (not JSON": preamble() + frame(b"{not json"),
         "no 'schema'": preamble() + frame(orjson.dumps({"host": "x"})),
         "malformed trace header (thresholds: want object, got list)": preamble()
         + frame(orjson.dumps(header().to_record() | {"thresholds": [1, 2]})),
-        "record is not JSON": preamble() + hdr + frame(b"\xff\xfe"),
-        "record without a type": preamble() + hdr + frame(b"[1, 2]"),
-        "bad sched.offcpu record": preamble()
-        + hdr
-        + frame(orjson.dumps({"type": "sched.offcpu", "ts_ns": 1})),
-        "larger than any writer makes": preamble() + hdr + huge_frame_header + bytes(64),
     }
-    for i, (expected, raw) in enumerate(cases.items()):
-        path = tmp_path / f"case{i}"
+    for i, (expected, raw) in enumerate(refused.items()):
+        path = tmp_path / f"refused{i}"
         path.write_bytes(raw + encode(alloc(1)))  # not the last record: no torn tail
         assert expected in one_line_error(path)
+    skipped = {
+        "record is not JSON": frame(b"\xff\xfe"),
+        "record without a type": frame(b"[1, 2]"),
+        "bad sched.offcpu record": frame(orjson.dumps({"type": "sched.offcpu", "ts_ns": 1})),
+    }
+    for i, (expected, bad) in enumerate(skipped.items()):
+        path = tmp_path / f"skipped{i}"
+        path.write_bytes(preamble() + hdr + encode(alloc(1)) + bad + encode(alloc(2)))
+        got, reader = read(path)
+        assert got == [alloc(1), alloc(2)] and reader.corrupt == 1
+        (note,) = reader.damage_notes()
+        assert expected in note and "1 damaged record(s) skipped" in note
+    # a length past any record's: where the next frame starts is not known
+    path = tmp_path / "huge"
+    path.write_bytes(preamble() + hdr + encode(alloc(1)) + huge_frame_header + bytes(64))
+    got, reader = read(path)
+    assert got == [alloc(1)] and reader.unread_bytes == FRAME_HEADER_SIZE + 64
+    assert "larger than any writer makes" in reader.damage_notes()[0]
+
+
+def test_one_damaged_file_of_a_set_costs_only_itself(tmp_path: Path) -> None:
+    """One flipped bit in one segment refused the whole rotated recording (its other files'
+    records with it); a segment whose header is damaged is left out, said so."""
+    first = write_trace(tmp_path / "a.gjtrace", [alloc(1), alloc(2), alloc(3)])
+    write_trace(tmp_path / "b.gjtrace", [alloc(4)], header(start_ns=6_000_000_000, segment=1))
+    write_trace(tmp_path / "c.gjtrace", [alloc(5)], header(start_ns=7_000_000_000, segment=2))
+    flipped = bytearray(first)
+    flipped[frame_starts(first)[1] + FRAME_HEADER_SIZE + 3] ^= 1  # alloc(2)'s payload
+    (tmp_path / "a.gjtrace").write_bytes(flipped)
+    c = bytearray((tmp_path / "c.gjtrace").read_bytes())
+    c[PREAMBLE_SIZE + FRAME_HEADER_SIZE + 5] ^= 1  # c's header
+    (tmp_path / "c.gjtrace").write_bytes(c)
+    traces = TraceSet([tmp_path])
+    assert list(traces) == [alloc(1), alloc(3), alloc(4)]
+    assert [p.name for p, _ in traces.unreadable] == ["c.gjtrace"]
+    left_out, skipped = traces.damage
+    assert "corrupt trace header (checksum mismatch)" in left_out and "left out" in left_out
+    assert "a.gjtrace: 1 damaged record(s) skipped" in skipped
+    # a file alone, or every file, with a damaged header: nothing to read, one line
+    with pytest.raises(GpujitterError, match="corrupt trace header"):
+        TraceSet([tmp_path / "c.gjtrace"])
 
 
 def test_writer_flushes_by_size_and_by_time_and_fsyncs_on_close(tmp_path: Path) -> None:
