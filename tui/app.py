@@ -78,6 +78,8 @@ def seek_target(text: str, clock: WallClock, pos: ReplayPosition) -> int:
             share = float(text[:-1]) / 100
         except ValueError:
             raise GpujitterError(f"bad position {text!r}") from None
+        if not 0 <= share <= 1:  # nan and inf too
+            raise GpujitterError(f"bad position {text!r}: want 0% to 100%")
         return pos.start_ns + round((pos.end_ns - pos.start_ns) * share)
     if text[:1] in "+-" and len(text) > 1:
         sign = -1 if text[0] == "-" else 1
@@ -87,12 +89,15 @@ def seek_target(text: str, clock: WallClock, pos: ReplayPosition) -> int:
     ):
         parts = text.split(":")
         seconds = float(parts[2]) if len(parts) > 2 else 0.0
-        wall = day.replace(
-            hour=int(parts[0]),
-            minute=int(parts[1]),
-            second=int(seconds),
-            microsecond=round((seconds % 1) * 1e6),
-        )
+        try:
+            wall = day.replace(
+                hour=int(parts[0]),
+                minute=int(parts[1]),
+                second=int(seconds),
+                microsecond=min(round((seconds % 1) * 1e6), 999_999),
+            )
+        except ValueError as err:  # 25:00, 12:61
+            raise GpujitterError(f"cannot seek to {text!r}: {err}") from None
         return clock.mono_of(wall)
     raise GpujitterError(
         f"cannot seek to {text!r}: want HH:MM:SS[.ms], +10s, -1m, 50%, start or end"

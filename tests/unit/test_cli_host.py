@@ -150,3 +150,20 @@ def test_run_reads_a_bare_min_gap_in_ms_as_gaps_does(given: str, ns: int) -> Non
     proc = gpujitter("run", "--print-config", "--json", "--min-gap", given)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["gaps.min_gap"] == {"value": ns, "source": "flag --min-gap"}
+
+
+@pytest.mark.parametrize(
+    ("at", "said"),
+    [
+        ("99:00:00", "cannot seek to '99:00:00': hour must be in 0..23"),
+        ("12:61", "cannot seek to '12:61': minute must be in 0..59"),
+        ("nan%", "bad position 'nan%': want 0% to 100%"),
+        ("inf%", "bad position 'inf%': want 0% to 100%"),
+    ],
+)
+def test_a_replay_position_past_the_clock_is_one_line(at: str, said: str) -> None:
+    """--at 99:00:00 ended in an internal error (ValueError from datetime.replace); inf% in
+    an OverflowError."""
+    proc = gpujitter("top", "--replay", "examples/h200-training.gjtrace", "--at", at)
+    assert proc.returncode == 2
+    assert proc.stderr == f"gpujitter top: error: {said}\n"
