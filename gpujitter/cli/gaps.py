@@ -5,6 +5,7 @@ through the same detector."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import IO
@@ -17,6 +18,7 @@ from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU, GapConfig
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.daemon.offline.recordings import TRACE, open_recording
+from gpujitter.daemon.service.config import MAX_MIN_GAP_NS, MAX_THRESHOLD_NS
 from gpujitter.daemon.service.runtime import ListSource, LiveSource, Runtime, Sink
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref, format_wall
@@ -35,13 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--quiet-stretch",
-        default="1ms",
         metavar="TIME",
         help="the tracer reports launches after a quiet stretch this long (default 1ms)",
     )
     p.add_argument(
         "--sync-block",
-        default="1ms",
         metavar="TIME",
         help="the tracer reports synchronisations blocked this long (default 1ms)",
     )
@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--save-events",
         type=Path,
         metavar="FILE",
-        help="write every input event to FILE (NDJSON) for --replay-events",
+        help="write every input event to a new FILE (NDJSON) for --replay-events",
     )
     p.add_argument(
         "--replay-events",
@@ -130,10 +130,18 @@ class _Shown(Sink):
 
 class SavedEvents(Sink):
     """Every input event as one NDJSON line (--save-events), after the wall clock that the
-    readers of the file place them with (docs/postmortem.md)."""
+    readers of the file place them with (docs/postmortem.md). Made before the probes are:
+    a path that cannot be written is said before the work, and a file that exists is
+    refused, as every writer of recordings does."""
 
     def __init__(self, path: Path, ref: ClockRef) -> None:
-        self.file: IO[bytes] = open(path, "wb")  # noqa: SIM115 (closed with the runtime)
+        try:
+            self.file: IO[bytes] = open(path, "xb")  # noqa: SIM115 (closed with the runtime)
+        except FileExistsError:
+            raise GpujitterError(f"--save-events {path} exists; remove it or choose another "
+                                 "name") from None  # fmt: skip
+        except OSError as err:
+            raise GpujitterError(f"--save-events {path}: {err.strerror}") from None
         self.file.write(dumps(to_record(ref)) + b"\n")
 
     def event(self, ev: Event) -> None:
@@ -144,7 +152,25 @@ class SavedEvents(Sink):
 
 
 def analysis_from_args(args: argparse.Namespace) -> AnalysisConfig:
-    return AnalysisConfig(gaps=GapConfig(min_gap_ns=parse_duration_ns(args.min_gap, "ms")))
+    """The detector's settings; --min-gap within the bounds `run --min-gap` has."""
+    min_gap_ns = parse_duration_ns(args.min_gap, "ms")
+    if not 0 < min_gap_ns <= MAX_MIN_GAP_NS:
+        raise GpujitterError(f"--min-gap {args.min_gap}: want a time above 0 and at most 10s")
+    return AnalysisConfig(gaps=GapConfig(min_gap_ns=min_gap_ns))
+
+
+def _tracer_time(value: str | None, flag: str) -> int:
+    """--quiet-stretch, --sync-block: a threshold of the cuda probe (1 ms unless given),
+    within the bounds every threshold has."""
+    ns = parse_duration_ns(value or "1ms", "ms")
+    if ns > MAX_THRESHOLD_NS:
+        raise GpujitterError(f"{flag} {value}: want a time of at most 1h")
+    return ns
+
+
+# Options that shape what live probes see or where their events go: a replay has none.
+LIVE_ONLY = ("duration", "quiet_stretch", "sync_block", "libcuda", "save_events", "nvml_replay",
+             "nvml_record", "pid", "comm", "cgroup", "pod", "slurm_job")  # fmt: skip
 
 
 def replay(args: argparse.Namespace, out: Printer) -> int:
@@ -173,22 +199,27 @@ def run(args: argparse.Namespace) -> int:
     ref = clock_ref()
     out = Printer(args.json, ref)
     if args.replay_events is not None:
-        if args.nvml_replay is not None or args.nvml_record is not None:
-            raise GpujitterError("--replay-events reads the saved events and no NVML: "
-                                 "--nvml-replay and --nvml-record do nothing with it")  # fmt: skip
+        given = [f"--{name.replace('_', '-')}" for name in LIVE_ONLY if getattr(args, name)]
+        if given:  # they would do nothing, without a word (--save-events: no file)
+            raise GpujitterError(f"--replay-events reads saved events: {', '.join(given)} "
+                                 "would do nothing with it")  # fmt: skip
         return replay(args, out)
     from gpujitter.probes.topology import load_topology
 
     duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
     thresholds = {
         "cuda": {
-            "quiet": parse_duration_ns(args.quiet_stretch, "ms"),
-            "sync": parse_duration_ns(args.sync_block, "ms"),
+            "quiet": _tracer_time(args.quiet_stretch, "--quiet-stretch"),
+            "sync": _tracer_time(args.sync_block, "--sync-block"),
         }
     }
     analysis = analysis_from_args(args)
+    missing = [path for path in args.libcuda if not os.path.exists(path)]
+    if missing:  # the tracer would only say "no libcuda attached yet"
+        raise GpujitterError(f"--libcuda {missing[0]}: no such file")
     backend = None if args.no_nvml else nvml_backend(args)
     watch, topology = watch_from_args(args), load_topology(nvml=False if args.no_nvml else None)
+    saved = SavedEvents(args.save_events, ref) if args.save_events else None
     # The libcuda tracer and the NVML sampler of the daemon's live probes, following
     # the processes NVML lists on a GPU.
     source = LiveSource(
@@ -200,9 +231,7 @@ def run(args: argparse.Namespace) -> int:
         nvml=False if args.no_nvml else (backend if backend is not None else True),
         gpu_processes=True,
     )
-    sinks: list[Sink] = [_Shown(out, live=True)]
-    if args.save_events:
-        sinks.append(SavedEvents(args.save_events, ref))
+    sinks: list[Sink] = [_Shown(out, live=True), *([saved] if saved else [])]
 
     def started(runtime: Runtime) -> None:
         if not args.json:

@@ -360,8 +360,38 @@ def test_nvml_options_that_would_do_nothing_are_refused(tmp_path: Path) -> None:
     events = tmp_path / "events.ndjson"
     events.write_bytes(orjson.dumps({"type": "meta.clock", "ts_ns": 1, "wall_ns": 1}) + b"\n")
     refused(gpujitter("gaps", "--replay-events", str(events), "--nvml-record", target),
-            "--nvml-replay and --nvml-record do nothing with it")  # fmt: skip
+            "reads saved events: --nvml-record would do nothing with it")  # fmt: skip
     assert not Path(target).exists()
+    # every live-only option alike: --save-events beside a replay wrote no file, 0 exit
+    saved = str(tmp_path / "g.ndjson")
+    refused(gpujitter("gaps", "--replay-events", str(events), "--save-events", saved,
+                      "--duration", "5x", "--pid", "1"),
+            "--duration, --save-events, --pid would do nothing with it")  # fmt: skip
+    assert not Path(saved).exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--min-gap", "0"), "--min-gap 0: want a time above 0 and at most 10s"),
+        (("--min-gap", "20s"), "--min-gap 20s: want a time above 0 and at most 10s"),
+        (("--quiet-stretch", "2h"), "--quiet-stretch 2h: want a time of at most 1h"),
+        (("--libcuda", "/nonexistent/libcuda.so"), "--libcuda /nonexistent/libcuda.so: no such"),
+        (("--save-events", "/nonexistent/x.ndjson"), "--save-events /nonexistent/x.ndjson: No"),
+    ],
+)
+def test_gaps_values_are_checked_before_the_probes_start(args: tuple[str, ...], said: str) -> None:
+    """Accepted where run refuses them, or found wrong only after the probes were built (a
+    save file's folder: an internal error then)."""
+    refused(gpujitter("gaps", "--duration", "1s", "--no-nvml", *args), said)
+
+
+def test_gaps_save_events_never_writes_over_a_file(tmp_path: Path) -> None:
+    kept = tmp_path / "kept.ndjson"
+    kept.write_text("the user's")
+    refused(gpujitter("gaps", "--duration", "1s", "--no-nvml", "--save-events", str(kept)),
+            "exists; remove it or choose another name")  # fmt: skip
+    assert kept.read_text() == "the user's"
 
 
 def test_an_executable_link_that_loops_is_no_crash(tmp_path: Path) -> None:
