@@ -46,13 +46,30 @@ def named_command(argv: Sequence[str]) -> list[str]:
 
 class Parser(argparse.ArgumentParser):
     """argparse's, but a mistake on the command line is one line, as every other error is
-    (argparse prints its usage block first): what is wrong, and where the help is."""
+    (argparse prints its usage block first): what is wrong, and where the help is. An
+    option the command does not have is told by the command's parser, as its other
+    mistakes are (argparse leaves it to the top one: `gpujitter: error: ...`)."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {printable(message)} (see {self.prog} --help)\n")
 
+    def parse_command_line(self, argv: Sequence[str] | None) -> argparse.Namespace:
+        parsed, extra = self.parse_known_args(argv)
+        if extra:
+            command = self.commands.get(getattr(parsed, "command", None) or "", self)
+            command.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
 
-def build_parser(commands: Sequence[Command]) -> argparse.ArgumentParser:
+    @property
+    def commands(self) -> dict[str, argparse.ArgumentParser]:
+        """The subcommands' parsers by name ({} for a parser without)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
+
+def build_parser(commands: Sequence[Command]) -> Parser:
     parser = Parser(
         prog="gpujitter",
         description="Find out why the GPUs of this node sit idle: host jitter probes (eBPF), "
@@ -73,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = "gpujitter"
     try:
         try:
-            args = parser.parse_args(argv)
+            args = parser.parse_command_line(argv)
         except SystemExit:
             # --help, --version or a usage error, written by argparse: its output flushed
             # here, where a closed pipe or a full disk is handled, not at the interpreter's exit
@@ -183,6 +200,8 @@ def entry() -> NoReturn:
     and EX_SOFTWARE, not a traceback; GPUJITTER_DEBUG=1 lets the traceback through."""
     try:
         code = main()
+    except KeyboardInterrupt:  # Ctrl-C before a command runs (its module still importing)
+        code = 130
     except Exception as err:
         if os.environ.get("GPUJITTER_DEBUG"):
             raise

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpujitter.cli.command import Command
+from gpujitter.cli.options import path_arg
 from gpujitter.cli.output import print_json, table
 from gpujitter.daemon.drill.scenarios import SCENARIOS
 from gpujitter.daemon.drill.score import TARGETS
@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--keep-trace",
-        type=Path,
+        type=path_arg,
         metavar="PATH",
         help="also write the drill's event stream as a trace (gpujitter report)",
     )

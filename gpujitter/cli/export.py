@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from gpujitter.cli.command import Command
-from gpujitter.cli.options import STDOUT, add_traces_arg
+from gpujitter.cli.options import STDOUT, add_traces_arg, path_arg
 from gpujitter.cli.output import print_json
 from gpujitter.errors import GpujitterError
 from gpujitter.files import read_regular
@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
              "- for standard output, the summary then on standard error)",
     )  # fmt: skip
     p.add_argument(
-        "--merge", type=Path, metavar="PROFILER_TRACE",
+        "--merge", type=path_arg, metavar="PROFILER_TRACE",
         help="a PyTorch profiler (Kineto) trace of the same run, put on the same clock",
     )  # fmt: skip
 

@@ -12,7 +12,7 @@ from typing import IO
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.gpus import add_nvml_source_args, nvml_backend, save_recording
-from gpujitter.cli.options import add_watch_args, watch_from_args
+from gpujitter.cli.options import add_watch_args, path_arg, watch_from_args
 from gpujitter.cli.output import print_ndjson
 from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU, GapConfig
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig
@@ -55,13 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-nvml", action="store_true", help="host-side evidence only")
     p.add_argument(
         "--save-events",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="write every input event to a new FILE (NDJSON) for --replay-events",
     )
     p.add_argument(
         "--replay-events",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="run the detector over events saved with --save-events instead of live probes",
     )

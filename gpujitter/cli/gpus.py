@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.cli.command import Command
+from gpujitter.cli.options import path_arg
 from gpujitter.cli.output import print_json, table
 from gpujitter.probes.host import HostPaths, format_cpulist, read_name
 from gpujitter.probes.topology import pci_device
@@ -23,13 +24,13 @@ def add_nvml_source_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("NVML backend")
     g.add_argument(
         "--nvml-replay",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="answer from an NVML recording instead of the driver (tests, bug reports)",
     )
     g.add_argument(
         "--nvml-record",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="record every NVML call of this run to FILE (a fixture or a bug report)",
     )

@@ -21,6 +21,14 @@ from gpujitter.probes.watch import WatchSpec
 STDOUT = "-"
 
 
+def path_arg(text: str) -> Path:
+    """A path option's value: an empty one (an unset variable in a script) is refused, not
+    taken for this directory as Path("") is."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path was given")
+    return Path(text)
+
+
 def count(text: str) -> int:
     """An option's whole number, 0 or more (things to show, microseconds)."""
     try:
@@ -58,7 +66,7 @@ def add_watch_args(p: argparse.ArgumentParser) -> None:
         "--cgroup",
         action="append",
         default=[],
-        type=Path,
+        type=path_arg,
         metavar="DIR",
         help="every process of a cgroup directory and of the cgroups below it",
     )
@@ -105,7 +113,7 @@ def watch_from_args(args: argparse.Namespace) -> WatchSpec:
 def add_topology_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--topology-override",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="TOML file assigning CPUs to emulated NUMA nodes (see docs/topology.md)",
     )
@@ -121,7 +129,7 @@ def add_socket_arg(p: argparse.ArgumentParser, why: str) -> None:
     """--socket: the running daemon's stream socket, which the command reads `why`."""
     p.add_argument(
         "--socket",
-        type=Path,
+        type=path_arg,
         metavar="PATH",
         help=f"the daemon's stream socket, {why} (default: socket.path of the daemon's "
         "configuration, /run/gpujitter/gpujitter.sock)",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.gpus import add_nvml_source_args, nvml_backend, save_recording
-from gpujitter.cli.options import parse_thresholds, topology_from_args, watch_from_args
+from gpujitter.cli.options import parse_thresholds, path_arg, topology_from_args, watch_from_args
 from gpujitter.cli.output import print_json
 from gpujitter.cli.probe import add_arguments as add_probe_arguments
 from gpujitter.cli.probe import precise_options
@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "-o",
         "--output",
         required=True,
-        type=Path,
+        type=path_arg,
         metavar="TRACE",
         help="trace file to write (must not exist); with rotation, a directory",
     )

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from gpujitter.cli.command import Command
-from gpujitter.cli.options import add_threshold_arg, add_watch_args
+from gpujitter.cli.options import add_threshold_arg, add_watch_args, path_arg
 from gpujitter.units import parse_duration_ns, with_unit
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--config",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="TOML configuration (default /etc/gpujitter/gpujitter.toml if present)",
     )

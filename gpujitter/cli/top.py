@@ -19,6 +19,7 @@ from gpujitter.cli.options import (
     add_socket_arg,
     add_topology_args,
     add_watch_args,
+    path_arg,
     socket_from_args,
     topology_from_args,
     watch_from_args,
@@ -58,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--replay",
-        type=Path,
+        type=path_arg,
         metavar="TRACE",
         help="play a recording: a trace (file or directory from `gpujitter record`) or an "
         "NDJSON file of stream records (a captured socket stream, the attribution log)",
@@ -84,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replay: playback speed, above 0 (default 1; 0.5: half)")  # fmt: skip
     p.add_argument(
         "--audit",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         help="show this `gpujitter audit --json` output in the Audit view instead of auditing "
         "this node (e.g. the audit of the node a trace was recorded on)",

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
-from pathlib import Path
 
 from gpujitter.cli.command import Command
-from gpujitter.cli.options import add_topology_args
+from gpujitter.cli.options import add_topology_args, path_arg
 from gpujitter.cli.output import print_json, table
 from gpujitter.probes.host import HostPaths, format_cpulist
 from gpujitter.probes.topology import Topology, load_topology
@@ -23,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def add_root_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--root",
-        type=Path,
+        type=path_arg,
         metavar="DIR",
         help="read a tree recorded from another node (DIR/proc, DIR/sys, DIR/etc) instead of "
         "this host",

@@ -116,6 +116,13 @@ def test_gpu_minus_1_placed_by_the_override_is_named_by_topo_and_doctor(tmp_path
             "not recorded by `gpujitter gpus --nvml-record`",
         ),
         (("run", "--print-config", "--min-gap", "0"), "gaps.min_gap: expected a time above 0"),
+        # An empty path (an unset variable in a script) was read as this directory.
+        (("topo", "--root", ""), "argument --root: an empty path was given"),
+        (("top", "--replay", ""), "argument --replay: an empty path was given"),
+        (("gaps", "--replay-events", ""), "argument --replay-events: an empty path was given"),
+        (("run", "--print-config", "--config", ""), "argument --config: an empty path"),
+        # told by the top parser (`gpujitter: error:`), unlike every other usage error
+        (("doctor", "--bogus"), "unrecognized arguments: --bogus (see gpujitter doctor --help)"),
     ],
 )
 def test_bad_input_is_one_line(args: tuple[str, ...], said: str) -> None:
@@ -167,3 +174,20 @@ def test_a_replay_position_past_the_clock_is_one_line(at: str, said: str) -> Non
     proc = gpujitter("top", "--replay", "examples/h200-training.gjtrace", "--at", at)
     assert proc.returncode == 2
     assert proc.stderr == f"gpujitter top: error: {said}\n"
+
+
+def test_ctrl_c_before_the_command_runs_is_130_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C while a command's module was still importing (the first ~60 ms) printed a
+    40-line KeyboardInterrupt traceback."""
+    import gpujitter.cli as cli
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "main", interrupted)
+    monkeypatch.setattr(cli.gc, "freeze", lambda: None)  # the test process's heap stays as is
+    with pytest.raises(SystemExit) as ended:
+        cli.entry()
+    assert ended.value.code == 130 and capsys.readouterr().err == ""
