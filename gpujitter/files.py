@@ -30,6 +30,19 @@ def open_regular(path: Path, what: str) -> BinaryIO:
     return open(fd, "rb")
 
 
+def can_create(path: Path, what: str) -> None:
+    """GpujitterError('<what> <path>: <why>') unless `path` could be created now: it does
+    not exist and its folder exists and may be written. For an output made after long
+    work (a drill's trace), so that a mistake in its name is said before the work."""
+    folder = path.parent
+    if os.path.lexists(path):
+        raise GpujitterError(f"{what} {path} exists; remove it or choose another name")
+    if not folder.is_dir():
+        raise GpujitterError(f"{what} {path}: no folder {folder}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise GpujitterError(f"{what} {path}: folder {folder} may not be written")
+
+
 def read_regular(path: Path, what: str, max_bytes: int, kind: str) -> bytes:
     """The bytes of regular file `path`, at most max_bytes; GpujitterError('<what> <path>:
     <why>') otherwise (`kind` names what a larger file is not: "not a configuration")."""

@@ -13,6 +13,7 @@ from gpujitter.cli.output import print_json, table
 from gpujitter.daemon.drill.scenarios import SCENARIOS
 from gpujitter.daemon.drill.score import TARGETS
 from gpujitter.errors import GpujitterError
+from gpujitter.files import can_create
 from gpujitter.text import printable
 from gpujitter.units import format_ns, parse_duration_ns
 
@@ -73,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         raise GpujitterError("--stalls must be at least 1")
     if args.stall_ms <= 0:
         raise GpujitterError("--stall-ms must be positive")
+    if args.keep_trace is not None:  # said now, not after the drill (its result lost then)
+        can_create(args.keep_trace, "--keep-trace")
     duration_s = parse_duration_ns(args.duration, "s") / 1e9 if args.duration else None
     opts = DrillOptions(
         duration_s=duration_s,

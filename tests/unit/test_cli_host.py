@@ -123,6 +123,11 @@ def test_gpu_minus_1_placed_by_the_override_is_named_by_topo_and_doctor(tmp_path
         (("run", "--print-config", "--config", ""), "argument --config: an empty path"),
         # told by the top parser (`gpujitter: error:`), unlike every other usage error
         (("doctor", "--bogus"), "unrecognized arguments: --bogus (see gpujitter doctor --help)"),
+        # checked after the drill ran (8-60 s), its score then lost
+        (
+            ("drill", "clean", "--duration", "5s", "--keep-trace", "/nonexistent/x.gjtrace"),
+            "--keep-trace /nonexistent/x.gjtrace: no folder /nonexistent",
+        ),
     ],
 )
 def test_bad_input_is_one_line(args: tuple[str, ...], said: str) -> None:
