@@ -171,6 +171,19 @@ def task_stat_fields(text: str | bytes) -> list[str]:
     return raw[raw.rindex(")") + 2 :].split()
 
 
+PF_KTHREAD = 0x00200000  # include/linux/sched.h
+
+
+def is_kernel_thread(paths: HostPaths, pid: int) -> bool:
+    """Whether `pid` is a kernel thread (stat's field 9, flags, has PF_KTHREAD): no user
+    memory, no executable, no GPU; False where it cannot be read."""
+    try:
+        fields = task_stat_fields((paths.proc / str(pid) / "stat").read_bytes())
+        return bool(int(fields[6]) & PF_KTHREAD)
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def alive(paths: HostPaths, pid: int) -> bool:
     """Whether process (or thread) `pid` still exists."""
     return os.path.exists(paths.proc / str(pid))

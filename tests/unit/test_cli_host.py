@@ -106,6 +106,8 @@ def test_gpu_minus_1_placed_by_the_override_is_named_by_topo_and_doctor(tmp_path
     [
         (("topo", "--root", "/nonexistent"), "--root /nonexistent: not a recorded tree"),
         (("audit", "--pid", "999999999"), "--pid 999999999: no such process"),
+        # kthreadd: its memlock and allocator findings counted as real (--fail-on warn: 1)
+        (("audit", "--pid", "2"), "--pid 2: a kernel thread (kthreadd), not a GPU process"),
         (("topo", "--topology-override", "/nonexistent.toml"), "No such file or directory"),
         # An unknown rule audited nothing and exited 0: a typo looked like a clean node.
         (("audit", "--rule", "nosuchrule"), "no audit rule 'nosuchrule'"),

@@ -25,7 +25,7 @@ from gpujitter.probes.host import (
     status_fields,
 )
 from gpujitter.probes.nvml import Nvml
-from gpujitter.probes.procfs import mapped_files
+from gpujitter.probes.procfs import is_kernel_thread, mapped_files
 from gpujitter.probes.topology import Topology
 
 LIBCUDA = "libcuda.so"
@@ -61,6 +61,9 @@ def find_gpu_processes(
     for pid in pids:
         if not (paths.proc / str(pid) / "status").exists():
             raise GpujitterError(f"--pid {pid}: no such process")
+        if is_kernel_thread(paths, pid):  # its findings (memlock, allocator) would be noise
+            comm = read_name(paths.proc / str(pid) / "comm") or "?"
+            raise GpujitterError(f"--pid {pid}: a kernel thread ({comm}), not a GPU process")
         found.setdefault(pid, (set(), "--pid"))
     out = []
     for pid, (gpus, how) in sorted(found.items()):
