@@ -375,10 +375,18 @@ def load_config(
         path = DEFAULT_PATH
     if path is not None:
         given += [(key, raw, f"config {path}") for key, raw in read_file(path).items()]
+    tables = {s.key.partition(".")[0] for s in SETTINGS}
     for var in sorted(k for k in env if k.startswith("GPUJITTER_")):
         setting = next((s for s in SETTINGS if s.env == var), None)
-        if setting is not None:  # else a GPUJITTER_* variable of another tool or version
+        if setting is not None:
             given.append((setting.key, env[var], f"environment {var}"))
+            continue
+        # One of a table of ours is a typo (GPUJITTER_SOCKET_GROUPS), refused as the file
+        # refuses an unknown key; any other is another tool's (GPUJITTER_DEBUG).
+        table = var.removeprefix("GPUJITTER_").partition("_")[0].lower()
+        if table in tables:
+            known = ", ".join(s.env for s in SETTINGS if s.key.startswith(table + "."))
+            raise GpujitterError(f"environment {var}: unknown setting (known: {known})")
     given += [
         (key, raw, f"flag {flag}") for key, (flag, raw) in (flags or {}).items() if raw is not None
     ]

@@ -102,6 +102,16 @@ def test_bad_env_and_flag_name_their_source(tmp_path: Path) -> None:
         load_config(write(tmp_path, ""), environ={}, flags={"record.max_bytes": ("--max", "huge")})
 
 
+def test_a_typo_in_a_variable_of_ours_is_refused_as_in_the_file(tmp_path: Path) -> None:
+    """GPUJITTER_SOCKET_GROUPS in /etc/gpujitter/environment had no effect, without a word
+    (the same key in the file stops the daemon)."""
+    with pytest.raises(GpujitterError, match="environment GPUJITTER_SOCKET_GROUPS: unknown"):
+        load_config(write(tmp_path, ""), environ={"GPUJITTER_SOCKET_GROUPS": "gpu"})
+    # other tools' variables (and our own debug switch) are no settings, and left alone
+    other = {"GPUJITTER_DEBUG": "1", "GPUJITTER_DRILL_PARENT": "7", "GPUJITTER_X": "y"}
+    assert load_config(write(tmp_path, ""), environ=other)["socket.group"] == ""
+
+
 def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(GpujitterError, match="No such file"):
         load_config(tmp_path / "nope.toml", environ={})
