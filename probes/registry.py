@@ -99,5 +99,10 @@ def select(names: Sequence[str] = (), disabled: Sequence[str] = ()) -> list[str]
     added = [n[1:] for n in names if n.startswith("+")]
     for name in [*plain, *added, *disabled]:
         get(name)
+    both = [n for n in [*plain, *added] if n in disabled]
+    if both:  # one of the two is a mistake: which, only the user knows
+        from gpujitter.errors import GpujitterError
+
+        raise GpujitterError(f"probe {both[0]} is both asked for and disabled")
     chosen = list(dict.fromkeys([*(plain or default_names()), *added]))
     return [n for n in chosen if n not in disabled]

@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     missing = [path for path in args.libcuda if not os.path.exists(path)]
     if missing:  # the tracer would only say "no libcuda attached yet"
         raise GpujitterError(f"--libcuda {missing[0]}: no such file")
-    backend = None if args.no_nvml else nvml_backend(args)
+    backend = nvml_backend(args)  # None with --no-nvml (refused beside its options)
     watch, topology = watch_from_args(args), load_topology(nvml=False if args.no_nvml else None)
     saved = SavedEvents(args.save_events, ref) if args.save_events else None
     # The libcuda tracer and the NVML sampler of the daemon's live probes, following

@@ -41,6 +41,9 @@ def nvml_backend(args: argparse.Namespace) -> Any:
     from gpujitter.errors import GpujitterError
     from gpujitter.probes.nvml_session import NvmlPlayback, NvmlTap
 
+    if getattr(args, "no_nvml", False) and (args.nvml_replay or args.nvml_record):
+        raise GpujitterError("--no-nvml with --nvml-replay or --nvml-record: NVML is not "
+                             "used; give one of them")  # fmt: skip
     if args.nvml_replay is not None and args.nvml_record is not None:
         raise GpujitterError("--nvml-record with --nvml-replay: a session played back is not "
                              "recorded again; give one of them")  # fmt: skip

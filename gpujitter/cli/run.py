@@ -87,11 +87,12 @@ def flags_of(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     from gpujitter.cli.output import print_json, table
-    from gpujitter.daemon.service.config import check_node, load_config
+    from gpujitter.daemon.service.config import check_node, load_config, probe_names
 
     config = load_config(args.config, flags=flags_of(args))
     if args.print_config:
         check_node(config, starting=False)
+        probe_names(config)  # the selection holds together (a probe asked for and disabled)
         rows = config.explain()
         if args.json:
             print_json({key: {"value": value, "source": src} for key, value, src in rows})

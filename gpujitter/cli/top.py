@@ -94,6 +94,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_topology_args(p)
 
 
+# What only live probes (embedded) or a daemon use: beside --replay, refused.
+LIVE_ONLY = ("probes", "socket", "topology_override", "pid", "comm", "cgroup", "pod", "slurm_job")
+
+
 def make_feed(args: argparse.Namespace) -> Feed:
     from gpujitter.probes import registry
     from gpujitter.tui.feeds.embedded import EmbeddedFeed
@@ -101,6 +105,10 @@ def make_feed(args: argparse.Namespace) -> Feed:
     from gpujitter.tui.feeds.socket import SocketFeed, daemon_listening
 
     if args.replay is not None:
+        live = [f"--{name.replace('_', '-')}" for name in LIVE_ONLY if getattr(args, name)]
+        if live:  # they shape what probes see here; a recording's were chosen when it was made
+            raise GpujitterError(f"--replay plays a recording: {', '.join(live)} would do "
+                                 "nothing with it")  # fmt: skip
         return replay_feed(args, ReplayFeed)
     path = socket_from_args(args)
     if args.daemon or (not args.embedded and daemon_listening(path)):
