@@ -370,3 +370,14 @@ def test_a_check_that_cannot_read_fails_alone(
         "could not be checked: Permission denied: /sys/kernel/tracing/events",
         fix="run `sudo gpujitter doctor`",
     )
+
+
+def test_every_line_says_where_it_was_read(host_tree: MakeTree) -> None:
+    """--json's `source` ("the file or interface a result was read from") was empty for the
+    kernel, bcc, every probe, fentry, nvml and topology lines."""
+    tree = host_tree("dev-vm")
+    results = run_checks(env_of(tree, specs=lambda: {"malloc": registry.get("malloc")}))
+    assert [r.check for r in results if not r.source] == []
+    by_check = {r.check: r.source for r in results}
+    assert by_check["kernel"] == str(tree.proc / "sys/kernel/osrelease")
+    assert str(tree.tracefs / "events") in by_check["probe malloc"]

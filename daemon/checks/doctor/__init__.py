@@ -10,6 +10,7 @@ for a moment, and asks a daemon running on the node for its own account.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 
 # The check families; each module registers its checks into CHECKS as it is imported.
@@ -41,10 +42,15 @@ def run_checks(env: DoctorEnv) -> list[Result]:
     """Every check's lines; a check that cannot read what it needs (e.g. tracefs, which only
     root may list) fails with that reason instead of stopping the others."""
     results: list[Result] = []
+    sources = _sources(env)
     for fn in CHECKS:
         name = fn.__name__.removeprefix("check_")
         try:
             for result in fn(env):
+                if not result.source:  # a check that reads one place says it itself
+                    result = dataclasses.replace(
+                        result, source=sources.get(result.check.partition(" ")[0], "")
+                    )
                 results.append(result)
                 name = result.check
         except OSError as err:
@@ -52,6 +58,24 @@ def run_checks(env: DoctorEnv) -> list[Result]:
             why = f"{err.strerror}: {err.filename}" if err.filename else str(err)
             results.append(Result(name, "fail", f"could not be checked: {why}", fix=fix))
     return results
+
+
+def _sources(env: DoctorEnv) -> dict[str, str]:
+    """Where the checks that read several places read them (--json's `source`), by the
+    first word of their line."""
+    p = env.paths
+    hooks = f"{p.tracefs / 'events'}, perf_event_open(2), the traced libraries' symbols"
+    topology = f"{p.sys / 'devices/system/node'}, {p.sys / 'bus/pci/devices'}, {p.proc / 'irq'}"
+    return {
+        "kernel": str(p.proc / "sys/kernel/osrelease"),
+        "bcc": "import bcc (python3-bpfcc)",
+        "probe": hooks,
+        "probes": hooks,
+        "fentry": str(p.sys / "kernel/btf/vmlinux"),
+        "nvml": f"NVML (libnvidia-ml.so.1), {p.sys / 'bus/pci/devices'}",
+        "topology": topology + (f", {env.override}" if env.override else ""),
+        "load": "this process: the core module and each probe loaded (--load)",
+    }
 
 
 def can_profile(results: list[Result]) -> bool:

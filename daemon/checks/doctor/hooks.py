@@ -184,6 +184,14 @@ HOOK_CHECKS: dict[str, Callable[[DoctorEnv, str], str | None]] = {
     "usdt": _usdt_problem,
 }
 
+
+def _library_fix(library: str) -> str:
+    """The command that brings a traced library (libcuda comes with the NVIDIA driver)."""
+    if "cuda" in library:
+        return remedies.install_nvml() + " (libcuda comes with it; the probe attaches then)"
+    return f"apt-get install -y {library}  # the probe attaches once it is present"
+
+
 HOOK_FIX: dict[str, Callable[[Hook], str]] = {
     "tracepoint": lambda h: (
         "none on this kernel (it lacks the tracepoint); "
@@ -193,10 +201,7 @@ HOOK_FIX: dict[str, Callable[[Hook], str]] = {
     "perf_event": lambda h: (
         remedies.run_as_root() + "  # or " + remedies.sysctl("kernel.perf_event_paranoid", -1)
     ),
-    "uprobe": lambda h: (
-        f"install the library of {h.target.rpartition(':')[0]}  # the probe "
-        "attaches once it is present"
-    ),
+    "uprobe": lambda h: _library_fix(h.target.rpartition(":")[0]),
     "usdt": lambda h: (
         "run the job on a CPython built --with-dtrace (Debian's and Ubuntu's python3.X are)"
         "  # or keep a gc_collect_main symbol: GC pauses otherwise show as host work"
