@@ -1,6 +1,8 @@
 """The HTTP endpoint behind `metrics.listen`: one selector thread answers GET and HEAD of
 /metrics, whatever clients do. Connections are capped, each gets a few seconds for its request
-and as many for its reply, and client misbehaviour is counted, never written out as a traceback.
+and as many for its reply, then a moment in which what it still sends is read and thrown away
+(so that the close does not reset its reply), and client misbehaviour is counted, never written
+out as a traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ MAX_CONNECTIONS = 16
 # milliseconds; an idle or trickling (slowloris) connection goes when this runs out.
 CONNECTION_TIMEOUT_S = 5.0
 REQUEST_LIMIT_BYTES = 8192  # request line and headers; a scrape sends a few hundred
+# A close with bytes of the client's unread resets the connection, and the client may lose
+# its reply (an oversized request got a reset, not its 431): after the reply the server shuts
+# its side and reads what the client still sends, this long and this much at most, then closes.
+LINGER_S = 1.0
+LINGER_BYTES = 64 * 1024
 _ACCEPT_BATCH = 64  # connections taken per wakeup, so that a flood cannot hold the loop
 
 _STATUS = {
@@ -43,6 +50,8 @@ class _Connection:
     inbox: bytes = b""
     outbox: bytes = b""
     replying: bool = False
+    lingering: bool = False  # its reply is out: what it still sends is thrown away
+    lingered_bytes: int = 0
 
 
 class MetricsServer:
@@ -120,6 +129,8 @@ class MetricsServer:
                 elif key.fileobj is self._wake_r:
                     with contextlib.suppress(OSError):
                         self._wake_r.recv(64)
+                elif key.data.lingering:
+                    self._linger(key.data)
                 elif key.data.replying:
                     self._send(key.data)
                 else:
@@ -127,7 +138,10 @@ class MetricsServer:
             now = time.monotonic()
             late = f"closed a connection idle or slower than {self.timeout_s:g} s"
             for conn in [c for c in self._conns.values() if c.deadline_s <= now]:
-                self._give_up(conn, "timeout", late)
+                if conn.lingering:
+                    self._drop(conn)  # its reply is out: not a connection closed for cause
+                else:
+                    self._give_up(conn, "timeout", late)
 
     def _accept(self) -> None:
         for _ in range(_ACCEPT_BATCH):
@@ -141,15 +155,20 @@ class MetricsServer:
                 return
             sock.setblocking(False)
             if len(self._conns) >= MAX_CONNECTIONS:
-                # The newest connection is likeliest a scraper about to send its request.
+                # One that has had its reply goes first: it loses nothing it asked for.
+                # Else the newest is likeliest a scraper about to send its request.
+                lingering = [c for c in self._conns.values() if c.lingering]
                 waiting = [c for c in self._conns.values() if not c.replying]
-                self._give_up(
-                    waiting[0] if waiting else _Connection(sock, 0.0),
-                    "over_limit",
-                    f"closed a connection over the limit of {MAX_CONNECTIONS}",
-                )
-                if not waiting:
-                    continue
+                if lingering:
+                    self._drop(lingering[0])
+                else:
+                    self._give_up(
+                        waiting[0] if waiting else _Connection(sock, 0.0),
+                        "over_limit",
+                        f"closed a connection over the limit of {MAX_CONNECTIONS}",
+                    )
+                    if not waiting:
+                        continue
             conn = _Connection(sock, time.monotonic() + self.timeout_s)
             self._conns[sock] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
@@ -204,8 +223,8 @@ class MetricsServer:
         head_only: bool = False,
         bad: str = "",
     ) -> None:
-        """Send the reply, then close; `bad` counts the connection as closed for that
-        reason."""
+        """Send the reply, then close (after lingering); `bad` counts the connection as
+        closed for that reason."""
         if bad:
             self.closed(bad)
             self._note(bad, f"refused a malformed or oversized request ({status})")
@@ -232,6 +251,29 @@ class MetricsServer:
             return
         conn.outbox = conn.outbox[sent:]
         if not conn.outbox:
+            self._shut(conn)
+
+    def _shut(self, conn: _Connection) -> None:
+        """The reply is out: end it (the client reads its end) and linger (see LINGER_S)."""
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:  # the client is gone
+            self._drop(conn)
+            return
+        conn.lingering = True
+        conn.deadline_s = time.monotonic() + LINGER_S
+        self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+        self._linger(conn)
+
+    def _linger(self, conn: _Connection) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        conn.lingered_bytes += len(data)
+        if not data or conn.lingered_bytes > LINGER_BYTES:
             self._drop(conn)
 
     def _give_up(self, conn: _Connection, reason: str, text: str) -> None:

@@ -5,8 +5,10 @@ snapshot of current state, then live records as the daemon publishes them. Each 
 a queue bounded in records and in bytes: a client that reads too slowly loses records
 (counted, and told so in a "dropped" message once it catches up) and never slows the daemon
 or grows its memory. Clients may send one JSON request per line ({"cmd": "snapshot"} or
-{"cmd": "ping"}); a bad request gets an error line, and the BAD_REQUESTS-th closes the
-connection; a snapshot asked for while the last one is still unsent is not built again. A
+{"cmd": "ping"}), read at REQUESTS_PER_S after a burst (past that its socket is not read);
+a bad request gets an error line, and the BAD_REQUESTS-th closes the connection; a snapshot
+asked for while the last one is still unsent is not built again. A client that closes its
+sending side still gets what it is owed (within LEAVE_S), then the connection closes. A
 connection past the caps (MAX_PER_UID for a user other than root, MAX_CLIENTS - ROOT_ROOM for
 such users together, MAX_CLIENTS in all) gets one error line and is closed, as is one that
 comes while the daemon is out of file descriptors. New connections are taken in rounds at
@@ -24,6 +26,7 @@ read there (NodeState copies under its lock).
 Peer credentials (SO_PEERCRED) decide visibility: root sees everything; another user sees
 node-wide records (CPUs, probes) and only records about processes that user owns, down to
 the entries of lists inside a record (a status record's threads, a watch change's pids).
+Who owns a process is read from /proc once per OWNER_CACHE_S, outside the server's lock.
 """
 
 from __future__ import annotations
@@ -68,11 +71,26 @@ ROOT_ROOM = 8
 # A client that keeps sending what is not a request (each costs a parse and a reply) is
 # closed at this many, rather than served at a full CPU for as long as it likes.
 BAD_REQUESTS = 16
+# Each request costs a parse and an answer: valid pings sent in a loop (pipelined, never read)
+# held the server thread at a full CPU. A client's requests are read at REQUESTS_PER_S after
+# a burst of REQUEST_BURST; past that its socket is not read, so its own sends wait.
+REQUESTS_PER_S = 10
+REQUEST_BURST = 20
+# A client that closed its sending side (`echo ... | socat`), or one closed for bad requests,
+# gets what is queued for it (the answers to what it asked) within this long, then it goes.
+LEAVE_S = 2.0
+# Redacting a record for a user other than root looks up the owner of each process it names
+# (a status lists thousands of threads): owners are kept this long, this many at most.
+OWNER_CACHE_S = 1.0
+OWNER_CACHE_SIZE = 1 << 16
 # sun_path is 108 bytes with its terminating NUL: a longer path cannot be bound.
 UNIX_PATH_MAX = 107
 # Keys whose lists name processes: a non-root client sees only the entries it owns.
 _PID_LISTS = ("tgids", "pids", "added", "removed")
 BAD_REQUEST = 'bad request: want {"cmd": "snapshot"} or {"cmd": "ping"}'
+# Lines queued for a client that are not records (answers to its requests, loss notices),
+# by how they begin: their type is their first key.
+_NOT_RECORDS = (b'{"type":"pong"', b'{"type":"error"', b'{"type":"dropped"')
 
 
 @dataclass(slots=True)
@@ -90,6 +108,13 @@ class _Client:
     snapshot_due: float = 0.0  # monotonic s from which it may have another one built
     snapshot_wanted: bool = False  # asked for one sooner: it is built when due
     bad_requests: int = 0
+    tokens: float = REQUEST_BURST  # requests it may send now (see REQUESTS_PER_S)
+    tokens_s: float = 0.0  # monotonic s when `tokens` was last topped up
+    held: bool = False  # whole request lines wait in `inbox` for tokens
+    told_held: bool = False
+    skipping: bool = False  # the rest of a too-long request line is thrown away as it comes
+    leave_by: float = 0.0  # monotonic s: it is leaving (see LEAVE_S); 0: it is not
+    events: int = 0  # what the selector watches its socket for
 
 
 def _spare_fd() -> int | None:
@@ -171,6 +196,9 @@ class StreamServer:
         self._pause = ListenerPause(self._sel, self._listener, "accept")  # no spare either
         self._thread = threading.Thread(target=self._serve, name="gpujitter-stream", daemon=True)
         self.dropped_total = 0
+        # Both threads read and fill it without a lock: a dict is only ever replaced whole.
+        self._owners: dict[int, int | None] = {}
+        self._owners_until = 0.0  # monotonic s
 
     def _listen(self, mode: int, group: str) -> socket.socket:
         if (why := too_long_for_a_socket(self.path)) is not None:
@@ -232,26 +260,32 @@ class StreamServer:
         concerns; None for node-wide records every client may see."""
         if not self._clients:
             return
-        line = _line(record)
-        concerned = None if tgids is None else tuple(tgids)
-        owners: dict[int, int | None] = {}
-        redacted: dict[int, bytes | None] = {}  # uid -> what that user may see of it
+        with self._lock:
+            uids = {c.uid for c in self._clients.values()}
+        # What each user may see, worked out before the lock is taken again: the server
+        # thread needs it for every client's reads and writes meanwhile.
+        seen: dict[int, bytes | None] = {0: _line(record)}  # uid -> its line, if any
+        others = uids - {0}
+        owners = None if tgids is None or not others else {self._owner_of(t) for t in tgids}
+        for uid in others:
+            mine = None if owners is not None and uid not in owners else self._redact(uid, record)
+            seen[uid] = None if mine is None else _line(mine)
         with self._lock:
             for client in self._clients.values():
-                if client.uid == 0:
+                # A user's first client may have come meanwhile: it started from a snapshot.
+                if not client.leave_by and (line := seen.get(client.uid)) is not None:
                     self._enqueue(client, line)
-                    continue
-                if concerned is not None:
-                    if not owners and concerned:
-                        owners = {t: self.owner(t) for t in concerned}
-                    if client.uid not in owners.values():
-                        continue
-                if client.uid not in redacted:
-                    seen = self._redact(client.uid, record)
-                    redacted[client.uid] = None if seen is None else _line(seen)
-                if (mine := redacted[client.uid]) is not None:
-                    self._enqueue(client, mine)
         self._wake()
+
+    def _owner_of(self, tgid: int) -> int | None:
+        """`owner(tgid)`, asked once per OWNER_CACHE_S at most."""
+        now = time.monotonic()
+        if now >= self._owners_until or len(self._owners) >= OWNER_CACHE_SIZE:
+            self._owners, self._owners_until = {}, now + OWNER_CACHE_S
+        owners = self._owners
+        if tgid not in owners:
+            owners[tgid] = self.owner(tgid)
+        return owners[tgid]
 
     def _enqueue(
         self, client: _Client, line: bytes, *, first: bool = False, answer: bool = False
@@ -290,8 +324,9 @@ class StreamServer:
     # -- the server thread --------------------------------------------------------------
 
     def _serve(self) -> None:
+        wait_s = 1.0
         while not self._stop.is_set():
-            for key, events in self._sel.select(timeout=self._pause.timeout(1.0)):
+            for key, events in self._sel.select(timeout=self._pause.timeout(wait_s)):
                 if key.data == "accept":
                     self._accept()
                 elif key.data == "wake":
@@ -303,6 +338,22 @@ class StreamServer:
                 clients = list(self._clients.values())
             for client in clients:
                 self._guarded(client, self._tend, client)
+            wait_s = self._wait_s(clients)
+
+    @staticmethod
+    def _wait_s(clients: list[_Client]) -> float:
+        """How long the server thread may wait for sockets: a second, less where a client's
+        requests wait for its budget, its snapshot falls due or its time to leave runs out."""
+        now = time.monotonic()
+        wait_s = 1.0
+        for c in clients:
+            if c.held:  # until its next token
+                wait_s = min(wait_s, c.tokens_s + (1 - c.tokens) / REQUESTS_PER_S - now)
+            if c.snapshot_wanted and not c.snapshot_unsent:
+                wait_s = min(wait_s, c.snapshot_due - now)
+            if c.leave_by:
+                wait_s = min(wait_s, c.leave_by - now)
+        return max(wait_s, 0.0)
 
     def _on_events(self, client: _Client, events: int) -> None:
         if events & selectors.EVENT_READ:
@@ -313,6 +364,13 @@ class StreamServer:
     def _tend(self, client: _Client) -> None:
         if client.sock.fileno() == -1:
             return  # dropped earlier in this round
+        if client.leave_by and time.monotonic() >= client.leave_by:
+            self._note("leave", f"closed a leaving client (pid {client.pid}) that did not take "
+                       f"what it was owed within {LEAVE_S:g} s")  # fmt: skip
+            self._drop(client)
+            return
+        if client.held:
+            self._take_requests(client)
         if client.snapshot_wanted and not client.snapshot_unsent:
             self._send_snapshot_if_due(client)
         self._flush(client)
@@ -415,9 +473,10 @@ class StreamServer:
                     for line in lines[uid]:
                         self._enqueue(client, line, first=True)
                     client.snapshot_unsent = True
-                    client.snapshot_due = time.monotonic() + SNAPSHOT_EVERY_S
+                    client.tokens_s = time.monotonic()
+                    client.snapshot_due = client.tokens_s + SNAPSHOT_EVERY_S
                     self._clients[sock.fileno()] = client
-                self._sel.register(sock, selectors.EVENT_READ, client)
+                self._watch(client)
             except Exception as err:  # the connection's own trouble must not end the thread
                 self._note("accept", f"dropped a new client: {type(err).__name__}: {err}")
                 with self._lock:
@@ -445,9 +504,9 @@ class StreamServer:
             if isinstance(value, dict):
                 value = self._redact(uid, value) or {}
             elif isinstance(value, list) and key in _PID_LISTS:
-                value = [v for v in value if not isinstance(v, int) or self.owner(v) == uid]
+                value = [v for v in value if not isinstance(v, int) or self._owner_of(v) == uid]
             elif isinstance(value, list) and key == "sm_util":  # (pid, percent) pairs
-                value = [v for v in value if isinstance(v, list) and self.owner(v[0]) == uid]
+                value = [v for v in value if isinstance(v, list) and self._owner_of(v[0]) == uid]
             elif isinstance(value, list):
                 value = [
                     r if not isinstance(r, dict) else self._redact(uid, r)
@@ -461,30 +520,56 @@ class StreamServer:
         """Whether a record (or an entry of a list) that names processes names one of
         `uid`'s; one that names none is node-wide."""
         if "tgid" in rec and isinstance(rec["tgid"], int):
-            return self.owner(rec["tgid"]) == uid
+            return self._owner_of(rec["tgid"]) == uid
         tgids = rec.get("tgids", rec.get("pids"))
         if not isinstance(tgids, list):
             return True
-        return uid in {self.owner(t) for t in tgids if isinstance(t, int)}
+        return uid in {self._owner_of(t) for t in tgids if isinstance(t, int)}
 
     def _read(self, client: _Client) -> None:
         try:
             data = client.sock.recv(4096)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:
-            data = b""
-        if not data:
+        except OSError:  # reset: nothing more can reach it either
             self._drop(client)
             return
-        client.inbox += data
-        if len(client.inbox) > _READ_LIMIT and b"\n" not in client.inbox:
-            client.inbox = b""
-            self._bad_request(client, "request line too long")
-        while b"\n" in client.inbox and client.sock.fileno() != -1:
+        if not data:
+            # It closed its sending side (`echo ... | socat`): what it asked is still answered,
+            # its last line too when no newline ended it.
+            if client.inbox.strip():
+                client.inbox += b"\n"
+            self._leave(client)
+        elif client.skipping:
+            end = data.find(b"\n")
+            if end < 0:
+                return
+            client.inbox, client.skipping = data[end + 1 :], False
+        else:
+            client.inbox += data
+        self._take_requests(client)
+
+    def _take_requests(self, client: _Client) -> None:
+        """Answer the whole request lines read, as many as the client's budget allows; the
+        rest wait in its inbox, and its socket is not read until they have been answered. A
+        line longer than _READ_LIMIT is one bad request, and the rest of it is thrown away."""
+        now = time.monotonic()
+        client.tokens = min(REQUEST_BURST, client.tokens + (now - client.tokens_s) * REQUESTS_PER_S)
+        client.tokens_s = now
+        while b"\n" in client.inbox and client.tokens >= 1 and client.sock.fileno() != -1:
+            client.tokens -= 1
             line, client.inbox = client.inbox.split(b"\n", 1)
             if line.strip():
                 self._request(client, line)
+        client.held = b"\n" in client.inbox
+        if client.held and not client.told_held:
+            client.told_held = True
+            self._note("requests", f"a client (pid {client.pid}) sends more than "
+                       f"{REQUESTS_PER_S} requests a second: read at that pace")  # fmt: skip
+        if not client.held and len(client.inbox) > _READ_LIMIT:
+            client.inbox, client.skipping = b"", True
+            self._bad_request(client, "request line too long")
+        self._watch(client)
 
     def _request(self, client: _Client, line: bytes) -> None:
         try:
@@ -503,16 +588,35 @@ class StreamServer:
             self._bad_request(client, BAD_REQUEST)
 
     def _bad_request(self, client: _Client, message: str) -> None:
-        """Say what is wrong; at the BAD_REQUESTS-th, say so too, send what may be sent now
-        and close the connection."""
+        """Say what is wrong; at the BAD_REQUESTS-th, say so as the last line the client
+        reads (the records queued before it are dropped, so that it reads it soon) and close
+        the connection."""
         client.bad_requests += 1
         if client.bad_requests < BAD_REQUESTS:
             self._answer(client, {"type": "error", "message": message})
             return
         message += f"; closing the connection after {BAD_REQUESTS} bad requests"
-        self._answer(client, {"type": "error", "message": message})
+        with self._lock:
+            self._drop_records(client)
+            self._enqueue(client, _line({"type": "error", "message": message}), first=True)
+        client.inbox, client.held, client.snapshot_wanted = b"", False, False
+        self._leave(client)
         self._flush(client)
-        self._drop(client)
+
+    def _drop_records(self, client: _Client) -> None:
+        """Drop the records queued for the client, counted as dropped; the answers to its
+        requests stay, as does the rest of a line it may have begun to take. Call with the
+        lock held."""
+        begun = client.pending[: client.pending.find(b"\n") + 1]
+        rest = [line + b"\n" for line in client.pending[len(begun) :].split(b"\n")[:-1]]
+        rest += client.queue
+        answers = [line for line in rest if line.startswith(_NOT_RECORDS)]
+        client.pending, client.queue = begun, deque(answers)
+        client.queued_bytes = len(begun) + sum(map(len, answers))
+        lost = len(rest) - len(answers)
+        client.dropped += lost
+        client.dropped_total += lost
+        self.dropped_total += lost
 
     def _answer(self, client: _Client, rec: dict[str, Any]) -> None:
         with self._lock:
@@ -540,30 +644,49 @@ class StreamServer:
                 client.pending = b"".join(client.queue)
                 client.queue.clear()
             data = client.pending
-        if not data:
-            self._want_write(client, False)
-            return
-        try:
-            sent = client.sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            self._drop(client)
-            return
-        with self._lock:
-            client.pending = client.pending[sent:]
-            client.queued_bytes -= sent
-            more = bool(client.pending or client.queue)
-            if not more:
-                client.snapshot_unsent = False
-        self._want_write(client, more)
+        if data:
+            try:
+                sent = client.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self._drop(client)
+                return
+            with self._lock:
+                client.pending = client.pending[sent:]
+                client.queued_bytes -= sent
+                if not (client.pending or client.queue):
+                    client.snapshot_unsent = False
+        if client.leave_by and not (
+            client.pending or client.queue or client.held or client.snapshot_wanted
+        ):
+            self._drop(client)  # it has all it asked for
+        else:
+            self._watch(client)
 
-    def _want_write(self, client: _Client, more: bool) -> None:
+    def _leave(self, client: _Client) -> None:
+        """Read no more of the client's requests and queue no more records for it: it gets
+        what is queued and the answers to requests already read, within LEAVE_S."""
+        with self._lock:  # publish passes it over from now on
+            client.leave_by = time.monotonic() + LEAVE_S
+
+    def _watch(self, client: _Client) -> None:
+        """Have the selector watch the client's socket for its requests (not while it leaves or
+        has some waiting for its budget) and, while something waits to be sent, for room."""
         if client.sock.fileno() == -1:
             return
-        mask = selectors.EVENT_READ | (selectors.EVENT_WRITE if more else 0)
-        with contextlib.suppress(KeyError, ValueError):
-            self._sel.modify(client.sock, mask, client)
+        reading = not (client.leave_by or client.held)
+        writing = bool(client.pending or client.queue)
+        events = selectors.EVENT_READ * reading | selectors.EVENT_WRITE * writing
+        if events == client.events:
+            return
+        if not events:
+            self._sel.unregister(client.sock)
+        elif not client.events:
+            self._sel.register(client.sock, events, client)
+        else:
+            self._sel.modify(client.sock, events, client)
+        client.events = events
 
     def _drop(self, client: _Client) -> None:
         with self._lock:

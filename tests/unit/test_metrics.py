@@ -18,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from gpujitter.daemon.service.runtime import EventQueue
 from gpujitter.daemon.sinks.metrics import DaemonMetrics
 from gpujitter.daemon.sinks.metrics_server import (
+    LINGER_S,
     MAX_CONNECTIONS,
     REQUEST_LIMIT_BYTES,
     MetricsServer,
@@ -270,6 +271,34 @@ def test_malformed_and_oversized_requests_are_refused_in_one_line(
     err = capfd.readouterr().err
     assert "Traceback" not in err
     assert len(err.splitlines()) == 1
+
+
+def test_an_oversized_request_gets_its_431_not_a_reset_and_others_are_served() -> None:
+    """The server closed with the rest of an oversized request unread: the kernel reset the
+    connection, and the client lost its 431. Now it shuts its side and throws away what the
+    client still sends, for a while, while it serves other scrapes as ever."""
+    port = free_port()
+    server = MetricsServer("127.0.0.1", port, lambda: b"up 1\n", closed=lambda reason: None)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as big:
+            big.sendall(b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 20_000 + b"\r\n\r\n")
+            time.sleep(0.1)  # the reply, and a reset after it, come before it is read
+            reply = b""
+            while chunk := big.recv(4096):
+                reply += chunk
+            assert reply.startswith(b"HTTP/1.1 431 ")
+            # It has not closed its end and goes on sending: the server lingers, serves a
+            # scrape meanwhile, and closes the connection when its time is up.
+            start = time.monotonic()
+            assert "up 1" in scrape(port)
+            assert time.monotonic() - start < 0.5
+            with pytest.raises((BrokenPipeError, ConnectionResetError)):
+                while time.monotonic() - start < LINGER_S + 0.5:
+                    big.send(b"more")
+                    time.sleep(0.05)
+    finally:
+        server.close()
 
 
 def test_engine_dropped_events_count_what_the_queue_dropped() -> None:

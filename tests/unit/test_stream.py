@@ -155,10 +155,12 @@ def test_snapshots_asked_for_in_a_loop_are_built_once_a_second(tmp_path: Path) -
             while sock.recv(65536):
                 pass
 
+    sock.settimeout(None)  # blocking, so that a send with MSG_DONTWAIT returns at once
     threading.Thread(target=drain, daemon=True).start()
     start = time.monotonic()
     while time.monotonic() - start < 2.5:
-        sock.sendall(b'{"cmd": "snapshot"}\n')
+        with contextlib.suppress(BlockingIOError):  # past its request budget: sends wait
+            sock.send(b'{"cmd": "snapshot"}\n', socket.MSG_DONTWAIT)
         time.sleep(0.01)
     assert 2 <= len(built) <= 4  # the first one, then about one a second
     sock.close()
@@ -216,6 +218,78 @@ def test_non_root_client_sees_node_records_and_only_its_own_processes() -> None:
     assert [rec["n"] for rec in got[3:]] == [2, 3, 4, 5, 6]
     assert got[6]["threads"] == [{"tid": 8, "tgid": mine}]
     assert got[7]["added"] == [mine]
+
+
+def test_owners_are_looked_up_once_a_second_not_once_a_record(tmp_path: Path) -> None:
+    """Each status sent to a user other than root looked up the owner of each of its
+    thousands of threads (a stat of /proc/PID each), every second and for every snapshot."""
+    looked_up: list[int] = []
+
+    def owner(tgid: int) -> int:
+        looked_up.append(tgid)
+        return 1000 if tgid % 2 else 0
+
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=list, owner=owner,
+                       credentials=lambda sock: (1, 1000, 1000)).start()  # fmt: skip
+    sock = connect(srv.path)
+    try:
+        wait_for_clients(srv, 1)
+        threads = [{"tid": tid, "tgid": tid} for tid in range(2000)]
+        for _ in range(5):
+            srv.publish({"type": "daemon.status", "threads": threads})
+        statuses = read_lines(sock, 6)[1:]
+        assert [len(status["threads"]) for status in statuses] == [1000] * 5
+        assert len(looked_up) <= 2 * 2000  # a second may have turned over meanwhile
+    finally:
+        sock.close()
+        srv.close()
+
+
+def test_root_is_answered_at_once_while_records_are_redacted_for_another_user(
+    tmp_path: Path,
+) -> None:
+    """Redaction for users other than root ran under the lock that every client's reads and
+    writes take: a root ping waited for it (260 ms while a user asked for snapshots)."""
+
+    def owner(tgid: int) -> int:
+        time.sleep(0.001)  # /proc on a busy node
+        return 1000
+
+    uids = [1000, 0]
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=list, owner=owner,
+                       credentials=lambda sock: (1, uids.pop(0), 1)).start()  # fmt: skip
+    user = connect(srv.path)
+    wait_for_clients(srv, 1)
+    root = connect(srv.path)
+    stop = threading.Event()
+
+    def publish() -> None:  # the daemon's main thread: new processes each time
+        first = 0
+        while not stop.is_set():
+            threads = [{"tid": t, "tgid": t} for t in range(first, first + 200)]
+            srv.publish({"type": "daemon.status", "threads": threads})
+            first += 200
+
+    publisher = threading.Thread(target=publish)
+    try:
+        read_lines(root, 1)
+        publisher.start()
+        waits = []
+        for _ in range(5):
+            asked = time.monotonic()
+            root.sendall(b'{"cmd": "ping"}\n')
+            got = b""  # statuses, then the pong
+            while b'{"type":"pong"}' not in got and time.monotonic() - asked < 5:
+                got += root.recv(1 << 20)
+            waits.append(time.monotonic() - asked)
+        assert max(waits) < 0.1
+    finally:
+        stop.set()
+        if publisher.is_alive():
+            publisher.join()
+        user.close()
+        root.close()
+        srv.close()
 
 
 def test_socket_mode_and_removal(tmp_path: Path) -> None:
@@ -305,8 +379,7 @@ def test_a_client_that_never_reads_holds_bounded_bytes(tmp_path: Path) -> None:
     sock = connect(srv.path)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     wait_for_clients(srv, 1)
-    for _ in range(200):
-        sock.sendall(b'{"cmd": "snapshot"}\n')
+    sock.sendall(b'{"cmd": "snapshot"}\n' * 200)
     for i in range(2000):
         srv.publish({"type": "gap", "n": i, "pad": "y" * 2000})
     time.sleep(0.5)

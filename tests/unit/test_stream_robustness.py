@@ -1,6 +1,7 @@
 """Misbehaving clients and a short system against the stream socket and the metrics endpoint,
 over real sockets: descriptors running out, a client whose step fails, idle clients filling
-the caps, garbage requests, a daemon trickling bytes, bare-LF HTTP, a too-long socket path.
+the caps, garbage requests, requests in a loop, over-long request lines, half-closed and
+far-behind clients, a daemon trickling bytes, bare-LF HTTP, a too-long socket path.
 The daemon must go on serving, say what is wrong in one line and count only what it drops."""
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from gpujitter.daemon.sinks import stream
 from gpujitter.daemon.sinks.metrics_server import MetricsServer
 from gpujitter.daemon.sinks.stream import (
     BAD_REQUESTS,
+    LEAVE_S,
     MAX_CLIENTS,
     MAX_PER_UID,
+    REQUEST_BURST,
+    REQUESTS_PER_S,
     ROOT_ROOM,
     StreamServer,
     first_records,
@@ -296,6 +300,117 @@ def test_garbage_requests_close_the_connection_and_are_not_dropped_records(
         assert srv.dropped_total == 0
         garbage.close()
     finally:
+        srv.close()
+
+
+# -- the socket audit: requests in a loop, long lines, half-closes, far-behind clients ---------
+
+
+def thread_cpu_s(thread: threading.Thread) -> float:
+    mine = next(t for t in psutil.Process().threads() if t.id == thread.native_id)
+    return float(mine.user_time + mine.system_time)
+
+
+def test_requests_in_a_loop_are_read_at_the_budget_and_others_answered_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Valid pings sent in a loop and never read held the server thread at a full CPU (10 M
+    parsed in 15 s): the bad-request limit counts bad requests only."""
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=list).start()
+    spammer, other = connect(srv.path), connect(srv.path)
+    try:
+        read_lines(spammer, 1)
+        read_lines(other, 1)
+        cpu_s = thread_cpu_s(srv._thread)
+        spammer.setblocking(False)
+        start = time.monotonic()
+        while time.monotonic() - start < 1.0:
+            with contextlib.suppress(BlockingIOError):
+                spammer.send(b'{"cmd": "ping"}\n' * 256)
+        assert thread_cpu_s(srv._thread) - cpu_s < 0.2  # it took all it could get
+        asked = time.monotonic()
+        other.sendall(b'{"cmd": "ping"}\n')
+        assert read_lines(other, 1) == [{"type": "pong"}]
+        assert time.monotonic() - asked < 0.2
+        time.sleep(0.2)
+        pongs = b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := spammer.recv(1 << 20):
+                pongs += chunk
+        budget = REQUEST_BURST + (time.monotonic() - start + 0.1) * REQUESTS_PER_S
+        assert 0 < pongs.count(b"pong") <= budget  # answered at the budget's pace, not closed
+        assert capsys.readouterr().err.count("requests a second") == 1
+    finally:
+        spammer.close()
+        other.close()
+        srv.close()
+
+
+def test_an_over_long_request_line_is_one_bad_request_and_its_tail_is_no_request(
+    tmp_path: Path,
+) -> None:
+    """A line past the 64 KiB request buffer was cut where the buffer was cleared: a 70 KB
+    line ending in a ping got an error and a pong, a 1 MiB line was 16 bad requests."""
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=list).start()
+    sock = connect(srv.path)
+    try:
+        read_lines(sock, 1)
+        sock.sendall(b" " * 70_000 + b'{"cmd": "ping"}\n' + b"a" * (1 << 20) + b"\n")
+        sock.sendall(b'{"cmd": "ping"}\n')
+        too_long = {"type": "error", "message": "request line too long"}
+        assert read_lines(sock, 3) == [too_long, too_long, {"type": "pong"}]
+    finally:
+        sock.close()
+        srv.close()
+
+
+def test_a_half_closed_client_gets_all_it_asked_for_then_the_end(tmp_path: Path) -> None:
+    """`echo '{"cmd":"ping"}' | socat - UNIX-CONNECT:…` shuts its sending side: the daemon
+    dropped it at once with all that was queued, cutting its snapshot mid-line, and the pong
+    never came. A half-closed client that does not read goes when LEAVE_S is up."""
+    big = {"type": "snapshot", "pad": "x" * 2_000_000}
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=lambda: [big]).start()
+    asker, stuck = connect(srv.path), connect(srv.path)
+    try:
+        wait_for_clients(srv, 2)
+        for sock in (asker, stuck):
+            sock.sendall(b'{"cmd": "ping"}\n{"cmd": "ping"}')  # the last with no newline
+            sock.shutdown(socket.SHUT_WR)
+        time.sleep(0.2)  # the daemon reads the end before the client reads anything
+        srv.publish({"type": "gap"})  # after the end: not for it
+        assert [r["type"] for r in read_all(asker)] == ["hello", "snapshot", "pong", "pong"]
+        start = time.monotonic()
+        while srv.clients:
+            assert time.monotonic() - start < LEAVE_S + 0.5, "a stuck client was kept"
+            time.sleep(0.05)
+    finally:
+        asker.close()
+        stuck.close()
+        srv.close()
+
+
+def test_a_client_far_behind_closed_for_bad_requests_reads_why(tmp_path: Path) -> None:
+    """A client far behind that sent 16 bad requests was closed after one send: it never
+    got the error lines, queued behind its backlog, and its stream ended mid-line. Now its
+    queued records go (counted, and said in a "dropped" line) and the error is what it reads."""
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=list, queue_limit=100).start()
+    sock = connect(srv.path)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        wait_for_clients(srv, 1)
+        n = 500
+        for i in range(n):
+            srv.publish({"type": "gap", "n": i, "pad": "y" * 2000})
+        sock.sendall(b"x\n" * BAD_REQUESTS)
+        time.sleep(0.2)
+        lines = read_all(sock)  # whole lines only, to the daemon's close
+        closing = f"; closing the connection after {BAD_REQUESTS} bad requests"
+        assert lines[-1]["type"] == "error" and lines[-1]["message"].endswith(closing)
+        gaps = [r for r in lines if r["type"] == "gap"]
+        dropped = sum(r["count"] for r in lines if r["type"] == "dropped")
+        assert dropped == srv.dropped_total and len(gaps) + dropped == n
+    finally:
+        sock.close()
         srv.close()
 
 
