@@ -85,9 +85,9 @@ def build_parser(commands: Sequence[Command]) -> Parser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _standard_streams()
-    commands = load_commands(named_command(sys.argv[1:] if argv is None else argv))
-    parser = build_parser(commands)
-    name = "gpujitter"
+    named = named_command(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(load_commands(named))
+    name = f"gpujitter {named[0]}" if len(named) == 1 else "gpujitter"  # (`COMMAND --help`)
     try:
         try:
             args = parser.parse_command_line(argv)
@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if err.filename is not None or err.errno not in OUTPUT_ERRNOS:
             raise
         _drop_stdout()
-        print(f"{name}: error: {err.strerror}", file=sys.stderr)
+        print(f"{name}: error: standard output: {err.strerror}", file=sys.stderr)
         return 2
 
 
@@ -158,7 +158,7 @@ class _Closed(io.TextIOBase):
         return True
 
     def write(self, text: object) -> int:
-        raise OSError(errno.EBADF, "standard output is closed")
+        raise OSError(errno.EBADF, "closed")
 
     @property
     def buffer(self) -> _Closed:  # JSON is written as bytes, to the text stream's buffer

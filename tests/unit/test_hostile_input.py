@@ -147,7 +147,9 @@ def test_a_full_output_device_is_one_line() -> None:
             timeout=60,
         )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "gpujitter report: error: No space left on device"
+    assert (
+        proc.stderr.strip() == "gpujitter report: error: standard output: No space left on device"
+    )
 
 
 def test_what_slips_past_every_check_is_one_line_and_ex_software(
