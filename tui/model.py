@@ -94,6 +94,7 @@ class NodeModel:
         self.names: dict[int, str] = {}  # tgid or tid -> command name, from any record
         self.daemon_dropped = 0  # records the daemon dropped for this client
         self.ignored: Counter[str] = Counter()  # record types this version does not show
+        self.damage: list[str] = []  # a replayed recording's damage notes (what it lacks)
         self.changed: set[str] = {"gpus", "gaps", "cpus", "status"}
 
     # -- folding records in ---------------------------------------------------------
@@ -366,6 +367,14 @@ def _dropped(m: NodeModel, rec: Record) -> None:
 @handles("meta.watch", "meta.exit", "pong")
 def _ignored_quietly(m: NodeModel, rec: Record) -> None:
     """Known and not shown (yet): not counted as unknown."""
+
+
+@handles("replay.damage")
+def _damage(m: NodeModel, rec: Record) -> None:
+    note = printable(str(rec["message"]))
+    if note not in m.damage:
+        m.damage.append(note)
+        m.changed.add("status")
 
 
 @handles("error")

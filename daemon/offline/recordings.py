@@ -21,7 +21,14 @@ from typing import Any
 import orjson
 
 from gpujitter.daemon.sinks.jsonlog import LOG_SCHEMA, MAX_LINE_BYTES, JsonLogReader
-from gpujitter.daemon.sinks.trace import MAGIC, TraceHeader, TraceSet, path_stat, trace_paths
+from gpujitter.daemon.sinks.trace import (
+    MAGIC,
+    SUFFIX,
+    TraceHeader,
+    TraceSet,
+    path_stat,
+    trace_paths,
+)
 from gpujitter.errors import GpujitterError
 from gpujitter.files import open_regular
 from gpujitter.probes.events import BadRecord, ClockRef, Event, event_kinds, from_record
@@ -101,6 +108,11 @@ class Recording:
     def what(self) -> str:
         return WHAT[self.kind]
 
+    @property
+    def traces(self) -> TraceSet | None:
+        """A trace recording's files (those left out too, `unreadable`); None for others."""
+        return self._traces
+
     def __iter__(self) -> Iterator[Event]:
         if self._traces is not None:
             yield from self._traces
@@ -115,10 +127,21 @@ class Recording:
                 yield from _logged(path, self, rotated)
 
 
+def _kind(path: Path, files: int) -> str:
+    """sniff(), but a trace file of several whose start is damaged (its magic) is a trace:
+    TraceSet leaves it out, said so, and reads the others."""
+    try:
+        return sniff(path)
+    except GpujitterError:
+        if files > 1 and path.name.endswith(SUFFIX) and path_stat(path) is not None:
+            return TRACE
+        raise
+
+
 def open_recording(args: Sequence[str | Path]) -> Recording:
     """The recordings a user named (files, directories, glob patterns), all of one kind."""
     paths = trace_paths(args)
-    kinds = {sniff(p) for p in paths}
+    kinds = {_kind(p, len(paths)) for p in paths}
     if len(kinds) > 1:
         raise GpujitterError(f"mixed recordings ({', '.join(sorted(kinds))}): give one kind")
     (kind,) = kinds
@@ -157,7 +180,8 @@ def _events(path: Path, into: Recording | None) -> Iterator[Event]:
     skipped = 0
     with open_regular(path, "cannot read") as f:
         for n, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
-            if len(line) > MAX_LINE_BYTES:  # not the last line cut short: no event is this long
+            # longer than the read takes, and so not the last line cut short: damage
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
                 raise GpujitterError(
                     f"{path}:{n}: over {MAX_LINE_BYTES} bytes without a newline, longer than "
                     "any event; the file is damaged"

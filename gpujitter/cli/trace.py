@@ -13,7 +13,7 @@ from gpujitter.cli.options import add_traces_arg
 from gpujitter.cli.output import print_json, table
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig
 from gpujitter.daemon.offline.recordings import TRACE, Recording, open_recording
-from gpujitter.daemon.sinks.trace import TraceHeader, TraceReader, TraceSet
+from gpujitter.daemon.sinks.trace import TraceHeader, TraceReader
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import format_wall
 from gpujitter.probes.events import ClockRef, Event
@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     rec = open_recording(args.traces)
     if rec.kind != TRACE:
         return run_other(rec, args.json)
-    traces = TraceSet(args.traces)  # with the files whose header could not be read
+    traces = rec.traces
+    assert traces is not None  # a trace recording's
     files = [inspect(p) for p in traces.paths]
     kinds: Counter[str] = Counter()
     for f in files:

@@ -168,6 +168,33 @@ def test_a_recorded_trace_replays_with_its_header_as_the_hello(tmp_path: Path) -
     assert feed.end_ns == start + S
 
 
+def test_a_damaged_recording_replays_what_it_holds_and_says_so(tmp_path: Path) -> None:
+    """A damaged trace used to stop the replay; read past its damage, it played on without
+    a word of what it lacked."""
+    from gpujitter.tui.model import NodeModel
+    from gpujitter.tui.views.status import status_text
+
+    topo = Topology(cpu_node={0: 0, 1: 1})
+    header = TraceHeader.now(topo, ["irq"], {})
+    path = tmp_path / "node.gjtrace"
+    start = header.start_ns
+    with TraceWriter(path, header) as w:
+        for i in range(3):
+            w.write(CpuStats(ts_ns=start + i * S, interval_ns=S, cpu=1, hardirq_ns=i))
+    with TraceReader(path) as reader:
+        second = [offset for offset, _ in reader.raw()][1]
+    raw = bytearray(path.read_bytes())
+    raw[second + 12 + 5] ^= 1  # inside the second record's payload (after its frame header)
+    path.write_bytes(raw)
+    scene, rest = read(path)
+    damage = [r for r in rest if r["type"] == "replay.damage"]
+    assert len(damage) == 1 and "1 damaged record(s) skipped" in damage[0]["message"]
+    model = NodeModel()
+    model.apply_all([*scene, *rest])
+    text = status_text(model, None, None, inbox_dropped=0, paused=False).plain
+    assert "damaged recording: 1 note(s), see gpujitter trace" in text
+
+
 @contextlib.contextmanager
 def replaying(feed: ReplayFeed) -> Iterator[Inbox]:
     """The feed played into an inbox on a thread of its own; leaving the block stops it and

@@ -156,11 +156,15 @@ def test_a_line_too_long_inside_an_events_file_is_damage(
     no gap, exit 0."""
     lines = formats[EVENTS].read_bytes().splitlines(keepends=True)
     long = tmp_path / "long.ndjson"
-    long.write_bytes(b"".join(lines[:100]) + b" " * (1 << 20) + b"\n" + b"".join(lines[100:]))
+    long.write_bytes(b"".join(lines[:100]) + b" " * (2 << 20) + b"\n" + b"".join(lines[100:]))
     for argv in (["report"], ["gaps", "--replay-events"]):
         assert main([*argv, str(long)]) == 2
         assert f"{long}:101: over 1048576 bytes without a newline" in capsys.readouterr().err
     assert main(["trace", str(long)]) == 1
+    # a line of the longest length read whole (its newline past it) is no damage
+    edge = tmp_path / "edge.ndjson"
+    edge.write_bytes(b"".join(lines[:100]) + b" " * (1 << 20) + b"\n" + b"".join(lines[100:]))
+    assert sum(1 for _ in open_recording([edge])) == len(lines)
 
 
 def test_a_rotated_log_that_is_no_regular_file_is_refused_not_waited_on(
@@ -262,3 +266,25 @@ def test_a_path_this_user_may_not_reach_is_one_line(tmp_path: Path) -> None:
         assert _as_another_user(lambda: rotated_files(shut / "a.jsonl")) == "ok"
     finally:
         shut.chmod(0o700)
+
+
+def test_a_segment_whose_start_is_damaged_is_left_out_of_its_set(tmp_path: Path) -> None:
+    """A flipped bit in one segment's magic made the whole directory 'not a gpujitter
+    recording': the reading of its kind came before the set could leave it out."""
+    from gpujitter.daemon.sinks.trace import TraceWriter
+    from tests.unit.trace_samples import every_kind, header
+
+    events = every_kind()[:3]
+    for segment, name in enumerate(("a", "b")):
+        with TraceWriter(tmp_path / f"{name}.gjtrace", header(segment=segment)) as w:
+            for ev in events:
+                w.write(ev)
+    raw = bytearray((tmp_path / "b.gjtrace").read_bytes())
+    raw[1] ^= 1
+    (tmp_path / "b.gjtrace").write_bytes(raw)
+    rec = open_recording([tmp_path])
+    assert list(rec) == events
+    (note,) = rec.damage
+    assert "b.gjtrace" in note and "left out" in note
+    with pytest.raises(GpujitterError, match="not a gpujitter recording"):
+        open_recording([tmp_path / "b.gjtrace"])  # alone: nothing else to read

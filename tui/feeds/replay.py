@@ -111,10 +111,15 @@ def _analysed(path: Path) -> Iterator[Record]:
         analysis=lambda _: AnalysisConfig.from_record(header.analysis), signals=False,
     )  # fmt: skip
     yield runtime.state.snapshot(header.start_ns, runtime.state.status(header.start_ns))
+    left_out = recording.traces.unreadable if recording.traces is not None else []
+    for _, why in left_out:  # known before a record plays
+        yield {"type": "replay.damage", "message": f"{why}; left out"}
     with runtime.stepped() as step:
         while step(CHUNK):
             yield from out.take()
     yield from out.take()  # what the pipeline still held
+    for note in recording.damage:  # what the reading met (the status line says so)
+        yield {"type": "replay.damage", "message": note}
 
 
 def _timed(records: Iterator[Record]) -> Iterator[tuple[int, Record]]:

@@ -79,6 +79,9 @@ def status_text(
 ) -> Text:
     # Most telling first: at 80 columns the probe list is what gets cut.
     parts = [connection_text(conn, model, pos)]
+    if model.damage:  # what is played lacks what the damage took: `gpujitter trace` says what
+        parts.append(Text(f"damaged recording: {len(model.damage)} note(s), see gpujitter trace",
+                          style="bold red"))  # fmt: skip
     if filter_text:  # a narrowed view never passes for the whole picture
         parts.append(Text(f'filter "{printable(filter_text)}"', style="bold yellow"))
     lost = model.lost_events()
