@@ -94,15 +94,11 @@ def default_names() -> list[str]:
 def select(names: Sequence[str] = (), disabled: Sequence[str] = ()) -> list[str]:
     """The probes to run, from what a user named: plain names are exactly those ("sched,irq"),
     "+name" adds to them or, alone, to the default set ("+faults,+swap": the default set and
-    faults and swap); `disabled` is taken out. Unknown names: a one-line error."""
+    faults and swap); `disabled` is taken out, whatever named it (a node's variable may
+    disable what a shared file enables). Unknown names: a one-line error."""
     plain = [n for n in names if not n.startswith("+")]
     added = [n[1:] for n in names if n.startswith("+")]
     for name in [*plain, *added, *disabled]:
         get(name)
-    both = [n for n in [*plain, *added] if n in disabled]
-    if both:  # one of the two is a mistake: which, only the user knows
-        from gpujitter.errors import GpujitterError
-
-        raise GpujitterError(f"probe {both[0]} is both asked for and disabled")
     chosen = list(dict.fromkeys([*(plain or default_names()), *added]))
     return [n for n in chosen if n not in disabled]

@@ -122,6 +122,7 @@ for step in $steps; do
         ;;
     cli)
         log "cli: gpujitter gaps --json beside a workload with stalls"
+        rm -f /tmp/gj/cli-events.ndjson  # a second run: --save-events makes a new file
         timeout 45 python3 -P -m gpujitter gaps --json --duration 25s --min-gap 5ms \
             --save-events /tmp/gj/cli-events.ndjson --nvml-record /tmp/gj/cli-nvml.jsonl \
             > /tmp/gj/cli-gaps.ndjson &

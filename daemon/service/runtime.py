@@ -24,6 +24,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import psutil
@@ -36,7 +37,9 @@ from gpujitter.daemon.service.state import NodeState
 from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.probes.base import Emit
 from gpujitter.probes.events import Event, ProbeStatus, WatchChange
+from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import GpuInfo
+from gpujitter.probes.procfs import alive
 from gpujitter.probes.topology import Topology
 
 TICK_NS = 1_000_000_000
@@ -131,11 +134,6 @@ class EventQueue:
         self._woken = False
         events = self._events
         return [events.popleft() for _ in range(min(len(events), limit))]
-
-
-def _alive(tid: int) -> bool:
-    """Whether thread `tid` of this node still exists (its /proc entry, listed or not)."""
-    return os.path.exists(f"/proc/{tid}")
 
 
 class EventSource:
@@ -601,7 +599,7 @@ class Runtime:
         self._events_per_s = (self.state.events - self._events_at_tick) / max(elapsed_s, 1e-9)
         self._events_at_tick = self.state.events
         if self.source.on_this_node:
-            self.state.forget_gone(_alive)
+            self.state.forget_gone(partial(alive, HostPaths()))
         status = self.status()
         for sink in self.sinks:
             sink.tick(now, status)

@@ -41,10 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 MAX_PROFILER_BYTES = 1 << 30
 # Parsed, a JSON value costs ~50-100 bytes however short its text: `{},` 31 times its size
 # (3 bytes of text per dict), a real profiler trace 3.3 times (21 bytes per value, the
-# H200's). Values are counted by their separators before the parse, and capped at what a
-# real trace of MAX_PROFILER_BYTES holds, so that no input costs much more memory than
-# the largest real one (~3.5 GB).
-MAX_PROFILER_VALUES = MAX_PROFILER_BYTES // 21
+# H200's). Values are counted by their separators (commas in strings too) before the parse,
+# and capped at twice what a real trace of MAX_PROFILER_BYTES holds (traces with denser
+# values, or many commas in names, stay in), so that no input costs more than a few times
+# the memory of the largest real one.
+MAX_PROFILER_VALUES = MAX_PROFILER_BYTES // 10
 
 
 def _load_profiler(path: Path) -> Any:

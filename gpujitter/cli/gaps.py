@@ -18,13 +18,14 @@ from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU, GapConfig
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.daemon.offline.recordings import TRACE, open_recording
-from gpujitter.daemon.service.config import MAX_MIN_GAP_NS, MAX_THRESHOLD_NS
+from gpujitter.daemon.service.config import parse_value
 from gpujitter.daemon.service.runtime import ListSource, LiveSource, Runtime, Sink
 from gpujitter.errors import GpujitterError
+from gpujitter.files import can_create
 from gpujitter.probes.clock import clock_ref, format_wall
 from gpujitter.probes.events import ClockRef, Event, ProbeStatus, to_record
 from gpujitter.text import dumps, printable
-from gpujitter.units import format_ns, parse_duration_ns
+from gpujitter.units import format_ns, parse_duration_ns, with_unit
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -130,42 +131,54 @@ class _Shown(Sink):
 
 class SavedEvents(Sink):
     """Every input event as one NDJSON line (--save-events), after the wall clock that the
-    readers of the file place them with (docs/postmortem.md). Made before the probes are:
-    a path that cannot be written is said before the work, and a file that exists is
-    refused, as every writer of recordings does."""
+    readers of the file place them with (docs/postmortem.md). Its name is checked before
+    the probes are made (a file that exists is refused, as every writer of recordings does)
+    and the file made once they deliver: a start that fails leaves none behind."""
 
     def __init__(self, path: Path, ref: ClockRef) -> None:
+        can_create(path, "--save-events")
+        self.path = path
+        self.ref = ref
+        self.file: IO[bytes] | None = None
+
+    def started(self, runtime: Runtime) -> None:
         try:
-            self.file: IO[bytes] = open(path, "xb")  # noqa: SIM115 (closed with the runtime)
-        except FileExistsError:
-            raise GpujitterError(f"--save-events {path} exists; remove it or choose another "
-                                 "name") from None  # fmt: skip
+            self.file = open(self.path, "xb")  # noqa: SIM115 (closed with the runtime)
         except OSError as err:
-            raise GpujitterError(f"--save-events {path}: {err.strerror}") from None
-        self.file.write(dumps(to_record(ref)) + b"\n")
+            raise GpujitterError(f"--save-events {self.path}: {err.strerror}") from None
+        self._write(self.ref)
 
     def event(self, ev: Event) -> None:
-        self.file.write(dumps(to_record(ev)) + b"\n")
+        self._write(ev)
+
+    def _write(self, ev: Event) -> None:
+        try:
+            if self.file is not None:
+                self.file.write(dumps(to_record(ev)) + b"\n")
+        except OSError as err:  # its disk, not standard output
+            raise GpujitterError(f"--save-events {self.path}: {err.strerror}") from None
 
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:
+            try:
+                self.file.close()
+            except OSError as err:
+                raise GpujitterError(f"--save-events {self.path}: {err.strerror}") from None
 
 
 def analysis_from_args(args: argparse.Namespace) -> AnalysisConfig:
-    """The detector's settings; --min-gap within the bounds `run --min-gap` has."""
-    min_gap_ns = parse_duration_ns(args.min_gap, "ms")
-    if not 0 < min_gap_ns <= MAX_MIN_GAP_NS:
-        raise GpujitterError(f"--min-gap {args.min_gap}: want a time above 0 and at most 10s")
+    """The detector's settings; --min-gap read as `run --min-gap` reads it (a bare number is
+    ms), within the same bounds."""
+    min_gap_ns = parse_value("gaps.min_gap", with_unit(args.min_gap, "ms"), "--min-gap")
     return AnalysisConfig(gaps=GapConfig(min_gap_ns=min_gap_ns))
 
 
-def _tracer_time(value: str | None, flag: str) -> int:
-    """--quiet-stretch, --sync-block: a threshold of the cuda probe (1 ms unless given),
-    within the bounds every threshold has."""
-    ns = parse_duration_ns(value or "1ms", "ms")
-    if ns > MAX_THRESHOLD_NS:
-        raise GpujitterError(f"{flag} {value}: want a time of at most 1h")
-    return ns
+def _tracer_time(value: str | None, flag: str, name: str) -> int:
+    """--quiet-stretch, --sync-block: the cuda probe's threshold `name` (1 ms unless given),
+    read as every threshold is (a bare number is ms here)."""
+    given = f"cuda.{name}={with_unit(value or '1ms', 'ms')}"
+    ((_, ns),) = parse_value("probes.thresholds", given, flag)
+    return int(ns)
 
 
 # Options that shape what live probes see or where their events go: a replay has none.
@@ -209,8 +222,8 @@ def run(args: argparse.Namespace) -> int:
     duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
     thresholds = {
         "cuda": {
-            "quiet": _tracer_time(args.quiet_stretch, "--quiet-stretch"),
-            "sync": _tracer_time(args.sync_block, "--sync-block"),
+            "quiet": _tracer_time(args.quiet_stretch, "--quiet-stretch", "quiet"),
+            "sync": _tracer_time(args.sync_block, "--sync-block", "sync"),
         }
     }
     analysis = analysis_from_args(args)

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, flags=flags_of(args))
     if args.print_config:
         check_node(config, starting=False)
-        probe_names(config)  # the selection holds together (a probe asked for and disabled)
+        probe_names(config)  # the names are known probes
         rows = config.explain()
         if args.json:
             print_json({key: {"value": value, "source": src} for key, value, src in rows})

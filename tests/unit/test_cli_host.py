@@ -126,10 +126,6 @@ def test_gpu_minus_1_placed_by_the_override_is_named_by_topo_and_doctor(tmp_path
         # told by the top parser (`gpujitter: error:`), unlike every other usage error
         (("doctor", "--bogus"), "unrecognized arguments: --bogus (see gpujitter doctor --help)"),
         # options that contradict each other, or do nothing where they are given
-        (
-            ("run", "--print-config", "--probes", "sched", "--disable", "sched"),
-            "probe sched is both asked for and disabled",
-        ),
         (("gaps", "--no-nvml", "--nvml-record", "/tmp/x.jsonl"), "--no-nvml with --nvml-"),
         (
             ("top", "--replay", "examples/h200-training.gjtrace", "--pid", "1"),

@@ -375,11 +375,14 @@ def test_nvml_options_that_would_do_nothing_are_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (("--min-gap", "0"), "--min-gap 0: want a time above 0 and at most 10s"),
-        (("--min-gap", "20s"), "--min-gap 20s: want a time above 0 and at most 10s"),
-        (("--quiet-stretch", "2h"), "--quiet-stretch 2h: want a time of at most 1h"),
+        (("--min-gap", "0"), "--min-gap: gaps.min_gap: expected a time above 0 and at most 10s"),
+        (("--min-gap", "20s"), "gaps.min_gap: expected a time above 0 and at most 10s"),
+        (("--quiet-stretch", "2h"), "cuda.quiet = '2h': expected a time from 0 and at most 1h"),
         (("--libcuda", "/nonexistent/libcuda.so"), "--libcuda /nonexistent/libcuda.so: no such"),
-        (("--save-events", "/nonexistent/x.ndjson"), "--save-events /nonexistent/x.ndjson: No"),
+        (
+            ("--save-events", "/nonexistent/x.ndjson"),
+            "--save-events /nonexistent/x.ndjson: no fold",
+        ),
     ],
 )
 def test_gaps_values_are_checked_before_the_probes_start(args: tuple[str, ...], said: str) -> None:
@@ -429,3 +432,17 @@ def test_a_sched_ext_thread_and_a_damaged_kernel_config_are_read(tmp_path: Path)
     assert kernel_config(HostPaths.under(tmp_path)) == {}
     config.write_bytes(gz.compress('CONFIG_LOCALVERSION="caf\xe9"\n'.encode("latin-1")))
     assert kernel_config(HostPaths.under(tmp_path)) == {"CONFIG_LOCALVERSION": '"caf\ufffd"'}
+
+
+def test_gaps_save_events_on_a_full_disk_names_the_file(tmp_path: Path) -> None:
+    """A full disk under --save-events read 'standard output: No space left on device'."""
+    from gpujitter.cli.gaps import SavedEvents
+    from gpujitter.errors import GpujitterError
+    from gpujitter.probes.events import ClockRef
+
+    saved = SavedEvents(tmp_path / "e.ndjson", ClockRef(ts_ns=1, realtime_ns=2))
+    saved.path = Path("/dev/full")  # made as a new file, then its writes refused
+    saved.file = open("/dev/full", "wb", buffering=0)  # noqa: SIM115
+    with pytest.raises(GpujitterError, match="--save-events /dev/full: No space left"):
+        saved.event(ClockRef(ts_ns=3, realtime_ns=4))
+    saved.file.close()

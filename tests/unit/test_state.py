@@ -108,7 +108,11 @@ def test_a_live_thread_is_alive_and_one_that_ended_is_not() -> None:
     import threading
     import time
 
-    from gpujitter.daemon.service.runtime import _alive
+    from gpujitter.probes.host import HostPaths
+    from gpujitter.probes.procfs import alive
+
+    def _alive(tid: int) -> bool:
+        return alive(HostPaths(), tid)
 
     t = threading.Thread(target=lambda: None)
     t.start()

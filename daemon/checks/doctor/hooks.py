@@ -189,7 +189,7 @@ def _library_fix(library: str) -> str:
     """The command that brings a traced library (libcuda comes with the NVIDIA driver)."""
     if "cuda" in library:
         return remedies.install_nvml() + " (libcuda comes with it; the probe attaches then)"
-    return f"apt-get install -y {library}  # the probe attaches once it is present"
+    return f"install the library of {library}  # the probe attaches once it is present"
 
 
 HOOK_FIX: dict[str, Callable[[Hook], str]] = {
