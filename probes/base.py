@@ -180,6 +180,11 @@ class _SideStream:
         with self._lock:
             self._fd = -1
 
+    def target_fd(self) -> int:
+        """The fd it writes to now: the copy of the stream's own while the capture lasts."""
+        with self._lock:
+            return self._fd if self._fd >= 0 else self._stream.fileno()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 

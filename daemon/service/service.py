@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import io
 import os
 import queue
+import select
 import socket
 import sys
 import threading
@@ -76,14 +78,24 @@ from gpujitter.text import dumps, inert_json, printable
 class _LineWriter:
     """Lines to one stream, written by a thread of its own: a stream that stops taking them
     stops only this thread. Past `QUEUE_LINES` waiting lines, lines are dropped and counted,
-    and the count is said (on stderr) once writing works again."""
+    and the count is said (on stderr) once writing works again.
+
+    Where the stream has a file descriptor, the thread writes to a copy of it of its own, a
+    pipe's atomic size at a time and only once poll() says it may: a reader that never
+    reads (`gpujitter run --json | stuck`) never blocks it inside the stream's buffer, whose
+    lock the main thread's last flush and the interpreter's exit would then wait on for
+    ever (the soak's SIGTERM took 60 s and a SIGKILL), and close() can end it."""
 
     QUEUE_LINES = 1000
+    POLL_S = 0.1
 
     def __init__(self, stream: TextIO, name: str) -> None:
         self.stream = stream
         self.dropped = 0
         self._lines: queue.Queue[str | None] = queue.Queue(self.QUEUE_LINES)
+        self._fd = _own_copy(stream)
+        self._encoding = getattr(stream, "encoding", None) or "utf-8"
+        self._given_up = threading.Event()
         self._thread = threading.Thread(target=self._write, name=name, daemon=True)
         self._thread.start()
 
@@ -95,25 +107,57 @@ class _LineWriter:
 
     def _write(self) -> None:
         said = 0
-        while (line := self._lines.get()) is not None:
-            with contextlib.suppress(OSError, ValueError):
-                if self.dropped > said:
-                    print(f"# {self.dropped - said} console lines dropped (output blocked)",
-                          file=sys.stderr, flush=True)  # fmt: skip
-                    said = self.dropped
-                self.stream.write(line + "\n")
-                self.stream.flush()
+        try:
+            while (line := self._lines.get()) is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    if self.dropped > said:
+                        print(f"# {self.dropped - said} console lines dropped (output blocked)",
+                              file=sys.stderr, flush=True)  # fmt: skip
+                        said = self.dropped
+                    if self._fd < 0:
+                        self.stream.write(line + "\n")
+                        self.stream.flush()
+                    elif not self._write_fd((line + "\n").encode(self._encoding, "replace")):
+                        return
+        finally:
+            if self._fd >= 0:
+                os.close(self._fd)
+
+    def _write_fd(self, data: bytes) -> bool:
+        """All of `data`, unless close() gives up on the reader first (False)."""
+        poller = select.poll()
+        poller.register(self._fd, select.POLLOUT)
+        view = memoryview(data)
+        while view:
+            if self._given_up.is_set():
+                return False
+            if poller.poll(self.POLL_S * 1000):
+                view = view[os.write(self._fd, view[: select.PIPE_BUF]) :]
+        return True
 
     def close(self, deadline_s: float) -> None:
         """Write what waits until `deadline_s`, or until a 50 ms wait writes nothing (the
-        reader is stuck: waiting longer only delays the stop)."""
+        reader is stuck: waiting longer only delays the stop); then the thread is told to
+        give up what it still holds."""
         with contextlib.suppress(queue.Full):
             self._lines.put_nowait(None)
         while self._thread.is_alive() and (left := deadline_s - time.monotonic()) > 0:
             waiting = self._lines.qsize()
             self._thread.join(min(left, 0.05))
             if waiting and self._lines.qsize() >= waiting:
-                return
+                break
+        self._given_up.set()
+
+
+def _own_copy(stream: TextIO) -> int:
+    """A copy of the fd `stream` writes to (during a compile's capture, the copy of the
+    real one it writes through: probes/base.py), or -1 where it has none (a test's)."""
+    try:
+        stream.flush()
+        target = getattr(stream, "target_fd", None)
+        return os.dup(target() if target is not None else stream.fileno())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return -1
 
 
 class Console:

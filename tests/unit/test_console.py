@@ -4,9 +4,11 @@ journal's notes and never the stop."""
 from __future__ import annotations
 
 import io
+import os
 import queue
 import sys
 import threading
+import time
 
 import pytest
 
@@ -71,3 +73,31 @@ def test_quiet_hides_attributions_but_not_the_readiness_line(
     console.close()
     assert out.getvalue() == ""
     assert journal.lines.get(timeout=5) == "# probes attached: sched; watching pid 42"
+
+
+def test_a_pipe_nobody_reads_leaves_the_stream_free_for_the_last_flush(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`gpujitter run --json` into a pipe nobody read (the soak's): the console's thread
+    blocked in the stream's buffer, holding its lock, and the main thread's last flush (and
+    the interpreter's exit) waited on it for ever: SIGTERM took 60 s and a SIGKILL."""
+    monkeypatch.setattr(sys, "stderr", Journal())
+    read_end, write_end = os.pipe()
+    out = io.TextIOWrapper(io.BufferedWriter(io.FileIO(write_end, "w")), encoding="utf-8")
+    attr = attribution_behind("trainer").one()
+    console = Console(out, as_json=True, clock=None)
+    try:
+        for _ in range(400):  # far past the pipe's 64 KiB
+            console.attribution(attr)
+        time.sleep(0.5)  # the writer fills the pipe, and waits for room
+        started = time.monotonic()
+        console.close()
+        assert time.monotonic() - started < 2
+        flushed = threading.Thread(target=out.flush, daemon=True)
+        flushed.start()
+        flushed.join(timeout=5)
+        assert not flushed.is_alive(), "the stream's last flush waited on the console"
+        head = os.read(read_end, 65536)  # what came through is whole lines, then a tail
+        assert head.startswith(b'{"type":"gpu.attribution"')
+    finally:
+        os.close(read_end)
