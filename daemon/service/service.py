@@ -95,6 +95,9 @@ class _LineWriter:
         self._lines: queue.Queue[str | None] = queue.Queue(self.QUEUE_LINES)
         self._fd = _own_copy(stream)
         self._encoding = getattr(stream, "encoding", None) or "utf-8"
+        # a character its encoding lacks is escaped, as the CLI's streams do (_standard_streams)
+        errors = getattr(stream, "errors", None)
+        self._errors = errors if errors not in (None, "strict") else "backslashreplace"
         self._given_up = threading.Event()
         self._thread = threading.Thread(target=self._write, name=name, daemon=True)
         self._thread.start()
@@ -117,7 +120,7 @@ class _LineWriter:
                     if self._fd < 0:
                         self.stream.write(line + "\n")
                         self.stream.flush()
-                    elif not self._write_fd((line + "\n").encode(self._encoding, "replace")):
+                    elif not self._write_fd((line + "\n").encode(self._encoding, self._errors)):
                         return
         finally:
             if self._fd >= 0:
