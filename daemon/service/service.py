@@ -150,6 +150,9 @@ class _LineWriter:
             if waiting and self._lines.qsize() >= waiting:
                 break
         self._given_up.set()
+        # It sees that within a poll: ended here, its fd closed with it, not at some later
+        # moment of the process (a test's descriptor guard saw it close in the next test).
+        self._thread.join(2 * self.POLL_S)
 
 
 def _own_copy(stream: TextIO) -> int:

@@ -100,4 +100,5 @@ def test_a_pipe_nobody_reads_leaves_the_stream_free_for_the_last_flush(
         head = os.read(read_end, 65536)  # what came through is whole lines, then a tail
         assert head.startswith(b'{"type":"gpu.attribution"')
     finally:
+        out.close()
         os.close(read_end)
