@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from gpujitter.daemon.sinks.jsonlog import LOG_SCHEMA, MAX_LINE_BYTES, JsonLogReader
+from gpujitter.daemon.sinks.jsonlog import LOG_SCHEMA, MAX_LINE_BYTES, JsonLogReader, numbered_lines
 from gpujitter.daemon.sinks.trace import (
     MAGIC,
     SUFFIX,
@@ -179,13 +179,7 @@ def _events(path: Path, into: Recording | None) -> Iterator[Event]:
     writer), a broken one ends the read with one line."""
     skipped = 0
     with open_regular(path, "cannot read") as f:
-        for n, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
-            # longer than the read takes, and so not the last line cut short: damage
-            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-                raise GpujitterError(
-                    f"{path}:{n}: over {MAX_LINE_BYTES} bytes without a newline, longer than "
-                    "any event; the file is damaged"
-                )
+        for n, line in numbered_lines(f, path, "event", "file"):
             if not line.strip():
                 continue
             try:

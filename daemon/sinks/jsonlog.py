@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -309,14 +309,9 @@ class JsonLogReader:
         f = open_regular(path, "cannot open log")
         schema, named_once = self.schema, False
         with f:
-            for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            for lineno, line in numbered_lines(f, path):
                 where = f"{path}:{lineno}"
                 if not line.endswith(b"\n"):
-                    if len(line) > MAX_LINE_BYTES:
-                        raise GpujitterError(
-                            f"{where}: over {MAX_LINE_BYTES} bytes without a newline, longer "
-                            "than any record; the log is damaged"
-                        )
                     self.torn_bytes += len(line)
                     return
                 rec = _json_line(where, line)
@@ -333,6 +328,21 @@ class JsonLogReader:
                     except BadRecord as err:
                         raise GpujitterError(f"{where}: {err}") from None
                 yield rec
+
+
+def numbered_lines(
+    f: BinaryIO, path: Path, what: str = "record", whole: str = "log"
+) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of a JSON-lines file, at most MAX_LINE_BYTES each: a run longer
+    than that without a newline is no last line cut short but damage, one line naming it.
+    The last line may lack its newline (a writer stopped mid-line): the caller judges it."""
+    for n, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            raise GpujitterError(
+                f"{path}:{n}: over {MAX_LINE_BYTES} bytes without a newline, longer than any "
+                f"{what}; the {whole} is damaged"
+            )
+        yield n, line
 
 
 def _json_line(where: str, line: bytes) -> Any:
