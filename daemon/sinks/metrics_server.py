@@ -177,13 +177,21 @@ class MetricsServer:
             # request unread resets the scraper's connection) before the selector sees it.
             self._receive(conn)
 
-    def _receive(self, conn: _Connection) -> None:
+    @staticmethod
+    def _recv(conn: _Connection, size: int) -> bytes | None:
+        """What the client sent (b"": it closed, or the connection failed); None when
+        nothing waits."""
         try:
-            data = conn.sock.recv(4096)
+            return conn.sock.recv(size)
         except (BlockingIOError, InterruptedError):
-            return
+            return None
         except OSError:
-            data = b""
+            return b""
+
+    def _receive(self, conn: _Connection) -> None:
+        data = self._recv(conn, 4096)
+        if data is None:
+            return
         if not data:
             self._drop(conn)
             return
@@ -266,12 +274,9 @@ class MetricsServer:
         self._linger(conn)
 
     def _linger(self, conn: _Connection) -> None:
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
+        data = self._recv(conn, 65536)
+        if data is None:
             return
-        except OSError:
-            data = b""
         conn.lingered_bytes += len(data)
         if not data or conn.lingered_bytes > LINGER_BYTES:
             self._drop(conn)
