@@ -136,6 +136,10 @@ class EventQueue:
         return [events.popleft() for _ in range(min(len(events), limit))]
 
 
+# Whether a thread of this node still exists (for the node state's threads, each tick).
+_ALIVE = partial(alive, HostPaths())
+
+
 class EventSource:
     """Where a runtime's events come from. A live source delivers from threads of its own
     through `emit` (the runtime's bounded queue, which drops and counts past its bound); a
@@ -599,7 +603,7 @@ class Runtime:
         self._events_per_s = (self.state.events - self._events_at_tick) / max(elapsed_s, 1e-9)
         self._events_at_tick = self.state.events
         if self.source.on_this_node:
-            self.state.forget_gone(partial(alive, HostPaths()))
+            self.state.forget_gone(_ALIVE)
         status = self.status()
         for sink in self.sinks:
             sink.tick(now, status)

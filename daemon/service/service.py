@@ -99,6 +99,9 @@ class _LineWriter:
         errors = getattr(stream, "errors", None)
         self._errors = errors if errors not in (None, "strict") else "backslashreplace"
         self._given_up = threading.Event()
+        self._poller = select.poll()
+        if self._fd >= 0:
+            self._poller.register(self._fd, select.POLLOUT)
         self._thread = threading.Thread(target=self._write, name=name, daemon=True)
         self._thread.start()
 
@@ -128,13 +131,11 @@ class _LineWriter:
 
     def _write_fd(self, data: bytes) -> bool:
         """All of `data`, unless close() gives up on the reader first (False)."""
-        poller = select.poll()
-        poller.register(self._fd, select.POLLOUT)
         view = memoryview(data)
         while view:
             if self._given_up.is_set():
                 return False
-            if poller.poll(self.POLL_S * 1000):
+            if self._poller.poll(self.POLL_S * 1000):
                 view = view[os.write(self._fd, view[: select.PIPE_BUF]) :]
         return True
 
