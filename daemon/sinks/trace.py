@@ -182,6 +182,18 @@ def _io_error(path: Path, what: str, err: OSError) -> GpujitterError:
     return GpujitterError(f"cannot {what} {path}: {err.strerror or err}")
 
 
+def _create(path: Path, mode: int) -> int:
+    """A new file at `path`, never one reached through a link: the daemon runs as root, and
+    a link planted at the name would have it empty and overwrite any file. What a crash
+    left there (a NAME.tmp not renamed) is removed first, not followed."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, mode)
+    except FileExistsError:
+        path.unlink()  # the link itself, not what it points to
+        return os.open(path, flags, mode)
+
+
 class TraceWriter:
     """Appends events to a new trace file. Frames collect in a buffer that goes to the file in
     one write when it reaches `flush_bytes` or when `flush_if_due` finds it older than
@@ -213,7 +225,7 @@ class TraceWriter:
             raise GpujitterError(f"{self.path} exists; remove it or choose another name")
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+            fd = _create(tmp, mode)
         except OSError as err:
             raise _io_error(self.path, "create", err) from None
         self._fd: int | None = fd

@@ -331,6 +331,20 @@ def test_writer_refuses_an_existing_file_and_sets_mode_0640_whatever_the_umask(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t0.gjtrace", "t63.gjtrace"]
 
 
+def test_writer_never_writes_through_a_link_at_its_temporary_name(tmp_path: Path) -> None:
+    # NAME.tmp was opened O_TRUNC: a link planted there (a root daemon, a shared folder)
+    # emptied its target, filled it with a trace header, made it 0640.
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep me")
+    victim.chmod(0o600)
+    path = tmp_path / "t.gjtrace"
+    (tmp_path / "t.gjtrace.tmp").symlink_to(victim)
+    TraceWriter(path, header()).close()
+    assert victim.read_bytes() == b"keep me" and victim.stat().st_mode & 0o777 == 0o600
+    assert not path.is_symlink() and read(path)[0] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.gjtrace", "victim"]
+
+
 def child_writer(path: Path, fsize_limit: int = 0) -> subprocess.Popen[str]:
     return sink_writer(
         path,
