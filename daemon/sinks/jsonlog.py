@@ -5,7 +5,9 @@ says how to read it. docs/schema.md describes the records.
 Each line goes to the file in one write() on an O_APPEND descriptor, so a crash can leave
 only the last line incomplete; reopening the file cuts such a torn line off before writing
 again. Rotation by size keeps name.1 (newest) .. name.N; `reopen()` (on SIGHUP) starts a
-new file after logrotate has moved the old one away.
+new file after logrotate has moved the old one away. Where renaming fails, lines go on into
+the file open, and renaming is tried again a minute later; a log deleted under the daemon
+(its folder removed) is opened again within a second, or its records counted as dropped.
 
 A write the disk refuses (full, quota, I/O error) drops that record and counts it
 (daemon/sinks/diskfull.py); every write tries again, and the first line that goes through after
@@ -18,6 +20,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -46,6 +49,8 @@ DROPPED = "log.dropped"  # the record that says how many records a failing disk 
 # evidence): a longer run without a newline is damage, not a torn last line.
 MAX_LINE_BYTES = 1 << 20
 _TAIL_CHUNK = 1 << 16
+_GONE_CHECK_NS = 1_000_000_000  # how often a write asks whether the file was deleted
+ROTATE_RETRY_NS = 60_000_000_000  # after a rotation that could not rename
 
 
 _FALLOC_FL_KEEP_SIZE = 1
@@ -108,6 +113,8 @@ class JsonLog:
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._closed = False
+        self._rotate_after_ns = 0  # no rotation before (a failed one waits to retry)
+        self._rotate_failing = False
         try:
             self._open()
         except GpujitterError as err:
@@ -118,8 +125,10 @@ class JsonLog:
             self.failures.failed(str(err), time.monotonic_ns(), 0)
 
     def _open(self) -> None:
-        # Read access too: a torn last line is found by reading the tail.
-        flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
+        # Read access too: a torn last line is found by reading the tail. Never through a
+        # link at the log's own name: the daemon runs as root, and a link planted in its
+        # folder would have it append to (and cut the tail of) any file on the system.
+        flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
         fd = -1
         try:
             try:
@@ -127,16 +136,23 @@ class JsonLog:
                 os.fchmod(fd, self.mode)
             except FileExistsError:
                 fd = os.open(self.path, flags)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device: no log
+                raise GpujitterError(f"cannot open log {self.path}: not a regular file")
             self.size = self._cut_torn_line(fd)
         except OSError as err:
             if fd >= 0:
                 os.close(fd)
-            raise GpujitterError(f"cannot open log {self.path}: {err.strerror}") from None
+            why = (
+                "a symbolic link (give the file's own path)"
+                if err.errno == errno.ELOOP
+                else err.strerror
+            )
+            raise GpujitterError(f"cannot open log {self.path}: {why}") from None
         except GpujitterError:
             os.close(fd)
             raise
         self._fd = fd
-        self._opened_ns = time.monotonic_ns()
+        self._opened_ns = self._checked_ns = time.monotonic_ns()
 
     def _cut_torn_line(self, fd: int) -> int:
         """Truncate a last line without its newline (a crash mid-write); returns the size.
@@ -190,14 +206,15 @@ class JsonLog:
                 raise GpujitterError(f"log {self.path} written after close")
             now_ns = time.monotonic_ns()
             try:
+                if self._fd is not None and now_ns - self._checked_ns >= _GONE_CHECK_NS:
+                    self._reopen_if_gone(now_ns)
                 if self._fd is None:
                     self._open()  # it failed after a rotation or a reopen: try again
                 if self.failures.failing:
                     self._append(self._dropped_line(now_ns))
                     self.failures.recovered()
-                age_ns = now_ns - self._opened_ns
-                if self.rotation and self.size and self.rotation.due(self.size + len(line), age_ns):
-                    self._rotate()
+                if self._rotation_due(now_ns, len(line)):
+                    self._rotate(now_ns)
                 self._append(line)
             except GpujitterError as err:
                 self.failures.failed(str(err), now_ns)
@@ -227,20 +244,51 @@ class JsonLog:
         self.size += written
         self.lines += 1
 
-    def _rotate(self) -> None:
-        assert self._fd is not None and self.rotation is not None
+    def _rotation_due(self, now_ns: int, length: int) -> bool:
+        if not self.rotation or not self.size or now_ns < self._rotate_after_ns:
+            return False
+        return self.rotation.due(self.size + length, now_ns - self._opened_ns)
+
+    def _reopen_if_gone(self, now_ns: int) -> None:
+        """Open the path again when the file open was deleted (its folder removed, `rm` of
+        the log): lines written into an unlinked file are lost without an error."""
+        assert self._fd is not None
+        self._checked_ns = now_ns
+        if os.fstat(self._fd).st_nlink > 0:
+            return
         os.close(self._fd)
         self._fd = None
+        self.failures.say(f"{self.failures.what}: the file was deleted; opening it again")
+
+    def _rotate(self, now_ns: int) -> None:
+        """Start a new file. Where renaming fails (a folder made read-only), the lines go on
+        into the file open, past max_bytes, and renaming is tried again a while later:
+        records are not dropped while they can be written."""
+        assert self._fd is not None and self.rotation is not None
         try:
-            for older in rotated_files(self.path):  # oldest first: no rename overwrites
+            # Oldest first, so no rename overwrites; the file open is renamed last, and
+            # stays open until then: where renaming stops, lines go on into it.
+            for older in rotated_files(self.path):
                 suffix = older.name[len(self.path.name) :]
                 k = int(suffix[1:]) if suffix else 0
                 older.rename(self.path.with_name(f"{self.path.name}.{k + 1}"))
-            fsync_dir(self.path.parent)
         except OSError as err:
-            raise GpujitterError(f"cannot rotate log {self.path}: {err.strerror}") from None
-        finally:
-            self._open()  # the new file, or the same one again when renaming failed
+            self._rotate_after_ns = now_ns + ROTATE_RETRY_NS
+            if not self._rotate_failing:
+                self._rotate_failing = True
+                self.failures.say(
+                    f"cannot rotate log {self.path}: {err.strerror}; writing on past "
+                    f"max_bytes, trying again every {ROTATE_RETRY_NS // 1_000_000_000} s"
+                )
+            return
+        os.close(self._fd)
+        self._fd = None
+        self._open()
+        with contextlib.suppress(OSError):  # the renames' durability, not the lines'
+            fsync_dir(self.path.parent)
+        if self._rotate_failing:
+            self._rotate_failing = False
+            self.failures.say(f"{self.failures.what}: rotated again")
         self.rotation.prune(rotated_files(self.path), self._cannot_delete)
 
     def reopen(self) -> None:
@@ -251,8 +299,10 @@ class JsonLog:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
-            with contextlib.suppress(GpujitterError):
+            try:
                 self._open()
+            except GpujitterError as err:  # said now; the next write that can opens it
+                self.failures.failed(str(err), time.monotonic_ns(), 0)
 
     def close(self) -> None:
         """fsync and close; the log is then durable up to its last line. What a failing

@@ -7,12 +7,14 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
 
 from gpujitter.daemon.analysis.records import GpuGap
+from gpujitter.daemon.sinks import jsonlog
 from gpujitter.daemon.sinks.jsonlog import (
     DROPPED,
     LOG_SCHEMA,
@@ -290,11 +292,91 @@ def test_a_file_that_is_no_log_is_refused_untouched(tmp_path: Path, content: byt
     assert path.read_bytes() == content
     # After logrotate (SIGHUP) the same: the sink fails, says so, and the file stays.
     other = tmp_path / "b.jsonl"
-    said: list[str] = []
-    with JsonLog(other, say=said.append) as log:
-        other.rename(tmp_path / "b.jsonl-old")
-        other.write_bytes(content)
-        log.reopen()
-        assert not log.write(gap(1))
+    said = reopened_onto(other, lambda: other.write_bytes(content))
     assert len(said) == 1 and "not a gpujitter log" in said[0]
     assert other.read_bytes() == content
+
+
+def reopened_onto(path: Path, plant: Callable[[], object]) -> list[str]:
+    """What a log at `path` says when, after logrotate moved it, `plant` puts something
+    at its name before the reload; the write after it must fail."""
+    said: list[str] = []
+    with JsonLog(path, say=said.append) as log:
+        path.rename(path.with_name(path.name + "-old"))
+        plant()
+        log.reopen()
+        assert not log.write(gap(1))
+    return said
+
+
+def test_a_link_at_the_log_path_is_never_written_through(tmp_path: Path) -> None:
+    # The daemon runs as root: a link planted at its log's name (at start, or between
+    # logrotate's rename and the reload) had it append to, and cut the tail of, the target.
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"")
+    path = tmp_path / "a.jsonl"
+    path.symlink_to(victim)
+    with pytest.raises(GpujitterError, match=r"a\.jsonl: a symbolic link"):
+        JsonLog(path)
+    other = tmp_path / "b.jsonl"
+    said = reopened_onto(other, lambda: other.symlink_to(victim))
+    assert victim.read_bytes() == b""
+    assert len(said) == 1 and "symbolic link" in said[0]
+
+
+def test_a_fifo_at_the_log_path_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    os.mkfifo(path)
+    with pytest.raises(GpujitterError, match="not a regular file"):
+        JsonLog(path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a read-only bind mount")
+def test_a_log_that_cannot_be_renamed_is_written_on_and_rotated_later(tmp_path: Path) -> None:
+    # Its folder made read-only under the daemon: each rotation failed, every record was
+    # dropped into a file that could still be written, and each one said two lines.
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    path = folder / "a.jsonl"
+    said: list[str] = []
+    log = JsonLog(path, Rotation(max_bytes=2000, keep_files=3), say=said.append)
+    log.write(gap(0))  # the file is open: lines go on through it on a read-only mount
+    subprocess.run(["mount", "--bind", folder, folder], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", folder], check=True)
+        assert all(log.write(gap(i)) for i in range(1, 100))
+    finally:
+        subprocess.run(["umount", folder], check=True)
+    assert log.failures.dropped_total == 0 and rotated_files(path) == [path]
+    assert len(said) == 1 and "cannot rotate log" in said[0] and "Read-only" in said[0]
+    assert [from_record(r) for r in JsonLogReader(path)] == [gap(i) for i in range(100)]
+    log._rotate_after_ns = 0  # the retry a minute on, now
+    assert log.write(gap(100))
+    log.close()
+    assert len(rotated_files(path)) == 2 and said[1].endswith("rotated again")
+    assert [from_record(r) for r in JsonLogReader(path)] == [gap(100)]
+
+
+def test_a_deleted_log_is_opened_again_and_a_missing_folder_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Lines went into the unlinked file, each write said True, nothing was counted.
+    monkeypatch.setattr(jsonlog, "_GONE_CHECK_NS", 0)  # ask at every write, not each second
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    path = folder / "a.jsonl"
+    said: list[str] = []
+    log = JsonLog(path, say=said.append)
+    assert log.write(gap(0))
+    path.unlink()
+    assert log.write(gap(1))
+    assert [from_record(r) for r in JsonLogReader(path)] == [gap(1)]
+    path.unlink()
+    folder.rmdir()
+    assert not log.write(gap(2))
+    assert log.failures.dropped_total == 1
+    assert "was deleted" in said[0] and "cannot open log" in said[-1]
+    folder.mkdir()
+    assert log.write(gap(3))
+    log.close()
+    assert [r["type"] for r in JsonLogReader(path)] == [DROPPED, "gpu.gap"]
