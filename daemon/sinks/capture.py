@@ -101,11 +101,15 @@ class TraceCapture:
         return writer
 
     def _set(self) -> list[Path]:
-        """This directory's trace files, oldest first (names sort by start time), ending
-        with the one being written."""
+        """This directory's trace files, oldest first, ending with the one being written.
+        Names sort by start time on the wall clock; this session's own files come after
+        every other's whatever their names say, since a clock set back (or one that ran
+        ahead in an earlier run) must not make retention delete what this run just wrote."""
         current = self.files[-1]
+        own = f"-{self._header.session}-"
         older = sorted(
-            p for p in self.target.iterdir() if _SEGMENT_NAME.match(p.name) and p != current
+            (p for p in self.target.iterdir() if _SEGMENT_NAME.match(p.name) and p != current),
+            key=lambda p: (own in p.name, p.name),
         )
         return [*older, current]
 
@@ -185,8 +189,12 @@ class TraceCapture:
         )
 
     def rotate(self) -> None:
-        """Close the current file (fsynced) and start the next segment."""
+        """Close the current file (fsynced) and start the next segment; a file without
+        events is kept on (reloads in a row must not make empty files that push recorded
+        ones out of retention)."""
         old = self._writer
+        if old is not None and old.events == 0:
+            return
         if old is not None:
             self._writer = None
             self._close(old)

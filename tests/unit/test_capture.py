@@ -274,3 +274,28 @@ def test_retention_records_on_when_an_old_file_cannot_be_deleted(
     assert len(said) == 1 and f"cannot delete old file {stuck}: Is a directory" in said[0]
     assert not rec.failures.failing and rec.events == 301
     assert sorted(target.iterdir()) == [stuck, *rec.files[-3:]]
+
+
+def test_reloads_in_a_row_push_no_recording_out(tmp_path: Path) -> None:
+    # Each SIGHUP started a segment, empty or not: 8 reloads with keep 8 left 0 events.
+    hdr = header(clock=clock_ref(), start_ns=time.monotonic_ns())
+    with TraceCapture(tmp_path, hdr, Rotation(max_bytes=1 << 20, keep_files=3)) as rec:
+        for i in range(100):
+            rec.write(alloc(i))
+        for _ in range(8):
+            rec.rotate()
+    assert len(rec.files) == 2
+    assert sum(len(list(TraceReader(p))) for p in tmp_path.iterdir()) == 100
+
+
+def test_retention_deletes_an_earlier_run_named_ahead_before_this_runs_files(
+    tmp_path: Path,
+) -> None:
+    # An earlier run whose clock was years ahead: its files sorted last by name, were never
+    # deleted, and each rotation deleted the segment this run had just closed instead.
+    first = record(tmp_path, 300, Rotation(max_bytes=4096), session="aaa")
+    for p in first.files:
+        p.rename(p.with_name(p.name.replace("gpujitter-20", "gpujitter-29", 1)))
+    second = record(tmp_path, 300, Rotation(max_bytes=4096, keep_files=3), session="bbb")
+    assert len(second.files) > 3
+    assert sorted(tmp_path.iterdir()) == sorted(second.files[-3:])
