@@ -48,6 +48,13 @@ def printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
 
 
+def quoted(value: object, limit: int = 80) -> str:
+    """`value` as an error line quotes what someone typed: its repr, printable, cut after
+    `limit` characters (a pasted blob must not turn one line into a page)."""
+    text = repr(value)
+    return printable(text if len(text) <= limit else text[:limit] + "...")
+
+
 _NON_ASCII = re.compile("[^\x00-\x7e]")
 
 

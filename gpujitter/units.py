@@ -6,6 +6,7 @@ import math
 import re
 
 from gpujitter.errors import GpujitterError
+from gpujitter.text import quoted
 
 _UNITS_NS = {
     "ns": 1,
@@ -25,9 +26,10 @@ def parse_duration_ns(text: str, default_unit: str = "ns") -> int:
     unit = (m.group(2) or default_unit) if m else ""
     if not m or unit not in _UNITS_NS:
         raise GpujitterError(
-            f"bad duration {text!r}: want a number with a unit (ns, us, ms, s, m, h), e.g. 200us"
+            f"bad duration {quoted(text)}: "
+            "want a number with a unit (ns, us, ms, s, m, h), e.g. 200us"
         )
-    return _whole(float(m.group(1)) * _UNITS_NS[unit], f"bad duration {text!r}")
+    return _whole(float(m.group(1)) * _UNITS_NS[unit], f"bad duration {quoted(text)}")
 
 
 def with_unit(text: str, unit: str) -> str:
@@ -38,10 +40,12 @@ def with_unit(text: str, unit: str) -> str:
 
 
 def _whole(value: float, what: str) -> int:
-    """`value` rounded; a number past a float's range is infinite here, which no int holds
-    (round() would raise OverflowError, no one-line input error)."""
+    """`value` rounded, never to 0 from above it; a number past a float's range is infinite
+    here, which no int holds (round() would raise OverflowError, no one-line input error)."""
     if math.isinf(value):
         raise GpujitterError(f"{what}: too large")
+    if round(value) == 0 < value:  # "0.4" bytes is no size; 0 often means "no limit"
+        raise GpujitterError(f"{what}: rounds to 0")
     return round(value)
 
 
@@ -68,8 +72,8 @@ def parse_size_bytes(text: str | int) -> int:
         return text
     m = _SIZE.match(str(text))
     if not m:
-        raise GpujitterError(f"bad size {text!r}: want a number with K, M, G or T, e.g. 100M")
-    return _whole(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()], f"bad size {text!r}")
+        raise GpujitterError(f"bad size {quoted(text)}: want a number with K, M, G or T, e.g. 100M")
+    return _whole(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()], f"bad size {quoted(text)}")
 
 
 def format_bytes(n: int | float) -> str:

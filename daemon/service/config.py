@@ -24,8 +24,9 @@ from gpujitter.daemon.sinks.stream import too_long_for_a_socket
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.topology import load_override
+from gpujitter.text import quoted
 from gpujitter.tomlfile import load_toml
-from gpujitter.units import parse_duration_ns, parse_size_bytes
+from gpujitter.units import parse_duration_ns, parse_size_bytes, with_unit
 
 DEFAULT_PATH = Path("/etc/gpujitter/gpujitter.toml")
 # A threshold longer than this would stream nothing (and "100000000h" no longer fits the u64
@@ -71,10 +72,15 @@ def _bool(v: Any) -> bool:
     raise ValueError("expected true or false")
 
 
+_MAX_DIGITS = 19  # of MAX_SETTING; more is no setting (and int() refuses past 4,300)
+
+
 def _int(v: Any) -> int:
     if isinstance(v, int) and not isinstance(v, bool):
         return v
     if isinstance(v, str) and re.fullmatch(r"\s*[-+]?\d+\s*", v):
+        if len(v.strip().lstrip("+-").lstrip("0")) > _MAX_DIGITS:
+            raise ValueError("expected a whole number of at most 19 digits")
         return int(v)
     raise ValueError("expected a whole number")
 
@@ -134,7 +140,10 @@ def _mode(v: Any) -> int:
 def _list(v: Any) -> tuple[str, ...]:
     if isinstance(v, str):  # environment and flags: comma-separated
         return tuple(s.strip() for s in v.split(",") if s.strip())
-    if isinstance(v, list) and all(isinstance(s, (str, int)) for s in v):
+    # Whole numbers are words too (slurm_jobs = [4121]); true is no name of anything.
+    if isinstance(v, list) and all(
+        isinstance(s, (str, int)) and not isinstance(s, bool) for s in v
+    ):
         return tuple(str(s) for s in v)
     raise ValueError("expected a list of strings")
 
@@ -258,10 +267,17 @@ class Setting:
     default: Any
     help: str
     shown: Callable[[Any], Any] = lambda value: value  # as --print-config shows it
+    # The unit of a bare number typed in a variable or after a flag, where people type it in
+    # another unit than the file's ns (--min-gap 5 is 5 ms, as in `gaps --min-gap`).
+    typed_unit: str | None = None
 
     @property
     def env(self) -> str:
         return "GPUJITTER_" + self.key.replace(".", "_").upper()
+
+    def typed(self, raw: Any) -> Any:
+        """`raw` from the environment or a flag, its bare number in `typed_unit`."""
+        return with_unit(raw, self.typed_unit) if self.typed_unit and isinstance(raw, str) else raw
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -303,6 +319,7 @@ SETTINGS: tuple[Setting, ...] = (
         _gap_length,
         5_000_000,
         "GPU idle stretches shorter than this are not reported",
+        typed_unit="ms",
     ),
     Setting(
         "state.dir",
@@ -335,7 +352,7 @@ def parse_value(key: str, raw: Any, origin: str) -> Any:
     try:
         return _BY_KEY[key].parse(raw)
     except (ValueError, TypeError, GpujitterError) as err:
-        raise GpujitterError(f"{origin}: {key}: {err} (got {raw!r})") from None
+        raise GpujitterError(f"{origin}: {key}: {err} (got {quoted(raw)})") from None
 
 
 def read_file(path: Path) -> dict[str, Any]:
@@ -371,7 +388,9 @@ def load_config(
     values = {s.key: s.default for s in SETTINGS}
     origins = dict.fromkeys(values, "default")
     given: list[tuple[str, Any, str]] = []
-    if path is None and DEFAULT_PATH.is_file():
+    # The default path where something is there: a directory or a dangling link there is
+    # refused as it would be given by name, not skipped without a word.
+    if path is None and os.path.lexists(DEFAULT_PATH):
         path = DEFAULT_PATH
     if path is not None:
         given += [(key, raw, f"config {path}") for key, raw in read_file(path).items()]
@@ -379,7 +398,7 @@ def load_config(
     for var in sorted(k for k in env if k.startswith("GPUJITTER_")):
         setting = next((s for s in SETTINGS if s.env == var), None)
         if setting is not None:
-            given.append((setting.key, env[var], f"environment {var}"))
+            given.append((setting.key, setting.typed(env[var]), f"environment {var}"))
             continue
         # One of a table of ours is a typo (GPUJITTER_SOCKET_GROUPS), refused as the file
         # refuses an unknown key; any other is another tool's (GPUJITTER_DEBUG).
@@ -388,7 +407,9 @@ def load_config(
             known = ", ".join(s.env for s in SETTINGS if s.key.startswith(table + "."))
             raise GpujitterError(f"environment {var}: unknown setting (known: {known})")
     given += [
-        (key, raw, f"flag {flag}") for key, (flag, raw) in (flags or {}).items() if raw is not None
+        (key, _BY_KEY[key].typed(raw), f"flag {flag}")
+        for key, (flag, raw) in (flags or {}).items()
+        if raw is not None
     ]
     for key, raw, origin in given:
         values[key] = parse_value(key, raw, origin)
@@ -430,16 +451,39 @@ def _cgroups(dirs: tuple[str, ...]) -> None:
         check_cgroup(Path(d))
 
 
+def writable(folder: Path) -> None:
+    """Whether files can be made in `folder` now (read-only file system, permissions): asked
+    before any probe is built, not found at the first write."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        why = "read-only file system" if _read_only(folder) else "permission denied"
+        raise ValueError(f"cannot write in {folder}: {why}")
+
+
+def _read_only(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def _log_path(value: str) -> None:
-    own_dir(Path(value).parent, 0o750)
-    if Path(value).is_dir():
+    path = Path(value)
+    own_dir(path.parent, 0o750)
+    if path.is_symlink():  # the log is never written through a link (sinks/jsonlog.py)
+        raise ValueError(f"{value} is a symbolic link; give the file's own path")
+    if path.is_dir():
         raise ValueError(f"{value} is a directory; the log is a file")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{value} is not a regular file")
+    writable(path.parent)
 
 
 def _record_path(value: str) -> None:
-    check_parent(Path(value))
-    if Path(value).exists() and not Path(value).is_dir():
+    path = Path(value)
+    check_parent(path)
+    if path.exists() and not path.is_dir():
         raise ValueError(f"{value} is a file; the daemon records into a directory")
+    writable(path if path.is_dir() else path.parent)
 
 
 def _socket_fits(value: str) -> None:
@@ -506,4 +550,6 @@ def check_node(config: Config, *, starting: bool) -> None:
         try:
             check(value)
         except (ValueError, GpujitterError) as err:
-            raise GpujitterError(f"{config.origins[key]}: {key}: {err} (got {value!r})") from None
+            raise GpujitterError(
+                f"{config.origins[key]}: {key}: {err} (got {quoted(value)})"
+            ) from None

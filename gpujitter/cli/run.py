@@ -9,7 +9,7 @@ from typing import Any
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import add_threshold_arg, add_watch_args, path_arg
-from gpujitter.units import parse_duration_ns, with_unit
+from gpujitter.units import parse_duration_ns
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,8 +80,7 @@ def flags_of(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
         "watch.slurm_jobs": ("--slurm-job", list(args.slurm_job) or None),
         "watch.gpu_processes": ("--no-gpu-processes", False if args.no_gpu_processes else None),
         "topology.override": ("--topology-override", args.topology_override),
-        # in ms where bare, as `gaps --min-gap` reads it (the file's bare numbers are ns)
-        "gaps.min_gap": ("--min-gap", args.min_gap and with_unit(args.min_gap, "ms")),
+        "gaps.min_gap": ("--min-gap", args.min_gap),
     }
 
 

@@ -85,6 +85,16 @@ def test_env_lists_and_thresholds_are_comma_separated(tmp_path: Path) -> None:
         ('[watch]\npids = ["a"]\n', "watch.pids"),
         ('[watch]\ngpu_processes = "maybe"\n', "expected true or false"),
         ('[probes]\nthresholds = { "offcpu" = "1ms" }\n', "PROBE.KEY"),
+        # tomllib's own words name neither the key nor that it came twice: the line does
+        ("[log]\nkeep = 3\nkeep = 4\n", "Cannot overwrite a value (at line 3, column 9): keep = 4"),
+        # past int()'s 4,300 digits: an internal error (exit 70)
+        pytest.param("[log]\nkeep = " + "9" * 5000 + "\n", "a number too long", id="5000 digits"),
+        pytest.param(
+            '[log]\nkeep = "' + "9" * 5000 + '"\n', "at most 19 digits", id="5000 in a str"
+        ),
+        ("[watch]\ncomms = [true, 1]\n", "expected a list of strings"),  # was ('True', '1')
+        ('[log]\nmax_bytes = "0.4"\n', "rounds to 0"),  # was 0: no limit
+        ('[gaps]\nmin_gap = "0.4ns"\n', "rounds to 0"),
     ],
 )
 def test_bad_file_is_one_line_naming_file_and_key(tmp_path: Path, text: str, message: str) -> None:
@@ -92,7 +102,7 @@ def test_bad_file_is_one_line_naming_file_and_key(tmp_path: Path, text: str, mes
     with pytest.raises(GpujitterError) as err:
         load_config(path, environ={})
     assert message in str(err.value)
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300
 
 
 def test_bad_env_and_flag_name_their_source(tmp_path: Path) -> None:
@@ -110,6 +120,46 @@ def test_a_typo_in_a_variable_of_ours_is_refused_as_in_the_file(tmp_path: Path) 
     # other tools' variables (and our own debug switch) are no settings, and left alone
     other = {"GPUJITTER_DEBUG": "1", "GPUJITTER_DRILL_PARENT": "7", "GPUJITTER_X": "y"}
     assert load_config(write(tmp_path, ""), environ=other)["socket.group"] == ""
+
+
+def test_a_value_in_an_error_line_is_cut_short_and_escaped(tmp_path: Path) -> None:
+    for value in ("9" * 5000, "9" * 5000 + "ms", "\x1b[31m" * 40):
+        with pytest.raises(GpujitterError) as err:
+            load_config(write(tmp_path, ""), environ={"GPUJITTER_GAPS_MIN_GAP": value})
+        assert len(str(err.value)) < 300 and "\x1b" not in str(err.value), str(err.value)
+
+
+def test_a_file_that_begins_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "gpujitter.toml"
+    path.write_bytes(b"\xef\xbb\xbf[log]\nkeep = 3\n")  # was "Invalid statement"
+    assert load_config(path, environ={})["log.keep"] == 3
+
+
+def test_a_bare_min_gap_is_ms_wherever_it_is_typed(tmp_path: Path) -> None:
+    # GPUJITTER_GAPS_MIN_GAP=5 was 5 ns, `--min-gap 5` 5 ms; the file keeps its ns.
+    empty = write(tmp_path, "")
+    assert load_config(empty, environ={"GPUJITTER_GAPS_MIN_GAP": "5"})["gaps.min_gap"] == 5 * 10**6
+    flags = {"gaps.min_gap": ("--min-gap", "7")}
+    assert load_config(empty, environ={}, flags=flags)["gaps.min_gap"] == 7 * 10**6
+    in_file = write(tmp_path, "[gaps]\nmin_gap = 5000000\n")
+    assert load_config(in_file, environ={})["gaps.min_gap"] == 5 * 10**6
+
+
+def test_something_not_a_file_at_the_default_path_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A directory or a dangling link at /etc/gpujitter/gpujitter.toml: defaults, silently.
+    from gpujitter.daemon.service import config
+
+    monkeypatch.setattr(config, "DEFAULT_PATH", tmp_path / "gpujitter.toml")
+    assert load_config(environ={})["log.keep"] == 8  # nothing there: the defaults
+    (tmp_path / "gpujitter.toml").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(GpujitterError, match=r"gpujitter\.toml: No such file"):
+        load_config(environ={})
+    (tmp_path / "gpujitter.toml").unlink()
+    (tmp_path / "gpujitter.toml").mkdir()
+    with pytest.raises(GpujitterError, match=r"gpujitter\.toml: not a regular file"):
+        load_config(environ={})
 
 
 def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:

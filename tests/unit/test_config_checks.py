@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,6 +150,31 @@ def test_bad_setting_is_one_line_before_probes_attach(
     assert_one_line(err, f" {key}: ", said)
     if settings:
         assert str(tmp_path / "gpujitter.toml") in err
+
+
+def test_a_log_or_record_path_that_cannot_be_written_is_refused_before_probes_attach(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A link or a FIFO at the log's name, a read-only folder: found only at the first write,
+    # after ten BPF programs were loaded (or, for a link, written through as root).
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "elsewhere")
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    for name, said in [("link.jsonl", "is a symbolic link"), ("fifo.jsonl", "not a regular")]:
+        assert run_with(tmp_path, {"log.path": str(tmp_path / name)}) == 2
+        assert_one_line(capsys.readouterr().err, " log.path: ", said)
+    frozen = tmp_path / "frozen"
+    frozen.mkdir()
+    if os.geteuid() == 0:  # root writes past permissions: a read-only file system, then
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", frozen], check=True)
+    else:
+        frozen.chmod(0o555)
+    try:
+        for key, value in [("log.path", frozen / "a.jsonl"), ("record.path", frozen)]:
+            assert run_with(tmp_path, {key: str(value)}) == 2
+            assert_one_line(capsys.readouterr().err, f" {key}: ", f"cannot write in {frozen}")
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["umount", frozen], check=True)
 
 
 def test_a_bad_setting_starts_no_compile(
