@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import tzinfo
@@ -48,6 +49,7 @@ VIEWS = ("gpus", "gaps", "cpus", "audit")
 REPLAY_ACTIONS = {"next_gap", "seek", "step", "speed"}
 STEP_NS = 1_000_000_000
 PALETTE_SKIP = {"quit", "open", "close_prompt", "help"}  # Textual's own, or need a row
+HEARD = {"hello", "snapshot", "daemon.status"}  # what says a daemon still sends (once a second)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +128,7 @@ class GpujitterTop(App[None]):
         Binding("slash", "filter", "Filter",
                 tooltip="filter the current view on any column's text (enter keeps it)"),
         Binding("escape", "close_prompt", "Close", show=False,
-                tooltip="close the breakdown, a finding or the prompt (clearing the filter)"),
+                tooltip="close the breakdown, a finding or the prompt; clear the filter"),
         Binding("p", "pause", "Pause",
                 tooltip="live: freeze the display (data keeps coming); replay: play / pause"),
         Binding("plus,equals_sign", "zoom(-1)", "Zoom in", show=False,
@@ -171,6 +173,11 @@ class GpujitterTop(App[None]):
         self.dirty: set[str] = set()
         self.prompt_mode = ""  # "filter" or "seek" while the prompt is open
         self._stopping = False
+        self._auditing = False  # an audit runs: `r` waits for it rather than start another
+        # When the daemon's status (or the hello and snapshot) last came, on this machine's
+        # clock: a daemon that stops sending looks connected, so the status line says how
+        # long it has been silent.
+        self._heard_at = time.monotonic()
 
     # -- layout ---------------------------------------------------------------------
 
@@ -195,6 +202,7 @@ class GpujitterTop(App[None]):
         self._draw_title()
         self._pump()
         self._load_audit()
+        self.set_interval(1.0, self._draw_status)  # the silence of a stalled daemon grows
 
     def _wake(self) -> None:
         """Called on the feed's thread (post_message is thread-safe)."""
@@ -237,12 +245,21 @@ class GpujitterTop(App[None]):
         if batch.reset:
             self.model.reset()
         self.model.apply_all(batch.records)
+        if batch.connection != self.connection or any(
+            r.get("type") in HEARD for r in batch.records
+        ):
+            self._heard_at = time.monotonic()
         self.connection = batch.connection
         self.position = batch.position
         if batch.more:
             self.post_message(RecordsReady())
-        self.dirty |= self.model.take_changes()
+        changes = self.model.take_changes()
+        self.dirty |= changes
         self._redraw()
+        if isinstance(self.screen, GapScreen) and "gaps" in changes:
+            open_gap = self.screen.gap.gap_id
+            gap = self.model.gaps.get(open_gap, self.screen.gap)
+            self.screen.show(gap, self.model.attributions.get(open_gap))
         if batch.selected_gap is not None:
             self.action_view("gaps")
             self.main.query_one(GapsTable).select_gap(batch.selected_gap)
@@ -265,6 +282,10 @@ class GpujitterTop(App[None]):
             self.dirty.discard(view)
             self._view_widget(view).update_from_model()
         self._draw_title()
+        self._draw_status()
+
+    def _draw_status(self) -> None:
+        connected = self.connection is not None and self.connection.state == "connected"
         self.main.query_one("#status", Static).update(
             status_text(
                 self.model,
@@ -272,7 +293,9 @@ class GpujitterTop(App[None]):
                 self.position,
                 inbox_dropped=self.inbox.dropped_total,
                 paused=self.paused,
-                filter_text=self._view_widget(view).filter,
+                filter_text=self._view_widget(self.active_view).filter,
+                bad_lines=self.feed.bad_lines,
+                silent_s=time.monotonic() - self._heard_at if connected else None,
             )
         )
 
@@ -306,17 +329,29 @@ class GpujitterTop(App[None]):
 
     # -- the audit ------------------------------------------------------------------
 
-    @work(thread=True, exclusive=True, group="audit", exit_on_error=False)
     def _load_audit(self) -> None:
-        if self.audit_loader is None:
-            report = AuditReport(error="no audit for this feed")
-        else:
-            try:
-                report = self.audit_loader()
-            except GpujitterError as err:
-                report = AuditReport(error=str(err))
-        if not self._stopping:
-            self.call_from_thread(self.main.query_one(AuditView).show, report)
+        """Run the audit, unless one runs: a thread cannot be cancelled, so a second would
+        run beside it (a `gpujitter audit` process each), and the older could finish last."""
+        if self._auditing:
+            self.notify("audit already running", markup=False)
+            return
+        self._auditing = True
+        self._audit()
+
+    @work(thread=True, group="audit", exit_on_error=False)
+    def _audit(self) -> None:
+        try:
+            if self.audit_loader is None:
+                report = AuditReport(error="no audit for this feed")
+            else:
+                try:
+                    report = self.audit_loader()
+                except GpujitterError as err:
+                    report = AuditReport(error=str(err))
+            if not self._stopping:
+                self.call_from_thread(self.main.query_one(AuditView).show, report)
+        finally:
+            self._auditing = False
 
     @on(AuditView.Rerun)
     def _rerun_audit(self) -> None:
@@ -455,7 +490,9 @@ class GpujitterTop(App[None]):
         prompt.focus()
 
     def action_close_prompt(self) -> None:
-        if self.prompt_mode == "filter":
+        """Esc: close the prompt; clear the view's filter, whether the prompt is open on it
+        or it was kept with enter (the view's title says esc clears it)."""
+        if self.prompt_mode in ("filter", "") and self._view_widget(self.active_view).filter:
             self._set_filter("")
         self._close_prompt()
 

@@ -28,6 +28,9 @@ _HANDLERS: dict[str, Handler] = {}
 GAP_LIMIT = 2000  # gaps kept (newest); the daemon's log keeps them all
 SAMPLES_KEPT_NS = 600 * 1_000_000_000  # GPU samples kept: the widest timeline window
 STALE_INTERVALS = 3  # a CPU's interrupt figures count as zero after this many quiet windows
+# Distinct keys kept in `ignored` (record types, error messages: free text from the sender);
+# the rest are counted under "other", so a stream of ever new ones cannot grow the model.
+IGNORED_KEYS = 32
 
 
 def handles(*kinds: str) -> Callable[[Handler], Handler]:
@@ -93,7 +96,9 @@ class NodeModel:
         self.status: DaemonStatus | None = None
         self.names: dict[int, str] = {}  # tgid or tid -> command name, from any record
         self.daemon_dropped = 0  # records the daemon dropped for this client
-        self.ignored: Counter[str] = Counter()  # record types this version does not show
+        # Records not shown, by why: a type this version does not know, "TYPE (malformed)",
+        # "error: MESSAGE" (the daemon's error lines); at most IGNORED_KEYS keys.
+        self.ignored: Counter[str] = Counter()
         self.damage: list[str] = []  # a replayed recording's damage notes (what it lacks)
         self.changed: set[str] = {"gpus", "gaps", "cpus", "status"}
 
@@ -103,12 +108,20 @@ class NodeModel:
         kind = rec.get("type")
         handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is None:
-            self.ignored[str(kind)] += 1
+            self.ignore(printable(str(kind)))
             return
         try:
             handler(self, rec)
         except (TypeError, ValueError, KeyError, AttributeError):
-            self.ignored[f"{kind} (malformed)"] += 1
+            self.ignore(printable(f"{kind} (malformed)"))
+
+    def ignore(self, why: str) -> None:
+        """Count a record not shown under `why`, or under "other" once IGNORED_KEYS - 1
+        other keys are there."""
+        if why not in self.ignored and len(self.ignored) >= IGNORED_KEYS - 1:
+            why = "other"
+        self.ignored[why] += 1
+        self.changed.add("status")
 
     def apply_all(self, records: Iterable[Record]) -> None:
         for rec in records:
@@ -243,7 +256,7 @@ def _hello(m: NodeModel, rec: Record) -> None:
         kernel=printable(str(rec.get("kernel", ""))),
         version=printable(str(rec.get("version", ""))),
         pid=int(rec.get("pid", 0)),
-        scope=str(rec.get("scope", "")),
+        scope=printable(str(rec.get("scope", ""))),
         cpu_node={int(c): int(n) for c, n in (topo.get("cpu_node") or {}).items()},
         gpu_node={str(b): int(n) for b, n in (topo.get("gpu_node") or {}).items()},
         override=printable(str(topo["override"])) if topo.get("override") else None,
@@ -302,8 +315,10 @@ def _trim_gaps(m: NodeModel) -> None:
 def _sample(m: NodeModel, rec: Record) -> None:
     gpu, metric = int(rec["gpu"]), str(rec["metric"])
     ts = int(rec["ts_ns"])
-    series = m.samples.setdefault((gpu, metric), deque())
-    series.append((ts, float(rec["value"]), int(rec.get("period_ns", 0))))
+    value = decode.finite(rec["value"])
+    period_ns = decode.count(rec.get("period_ns", 0), "period_ns")
+    series = m.samples.setdefault((gpu, metric), deque())  # (a refused sample adds no GPU)
+    series.append((ts, value, period_ns))
     while series and series[0][0] < ts - SAMPLES_KEPT_NS:
         series.popleft()
     m._saw(ts)
@@ -360,7 +375,9 @@ def _clock(m: NodeModel, rec: Record) -> None:
 
 @handles("dropped")
 def _dropped(m: NodeModel, rec: Record) -> None:
-    m.daemon_dropped = max(m.daemon_dropped + int(rec.get("count", 0)), int(rec.get("total", 0)))
+    n = decode.count(rec.get("count", 0), "count")
+    total = decode.count(rec.get("total", 0), "total")
+    m.daemon_dropped = max(m.daemon_dropped + n, total)
     m.changed.add("status")
 
 
@@ -379,4 +396,4 @@ def _damage(m: NodeModel, rec: Record) -> None:
 
 @handles("error")
 def _error(m: NodeModel, rec: Record) -> None:
-    m.ignored[printable(f"error: {rec.get('message', '')}")] += 1
+    m.ignore(printable(f"error: {rec.get('message', '')}"))

@@ -42,7 +42,12 @@ def join(*parts: tuple[object, str] | str | Text, sep: str = "") -> Text:
 def gpu_title(index: int) -> str:
     """How the views name a GPU: "GPU 0"; "GPU ?" for -1, a gap or process on no known GPU
     (no NVML, or a process NVML lists on none)."""
-    return f"GPU {index}" if index >= 0 else "GPU ?"
+    return f"GPU {gpu_number(index)}"
+
+
+def gpu_number(index: int) -> str:
+    """A GPU's index where a column says it is a GPU: "0"; "?" for -1, as gpu_title."""
+    return str(index) if index >= 0 else "?"
 
 
 def duration(ns: int | float) -> str:

@@ -3,6 +3,12 @@ stream socket, and waiting for the app to have taken in what its feed sent."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC
@@ -114,6 +120,36 @@ class Daemon:
         if self.server is not None:
             self.server.close()
             self.server = None
+
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def closed_to_others() -> Iterator[Path]:
+    """A listening stream socket only root may connect to (mode 0600, as a daemon's with
+    socket.mode 0600), in a folder anyone may search: what a user not in the socket's group
+    meets. Root only: no mode shuts root out, so the test runs its client as nobody."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run a client as nobody")
+    folder = Path(tempfile.mkdtemp(prefix="gj-sock-"))
+    folder.chmod(0o755)
+    path = folder / "gpujitter.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        path.chmod(0o600)
+        listener.listen()
+        yield path
+    shutil.rmtree(folder)
+
+
+def as_nobody(*argv: str) -> subprocess.CompletedProcess[str]:
+    """`python argv...` run as nobody from the repository root (tests.* importable)."""
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run(
+        [sys.executable, *argv], user=NOBODY, cwd=root, capture_output=True, text=True,
+        stdin=subprocess.DEVNULL, timeout=60, check=False,
+    )  # fmt: skip
 
 
 @pytest.fixture

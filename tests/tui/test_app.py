@@ -4,6 +4,9 @@ replay controls, a small terminal, a daemon restart, hostile names."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
+from collections.abc import Callable
 from datetime import UTC
 from pathlib import Path
 from unittest.mock import patch
@@ -15,6 +18,8 @@ from textual.widgets import DataTable, Input, Static, TabbedContent
 from gpujitter.text import printable
 from gpujitter.tui import audit
 from gpujitter.tui.app import GpujitterTop
+from gpujitter.tui.audit import AuditReport
+from gpujitter.tui.feeds import Feed, Receiver
 from gpujitter.tui.feeds.replay import ReplayFeed
 from gpujitter.tui.feeds.socket import SocketFeed
 from gpujitter.tui.views.audit import FindingScreen
@@ -122,6 +127,9 @@ def test_filter_narrows_the_view_and_escape_clears_it() -> None:
             assert app.query_one(GapsTable).has_focus
             assert len(table_rows(app.query_one(GapsTable))) == len(swapped)
             await pilot.press("slash", "escape")
+            assert len(table_rows(app.query_one(GapsTable))) == len(gaps)
+            await pilot.press("slash", *"swap", "enter", "escape")  # kept, then esc: cleared
+            assert app.query_one(GapsTable).filter == ""
             assert len(table_rows(app.query_one(GapsTable))) == len(gaps)
             await pilot.press("3", "slash", *"remote")  # the CPUs view filters the same way
             cpus = table_rows(app.query_one("#cpus-table", DataTable))
@@ -369,8 +377,6 @@ def test_control_sequences_in_names_are_shown_escaped_on_every_view(tmp_path: Pa
 
 
 def test_a_feed_that_breaks_is_shown_and_the_app_stays_up(tmp_path: Path) -> None:
-    from gpujitter.tui.feeds import Feed, Receiver
-
     class Broken(Feed):
         label = "broken"
 
@@ -384,5 +390,92 @@ def test_a_feed_that_breaks_is_shown_and_the_app_stays_up(tmp_path: Path) -> Non
             await until(pilot, lambda: "feed failed" in status_line(app), "the failure")
             assert "OSError: the disk went away" in status_line(app)
             assert app.model.probes["irq"].state == "running" and app.is_running
+
+    asyncio.run(scenario())
+
+
+class Scripted(Feed):
+    """A live feed that sends `first`, then each later batch when the test sets `go`."""
+
+    label = "scripted"
+
+    def __init__(self, first: list[dict], *later: list[dict]) -> None:
+        self.first = first
+        self.later = list(later)
+        self.go = threading.Event()
+
+    def run(self, sink: Receiver, stopped: Callable[[], bool]) -> None:
+        sink.connection("connected")
+        sink.records(self.first)
+        while not stopped():
+            if self.go.wait(0.02) and self.later:
+                self.go.clear()
+                sink.records(self.later.pop(0))
+
+
+def test_an_open_breakdown_shows_the_attribution_that_arrives_while_it_is_open() -> None:
+    records = node_stream.stream()
+    gap = next(r for r in records if r["type"] == "gpu.gap")
+    att = node_stream.attributions(records)[node_stream.gap_id(gap)]
+    feed = Scripted([records[0], {**records[1], "gaps": [], "attributions": []}, gap], [att])
+
+    async def scenario() -> None:
+        app = make_app(feed)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await until(pilot, lambda: bool(app.model.gaps), "the gap")
+            await pilot.press("2", "enter")
+            await until(pilot, lambda: isinstance(app.screen, GapScreen), "the breakdown")
+            assert "Not attributed yet" in str(app.screen.query_one("#breakdown-text").render())
+            feed.go.set()
+            await until(pilot, lambda: bool(app.model.attributions), "the attribution")
+            shown = str(app.screen.query_one("#breakdown-text").render())
+            assert "Not attributed yet" not in shown and "Evidence" in shown
+
+    asyncio.run(scenario())
+
+
+def test_a_daemon_that_stops_sending_is_shown_silent() -> None:
+    """Its status comes once a second; connected and silent for longer reads as such, not
+    as a live daemon."""
+    records = node_stream.stream()
+
+    async def scenario() -> None:
+        app = make_app(Scripted(records[:2]))
+        async with app.run_test(size=(120, 36)) as pilot:
+            await until(pilot, lambda: "● daemon pid" in status_line(app), "the daemon")
+            assert "silent" not in status_line(app)
+            await until(pilot, lambda: "(silent 4 s)" in status_line(app), "silence", 8)
+
+    asyncio.run(scenario())
+
+
+def test_rerunning_the_audit_while_one_runs_starts_no_second_one() -> None:
+    """A thread cannot be cancelled: each `r` started another audit beside the last, and
+    the older one could finish last and overwrite the newer result."""
+    runs: list[int] = []
+    release = threading.Event()
+
+    def slow_audit() -> AuditReport:
+        runs.append(len(runs) + 1)
+        release.wait(5)
+        return AuditReport(origin=f"run {len(runs)}")
+
+    async def scenario() -> None:
+        app = GpujitterTop(ReplayFeed(node_stream.NDJSON, at="end", playing=False),
+                           audit=slow_audit, tz=UTC)  # fmt: skip
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.press("4", "r", "r", "r")
+            await pilot.pause(0.2)
+            assert runs == [1]
+            release.set()
+            view = app.query_one("#audit-view")
+            await until(pilot, lambda: getattr(view, "report", None) is not None, "the audit")
+            release.clear()
+            deadline = time.monotonic() + 5
+            while runs != [1, 2]:  # once the first has ended, `r` runs the audit again
+                assert time.monotonic() < deadline, "no second audit"
+                await pilot.press("r")
+                await pilot.pause(0.05)
+            release.set()
 
     asyncio.run(scenario())

@@ -18,7 +18,7 @@ from gpujitter.tui.feeds.embedded import EmbeddedFeed
 from gpujitter.tui.feeds.replay import ReplayFeed
 from gpujitter.tui.feeds.socket import SocketFeed
 from tests.tui import node_stream
-from tests.tui.conftest import STREAM, Daemon
+from tests.tui.conftest import STREAM, Daemon, as_nobody
 
 S = 1_000_000_000
 
@@ -35,6 +35,20 @@ def test_picks_the_daemon_when_one_listens_else_runs_embedded(daemon: Daemon) ->
     daemon.stop()
     waiting = make_feed(parse("--socket", str(daemon.path), "--daemon"))
     assert isinstance(waiting, SocketFeed)
+
+
+def test_a_daemon_refusing_this_user_is_an_error_not_a_reason_to_run_embedded(
+    closed_to_others: Path,
+) -> None:
+    """Permission denied on the socket: a daemon is there. `top` says who to ask (one line,
+    exit 2) instead of running the probes this user cannot run; --daemon waits on it, its
+    status line saying the same (test_feeds)."""
+    done = as_nobody("-m", "gpujitter", "top", "--socket", str(closed_to_others))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"gpujitter top: error: daemon at {closed_to_others} refuses this user (Permission "
+        "denied): ask for the socket's group (socket.group) or run as root\n"
+    )
 
 
 def test_replay_starts_where_asked() -> None:

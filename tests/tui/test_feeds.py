@@ -5,26 +5,31 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import orjson
 import pytest
 
 from gpujitter.daemon.analysis.records import GpuGap
 from gpujitter.daemon.sinks.jsonlog import JsonLog
+from gpujitter.daemon.sinks.stream import StreamServer
 from gpujitter.daemon.sinks.trace import TraceHeader, TraceReader, TraceWriter
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import CpuStats, ProbeStatus, to_record
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
+from gpujitter.tui.feeds import Feed, Receiver
 from gpujitter.tui.feeds.embedded import EmbeddedFeed
 from gpujitter.tui.feeds.replay import GAP_KINDS, ReplayFeed, read_recording
+from gpujitter.tui.feeds.socket import LINE_BYTES, SocketFeed
 from gpujitter.tui.inbox import Batch, Inbox, ReplayPosition
 from tests.tui import node_stream
-from tests.tui.conftest import STREAM
+from tests.tui.conftest import STREAM, Daemon, as_nobody
 
 S = 1_000_000_000
 
@@ -195,20 +200,27 @@ def test_a_damaged_recording_replays_what_it_holds_and_says_so(tmp_path: Path) -
     assert "damaged recording: 1 note(s), see gpujitter trace" in text
 
 
+R = TypeVar("R", bound=Receiver)
+
+
 @contextlib.contextmanager
-def replaying(feed: ReplayFeed) -> Iterator[Inbox]:
-    """The feed played into an inbox on a thread of its own; leaving the block stops it and
-    waits for its end, so that it closes its file within the test that opened it."""
-    inbox = Inbox(block=True)
+def running(feed: Feed, receiver: R, on_stop: Callable[[], object] = lambda: None) -> Iterator[R]:
+    """The feed run into `receiver` on a thread of its own; leaving the block stops it and
+    waits for its end, so that it closes what it opened within the test that started it."""
     stop = threading.Event()
-    worker = threading.Thread(target=feed.run, args=(inbox, stop.is_set), daemon=True)
+    worker = threading.Thread(target=feed.run, args=(receiver, stop.is_set), daemon=True)
     worker.start()
     try:
-        yield inbox
+        yield receiver
     finally:
         stop.set()
-        inbox.close()
+        on_stop()
         worker.join()
+
+
+def replaying(feed: ReplayFeed) -> contextlib.AbstractContextManager[Inbox]:
+    inbox = Inbox(block=True)
+    return running(feed, inbox, inbox.close)
 
 
 def wait_position(
@@ -322,3 +334,157 @@ def test_embedded_without_probes_runs_on_the_kernel_counters(
     assert {r["cpu"] for r in got if r["type"] == "cpu.stats"} == set(topo.cpus)
     assert statuses()[-1]["clients"] == 1
     assert "kernel counters only" in said[-2][1] and said[-1] == ("stopped", "")
+
+
+def test_a_stream_whose_first_timed_record_comes_late_replays_from_that_record(
+    tmp_path: Path,
+) -> None:
+    """A captured stream may hold an untimed message before its first timed record (the
+    daemon's `dropped` notice): the replay starts at the first time there is, not at
+    monotonic 0 (a seek bar over the node's uptime, minutes of nothing at 1x)."""
+    records = node_stream.stream()
+    plain = ReplayFeed(STREAM)
+    path = tmp_path / "dropped-first.ndjson"
+    path.write_bytes(node_stream.ndjson([*records[:2], {"type": "dropped", "count": 3,
+                                         "total": 3}, *records[2:]]))  # fmt: skip
+    feed = ReplayFeed(path)
+    assert (feed.start_ns, feed.end_ns) == (plain.start_ns, plain.end_ns)
+
+
+class Heard:
+    """A Receiver that keeps what a feed told it."""
+
+    def __init__(self) -> None:
+        self.got: list[dict] = []
+        self.states: list[tuple[str, str]] = []
+
+    def records(self, records: Iterable[dict]) -> None:
+        self.got += records
+
+    def reset(self) -> None:
+        pass
+
+    def connection(self, state: str, detail: str = "") -> None:
+        self.states.append((state, detail))
+
+    def position(self, pos: ReplayPosition, selected_gap: str | None = None) -> None:
+        pass
+
+
+def feeding(feed: SocketFeed) -> contextlib.AbstractContextManager[Heard]:
+    return running(feed, Heard())
+
+
+@contextlib.contextmanager
+def listening(path: Path, serve: Callable[[socket.socket], None]) -> Iterator[list[int]]:
+    """A unix socket at `path` that hands each connection to `serve`; yields the count of
+    connections taken."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(64)
+    taken = [0]
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            taken[0] += 1
+            with conn:
+                serve(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield taken
+    finally:
+        server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        thread.join()
+
+
+def wait_for(ok: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 5
+    while not ok():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_a_daemon_that_hangs_up_at_once_is_asked_again_backing_off(tmp_path: Path) -> None:
+    """A peer that accepts and closes (a wedged daemon, something else on the path) was
+    asked again at once, ~1,250 times a second: a try without a hello and snapshot backs
+    off as a refused connect does."""
+    feed = SocketFeed(tmp_path / "s.sock", retry_s=0.05, retry_max_s=0.4)
+    with listening(feed.path, lambda conn: None) as taken, feeding(feed) as heard:
+        time.sleep(1.5)  # 0.05 + 0.1 + 0.2 + 0.4 + 0.4 + 0.4: seven tries at most
+    assert 3 <= taken[0] <= 8
+    assert ("waiting", "daemon closed before its snapshot, retrying") in heard.states
+
+
+def test_a_daemon_refusing_this_client_is_said_and_backed_off_from(tmp_path: Path) -> None:
+    """The daemon's refusal (an error line, then the close) is what the status line shows,
+    and counts as a failed try: it used to reset the back-off, as any record did."""
+    daemon = Daemon(tmp_path / "s.sock", node_stream.stream())  # its hello and snapshot
+    server = StreamServer(daemon.path, hello=lambda: dict(daemon.hello),
+                          snapshot=lambda: [daemon.snapshot], max_clients=0).start()  # fmt: skip
+    try:
+        feed = SocketFeed(daemon.path, retry_s=0.05, retry_max_s=0.4)
+        with feeding(feed) as heard:
+            time.sleep(1.5)
+        assert 3 <= server.refused <= 8
+        assert ("waiting", "daemon refused: too many clients, retrying") in heard.states
+        assert "connected" not in {state for state, _ in heard.states}
+    finally:
+        server.close()
+
+
+def test_a_line_longer_than_any_the_daemon_sends_is_skipped_to_its_newline(
+    tmp_path: Path,
+) -> None:
+    """The reader holds at most LINE_BYTES of a line: past that the line is one bad line
+    (counted at once) and what follows its newline is read as ever."""
+    hello = orjson.dumps({"type": "hello", "pid": 7}) + b"\n"
+    sent = threading.Event()
+    go_on = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        conn.sendall(b"x" * (LINE_BYTES + (1 << 16)))
+        sent.set()
+        go_on.wait(5)
+        conn.sendall(b"more of it\n" + hello)
+        go_on.wait(5)
+
+    feed = SocketFeed(tmp_path / "s.sock")
+    with listening(feed.path, serve), feeding(feed) as heard:
+        sent.wait(5)
+        wait_for(lambda: feed.bad_lines == 1, "the over-long line counted")
+        go_on.set()
+        wait_for(lambda: heard.got == [{"type": "hello", "pid": 7}], "the next line")
+        assert feed.bad_lines == 1
+
+
+def test_a_socket_that_refuses_this_user_is_not_taken_for_no_daemon(
+    closed_to_others: Path,
+) -> None:
+    """EACCES on connect means a daemon is there and its socket's mode shuts this user out:
+    `top` says so (and runs no probes in its place); --daemon's status line says so."""
+    child = """if True:
+        import sys
+        from pathlib import Path
+        from gpujitter.errors import GpujitterError
+        from gpujitter.tui.feeds.socket import SocketFeed, daemon_listening
+        from tests.tui.test_feeds import Heard
+        path = Path(sys.argv[1])
+        try:
+            print("listening", daemon_listening(path))
+        except GpujitterError as err:
+            print(err)
+        heard = Heard()
+        SocketFeed(path).run(heard, lambda: bool(heard.states))
+        print(heard.states[0])
+    """
+    done = as_nobody("-c", child, str(closed_to_others))
+    why = (f"daemon at {closed_to_others} refuses this user (Permission denied): ask for the "
+           "socket's group (socket.group) or run as root")  # fmt: skip
+    assert done.stdout.splitlines() == [why, repr(("waiting", why))], done.stderr

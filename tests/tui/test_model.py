@@ -23,11 +23,13 @@ from gpujitter.daemon.analysis.records import (
 )
 from gpujitter.probes.events import to_record
 from gpujitter.tui import decode
-from gpujitter.tui.model import GAP_LIMIT, NodeModel
+from gpujitter.tui.inbox import Connection
+from gpujitter.tui.model import GAP_LIMIT, IGNORED_KEYS, NodeModel
 from gpujitter.tui.text import WallClock
 from gpujitter.tui.views.breakdown import breakdown_text
+from gpujitter.tui.views.gaps import GapsTable
 from gpujitter.tui.views.status import status_text
-from gpujitter.tui.views.timeline import cause_bar, columns, gap_marks
+from gpujitter.tui.views.timeline import bars, cause_bar, columns, gap_marks
 from tests.tui import node_stream
 
 S = 1_000_000_000
@@ -198,10 +200,99 @@ def test_the_breakdown_shows_where_a_followed_wait_went_in_the_waker() -> None:
 
 
 def test_a_gap_on_no_known_gpu_reads_as_such() -> None:
-    """GPU -1 is 'no GPU known' (no NVML): the breakdown says '?', as the GPUs view does,
-    never the sentinel."""
+    """GPU -1 is 'no GPU known' (no NVML): the breakdown and the Gaps view's GPU column say
+    '?', as the GPUs view does, never the sentinel."""
     text = breakdown_text(gap(0, 5 * MS, gpu=-1), None, WallClock(tz=UTC), 60).plain
     assert text.startswith("GPU ? idle 5.00ms") and "-1" not in text
+    cells = GapsTable(NodeModel(WallClock(tz=UTC))).row_cells(gap(0, 5 * MS, gpu=-1), None)
+    assert cells[1].plain == "?"
+
+
+def sample(value: object) -> dict[str, Any]:
+    return {"type": "gpu.sample", "ts_ns": S, "gpu": 0, "metric": "util", "value": value,
+            "period_ns": 100 * MS}  # fmt: skip
+
+
+def test_a_sample_that_is_no_finite_number_is_refused_and_bars_stay_in_range() -> None:
+    """float() reads "nan" and "inf" from a string; such a sample is malformed, not drawn
+    (int(nan) in the bars ended the app). A value outside 0..top draws at the edge."""
+    m = NodeModel()
+    for value in ("nan", "inf", "-inf"):
+        m.apply(sample(value))
+    m.apply(sample(42))
+    assert [v for _, v, _ in m.series(0, "util")] == [42.0]
+    assert m.ignored == {"gpu.sample (malformed)": 3}
+    assert bars([-50.0, 0.0, 100.0, 250.0], 100.0, "").plain == "▁▁██"
+
+
+def test_live_values_that_cannot_be_measurements_are_refused_as_malformed() -> None:
+    """Negative counts and durations, a gap that ends before it starts, a BPF cost above
+    every CPU of a large node: refused, so no view shows them as measured. A probe state a
+    newer daemon knows is counted as "other"."""
+    m = NodeModel()
+    m.apply({"type": "dropped", "count": -100, "total": -5})
+    m.apply({"type": "daemon.status", "ts_ns": S, "cpu_percent": -5})
+    m.apply(to_record(gap(2 * S, S)))
+    m.apply(to_record(attribution(ts_ns=2 * S, end_ns=S)))
+    m.apply({"type": "meta.probe", "ts_ns": S, "probe": "irq", "state": "running",
+             "bpf_ns_per_s": 10**18})  # fmt: skip
+    m.apply({"type": "meta.probe", "ts_ns": S, "probe": "sched", "state": "running",
+             "lost_kernel": -1})  # fmt: skip
+    m.apply({"type": "cpu.stats", "ts_ns": S, "interval_ns": S, "cpu": 3,
+             "hardirq_ns": -(10**18)})  # fmt: skip
+    assert m.daemon_dropped == 0 and m.status is None and not m.gaps and not m.probes
+    assert not m.cpus and not m.attributions
+    assert m.ignored == {"dropped (malformed)": 1, "daemon.status (malformed)": 1,
+                         "gpu.gap (malformed)": 1, "gpu.attribution (malformed)": 1,
+                         "meta.probe (malformed)": 2, "cpu.stats (malformed)": 1}  # fmt: skip
+    m.apply({"type": "meta.probe", "ts_ns": S, "probe": "irq", "state": "paused"})
+    m.apply({"type": "meta.probe", "ts_ns": S, "probe": "sched", "state": "running"})
+    text = status_text(m, None, None, inbox_dropped=0, paused=False).plain
+    assert "probes 1 on 1 other" in text
+
+
+def test_evidence_of_an_unknown_kind_keeps_its_attribution_and_shows_its_fields() -> None:
+    """docs/schema.md: a client ignores what it does not know; docs/tui.md: unknown evidence
+    is shown as its fields. A newer daemon's kind of evidence must not cost the gap its
+    whole attribution."""
+    rec = to_record(attribution(parts=(Part("irq", 4), Part("blocked", 6))))
+    rec["parts"][0]["evidence"] = [{"what": "nvlink", "ns": 5, "link": [3, 4], "name": "\x1b[2J"}]
+    m = NodeModel()
+    m.apply(rec)
+    a = m.attributions["1:0"]
+    assert [p.cause for p in a.parts] == ["blocked", "irq"] and not m.ignored
+    text = breakdown_text(a.gap, a, WallClock(tz=UTC), 60).plain
+    assert "nvlink, ns 5, link [3,4], name \\x1b[2J" in text
+    rec["parts"][0]["evidence"] = [{"what": "irq", "ns": "5"}]  # a known kind, ill-typed
+    m.apply(rec)
+    assert m.ignored == {"gpu.attribution (malformed)": 1}
+
+
+def test_records_not_shown_are_counted_in_the_status_line_under_bounded_keys() -> None:
+    """Unknown types, malformed records and the daemon's error lines are counted by why, at
+    most IGNORED_KEYS distinct whys (error messages are free text), and the status line says
+    how many were skipped, with the feed's unreadable lines."""
+    m = NodeModel()
+    assert "skipped" not in status_text(m, None, None, inbox_dropped=0, paused=False).plain
+    for n in range(IGNORED_KEYS * 3):
+        m.apply({"type": "error", "message": f"bad request {n}"})
+    assert len(m.ignored) == IGNORED_KEYS and sum(m.ignored.values()) == IGNORED_KEYS * 3
+    assert m.ignored["other"] == IGNORED_KEYS * 2 + 1
+    text = status_text(m, None, None, inbox_dropped=0, paused=False, bad_lines=4).plain
+    assert f"skipped {IGNORED_KEYS * 3 + 4}" in text
+
+
+def test_the_status_line_says_why_it_waits_what_the_client_sees_and_a_silent_daemon() -> None:
+    m = NodeModel()
+    m.apply({"type": "hello", "pid": 2301, "scope": "uid 1000"})
+    waiting = Connection("waiting", "daemon refused: too many clients, retrying")
+    text = status_text(m, waiting, None, inbox_dropped=0, paused=False).plain
+    assert text.startswith("○ daemon refused: too many clients, retrying │ scope uid 1000 │")
+    connected = Connection("connected")
+    live = status_text(m, connected, None, inbox_dropped=0, paused=False, silent_s=1.2).plain
+    assert live.startswith("● daemon pid 2301 │")
+    quiet = status_text(m, connected, None, inbox_dropped=0, paused=False, silent_s=7.4).plain
+    assert quiet.startswith("● daemon pid 2301 (silent 7 s) │")
 
 
 def gap(ts_ns: int, end_ns: int, gpu: int = 0) -> GpuGap:

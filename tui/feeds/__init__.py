@@ -48,6 +48,7 @@ class Feed(abc.ABC):
     label: str = ""  # what the title bar says the data is ("daemon", "embedded", a file)
     live: bool = True  # live feeds may drop under load; a replay's inbox blocks instead
     replay: ReplayControl | None = None
+    bad_lines: int = 0  # input lines that were no record (not JSON, too long): skipped
 
     @abc.abstractmethod
     def run(self, sink: Receiver, stopped: Callable[[], bool]) -> None:

@@ -125,13 +125,25 @@ def _analysed(path: Path) -> Iterator[Record]:
 def _timed(records: Iterator[Record]) -> Iterator[tuple[int, Record]]:
     """Each record with when it plays: its sending time, but never before its predecessor
     (the order stays the recording's: a record timed earlier, or not timed, plays with the
-    one before it)."""
-    played_ns = 0
+    one before it). Untimed records before the first timed one (a `dropped` notice) play
+    with it: the recording starts at its first time, not at monotonic 0."""
+    played_ns: int | None = None
+    untimed: list[Record] = []
     with contextlib.closing(records):  # type: ignore[type-var]
-        for n, rec in enumerate(records):
-            sent = emitted_at(rec) or 0
-            played_ns = sent if n == 0 else max(sent, played_ns)
+        for rec in records:
+            sent = emitted_at(rec)
+            if played_ns is None:
+                if sent is None:
+                    untimed.append(rec)
+                    continue
+                played_ns = sent
+                for early in untimed:
+                    yield played_ns, early
+                untimed.clear()
+            played_ns = max(sent or 0, played_ns)
             yield played_ns, rec
+    for rec in untimed:  # nothing in the recording is timed
+        yield 0, rec
 
 
 class ReplayFeed(Feed):

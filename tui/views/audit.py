@@ -68,7 +68,7 @@ class FindingScreen(ModalScreen[None]):
 
 class AuditView(Vertical):
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("r", "rerun", "Re-run audit", tooltip="run the audit again")
+        Binding("r", "rerun", "Re-run audit", tooltip="run the audit again (not while one runs)")
     ]
 
     class Rerun(Message):

@@ -118,6 +118,12 @@ class GapScreen(ModalScreen[None]):
     def on_resize(self) -> None:
         self._draw()
 
+    def show(self, gap: GpuGap, a: Attribution | None) -> None:
+        """The gap as the model now holds it: its attribution arrived while this was open."""
+        if gap is not self.gap or a is not self.attribution:  # the model's, new when changed
+            self.gap, self.attribution = gap, a
+            self._draw()
+
     def _draw(self) -> None:
         # Leave room for the scrollbar a long breakdown brings, so the bar never wraps.
         width = (self.query_one("#breakdown-text").content_size.width or 62) - 2

@@ -15,7 +15,7 @@ from textual.widgets import DataTable
 from gpujitter.daemon.analysis.engine.causes import cause_colour, cause_label, cause_rank
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.tui.model import NodeModel
-from gpujitter.tui.text import duration, join, percent, plain
+from gpujitter.tui.text import duration, gpu_number, join, percent, plain
 
 COLUMNS = ("TIME", "GPU", "DURATION", "RES", "TOP CAUSE", "SHARE", "THREAD")
 Row = tuple[GpuGap, Attribution | None]
@@ -90,7 +90,7 @@ class GapsTable(DataTable[Text]):
         res = Text(f"±{duration(gap.resolution_ns)}", style="dim")
         cells = [
             plain(m.clock.time(gap.ts_ns)),
-            plain(gap.gpu),
+            plain(gpu_number(gap.gpu)),
             Text(duration(gap.dur_ns), style="bold", justify="right"),
             res,
         ]

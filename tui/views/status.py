@@ -1,7 +1,8 @@
-"""The status line: where the data comes from and whether that works (daemon connected,
-retrying, embedded, replay position), the current view's filter, probe health, events lost,
-the daemon's own CPU, the gaps it caused itself (self-inflicted), and records dropped on the
-way (by the daemon for this client, and by this app's inbox)."""
+"""The status line: where the data comes from and whether that works (daemon connected, or
+silent for a while, retrying and why, embedded, replay position), what a non-root client is
+shown of the node, the current view's filter, probe health, events lost, the daemon's own
+CPU, the gaps it caused itself (self-inflicted), records dropped on the way (by the daemon
+for this client, and by this app's inbox), and lines and records skipped as unreadable."""
 
 from __future__ import annotations
 
@@ -14,16 +15,26 @@ from gpujitter.tui.inbox import Connection, ReplayPosition
 from gpujitter.tui.model import NodeModel
 
 STATE_STYLE = {"running": "green", "degraded": "yellow", "unavailable": "red", "off": "dim"}
+PROBE_STATES = ("running", "degraded", "unavailable", "off", "stopped")
+# The daemon sends its status once a second: past this with none, the line says how long.
+SILENT_S = 3.0
 
 
-def connection_text(conn: Connection | None, model: NodeModel, pos: ReplayPosition | None) -> Text:
+def connection_text(
+    conn: Connection | None,
+    model: NodeModel,
+    pos: ReplayPosition | None,
+    silent_s: float | None = None,
+) -> Text:
     if conn is None:
         return Text("○ starting", style="dim")
     if conn.state == "connected":
         pid = f" pid {model.hello.pid}" if model.hello.pid else ""
+        if silent_s is not None and silent_s > SILENT_S:  # stopped, wedged: not live
+            return Text(f"● daemon{pid} (silent {silent_s:.0f} s)", style="bold yellow")
         return Text(f"● daemon{pid}", style="bold green")
     if conn.state == "waiting":
-        return Text("○ no daemon, retrying", style="bold yellow")
+        return Text(f"○ {printable(conn.detail or 'no daemon, retrying')}", style="bold yellow")
     if conn.state == "embedded":
         return Text("● embedded", style="bold cyan")
     if conn.state == "replay" and pos is not None:
@@ -42,17 +53,20 @@ def connection_text(conn: Connection | None, model: NodeModel, pos: ReplayPositi
 
 
 def probes_text(model: NodeModel) -> Text:
-    states = Counter(p.state for p in model.probes.values())
+    states: Counter[str] = Counter(p.state for p in model.probes.values())
     if not states:
         return Text("probes ?", style="dim")
     out = Text("probes ")
-    for state in ("running", "degraded", "unavailable", "off", "stopped"):
+    for state in PROBE_STATES:
         if states[state]:
             label = {"running": "on", "degraded": "degr", "unavailable": "unavail"}.get(
                 state, state
             )
             out.append(f"{states[state]} {label}", style=STATE_STYLE.get(state, ""))
             out.append(" ")
+    other = sum(n for state, n in states.items() if state not in PROBE_STATES)
+    if other:  # states a newer daemon knows: counted, so that every probe is in the line
+        out.append(f"{other} other", style="yellow")
     out.rstrip()
     return out
 
@@ -76,9 +90,15 @@ def status_text(
     inbox_dropped: int,
     paused: bool,
     filter_text: str = "",
+    bad_lines: int = 0,
+    silent_s: float | None = None,
 ) -> Text:
+    """`bad_lines`: the feed's lines that were no record (not JSON, too long); `silent_s`:
+    seconds since the daemon's status last arrived (None: not a daemon's feed)."""
     # Most telling first: at 80 columns the probe list is what gets cut.
-    parts = [connection_text(conn, model, pos)]
+    parts = [connection_text(conn, model, pos, silent_s)]
+    if model.hello.scope not in ("", "all"):  # a non-root client sees its own processes only
+        parts.append(Text(f"scope {model.hello.scope}", style="bold yellow"))
     if model.damage:  # what is played lacks what the damage took: `gpujitter trace` says what
         parts.append(Text(f"damaged recording: {len(model.damage)} note(s), see gpujitter trace",
                           style="bold red"))  # fmt: skip
@@ -88,6 +108,9 @@ def status_text(
     parts.append(Text(f"lost {lost}", style="bold red" if lost else "dim"))
     dropped = inbox_dropped + model.daemon_dropped
     parts.append(Text(f"dropped {dropped}", style="bold red" if dropped else "dim"))
+    skipped = bad_lines + sum(model.ignored.values())
+    if skipped:  # unreadable lines, records of unknown types or malformed: model.ignored
+        parts.append(Text(f"skipped {skipped}", style="yellow"))
     if model.status is not None:
         who = "self" if conn is not None and conn.state == "embedded" else "daemon"
         parts.append(Text(f"{who} cpu {model.status.cpu_percent:.1f}%"))

@@ -51,7 +51,10 @@ def bars(values: Sequence[float | None], top: float, style: str) -> Text:
         if v is None:
             out.append(" ")
             continue
-        level = 0 if top <= 0 else min(len(BLOCKS) - 1, int(v / top * (len(BLOCKS) - 1) + 0.5))
+        # Clamped both ways: a value above the top, or below zero (a counter's glitch), is
+        # drawn at the edge rather than indexing BLOCKS from its end.
+        level = 0 if top <= 0 else int(v / top * (len(BLOCKS) - 1) + 0.5)
+        level = max(0, min(len(BLOCKS) - 1, level))
         out.append(BLOCKS[level], style=style if v > 0 else "dim " + style)
     return out
 
