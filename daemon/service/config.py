@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpujitter.daemon.sinks.stream import too_long_for_a_socket
+from gpujitter.daemon.sinks.jsonlog import IN_USE, in_use
+from gpujitter.daemon.sinks.stream import refuse_if_served, too_long_for_a_socket
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.topology import load_override
@@ -475,6 +476,8 @@ def _log_path(value: str) -> None:
         raise ValueError(f"{value} is a directory; the log is a file")
     if path.exists() and not path.is_file():
         raise ValueError(f"{value} is not a regular file")
+    if in_use(path):
+        raise ValueError(IN_USE)
     writable(path.parent)
 
 
@@ -495,6 +498,10 @@ def _socket_path(value: str) -> None:
     own_dir(Path(value).parent, 0o755)  # clients reach the socket through it (0660 itself)
     if Path(value).exists() and not Path(value).is_socket():
         raise ValueError(f"{value} exists and is not a socket")
+    try:
+        refuse_if_served(Path(value))
+    except GpujitterError as err:
+        raise ValueError(str(err).removeprefix(f"socket {value}: ")) from None
 
 
 def _group(value: str) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import os
 import stat
 import threading
@@ -67,6 +68,31 @@ def reserve(fd: int, offset: int, length: int) -> None:
     err = ctypes.get_errno()
     if err not in (errno.EOPNOTSUPP, errno.ENOSYS):
         raise OSError(err, os.strerror(err))
+
+
+IN_USE = "another gpujitter daemon writes it; give this one another log.path"
+
+
+def lock_exclusive(fd: int) -> bool:
+    """Take the file's exclusive lock, held while `fd` is open; False when another open
+    file holds it (another daemon's log)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def in_use(path: Path) -> bool:
+    """Whether a running daemon writes the log at `path` (holds its lock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False  # none there, or not openable: opening it for writing will say
+    try:
+        return not lock_exclusive(fd)
+    finally:
+        os.close(fd)
 
 
 def rotated_files(path: Path) -> list[Path]:
@@ -138,6 +164,9 @@ class JsonLog:
                 fd = os.open(self.path, flags)
             if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device: no log
                 raise GpujitterError(f"cannot open log {self.path}: not a regular file")
+            # One writer a file: two daemons' lines (and rotations) would interleave.
+            if not lock_exclusive(fd):
+                raise GpujitterError(f"cannot open log {self.path}: {IN_USE}")
             self.size = self._cut_torn_line(fd)
         except OSError as err:
             if fd >= 0:

@@ -204,15 +204,18 @@ class StreamServer:
         if (why := too_long_for_a_socket(self.path)) is not None:
             raise GpujitterError(f"socket {self.path}: path {why}")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        refuse_if_served(self.path)
         with contextlib.suppress(FileNotFoundError):
             if self.path.is_socket():
-                self.path.unlink()  # a previous run's socket
+                self.path.unlink()  # a previous run's socket, nobody listening on it
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             sock.bind(str(self.path))
         except OSError as err:
             sock.close()
             raise GpujitterError(f"socket {self.path}: {err.strerror or err}") from None
+        st = os.lstat(self.path)
+        self._inode = (st.st_dev, st.st_ino)  # what close() may remove: its own socket only
         if group:
             try:
                 os.chown(self.path, -1, grp.getgrnam(group).gr_gid)
@@ -735,8 +738,37 @@ class StreamServer:
             self._spare = None
         self._wake_r.close()
         self._wake_w.close()
+        # Only the socket it made: another daemon's, bound at the path since (this one's was
+        # removed by hand), is that daemon's to remove.
         with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+            st = os.lstat(self.path)
+            if (st.st_dev, st.st_ino) == self._inode:
+                self.path.unlink()
+
+
+def refuse_if_served(path: Path) -> None:
+    """GpujitterError when a daemon listens at `path`: a second one started with the same
+    socket unlinked the first one's, served its clients, and removed the path at its exit,
+    leaving the first unreachable for the rest of its life. A socket nobody listens on (a
+    run that was killed) is left for the caller to replace."""
+    if not path.is_socket():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return  # stale, or gone meanwhile
+    except TimeoutError:
+        pass  # a backlog full for a second: someone serves it, busily
+    except OSError:
+        return  # no telling (not this user's to reach): binding there says why
+    finally:
+        probe.close()
+    raise GpujitterError(
+        f"socket {path}: a gpujitter daemon is already serving it (`systemctl status "
+        "gpujitter`); stop it, or give this one another socket.path"
+    )
 
 
 def first_records(path: Path, types: Iterable[str], timeout_s: float) -> dict[str, dict[str, Any]]:

@@ -19,6 +19,8 @@ import pytest
 
 from gpujitter import cli
 from gpujitter.daemon.service.service import Daemon
+from gpujitter.daemon.sinks.jsonlog import JsonLog
+from gpujitter.daemon.sinks.stream import StreamServer
 
 
 class Attached(Exception):
@@ -175,6 +177,24 @@ def test_a_log_or_record_path_that_cannot_be_written_is_refused_before_probes_at
     finally:
         if os.geteuid() == 0:
             subprocess.run(["umount", frozen], check=True)
+
+
+def test_a_socket_or_log_another_daemon_uses_is_refused_before_probes_attach(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `gpujitter run` by hand beside the service took the service's socket over (and wrote
+    # into its log).
+    path = tmp_path / "served.sock"
+    server = StreamServer(path, hello=dict, snapshot=list).start()
+    try:
+        assert run_with(tmp_path, {"socket.path": str(path)}) == 2
+        assert_one_line(capsys.readouterr().err, " socket.path: ", "already serving it")
+        assert path.is_socket()
+    finally:
+        server.close()
+    with JsonLog(tmp_path / "taken.jsonl"):
+        assert run_with(tmp_path, {"log.path": str(tmp_path / "taken.jsonl")}) == 2
+        assert_one_line(capsys.readouterr().err, " log.path: ", "another gpujitter daemon")
 
 
 def test_a_bad_setting_starts_no_compile(

@@ -380,3 +380,16 @@ def test_a_deleted_log_is_opened_again_and_a_missing_folder_counted(
     assert log.write(gap(3))
     log.close()
     assert [r["type"] for r in JsonLogReader(path)] == [DROPPED, "gpu.gap"]
+
+
+def test_a_log_another_daemon_writes_is_refused(tmp_path: Path) -> None:
+    # Two daemons on one log.path: both started, their lines and rotations interleaved.
+    path = tmp_path / "a.jsonl"
+    with JsonLog(path) as first:
+        with pytest.raises(GpujitterError, match="another gpujitter daemon writes it"):
+            JsonLog(path)
+        assert jsonlog.in_use(path)
+        first.write(gap(0))
+    assert not jsonlog.in_use(path)
+    with JsonLog(path) as again:  # the lock goes with the writer
+        again.write(gap(1))

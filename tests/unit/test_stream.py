@@ -311,6 +311,30 @@ def test_stale_socket_is_replaced_and_missing_group_is_one_line(tmp_path: Path) 
         StreamServer(path, hello=dict, snapshot=list, group="no-such-group")
 
 
+def test_a_socket_a_daemon_serves_is_not_taken_over(tmp_path: Path) -> None:
+    """A second daemon on the same path unlinked the first one's socket, served its clients,
+    and removed the path at its exit: the first, still running, was unreachable for good."""
+    from gpujitter.errors import GpujitterError
+
+    path = tmp_path / "s.sock"
+    first = StreamServer(path, hello=lambda: {"pid": 1}, snapshot=list).start()
+    try:
+        with pytest.raises(GpujitterError, match="a gpujitter daemon is already serving it"):
+            StreamServer(path, hello=lambda: {"pid": 2}, snapshot=list)
+        # Its socket removed by hand and another daemon bound there since: the first's
+        # exit leaves the other's socket in place.
+        path.unlink()
+        second = StreamServer(path, hello=lambda: {"pid": 2}, snapshot=list).start()
+        first.close()
+        assert path.is_socket()
+        with connect(path) as c:
+            assert orjson.loads(c.makefile("rb").readline())["pid"] == 2
+        second.close()
+        assert not path.exists()
+    finally:
+        first.close()
+
+
 def test_publish_never_blocks_on_a_server_thread_that_does_not_run(tmp_path: Path) -> None:
     """Each publish wakes the server thread through a socket pair; when that thread is not
     reading (stalled, or dead), the pair fills up and a blocking send would stop the
