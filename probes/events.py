@@ -85,6 +85,11 @@ class Event:
     NESTED: ClassVar[bool] = False
     ts_ns: int
 
+    def problem(self) -> str | None:
+        """What makes a well-typed record of this kind no possible measurement (None when
+        nothing does): from_record refuses it, for every reader alike."""
+        return None
+
 
 def event_kinds() -> dict[str, type[Event]]:
     return dict(_KINDS)
@@ -144,9 +149,12 @@ def from_record(rec: dict[str, Any]) -> Event:
     if cls is None:
         raise UnknownEvent(f"unknown event type {kind!r}")
     try:
-        return typed(cls, rec)
+        ev: Event = typed(cls, rec)
     except BadRecord as err:
         raise BadRecord(f"bad {kind} record: {err}") from None
+    if (why := ev.problem()) is not None:
+        raise BadRecord(f"bad {kind} record: {why}")
+    return ev
 
 
 def typed(hint: Any, value: Any, where: str = "") -> Any:

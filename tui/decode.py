@@ -70,19 +70,13 @@ def count(value: Any, name: str) -> int:
     return number
 
 
-def _spans_forward(g: GpuGap) -> GpuGap:
-    if g.end_ns < g.ts_ns:  # a negative duration: no view can place it
-        raise BadRecord(f"gap {g.gap_id} ends before it starts")
-    return g
-
-
 def gap(rec: Record) -> GpuGap:
     """A gpu.gap record, type-checked (BadRecord, a ValueError, when it is not one), its
     text made inert for the views."""
     ev = from_record(dict(rec))
     if not isinstance(ev, GpuGap):
         raise BadRecord(f"not a gpu.gap record: {rec.get('type')!r}")
-    return inert_record(_spans_forward(ev))
+    return inert_record(ev)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +128,6 @@ def attribution(rec: Record) -> Attribution:
     ev = from_record(rec)
     if not isinstance(ev, Attribution):
         raise BadRecord(f"not a gpu.attribution record: {rec.get('type')!r}")
-    _spans_forward(ev.gap)
     # The breakdown reads an item of evidence only through its `words`, which
     # UnknownEvidence has as every known kind does.
     kept = tuple(

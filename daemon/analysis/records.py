@@ -11,6 +11,11 @@ from gpujitter.probes.events import Event, event_kind, native_frame
 from gpujitter.units import format_bytes, format_ns
 
 
+def backwards(ev: GpuGap | Attribution) -> str | None:
+    """A gap that ends before it starts: no view can place it, no sum holds."""
+    return f"end_ns {ev.end_ns} before ts_ns {ev.ts_ns}" if ev.end_ns < ev.ts_ns else None
+
+
 @event_kind("gpu.gap")
 @dataclass(frozen=True, slots=True)
 class GpuGap(Event):
@@ -42,6 +47,9 @@ class GpuGap(Event):
     @property
     def gap_id(self) -> str:
         return f"{self.gpu}:{self.ts_ns}"
+
+    def problem(self) -> str | None:
+        return backwards(self)
 
 
 # ---------------------------------------------------------------------------------------
@@ -483,6 +491,9 @@ class Attribution(Event):
     @property
     def gap_id(self) -> str:
         return f"{self.gpu}:{self.ts_ns}"
+
+    def problem(self) -> str | None:
+        return backwards(self)
 
     @property
     def gap(self) -> GpuGap:
