@@ -84,18 +84,16 @@ def read_maps(paths: HostPaths, pid: int | str, containing: str = "") -> list[Ma
     return parse_maps(text)
 
 
-def mapped_files(
+def read_mapped_files(
     paths: HostPaths, pid: int | str, *, executable: bool = False, containing: str = ""
 ) -> list[str]:
     """The files process `pid` maps (executable: those it maps code from; containing: those
-    whose path holds that text), each once, in address order; [] when its maps cannot be
-    read. A scan for one library parses only the lines that can name it: a process that
-    never maps it is read again every second, and a libtorch process's maps run to
-    thousands of lines (585 cost 2 ms parsed whole here)."""
-    try:
-        maps = read_maps(paths, pid, containing)
-    except OSError:
-        return []
+    whose path holds that text), each once, in address order; OSError when its maps cannot
+    be read (exited: FileNotFoundError; another user's: PermissionError), for a reader that
+    must not take "not readable" for "maps nothing". A scan for one library parses only the
+    lines that can name it: a process that never maps it is read again every second, and a
+    libtorch process's maps run to thousands of lines (585 cost 2 ms parsed whole here)."""
+    maps = read_maps(paths, pid, containing)
     return list(
         dict.fromkeys(
             m.path
@@ -103,6 +101,17 @@ def mapped_files(
             if m.file and (m.executable or not executable) and containing in m.path
         )
     )
+
+
+def mapped_files(
+    paths: HostPaths, pid: int | str, *, executable: bool = False, containing: str = ""
+) -> list[str]:
+    """read_mapped_files, [] when the maps cannot be read: for the probes, which attach to
+    what they can read and try again later."""
+    try:
+        return read_mapped_files(paths, pid, executable=executable, containing=containing)
+    except OSError:
+        return []
 
 
 def in_root(paths: HostPaths, pid: int, path: str) -> str:

@@ -4,6 +4,7 @@ dev VM and the H200 VM (NVML played back)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,10 +19,13 @@ from gpujitter.probes.topology import Topology, load_topology
 from tests.fixtures.hosts.record import keep_allocator_env
 from tests.nvml_playback import PlaybackBackend
 from tests.unit.conftest import HOSTS, MakeTree
+from tests.unit.forked import in_child, without_dac_override
 
 GOOD = ("two-node-gpu",)
 BAD = ("two-node-gpu", "two-node-gpu-bad")
 JEMALLOC_CONF = "narenas:8,dirty_decay_ms:10000,muzzy_decay_ms:10000,background_thread:true"
+# The status of root's irqbalance (the two-node trees record only its comm).
+DENIED = "not readable: Permission denied: run as root"
 
 
 def audit(
@@ -41,6 +45,17 @@ def audit(
 def ev(paths: HostPaths, rel: str, value: str) -> Reading:
     root = paths.proc.parent
     return Reading(str(root / rel), value)
+
+
+def as_another_user(call: Callable[[], object]) -> object:
+    """What `call` returns meeting the tree's permission bits as a user auditing another's
+    processes does (files made unreadable, chmod 0, refuse it)."""
+    return in_child(call, without_dac_override)
+
+
+def unreadable(paths: HostPaths, *rels: str) -> None:
+    for rel in rels:
+        (paths.proc.parent / rel).chmod(0)
 
 
 # --- memory -------------------------------------------------------------------------------
@@ -283,6 +298,7 @@ def test_irqbalance(host_tree: MakeTree) -> None:
             "running (pid 1500), keeps IRQs off CPUs 0-1,4-5",
             (
                 ev(g, "proc/1500/comm", "irqbalance"),
+                ev(g, "proc/1500/status", "Uid: 0"),
                 ev(g, "etc/default/irqbalance", "IRQBALANCE_BANNED_CPULIST=0-1,4-5"),
             ),
         )
@@ -295,7 +311,7 @@ def test_irqbalance(host_tree: MakeTree) -> None:
             "irqbalance",
             "running (pid 1500) with no banned CPUs: it moves IRQs, GPU and NIC ones included, "
             "onto GPU-feeding CPUs and undoes affinity set by hand",
-            (ev(b, "proc/1500/comm", "irqbalance"),),
+            (ev(b, "proc/1500/comm", "irqbalance"), ev(b, "proc/1500/status", "Uid: 0")),
             "systemctl disable --now irqbalance  # or set IRQBALANCE_BANNED_CPULIST",
         )
     ]
@@ -313,7 +329,64 @@ def test_irqbalance_ban_mask_from_its_environment(host_tree: MakeTree) -> None:
     (p.proc / "1500/environ").write_bytes(env)
     (finding,) = audit(p, "irq.irqbalance")
     assert finding.severity == "ok" and finding.message.endswith("keeps IRQs off CPUs 0-1,4-5")
-    assert finding.evidence[1] == ev(p, "proc/1500/environ", "IRQBALANCE_BANNED_CPUS=00000033")
+    assert finding.evidence[2] == ev(p, "proc/1500/environ", "IRQBALANCE_BANNED_CPUS=00000033")
+
+
+def test_irqbalance_is_only_roots(host_tree: MakeTree) -> None:
+    """Any user may name a process irqbalance (prctl): the audit took such a process, with
+    the bans its owner chose, for the daemon, and judged only the first one found."""
+    fake = {
+        "proc/1400/comm": "irqbalance\n",
+        "proc/1400/status": "Name:\tirqbalance\nUid:\t65534\t65534\t65534\t65534\n",
+        "proc/1400/environ": "IRQBALANCE_BANNED_CPULIST=0-7\0",
+    }
+    vm = host_tree("dev-vm", files=fake)
+    assert audit(vm, "irq.irqbalance") == [
+        Finding(
+            "irq.irqbalance",
+            "ok",
+            "irqbalance",
+            "not running: IRQ affinity stays where it is set",
+            (
+                Reading(str(vm.proc / "*/comm"), "no root process named irqbalance"),
+                ev(vm, "proc/1400/status", "Uid: 65534 (not root)"),
+            ),
+        )
+    ]
+    beside = host_tree(*BAD, files=fake)
+    (finding,) = audit(beside, "irq.irqbalance")
+    assert (finding.severity, finding.message.split(" with ")[0]) == ("warn", "running (pid 1500)")
+    unknown = host_tree(*GOOD, files={"proc/1500/status": None})  # whose: cannot be told
+    assert audit(unknown, "irq.irqbalance") == [
+        Finding(
+            "irq.irqbalance",
+            "info",
+            "irqbalance",
+            "not checked: a process named irqbalance (pid 1500) runs, whose owner is not known "
+            "(its status not readable)",
+            (ev(unknown, "proc/1500/status", "absent"),),
+        )
+    ]
+
+
+def test_irqbalance_whose_environ_cannot_be_read(host_tree: MakeTree) -> None:
+    """Root's irqbalance audited by another user: its environ (where the bans usually are)
+    read as empty, and the audit warned "no banned CPUs" with a fix to disable it."""
+    b = host_tree(*BAD, files={"proc/1500/environ": "PATH=/usr/bin\0"})
+    unreadable(b, "proc/1500/environ")
+    assert as_another_user(lambda: audit(b, "irq.irqbalance")) == [
+        Finding(
+            "irq.irqbalance",
+            "info",
+            "irqbalance",
+            "running (pid 1500); its banned CPUs not known: its environ not readable",
+            (
+                ev(b, "proc/1500/comm", "irqbalance"),
+                ev(b, "proc/1500/status", "Uid: 0"),
+                ev(b, "proc/1500/environ", DENIED),
+            ),
+        )
+    ]
 
 
 def test_irq_affinity_good(host_tree: MakeTree) -> None:
@@ -410,6 +483,42 @@ def test_irq_affinity_against_an_override(host_tree: MakeTree, tmp_path: Path) -
     assert nic.severity == "info" and nic.message.startswith("NUMA node of the device unknown")
 
 
+def test_irq_affinity_naming_offline_cpus(host_tree: MakeTree) -> None:
+    """CPU 1 offline on a kernel without effective_affinity_list: smp_affinity_list still
+    names it, and the audit called CPU 1 (node unknown, taken for 0) "remote" from a device
+    on node 0. An IRQ whose only CPU is offline is said to be so."""
+    irqs = [d.name for d in (HOSTS / "dev-vm/proc/irq").iterdir()]
+    files: dict[str, str | None] = {f"proc/irq/{n}/effective_affinity_list": None for n in irqs}
+    files |= {"sys/devices/system/cpu/online": "0\n", "proc/irq/36/smp_affinity_list": "1\n"}
+    p = host_tree("dev-vm", files=files)
+    assert audit(p, "irq.affinity") == [
+        Finding(
+            "irq.affinity",
+            "info",
+            "IRQ 36 virtio1-req.0",
+            "block vda: its affinity names only offline CPUs 1: where it is handled is not known",
+            (
+                ev(p, "proc/irq/36/smp_affinity_list", "1"),
+                ev(p, "sys/devices/system/cpu/online", "0"),
+            ),
+        ),
+        Finding(
+            "irq.affinity",
+            "ok",
+            "block vda",
+            "1 of 2 IRQ(s) handled on node 0's CPUs (one NUMA node: every CPU is local)",
+            (ev(p, "proc/irq/35/smp_affinity_list", "0-1"),),
+        ),
+        Finding(
+            "irq.affinity",
+            "ok",
+            "nic eth0",
+            "3 of 3 IRQ(s) handled on node 0's CPUs (one NUMA node: every CPU is local)",
+            tuple(ev(p, f"proc/irq/{n}/smp_affinity_list", "0-1") for n in (37, 38, 39)),
+        ),
+    ]
+
+
 # --- gpus ---------------------------------------------------------------------------------
 
 
@@ -484,6 +593,61 @@ def test_pid_option(host_tree: MakeTree) -> None:
     assert (proc.pid, proc.gpus, proc.found_by) == (4467, (), "--pid")
     with pytest.raises(GpujitterError, match="--pid 999999: no such process"):
         find_gpu_processes(p, topo, (999999,))
+
+
+def test_pid_of_a_thread_or_a_zombie_is_refused(host_tree: MakeTree) -> None:
+    """/proc/TID/status exists for every thread, and a zombie's maps read empty: both were
+    audited as processes (a thread listed as one; a zombie given memlock and allocator
+    fixes)."""
+    p = host_tree(
+        "dev-vm",
+        files={
+            "proc/4468/status": "Name:\tpython3\nState:\tS (sleeping)\nTgid:\t4467\n",
+            "proc/4469/status": "Name:\tpython3\nState:\tZ (zombie)\nTgid:\t4469\n",
+        },
+    )
+    topo = load_topology(p)
+    with pytest.raises(GpujitterError, match=r"^--pid 4468: a thread of process 4467; give"):
+        find_gpu_processes(p, topo, (4468,))
+    with pytest.raises(GpujitterError, match=r"^--pid 4469: exited \(a zombie its parent"):
+        find_gpu_processes(p, topo, (4469,))
+
+
+def test_gpu_processes_whose_maps_cannot_be_read_are_counted(host_tree: MakeTree) -> None:
+    """Audited by a user who may not read other users' maps, the audit said "none found (no
+    process with libcuda mapped)": a scan that could not look, told as a result."""
+    p = host_tree(*BAD)
+    unreadable(p, "proc/4343/maps")
+    maps = Reading(str(p.proc / "*/maps"), "1 readable, 1 not readable (pids 4343)")
+    assert as_another_user(lambda: audit(p, "process.gpus")) == [
+        Finding(
+            "process.gpus",
+            "info",
+            "pid 4242 (python3)",
+            "uses 0000:b1:00.0 (found by libcuda)",
+            (ev(p, "proc/4242/maps", "0000:b1:00.0"),),
+        ),
+        Finding(
+            "process.gpus",
+            "info",
+            "GPU processes",
+            "the maps of 1 process(es) not readable (Permission denied: run as root): GPU "
+            "processes among them are found only by NVML or --pid",
+            (maps,),
+        ),
+    ]
+    unreadable(p, "proc/4242/maps")
+    assert as_another_user(lambda: audit(p, "process.gpus")) == [
+        Finding(
+            "process.gpus",
+            "info",
+            "GPU processes",
+            "none found among the 0 process(es) whose maps were readable (no NVML compute "
+            "process, no process with libcuda mapped); the maps of 2 process(es) not readable "
+            "(Permission denied: run as root), or name one with --pid",
+            (Reading(maps.file, "no libcuda.so in 0 readable, 2 not readable (pids 4242, 4343)"),),
+        )
+    ]
 
 
 def test_no_gpu_process(host_tree: MakeTree) -> None:
@@ -634,6 +798,61 @@ def test_allocator(host_tree: MakeTree) -> None:
     (plain,) = audit(defaults, "process.allocator")
     assert plain.severity == "info" and plain.message.startswith("jemalloc with default settings")
     assert plain.fix == f"MALLOC_CONF={JEMALLOC_CONF} <command>"
+
+
+def test_files_that_cannot_be_read_are_not_checked(host_tree: MakeTree) -> None:
+    """Another user's maps, environ and numa_maps read as empty: the audit said "glibc
+    malloc", "no allocator variables" and judged memory by no pages at all."""
+    b = host_tree(*BAD)
+    unreadable(b, "proc/4343/maps", "proc/4242/environ", "proc/4242/numa_maps")
+    found = as_another_user(
+        lambda: (
+            audit(b, "process.allocator", pids=(4343,))
+            + audit(b, "process.memory_policy", pids=(4343,))[:1]
+        )
+    )
+    assert found == [
+        Finding(
+            "process.allocator",
+            "info",
+            "pid 4242 (python3)",
+            "glibc malloc: arena locks and trims (madvise/munmap) can stall data-loader threads",
+            (
+                ev(b, "proc/4242/maps", "no jemalloc/tcmalloc/mimalloc mapped"),
+                ev(b, "proc/4242/environ", DENIED),
+            ),
+            f"LD_PRELOAD=libjemalloc.so.2 MALLOC_CONF={JEMALLOC_CONF} <command>",
+        ),
+        Finding(
+            "process.allocator",
+            "info",
+            "pid 4343 (python3)",
+            "not checked: its maps not readable (Permission denied: run as root)",
+            (ev(b, "proc/4343/maps", DENIED),),
+        ),
+        Finding(
+            "process.memory_policy",
+            "info",
+            "pid 4242 (python3)",
+            "not checked: its numa_maps not readable (Permission denied: run as root)",
+            (
+                ev(b, "proc/4242/status", "Mems_allowed_list: 0-1"),
+                ev(b, "proc/4242/numa_maps", DENIED),
+            ),
+        ),
+    ]
+    g = host_tree(*GOOD)
+    unreadable(g, "proc/4242/environ")
+    jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    assert as_another_user(lambda: audit(g, "process.allocator")) == [
+        Finding(
+            "process.allocator",
+            "info",
+            "pid 4242 (python3)",
+            "jemalloc in use; its settings (MALLOC_CONF) not checked: its environ not readable",
+            (ev(g, "proc/4242/maps", jemalloc), ev(g, "proc/4242/environ", DENIED)),
+        )
+    ]
 
 
 def test_a_mapped_path_with_spaces_is_named_whole(host_tree: MakeTree) -> None:

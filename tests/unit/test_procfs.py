@@ -25,6 +25,7 @@ from gpujitter.probes.procfs import (
     mapped_files,
     parse_maps,
     parse_swaps,
+    read_mapped_files,
     read_maps,
     task_ids,
     task_stat_fields,
@@ -97,6 +98,8 @@ def test_a_process_that_cannot_be_read() -> None:
     with pytest.raises(OSError):
         read_maps(TREE, 1)
     assert mapped_files(TREE, 1) == []
+    with pytest.raises(OSError):  # for the audit, which must not take it for "maps nothing"
+        read_mapped_files(TREE, 1)
     assert mapped_libcuda(1, TREE) == []
 
 

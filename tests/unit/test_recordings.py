@@ -21,6 +21,7 @@ from gpujitter.daemon.sinks.jsonlog import JsonLog, rotated_files
 from gpujitter.daemon.sinks.trace import TraceReader, trace_paths
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import to_record
+from tests.unit.forked import as_nobody, in_child
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "h200-training.gjtrace"
 
@@ -218,31 +219,17 @@ def test_export_draws_an_events_file_and_refuses_a_log(
 
 
 def _as_another_user(call: Callable[[], object]) -> str:
-    """What `call` says (its one-line error, or "ok") in a forked child that is not root
-    where this process is (root passes every permission check)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: everything it needs is imported already
+    """What `call` says (its one-line error, or "ok") as a user who is not root where this
+    process is (root passes every permission check)."""
+
+    def said() -> str:
         try:
-            os.close(read)
-            if os.geteuid() == 0:
-                os.setgid(65534)
-                os.setuid(65534)
-            try:
-                call()
-                said = "ok"
-            except GpujitterError as err:
-                said = str(err)
-            except BaseException as err:  # what escaped is the finding
-                said = f"escaped: {type(err).__name__}: {err}"
-            os.write(write, said.encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as f:
-        said = f.read().decode()
-    os.waitpid(pid, 0)
-    return said
+            call()
+        except GpujitterError as err:
+            return str(err)
+        return "ok"
+
+    return str(in_child(said, as_nobody))
 
 
 def test_a_path_this_user_may_not_reach_is_one_line(tmp_path: Path) -> None:

@@ -9,14 +9,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gpujitter.daemon.analysis import remedies
-from gpujitter.daemon.checks.audit.model import AuditContext, Finding, Reading, rule
+from gpujitter.daemon.checks.audit.model import (
+    AuditContext,
+    Finding,
+    Reading,
+    not_readable,
+    read_process_file,
+    rule,
+)
 from gpujitter.probes.host import (
     format_cpulist,
     parse_cpulist,
     proc_pids,
-    read_foreign,
     read_name,
     read_text,
+    status_fields,
 )
 from gpujitter.probes.topology import IrqInfo
 
@@ -35,16 +42,28 @@ def pids_named(ctx: AuditContext, comm: str) -> list[int]:
     ]
 
 
-def _banned_cpus(ctx: AuditContext, pid: int) -> tuple[list[int], Reading] | None:
-    """irqbalance's banned CPUs from its environment or its config file, with evidence."""
-    environ = ctx.paths.proc / str(pid) / "environ"
-    sources: list[tuple[Path, list[str]]] = [
-        (environ, (read_foreign(environ) or "").split("\0")),
-        *(
-            (f, (read_text(f) or "").splitlines())
-            for f in (ctx.paths.etc / "default/irqbalance", ctx.paths.etc / "sysconfig/irqbalance")
-        ),
-    ]
+def _owner(ctx: AuditContext, pid: int) -> str:
+    """The real uid of process `pid` from its status ("" when status cannot be read)."""
+    return (status_fields(ctx.paths, pid).get("Uid", "").split() or [""])[0]
+
+
+def _banned_cpus(
+    ctx: AuditContext, pids: list[int]
+) -> tuple[tuple[list[int], Reading] | None, list[Reading]]:
+    """irqbalance's banned CPUs from its environment or its config file, with evidence; and
+    the environments that could not be read (banned CPUs may hide there)."""
+    sources: list[tuple[Path, list[str]]] = []
+    unread: list[Reading] = []
+    for pid in pids:
+        environ = ctx.paths.proc / str(pid) / "environ"
+        try:
+            sources.append((environ, read_process_file(environ).split("\0")))
+        except FileNotFoundError:
+            continue  # exited, or a recorded tree without it: the config files still tell
+        except OSError as err:
+            unread.append(not_readable(environ, err))
+    for f in (ctx.paths.etc / "default/irqbalance", ctx.paths.etc / "sysconfig/irqbalance"):
+        sources.append((f, (read_text(f) or "").splitlines()))
     for path, lines in sources:
         for line in lines:
             key, sep, value = line.strip().partition("=")
@@ -55,8 +74,8 @@ def _banned_cpus(ctx: AuditContext, pid: int) -> tuple[list[int], Reading] | Non
                 cpus = parse_cpulist(value) if key.endswith("CPULIST") else _mask(value)
             except ValueError:
                 continue
-            return cpus, Reading(str(path), f"{key}={value}")
-    return None
+            return (cpus, Reading(str(path), f"{key}={value}")), unread
+    return None, unread
 
 
 def _mask(text: str) -> list[int]:
@@ -66,35 +85,69 @@ def _mask(text: str) -> list[int]:
 
 @rule("irq.irqbalance")
 def irqbalance(ctx: AuditContext) -> Iterator[Finding]:
-    pids = pids_named(ctx, "irqbalance")
-    if not pids:
+    name = "irq.irqbalance"
+    named = pids_named(ctx, "irqbalance")
+    # Any user may name a process irqbalance (prctl, or a copy of any binary so named); only
+    # root can move IRQs, so only root's is the daemon.
+    owners = {pid: _owner(ctx, pid) for pid in named}
+    pids = [pid for pid in named if owners[pid] == "0"]
+    unknown = [pid for pid in named if owners[pid] == ""]
+    if not pids and unknown:
+        status = ctx.paths.proc / str(unknown[0]) / "status"
         yield Finding(
-            "irq.irqbalance",
+            name,
+            "info",
+            "irqbalance",
+            f"not checked: a process named irqbalance (pid {unknown[0]}) runs, whose owner "
+            "is not known (its status not readable)",
+            (ctx.read(status)[1],),
+        )
+        return
+    if not pids:
+        others = [
+            Reading(str(ctx.paths.proc / str(pid) / "status"), f"Uid: {owners[pid]} (not root)")
+            for pid in named
+        ]
+        yield Finding(
+            name,
             "ok",
             "irqbalance",
             "not running: IRQ affinity stays where it is set",
-            (Reading(str(ctx.paths.proc / "*/comm"), "no process named irqbalance"),),
+            (Reading(str(ctx.paths.proc / "*/comm"), "no root process named irqbalance"), *others),
         )
         return
-    running = Reading(str(ctx.paths.proc / str(pids[0]) / "comm"), "irqbalance")
-    banned = _banned_cpus(ctx, pids[0])
+    running = f"running (pid{'s' if len(pids) > 1 else ''} {', '.join(map(str, pids))})"
+    evidence = (
+        Reading(str(ctx.paths.proc / str(pids[0]) / "comm"), "irqbalance"),
+        Reading(str(ctx.paths.proc / str(pids[0]) / "status"), "Uid: 0"),
+    )
+    banned, unread = _banned_cpus(ctx, pids)
     if banned is not None:
         cpus, ev = banned
         yield Finding(
-            "irq.irqbalance",
+            name,
             "ok",
             "irqbalance",
-            f"running (pid {pids[0]}), keeps IRQs off CPUs {format_cpulist(cpus)}",
-            (running, ev),
+            f"{running}, keeps IRQs off CPUs {format_cpulist(cpus)}",
+            (*evidence, ev),
+        )
+        return
+    if unread:
+        yield Finding(
+            name,
+            "info",
+            "irqbalance",
+            f"{running}; its banned CPUs not known: its environ not readable",
+            (*evidence, *unread),
         )
         return
     yield Finding(
-        "irq.irqbalance",
+        name,
         "warn",
         "irqbalance",
-        f"running (pid {pids[0]}) with no banned CPUs: it moves IRQs, GPU and NIC ones "
-        "included, onto GPU-feeding CPUs and undoes affinity set by hand",
-        (running,),
+        f"{running} with no banned CPUs: it moves IRQs, GPU and NIC ones included, onto "
+        "GPU-feeding CPUs and undoes affinity set by hand",
+        evidence,
         remedies.irqbalance_off(),
     )
 
@@ -118,7 +171,10 @@ def _node_evidence(ctx: AuditContext, irq: IrqInfo) -> Reading:
 
 
 def _effective(ctx: AuditContext, irq: IrqInfo) -> Reading:
-    return ctx.read(ctx.paths.proc / "irq" / str(irq.irq) / "effective_affinity_list")[1]
+    """The affinity the rule judged, from the file it came from: smp_affinity_list where the
+    kernel has no effective_affinity_list (built without GENERIC_IRQ_EFFECTIVE_AFF_MASK)."""
+    name = "effective_affinity_list" if irq.effective_affinity else "smp_affinity_list"
+    return ctx.read(ctx.paths.proc / "irq" / str(irq.irq) / name)[1]
 
 
 @rule("irq.affinity")
@@ -132,6 +188,9 @@ def irq_affinity(ctx: AuditContext) -> Iterator[Finding]:
         if irq.device and irq.device_kind in AUDITED_KINDS:
             by_device[irq.device].append(irq)
     single = topo.nodes[0] if len(topo.nodes) == 1 else None
+    # The topology's CPUs are the online ones (sys/devices/system/cpu/online); an affinity
+    # may still name offline CPUs (smp_affinity_list keeps them), whose node is not known.
+    online = set(topo.cpu_node)
     for bus, irqs in sorted(by_device.items()):
         label = f"{irqs[0].device_kind} {names.get(bus, bus)}"
         local: list[IrqInfo] = []
@@ -143,7 +202,11 @@ def irq_affinity(ctx: AuditContext) -> Iterator[Finding]:
             if node is None:
                 unknown.append(irq)
                 continue
-            cpus = irq.effective_affinity or irq.affinity
+            named = irq.effective_affinity or irq.affinity
+            cpus = sorted(set(named) & online)
+            if named and not cpus:
+                yield _offline(ctx, irq, label, named, node)
+                continue
             remote = sorted(set(cpus) - set(topo.cpus_of(node)))
             if not remote:
                 local.append(irq)
@@ -151,7 +214,7 @@ def irq_affinity(ctx: AuditContext) -> Iterator[Finding]:
                 managed.append(irq)
             else:
                 remote_found = True
-                nodes = ", ".join(str(n) for n in sorted({topo.node_of(c) for c in remote}))
+                nodes = ", ".join(str(n) for n in sorted({topo.cpu_node[c] for c in remote}))
                 yield Finding(
                     "irq.affinity",
                     "warn",
@@ -187,3 +250,20 @@ def irq_affinity(ctx: AuditContext) -> Iterator[Finding]:
                 f"{len(local)} of {len(irqs)} IRQ(s) handled on node {node}'s CPUs{why}{spread}",
                 tuple(_effective(ctx, i) for i in (local + managed)[:4]),
             )
+
+
+def _offline(
+    ctx: AuditContext, irq: IrqInfo, label: str, named: tuple[int, ...], node: int
+) -> Finding:
+    """An IRQ whose affinity names only offline CPUs: a kernel-managed vector is shut down
+    until one comes back, any other is handled where the kernel chose, which is not known."""
+    several = len(ctx.topology.nodes) > 1 and not MANAGED_IRQ.match(irq.name)
+    return Finding(
+        "irq.affinity",
+        "info",
+        f"IRQ {irq.irq} {irq.name}",
+        f"{label}: its affinity names only offline CPUs {format_cpulist(list(named))}: "
+        "where it is handled is not known",
+        (_effective(ctx, irq), ctx.read(ctx.paths.sys / "devices/system/cpu/online")[1]),
+        remedies.irq_affinity(irq.irq, ctx.topology.cpus_of(node)) if several else "",
+    )

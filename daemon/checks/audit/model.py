@@ -3,6 +3,7 @@ on (the value read and the file it came from) and the exact remediation command.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,24 @@ class AuditContext:
         """A file's text and the evidence that says so."""
         text = read_text(path)
         return text, Reading(str(path), "absent" if text is None else text.strip())
+
+
+def read_process_file(path: Path) -> str:
+    """A /proc/PID file whose text another process chose (environ, numa_maps), invalid UTF-8
+    read as U+FFFD; OSError when it cannot be read, so that a rule tells "not readable"
+    (another user's process, to all but root) apart from "empty"."""
+    return path.read_bytes().decode(errors="replace")
+
+
+def why_unreadable(err: OSError) -> str:
+    """Why a file could not be read, as findings say it; a permission refusal names its cure
+    (another user's maps, environ and numa_maps are closed to all but root)."""
+    why = err.strerror or type(err).__name__
+    return f"{why}: run as root" if err.errno in (errno.EACCES, errno.EPERM) else why
+
+
+def not_readable(path: Path, err: OSError) -> Reading:
+    return Reading(str(path), f"not readable: {why_unreadable(err)}")
 
 
 Rule = Callable[[AuditContext], Iterable[Finding]]

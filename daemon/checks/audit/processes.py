@@ -5,13 +5,23 @@ process uses come from NVML or from the /dev/nvidiaN devices it maps."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Literal
 
 from gpujitter.daemon.analysis import remedies
-from gpujitter.daemon.checks.audit.model import AuditContext, Finding, GpuProcess, Reading, rule
+from gpujitter.daemon.checks.audit.model import (
+    AuditContext,
+    Finding,
+    GpuProcess,
+    Reading,
+    not_readable,
+    read_process_file,
+    rule,
+    why_unreadable,
+)
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.cuda import is_libcuda
 from gpujitter.probes.host import (
@@ -19,13 +29,12 @@ from gpujitter.probes.host import (
     cpus_in,
     format_cpulist,
     proc_pids,
-    read_foreign,
     read_name,
     read_text,
     status_fields,
 )
 from gpujitter.probes.nvml import Nvml
-from gpujitter.probes.procfs import is_kernel_thread, mapped_files
+from gpujitter.probes.procfs import is_kernel_thread, mapped_files, read_mapped_files
 from gpujitter.probes.topology import Topology
 
 LIBCUDA = "libcuda.so"
@@ -40,6 +49,7 @@ ALLOCATOR_ENV = (
     "LD_PRELOAD=",
 )
 REMOTE_PAGES_LIMIT = 0.10  # share of resident pages on other nodes that is flagged
+SHOWN_PIDS = 5  # unreadable processes named in the evidence; the rest are counted
 
 
 def find_gpu_processes(
@@ -61,6 +71,14 @@ def find_gpu_processes(
     for pid in pids:
         if not (paths.proc / str(pid) / "status").exists():
             raise GpujitterError(f"--pid {pid}: no such process")
+        status = status_fields(paths, pid)
+        # /proc/TID exists for every thread though `ls /proc` lists only processes.
+        tgid = status.get("Tgid", str(pid))
+        if tgid != str(pid):
+            raise GpujitterError(f"--pid {pid}: a thread of process {tgid}; give the process")
+        # A zombie has no memory, maps or threads left: every finding on it would be noise.
+        if status.get("State", "").startswith(("Z", "X")):
+            raise GpujitterError(f"--pid {pid}: exited (a zombie its parent has not reaped)")
         if is_kernel_thread(paths, pid):  # its findings (memlock, allocator) would be noise
             comm = read_name(paths.proc / str(pid) / "comm") or "?"
             raise GpujitterError(f"--pid {pid}: a kernel thread ({comm}), not a GPU process")
@@ -74,8 +92,40 @@ def find_gpu_processes(
     return out
 
 
+def _maps_access(paths: HostPaths) -> tuple[int, list[int], str]:
+    """How many processes' maps this user may open, the pids whose maps it may not, and why:
+    the libcuda scan is blind to those (another user's, to all but root). procfs checks
+    access when maps is opened, so an open tells without reading every process twice."""
+    readable, refused, why = 0, [], ""
+    for pid in proc_pids(paths):
+        try:
+            os.close(os.open(paths.proc / str(pid) / "maps", os.O_RDONLY))
+        except FileNotFoundError:
+            continue  # exited since it was listed
+        except OSError as err:
+            refused.append(pid)
+            why = why or why_unreadable(err)
+        else:
+            readable += 1
+    return readable, refused, why
+
+
 @rule("process.gpus")
 def gpu_processes(ctx: AuditContext) -> Iterator[Finding]:
+    readable, refused, why = _maps_access(ctx.paths)
+    shown = ", ".join(map(str, refused[:SHOWN_PIDS])) + (" …" if len(refused) > SHOWN_PIDS else "")
+    counted = f"{readable} readable, {len(refused)} not readable (pids {shown})"
+    if not ctx.processes and refused:
+        yield Finding(
+            "process.gpus",
+            "info",
+            "GPU processes",
+            f"none found among the {readable} process(es) whose maps were readable (no NVML "
+            f"compute process, no process with libcuda mapped); the maps of {len(refused)} "
+            f"process(es) not readable ({why}), or name one with --pid",
+            (Reading(str(ctx.paths.proc / "*/maps"), f"no {LIBCUDA} in {counted}"),),
+        )
+        return
     if not ctx.processes:
         yield Finding(
             "process.gpus",
@@ -94,6 +144,15 @@ def gpu_processes(ctx: AuditContext) -> Iterator[Finding]:
             _subject(p),
             f"uses {gpus} (found by {p.found_by})",
             (Reading(str(ctx.paths.proc / str(p.pid) / "maps"), gpus),),
+        )
+    if refused:
+        yield Finding(
+            "process.gpus",
+            "info",
+            "GPU processes",
+            f"the maps of {len(refused)} process(es) not readable ({why}): GPU processes among "
+            "them are found only by NVML or --pid",
+            (Reading(str(ctx.paths.proc / "*/maps"), counted),),
         )
 
 
@@ -118,8 +177,8 @@ def _gpu_node(ctx: AuditContext, p: GpuProcess) -> tuple[int | None, str]:
 
 def _per_process(ctx: AuditContext) -> Iterator[tuple[GpuProcess, int | None, str]]:
     for p in ctx.processes:
-        if not (ctx.paths.proc / str(p.pid) / "status").exists():
-            continue  # exited since it was found
+        if status_fields(ctx.paths, p.pid).get("State", "Z").startswith(("Z", "X")):
+            continue  # exited since it was found (a zombie too: nothing of it is left to audit)
         node, why = _gpu_node(ctx, p)
         yield p, node, why
 
@@ -192,7 +251,21 @@ def memory_policy(ctx: AuditContext) -> Iterator[Finding]:
             )
             continue
         numa_maps = ctx.paths.proc / str(p.pid) / "numa_maps"
-        pages, policies = _numa_pages(read_foreign(numa_maps) or "")
+        bound_by_mems = bool(mems) and set(cpus_in(mems)) == {node}
+        try:
+            pages, policies = _numa_pages(read_process_file(numa_maps))
+        except OSError as err:
+            # Mems_allowed alone can tell "bound"; anything else rests on the pages.
+            yield Finding(
+                name,
+                "ok" if bound_by_mems else "info",
+                _subject(p),
+                f"memory bound to node {node}"
+                if bound_by_mems
+                else f"not checked: its numa_maps not readable ({why_unreadable(err)})",
+                (status_ev, not_readable(numa_maps, err)),
+            )
+            continue
         total = sum(pages.values())
         remote = sum(n for nd, n in pages.items() if nd != node)
         summary = " ".join(f"N{nd}={n}" for nd, n in sorted(pages.items())) or "no pages"
@@ -204,7 +277,7 @@ def memory_policy(ctx: AuditContext) -> Iterator[Finding]:
         bound = {f"bind:{node}"} >= {pol for pol in policies if pol != "default"} and (
             policies.get("default", 0) == 0
         )
-        if (mems and set(cpus_in(mems)) == {node}) or bound:
+        if bound_by_mems or bound:
             yield Finding(
                 name, "ok", _subject(p), f"memory bound to node {node}", (status_ev, maps_ev)
             )
@@ -267,10 +340,25 @@ def allocator(ctx: AuditContext) -> Iterator[Finding]:
     name = "process.allocator"
     for p, _node, _why in _per_process(ctx):
         maps_path = ctx.paths.proc / str(p.pid) / "maps"
-        libs = {f for f in mapped_files(ctx.paths, p.pid) if any(lib in f for lib in ALLOCATORS)}
         environ = ctx.paths.proc / str(p.pid) / "environ"
-        env = [v for v in (read_foreign(environ) or "").split("\0") if v.startswith(ALLOCATOR_ENV)]
-        env_ev = Reading(str(environ), " ".join(env) or "no allocator variables")
+        try:
+            files = read_mapped_files(ctx.paths, p.pid)
+        except OSError as err:
+            yield Finding(
+                name,
+                "info",
+                _subject(p),
+                f"not checked: its maps not readable ({why_unreadable(err)})",
+                (not_readable(maps_path, err),),
+            )
+            continue
+        libs = {f for f in files if any(lib in f for lib in ALLOCATORS)}
+        env: list[str] | None
+        try:
+            env = [v for v in read_process_file(environ).split("\0") if v.startswith(ALLOCATOR_ENV)]
+            env_ev = Reading(str(environ), " ".join(env) or "no allocator variables")
+        except OSError as err:
+            env, env_ev = None, not_readable(environ, err)
         if not libs:
             yield Finding(
                 name,
@@ -285,7 +373,16 @@ def allocator(ctx: AuditContext) -> Iterator[Finding]:
         lib = sorted(libs)[0]
         kind = next(k for prefix, k in ALLOCATORS.items() if prefix in lib)
         maps_ev = Reading(str(maps_path), lib)
-        if kind == "jemalloc" and not any(v.startswith("MALLOC_CONF=") for v in env):
+        configured = None if env is None else any(v.startswith("MALLOC_CONF=") for v in env)
+        if kind == "jemalloc" and configured is None:
+            yield Finding(
+                name,
+                "info",
+                _subject(p),
+                "jemalloc in use; its settings (MALLOC_CONF) not checked: its environ not readable",
+                (maps_ev, env_ev),
+            )
+        elif kind == "jemalloc" and not configured:
             yield Finding(
                 name,
                 "info",
