@@ -13,8 +13,8 @@ import contextlib
 import ctypes as ct
 import functools
 import os
+import resource
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -208,7 +208,12 @@ def captured_output() -> Iterator[Callable[[], str]]:
     of `gpujitter probe --json`. Only C code's output: Python's sys.stdout and sys.stderr
     write to copies of the fds meanwhile, so what another thread says during a compile of
     seconds (the daemon's notes, an error) is not swallowed. One capture at a time."""
-    with _capture_lock, tempfile.TemporaryFile(mode="w+b") as tmp:
+    # In memory, not a file: a unit with no writable temporary folder (ProtectSystem
+    # without PrivateTmp) made every compile an internal error.
+    with (
+        _capture_lock,
+        os.fdopen(os.memfd_create("gpujitter-compile", os.MFD_CLOEXEC), "w+b") as tmp,
+    ):
         sys.stdout.flush()
         sys.stderr.flush()
         saved = [os.dup(1), os.dup(2)]
@@ -231,6 +236,41 @@ def captured_output() -> Iterator[Callable[[], str]]:
                 sys.stdout = streams[0]
             if side[1] is not None and sys.stderr is side[1]:
                 sys.stderr = streams[1]
+
+
+def open_files_needed() -> int:
+    """The descriptors a daemon with every probe takes, with room for clients: 141 on the
+    2-CPU development VM (57 maps, 33 programs, 23 links, 10 per-CPU perf events), and
+    the per-CPU ones grow with the node."""
+    return 256 + 8 * (os.cpu_count() or 1)
+
+
+def compile_blocked() -> str | None:
+    """Why bcc cannot compile in this process, where its own failure would not say (None
+    when nothing is known against it). Its loader asks for the current folder, and gave a
+    bare "Failed to compile BPF module" where that was deleted; short of descriptors,
+    libbcc crashed (SIGSEGV) mid-compile. The soft open-file limit is raised to the hard
+    one first (most shells and units leave it at 1024 under a far higher ceiling)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return (
+            "the current folder was deleted, and bcc's compiler needs one: start from one "
+            "that exists"
+        )
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = open_files_needed()
+    if soft < need and soft != resource.RLIM_INFINITY:
+        want = need if hard == resource.RLIM_INFINITY else min(hard, max(need, 65536))
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+    if soft < need:
+        return (
+            f"open-file limit {soft} (ulimit -n, LimitNOFILE=) is below the {need} the "
+            "probes may take on this node"
+        )
+    return None
 
 
 def bpf_source(path: Path) -> str:
@@ -345,6 +385,8 @@ def compile_bpf(source: Path, cflags: list[str], attach: Callable[[Any], None]) 
     a screenful of clang output) and frees what was loaded."""
     from bcc import BPF  # imported here: the registry must load on nodes without bcc
 
+    if (why := compile_blocked()) is not None:
+        raise ProbeUnavailable(why)
     bpf = None
     with captured_output() as err:
         try:

@@ -39,6 +39,7 @@ from gpujitter.probes.base import (
     ProbeUnavailable,
     bpf_source,
     captured_output,
+    compile_blocked,
     consume_rings,
     first_error_line,
 )
@@ -141,6 +142,8 @@ def compile_module(text: str, cflags: list[str]) -> tuple[Any, str]:
     failing (a node without it) raises."""
     from bcc import BPF  # imported here: the registry must load on nodes without bcc
 
+    if (why := compile_blocked()) is not None:
+        return None, why
     with captured_output() as err:
         try:
             return BPF(text=text.encode(), cflags=cflags), ""
@@ -331,9 +334,13 @@ def hook_of(function: str) -> tuple[str, str] | None:
 def _file_name_bytes(kwargs: dict[str, Any]) -> dict[str, Any]:
     """A uprobe's `name=` as bytes: bcc encodes a str strictly, and a mapped file's name need
     not be UTF-8 (the probes read /proc/PID/maps with os.fsdecode: its surrogates stand for
-    those bytes). Attach and detach encode alike, so bcc names the event the same."""
-    name = kwargs.get("name")
-    return {**kwargs, "name": os.fsencode(name)} if isinstance(name, str) else kwargs
+    those bytes). Attach and detach encode alike, so bcc names the event the same. Its
+    `sym=` too: bcc takes names as bytes (a str is a DeprecationWarning, an error under
+    PYTHONWARNINGS=error, which made a probe unavailable)."""
+    name, sym = kwargs.get("name"), kwargs.get("sym")
+    if isinstance(name, str):
+        kwargs = {**kwargs, "name": os.fsencode(name)}
+    return {**kwargs, "sym": sym.encode()} if isinstance(sym, str) else kwargs
 
 
 @dataclass(slots=True)
@@ -364,11 +371,12 @@ class PartView:
             return f"{self.prefix}__{text}"
         return text
 
+    # bcc takes names as bytes (_file_name_bytes says why).
     def __getitem__(self, name: str) -> Any:
-        return self.bpf[self.real(name)]
+        return self.bpf[self.real(name).encode()]
 
     def load_func(self, fn_name: str | bytes, prog_type: int, **kwargs: Any) -> Any:
-        fn = self.bpf.load_func(self.real(fn_name), prog_type, **kwargs)
+        fn = self.bpf.load_func(self.real(fn_name).encode(), prog_type, **kwargs)
         self.funcs[fn.name] = fn
         return fn
 
@@ -417,7 +425,7 @@ class PartView:
 
     def attach_perf_event(self, *, fn_name: str, **kwargs: Any) -> None:
         before = set(self.bpf.open_perf_events)
-        self.bpf.attach_perf_event(fn_name=self.real(fn_name), **kwargs)
+        self.bpf.attach_perf_event(fn_name=self.real(fn_name).encode(), **kwargs)
         self.perf_events += sorted(set(self.bpf.open_perf_events) - before)
         self._keep_loaded(fn_name)
 
@@ -427,12 +435,14 @@ class PartView:
 
     def attach_uprobe(self, *, fn_name: str, **kwargs: Any) -> None:
         kwargs = _file_name_bytes(kwargs)
-        self._with_uprobes(lambda: self.bpf.attach_uprobe(fn_name=self.real(fn_name), **kwargs))
+        fn = self.real(fn_name).encode()
+        self._with_uprobes(lambda: self.bpf.attach_uprobe(fn_name=fn, **kwargs))
         self._keep_loaded(fn_name)
 
     def attach_uretprobe(self, *, fn_name: str, **kwargs: Any) -> None:
         kwargs = _file_name_bytes(kwargs)
-        self._with_uprobes(lambda: self.bpf.attach_uretprobe(fn_name=self.real(fn_name), **kwargs))
+        fn = self.real(fn_name).encode()
+        self._with_uprobes(lambda: self.bpf.attach_uretprobe(fn_name=fn, **kwargs))
         self._keep_loaded(fn_name)
 
     def detach_uprobe(self, **kwargs: Any) -> None:
@@ -478,10 +488,15 @@ class PartView:
         from bcc.libbcc import lib
 
         if self.bpf is not None:
-            closers = [threading.Thread(target=lib.bpf_close_perf_event_fd, args=(fd,))
-                       for fd in self.tracepoint_fds.values()]  # fmt: skip
-            for t in closers:
-                t.start()
+            closers = []
+            for fd in self.tracepoint_fds.values():
+                t = threading.Thread(target=lib.bpf_close_perf_event_fd, args=(fd,))
+                try:
+                    t.start()
+                except RuntimeError:  # no thread to be had (ulimit -v, TasksMax): in turn
+                    lib.bpf_close_perf_event_fd(fd)
+                    continue
+                closers.append(t)
             for t in closers:
                 t.join()
             self.tracepoint_fds.clear()

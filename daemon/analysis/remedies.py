@@ -224,6 +224,10 @@ def memlock_limit() -> str:
     return "ulimit -l unlimited  # LimitMEMLOCK=infinity in the unit"
 
 
+def open_files_limit() -> str:
+    return "ulimit -n 65536  # LimitNOFILE=65536 in the unit"
+
+
 def install_nvml() -> str:
     return "apt-get install -y nvidia-driver  # on a node with NVIDIA GPUs; none needed otherwise"
 

@@ -707,10 +707,14 @@ class StreamServer:
         rest = {sock: data for sock, data in rest.items() if data}
         start = time.monotonic()
         took = dict.fromkeys(rest, start)  # when each last took something
+        by_fd = {sock.fileno(): sock for sock in rest}
+        poller = select.poll()  # not select(): a node's probes take descriptors past 1024
+        for fd in by_fd:
+            poller.register(fd, select.POLLOUT)
         while rest and (left := start + CLOSE_SEND_S - time.monotonic()) > 0:
-            _, writable, _ = select.select([], list(rest), [], min(left, CLOSE_IDLE_S))
+            ready = poller.poll(min(left, CLOSE_IDLE_S) * 1000)
             now = time.monotonic()
-            for sock in writable:
+            for sock in (by_fd[fd] for fd, _ in ready if by_fd[fd] in rest):
                 try:
                     rest[sock] = rest[sock][sock.send(rest[sock]) :]
                     took[sock] = now
@@ -720,6 +724,7 @@ class StreamServer:
                     rest[sock] = memoryview(b"")
             for sock in [s for s in rest if not rest[s] or now - took[s] >= CLOSE_IDLE_S]:
                 del rest[sock]
+                poller.unregister(sock.fileno())
 
     def close(self) -> None:
         self._stop.set()

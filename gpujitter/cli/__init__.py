@@ -108,6 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as stop:
         return 143 if isinstance(stop, Terminated) else 130
+    except RuntimeError as err:
+        # Python's words when the kernel gives no thread (address space, process count): the
+        # node's limits on this process, not a fault of the command.
+        if "can't start new thread" not in str(err):
+            raise
+        print(f"{name}: error: cannot start a thread: {THREAD_LIMITS}", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         # `gpujitter probe sched | head`: the reader left; not an error worth a word.
         _drop_stdout()
@@ -124,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+THREAD_LIMITS = "the process's limits are too tight (ulimit -v, -u; LimitAS=, TasksMax=)"
 OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF)
 
 

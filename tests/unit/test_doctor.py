@@ -283,6 +283,18 @@ def test_memlock(host_tree: MakeTree) -> None:
     assert old.detail.startswith("RLIMIT_MEMLOCK 8192 KiB")
 
 
+def test_open_files(host_tree: MakeTree) -> None:
+    # With `ulimit -n 16` doctor said "profiling can run" and `run` crashed in libbcc.
+    fine = one(host.check_open_files, env_of(host_tree("dev-vm")))
+    assert (fine.status, fine.detail) == ("pass", "RLIMIT_NOFILE up to 20000")
+    limits = "Limit  Soft Limit  Hard Limit  Units\nMax open files  16  16  files\n"
+    low = one(
+        host.check_open_files, env_of(host_tree("dev-vm", files={"proc/self/limits": limits}))
+    )
+    assert (low.status, low.fix) == ("fail", "ulimit -n 65536  # LimitNOFILE=65536 in the unit")
+    assert low.detail.startswith("RLIMIT_NOFILE 16: the probes may take ")
+
+
 def test_nvml_played_back_from_the_h200(host_tree: MakeTree, h200_nvml: PlaybackBackend) -> None:
     env = env_of(host_tree("h200-vm"), open_nvml=lambda: Nvml(h200_nvml).open())
     assert one(host.check_nvml, env) == Result(

@@ -249,12 +249,14 @@ def kernel_config(paths: HostPaths) -> dict[str, str]:
 
 
 def _try_fentry() -> str | None:
-    from gpujitter.probes.base import captured_output, first_error_line
+    from gpujitter.probes.base import captured_output, compile_blocked, first_error_line
 
     try:
         from bcc import BPF
     except Exception as exc:
         return f"bcc: {exc}"
+    if (why := compile_blocked()) is not None:
+        return why
     with captured_output() as stderr:
         try:
             BPF(text=b"KFUNC_PROBE(do_nanosleep) { return 0; }").cleanup()

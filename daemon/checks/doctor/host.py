@@ -1,5 +1,6 @@
 """Doctor checks of what the node gives the daemon: a locked-memory limit BPF maps fit in,
-NVML and its GPUs, a clocksource read in the vDSO, and a topology that loads."""
+descriptors enough for its probes, NVML and its GPUs, a clocksource read in the vDSO, and a
+topology that loads."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from gpujitter.daemon.analysis import remedies
 from gpujitter.daemon.checks.doctor.model import DoctorEnv, Result, check
 from gpujitter.daemon.drill import system as drill_system
 from gpujitter.errors import GpujitterError
+from gpujitter.probes.base import open_files_needed
 from gpujitter.probes.host import read_text
 from gpujitter.probes.nvml import NvmlUnavailable
 from gpujitter.probes.topology import load_topology, read_cpu_nodes, read_gpus_sysfs, read_pci
@@ -40,12 +42,33 @@ def check_memlock(env: DoctorEnv) -> Iterator[Result]:
         )
 
 
-def _limit(limits: str, name: str) -> int | None:
-    """The soft limit of one /proc/PID/limits row in its unit; None for unlimited."""
+@check
+def check_open_files(env: DoctorEnv) -> Iterator[Result]:
+    # The daemon raises its soft limit to the hard one; under what it may take, a compile
+    # stops (libbcc crashed outright, short of descriptors).
+    path = env.paths.proc / "self/limits"
+    hard = _limit(read_text(path) or "", "Max open files", column=1)
+    need = open_files_needed()
+    if hard is None or hard >= need:
+        shown = "unlimited" if hard is None else str(hard)
+        yield Result("open files", "pass", f"RLIMIT_NOFILE up to {shown}", source=str(path))
+    else:
+        yield Result(
+            "open files",
+            "fail",
+            f"RLIMIT_NOFILE {hard}: the probes may take {need} descriptors on this node",
+            fix=remedies.open_files_limit(),
+            source=str(path),
+        )
+
+
+def _limit(limits: str, name: str, column: int = 0) -> int | None:
+    """One /proc/PID/limits row's soft limit (column 1: its hard limit) in its unit; None
+    for unlimited."""
     for line in limits.splitlines():
         if line.startswith(name):
-            soft = line[len(name) :].split()[0]
-            return None if soft == "unlimited" else int(soft)
+            value = line[len(name) :].split()[column]
+            return None if value == "unlimited" else int(value)
     return None
 
 

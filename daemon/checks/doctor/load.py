@@ -16,6 +16,7 @@ from gpujitter.daemon.service.own_scheduling import OwnScheduling, thread_polici
 from gpujitter.daemon.service.status import DaemonStatus, ProbeCost
 from gpujitter.daemon.sinks.stream import first_records
 from gpujitter.errors import GpujitterError
+from gpujitter.probes.base import compile_blocked
 from gpujitter.probes.events import ProbeStatus
 from gpujitter.probes.host import format_cpulist
 from gpujitter.probes.topology import load_topology
@@ -68,7 +69,10 @@ def check_load(env: DoctorEnv) -> Iterator[Result]:
             probes.measure_cost(time.monotonic_ns())
             statuses = [p.status(time.monotonic_ns()) for p in probes.probes]
     except (GpujitterError, ImportError) as err:
-        yield Result("load core", "fail", str(err), fix=remedies.run_as_root())
+        # Privilege is the cure unless the process's surroundings stop the compile (a deleted
+        # current folder, few descriptors): the message names those, and root would not help.
+        fix = "" if compile_blocked() is not None else remedies.run_as_root()
+        yield Result("load core", "fail", str(err), fix=fix)
         return
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10  # KiB on Linux
     yield Result("load core", "pass",

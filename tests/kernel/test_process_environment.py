@@ -1,0 +1,90 @@
+"""`gpujitter run` started where cron, containers and careless shells start it: a low open-file
+limit, a current folder that was deleted, no writable temporary folder, warnings as errors.
+Each either works or ends in one line and exit 2; before, they crashed libbcc (SIGSEGV), ended
+in "internal error" (exit 70, which the unit restarts on), or left a probe unavailable."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+GPUJITTER = Path(sys.executable).with_name("gpujitter")
+RUN = ["run", "--no-nvml", "--duration", "2s", "--log", "", "--socket", ""]
+
+
+def gpujitter(
+    *argv: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    before: Callable[[], None] | None = None,
+    wrap: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*wrap, str(GPUJITTER), *argv], cwd=cwd, env={**os.environ, **(env or {})},
+        preexec_fn=before, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def attached(err: str) -> set[str]:
+    line = next(x for x in err.splitlines() if x.startswith("# probes attached: "))
+    return set(line.removeprefix("# probes attached: ").split(";")[0].split(", "))
+
+
+def test_every_default_probe_attaches_with_warnings_as_errors() -> None:
+    # bcc takes names as bytes; the str ones warned, and under PYTHONWARNINGS=error the
+    # faults and swap probes were unavailable and `run` ended in an internal error.
+    done = gpujitter(*RUN, env={"PYTHONWARNINGS": "error"})
+    assert done.returncode == 0, done.stderr
+    assert "unavailable" not in done.stderr
+    assert {"sched", "cstate", "irq", "faults", "swap", "malloc"} <= attached(done.stderr)
+
+
+def test_an_open_file_limit_the_probes_cannot_live_with_is_one_line() -> None:
+    # libbcc crashed (SIGSEGV, no word) at 16 and 24, an internal error at 32 and 40.
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
+
+    done = gpujitter(*RUN, before=low)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "open-file limit 32 (ulimit -n" in done.stderr
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+    def soft_only() -> None:  # the ceiling allows: the daemon raises its own soft limit
+        resource.setrlimit(resource.RLIMIT_NOFILE, (32, hard))
+
+    assert gpujitter(*RUN, "--probes", "sched", before=soft_only).returncode == 0
+
+
+def test_a_deleted_current_folder_is_named(tmp_path: Path) -> None:
+    # bcc's loader asks for it: "Failed to compile BPF module <text>", and doctor --load
+    # told root to use sudo.
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    done = gpujitter(*RUN, "--probes", "sched", cwd=gone, before=lambda: gone.rmdir())
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "the current folder was deleted" in done.stderr
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs a mount namespace"
+)
+def test_no_writable_temporary_folder_is_no_error() -> None:
+    # The compile's messages went through a temporary file: with /tmp and /var/tmp read-only
+    # (ProtectSystem= without PrivateTmp=) every start was an internal error.
+    script = (
+        "for d in /tmp /var/tmp; do mount --bind $d $d && mount -o remount,bind,ro $d; done; "
+        "cd /tmp; "  # tempfile's last resort is the current folder
+        f'exec "$0" {shlex.join(RUN)} --probes sched'
+    )
+    done = gpujitter(wrap=("unshare", "-m", "--propagation", "private", "sh", "-c", script))
+    assert done.returncode == 0, done.stderr
+    assert "sched" in attached(done.stderr)
