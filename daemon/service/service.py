@@ -290,8 +290,13 @@ class Daemon:
             summary = (
                 f"probes attached: {', '.join(running) or 'none'}; watching {self.watch.describe()}"
             )
+            # What the kernel refused is a source this daemon does not see: said at once,
+            # not only in the status records (a unit's journal shows nothing else).
+            refused = [f"probe {s.probe} unavailable: {s.reason}"
+                       for s in self.source.statuses if s.state == "unavailable"]  # fmt: skip
             if self.console:
-                self.console.note(summary)
+                for line in [summary, *refused]:
+                    self.console.note(line)
             self.notifier.ready(summary)
             if ready is not None:
                 ready()
