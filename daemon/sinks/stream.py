@@ -755,25 +755,46 @@ def refuse_if_served(path: Path) -> None:
     """GpujitterError when a daemon listens at `path`: a second one started with the same
     socket unlinked the first one's, served its clients, and removed the path at its exit,
     leaving the first unreachable for the rest of its life. A socket nobody listens on (a
-    run that was killed) is left for the caller to replace."""
+    run that was killed) is left for the caller to replace. The kernel's table of this
+    network namespace's sockets answers without a connection (each would have the daemon
+    build a client's snapshot); a listener it does not show (another namespace's) is asked
+    by connecting."""
     if not path.is_socket():
         return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(str(path))
-    except (ConnectionRefusedError, FileNotFoundError):
-        return  # stale, or gone meanwhile
-    except TimeoutError:
-        pass  # a backlog full for a second: someone serves it, busily
-    except OSError:
-        return  # no telling (not this user's to reach): binding there says why
-    finally:
-        probe.close()
+    if not _listening_here(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return  # stale, or gone meanwhile
+        except (BlockingIOError, TimeoutError, PermissionError):
+            pass  # a full backlog (EAGAIN), or not this user's to reach: someone serves it
+        except OSError:
+            return  # no telling: binding there says why
+        finally:
+            probe.close()
     raise GpujitterError(
         f"socket {path}: a gpujitter daemon is already serving it (`systemctl status "
         "gpujitter`); stop it, or give this one another socket.path"
     )
+
+
+_ACCEPTING = 0x10000  # __SO_ACCEPTCON in /proc/net/unix's Flags: a listening socket
+
+
+def _listening_here(path: Path) -> bool:
+    names = {str(path), os.path.abspath(path)}
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="surrogateescape") as table:
+            next(table, None)  # the header
+            for line in table:
+                fields = line.rstrip("\n").split(None, 7)
+                if len(fields) == 8 and fields[7] in names and int(fields[3], 16) & _ACCEPTING:
+                    return True
+    except (OSError, ValueError):
+        pass  # no table to read: the connection asks
+    return False
 
 
 def first_records(path: Path, types: Iterable[str], timeout_s: float) -> dict[str, dict[str, Any]]:

@@ -333,6 +333,20 @@ def test_a_socket_a_daemon_serves_is_not_taken_over(tmp_path: Path) -> None:
         assert not path.exists()
     finally:
         first.close()
+    # A daemon whose backlog is full (a flood, a pause while out of descriptors) answers a
+    # connection with EAGAIN at once: that read as "nobody there", and the socket was taken.
+    with socket.socket(socket.AF_UNIX) as busy:
+        busy.bind(str(path))
+        busy.listen(0)
+        waiting = [socket.socket(socket.AF_UNIX) for _ in range(2)]
+        for w in waiting:
+            w.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                w.connect(str(path))
+        with pytest.raises(GpujitterError, match="already serving it"):
+            StreamServer(path, hello=dict, snapshot=list)
+        for w in waiting:
+            w.close()
 
 
 def test_publish_never_blocks_on_a_server_thread_that_does_not_run(tmp_path: Path) -> None:
