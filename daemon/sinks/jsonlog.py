@@ -71,28 +71,42 @@ def reserve(fd: int, offset: int, length: int) -> None:
 
 
 IN_USE = "another gpujitter daemon writes it; give this one another log.path"
+_LOCK_TRIES = 5  # a checker's shared lock is held for a moment: a few tries a few ms apart
 
 
 def lock_exclusive(fd: int) -> bool:
     """Take the file's exclusive lock, held while `fd` is open; False when another open
-    file holds it (another daemon's log)."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
+    file holds a lock on it (another daemon's log, or for a moment a check of it). Where
+    the file system has no such locks (NFS without a lock daemon), True: unguarded, as
+    before locks were taken, rather than no log."""
+    for attempt in range(_LOCK_TRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(0.002 * (attempt + 1))
+        except OSError:
+            return True
+    return False
 
 
 def in_use(path: Path) -> bool:
-    """Whether a running daemon writes the log at `path` (holds its lock)."""
+    """Whether a running daemon writes the log at `path` (holds its exclusive lock). Asked
+    with a shared lock, which a descriptor open for reading may take on any file system,
+    and which a writer's exclusive one refuses."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False  # none there, or not openable: opening it for writing will say
     try:
-        return not lock_exclusive(fd)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False  # no locks here: no telling
     finally:
         os.close(fd)
+    return False
 
 
 def rotated_files(path: Path) -> list[Path]:
