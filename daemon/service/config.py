@@ -268,8 +268,9 @@ class Setting:
     default: Any
     help: str
     shown: Callable[[Any], Any] = lambda value: value  # as --print-config shows it
-    # The unit of a bare number typed in a variable or after a flag, where people type it in
-    # another unit than the file's ns (--min-gap 5 is 5 ms, as in `gaps --min-gap`).
+    # The unit of a bare number typed after a flag, where people type it in another unit
+    # than the file's ns (--min-gap 5 is 5 ms, as in `gaps --min-gap`); in the variable, where
+    # a bare number meant ns until 2026-12 and either unit can be meant, one is asked for.
     typed_unit: str | None = None
 
     @property
@@ -277,8 +278,17 @@ class Setting:
         return "GPUJITTER_" + self.key.replace(".", "_").upper()
 
     def typed(self, raw: Any) -> Any:
-        """`raw` from the environment or a flag, its bare number in `typed_unit`."""
+        """`raw` from a flag, its bare number in `typed_unit`."""
         return with_unit(raw, self.typed_unit) if self.typed_unit and isinstance(raw, str) else raw
+
+    def from_env(self, raw: str) -> str:
+        """`raw` from the variable; GpujitterError for a bare number where units differ."""
+        if self.typed_unit and with_unit(raw, self.typed_unit) != raw:
+            raise GpujitterError(
+                f"environment {self.env}: {self.key}: give a unit, e.g. 5{self.typed_unit} "
+                f"(a bare number is ns in the file, {self.typed_unit} after the flag)"
+            )
+        return raw
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -399,7 +409,7 @@ def load_config(
     for var in sorted(k for k in env if k.startswith("GPUJITTER_")):
         setting = next((s for s in SETTINGS if s.env == var), None)
         if setting is not None:
-            given.append((setting.key, setting.typed(env[var]), f"environment {var}"))
+            given.append((setting.key, setting.from_env(env[var]), f"environment {var}"))
             continue
         # One of a table of ours is a typo (GPUJITTER_SOCKET_GROUPS), refused as the file
         # refuses an unknown key; any other is another tool's (GPUJITTER_DEBUG).

@@ -135,10 +135,17 @@ def test_a_file_that_begins_with_a_byte_order_mark_is_read(tmp_path: Path) -> No
     assert load_config(path, environ={})["log.keep"] == 3
 
 
-def test_a_bare_min_gap_is_ms_wherever_it_is_typed(tmp_path: Path) -> None:
-    # GPUJITTER_GAPS_MIN_GAP=5 was 5 ns, `--min-gap 5` 5 ms; the file keeps its ns.
+def test_a_bare_min_gap_is_ms_after_the_flag_and_needs_a_unit_in_the_variable(
+    tmp_path: Path,
+) -> None:
+    # GPUJITTER_GAPS_MIN_GAP=5 was 5 ns, `--min-gap 5` 5 ms: the variable asks for a unit
+    # (silently changing what an installed unit's number means would hide every gap).
     empty = write(tmp_path, "")
-    assert load_config(empty, environ={"GPUJITTER_GAPS_MIN_GAP": "5"})["gaps.min_gap"] == 5 * 10**6
+    with pytest.raises(GpujitterError, match=r"GPUJITTER_GAPS_MIN_GAP: gaps\.min_gap: give a"):
+        load_config(empty, environ={"GPUJITTER_GAPS_MIN_GAP": "5"})
+    assert (
+        load_config(empty, environ={"GPUJITTER_GAPS_MIN_GAP": "5ms"})["gaps.min_gap"] == 5 * 10**6
+    )
     flags = {"gaps.min_gap": ("--min-gap", "7")}
     assert load_config(empty, environ={}, flags=flags)["gaps.min_gap"] == 7 * 10**6
     in_file = write(tmp_path, "[gaps]\nmin_gap = 5000000\n")
