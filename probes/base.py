@@ -239,10 +239,10 @@ def captured_output() -> Iterator[Callable[[], str]]:
 
 
 def open_files_needed() -> int:
-    """The descriptors a daemon with every probe takes, with room for clients: 141 on the
-    2-CPU development VM (57 maps, 33 programs, 23 links, 10 per-CPU perf events), and
-    the per-CPU ones grow with the node."""
-    return 256 + 8 * (os.cpu_count() or 1)
+    """The descriptors a daemon with every probe may take, with room for its clients (64)
+    and files: 141 on the 2-CPU development VM, of which 57 maps, 33 programs, 23 links and
+    10 perf events, 5 a CPU, which grow with the node."""
+    return 192 + 6 * (os.cpu_count() or 1)
 
 
 def compile_blocked() -> str | None:
