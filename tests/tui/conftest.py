@@ -24,6 +24,7 @@ from gpujitter.tui.app import GpujitterTop
 from gpujitter.tui.feeds import Feed, Receiver
 from gpujitter.tui.feeds.replay import ReplayFeed
 from tests.tui import eight_gpus, node_stream
+from tests.unit.forked import NOBODY
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tui"
 AUDIT = FIXTURES / "audit-two-node-bad.json"
@@ -120,9 +121,6 @@ class Daemon:
         if self.server is not None:
             self.server.close()
             self.server = None
-
-
-NOBODY = 65534
 
 
 @pytest.fixture

@@ -24,9 +24,10 @@ from gpujitter.probes.events import CpuStats, ProbeStatus, to_record
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.tui.feeds import Feed, Receiver
+from gpujitter.tui.feeds import socket as socket_feed
 from gpujitter.tui.feeds.embedded import EmbeddedFeed
 from gpujitter.tui.feeds.replay import GAP_KINDS, ReplayFeed, read_recording
-from gpujitter.tui.feeds.socket import LINE_BYTES, SocketFeed
+from gpujitter.tui.feeds.socket import SocketFeed
 from gpujitter.tui.inbox import Batch, Inbox, ReplayPosition
 from tests.tui import node_stream
 from tests.tui.conftest import STREAM, Daemon, as_nobody
@@ -442,26 +443,29 @@ def test_a_daemon_refusing_this_client_is_said_and_backed_off_from(tmp_path: Pat
 def test_a_line_longer_than_any_the_daemon_sends_is_skipped_to_its_newline(
     tmp_path: Path,
 ) -> None:
-    """The reader holds at most LINE_BYTES of a line: past that the line is one bad line
+    """The reader holds at most its line_bytes of a line: past that the line is one bad line
     (counted at once) and what follows its newline is read as ever."""
     hello = orjson.dumps({"type": "hello", "pid": 7}) + b"\n"
-    sent = threading.Event()
-    go_on = threading.Event()
+    sent, go_on, checked = threading.Event(), threading.Event(), threading.Event()
+    limit = 1 << 20  # the rule, not LINE_BYTES's 64 MiB, is under test
 
     def serve(conn: socket.socket) -> None:
-        conn.sendall(b"x" * (LINE_BYTES + (1 << 16)))
+        if sent.is_set():
+            return  # a reconnection (the feed backs off and comes again): nothing for it
+        conn.sendall(b"x" * (limit + (1 << 16)))
         sent.set()
         go_on.wait(5)
         conn.sendall(b"more of it\n" + hello)
-        go_on.wait(5)
+        checked.wait(5)  # held open until the counts are read: no reconnection meanwhile
 
-    feed = SocketFeed(tmp_path / "s.sock")
+    feed = SocketFeed(tmp_path / "s.sock", line_bytes=limit)
     with listening(feed.path, serve), feeding(feed) as heard:
         sent.wait(5)
         wait_for(lambda: feed.bad_lines == 1, "the over-long line counted")
         go_on.set()
         wait_for(lambda: heard.got == [{"type": "hello", "pid": 7}], "the next line")
         assert feed.bad_lines == 1
+        checked.set()
 
 
 def test_a_socket_that_refuses_this_user_is_not_taken_for_no_daemon(
@@ -488,3 +492,19 @@ def test_a_socket_that_refuses_this_user_is_not_taken_for_no_daemon(
     why = (f"daemon at {closed_to_others} refuses this user (Permission denied): ask for the "
            "socket's group (socket.group) or run as root")  # fmt: skip
     assert done.stdout.splitlines() == [why, repr(("waiting", why))], done.stderr
+
+
+def test_a_daemon_that_takes_the_connection_and_says_nothing_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Wedged (its stream thread stopped, its backlog still accepting): "starting" for ever.
+    monkeypatch.setattr(socket_feed, "HELLO_S", 0.3)
+    release = threading.Event()
+    feed = SocketFeed(tmp_path / "s.sock")
+    with listening(feed.path, lambda conn: release.wait(5)), feeding(feed) as heard:
+        wait_for(lambda: bool(heard.states), "the first try")
+        wait_for(
+            lambda: any("sent no hello in 0.3 s" in detail for _, detail in heard.states),
+            "the silence said",
+        )
+        release.set()

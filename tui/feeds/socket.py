@@ -24,7 +24,10 @@ from gpujitter.errors import GpujitterError
 from gpujitter.tui.feeds import Feed, Receiver
 
 POLL_S = 0.2  # the longest a read or a back-off sleep goes without checking stopped()
-LINE_BYTES = QUEUE_BYTES  # no line the daemon sends is longer than what it queues per client
+HELLO_S = 5.0  # a daemon's hello comes at once; past this without one the status line says so
+# Past any line a daemon sends: records fit its per-client queue (QUEUE_BYTES), and the hello
+# and snapshot, queued past that bound, run to a few MiB on a node of thousands of threads.
+LINE_BYTES = 16 * QUEUE_BYTES
 
 
 def refusal(path: Path, err: OSError) -> str | None:
@@ -115,11 +118,19 @@ class Session:
 
 
 class SocketFeed(Feed):
-    def __init__(self, path: Path, *, retry_s: float = 0.25, retry_max_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        retry_s: float = 0.25,
+        retry_max_s: float = 5.0,
+        line_bytes: int = LINE_BYTES,
+    ) -> None:
         self.path = Path(path)
         self.label = f"daemon {self.path}"
         self.retry_s = retry_s
         self.retry_max_s = retry_max_s
+        self.line_bytes = line_bytes
         self.connections = 0  # successful connects, reconnects included
         self.bad_lines = 0
 
@@ -159,11 +170,20 @@ class SocketFeed(Feed):
     def _read(self, sock: socket.socket, sink: Receiver, stopped: Callable[[], bool]) -> Session:
         """Read until the daemon hangs up or stopped()."""
         session = Session()
-        lines = Lines(LINE_BYTES)
+        lines = Lines(self.line_bytes)
+        mute_after = time.monotonic() + HELLO_S
         while not stopped():
             try:
                 chunk = sock.recv(1 << 16)
             except TimeoutError:
+                # A daemon that takes the connection and says nothing (wedged, or its
+                # stream thread stopped) would leave the status line at "starting".
+                if not session.hello and time.monotonic() > mute_after:
+                    mute_after = float("inf")
+                    sink.connection(
+                        "waiting",
+                        f"the daemon took the connection and sent no hello in {HELLO_S:g} s",
+                    )
                 continue
             except OSError:
                 break
