@@ -295,8 +295,9 @@ class Daemon:
             refused = [f"probe {s.probe} unavailable: {s.reason}"
                        for s in self.source.statuses if s.state == "unavailable"]  # fmt: skip
             if self.console:
-                for line in [summary, *refused]:
-                    self.console.note(line)
+                self.console.note(summary)
+            for line in refused:
+                self._say(line)
             self.notifier.ready(summary)
             if ready is not None:
                 ready()

@@ -4,6 +4,7 @@ dev VM and the H200 VM (NVML played back)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import Nvml
 from gpujitter.probes.topology import Topology, load_topology
-from tests.fixtures.hosts.record import keep_allocator_env
+from tests.fixtures.hosts.record import keep_audited_env
 from tests.nvml_playback import PlaybackBackend
 from tests.unit.conftest import HOSTS, MakeTree
 from tests.unit.forked import in_child, without_dac_override
@@ -25,7 +26,12 @@ GOOD = ("two-node-gpu",)
 BAD = ("two-node-gpu", "two-node-gpu-bad")
 JEMALLOC_CONF = "narenas:8,dirty_decay_ms:10000,muzzy_decay_ms:10000,background_thread:true"
 # The status of root's irqbalance (the two-node trees record only its comm).
-DENIED = "not readable: Permission denied: run as root"
+# What the auditor is told: as a user, to run as root; as root short of capabilities (the
+# tests' child, as_another_user), that root is refused too.
+CURE = (
+    "refused to root here too (a container's capabilities)" if os.geteuid() == 0 else "run as root"
+)
+DENIED = f"not readable: Permission denied: {CURE}"
 
 
 def audit(
@@ -631,7 +637,7 @@ def test_gpu_processes_whose_maps_cannot_be_read_are_counted(host_tree: MakeTree
             "process.gpus",
             "info",
             "GPU processes",
-            "the maps of 1 process(es) not readable (Permission denied: run as root): GPU "
+            f"the maps of 1 process(es) not readable (Permission denied: {CURE}): GPU "
             "processes among them are found only by NVML or --pid",
             (maps,),
         ),
@@ -644,7 +650,7 @@ def test_gpu_processes_whose_maps_cannot_be_read_are_counted(host_tree: MakeTree
             "GPU processes",
             "none found among the 0 process(es) whose maps were readable (no NVML compute "
             "process, no process with libcuda mapped); the maps of 2 process(es) not readable "
-            "(Permission denied: run as root), or name one with --pid",
+            f"(Permission denied: {CURE}), or name one with --pid",
             (Reading(maps.file, "no libcuda.so in 0 readable, 2 not readable (pids 4242, 4343)"),),
         )
     ]
@@ -827,14 +833,14 @@ def test_files_that_cannot_be_read_are_not_checked(host_tree: MakeTree) -> None:
             "process.allocator",
             "info",
             "pid 4343 (python3)",
-            "not checked: its maps not readable (Permission denied: run as root)",
+            f"not checked: its maps not readable (Permission denied: {CURE})",
             (ev(b, "proc/4343/maps", DENIED),),
         ),
         Finding(
             "process.memory_policy",
             "info",
             "pid 4242 (python3)",
-            "not checked: its numa_maps not readable (Permission denied: run as root)",
+            f"not checked: its numa_maps not readable (Permission denied: {CURE})",
             (
                 ev(b, "proc/4242/status", "Mems_allowed_list: 0-1"),
                 ev(b, "proc/4242/numa_maps", DENIED),
@@ -869,8 +875,12 @@ def test_a_mapped_path_with_spaces_is_named_whole(host_tree: MakeTree) -> None:
 
 def test_recorded_environ_keeps_only_allocator_variables() -> None:
     raw = b"HOME=/root\0AWS_SECRET_ACCESS_KEY=x\0MALLOC_CONF=narenas:8\0LD_PRELOAD=/j.so\0"
-    assert keep_allocator_env(raw) == b"MALLOC_CONF=narenas:8\0LD_PRELOAD=/j.so\0"
-    assert keep_allocator_env(b"HOME=/root\0") == b""
+    assert keep_audited_env(raw) == b"MALLOC_CONF=narenas:8\0LD_PRELOAD=/j.so\0"
+    assert keep_audited_env(b"HOME=/root\0") == b""
+    assert (
+        keep_audited_env(b"IRQBALANCE_BANNED_CPULIST=0-1\0K=v\0")
+        == b"IRQBALANCE_BANNED_CPULIST=0-1\0"
+    )
 
 
 def test_whole_audit_of_the_bad_tree_counts(host_tree: MakeTree) -> None:

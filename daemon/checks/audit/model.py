@@ -4,6 +4,7 @@ on (the value read and the file it came from) and the exact remediation command.
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +70,15 @@ def why_unreadable(err: OSError) -> str:
     """Why a file could not be read, as findings say it; a permission refusal names its cure
     (another user's maps, environ and numa_maps are closed to all but root)."""
     why = err.strerror or type(err).__name__
-    return f"{why}: run as root" if err.errno in (errno.EACCES, errno.EPERM) else why
+    if err.errno not in (errno.EACCES, errno.EPERM):
+        return why
+    # Root refused too: a container's root short of CAP_SYS_PTRACE or CAP_DAC_READ_SEARCH.
+    cure = (
+        "refused to root here too (a container's capabilities)"
+        if os.geteuid() == 0
+        else "run as root"
+    )
+    return f"{why}: {cure}"
 
 
 def not_readable(path: Path, err: OSError) -> Reading:
