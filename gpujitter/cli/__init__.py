@@ -83,9 +83,16 @@ def build_parser(commands: Sequence[Command]) -> Parser:
     return parser
 
 
+# Commands whose SIGHUP means "reload" once they run: a hangup during their import and start
+# (before the daemon's handler is in place) is ignored, not the default's death.
+RELOADS = frozenset({"run"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _standard_streams()
     named = named_command(sys.argv[1:] if argv is None else argv)
+    if named[0] in RELOADS and len(named) == 1:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     parser = build_parser(load_commands(named))
     name = f"gpujitter {named[0]}" if len(named) == 1 else "gpujitter"  # (`COMMAND --help`)
     try:

@@ -9,8 +9,10 @@ import os
 import resource
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -90,3 +92,16 @@ def test_no_writable_temporary_folder_is_no_error() -> None:
     done = gpujitter(wrap=("unshare", "-m", "--propagation", "private", "sh", "-c", script))
     assert done.returncode == 0, done.stderr
     assert "sched" in attached(done.stderr)
+
+
+def test_a_hangup_while_starting_does_not_kill_the_daemon() -> None:
+    # SIGHUP is the daemon's reload; in its first ~0.3 s (its modules still importing, no
+    # handler yet) the default action killed it.
+    proc = subprocess.Popen(
+        [str(GPUJITTER), *RUN, "--probes", "sched"], stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
