@@ -182,6 +182,24 @@ def _io_error(path: Path, what: str, err: OSError) -> GpujitterError:
     return GpujitterError(f"cannot {what} {path}: {err.strerror or err}")
 
 
+def _exists(path: Path) -> GpujitterError:
+    return GpujitterError(f"{path} exists; remove it or choose another name")
+
+
+def _put_in_place(tmp: Path, path: Path) -> None:
+    """`tmp` renamed to `path`, never over a file made there since it was checked (another
+    recorder's): a link fails where a rename would replace. A file system without hard links
+    gets the rename."""
+    try:
+        os.link(tmp, path)
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.EOPNOTSUPP):
+            raise
+        os.rename(tmp, path)
+        return
+    os.unlink(tmp)
+
+
 def _create(path: Path, mode: int) -> int:
     """A new file at `path`, never one reached through a link: the daemon runs as root, and
     a link planted at the name would have it empty and overwrite any file. What a crash
@@ -201,7 +219,7 @@ class TraceWriter:
     The header is fsynced at creation and the file on close.
 
     The file appears under its name only once its header is on disk (written as NAME.tmp,
-    then renamed), so every trace a reader finds has a complete header."""
+    then put in place), so every trace a reader finds has a complete header."""
 
     def __init__(
         self,
@@ -222,7 +240,7 @@ class TraceWriter:
         self._buf = bytearray()
         self._last_flush_ns = time.monotonic_ns()
         if self.path.exists():
-            raise GpujitterError(f"{self.path} exists; remove it or choose another name")
+            raise _exists(self.path)
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             fd = _create(tmp, mode)
@@ -234,8 +252,13 @@ class TraceWriter:
             head = preamble() + frame(orjson.dumps(header.to_record()))
             self._write(head)
             os.fsync(fd)
-            os.rename(tmp, self.path)
+            _put_in_place(tmp, self.path)
             fsync_dir(self.path.parent)
+        except FileExistsError:
+            os.close(fd)
+            self._fd = None
+            tmp.unlink(missing_ok=True)
+            raise _exists(self.path) from None
         except OSError as err:
             os.close(fd)
             self._fd = None

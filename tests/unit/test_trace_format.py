@@ -345,6 +345,27 @@ def test_writer_never_writes_through_a_link_at_its_temporary_name(tmp_path: Path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.gjtrace", "victim"]
 
 
+def test_writer_never_replaces_a_file_made_at_its_name_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Between its check and its rename another recorder made the file: the rename replaced
+    # it. The other recorder's file is made at the moment the header is synced (the race
+    # put where it falls, on a real file system).
+    path = tmp_path / "t.gjtrace"
+    real_fsync = os.fsync
+
+    def meanwhile(fd: int) -> None:
+        real_fsync(fd)
+        if not path.exists():
+            path.write_bytes(b"the other recorder's")
+
+    monkeypatch.setattr(os, "fsync", meanwhile)
+    with pytest.raises(GpujitterError, match="exists"):
+        TraceWriter(path, header())
+    assert path.read_bytes() == b"the other recorder's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.gjtrace"]
+
+
 def child_writer(path: Path, fsize_limit: int = 0) -> subprocess.Popen[str]:
     return sink_writer(
         path,
