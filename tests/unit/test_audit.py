@@ -555,13 +555,23 @@ def test_persistence_from_nvml(host_tree: MakeTree, h200_nvml: PlaybackBackend) 
     ]
 
 
+def persistenced(uid: int) -> dict[str, str]:
+    return {
+        "proc/2100/comm": "nvidia-persistenced\n",
+        "proc/2100/status": f"Name:\tnvidia-persistenced\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n",
+    }
+
+
 def test_persistence_from_sysfs(host_tree: MakeTree) -> None:
-    daemon = host_tree(*GOOD, files={"proc/2100/comm": "nvidia-persistenced\n"})
+    daemon = host_tree(*GOOD, files=persistenced(118))  # Debian's nvidia-persistenced user
     findings = audit(daemon, "gpu.persistence")
     assert [(f.subject, f.severity, f.message) for f in findings] == [
         ("GPU 0000:17:00.0", "ok", "nvidia-persistenced is running (pid 2100)"),
         ("GPU 0000:b1:00.0", "ok", "nvidia-persistenced is running (pid 2100)"),
     ]
+    # Any user may name a process so: a login user's is not the driver's daemon.
+    anyones = audit(host_tree(*GOOD, files=persistenced(1000)), "gpu.persistence")
+    assert [f.severity for f in anyones] == ["info", "info"]
     b = host_tree(*BAD)
     unknown = audit(b, "gpu.persistence")
     assert [(f.severity, f.fix) for f in unknown] == [

@@ -6,8 +6,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpujitter.daemon.analysis import remedies
-from gpujitter.daemon.checks.audit.irqs import pids_named
+from gpujitter.daemon.checks.audit.irqs import owner_uid, pids_named
 from gpujitter.daemon.checks.audit.model import AuditContext, Finding, Reading, rule
+
+# nvidia-persistenced runs as root or as a system account of its own (Debian's
+# nvidia-persistenced user). One owned by a login user is anyone's process named so (a name
+# is each process's own choice), not the driver's daemon.
+SYSTEM_UID_MAX = 999
+
+
+def _system_owned(ctx: AuditContext, pid: int) -> bool:
+    uid = owner_uid(ctx, pid)
+    return uid.isdecimal() and int(uid) <= SYSTEM_UID_MAX
 
 
 @rule("gpu.persistence")
@@ -22,7 +32,7 @@ def persistence(ctx: AuditContext) -> Iterator[Finding]:
             (Reading(str(ctx.paths.sys / "bus/pci/devices"), "no NVIDIA display/3D device"),),
         )
         return
-    daemon = pids_named(ctx, "nvidia-persistenced")
+    daemon = [pid for pid in pids_named(ctx, "nvidia-persistenced") if _system_owned(ctx, pid)]
     for g in gpus:
         subject = f"GPU {g.bus_id}" if g.index is None else f"GPU {g.index} ({g.bus_id})"
         if g.persistence_mode is True:
@@ -49,7 +59,13 @@ def persistence(ctx: AuditContext) -> Iterator[Finding]:
                 "ok",
                 subject,
                 f"nvidia-persistenced is running (pid {daemon[0]})",
-                (Reading(str(ctx.paths.proc / str(daemon[0]) / "comm"), "nvidia-persistenced"),),
+                (
+                    Reading(str(ctx.paths.proc / str(daemon[0]) / "comm"), "nvidia-persistenced"),
+                    Reading(
+                        str(ctx.paths.proc / str(daemon[0]) / "status"),
+                        f"Uid: {owner_uid(ctx, daemon[0])} (a system account)",
+                    ),
+                ),
             )
         else:
             yield Finding(
@@ -57,6 +73,10 @@ def persistence(ctx: AuditContext) -> Iterator[Finding]:
                 "info",
                 subject,
                 "persistence mode unknown without NVML, and nvidia-persistenced is not running",
-                (Reading(str(ctx.paths.proc / "*/comm"), "no nvidia-persistenced"),),
+                (
+                    Reading(
+                        str(ctx.paths.proc / "*/comm"), "no nvidia-persistenced of a system account"
+                    ),
+                ),
                 remedies.gpu_persistence(g.bus_id),
             )

@@ -42,7 +42,7 @@ def pids_named(ctx: AuditContext, comm: str) -> list[int]:
     ]
 
 
-def _owner(ctx: AuditContext, pid: int) -> str:
+def owner_uid(ctx: AuditContext, pid: int) -> str:
     """The real uid of process `pid` from its status ("" when status cannot be read)."""
     return (status_fields(ctx.paths, pid).get("Uid", "").split() or [""])[0]
 
@@ -89,7 +89,7 @@ def irqbalance(ctx: AuditContext) -> Iterator[Finding]:
     named = pids_named(ctx, "irqbalance")
     # Any user may name a process irqbalance (prctl, or a copy of any binary so named); only
     # root can move IRQs, so only root's is the daemon.
-    owners = {pid: _owner(ctx, pid) for pid in named}
+    owners = {pid: owner_uid(ctx, pid) for pid in named}
     pids = [pid for pid in named if owners[pid] == "0"]
     unknown = [pid for pid in named if owners[pid] == ""]
     if not pids and unknown:
