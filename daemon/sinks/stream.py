@@ -759,42 +759,44 @@ def refuse_if_served(path: Path) -> None:
     network namespace's sockets answers without a connection (each would have the daemon
     build a client's snapshot); a listener it does not show (another namespace's) is asked
     by connecting."""
-    if not path.is_socket():
-        return
-    if not _listening_here(path):
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        probe.settimeout(1.0)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            return  # stale, or gone meanwhile
-        except (BlockingIOError, TimeoutError, PermissionError):
-            pass  # a full backlog (EAGAIN), or not this user's to reach: someone serves it
-        except OSError:
-            return  # no telling: binding there says why
-        finally:
-            probe.close()
-    raise GpujitterError(
-        f"socket {path}: a gpujitter daemon is already serving it (`systemctl status "
-        "gpujitter`); stop it, or give this one another socket.path"
-    )
+    if path.is_socket() and (_listening_here(path) or _answers(path)):
+        raise GpujitterError(
+            f"socket {path}: a gpujitter daemon is already serving it (`systemctl status "
+            "gpujitter`); stop it, or give this one another socket.path"
+        )
 
 
 _ACCEPTING = 0x10000  # __SO_ACCEPTCON in /proc/net/unix's Flags: a listening socket
 
 
 def _listening_here(path: Path) -> bool:
+    """Whether this network namespace's table lists a listener bound at `path` (False where
+    it cannot be read: the connection asks then)."""
     names = {str(path), os.path.abspath(path)}
     try:
         with open("/proc/net/unix", encoding="utf-8", errors="surrogateescape") as table:
             next(table, None)  # the header
-            for line in table:
-                fields = line.rstrip("\n").split(None, 7)
-                if len(fields) == 8 and fields[7] in names and int(fields[3], 16) & _ACCEPTING:
-                    return True
+            rows = (line.rstrip("\n").split(None, 7) for line in table)
+            return any(len(f) == 8 and f[7] in names and int(f[3], 16) & _ACCEPTING for f in rows)
     except (OSError, ValueError):
-        pass  # no table to read: the connection asks
-    return False
+        return False
+
+
+def _answers(path: Path) -> bool:
+    """Whether something accepts connections at `path`: a full backlog (EAGAIN) and a socket
+    this user may not reach count as served; refused or gone as stale; any other error
+    as not served (binding there says why)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except (BlockingIOError, TimeoutError, PermissionError):
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def first_records(path: Path, types: Iterable[str], timeout_s: float) -> dict[str, dict[str, Any]]:
