@@ -18,7 +18,7 @@ from gpujitter.tui.feeds.embedded import EmbeddedFeed
 from gpujitter.tui.feeds.replay import ReplayFeed
 from gpujitter.tui.feeds.socket import SocketFeed
 from tests.tui import node_stream
-from tests.tui.conftest import STREAM, Daemon, as_nobody
+from tests.tui.conftest import STREAM, Daemon, python_as_nobody
 
 S = 1_000_000_000
 
@@ -43,7 +43,7 @@ def test_a_daemon_refusing_this_user_is_an_error_not_a_reason_to_run_embedded(
     """Permission denied on the socket: a daemon is there. `top` says who to ask (one line,
     exit 2) instead of running the probes this user cannot run; --daemon waits on it, its
     status line saying the same (test_feeds)."""
-    done = as_nobody("-m", "gpujitter", "top", "--socket", str(closed_to_others))
+    done = python_as_nobody("-m", "gpujitter", "top", "--socket", str(closed_to_others))
     assert done.returncode == 2, done.stderr
     assert done.stderr == (
         f"gpujitter top: error: daemon at {closed_to_others} refuses this user (Permission "

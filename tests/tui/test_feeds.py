@@ -30,7 +30,7 @@ from gpujitter.tui.feeds.replay import GAP_KINDS, ReplayFeed, read_recording
 from gpujitter.tui.feeds.socket import SocketFeed
 from gpujitter.tui.inbox import Batch, Inbox, ReplayPosition
 from tests.tui import node_stream
-from tests.tui.conftest import STREAM, Daemon, as_nobody
+from tests.tui.conftest import STREAM, Daemon, python_as_nobody
 
 S = 1_000_000_000
 
@@ -488,7 +488,7 @@ def test_a_socket_that_refuses_this_user_is_not_taken_for_no_daemon(
         SocketFeed(path).run(heard, lambda: bool(heard.states))
         print(heard.states[0])
     """
-    done = as_nobody("-c", child, str(closed_to_others))
+    done = python_as_nobody("-c", child, str(closed_to_others))
     why = (f"daemon at {closed_to_others} refuses this user (Permission denied): ask for the "
            "socket's group (socket.group) or run as root")  # fmt: skip
     assert done.stdout.splitlines() == [why, repr(("waiting", why))], done.stderr
