@@ -48,15 +48,11 @@ def printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
 
 
-def cut(text: str, limit: int = 80) -> str:
-    """`text` printable, cut after `limit` characters: what an error line shows of what
-    someone typed (a pasted blob must not turn one line into a page)."""
-    return printable(text if len(text) <= limit else text[:limit] + "...")
-
-
 def quoted(value: object, limit: int = 80) -> str:
-    """`value` as an error line quotes it: its repr, cut()."""
-    return cut(repr(value), limit)
+    """`value` as an error line quotes what someone typed: its repr, printable, cut after
+    `limit` characters (a pasted blob must not turn one line into a page)."""
+    text = repr(value)
+    return printable(text if len(text) <= limit else text[:limit] + "...")
 
 
 _NON_ASCII = re.compile("[^\x00-\x7e]")

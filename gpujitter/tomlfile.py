@@ -10,12 +10,13 @@ from typing import Any
 
 from gpujitter.errors import GpujitterError
 from gpujitter.files import read_regular
-from gpujitter.text import cut
+from gpujitter.text import printable
 
 # Far past any configuration or topology override a person writes; a bigger file is a
 # mistake (a path to data), and reading it whole could take the memory the unit allows.
 MAX_TOML_BYTES = 1 << 20
 _AT_LINE = re.compile(r"\(at line (\d+), column \d+\)")
+_SHOWN_CHARS = 80  # of the line an error points at
 
 
 def load_toml(path: Path, what: str) -> dict[str, Any]:
@@ -43,4 +44,6 @@ def _line_at(text: str, message: str) -> str:
     if m is None or not 0 < int(m.group(1)) <= len(lines):
         return ""
     line = lines[int(m.group(1)) - 1].strip()
-    return f": {cut(line)}" if line else ""
+    if len(line) > _SHOWN_CHARS:
+        line = line[:_SHOWN_CHARS] + "..."
+    return f": {printable(line)}" if line else ""
