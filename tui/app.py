@@ -285,8 +285,14 @@ class GpujitterTop(App[None]):
         self._draw_status()
 
     def _draw_status(self) -> None:
+        # Also the 1 s timer's: it can fire while the screen's widgets are being torn down
+        # (the app quitting), when the status line is gone.
+        found = self.main.query("#status").results(Static)
+        status = next(found, None)
+        if status is None:
+            return
         connected = self.connection is not None and self.connection.state == "connected"
-        self.main.query_one("#status", Static).update(
+        status.update(
             status_text(
                 self.model,
                 self.connection,
