@@ -125,6 +125,11 @@ class Probe(abc.ABC):
         """The fds of the BPF programs this probe runs, for its cost (none by default)."""
         return []
 
+    def cost_counted_with(self) -> str:
+        """The probe whose cost holds this one's programs, where they are shared and counted
+        there ("" where the probe's cost is its own)."""
+        return ""
+
     def close(self) -> None:  # noqa: B027 (a probe that holds nothing frees nothing)
         """Detach and free kernel resources."""
 

@@ -283,10 +283,13 @@ class FaultProbe(Probe):
     def programs(self) -> list[int]:
         """The shared object's programs, counted once: with the first member that joined
         (swap's own cost is then in faults')."""
-        programs = self.loaded
-        if programs is None or next(iter(programs.members.values()), None) is not self:
+        if self.loaded is None or self.cost_counted_with():
             return []
-        return program_fds(programs.bpf)
+        return program_fds(self.loaded.bpf)
+
+    def cost_counted_with(self) -> str:
+        first = next(iter(self.loaded.members), self.name) if self.loaded else self.name
+        return "" if first == self.name else first
 
     def close(self) -> None:
         if self.loaded is not None and self.state in ("running", "degraded"):

@@ -24,6 +24,9 @@ BPF_ENABLE_STATS = 32
 BPF_STATS_RUN_TIME = 0
 SAMPLE_EVERY_NS = 60_000_000_000  # sampled mode: one measured stretch a minute
 SAMPLE_FOR_NS = 1_000_000_000  # of about a second (the statistics cost two clock reads a run)
+# A stretch shorter than this measures nothing: over microseconds (two reads back to back)
+# most programs did not run at all and one that ran once reads as tens of thousands a second.
+MIN_STRETCH_NS = 200_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +121,12 @@ class CostMeter:
                 return self.costs
         source = "bpf_stats" if continuous else "sampled"
         for probe, fds in programs().items():
-            t, runs, ns = now_ns, *_totals(fds)
             last = self._last.get(probe)
+            if last is not None and now_ns - last[0] < MIN_STRETCH_NS:
+                continue  # the stretch goes on from the earlier read; its cost stands
+            t, runs, ns = now_ns, *_totals(fds)
             self._last[probe] = (t, runs, ns)
-            if last is not None and t > last[0] and fds:
+            if last is not None and fds:
                 secs = (t - last[0]) / 1e9
                 self.costs[probe] = Cost(
                     round((ns - last[2]) / secs), round((runs - last[1]) / secs), source

@@ -152,7 +152,6 @@ class ProbeSet:
                 ) from None
             raise GpujitterError(f"cannot load the core BPF module: {err}") from None
         now = time.monotonic_ns()
-        self._last_tick = now  # start() refreshed the watched set and reported health
         statuses = []
         for probe in probes:
             try:
@@ -167,7 +166,11 @@ class ProbeSet:
             self.ctx.bundle.release()  # the parts hold what they use
         if release:
             release_compiler_memory()
-        self.measure_cost(now)  # the first measured stretch starts now
+        # start() refreshed the watched set and reported health: the first tick is due a
+        # second from now, and the first measured stretch starts now (not when the core was
+        # up: the probes' compiles since would count as a stretch in which nothing ran)
+        self._last_tick = time.monotonic_ns()
+        self.measure_cost(self._last_tick)
         self._watch_rings()
         return statuses
 
@@ -189,7 +192,8 @@ class ProbeSet:
         """Each running probe's BPF cost (progstats.CostMeter), kept on the probe."""
         costs = self.meter.tick(now_ns, lambda: {p.name: p.programs() for p in self.running})
         for probe in self.probes:
-            probe.cost = costs.get(probe.name, Cost())
+            shared = probe.cost_counted_with() if probe in self.running else ""
+            probe.cost = Cost(source=f"with {shared}") if shared else costs.get(probe.name, Cost())
 
     def tick(self, now_ns: int) -> None:
         """Once a second: aggregates, watched-set refresh, cost, health."""

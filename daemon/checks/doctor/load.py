@@ -31,6 +31,8 @@ PROBE_VERDICTS: dict[str, Status] = {"running": "pass", "off": "info", "unavaila
 
 def cost_text(st: ProbeStatus | ProbeCost) -> str:
     """A probe's measured BPF cost in one phrase (an idle node's: its own background)."""
+    if st.cost_from.startswith("with "):
+        return f"BPF cost counted {st.cost_from} (the programs are shared)"
     if st.bpf_ns_per_s < 0:
         return "BPF cost not measured (statistics refused, or no BPF programs)"
     per_run = st.bpf_ns_per_s / st.bpf_runs_per_s if st.bpf_runs_per_s > 0 else 0
@@ -65,8 +67,7 @@ def check_load(env: DoctorEnv) -> Iterator[Result]:
             probes.start()
             start_s, start_cpu_s = time.monotonic() - started, _cpu_s() - before
             started = time.monotonic()
-            probes.run(lambda: time.monotonic() - started > env.load_s)
-            probes.measure_cost(time.monotonic_ns())
+            probes.run(lambda: time.monotonic() - started > env.load_s)  # its last tick measures
             statuses = [p.status(time.monotonic_ns()) for p in probes.probes]
     except (GpujitterError, ImportError) as err:
         # Privilege is the cure unless the process's surroundings stop the compile (a deleted
