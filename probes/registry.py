@@ -95,7 +95,10 @@ def select(names: Sequence[str] = (), disabled: Sequence[str] = ()) -> list[str]
     """The probes to run, from what a user named: plain names are exactly those ("sched,irq"),
     "+name" adds to them or, alone, to the default set ("+faults,+swap": the default set and
     faults and swap); `disabled` is taken out, whatever named it (a node's variable may
-    disable what a shared file enables). Unknown names: a one-line error."""
+    disable what a shared file enables). Each name may be a comma-separated list, as
+    `--probes` takes one (`probe sched,irq` is `probe sched irq`). Unknown names: a one-line
+    error."""
+    names = [n.strip() for item in names for n in item.split(",") if n.strip()]
     plain = [n for n in names if not n.startswith("+")]
     added = [n[1:] for n in names if n.startswith("+")]
     for name in [*plain, *added, *disabled]:

@@ -35,9 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "probes",
         nargs="*",
         metavar="PROBE",
-        help="probes to run (default: every probe that is on by default; +NAME adds one "
-        "to that set); "
-        "see `gpujitter doctor` for the list",
+        help="probes to run, as names or comma-separated (default: every probe that is on "
+        "by default; +NAME adds one to that set); see `gpujitter doctor` for the list",
     )
     p.add_argument("-d", "--duration", metavar="TIME", help="stop after TIME (e.g. 10s)")
     add_threshold_arg(p)

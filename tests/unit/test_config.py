@@ -189,6 +189,9 @@ def test_probe_selection_plain_names_replace_plus_names_add() -> None:
     ]  # fmt: skip
     with pytest.raises(GpujitterError, match="unknown probe 'fault'"):
         registry.select(["+fault"])
+    # `probe` and `record` take names as arguments, `run --probes` a list: either spelling
+    assert registry.select(["sched,faults"]) == registry.select(["sched", "faults"])
+    assert registry.select(["+python_gil,", "+swap"]) == [*defaults, "python_gil"]
 
 
 def load_in_time(path: Path) -> str:
