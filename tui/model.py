@@ -233,11 +233,13 @@ class NodeModel:
         return node >= 0 and gpu_node >= 0 and node != gpu_node
 
     def lost_events(self) -> int:
-        """Events the probes lost (kernel ring buffers, Python queues) plus the engine's."""
+        """Events the probes lost (kernel ring buffers, Python queues) plus the engine's. The
+        daemon's status counts the engine's drops in its lost_user already; the probes' own
+        records, when newer than the status, lack them."""
         lost = sum(p.lost_kernel + p.lost_user for p in self.probes.values())
         if self.status is not None:
-            lost = max(lost, self.status.lost_kernel + self.status.lost_user)
-            lost += self.status.engine_dropped
+            said = self.status.lost_kernel + self.status.lost_user
+            lost = max(lost + self.status.engine_dropped, said)
         return lost
 
 

@@ -4,6 +4,7 @@ failure paths are real sockets too (none there, a stale file, a daemon that says
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 from collections.abc import Iterator
@@ -35,6 +36,9 @@ def status(**kw: object) -> DaemonStatus:
             "sched": cost(events=900),
             "cuda": cost("degraded"),
             "nvml": cost("unavailable"),
+            "swap": dataclasses.replace(
+                cost(events=3), bpf_ns_per_s=-1, bpf_runs_per_s=-1, cost_from="with faults"
+            ),
         },
     }
     fields.update(kw)
@@ -77,7 +81,20 @@ def test_the_daemon_in_its_own_words(daemon: tuple[Path, dict]) -> None:
     )
     assert got["daemon cuda"].status == "warn"
     assert got["daemon nvml"].status == "info"
-    assert list(got) == ["daemon", "daemon cuda", "daemon nvml", "daemon sched"]
+    assert list(got) == ["daemon", "daemon cuda", "daemon nvml", "daemon sched", "daemon swap"]
+    # A probe whose cost is not its own to say (swap's programs are faults'), or was not
+    # measured (a degraded cuda), still says what it delivered and lost.
+    assert got["daemon swap"].detail == (
+        "running; BPF cost counted with faults (the programs are shared), 3 events, 0 lost"
+    )
+    said = status().probe_cost["cuda"]
+    said = dataclasses.replace(said, bpf_ns_per_s=-1, bpf_runs_per_s=-1, cost_from="",
+                               events=5, lost_kernel=4)  # fmt: skip
+    path, told = daemon
+    told["status"] = status(probe_cost={"cuda": said}).to_record()
+    assert checks(path)["daemon cuda"].detail == (
+        "degraded; BPF cost not measured (statistics refused, or no BPF programs), 5 events, 4 lost"
+    )
 
 
 @pytest.mark.parametrize(

@@ -30,16 +30,17 @@ PROBE_VERDICTS: dict[str, Status] = {"running": "pass", "off": "info", "unavaila
 
 
 def cost_text(st: ProbeStatus | ProbeCost) -> str:
-    """A probe's measured BPF cost in one phrase (an idle node's: its own background)."""
+    """A probe's measured BPF cost in one phrase (an idle node's: its own background), and
+    what it delivered and lost, whether or not its cost could be measured."""
+    delivered = f"{st.events} events, {st.lost_kernel + st.lost_user} lost"
     if st.cost_from.startswith("with "):
-        return f"BPF cost counted {st.cost_from} (the programs are shared)"
+        return f"BPF cost counted {st.cost_from} (the programs are shared), {delivered}"
     if st.bpf_ns_per_s < 0:
-        return "BPF cost not measured (statistics refused, or no BPF programs)"
+        return f"BPF cost not measured (statistics refused, or no BPF programs), {delivered}"
     per_run = st.bpf_ns_per_s / st.bpf_runs_per_s if st.bpf_runs_per_s > 0 else 0
     return (
         f"BPF {st.bpf_runs_per_s} runs/s, {per_run:.0f} ns/run, "
-        f"{st.bpf_ns_per_s / 1e7:.3f}% of a CPU ({st.cost_from}), "
-        f"{st.events} events, {st.lost_kernel + st.lost_user} lost"
+        f"{st.bpf_ns_per_s / 1e7:.3f}% of a CPU ({st.cost_from}), {delivered}"
     )
 
 
