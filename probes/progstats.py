@@ -103,7 +103,8 @@ class CostMeter:
         self._fd = -1
         self._opened_ns = 0
         self._next_ns = 0
-        self._last: dict[str, tuple[int, int, int]] = {}  # probe -> (t, runs, ns)
+        # probe -> (its program fds, t, runs, ns) at the last read
+        self._last: dict[str, tuple[tuple[int, ...], int, int, int]] = {}
 
     def tick(self, now_ns: int, programs: Callable[[], Mapping[str, list[int]]]) -> dict[str, Cost]:
         """The costs as of now; `programs` (each probe's program fds) is asked for only
@@ -121,15 +122,18 @@ class CostMeter:
                 return self.costs
         source = "bpf_stats" if continuous else "sampled"
         for probe, fds in programs().items():
+            held = tuple(sorted(fds))
             last = self._last.get(probe)
-            if last is not None and now_ns - last[0] < MIN_STRETCH_NS:
+            if last is not None and last[0] == held and now_ns - last[1] < MIN_STRETCH_NS:
                 continue  # the stretch goes on from the earlier read; its cost stands
             t, runs, ns = now_ns, *_totals(fds)
-            self._last[probe] = (t, runs, ns)
-            if last is not None and fds:
-                secs = (t - last[0]) / 1e9
+            self._last[probe] = (held, t, runs, ns)
+            # Over programs that came or went since (a uprobe on a new interpreter, say) the
+            # totals are not one set's: that stretch only starts the next one.
+            if last is not None and last[0] == held and fds:
+                secs = (t - last[1]) / 1e9
                 self.costs[probe] = Cost(
-                    round((ns - last[2]) / secs), round((runs - last[1]) / secs), source
+                    round((ns - last[3]) / secs), round((runs - last[2]) / secs), source
                 )
         if not continuous and now_ns - self._opened_ns >= SAMPLE_FOR_NS:
             self._close()

@@ -45,3 +45,19 @@ def test_a_stretch_too_short_to_measure_leaves_the_last_cost(
     assert meter.tick(11 * S + MIN_STRETCH_NS, lambda: SCHED) == {
         "sched": Cost(round(100_000 * per_s), round(500 * per_s), "bpf_stats")
     }
+
+
+def test_a_stretch_over_programs_that_came_or_went_is_not_a_rate(
+    counters: dict[int, tuple[int, int]],
+) -> None:
+    """A probe that attaches or drops a program between two reads (a uprobe on a new
+    interpreter): the totals are two sets' (one gone would even read a negative rate)."""
+    meter = CostMeter()
+    counters[3], counters[4] = (1_000, 100_000), (5_000, 900_000)
+    meter.tick(10 * S, lambda: {"python_gc": [3, 4]})
+    counters[3] = (1_500, 150_000)
+    assert meter.tick(11 * S, lambda: {"python_gc": [3]}) == {}  # fd 4 went: no rate
+    counters[3] = (2_500, 250_000)
+    assert meter.tick(12 * S, lambda: {"python_gc": [3]}) == {
+        "python_gc": Cost(100_000, 1_000, "bpf_stats")
+    }
