@@ -93,6 +93,21 @@ class Recording:
     header: TraceHeader
     damage: list[str] = field(default_factory=list)
     _traces: TraceSet | None = None
+    _read: int = 0  # bytes of the events files read so far
+
+    @property
+    def size(self) -> int:
+        """Bytes of the files named (for progress: a log's rotated files are not named)."""
+        return sum(st.st_size for p in self.paths if (st := path_stat(p)) is not None)
+
+    def position(self) -> int | None:
+        """Bytes read so far, for progress; None for a log (its rotated files are read
+        too, and it is not replayed: read quickly)."""
+        if self._traces is not None:
+            return self._traces.position()
+        if self.kind != EVENTS:
+            return None
+        return self._read
 
     @property
     def analysed(self) -> bool:
@@ -120,6 +135,7 @@ class Recording:
             return
         # One log named: it and its rotated files, oldest first; several: each as named.
         rotated = len(self.paths) == 1
+        self._read = 0
         for path in self.paths:
             if self.kind == EVENTS:
                 yield from _events(path, self)
@@ -180,6 +196,8 @@ def _events(path: Path, into: Recording | None) -> Iterator[Event]:
     skipped = 0
     with open_regular(path, "cannot read") as f:
         for n, line in numbered_lines(f, path, "event", "file"):
+            if into is not None:
+                into._read += len(line)
             if not line.strip():
                 continue
             try:

@@ -548,6 +548,11 @@ class TraceReader:
     def _size(self) -> int:
         return os.fstat(self._file.fileno()).st_size
 
+    @property
+    def offset(self) -> int:
+        """How far into the file reading has come (bytes), for progress."""
+        return self._file.tell()
+
     def __iter__(self) -> Iterator[Event]:
         kinds = event_kinds()
         self.records = 0
@@ -699,12 +704,22 @@ class TraceSet:
         self.paths = [p for p, _ in headers]
         self.headers = [h for _, h in headers]
         self.damage: list[str] = []
+        self._read = 0  # bytes of the files read to their end
+        self._reader: TraceReader | None = None
+
+    def position(self) -> int:
+        """Bytes read so far, of all the files (for progress)."""
+        return self._read + (self._reader.offset if self._reader else 0)
 
     def __iter__(self) -> Iterator[Event]:
         """Every file's events in turn; afterwards `damage` has each file's damage notes."""
         _one_timeline(list(zip(self.paths, self.headers, strict=True)))
         self.damage = [f"{why}; left out" for _, why in self.unreadable]
+        self._read = 0
         for path in self.paths:
             with TraceReader(path) as reader:
+                self._reader = reader
                 yield from reader
                 self.damage += reader.damage_notes()
+                self._read += reader._size()
+                self._reader = None

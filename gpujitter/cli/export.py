@@ -18,6 +18,7 @@ import orjson
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import STDOUT, add_traces_arg, path_arg
 from gpujitter.cli.output import print_json
+from gpujitter.cli.progress import Progress
 from gpujitter.errors import GpujitterError
 from gpujitter.files import read_regular
 from gpujitter.text import printable
@@ -118,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
         profiler = _load_profiler(args.merge)
         extra = profiler_events(profiler)
         clock = profiler_clock(profiler, header.clock)
-    with _created(args.output) as out:
-        writer = export(traces, out, header.topology,
+    with _created(args.output) as out, Progress(traces.size) as progress:
+        writer = export(progress.events(traces, traces.position), out, header.topology,
                         AnalysisConfig.from_record(header.analysis), clock, extra)  # fmt: skip
         if args.output == STDOUT:  # all of it out (or failed) before the summary
             out.flush()

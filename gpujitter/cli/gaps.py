@@ -14,6 +14,7 @@ from gpujitter.cli.command import Command
 from gpujitter.cli.gpus import add_nvml_source_args, nvml_backend, save_recording
 from gpujitter.cli.options import add_watch_args, path_arg, watch_from_args
 from gpujitter.cli.output import print_ndjson
+from gpujitter.cli.progress import Progress
 from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU, GapConfig
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
@@ -197,12 +198,14 @@ def replay(args: argparse.Namespace, out: Printer) -> int:
     if rec.kind != TRACE and not args.json:
         print(printable(f"# reading {rec.what}"), file=sys.stderr)
     out.ref = rec.header.clock if rec.wall_clock else None
-    Runtime(
-        ListSource(rec, label=rec.what), rec.header.topology,
-        sinks=[_Shown(out, live=False, analysed=rec.analysed)],
-        analysis=None if rec.analysed else lambda _: analysis,
-        signals=False,
-    ).run()  # fmt: skip
+    # on a terminal the gaps printed as they are found show how far it is: no line between
+    with Progress(rec.size, shown=sys.stderr.isatty() and not sys.stdout.isatty()) as progress:
+        Runtime(
+            ListSource(progress.events(rec, rec.position), label=rec.what), rec.header.topology,
+            sinks=[_Shown(out, live=False, analysed=rec.analysed)],
+            analysis=None if rec.analysed else lambda _: analysis,
+            signals=False,
+        ).run()  # fmt: skip
     for note in rec.damage:  # what the reading tolerated (a torn tail, skipped kinds)
         print(printable(f"damage: {note}"), file=sys.stderr)
     return 0

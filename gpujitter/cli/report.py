@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import heapq
 import os
 import re
 import stat
@@ -20,6 +21,7 @@ from typing import Any
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import STDOUT, add_traces_arg, count
 from gpujitter.cli.output import print_json, table
+from gpujitter.cli.progress import Progress
 from gpujitter.daemon.analysis.describe import gpu_name, one_line
 from gpujitter.daemon.analysis.engine.causes import cause_label
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
@@ -146,19 +148,43 @@ def write_html(
         raise GpujitterError(f"--html {path}: {err.strerror}{beside}") from None
 
 
-def summarise(attrs: list[Attribution]) -> dict[int, dict[str, Any]]:
-    per_gpu: dict[int, dict[str, Any]] = defaultdict(
-        lambda: {"gaps": 0, "idle_ns": 0, "causes": Counter()}
-    )
-    for a in attrs:
-        s = per_gpu[a.gpu]
+class Summary:
+    """Per GPU its gaps, idle time and time by cause, and the `top` longest gaps, taken in
+    one attribution at a time: the text report holds these, never every attribution (a
+    day's recording of a busy node has hundreds of thousands, ~3 KB each)."""
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+        self.attributed = 0
+        self.per_gpu: dict[int, dict[str, Any]] = defaultdict(
+            lambda: {"gaps": 0, "idle_ns": 0, "causes": Counter()}
+        )
+        # a min-heap of the longest: (dur_ns, -ts_ns, -n) orders as the report lists them
+        # (longest, then earliest, then first seen), reversed; n makes every key unique
+        self._longest: list[tuple[int, int, int, Attribution]] = []
+
+    def add(self, a: Attribution) -> None:
+        self.attributed += 1
+        s = self.per_gpu[a.gpu]
         s["gaps"] += 1
         s["idle_ns"] += a.dur_ns
         for part in a.parts:
             s["causes"][part.cause] += part.ns
-    return {
-        gpu: {**s, "causes": dict(s["causes"].most_common())} for gpu, s in sorted(per_gpu.items())
-    }
+        if self.top:
+            key = (a.dur_ns, -a.ts_ns, -self.attributed, a)
+            if len(self._longest) < self.top:
+                heapq.heappush(self._longest, key)
+            else:
+                heapq.heappushpop(self._longest, key)
+
+    def longest(self) -> list[Attribution]:
+        return [k[-1] for k in sorted(self._longest, reverse=True)]
+
+    def by_gpu(self) -> dict[int, dict[str, Any]]:
+        return {
+            gpu: {**s, "causes": dict(s["causes"].most_common())}
+            for gpu, s in sorted(self.per_gpu.items())
+        }
 
 
 def reading_line(rec: Recording) -> str:
@@ -194,30 +220,37 @@ def run(args: argparse.Namespace) -> int:
             and (not args.gpu or ev.gpu in args.gpu)
         )
 
-    attrs: list[Attribution] = []
+    summary = Summary(args.top)
+    # every attribution only where the output has every one
+    attrs: list[Attribution] | None = [] if args.json or args.html else None
     gaps = 0
     seen_gpus: set[int] = set()
     span: list[int] = []  # first and last event time, for the HTML charts
 
     def events() -> Iterator[Event]:
-        for ev in traces:
+        for ev in progress.events(traces, traces.position):
             span[:] = [min(span[0], ev.ts_ns), max(span[1], ev.ts_ns)] if span else [ev.ts_ns] * 2
             yield ev
 
-    for out in events() if traces.analysed else analyse(events(), header.topology, config):
-        if isinstance(out, (GpuGap, Attribution)):
-            seen_gpus.add(out.gpu)
-        if isinstance(out, Attribution) and wanted(out):
-            attrs.append(out)
-        elif isinstance(out, GpuGap) and wanted(out):
-            gaps += 1
-    summary = summarise(attrs)
+    with Progress(traces.size) as progress:
+        for out in events() if traces.analysed else analyse(events(), header.topology, config):
+            if isinstance(out, (GpuGap, Attribution)):
+                seen_gpus.add(out.gpu)
+            if isinstance(out, Attribution) and wanted(out):
+                summary.add(out)
+                if attrs is not None:
+                    attrs.append(out)
+            elif isinstance(out, GpuGap) and wanted(out):
+                gaps += 1
     # with the page on standard output, the report goes beside it
     told = sys.stderr if args.html == STDOUT else sys.stdout
     if args.html:
+        assert attrs is not None
         first, last = span or [header.start_ns] * 2
         write_html(html, attrs, header, traces, start or first, end or last, args.top)
+    by_gpu = summary.by_gpu()
     if args.json:
+        assert attrs is not None
         print_json({
             "traces": [str(p) for p in traces.paths],
             "format": traces.kind,
@@ -227,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
             "topology_override": header.topology.override,
             "topology_unknown_gpu_node": header.topology.unknown_gpu_node,
             "damage": traces.damage,
-            "summary": {str(g): s for g, s in summary.items()},
+            "summary": {str(g): s for g, s in by_gpu.items()},
             "attributions": [to_record(a) for a in attrs],
         }, told)  # fmt: skip
         return 0
@@ -238,22 +271,23 @@ def run(args: argparse.Namespace) -> int:
         say(printable(override_line(header.topology)))
     for note in traces.damage:
         say(f"damage: {printable(note)}")
-    if not attrs:
+    if not summary.attributed:
         say("no GPU idle gaps in this range" + (f" ({gaps} gaps, none attributed)" if gaps else ""))
         if missing := sorted(set(args.gpu) - seen_gpus):
             known = ", ".join(gpu_name(g) for g in sorted(seen_gpus)) or "none"
             say(f"{', '.join(gpu_name(g) for g in missing)}: not in this recording "
                 f"(GPUs with gaps: {known})")  # fmt: skip
         return 0
-    for gpu, s in summary.items():
+    for gpu, s in by_gpu.items():
         say(f"\n{gpu_name(gpu)}: {s['gaps']} gaps, {format_ns(s['idle_ns'])} idle")
         rows = [
             (cause_label(cause), format_ns(ns), f"{100 * ns / s['idle_ns']:.1f}%")
             for cause, ns in s["causes"].items()
         ]
         say(table(["CAUSE", "TIME", "SHARE"], rows))
-    say(f"\nlongest {min(args.top, len(attrs))} gaps:")
-    for a in sorted(attrs, key=lambda a: (-a.dur_ns, a.ts_ns))[: args.top]:
+    longest = summary.longest()
+    say(f"\nlongest {len(longest)} gaps:")
+    for a in longest:
         say(one_line(a, header.clock if traces.wall_clock else None))
         for remedy in a.remedies:
             say(f"    fix: {printable(remedy)}")

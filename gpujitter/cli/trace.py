@@ -11,6 +11,7 @@ from typing import Any
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import add_traces_arg
 from gpujitter.cli.output import print_json, table
+from gpujitter.cli.progress import Progress
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig
 from gpujitter.daemon.offline.recordings import TRACE, Recording, open_recording
 from gpujitter.daemon.sinks.trace import TraceHeader, TraceReader
@@ -38,12 +39,13 @@ def _span(first: int | None, last: int | None, ev: Event) -> tuple[int | None, i
     return min(first, ts_ns), max(last, ts_ns)
 
 
-def inspect(path: Path) -> dict[str, Any]:
-    """One file's header, counts and damage; corruption is reported, not raised."""
+def inspect(path: Path, progress: Progress, before: int = 0) -> dict[str, Any]:
+    """One file's header, counts and damage; corruption is reported, not raised. before:
+    the bytes of the files read before it (progress)."""
     kinds: Counter[str] = Counter()
     first = last = None
     with TraceReader(path) as reader:
-        for ev in reader:
+        for ev in progress.events(reader, lambda: before + reader.offset):
             kinds[ev.KIND] += 1
             first, last = _span(first, last, ev)
         header = reader.header
@@ -72,9 +74,10 @@ def inspect_other(rec: Recording) -> dict[str, Any]:
     first = last = None
     error = None
     try:
-        for ev in rec:
-            kinds[ev.KIND] += 1
-            first, last = _span(first, last, ev)
+        with Progress(rec.size) as progress:
+            for ev in progress.events(rec, rec.position):
+                kinds[ev.KIND] += 1
+                first, last = _span(first, last, ev)
     except GpujitterError as err:
         error = str(err)
     return {
@@ -95,7 +98,12 @@ def run(args: argparse.Namespace) -> int:
         return run_other(rec, args.json)
     traces = rec.traces
     assert traces is not None  # a trace recording's
-    files = [inspect(p) for p in traces.paths]
+    files: list[dict[str, Any]] = []
+    read = 0
+    with Progress(rec.size) as progress:
+        for path in traces.paths:
+            files.append(inspect(path, progress, read))
+            read += files[-1]["bytes"]
     kinds: Counter[str] = Counter()
     for f in files:
         kinds.update(f["kinds"])

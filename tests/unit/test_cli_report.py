@@ -3,6 +3,7 @@ and Grafana print them, counts, GPUs that are not in the recording."""
 
 from __future__ import annotations
 
+import gc
 import json
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -12,6 +13,7 @@ import pytest
 
 from gpujitter.cli import main
 from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU
+from gpujitter.daemon.analysis.records import Attribution, Part
 from gpujitter.daemon.sinks.trace import TraceWriter
 from gpujitter.probes.clock import wall_ns
 from tests.fixtures.streams.synthetic import MS, T0, TWO_NODES, Stream
@@ -86,3 +88,34 @@ def test_the_header_line_says_the_override_placed_gpu_minus_1(
     (attr,) = json.loads(capsys.readouterr().out)["attributions"]
     assert attr["gpu"] == UNKNOWN_GPU and attr["gpu_node"] == 0
     assert "remote_oncpu" in {p["cause"] for p in attr["parts"]}
+
+
+def test_the_text_report_holds_the_longest_gaps_not_every_attribution(
+    trace: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A day's recording of a busy node is attributed into hundreds of thousands of gaps:
+    the text report keeps their sums and its --top longest, not all of them (it held each
+    one: 181 MB for a 170 MB trace, growing with the trace)."""
+    alive: list[int] = []
+
+    def attributed(events, topology, config):
+        for n in range(2000):
+            # durations 1..9 ms, ties among them, all in stream order
+            at, dur = T0 + n * 100 * MS, (1 + n % 9) * MS
+            yield Attribution(ts_ns=at, end_ns=at + dur, gpu=n % 2, sources=("cuda",),
+                              resolution_ns=1_000, confidence=0.9,
+                              parts=(Part("host_work", dur - MS), Part("irq", MS)))  # fmt: skip
+        gc.collect()
+        alive.append(sum(isinstance(o, Attribution) for o in gc.get_objects()))
+
+    monkeypatch.setattr("gpujitter.cli.report.analyse", attributed)
+    assert main(["report", str(trace), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert alive[0] <= 4  # the 3 longest, and the one just yielded
+    assert "GPU0: 1000 gaps, 5.00s idle" in out and "GPU1: 1000 gaps, 5.00s idle" in out
+    longest = [line for line in out.splitlines() if " idle 9.00ms at " in line]
+    # the longest three (9 ms: n = 8, 17, 26, ...), earliest first, as a sort of them all
+    assert len(longest) == 3 and out.count("idle 9.00ms") == 3
+    assert [line.split()[0] for line in longest] == ["GPU0", "GPU1", "GPU0"]
+    assert main(["report", str(trace), "--top", "0"]) == 0
+    assert "longest 0 gaps:" in capsys.readouterr().out
