@@ -21,8 +21,17 @@ def print_json(obj: Any, stream: TextIO | None = None) -> None:
     another stream is named."""
     stream = stream or sys.stdout
     stream.flush()  # what was printed before comes first
-    stream.buffer.write(inert_json(_dumps(obj, _OPTS | orjson.OPT_INDENT_2)) + b"\n")
+    stream.buffer.write(json_bytes(obj) + b"\n")
     stream.flush()
+
+
+def json_bytes(obj: Any, depth: int = 0) -> bytes:
+    """`obj` as print_json writes it (indented, inert, no newline after it), as it sits
+    `depth` levels deep in a document: every line after its first indented 2 * depth more
+    (JSON strings hold no raw newline). A document written in pieces (`report --json`)
+    writes the same bytes as the whole: inert_json replaces single characters."""
+    data = inert_json(_dumps(obj, _OPTS | orjson.OPT_INDENT_2))
+    return data.replace(b"\n", b"\n" + b"  " * depth) if depth else data
 
 
 def print_ndjson(obj: Any) -> None:

@@ -12,15 +12,16 @@ import os
 import re
 import stat
 import sys
+import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TextIO
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import STDOUT, add_traces_arg, count
-from gpujitter.cli.output import print_json, table
+from gpujitter.cli.output import json_bytes, table
 from gpujitter.cli.progress import Progress
 from gpujitter.daemon.analysis.describe import gpu_name, one_line
 from gpujitter.daemon.analysis.engine.causes import cause_label
@@ -187,6 +188,76 @@ class Summary:
         }
 
 
+class JsonSpool:
+    """`report --json`'s attributions, each encoded as it comes (as it will sit in the
+    document) and written aside, then copied out after the document's head: the summary
+    comes first, and is known only at the end."""
+
+    def __init__(self) -> None:
+        # A file, not memory: the attributions' JSON is the output's size (83 MB for a 172 MB
+        # trace, gigabytes for a day of a busy node), which is what the report must not hold.
+        # Anonymous, so gone when closed or when the process ends, however it ends; in
+        # TMPDIR, else /tmp. Opened before the reading, so a directory that takes no file
+        # fails at once, not after half an hour.
+        try:
+            self._file: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115  # __exit__
+        except OSError as err:
+            raise _spool_error(err) from None
+        self.count = 0
+
+    def __enter__(self) -> JsonSpool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Closing writes what is still buffered: on a full disk that fails again, and would
+        # hide the error said (as standard output's); the file goes all the same.
+        with contextlib.suppress(OSError):
+            self._file.close()
+
+    def add(self, a: Attribution) -> None:
+        item = json_bytes(to_record(a), depth=2)  # in "attributions", in the document
+        try:
+            self._file.write((b",\n    " if self.count else b"\n    ") + item)
+        except OSError as err:  # a full disk, a quota: the temporary file's, not the output's
+            raise _spool_error(err) from None
+        self.count += 1
+
+    def print_document(self, members: dict[str, Any], stream: TextIO) -> None:
+        """The document of `members` and then "attributions", the list of those added, as
+        print_json writes it: its head, then the spooled attributions copied in chunks."""
+        head = json_bytes({**members, "attributions": []})
+        assert head.endswith(b"[]\n}")
+        try:
+            self._file.seek(0)  # (what is still buffered is written first: it may fail)
+        except OSError as err:
+            raise _spool_error(err) from None
+        stream.flush()  # what was printed before comes first
+        out = stream.buffer  # what fails there is main()'s to tell, as for any output
+        if not self.count:
+            out.write(head + b"\n")
+        else:
+            out.write(head[: -len(b"]\n}")])
+            while chunk := self._read():
+                out.write(chunk)
+            out.write(b"\n  ]\n}\n")
+        stream.flush()
+
+    def _read(self) -> bytes:
+        try:
+            return self._file.read(1 << 20)
+        except OSError as err:
+            raise _spool_error(err) from None
+
+
+def _spool_error(err: OSError) -> GpujitterError:
+    # main() would take an OSError without a file name for standard output's
+    where = f" in {tempfile.tempdir}" if tempfile.tempdir else ""
+    return GpujitterError(
+        f"--json: the attributions' temporary file{where}: {err.strerror or err} "
+        "(TMPDIR names another directory)"
+    )
+
+
 def reading_line(rec: Recording) -> str:
     """What is being read, as the first line of a report says it."""
     header = rec.header
@@ -221,8 +292,8 @@ def run(args: argparse.Namespace) -> int:
         )
 
     summary = Summary(args.top)
-    # every attribution only where the output has every one
-    attrs: list[Attribution] | None = [] if args.json or args.html else None
+    # every attribution only for the page (--json writes them aside as they come)
+    attrs: list[Attribution] | None = [] if args.html else None
     gaps = 0
     seen_gpus: set[int] = set()
     span: list[int] = []  # first and last event time, for the HTML charts
@@ -232,38 +303,40 @@ def run(args: argparse.Namespace) -> int:
             span[:] = [min(span[0], ev.ts_ns), max(span[1], ev.ts_ns)] if span else [ev.ts_ns] * 2
             yield ev
 
-    with Progress(traces.size) as progress:
-        for out in events() if traces.analysed else analyse(events(), header.topology, config):
-            if isinstance(out, (GpuGap, Attribution)):
-                seen_gpus.add(out.gpu)
-            if isinstance(out, Attribution) and wanted(out):
-                summary.add(out)
-                if attrs is not None:
-                    attrs.append(out)
-            elif isinstance(out, GpuGap) and wanted(out):
-                gaps += 1
-    # with the page on standard output, the report goes beside it
-    told = sys.stderr if args.html == STDOUT else sys.stdout
-    if args.html:
-        assert attrs is not None
-        first, last = span or [header.start_ns] * 2
-        write_html(html, attrs, header, traces, start or first, end or last, args.top)
-    by_gpu = summary.by_gpu()
-    if args.json:
-        assert attrs is not None
-        print_json({
-            "traces": [str(p) for p in traces.paths],
-            "format": traces.kind,
-            "host": header.host,
-            "kernel": header.kernel,
-            "start_wall_ns": header.start_wall_ns,
-            "topology_override": header.topology.override,
-            "topology_unknown_gpu_node": header.topology.unknown_gpu_node,
-            "damage": traces.damage,
-            "summary": {str(g): s for g, s in by_gpu.items()},
-            "attributions": [to_record(a) for a in attrs],
-        }, told)  # fmt: skip
-        return 0
+    with JsonSpool() if args.json else contextlib.nullcontext() as spool:
+        with Progress(traces.size) as progress:
+            found = events() if traces.analysed else analyse(events(), header.topology, config)
+            for out in found:
+                if isinstance(out, (GpuGap, Attribution)):
+                    seen_gpus.add(out.gpu)
+                if isinstance(out, Attribution) and wanted(out):
+                    summary.add(out)
+                    if attrs is not None:
+                        attrs.append(out)
+                    if spool is not None:
+                        spool.add(out)
+                elif isinstance(out, GpuGap) and wanted(out):
+                    gaps += 1
+        # with the page on standard output, the report goes beside it
+        told = sys.stderr if args.html == STDOUT else sys.stdout
+        if args.html:
+            assert attrs is not None
+            first, last = span or [header.start_ns] * 2
+            write_html(html, attrs, header, traces, start or first, end or last, args.top)
+        by_gpu = summary.by_gpu()
+        if spool is not None:
+            spool.print_document({
+                "traces": [str(p) for p in traces.paths],
+                "format": traces.kind,
+                "host": header.host,
+                "kernel": header.kernel,
+                "start_wall_ns": header.start_wall_ns,
+                "topology_override": header.topology.override,
+                "topology_unknown_gpu_node": header.topology.unknown_gpu_node,
+                "damage": traces.damage,
+                "summary": {str(g): s for g, s in by_gpu.items()},
+            }, told)  # fmt: skip
+            return 0
     # A trace is a file from elsewhere: whatever it holds is shown inert (gpujitter.text).
     say = functools.partial(print, file=told)
     say(printable(reading_line(traces)))

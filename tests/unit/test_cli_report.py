@@ -4,18 +4,27 @@ and Grafana print them, counts, GPUs that are not in the recording."""
 from __future__ import annotations
 
 import gc
+import io
 import json
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import pytest
 
 from gpujitter.cli import main
+from gpujitter.cli.output import print_json
 from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU
-from gpujitter.daemon.analysis.records import Attribution, Part
+from gpujitter.daemon.analysis.records import Attribution, Part, TaskEvidence
+from gpujitter.daemon.offline.recordings import open_recording
 from gpujitter.daemon.sinks.trace import TraceWriter
 from gpujitter.probes.clock import wall_ns
+from gpujitter.probes.events import to_record
 from tests.fixtures.streams.synthetic import MS, T0, TWO_NODES, Stream
 from tests.unit.trace_samples import header, one_gap_trace
 
@@ -119,3 +128,145 @@ def test_the_text_report_holds_the_longest_gaps_not_every_attribution(
     assert [line.split()[0] for line in longest] == ["GPU0", "GPU1", "GPU0"]
     assert main(["report", str(trace), "--top", "0"]) == 0
     assert "longest 0 gaps:" in capsys.readouterr().out
+
+
+# Names a local user chooses (a thread's, a file's), as decode_name and os.fsdecode give them:
+# escape sequences, DEL and C1 controls, bidi overrides, a line separator, a tag character
+# (outside the BMP), a private-use one, bytes that are not UTF-8 (surrogates, which orjson
+# refuses: that record, or the whole document, is written as jsonable makes it).
+HOSTILE = (
+    "python", "\x1b[31mred\x1b[0m", "caf\udce9", "rtl\u202eexe.gpj", "line\u2028sep\x7f\x9b",
+    "tag\U000e0001x", "emoji😀é\ue000", "\\xe9 typed",
+)  # fmt: skip
+
+
+def attributions(n: int, hostile: bool = False) -> Iterator[Attribution]:
+    """`n` attributions in stream order on GPUs 0, 1, 3 and -1 (unknown): two at each start
+    time, durations 1..9 ms (ties among them), with hostile text where asked."""
+    for i in range(n):
+        at, dur = T0 + (i // 2) * 100 * MS, (1 + i % 9) * MS
+        name = HOSTILE[i % len(HOSTILE)] if hostile else "feeder"
+        waited = TaskEvidence(tid=555, comm=name, cpus=(1,), count=1, ns=dur - MS)
+        cause = f"host_work{HOSTILE[i % 3]}" if hostile and i % 5 == 0 else "host_work"
+        yield Attribution(ts_ns=at, end_ns=at + dur, gpu=(0, 1, 3, UNKNOWN_GPU)[i % 4],
+                          sources=("cuda",), resolution_ns=1_000, confidence=0.9,
+                          parts=(Part(cause, dur - MS, (i,), (waited,)), Part("irq", MS)),
+                          comm=name, workload=name, remedies=(f"fix: {name}",))  # fmt: skip
+
+
+def whole_document(trace: Path, attrs: list[Attribution]) -> bytes:
+    """What `report --json` wrote as one document (every attribution held, then print_json):
+    the bytes its streaming must keep."""
+    rec = open_recording([str(trace)])
+    for _ in rec:  # (the damage is known once read)
+        pass
+    per_gpu: dict[int, dict[str, Any]] = {}
+    for a in attrs:
+        s = per_gpu.setdefault(a.gpu, {"gaps": 0, "idle_ns": 0, "causes": Counter()})
+        s["gaps"] += 1
+        s["idle_ns"] += a.dur_ns
+        for part in a.parts:
+            s["causes"][part.cause] += part.ns
+    doc = {
+        "traces": [str(p) for p in rec.paths],
+        "format": rec.kind,
+        "host": rec.header.host,
+        "kernel": rec.header.kernel,
+        "start_wall_ns": rec.header.start_wall_ns,
+        "topology_override": rec.header.topology.override,
+        "topology_unknown_gpu_node": rec.header.topology.unknown_gpu_node,
+        "damage": rec.damage,
+        "summary": {
+            str(g): {**s, "causes": dict(s["causes"].most_common())}
+            for g, s in sorted(per_gpu.items())
+        },
+        "attributions": [to_record(a) for a in attrs],
+    }
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw)
+    print_json(doc, out)
+    return raw.getvalue()
+
+
+def test_the_json_report_writes_what_the_whole_document_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """--json writes each attribution aside as it comes: the same bytes as the one document
+    it wrote from all of them held (keys, order, indentation, escapes), whatever the names."""
+    trace = one_gap_trace(tmp_path / os.fsdecode(b"r\xe9c\x1b[2J.gjtrace"))
+    with trace.open("ab") as f:
+        f.write(b"\x07\x00\x00")  # a torn tail: a damage note, naming the file
+    n = 250
+
+    def attributed(events, topology, config):
+        for _ in events:  # read (its damage noted), then the hostile attributions
+            pass
+        yield from attributions(n, hostile=True)
+
+    monkeypatch.setattr("gpujitter.cli.report.analyse", attributed)
+    expected = whole_document(trace, list(attributions(n, hostile=True)))
+    doc = json.loads(expected)
+    assert doc["damage"] and "\\xe9" in doc["traces"][0] and len(doc["summary"]) == 4
+    assert b"\\u001b" in expected and b"\\u202e" in expected and b"\\udb40\\udc01" in expected
+    assert main(["report", "--json", str(trace)]) == 0
+    assert capsysbinary.readouterr().out == expected
+    # with the page too (which holds them all), and with none in range
+    page = tmp_path / "page.html"
+    assert main(["report", "--json", "--html", str(page), str(trace)]) == 0
+    assert capsysbinary.readouterr().out == expected and page.stat().st_size
+    assert main(["report", "--json", "--gpu", "7", str(trace)]) == 0
+    assert capsysbinary.readouterr().out == whole_document(trace, [])
+
+
+def test_the_json_report_holds_no_attribution(
+    trace: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--json writes every attribution, but holds none of them to the end (it held each one,
+    and its document's dicts: 427 MB for a 172 MB trace, growing with the trace)."""
+    alive: list[int] = []
+
+    def attributed(events, topology, config):
+        yield from attributions(2000)
+        gc.collect()
+        alive.append(sum(isinstance(o, Attribution) for o in gc.get_objects()))
+
+    monkeypatch.setattr("gpujitter.cli.report.analyse", attributed)
+    assert main(["report", "--json", str(trace), "--top", "3"]) == 0
+    assert alive[0] <= 4  # the text report's 3 longest, and the one just yielded
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["attributions"]) == 2000 and list(doc)[-2:] == ["summary", "attributions"]
+    assert {g: s["gaps"] for g, s in doc["summary"].items()} == {
+        "-1": 500, "0": 500, "1": 500, "3": 500
+    }  # fmt: skip
+
+
+def test_a_temporary_directory_that_takes_no_file_is_one_line(
+    trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """--json's attributions go to a temporary file: a directory that is none, or full, is
+    said in one line (a full one not as standard output's, which main() says for an OSError
+    without a file name), nothing written on standard output."""
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(not_a_dir))
+    assert main(["report", "--json", str(trace)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"gpujitter report: error: --json: the attributions' temporary file in {not_a_dir}: "
+        "Not a directory (TMPDIR names another directory)\n"
+    )
+    # a full one: every write refused (as a full tmpfs, a quota); the text report needs none
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def full() -> BinaryIO:
+        return open("/dev/full", "w+b")  # (the spool closes it)
+
+    monkeypatch.setattr("gpujitter.cli.report.tempfile.TemporaryFile", full)
+    assert main(["report", "--json", str(trace)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"gpujitter report: error: --json: the attributions' temporary file in {tmp_path}: "
+        "No space left on device (TMPDIR names another directory)\n"
+    )
+    assert main(["report", str(trace)]) == 0 and "GPU0: 1 gaps" in capsys.readouterr().out
