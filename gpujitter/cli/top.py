@@ -9,10 +9,10 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import (
@@ -24,12 +24,14 @@ from gpujitter.cli.options import (
     topology_from_args,
     watch_from_args,
 )
+from gpujitter.cli.progress import Progress
 from gpujitter.errors import GpujitterError
 from gpujitter.text import printable
 
 if TYPE_CHECKING:
     from gpujitter.tui.app import Offer
     from gpujitter.tui.feeds import Feed
+    from gpujitter.tui.feeds.replay import Watch
 
 # The recording a first look replays (from a real H200 run), relative to the checkout; the
 # live view offers it only where the file is there.
@@ -98,7 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 LIVE_ONLY = ("probes", "socket", "topology_override", "pid", "comm", "cgroup", "pod", "slurm_job")
 
 
-def make_feed(args: argparse.Namespace) -> Feed:
+def make_feed(args: argparse.Namespace, watch: Watch | None = None) -> Feed:
+    """The feed `top` reads; a replay's first pass over its recording (before the app
+    starts) goes through `watch` (see reading_shown)."""
     from gpujitter.probes import registry
     from gpujitter.tui.feeds.embedded import EmbeddedFeed
     from gpujitter.tui.feeds.replay import ReplayFeed
@@ -109,7 +113,7 @@ def make_feed(args: argparse.Namespace) -> Feed:
         if live:  # they shape what probes see here; a recording's were chosen when it was made
             raise GpujitterError(f"--replay plays a recording: {', '.join(live)} would do "
                                  "nothing with it")  # fmt: skip
-        return replay_feed(args, ReplayFeed)
+        return replay_feed(args, ReplayFeed if watch is None else partial(ReplayFeed, watch=watch))
     path = socket_from_args(args)
     if args.daemon or (not args.embedded and daemon_listening(path)):
         return SocketFeed(path)
@@ -135,6 +139,25 @@ def replay_feed(args: argparse.Namespace, cls: Any) -> Feed:
     pos = ReplayPosition(feed.start_ns, feed.start_ns, feed.end_ns, False, 1.0)
     feed.at_ns = seek_target(where, model.clock, pos)
     return feed
+
+
+@contextlib.contextmanager
+def reading_shown(shown: bool | None = None, stream: TextIO | None = None) -> Iterator[Watch]:
+    """A replay reads its whole recording once before the app starts (where it starts and
+    ends, its gaps): minutes of a busy node's day are seconds to read, a day's tens of
+    seconds, of a terminal that says nothing. Yields a replay's `watch`, which shows how far
+    that reading is on one line of standard error while it is a terminal (the offline
+    commands' progress line), erased when the reading ends, before the app takes the
+    screen. `shown`, `stream`: as Progress's."""
+    with Progress(0, shown=shown, stream=stream) as progress:
+
+        def watch(
+            items: Iterable[Any], position: Callable[[], int | None], size: int
+        ) -> Iterable[Any]:
+            progress.total = size  # known once the recording is open
+            return progress.events(items, position)
+
+        yield watch
 
 
 @contextlib.contextmanager
@@ -214,7 +237,8 @@ def run(args: argparse.Namespace) -> int:
 
         print_json(daemon_snapshot(socket_from_args(args)))
         return 0
-    feed = make_feed(args)  # bad input is reported first, terminal or not
+    with reading_shown() as watch:
+        feed = make_feed(args, watch)  # bad input is reported first, terminal or not
     if not sys.stdin.isatty() or not sys.stderr.isatty():
         raise GpujitterError("top needs a terminal (for scripts: gpujitter top --json)")
     loader = audit.run_audit if args.audit is None else partial(audit.load_file, args.audit)

@@ -4,21 +4,24 @@ one-line errors (the app itself is tested through Pilot)."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from gpujitter.cli import build_parser, load_commands
-from gpujitter.cli.top import make_feed, probe_output_aside
+from gpujitter.cli import build_parser, load_commands, main, progress
+from gpujitter.cli.top import make_feed, probe_output_aside, reading_shown
+from gpujitter.tui.app import GpujitterTop
 from gpujitter.tui.feeds.embedded import EmbeddedFeed
 from gpujitter.tui.feeds.replay import ReplayFeed
 from gpujitter.tui.feeds.socket import SocketFeed
 from tests.tui import node_stream
-from tests.tui.conftest import STREAM, Daemon, python_as_nobody
+from tests.tui.conftest import DRILL_TRACE, STREAM, Daemon, python_as_nobody
 
 S = 1_000_000_000
 
@@ -57,6 +60,81 @@ def test_replay_starts_where_asked() -> None:
     assert feed.at_ns == node_stream.T0 + 30 * S
     end = make_feed(parse("--replay", str(STREAM), "--at", "end"))
     assert isinstance(end, ReplayFeed) and end.at_ns == end.end_ns and end.playing
+
+
+# The progress line of the replay's first pass: a trace's share of its bytes and its events;
+# an NDJSON file's records, counted (its reader does not say how far it is in the file).
+SHOWN = re.compile(r"\rreading: (?:(\d+)% of [\d.]+[KM]iB, )?(\d+) events\x1b\[K")
+
+
+def every_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The progress line refreshed at every event read, whatever the time."""
+    monkeypatch.setattr(progress, "CHECK_EVERY", 1)
+    monkeypatch.setattr(progress, "REFRESH_S", 0)
+
+
+@pytest.mark.parametrize("path", [DRILL_TRACE, STREAM], ids=["trace", "ndjson"])
+def test_the_first_pass_over_a_recording_shows_how_far_it_is(
+    monkeypatch: pytest.MonkeyPatch, path: Path
+) -> None:
+    """A replay reads its whole recording before the app starts (tens of seconds for a
+    day's): the terminal is told how far, on one line erased at the end; the feed is the
+    same as without it."""
+    every_event(monkeypatch)
+    err = io.StringIO()
+    args = parse("--replay", str(path), "--at", "end", "--paused")
+    with reading_shown(shown=True, stream=err) as watch:
+        feed = make_feed(args, watch)
+        during = err.getvalue()
+    shown = SHOWN.findall(during)
+    assert len(shown) > 100 and SHOWN.sub("", during) == ""  # nothing else written
+    assert [int(n) for _, n in shown] == list(range(1, len(shown) + 1))
+    if path == DRILL_TRACE:
+        shares = [int(share) for share, _ in shown]
+        assert shares == sorted(shares) and shares[0] < 50 and shares[-1] == 100
+    else:
+        assert {share for share, _ in shown} == {""}
+    assert err.getvalue() == during + "\r\x1b[K"  # erased once the reading is done
+    plain = make_feed(args)
+    assert isinstance(feed, ReplayFeed) and isinstance(plain, ReplayFeed)
+    assert (feed.scene, feed.start_ns, feed.end_ns, feed.gaps, feed.at_ns, feed.playing) == (
+        plain.scene, plain.start_ns, plain.end_ns, plain.gaps, plain.at_ns, plain.playing
+    )  # fmt: skip
+
+
+def test_the_progress_line_is_gone_before_the_app_takes_the_screen(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`top --replay` on a terminal: the line is written while the recording is read, and
+    erased before the app starts; nothing of it is written once the app draws."""
+    every_event(monkeypatch)
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    at_start: list[str] = []
+
+    def run(app: GpujitterTop) -> None:  # the screen is not taken: what stderr held then
+        at_start.append(capsys.readouterr().err)
+
+    monkeypatch.setattr(GpujitterTop, "run", run)
+    assert main(["top", "--replay", str(DRILL_TRACE), "--paused", "--audit", "/dev/null"]) == 0
+    assert len(at_start) == 1 and SHOWN.findall(at_start[0])
+    assert at_start[0].endswith("\r\x1b[K")
+    assert capsys.readouterr().err == ""
+
+
+def test_no_terminal_no_progress_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    every_event(monkeypatch)
+    assert main(["top", "--replay", str(DRILL_TRACE)]) == 2
+    assert capsys.readouterr().err == (
+        "gpujitter top: error: top needs a terminal (for scripts: gpujitter top --json)\n"
+    )
 
 
 def run_top(*argv: str) -> subprocess.CompletedProcess[str]:

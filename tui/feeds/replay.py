@@ -16,7 +16,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,16 @@ SPEEDS = (1 / 16, 256.0)
 SCENE_KINDS = ("hello", "snapshot")
 _TIMES = ("ts_ns", "end_ns", "interval_ns")  # what emitted_at reads
 
+# How the first pass's reading is shown (`gpujitter top`: a progress line before the app
+# starts): given what is read (a trace's or an events file's events, an NDJSON file's
+# records), how far the reading is (bytes, None where not known) and the recording's size,
+# it passes on what is read.
+Watch = Callable[[Iterable[Any], Callable[[], int | None], int], Iterable[Any]]
+
+
+def unwatched(items: Iterable[Any], position: Callable[[], int | None], size: int) -> Iterable[Any]:
+    return items
+
 
 def emitted_at(rec: Record) -> int | None:
     """When the daemon publishes a record: a gap once it has ended, per-window statistics
@@ -46,11 +56,12 @@ def emitted_at(rec: Record) -> int | None:
     return int(rec["ts_ns"]) + int(rec.get("interval_ns", 0))
 
 
-def read_recording(path: Path) -> tuple[list[Record], Iterator[Record]]:
+def read_recording(path: Path, watch: Watch = unwatched) -> tuple[list[Record], Iterator[Record]]:
     """(records that set the scene: the hello and snapshot before the first timed record;
-    the rest, in the order they were sent or recorded, read as they are taken)."""
+    the rest, in the order they were sent or recorded, read as they are taken). `watch`:
+    what is read goes through it (progress)."""
     kind = sniff(path)
-    records = _analysed(path) if kind in (TRACE, EVENTS) else _ndjson_records(path)
+    records = _analysed(path, watch) if kind in (TRACE, EVENTS) else _ndjson_records(path, watch)
     scene: list[Record] = []
     for rec in records:
         if rec.get("type") not in SCENE_KINDS:
@@ -66,13 +77,17 @@ def _following(first: Record | None, rest: Iterator[Record]) -> Iterator[Record]
     yield from rest
 
 
-def _ndjson_records(path: Path) -> Iterator[Record]:
+def _ndjson_records(path: Path, watch: Watch = unwatched) -> Iterator[Record]:
     """A captured socket stream or the attribution log, through the log's reader: schema,
     torn last line and field types checked as for the daemon's own log."""
     from gpujitter.daemon.sinks.jsonlog import JsonLogReader
     from gpujitter.daemon.sinks.stream import STREAM_SCHEMA
+    from gpujitter.daemon.sinks.trace import path_stat
 
-    for n, rec in enumerate(JsonLogReader(path, stream_schema=STREAM_SCHEMA), 1):
+    st = path_stat(path)
+    records = JsonLogReader(path, stream_schema=STREAM_SCHEMA)
+    # the reader does not say how far it is in the file: its records are counted
+    for n, rec in enumerate(watch(records, lambda: None, st.st_size if st else 0), 1):
         if not isinstance(rec.get("type"), str):
             raise GpujitterError(f"{path}:{n}: not a stream record (no type)")
         # The times the replay plays by; event kinds had theirs checked, the stream's own
@@ -86,7 +101,7 @@ def _ndjson_records(path: Path) -> Iterator[Record]:
         yield rec
 
 
-def _analysed(path: Path) -> Iterator[Record]:
+def _analysed(path: Path, watch: Watch = unwatched) -> Iterator[Record]:
     """A trace's or an events file's events through the daemon's runtime, as live, a chunk
     at a time as the replay takes them."""
     from gpujitter.daemon.analysis.pipeline import AnalysisConfig
@@ -107,7 +122,8 @@ def _analysed(path: Path) -> Iterator[Record]:
     }
     out = StreamRecords()
     runtime = Runtime(
-        ListSource(recording, label=recording.what), header.topology, sinks=[out],
+        ListSource(watch(recording, recording.position, recording.size), label=recording.what),
+        header.topology, sinks=[out],
         analysis=lambda _: AnalysisConfig.from_record(header.analysis), signals=False,
     )  # fmt: skip
     yield runtime.state.snapshot(header.start_ns, runtime.state.status(header.start_ns))
@@ -147,12 +163,19 @@ def _timed(records: Iterator[Record]) -> Iterator[tuple[int, Record]]:
 
 
 class ReplayFeed(Feed):
-    """`at`: where to start ("start", "end" or monotonic ns); `playing`: start playing."""
+    """`at`: where to start ("start", "end" or monotonic ns); `playing`: start playing;
+    `watch`: the first pass's reading goes through it (`gpujitter top`'s progress line)."""
 
     live = False
 
     def __init__(
-        self, path: Path, *, at: str | int = "start", playing: bool = True, speed: float = 1.0
+        self,
+        path: Path,
+        *,
+        at: str | int = "start",
+        playing: bool = True,
+        speed: float = 1.0,
+        watch: Watch = unwatched,
     ) -> None:
         self.path = Path(path)
         self.label = f"replay {self.path.name}"
@@ -162,7 +185,7 @@ class ReplayFeed(Feed):
         # One pass, reading as it goes, for what the seek bar and the jump to the next gap
         # need (where the recording starts and ends, how many gaps it holds); it also finds
         # bad input before the app starts.
-        self.scene, rest = read_recording(self.path)
+        self.scene, rest = read_recording(self.path, watch)
         self.start_ns = self.end_ns = self.gaps = 0
         for n, (played_ns, rec) in enumerate(_timed(rest)):
             self.start_ns = played_ns if n == 0 else self.start_ns
