@@ -6,10 +6,12 @@ offline and can be mailed. Every text from the recording is HTML-escaped."""
 
 from __future__ import annotations
 
+import heapq
 import html
 import math
+from array import array
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from gpujitter.daemon.analysis.describe import gpu_name, one_line
@@ -24,20 +26,39 @@ BUCKETS = 48  # columns of the idle-by-cause chart
 DURATION_EDGES_MS = (5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
 
+class _Ints:
+    """Integers in the order appended: 8 bytes each (an array) while they fit in 64 bits,
+    else (a recording from elsewhere may hold anything) Python's ints in a list."""
+
+    __slots__ = ("items",)
+
+    def __init__(self) -> None:
+        self.items: array[int] | list[int] = array("q")
+
+    def append(self, value: int) -> None:
+        try:
+            self.items.append(value)
+        except (OverflowError, TypeError):  # (the array is left as it was)
+            self.items = [*self.items, value]
+
+
 @dataclass(slots=True)
 class GpuSummary:
-    attributions: list[Attribution] = field(default_factory=list)
+    """What one GPU's section shows, taken in one attribution at a time: sums, counts, the
+    `top` longest gaps' lines, and for the chart over time (whose columns are known only
+    once the recording's end is) each gap's start, end and parts as a few ints."""
 
-    @property
-    def idle_ns(self) -> int:
-        return sum(a.dur_ns for a in self.attributions)
-
-    def by_cause(self) -> Counter[str]:
-        total: Counter[str] = Counter()
-        for a in self.attributions:
-            for p in a.parts:
-                total[p.cause] += p.ns
-        return total
+    gaps: int = 0
+    idle_ns: int = 0
+    causes: Counter[str] = field(default_factory=Counter)
+    durations: list[int] = field(default_factory=lambda: [0] * len(DURATION_EDGES_MS))
+    tasks: defaultdict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    irqs: defaultdict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    fixes: Counter[str] = field(default_factory=Counter)
+    # a min-heap: (dur_ns, -ts_ns, -n, line) orders as the page lists them, reversed
+    longest: list[tuple[int, int, int, str]] = field(default_factory=list)
+    # per gap: ts_ns, end_ns, its number of parts, then per part its cause's number and ns
+    spans: _Ints = field(default_factory=_Ints)
 
 
 def _e(text: object) -> str:
@@ -54,19 +75,24 @@ def _legend(causes: Iterable[str]) -> str:
     return f'<div class="legend">{items}</div>'
 
 
-def idle_over_time(attrs: Sequence[Attribution], start_ns: int, end_ns: int) -> str:
+def idle_over_time(
+    gaps: Iterable[tuple[int, int, Sequence[tuple[str, int]]]], start_ns: int, end_ns: int
+) -> str:
     """Stacked columns: per time bucket, the idle time each cause took (its gaps' parts,
-    spread over the bucket(s) each gap falls in, in proportion)."""
+    spread over the bucket(s) each gap falls in, in proportion). gaps: (ts_ns, end_ns,
+    [(cause, ns) of each part]) in the order they came (each column's sums are added in
+    that order, to the bit)."""
     span = max(end_ns - start_ns, 1)
     width = span / BUCKETS
     cols: list[defaultdict[str, float]] = [defaultdict(float) for _ in range(BUCKETS)]
-    for a in attrs:
+    for ts_ns, gap_end_ns, parts in gaps:
+        dur_ns = gap_end_ns - ts_ns
         for k in range(BUCKETS):
             lo, hi = start_ns + k * width, start_ns + (k + 1) * width
-            overlap = min(hi, a.end_ns) - max(lo, a.ts_ns)
+            overlap = min(hi, gap_end_ns) - max(lo, ts_ns)
             if overlap > 0:
-                for p in a.parts:
-                    cols[k][p.cause] += p.ns * overlap / a.dur_ns
+                for cause, ns in parts:
+                    cols[k][cause] += ns * overlap / dur_ns
     peak = max((sum(c.values()) for c in cols), default=0) or 1
     w, h, pad = 720, 180, 30
     bar = (w - pad) / BUCKETS
@@ -92,16 +118,19 @@ def idle_over_time(attrs: Sequence[Attribution], start_ns: int, end_ns: int) -> 
     return f'<svg viewBox="0 0 {w} {h}" class="chart" role="img">{"".join(rects)}{axis}</svg>'
 
 
-def duration_histogram(attrs: Sequence[Attribution]) -> str:
+def _duration_bin(dur_ns: int) -> int:
+    """The column of duration_histogram a gap of dur_ns falls in."""
+    edges = [*DURATION_EDGES_MS, math.inf]
+    ms = dur_ns / 1e6
+    for i in range(len(edges) - 1):
+        if edges[i] <= ms < edges[i + 1] or (i == 0 and ms < edges[0]):
+            return i
+    return -1  # none (NaN): not counted
+
+
+def duration_histogram(counts: Sequence[int]) -> str:
     """How many gaps fell in each duration range (log-spaced, 5 ms to 5 s and above)."""
     edges = [*DURATION_EDGES_MS, math.inf]
-    counts = [0] * (len(edges) - 1)
-    for a in attrs:
-        ms = a.dur_ns / 1e6
-        for i in range(len(counts)):
-            if edges[i] <= ms < edges[i + 1] or (i == 0 and ms < edges[0]):
-                counts[i] += 1
-                break
     peak = max(counts, default=0) or 1
     w, h, pad = 720, 160, 30
     bar = (w - pad) / len(counts)
@@ -121,25 +150,29 @@ def duration_histogram(attrs: Sequence[Attribution]) -> str:
     return f'<svg viewBox="0 0 {w} {h}" class="chart" role="img">{"".join(parts)}</svg>'
 
 
-def culprits(attrs: Sequence[Attribution]) -> tuple[list[tuple[str, int, int]], ...]:
+def _add_culprits(a: Attribution, tasks: dict[str, list[int]], irqs: dict[str, list[int]]) -> None:
+    """Adds to (name -> [ns, gaps]) the tasks that ran instead of a feeding thread during
+    `a` and the IRQs that stole its time."""
+    seen: set[str] = set()
+    for p in a.parts:
+        for ev in p.evidence:
+            if isinstance(ev, TaskEvidence) and ev.tid:
+                key, table = task_name(ev), tasks
+            elif isinstance(ev, IrqEvidence):
+                key, table = f"{ev.name} ({ev.irq_kind} {ev.irq})", irqs
+            else:
+                continue
+            table[key][0] += ev.ns
+            if key not in seen:
+                table[key][1] += 1
+                seen.add(key)
+
+
+def culprits(
+    tasks: dict[str, list[int]], irqs: dict[str, list[int]]
+) -> tuple[list[tuple[str, int, int]], ...]:
     """(name, ns, gaps) of the tasks that ran instead of a feeding thread and of the IRQs
-    that stole its time, most time first."""
-    tasks: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    irqs: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for a in attrs:
-        seen: set[str] = set()
-        for p in a.parts:
-            for ev in p.evidence:
-                if isinstance(ev, TaskEvidence) and ev.tid:
-                    key, table = task_name(ev), tasks
-                elif isinstance(ev, IrqEvidence):
-                    key, table = f"{ev.name} ({ev.irq_kind} {ev.irq})", irqs
-                else:
-                    continue
-                table[key][0] += ev.ns
-                if key not in seen:
-                    table[key][1] += 1
-                    seen.add(key)
+    that stole its time, most time first (then first seen)."""
     ranked = (
         sorted(((k, v[0], v[1]) for k, v in t.items()), key=lambda r: -r[1])[:10]
         for t in (tasks, irqs)
@@ -176,56 +209,100 @@ margin-right:.3em;vertical-align:-.1em}.fix{font-family:monospace;font-size:12px
 """
 
 
-def render(
-    attrs: Sequence[Attribution],
-    *,
-    clock: ClockRef,
-    title: str,
-    meta: Sequence[str],
-    start_ns: int,
-    end_ns: int,
-    top: int = 10,
-) -> str:
-    """The page: one section per GPU."""
-    per_gpu: dict[int, GpuSummary] = defaultdict(GpuSummary)
-    for a in attrs:
-        per_gpu[a.gpu].attributions.append(a)
-    out = [
-        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
-        f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>",
-        f"<h1>{_e(title)}</h1>",
-        *(f'<p class="meta">{_e(line)}</p>' for line in meta),
-    ]
-    if not attrs:
-        out.append("<p>No GPU idle gaps were attributed in this range.</p>")
-    for gpu, s in sorted(per_gpu.items()):
-        causes = s.by_cause()
-        span = max(end_ns - start_ns, 1)
-        out += [
-            f"<h2>{_e(gpu_name(gpu))}: {len(s.attributions)} gaps, {_e(format_ns(s.idle_ns))} "
-            f"idle ({100 * s.idle_ns / span:.1f} % of the recording)</h2>",
-            "<h3>Idle time by cause over time</h3>",
-            _legend(c for c in CAUSES if causes[c]),
-            idle_over_time(s.attributions, start_ns, end_ns),
-            "<h3>Where the idle time went</h3>",
-            _table(["cause", "time", "share"], _shares(causes, s.idle_ns)),
-            "<h3>Gap durations</h3>",
-            duration_histogram(s.attributions),
+class Page:
+    """The page: one section per GPU, of the attributions added one at a time. It holds
+    none of them: per GPU its sums and counts, the `top` longest gaps as their lines, and
+    per gap the few ints the chart over time needs (~60 bytes a gap; an attribution is
+    ~3 KB and a day of a busy node has hundreds of thousands)."""
+
+    def __init__(self, clock: ClockRef, top: int = 10) -> None:
+        self.clock = clock
+        self.top = top
+        self.added = 0
+        self.per_gpu: dict[int, GpuSummary] = defaultdict(GpuSummary)
+        self._cause_ids: dict[str, int] = {}  # the chart's parts name their cause by number
+        self._causes: list[str] = []
+
+    def add(self, a: Attribution) -> None:
+        self.added += 1
+        s = self.per_gpu[a.gpu]
+        s.gaps += 1
+        s.idle_ns += a.dur_ns
+        spans = s.spans
+        spans.append(a.ts_ns)
+        spans.append(a.end_ns)
+        spans.append(len(a.parts))
+        for p in a.parts:
+            s.causes[p.cause] += p.ns
+            cause = self._cause_ids.get(p.cause)
+            if cause is None:
+                cause = self._cause_ids[p.cause] = len(self._causes)
+                self._causes.append(p.cause)
+            spans.append(cause)
+            spans.append(p.ns)
+        if (column := _duration_bin(a.dur_ns)) >= 0:
+            s.durations[column] += 1
+        _add_culprits(a, s.tasks, s.irqs)
+        for remedy in a.remedies:
+            s.fixes[remedy] += 1
+        if self.top:  # the line is made only for a gap among the longest so far
+            key = (a.dur_ns, -a.ts_ns, -self.added)
+            if len(s.longest) < self.top:
+                heapq.heappush(s.longest, (*key, one_line(a, self.clock)))
+            elif key > s.longest[0][:3]:
+                heapq.heapreplace(s.longest, (*key, one_line(a, self.clock)))
+
+    def _gaps(self, s: GpuSummary) -> Iterator[tuple[int, int, list[tuple[str, int]]]]:
+        """(ts_ns, end_ns, [(cause, ns) of each part]) of each of a GPU's gaps, in order."""
+        items, causes = s.spans.items, self._causes
+        i = 0
+        while i < len(items):
+            ts_ns, end_ns, n = items[i], items[i + 1], items[i + 2]
+            parts = [(causes[items[j]], items[j + 1]) for j in range(i + 3, i + 3 + 2 * n, 2)]
+            yield ts_ns, end_ns, parts
+            i += 3 + 2 * n
+
+    def render(self, *, title: str, meta: Sequence[str], start_ns: int, end_ns: int) -> str:
+        clock = self.clock
+        out = [
+            "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+            f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>",
+            f"<h1>{_e(title)}</h1>",
+            *(f'<p class="meta">{_e(line)}</p>' for line in meta),
         ]
-        for (name, heading), rows in zip(_CULPRITS, culprits(s.attributions), strict=True):
-            if rows:
-                table = _table([name, "time", "gaps"], ((n, format_ns(ns), g) for n, ns, g in rows))
-                out += [f"<h3>{heading}</h3>", table]
-        fixes = Counter(r for a in s.attributions for r in a.remedies)
-        if fixes:
-            out.append("<h3>Fixes, by how many gaps they address</h3>")
-            out.append(_table(["gaps", "fix"], ((n, fix) for fix, n in fixes.most_common(10))))
-        longest = sorted(s.attributions, key=lambda a: (-a.dur_ns, a.ts_ns))[:top]
-        out.append(f"<h3>The {len(longest)} longest gaps</h3>")
-        out += [f'<p class="fix">{_e(one_line(a, clock))}</p>' for a in longest]
-    out.append(
-        f'<p class="meta">Recorded from {_e(format_wall(clock, start_ns, date=True))} to '
-        f"{_e(format_wall(clock, end_ns, date=True))}; gap times are local to the recording "
-        "node, with their UTC offset above.</p></body></html>\n"
-    )
-    return "".join(out)
+        if not self.added:
+            out.append("<p>No GPU idle gaps were attributed in this range.</p>")
+        for gpu, s in sorted(self.per_gpu.items()):
+            causes = s.causes
+            span = max(end_ns - start_ns, 1)
+            out += [
+                f"<h2>{_e(gpu_name(gpu))}: {s.gaps} gaps, {_e(format_ns(s.idle_ns))} "
+                f"idle ({100 * s.idle_ns / span:.1f} % of the recording)</h2>",
+                "<h3>Idle time by cause over time</h3>",
+                _legend(c for c in CAUSES if causes[c]),
+                idle_over_time(self._gaps(s), start_ns, end_ns),
+                "<h3>Where the idle time went</h3>",
+                _table(["cause", "time", "share"], _shares(causes, s.idle_ns)),
+                "<h3>Gap durations</h3>",
+                duration_histogram(s.durations),
+            ]
+            for (name, heading), rows in zip(_CULPRITS, culprits(s.tasks, s.irqs), strict=True):
+                if rows:
+                    table = _table(
+                        [name, "time", "gaps"], ((n, format_ns(ns), g) for n, ns, g in rows)
+                    )
+                    out += [f"<h3>{heading}</h3>", table]
+            if s.fixes:
+                out.append("<h3>Fixes, by how many gaps they address</h3>")
+                out.append(
+                    _table(["gaps", "fix"], ((n, fix) for fix, n in s.fixes.most_common(10)))
+                )
+            longest = [k[-1] for k in sorted(s.longest, reverse=True)]
+            out.append(f"<h3>The {len(longest)} longest gaps</h3>")
+            out += [f'<p class="fix">{_e(line)}</p>' for line in longest]
+        out.append(
+            f'<p class="meta">Recorded from {_e(format_wall(clock, start_ns, date=True))} to '
+            f"{_e(format_wall(clock, end_ns, date=True))}; gap times are local to the recording "
+            "node, with their UTC offset above.</p></body></html>\n"
+        )
+        return "".join(out)

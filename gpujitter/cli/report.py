@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import IO, TYPE_CHECKING, Any, TextIO
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import STDOUT, add_traces_arg, count
@@ -35,6 +35,9 @@ from gpujitter.probes.events import Event, to_record
 from gpujitter.probes.topology import Topology
 from gpujitter.text import printable
 from gpujitter.units import format_ns, parse_duration_ns
+
+if TYPE_CHECKING:
+    from gpujitter.daemon.offline.html_report import Page
 
 _OFFSET = re.compile(r"^\+(.+)$")
 
@@ -105,15 +108,12 @@ def override_line(topo: Topology) -> str:
 
 def write_html(
     path: Path | None,
-    attrs: list[Attribution],
+    page: Page,
     header: TraceHeader,
     traces: Recording,
     start_ns: int,
     end_ns: int,
-    top: int,
 ) -> None:
-    from gpujitter.daemon.offline.html_report import render
-
     watching = f"; watching {header.watch or 'everything'}" if traces.kind == TRACE else ""
     meta = [
         reading_line(traces) + watching,
@@ -121,11 +121,11 @@ def write_html(
         *filter(None, [override_line(header.topology)]),
         *(f"damage: {note}" for note in traces.damage),
     ]  # fmt: skip
-    page = render(attrs, clock=header.clock, title=f"GPU idle gaps on {header.host}",
-                  meta=meta, start_ns=start_ns, end_ns=end_ns, top=top)  # fmt: skip
+    text = page.render(title=f"GPU idle gaps on {header.host}", meta=meta,
+                       start_ns=start_ns, end_ns=end_ns)  # fmt: skip
     if path is None:  # standard output: what fails there is main()'s to tell, as for any output
         sys.stdout.flush()
-        sys.stdout.buffer.write(page.encode("utf-8"))  # the page says it is UTF-8
+        sys.stdout.buffer.write(text.encode("utf-8"))  # the page says it is UTF-8
         return
     # A file is written beside it and renamed over it: a full disk or an interrupt leaves the
     # page that was there (or none), never a truncated one. Anything else (/dev/stdout, a
@@ -133,7 +133,7 @@ def write_html(
     whole = not path.is_symlink() and (path.is_file() or not path.exists())
     tmp = path.with_name(f".{path.name}.tmp") if whole else path
     try:
-        tmp.write_text(page, encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         if whole:
             if path.exists():  # the page it replaces keeps its permissions
                 os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
@@ -147,6 +147,12 @@ def write_html(
         # the file beside it may be what failed (a directory that takes no new file)
         beside = f" (writing {tmp.name} beside it)" if whole and tmp != path else ""
         raise GpujitterError(f"--html {path}: {err.strerror}{beside}") from None
+
+
+def _page(header: TraceHeader, top: int) -> Page:
+    from gpujitter.daemon.offline.html_report import Page
+
+    return Page(header.clock, top)
 
 
 class Summary:
@@ -292,8 +298,8 @@ def run(args: argparse.Namespace) -> int:
         )
 
     summary = Summary(args.top)
-    # every attribution only for the page (--json writes them aside as they come)
-    attrs: list[Attribution] | None = [] if args.html else None
+    # the page's sums, counts and longest gaps, as they come (--json writes them aside)
+    page = _page(header, args.top) if args.html else None
     gaps = 0
     seen_gpus: set[int] = set()
     span: list[int] = []  # first and last event time, for the HTML charts
@@ -311,18 +317,17 @@ def run(args: argparse.Namespace) -> int:
                     seen_gpus.add(out.gpu)
                 if isinstance(out, Attribution) and wanted(out):
                     summary.add(out)
-                    if attrs is not None:
-                        attrs.append(out)
+                    if page is not None:
+                        page.add(out)
                     if spool is not None:
                         spool.add(out)
                 elif isinstance(out, GpuGap) and wanted(out):
                     gaps += 1
         # with the page on standard output, the report goes beside it
         told = sys.stderr if args.html == STDOUT else sys.stdout
-        if args.html:
-            assert attrs is not None
+        if page is not None:
             first, last = span or [header.start_ns] * 2
-            write_html(html, attrs, header, traces, start or first, end or last, args.top)
+            write_html(html, page, header, traces, start or first, end or last)
         by_gpu = summary.by_gpu()
         if spool is not None:
             spool.print_document({

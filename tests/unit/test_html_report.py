@@ -3,9 +3,12 @@ Chromium) in the test, with the recording's own text escaped."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,8 @@ from gpujitter.cli import main
 from gpujitter.daemon.sinks.trace import TraceWriter
 from tests.fixtures.streams.feeding import FeedingLoop
 from tests.fixtures.streams.synthetic import TWO_NODES
-from tests.unit.trace_samples import header
+from tests.unit.test_cli_report import attributions
+from tests.unit.trace_samples import header, one_gap_trace
 
 KINDS = ("contention", "swap", "irq", "faults", "clean")
 
@@ -65,3 +69,63 @@ def test_a_real_browser_renders_the_charts_and_tables(trace: Path, tmp_path: Pat
     shot = tmp_path / "report.png"
     chromium(f"--screenshot={shot}", "--window-size=900,1200", page.as_uri())
     assert shot.stat().st_size > 20_000  # a blank page is a few kB
+
+
+# sha256 and length of the pages the renderer wrote when it held every attribution and made
+# its passes over all of them (before it took them one at a time), in UTC: the page it
+# writes now must be the same, byte for byte.
+EARLIER = {
+    "feeding": ("4d976033544f718691e2cb8df23bb355236b7e64ab20f1620677a126f7e7737b", 29739),
+    "feeding_top3_gpu0": (
+        "7f2a86a50b152845f7a58985e3046d9e6edb97095f60e6d5e4fec84e9f89e2e7",
+        28465,
+    ),
+    "feeding_from_to": ("d1fca6fbf55864936773fce3d31d9e51ca11b2ec36cae7b0ab063fb8a70977cd", 25021),
+    "feeding_none": ("94b0d0ba616b35ac88b63d0ee105232f7937cd699fdc7c51e790de7fbcbecb46", 1281),
+    "hostile": ("bd052148ff4f152754cbd818101814e6251510ef6ca260fe0146a8b07e882b73", 21690),
+    "hostile_top0": ("8295f08e75068f7cb20a1a637ad7618612feb9b62429c7b76c8776213c9a7529", 16963),
+    "hostile_top40": ("efe11692b48fcfa3d878ec84a1b23377bd7ec6603c5b3159f9e829bbac66717a", 25852),
+}
+CASES = {  # what to read (the feeding loop's recording, or 250 hostile attributions), options
+    "feeding": ("feeding", []),
+    "feeding_top3_gpu0": ("feeding", ["--top", "3", "--gpu", "0"]),
+    "feeding_from_to": ("feeding", ["--from", "+996s", "--to", "+997500ms"]),
+    "feeding_none": ("feeding", ["--gpu", "7"]),
+    "hostile": ("hostile", []),
+    "hostile_top0": ("hostile", ["--top", "0"]),
+    "hostile_top40": ("hostile", ["--top", "40", "--from", "+995s", "--to", "+996.5s"]),
+}
+
+
+@pytest.fixture
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Wall times in UTC, as the earlier pages were written (the page prints local time)."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_page_is_what_it_was_when_every_attribution_was_held(
+    case: str, trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, utc: None
+) -> None:
+    """The page is made of sums, counts and the longest gaps taken as the attributions come,
+    and of a few ints per gap for the chart over time (whose columns are known only at the
+    end): several GPUs (and the unknown one), ties in duration and start, hostile names and
+    causes, --top 0, --from/--to, none in range. Each is the page it was, to the byte."""
+    source, options = CASES[case]
+    if source == "hostile":
+
+        def attributed(events, topology, config):
+            for _ in events:  # read (the charts span the events), then the attributions
+                pass
+            yield from attributions(250, hostile=True)
+
+        monkeypatch.setattr("gpujitter.cli.report.analyse", attributed)
+        trace = one_gap_trace(tmp_path / "one.gjtrace")
+    page = tmp_path / "report.html"
+    assert main(["report", str(trace), *options, "--html", str(page)]) == 0
+    got = page.read_bytes()
+    assert (hashlib.sha256(got).hexdigest(), len(got)) == EARLIER[case]
