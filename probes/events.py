@@ -375,7 +375,8 @@ class ProbeStatus(Event):
     # the last measured stretch; -1 until measured. cost_from: "bpf_stats" (the kernel's
     # statistics were on: continuous), "sampled" (switched on by gpujitter for 1 s a
     # minute), "with PROBE" (its programs are PROBE's too and counted there: swap's with
-    # faults), "" (not measured: no BPF programs, or statistics refused).
+    # faults), "pending" (programs that came after the last sampled second, measured in the
+    # next), "" (not measured: no BPF programs, or statistics refused).
     bpf_ns_per_s: int = -1
     bpf_runs_per_s: int = -1
     cost_from: str = ""

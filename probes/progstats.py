@@ -103,6 +103,7 @@ class CostMeter:
         self._fd = -1
         self._opened_ns = 0
         self._next_ns = 0
+        self.refused = False  # the kernel refused to switch the statistics on (last asked)
         # probe -> (its program fds, t, runs, ns) at the last read
         self._last: dict[str, tuple[tuple[int, ...], int, int, int]] = {}
 
@@ -112,13 +113,15 @@ class CostMeter:
         continuous = stats_on()
         if continuous:
             self._close()
+            self.refused = False
         elif self._fd < 0:
             if now_ns < self._next_ns:
                 return self.costs
             self._fd = enable_stats()
             self._opened_ns, self._next_ns = now_ns, now_ns + SAMPLE_EVERY_NS
             self._last = {}
-            if self._fd < 0:
+            self.refused = self._fd < 0
+            if self.refused:
                 return self.costs
         source = "bpf_stats" if continuous else "sampled"
         for probe, fds in programs().items():

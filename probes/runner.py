@@ -190,10 +190,19 @@ class ProbeSet:
 
     def measure_cost(self, now_ns: int) -> None:
         """Each running probe's BPF cost (progstats.CostMeter), kept on the probe."""
-        costs = self.meter.tick(now_ns, lambda: {p.name: p.programs() for p in self.running})
+        running = self.running
+        costs = self.meter.tick(now_ns, lambda: {p.name: p.programs() for p in running})
         for probe in self.probes:
-            shared = probe.cost_counted_with() if probe in self.running else ""
-            probe.cost = Cost(source=f"with {shared}") if shared else costs.get(probe.name, Cost())
+            if probe in running and (shared := probe.cost_counted_with()):
+                probe.cost = Cost(source=f"with {shared}")
+            elif probe.name in costs:
+                probe.cost = costs[probe.name]
+            elif probe in running and not self.meter.refused and probe.programs():
+                # programs that came after the last measured stretch (a uprobe on an
+                # interpreter that started since): sampled, they are measured in the next
+                probe.cost = Cost(source="pending")
+            else:
+                probe.cost = Cost()
 
     def tick(self, now_ns: int) -> None:
         """Once a second: aggregates, watched-set refresh, cost, health."""

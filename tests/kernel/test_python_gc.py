@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from gpujitter.probes.events import GcPause, Log2Hist
+from gpujitter.probes.events import GcPause, Log2Hist, ProbeStatus
 from gpujitter.probes.python_gc import interpreter_hooks
 from gpujitter.probes.watch import WatchSpec
 from tests.kernel.conftest import Recorded, run_probes
@@ -115,3 +116,29 @@ def test_a_process_not_watched_is_not_reported() -> None:
         settle_s=1.2,
     )
     assert rec.of(GcPause, tgid=child.pid) == []
+
+
+def test_programs_that_came_after_the_sampled_second_are_pending_not_unmeasured() -> None:
+    """With the kernel's statistics off, the cost is sampled one second a minute, from the
+    start. An interpreter watched after that second brings the probe's programs: their cost
+    is "pending" (the next second measures it), not "" (no programs, or refused)."""
+    sysctl = Path("/proc/sys/kernel/bpf_stats_enabled")
+    before = sysctl.read_text().strip()
+    sysctl.write_text("0")
+    watch = WatchSpec()
+    children: list[subprocess.Popen[str]] = []
+
+    def load() -> None:
+        time.sleep(1.5)  # past the sampled second that opened at the start
+        children.append(gc_child(full=1))
+        watch.pids.add(children[0].pid)
+        time.sleep(2.5)  # the watched set refreshed, the uprobe attached, a tick or two
+
+    try:
+        rec = run_probes(["python_gc"], load, watch=watch)
+    finally:
+        sysctl.write_text(before)
+        for child in children:
+            finish(child)
+    last = rec.of(ProbeStatus, probe="python_gc")[-1]
+    assert (last.state, last.bpf_ns_per_s, last.cost_from) == ("running", -1, "pending"), last

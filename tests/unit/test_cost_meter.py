@@ -61,3 +61,16 @@ def test_a_stretch_over_programs_that_came_or_went_is_not_a_rate(
     assert meter.tick(12 * S, lambda: {"python_gc": [3]}) == {
         "python_gc": Cost(100_000, 1_000, "bpf_stats")
     }
+
+
+def test_a_meter_the_kernel_refuses_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the statistics cannot be switched on, a probe with programs is not measured
+    (not "pending": no later second will measure it); once they can, it is not refused."""
+    monkeypatch.setattr(progstats, "stats_on", lambda: False)
+    monkeypatch.setattr(progstats, "enable_stats", lambda: -1)
+    meter = CostMeter()
+    assert meter.tick(10 * S, lambda: SCHED) == {} and meter.refused
+    monkeypatch.setattr(progstats, "stats_on", lambda: True)
+    monkeypatch.setattr(progstats, "_totals", lambda fds: (0, 0))
+    meter.tick(11 * S, lambda: SCHED)
+    assert not meter.refused

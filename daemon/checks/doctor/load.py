@@ -35,6 +35,9 @@ def cost_text(st: ProbeStatus | ProbeCost) -> str:
     delivered = f"{st.events} events, {st.lost_kernel + st.lost_user} lost"
     if st.cost_from.startswith("with "):
         return f"BPF cost counted {st.cost_from} (the programs are shared), {delivered}"
+    if st.cost_from == "pending":
+        return (f"BPF cost not measured yet (its programs came after the last sampled "
+                f"second; the next is within a minute), {delivered}")  # fmt: skip
     if st.bpf_ns_per_s < 0:
         return f"BPF cost not measured (statistics refused, or no BPF programs), {delivered}"
     per_run = st.bpf_ns_per_s / st.bpf_runs_per_s if st.bpf_runs_per_s > 0 else 0
