@@ -6,7 +6,6 @@ offline and can be mailed. Every text from the recording is HTML-escaped."""
 
 from __future__ import annotations
 
-import heapq
 import html
 import math
 from array import array
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from gpujitter.daemon.analysis.describe import gpu_name, one_line
 from gpujitter.daemon.analysis.engine.causes import CAUSES, cause_colour, cause_label
 from gpujitter.daemon.analysis.records import Attribution, IrqEvidence, TaskEvidence, task_name
+from gpujitter.daemon.offline.longest import Longest
 from gpujitter.probes.clock import format_wall
 from gpujitter.probes.events import ClockRef
 from gpujitter.text import printable
@@ -48,6 +48,7 @@ class GpuSummary:
     `top` longest gaps' lines, and for the chart over time (whose columns are known only
     once the recording's end is) each gap's start, end and parts as a few ints."""
 
+    longest: Longest[str]  # the lines of the longest gaps
     gaps: int = 0
     idle_ns: int = 0
     causes: Counter[str] = field(default_factory=Counter)
@@ -55,8 +56,6 @@ class GpuSummary:
     tasks: defaultdict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
     irqs: defaultdict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
     fixes: Counter[str] = field(default_factory=Counter)
-    # a min-heap: (dur_ns, -ts_ns, -n, line) orders as the page lists them, reversed
-    longest: list[tuple[int, int, int, str]] = field(default_factory=list)
     # per gap: ts_ns, end_ns, its number of parts, then per part its cause's number and ns
     spans: _Ints = field(default_factory=_Ints)
 
@@ -217,14 +216,13 @@ class Page:
 
     def __init__(self, clock: ClockRef, top: int = 10) -> None:
         self.clock = clock
-        self.top = top
-        self.added = 0
-        self.per_gpu: dict[int, GpuSummary] = defaultdict(GpuSummary)
+        self.per_gpu: dict[int, GpuSummary] = defaultdict(
+            lambda: GpuSummary(Longest(top, lambda a: one_line(a, clock)))
+        )
         self._cause_ids: dict[str, int] = {}  # the chart's parts name their cause by number
         self._causes: list[str] = []
 
     def add(self, a: Attribution) -> None:
-        self.added += 1
         s = self.per_gpu[a.gpu]
         s.gaps += 1
         s.idle_ns += a.dur_ns
@@ -245,12 +243,7 @@ class Page:
         _add_culprits(a, s.tasks, s.irqs)
         for remedy in a.remedies:
             s.fixes[remedy] += 1
-        if self.top:  # the line is made only for a gap among the longest so far
-            key = (a.dur_ns, -a.ts_ns, -self.added)
-            if len(s.longest) < self.top:
-                heapq.heappush(s.longest, (*key, one_line(a, self.clock)))
-            elif key > s.longest[0][:3]:
-                heapq.heapreplace(s.longest, (*key, one_line(a, self.clock)))
+        s.longest.add(a)
 
     def _gaps(self, s: GpuSummary) -> Iterator[tuple[int, int, list[tuple[str, int]]]]:
         """(ts_ns, end_ns, [(cause, ns) of each part]) of each of a GPU's gaps, in order."""
@@ -270,7 +263,7 @@ class Page:
             f"<h1>{_e(title)}</h1>",
             *(f'<p class="meta">{_e(line)}</p>' for line in meta),
         ]
-        if not self.added:
+        if not self.per_gpu:
             out.append("<p>No GPU idle gaps were attributed in this range.</p>")
         for gpu, s in sorted(self.per_gpu.items()):
             causes = s.causes
@@ -297,7 +290,7 @@ class Page:
                 out.append(
                     _table(["gaps", "fix"], ((n, fix) for fix, n in s.fixes.most_common(10)))
                 )
-            longest = [k[-1] for k in sorted(s.longest, reverse=True)]
+            longest = s.longest.items()
             out.append(f"<h3>The {len(longest)} longest gaps</h3>")
             out += [f'<p class="fix">{_e(line)}</p>' for line in longest]
         out.append(

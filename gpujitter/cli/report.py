@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import heapq
 import os
 import re
 import stat
@@ -27,6 +26,7 @@ from gpujitter.daemon.analysis.describe import gpu_name, one_line
 from gpujitter.daemon.analysis.engine.causes import cause_label
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
+from gpujitter.daemon.offline.longest import Longest
 from gpujitter.daemon.offline.recordings import TRACE, Recording, open_recording
 from gpujitter.daemon.sinks.trace import TraceHeader, file_identity
 from gpujitter.errors import GpujitterError
@@ -161,31 +161,22 @@ class Summary:
     day's recording of a busy node has hundreds of thousands, ~3 KB each)."""
 
     def __init__(self, top: int) -> None:
-        self.top = top
-        self.attributed = 0
         self.per_gpu: dict[int, dict[str, Any]] = defaultdict(
             lambda: {"gaps": 0, "idle_ns": 0, "causes": Counter()}
         )
-        # a min-heap of the longest: (dur_ns, -ts_ns, -n) orders as the report lists them
-        # (longest, then earliest, then first seen), reversed; n makes every key unique
-        self._longest: list[tuple[int, int, int, Attribution]] = []
+        self.longest: Longest[Attribution] = Longest(top, lambda a: a)
+
+    @property
+    def attributed(self) -> int:
+        return self.longest.added
 
     def add(self, a: Attribution) -> None:
-        self.attributed += 1
         s = self.per_gpu[a.gpu]
         s["gaps"] += 1
         s["idle_ns"] += a.dur_ns
         for part in a.parts:
             s["causes"][part.cause] += part.ns
-        if self.top:
-            key = (a.dur_ns, -a.ts_ns, -self.attributed, a)
-            if len(self._longest) < self.top:
-                heapq.heappush(self._longest, key)
-            else:
-                heapq.heappushpop(self._longest, key)
-
-    def longest(self) -> list[Attribution]:
-        return [k[-1] for k in sorted(self._longest, reverse=True)]
+        self.longest.add(a)
 
     def by_gpu(self) -> dict[int, dict[str, Any]]:
         return {
@@ -363,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
             for cause, ns in s["causes"].items()
         ]
         say(table(["CAUSE", "TIME", "SHARE"], rows))
-    longest = summary.longest()
+    longest = summary.longest.items()
     say(f"\nlongest {len(longest)} gaps:")
     for a in longest:
         say(one_line(a, header.clock if traces.wall_clock else None))
