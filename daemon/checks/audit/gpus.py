@@ -15,8 +15,7 @@ from gpujitter.daemon.checks.audit.model import AuditContext, Finding, Reading, 
 SYSTEM_UID_MAX = 999
 
 
-def _system_owned(ctx: AuditContext, pid: int) -> bool:
-    uid = owner_uid(ctx, pid)
+def _system_account(uid: str) -> bool:
     return uid.isdecimal() and int(uid) <= SYSTEM_UID_MAX
 
 
@@ -32,7 +31,8 @@ def persistence(ctx: AuditContext) -> Iterator[Finding]:
             (Reading(str(ctx.paths.sys / "bus/pci/devices"), "no NVIDIA display/3D device"),),
         )
         return
-    daemon = [pid for pid in pids_named(ctx, "nvidia-persistenced") if _system_owned(ctx, pid)]
+    owners = {pid: owner_uid(ctx, pid) for pid in pids_named(ctx, "nvidia-persistenced")}
+    daemon = next(((pid, uid) for pid, uid in owners.items() if _system_account(uid)), None)
     for g in gpus:
         subject = f"GPU {g.bus_id}" if g.index is None else f"GPU {g.index} ({g.bus_id})"
         if g.persistence_mode is True:
@@ -53,17 +53,17 @@ def persistence(ctx: AuditContext) -> Iterator[Finding]:
                 (Reading("NVML nvmlDeviceGetPersistenceMode", "disabled"),),
                 remedies.gpu_persistence(g.index if g.index is not None else g.bus_id),
             )
-        elif daemon:
+        elif daemon is not None:
+            pid, uid = daemon
             yield Finding(
                 "gpu.persistence",
                 "ok",
                 subject,
-                f"nvidia-persistenced is running (pid {daemon[0]})",
+                f"nvidia-persistenced is running (pid {pid})",
                 (
-                    Reading(str(ctx.paths.proc / str(daemon[0]) / "comm"), "nvidia-persistenced"),
+                    Reading(str(ctx.paths.proc / str(pid) / "comm"), "nvidia-persistenced"),
                     Reading(
-                        str(ctx.paths.proc / str(daemon[0]) / "status"),
-                        f"Uid: {owner_uid(ctx, daemon[0])} (a system account)",
+                        str(ctx.paths.proc / str(pid) / "status"), f"Uid: {uid} (a system account)"
                     ),
                 ),
             )
