@@ -13,7 +13,10 @@ Python per second.
 In each round every workload runs without and with the probes back to back (the set is
 started, timed, between the two runs, and stopped after the second; which run comes first
 alternates by round), so that drift on a shared machine hits both alike; figures are the
-medians over rounds of each round's ratio, with the rounds' spread. The workloads are watched (by
+medians over rounds of each round's ratio, with the rounds' spread, for the workload's own
+clock and for its CPU time (the process's user and system time: it leaves out what the host
+ran elsewhere on that CPU, which a VM's wall clock does not; the probes' runs in the
+workload's context are in it, those in interrupts are not). The workloads are watched (by
 command name), which is the expensive case: unwatched processes only pay the filter.
 --unwatched runs them under names the set does not watch instead, for what the set's
 presence alone costs them (hooks that filter them out, its polling on the other CPUs): a
@@ -48,7 +51,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -228,15 +231,33 @@ def sized(binary: Path, args: list[str], min_s: float) -> list[str]:
     spread over 40-90 points, no reading at 5 % (the H200 of 2026-12-05)."""
     if min_s <= 0:
         return args
-    elapsed_ns = run_workload(binary, args, None)
+    elapsed_ns = run_workload(binary, args, None).elapsed_ns
     scale = math.ceil(min_s * 1e9 / max(elapsed_ns, 1))
     return [str(int(args[0]) * scale), *args[1:]] if scale > 1 else args
 
 
-def run_workload(binary: Path, args: list[str], probes: ProbeSet | None) -> int:
-    """Elapsed ns of one run; while it runs, the probes (if any) are polled as the daemon
-    polls them."""
+class Run(NamedTuple):
+    elapsed_ns: int  # the workload's own clock around its work
+    # CPU time of the workload process (user + system, from its reaped rusage), its start-up
+    # included: unlike the wall clock it leaves out the time the host ran another guest's or
+    # process's work on the loop's CPU (steal, with the kernel's steal accounting), which
+    # spread the loops' rounds over 30-80 points on the H200's KVM host. The programs' runs
+    # in the workload's own context (its faults, its system calls, its switches out) are in
+    # it; those in interrupts are not. The ping-pong's second end is never reaped: its
+    # figure is one end's only.
+    cpu_ns: int
+
+
+def _children_cpu_ns() -> int:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round((ru.ru_utime + ru.ru_stime) * 1e9)
+
+
+def run_workload(binary: Path, args: list[str], probes: ProbeSet | None) -> Run:
+    """One run's elapsed and CPU time; while it runs, the probes (if any) are polled as the
+    daemon polls them."""
     time.sleep(SETTLE_S)
+    cpu0 = _children_cpu_ns()
     proc = subprocess.Popen([str(binary), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, preexec_fn=_on_workload_cpu)  # fmt: skip
     if probes is not None:
@@ -255,7 +276,7 @@ def run_workload(binary: Path, args: list[str], probes: ProbeSet | None) -> int:
         time.sleep(0.05)
     if probes is not None:
         probes.poll()
-    return int(proc.stdout.read())
+    return Run(int(proc.stdout.read()), _children_cpu_ns() - cpu0)
 
 
 @contextlib.contextmanager
@@ -400,13 +421,13 @@ def measure(
         for w in workloads:
             args[w] = sized(timed[w], args[w], min_s)
         results["args"] = {w: args[w] for w in workloads}
-        base: dict[str, list[int]] = {w: [] for w in workloads}
-        probed: dict[str, list[int]] = {w: [] for w in workloads}
+        base: dict[str, list[Run]] = {w: [] for w in workloads}
+        probed: dict[str, list[Run]] = {w: [] for w in workloads}
         rates: dict[str, list[float]] = {w: [] for w in workloads}
         kernel: dict[str, list[float]] = {w: [] for w in workloads}
         runs_per_op: dict[str, list[int]] = {w: [] for w in workloads}
         programs: dict[str, dict[str, list[float]]] = {w: {} for w in [*workloads, "unwatched"]}
-        floored: dict[str, list[int]] = {w: [] for w in workloads}
+        floored: dict[str, list[Run]] = {w: [] for w in workloads}
         mirrored: dict[str, tuple[list[tuple[str, str]], list[str]]] = {}
 
         def floor_run(w: str) -> None:
@@ -438,9 +459,9 @@ def measure(
                         }
                     )
                     results["rss_mb"].append(me.memory_info().rss / 2**20)
-                    elapsed = run_workload(timed[w], args[w], probes)
-                    probed[w].append(elapsed)
-                    rates[w].append(len(events) / (elapsed / 1e9))
+                    run = run_workload(timed[w], args[w], probes)
+                    probed[w].append(run)
+                    rates[w].append(len(events) / (run.elapsed_ns / 1e9))
                     # A separate run for the in-kernel time: the statistics themselves cost
                     # two clock reads per program run, which must not count in the slowdown.
                     with bpf_stats(), floor_programs() as floor:
@@ -458,16 +479,21 @@ def measure(
                 elif hook_floors:
                     floor_run(w)
         for w in workloads:
-            b, p = statistics.median(base[w]), statistics.median(probed[w])
-            # Each round's ratio to its own run without probes: drift between rounds cancels.
-            ratios = sorted(100 * (pr - br) / br for br, pr in zip(base[w], probed[w], strict=True))
+            b = statistics.median(x.elapsed_ns for x in base[w])
+            p = statistics.median(x.elapsed_ns for x in probed[w])
+            ratios = round_ratios(base[w], probed[w], "elapsed_ns")
+            cpu_ratios = round_ratios(base[w], probed[w], "cpu_ns")
             results["workloads"][w] = {
                 "without_s": b / 1e9,
                 "with_s": p / 1e9,
                 "slowdown_pct": statistics.median(ratios),
                 "slowdown_pct_rounds": ratios,
-                "without_s_rounds": [x / 1e9 for x in base[w]],
-                "with_s_rounds": [x / 1e9 for x in probed[w]],
+                "cpu_slowdown_pct": statistics.median(cpu_ratios),
+                "cpu_slowdown_pct_rounds": cpu_ratios,
+                "without_s_rounds": [x.elapsed_ns / 1e9 for x in base[w]],
+                "with_s_rounds": [x.elapsed_ns / 1e9 for x in probed[w]],
+                "without_cpu_s_rounds": [x.cpu_ns / 1e9 for x in base[w]],
+                "with_cpu_s_rounds": [x.cpu_ns / 1e9 for x in probed[w]],
                 "kernel_ns_per_run": statistics.median(kernel[w]),
                 "program_runs": statistics.median(runs_per_op[w]),
                 "python_events_per_s": statistics.median(rates[w]),
@@ -477,14 +503,15 @@ def measure(
                 },
             }
             if hook_floors:
-                ratios = sorted(
-                    100 * (fr - br) / br for br, fr in zip(base[w], floored[w], strict=True)
-                )
+                ratios = round_ratios(base[w], floored[w], "elapsed_ns")
+                cpu_ratios = round_ratios(base[w], floored[w], "cpu_ns")
                 hooks, left = mirrored[w]
                 results["workloads"][w].update(
                     hook_floor_pct=statistics.median(ratios),
                     hook_floor_pct_rounds=ratios,
-                    hook_floor_s_rounds=[x / 1e9 for x in floored[w]],
+                    hook_floor_cpu_pct=statistics.median(cpu_ratios),
+                    hook_floor_cpu_pct_rounds=cpu_ratios,
+                    hook_floor_s_rounds=[x.elapsed_ns / 1e9 for x in floored[w]],
                     hook_floor_programs=len(hooks),
                     hook_floor_left_out=left,
                 )
@@ -495,6 +522,15 @@ def measure(
     results["rss_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     results["sched_event_ns"] = sched_event_ns(programs, watched)
     return results
+
+
+def round_ratios(base: list[Run], other: list[Run], field: str) -> list[float]:
+    """Each round's slowdown (%) against its own run without probes, sorted: drift between
+    rounds cancels."""
+    return sorted(
+        100 * (getattr(o, field) - getattr(b, field)) / max(getattr(b, field), 1)
+        for b, o in zip(base, other, strict=True)
+    )
 
 
 def sched_event_ns(
@@ -544,19 +580,24 @@ def report(r: dict[str, Any]) -> str:
         ),
         "counts: " + ", ".join(f"{w} {' '.join(a)}" for w, a in r["args"].items()),
         f"{'workload':10} {'without':>9} {'with':>9} {'slowdown':>9} {'(min..max)':>15} "
-        f"{'kernel/run':>11} {'runs/op':>8} {'py ev/s':>8}"
-        + (f" {'hook floor':>10} {'(min..max)':>15}" if floored else ""),
+        f"{'CPU time':>9} {'(min..max)':>15} {'kernel/run':>11} {'runs/op':>8} {'py ev/s':>8}"
+        + (f" {'hook floor':>10} {'(min..max)':>15} {'its CPU':>8}" if floored else ""),
     ]
     for w, x in r["workloads"].items():
         lo, hi = x["slowdown_pct_rounds"][0], x["slowdown_pct_rounds"][-1]
+        clo, chi = x["cpu_slowdown_pct_rounds"][0], x["cpu_slowdown_pct_rounds"][-1]
         line = (
             f"{w:10} {x['without_s']:8.3f}s {x['with_s']:8.3f}s {x['slowdown_pct']:8.1f}% "
-            f"{f'({lo:.1f}..{hi:.1f})':>15} {x['kernel_ns_per_run']:9.0f}ns "
+            f"{f'({lo:.1f}..{hi:.1f})':>15} {x['cpu_slowdown_pct']:8.1f}% "
+            f"{f'({clo:.1f}..{chi:.1f})':>15} {x['kernel_ns_per_run']:9.0f}ns "
             f"{x['program_runs_per_op']:8.1f} {x['python_events_per_s']:8.0f}"
         )
         if "hook_floor_pct" in x:
             lo, hi = x["hook_floor_pct_rounds"][0], x["hook_floor_pct_rounds"][-1]
-            line += f" {x['hook_floor_pct']:9.1f}% {f'({lo:.1f}..{hi:.1f})':>15}"
+            line += (
+                f" {x['hook_floor_pct']:9.1f}% {f'({lo:.1f}..{hi:.1f})':>15}"
+                f" {x['hook_floor_cpu_pct']:7.1f}%"
+            )
         lines.append(line)
     if floored:
         left = sorted({n for x in r["workloads"].values() for n in x["hook_floor_left_out"]})
