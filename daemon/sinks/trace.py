@@ -200,6 +200,31 @@ def _put_in_place(tmp: Path, path: Path) -> None:
     os.unlink(tmp)
 
 
+def _create_unnamed(directory: Path, mode: int) -> int | None:
+    """A file in `directory` with no name (O_TMPFILE) until a link puts it in place: no other
+    recorder can reach it (two at one name once took each other's NAME.tmp: one linked the
+    other's file in place and went on writing to its own, unlinked), and a crash leaves
+    nothing behind. None where the file system has no such files."""
+    try:
+        return os.open(directory, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, mode)
+    except OSError as err:
+        if err.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return None
+        raise
+
+
+def _link_unnamed(fd: int, path: Path) -> None:
+    """The unnamed file `fd` given its name; a link never replaces, so a file made there
+    meanwhile is kept (FileExistsError). Through /proc with AT_SYMLINK_FOLLOW, which needs no
+    privilege (AT_EMPTY_PATH would); os.link asks for that flag only given a directory fd,
+    and without it links the /proc entry itself (EXDEV)."""
+    fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.link(str(fd), path, src_dir_fd=fds, follow_symlinks=True)
+    finally:
+        os.close(fds)
+
+
 def _create(path: Path, mode: int) -> int:
     """A new file at `path`, never one reached through a link: the daemon runs as root, and
     a link planted at the name would have it empty and overwrite any file. What a crash
@@ -218,8 +243,9 @@ class TraceWriter:
     `flush_interval_ns`, so a crash loses at most that much and tears at most the last frame.
     The header is fsynced at creation and the file on close.
 
-    The file appears under its name only once its header is on disk (written as NAME.tmp,
-    then put in place), so every trace a reader finds has a complete header."""
+    The file appears under its name only once its header is on disk (written to a file with
+    no name, or NAME.tmp where the file system has none, then linked in place), so every
+    trace a reader finds has a complete header."""
 
     def __init__(
         self,
@@ -241,9 +267,12 @@ class TraceWriter:
         self._last_flush_ns = time.monotonic_ns()
         if self.path.exists():
             raise _exists(self.path)
-        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp: Path | None = None  # the named temporary file, where no unnamed one can be made
         try:
-            fd = _create(tmp, mode)
+            fd = _create_unnamed(self.path.parent, mode)
+            if fd is None:
+                tmp = self.path.with_name(self.path.name + ".tmp")
+                fd = _create(tmp, mode)
         except OSError as err:
             raise _io_error(self.path, "create", err) from None
         self._fd: int | None = fd
@@ -252,20 +281,28 @@ class TraceWriter:
             head = preamble() + frame(orjson.dumps(header.to_record()))
             self._write(head)
             os.fsync(fd)
-            _put_in_place(tmp, self.path)
+            if tmp is None:
+                _link_unnamed(fd, self.path)
+            else:
+                _put_in_place(tmp, self.path)
             fsync_dir(self.path.parent)
         except FileExistsError:
-            os.close(fd)
-            self._fd = None
-            tmp.unlink(missing_ok=True)
+            self._abandon(tmp)
             raise _exists(self.path) from None
         except OSError as err:
-            os.close(fd)
-            self._fd = None
-            tmp.unlink(missing_ok=True)
+            self._abandon(tmp)
             raise _io_error(self.path, "write", err) from None
         self._on_disk = len(head)
         self.size = len(head)  # bytes in the file and in the buffer
+
+    def _abandon(self, tmp: Path | None) -> None:
+        """The file not put in place: closed (an unnamed one is gone with it), a named
+        temporary file removed."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
 
     def write(self, ev: Event) -> int:
         """Append one event; returns the bytes it takes in the file."""

@@ -331,9 +331,18 @@ def test_writer_refuses_an_existing_file_and_sets_mode_0640_whatever_the_umask(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t0.gjtrace", "t63.gjtrace"]
 
 
-def test_writer_never_writes_through_a_link_at_its_temporary_name(tmp_path: Path) -> None:
+@pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed", "named-tmp"])
+def test_writer_never_writes_through_a_link_at_its_temporary_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unnamed: bool
+) -> None:
     # NAME.tmp was opened O_TRUNC: a link planted there (a root daemon, a shared folder)
-    # emptied its target, filled it with a trace header, made it 0640.
+    # emptied its target, filled it with a trace header, made it 0640. With an unnamed
+    # file the name is never used (the link stays as planted); through NAME.tmp the link
+    # itself is removed.
+    from gpujitter.daemon.sinks import trace as sink
+
+    if not unnamed:
+        monkeypatch.setattr(sink, "_create_unnamed", lambda directory, mode: None)
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep me")
     victim.chmod(0o600)
@@ -342,7 +351,8 @@ def test_writer_never_writes_through_a_link_at_its_temporary_name(tmp_path: Path
     TraceWriter(path, header()).close()
     assert victim.read_bytes() == b"keep me" and victim.stat().st_mode & 0o777 == 0o600
     assert not path.is_symlink() and read(path)[0] == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.gjtrace", "victim"]
+    left = ["t.gjtrace", "t.gjtrace.tmp", "victim"] if unnamed else ["t.gjtrace", "victim"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == left
 
 
 def test_writer_never_replaces_a_file_made_at_its_name_meanwhile(
@@ -482,3 +492,45 @@ def test_a_frame_and_a_log_line_hold_the_json_of_the_events_record() -> None:
         assert to_json(ev, b'"schema":"gpujitter.attribution/1",') == orjson.dumps(
             {**lead, **to_record(ev)}
         ), ev.KIND
+
+
+def test_two_writers_at_one_name_at_once_give_one_whole_trace_and_one_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The second recorder starts while the first syncs its header. Through NAME.tmp the
+    # second took the first's temporary file, the first linked the second's in place and
+    # wrote on into its own, unlinked: every event it recorded was lost without an error.
+    path = tmp_path / "t.gjtrace"
+    real_fsync = os.fsync
+    second: list[TraceWriter] = []
+    started = []
+
+    def meanwhile(fd: int) -> None:
+        real_fsync(fd)
+        if not started:
+            started.append(fd)
+            second.append(TraceWriter(path, header()))
+
+    monkeypatch.setattr(os, "fsync", meanwhile)
+    with pytest.raises(GpujitterError, match="exists"):
+        TraceWriter(path, header())
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    (writer,) = second
+    writer.write(alloc(1))
+    writer.close()
+    assert read(path)[0] == [alloc(1)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.gjtrace"]
+
+
+def test_without_unnamed_files_the_writer_goes_through_its_temporary_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpujitter.daemon.sinks import trace as sink
+
+    monkeypatch.setattr(sink, "_create_unnamed", lambda directory, mode: None)
+    path = tmp_path / "t.gjtrace"
+    writer = TraceWriter(path, header())
+    writer.write(alloc(1))
+    writer.close()
+    assert read(path)[0] == [alloc(1)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.gjtrace"]
