@@ -30,7 +30,10 @@ is multiplied so that a bare run takes at least --min-seconds here (default 1): 
 are sized for the development VM, and a faster host ran through them too quickly to read.
 
 Every timed run starts after SETTLE_S of quiet: the set's start (a clang compile, seconds of
-one CPU) came right before each run with the probes and never before one without. Where the
+one CPU) came right before each run with the probes and never before one without. Then
+(--warm-up, since 2026-12-05) an untimed run of a quarter of the count in the same setting:
+a loop ran up to 40 % faster right after a run of itself than after anything else, and
+which run of a round followed which swung its ratio (WARM_UP). Where the
 machine has CPUs beside the two the workloads use (the ping-pong's ends on CPUs 0 and 1, the
 single-threaded loops on CPU 1), this process polls the probes from those others, as the
 daemon keeps its threads off the watched processes' CPUs (daemon/service/own_scheduling.py).
@@ -239,13 +242,21 @@ def sized(binary: Path, args: list[str], min_s: float) -> list[str]:
 class Run(NamedTuple):
     elapsed_ns: int  # the workload's own clock around its work
     # CPU time of the workload process (user + system, from its reaped rusage), its start-up
-    # included: unlike the wall clock it leaves out the time the host ran another guest's or
-    # process's work on the loop's CPU (steal, with the kernel's steal accounting), which
-    # spread the loops' rounds over 30-80 points on the H200's KVM host. The programs' runs
-    # in the workload's own context (its faults, its system calls, its switches out) are in
-    # it; those in interrupts are not. The ping-pong's second end is never reaped: its
-    # figure is one end's only.
+    # included: what the wall clock holds less what the host ran elsewhere on the loop's CPU
+    # (steal, with the kernel's steal accounting) and interrupts. The programs' runs in the
+    # workload's own context (its faults, its system calls, its switches out) are in it. The
+    # ping-pong's second end is never reaped: its figure is one end's only.
     cpu_ns: int
+
+
+# The share of a workload's count run, untimed, right before each timed run (--warm-up). A
+# loop's speed
+# depends on what ran on the machine in the second before it: on an H100 host (2026-12-05)
+# the `alloc` loop took 1.12-1.37 s bare when it followed a run of itself and 1.54-1.86 s
+# when it followed another workload, its CPU time alike (the pages a 40 MiB block gets
+# back are still in the caches, or not), and the run with the set always followed the
+# set's compile: each round's ratio swung by +-30 % with the order.
+WARM_UP = 0.25
 
 
 def _children_cpu_ns() -> int:
@@ -253,10 +264,19 @@ def _children_cpu_ns() -> int:
     return round((ru.ru_utime + ru.ru_stime) * 1e9)
 
 
-def run_workload(binary: Path, args: list[str], probes: ProbeSet | None) -> Run:
-    """One run's elapsed and CPU time; while it runs, the probes (if any) are polled as the
-    daemon polls them."""
+def run_workload(
+    binary: Path, args: list[str], probes: ProbeSet | None, warm_up: float = 0.0
+) -> Run:
+    """One run's elapsed and CPU time, after SETTLE_S of quiet and, where `warm_up` is a
+    share (of the count), an untimed run of that much of the same workload in the same
+    setting; while it runs, the probes (if any) are polled as the daemon polls them."""
     time.sleep(SETTLE_S)
+    if warm_up > 0:
+        _run_once(binary, [str(max(1, round(int(args[0]) * warm_up))), *args[1:]], probes)
+    return _run_once(binary, args, probes)
+
+
+def _run_once(binary: Path, args: list[str], probes: ProbeSet | None) -> Run:
     cpu0 = _children_cpu_ns()
     proc = subprocess.Popen([str(binary), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, preexec_fn=_on_workload_cpu)  # fmt: skip
@@ -401,6 +421,7 @@ def measure(
     watched: bool = True,
     hook_floors: bool = False,
     min_s: float = 0.0,
+    warm_up: float = WARM_UP,
 ) -> dict[str, Any]:
     topology = load_topology()
     allowed = frozenset(os.sched_getaffinity(0))
@@ -421,6 +442,7 @@ def measure(
         for w in workloads:
             args[w] = sized(timed[w], args[w], min_s)
         results["args"] = {w: args[w] for w in workloads}
+        results["warm_up"] = warm_up
         base: dict[str, list[Run]] = {w: [] for w in workloads}
         probed: dict[str, list[Run]] = {w: [] for w in workloads}
         rates: dict[str, list[float]] = {w: [] for w in workloads}
@@ -435,7 +457,7 @@ def measure(
             own = sorted(k for k in programs[w] if not k.startswith("floor:"))
             mirrored[w] = mirror_hooks(own)
             with hook_floor(mirrored[w][0]):
-                floored[w].append(run_workload(timed[w], args[w], None))
+                floored[w].append(run_workload(timed[w], args[w], None, warm_up))
 
         watch = WatchSpec(comms=[f"gjb-{name}" for name in PROGRAMS])
         for r in range(rounds):
@@ -444,7 +466,7 @@ def measure(
                 # started between them), in turns first and second: over a round's minutes
                 # the shared machine's load drifts by more than the probes cost.
                 if r % 2 == 0:
-                    base[w].append(run_workload(timed[w], args[w], None))
+                    base[w].append(run_workload(timed[w], args[w], None, warm_up))
                 elif hook_floors:
                     floor_run(w)
                 events: list[Any] = []
@@ -459,7 +481,7 @@ def measure(
                         }
                     )
                     results["rss_mb"].append(me.memory_info().rss / 2**20)
-                    run = run_workload(timed[w], args[w], probes)
+                    run = run_workload(timed[w], args[w], probes, warm_up)
                     probed[w].append(run)
                     rates[w].append(len(events) / (run.elapsed_ns / 1e9))
                     # A separate run for the in-kernel time: the statistics themselves cost
@@ -475,7 +497,7 @@ def measure(
                             delta = kernel_run(probes, floor, others[w], args[w])
                             record_programs(programs["unwatched"], delta)
                 if r % 2 == 1:
-                    base[w].append(run_workload(timed[w], args[w], None))
+                    base[w].append(run_workload(timed[w], args[w], None, warm_up))
                 elif hook_floors:
                     floor_run(w)
         for w in workloads:
@@ -577,8 +599,11 @@ def report(r: dict[str, Any]) -> str:
             + " / ".join(f"{x[m + '_floor']:.0f}" for m in ("watched", "unwatched") if m in x)
             + " ns)"
             for event, x in r["sched_event_ns"].items()
+            if x  # no ping-pong run: no scheduler figures
         ),
-        "counts: " + ", ".join(f"{w} {' '.join(a)}" for w, a in r["args"].items()),
+        "counts: "
+        + ", ".join(f"{w} {' '.join(a)}" for w, a in r["args"].items())
+        + f"; before each timed run an untimed {r.get('warm_up', 0):g} of it",
         f"{'workload':10} {'without':>9} {'with':>9} {'slowdown':>9} {'(min..max)':>15} "
         f"{'CPU time':>9} {'(min..max)':>15} {'kernel/run':>11} {'runs/op':>8} {'py ev/s':>8}"
         + (f" {'hook floor':>10} {'(min..max)':>15} {'its CPU':>8}" if floored else ""),
@@ -631,6 +656,14 @@ def main(argv: list[str] | None = None) -> int:
         help="scale each workload's count so that a bare run takes at least S seconds here "
         "(default 1; 0: the fixed counts)",
     )
+    p.add_argument(
+        "--warm-up",
+        type=float,
+        default=WARM_UP,
+        metavar="SHARE",
+        help=f"before each timed run, an untimed one of this share of its count in the same "
+        f"setting (default {WARM_UP}; 0: none, as before 2026-12-05)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     names = args.probes.split(",") if args.probes else registry.default_names()
@@ -639,7 +672,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(PROGRAMS)}")
     results = measure(args.rounds, names, workloads, watched=not args.unwatched,
-                      hook_floors=args.hook_floor, min_s=args.min_seconds)  # fmt: skip
+                      hook_floors=args.hook_floor, min_s=args.min_seconds,
+                      warm_up=args.warm_up)  # fmt: skip
     print(json.dumps(results, indent=2) if args.json else report(results))
     return 0
 

@@ -100,3 +100,20 @@ def test_round_ratios_pair_each_round_with_its_own_base() -> None:
     other = [Run(110, 55), Run(200, 60)]
     assert round_ratios(base, other, "elapsed_ns") == [0.0, 10.0]
     assert round_ratios(base, other, "cpu_ns") == [10.0, 20.0]
+
+
+def test_a_timed_run_follows_an_untimed_share_of_itself(tmp_path, monkeypatch) -> None:
+    from bench import default_set
+
+    monkeypatch.setattr(default_set, "SETTLE_S", 0.0)
+    monkeypatch.setattr(default_set, "_on_workload_cpu", lambda: None)
+    log = tmp_path / "runs"
+    loop = tmp_path / "gjb-loop"
+    loop.write_text(f'#!/bin/sh\nread go\necho "$*" >> {log}\necho $(($1 * 1000))\n')
+    loop.chmod(0o755)
+    run = default_set.run_workload(loop, ["400", "7"], None, warm_up=0.25)
+    assert run.elapsed_ns == 400_000  # the timed run's own figure
+    assert log.read_text().splitlines() == ["100 7", "400 7"]
+    log.unlink()
+    default_set.run_workload(loop, ["400", "7"], None)
+    assert log.read_text().splitlines() == ["400 7"]
