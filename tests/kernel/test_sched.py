@@ -492,7 +492,11 @@ def test_a_refused_probe_is_unavailable_and_the_others_run(monkeypatch: Any) -> 
     no_regs = replace(sched, name="sched-noregs", factory=NoRegsProbe)
     monkeypatch.setitem(registry._SPECS, "broken", broken)
     monkeypatch.setitem(registry._SPECS, "sched-noregs", no_regs)
-    with Child(SLEEPS + "\n    time.sleep(0.02)\n") as child:
+    # Pinned where it leaves the CPU idle: left to the scheduler beside a hog it may stay on
+    # the hog's CPU and never wake onto an idle one (2 runs in 12 here, no IdleWake at all).
+    body = f"\n    pin({quietest_cpu()})\n" + SLEEPS + "\n    time.sleep(0.02)\n"
+    with Child(body) as child, contextlib.ExitStack() as logs:
+        logged = [logs.enter_context(idle_log(cpu)) for cpu in range(os.cpu_count() or 1)]
         rec = run_probes(
             ["broken", "sched-noregs", "cstate"],
             child.load,
@@ -503,16 +507,41 @@ def test_a_refused_probe_is_unavailable_and_the_others_run(monkeypatch: Any) -> 
                 "cstate": {"wake": 0},
             },
         )
+        cpu_logs = [log() for log in logged]
     assert rec.status("broken").state == "unavailable"
     assert "gj_no_such_event" in rec.status("broken").reason
     degraded = rec.status("sched-noregs")
     assert degraded.state == "degraded"
     assert "syscall" in degraded.reason
+    # The eleven 20 ms sleeps (each >= 20 ms blocked in 28 runs under one or two hogs), less
+    # those whose end the kernel did not trace: a switch back to the child from one of the VM
+    # agent's threads never reaches a tracepoint (docs/probes.md), and the sleep it ends is
+    # not streamed. Under load the child shares its CPU with those threads more often: CI
+    # under a hog, 2026-12-05, 10 of 11; here 2 runs in 28, each with one untraced switch-in.
+    untraced = sum(untraced_switch_ins(log, child.pid) for log in cpu_logs)
+    switches = [e for log in cpu_logs for e in log if e.kind == "switch"]
+    first_out = min((e.ts_ns for e in switches if e.prev_pid == child.pid), default=0)
     sleeps = [e for e in rec.of(OffCpu, tgid=child.pid) if blocked_ns(e) >= 15 * MS]
-    assert len(sleeps) == 11
+    story = f"untraced {untraced}\n" + rec.story(first_out, tgid=child.pid)
+    assert sleeps, story
+    assert 11 - untraced <= len(sleeps) <= 11, story
     assert {e.syscall for e in sleeps} == {-1}
+    # cstate ran beside them and reported every wake-up of the child onto an idle CPU that
+    # the logs show (the idle task, switched in, entered an idle state before the child came)
+    # after its first switch-out (its wait for "go" began before it was watched); where no
+    # CPU idled (a hog on each) there are none, and none to report.
+    from_idle = 0
+    for log in cpu_logs:
+        idled = False
+        for e in log:
+            if e.kind == "entry":
+                idled = True
+            elif e.kind == "switch":
+                woke = e.prev_pid == 0 and e.next_pid == child.pid and e.ts_ns > first_out
+                from_idle += idled and woke
+                idled = False
     assert rec.status("cstate").state == "running"
-    assert rec.of(IdleWake, tgid=child.pid)
+    assert len(rec.of(IdleWake, tgid=child.pid)) >= from_idle, story
 
 
 def test_waits_on_block_reads_carry_the_disk(tmp_path: Path) -> None:
