@@ -74,15 +74,46 @@ class ProbeContext:
         return core
 
 
-class Probe(abc.ABC):
-    def __init__(self, spec: ProbeSpec) -> None:
-        self.spec = spec
+class Counted:
+    """What a probe, and the core module (CORE_PROBE), say of themselves in their
+    meta.probe: the events handed on, those the consumer refused, the kernel's losses and
+    the BPF cost."""
+
+    def __init__(self) -> None:
         self.events = 0
         self.lost_user = 0
-        self.state: str = "off"
-        self.reason = ""
         self.cost = Cost()  # set by the runner's CostMeter
         self._emit: Emit = lambda ev: True
+
+    def lost_kernel(self) -> int:
+        return 0
+
+    def deliver(self, ev: Event) -> None:
+        self.events += 1
+        if self._emit(ev) is False:
+            self.lost_user += 1
+
+    def counted_status(self, now_ns: int, probe: str, state: str, reason: str) -> ProbeStatus:
+        return ProbeStatus(
+            ts_ns=now_ns,
+            probe=probe,
+            state=state,  # type: ignore[arg-type]
+            reason=reason,
+            events=self.events,
+            lost_kernel=self.lost_kernel(),
+            lost_user=self.lost_user,
+            bpf_ns_per_s=self.cost.ns_per_s,
+            bpf_runs_per_s=self.cost.runs_per_s,
+            cost_from=self.cost.source,
+        )
+
+
+class Probe(Counted, abc.ABC):
+    def __init__(self, spec: ProbeSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.state: str = "off"
+        self.reason = ""
 
     @property
     def name(self) -> str:
@@ -100,7 +131,7 @@ class Probe(abc.ABC):
         """Compile (or take its part of ctx.bundle) and attach; raise ProbeUnavailable when
         the kernel refuses."""
 
-    def poll(self) -> None:  # noqa: B027 (a probe without a ring buffer has nothing to poll)
+    def poll(self) -> None:
         """Deliver what the kernel has queued (every POLL_MS of probes/runner.py, or sooner
         when the kernel says a burst is filling the rings)."""
 
@@ -118,9 +149,6 @@ class Probe(abc.ABC):
         """Periodic aggregates read from kernel maps (called about once a second)."""
         return ()
 
-    def lost_kernel(self) -> int:
-        return 0
-
     def programs(self) -> list[int]:
         """The fds of the BPF programs this probe runs, for its cost (none by default)."""
         return []
@@ -130,27 +158,11 @@ class Probe(abc.ABC):
         there ("" where the probe's cost is its own)."""
         return ""
 
-    def close(self) -> None:  # noqa: B027 (a probe that holds nothing frees nothing)
+    def close(self) -> None:
         """Detach and free kernel resources."""
 
-    def deliver(self, ev: Event) -> None:
-        self.events += 1
-        if self._emit(ev) is False:
-            self.lost_user += 1
-
     def status(self, now_ns: int) -> ProbeStatus:
-        return ProbeStatus(
-            ts_ns=now_ns,
-            probe=self.name,
-            state=self.state,  # type: ignore[arg-type]
-            reason=self.reason,
-            events=self.events,
-            lost_kernel=self.lost_kernel(),
-            lost_user=self.lost_user,
-            bpf_ns_per_s=self.cost.ns_per_s,
-            bpf_runs_per_s=self.cost.runs_per_s,
-            cost_from=self.cost.source,
-        )
+        return self.counted_status(now_ns, self.name, self.state, self.reason)
 
 
 _capture_lock = threading.RLock()  # a capture may hold another (an attach that compiles)

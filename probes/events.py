@@ -358,12 +358,16 @@ class ClockRef(Event):
 
 # A probe's states, as meta.probe records and the metrics name them.
 ProbeState = Literal["running", "degraded", "unavailable", "off", "stopped"]
+# The meta.probe of the core module (probes/watch.py), which every probe set loads: no
+# probe, but its programs (fork, exec, exit) have a cost and its records losses too.
+CORE_PROBE = "core"
 
 
 @event_kind("meta.probe")
 @dataclass(frozen=True, slots=True)
 class ProbeStatus(Event):
-    """A probe's health, sent at start, on every state change and periodically."""
+    """A probe's health (or the core module's: CORE_PROBE), sent at start, on every state
+    change and periodically."""
 
     probe: str
     state: ProbeState

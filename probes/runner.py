@@ -2,7 +2,7 @@
 reported unavailable and the rest keep running. One thread does all bcc work (bcc objects
 are not thread-safe): it consumes ring buffers every `poll_ms`, or sooner when the kernel
 wakes it for a burst, and, once a second, reads in-kernel aggregates, refreshes the watched
-set and reports probe health.
+set and reports probe health (the core's too, as the probe CORE_PROBE).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from gpujitter.probes.base import (
     release_compiler_memory,
 )
 from gpujitter.probes.bundle import ModulePart
-from gpujitter.probes.events import Event, ProbeStatus
+from gpujitter.probes.events import CORE_PROBE, Event, ProbeStatus
 from gpujitter.probes.feeders import Feeders
 from gpujitter.probes.host import HostPaths, can_load_bpf
 from gpujitter.probes.progstats import Cost, CostMeter
@@ -152,6 +152,7 @@ class ProbeSet:
                 ) from None
             raise GpujitterError(f"cannot load the core BPF module: {err}") from None
         now = time.monotonic_ns()
+        self.emit(self.core.status(now))
         statuses = []
         for probe in probes:
             try:
@@ -189,9 +190,14 @@ class ProbeSet:
         self.waits.watch([*self.core.ring_fds(), *probes])
 
     def measure_cost(self, now_ns: int) -> None:
-        """Each running probe's BPF cost (progstats.CostMeter), kept on the probe."""
+        """Each running probe's BPF cost (progstats.CostMeter), kept on the probe, and the
+        core's, kept on the core (its programs are in the probes' module, not their cost)."""
         running = self.running
-        costs = self.meter.tick(now_ns, lambda: {p.name: p.programs() for p in running})
+        costs = self.meter.tick(
+            now_ns,
+            lambda: {CORE_PROBE: self.core.programs(), **{p.name: p.programs() for p in running}},
+        )
+        self.core.cost = costs.get(CORE_PROBE, Cost())
         for probe in self.probes:
             if probe in running and (shared := probe.cost_counted_with()):
                 probe.cost = Cost(source=f"with {shared}")
@@ -211,6 +217,7 @@ class ProbeSet:
             for ev in probe.sample(now_ns):
                 self.emit(ev)
         self.measure_cost(now_ns)
+        self.emit(self.core.status(now_ns))
         for probe in self.probes:
             self.emit(probe.status(now_ns))
 

@@ -8,6 +8,7 @@ written into one kernel map that every probe filters on; the kernel itself adds 
 watched processes as they fork and drops processes as they exit, so threads and workers
 created after start are watched from their first instruction. Each process that joins the set
 inside a container, pod or Slurm job is announced once with its workload (meta.workload).
+The core reports its own health and BPF cost as a probe's, named CORE_PROBE ("core").
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.probes import contract
-from gpujitter.probes.base import ProbeUnavailable, comm_str
+from gpujitter.probes.base import Counted, ProbeUnavailable, comm_str
 from gpujitter.probes.bundle import Bundle, ModulePart, PartView
 from gpujitter.probes.contract import CFG_FLAGS, CFG_GEN, CFG_SELF_TGID, WATCH_ALL
 from gpujitter.probes.events import (
+    CORE_PROBE,
     Event,
+    ProbeStatus,
     ProcExec,
     ProcExit,
     ThreadExit,
@@ -44,7 +47,9 @@ from gpujitter.probes.host import (
     read_text,
     status_fields,
 )
+from gpujitter.probes.mapbatch import PerCpuSum
 from gpujitter.probes.procfs import task_ids
+from gpujitter.probes.progstats import program_fds
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.workload import WorkloadReader, matches_pod, matches_slurm_job
 
@@ -227,12 +232,13 @@ def module_parts(parts: Sequence[ModulePart]) -> list[ModulePart]:
     return list(parts) if _core is not None else [CORE_PART, *parts]
 
 
-class CoreBpf:
+class CoreBpf(Counted):
     """The core module as one probe set uses it: the shared maps (exported to every probe
     loaded after it in this process) and the exec/exit stream. Everything else depends on
     it, so a failure here is fatal to profiling, and is reported as such."""
 
     def __init__(self, spec: WatchSpec, topology: Topology, paths: HostPaths) -> None:
+        super().__init__()
         self.spec = spec
         self.topology = topology
         self.paths = paths
@@ -248,7 +254,9 @@ class CoreBpf:
         self._processes: set[int] = set()  # fork-followed entries known to be processes
         self.workloads = WorkloadReader(paths)
         self._announced: set[int] = set()  # tgids whose workload was looked up
-        self._emit: Callable[[Event], Any] = lambda ev: None
+        # Its ring's losses since this set's start (gj_lost, its count then), in its
+        # meta.probe (CORE_PROBE) as a probe's.
+        self._lost: tuple[PerCpuSum, int] | None = None
 
     def start(
         self, emit: Callable[[Event], Any], parts: Sequence[ModulePart] = ()
@@ -280,6 +288,8 @@ class CoreBpf:
                     bundle.release()
                 raise
         self._pending = self.bpf["gj_pending"]
+        lost = PerCpuSum(self.bpf["gj_lost"])  # the core outlives probe sets: from now on
+        self._lost = (lost, lost.read())
         config = self.bpf["gj_config"]
         config[ct.c_uint(CFG_FLAGS)] = ct.c_ulonglong(WATCH_ALL if self.spec.all else 0)
         config[ct.c_uint(CFG_SELF_TGID)] = ct.c_ulonglong(os.getpid())
@@ -296,21 +306,34 @@ class CoreBpf:
         refresh that read the kernel's set (a read of that map each was ~0.1 ms)."""
         return None if self.spec.all else list(self.watched)
 
+    def programs(self) -> list[int]:
+        """The fds of its BPF programs (fork, exec, exit), for its cost: its part's alone,
+        none of the probes' that share its module."""
+        return program_fds(self.bpf)
+
+    def lost_kernel(self) -> int:
+        return 0 if self._lost is None else self._lost[0].read() - self._lost[1]
+
+    def status(self, now_ns: int) -> ProbeStatus:
+        """Its health and cost, as a probe's."""
+        state = "running" if self.bpf is not None else "stopped"
+        return self.counted_status(now_ns, CORE_PROBE, state, "")
+
     def on_proc(self, rec: Any) -> None:
         comm = comm_str(rec.comm)
         if rec.exited == EXIT_THREAD:
-            self._emit(ThreadExit(ts_ns=rec.ts_ns, tgid=rec.tgid, tid=rec.tid))
+            self.deliver(ThreadExit(ts_ns=rec.ts_ns, tgid=rec.tgid, tid=rec.tid))
             return
         if rec.exited == EXIT_PROCESS:
-            self._emit(ProcExit(ts_ns=rec.ts_ns, tgid=rec.tgid, comm=comm))
+            self.deliver(ProcExit(ts_ns=rec.ts_ns, tgid=rec.tgid, comm=comm))
             self._processes.discard(rec.tgid)
             if self.watched.pop(rec.tgid, None) is not None:
                 # Said as a change of the watched set too: its readers see the removal.
-                self._emit(WatchChange(ts_ns=rec.ts_ns, added=(), removed=(rec.tgid,),
-                                       reason="exit"))  # fmt: skip
+                self.deliver(WatchChange(ts_ns=rec.ts_ns, added=(), removed=(rec.tgid,),
+                                          reason="exit"))  # fmt: skip
             return
         filename = comm_str(rec.filename)
-        self._emit(ProcExec(ts_ns=rec.ts_ns, tgid=rec.tgid, comm=comm, filename=filename))
+        self.deliver(ProcExec(ts_ns=rec.ts_ns, tgid=rec.tgid, comm=comm, filename=filename))
         if self.spec.comms and any(
             fnmatch.fnmatchcase(n, p)
             for n in (comm, os.path.basename(filename))
@@ -370,7 +393,7 @@ class CoreBpf:
         self.watched = dict(wanted)
         if added or removed:
             watched_changed(self.bpf)
-            self._emit(
+            self.deliver(
                 WatchChange(ts_ns=now_ns, added=tuple(added), removed=tuple(removed), reason=reason)
             )
         self._announce(now_ns)
@@ -383,7 +406,7 @@ class CoreBpf:
             self._announced.add(tgid)
             w = self.workloads.of(tgid)
             if w is not None:
-                self._emit(WorkloadInfo(ts_ns=now_ns, tgid=tgid, workload=w))
+                self.deliver(WorkloadInfo(ts_ns=now_ns, tgid=tgid, workload=w))
 
     def close(self) -> None:
         """Hand the core back (it stays loaded, see _LoadedCore)."""
@@ -393,6 +416,7 @@ class CoreBpf:
             if _core is not None:
                 _core.give_back(self)
         self.bpf = None
+        self._lost = None
 
 
 def watched_changed(bpf: Any) -> None:

@@ -194,6 +194,7 @@ def probe_status(rec: Record) -> ProbeStatus:
         lost_kernel=count(rec.get("lost_kernel", 0), "lost_kernel"),
         lost_user=count(rec.get("lost_user", 0), "lost_user"),
         bpf_ns_per_s=bpf,
+        cost_from=_text(rec.get("cost_from", "")),
     )
 
 

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import sys
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from gpujitter.cli.command import Command
@@ -23,7 +24,7 @@ from gpujitter.daemon.service.runtime import LiveSource, Runtime, Sink
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.clock import clock_ref, format_wall
-from gpujitter.probes.events import ClockRef, Event, ProbeStatus, to_record
+from gpujitter.probes.events import CORE_PROBE, ClockRef, Event, ProbeStatus, to_record
 from gpujitter.probes.malloc_precise import MAX_WINDOW_NS
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.text import printable
@@ -97,8 +98,15 @@ def run(args: argparse.Namespace) -> int:
             ),
             file=sys.stderr,
         )
-    unavailable = [s for s in statuses.values() if s.state == "unavailable"]
-    return 1 if unavailable and len(unavailable) == len(statuses) else 0
+    return exit_status(statuses)
+
+
+def exit_status(statuses: Mapping[str, ProbeStatus]) -> int:
+    """1 when none of the probes could run, from their last statuses: the core's
+    (CORE_PROBE), which runs with any set, is no probe here."""
+    probes = [s for s in statuses.values() if s.probe != CORE_PROBE]
+    unavailable = [s for s in probes if s.state == "unavailable"]
+    return 1 if unavailable and len(unavailable) == len(probes) else 0
 
 
 class _Shown(Sink):

@@ -15,7 +15,7 @@ from gpujitter.cli.gpus import add_nvml_source_args, nvml_backend, save_recordin
 from gpujitter.cli.options import parse_thresholds, path_arg, topology_from_args, watch_from_args
 from gpujitter.cli.output import print_json
 from gpujitter.cli.probe import add_arguments as add_probe_arguments
-from gpujitter.cli.probe import precise_options
+from gpujitter.cli.probe import exit_status, precise_options
 from gpujitter.daemon.service.config import check_parent, load_config
 from gpujitter.daemon.service.own_scheduling import KEEP_UP_LEVELS, OwnScheduling
 from gpujitter.daemon.service.runtime import EventSource, LiveSource, Runtime, Sink
@@ -149,8 +149,7 @@ def run(args: argparse.Namespace, source: EventSource | None = None) -> int:
         )
         for s in statuses.values():
             print(printable(f"  probe {s.probe}: {s.state} {s.reason}".rstrip()), file=sys.stderr)
-    unavailable = [s for s in statuses.values() if s.state == "unavailable"]
-    return 1 if unavailable and len(unavailable) == len(statuses) else 0
+    return exit_status(statuses)
 
 
 def _say(text: str) -> None:

@@ -18,6 +18,7 @@ from gpujitter.errors import GpujitterError
 from gpujitter.probes import watch
 from gpujitter.probes.events import (
     AllocSyscall,
+    ProbeStatus,
     ProcExec,
     ProcExit,
     ThreadExit,
@@ -25,7 +26,7 @@ from gpujitter.probes.events import (
     WorkloadInfo,
 )
 from gpujitter.probes.host import HostPaths
-from gpujitter.probes.runner import ProbeThread
+from gpujitter.probes.runner import ProbeSet, ProbeThread
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import ROOT_WALKS, WatchSpec
 from tests.kernel.conftest import run_probes
@@ -238,6 +239,27 @@ def test_probe_sets_run_one_after_another_in_one_process() -> None:
             )
             == 4
         )
+
+
+def test_the_core_s_programs_are_costed_as_core_and_in_no_probe() -> None:
+    """The core's fork, exec and exit programs run for every process of the node, watched or
+    not: their cost is the `core` meta.probe's, from programs that no probe of the module
+    they share counts."""
+    events: list = []
+    with ProbeSet(["malloc", "irq"], topology=load_topology(nvml=False),
+                  watch=WatchSpec(pids={os.getpid()}), emit=events.append) as probes:  # fmt: skip
+        probes.start()
+        core = set(probes.core.programs())
+        assert core and all(core.isdisjoint(p.programs()) for p in probes.probes)
+        for _ in range(20):
+            subprocess.run(["true"], check=True)
+        time.sleep(0.3)  # a stretch the meter measures (progstats.MIN_STRETCH_NS)
+        probes.poll()
+        probes.tick(time.monotonic_ns())
+    status = [e for e in events if isinstance(e, ProbeStatus) and e.probe == "core"][-1]
+    assert status.state == "running" and status.cost_from in ("bpf_stats", "sampled")
+    assert status.bpf_runs_per_s > 0 and status.bpf_ns_per_s > 0, status
+    assert status.events >= 20, status  # the execs, streamed whoever runs them
 
 
 def test_a_second_probe_set_at_the_same_time_is_refused_in_one_line() -> None:

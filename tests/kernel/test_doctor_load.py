@@ -23,6 +23,9 @@ def test_doctor_load_core_every_probe_and_fentry() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     checks = {c["check"]: c for c in json.loads(proc.stdout)["checks"]}
     assert checks["load core"]["status"] == "pass"
+    # The core's own programs (fork, exec, exit) are costed too, on its line.
+    core = checks["load core"]["detail"]
+    assert re.search(r"; BPF \d+ runs/s, \d+ ns/run, ", core), core
     loaded = {
         name.removeprefix("load "): c for name, c in checks.items() if name.startswith("load ")
     }

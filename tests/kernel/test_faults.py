@@ -265,6 +265,7 @@ def test_probe_command_shows_faults_and_swap_working(spawn: Callable[..., Worklo
     summary = records[-1]
     assert summary["type"] == "summary"
     assert {name: p["state"] for name, p in summary["probes"].items()} == {
+        "core": "running",  # the core module, its cost and losses said as a probe's
         "faults": "running",
         "swap": "running",
     }

@@ -125,6 +125,23 @@ def test_status_line_shows_the_probes_bpf_cost_once_measured(model: NodeModel) -
     assert "bpf 0.25% (sched 0.20%)" in text
 
 
+def test_status_line_counts_the_core_s_bpf_cost_and_marks_a_sampled_one() -> None:
+    """The core module's programs are in the total (its meta.probe `core`), though the core
+    is no probe in the count; a figure from a sampled second (statistics off) reads `~`."""
+    m = NodeModel()
+
+    def costs(cost_from: str) -> str:
+        for probe, ns in (("sched", 2_000_000), ("core", 1_000_000)):
+            m.apply({"type": "meta.probe", "ts_ns": 1, "probe": probe, "state": "running",
+                     "bpf_ns_per_s": ns, "bpf_runs_per_s": 1000,
+                     "cost_from": cost_from})  # fmt: skip
+        return status_text(m, None, None, inbox_dropped=0, paused=False).plain
+
+    sampled = costs("sampled")
+    assert "bpf ~0.30% (sched 0.20%)" in sampled and "probes 1 on" in sampled
+    assert "bpf 0.30% (sched 0.20%)" in costs("bpf_stats")
+
+
 def test_unknown_and_malformed_records_are_counted_not_raised() -> None:
     m = NodeModel()
     m.apply({"type": "gpu.frobnicate", "ts_ns": 1})

@@ -10,6 +10,7 @@ from collections import Counter
 
 from rich.text import Text
 
+from gpujitter.probes.events import CORE_PROBE
 from gpujitter.text import printable
 from gpujitter.tui.inbox import Connection, ReplayPosition
 from gpujitter.tui.model import NodeModel
@@ -53,7 +54,8 @@ def connection_text(
 
 
 def probes_text(model: NodeModel) -> Text:
-    states: Counter[str] = Counter(p.state for p in model.probes.values())
+    """The probes by state (the core module's status, CORE_PROBE, is no probe)."""
+    states: Counter[str] = Counter(p.state for p in model.probes.values() if p.probe != CORE_PROBE)
     if not states:
         return Text("probes ?", style="dim")
     out = Text("probes ")
@@ -72,14 +74,16 @@ def probes_text(model: NodeModel) -> Text:
 
 
 def bpf_cost_text(model: NodeModel) -> Text | None:
-    """The probes' kernel CPU time as a share of one CPU, and the dearest probe's share;
-    None until a probe's cost was measured."""
+    """The kernel CPU time of the probes' and the core's BPF programs as a share of one CPU,
+    and the dearest one's share, `~` in front where a figure is from a sampled second
+    (cost_from `sampled`: the kernel's statistics are off); None until a cost was measured."""
     measured = [p for p in model.probes.values() if p.bpf_ns_per_s >= 0]
     if not measured:
         return None
     top = max(measured, key=lambda p: p.bpf_ns_per_s)
     total = sum(p.bpf_ns_per_s for p in measured)
-    return Text(f"bpf {total / 1e7:.2f}% ({top.probe} {top.bpf_ns_per_s / 1e7:.2f}%)")
+    sampled = "~" if any(p.cost_from == "sampled" for p in measured) else ""
+    return Text(f"bpf {sampled}{total / 1e7:.2f}% ({top.probe} {top.bpf_ns_per_s / 1e7:.2f}%)")
 
 
 def status_text(

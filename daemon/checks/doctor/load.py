@@ -1,5 +1,5 @@
 """`doctor --load`: the core BPF module and every probe really loaded for a moment, each
-probe's measured cost and what the start took, the daemon's own scheduling applied and read
+one's measured cost and what the start took, the daemon's own scheduling applied and read
 back, and a daemon running on the node in its own words (its status record)."""
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def check_load(env: DoctorEnv) -> Iterator[Result]:
             started = time.monotonic()
             probes.run(lambda: time.monotonic() - started > env.load_s)  # its last tick measures
             statuses = [p.status(time.monotonic_ns()) for p in probes.probes]
+            core = probes.core.status(time.monotonic_ns())
     except (GpujitterError, ImportError) as err:
         # Privilege is the cure unless the process's surroundings stop the compile (a deleted
         # current folder, few descriptors): the message names those, and root would not help.
@@ -83,7 +84,8 @@ def check_load(env: DoctorEnv) -> Iterator[Result]:
     yield Result("load core", "pass",
                  f"core BPF module (watched set, CPU->node map) loaded; {len(statuses)} probes "
                  f"started in {start_s:.1f} s, {start_cpu_s:.1f} CPU-s, this process's peak "
-                 f"resident {peak_mib} MiB (what a daemon's start takes here)")  # fmt: skip
+                 f"resident {peak_mib} MiB (what a daemon's start takes here); "
+                 f"{cost_text(core)}")  # fmt: skip
     yield own_scheduling_result(env)
     for st in statuses:
         if st.state in ("running", "degraded"):
