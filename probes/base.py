@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from gpujitter.probes import contract, procfs
 from gpujitter.probes.events import Event, ProbeStatus
-from gpujitter.probes.host import HostPaths
+from gpujitter.probes.host import HostPaths, MemoryLimit
 from gpujitter.probes.mapbatch import PerCpuSum
 from gpujitter.probes.progstats import Cost, program_fds
 from gpujitter.text import decode_name
@@ -260,6 +260,26 @@ def open_files_needed() -> int:
     and files: 141 on the 2-CPU development VM, of which 57 maps, 33 programs, 23 links and
     10 perf events, 5 a CPU, which grow with the node."""
     return 192 + 6 * (os.cpu_count() or 1)
+
+
+# The memory a start wants room for: its peak, the probes' compile with NVML live beside it,
+# was 197-199 MB on the H200 (docs/performance.md, "Start and stop"), and a steady daemon
+# holds ~130 MB. Under a cgroup limit below it, a start thrashed past its --duration (a
+# 60 MB memory.high) or would be killed (memory.max).
+START_MEMORY_BYTES = 256 << 20
+
+
+def memory_short(limit: MemoryLimit | None) -> str | None:
+    """What a memory cgroup limit below START_MEMORY_BYTES means, in one line (None when
+    there is no such limit)."""
+    if limit is None or limit.bytes >= START_MEMORY_BYTES:
+        return None
+    fate = "thrashes" if limit.setting == "memory.high" else "thrashes or is killed"
+    return (
+        f"{limit.setting} {limit.bytes >> 20} MiB ({limit.path.parent}): a start peaks at "
+        f"~200 MiB resident (the probes' compile), a running daemon holds ~130 MiB; under "
+        f"it the start {fate}"
+    )
 
 
 def compile_blocked() -> str | None:

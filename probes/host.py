@@ -219,3 +219,78 @@ def can_load_bpf(paths: HostPaths) -> bool:
     or CAP_SYS_ADMIN, as root has)."""
     caps = capabilities(paths)
     return CAP_SYS_ADMIN in caps or {CAP_BPF, CAP_PERFMON} <= caps
+
+
+# A value at or above this reads as no limit: cgroup v1 writes "unlimited" as PAGE_COUNTER_MAX
+# pages in bytes (9223372036854771712 with 4 KiB pages).
+_NO_MEMORY_LIMIT = 1 << 60
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLimit:
+    """The tightest memory limit a process runs under, and the file that sets it."""
+
+    bytes: int
+    setting: str  # memory.max, memory.high (cgroup v2) or memory.limit_in_bytes (v1)
+    path: Path
+
+
+def memory_limit(paths: HostPaths, pid: int | str = "self") -> MemoryLimit | None:
+    """The tightest of the limits on a process's memory cgroup and on every cgroup above it
+    (a parent's limit binds its children): memory.max and memory.high where the memory
+    controller is cgroup v2's, memory.limit_in_bytes where it is v1's. None where there is no
+    limit, or nothing can be read (no cgroup file system mounted, a recorded tree)."""
+    mount = _memory_mount(paths, pid)
+    if mount is None:
+        return None
+    point, settings = mount
+    found: MemoryLimit | None = None
+    for group in (point, *point.parents):
+        for setting in settings:
+            text = read_text(group / setting)
+            value = int(text) if text and text.isdigit() else None
+            if value is None or value >= _NO_MEMORY_LIMIT:
+                continue
+            if found is None or value < found.bytes:
+                found = MemoryLimit(value, setting, group / setting)
+        if group == paths.sys / "fs/cgroup" or not (group / "cgroup.procs").exists():
+            break
+    return found
+
+
+def _memory_mount(paths: HostPaths, pid: int | str) -> tuple[Path, tuple[str, ...]] | None:
+    """The process's memory cgroup directory and the limit files to read there: cgroup v1's
+    memory hierarchy where one is mounted, else the v2 hierarchy (/proc/PID/cgroup names the
+    group, /proc/PID/mountinfo where its hierarchy is mounted and from which root)."""
+    groups = read_text(paths.proc / f"{pid}/cgroup") or ""
+    mounts = read_text(paths.proc / f"{pid}/mountinfo") or ""
+    v1 = v2 = None
+    for line in groups.splitlines():
+        _, controllers, group = [*line.split(":", 2), "", ""][:3]
+        if "memory" in controllers.split(","):
+            v1 = group
+        elif not controllers and line.startswith("0:"):
+            v2 = group
+    for line in mounts.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        after = line.split(" - ", 1)[1].split()
+        fstype, options = after[0], (after[2] if len(after) > 2 else "")
+        root, point = fields[3], fields[4]
+        if v1 is not None and fstype == "cgroup" and "memory" in options.split(","):
+            return _under(paths, point, root, v1), ("memory.limit_in_bytes",)
+        if v1 is None and v2 is not None and fstype == "cgroup2":
+            return _under(paths, point, root, v2), ("memory.max", "memory.high")
+    return None
+
+
+def _under(paths: HostPaths, point: str, root: str, group: str) -> Path:
+    """A cgroup's directory: its path relative to the mount's root, under the mount point (in
+    the recorded tree's sys where paths are not the live ones). A group outside the mount's
+    root (another cgroup namespace) is the mount point itself."""
+    base = Path(point)
+    if not paths.live and base.is_relative_to("/sys"):
+        base = paths.sys / base.relative_to("/sys")
+    rel = os.path.relpath(group, root) if group.startswith(root) else "."
+    return base if rel == "." else base / rel

@@ -228,6 +228,13 @@ def open_files_limit() -> str:
     return "ulimit -n 65536  # LimitNOFILE=65536 in the unit"
 
 
+def memory_limit() -> str:
+    return (
+        "give it 512 MiB or more: MemoryHigh=512M and MemoryMax=1G in the unit (as shipped), "
+        "or the container's memory limit"
+    )
+
+
 def install_nvml() -> str:
     return "apt-get install -y nvidia-driver  # on a node with NVIDIA GPUs; none needed otherwise"
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpujitter import __version__
+from gpujitter.daemon.analysis import remedies
 from gpujitter.daemon.analysis.describe import one_line
 from gpujitter.daemon.analysis.engine import EngineConfig
 from gpujitter.daemon.analysis.gaps import GapConfig
@@ -68,8 +69,10 @@ from gpujitter.daemon.sinks.rotation import Rotation
 from gpujitter.daemon.sinks.stream import StreamServer
 from gpujitter.daemon.sinks.trace import TraceHeader
 from gpujitter.probes import registry
+from gpujitter.probes.base import memory_short
 from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import to_record
+from gpujitter.probes.host import HostPaths, memory_limit
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.text import dumps, inert_json, printable
@@ -283,6 +286,11 @@ class Daemon:
         # A watchdog abort (SIGABRT) leaves a stack in the journal (the process's own
         # stderr, fd 2, whatever sys.stderr was replaced with).
         faulthandler.enable(2)
+        if isinstance(self.source, LiveSource):
+            # Said before the compile that would thrash under it, not after a stalled start.
+            short = memory_short(memory_limit(HostPaths()))
+            if short is not None:
+                self._say(f"memory: {short}; {remedies.memory_limit()}")
 
         def attached(runtime: Runtime) -> None:
             running = [s.probe for s in self.source.statuses

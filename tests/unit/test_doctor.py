@@ -393,3 +393,72 @@ def test_every_line_says_where_it_was_read(host_tree: MakeTree) -> None:
     by_check = {r.check: r.source for r in results}
     assert by_check["kernel"] == str(tree.proc / "sys/kernel/osrelease")
     assert str(tree.tracefs / "events") in by_check["probe malloc"]
+
+
+V1_MOUNTS = (
+    "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+    "35 31 0:31 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+)
+V2_MOUNTS = "30 23 0:27 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+
+
+def test_memory_limit_under_cgroup_v1_binds_from_a_parent(host_tree: MakeTree) -> None:
+    # A start in a 60 MB memory cgroup thrashed past its --duration: nothing had said so.
+    group = "sys/fs/cgroup/memory/job/step"
+    files = {
+        "proc/self/cgroup": "4:memory:/job/step\n3:cpu:/\n0::/\n",
+        "proc/self/mountinfo": V1_MOUNTS,
+        f"{group}/cgroup.procs": "",
+        f"{group}/memory.limit_in_bytes": "9223372036854771712\n",  # none of its own
+        "sys/fs/cgroup/memory/job/cgroup.procs": "",
+        "sys/fs/cgroup/memory/job/memory.limit_in_bytes": str(60 << 20),
+        "sys/fs/cgroup/memory/cgroup.procs": "",
+        "sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n",
+    }
+    paths = host_tree("dev-vm", files=files)
+    low = one(host.check_memory_limit, env_of(paths))
+    assert (low.status, low.source) == (
+        "warn",
+        str(paths.sys / "fs/cgroup/memory/job/memory.limit_in_bytes"),
+    )
+    assert low.detail.startswith("memory.limit_in_bytes 60 MiB (")
+    assert "thrashes or is killed" in low.detail and "MemoryMax=1G" in low.fix
+
+
+def test_memory_limit_under_cgroup_v2_takes_the_tighter_of_max_and_high(
+    host_tree: MakeTree,
+) -> None:
+    unit = "sys/fs/cgroup/system.slice/gpujitter.service"
+    files = {
+        "proc/self/cgroup": "0::/system.slice/gpujitter.service\n",
+        "proc/self/mountinfo": V2_MOUNTS,
+        f"{unit}/cgroup.procs": "",
+        f"{unit}/memory.max": str(1 << 30),
+        f"{unit}/memory.high": str(128 << 20),
+        "sys/fs/cgroup/system.slice/cgroup.procs": "",
+        "sys/fs/cgroup/system.slice/memory.max": "max\n",
+    }
+    paths = host_tree("dev-vm", files=files)
+    high = one(host.check_memory_limit, env_of(paths))
+    assert high.status == "warn" and high.detail.startswith("memory.high 128 MiB (")
+    assert "the start thrashes;" not in high.detail and high.detail.endswith("the start thrashes")
+    files[f"{unit}/memory.high"] = "max\n"  # the shipped unit's 512M and 1G fit
+    files[f"{unit}/memory.max"] = str(1 << 30)
+    fits = one(host.check_memory_limit, env_of(host_tree("dev-vm", files=files)))
+    assert (fits.status, fits.detail) == ("pass", "memory.max 1024 MiB on this process's cgroup")
+
+
+def test_no_memory_limit_or_no_cgroup_file_system(host_tree: MakeTree) -> None:
+    files = {"proc/self/cgroup": "0::/\n", "proc/self/mountinfo": V2_MOUNTS}
+    none = one(host.check_memory_limit, env_of(host_tree("dev-vm", files=files)))
+    assert (none.status, none.detail) == ("pass", "no memory cgroup limit on this process")
+    # a cgroup outside the mount's root (another namespace) reads the mount point's own
+    files = {
+        "proc/self/cgroup": "0::/../../elsewhere\n",
+        "proc/self/mountinfo": V2_MOUNTS.replace(" / /sys/fs/cgroup", " /pod/ctr /sys/fs/cgroup"),
+        "sys/fs/cgroup/memory.max": str(96 << 20),
+    }
+    inner = one(host.check_memory_limit, env_of(host_tree("dev-vm", files=files)))
+    assert inner.status == "warn" and inner.detail.startswith("memory.max 96 MiB (")
+    garbled = {"proc/self/cgroup": "garbage", "proc/self/mountinfo": "also garbage\n- x"}
+    assert one(host.check_memory_limit, env_of(host_tree("dev-vm", files=garbled))).status == "pass"

@@ -1,6 +1,6 @@
 """Doctor checks of what the node gives the daemon: a locked-memory limit BPF maps fit in,
-descriptors enough for its probes, NVML and its GPUs, a clocksource read in the vDSO, and a
-topology that loads."""
+a memory cgroup limit a start fits under, descriptors enough for its probes, NVML and its
+GPUs, a clocksource read in the vDSO, and a topology that loads."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from gpujitter.daemon.analysis import remedies
 from gpujitter.daemon.checks.doctor.model import DoctorEnv, Result, check
 from gpujitter.daemon.drill import system as drill_system
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.base import open_files_needed
-from gpujitter.probes.host import read_text
+from gpujitter.probes.base import memory_short, open_files_needed
+from gpujitter.probes.host import memory_limit, read_text
 from gpujitter.probes.nvml import NvmlUnavailable
 from gpujitter.probes.topology import load_topology, read_cpu_nodes, read_gpus_sysfs, read_pci
 
@@ -39,6 +39,24 @@ def check_memlock(env: DoctorEnv) -> Iterator[Result]:
             f"RLIMIT_MEMLOCK {shown}: BPF maps count against it before 5.11 and may not load",
             fix=remedies.memlock_limit(),
             source=str(path),
+        )
+
+
+@check
+def check_memory_limit(env: DoctorEnv) -> Iterator[Result]:
+    # This process's memory cgroup: the daemon's where doctor runs as it does (the same
+    # container, `systemd-run -p MemoryMax=...`), a shell's otherwise.
+    limit = memory_limit(env.paths)
+    short = memory_short(limit)
+    if limit is None:
+        where = str(env.paths.proc / "self/cgroup")
+        yield Result("memory limit", "pass", "no memory cgroup limit on this process", source=where)
+    elif short is None:
+        shown = f"{limit.setting} {limit.bytes >> 20} MiB on this process's cgroup"
+        yield Result("memory limit", "pass", shown, source=str(limit.path))
+    else:
+        yield Result(
+            "memory limit", "warn", short, fix=remedies.memory_limit(), source=str(limit.path)
         )
 
 
