@@ -16,7 +16,8 @@ alternates by round), so that drift on a shared machine hits both alike; figures
 medians over rounds of each round's ratio, with the rounds' spread, for the workload's own
 clock and for its CPU time (the process's user and system time: it leaves out what the host
 ran elsewhere on that CPU, which a VM's wall clock does not; the probes' runs in the
-workload's context are in it, those in interrupts are not). The workloads are watched (by
+workload's context are in it, those in interrupts are not; on the H100 hosts of 2026-12-05
+it spread as the clock did). The workloads are watched (by
 command name), which is the expensive case: unwatched processes only pay the filter.
 --unwatched runs them under names the set does not watch instead, for what the set's
 presence alone costs them (hooks that filter them out, its polling on the other CPUs): a
@@ -250,12 +251,11 @@ class Run(NamedTuple):
 
 
 # The share of a workload's count run, untimed, right before each timed run (--warm-up). A
-# loop's speed
-# depends on what ran on the machine in the second before it: on an H100 host (2026-12-05)
-# the `alloc` loop took 1.12-1.37 s bare when it followed a run of itself and 1.54-1.86 s
-# when it followed another workload, its CPU time alike (the pages a 40 MiB block gets
-# back are still in the caches, or not), and the run with the set always followed the
-# set's compile: each round's ratio swung by +-30 % with the order.
+# loop's speed depends on what ran on the machine in the second before it: on an H100 host
+# (2026-12-05) the `alloc` loop took 1.12-1.37 s bare when it followed a run of itself and
+# 1.54-1.86 s when it followed another workload, its CPU time alike (the pages a 40 MiB
+# block gets back are still in the caches, or not), and the run with the set always
+# followed the set's compile: each round's ratio swung by +-30 % with the order.
 WARM_UP = 0.25
 
 
@@ -603,7 +603,9 @@ def report(r: dict[str, Any]) -> str:
         ),
         "counts: "
         + ", ".join(f"{w} {' '.join(a)}" for w, a in r["args"].items())
-        + f"; before each timed run an untimed {r.get('warm_up', 0):g} of it",
+        + (
+            f"; before each timed run an untimed {r['warm_up']:g} of it" if r.get("warm_up") else ""
+        ),
         f"{'workload':10} {'without':>9} {'with':>9} {'slowdown':>9} {'(min..max)':>15} "
         f"{'CPU time':>9} {'(min..max)':>15} {'kernel/run':>11} {'runs/op':>8} {'py ev/s':>8}"
         + (f" {'hook floor':>10} {'(min..max)':>15} {'its CPU':>8}" if floored else ""),
