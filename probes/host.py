@@ -276,6 +276,8 @@ def _memory_mount(paths: HostPaths, pid: int | str) -> tuple[Path, tuple[str, ..
         if " - " not in line or len(fields) < 5:
             continue
         after = line.split(" - ", 1)[1].split()
+        if not after:
+            continue
         fstype, options = after[0], (after[2] if len(after) > 2 else "")
         root, point = fields[3], fields[4]
         if v1 is not None and fstype == "cgroup" and "memory" in options.split(","):
@@ -292,5 +294,6 @@ def _under(paths: HostPaths, point: str, root: str, group: str) -> Path:
     base = Path(point)
     if not paths.live and base.is_relative_to("/sys"):
         base = paths.sys / base.relative_to("/sys")
-    rel = os.path.relpath(group, root) if group.startswith(root) else "."
+    inside = group == root or group.startswith(root.rstrip("/") + "/")
+    rel = os.path.relpath(group, root) if inside else "."
     return base if rel == "." else base / rel

@@ -460,5 +460,11 @@ def test_no_memory_limit_or_no_cgroup_file_system(host_tree: MakeTree) -> None:
     }
     inner = one(host.check_memory_limit, env_of(host_tree("dev-vm", files=files)))
     assert inner.status == "warn" and inner.detail.startswith("memory.max 96 MiB (")
-    garbled = {"proc/self/cgroup": "garbage", "proc/self/mountinfo": "also garbage\n- x"}
+    # a group whose name only begins like the mount's root is not under it
+    files["proc/self/cgroup"] = "0::/pod/ctr2\n"
+    files["sys/fs/cgroup/memory.max"] = str(80 << 20)
+    files["sys/fs/cgroup/../ctr2/memory.max"] = str(1 << 20)
+    beside = one(host.check_memory_limit, env_of(host_tree("dev-vm", files=files)))
+    assert beside.detail.startswith("memory.max 80 MiB ("), beside
+    garbled = {"proc/self/cgroup": "garbage", "proc/self/mountinfo": "1 2 3 / /x - \n- x"}
     assert one(host.check_memory_limit, env_of(host_tree("dev-vm", files=garbled))).status == "pass"
