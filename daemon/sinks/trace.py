@@ -200,11 +200,20 @@ def _put_in_place(tmp: Path, path: Path) -> None:
     os.unlink(tmp)
 
 
+# Where an unnamed file gets its name from (_link_unnamed).
+_OWN_FDS = "/proc/self/fd"
+
+
 def _create_unnamed(directory: Path, mode: int) -> int | None:
     """A file in `directory` with no name (O_TMPFILE) until a link puts it in place: no other
     recorder can reach it (two at one name once took each other's NAME.tmp: one linked the
     other's file in place and went on writing to its own, unlinked), and a crash leaves
-    nothing behind. None where the file system has no such files."""
+    nothing behind. None where the file system has no such files, or where there is no
+    /proc to link one through (a chroot, a container without it)."""
+    try:
+        os.close(os.open(_OWN_FDS, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+    except OSError:
+        return None
     try:
         return os.open(directory, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, mode)
     except OSError as err:
@@ -218,7 +227,7 @@ def _link_unnamed(fd: int, path: Path) -> None:
     meanwhile is kept (FileExistsError). Through /proc with AT_SYMLINK_FOLLOW, which needs no
     privilege (AT_EMPTY_PATH would); os.link asks for that flag only given a directory fd,
     and without it links the /proc entry itself (EXDEV)."""
-    fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fds = os.open(_OWN_FDS, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.link(str(fd), path, src_dir_fd=fds, follow_symlinks=True)
     finally:

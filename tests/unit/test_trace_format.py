@@ -5,6 +5,7 @@ and what could not be is reported; never wrong data)."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import struct
 import subprocess
@@ -12,6 +13,7 @@ import time
 import tracemalloc
 import zlib
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -532,5 +534,27 @@ def test_without_unnamed_files_the_writer_goes_through_its_temporary_name(
     writer = TraceWriter(path, header())
     writer.write(alloc(1))
     writer.close()
+    assert read(path)[0] == [alloc(1)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.gjtrace"]
+
+
+def test_without_proc_the_writer_goes_through_its_temporary_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An unnamed file is linked in place through /proc/self/fd: in a chroot or a container
+    # without /proc, every trace failed to be made ("cannot write ...: No such file or
+    # directory") where NAME.tmp would have served.
+    real_open = os.open
+
+    def no_proc(path: Any, *args: Any, **kwargs: Any) -> int:
+        if str(path).startswith("/proc/"):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_proc)
+    path = tmp_path / "t.gjtrace"
+    with TraceWriter(path, header()) as writer:
+        writer.write(alloc(1))
+    monkeypatch.setattr(os, "open", real_open)
     assert read(path)[0] == [alloc(1)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.gjtrace"]
