@@ -14,6 +14,14 @@ from gpujitter.text import decode_name
 
 # A PCI address as sysfs spells it: domain:bus:device.function.
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# How /proc/swaps and /proc/PID/mountinfo write a space, a tab, a newline or a backslash in
+# a path: \040, \011, \012, \134.
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def unescape_octal(text: str) -> str:
+    """A path as /proc/swaps or /proc/PID/mountinfo writes it, its octal escapes undone."""
+    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +287,7 @@ def _memory_mount(paths: HostPaths, pid: int | str) -> tuple[Path, tuple[str, ..
         if not after:
             continue
         fstype, options = after[0], (after[2] if len(after) > 2 else "")
-        root, point = fields[3], fields[4]
+        root, point = unescape_octal(fields[3]), unescape_octal(fields[4])
         if v1 is not None and fstype == "cgroup" and "memory" in options.split(","):
             return _under(paths, point, root, v1), ("memory.limit_in_bytes",)
         if v1 is None and v2 is not None and fstype == "cgroup2":

@@ -7,13 +7,11 @@ host.py; interrupts: interrupts.py); HostPaths makes them run on recorded trees.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
-from gpujitter.probes.host import HostPaths
+from gpujitter.probes.host import HostPaths, unescape_octal
 
 DELETED = " (deleted)"  # what maps appends to a file unlinked since it was mapped
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")  # how /proc/swaps writes a space in a path
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +140,7 @@ def parse_swaps(text: str) -> list[Swap]:
         except ValueError:
             continue
         if len(fields) == 5:
-            path = _OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), fields[0])
+            path = unescape_octal(fields[0])
             out.append(Swap(path, fields[1], size, used, priority))
     return out
 

@@ -444,8 +444,10 @@ def test_memory_limit_under_cgroup_v2_takes_the_tighter_of_max_and_high(
     assert "the start thrashes;" not in high.detail and high.detail.endswith("the start thrashes")
     files[f"{unit}/memory.high"] = "max\n"  # the shipped unit's 512M and 1G fit
     files[f"{unit}/memory.max"] = str(1 << 30)
-    fits = one(host.check_memory_limit, env_of(host_tree("dev-vm", files=files)))
-    assert (fits.status, fits.detail) == ("pass", "memory.max 1024 MiB on this process's cgroup")
+    roomy = host_tree("dev-vm", files=files)
+    fits = one(host.check_memory_limit, env_of(roomy))
+    unit_dir = roomy.sys / "fs/cgroup/system.slice/gpujitter.service"
+    assert (fits.status, fits.detail) == ("pass", f"memory.max 1024 MiB ({unit_dir})")
 
 
 def test_no_memory_limit_or_no_cgroup_file_system(host_tree: MakeTree) -> None:
@@ -468,3 +470,23 @@ def test_no_memory_limit_or_no_cgroup_file_system(host_tree: MakeTree) -> None:
     assert beside.detail.startswith("memory.max 80 MiB ("), beside
     garbled = {"proc/self/cgroup": "garbage", "proc/self/mountinfo": "1 2 3 / /x - \n- x"}
     assert one(host.check_memory_limit, env_of(host_tree("dev-vm", files=garbled))).status == "pass"
+
+
+def test_memory_limit_reads_mountinfo_s_escapes(host_tree: MakeTree) -> None:
+    # mountinfo writes a space in a path as \040 and a backslash as \134 (/proc/self/cgroup
+    # leaves both as they are): a hierarchy mounted at a path with a space read as "no
+    # limit", and a container's root named with systemd's \x2d was no prefix of its groups.
+    mounts = (
+        "35 31 0:31 /ctr\\134x2d1.scope /sys/fs/cgroup/mem\\040ory rw - cgroup cgroup rw,memory\n"
+    )
+    group = "sys/fs/cgroup/mem ory/job"
+    files = {
+        "proc/self/cgroup": "4:memory:/ctr\\x2d1.scope/job\n",
+        "proc/self/mountinfo": mounts,
+        f"{group}/cgroup.procs": "",
+        f"{group}/memory.limit_in_bytes": str(60 << 20),
+        "sys/fs/cgroup/mem ory/cgroup.procs": "",
+        "sys/fs/cgroup/mem ory/memory.limit_in_bytes": str(100 << 20),
+    }
+    low = one(host.check_memory_limit, env_of(host_tree("dev-vm", files=files)))
+    assert low.status == "warn" and low.detail.startswith("memory.limit_in_bytes 60 MiB ("), low

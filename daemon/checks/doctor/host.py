@@ -52,7 +52,8 @@ def check_memory_limit(env: DoctorEnv) -> Iterator[Result]:
         where = str(env.paths.proc / "self/cgroup")
         yield Result("memory limit", "pass", "no memory cgroup limit on this process", source=where)
     elif short is None:
-        shown = f"{limit.setting} {limit.bytes >> 20} MiB on this process's cgroup"
+        # the cgroup that sets it: this process's own or one above it
+        shown = f"{limit.setting} {limit.bytes >> 20} MiB ({limit.path.parent})"
         yield Result("memory limit", "pass", shown, source=str(limit.path))
     else:
         yield Result(
