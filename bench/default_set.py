@@ -8,7 +8,7 @@ Python per second.
 
     flock /tmp/gpujitter-kernel.lock .venv/bin/python -m bench.default_set [--rounds 5]
         [--probes LIST] [--workloads LIST] [--unwatched] [--hook-floor] [--min-seconds S]
-        [--json]
+        [--warm-up SHARE] [--json]
 
 In each round every workload runs without and with the probes back to back (the set is
 started, timed, between the two runs, and stopped after the second; which run comes first
@@ -53,7 +53,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -265,14 +265,20 @@ def _children_cpu_ns() -> int:
 
 
 def run_workload(
-    binary: Path, args: list[str], probes: ProbeSet | None, warm_up: float = 0.0
+    binary: Path,
+    args: list[str],
+    probes: ProbeSet | None,
+    warm_up: float = 0.0,
+    timed: Callable[[], object] = lambda: None,
 ) -> Run:
     """One run's elapsed and CPU time, after SETTLE_S of quiet and, where `warm_up` is a
     share (of the count), an untimed run of that much of the same workload in the same
-    setting; while it runs, the probes (if any) are polled as the daemon polls them."""
+    setting; while it runs, the probes (if any) are polled as the daemon polls them.
+    `timed` is called as the timed run begins (the warm-up's events drained)."""
     time.sleep(SETTLE_S)
     if warm_up > 0:
         _run_once(binary, [str(max(1, round(int(args[0]) * warm_up))), *args[1:]], probes)
+    timed()
     return _run_once(binary, args, probes)
 
 
@@ -481,7 +487,8 @@ def measure(
                         }
                     )
                     results["rss_mb"].append(me.memory_info().rss / 2**20)
-                    run = run_workload(timed[w], args[w], probes, warm_up)
+                    # The events of the timed run alone: the warm-up's would inflate its rate.
+                    run = run_workload(timed[w], args[w], probes, warm_up, timed=events.clear)
                     probed[w].append(run)
                     rates[w].append(len(events) / (run.elapsed_ns / 1e9))
                     # A separate run for the in-kernel time: the statistics themselves cost
@@ -612,19 +619,23 @@ def report(r: dict[str, Any]) -> str:
     ]
     for w, x in r["workloads"].items():
         lo, hi = x["slowdown_pct_rounds"][0], x["slowdown_pct_rounds"][-1]
-        clo, chi = x["cpu_slowdown_pct_rounds"][0], x["cpu_slowdown_pct_rounds"][-1]
+        # A run from before the CPU time (its JSON) has no such column: "-" there.
+        cpu = x.get("cpu_slowdown_pct_rounds")
+        cpu_text = (
+            f"{x['cpu_slowdown_pct']:8.1f}% {f'({cpu[0]:.1f}..{cpu[-1]:.1f})':>15}"
+            if cpu
+            else f"{'-':>9} {'':>15}"
+        )
         line = (
             f"{w:10} {x['without_s']:8.3f}s {x['with_s']:8.3f}s {x['slowdown_pct']:8.1f}% "
-            f"{f'({lo:.1f}..{hi:.1f})':>15} {x['cpu_slowdown_pct']:8.1f}% "
-            f"{f'({clo:.1f}..{chi:.1f})':>15} {x['kernel_ns_per_run']:9.0f}ns "
+            f"{f'({lo:.1f}..{hi:.1f})':>15} {cpu_text} {x['kernel_ns_per_run']:9.0f}ns "
             f"{x['program_runs_per_op']:8.1f} {x['python_events_per_s']:8.0f}"
         )
         if "hook_floor_pct" in x:
             lo, hi = x["hook_floor_pct_rounds"][0], x["hook_floor_pct_rounds"][-1]
-            line += (
-                f" {x['hook_floor_pct']:9.1f}% {f'({lo:.1f}..{hi:.1f})':>15}"
-                f" {x['hook_floor_cpu_pct']:7.1f}%"
-            )
+            line += f" {x['hook_floor_pct']:9.1f}% {f'({lo:.1f}..{hi:.1f})':>15}"
+            if "hook_floor_cpu_pct" in x:
+                line += f" {x['hook_floor_cpu_pct']:7.1f}%"
         lines.append(line)
     if floored:
         left = sorted({n for x in r["workloads"].values() for n in x["hook_floor_left_out"]})

@@ -117,3 +117,40 @@ def test_a_timed_run_follows_an_untimed_share_of_itself(tmp_path, monkeypatch) -
     log.unlink()
     default_set.run_workload(loop, ["400", "7"], None)
     assert log.read_text().splitlines() == ["400 7"]
+
+
+def test_the_warm_up_s_events_are_not_the_timed_run_s(tmp_path, monkeypatch) -> None:
+    """The set's events while the workload runs give its `py ev/s`, over the timed run's
+    time: the untimed warm-up's, counted too, made it a quarter too high."""
+    from bench import default_set
+
+    monkeypatch.setattr(default_set, "SETTLE_S", 0.0)
+    monkeypatch.setattr(default_set, "_on_workload_cpu", lambda: None)
+    log = tmp_path / "runs"
+    loop = tmp_path / "gjb-loop"
+    loop.write_text(f'#!/bin/sh\nread go\necho "$*" >> {log}\necho $(($1 * 1000))\n')
+    loop.chmod(0o755)
+
+    def timed() -> None:
+        with log.open("a") as f:
+            f.write("timed from here\n")
+
+    default_set.run_workload(loop, ["400", "7"], None, warm_up=0.25, timed=timed)
+    assert log.read_text().splitlines() == ["100 7", "timed from here", "400 7"]
+
+
+def test_a_run_from_before_the_cpu_time_still_reports() -> None:
+    """The JSON of a run before the CPU-time columns (and the warm-up) reads back: its CPU
+    columns say "-"; they raised KeyError."""
+    import json
+    from pathlib import Path
+
+    from bench.default_set import report
+
+    results = Path(__file__).parents[2] / "bench/results/h200/default_set-sized.json"
+    r = json.loads(results.read_text())
+    assert all("cpu_slowdown_pct_rounds" not in x for x in r["workloads"].values())
+    lines = report(r).splitlines()
+    rows = [line for line in lines if line.split()[0] in r["workloads"]]
+    assert len(rows) == len(r["workloads"]) and all(" - " in row for row in rows), rows
+    assert not any("untimed" in line for line in lines)
