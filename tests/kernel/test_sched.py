@@ -521,6 +521,7 @@ def test_a_refused_probe_is_unavailable_and_the_others_run(monkeypatch: Any) -> 
     untraced = sum(untraced_switch_ins(log, child.pid) for log in cpu_logs)
     switches = [e for log in cpu_logs for e in log if e.kind == "switch"]
     first_out = min((e.ts_ns for e in switches if e.prev_pid == child.pid), default=0)
+    assert first_out, "the per-CPU logs saw none of the child's switches: nothing to check"
     sleeps = [e for e in rec.of(OffCpu, tgid=child.pid) if blocked_ns(e) >= 15 * MS]
     story = f"untraced {untraced}\n" + rec.story(first_out, tgid=child.pid)
     assert sleeps, story
