@@ -243,11 +243,18 @@ class MemoryLimit:
     path: Path
 
 
+def memory_cgroup(paths: HostPaths, pid: int | str = "self") -> Path | None:
+    """A process's memory cgroup directory; None where it cannot be told (no cgroup file
+    system mounted, /proc/PID/cgroup or mountinfo unreadable)."""
+    mount = _memory_mount(paths, pid)
+    return None if mount is None else mount[0]
+
+
 def memory_limit(paths: HostPaths, pid: int | str = "self") -> MemoryLimit | None:
     """The tightest of the limits on a process's memory cgroup and on every cgroup above it
     (a parent's limit binds its children): memory.max and memory.high where the memory
     controller is cgroup v2's, memory.limit_in_bytes where it is v1's. None where there is no
-    limit, or nothing can be read (no cgroup file system mounted, a recorded tree)."""
+    limit, or nothing can be read (memory_cgroup tells which)."""
     mount = _memory_mount(paths, pid)
     if mount is None:
         return None

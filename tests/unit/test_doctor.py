@@ -452,8 +452,12 @@ def test_memory_limit_under_cgroup_v2_takes_the_tighter_of_max_and_high(
 
 def test_no_memory_limit_or_no_cgroup_file_system(host_tree: MakeTree) -> None:
     files = {"proc/self/cgroup": "0::/\n", "proc/self/mountinfo": V2_MOUNTS}
-    none = one(host.check_memory_limit, env_of(host_tree("dev-vm", files=files)))
-    assert (none.status, none.detail) == ("pass", "no memory cgroup limit on this process")
+    tree = host_tree("dev-vm", files=files)
+    none = one(host.check_memory_limit, env_of(tree))
+    assert (none.status, none.detail) == (
+        "pass",
+        f"no memory limit on {tree.sys / 'fs/cgroup'} or above it",
+    )
     # a cgroup outside the mount's root (another namespace) reads the mount point's own
     files = {
         "proc/self/cgroup": "0::/../../elsewhere\n",
@@ -468,8 +472,12 @@ def test_no_memory_limit_or_no_cgroup_file_system(host_tree: MakeTree) -> None:
     files["sys/fs/cgroup/../ctr2/memory.max"] = str(1 << 20)
     beside = one(host.check_memory_limit, env_of(host_tree("dev-vm", files=files)))
     assert beside.detail.startswith("memory.max 80 MiB ("), beside
+    # nothing to tell the process's memory cgroup by: said, not passed as "no limit"
     garbled = {"proc/self/cgroup": "garbage", "proc/self/mountinfo": "1 2 3 / /x - \n- x"}
-    assert one(host.check_memory_limit, env_of(host_tree("dev-vm", files=garbled))).status == "pass"
+    unknown = one(host.check_memory_limit, env_of(host_tree("dev-vm", files=garbled)))
+    assert unknown.status == "info" and unknown.detail.startswith("not checked: ")
+    gone = {"proc/self/cgroup": "", "proc/self/mountinfo": ""}
+    assert one(host.check_memory_limit, env_of(host_tree("dev-vm", files=gone))).status == "info"
 
 
 def test_memory_limit_reads_mountinfo_s_escapes(host_tree: MakeTree) -> None:
