@@ -69,7 +69,8 @@ def test_a_workload_too_quick_here_is_sized_up(tmp_path, monkeypatch) -> None:
 
 def test_a_run_reads_its_cpu_time_beside_its_clock(tmp_path, monkeypatch) -> None:
     """The workload's CPU time is its own (reaped rusage), not the bench's: a loop that
-    spins ~0.2 s reports about that much; one that sleeps as long, next to none."""
+    spins until it has used 0.3 s of CPU reports that much more than one that sleeps 0.3 s
+    (both pay the same start-up), under any load."""
     from bench import default_set
 
     monkeypatch.setattr(default_set, "SETTLE_S", 0.0)
@@ -77,20 +78,21 @@ def test_a_run_reads_its_cpu_time_beside_its_clock(tmp_path, monkeypatch) -> Non
     spin = tmp_path / "gjb-spin"
     spin.write_text(
         "#!/usr/bin/env python3\nimport sys, time\nsys.stdin.read(1)\n"
-        f"t = time.monotonic_ns()\nwhile time.monotonic_ns() - t < {200_000_000}: pass\n"
+        "t, c = time.monotonic_ns(), time.process_time()\n"
+        "while time.process_time() - c < 0.3: pass\n"
         "print(time.monotonic_ns() - t)\n"
     )
     nap = tmp_path / "gjb-nap"
     nap.write_text(
         "#!/usr/bin/env python3\nimport sys, time\nsys.stdin.read(1)\n"
-        "t = time.monotonic_ns()\ntime.sleep(0.2)\nprint(time.monotonic_ns() - t)\n"
+        "t = time.monotonic_ns()\ntime.sleep(0.3)\nprint(time.monotonic_ns() - t)\n"
     )
     for f in (spin, nap):
         f.chmod(0o755)
     spun, napped = default_set.run_workload(spin, [], None), default_set.run_workload(nap, [], None)
-    assert spun.elapsed_ns >= 200_000_000 and napped.elapsed_ns >= 200_000_000
-    assert spun.cpu_ns >= 150_000_000  # the spin, under any load that lets it finish
-    assert napped.cpu_ns < spun.cpu_ns - 100_000_000  # start-up only
+    assert spun.elapsed_ns >= 300_000_000 and napped.elapsed_ns >= 300_000_000
+    assert spun.cpu_ns >= 300_000_000
+    assert napped.cpu_ns <= spun.cpu_ns - 250_000_000  # start-up only
 
 
 def test_round_ratios_pair_each_round_with_its_own_base() -> None:
