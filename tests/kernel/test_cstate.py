@@ -30,8 +30,10 @@ from tests.kernel.sched_load import (
     idle_log,
     idle_ticks,
     quietest_cpu,
+    sleep_log,
     together,
     untraced_switch_ins,
+    unwoken_sleeps,
 )
 
 MS = 1_000_000
@@ -103,7 +105,7 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str])
     # went idle, which state it entered last, when it left it.
     carried = "sched" in names
     cpu = quietest_cpu()
-    with sleeper(cpu) as child, idle_log(cpu) as logged:
+    with sleeper(cpu) as child, idle_log(cpu) as logged, sleep_log(child.pid) as slept:
         rec = run_probes(
             names,
             child.load,
@@ -112,6 +114,7 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str])
             settle_s=1.2,
         )
         log = logged()
+        unwoken = unwoken_sleeps(slept(), child.pid)
     res = child.result
     wakes = [w for w in rec.of(IdleWake, tid=child.pid) if res["t0"] <= w.ts_ns <= res["t1"]]
     names = idle_states(HostPaths(), [cpu])[cpu]
@@ -171,13 +174,16 @@ def test_sleeps_wake_onto_an_idle_cpu_with_state_and_idle_time(names: list[str])
             )  # fmt: skip
 
     # With threshold 0 every wake-up onto an idle CPU was streamed; the histograms counted
-    # those and the ones onto a busy CPU: every one of the 21 sleeps after "go" whose switch
-    # back in the kernel traced.
+    # those and the ones onto a busy CPU: every one of the 21 sleeps after "go" whose
+    # wake-up and switch back in the kernel traced. Now and then a sleep's wake-up reaches
+    # neither sched_waking nor sched_wakeup (no recursion misses): the child switched in
+    # ~10 ms after it slept, from rcu_preempt, with no wake-up traced, so no wake time to
+    # measure from; 20 of 21 in 2 of 71 runs with a hog on the other CPU, 2026-12-05 (and CI).
     counts = wake_counts(rec)
     assert sum(n for state, n in counts.items() if state != "busy") == len(
         rec.of(IdleWake, tid=child.pid)
     )
-    assert sum(counts.values()) >= 21 - untraced_switch_ins(log, child.pid)
+    assert sum(counts.values()) >= 21 - untraced_switch_ins(log, child.pid) - unwoken
     assert rec.status("cstate").lost_kernel == 0
 
 
