@@ -4,6 +4,12 @@ programs whose hook the function name does not give are listed, not dropped sile
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
 from bench.default_set import hook_floor, mirror_hooks
 
 # Program names as the bench reads them (probe:function), from a dev VM run's kernel figures.
@@ -52,44 +58,60 @@ def test_no_program_ran_no_floor_to_load() -> None:
         assert bpf is None
 
 
-def test_a_workload_too_quick_here_is_sized_up(tmp_path, monkeypatch) -> None:
-    """A run over in 0.3 s is run with four times its count; one long enough keeps it."""
-    from bench import default_set
-
-    monkeypatch.setattr(default_set, "SETTLE_S", 0.0)
-    monkeypatch.setattr(default_set, "_on_workload_cpu", lambda: None)  # any machine's CPUs
-    loop = tmp_path / "gjb-loop"
-    # reports its count times 3 ms as its elapsed ns, as the workloads report theirs
-    loop.write_text("#!/bin/sh\nread go\necho $(($1 * 3000000))\n")
-    loop.chmod(0o755)
-    assert default_set.sized(loop, ["100", "7"], 1.0) == ["400", "7"]
-    assert default_set.sized(loop, ["400", "7"], 1.0) == ["400", "7"]
-    assert default_set.sized(loop, ["100"], 0.0) == ["100"]
-
-
-def test_a_run_reads_its_cpu_time_beside_its_clock(tmp_path, monkeypatch) -> None:
-    """The workload's CPU time is its own (reaped rusage), not the bench's: a loop that
-    spins until it has used 0.3 s of CPU reports that much more than one that sleeps 0.3 s
-    (both pay the same start-up), under any load."""
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """bench.default_set with no settling sleep and its workloads on any of this machine's
+    CPUs."""
     from bench import default_set
 
     monkeypatch.setattr(default_set, "SETTLE_S", 0.0)
     monkeypatch.setattr(default_set, "_on_workload_cpu", lambda: None)
-    spin = tmp_path / "gjb-spin"
-    spin.write_text(
-        "#!/usr/bin/env python3\nimport sys, time\nsys.stdin.read(1)\n"
-        "t, c = time.monotonic_ns(), time.process_time()\n"
+    return default_set
+
+
+def workload(path: Path, body: str, shell: str = "/bin/sh") -> Path:
+    """An executable script at `path`: `body` after the interpreter line."""
+    path.write_text(f"#!{shell}\n{body}")
+    path.chmod(0o755)
+    return path
+
+
+def logging_loop(tmp_path: Path) -> tuple[Path, Path]:
+    """A workload that appends its arguments to a log and reports its count times 1 us as its
+    elapsed ns, as the workloads report theirs; and the log."""
+    log = tmp_path / "runs"
+    body = f'read go\necho "$*" >> {log}\necho $(($1 * 1000))\n'
+    return workload(tmp_path / "gjb-loop", body), log
+
+
+def test_a_workload_too_quick_here_is_sized_up(tmp_path: Path, bench: Any) -> None:
+    """A run over in 0.3 s is run with four times its count; one long enough keeps it."""
+    # reports its count times 3 ms as its elapsed ns
+    loop = workload(tmp_path / "gjb-loop", "read go\necho $(($1 * 3000000))\n")
+    assert bench.sized(loop, ["100", "7"], 1.0) == ["400", "7"]
+    assert bench.sized(loop, ["400", "7"], 1.0) == ["400", "7"]
+    assert bench.sized(loop, ["100"], 0.0) == ["100"]
+
+
+def test_a_run_reads_its_cpu_time_beside_its_clock(tmp_path: Path, bench: Any) -> None:
+    """The workload's CPU time is its own (reaped rusage), not the bench's: a loop that
+    spins until it has used 0.3 s of CPU reports that much more than one that sleeps 0.3 s
+    (both pay the same start-up), under any load."""
+    python = "/usr/bin/env python3"
+    start = "import sys, time\nsys.stdin.read(1)\n"
+    spin = workload(
+        tmp_path / "gjb-spin",
+        start + "t, c = time.monotonic_ns(), time.process_time()\n"
         "while time.process_time() - c < 0.3: pass\n"
-        "print(time.monotonic_ns() - t)\n"
+        "print(time.monotonic_ns() - t)\n",
+        python,
     )
-    nap = tmp_path / "gjb-nap"
-    nap.write_text(
-        "#!/usr/bin/env python3\nimport sys, time\nsys.stdin.read(1)\n"
-        "t = time.monotonic_ns()\ntime.sleep(0.3)\nprint(time.monotonic_ns() - t)\n"
+    nap = workload(
+        tmp_path / "gjb-nap",
+        start + "t = time.monotonic_ns()\ntime.sleep(0.3)\nprint(time.monotonic_ns() - t)\n",
+        python,
     )
-    for f in (spin, nap):
-        f.chmod(0o755)
-    spun, napped = default_set.run_workload(spin, [], None), default_set.run_workload(nap, [], None)
+    spun, napped = bench.run_workload(spin, [], None), bench.run_workload(nap, [], None)
     assert spun.elapsed_ns >= 300_000_000 and napped.elapsed_ns >= 300_000_000
     assert spun.cpu_ns >= 300_000_000
     assert napped.cpu_ns <= spun.cpu_ns - 250_000_000  # start-up only
@@ -104,49 +126,32 @@ def test_round_ratios_pair_each_round_with_its_own_base() -> None:
     assert round_ratios(base, other, "cpu_ns") == [10.0, 20.0]
 
 
-def test_a_timed_run_follows_an_untimed_share_of_itself(tmp_path, monkeypatch) -> None:
-    from bench import default_set
-
-    monkeypatch.setattr(default_set, "SETTLE_S", 0.0)
-    monkeypatch.setattr(default_set, "_on_workload_cpu", lambda: None)
-    log = tmp_path / "runs"
-    loop = tmp_path / "gjb-loop"
-    loop.write_text(f'#!/bin/sh\nread go\necho "$*" >> {log}\necho $(($1 * 1000))\n')
-    loop.chmod(0o755)
-    run = default_set.run_workload(loop, ["400", "7"], None, warm_up=0.25)
+def test_a_timed_run_follows_an_untimed_share_of_itself(tmp_path: Path, bench: Any) -> None:
+    loop, log = logging_loop(tmp_path)
+    run = bench.run_workload(loop, ["400", "7"], None, warm_up=0.25)
     assert run.elapsed_ns == 400_000  # the timed run's own figure
     assert log.read_text().splitlines() == ["100 7", "400 7"]
     log.unlink()
-    default_set.run_workload(loop, ["400", "7"], None)
+    bench.run_workload(loop, ["400", "7"], None)
     assert log.read_text().splitlines() == ["400 7"]
 
 
-def test_the_warm_up_s_events_are_not_the_timed_run_s(tmp_path, monkeypatch) -> None:
+def test_the_warm_up_s_events_are_not_the_timed_run_s(tmp_path: Path, bench: Any) -> None:
     """The set's events while the workload runs give its `py ev/s`, over the timed run's
     time: the untimed warm-up's, counted too, made it a quarter too high."""
-    from bench import default_set
-
-    monkeypatch.setattr(default_set, "SETTLE_S", 0.0)
-    monkeypatch.setattr(default_set, "_on_workload_cpu", lambda: None)
-    log = tmp_path / "runs"
-    loop = tmp_path / "gjb-loop"
-    loop.write_text(f'#!/bin/sh\nread go\necho "$*" >> {log}\necho $(($1 * 1000))\n')
-    loop.chmod(0o755)
+    loop, log = logging_loop(tmp_path)
 
     def timed() -> None:
         with log.open("a") as f:
             f.write("timed from here\n")
 
-    default_set.run_workload(loop, ["400", "7"], None, warm_up=0.25, timed=timed)
+    bench.run_workload(loop, ["400", "7"], None, warm_up=0.25, timed=timed)
     assert log.read_text().splitlines() == ["100 7", "timed from here", "400 7"]
 
 
 def test_a_run_from_before_the_cpu_time_still_reports() -> None:
     """The JSON of a run before the CPU-time columns (and the warm-up) reads back: its CPU
     columns say "-"; they raised KeyError."""
-    import json
-    from pathlib import Path
-
     from bench.default_set import report
 
     results = Path(__file__).parents[2] / "bench/results/h200/default_set-sized.json"

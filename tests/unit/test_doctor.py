@@ -402,19 +402,28 @@ V1_MOUNTS = (
 V2_MOUNTS = "30 23 0:27 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
 
 
+def cgroup_files(member: str, mounts: str, groups: dict[str, dict[str, str]]) -> dict[str, str]:
+    """A recorded tree's files for this process in a cgroup: /proc/self/cgroup (`member`),
+    its mountinfo, and each cgroup directory of `groups` with its settings."""
+    files = {"proc/self/cgroup": member, "proc/self/mountinfo": mounts}
+    for group, settings in groups.items():
+        files[f"{group}/cgroup.procs"] = ""
+        files.update({f"{group}/{name}": value for name, value in settings.items()})
+    return files
+
+
 def test_memory_limit_under_cgroup_v1_binds_from_a_parent(host_tree: MakeTree) -> None:
     # A start in a 60 MB memory cgroup thrashed past its --duration: nothing had said so.
-    group = "sys/fs/cgroup/memory/job/step"
-    files = {
-        "proc/self/cgroup": "4:memory:/job/step\n3:cpu:/\n0::/\n",
-        "proc/self/mountinfo": V1_MOUNTS,
-        f"{group}/cgroup.procs": "",
-        f"{group}/memory.limit_in_bytes": "9223372036854771712\n",  # none of its own
-        "sys/fs/cgroup/memory/job/cgroup.procs": "",
-        "sys/fs/cgroup/memory/job/memory.limit_in_bytes": str(60 << 20),
-        "sys/fs/cgroup/memory/cgroup.procs": "",
-        "sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n",
-    }
+    unlimited = {"memory.limit_in_bytes": "9223372036854771712\n"}
+    files = cgroup_files(
+        "4:memory:/job/step\n3:cpu:/\n0::/\n",
+        V1_MOUNTS,
+        {
+            "sys/fs/cgroup/memory/job/step": unlimited,  # none of its own
+            "sys/fs/cgroup/memory/job": {"memory.limit_in_bytes": str(60 << 20)},
+            "sys/fs/cgroup/memory": unlimited,
+        },
+    )
     paths = host_tree("dev-vm", files=files)
     low = one(host.check_memory_limit, env_of(paths))
     assert (low.status, low.source) == (
@@ -429,15 +438,14 @@ def test_memory_limit_under_cgroup_v2_takes_the_tighter_of_max_and_high(
     host_tree: MakeTree,
 ) -> None:
     unit = "sys/fs/cgroup/system.slice/gpujitter.service"
-    files = {
-        "proc/self/cgroup": "0::/system.slice/gpujitter.service\n",
-        "proc/self/mountinfo": V2_MOUNTS,
-        f"{unit}/cgroup.procs": "",
-        f"{unit}/memory.max": str(1 << 30),
-        f"{unit}/memory.high": str(128 << 20),
-        "sys/fs/cgroup/system.slice/cgroup.procs": "",
-        "sys/fs/cgroup/system.slice/memory.max": "max\n",
-    }
+    files = cgroup_files(
+        "0::/system.slice/gpujitter.service\n",
+        V2_MOUNTS,
+        {
+            unit: {"memory.max": str(1 << 30), "memory.high": str(128 << 20)},
+            "sys/fs/cgroup/system.slice": {"memory.max": "max\n"},
+        },
+    )
     paths = host_tree("dev-vm", files=files)
     high = one(host.check_memory_limit, env_of(paths))
     assert high.status == "warn" and high.detail.startswith("memory.high 128 MiB (")
@@ -487,14 +495,13 @@ def test_memory_limit_reads_mountinfo_s_escapes(host_tree: MakeTree) -> None:
     mounts = (
         "35 31 0:31 /ctr\\134x2d1.scope /sys/fs/cgroup/mem\\040ory rw - cgroup cgroup rw,memory\n"
     )
-    group = "sys/fs/cgroup/mem ory/job"
-    files = {
-        "proc/self/cgroup": "4:memory:/ctr\\x2d1.scope/job\n",
-        "proc/self/mountinfo": mounts,
-        f"{group}/cgroup.procs": "",
-        f"{group}/memory.limit_in_bytes": str(60 << 20),
-        "sys/fs/cgroup/mem ory/cgroup.procs": "",
-        "sys/fs/cgroup/mem ory/memory.limit_in_bytes": str(100 << 20),
-    }
+    files = cgroup_files(
+        "4:memory:/ctr\\x2d1.scope/job\n",
+        mounts,
+        {
+            "sys/fs/cgroup/mem ory/job": {"memory.limit_in_bytes": str(60 << 20)},
+            "sys/fs/cgroup/mem ory": {"memory.limit_in_bytes": str(100 << 20)},
+        },
+    )
     low = one(host.check_memory_limit, env_of(host_tree("dev-vm", files=files)))
     assert low.status == "warn" and low.detail.startswith("memory.limit_in_bytes 60 MiB ("), low

@@ -518,10 +518,16 @@ def test_two_writers_at_one_name_at_once_give_one_whole_trace_and_one_error(
         TraceWriter(path, header())
     monkeypatch.setattr(os, "fsync", real_fsync)
     (writer,) = second
+    assert_the_one_trace(writer)
+
+
+def assert_the_one_trace(writer: TraceWriter) -> None:
+    """One event through `writer`, closed: its file holds the event and is the only file in
+    its folder (no temporary name left)."""
     writer.write(alloc(1))
     writer.close()
-    assert read(path)[0] == [alloc(1)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.gjtrace"]
+    assert read(writer.path)[0] == [alloc(1)]
+    assert [p.name for p in writer.path.parent.iterdir()] == [writer.path.name]
 
 
 def test_without_unnamed_files_the_writer_goes_through_its_temporary_name(
@@ -530,12 +536,7 @@ def test_without_unnamed_files_the_writer_goes_through_its_temporary_name(
     from gpujitter.daemon.sinks import trace as sink
 
     monkeypatch.setattr(sink, "_create_unnamed", lambda directory, mode: None)
-    path = tmp_path / "t.gjtrace"
-    writer = TraceWriter(path, header())
-    writer.write(alloc(1))
-    writer.close()
-    assert read(path)[0] == [alloc(1)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.gjtrace"]
+    assert_the_one_trace(TraceWriter(tmp_path / "t.gjtrace", header()))
 
 
 def test_without_proc_the_writer_goes_through_its_temporary_name(
@@ -552,9 +553,6 @@ def test_without_proc_the_writer_goes_through_its_temporary_name(
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", no_proc)
-    path = tmp_path / "t.gjtrace"
-    with TraceWriter(path, header()) as writer:
-        writer.write(alloc(1))
+    writer = TraceWriter(tmp_path / "t.gjtrace", header())
     monkeypatch.setattr(os, "open", real_open)
-    assert read(path)[0] == [alloc(1)]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.gjtrace"]
+    assert_the_one_trace(writer)
