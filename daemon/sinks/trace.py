@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import glob
 import os
 import socket
@@ -204,15 +205,19 @@ def _put_in_place(tmp: Path, path: Path) -> None:
 _OWN_FDS = "/proc/self/fd"
 
 
+@functools.cache
+def _can_name_unnamed() -> bool:
+    """Whether this process has a /proc to link unnamed files through (asked once)."""
+    return os.path.isdir(_OWN_FDS)
+
+
 def _create_unnamed(directory: Path, mode: int) -> int | None:
     """A file in `directory` with no name (O_TMPFILE) until a link puts it in place: no other
     recorder can reach it (two at one name once took each other's NAME.tmp: one linked the
     other's file in place and went on writing to its own, unlinked), and a crash leaves
     nothing behind. None where the file system has no such files, or where there is no
     /proc to link one through (a chroot, a container without it)."""
-    try:
-        os.close(os.open(_OWN_FDS, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
-    except OSError:
+    if not _can_name_unnamed():
         return None
     try:
         return os.open(directory, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, mode)

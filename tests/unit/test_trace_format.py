@@ -5,7 +5,6 @@ and what could not be is reported; never wrong data)."""
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
 import struct
 import subprocess
@@ -13,7 +12,6 @@ import time
 import tracemalloc
 import zlib
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -545,14 +543,12 @@ def test_without_proc_the_writer_goes_through_its_temporary_name(
     # An unnamed file is linked in place through /proc/self/fd: in a chroot or a container
     # without /proc, every trace failed to be made ("cannot write ...: No such file or
     # directory") where NAME.tmp would have served.
-    real_open = os.open
+    from gpujitter.daemon.sinks import trace as sink
 
-    def no_proc(path: Any, *args: Any, **kwargs: Any) -> int:
-        if str(path).startswith("/proc/"):
-            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(path))
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", no_proc)
-    writer = TraceWriter(tmp_path / "t.gjtrace", header())
-    monkeypatch.setattr(os, "open", real_open)
+    monkeypatch.setattr(sink, "_OWN_FDS", str(tmp_path / "no-proc/self/fd"))
+    sink._can_name_unnamed.cache_clear()  # asked once a process: ask again here, and after
+    try:
+        writer = TraceWriter(tmp_path / "t.gjtrace", header())
+    finally:
+        sink._can_name_unnamed.cache_clear()
     assert_the_one_trace(writer)
