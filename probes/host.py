@@ -243,34 +243,43 @@ class MemoryLimit:
     path: Path
 
 
-def memory_cgroup(paths: HostPaths, pid: int | str = "self") -> Path | None:
-    """A process's memory cgroup directory; None where it cannot be told (no cgroup file
-    system mounted, /proc/PID/cgroup or mountinfo unreadable)."""
+@dataclass(frozen=True, slots=True)
+class MemoryCgroup:
+    """A process's memory cgroup directory, and the limit files its hierarchy has."""
+
+    path: Path
+    settings: tuple[str, ...]  # memory.max and memory.high (v2), memory.limit_in_bytes (v1)
+
+    def limit(self, paths: HostPaths) -> MemoryLimit | None:
+        """The tightest of the limits on this cgroup and on every cgroup above it (a
+        parent's limit binds its children); None where there is none."""
+        found: MemoryLimit | None = None
+        for group in (self.path, *self.path.parents):
+            for setting in self.settings:
+                text = read_text(group / setting)
+                value = int(text) if text and text.isdigit() else None
+                if value is None or value >= _NO_MEMORY_LIMIT:
+                    continue
+                if found is None or value < found.bytes:
+                    found = MemoryLimit(value, setting, group / setting)
+            if group == paths.sys / "fs/cgroup" or not (group / "cgroup.procs").exists():
+                break
+        return found
+
+
+def memory_cgroup(paths: HostPaths, pid: int | str = "self") -> MemoryCgroup | None:
+    """A process's memory cgroup: cgroup v1's memory hierarchy where one is mounted, else the
+    v2 hierarchy; None where it cannot be told (no cgroup file system mounted, /proc/PID/cgroup
+    or mountinfo unreadable)."""
     mount = _memory_mount(paths, pid)
-    return None if mount is None else mount[0]
+    return None if mount is None else MemoryCgroup(*mount)
 
 
 def memory_limit(paths: HostPaths, pid: int | str = "self") -> MemoryLimit | None:
-    """The tightest of the limits on a process's memory cgroup and on every cgroup above it
-    (a parent's limit binds its children): memory.max and memory.high where the memory
-    controller is cgroup v2's, memory.limit_in_bytes where it is v1's. None where there is no
-    limit, or nothing can be read (memory_cgroup tells which)."""
-    mount = _memory_mount(paths, pid)
-    if mount is None:
-        return None
-    point, settings = mount
-    found: MemoryLimit | None = None
-    for group in (point, *point.parents):
-        for setting in settings:
-            text = read_text(group / setting)
-            value = int(text) if text and text.isdigit() else None
-            if value is None or value >= _NO_MEMORY_LIMIT:
-                continue
-            if found is None or value < found.bytes:
-                found = MemoryLimit(value, setting, group / setting)
-        if group == paths.sys / "fs/cgroup" or not (group / "cgroup.procs").exists():
-            break
-    return found
+    """The tightest memory limit a process runs under (MemoryCgroup.limit); None where there
+    is none, or nothing can be read (memory_cgroup tells which)."""
+    group = memory_cgroup(paths, pid)
+    return None if group is None else group.limit(paths)
 
 
 def _memory_mount(paths: HostPaths, pid: int | str) -> tuple[Path, tuple[str, ...]] | None:

@@ -11,7 +11,7 @@ from gpujitter.daemon.checks.doctor.model import DoctorEnv, Result, check
 from gpujitter.daemon.drill import system as drill_system
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.base import memory_short, open_files_needed
-from gpujitter.probes.host import memory_cgroup, memory_limit, read_text
+from gpujitter.probes.host import memory_cgroup, read_text
 from gpujitter.probes.nvml import NvmlUnavailable
 from gpujitter.probes.topology import load_topology, read_cpu_nodes, read_gpus_sysfs, read_pci
 
@@ -46,19 +46,19 @@ def check_memlock(env: DoctorEnv) -> Iterator[Result]:
 def check_memory_limit(env: DoctorEnv) -> Iterator[Result]:
     # This process's memory cgroup: the daemon's where doctor runs as it does (the same
     # container, `systemd-run -p MemoryMax=...`), a shell's otherwise.
-    limit = memory_limit(env.paths)
+    where = str(env.paths.proc / "self/cgroup")
+    group = memory_cgroup(env.paths)
+    if group is None:
+        yield Result("memory limit", "info",
+                     "not checked: this process's memory cgroup could not be found (no cgroup "
+                     "file system mounted, or /proc/self/mountinfo unreadable)",
+                     source=where)  # fmt: skip
+        return
+    limit = group.limit(env.paths)
     short = memory_short(limit)
     if limit is None:
-        where = str(env.paths.proc / "self/cgroup")
-        group = memory_cgroup(env.paths)
-        if group is None:
-            yield Result("memory limit", "info",
-                         "not checked: this process's memory cgroup could not be found (no cgroup "
-                         "file system mounted, or /proc/self/mountinfo unreadable)",
-                         source=where)  # fmt: skip
-        else:
-            yield Result("memory limit", "pass", f"no memory limit on {group} or above it",
-                         source=where)  # fmt: skip
+        yield Result("memory limit", "pass", f"no memory limit on {group.path} or above it",
+                     source=where)  # fmt: skip
     elif short is None:
         # the cgroup that sets it: this process's own or one above it
         shown = f"{limit.setting} {limit.bytes >> 20} MiB ({limit.path.parent})"
