@@ -51,15 +51,20 @@ def write_steps(path: Path, idle_after_ms: dict[int, float]) -> Path:
 def test_a_clean_window_counts_every_gap_as_false_and_says_which_the_job_really_had(
     tmp_path: Path,
 ) -> None:
-    steps = read_steps(write_steps(tmp_path / "steps.tsv", {40: 12.0}))
+    # after step 41 the job waits 12 ms for its batch, after step 101 4.5 ms (4.3 + the
+    # 0.2 ms from a step's start to its batch in hand)
+    steps = read_steps(write_steps(tmp_path / "steps.tsv", {40: 12.0, 100: 4.3}))
     idle_start_ms = (steps[40][2]) / MS
+    short_start_ms = (steps[100][2]) / MS
     log = write_log(tmp_path / "attach-1.jsonl", [
-        gap(6_000, 6_080, host_work=80),  # nothing there: false
+        gap(6_000, 6_080, host_work=80),  # nothing there but a step's 0.3 ms: false
         gap(idle_start_ms, idle_start_ms + 12, blocked=12),  # the job's own 12 ms idle
+        # the job's 4.5 ms from the sync's return to its batch, seen by the GPU as 5.1 ms
+        gap(short_start_ms - 0.2, short_start_ms + 4.9, host_work=5.1),
         gap(20_000, 20_050, host_work=50),  # after the window
     ])  # fmt: skip
     got = clean_window(attributions(log), steps, 2 * S, 10 * S)
-    assert (got["false_gaps"], got["false_on_job_idle"], got["job_idle_5ms"]) == (2, 1, 1)
+    assert (got["false_gaps"], got["false_on_job_idle"], got["job_idle_5ms"]) == (3, 2, 1)
     assert got["window_s"] == 8.0 and got["steps"]["steps"] > 100
     assert got["steps"]["median_ms"] == 50.0
 
@@ -76,12 +81,25 @@ def test_a_scenario_is_scored_as_a_drill_with_its_false_gaps(tmp_path: Path) -> 
         gap(4_500, 4_510, host_work=10),  # overlaps no stall: false
         gap(4_990, 5_110, blocked=120),  # holds the injector's teardown (swapoff): apart
     ])  # fmt: skip
-    got = scenario_score(spec, stalls, 5 * S, attributions(log))
+    steps = read_steps(write_steps(tmp_path / "steps.tsv", {70: 8.0}))
+    idle = [gap(steps[70][2] / MS - 0.3, steps[70][2] / MS + 8.4, host_work=8.7)]  # the job's
+    got = scenario_score(spec, stalls, 5 * S, attributions(log), steps)
     assert (got["found"], got["top_right"], got["false_gaps"]) == (3, 2, 1)
     assert got["teardown_gaps"] == [{"ms": 120.0, "top_cause": "blocked"}]
     assert got["attributed_ms"] == 69.4 and got["truth_ms"] == 90.0
     assert got["targets"] == {"found_all": True, "no_false_gaps": False, "top_cause": False,
                               "attributed": False, "no_self_inflicted": True}  # fmt: skip
+    # a gap on idle the job measured itself is counted apart and misses no target
+    both = scenario_score(spec, stalls, 5 * S, attributions(log) + idle, steps)
+    assert (both["false_gaps"], both["false_on_job_idle"]) == (2, 1)
+    assert not both["targets"]["no_false_gaps"]
+    alone = [a for a in attributions(log) if a.ts_ns != 4_500 * MS] + idle
+    only_job = scenario_score(spec, stalls, 5 * S, alone, steps)
+    assert (only_job["false_gaps"], only_job["false_on_job_idle"]) == (1, 1)
+    assert only_job["targets"]["no_false_gaps"]
+    assert "| 1 (1 on the job's own idle) |" in "\n".join(
+        tables({"mode": "accuracy", "attaches": [], "scenarios": [only_job]})
+    )
     failed = {"scenario": "swap", "error": "no swap"}
     summary = {"mode": "accuracy", "notes": ["a note"], "attaches": [], "scenarios": [got, failed]}
     text = "\n".join(tables(summary))
@@ -119,13 +137,13 @@ def test_a_python_function_named_by_the_stalls_is_scored_as_host_works_top_frame
         hot_gap(5_000, 30),  # no sample at all
         hot_gap(6_000, 2, (other, 1)),  # under a period: not scored
     ])  # fmt: skip
-    got = scenario_score(spec, stalls, 7 * S, attributions(log))
+    got = scenario_score(spec, stalls, 7 * S, attributions(log), [])
     assert got["frames"] == {"gaps": 4, "named": 2}
     text = "\n".join(tables({"mode": "accuracy", "attaches": [], "scenarios": [got]}))
     assert "pyhot: the injected function is host work's top frame in 2 of 4 gaps" in text
     sleep = scenario_score({**spec, "name": "sleep"}, [{k: v for k, v in s.items()
                             if k not in ("func", "file", "line")} for s in stalls],
-                           6 * S, attributions(log))  # fmt: skip
+                           6 * S, attributions(log), [])  # fmt: skip
     assert "frames" not in sleep
 
 
