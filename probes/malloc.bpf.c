@@ -11,27 +11,36 @@
  * streamed. Not seen: calls that take no mmap_lock (madvise DONTNEED/FREE of one VMA on
  * 6.18, which takes that VMA's lock only). x86_64 registers.
  *
- * Per watched thread, one entry for the call in flight, written in place and never deleted
- * (an insert takes an element from the map's free list and a delete gives it back, each
- * under the bucket's lock): an LRU hash, so that the entries of threads gone are recycled.
- * Another thread's release (system-wide: every munmap and mprotect of the node) is turned
- * away by the per-CPU watched cache before any hash lookup. The histograms are one per-CPU
- * array entry (probes/log2.py), not a hash of counters. (Task storage would need no hash
- * at all, but its map needs the BTF that the compile no longer emits, docs/performance.md.)
+ * Per watched thread, the call in flight, written in place and never deleted, in the array
+ * slot of its thread id modulo GJ_MAX_THREADS: the verifier inlines an array lookup to an
+ * index, where a hash (an LRU one until 2026-12-05, so that entries of threads gone were
+ * recycled) hashes the id and walks a bucket. The slot names its thread: a thread whose id
+ * shares the slot (ids GJ_MAX_THREADS apart) takes it at its call, and a call of the other
+ * still in flight there is counted lost (its release finds another id). Another thread's
+ * release (system-wide: every munmap and mprotect of the node) is turned away by the per-CPU
+ * watched cache before any lookup. The histograms are one per-CPU array entry
+ * (probes/log2.py), not a hash of counters. (Task storage would need no slot at all, but its
+ * map needs the BTF that the compile no longer emits, docs/performance.md.)
  */
 #include "gpujitter.h"
 
 /* SC_MMAP .. SC_MREMAP, SC_COUNT and NR_MMAP .. NR_MREMAP (their system call numbers):
  * SYSCALLS and SYSCALL_NR in malloc.py, as -D options. */
 
-/* A watched thread's call in flight, by thread id (ts_ns 0: none). */
+/* A watched thread's call in flight, in the slot of its thread id (ts_ns 0: none). */
 struct inflight {
     u64 ts_ns;
     u64 length;
+    u32 tid;
     u32 sc;
-    u32 pad;
 };
-BPF_TABLE("lru_hash", u32, struct inflight, inflight, GJ_MAX_THREADS);
+BPF_ARRAY(inflight, struct inflight, GJ_MAX_THREADS);
+
+static __always_inline struct inflight *inflight_slot(u32 tid)
+{
+    u32 slot = tid & (GJ_MAX_THREADS - 1);
+    return inflight.lookup(&slot);
+}
 
 struct alloc_syscall {
     u64 ts_ns;
@@ -73,23 +82,24 @@ RAW_TRACEPOINT_PROBE(mmap_lock_start_locking)
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
     int sc = syscall_index(regs->orig_ax);
     u32 tid = (u32)id;
-    struct inflight *call = inflight.lookup(&tid);
+    struct inflight *call = inflight_slot(tid);
+    if (!call)
+        return 0;
     if (sc < 0) {
         /* a fault or another call: what a thread that died waiting for the lock left (no
          * release came) must not time the next release of a thread given its id */
-        if (call)
+        if (call->tid == tid)
             call->ts_ns = 0;
         return 0;
     }
     /* the bytes asked for: mmap's, munmap's and madvise's second argument, mremap's new
      * length (third); brk's argument is an address, not a length */
     u64 length = sc == SC_MREMAP ? regs->dx : sc == SC_BRK ? 0 : regs->si;
+    /* another thread's call in flight in the slot: its release will not find it */
+    if (call->ts_ns && call->tid != tid)
+        gj_count_lost();
     /* overwritten, never kept: a lock wait cut short by a fatal signal has no release */
-    struct inflight fresh = {.ts_ns = bpf_ktime_get_ns(), .length = length, .sc = sc};
-    if (call)
-        *call = fresh;
-    else
-        inflight.update(&tid, &fresh);
+    *call = (struct inflight){.ts_ns = bpf_ktime_get_ns(), .length = length, .tid = tid, .sc = sc};
     return 0;
 }
 
@@ -99,8 +109,8 @@ RAW_TRACEPOINT_PROBE(mmap_lock_released)
     if (!gj_current_watched_cached(id))
         return 0;
     u32 tid = (u32)id;
-    struct inflight *call = inflight.lookup(&tid);
-    if (!call || !call->ts_ns)
+    struct inflight *call = inflight_slot(tid);
+    if (!call || call->tid != tid || !call->ts_ns)
         return 0;
     u64 start = call->ts_ns, length = call->length, dur = bpf_ktime_get_ns() - start;
     u32 sc = call->sc;

@@ -210,7 +210,8 @@ static __always_inline u32 gj_task_ptr_bit(u64 task)
 }
 #endif
 
-/* Ring-buffer reserve failures of this probe, per CPU; user space sums and reports them. */
+/* Events this probe lost, per CPU: ring-buffer reserve failures, and what its maps could not
+ * hold (a full map, malloc's call displaced from its slot); user space sums and reports them. */
 BPF_PERCPU_ARRAY(gj_lost, u64, 1);
 
 static __always_inline void gj_count_lost(void)

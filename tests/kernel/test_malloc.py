@@ -7,9 +7,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 
 from gpujitter.probes.events import AllocSyscall, Log2Hist
+from gpujitter.probes.runner import ProbeSet
+from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
 from tests.kernel.conftest import run_probes
 
@@ -83,6 +86,27 @@ def test_threshold_filters_fast_calls_in_the_kernel_and_the_histograms_count_the
     }
     assert n <= calls["mmap"] < n + 500
     assert n <= calls["munmap"] < n + 500
+
+
+def test_a_call_displaced_from_its_slot_is_counted_lost() -> None:
+    """The calls in flight are kept in an array slot by thread id modulo GJ_MAX_THREADS: a
+    thread whose id shares the slot of another's call in flight (ids 65536 apart; the
+    development VM's pid_max, 32768, makes none, so the other call is written in) takes it,
+    that call is counted lost, once, and the thread's own calls are timed in it."""
+    child, load = allocating_child(5, 1 << 20)
+    with ProbeSet(
+        ["malloc"], topology=load_topology(), watch=WatchSpec(pids={child.pid}), emit=[].append
+    ) as probes:
+        assert all(s.state == "running" for s in probes.start())
+        probe = probes.probes[0]
+        inflight = probe.bpf["inflight"]
+        slot = inflight.Key(child.pid & 0xFFFF)
+        other = inflight.Leaf(ts_ns=time.monotonic_ns(), length=4096, tid=child.pid ^ 0x10000)
+        inflight[slot] = other
+        load()
+        mine = inflight[slot]
+        assert (mine.tid, mine.ts_ns) == (child.pid, 0)  # its last call released
+        assert probe.status(time.monotonic_ns()).lost_kernel == 1
 
 
 def test_unwatched_processes_are_filtered_out() -> None:
