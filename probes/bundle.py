@@ -200,6 +200,14 @@ def _take_ahead() -> _Ahead | None:
     return ahead
 
 
+def finish_ahead() -> None:
+    """Wait for a pending compile_ahead to finish; the Bundle that takes it still does."""
+    with _ahead_lock:
+        ahead = _ahead
+    if ahead is not None and ahead.thread is not None:
+        ahead.thread.join()
+
+
 def _drop_ahead() -> None:
     """At exit, a compile that no Bundle took (the start failed meanwhile): waited for and
     freed before the interpreter goes, as a thread still in LLVM while the process tears

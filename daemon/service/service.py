@@ -50,6 +50,7 @@ from gpujitter.daemon.service.config import (
     probe_names,
     thresholds_by_probe,
 )
+from gpujitter.daemon.service.head_start import settle_compile
 from gpujitter.daemon.service.idle_floors import FILE_NAME, IdleFloorStore
 from gpujitter.daemon.service.own_scheduling import KEEP_UP_LEVELS, OwnScheduling
 from gpujitter.daemon.service.runtime import EventSource, LiveSource, Runtime, Sink
@@ -244,6 +245,10 @@ class Daemon:
         self.thresholds = thresholds_by_probe(config["probes.thresholds"])
         self.watch = watch_of(config)
         override = config["topology.override"] or None
+        if nvml is not False:
+            # NVML's first session (the topology's; its memory stays after the shutdown)
+            # opens after the probes' compile, not beside it, off the start's peak.
+            settle_compile()
         # --no-nvml: none for the topology either (its GPUs from sysfs).
         self.topology: Topology = load_topology(
             override=override, nvml=False if nvml is False else None

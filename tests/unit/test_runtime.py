@@ -29,8 +29,9 @@ from gpujitter.daemon.service.runtime import EventQueue, ListSource, Runtime, Si
 from gpujitter.daemon.service.service import Daemon
 from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.daemon.sinks.trace import TraceReader
+from gpujitter.probes import bundle
 from gpujitter.probes.events import Event, Migration, to_record
-from gpujitter.probes.nvml import GpuInfo
+from gpujitter.probes.nvml import GpuInfo, NvmlUnavailable
 from gpujitter.probes.topology import load_topology
 from gpujitter.tui.model import NodeModel
 from tests.conftest import FIXTURES
@@ -269,6 +270,36 @@ def test_a_daemon_told_no_nvml_never_opens_it(monkeypatch: pytest.MonkeyPatch) -
         "log.path": ("--log", ""), "socket.path": ("--socket", ""),
     })  # fmt: skip
     assert Daemon(config, nvml=False, source=ListSource([])).run() == 0
+
+
+def test_a_daemons_first_nvml_session_waits_for_the_compile_started_ahead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """nvmlInit's 18 MB stay live from the first session on (the topology's): opened beside
+    the probes' compile they sat on the start's peak, at its 200 MB line on the H200. The
+    compile is waited for first, and stays pending for the probe set to take."""
+    finished = threading.Event()
+
+    def compiling() -> None:
+        time.sleep(0.3)
+        finished.set()
+
+    ahead = bundle._Ahead(parts=(), text="", renamed={})
+    ahead.thread = threading.Thread(target=compiling)
+    monkeypatch.setattr(bundle, "_ahead", ahead)
+    opened: list[bool] = []
+
+    def open_nvml() -> None:
+        opened.append(finished.is_set())
+        raise NvmlUnavailable("no GPU in this test")
+
+    monkeypatch.setattr("gpujitter.probes.topology.open_nvml", open_nvml)
+    config = load_config(environ={}, flags={
+        "log.path": ("--log", ""), "socket.path": ("--socket", ""),
+    })  # fmt: skip
+    ahead.thread.start()
+    Daemon(config, source=ListSource([]))
+    assert opened == [True] and bundle._ahead is ahead
 
 
 def test_report_on_record_equals_report_on_run_record_of_the_same_stretch(
