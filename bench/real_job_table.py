@@ -91,6 +91,8 @@ def cost_rows(summary: dict[str, Any]) -> list[str]:
         return ["no complete cost round"]
     rounds = summary.get("rounds", [])
     false = sum(r["on"].get("false_gaps", 0) for r in rounds)
+    if on_idle := sum(r["on"].get("false_on_job_idle", 0) for r in rounds):
+        false = f"{false} ({on_idle} on the job's own idle)"
     low, high = c["cost_pct_range"]
     return [
         "| rounds | step without | step with | cost (median, range) | daemon CPU | daemon RSS "

@@ -167,6 +167,11 @@ def test_cost_is_the_median_paired_difference_and_rounds_without_steps_are_left_
     text = "\n".join(tables({"mode": "cost", "rounds": rounds, "cost": c, "round_s": 30,
                              "attaches": []}))  # fmt: skip
     assert "| 3 × 30 s | 50.00 ms | 50.50 ms | +0.20 % (+0.00 to +1.00) | 2.5 % of a CPU |" in text
+    assert "| 189 MB | 0 |\n" in text
+    rounds[1]["on"].update(false_gaps=2, false_on_job_idle=1)
+    text = "\n".join(tables({"mode": "cost", "rounds": rounds, "cost": c, "round_s": 30,
+                             "attaches": []}))  # fmt: skip
+    assert "| 189 MB | 2 (1 on the job's own idle) |" in text
 
 
 def test_a_log_that_was_never_written_has_no_attributions(tmp_path: Path) -> None:
