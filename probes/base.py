@@ -262,10 +262,10 @@ def open_files_needed() -> int:
     return 192 + 6 * (os.cpu_count() or 1)
 
 
-# The memory a start wants room for: its peak, the probes' compile with NVML live beside it,
-# was 197-199 MB on the H200 (docs/performance.md, "Start and stop"), and a steady daemon
-# holds ~130 MB. Under a cgroup limit below it, a start thrashed past its --duration (a
-# 60 MB memory.high) or would be killed (memory.max).
+# The memory a start wants room for: its peak, the probes' compile, was 144-173 MB on an H100
+# host once NVML waited for it (197-199 MB on the H200 with NVML beside it; docs/performance.md,
+# "Start and stop"), and a steady daemon holds ~130 MB. Under a cgroup limit below it, a start
+# thrashed past its --duration (a 60 MB memory.high) or would be killed (memory.max).
 START_MEMORY_BYTES = 256 << 20
 
 
@@ -277,7 +277,7 @@ def memory_short(limit: MemoryLimit | None) -> str | None:
     fate = "thrashes" if limit.setting == "memory.high" else "thrashes or is killed"
     return (
         f"{limit.setting} {limit.bytes >> 20} MiB ({limit.path.parent}): a start peaks at "
-        f"~200 MiB resident (the probes' compile), a running daemon holds ~130 MiB; under "
+        f"~180 MiB resident (the probes' compile), a running daemon holds ~130 MiB; under "
         f"it the start {fate}"
     )
 

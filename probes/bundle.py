@@ -176,7 +176,7 @@ _ahead_lock = threading.Lock()
 def compile_ahead(parts: Sequence[ModulePart]) -> None:
     """Start compiling the module of `parts` on a thread of its own: libbcc compiles without
     the GIL, so the seconds of the compile overlap what the process does before it needs
-    the module (`gpujitter run`: importing and building the daemon, NVML's start); the
+    the module (`gpujitter run`: importing and building the daemon); the
     first Bundle of the same parts takes the result, its error included, instead of
     compiling. The module's text is made here, from the parts' files as they are now;
     the thread has only the compile's Python around the C to run. One at a time: a call
@@ -200,12 +200,15 @@ def _take_ahead() -> _Ahead | None:
     return ahead
 
 
-def finish_ahead() -> None:
-    """Wait for a pending compile_ahead to finish; the Bundle that takes it still does."""
+def finish_ahead() -> bool:
+    """Wait for a pending compile_ahead to finish (the Bundle that takes it still does);
+    whether one was pending."""
     with _ahead_lock:
         ahead = _ahead
-    if ahead is not None and ahead.thread is not None:
-        ahead.thread.join()
+    if ahead is None or ahead.thread is None:
+        return False
+    ahead.thread.join()
+    return True
 
 
 def _drop_ahead() -> None:

@@ -35,9 +35,9 @@ def settle_compile() -> None:
     live from nvmlInit to the exit), adds to what the compile leaves, not to its peak. The
     main thread had little else to do by then: the daemon is built in ~15 ms, and the
     probes' start waits for the compile anyway (docs/performance.md, "Start and stop").
-    No compile pending: returns at once."""
-    finish_ahead()
-    trim_heap()
+    No compile pending: nothing to do."""
+    if finish_ahead():
+        trim_heap()
 
 
 @contextlib.contextmanager

@@ -245,6 +245,12 @@ class Daemon:
         self.thresholds = thresholds_by_probe(config["probes.thresholds"])
         self.watch = watch_of(config)
         override = config["topology.override"] or None
+        if source is None:
+            # Said while the compile started ahead runs, before its peak: not after a start
+            # that the limit stalled or killed.
+            short = memory_short(memory_limit(HostPaths()))
+            if short is not None:
+                self._say(f"memory: {short}; {remedies.memory_limit()}")
         if nvml is not False:
             # NVML's first session (the topology's; its memory stays after the shutdown)
             # opens after the probes' compile, not beside it, off the start's peak.
@@ -291,11 +297,6 @@ class Daemon:
         # A watchdog abort (SIGABRT) leaves a stack in the journal (the process's own
         # stderr, fd 2, whatever sys.stderr was replaced with).
         faulthandler.enable(2)
-        if isinstance(self.source, LiveSource):
-            # Said before the compile that would thrash under it, not after a stalled start.
-            short = memory_short(memory_limit(HostPaths()))
-            if short is not None:
-                self._say(f"memory: {short}; {remedies.memory_limit()}")
 
         def attached(runtime: Runtime) -> None:
             running = [s.probe for s in self.source.statuses
