@@ -36,6 +36,8 @@ struct inflight {
 };
 BPF_ARRAY(inflight, struct inflight, GJ_MAX_THREADS);
 
+_Static_assert((GJ_MAX_THREADS & (GJ_MAX_THREADS - 1)) == 0, "a slot is a thread id's low bits");
+
 static __always_inline struct inflight *inflight_slot(u32 tid)
 {
     u32 slot = tid & (GJ_MAX_THREADS - 1);

@@ -93,20 +93,32 @@ def test_a_call_displaced_from_its_slot_is_counted_lost() -> None:
     thread whose id shares the slot of another's call in flight (ids 65536 apart; the
     development VM's pid_max, 32768, makes none, so the other call is written in) takes it,
     that call is counted lost, once, and the thread's own calls are timed in it."""
-    child, load = allocating_child(5, 1 << 20)
+    n, size = 5, 32 << 20  # above glibc's dynamic mmap threshold: each an mmap and munmap
+    child, load = allocating_child(n, size)
+    events: list[object] = []
     with ProbeSet(
-        ["malloc"], topology=load_topology(), watch=WatchSpec(pids={child.pid}), emit=[].append
+        ["malloc"],
+        topology=load_topology(),
+        watch=WatchSpec(pids={child.pid}),
+        emit=events.append,
+        thresholds={"malloc": {"syscall": 0}},
     ) as probes:
         assert all(s.state == "running" for s in probes.start())
         probe = probes.probes[0]
         inflight = probe.bpf["inflight"]
-        slot = inflight.Key(child.pid & 0xFFFF)
-        other = inflight.Leaf(ts_ns=time.monotonic_ns(), length=4096, tid=child.pid ^ 0x10000)
+        slots = inflight.max_entries  # a power of two: the slot is the id's low bits
+        slot = inflight.Key(child.pid % slots)
+        other = inflight.Leaf(ts_ns=time.monotonic_ns(), length=4096, tid=child.pid + slots)
         inflight[slot] = other
         load()
+        probes.poll()
         mine = inflight[slot]
-        assert (mine.tid, mine.ts_ns) == (child.pid, 0)  # its last call released
+        assert mine.tid == child.pid
         assert probe.status(time.monotonic_ns()).lost_kernel == 1
+    # the thread's own calls were timed in the slot it took, each released
+    timed = [e for e in events if isinstance(e, AllocSyscall) and e.tid == child.pid]
+    assert sum(e.syscall == "mmap" and e.length >= size for e in timed) == n
+    assert sum(e.syscall == "munmap" and e.length >= size for e in timed) == n
 
 
 def test_unwatched_processes_are_filtered_out() -> None:
