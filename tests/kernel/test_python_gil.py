@@ -105,7 +105,11 @@ def test_gil_waits_are_reported_with_their_holder() -> None:
     # The call wraps PyEval_RestoreThread: a wait lies inside one call, almost all of it (a
     # call can also have waited for a CPU that the VM's other load held: not all are waits).
     calls = [[w for w in found if t0 <= w.ts_ns and w.ts_ns + w.dur_ns <= t1] for t0, t1 in waits]
-    assert sum(len(c) for c in calls) == len([w for w in found if w.dur_ns >= 2 * MS]), found
+    # Between two calls the main thread runs a few bytecodes, and a drop request from the
+    # holder met there is a wait of its own, outside any call: one in 71 in a CI run under
+    # load. Such waits are real ones; only a few may be.
+    long = [w for w in found if w.dur_ns >= 2 * MS]
+    assert len(long) - 3 <= sum(len(c) for c in calls) <= len(long), found
     matched = [(c[0], t1 - t0) for c, (t0, t1) in zip(calls, waits, strict=True) if len(c) == 1]
     assert len(matched) >= 0.9 * len(waits), (waits, found)
     # A call also waits in its release when the holder had asked for the GIL (the forced
