@@ -432,7 +432,11 @@ def load_config(
 
 
 def check_cgroup(path: Path) -> None:
-    if not (path / "cgroup.procs").is_file():
+    try:
+        procs = (path / "cgroup.procs").is_file()
+    except OSError as err:  # a name the kernel will not look up (too long): not "missing"
+        raise ValueError(f"{quoted(str(path))}: {err.strerror}") from None
+    if not procs:
         raise ValueError(f"{path} is not a cgroup directory (no cgroup.procs)")
 
 
@@ -569,4 +573,8 @@ def check_node(config: Config, *, starting: bool) -> None:
         except (ValueError, GpujitterError) as err:
             raise GpujitterError(
                 f"{config.origins[key]}: {key}: {err} (got {quoted(value)})"
+            ) from None
+        except OSError as err:  # a name the kernel will not look up (too long)
+            raise GpujitterError(
+                f"{config.origins[key]}: {key}: {err.strerror} (got {quoted(value)})"
             ) from None

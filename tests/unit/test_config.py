@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import threading
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpujitter.cli.options import watch_from_args
 from gpujitter.daemon.service.config import SETTINGS, check_node, load_config
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
@@ -269,3 +271,23 @@ def test_a_socket_path_too_long_to_bind_is_refused_before_its_directory_is_made(
         with pytest.raises(GpujitterError, match=r"socket\.path: too long for a unix socket"):
             check_node(config, starting=starting)
     assert not deep.parent.exists()
+
+
+@pytest.mark.parametrize("key", ["watch.cgroups", "log.path", "record.path", "state.dir"])
+def test_a_name_too_long_for_the_kernel_is_one_line_not_an_internal_error(
+    tmp_path: Path, key: str
+) -> None:
+    # Path.is_file() and is_dir() answer False only for what is missing: ENAMETOOLONG was
+    # raised through check_node, the command's exit an internal error (70).
+    long = f"{tmp_path}/{'n' * 300}"
+    off = {"log.path": "", "state.dir": "", "socket.path": ""}  # nothing else checked
+    env = {f"GPUJITTER_{k.replace('.', '_').upper()}": v for k, v in off.items()}
+    name = f"GPUJITTER_{key.replace('.', '_').upper()}"
+    config = load_config(write(tmp_path, ""), environ={**env, name: f"{long}/x"})
+    with pytest.raises(GpujitterError, match=rf"{re.escape(key)}: .*File name too long") as err:
+        check_node(config, starting=True)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400
+    with pytest.raises(GpujitterError, match=r"flag --cgroup: .*File name too long"):
+        watch_from_args(
+            argparse.Namespace(pid=[], pod=[], slurm_job=[], comm=[], cgroup=[Path(long)])
+        )
