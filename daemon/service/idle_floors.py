@@ -9,8 +9,10 @@ line: the detector then waits for fresh evidence, as on a first start.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ FILE_NAME = "idle-floors.json"
 FORMAT = 1
 # Board power of any GPU lies well inside this; a value outside it is a damaged file.
 _PLAUSIBLE_W = (1.0, 5000.0)
+# A few hundred bytes a board; a bigger file is not one of ours.
+_MAX_BYTES = 1 << 20
 
 
 class _Invalid(ValueError):
@@ -47,7 +51,7 @@ class IdleFloorStore:
         """GPU index -> idle floor (W) for the GPUs whose board has a trusted entry, and one
         line saying what was ignored ('' when nothing was; no file is a first start)."""
         try:
-            self._boards = _parse(orjson.loads(self.path.read_bytes()))
+            self._boards = _parse(orjson.loads(_read(self.path)))
         except FileNotFoundError:
             return {}, ""
         except OSError as err:
@@ -82,13 +86,30 @@ class IdleFloorStore:
                 }
         data = orjson.dumps({"format": FORMAT, "boards": self._boards})
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
+        # O_NONBLOCK: a FIFO there fails the open (no reader) rather than holding the main loop
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_CLOEXEC
+        with open(os.open(tmp, flags, 0o666), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
         fsync_dir(self.path.parent)
         self._saved = dict(floors)
+
+
+def _read(path: Path) -> bytes:
+    """The file's bytes. Only a regular file: a FIFO put there would hold the daemon's start
+    for ever (its open waits for a writer), a device such as /dev/zero never ends."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = os.read(fd, _MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > _MAX_BYTES:
+        raise _Invalid(f"larger than {_MAX_BYTES} bytes")
+    return data
 
 
 def _parse(doc: Any) -> dict[str, dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import orjson
@@ -130,3 +131,22 @@ def test_report_replays_with_the_floor_the_daemon_started_with(
         for ev in restart[1]:
             w.write(ev)
     assert report_attributions(old, capsys) == []
+
+
+def test_a_state_file_that_is_no_regular_file_is_ignored_not_waited_on(
+    tmp_path: Path, h200: GpuInfo
+) -> None:
+    # A FIFO at the state file's path held the daemon's start for ever (its open waits for a
+    # writer), one at the temporary file's its main loop at the first save.
+    path = tmp_path / "idle-floors.json"
+    os.mkfifo(path)
+    assert IdleFloorStore(path, [h200]).load() == ({}, f"ignoring {path}: not a regular file")
+    path.unlink()
+    path.symlink_to("/dev/zero")
+    assert IdleFloorStore(path, [h200]).load() == ({}, f"ignoring {path}: not a regular file")
+    path.unlink()
+    store = IdleFloorStore(path, [h200])
+    os.mkfifo(path.with_name(path.name + ".tmp"))
+    with pytest.raises(OSError):
+        store.save({h200.index: 80.0})
+    assert not path.exists()
