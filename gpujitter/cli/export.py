@@ -9,6 +9,7 @@ import contextlib
 import gzip
 import io
 import sys
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -64,7 +65,7 @@ def _load_profiler(path: Path) -> Any:
                                  "values; larger than any profiler trace of one run "
                                  "(shorten the profiler's schedule)")  # fmt: skip
         return orjson.loads(raw)
-    except (OSError, EOFError, gzip.BadGzipFile) as err:
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise GpujitterError(f"--merge {path}: {getattr(err, 'strerror', None) or err}") from None
     except orjson.JSONDecodeError:
         raise GpujitterError(f"--merge {path}: not JSON (want a Chrome trace)") from None

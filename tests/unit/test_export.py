@@ -182,3 +182,17 @@ def test_a_profiler_file_of_tiny_values_is_refused_before_its_parse(
     assert main(["export", str(trace), "-o", str(out), "--merge", str(tiny)]) == 2
     assert "more than 1,000 JSON values" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_profiler_file_whose_compressed_data_is_damaged_is_one_line(
+    trace: Path, tmp_path: Path, capsys
+) -> None:
+    """A gzip header over data that is no deflate stream: zlib's own error, which is no
+    OSError, ended the command as an internal error (70)."""
+    damaged = tmp_path / "run.pt.trace.json.gz"
+    damaged.write_bytes(gzip.compress(b"{}")[:10] + b"\xff" * 8)
+    out = tmp_path / "t.json"
+    assert main(["export", str(trace), "-o", str(out), "--merge", str(damaged)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid block type" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
