@@ -17,10 +17,13 @@ import orjson
 
 from gpujitter.daemon.checks.audit.model import Finding, Reading, Severity
 from gpujitter.errors import GpujitterError
+from gpujitter.files import read_regular
 from gpujitter.text import printable
 
 SEVERITY_ORDER = ("critical", "warn", "info", "ok")
 AUDIT_TIMEOUT_S = 120
+# A node's audit is tens of KiB; a bigger file is no audit (and would be read whole).
+MAX_AUDIT_BYTES = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +48,7 @@ def parse(doc: Any, origin: str) -> AuditReport:
             message=printable(str(f.get("message", ""))),
             evidence=tuple(
                 Reading(printable(str(e.get("file", ""))), printable(str(e.get("value", ""))))
-                for e in f.get("evidence") or ()
+                for e in (f["evidence"] if isinstance(f.get("evidence"), list) else ())
                 if isinstance(e, Mapping)
             ),
             fix=printable(str(f.get("fix", ""))),
@@ -62,10 +65,11 @@ def parse(doc: Any, origin: str) -> AuditReport:
 
 
 def load_file(path: Path) -> AuditReport:
+    # Only a regular file: a FIFO's open would hold the worker thread, and with it the app's
+    # exit, for ever; /dev/zero would never end.
+    data = read_regular(Path(path), "cannot read", MAX_AUDIT_BYTES, "not `gpujitter audit --json`")
     try:
-        doc = orjson.loads(Path(path).read_bytes())
-    except OSError as err:
-        raise GpujitterError(f"cannot read {path}: {err.strerror}") from None
+        doc = orjson.loads(data)
     except orjson.JSONDecodeError:
         raise GpujitterError(f"{path}: not JSON (want `gpujitter audit --json` output)") from None
     return parse(doc, Path(path).name)

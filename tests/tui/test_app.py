@@ -4,6 +4,7 @@ replay controls, a small terminal, a daemon restart, hostile names."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -12,9 +13,11 @@ from pathlib import Path
 from unittest.mock import patch
 
 import orjson
+import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
+from gpujitter.errors import GpujitterError
 from gpujitter.text import printable
 from gpujitter.tui import audit
 from gpujitter.tui.app import GpujitterTop
@@ -374,6 +377,32 @@ def test_control_sequences_in_names_are_shown_escaped_on_every_view(tmp_path: Pa
             assert app.is_running
 
     asyncio.run(scenario())
+
+
+def test_a_saved_audit_that_is_no_regular_file_or_not_one_is_said_not_waited_on(
+    tmp_path: Path,
+) -> None:
+    # A FIFO given to --audit held the audit's worker thread in its open, and with it the
+    # app's exit, for ever; evidence that is no list stopped the worker with a TypeError,
+    # the view left saying nothing.
+    fifo = tmp_path / "audit.fifo"
+    os.mkfifo(fifo)
+    done: list[str] = []
+    reader = threading.Thread(target=lambda: done.append(_load_error(fifo)), daemon=True)
+    reader.start()
+    reader.join(5)
+    assert done == [f"cannot read {fifo}: not a regular file"]
+    assert _load_error(Path("/dev/zero")) == "cannot read /dev/zero: not a regular file"
+    saved = tmp_path / "audit.json"
+    saved.write_bytes(orjson.dumps({"findings": [{"rule": "swap", "evidence": 5}]}))
+    (finding,) = audit.load_file(saved).findings
+    assert (finding.rule, finding.evidence) == ("swap", ())
+
+
+def _load_error(path: Path) -> str:
+    with pytest.raises(GpujitterError) as err:
+        audit.load_file(path)
+    return str(err.value)
 
 
 def test_a_feed_that_breaks_is_shown_and_the_app_stays_up(tmp_path: Path) -> None:
