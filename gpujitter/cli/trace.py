@@ -120,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         for f, header in zip(files, traces.headers, strict=True):
             print(describe(f, header))
-        for u in unreadable:
-            print(printable(f"{u['path']}\n  damage: {u['damage'][0]} (left out)"))
+        for path, why in traces.unreadable:
+            print(f"{printable(str(path))}\n  damage: {printable(why)} (left out)")
         if len(files) + len(unreadable) > 1:
             print(f"total: {len(files)} files, {result['events']} events")
             print(table(["KIND", "EVENTS"], sorted(kinds.items())))

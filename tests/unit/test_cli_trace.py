@@ -71,6 +71,17 @@ def test_trace_reports_corruption_with_exit_1_and_refuses_foreign_files(
     assert err.count("\n") == 1 and "not a gpujitter recording" in err
 
 
+def test_a_file_left_out_of_a_directory_is_named_on_its_own_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The line break between its name and its damage was escaped with the rest ("\\x0a").
+    write(tmp_path / "a.gjtrace")
+    (tmp_path / "b\x1b[2J.gjtrace").write_text("hello")
+    assert main(["trace", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"\n{tmp_path}/b\\x1b[2J.gjtrace\n  damage: " in out and "\\x0a" not in out
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
