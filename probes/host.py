@@ -60,9 +60,10 @@ class HostPaths:
 
 def read_text(path: Path) -> str | None:
     """A sysfs/procfs file's text without its trailing newline, None when absent or unreadable."""
+    raw = read_raw(path)
     try:
-        return path.read_text().rstrip("\n")
-    except (OSError, UnicodeDecodeError):
+        return None if raw is None else raw.decode().rstrip("\n")
+    except UnicodeDecodeError:
         return None
 
 
@@ -77,9 +78,8 @@ def read_foreign(path: Path) -> str | None:
 def read_name(path: Path) -> str | None:
     """A process's name file (/proc/PID/comm) decoded as the probes decode comm
     (gpujitter.text.decode_name), so both name a process alike; None when absent."""
-    try:
-        raw = path.read_bytes()
-    except OSError:
+    raw = read_raw(path)
+    if raw is None:
         return None
     return decode_name(raw[:-1] if raw.endswith(b"\n") else raw)
 
@@ -178,18 +178,29 @@ def proc_pids(paths: HostPaths) -> list[int]:
         return []
 
 
+# Past any procfs or sysfs file (a process's maps with 100k mappings is ~10 MiB): what reads
+# longer is no such file (a recorded host tree's link to /dev/zero), unreadable.
+MAX_RAW_BYTES = 64 << 20
+
+
 def read_raw(path: str | Path) -> bytes | None:
     """A procfs file's bytes through the raw system calls, None when it cannot be read: a
     path joined as a string and an os.open cost a third of a pathlib read (~95 µs against
-    ~30 here), and some of these files are read for every watched thread each second."""
+    ~30 here), and some of these files are read for every watched thread each second.
+    Opened non-blocking: a FIFO in a recorded host tree (`--root`) reads as empty at once,
+    where its open waited for a writer for ever."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         chunks = [os.read(fd, 65536)]
+        size = len(chunks[0])
         while chunks[-1]:  # procfs hands a file over a page or so at a time
+            if size > MAX_RAW_BYTES:
+                return None
             chunks.append(os.read(fd, 65536))
+            size += len(chunks[-1])
         return b"".join(chunks)
     except OSError:
         return None

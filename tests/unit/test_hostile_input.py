@@ -446,3 +446,26 @@ def test_gaps_save_events_on_a_full_disk_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(GpujitterError, match="--save-events /dev/full: No space left"):
         saved.event(ClockRef(ts_ns=3, realtime_ns=4))
     saved.file.close()
+
+
+def test_a_recorded_host_tree_with_a_fifo_or_an_endless_file_is_read_not_waited_on(
+    tmp_path: Path,
+) -> None:
+    """`--root` reads a copy of a node's /proc and /sys: a FIFO there (its open waited for a
+    writer for ever) reads as empty, and a link to /dev/zero as unreadable, past any procfs
+    or sysfs file's size; topo and audit answer."""
+    tree = tmp_path / "h200-vm"
+    shutil.copytree(
+        Path(__file__).parents[1] / "fixtures" / "hosts" / "h200-vm", tree, symlinks=True
+    )
+    actions = tree / "sys/kernel/irq/24/actions"
+    actions.unlink()
+    os.mkfifo(actions)
+    cpus = tree / "sys/devices/pci0000:00/0000:00:06.0/local_cpulist"
+    cpus.unlink()
+    cpus.symlink_to("/dev/zero")
+    for command in ("topo", "audit"):
+        proc = gpujitter(command, "--root", str(tree), "--json")
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert proc.returncode in (0, 1), proc.stderr
+        assert json.loads(proc.stdout)
