@@ -5,6 +5,7 @@ lists, sysfs choices, PCI addresses) and the readers of a process's status and n
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from dataclasses import dataclass
@@ -183,29 +184,32 @@ def proc_pids(paths: HostPaths) -> list[int]:
 MAX_RAW_BYTES = 64 << 20
 
 
-def read_raw(path: str | Path) -> bytes | None:
-    """A procfs file's bytes through the raw system calls, None when it cannot be read: a
-    path joined as a string and an os.open cost a third of a pathlib read (~95 µs against
-    ~30 here), and some of these files are read for every watched thread each second.
-    Opened non-blocking: a FIFO in a recorded host tree (`--root`) reads as empty at once,
-    where its open waited for a writer for ever."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
+def read_file(path: str | Path) -> bytes:
+    """A procfs or sysfs file's bytes through the raw system calls (a path joined as a string
+    and an os.open cost a third of a pathlib read, ~95 µs against ~30 here, and some of
+    these files are read for every watched thread each second); OSError when it cannot be
+    read. Opened non-blocking: a FIFO in a recorded host tree (`--root`) reads as empty at
+    once, where its open waited for a writer for ever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         chunks = [os.read(fd, 65536)]
         size = len(chunks[0])
         while chunks[-1]:  # procfs hands a file over a page or so at a time
             if size > MAX_RAW_BYTES:
-                return None
+                raise OSError(errno.EFBIG, "longer than any procfs or sysfs file")
             chunks.append(os.read(fd, 65536))
             size += len(chunks[-1])
         return b"".join(chunks)
-    except OSError:
-        return None
     finally:
         os.close(fd)
+
+
+def read_raw(path: str | Path) -> bytes | None:
+    """read_file, None when the file cannot be read."""
+    try:
+        return read_file(path)
+    except OSError:
+        return None
 
 
 def status_fields(paths: HostPaths, pid: int | str) -> dict[str, str]:

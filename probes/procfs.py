@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from gpujitter.probes.host import HostPaths, unescape_octal
+from gpujitter.probes.host import HostPaths, read_file, unescape_octal
 
 DELETED = " (deleted)"  # what maps appends to a file unlinked since it was mapped
 
@@ -75,8 +75,7 @@ def read_maps(paths: HostPaths, pid: int | str, containing: str = "") -> list[Ma
     `containing` when given; OSError when it cannot be read (the process exited, or is
     another user's). Paths are decoded as the file system's names are (os.fsdecode): a
     mapped file whose name is not UTF-8 keeps its bytes, and opening the path opens it."""
-    with open(paths.proc / str(pid) / "maps", "rb") as f:
-        text = os.fsdecode(f.read())
+    text = os.fsdecode(read_file(paths.proc / str(pid) / "maps"))
     if containing:
         text = "\n".join(line for line in text.split("\n") if containing in line)
     return parse_maps(text)
@@ -185,7 +184,7 @@ def is_kernel_thread(paths: HostPaths, pid: int) -> bool:
     """Whether `pid` is a kernel thread (stat's field 9, flags, has PF_KTHREAD): no user
     memory, no executable, no GPU; False where it cannot be read."""
     try:
-        fields = task_stat_fields((paths.proc / str(pid) / "stat").read_bytes())
+        fields = task_stat_fields(read_file(paths.proc / str(pid) / "stat"))
         return bool(int(fields[6]) & PF_KTHREAD)
     except (OSError, ValueError, IndexError):
         return False

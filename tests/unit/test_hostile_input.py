@@ -18,6 +18,7 @@ import pytest
 
 from gpujitter import cli
 from gpujitter.cli.output import print_json
+from gpujitter.daemon.checks.audit.model import read_process_file
 from gpujitter.probes.host import parse_cpulist
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "h200-training.gjtrace"
@@ -453,7 +454,7 @@ def test_a_recorded_host_tree_with_a_fifo_or_an_endless_file_is_read_not_waited_
 ) -> None:
     """`--root` reads a copy of a node's /proc and /sys: a FIFO there (its open waited for a
     writer for ever) reads as empty, and a link to /dev/zero as unreadable, past any procfs
-    or sysfs file's size; topo and audit answer."""
+    or sysfs file's size; topo and audit answer, the audit's process files FIFOs too."""
     tree = tmp_path / "h200-vm"
     shutil.copytree(
         Path(__file__).parents[1] / "fixtures" / "hosts" / "h200-vm", tree, symlinks=True
@@ -464,8 +465,15 @@ def test_a_recorded_host_tree_with_a_fifo_or_an_endless_file_is_read_not_waited_
     cpus = tree / "sys/devices/pci0000:00/0000:00:06.0/local_cpulist"
     cpus.unlink()
     cpus.symlink_to("/dev/zero")
+    for name in ("environ", "numa_maps", "maps", "stat"):  # the audit's reads of a process
+        (tree / "proc/523" / name).unlink(missing_ok=True)
+        os.mkfifo(tree / "proc/523" / name)
     for command in ("topo", "audit"):
         proc = gpujitter(command, "--root", str(tree), "--json")
         assert "Traceback" not in proc.stderr, proc.stderr
         assert proc.returncode in (0, 1), proc.stderr
         assert json.loads(proc.stdout)
+    # what the audit reads of a GPU process NVML lists (none here without NVML)
+    assert read_process_file(tree / "proc/523/environ") == ""
+    with pytest.raises(OSError, match="longer than any procfs or sysfs file"):
+        read_process_file(cpus)

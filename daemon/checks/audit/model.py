@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from gpujitter.probes.host import HostPaths, read_text
+from gpujitter.probes.host import HostPaths, read_file, read_text
 from gpujitter.probes.topology import Topology
 
 Severity = Literal["ok", "info", "warn", "critical"]
@@ -63,7 +63,7 @@ def read_process_file(path: Path) -> str:
     """A /proc/PID file whose text another process chose (environ, numa_maps), invalid UTF-8
     read as U+FFFD; OSError when it cannot be read, so that a rule tells "not readable"
     (another user's process, to all but root) apart from "empty"."""
-    return path.read_bytes().decode(errors="replace")
+    return read_file(path).decode(errors="replace")
 
 
 def why_unreadable(err: OSError) -> str:

@@ -99,7 +99,7 @@ def _maps_access(paths: HostPaths) -> tuple[int, list[int], str]:
     readable, refused, why = 0, [], ""
     for pid in proc_pids(paths):
         try:
-            os.close(os.open(paths.proc / str(pid) / "maps", os.O_RDONLY))
+            os.close(os.open(paths.proc / str(pid) / "maps", os.O_RDONLY | os.O_NONBLOCK))
         except FileNotFoundError:
             continue  # exited since it was listed
         except OSError as err:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 from gpujitter.daemon.analysis import remedies
 from gpujitter.daemon.checks.doctor.model import DoctorEnv, Result, check
-from gpujitter.probes.host import HostPaths
+from gpujitter.probes.host import HostPaths, read_file
 from gpujitter.probes.registry import Hook
 
 
@@ -235,7 +235,7 @@ def check_unused_hooks(env: DoctorEnv) -> Iterator[Result]:
 def kernel_config(paths: HostPaths) -> dict[str, str]:
     """/proc/config.gz as {'CONFIG_KPROBES': 'y', ...}; {} when the kernel does not expose it."""
     try:
-        text = gzip.decompress((paths.proc / "config.gz").read_bytes()).decode(errors="replace")
+        text = gzip.decompress(read_file(paths.proc / "config.gz")).decode(errors="replace")
     except (OSError, EOFError, gzip.BadGzipFile, zlib.error):  # absent, or a damaged copy
         return {}
     out = {}
