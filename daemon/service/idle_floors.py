@@ -9,10 +9,8 @@ line: the detector then waits for fresh evidence, as on a first start.
 
 from __future__ import annotations
 
-import errno
 import math
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,8 @@ from typing import Any
 import orjson
 
 from gpujitter.daemon.sinks.rotation import fsync_dir
+from gpujitter.errors import GpujitterError
+from gpujitter.files import read_regular
 from gpujitter.probes.nvml import GpuInfo
 
 FILE_NAME = "idle-floors.json"
@@ -50,12 +50,15 @@ class IdleFloorStore:
     def load(self) -> tuple[dict[int, float], str]:
         """GPU index -> idle floor (W) for the GPUs whose board has a trusted entry, and one
         line saying what was ignored ('' when nothing was; no file is a first start)."""
-        try:
-            self._boards = _parse(orjson.loads(_read(self.path)))
-        except FileNotFoundError:
+        if not os.path.lexists(self.path):
             return {}, ""
-        except OSError as err:
-            return {}, f"ignoring {self.path}: {err.strerror}"
+        try:
+            # only a regular file: a FIFO put there would hold the daemon's start for ever
+            # (its open waits for a writer), a device such as /dev/zero never ends
+            data = read_regular(self.path, "ignoring", _MAX_BYTES, "not an idle-floor file")
+            self._boards = _parse(orjson.loads(data))
+        except GpujitterError as err:
+            return {}, str(err)
         except (orjson.JSONDecodeError, _Invalid) as err:
             return {}, f"ignoring {self.path}: not an idle-floor file of this version ({err})"
         floors: dict[int, float] = {}
@@ -95,21 +98,6 @@ class IdleFloorStore:
         os.replace(tmp, self.path)
         fsync_dir(self.path.parent)
         self._saved = dict(floors)
-
-
-def _read(path: Path) -> bytes:
-    """The file's bytes. Only a regular file: a FIFO put there would hold the daemon's start
-    for ever (its open waits for a writer), a device such as /dev/zero never ends."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        data = os.read(fd, _MAX_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > _MAX_BYTES:
-        raise _Invalid(f"larger than {_MAX_BYTES} bytes")
-    return data
 
 
 def _parse(doc: Any) -> dict[str, dict[str, Any]]:
