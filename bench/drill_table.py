@@ -18,6 +18,11 @@ HEADER = (
 )
 
 
+def false_gaps(count: int, on_job_idle: int) -> str:
+    """A false-gap count, with those on idle the real job measured itself (bench/real_job.py)."""
+    return f"{count} ({on_job_idle} on the job's own idle)" if on_job_idle else f"{count}"
+
+
 def row(r: dict[str, Any]) -> str:
     # Scores from before gpujitter counted them have no self-inflicted gaps to show.
     own = r.get("self_inflicted", "—")
@@ -27,11 +32,7 @@ def row(r: dict[str, Any]) -> str:
             f"| {r['scenario']} | — | — | — | {r['false_gaps']} in {r['window_s']:.0f} s | "
             f"{own} | {'met' if not missed else 'missed: ' + ', '.join(missed)} |"
         )
-    # the real job's (bench/real_job.py): gaps on idle the job measured itself
-    if on_idle := r.get("false_on_job_idle"):
-        false = f"{r['false_gaps']} ({on_idle} on the job's own idle)"
-    else:
-        false = f"{r['false_gaps']}"
+    false = false_gaps(r["false_gaps"], r.get("false_on_job_idle", 0))
     top = sorted({s["top_cause"] or "not found" for s in r["stalls"]})
     error = "—" if r["error_pct"] is None else f"{r['error_pct']:+.1f} %"
     return (

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.drill_table import HEADER as SCENARIO_HEADER
+from bench.drill_table import false_gaps
 from bench.drill_table import row as drill_row
 
 
@@ -90,9 +91,8 @@ def cost_rows(summary: dict[str, Any]) -> list[str]:
     if not c.get("rounds"):
         return ["no complete cost round"]
     rounds = summary.get("rounds", [])
-    false = sum(r["on"].get("false_gaps", 0) for r in rounds)
-    if on_idle := sum(r["on"].get("false_on_job_idle", 0) for r in rounds):
-        false = f"{false} ({on_idle} on the job's own idle)"
+    false = false_gaps(sum(r["on"].get("false_gaps", 0) for r in rounds),
+                       sum(r["on"].get("false_on_job_idle", 0) for r in rounds))  # fmt: skip
     low, high = c["cost_pct_range"]
     return [
         "| rounds | step without | step with | cost (median, range) | daemon CPU | daemon RSS "
