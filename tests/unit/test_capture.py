@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak import RSS_SLOPE_LIMIT_BYTES as SOAK_RSS_LIMIT_BYTES
+from bench.soak import RSS_GROWTH_LIMIT_BYTES as SOAK_RSS_LIMIT_BYTES
 from gpujitter.daemon.service.runtime import EventQueue
 from gpujitter.daemon.sinks.capture import TraceCapture
 from gpujitter.daemon.sinks.rotation import Rotation
