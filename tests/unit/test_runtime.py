@@ -220,9 +220,13 @@ def test_the_daemons_cpu_is_its_cpu_time_over_each_tick_to_the_ns() -> None:
     runtime.run(ready)
     said, spent = first[0]
     assert said > 0 and said == pytest.approx(spent, rel=0.05), first
+    # This sink reads the CPU a little after the runtime does (the status is built between),
+    # so CPU that any thread of this process spends there (a garbage collection of the
+    # suite's heap: 2.10 said against 1.81 here, then 1.74 against 2.18) moves from one
+    # window to the next; psutil's 10 ms ticks would be off by up to 10 points a window.
     for (t0, c0, _), (t1, c1, said) in itertools.pairwise(seen):
         spent = 100 * (c1 - c0) / (t1 - t0)  # what the process spent between the two ticks
-        assert said == pytest.approx(spent, abs=0.2), seen
+        assert said == pytest.approx(spent, abs=1.0), seen
 
 
 def test_sigterm_stops_the_loop_and_closes_the_sinks() -> None:
