@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gpujitter.probes.host import HostPaths, status_fields
+
 GPUJITTER = Path(sys.executable).with_name("gpujitter")
 RUN = ["run", "--no-nvml", "--duration", "2s", "--log", "", "--socket", ""]
 
@@ -90,10 +92,7 @@ def test_no_writable_temporary_folder_is_no_error() -> None:
 
 def sighup_ignored(pid: int) -> bool:
     """Whether the process ignores SIGHUP now (SigIgn of /proc/PID/status, bit 0)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("SigIgn:"):
-            return bool(int(line.split()[1], 16) & 1)
-    return False
+    return bool(int(status_fields(HostPaths(), pid).get("SigIgn", "0"), 16) & 1)
 
 
 def test_a_hangup_while_starting_does_not_kill_the_daemon() -> None:
