@@ -605,9 +605,12 @@ def test_waits_on_block_reads_carry_the_disk(tmp_path: Path) -> None:
         f"{io_ns=} {res['blocked_ns']=} {unseen_ns=} {elapsed=} {held=} {res['delay_ns']=}\n"
         f"{rec.story(res['t0'], tid=child.pid)}"
     )
-    # the three sleeps (a preemption inside the call, under load, is no sleep of its own)
+    # the three sleeps (a preemption inside the call, under load, is no sleep of its own),
+    # but for one that ended in a switch the kernel does not trace (CI under a hog,
+    # 2026-12-05: 2 of 3): the log bounds those before the read as above
     sleeps = [e for e in mine if e.syscall == SYS_CLOCK_NANOSLEEP and e.state == "sleeping"]
-    assert len(sleeps) == 3
+    unseen_before = [(a, b) for a, b in unseen_off_cpu(log, child.pid) if b <= res["t0"]]
+    assert 3 - len(unseen_before) <= len(sleeps) <= 3, (sleeps, unseen_before)
     assert all(e.io_dev == "" and e.io_bytes == 0 and e.io_op == "" for e in sleeps)
     assert rec.status("sched").state == "running"
 
