@@ -35,7 +35,6 @@ class WriteFailures:
     dropped_total: int = 0  # since start
     since_ns: int = 0  # when the episode under way began (its first lost record)
     reason: str = ""  # the first failed write's error (names the file); "" while writing
-    episodes: int = 0
 
     @property
     def failing(self) -> bool:
@@ -46,7 +45,6 @@ class WriteFailures:
         if not self.failing:
             self.reason = reason or "write failed"
             self.since_ns = ts_ns
-            self.episodes += 1
             # The reason names the file already ("cannot write log PATH: ...").
             self.say(f"{self.reason}; dropping records until writes succeed again")
         self.dropped += records
