@@ -85,14 +85,12 @@ class Inbox:
         self._closed = False
         self.dropped: Counter[str] = Counter()
         self.coalesced = 0
-        self.received = 0
 
     # -- the worker's side (Receiver) ---------------------------------------------------
 
     def records(self, records: Iterable[Record]) -> None:
         with self._cond:
             for rec in records:
-                self.received += 1
                 key = state_key(rec)
                 if key is not None:
                     if key in self._state:
