@@ -29,7 +29,8 @@ def vmstat(name: str) -> int:
 
 # Prepended to every workload: run `body` once the parent writes a line, then print the
 # thread's fault counts over the body (getrusage), how long it took (wall and CPU time) and
-# what it returned, as JSON.
+# what it returned, as JSON; and the process's major faults over its life so far (its
+# interpreter's own pages, read back from disk where the page cache had let them go).
 _GATED = """
 import json, resource, sys, time
 def report(body):
@@ -43,8 +44,13 @@ def report(body):
     cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     print(json.dumps({"minflt": after.ru_minflt - before.ru_minflt, "body_ns": body_ns,
                       "cpu_ns": int(cpu_s * 1e9),
-                      "majflt": after.ru_majflt - before.ru_majflt, "result": result}))
+                      "majflt": after.ru_majflt - before.ru_majflt, "result": result,
+                      "majflt_life": resource.getrusage(resource.RUSAGE_SELF).ru_majflt}))
 """
+
+# Major faults a workload may take after its report (the interpreter's exit), which its
+# majflt_life leaves out
+EXIT_MAJFLT = 8
 
 
 @dataclass

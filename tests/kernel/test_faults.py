@@ -21,7 +21,7 @@ from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
 from tests.kernel.conftest import Recorded
-from tests.kernel.memory import PAGE, Workload, run_all, spawn
+from tests.kernel.memory import EXIT_MAJFLT, PAGE, Workload, run_all, spawn
 
 __all__ = ["spawn"]  # the fixture, used by name
 
@@ -119,7 +119,10 @@ def test_first_touch_storm_is_minor_faults_of_the_touching_thread(
     # timed, and so are the few of a window's end and around each preemption.
     cpu_ns, wall_ns = watched.report["cpu_ns"], watched.report["body_ns"]
     assert 0.8 * cpu_ns <= counted["minor_ns"] <= wall_ns * 1.05
-    assert counted["file_count"] == counted["swap_count"] == 0
+    # The storm's pages are anonymous; the interpreter's own may fault back in from disk
+    # where the suite's other tests let the page cache go, before its body or after it
+    assert counted["swap_count"] == 0
+    assert counted["file_count"] <= watched.report["majflt_life"] + EXIT_MAJFLT, counted
     # (a preemption mid-storm leaves the faults since the last read untimed too)
     assert counted["untimed_count"] <= counted["minor_count"] - pages + 0.05 * pages
     # only one thread was watched: the histogram holds its timed faults
@@ -206,6 +209,13 @@ def read_dropped_file(
     return reader, rec, hist
 
 
+def own_file_faults(reader: Workload, pages: int) -> int:
+    """How many file faults a reader of `pages` may take besides its reads: the interpreter's
+    own pages read back from disk (before or after its body) where the page cache let them
+    go, as its own count says."""
+    return reader.report["majflt_life"] - pages + EXIT_MAJFLT
+
+
 def test_reading_a_dropped_file_through_a_mapping_is_one_major_file_fault_per_page(
     spawn: Callable[..., Workload], tmp_path: Path
 ) -> None:
@@ -214,18 +224,19 @@ def test_reading_a_dropped_file_through_a_mapping_is_one_major_file_fault_per_pa
     reader, rec, hist = read_dropped_file(spawn, tmp_path, pages, ["faults", "swap"], thresholds)
 
     majors = rec.of(MajorFault, tid=reader.pid)
-    assert len(majors) == pages
     assert {m.kind for m in majors} == {"file"}
     base = reader.report["result"]
-    assert sorted((m.address - base) // PAGE for m in majors) == list(range(pages))
+    reads = [m for m in majors if base <= m.address < base + pages * PAGE]
+    assert sorted((m.address - base) // PAGE for m in reads) == list(range(pages))
+    assert len(majors) - pages <= own_file_faults(reader, pages), majors
     assert all(m.dur_ns > 0 for m in majors)
     assert {m.comm for m in majors} == {Path(sys.executable).name[:15]}
     counted = totals(rec, reader.pid)
-    assert counted["file_count"] == pages
+    assert counted["file_count"] == len(majors)
     assert counted["file_ns"] == sum(m.dur_ns for m in majors)
     assert counted["swap_count"] == counted["unclassified_count"] == 0
-    assert sum(hist["file"]) == pages
-    assert rec.status("faults").events == pages + len(rec.of(MinorFaults))
+    assert sum(hist["file"]) == len(majors)
+    assert rec.status("faults").events == len(majors) + len(rec.of(MinorFaults))
     assert rec.status("swap").events == 0
 
 
@@ -235,7 +246,7 @@ def test_major_threshold_keeps_fast_faults_in_the_kernel(
     thresholds = {"faults": {"major": 10_000_000_000}}
     reader, rec, _ = read_dropped_file(spawn, tmp_path, 100, ["faults"], thresholds)
     assert rec.of(MajorFault) == []
-    assert totals(rec, reader.pid)["file_count"] == 100
+    assert 100 <= totals(rec, reader.pid)["file_count"] <= 100 + own_file_faults(reader, 100)
 
 
 def test_swap_alone_streams_no_file_faults_but_counts_them(
@@ -243,7 +254,7 @@ def test_swap_alone_streams_no_file_faults_but_counts_them(
 ) -> None:
     reader, rec, _ = read_dropped_file(spawn, tmp_path, 100, ["swap"], {"swap": {"swapin": 0}})
     assert rec.of(MajorFault) == rec.of(MinorFaults) == []
-    assert totals(rec, reader.pid)["file_count"] == 100
+    assert 100 <= totals(rec, reader.pid)["file_count"] <= 100 + own_file_faults(reader, 100)
     assert rec.status("swap").state == "running"
 
 
