@@ -400,6 +400,7 @@ def test_a_native_only_feeder_becomes_a_python_thread_once_listed_and_is_let_go(
         took.clear()
         _feed_until(probes, [(late, proc.pid)], lambda: len(took) >= 5)
         fds_python = _open_fds()
+        told_ns = time.monotonic_ns()
         _end_thread(proc, late)
         probes.ctx.emit(CudaCall(ts_ns=time.monotonic_ns(), dur_ns=0, tid=late, tgid=proc.pid,
                                  cpu=0, api="launch", func="cuLaunchKernel"))  # fmt: skip
@@ -407,6 +408,11 @@ def test_a_native_only_feeder_becomes_a_python_thread_once_listed_and_is_let_go(
         probes.poll()
         fds_after = _open_fds()
     assert native and {(s.tid, s.line) for s in native} == {(late, NATIVE_LINE)}, native[:5]
-    assert {(s.tid, s.func) for s in took} == {(late, "late_spin")}, took[:5]
+    # Until it was told to end: on its way out the thread runs threading's own code, and the
+    # main thread Python of its own, where a period of CPU time can end (CI under a hog)
+    spinning = [s for s in took if s.ts_ns < told_ns]
+    assert {(s.tid, s.func) for s in spinning} == {(late, "late_spin")}, [
+        s for s in took if (s.tid, s.func) != (late, "late_spin")
+    ]
     assert fds_native == fds_python == fds_before + 1
     assert fds_after == fds_before
