@@ -81,7 +81,9 @@ def test_swap_ins_are_counted_and_timed_like_pswpin(
     assert rec.status("swap").events == len(swapins)
     # The faults probe streams the rest: the storm's minor faults, and the file faults of the
     # interpreter's own pages read back from disk where the page cache let them go (none on
-    # a quiet machine), no more than the process counted for its life
+    # a quiet machine), no more than the process counted for its life (its swap-ins among
+    # them: a swap-in that reads a cluster of pages is one major fault, so pswpin and the
+    # probe's swap count can exceed it, and the two do not subtract)
     files = rec.of(MajorFault, tid=toucher.pid, kind="file")
     assert len(files) == counted["file_count"] <= toucher.report["majflt_life"] + EXIT_MAJFLT
     assert rec.status("faults").events == len(rec.of(MinorFaults)) + len(files)
