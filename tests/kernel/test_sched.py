@@ -597,9 +597,8 @@ def test_waits_on_block_reads_carry_the_disk(tmp_path: Path) -> None:
     # not trace (from the VM agent's threads, docs/probes.md), which is missing whole. The
     # log bounds each by the thread's switch-outs around it (CI, 2026-12-02: 9.7 ms short;
     # here once in 6 runs, 2 such waits, 3.9 ms of the thread's 26 ms blocked).
-    unseen_ns = sum(
-        b - a for a, b in unseen_off_cpu(log, child.pid) if res["t0"] <= a and b <= res["t1"]
-    )
+    unseen = unseen_off_cpu(log, child.pid)
+    unseen_ns = sum(b - a for a, b in unseen if res["t0"] <= a and b <= res["t1"])
     io_ns = sum(blocked_ns(e) for e in io)
     assert 0.9 * res["blocked_ns"] - unseen_ns <= io_ns <= 1.1 * res["blocked_ns"], (
         f"{io_ns=} {res['blocked_ns']=} {unseen_ns=} {elapsed=} {held=} {res['delay_ns']=}\n"
@@ -609,7 +608,7 @@ def test_waits_on_block_reads_carry_the_disk(tmp_path: Path) -> None:
     # but for one that ended in a switch the kernel does not trace (CI under a hog,
     # 2026-12-05: 2 of 3): the log bounds those before the read as above
     sleeps = [e for e in mine if e.syscall == SYS_CLOCK_NANOSLEEP and e.state == "sleeping"]
-    unseen_before = [(a, b) for a, b in unseen_off_cpu(log, child.pid) if b <= res["t0"]]
+    unseen_before = [(a, b) for a, b in unseen if b <= res["t0"]]
     assert 3 - len(unseen_before) <= len(sleeps) <= 3, (sleeps, unseen_before)
     assert all(e.io_dev == "" and e.io_bytes == 0 and e.io_op == "" for e in sleeps)
     assert rec.status("sched").state == "running"
