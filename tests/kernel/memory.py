@@ -50,7 +50,7 @@ def report(body):
 
 # Major faults a workload may take after its report (the interpreter's exit), which its
 # majflt_life leaves out
-EXIT_MAJFLT = 8
+_EXIT_MAJFLT = 8
 
 
 @dataclass
@@ -83,6 +83,11 @@ class Workload:
         out, _ = self.child.communicate(timeout=120)
         assert self.child.returncode == 0, out
         self.report = json.loads(out)
+
+    def major_faults_at_most(self) -> int:
+        """The most major faults the process can have taken in its life (once it reported):
+        its own count, and its exit's."""
+        return int(self.report["majflt_life"]) + _EXIT_MAJFLT
 
     def run(self) -> None:
         """Release the child and wait for its report (what run_probes calls as `load`)."""

@@ -21,7 +21,7 @@ from gpujitter.probes.runner import ProbeSet
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import WatchSpec
 from tests.kernel.conftest import Recorded
-from tests.kernel.memory import EXIT_MAJFLT, PAGE, Workload, run_all, spawn
+from tests.kernel.memory import PAGE, Workload, run_all, spawn
 
 __all__ = ["spawn"]  # the fixture, used by name
 
@@ -122,7 +122,7 @@ def test_first_touch_storm_is_minor_faults_of_the_touching_thread(
     # The storm's pages are anonymous; the interpreter's own may fault back in from disk
     # where the suite's other tests let the page cache go, before its body or after it
     assert counted["swap_count"] == 0
-    assert counted["file_count"] <= watched.report["majflt_life"] + EXIT_MAJFLT, counted
+    assert counted["file_count"] <= watched.major_faults_at_most(), counted
     # (a preemption mid-storm leaves the faults since the last read untimed too)
     assert counted["untimed_count"] <= counted["minor_count"] - pages + 0.05 * pages
     # only one thread was watched: the histogram holds its timed faults
@@ -213,7 +213,7 @@ def own_file_faults(reader: Workload, pages: int) -> int:
     """How many file faults a reader of `pages` may take besides its reads: the interpreter's
     own pages read back from disk (before or after its body) where the page cache let them
     go, as its own count says."""
-    return reader.report["majflt_life"] - pages + EXIT_MAJFLT
+    return reader.major_faults_at_most() - pages
 
 
 def test_reading_a_dropped_file_through_a_mapping_is_one_major_file_fault_per_page(
