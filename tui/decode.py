@@ -204,7 +204,7 @@ def daemon_status(rec: Record) -> DaemonStatus:
     status = DaemonStatus.from_record(rec)
     if not status.cpu_percent >= 0:  # nan too
         raise BadRecord(f"cpu_percent is not a share: {status.cpu_percent}")
-    for name in ("lost_kernel", "lost_user", "engine_dropped"):
+    for name in ("lost_kernel", "lost_user", "engine_dropped", "late_events", "attributed_early"):
         count(getattr(status, name), name)
     return status
 

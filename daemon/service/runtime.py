@@ -589,6 +589,8 @@ class Runtime:
         (clients, a log's or a trace's losses) keeps DaemonStatus's zero."""
         lost_kernel, lost_user = self.state.lost()
         own = self.own
+        pipeline = self.pipeline  # None until the source delivers
+        engine = pipeline.engine.stats() if pipeline is not None else None
         fields: dict[str, Any] = {
             "cpu_percent": self._cpu_percent,
             "rss_bytes": self._rss_bytes,
@@ -596,6 +598,8 @@ class Runtime:
             "lost_kernel": lost_kernel,
             "lost_user": lost_user + self.queue.dropped,
             "engine_dropped": self.queue.dropped,
+            "late_events": engine.late_events if engine else 0,
+            "attributed_early": engine.forced if engine else 0,
             "attributions": self.attributions,
             "self_inflicted": self.self_inflicted,
             "self_inflicted_ns": self.self_inflicted_ns,
@@ -675,6 +679,8 @@ def status_line(status: DaemonStatus) -> str:
         f"{status.events_per_s:.0f} events/s",
         f"lost {status.lost_kernel + status.lost_user}",
         f"self-inflicted {status.self_inflicted}",
+        *([f"late {status.late_events}"] if status.late_events else []),
+        *([f"attributed early {status.attributed_early}"] if status.attributed_early else []),
         f"{status.clients} clients",
         f"cpu {status.cpu_percent:.1f}%",
         f"rss {status.rss_bytes >> 20} MiB",

@@ -50,6 +50,8 @@ class DaemonStatus:
     lost_kernel: int = 0
     lost_user: int = 0
     engine_dropped: int = 0
+    late_events: int = 0
+    attributed_early: int = 0
     clients: int = 0
     client_dropped: int = 0
     attributions: int = 0

@@ -144,7 +144,9 @@ class MetricsSink(Sink):
             )
 
     def tick(self, now_ns: int, status: DaemonStatus) -> None:
-        self.metrics.observe_engine(status.engine_dropped)
+        self.metrics.observe_engine(
+            status.engine_dropped, status.late_events, status.attributed_early
+        )
         for sink, dropped, failing in status.file_sinks():
             if sink in self.files:
                 self.metrics.observe_sink(sink, dropped, bool(failing))

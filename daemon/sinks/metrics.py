@@ -140,6 +140,17 @@ class DaemonMetrics:
             "events dropped between the probes and the engine (queue full)",
             registry=r,
         )
+        self.engine_late = Counter(
+            "gpujitter_engine_late_events",
+            "events that reached the engine more than its lateness bound after they ended "
+            "(a gap may have been attributed without them)",
+            registry=r,
+        )
+        self.engine_early = Counter(
+            "gpujitter_engine_attributed_early",
+            "gaps attributed before their lateness bound because too many were pending",
+            registry=r,
+        )
         self.http_closed = Counter(
             "gpujitter_metrics_connections_closed",
             "connections to this endpoint closed for cause: over_limit, timeout, bad_request",
@@ -250,9 +261,12 @@ class DaemonMetrics:
         self.stream_clients.set(clients)
         self._advance(self.stream_dropped, "stream", dropped_total)
 
-    def observe_engine(self, dropped_total: int) -> None:
-        """Called each tick with the event queue's running drop count."""
+    def observe_engine(self, dropped_total: int, late_total: int = 0, early_total: int = 0) -> None:
+        """Called each tick with the event queue's running drop count and the engine's running
+        counts of late events and of gaps attributed early."""
         self._advance(self.engine_lost, "engine", dropped_total)
+        self._advance(self.engine_late, "engine_late", late_total)
+        self._advance(self.engine_early, "engine_early", early_total)
 
     def observe_sink(self, sink: str, dropped_total: int, failing: bool) -> None:
         """Called each tick with a file sink's running count of records the disk refused."""

@@ -28,13 +28,16 @@ from gpujitter.daemon.service.idle_floors import FILE_NAME, IdleFloorStore
 from gpujitter.daemon.service.runtime import EventQueue, ListSource, Runtime, Sink, status_line
 from gpujitter.daemon.service.service import Daemon
 from gpujitter.daemon.service.status import DaemonStatus
+from gpujitter.daemon.sinks.metrics import DaemonMetrics
 from gpujitter.daemon.sinks.trace import TraceReader
 from gpujitter.probes import bundle
-from gpujitter.probes.events import Event, Migration, to_record
+from gpujitter.probes.events import Event, Migration, OffCpu, to_record
 from gpujitter.probes.nvml import GpuInfo, NvmlUnavailable
 from gpujitter.probes.topology import load_topology
 from gpujitter.tui.model import NodeModel
+from gpujitter.tui.views.status import status_text
 from tests.conftest import FIXTURES
+from tests.unit.test_metrics import scrape_value
 from tests.unit.test_nvml_playback import playback_sampler
 
 TRAINING = FIXTURES / "nvml" / "h200-training.jsonl"
@@ -190,6 +193,32 @@ def test_the_status_is_one_typed_record_from_the_runtime_to_the_tui() -> None:
     assert isinstance(shown, DaemonStatus) and shown.threads[0].comm == "py\\x1b[2J"
     assert dataclasses.replace(shown, threads=status.threads) == status
     assert "log failing (2 dropped): no room" in status_line(status)
+
+
+def test_events_that_came_after_their_gaps_could_go_out_are_counted_and_shown() -> None:
+    """A span that reaches the engine more than its lateness bound after it ended may have
+    missed the gap it belonged to: the daemon counts it, and says so where it says its
+    losses (the status record, systemctl's line, the metrics, top's status line)."""
+    s = 1_000_000_000
+    off = lambda at: OffCpu(at, end_ns=at + 1_000_000, tid=7, tgid=7, cpu=0, cpu_in=0,  # noqa: E731
+                            state="sleeping", runnable_ns=at + 1_000_000)  # fmt: skip
+    events: list[Event] = [off(1 * s), off(5 * s), off(6 * s), off(2 * s), off(7 * s)]
+    runtime = Runtime(ListSource(events), load_topology(),
+                      analysis=lambda source: AnalysisConfig(), signals=False)  # fmt: skip
+    runtime.run()
+    status = runtime.status()
+    assert (status.late_events, status.attributed_early) == (1, 0)  # 2 s arrived after 6 s
+    assert "late 1" in status_line(status) and "attributed early" not in status_line(status)
+    assert "late" not in status_line(dataclasses.replace(status, late_events=0))
+    metrics = DaemonMetrics()
+    metrics.observe_engine(0, status.late_events, 3)
+    text = metrics.exposition().decode()
+    assert scrape_value(text, "gpujitter_engine_late_events_total") == 1
+    assert scrape_value(text, "gpujitter_engine_attributed_early_total") == 3
+    model = NodeModel()
+    model.apply(orjson.loads(orjson.dumps(status.to_record())))
+    shown = status_text(model, None, None, inbox_dropped=0, paused=False).plain
+    assert "late 1" in shown and "attributed early" not in shown
 
 
 def test_the_daemons_cpu_is_its_cpu_time_over_each_tick_to_the_ns() -> None:

@@ -121,6 +121,12 @@ def status_text(
         own = model.status.self_inflicted
         if own >= 0:
             parts.append(Text(f"self-inflicted {own}", style="bold red" if own else "dim"))
+        # Either means a gap may have been attributed without some of its events.
+        if model.status.late_events:
+            parts.append(Text(f"late {model.status.late_events}", style="yellow"))
+        if model.status.attributed_early:
+            parts.append(Text(f"attributed early {model.status.attributed_early}",
+                              style="yellow"))  # fmt: skip
     parts.append(probes_text(model))
     cost = bpf_cost_text(model)
     if cost is not None:
