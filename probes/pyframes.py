@@ -32,6 +32,7 @@ from pathlib import Path
 from gpujitter.probes.elf import STT_OBJECT, ElfFile
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.procfs import in_root, read_maps
+from gpujitter.text import jsonable
 
 _VERSION = re.compile(r"^(?:lib)?python(3)\.(\d+)")
 DEBUG_COOKIE = b"xdebugpy"
@@ -370,4 +371,9 @@ class Interpreter:
         start = lay.unicode_ascii_size if ascii_ else lay.unicode_compact_size
         data = self.mem.read(addr + start, length * kind) if length else b""
         codec = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind]
-        return data.decode(codec, errors="replace")
+        try:
+            # A file name of bytes that are not UTF-8 holds os.fsdecode's surrogates: kept,
+            # they are written as every other name is (`\\xff`), not as U+FFFD for each.
+            return jsonable(data.decode(codec, errors="surrogatepass"))
+        except UnicodeDecodeError:  # no str's text: the object changed under the read
+            return data.decode(codec, errors="replace")

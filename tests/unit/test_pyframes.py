@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import os
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,7 @@ from gpujitter.probes.pyframes import (
     layout_from_debug_offsets,
     version_of,
 )
+from gpujitter.text import decode_name
 
 OFFSETS_C = Path(__file__).parents[1] / "fixtures" / "pyframes" / "offsets.c"
 SYSTEM = "/usr/bin/python3.11"
@@ -99,6 +101,21 @@ def test_depth_bounds_the_walk(target: tuple[str, Path]) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_file_name_of_bytes_that_are_not_utf8_is_kept_as_those_bytes(tmp_path: Path) -> None:
+    """os.fsdecode keeps byte 0xff of a file name as a surrogate; the reader writes it as
+    every name of the daemon's is written (`\\xff`), so that two such files stay two."""
+    path = Path(os.fsdecode(bytes(tmp_path) + b"/t\xffarget.py"))
+    path.write_text(TARGET)
+    proc, main, _ = _run(SYSTEM, path)
+    try:
+        interp = Interpreter(proc.pid)
+        (frame,) = interp.stack(interp.threads()[main], 1)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert frame.file == decode_name(bytes(path)) and frame.file.endswith("/t\\xffarget.py")
 
 
 def test_another_version_is_refused_in_one_line(target: tuple[str, Path]) -> None:
