@@ -4,9 +4,11 @@ Python interpreter): which processes to look at now, and when one is done with.
 Uprobes are per file, so one attachment serves every process that maps it; only a file not
 seen before costs anything. A process is looked at every second until it has mapped what the
 probe wants (frameworks load libcuda at their first CUDA call); with every process watched,
-only during the first `late_load_ns` after it appeared, and processes already running at
-start once: rescanning every process of a busy node for a minute would cost more than the
-probe itself.
+only during the first `late_load_ns` after it started. A process already running at the
+first scan counts from its own start, not the daemon's: a job started with the daemon (a
+node's boot, a restart of the service) that loads libcuda a second later is still looked
+at, while one running for longer is looked at once (rescanning every process of a busy node
+for a minute would cost more than the probe itself).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import os
 
 from gpujitter.probes.host import HostPaths, proc_pids
-from gpujitter.probes.procfs import alive
+from gpujitter.probes.procfs import alive, process_age_ns
 
 LATE_LOAD_NS = 60_000_000_000
 
@@ -53,12 +55,21 @@ class MappedScan:
         for pid in pids:
             if pid in self.scanned:
                 continue
-            first = self._first_seen.setdefault(pid, now_ns if self._started else 0)
+            first = self._first_seen.get(pid)
+            if first is None:
+                first = now_ns if self._started else self._start(pid, now_ns)
+                self._first_seen[pid] = first
             out.append(pid)
             if everyone and now_ns - first > self.late_load_ns:
                 self.scanned.add(pid)
         self._started = True
         return out
+
+    def _start(self, pid: int, now_ns: int) -> int:
+        """When a process found at the first scan started, on now_ns's clock (0, long ago,
+        where its start cannot be read)."""
+        age = process_age_ns(self.paths, pid)
+        return 0 if age is None else now_ns - age
 
     def done(self, pid: int) -> None:
         self.scanned.add(pid)

@@ -7,6 +7,7 @@ host.py; interrupts: interrupts.py); HostPaths makes them run on recorded trees.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 from gpujitter.probes.host import HostPaths, read_file, unescape_octal
@@ -175,6 +176,18 @@ def task_stat_fields(text: str | bytes) -> list[str]:
     parentheses, so it is cut at the last ')'."""
     raw = text.decode(errors="replace") if isinstance(text, bytes) else text
     return raw[raw.rindex(")") + 2 :].split()
+
+
+def process_age_ns(paths: HostPaths, pid: int | str) -> int | None:
+    """How long ago `pid` started, to the clock tick (stat's field 22, in ticks since boot,
+    against CLOCK_BOOTTIME: the kernel's own clocks, unmoved by a change of the wall clock);
+    None where it cannot be read."""
+    try:
+        start_ticks = int(task_stat_fields(read_file(paths.proc / str(pid) / "stat"))[19])
+    except (OSError, ValueError, IndexError):
+        return None
+    tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    return max(time.clock_gettime_ns(time.CLOCK_BOOTTIME) - start_ticks * tick_ns, 0)
 
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h

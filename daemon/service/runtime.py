@@ -39,7 +39,7 @@ from gpujitter.probes.base import Emit
 from gpujitter.probes.events import Event, ProbeStatus, WatchChange
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import GpuInfo
-from gpujitter.probes.procfs import alive
+from gpujitter.probes.procfs import alive, process_age_ns
 from gpujitter.probes.topology import Topology
 
 TICK_NS = 1_000_000_000
@@ -505,9 +505,11 @@ class Runtime:
         (the probes' compile included) as a share of that time, not a 0 % never measured;
         the ticks measure from here."""
         self._cpu_at = (now, process_cpu_ns())
-        with contextlib.suppress(OSError, psutil.Error, ValueError):
-            lived_s = process_lived_s()
-            self._cpu_percent = round(100 * self._cpu_at[1] / 1e9 / max(lived_s, 1e-3), 2)
+        # Its age to the clock tick (psutil's create_time adds the boot time in whole seconds).
+        lived_ns = process_age_ns(HostPaths(), "self")
+        if lived_ns is not None:
+            self._cpu_percent = round(100 * self._cpu_at[1] / max(lived_ns, 1_000_000), 2)
+        with contextlib.suppress(OSError, psutil.Error):
             self._rss_bytes = self._me.memory_info().rss
 
     def _loop(self) -> None:
@@ -661,14 +663,6 @@ class Runtime:
 def process_cpu_ns() -> int:
     """The CPU time of this process to the ns: every thread's, those that ended included."""
     return time.clock_gettime_ns(time.CLOCK_PROCESS_CPUTIME_ID)
-
-
-def process_lived_s() -> float:
-    """Seconds since this process started, to the clock tick (/proc/self/stat's start time
-    against CLOCK_BOOTTIME; psutil's create_time adds the boot time in whole seconds)."""
-    with open("/proc/self/stat", "rb") as f:
-        start_ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def status_line(status: DaemonStatus) -> str:

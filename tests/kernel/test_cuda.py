@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -191,3 +192,47 @@ def test_a_sync_that_ends_a_quiet_stretch_is_reported_however_soon_it_returns(st
     assert blocked.prev_api == "launch" and 0 < blocked.after_idle_ns < SLACK_NS
     assert quiet_launches(rec.events, child.pid) == []  # the launch followed a sync's return
     assert rec.status("cuda").lost_kernel == 0
+
+
+# Python that maps nothing until told, then runs the scripted feeding loop (which loads the
+# stub at once and waits for its own "go"): a framework's first CUDA call, a while after start.
+LOADS_LATER = (
+    "import runpy, sys; sys.stdin.readline(); "
+    "runpy.run_module('gpujitter.daemon.drill.schedule', run_name='__main__')"
+)
+
+
+def test_a_job_started_before_the_probe_that_loads_libcuda_later_is_traced(stub: Path) -> None:
+    """With every process watched (the daemon's default), a process already running at the
+    probe's first scan used to be looked at that once: a job started with the daemon (a
+    node's boot, a service restart) that reached its first CUDA call a second later was
+    never traced. Its window counts from its own start now."""
+    schedule = [["call", "cuLaunchKernel", 250, 5], ["pause", 60], ["call", "cuLaunchKernel", 1, 1]]
+    child = subprocess.Popen(
+        [sys.executable, "-c", LOADS_LATER, str(stub), json.dumps(schedule)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def load() -> None:
+        assert child.stdin is not None and child.stdout is not None
+        time.sleep(2.5)  # past the probe's first scan, which found the job without libcuda
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        time.sleep(2.5)  # it maps the stub now; the next scans find it there
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        json.loads(child.stdout.readline())
+        assert child.wait(timeout=60) == 0
+
+    try:
+        rec = run_probes(
+            ["cuda"], load, watch=WatchSpec(all=True), thresholds={"cuda": {"quiet": 20 * MS}}
+        )
+    finally:
+        child.kill()
+        child.wait()
+    (launch,) = quiet_launches(rec.events, child.pid)
+    assert launch.after_idle_ns >= 50 * MS  # the 60 ms pause
+    assert rec.status("cuda").state == "running"
