@@ -20,7 +20,13 @@ from typing import Any
 
 import orjson
 
-from gpujitter.daemon.sinks.jsonlog import LOG_SCHEMA, MAX_LINE_BYTES, JsonLogReader, numbered_lines
+from gpujitter.daemon.sinks.jsonlog import (
+    LOG_SCHEMA,
+    MAX_LINE_BYTES,
+    JsonLogReader,
+    numbered_lines,
+    rotated_files,
+)
 from gpujitter.daemon.sinks.trace import (
     MAGIC,
     SUFFIX,
@@ -67,6 +73,12 @@ def sniff(path: Path) -> str:
             line = head + f.readline(MAX_LINE_BYTES)
     except OSError as err:
         raise GpujitterError(f"cannot read {path}: {err.strerror}") from None
+    if not line:
+        # A daemon's log stays empty until its first attribution, and is so again right after
+        # a rotation: its rotated files hold what it recorded.
+        if len(rotated_files(path)) > 1:
+            return LOG
+        raise GpujitterError(f"{path}: empty, nothing recorded in it ({FORMATS})")
     try:
         first = orjson.loads(line)
     except orjson.JSONDecodeError:

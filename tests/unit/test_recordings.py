@@ -168,6 +168,19 @@ def test_a_line_too_long_inside_an_events_file_is_damage(
     assert sum(1 for _ in open_recording([edge])) == len(lines)
 
 
+def test_a_log_left_empty_by_its_rotation_is_read_with_its_rotated_files(
+    formats: dict[str, Path], tmp_path: Path
+) -> None:
+    """A daemon's log is empty until its first attribution, and again right after it was
+    rotated: named, it is the log whose rotated files hold the records."""
+    log = tmp_path / "attributions.jsonl"
+    (tmp_path / "attributions.jsonl.1").write_bytes(formats[LOG].read_bytes())
+    log.write_bytes(b"")
+    got = _run_json(["report", "--json", str(log)])
+    assert got["format"] == LOG
+    assert got["summary"] == _run_json(["report", "--json", str(formats[LOG])])["summary"]
+
+
 def test_a_rotated_log_that_is_no_regular_file_is_refused_not_waited_on(
     formats: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -183,7 +196,7 @@ def test_a_rotated_log_that_is_no_regular_file_is_refused_not_waited_on(
     ("content", "why"),
     [
         (b"hello\n", "not a gpujitter recording"),
-        (b"", "not a gpujitter recording"),
+        (b"", "empty, nothing recorded in it"),
         (b'{"type": "no.such.kind", "ts_ns": 1}\n', "not a gpujitter recording"),
         (b'{"schema": "gpujitter.stream/1", "type": "hello"}\n', "play it with gpujitter top"),
         (b"\x89GJTRAC", "not a gpujitter recording"),
