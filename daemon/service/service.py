@@ -74,6 +74,7 @@ from gpujitter.probes.base import memory_short
 from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import to_record
 from gpujitter.probes.host import HostPaths, memory_limit
+from gpujitter.probes.procfs import alive
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.text import dumps, inert_json, printable
@@ -308,6 +309,9 @@ class Daemon:
             # not only in the status records (a unit's journal shows nothing else).
             refused = [f"probe {s.probe} unavailable: {s.reason}"
                        for s in self.source.statuses if s.state == "unavailable"]  # fmt: skip
+            # A mistyped or stale --pid watches nothing: said, not left to an empty log.
+            refused += [f"watch: pid {pid}: no such process" for pid in sorted(self.watch.pids)
+                        if not alive(HostPaths(), pid)]  # fmt: skip
             if self.console:
                 self.console.note(summary)
             for line in refused:

@@ -112,3 +112,13 @@ def test_a_hangup_while_starting_does_not_kill_the_daemon() -> None:
     proc.send_signal(signal.SIGHUP)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
+
+
+def test_a_watched_pid_with_no_process_is_said_at_start() -> None:
+    # A mistyped or stale --pid watches nothing; the run says so rather than log nothing.
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that was a process a moment ago, none now
+    done = gpujitter(*RUN, "--probes", "malloc", "--pid", str(gone.pid), "--pid", str(os.getpid()))
+    assert done.returncode == 0, done.stderr
+    assert f"# watch: pid {gone.pid}: no such process" in done.stderr.splitlines()
+    assert f"pid {os.getpid()}: no such process" not in done.stderr
