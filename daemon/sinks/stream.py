@@ -702,9 +702,11 @@ class StreamServer:
         """At close: what is still queued for the clients (the attributions the daemon
         decides while stopping), within one deadline for all of them, so that stuck clients
         cannot hold up the stop; a client that takes nothing for CLOSE_IDLE_S (one that
-        never reads) is given up at once rather than at the deadline."""
-        rest = {c.sock: memoryview(c.pending + b"".join(c.queue)) for c in clients}
-        rest = {sock: data for sock, data in rest.items() if data}
+        never reads) is given up at once rather than at the deadline. A client's queue is
+        joined into one buffer only once its socket takes more: joined for all at once, 40
+        clients that never read took the daemon from 114 to 214 MB on its way out."""
+        owner = {c.sock: c for c in clients if c.pending or c.queue}
+        rest: dict[socket.socket, memoryview | None] = dict.fromkeys(owner)  # None: not joined
         start = time.monotonic()
         took = dict.fromkeys(rest, start)  # when each last took something
         by_fd = {sock.fileno(): sock for sock in rest}
@@ -715,16 +717,24 @@ class StreamServer:
             ready = poller.poll(min(left, CLOSE_IDLE_S) * 1000)
             now = time.monotonic()
             for sock in (by_fd[fd] for fd, _ in ready if by_fd[fd] in rest):
+                data = rest[sock]
+                if data is None:
+                    client = owner[sock]
+                    data = memoryview(client.pending + b"".join(client.queue))
+                    client.pending, client.queue, client.queued_bytes = b"", deque(), 0  # one copy
+                    rest[sock] = data
                 try:
-                    rest[sock] = rest[sock][sock.send(rest[sock]) :]
+                    rest[sock] = data[sock.send(data) :]
                     took[sock] = now
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError:
                     rest[sock] = memoryview(b"")
-            for sock in [s for s in rest if not rest[s] or now - took[s] >= CLOSE_IDLE_S]:
-                del rest[sock]
-                poller.unregister(sock.fileno())
+            for sock in list(rest):
+                data = rest[sock]
+                if (data is not None and not data) or now - took[sock] >= CLOSE_IDLE_S:
+                    del rest[sock]  # all sent, or given up
+                    poller.unregister(sock.fileno())
 
     def close(self) -> None:
         self._stop.set()
