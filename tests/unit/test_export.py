@@ -82,6 +82,15 @@ def test_bad_input_is_one_line(trace: Path, tmp_path: Path, capsys) -> None:
     assert not (tmp_path / "u.json").exists()
     assert main(["export", str(trace), "-o", ""]) == 2
     assert capsys.readouterr().err == "gpujitter export: error: -o: an empty file name\n"
+    # orjson reads 1024 levels of nesting and writes 254: an internal error (exit 70) once
+    # the whole trace had been replayed.
+    deep = tmp_path / "deep.json"
+    deep.write_text(
+        '{"traceEvents": [{"ph": "i", "ts": 0, "args": ' + "[" * 300 + "]" * 300 + "}]}"
+    )
+    assert main(["export", str(trace), "-o", str(tmp_path / "d.json"), "--merge", str(deep)]) == 2
+    err = capsys.readouterr().err
+    assert "event 0 cannot be merged" in err and err.count("\n") == 1
 
 
 def test_a_file_it_refuses_to_write_over_is_left_whole(trace: Path, tmp_path: Path, capsys) -> None:
