@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from array import array
 from collections.abc import Iterator
@@ -33,10 +34,17 @@ class ElfFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        with open(self.path, "rb") as f:
-            if os.fstat(f.fileno()).st_size < 64:  # not even an ELF header (nor mappable)
+        # O_NONBLOCK: a FIFO's open returns at once (to be refused), never waits for a writer
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{path}: not a regular file")
+            if st.st_size < 64:  # not even an ELF header (nor mappable)
                 raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
-            self.data = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+            self.data = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)  # the mapping holds the file
         try:
             self._headers()
         except ValueError:

@@ -233,6 +233,9 @@ def run(args: argparse.Namespace) -> int:
     missing = [path for path in args.libcuda if not os.path.exists(path)]
     if missing:  # the tracer would only say "no libcuda attached yet"
         raise GpujitterError(f"--libcuda {missing[0]}: no such file")
+    odd = [path for path in args.libcuda if not os.path.isfile(path)]
+    if odd:  # a FIFO's open would wait for ever; a directory or a device is no library
+        raise GpujitterError(f"--libcuda {odd[0]}: not a regular file")
     backend = nvml_backend(args)  # None with --no-nvml (refused beside its options)
     watch, topology = watch_from_args(args), load_topology(nvml=False if args.no_nvml else None)
     saved = SavedEvents(args.save_events, ref) if args.save_events else None

@@ -88,6 +88,16 @@ def test_what_is_not_elf_is_refused(tmp_path: Path) -> None:
             ElfFile(path)
 
 
+def test_what_is_no_regular_file_is_refused_at_once(tmp_path: Path) -> None:
+    """A FIFO named as a library (`--libcuda`, a mapping's path in a recorded tree) was
+    opened for reading: the open waited for a writer for ever."""
+    fifo = tmp_path / "libcuda.so.1"
+    os.mkfifo(fifo)
+    for path in (fifo, tmp_path, Path("/dev/zero")):
+        with pytest.raises(ValueError, match="not a regular file"):
+            ElfFile(path)
+
+
 def test_a_file_cut_short_is_refused_not_misread(tmp_path: Path) -> None:
     cut = tmp_path / "libcut.so"
     cut.write_bytes(LIBZ.read_bytes()[:4096])  # headers, but no section table
