@@ -4,6 +4,7 @@ measure how well gpujitter finds and attributes it (daemon/drill/, docs/accuracy
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import TYPE_CHECKING
 
@@ -72,11 +73,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.stalls < 1:
         raise GpujitterError("--stalls must be at least 1")
-    if args.stall_ms <= 0:
-        raise GpujitterError("--stall-ms must be positive")
+    if not 0 < args.stall_ms < math.inf:  # NaN fails this too
+        raise GpujitterError(f"--stall-ms {args.stall_ms}: want a length above 0 ms")
     if args.keep_trace is not None:  # said now, not after the drill (its result lost then)
         can_create(args.keep_trace, "--keep-trace")
     duration_s = parse_duration_ns(args.duration, "s") / 1e9 if args.duration else None
+    if duration_s is not None and duration_s <= 0:  # 0 read as "the scenario's default"
+        raise GpujitterError(f"--duration {args.duration}: want a time above 0")
     opts = DrillOptions(
         duration_s=duration_s,
         stalls=args.stalls,

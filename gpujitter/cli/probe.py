@@ -20,6 +20,7 @@ from gpujitter.cli.options import (
     watch_from_args,
 )
 from gpujitter.cli.output import print_ndjson, table
+from gpujitter.daemon.service.config import parse_value
 from gpujitter.daemon.service.runtime import LiveSource, Runtime, Sink
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
@@ -140,6 +141,7 @@ def precise_options(args: argparse.Namespace, names: list[str]) -> dict[str, dic
         return {}
     if "malloc" not in names:
         raise GpujitterError("--precise is a mode of the malloc probe: add `malloc` to PROBE")
+    parse_value("watch.pids", args.precise, "flag --precise")  # 1..pid_max, as --pid
     window_ns = parse_duration_ns(args.window, "s")
     if not 0 < window_ns <= MAX_WINDOW_NS:
         raise GpujitterError(f"--window {args.window}: want a time above 0 and at most 1h")

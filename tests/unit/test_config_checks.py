@@ -285,6 +285,15 @@ OTHERS = [
     (("record", "-o", "{tmp}/x.gjtrace", "-p", "99999999999"), "--pid"),
     (("gaps", "--no-nvml", "-p", "0"), "--pid"),
     (("top", "--embedded", "-p", "-1"), "--pid"),
+    # Checked as --pid is (they ran, "watching pid -5", exit 0).
+    (("probe", "malloc", "--precise", "-5"), "--precise"),
+    (("record", "-o", "{tmp}/x.gjtrace", "--precise", "0"), "--precise"),
+    # A FIFO's open waited for a writer for ever, deaf to ^C.
+    (("gaps", "--no-nvml", "--libcuda", "{tmp}/fifo"), "not a regular file"),
+    (("gaps", "--no-nvml", "--libcuda", "{tmp}"), "not a regular file"),
+    # NaN passed `<= 0` (a traceback from the feeding loop); 0 s ran the 60 s default.
+    (("drill", "clean", "--stall-ms", "nan"), "--stall-ms"),
+    (("drill", "clean", "--duration", "0s"), "--duration"),
 ]
 
 
@@ -292,6 +301,7 @@ OTHERS = [
 def test_other_commands_check_the_same_options(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], said: str
 ) -> None:
+    os.mkfifo(tmp_path / "fifo")
     assert cli.main([a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"gpujitter {argv[0]}: error: ") and err.count("\n") == 1, err
