@@ -176,7 +176,7 @@ def _pods(v: Any) -> tuple[str, ...]:
     pods = _list(v)
     for pod in pods:
         parts = pod.split("/")
-        if len(parts) > 2 or not all(_KUBE_NAME.match(p) for p in parts):
+        if len(parts) > 2 or not all(_KUBE_NAME.fullmatch(p) for p in parts):
             raise ValueError(f"pod {pod!r}: expected NAME or NAMESPACE/NAME (lower-case DNS names)")
     return pods
 

@@ -97,6 +97,8 @@ def test_env_lists_and_thresholds_are_comma_separated(tmp_path: Path) -> None:
         ("[watch]\ncomms = [true, 1]\n", "expected a list of strings"),  # was ('True', '1')
         ('[log]\nmax_bytes = "0.4"\n', "rounds to 0"),  # was 0: no limit
         ('[gaps]\nmin_gap = "0.4ns"\n', "rounds to 0"),
+        # `$` matched before a final newline: a pod name that never matches, accepted
+        ('[watch]\npods = ["ml/trainer-0\\n"]\n', "expected NAME or NAMESPACE/NAME"),
     ],
 )
 def test_bad_file_is_one_line_naming_file_and_key(tmp_path: Path, text: str, message: str) -> None:
