@@ -85,6 +85,13 @@ def read_name(path: Path) -> str | None:
     return decode_name(raw[:-1] if raw.endswith(b"\n") else raw)
 
 
+def decimal(text: str, digits: int = 20) -> int | None:
+    """Text of ASCII digits (at most `digits` of them: 20 holds any u64) as a number, else
+    None: str.isdigit/isdecimal also take '²' or '٣', and int() refuses past 4300 digits."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= digits else None
+
+
 def read_int(path: Path) -> int | None:
     """A file holding one integer (decimal, or hex with 0x), None when absent or not a number."""
     text = read_text(path)

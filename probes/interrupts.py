@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpujitter.probes.host import HostPaths, read_text
+from gpujitter.probes.host import HostPaths, decimal, read_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,7 @@ class IrqRow:
 
     @property
     def numbered(self) -> bool:
-        return self.label.isdigit()
+        return decimal(self.label) is not None
 
     @property
     def name(self) -> str:
@@ -39,7 +39,9 @@ def read_table(paths: HostPaths, name: str = "interrupts") -> dict[str, IrqRow]:
     lines = (read_text(paths.proc / name) or "").splitlines()
     if not lines:
         return {}
-    cpus = [int(c[3:]) for c in lines[0].split() if c.startswith("CPU")]
+    cpus = [
+        n for c in lines[0].split() if c.startswith("CPU") and (n := decimal(c[3:])) is not None
+    ]
     rows = {}
     for line in lines[1:]:
         label, sep, tail = line.partition(":")
@@ -47,8 +49,9 @@ def read_table(paths: HostPaths, name: str = "interrupts") -> dict[str, IrqRow]:
             continue
         fields = tail.split()
         numbers: list[int] = []
-        while fields and len(numbers) < len(cpus) and fields[0].isdigit():
-            numbers.append(int(fields.pop(0)))
+        while fields and len(numbers) < len(cpus) and (n := decimal(fields[0])) is not None:
+            fields.pop(0)
+            numbers.append(n)
         per_cpu = dict(zip(cpus, numbers, strict=False)) if len(numbers) == len(cpus) else {}
         rows[label.strip()] = IrqRow(label.strip(), per_cpu, sum(numbers), tuple(fields))
     return rows

@@ -30,6 +30,7 @@ from gpujitter.probes.events import typed
 from gpujitter.probes.host import (
     HostPaths,
     cpus_in,
+    decimal,
     numa_node,
     parse_cpulist,
     pci_address_of,
@@ -269,9 +270,9 @@ def read_node_distance(paths: HostPaths) -> dict[int, tuple[int, ...]]:
     read as numbers has none (unknown, as without the file)."""
     out = {}
     for node, node_dir in _node_dirs(paths):
-        text = read_text(node_dir / "distance") or ""
-        if text and all(d.isdecimal() for d in text.split()):
-            out[node] = tuple(int(d) for d in text.split())
+        values = [decimal(d) for d in (read_text(node_dir / "distance") or "").split()]
+        if values and None not in values:
+            out[node] = tuple(v for v in values if v is not None)
     return out
 
 
@@ -296,7 +297,7 @@ def read_cpu_idle(paths: HostPaths, cpus: list[int]) -> CpuIdle:
 def cpuidle_states(cpuidle: Path) -> tuple[IdleState, ...]:
     """One CPU's idle states from its cpuidle directory, in index order; () without a driver."""
     found = []
-    for state_dir in cpuidle.glob("state[0-9]*"):
+    for state_dir in _numbered(cpuidle, "state"):
         found.append(
             IdleState(
                 index=int(state_dir.name[5:]),
@@ -310,10 +311,18 @@ def cpuidle_states(cpuidle: Path) -> tuple[IdleState, ...]:
     return tuple(sorted(found, key=lambda s: s.index))
 
 
+def _numbered(folder: Path, prefix: str) -> list[Path]:
+    """The entries of a sysfs folder named prefix + a number (state0, an MSI vector's 24): a
+    glob's [0-9]* also takes state1x or 2², which int() refuses."""
+    return [
+        d for d in folder.glob(f"{prefix}[0-9]*") if decimal(d.name[len(prefix) :], 10) is not None
+    ]
+
+
 def idle_residency_ns(cpuidle: Path) -> dict[str, int]:
     """Time one CPU has spent in each of its idle states since boot (the states' `time`
     files, in µs), by state name in index order; {} without a driver."""
-    dirs = sorted(cpuidle.glob("state[0-9]*"), key=lambda d: int(d.name[5:]))
+    dirs = sorted(_numbered(cpuidle, "state"), key=lambda d: int(d.name[5:]))
     out = {}
     for state_dir in dirs:
         name, usec = read_text(state_dir / "name"), read_text(state_dir / "time")
@@ -362,7 +371,7 @@ def pci_device(dev: Path) -> PciDevice:
     """One PCI function from its sysfs folder (bus/pci/devices/BUS); a missing file reads as
     unknown."""
     msi = dev / "msi_irqs"
-    irqs = sorted(int(p.name) for p in msi.glob("[0-9]*")) if msi.is_dir() else []
+    irqs = sorted(int(p.name) for p in _numbered(msi, "")) if msi.is_dir() else []
     if not irqs and (read_int(dev / "irq") or 0) > 0:
         irqs = [read_int(dev / "irq") or 0]
     return PciDevice(

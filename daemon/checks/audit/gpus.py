@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from gpujitter.daemon.analysis import remedies
 from gpujitter.daemon.checks.audit.irqs import owner_uid, pids_named
 from gpujitter.daemon.checks.audit.model import AuditContext, Finding, Reading, rule
+from gpujitter.probes.host import decimal
 
 # nvidia-persistenced runs as root or as a system account of its own (Debian's
 # nvidia-persistenced user). One owned by a login user is anyone's process named so (a name
@@ -16,7 +17,8 @@ SYSTEM_UID_MAX = 999
 
 
 def _system_account(uid: str) -> bool:
-    return uid.isdecimal() and int(uid) <= SYSTEM_UID_MAX
+    number = decimal(uid)
+    return number is not None and number <= SYSTEM_UID_MAX
 
 
 @rule("gpu.persistence")

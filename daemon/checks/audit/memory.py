@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from gpujitter.daemon.analysis import remedies
 from gpujitter.daemon.checks.audit.model import AuditContext, Finding, Reading, rule
-from gpujitter.probes.host import selected_choice
+from gpujitter.probes.host import decimal, selected_choice
 from gpujitter.probes.procfs import Swap, parse_swaps
 
 THP = "kernel/mm/transparent_hugepage"
@@ -30,10 +30,10 @@ def active_swaps(ctx: AuditContext) -> tuple[list[Swap], Reading]:
 def swappiness(ctx: AuditContext) -> Iterator[Finding]:
     text, ev = ctx.read(ctx.paths.proc / "sys/vm/swappiness")
     subject = "vm.swappiness"
-    if text is None or not text.strip().isdigit():
+    value = decimal(text or "")
+    if value is None:
         yield Finding("memory.swappiness", "info", subject, "not readable", (ev,))
         return
-    value = int(text)
     swaps, swaps_ev = active_swaps(ctx)
     if 1 <= value <= 10:
         yield Finding(

@@ -27,6 +27,7 @@ from gpujitter.probes.cuda import is_libcuda
 from gpujitter.probes.host import (
     HostPaths,
     cpus_in,
+    decimal,
     format_cpulist,
     proc_pids,
     read_name,
@@ -38,7 +39,7 @@ from gpujitter.probes.procfs import is_kernel_thread, mapped_files, read_mapped_
 from gpujitter.probes.topology import Topology
 
 LIBCUDA = "libcuda.so"
-NVIDIA_DEV = re.compile(r"/dev/nvidia(\d+)")
+NVIDIA_DEV = re.compile(r"/dev/nvidia([0-9]{1,10})")
 ALLOCATORS = {"libjemalloc": "jemalloc", "libtcmalloc": "tcmalloc", "libmimalloc": "mimalloc"}
 ALLOCATOR_ENV = (
     "MALLOC_CONF=",
@@ -228,7 +229,7 @@ def _numa_pages(text: str) -> tuple[Counter[int], Counter[str]]:
             continue
         policies[fields[1]] += 1
         for f in fields[2:]:
-            match = re.fullmatch(r"N(\d+)=(\d+)", f)
+            match = re.fullmatch(r"N([0-9]{1,10})=([0-9]{1,20})", f)
             if match:
                 pages[int(match.group(1))] += int(match.group(2))
     return pages, policies
@@ -318,12 +319,12 @@ def memlock(ctx: AuditContext) -> Iterator[Finding]:
         )
         values = row.removeprefix("Max locked memory").split()
         ev = Reading(str(limits), " ".join(row.split()) or "absent")
-        if not values:
-            yield Finding(name, "info", _subject(p), "limits not readable", (ev,))
-        elif values[0] == "unlimited":
+        soft = decimal(values[0]) if values else None
+        if values and values[0] == "unlimited":
             yield Finding(name, "ok", _subject(p), "RLIMIT_MEMLOCK unlimited", (ev,))
+        elif soft is None:
+            yield Finding(name, "info", _subject(p), "limits not readable", (ev,))
         else:
-            soft = int(values[0])
             yield Finding(
                 name,
                 "warn",
