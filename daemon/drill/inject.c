@@ -39,6 +39,53 @@ static long involuntary_switches(void)
     return ru.ru_nivcsw;
 }
 
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static long switches_now(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_THREAD, &ru);
+    return ru.ru_nvcsw + ru.ru_nivcsw;
+}
+
+/* A minor-fault storm: write one byte of each `stride`-byte unit of [base, base + len) until
+ * the deadline, as gj_touch_until. The faults probe times a storm by stretches of
+ * `per_stretch` faults between its clock reads: a stretch that took longer than
+ * per_stretch * slow_step_ns (its storm_gap), or in which the thread was switched out, is
+ * counted, not timed (docs/probes.md). *untimed_ns sums what the thread ran in such
+ * stretches, as the probe's rule leaves it out (its time off CPU is the run queue's). In a
+ * VM the host's own faults behind the guest's make slow stretches: at times steps of
+ * 150-650 us. */
+uint64_t gj_storm_until(volatile char *base, uint64_t len, uint64_t stride, uint64_t deadline_ns,
+                        uint64_t per_stretch, uint64_t slow_step_ns, uint64_t *untimed_ns)
+{
+    long switches = switches_now();
+    uint64_t off = 0, untimed = 0, n = 0, start = now_ns(), cpu = thread_cpu_ns(), t = start;
+    for (; off < len && t < deadline_ns; off += stride) {
+        base[off] = 1;
+        t = now_ns();
+        if (++n < per_stretch)
+            continue;
+        long now_switches = switches_now();
+        uint64_t now_cpu = thread_cpu_ns();
+        if (now_switches != switches)
+            untimed += now_cpu - cpu;
+        else if (t - start > per_stretch * slow_step_ns)
+            untimed += t - start;
+        switches = now_switches;
+        cpu = now_cpu;
+        start = t = now_ns(); /* the two reads above are not the storm's */
+        n = 0;
+    }
+    *untimed_ns = untimed;
+    return off < len ? off : len;
+}
+
 /* CPU-bound work until the deadline: only the clock is read. Returns the time the thread
  * lost while it spun without being switched out: the sum of the steps between two
  * consecutive clock reads longer than threshold_ns (interrupts, and in a VM the

@@ -18,6 +18,7 @@ from gpujitter.daemon.analysis.records import AllocEvidence, Evidence
 from gpujitter.daemon.drill import system
 from gpujitter.daemon.drill.helpers import child_env
 from gpujitter.errors import GpujitterError
+from gpujitter.probes import registry
 from gpujitter.probes.host import HostPaths, format_cpulist
 from gpujitter.probes.procfs import task_ids
 from gpujitter.probes.topology import UNKNOWN_GPU_KEY, Topology
@@ -135,6 +136,12 @@ def _data_file(stage: Stage) -> Path:
     if not path.exists():
         system.write_file(path, size)
     return path
+
+
+def _faults(stage: Stage) -> None:
+    # A fault slower than this is counted, not timed, by the probe (docs/probes.md): the
+    # loop leaves such steps out of its measure of the cause.
+    stage.params["storm_gap_ns"] = registry.get("faults").thresholds["storm_gap"]
 
 
 def _filefaults(stage: Stage) -> None:
@@ -308,8 +315,9 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario("swap", "real swap-ins (swap file, memory-cgroup limit) in the feeding thread",
                  "swap_in", "the stall", ("swap",), _swap),
-        Scenario("faults", "a minor-fault storm: first touch of fresh pages",
-                 "minor_faults", "the stall", ("faults",)),
+        Scenario("faults", "a minor-fault storm: first touch of a fresh mapping of in-memory pages",
+                 "minor_faults", "the stall less its faults slower than storm_gap",
+                 ("faults",), _faults),
         Scenario("filefaults", "major faults: a file mapped after dropping its page cache, read",
                  "major_fault", "the stall", ("faults",), _filefaults),
         Scenario("readahead", "a sequential read of a file after dropping its page cache",
