@@ -43,8 +43,7 @@ struct bpf_perf_event_data {
 #include <uapi/linux/bpf_perf_event.h>
 #endif
 
-/* Faults between clock reads inside a window. */
-#define STORM_READ_EVERY 16
+/* STORM_READ_EVERY (faults.py, as a -D option): faults between clock reads inside a window. */
 
 /* Fault classes CLS_MINOR .. CLS_UNCLASSIFIED, CLS_COUNT: index into counters, histograms and
  * lost counts (FAULT_CLASSES in faults.py, as -D options). */

@@ -37,12 +37,17 @@ from gpujitter.probes.registry import Hook, ProbeSpec, tracepoint_exists
 FAULT_CLASSES = ("minor", "file", "swap", "unclassified")  # index = CLS_* in faults.bpf.c
 CLS_MINOR, CLS_FILE, CLS_SWAP, CLS_UNCLASSIFIED = range(len(FAULT_CLASSES))
 STREAM_MINOR, STREAM_FILE, STREAM_SWAP = 1, 2, 4  # stream_modes bits
-# What faults.bpf.c gets as -D options: CLS_MINOR .. CLS_COUNT and the stream_modes bits.
+# Faults between a storm's clock reads: a stretch of this many is timed whole or not at all
+# (the fault-storm drill measures its truth by the same stretches).
+STORM_READ_EVERY = 16
+# What faults.bpf.c gets as -D options: CLS_MINOR .. CLS_COUNT, the stream_modes bits and
+# the stretch of a storm.
 CONSTANTS = {
     **contract.indexes("CLS", FAULT_CLASSES),
     "STREAM_MINOR": STREAM_MINOR,
     "STREAM_FILE": STREAM_FILE,
     "STREAM_SWAP": STREAM_SWAP,
+    "STORM_READ_EVERY": STORM_READ_EVERY,
 }
 
 # Every fault's entry (x86 exception tracepoints, raw: bcc attaches them itself).

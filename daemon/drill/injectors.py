@@ -33,7 +33,6 @@ PAGE = mmap.PAGESIZE
 MB = 1 << 20
 SPIN_LOST_NS = 1_000  # a step between two clock reads longer than this is time lost
 PREEMPTED_NS = 1_000_000  # ... and this much longer: the thread was switched out
-STORM_READ_EVERY = 16  # faults between the faults probe's clock reads (faults.bpf.c)
 PR_SET_TIMERSLACK = 29
 PR_SET_NAME = 15
 BATCH_TIMEOUT_S = 30  # beyond the stall itself: the loader's worker is gone
@@ -221,10 +220,11 @@ class MinorFaultStorm(Injector):
     (as a data loader's shared-memory batch is mapped by the process that reads it). The
     pages are made before the loop starts, not at the faults: in a VM that hands its free
     memory back to the host, the first touch of a fresh anonymous page took 150-650 us at
-    times (the host backing it), most of a storm. Steps slower than the probe's storm_gap
-    (params storm_gap_ns; the thread not switched out) are counted, not timed, by design:
-    the cause's truth is the stall less them. A stall's mapping is unmapped in pieces while
-    the GPU is busy (the pages stay in the file)."""
+    times (the host backing it), most of a storm. The probe times a storm by stretches of
+    params storm_stretch faults and counts, not times, one slower than params storm_gap_ns
+    a fault or holding a switch: the cause's truth is the stall less what it ran in those.
+    A stall's mapping is unmapped in pieces while the GPU is busy (the pages stay in the
+    file)."""
 
     name = "faults"
     RELEASE_BYTES = 16 * MB  # unmapped per step
@@ -270,7 +270,7 @@ class MinorFaultStorm(Injector):
         untimed = ct.c_uint64(0)
         t0 = time.monotonic_ns()
         touched = self.lib.gj_storm_until(
-            address(region), len(region), PAGE, deadline_ns, STORM_READ_EVERY,
+            address(region), len(region), PAGE, deadline_ns, self.params["storm_stretch"],
             self.params["storm_gap_ns"], untimed,
         )  # fmt: skip
         t1 = time.monotonic_ns()

@@ -19,6 +19,7 @@ from gpujitter.daemon.drill import system
 from gpujitter.daemon.drill.helpers import child_env
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
+from gpujitter.probes.faults import STORM_READ_EVERY
 from gpujitter.probes.host import HostPaths, format_cpulist
 from gpujitter.probes.procfs import task_ids
 from gpujitter.probes.topology import UNKNOWN_GPU_KEY, Topology
@@ -139,9 +140,10 @@ def _data_file(stage: Stage) -> Path:
 
 
 def _faults(stage: Stage) -> None:
-    # A fault slower than this is counted, not timed, by the probe (docs/probes.md): the
-    # loop leaves such steps out of its measure of the cause.
+    # A stretch of faults slower than this on average is counted, not timed, by the probe
+    # (docs/probes.md): the loop leaves such stretches out of its measure of the cause.
     stage.params["storm_gap_ns"] = registry.get("faults").thresholds["storm_gap"]
+    stage.params["storm_stretch"] = STORM_READ_EVERY
 
 
 def _filefaults(stage: Stage) -> None:
