@@ -109,7 +109,7 @@ class IrqProbe(BpfProbe):
         self.missing_vectors = [v for v in VECTORS if v not in present]
         # One stats slot per IRQ number up to the highest now, with room for IRQs that
         # drivers request later (a GPU's at its first use); the last slot takes the rest.
-        numbered = [int(k) for k in read_table(HostPaths()) if k.isdigit()]
+        numbered = [int(row.label) for row in read_table(HostPaths()).values() if row.numbered]
         self.hardirq_slots = (max(numbered, default=0) + IRQ_HEADROOM) // 64 * 64 + 64
         return [
             *super().cflags(ctx),

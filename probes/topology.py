@@ -296,38 +296,36 @@ def read_cpu_idle(paths: HostPaths, cpus: list[int]) -> CpuIdle:
 
 def cpuidle_states(cpuidle: Path) -> tuple[IdleState, ...]:
     """One CPU's idle states from its cpuidle directory, in index order; () without a driver."""
-    found = []
-    for state_dir in _numbered(cpuidle, "state"):
-        found.append(
-            IdleState(
-                index=int(state_dir.name[5:]),
-                name=read_text(state_dir / "name") or state_dir.name,
-                desc=read_text(state_dir / "desc") or "",
-                exit_latency_us=read_int(state_dir / "latency"),
-                target_residency_us=read_int(state_dir / "residency"),
-                disabled=bool(read_int(state_dir / "disable")),
-            )
+    return tuple(
+        IdleState(
+            index=index,
+            name=read_text(state_dir / "name") or state_dir.name,
+            desc=read_text(state_dir / "desc") or "",
+            exit_latency_us=read_int(state_dir / "latency"),
+            target_residency_us=read_int(state_dir / "residency"),
+            disabled=bool(read_int(state_dir / "disable")),
         )
-    return tuple(sorted(found, key=lambda s: s.index))
+        for index, state_dir in _numbered(cpuidle, "state")
+    )
 
 
-def _numbered(folder: Path, prefix: str) -> list[Path]:
-    """The entries of a sysfs folder named prefix + a number (state0, an MSI vector's 24): a
-    glob's [0-9]* also takes state1x or 2², which int() refuses."""
-    return [
-        d for d in folder.glob(f"{prefix}[0-9]*") if decimal(d.name[len(prefix) :], 10) is not None
-    ]
+def _numbered(folder: Path, prefix: str) -> list[tuple[int, Path]]:
+    """The entries of a sysfs folder named prefix + a number (state0, an MSI vector's 24)
+    with their numbers, in their order: a glob's [0-9]* also takes state1x or 2², which
+    int() refuses."""
+    found = ((decimal(d.name[len(prefix) :]), d) for d in folder.glob(f"{prefix}[0-9]*"))
+    return sorted((n, d) for n, d in found if n is not None)
 
 
 def idle_residency_ns(cpuidle: Path) -> dict[str, int]:
     """Time one CPU has spent in each of its idle states since boot (the states' `time`
     files, in µs), by state name in index order; {} without a driver."""
-    dirs = sorted(_numbered(cpuidle, "state"), key=lambda d: int(d.name[5:]))
+    dirs = [state_dir for _, state_dir in _numbered(cpuidle, "state")]
     out = {}
     for state_dir in dirs:
-        name, usec = read_text(state_dir / "name"), read_text(state_dir / "time")
-        if name and usec and usec.isdigit():
-            out[name] = int(usec) * 1000
+        name, usec = read_text(state_dir / "name"), decimal(read_text(state_dir / "time") or "")
+        if name and usec is not None:
+            out[name] = usec * 1000
     return out
 
 
@@ -371,7 +369,7 @@ def pci_device(dev: Path) -> PciDevice:
     """One PCI function from its sysfs folder (bus/pci/devices/BUS); a missing file reads as
     unknown."""
     msi = dev / "msi_irqs"
-    irqs = sorted(int(p.name) for p in _numbered(msi, "")) if msi.is_dir() else []
+    irqs = [n for n, _ in _numbered(msi, "")] if msi.is_dir() else []
     if not irqs and (read_int(dev / "irq") or 0) > 0:
         irqs = [read_int(dev / "irq") or 0]
     return PciDevice(
