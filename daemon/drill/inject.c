@@ -32,11 +32,12 @@ uint64_t gj_touch_until(volatile char *base, uint64_t len, uint64_t stride, int 
     return off < len ? off : len;
 }
 
-static long involuntary_switches(void)
+/* The thread's context switches: involuntary ones (preemptions), or all of them. */
+static long thread_switches(int voluntary_too)
 {
     struct rusage ru;
     getrusage(RUSAGE_THREAD, &ru);
-    return ru.ru_nivcsw;
+    return ru.ru_nivcsw + (voluntary_too ? ru.ru_nvcsw : 0);
 }
 
 static uint64_t thread_cpu_ns(void)
@@ -44,13 +45,6 @@ static uint64_t thread_cpu_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static long switches_now(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_THREAD, &ru);
-    return ru.ru_nvcsw + ru.ru_nivcsw;
 }
 
 /* A minor-fault storm: write one byte of each `stride`-byte unit of [base, base + len) until
@@ -64,14 +58,14 @@ static long switches_now(void)
 uint64_t gj_storm_until(volatile char *base, uint64_t len, uint64_t stride, uint64_t deadline_ns,
                         uint64_t per_stretch, uint64_t slow_step_ns, uint64_t *untimed_ns)
 {
-    long switches = switches_now();
+    long switches = thread_switches(1);
     uint64_t off = 0, untimed = 0, n = 0, start = now_ns(), cpu = thread_cpu_ns(), t = start;
     for (; off < len && t < deadline_ns; off += stride) {
         base[off] = 1;
         t = now_ns();
         if (++n < per_stretch)
             continue;
-        long now_switches = switches_now();
+        long now_switches = thread_switches(1);
         uint64_t now_cpu = thread_cpu_ns();
         if (now_switches != switches)
             untimed += now_cpu - cpu;
@@ -93,12 +87,12 @@ uint64_t gj_storm_until(volatile char *base, uint64_t len, uint64_t stride, uint
  * rose) go to *preempted_ns instead. */
 uint64_t gj_spin_until(uint64_t deadline_ns, uint64_t threshold_ns, uint64_t *preempted_ns)
 {
-    long switches = involuntary_switches();
+    long switches = thread_switches(0);
     uint64_t prev = now_ns(), lost = 0, preempted = 0;
     while (prev < deadline_ns) {
         uint64_t t = now_ns();
         if (t - prev > threshold_ns) {
-            long n = involuntary_switches();
+            long n = thread_switches(0);
             if (n != switches)
                 preempted += t - prev;
             else

@@ -318,7 +318,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("swap", "real swap-ins (swap file, memory-cgroup limit) in the feeding thread",
                  "swap_in", "the stall", ("swap",), _swap),
         Scenario("faults", "a minor-fault storm: first touch of a fresh mapping of in-memory pages",
-                 "minor_faults", "the stall less its faults slower than storm_gap",
+                 "minor_faults", "the stall less what the probe's storm rule leaves untimed",
                  ("faults",), _faults),
         Scenario("filefaults", "major faults: a file mapped after dropping its page cache, read",
                  "major_fault", "the stall", ("faults",), _filefaults),
