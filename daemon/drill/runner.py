@@ -245,7 +245,9 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
             gpu_processes=False,
         )
         kept = _Kept(events)
-        runtime = Runtime(source, topology, sinks=[kept], own=OwnScheduling(), signals=False)
+        runtime = Runtime(
+            source, topology, sinks=[kept], own=OwnScheduling(shared=True), signals=False
+        )
         with runtime.running("gpujitter-runtime"):
             probes: dict[str, str] = {s.probe: s.state for s in source.statuses}
             notes += [f"probe {s.probe} {s.state}: {s.reason}" for s in source.statuses

@@ -48,11 +48,19 @@ class OwnScheduling:
     each thread it has not seen the policy, level and CPUs, and returns the announcement of the
     threads when they changed; `keep_off` moves every thread off the CPUs the watched
     processes may run on, when any others are allowed. What cannot be set (no privilege) is
-    said once in `notes` and left as it was."""
+    said once in `notes` and left as it was.
 
-    def __init__(self, proc: Path = Path("/proc"), level: int = 0) -> None:
+    `shared`: the runtime lives in a process that was there before it (a drill, a test, the
+    TUI's embedded runtime): the threads that process had at construction keep their
+    scheduling and only the ones started since are tended, but all are announced (a wait
+    behind any of them is a wait behind gpujitter). Otherwise a caller cut short before the
+    runtime ends (a test's timeout while the probes compile) stays at nice 10 batch on a CPU
+    another task is using, and so does everything it starts later."""
+
+    def __init__(self, proc: Path = Path("/proc"), level: int = 0, *, shared: bool = False) -> None:
         self.proc = proc
         self.pid = os.getpid()
+        self._host = self.tids() if shared else set()  # the caller's threads: left alone
         self.base_cpus = frozenset(os.sched_getaffinity(0))  # where it may run: systemd's
         self.cpus = self.base_cpus
         self.notes: list[str] = []
@@ -67,9 +75,13 @@ class OwnScheduling:
     def tids(self) -> set[int]:
         return set(task_ids(HostPaths(proc=self.proc), self.pid)) or {threading.get_native_id()}
 
+    def runs_here(self) -> None:
+        """The calling thread runs the runtime: tended even when it was the caller's."""
+        self._host.discard(threading.get_native_id())
+
     def tend(self, now_ns: int) -> OwnThreads | None:
         tids = self.tids()
-        for tid in sorted(tids - self._seen):
+        for tid in sorted(tids - self._seen - self._host):
             self._remember(tid)
             self._set_policy(tid)
             self._set_cpus(tid, self.cpus)
@@ -108,7 +120,7 @@ class OwnScheduling:
         if level == self.level:
             return
         self.level = level
-        for tid in sorted(self._seen):
+        for tid in sorted(self._seen - self._host):
             self._set_nice(tid, self.nice)
         if why:
             self.notes.append(f"the daemon's threads now at nice {self.nice} "
@@ -123,7 +135,7 @@ class OwnScheduling:
         cpus = (self.base_cpus - theirs) or self.base_cpus
         if cpus != self.cpus:
             self.cpus = cpus
-            for tid in sorted(self.tids()):
+            for tid in sorted(self._seen - self._host):  # tend() pins the ones it meets later
                 self._set_cpus(tid, cpus)
         return cpus
 

@@ -414,6 +414,8 @@ class Runtime:
 
     def _run(self, ready: Callable[[Runtime], None] | None) -> None:
         # Before any thread starts: the probe thread (and its compiles) inherit the policy.
+        if self.own is not None:
+            self.own.runs_here()
         self._tend_own(time.monotonic_ns())
         self.source.start(self.queue.emit, self.queue.handed)
         try:
@@ -642,10 +644,11 @@ class Runtime:
         own = self.own
         if own is None:
             return
+        # tend first: a new thread's scheduling is remembered before keep_off moves it.
+        announced = own.tend(now)
         if now >= self._repin_at:
             self._repin_at = now + REPIN_NS
             own.keep_off(self._watched)
-        announced = own.tend(now)
         if announced is not None:
             self.queue.emit(announced)
         while own.notes:

@@ -178,6 +178,56 @@ def test_a_bounded_job_gives_its_process_back_as_it_was() -> None:
     assert out["after"] == out["before"] and out["child"] == out["before"]
 
 
+SHARED = textwrap.dedent(
+    """
+    import json, os, threading, time
+    from gpujitter.daemon.service.own_scheduling import OwnScheduling
+    from gpujitter.daemon.service.runtime import ListSource, Runtime
+    from gpujitter.probes.topology import load_topology
+
+    def now(tid):
+        return [os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid),
+                sorted(os.sched_getaffinity(tid))]
+
+    main = threading.get_native_id()
+    before = now(main)
+    starting, release = threading.Event(), threading.Event()
+    seen = {}
+
+    class Slow(ListSource):  # a source whose start hangs (probes compiling on a busy CPU)
+        def start(self, emit, handed=None):
+            seen["runtime_tid"] = threading.get_native_id()
+            seen["runtime"] = now(seen["runtime_tid"])
+            starting.set()
+            release.wait()
+            super().start(emit, handed)
+
+    own = OwnScheduling(shared=True)
+    rt = Runtime(Slow([], live=True), load_topology(), own=own, signals=False)
+    t = threading.Thread(target=rt.run, name="gpujitter-runtime", daemon=True)
+    t.start()
+    starting.wait(30)
+    # The caller gives up here (a test's timeout): nothing of its own was changed.
+    seen["main"] = now(main)
+    seen["announced"] = sorted(own._seen)
+    print(json.dumps({"before": before, "main_tid": main, **seen}))
+    """
+)
+
+
+def test_a_runtime_sharing_its_process_tends_only_the_threads_it_started() -> None:
+    """A drill or the TUI runs the runtime on a thread of a process that was there before it:
+    the caller's threads keep their scheduling even when it gives up before the runtime
+    ends (a test timed out while the probes compiled was left at nice 10 batch on the busy
+    CPU, and every drill it started after that starved); the runtime's thread is tended and
+    all of them are announced, since a wait behind any is a wait behind gpujitter."""
+    out = json.loads(subprocess.run([sys.executable, "-c", SHARED], capture_output=True,
+                                    text=True, timeout=60, check=True).stdout)  # fmt: skip
+    assert out["main"] == out["before"]
+    assert out["runtime"][:2] == [os.SCHED_BATCH, KEEP_UP_LEVELS[0]]
+    assert out["main_tid"] in out["announced"] and out["runtime_tid"] in out["announced"]
+
+
 def test_a_slice_starts_with_the_first_item_not_with_the_wait_for_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

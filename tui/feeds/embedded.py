@@ -17,6 +17,7 @@ from typing import Any
 from gpujitter import __version__
 from gpujitter.daemon.analysis.engine import EngineConfig
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig
+from gpujitter.daemon.service.own_scheduling import OwnScheduling
 from gpujitter.daemon.service.runtime import EventSource, ListSource, LiveSource, Runtime
 from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.errors import GpujitterError
@@ -74,6 +75,7 @@ class EmbeddedFeed(Feed):
             source, self.topology, sinks=[_ToApp(sink, self.topology, self.paths)],
             analysis=lambda src: AnalysisConfig(engine=EngineConfig(gpu_bus_ids=src.gpu_bus_ids())),
             signals=False, stopped=stopped, tick_ns=int(self.tick_s * 1e9),
+            own=OwnScheduling(shared=True),  # the TUI's own threads keep theirs, announced
         )  # fmt: skip
 
     def run(self, sink: Receiver, stopped: Callable[[], bool]) -> None:
