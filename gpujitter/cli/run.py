@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from gpujitter.daemon.service.config import check_node, load_config, probe_names
 
     config = load_config(args.config, flags=flags_of(args))
+    duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
     if args.print_config:
         check_node(config, starting=False)
         probe_names(config)  # the names are known probes
@@ -98,7 +99,6 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(table(["SETTING", "VALUE", "FROM"], rows))
         return 0
-    duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
     from gpujitter.daemon.service.head_start import start_compile
 
     # Before the daemon's imports (~0.4 s), which the compile then overlaps.

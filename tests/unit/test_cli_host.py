@@ -118,6 +118,8 @@ def test_gpu_minus_1_placed_by_the_override_is_named_by_topo_and_doctor(tmp_path
             "not recorded by `gpujitter gpus --nvml-record`",
         ),
         (("run", "--print-config", "--min-gap", "0"), "gaps.min_gap: expected a time above 0"),
+        # --print-config is how a unit's command line is checked: all of it, -d too
+        (("run", "--print-config", "-d", "bogus"), "bad duration 'bogus'"),
         # An empty path (an unset variable in a script) was read as this directory.
         (("topo", "--root", ""), "argument --root: an empty path was given"),
         (("top", "--replay", ""), "argument --replay: an empty path was given"),
