@@ -256,8 +256,9 @@ JOB_SCENARIOS: dict[str, JobScenario] = {
                     INJECTORS["contention"], "contention"),
         JobScenario("migrate", "moved to another CPU of the same node and working there",
                     "host_work", "the time on the other CPU", AFTER_SYNC, INJECTORS["migrate"]),
-        JobScenario("faults", "a page-fault storm: first touch of fresh memory", "minor_faults",
-                    "the stall", AFTER_SYNC, MinorFaultStorm),
+        JobScenario("faults", "a page-fault storm: first touch of a fresh mapping of in-memory "
+                    "pages", "minor_faults", "the stall less what the probe's storm rule leaves "
+                    "untimed", AFTER_SYNC, MinorFaultStorm),
         JobScenario("readahead", "reads a file after dropping its page cache", "io_wait",
                     "the stall's blocked time", AFTER_SYNC, ReadAhead),
         JobScenario("loader", "a DataLoader worker computes on the next batch until released",

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gpujitter.daemon.drill.helpers import die_with_parent
+from gpujitter.probes import registry
+from gpujitter.probes.faults import STORM_READ_EVERY
 
 PAGE = mmap.PAGESIZE
 MB = 1 << 20
@@ -221,10 +223,11 @@ class MinorFaultStorm(Injector):
     pages are made before the loop starts, not at the faults: in a VM that hands its free
     memory back to the host, the first touch of a fresh anonymous page took 150-650 us at
     times (the host backing it), most of a storm. The probe times a storm by stretches of
-    params storm_stretch faults and counts, not times, one slower than params storm_gap_ns
+    STORM_READ_EVERY faults and counts, not times, one slower than its default `storm_gap`
     a fault or holding a switch: the cause's truth is the stall less what it ran in those.
-    A stall's mapping is unmapped in pieces while the GPU is busy (the pages stay in the
-    file)."""
+    The rule is the probe's own, not the scenario's set-up, so a job that injects without
+    the drill's stage (bench/train_job.py) measures the same. A stall's mapping is unmapped
+    in pieces while the GPU is busy (the pages stay in the file)."""
 
     name = "faults"
     RELEASE_BYTES = 16 * MB  # unmapped per step
@@ -234,6 +237,8 @@ class MinorFaultStorm(Injector):
         self.fd = -1
         self.fresh: mmap.mmap | None = None
         self.used: deque[tuple[mmap.mmap, int]] = deque()  # (mapping, bytes still mapped)
+        # Read here, not in the stall: the registry's first read loads every probe's spec.
+        self.storm_gap_ns = registry.get("faults").thresholds["storm_gap"]
 
     def _region_bytes(self) -> int:
         # Generous: even at 0.5 us per fault a stall touches less than this.
@@ -270,8 +275,8 @@ class MinorFaultStorm(Injector):
         untimed = ct.c_uint64(0)
         t0 = time.monotonic_ns()
         touched = self.lib.gj_storm_until(
-            address(region), len(region), PAGE, deadline_ns, self.params["storm_stretch"],
-            self.params["storm_gap_ns"], untimed,
+            address(region), len(region), PAGE, deadline_ns, STORM_READ_EVERY,
+            self.storm_gap_ns, untimed,
         )  # fmt: skip
         t1 = time.monotonic_ns()
         self.used.append((region, -(-touched // PAGE) * PAGE))

@@ -18,8 +18,6 @@ from gpujitter.daemon.analysis.records import AllocEvidence, Evidence
 from gpujitter.daemon.drill import system
 from gpujitter.daemon.drill.helpers import child_env
 from gpujitter.errors import GpujitterError
-from gpujitter.probes import registry
-from gpujitter.probes.faults import STORM_READ_EVERY
 from gpujitter.probes.host import HostPaths, format_cpulist
 from gpujitter.probes.procfs import task_ids
 from gpujitter.probes.topology import UNKNOWN_GPU_KEY, Topology
@@ -137,13 +135,6 @@ def _data_file(stage: Stage) -> Path:
     if not path.exists():
         system.write_file(path, size)
     return path
-
-
-def _faults(stage: Stage) -> None:
-    # A stretch of faults slower than this on average is counted, not timed, by the probe
-    # (docs/probes.md): the loop leaves such stretches out of its measure of the cause.
-    stage.params["storm_gap_ns"] = registry.get("faults").thresholds["storm_gap"]
-    stage.params["storm_stretch"] = STORM_READ_EVERY
 
 
 def _filefaults(stage: Stage) -> None:
@@ -319,7 +310,7 @@ SCENARIOS: dict[str, Scenario] = {
                  "swap_in", "the stall", ("swap",), _swap),
         Scenario("faults", "a minor-fault storm: first touch of a fresh mapping of in-memory pages",
                  "minor_faults", "the stall less what the probe's storm rule leaves untimed",
-                 ("faults",), _faults),
+                 ("faults",)),
         Scenario("filefaults", "major faults: a file mapped after dropping its page cache, read",
                  "major_fault", "the stall", ("faults",), _filefaults),
         Scenario("readahead", "a sequential read of a file after dropping its page cache",
