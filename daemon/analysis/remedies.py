@@ -108,6 +108,22 @@ def prefault() -> str:
     return "pre-fault and pin host buffers before the loop (pin_memory=True, mlock)"
 
 
+def keep_free_page_reporting_off() -> str:
+    """The hypervisor takes back what the guest frees (virtio-balloon free page reporting)."""
+    return (
+        prefault() + "; on the hypervisor, turn free page reporting off for GPU VMs "
+        "(libvirt: <memballoon model='virtio' freePageReporting='off'/>)"
+    )
+
+
+def damon_off(kdamond: str) -> str:
+    return f"echo off > /sys/kernel/mm/damon/admin/kdamonds/{kdamond}/state"
+
+
+def damon_reclaim_off() -> str:
+    return "echo N > /sys/module/damon_reclaim/parameters/enabled"
+
+
 def thp_no_direct_compaction() -> str:
     """Faults slow enough to be huge-page allocation and compaction: keep huge pages but
     take compaction off the fault path (disabling THP would multiply the fault count)."""

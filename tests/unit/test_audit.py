@@ -215,6 +215,60 @@ def test_numa_balancing(host_tree: MakeTree) -> None:
     )
 
 
+# The development VM's balloon (12-06): STATS_VQ, DEFLATE_ON_OOM, REPORTING, VERSION_1.
+BALLOON_FEATURES = "0110010100000000000000000000000010000000000000000000000000000000"
+BALLOON = "sys/bus/virtio/drivers/virtio_balloon/virtio0/features"
+
+
+def test_free_page_reporting(host_tree: MakeTree) -> None:
+    """A VM whose host takes back what it frees: first touches there took 150-650 us at
+    random (docs/accuracy.md), faults the probe cannot time."""
+    g = host_tree(*GOOD)
+    (finding,) = audit(g, "memory.page_reporting")
+    assert (finding.severity, finding.message) == ("ok", "no virtio balloon device")
+    quiet = BALLOON_FEATURES[:5] + "0" + BALLOON_FEATURES[6:]
+    (finding,) = audit(host_tree(*GOOD, files={BALLOON: quiet + "\n"}), "memory.page_reporting")
+    assert (finding.severity, finding.message) == ("ok", "not negotiated by the balloon")
+    vm = host_tree(*GOOD, files={BALLOON: BALLOON_FEATURES + "\n"})
+    (finding,) = audit(vm, "memory.page_reporting")
+    assert finding.severity == "warn" and finding.message.startswith("on (virtio0): the host")
+    assert finding.evidence == (ev(vm, BALLOON, BALLOON_FEATURES),)
+    assert "freePageReporting='off'" in finding.fix
+    # A features file cut short (an old kernel's, or unreadable) is not read as reporting.
+    (finding,) = audit(host_tree(*GOOD, files={BALLOON: "0110\n"}), "memory.page_reporting")
+    assert finding.severity == "ok"
+
+
+def test_damon_paging_out(host_tree: MakeTree) -> None:
+    kd = "sys/kernel/mm/damon/admin/kdamonds"
+    g = host_tree(*GOOD)
+    (finding,) = audit(g, "memory.damon")
+    assert (finding.severity, finding.message) == ("ok", "not running")
+    scheme = {f"{kd}/0/state": "on\n", f"{kd}/0/contexts/0/schemes/0/action": "pageout\n"}
+    vm = host_tree(*GOOD, files=scheme)
+    assert audit(vm, "memory.damon") == [
+        Finding(
+            "memory.damon",
+            "warn",
+            "DAMON",
+            "pages out memory it finds cold (kdamond 0): a job's buffers idle between uses "
+            "are reclaimed, and fault back in on the feeding path",
+            (ev(vm, f"{kd}/0/state", "on"),
+             ev(vm, f"{kd}/0/contexts/0/schemes/0/action", "pageout")),
+            "echo off > /sys/kernel/mm/damon/admin/kdamonds/0/state",
+        )
+    ]  # fmt: skip
+    # Stopped, or only watching (a `stat` scheme): nothing is paged out.
+    for files in ({**scheme, f"{kd}/0/state": "off\n"},
+                  {**scheme, f"{kd}/0/contexts/0/schemes/0/action": "stat\n"}):  # fmt: skip
+        (finding,) = audit(host_tree(*GOOD, files=files), "memory.damon")
+        assert (finding.severity, finding.message) == ("ok", "no kdamond pages memory out")
+    reclaim = host_tree(*GOOD, files={"sys/module/damon_reclaim/parameters/enabled": "Y\n"})
+    (finding,) = audit(reclaim, "memory.damon")
+    assert finding.severity == "warn" and "(DAMON_RECLAIM)" in finding.message
+    assert finding.fix == "echo N > /sys/module/damon_reclaim/parameters/enabled"
+
+
 # --- cpu ----------------------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
 """Memory settings that put faults and swap-ins on the GPU-feeding path: swappiness, swap
-devices, transparent hugepages (enabled, defrag) and automatic NUMA balancing."""
+devices, transparent hugepages (enabled, defrag), automatic NUMA balancing, and memory taken
+back behind the job's back (a VM's free page reporting, DAMON paging out)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ from gpujitter.probes.host import decimal, selected_choice
 from gpujitter.probes.procfs import Swap, parse_swaps
 
 THP = "kernel/mm/transparent_hugepage"
+BALLOON = "bus/virtio/drivers/virtio_balloon"
+# VIRTIO_BALLOON_F_REPORTING: the guest reports the pages it frees and the host reclaims them
+# (a device's `features` is one 0/1 character per feature bit, bit 0 first).
+F_REPORTING = 5
+DAMON = "kernel/mm/damon/admin/kdamonds"
+DAMON_RECLAIM = "module/damon_reclaim/parameters/enabled"
 THP_QUIET = {
     "enabled": ("madvise", "never"),
     "defrag": ("madvise", "defer", "defer+madvise", "never"),
@@ -148,3 +155,69 @@ def numa_balancing(ctx: AuditContext) -> Iterator[Finding]:
             (ev,),
             remedies.numa_balancing_off(),
         )
+
+
+@rule("memory.page_reporting")
+def page_reporting(ctx: AuditContext) -> Iterator[Finding]:
+    name, subject = "memory.page_reporting", "virtio-balloon free page reporting"
+    devices = sorted((ctx.paths.sys / BALLOON).glob("virtio*/features"))
+    if not devices:
+        none = Reading(str(ctx.paths.sys / BALLOON), "absent")
+        yield Finding(name, "ok", subject, "no virtio balloon device", (none,))
+        return
+    readings, reporting = [], []
+    for path in devices:
+        text, ev = ctx.read(path)
+        readings.append(ev)
+        bits = (text or "").strip()
+        if len(bits) > F_REPORTING and bits[F_REPORTING] == "1":
+            reporting.append(path.parent.name)
+    if not reporting:
+        yield Finding(name, "ok", subject, "not negotiated by the balloon", tuple(readings))
+        return
+    yield Finding(
+        name,
+        "warn",
+        subject,
+        f"on ({', '.join(reporting)}): the host takes back the memory this VM frees, and a "
+        "first touch of such a page waits while the host backs it again (150-650 us a "
+        "fault on such a VM, against ~2 us); faults that slow come at random, and the "
+        "faults probe cannot time them: they read as host work",
+        tuple(readings),
+        remedies.keep_free_page_reporting_off(),
+    )
+
+
+@rule("memory.damon")
+def damon(ctx: AuditContext) -> Iterator[Finding]:
+    name, subject = "memory.damon", "DAMON"
+    readings, kdamonds = [], []
+    for state in sorted((ctx.paths.sys / DAMON).glob("*/state")):
+        text, ev = ctx.read(state)
+        readings.append(ev)
+        if (text or "").strip() != "on":
+            continue
+        for action in sorted(state.parent.glob("contexts/*/schemes/*/action")):
+            act, act_ev = ctx.read(action)
+            readings.append(act_ev)
+            if (act or "").strip() == "pageout" and state.parent.name not in kdamonds:
+                kdamonds.append(state.parent.name)
+    reclaim, reclaim_ev = ctx.read(ctx.paths.sys / DAMON_RECLAIM)
+    if reclaim is not None:
+        readings.append(reclaim_ev)
+    reclaiming = reclaim is not None and reclaim.strip() == "Y"
+    if not kdamonds and not reclaiming:
+        what = "no kdamond pages memory out" if readings else "not running"
+        yield Finding(name, "ok", subject, what, tuple(readings))
+        return
+    who = [f"kdamond {k}" for k in kdamonds] + ["DAMON_RECLAIM"] * reclaiming
+    fixes = [remedies.damon_off(k) for k in kdamonds] + [remedies.damon_reclaim_off()] * reclaiming
+    yield Finding(
+        name,
+        "warn",
+        subject,
+        f"pages out memory it finds cold ({', '.join(who)}): a job's buffers idle between "
+        "uses are reclaimed, and fault back in on the feeding path",
+        tuple(readings),
+        " && ".join(fixes),
+    )
