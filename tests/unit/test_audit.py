@@ -269,6 +269,18 @@ def test_damon_paging_out(host_tree: MakeTree) -> None:
     assert finding.fix == "echo N > /sys/module/damon_reclaim/parameters/enabled"
 
 
+def test_a_fault_drill_says_what_makes_this_nodes_faults_slow(host_tree: MakeTree) -> None:
+    """The fault drills missed their attributed target on a VM whose host took its memory
+    back, and said nothing of it: their notes now carry the audit's warnings."""
+    from gpujitter.daemon.drill.runner import slow_fault_notes
+
+    good = host_tree(*GOOD)
+    assert slow_fault_notes(good, load_topology(good)) == []
+    vm = host_tree(*GOOD, files={BALLOON: BALLOON_FEATURES + "\n"})
+    (note,) = slow_fault_notes(vm, load_topology(vm))
+    assert note.startswith("memory.page_reporting: on (virtio0): the host takes back")
+
+
 # --- cpu ----------------------------------------------------------------------------------
 
 

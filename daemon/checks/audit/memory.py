@@ -18,6 +18,9 @@ BALLOON = "bus/virtio/drivers/virtio_balloon"
 F_REPORTING = 5
 DAMON = "kernel/mm/damon/admin/kdamonds"
 DAMON_RECLAIM = "module/damon_reclaim/parameters/enabled"
+# The rules that tell of memory taken back behind a job: page faults slow at random, which
+# the faults probe reads as host work (the drills say so beside their fault scenarios).
+SLOW_FAULT_RULES = ("memory.page_reporting", "memory.damon")
 THP_QUIET = {
     "enabled": ("madvise", "never"),
     "defrag": ("madvise", "defer", "defer+madvise", "never"),
