@@ -244,20 +244,31 @@ def test_damon_paging_out(host_tree: MakeTree) -> None:
     g = host_tree(*GOOD)
     (finding,) = audit(g, "memory.damon")
     assert (finding.severity, finding.message) == ("ok", "not running")
-    scheme = {f"{kd}/0/state": "on\n", f"{kd}/0/contexts/0/schemes/0/action": "pageout\n"}
+    scheme = {
+        f"{kd}/0/state": "on\n",
+        f"{kd}/0/contexts/0/operations": "paddr\n",
+        f"{kd}/0/contexts/0/schemes/0/action": "pageout\n",
+    }
     vm = host_tree(*GOOD, files=scheme)
     assert audit(vm, "memory.damon") == [
         Finding(
             "memory.damon",
             "warn",
             "DAMON",
-            "pages out memory it finds cold (kdamond 0): a job's buffers idle between uses "
-            "are reclaimed, and fault back in on the feeding path",
+            "pages out any memory it finds cold (kdamond 0): a job's buffers idle between "
+            "uses are reclaimed, and fault back in on the feeding path",
             (ev(vm, f"{kd}/0/state", "on"),
-             ev(vm, f"{kd}/0/contexts/0/schemes/0/action", "pageout")),
+             ev(vm, f"{kd}/0/contexts/0/schemes/0/action", "pageout"),
+             ev(vm, f"{kd}/0/contexts/0/operations", "paddr")),
             "echo off > /sys/kernel/mm/damon/admin/kdamonds/0/state",
         )
     ]  # fmt: skip
+    # On chosen processes' address spaces only: said, not warned.
+    (finding,) = audit(
+        host_tree(*GOOD, files={**scheme, f"{kd}/0/contexts/0/operations": "vaddr\n"}),
+        "memory.damon",
+    )
+    assert finding.severity == "info" and "target processes only (kdamond 0)" in finding.message
     # Stopped, or only watching (a `stat` scheme): nothing is paged out.
     for files in ({**scheme, f"{kd}/0/state": "off\n"},
                   {**scheme, f"{kd}/0/contexts/0/schemes/0/action": "stat\n"}):  # fmt: skip

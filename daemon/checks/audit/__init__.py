@@ -32,7 +32,7 @@ TREE = (
     "sys/kernel/mm/transparent_hugepage/{enabled,defrag}",
     "sys/bus/virtio/drivers/virtio_balloon/virtio*/features",
     "sys/kernel/mm/damon/admin/kdamonds/*/state",
-    "sys/kernel/mm/damon/admin/kdamonds/*/contexts/*/schemes/*/action",
+    "sys/kernel/mm/damon/admin/kdamonds/*/contexts/*/{operations,schemes/*/action}",
     "sys/module/damon_reclaim/parameters/enabled",
     "sys/devices/system/cpu/cpu*/cpufreq/scaling_governor",
     "etc/default/irqbalance",

@@ -193,34 +193,52 @@ def page_reporting(ctx: AuditContext) -> Iterator[Finding]:
 
 @rule("memory.damon")
 def damon(ctx: AuditContext) -> Iterator[Finding]:
+    """A running kdamond with a `pageout` scheme: on physical memory (paddr) it reclaims
+    any process's cold pages; on virtual address spaces (vaddr) only its target processes'."""
     name, subject = "memory.damon", "DAMON"
-    readings, kdamonds = [], []
+    readings: list[Reading] = []
+    # kdamonds paging out: any process's memory, their target processes' only
+    machine: list[str] = []
+    targeted: list[str] = []
     for state in sorted((ctx.paths.sys / DAMON).glob("*/state")):
         text, ev = ctx.read(state)
         readings.append(ev)
         if (text or "").strip() != "on":
             continue
-        for action in sorted(state.parent.glob("contexts/*/schemes/*/action")):
-            act, act_ev = ctx.read(action)
-            readings.append(act_ev)
-            if (act or "").strip() == "pageout" and state.parent.name not in kdamonds:
-                kdamonds.append(state.parent.name)
+        for context in sorted(state.parent.glob("contexts/*")):
+            ops, ops_ev = ctx.read(context / "operations")
+            actions = []
+            for action in sorted(context.glob("schemes/*/action")):
+                act, act_ev = ctx.read(action)
+                readings.append(act_ev)
+                actions.append((act or "").strip())
+            if "pageout" in actions:
+                readings.append(ops_ev)
+                (machine if (ops or "").strip() == "paddr" else targeted).append(state.parent.name)
     reclaim, reclaim_ev = ctx.read(ctx.paths.sys / DAMON_RECLAIM)
     if reclaim is not None:
         readings.append(reclaim_ev)
-    reclaiming = reclaim is not None and reclaim.strip() == "Y"
-    if not kdamonds and not reclaiming:
-        what = "no kdamond pages memory out" if readings else "not running"
-        yield Finding(name, "ok", subject, what, tuple(readings))
+    reclaiming = reclaim is not None and reclaim.strip() == "Y"  # DAMON_RECLAIM: paddr
+    evidence = tuple(readings) or (Reading(str(ctx.paths.sys / DAMON), "absent"),)
+    if not machine and not reclaiming:
+        if targeted:
+            some = ", ".join(f"kdamond {k}" for k in dict.fromkeys(targeted))
+            yield Finding(name, "info", subject, f"pages out the cold memory of its target "
+                          f"processes only ({some}): check that no GPU job is among them",
+                          evidence)  # fmt: skip
+        else:
+            what = "no kdamond pages memory out" if readings else "not running"
+            yield Finding(name, "ok", subject, what, evidence)
         return
+    kdamonds = list(dict.fromkeys(machine))
     who = [f"kdamond {k}" for k in kdamonds] + ["DAMON_RECLAIM"] * reclaiming
     fixes = [remedies.damon_off(k) for k in kdamonds] + [remedies.damon_reclaim_off()] * reclaiming
     yield Finding(
         name,
         "warn",
         subject,
-        f"pages out memory it finds cold ({', '.join(who)}): a job's buffers idle between "
-        "uses are reclaimed, and fault back in on the feeding path",
-        tuple(readings),
+        f"pages out any memory it finds cold ({', '.join(who)}): a job's buffers idle "
+        "between uses are reclaimed, and fault back in on the feeding path",
+        evidence,
         " && ".join(fixes),
     )
