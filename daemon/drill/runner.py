@@ -24,8 +24,7 @@ from typing import Any
 from gpujitter.daemon.analysis.engine.engine import EngineConfig
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
 from gpujitter.daemon.analysis.records import Attribution
-from gpujitter.daemon.checks.audit import AuditContext, run_audit
-from gpujitter.daemon.checks.audit.memory import SLOW_FAULT_RULES
+from gpujitter.daemon.checks.audit import slow_fault_notes
 from gpujitter.daemon.drill import build, scenarios, system
 from gpujitter.daemon.drill.feeder import FeederConfig
 from gpujitter.daemon.drill.helpers import child_env
@@ -190,19 +189,6 @@ def work_folder() -> Iterator[Path]:
 FAULT_CAUSES = frozenset({"minor_faults", "major_fault", "swap_in"})
 
 
-def slow_fault_notes(paths: HostPaths, topology: Topology) -> list[str]:
-    """What on this node makes page faults slow at random, beyond any injection: the host
-    taking the VM's free memory back, DAMON paging cold memory out (the audit's rules).
-    Faults that slow are more than the faults probe can time: the drill's stalls then hold
-    host work the scenario did not inject, and the note says why."""
-    ctx = AuditContext(paths=paths, topology=topology)
-    return [
-        f"{f.rule}: {f.message} (this drill's faults may be among them)"
-        for f in run_audit(ctx, SLOW_FAULT_RULES)
-        if f.severity == "warn"
-    ]
-
-
 def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
     scenario = scenarios.get(name)
     if os.geteuid() != 0:
@@ -222,7 +208,8 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
     stub = str(build.cached_stub()) if backend == "stub" else ""
     real = load_topology()
     if scenario.cause in FAULT_CAUSES:
-        notes += slow_fault_notes(HostPaths(), real)
+        notes += [f"{n} (this drill's faults may be among them)"
+                  for n in slow_fault_notes(HostPaths(), real)]  # fmt: skip
     events: list[Event] = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(system.interrupted_by_signals())

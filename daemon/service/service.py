@@ -44,6 +44,7 @@ from gpujitter.daemon.analysis.engine import EngineConfig
 from gpujitter.daemon.analysis.gaps import GapConfig
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig
 from gpujitter.daemon.analysis.records import Attribution
+from gpujitter.daemon.checks.audit import slow_fault_notes
 from gpujitter.daemon.service.config import (
     Config,
     check_node,
@@ -312,6 +313,8 @@ class Daemon:
             # A mistyped or stale --pid watches nothing: said, not left to an empty log.
             refused += [f"watch: pid {pid}: no such process" for pid in sorted(self.watch.pids)
                         if not alive(HostPaths(), pid)]  # fmt: skip
+            # Faults this node makes slow at random read as host work: said once, here.
+            refused += slow_fault_notes(HostPaths(), self.topology)
             if self.console:
                 self.console.note(summary)
             for line in refused:

@@ -280,10 +280,11 @@ def test_damon_paging_out(host_tree: MakeTree) -> None:
     assert finding.fix == "echo N > /sys/module/damon_reclaim/parameters/enabled"
 
 
-def test_a_fault_drill_says_what_makes_this_nodes_faults_slow(host_tree: MakeTree) -> None:
+def test_what_makes_this_nodes_faults_slow_is_said(host_tree: MakeTree) -> None:
     """The fault drills missed their attributed target on a VM whose host took its memory
-    back, and said nothing of it: their notes now carry the audit's warnings."""
-    from gpujitter.daemon.drill.runner import slow_fault_notes
+    back, and the daemon read those faults as host work, saying nothing of it: both now say
+    the audit's warnings of that kind (the daemon's start: test_process_environment)."""
+    from gpujitter.daemon.checks.audit import slow_fault_notes
 
     good = host_tree(*GOOD)
     assert slow_fault_notes(good, load_topology(good)) == []

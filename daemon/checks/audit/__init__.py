@@ -9,6 +9,7 @@ from collections.abc import Iterable
 # The rule families (RULE_MODULES gives the order their findings print in); each module
 # registers its rules into RULES as it is imported.
 from gpujitter.daemon.checks.audit import cpu, gpus, irqs, memory, processes
+from gpujitter.daemon.checks.audit.memory import SLOW_FAULT_RULES
 from gpujitter.daemon.checks.audit.model import (
     RULES,
     SEVERITIES,
@@ -19,6 +20,8 @@ from gpujitter.daemon.checks.audit.model import (
     Severity,
 )
 from gpujitter.errors import GpujitterError
+from gpujitter.probes.host import HostPaths
+from gpujitter.probes.topology import Topology
 
 RULE_MODULES = (memory, cpu, irqs, gpus, processes)
 
@@ -49,6 +52,7 @@ __all__ = [
     "Reading",
     "Severity",
     "run_audit",
+    "slow_fault_notes",
 ]
 
 
@@ -79,3 +83,14 @@ def at_least(findings: list[Finding], severity: Severity) -> list[Finding]:
 def _family_order(item: tuple[str, object]) -> int:
     module = getattr(item[1], "__module__", "")
     return next((n for n, m in enumerate(RULE_MODULES) if m.__name__ == module), len(RULE_MODULES))
+
+
+def slow_fault_notes(paths: HostPaths, topology: Topology) -> list[str]:
+    """One line per warning of the rules that tell of memory taken back behind a job (the
+    host reclaiming a VM's free pages, DAMON paging cold memory out): page faults slow at
+    random, more than the faults probe can time, which it reads as host work. Said by the
+    daemon at start and by the fault drills, so that such host work is not taken for the
+    job's code."""
+    ctx = AuditContext(paths=paths, topology=topology)
+    return [f"{f.rule}: {f.message}" for f in run_audit(ctx, SLOW_FAULT_RULES)
+            if f.severity == "warn"]  # fmt: skip
