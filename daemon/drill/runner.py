@@ -186,9 +186,6 @@ def work_folder() -> Iterator[Path]:
         yield Path(work)
 
 
-FAULT_CAUSES = frozenset({"minor_faults", "major_fault", "swap_in"})
-
-
 def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
     scenario = scenarios.get(name)
     if os.geteuid() != 0:
@@ -207,7 +204,7 @@ def run_drill(name: str, opts: DrillOptions, progress: Progress) -> DrillResult:
     inject_lib = build.cached_inject()
     stub = str(build.cached_stub()) if backend == "stub" else ""
     real = load_topology()
-    if scenario.cause in FAULT_CAUSES:
+    if {"faults", "swap"} & set(scenario.needs):  # its cause is fault time
         notes += [f"{n} (this drill's faults may be among them)"
                   for n in slow_fault_notes(HostPaths(), real)]  # fmt: skip
     events: list[Event] = []

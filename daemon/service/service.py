@@ -308,16 +308,16 @@ class Daemon:
             )
             # What the kernel refused is a source this daemon does not see: said at once,
             # not only in the status records (a unit's journal shows nothing else).
-            refused = [f"probe {s.probe} unavailable: {s.reason}"
-                       for s in self.source.statuses if s.state == "unavailable"]  # fmt: skip
+            said = [f"probe {s.probe} unavailable: {s.reason}"
+                    for s in self.source.statuses if s.state == "unavailable"]  # fmt: skip
             # A mistyped or stale --pid watches nothing: said, not left to an empty log.
-            refused += [f"watch: pid {pid}: no such process" for pid in sorted(self.watch.pids)
-                        if not alive(HostPaths(), pid)]  # fmt: skip
+            said += [f"watch: pid {pid}: no such process" for pid in sorted(self.watch.pids)
+                     if not alive(HostPaths(), pid)]  # fmt: skip
             # Faults this node makes slow at random read as host work: said once, here.
-            refused += slow_fault_notes(HostPaths(), self.topology)
+            said += slow_fault_notes(HostPaths(), self.topology)
             if self.console:
                 self.console.note(summary)
-            for line in refused:
+            for line in said:
                 self._say(line)
             self.notifier.ready(summary)
             if ready is not None:
