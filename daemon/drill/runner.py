@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import math
 import os
 import selectors
 import subprocess
@@ -106,10 +107,12 @@ def stall_times(duration_s: float, stalls: int, stall_ms: float) -> tuple[float,
         return ()
     spacing = (duration_s - WARMUP_S - TAIL_S) / stalls
     if spacing < stall_ms / 1000 + MIN_SPACING_S:
-        need = WARMUP_S + TAIL_S + stalls * (stall_ms / 1000 + MIN_SPACING_S)
+        # Rounded up to a tenth: rounded to the second, 3.05 s asked for "3s or more" of a 3s
+        # that was just refused.
+        need = math.ceil(10 * (WARMUP_S + TAIL_S + stalls * (stall_ms / 1000 + MIN_SPACING_S)))
         raise GpujitterError(
             f"{duration_s:g}s is too short for {stalls} stalls of {stall_ms:g} ms: "
-            f"give --duration {need:.0f}s or more"
+            f"give --duration {need / 10:g}s or more"
         )
     return tuple(round(WARMUP_S + spacing * (k + 0.5), 3) for k in range(stalls))
 

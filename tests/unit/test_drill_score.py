@@ -158,6 +158,11 @@ def test_stalls_are_spread_between_warm_up_and_tail() -> None:
     assert stall_times(60, 0, 25) == ()
     with pytest.raises(GpujitterError, match="give --duration 7s or more"):
         stall_times(5, 5, 500)
+    # What it asks for is enough: rounded to the second it told a refused 3s to be "3s".
+    with pytest.raises(GpujitterError, match=r"give --duration (\S+)s or more") as refused:
+        stall_times(3, 2, 25)
+    need = float(refused.value.args[0].split("--duration ")[1].split("s")[0])
+    assert need > 3 and len(stall_times(need, 2, 25)) == 2
 
 
 def waited(start_ms: float, end_ms: float, behind: dict[int, float], **parts_ms: float):
