@@ -50,7 +50,7 @@ import orjson
 
 from gpujitter.daemon.sinks.listening import FD_ERRORS, FD_PAUSE_S, ListenerPause, Notes
 from gpujitter.errors import GpujitterError
-from gpujitter.text import dumps
+from gpujitter.text import dumps, inert_json
 
 STREAM_SCHEMA = "gpujitter.stream/1"
 _READ_LIMIT = 64 * 1024  # a request line longer than this is refused
@@ -135,7 +135,9 @@ def too_long_for_a_socket(path: str | Path) -> str | None:
 
 
 def _line(record: dict[str, Any]) -> bytes:
-    return dumps(record, orjson.OPT_NON_STR_KEYS) + b"\n"
+    # inert_json: names in it are other processes' choice, and a reader may print the stream
+    # as it comes (socat, nc) as people `tail -f` the log.
+    return inert_json(dumps(record, orjson.OPT_NON_STR_KEYS)) + b"\n"
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:

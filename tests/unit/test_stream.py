@@ -70,6 +70,21 @@ def test_hello_then_snapshot_then_live_records_in_order(server: StreamServer) ->
     sock.close()
 
 
+def test_names_chosen_by_other_processes_reach_a_reader_escaped(server: StreamServer) -> None:
+    # A process names itself; a reader prints the stream as it comes (socat, nc).
+    hostile = "\x9b31m\u202eevil\x7f\u2028\x1b]0;x\x07"
+    sock = connect(server.path)
+    wait_for_clients(server, 1)
+    server.publish({"type": "gap", "comm": hostile})
+    buf = b""
+    while buf.count(b"\n") < 3:
+        buf += sock.recv(65536)
+    raw = buf.split(b"\n")[2]
+    assert raw.isascii() and b"\x7f" not in raw and b"\x1b" not in raw, raw
+    assert orjson.loads(raw)["comm"] == hostile  # the same value, only written escaped
+    sock.close()
+
+
 def test_what_is_published_just_before_close_still_reaches_clients(
     server: StreamServer,
 ) -> None:
