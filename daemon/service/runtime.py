@@ -8,8 +8,9 @@ mode are configurations of it: which source, which sinks, whether it analyses.
 
 Stopping: SIGTERM/SIGINT (when it owns the signals) or the caller's `stopped` end the loop;
 the source stops and hands over what it held, the queue is drained, the pipeline flushed,
-then the sinks close, last added first. SIGHUP (where asked: the daemon) has the sinks reopen
-their files.
+then the sinks close, last added first. SIGHUP or SIGUSR1 (where asked: the daemon) has the
+sinks reopen their files; other signals whose default would end it unflushed are ignored, each
+said once.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import GpuInfo
 from gpujitter.probes.procfs import alive, process_age_ns
 from gpujitter.probes.topology import Topology
+from gpujitter.signals import RELOAD_SIGNALS, STRAY_SIGNALS
 
 TICK_NS = 1_000_000_000
 # How long the loop gathers events before it takes them (unless a burst fills a quarter of
@@ -326,6 +328,8 @@ class Runtime:
         self.self_inflicted_ns = 0
         self._stop = False
         self._reload = False
+        self._strays: set[int] = set()  # stray signals caught since the loop last looked
+        self._strays_said: set[int] = set()  # each is said once
         self._me = psutil.Process()
         self._watched: set[int] = set()  # tgids, from the meta.watch changes seen
         self._repin_at = 0  # when to read the watched processes' CPUs again (0: at once)
@@ -357,13 +361,27 @@ class Runtime:
     def _on_hup(self, signum: int, frame: object) -> None:
         self._reload = True
 
+    def _on_stray(self, signum: int, frame: object) -> None:
+        self._strays.add(signum)
+
     def _take_signals(self) -> dict[int, Any]:
         if not self.signals:
             return {}
         handlers: dict[int, Any] = {signal.SIGTERM: self._on_stop, signal.SIGINT: self._on_stop}
         if self.reload:
-            handlers[signal.SIGHUP] = self._on_hup
+            handlers |= dict.fromkeys(RELOAD_SIGNALS, self._on_hup)
+            handlers |= dict.fromkeys(STRAY_SIGNALS, self._on_stray)
         return {sig: signal.signal(sig, h) for sig, h in handlers.items()}
+
+    def _say_strays(self) -> None:
+        """Each stray signal once: what it did (nothing) and what would have."""
+        caught, self._strays = self._strays, set()
+        for signum in sorted(caught - self._strays_said):
+            self._strays_said.add(signum)
+            self.say(
+                f"{signal.Signals(signum).name} ignored: SIGTERM or SIGINT stops gpujitter, "
+                "SIGHUP or SIGUSR1 reopens its log and starts a new trace file"
+            )
 
     @contextlib.contextmanager
     def running(self, name: str) -> Iterator[Runtime]:
@@ -528,6 +546,8 @@ class Runtime:
             if self._reload:
                 self._reload = False
                 self._reopen()
+            if self._strays:
+                self._say_strays()
             now = time.monotonic_ns()
             if now - last_tick >= self.tick_ns:
                 self._tick(now, (now - last_tick) / 1e9)

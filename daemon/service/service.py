@@ -5,8 +5,9 @@ publishes what the stream carries; attributions go to the JSON-lines log and the
 Once a second: health, footprint, watchdog.
 
 Signals: SIGTERM/SIGINT stop cleanly (pending gaps are attributed, files closed);
-SIGHUP reopens the log and starts a new trace file (logrotate). sd_notify: READY only once
-the probes are attached, WATCHDOG from the main loop, RELOADING/READY around SIGHUP.
+SIGHUP (or SIGUSR1) reopens the log and starts a new trace file (logrotate); other stray
+signals are ignored, each said once. sd_notify: READY only once the probes are attached,
+WATCHDOG from the main loop, RELOADING/READY around SIGHUP.
 
 Nothing the main thread writes to can stop it: the console has a writer thread of its own,
 the stream and sd_notify sockets are non-blocking, and the file sinks drop and count what a

@@ -24,6 +24,7 @@ from typing import NoReturn
 from gpujitter import __version__
 from gpujitter.cli.command import Command
 from gpujitter.errors import GpujitterError
+from gpujitter.signals import RELOAD_SIGNALS, STRAY_SIGNALS
 from gpujitter.text import printable
 
 # Order is the order `gpujitter --help` lists them in.
@@ -84,7 +85,8 @@ def build_parser(commands: Sequence[Command]) -> Parser:
 
 
 # Commands whose SIGHUP means "reload" once they run: a hangup during their import and start
-# (before the daemon's handler is in place) is ignored, not the default's death.
+# (before the daemon's handler is in place) is ignored, not the default's death; so are the
+# other signals the daemon takes (SIGUSR1, the strays).
 RELOADS = frozenset({"run"})
 
 
@@ -92,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _standard_streams()
     named = named_command(sys.argv[1:] if argv is None else argv)
     if named[0] in RELOADS and len(named) == 1:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        for signum in (*RELOAD_SIGNALS, *STRAY_SIGNALS):
+            signal.signal(signum, signal.SIG_IGN)
     parser = build_parser(load_commands(named))
     name = f"gpujitter {named[0]}" if len(named) == 1 else "gpujitter"  # (`COMMAND --help`)
     try:

@@ -122,7 +122,7 @@ COMMAND = Command(
         also keeps the raw event stream as trace files, for `gpujitter report`. Settings
         come from /etc/gpujitter/gpujitter.toml (or --config), then GPUJITTER_* variables,
         then these flags. Under systemd it speaks sd_notify (READY once the probes are
-        attached, WATCHDOG), SIGTERM stops it cleanly and SIGHUP reopens the log.
+        attached, WATCHDOG), SIGTERM stops it cleanly and SIGHUP (or SIGUSR1) reopens the log.
     """,
     examples="""
         # the daemon in the foreground, watching every GPU process NVML lists

@@ -404,6 +404,32 @@ def test_sighup_reopens_files_only_where_asked() -> None:
     assert seen == [before]
 
 
+def test_the_daemon_outlives_stray_signals_and_takes_sigusr1_as_sighup() -> None:
+    """A logrotate postrotate written for nginx sends SIGUSR1; a `kill -USR2` or an alarm
+    meant for something else would end the daemon unflushed by their default. USR1 reopens
+    the files; the strays are ignored and each said once, however often it comes."""
+    reloaded: list[bool] = []
+    said: list[str] = []
+    kicks = iter([signal.SIGUSR2, signal.SIGUSR2, signal.SIGALRM, signal.SIGUSR1])
+
+    class Reopens(Kept):
+        def batch_done(self) -> None:
+            if (signum := next(kicks, None)) is not None:
+                os.kill(os.getpid(), signum)
+
+        def reload(self) -> None:
+            reloaded.append(True)
+            runtime.stop()
+
+    runtime = Runtime(
+        ListSource([], live=True), load_topology(), sinks=[Reopens()], reload=True, say=said.append
+    )
+    runtime.run()
+    assert reloaded == [True]
+    assert [line.split(" ", 1)[0] for line in said] == ["SIGUSR2", "SIGALRM"], said
+    assert all("ignored" in line and "SIGUSR1 reopens" in line for line in said)
+
+
 def test_a_stopped_recording_is_not_read_to_its_end() -> None:
     """A recorded source hands its events over a batch (10 000) at a time; a stop ends the
     read there (no analysis here, so repeating the stretch is harmless)."""
