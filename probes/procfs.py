@@ -178,13 +178,22 @@ def task_stat_fields(text: str | bytes) -> list[str]:
     return raw[raw.rindex(")") + 2 :].split()
 
 
-def process_age_ns(paths: HostPaths, pid: int | str) -> int | None:
-    """How long ago `pid` started, to the clock tick (stat's field 22, in ticks since boot,
-    against CLOCK_BOOTTIME: the kernel's own clocks, unmoved by a change of the wall clock);
-    None where it cannot be read."""
+def process_start(paths: HostPaths, pid: int | str, *, zombie: bool = True) -> int | None:
+    """When `pid` started, in clock ticks since boot (stat's field 22): with its id, what
+    names one process, since ids are reused. None where it cannot be read (gone), or, unless
+    `zombie`, where it has exited and only waits for its parent to reap it."""
     try:
-        start_ticks = int(task_stat_fields(read_file(paths.proc / str(pid) / "stat"))[19])
+        fields = task_stat_fields(read_file(paths.proc / str(pid) / "stat"))
+        return None if not zombie and fields[0] == "Z" else int(fields[19])
     except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_age_ns(paths: HostPaths, pid: int | str) -> int | None:
+    """How long ago `pid` started, to the clock tick (process_start, against CLOCK_BOOTTIME:
+    the kernel's own clocks, unmoved by a change of the wall clock); None where it cannot be
+    read."""
+    if (start_ticks := process_start(paths, pid)) is None:
         return None
     tick_ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
     return max(time.clock_gettime_ns(time.CLOCK_BOOTTIME) - start_ticks * tick_ns, 0)

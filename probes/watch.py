@@ -48,7 +48,7 @@ from gpujitter.probes.host import (
     status_fields,
 )
 from gpujitter.probes.mapbatch import PerCpuSum
-from gpujitter.probes.procfs import task_ids
+from gpujitter.probes.procfs import process_start, task_ids
 from gpujitter.probes.progstats import program_fds
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.workload import WorkloadReader, matches_pod, matches_slurm_job
@@ -110,19 +110,26 @@ def resolve(
     paths: HostPaths,
     workloads: WorkloadReader | None = None,
     walked: Callable[[int], bool] = lambda tgid: False,
+    pinned: dict[int, int | None] | None = None,
 ) -> dict[int, int]:
     """tgid -> why-bits for the processes the spec selects right now (a pod's or a Slurm
     job's processes are selected by their cgroup, so they carry the cgroup bit), with their
     children. `walked(tgid)`: that process's children need no walk (the caller's fork hook
-    has followed them since an earlier walk)."""
+    has followed them since an earlier walk). `pinned`: each of the spec's pids -> the start
+    time of the process it named when first resolved (None: none ran), kept by the caller
+    from one resolve to the next: a pid names that process only, never one that took its
+    id after it exited."""
     chosen: dict[int, int] = {}
+    pinned = {} if pinned is None else pinned
 
     def add(tgid: int, why: int) -> None:
         chosen[tgid] = chosen.get(tgid, 0) | why
 
     for pid in spec.pids:
-        if (paths.proc / str(pid)).is_dir():
+        start = process_start(paths, pid, zombie=False)
+        if start is not None and pinned.setdefault(pid, start) == start:
             add(pid, WHY_PID)
+        pinned.setdefault(pid, None)
     if spec.comms:
         for tgid in proc_pids(paths):
             names = {read_name(paths.proc / str(tgid) / "comm") or ""}
@@ -252,6 +259,7 @@ class CoreBpf(Counted):
         # walk); from then on the fork hook follows its children.
         self._walks: dict[int, int] = {}
         self._processes: set[int] = set()  # fork-followed entries known to be processes
+        self._pinned: dict[int, int | None] = {}  # the spec's pids -> their process's start
         self.workloads = WorkloadReader(paths)
         self._announced: set[int] = set()  # tgids whose workload was looked up
         # Its ring's losses since this set's start (gj_lost, its count then), in its
@@ -363,7 +371,8 @@ class CoreBpf(Counted):
         the processes the kernel added because a watched parent forked them."""
         kernel = {k.value: v.value for k, v in self.bpf["gj_watched"].items()}
         wanted = resolve(self.spec, self.paths, self.workloads,
-                         lambda tgid: self._walks.get(tgid, 0) >= ROOT_WALKS)  # fmt: skip
+                         lambda tgid: self._walks.get(tgid, 0) >= ROOT_WALKS,
+                         self._pinned)  # fmt: skip
         self._walks = {tgid: self._walks.get(tgid, 0) + 1
                        for tgid, why in wanted.items() if why & ~WHY_FORK}  # fmt: skip
         processes = set()

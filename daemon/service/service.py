@@ -74,9 +74,9 @@ from gpujitter.daemon.sinks.trace import TraceHeader
 from gpujitter.probes import registry
 from gpujitter.probes.base import memory_short
 from gpujitter.probes.clock import clock_ref
-from gpujitter.probes.events import to_record
+from gpujitter.probes.events import Event, WatchChange, to_record
 from gpujitter.probes.host import HostPaths, memory_limit
-from gpujitter.probes.procfs import alive
+from gpujitter.probes.procfs import process_start
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.text import dumps, inert_json, printable
@@ -313,7 +313,7 @@ class Daemon:
                     for s in self.source.statuses if s.state == "unavailable"]  # fmt: skip
             # A mistyped or stale --pid watches nothing: said, not left to an empty log.
             said += [f"watch: pid {pid}: no such process" for pid in sorted(self.watch.pids)
-                     if not alive(HostPaths(), pid)]  # fmt: skip
+                     if process_start(HostPaths(), pid, zombie=False) is None]  # fmt: skip
             # Faults this node makes slow at random read as host work: said once, here.
             said += slow_fault_notes(HostPaths(), self.topology)
             if self.console:
@@ -404,6 +404,19 @@ class _Keeper(Sink):
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
+        self._gone: set[int] = set()  # the --pid processes said to have exited
+
+    def wants(self, kind: type[Event]) -> bool:
+        return issubclass(kind, WatchChange)
+
+    def event(self, ev: Event) -> None:
+        # A --pid process that exits leaves the set for good (probes/watch.py resolve): said
+        # once, or a daemon watching nothing would look like one watching a quiet job.
+        assert isinstance(ev, WatchChange)
+        for pid in sorted(self.daemon.watch.pids.intersection(ev.removed) - self._gone):
+            self._gone.add(pid)
+            self.daemon._say(f"watch: pid {pid} exited; a process given its id later is not "
+                             "watched")  # fmt: skip
 
     def tick(self, now_ns: int, status: DaemonStatus) -> None:
         self.daemon.keep_floors()

@@ -130,6 +130,36 @@ def test_a_hangup_while_starting_does_not_kill_the_daemon() -> None:
     assert proc.returncode == 0, err
 
 
+def test_a_watched_pid_that_exits_is_said_and_stray_signals_do_not_end_the_daemon() -> None:
+    # A --pid process that exits leaves the daemon watching nothing (a process given its id
+    # later is another one: tests/unit/test_procfs.py); said once. SIGUSR2 and SIGALRM, by
+    # their default, ended it on the spot with nothing flushed.
+    job = subprocess.Popen(["sleep", "60"])
+    daemon = subprocess.Popen(
+        [str(GPUJITTER), "run", "--no-nvml", "--duration", "5s", "--log", "", "--socket", "",
+         "--probes", "sched", "--pid", str(job.pid)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert daemon.stderr is not None
+        said = [daemon.stderr.readline()]
+        assert said[0].startswith("# probes attached: "), said
+        job.kill()
+        job.wait()
+        for signum in (signal.SIGUSR2, signal.SIGALRM, signal.SIGUSR2):
+            daemon.send_signal(signum)
+        said += daemon.stderr.read().splitlines()
+        assert daemon.wait(timeout=60) == 0, said
+    finally:
+        job.kill()
+        daemon.kill()
+    exited = f"# watch: pid {job.pid} exited; a process given its id later is not watched"
+    assert said.count(exited) == 1, said
+    strays = [line.split(" ")[1] for line in said if " ignored: " in line]
+    assert strays == ["SIGUSR2", "SIGALRM"], said
+    assert said[-1].startswith("# stopped: "), said
+
+
 def test_a_watched_pid_with_no_process_is_said_at_start() -> None:
     # A mistyped or stale --pid watches nothing; the run says so rather than log nothing.
     gone = subprocess.Popen(["true"])

@@ -162,6 +162,32 @@ sys.stdin.read()
 """
 
 
+def test_a_watched_pid_names_its_process_not_the_next_one_given_its_id(tmp_path: Path) -> None:
+    """--pid P watches the process P named when first resolved; once it is gone, or only a
+    zombie, a process that the kernel gives P again is another one (its start differs)."""
+    paths = HostPaths.under(tmp_path)
+
+    def process(pid: int, state: str, start: int | None) -> None:
+        stat = paths.proc / str(pid) / "stat"
+        if start is None:
+            stat.unlink(missing_ok=True)
+            return
+        stat.parent.mkdir(parents=True, exist_ok=True)
+        fields = [state] + ["0"] * 18 + [str(start)] + ["0"] * 30
+        stat.write_text(f"{pid} (job (x)) {' '.join(fields)}\n")
+
+    spec, pinned = WatchSpec(pids={500, 600}), {}
+    process(500, "S", 1000)
+    process(600, "Z", 900)  # already exited: never a process to watch
+    assert resolve(spec, paths, pinned=pinned) == {500: WHY_PID}
+    assert resolve(spec, paths, pinned=pinned) == {500: WHY_PID}
+    process(500, "Z", 1000)  # exited, not yet reaped
+    assert resolve(spec, paths, pinned=pinned) == {}
+    process(500, "R", 4000)  # reaped, and its id given to a new process
+    process(600, "R", 4100)
+    assert resolve(spec, paths, pinned=pinned) == {}
+
+
 def test_a_watched_process_brings_its_children_and_theirs() -> None:
     """resolve() walks task/TID/children of every thread (task_ids), down the tree."""
     grandchild = "import subprocess, sys; subprocess.run(['sleep', '30'])"

@@ -203,6 +203,8 @@ def _procs(*entries: tuple[int, str]) -> dict[str, str]:
         files[f"proc/{pid}/cgroup"] = cgroup
         files[f"proc/{pid}/comm"] = "python\n"
         files[f"proc/{pid}/status"] = f"Name:\tpython\nTgid:\t{pid}\n"
+        # field 3 the state, field 22 the start: what names the process a --pid names
+        files[f"proc/{pid}/stat"] = f"{pid} (python) S {'0 ' * 18}{1000 + pid} 0\n"
     return files
 
 
