@@ -35,10 +35,17 @@ def can_create(path: Path, what: str) -> None:
     not exist and its folder exists and may be written. For an output made after long
     work (a drill's trace), so that a mistake in its name is said before the work."""
     folder = path.parent
+    if os.path.isdir(path):
+        raise GpujitterError(f"{what} {path}: is a directory")
     if os.path.lexists(path):
         raise GpujitterError(f"{what} {path} exists; remove it or choose another name")
-    if not folder.is_dir():
-        raise GpujitterError(f"{what} {path}: no folder {folder}")
+    try:
+        if not stat.S_ISDIR(os.stat(folder).st_mode):
+            raise GpujitterError(f"{what} {path}: no folder {folder}")
+    except FileNotFoundError:
+        raise GpujitterError(f"{what} {path}: no folder {folder}") from None
+    except OSError as err:  # a folder on the way this user may not search
+        raise GpujitterError(f"{what} {path}: {err.strerror}") from None
     if not os.access(folder, os.W_OK | os.X_OK):
         raise GpujitterError(f"{what} {path}: folder {folder} may not be written")
 

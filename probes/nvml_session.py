@@ -153,10 +153,13 @@ class NvmlTap:
                 return self._handles[key], [plain(a, self._handles) for a in args[1:]]
         return None, [plain(a, self._handles) for a in args]
 
-    def save(self, path: str | Path, **header: Any) -> None:
+    def save(self, path: str | Path, *, new: bool = False, **header: Any) -> None:
+        """Write the session to `path`; `new`: only as a new file (FileExistsError if one
+        came there meanwhile), never over one."""
         lines = [orjson.dumps({**self.header, **header})]
         lines += [orjson.dumps(e) for e in self.entries]
-        Path(path).write_bytes(b"\n".join(lines) + b"\n")
+        with open(path, "xb" if new else "wb") as f:
+            f.write(b"\n".join(lines) + b"\n")
 
 
 def load(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -108,6 +108,14 @@ class Recording:
     _read: int = 0  # bytes of the events files read so far
 
     @property
+    def files(self) -> list[Path]:
+        """Every file reading it opens: those named, and a log's rotated files where one log
+        is named (what an output must never be written over)."""
+        if self.kind == LOG and len(self.paths) == 1:
+            return rotated_files(self.paths[0]) or self.paths
+        return self.paths
+
+    @property
     def size(self) -> int:
         """Bytes of the files named (for progress: a log's rotated files are not named)."""
         return sum(st.st_size for p in self.paths if (st := path_stat(p)) is not None)

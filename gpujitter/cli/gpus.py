@@ -39,6 +39,7 @@ def add_nvml_source_args(p: argparse.ArgumentParser) -> None:
 def nvml_backend(args: argparse.Namespace) -> Any:
     """The backend chosen by --nvml-replay/--nvml-record: None means pynvml itself."""
     from gpujitter.errors import GpujitterError
+    from gpujitter.files import can_create
     from gpujitter.probes.nvml_session import NvmlPlayback, NvmlTap
 
     if getattr(args, "no_nvml", False) and (args.nvml_replay or args.nvml_record):
@@ -55,12 +56,9 @@ def nvml_backend(args: argparse.Namespace) -> Any:
         except ValueError as err:
             raise GpujitterError(f"--nvml-replay {args.nvml_replay}: {err}") from None
     if args.nvml_record is not None:
-        # said before the work, not after it when the recording is written
-        target = Path(args.nvml_record)
-        if target.is_dir():
-            raise GpujitterError(f"--nvml-record {target}: is a directory")
-        if not target.parent.is_dir():
-            raise GpujitterError(f"--nvml-record {target}: no directory {target.parent}")
+        # said before the work, not after it when the recording is written; never over a
+        # file already there (a trace given by mistake)
+        can_create(Path(args.nvml_record), "--nvml-record")
         return NvmlTap()
     return None
 
@@ -71,7 +69,7 @@ def save_recording(args: argparse.Namespace, backend: Any) -> None:
 
     if isinstance(backend, NvmlTap):
         try:
-            backend.save(args.nvml_record, command=f"gpujitter {args.command}")
+            backend.save(args.nvml_record, command=f"gpujitter {args.command}", new=True)
         except OSError as err:
             raise GpujitterError(f"--nvml-record {args.nvml_record}: {err.strerror}") from None
 

@@ -272,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
         raise GpujitterError("--html: an empty file name")
     traces = open_recording(args.traces)
     html = None if args.html in (None, STDOUT) else Path(args.html)
-    if html and file_identity(html) in {file_identity(p) for p in traces.paths}:
+    if html and file_identity(html) in {file_identity(p) for p in traces.files}:
         raise GpujitterError(f"--html {args.html} is a recording being read; choose another name")
     header = traces.header
     start = parse_when(args.start, traces) if args.start else None

@@ -86,6 +86,21 @@ def test_report_html_never_replaces_a_recording_it_reads(tmp_path: Path) -> None
     assert trace.read_bytes() == before
 
 
+def test_report_html_never_replaces_a_rotated_file_of_a_log_it_reads(tmp_path: Path) -> None:
+    # One log named is read with its rotated files: each of those is being read too.
+    made = gpujitter("report", str(EXAMPLE), "--json", capture_output=True)
+    lines = [orjson.dumps({"schema": "gpujitter.attribution/1", **a})
+             for a in orjson.loads(made.stdout)["attributions"]]  # fmt: skip
+    log, older = tmp_path / "a.jsonl", tmp_path / "a.jsonl.1"
+    older.write_bytes(b"\n".join(lines[:16]) + b"\n")
+    log.write_bytes(b"\n".join(lines[16:]) + b"\n")
+    before = older.read_bytes()
+    proc = gpujitter("report", str(log), "--html", str(older), capture_output=True)
+    assert proc.returncode == 2
+    assert "is a recording being read" in clean(proc.stderr)
+    assert older.read_bytes() == before
+
+
 def test_an_output_past_the_size_limit_is_named(tmp_path: Path) -> None:
     out = tmp_path / "timeline.json"
 

@@ -4,6 +4,7 @@ a hang. The process's last resort for the rest is one line and exit 70 (cli.entr
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import os
@@ -17,9 +18,11 @@ import orjson
 import pytest
 
 from gpujitter import cli
+from gpujitter.cli.gpus import nvml_backend
 from gpujitter.cli.output import print_json
 from gpujitter.daemon.checks.audit.model import read_process_file
 from gpujitter.probes.host import parse_cpulist
+from tests.unit.forked import as_nobody, in_child
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "h200-training.gjtrace"
 NVML_IDLE = Path(__file__).parents[1] / "fixtures" / "nvml" / "h200-idle.jsonl"
@@ -76,9 +79,20 @@ def test_an_nvml_record_path_that_cannot_be_written_is_said_before_the_work(
 ) -> None:
     refused(
         gpujitter("gpus", "--json", "--nvml-record", str(tmp_path / "gone" / "x.jsonl")),
-        "no directory",
+        "no folder",
     )
     refused(gpujitter("gpus", "--json", "--nvml-record", str(tmp_path)), "is a directory")
+    # A file already there (a trace named by mistake) is never written over.
+    kept = tmp_path / "run.gjtrace"
+    shutil.copy(EXAMPLE, kept)
+    refused(gpujitter("gpus", "--json", "--nvml-record", str(kept)), "exists; remove it")
+    assert kept.read_bytes() == EXAMPLE.read_bytes()
+    # A folder this user may not search: one line, not an internal error (os.stat's).
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    args = argparse.Namespace(nvml_replay=None, nvml_record=str(private / "x.jsonl"))
+    said = in_child(lambda: nvml_backend(args), as_nobody)
+    assert said == f"escaped: GpujitterError: --nvml-record {private}/x.jsonl: Permission denied"
 
 
 def test_a_file_name_that_is_not_utf8_reads_as_escaped_json(tmp_path: Path) -> None:
