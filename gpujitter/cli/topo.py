@@ -11,6 +11,7 @@ from gpujitter.cli.options import add_topology_args, path_arg
 from gpujitter.cli.output import print_json, table
 from gpujitter.probes.host import HostPaths, format_cpulist
 from gpujitter.probes.topology import Topology, load_topology
+from gpujitter.text import printable
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,13 +55,15 @@ def override_banner(topo: Topology) -> str:
     """The line every report that uses an overridden topology prints."""
     if topo.override is None:
         return ""
-    return f"TOPOLOGY OVERRIDE {topo.override} in force: NUMA nodes are emulated, not this host's"
+    return printable(
+        f"TOPOLOGY OVERRIDE {topo.override} in force: NUMA nodes are emulated, not this host's"
+    )
 
 
 def render(topo: Topology) -> str:
     out: list[str] = []
     if topo.override:
-        out += [override_banner(topo), *filter(None, [topo.unknown_gpu_note()]), ""]
+        out += [override_banner(topo), *map(printable, filter(None, [topo.unknown_gpu_note()])), ""]
     out.append("NUMA nodes")
     out.append(
         table(
@@ -160,6 +163,7 @@ def _render_idle(topo: Topology) -> str:
         )
     else:
         head = f"CPU idle states: driver {idle.driver}, governor {idle.governor or 'none'}"
+    head = printable(head)  # the driver's and governor's names are what sysfs holds
     groups: dict[tuple, list[int]] = defaultdict(list)
     for cpu, states in sorted(idle.states.items()):
         groups[states].append(cpu)

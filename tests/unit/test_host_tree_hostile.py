@@ -92,6 +92,20 @@ def test_audit_and_topo_answer_whatever_the_tree_holds(host_tree: MakeTree, muta
         assert _json_of([command, "--json", "--root", str(root)])
 
 
+def test_topo_shows_the_idle_driver_and_governor_names_escaped(host_tree: MakeTree) -> None:
+    # Its one line outside a table printed them raw (audit escaped them): a tree from
+    # another machine, or sysfs itself, is not the user's own text.
+    paths = host_tree("two-node-gpu")
+    idle = paths.sys / "devices/system/cpu/cpuidle"
+    (idle / "current_driver").write_text("\x1b]0;pwn\x07intel_idle\n")
+    (idle / "current_governor").write_text("menu\x1b[31m\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["topo", "--no-nvml", "--root", str(paths.proc.parent)]) == 0
+    assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue()
+    assert "driver \\x1b]0;pwn\\x07intel_idle, governor menu\\x1b[31m" in out.getvalue()
+
+
 def test_a_cpu_mask_is_read_digit_by_digit() -> None:
     assert _mask("00000033") == [0, 1, 4, 5]
     assert _mask("1,00000000") == [32]
