@@ -21,6 +21,7 @@ Override file (TOML, docs/topology.md):
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -622,15 +623,23 @@ def _node_map(path: Path, table: str, items: Any, key: Any, defined: set[int]) -
     return out
 
 
-def apply_override(real: Topology, emulated: Override, source: str) -> Topology:
-    """The real topology seen through the override: CPUs on their emulated nodes, IRQs and
-    GPUs on the nodes the file names (their real node otherwise). Node distances are dropped:
-    emulated nodes have none."""
-    missing = sorted(set(real.cpu_node) - set(emulated.cpu_node))
+def check_override(path: str | Path, cpus: Iterable[int]) -> Override:
+    """The override file's maps, where they place every one of this node's `cpus`;
+    GpujitterError with one line otherwise (`run --print-config` checks it as the start does)."""
+    emulated = load_override(path)
+    missing = sorted(set(cpus) - set(emulated.cpu_node))
     if missing:
         raise GpujitterError(
-            f"topology override {source}: CPUs {missing} of this node are in no [nodes] entry"
+            f"topology override {os.fspath(path)}: CPUs {missing} of this node are in no "
+            "[nodes] entry"
         )
+    return emulated
+
+
+def apply_override(real: Topology, emulated: Override, source: str) -> Topology:
+    """The real topology seen through the override (check_override's: it places every CPU):
+    CPUs on their emulated nodes, IRQs and GPUs on the nodes the file names (their real node
+    otherwise). Node distances are dropped: emulated nodes have none."""
     cpu_node = {c: emulated.cpu_node[c] for c in real.cpu_node}
     irq_node = {**real.irq_node, **emulated.irq_node}
     gpu_node = {**real.gpu_node, **emulated.gpu_node}
@@ -668,7 +677,7 @@ def cpu_topology(paths: HostPaths | None = None, override: str | Path | None = N
     real = Topology(cpu_node=read_cpu_nodes(paths or HostPaths()))
     if override is None:
         return real
-    return apply_override(real, load_override(override), os.fspath(override))
+    return apply_override(real, check_override(override, real.cpu_node), os.fspath(override))
 
 
 def load_topology(
@@ -706,4 +715,4 @@ def load_topology(
     )
     if override is None:
         return real
-    return apply_override(real, load_override(override), os.fspath(override))
+    return apply_override(real, check_override(override, cpu_node), os.fspath(override))

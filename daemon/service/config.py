@@ -24,7 +24,8 @@ from gpujitter.daemon.sinks.jsonlog import IN_USE, in_use
 from gpujitter.daemon.sinks.stream import refuse_if_served, too_long_for_a_socket
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
-from gpujitter.probes.topology import load_override
+from gpujitter.probes.host import HostPaths
+from gpujitter.probes.topology import check_override, read_cpu_nodes
 from gpujitter.text import quoted
 from gpujitter.tomlfile import load_toml
 from gpujitter.units import parse_duration_ns, parse_size_bytes, with_unit
@@ -543,7 +544,8 @@ def check_listen_free(listen: str) -> None:
 
 _NODE_CHECKS: dict[str, Callable[[Any], Any]] = {
     "watch.cgroups": _cgroups,
-    "topology.override": load_override,
+    # against this node's CPUs, as the start applies it
+    "topology.override": lambda value: check_override(value, read_cpu_nodes(HostPaths())),
     "socket.group": _group,
     "socket.path": _socket_fits,  # (before its directory is made, at start)
 }

@@ -71,6 +71,7 @@ def port_in_use() -> Iterator[int]:
 
 
 MISSING = "/nonexistent-gpujitter/sub"
+OTHER_CPUS = str(Path(__file__).parents[1] / "fixtures" / "topology-other-cpus.toml")
 
 # (settings in the file, flags, the key the message names, what else it must say)
 BAD: list[tuple[dict[str, Any], tuple[str, ...], str, str]] = [
@@ -118,6 +119,7 @@ BAD: list[tuple[dict[str, Any], tuple[str, ...], str, str]] = [
     ({}, ("--socket", MISSING + "/gj.sock"), "socket.path", "flag --socket"),
     ({}, ("--log", MISSING + "/a.jsonl"), "log.path", "flag --log"),
     ({}, ("--topology-override", "/etc/passwd"), "topology.override", "flag --topology"),
+    ({"topology.override": OTHER_CPUS}, (), "topology.override", "in no [nodes] entry"),
 ]
 
 
