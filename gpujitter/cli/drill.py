@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         raise GpujitterError(f"--stall-ms {args.stall_ms}: want a length above 0 ms")
     if args.keep_trace is not None:  # said now, not after the drill (its result lost then)
         can_create(args.keep_trace, "--keep-trace")
-    duration_s = parse_duration_ns(args.duration, "s") / 1e9 if args.duration else None
+    duration_s = parse_duration_ns(args.duration, "s") / 1e9 if args.duration is not None else None
     if duration_s is not None and duration_s <= 0:  # 0 read as "the scenario's default"
         raise GpujitterError(f"--duration {args.duration}: want a time above 0")
     opts = DrillOptions(

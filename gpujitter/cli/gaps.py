@@ -222,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
         return replay(args, out)
     from gpujitter.probes.topology import load_topology
 
-    duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
+    duration_ns = parse_duration_ns(args.duration, "s") if args.duration is not None else None
     thresholds = {
         "cuda": {
             "quiet": _tracer_time(args.quiet_stretch, "--quiet-stretch", "quiet"),

@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     names = registry.select(args.probes)
     options = precise_options(args, names)
-    duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
+    duration_ns = parse_duration_ns(args.duration, "s") if args.duration is not None else None
     shown = _Shown(args, clock_ref())
     # Every option is checked before the first line is printed: a mistake is one line.
     watch, thresholds = watch_from_args(args), parse_thresholds(args.threshold)

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace, source: EventSource | None = None) -> int:
     names = registry.select(args.probes)
     overrides = parse_thresholds(args.threshold)
     rotation = rotation_from_args(args)
-    duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
+    duration_ns = parse_duration_ns(args.duration, "s") if args.duration is not None else None
     out: Path = args.output
     if rotation is None and out.exists():
         raise GpujitterError(f"{out} exists; remove it or choose another name")

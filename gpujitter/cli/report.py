@@ -275,8 +275,8 @@ def run(args: argparse.Namespace) -> int:
     if html and file_identity(html) in {file_identity(p) for p in traces.files}:
         raise GpujitterError(f"--html {args.html} is a recording being read; choose another name")
     header = traces.header
-    start = parse_when(args.start, traces) if args.start else None
-    end = parse_when(args.end, traces) if args.end else None
+    start = parse_when(args.start, traces) if args.start is not None else None
+    end = parse_when(args.end, traces) if args.end is not None else None
     if start is not None and end is not None and end <= start:
         raise GpujitterError(f"--to {args.end} is not after --from {args.start}")
     config = AnalysisConfig.from_record(header.analysis)

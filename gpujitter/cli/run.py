@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from gpujitter.daemon.service.config import check_node, load_config, probe_names
 
     config = load_config(args.config, flags=flags_of(args))
-    duration_ns = parse_duration_ns(args.duration, "s") if args.duration else None
+    duration_ns = parse_duration_ns(args.duration, "s") if args.duration is not None else None
     if args.print_config:
         check_node(config, starting=False)
         probe_names(config)  # the names are known probes

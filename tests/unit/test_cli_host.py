@@ -120,6 +120,9 @@ def test_gpu_minus_1_placed_by_the_override_is_named_by_topo_and_doctor(tmp_path
         (("run", "--print-config", "--min-gap", "0"), "gaps.min_gap: expected a time above 0"),
         # --print-config is how a unit's command line is checked: all of it, -d too
         (("run", "--print-config", "-d", "bogus"), "bad duration 'bogus'"),
+        # an empty value (an unset variable in a script) is a mistake, not "not given"
+        (("run", "--print-config", "-d", ""), "bad duration ''"),
+        (("report", "examples/h200-training.gjtrace", "--from", ""), "bad time ''"),
         # An empty path (an unset variable in a script) was read as this directory.
         (("topo", "--root", ""), "argument --root: an empty path was given"),
         (("top", "--replay", ""), "argument --replay: an empty path was given"),
