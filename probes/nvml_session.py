@@ -173,6 +173,10 @@ def load(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         header = None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ValueError("not an NVML recording")
+    if (version := header.get("version")) != VERSION:
+        raise ValueError(
+            f"an NVML recording of version {version!r}; this gpujitter reads {VERSION}"
+        )
     entries = []
     for n, line in enumerate(lines[1:], 2):
         if not line.strip():

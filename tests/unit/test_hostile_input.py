@@ -58,6 +58,12 @@ def nvml_recording(tmp_path: Path, *, header: bytes | None = None, extra: bytes 
     [
         (b"", b"", "not an NVML recording"),
         (b"[]\n", b"", "not an NVML recording"),
+        # a later format is refused, not read as this one (its answers taken as they come)
+        (
+            b'{"format": "gpujitter-nvml-recording", "version": 99}\n',
+            b"",
+            "an NVML recording of version 99; this gpujitter reads 1",
+        ),
         (None, b"{}\n", "line 4: not an NVML call record"),
         (
             None,
