@@ -54,6 +54,11 @@ K = TypeVar("K")
 SWEEP_EVERY_NS = 1_000_000_000  # stream time between looks for exited processes' history
 
 
+# Board power of any GPU lies well inside this: an idle floor outside it (a damaged file, a
+# trace header made by hand) is refused.
+PLAUSIBLE_IDLE_W = (1.0, 5000.0)
+
+
 @dataclass(frozen=True, slots=True)
 class GapConfig:
     min_gap_ns: int = 5_000_000  # shorter idle stretches are not reported

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpujitter.daemon.analysis.engine.engine import Engine, EngineConfig
-from gpujitter.daemon.analysis.gaps import GapConfig, GapDetector
+from gpujitter.daemon.analysis.gaps import PLAUSIBLE_IDLE_W, GapConfig, GapDetector
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import BadRecord, Event, typed
 from gpujitter.probes.topology import Topology
@@ -27,6 +27,14 @@ class AnalysisConfig:
     # GPU index -> idle power (W) an earlier run proved for its board
     # (daemon/service/idle_floors.py).
     idle_floors_w: Mapping[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        low, high = PLAUSIBLE_IDLE_W
+        for gpu, watts in self.idle_floors_w.items():
+            if not low <= watts <= high:  # NaN too
+                raise GpujitterError(
+                    f"idle_floors_w: GPU {gpu}: {watts} W is no board's idle power"
+                )
 
     def to_record(self) -> dict[str, Any]:
         engine = dataclasses.asdict(self.engine)

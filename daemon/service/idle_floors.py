@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from gpujitter.daemon.analysis.gaps import PLAUSIBLE_IDLE_W
 from gpujitter.daemon.sinks.rotation import fsync_dir
 from gpujitter.errors import GpujitterError
 from gpujitter.files import read_regular
@@ -24,8 +25,6 @@ from gpujitter.probes.nvml import GpuInfo
 
 FILE_NAME = "idle-floors.json"
 FORMAT = 1
-# Board power of any GPU lies well inside this; a value outside it is a damaged file.
-_PLAUSIBLE_W = (1.0, 5000.0)
 # A few hundred bytes a board; a bigger file is not one of ours.
 _MAX_BYTES = 1 << 20
 
@@ -114,7 +113,7 @@ def _parse(doc: Any) -> dict[str, dict[str, Any]]:
             and isinstance(watts, (int, float))
             and not isinstance(watts, bool)
             and math.isfinite(watts)
-            and _PLAUSIBLE_W[0] <= watts <= _PLAUSIBLE_W[1]
+            and PLAUSIBLE_IDLE_W[0] <= watts <= PLAUSIBLE_IDLE_W[1]
         ):
             raise _Invalid(f"bad entry for {key}")
     return boards

@@ -277,6 +277,30 @@ def test_settings_the_detector_cannot_work_with_are_refused(
         AnalysisConfig.from_record(rec)
 
 
+@pytest.mark.parametrize(
+    ("part", "setting", "value", "said"),
+    [
+        ("engine", "remedy_min_pct", -1, "remedy_min_pct must be from 0 to 100"),
+        ("engine", "remedy_min_pct", 1 << 63, "remedy_min_pct must be from 0 to 100"),
+        ("engine", "max_addresses", -1, "max_addresses must not be negative"),
+        ("idle_floors_w", "0", -1e308, "GPU 0: -1e\\+308 W is no board's idle"),
+        ("idle_floors_w", "0", float("nan"), "GPU 0: nan W is no board's idle"),
+    ],
+)
+def test_engine_settings_and_idle_floors_out_of_range_are_refused(
+    part: str, setting: str, value: float, said: str
+) -> None:
+    """A trace header made by hand (or damaged) said a negative share or a board's idle power
+    of -1e308 W, taken as given where every other setting is range-checked."""
+    from gpujitter.daemon.analysis.pipeline import AnalysisConfig
+    from gpujitter.errors import GpujitterError
+
+    rec = AnalysisConfig().to_record()
+    rec[part][setting] = value
+    with pytest.raises(GpujitterError, match=said):
+        AnalysisConfig.from_record(rec)
+
+
 @pytest.mark.parametrize("history_ns", [0, 1])
 def test_a_history_shorter_than_the_waits_it_keeps(history_ns: int) -> None:
     """A header's history_ns of 0 or 1 (valid values) ended the replay of a real recording

@@ -78,6 +78,10 @@ class EngineConfig:
         for name in ("max_spans", "max_pending_gaps", "max_threads_listed", "max_workloads"):
             if getattr(self, name) < 1:
                 raise GpujitterError(f"engine: {name} must be at least 1")
+        if self.max_addresses < 0:
+            raise GpujitterError("engine: max_addresses must not be negative")
+        if not 0 <= self.remedy_min_pct <= 100:
+            raise GpujitterError("engine: remedy_min_pct must be from 0 to 100")
         if self.retention_ns < self.lateness_ns:
             raise GpujitterError("engine: retention must be at least the lateness bound")
 
