@@ -58,14 +58,20 @@ def label(w: Workload) -> str:
 
 def scope_of(text: str) -> tuple[str, str, str]:
     """(namespace, pod, slurm_job) of a label that names a pod or a Slurm job, ("", "", "")
-    for any other: what metrics may carry (a container id alone is too many series)."""
-    words = text.split(" ")
-    if len(words) == 2 and words[0] == "pod" and words[1].count("/") == 2:
-        namespace, pod, _ = words[1].split("/")
-        return namespace, pod, ""
-    if len(words) >= 3 and words[:2] == ["slurm", "job"]:
-        return "", "", words[2]
+    for any other: what metrics may carry (a container id alone is too many series). A pod
+    whose name could not be read ('pod ? ID') is UNNAMED_POD: its time still counts."""
+    kind, _, rest = text.partition(" ")
+    if kind == "pod" and rest:
+        if rest.startswith("? "):
+            return "", UNNAMED_POD, ""
+        namespace, slash, rest = rest.partition("/")  # namespace/pod[/container]
+        return (namespace, rest.partition("/")[0], "") if slash else ("", namespace, "")
+    if text.startswith("slurm job ") and (job := text.split(" ")[2]):
+        return "", "", job
     return "", "", ""
+
+
+UNNAMED_POD = "_unnamed"  # scope_of's pod for a pod its runtime's files did not name
 
 
 # ---------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from gpujitter.probes.events import WorkloadInfo, from_record, to_record
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.watch import WHY_CGROUP, WHY_FORK, CoreBpf, WatchSpec, resolve
 from gpujitter.probes.workload import (
+    UNNAMED_POD,
     TaskOwners,
     Workload,
     WorkloadReader,
@@ -463,6 +464,22 @@ def test_idle_time_per_pod_and_slurm_job_is_a_bounded_metric(monkeypatch) -> Non
             ("1", "", "_other", ""): 0.5,
         }
     )
+
+
+def test_every_pod_label_has_its_idle_time_counted() -> None:
+    # A pod the runtime's files did not name, or one with no container name, once had no
+    # series at all: its time was in the attributions' totals and in no pod's.
+    m = metrics.DaemonMetrics()
+    m.observe_attribution(0, [("irq", 0.25)], f"pod ? {CID[:12]}")
+    m.observe_attribution(0, [("irq", 0.5)], "pod ml/trainer-0")
+    text = m.exposition().decode()
+    series = {
+        (s.labels["namespace"], s.labels["pod"]): s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "gpujitter_workload_idle_seconds"
+        for s in family.samples
+    }
+    assert series == pytest.approx({("", UNNAMED_POD): 0.25, ("ml", "trainer-0"): 0.5})
 
 
 def test_task_owners_name_a_threads_process_and_announce_its_workload_once(
