@@ -105,16 +105,26 @@ LAYOUTS: tuple[tuple[re.Pattern[str], Callable[[re.Match[str]], Workload]], ...]
     (re.compile(rf"/cri-containerd-(?P<id>{_ID})\.scope(?:/|$)"), _container("containerd")),
     (re.compile(rf"/crio-(?P<id>{_ID})\.scope(?:/|$)"), _container("cri-o")),
     # v1: /slurm/uid_N/job_J/step_S/task_T; v2: /system.slice/slurmstepd.scope/job_J/step_S/...
-    (re.compile(r"/slurm[^/]*/(?:uid_\d+/)?job_(?P<job>\d+)(?:/step_(?P<step>[^/]+))?"), _slurm),
+    (re.compile(r"/slurm[^/]*/(?:uid_[0-9]+/)?job_(?P<job>[0-9]+)(?:/step_(?P<step>[^/]+))?"),
+     _slurm),
 )  # fmt: skip
+# A systemd user manager's subtree, which it delegates to its user: cgroups made there are
+# named by that user, who could call one kubepods or job_77 and have its processes watched
+# as that pod's or that job's (--pod, --slurm-job) and counted in their metrics.
+_DELEGATED = re.compile(r"/user@[0-9]+\.service(?:/|$)")
 
 
 def from_cgroup_path(path: str) -> Workload | None:
-    """The workload a cgroup path names, without its runtime's names (None: none)."""
+    """The workload a cgroup path names, without its runtime's names (None: none). No pod
+    or Slurm job is named below a user manager's delegated subtree (a rootless container
+    there is still one)."""
     for pattern, build in LAYOUTS:
         m = pattern.search(path)
         if m:
-            return build(m)
+            w = build(m)
+            if w.kind in ("pod", "slurm") and _DELEGATED.search(path, 0, m.start() + 1):
+                return None
+            return w
     return None
 
 

@@ -129,6 +129,18 @@ def _cgroup(pid: int, text: str) -> dict[str, str]:
             Workload("slurm", slurm_job="98765", slurm_step="batch"),
         ),
         ("0::/user.slice/user-1000.slice/session-3.scope\n", {}, None),
+        # A user names the cgroups of its own delegated subtree: no job or pod there.
+        (
+            "0::/user.slice/user-1000.slice/user@1000.service/app.slice/slurm-x/job_77/step_0\n",
+            {},
+            None,
+        ),
+        (
+            f"0::/user.slice/user-1000.slice/user@1000.service/k/kubepods/pod{UID}/{CID}\n",
+            CONTAINERD_SPEC,
+            None,
+        ),
+        ("0::/system.slice/slurmstepd.scope/job_\u0661\u0662/step_0\n", {}, None),  # not 0-9
     ],
     ids=[
         "containerd-systemd",
@@ -140,6 +152,9 @@ def _cgroup(pid: int, text: str) -> dict[str, str]:
         "slurm-v1",
         "slurm-v2",
         "none",
+        "slurm-named-by-a-user",
+        "pod-named-by-a-user",
+        "slurm-job-of-arabic-digits",
     ],
 )
 def test_layouts(host_tree: MakeTree, cgroup: str, runtime_files: dict, want: Workload | None):
