@@ -195,10 +195,13 @@ class MetricsServer:
         if not data:
             self._drop(conn)
             return
-        conn.inbox += data
+        # Empty lines before the request line are ignored (RFC 9112 2.2: a client may send
+        # one after a POST's body).
+        conn.inbox = (conn.inbox + data).lstrip(b"\r\n")
         # RFC 9112 lets a server take a bare LF for CRLF: some minimal health checkers send one.
         ends = [i for i in (conn.inbox.find(b"\r\n\r\n"), conn.inbox.find(b"\n\n")) if i >= 0]
-        if not ends and len(conn.inbox) > REQUEST_LIMIT_BYTES:
+        # The limit holds for a request that came whole in one read as for one trickled in.
+        if min(ends, default=len(conn.inbox)) > REQUEST_LIMIT_BYTES:
             self._reply(conn, 431, bad="bad_request")
         elif ends:
             self._answer(conn, conn.inbox[: min(ends)].split(b"\n", 1)[0].rstrip(b"\r"))

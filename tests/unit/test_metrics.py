@@ -273,6 +273,25 @@ def test_malformed_and_oversized_requests_are_refused_in_one_line(
     assert len(err.splitlines()) == 1
 
 
+def test_the_request_limit_holds_for_one_read_and_empty_lines_before_it_are_ignored() -> None:
+    """A 12 KB request sent in one write ended its headers within the first reads and was
+    served; an empty line before the request line (RFC 9112 2.2) got a 400."""
+    port = free_port()
+    server = MetricsServer("127.0.0.1", port, lambda: b"up 1\n", closed=lambda reason: None)
+    server.start()
+    try:
+        for request, status in (
+            (b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 12_000 + b"\r\n\r\n", b"431"),
+            (b"\r\nGET /metrics HTTP/1.1\r\n\r\n", b"200"),
+            (b"\n\r\nGET /metrics HTTP/1.1\n\n", b"200"),
+        ):
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+                conn.sendall(request)
+                assert conn.recv(4096).split(b" ")[1] == status, request[:40]
+    finally:
+        server.close()
+
+
 def test_an_oversized_request_gets_its_431_not_a_reset_and_others_are_served() -> None:
     """The server closed with the rest of an oversized request unread: the kernel reset the
     connection, and the client lost its 431. Now it shuts its side and throws away what the
