@@ -8,6 +8,8 @@ import argparse
 import contextlib
 import gzip
 import io
+import os
+import stat
 import sys
 import zlib
 from collections.abc import Iterator
@@ -29,8 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_traces_arg(p)
     p.add_argument(
         "-o", "--output", required=True, metavar="FILE",
-        help="the timeline to write (Chrome trace JSON; gzipped when FILE ends in .gz; "
-             "- for standard output, the summary then on standard error)",
+        help="the timeline to write, a new file (one that exists is refused: a recording "
+             "named by mistake stays whole) or a pipe or device (Chrome trace JSON; gzipped "
+             "when FILE ends in .gz; - for standard output, the summary then on standard "
+             "error)",
     )  # fmt: skip
     p.add_argument(
         "--merge", type=path_arg, metavar="PROFILER_TRACE",
@@ -73,8 +77,9 @@ def _load_profiler(path: Path) -> Any:
 
 @contextlib.contextmanager
 def _created(name: str) -> Iterator[BinaryIO | gzip.GzipFile]:
-    """The timeline's output: a new file (never one that exists: a recording given as -o by
-    mistake stays whole), removed again when the export fails, or standard output."""
+    """The timeline's output: a new file (never a file that exists: a recording given as -o
+    by mistake stays whole), removed again when the export fails; a pipe or a device
+    (/dev/null, a shell's process substitution) written through; or standard output."""
     if name == STDOUT:
         # left open: what fails there (a full disk, a closed descriptor, a reader that left)
         # is main()'s to tell, as for every command's output
@@ -84,7 +89,12 @@ def _created(name: str) -> Iterator[BinaryIO | gzip.GzipFile]:
         raise GpujitterError("-o: an empty file name")
     path = Path(name)
     try:
-        raw = open(path, "xb")  # noqa: SIM115 (closed below) O_EXCL: what exists is refused
+        if os.path.exists(path) and not stat.S_ISREG(mode := os.stat(path).st_mode):
+            if stat.S_ISDIR(mode):
+                raise GpujitterError(f"{path} is a directory")
+            raw, made = open(path, "wb"), False  # noqa: SIM115 (closed below) a pipe, a device
+        else:  # O_EXCL: a file that exists is refused, one made meanwhile too
+            raw, made = open(path, "xb"), True  # noqa: SIM115 (closed below)
     except FileExistsError:
         raise GpujitterError(f"{path} exists; remove it or choose another name") from None
     except OSError as err:
@@ -97,7 +107,8 @@ def _created(name: str) -> Iterator[BinaryIO | gzip.GzipFile]:
             else:
                 yield raw
     except BaseException as err:
-        path.unlink(missing_ok=True)  # ours: never leave half a timeline behind
+        if made:
+            path.unlink(missing_ok=True)  # ours: never leave half a timeline behind
         if isinstance(err, OSError) and err.filename is None:  # the file's disk, size limit
             raise GpujitterError(f"{path}: {err.strerror}") from None
         raise

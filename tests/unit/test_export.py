@@ -5,6 +5,8 @@ thread's run-queue wait behind the task that ran instead)."""
 from __future__ import annotations
 
 import gzip
+import os
+import threading
 from pathlib import Path
 
 import orjson
@@ -106,6 +108,22 @@ def test_a_file_it_refuses_to_write_over_is_left_whole(trace: Path, tmp_path: Pa
     # what cannot be created is the user's error in one line, not an internal one
     assert main(["export", str(trace), "-o", str(tmp_path / "no" / "t.json")]) == 2
     assert "cannot create" in capsys.readouterr().err
+
+
+def test_a_pipe_or_a_device_is_written_through(trace: Path, tmp_path: Path) -> None:
+    """-o /dev/null (a dry run) and a shell's process substitution (/dev/fd/N, a pipe) were
+    refused as files that exist; they hold no one's data and are written as named."""
+    assert main(["export", str(trace), "-o", "/dev/null"]) == 0
+    read, write = os.pipe()
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(os.fdopen(read, "rb").read()))
+    reader.start()
+    try:
+        assert main(["export", str(trace), "-o", f"/dev/fd/{write}"]) == 0
+    finally:
+        os.close(write)
+        reader.join()
+    assert orjson.loads(got[0])["traceEvents"]
 
 
 def test_what_it_says_of_the_output_is_inert(trace: Path, tmp_path: Path, capsys) -> None:
