@@ -275,6 +275,7 @@ class RemedyContext:
     probes_off: tuple[str, ...]
     job_tids: frozenset[int] = frozenset()  # the feeding processes' threads in the stream
     job_cpus: tuple[int, ...] = ()  # CPUs those threads ran or waited on up to the gap's end
+    others_cpus: tuple[int, ...] = ()  # the same of the other GPUs' processes
 
     def gpu_cpus(self) -> list[int]:
         if self.gpu_node is None:
@@ -291,9 +292,14 @@ class RemedyContext:
         nodes = {self.topology.node_of(c) for c in self.job()}
         return [c for c in self.topology.cpus if self.topology.node_of(c) in nodes]
 
+    def busy(self) -> set[int]:
+        """The CPUs other work must not be moved onto: the job's, and the other GPUs'
+        processes' (moved there, it would stall their GPUs instead)."""
+        return self.job() | set(self.others_cpus)
+
     def free_of_job(self, pool: list[int] | None = None) -> list[int]:
-        job = self.job()
-        return [c for c in (self.topology.cpus if pool is None else pool) if c not in job]
+        busy = self.busy()
+        return [c for c in (self.topology.cpus if pool is None else pool) if c not in busy]
 
 
 def bind_to_gpu(ctx: RemedyContext) -> str | None:
@@ -314,7 +320,9 @@ def keep_job_off(ctx: RemedyContext, cpus: tuple[int, ...]) -> str | None:
 def isolate(tid: int, ctx: RemedyContext) -> str:
     """No CPU is free of the job: lower the competitor, or carve CPUs out for the job."""
     return (
-        f"renice -n 19 -p {tid}  # no CPU is free of the job ({format_cpulist(sorted(ctx.job()))})"
+        f"renice -n 19 -p {tid}  # no CPU is free of the job"
+        + (" and the other GPUs' processes" if set(ctx.others_cpus) - ctx.job() else "")
+        + f" ({format_cpulist(sorted(ctx.busy()))})"
         ": or pin the job to fewer CPUs and keep other work off them "
         "(systemctl set-property --runtime system.slice AllowedCPUs=<the other CPUs>, "
         "and user.slice)"

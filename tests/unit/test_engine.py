@@ -208,6 +208,15 @@ def test_runq_wait_names_the_task_that_ran_instead():
     assert attr.remedies[0] == f"runq_wait: {remedies.move_away(555, [1, 2, 3])}"
 
 
+def test_runq_wait_never_moves_the_competitor_onto_another_gpus_process():
+    # GPU 1's process (200: another rank) runs on CPU 1: the hog goes to 2-3, not 1-3.
+    s = Stream().offcpu(100, 125, runnable=100, state="preempted", other=555, other_comm="hog")
+    s.procs(0, (100,)).procs(0, (200,), gpu=1)
+    s.add(*Stream(tid=201, tgid=200).offcpu(50, 60, cpu=1).events)
+    attr = s.ran(0, 1000).gap(100, 140).one()
+    assert attr.remedies[0] == f"runq_wait: {remedies.move_away(555, [2, 3])}"
+
+
 def test_runq_wait_after_a_cross_numa_migration_is_flagged_with_the_migration():
     s = Stream().migrate(98, 0, 2)
     s.offcpu(100, 125, runnable=100, state="preempted", cpu=2, other=555, other_comm="hog")

@@ -86,6 +86,16 @@ CASES = {
         "runq_wait", task(555, "stress"), JOB,
         lambda line: cpus_of_taskset(line, 555) == {4, 5, 6, 7},
     ),
+    # Another GPU's process (a rank of the same job, another job) runs on CPUs 4-5: moved
+    # there, the hog would stall that GPU instead.
+    "hog off the other GPUs' processes' CPUs too": Case(
+        "runq_wait", task(555, "stress"), replace(JOB, others_cpus=(4, 5)),
+        lambda line: cpus_of_taskset(line, 555) == {6, 7},
+    ),
+    "no CPU free of this job and the others: isolate": Case(
+        "runq_wait", task(555, "stress"), replace(JOB, others_cpus=(4, 5, 6, 7)),
+        lambda line: "taskset" not in line and "other GPUs' processes (0-7)" in line,
+    ),
     "no CPU free of the job: isolate, do not move": Case(
         "runq_wait", task(555, "stress"), EVERYWHERE,
         lambda line: "taskset" not in line and "renice -n 19 -p 555" in line

@@ -12,7 +12,7 @@ events it feeds, in the order it feeds them; replay then reproduces the live att
 from __future__ import annotations
 
 from bisect import bisect_right, insort
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any
@@ -314,6 +314,7 @@ class Engine:
             probes_off=probes_off,
             job_tids=job_tids,
             job_cpus=job_cpus,
+            others_cpus=self._others(gap.gpu, job_tids, b),
         )
         return Attribution(
             ts_ns=gap.ts_ns,
@@ -408,13 +409,23 @@ class Engine:
         work onto them."""
         tids = {t for p in {*tgids, tgid} for t in self._by_tgid.get(p, ())}
         tids |= {t for p in parts for t in p.tids}
+        return frozenset(tids), self._cpus_until(tids, b)
+
+    def _others(self, gpu: int, job_tids: frozenset[int], b: int) -> tuple[int, ...]:
+        """The CPUs the other GPUs' processes ran or waited on up to b (another rank of the
+        job, another job): a remedy must not move this gap's competitor onto them."""
+        tgids = {p for g, hist in self._procs.items() if g != gpu for p in _at(hist, b) or ()}
+        tids = {t for p in tgids for t in self._by_tgid.get(p, ())} - job_tids
+        return self._cpus_until(tids, b)
+
+    def _cpus_until(self, tids: Iterable[int], b: int) -> tuple[int, ...]:
         cpus: set[int] = set()
         for t in tids:
             tl = self._timelines.get(t)
             if tl is not None:
                 cpus |= tl.cpus_until(b)
         cpus.discard(-1)
-        return frozenset(tids), tuple(sorted(cpus))
+        return tuple(sorted(cpus))
 
     def _remedies(
         self, parts: tuple[Part, ...], dur_ns: int, rctx: RemedyContext
