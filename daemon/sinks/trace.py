@@ -731,8 +731,9 @@ def _one_timeline(headers: list[tuple[Path, TraceHeader]]) -> None:
 
 
 class TraceSet:
-    """Several trace files read as one stream: a rotated recording, in recording order (start
-    wall time, then session and segment, from each header; file names do not matter). Only
+    """Several trace files read as one stream: a rotated recording, in recording order (each
+    session's segments in their order, sessions by their first segment's wall time, from
+    each header; file names do not matter). Only
     one file is open at a time. Damage is collected per file in `damage`. A file whose
     header cannot be read is left out, in `unreadable` (path, why), as long as another one
     can be: one damaged segment does not cost the others (none readable: its error)."""
@@ -751,7 +752,20 @@ class TraceSet:
                 self.unreadable.append((path, str(err)))
         if not headers:
             raise GpujitterError(self.unreadable[0][1])
-        headers.sort(key=lambda ph: (ph[1].start_wall_ns, ph[1].session, ph[1].segment))
+        # A session's segments in their own order: each takes the wall clock afresh when
+        # it starts, and a clock stepped meanwhile (NTP, by hand) would reorder them by it.
+        # Sessions (daemon runs) by their first segment's wall time.
+        first: dict[str, int] = {}
+        for _, h in sorted(headers, key=lambda ph: ph[1].segment):
+            first.setdefault(h.session, h.start_wall_ns)
+
+        def order(ph: tuple[Path, TraceHeader]) -> tuple[int, str, int, int]:
+            h = ph[1]
+            if not h.session:  # no session to keep together: its own wall time
+                return (h.start_wall_ns, "", h.segment, h.start_wall_ns)
+            return (first[h.session], h.session, h.segment, 0)
+
+        headers.sort(key=order)
         self.paths = [p for p, _ in headers]
         self.headers = [h for _, h in headers]
         self.damage: list[str] = []

@@ -291,6 +291,28 @@ def test_one_damaged_file_of_a_set_costs_only_itself(tmp_path: Path) -> None:
         TraceSet([tmp_path / "c.gjtrace"])
 
 
+def test_a_sessions_segments_are_read_in_their_order_whatever_the_wall_clock_did(
+    tmp_path: Path,
+) -> None:
+    """Each segment takes the wall clock afresh: one stepped 2 h back (NTP, by hand) while a
+    recording rotated was read first, and the report said the recording began 2 h early."""
+    hour = 3_600_000_000_000
+    clock = header().clock
+    stepped = [0, -2 * hour, -2 * hour, 0]  # the wall clock's step when each segment began
+    for segment, step in enumerate(stepped):
+        at = dataclasses.replace(clock, realtime_ns=clock.realtime_ns + step)
+        start = 5_000_000_000 + segment * 1_000_000_000
+        write_trace(tmp_path / f"{segment}.gjtrace", [alloc(segment)],
+                    header(clock=at, start_ns=start, segment=segment))  # fmt: skip
+    # another run, later, whose clock was right
+    later = dataclasses.replace(clock, realtime_ns=clock.realtime_ns + hour)
+    write_trace(tmp_path / "z.gjtrace", [alloc(9)],
+                header(clock=later, session="fedcba987654", start_ns=9_000_000_000))  # fmt: skip
+    traces = TraceSet([tmp_path])
+    assert list(traces) == [alloc(0), alloc(1), alloc(2), alloc(3), alloc(9)]
+    assert traces.headers[0].start_wall_ns == header(start_ns=5_000_000_000).start_wall_ns
+
+
 def test_writer_flushes_by_size_and_by_time_and_fsyncs_on_close(tmp_path: Path) -> None:
     path = tmp_path / "t.gjtrace"
     writer = TraceWriter(path, header(), flush_bytes=1000, flush_interval_ns=10**9)
