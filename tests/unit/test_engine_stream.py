@@ -298,6 +298,31 @@ def test_memory_stays_bounded_by_count_under_a_burst():
     assert engine.stats().evicted > 90_000
 
 
+def test_a_crowd_of_threads_over_the_bound_leaves_the_feeding_threads_evidence() -> None:
+    """A watched process of 4000 threads put the engine over its bound: the largest
+    timelines gave up their entries first, the feeding thread's among them, and its stalls
+    came out unexplained ("evicted"). Threads with CUDA calls now go last, the crowd first,
+    and the eviction sorts once, not once per entry taken."""
+    config = replace(CONFIG, max_spans=2_000)
+    engine = Engine(TWO_NODES, config)
+    feeder, crowd = Stream(), Stream()
+    for i in range(300):  # a launch and a sleep every 10 ms for 3 s
+        feeder.launch(10 * i).offcpu(10 * i + 2, 10 * i + 8)
+    for i in range(6_000):  # 2,000 threads a second, one sleep each
+        crowd.offcpu(i / 2, i / 2 + 0.1, tid=10_000 + i, comm="worker")
+    events = sorted(feeder.events + crowd.events, key=lambda ev: ev.ts_ns)
+    for ev in events:
+        engine.feed(ev)
+    assert engine.stats().spans <= 2_000 and engine.stats().evicted > 4_000
+    # The crowd's threads not heard of within the lateness window (2 s: 4,000 of them) went
+    # whole, not left as empty timelines until their retention (the daemon's memory grew so
+    # by hundreds of MB beside a churning job).
+    assert engine.stats().threads <= 4_000 + 1 + 100
+    kept = engine._timelines[feeder.tid]
+    assert len(kept.spans["offcpu"]) == len(kept.spans["cuda"]) == 300  # all of it
+    assert len(kept.places) == 900  # where it ran, too
+
+
 def test_a_gap_older_than_the_retained_history_says_so():
     s = Stream().ran(0, 1000).ran(1000, 2000).ran(2000, 3000).ran(3000, 4000)
     config = replace(CONFIG, retention_ns=2 * SEC, lateness_ns=SEC, evict_every_ns=0)

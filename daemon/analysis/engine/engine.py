@@ -12,6 +12,7 @@ events it feeds, in the order it feeds them; replay then reproduces the live att
 from __future__ import annotations
 
 from bisect import bisect_right, insort
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
@@ -111,6 +112,13 @@ class Engine:
         self.topology = topology
         self.config = config or EngineConfig()
         self._timelines: dict[int, Timeline] = {}
+        # tid -> the watermark when a span of it last came, least lately first: whom eviction
+        # by count lets go first.
+        self._heard: OrderedDict[int, int] = OrderedDict()
+        # tid -> the horizon of a timeline evicted whole by count (its thread may come back,
+        # and a gap before the horizon is then "evicted", not "no data"); kept for the
+        # retention.
+        self._gone: dict[int, int] = {}
         self._by_tgid: dict[int, set[int]] = {}
         self._pending: list[tuple[tuple[Any, ...], GpuGap]] = []
         self._procs: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
@@ -190,6 +198,8 @@ class Engine:
             self._counts["late"] += 1  # a gap ending with it may have gone out without it
         tl = self._timeline(ev.tid, ev.tgid)
         self._size += tl.add(rule, start, end, ev)
+        self._heard[ev.tid] = self._now
+        self._heard.move_to_end(ev.tid)
         if self._size > self.config.max_spans:
             self._evict_by_count()
 
@@ -217,6 +227,7 @@ class Engine:
         tl = self._timelines.get(tid)
         if tl is None:
             tl = self._timelines[tid] = Timeline(tid, tgid)
+            tl.horizon = self._gone.pop(tid, 0)
             self._by_tgid.setdefault(tgid, set()).add(tid)
             tl.still_off(self._asleep.pop(tid, 0))
         return tl
@@ -240,6 +251,7 @@ class Engine:
         self._last_evict = self._now
         cutoff = self._now - self.config.retention_ns
         self._asleep = {tid: since for tid, since in self._asleep.items() if since >= cutoff}
+        self._gone = {tid: horizon for tid, horizon in self._gone.items() if horizon >= cutoff}
         for tid in sorted(self._timelines):
             tl = self._timelines[tid]
             removed = tl.evict_older(cutoff)
@@ -253,22 +265,46 @@ class Engine:
                 self._drop_timeline(tl)
 
     def _evict_by_count(self) -> None:
-        """Over the bound: the largest timelines give up their oldest entries until the total
-        is a tenth under it (so that this does not run on every event)."""
+        """Over the bound, until the total is a tenth under it (so that this does not run on
+        every event). Launchers (threads with CUDA calls: the feeding threads, whose
+        timelines hold the evidence of the gaps still pending) go last: taking the largest
+        timelines first once took it from them beside a crowd of other threads. First the
+        other threads least lately heard of, whole, back to the lateness window (a pool of
+        thousands, loader workers respawning); then the largest give up their oldest entries,
+        the others' before the launchers'."""
         target = self.config.max_spans * 9 // 10
+        recent = self._now - self.config.lateness_ns
+        quiet, freed = [], 0
+        for tid, heard in self._heard.items():
+            if self._size - freed <= target or heard >= recent:
+                break
+            tl = self._timelines[tid]
+            if not tl.spans["cuda"]:
+                quiet.append(tl)
+                freed += tl.size
+        for tl in quiet:
+            self._gone[tl.tid] = max(self._now, tl.horizon)
+            self._drop_timeline(tl)
         while self._size > target and self._timelines:
-            tl = max(self._timelines.values(), key=lambda t: (t.size, -t.tid))
-            if not any(tl.spans.values()):
-                self._drop_timeline(tl)
-                continue
-            dropped = tl.drop_oldest(min(self._size - target, max(1, tl.size // 2)))
-            self._size -= dropped
-            self._evicted += dropped
+            # one pass over the timelines as they stand, sorted once (a pass per entry taken
+            # held the loop half a second among 120k threads)
+            order = sorted(self._timelines.values(),
+                           key=lambda t: (bool(t.spans["cuda"]), -t.size, t.tid))  # fmt: skip
+            for tl in order:
+                if self._size <= target:
+                    break
+                if not any(tl.spans.values()):
+                    self._drop_timeline(tl)
+                    continue
+                dropped = tl.drop_oldest(min(self._size - target, max(1, tl.size // 2)))
+                self._size -= dropped
+                self._evicted += dropped
 
     def _drop_timeline(self, tl: Timeline) -> None:
         self._size -= tl.size
         self._evicted += tl.size
         del self._timelines[tl.tid]
+        self._heard.pop(tl.tid, None)
         tids = self._by_tgid.get(tl.tgid)
         if tids is not None:
             tids.discard(tl.tid)

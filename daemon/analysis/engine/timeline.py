@@ -1,7 +1,7 @@
 """Per-thread timelines: what the probes reported about each watched thread, as time spans
 indexed by start, so that any window (a gap) can be read back. Bounded by age (the engine
-evicts spans that ended before its retention horizon) and by count (the largest timeline
-gives up its oldest spans first).
+evicts spans that ended before its retention horizon) and by count (quiet threads whole,
+then the largest timelines' oldest spans, the launchers' last: engine.py).
 
 Ordering never depends on arrival order: spans sort by (start, end) and, on a tie, by their
 event's content, so any interleaving of the same events builds the same timeline.
