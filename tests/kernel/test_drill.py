@@ -382,9 +382,11 @@ def test_disk_interrupts_on_the_feeding_cpu() -> None:
         top = max(found, key=lambda e: e.ns)
         # The handlers counted are those that interrupted the loop: where outside load held
         # its CPU for part of the stall (the suite under a hog: 36 in 25 ms, half of it
-        # waiting), only that part's share of them.
+        # waiting), only that part's share of them. How many there are is the disk's: over
+        # 50 in 25 ms here, 47 on the CI machine of 12-06 (its reads slower); a loop that no
+        # disk interrupted counts a few timer ticks at most.
         ran = 1 - scored.outside_ns / scored.injected_ns
-        assert top.irq_kind in ("hardirq", "softirq") and top.count > 50 * ran, rows(r)
+        assert top.irq_kind in ("hardirq", "softirq") and top.count > 20 * ran, rows(r)
     assert 0.3 * s.truth_ns <= s.attributed_ns <= 1.2 * s.truth_ns, rows(r)
 
 
