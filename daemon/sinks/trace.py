@@ -759,11 +759,10 @@ class TraceSet:
         for _, h in sorted(headers, key=lambda ph: ph[1].segment):
             first.setdefault(h.session, h.start_wall_ns)
 
-        def order(ph: tuple[Path, TraceHeader]) -> tuple[int, str, int, int]:
+        def order(ph: tuple[Path, TraceHeader]) -> tuple[int, str, int]:
             h = ph[1]
-            if not h.session:  # no session to keep together: its own wall time
-                return (h.start_wall_ns, "", h.segment, h.start_wall_ns)
-            return (first[h.session], h.session, h.segment, 0)
+            # a file of no session has none to keep together: its own wall time
+            return (first[h.session] if h.session else h.start_wall_ns, h.session, h.segment)
 
         headers.sort(key=order)
         self.paths = [p for p, _ in headers]
