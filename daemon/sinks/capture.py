@@ -27,7 +27,9 @@ from gpujitter.probes.events import Event, RecordsLost
 # gpujitter-20250101T120000.123456Z-<session>-000003.gjtrace: names sort in recording order
 # (UTC start time first, to the microsecond: a daemon restarted at once still sorts after).
 _SEGMENT_NAME = re.compile(
-    r"^gpujitter-\d{8}T\d{6}\.\d{6}Z-[0-9a-f]+-\d{6,}" + re.escape(SUFFIX) + "$"
+    r"^gpujitter-\d{8}T\d{6}\.\d{6}Z-(?P<session>[0-9a-f]+)-(?P<segment>\d{6,})"
+    + re.escape(SUFFIX)
+    + "$"
 )
 
 
@@ -102,16 +104,24 @@ class TraceCapture:
 
     def _set(self) -> list[Path]:
         """This directory's trace files, oldest first, ending with the one being written.
-        Names sort by start time on the wall clock; this session's own files come after
-        every other's whatever their names say, since a clock set back (or one that ran
-        ahead in an earlier run) must not make retention delete what this run just wrote."""
+        Other sessions' names sort by start time on the wall clock; this session's own files
+        come after every other's, in the order it wrote them (segment numbers), whatever
+        their names say: a clock set back, now or in an earlier run that ran ahead, must not
+        make retention delete what this run just wrote."""
         current = self.files[-1]
-        own = f"-{self._header.session}-"
-        older = sorted(
-            (p for p in self.target.iterdir() if _SEGMENT_NAME.match(p.name) and p != current),
-            key=lambda p: (own in p.name, p.name),
+        found = (
+            (p, m)
+            for p in self.target.iterdir()
+            if p != current and (m := _SEGMENT_NAME.match(p.name))
         )
-        return [*older, current]
+
+        def age(pm: tuple[Path, re.Match[str]]) -> tuple[bool, int, str]:
+            p, m = pm
+            if m["session"] == self._header.session:
+                return (True, int(m["segment"]), "")
+            return (False, 0, p.name)
+
+        return [*(p for p, _ in sorted(found, key=age)), current]
 
     @property
     def path(self) -> Path:

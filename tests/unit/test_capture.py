@@ -18,7 +18,7 @@ from gpujitter.daemon.sinks.rotation import Rotation
 from gpujitter.daemon.sinks.trace import TraceReader, TraceSet
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import clock_ref
-from gpujitter.probes.events import AllocSyscall, OffCpu
+from gpujitter.probes.events import AllocSyscall, ClockRef, OffCpu
 from gpujitter.units import format_bytes, parse_size_bytes
 from tests.unit.trace_samples import header
 
@@ -91,6 +91,29 @@ def test_retention_covers_earlier_recordings_but_not_foreign_files(tmp_path: Pat
     left = sorted(p.name for p in target.iterdir())
     assert set(first.files).isdisjoint(target.iterdir())
     assert left == sorted(["notes.txt", "mine.gjtrace", *(p.name for p in second.files[-2:])])
+
+
+def test_retention_after_the_clock_steps_back_keeps_this_runs_newest_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two hours back after the fourth segment: the newer segments' names sort before the
+    # older ones', and retention by name deleted the files just written, keeping the old.
+    made = 0
+
+    def stepping_clock() -> ClockRef:
+        nonlocal made
+        made += 1
+        ref = clock_ref()
+        back = 2 * 3600 * 10**9 if made > 3 else 0
+        return dataclasses.replace(ref, realtime_ns=ref.realtime_ns - back)
+
+    monkeypatch.setattr("gpujitter.daemon.sinks.capture.clock_ref", stepping_clock)
+    rec = record(tmp_path, 1000, Rotation(max_bytes=8192, keep_files=3))
+    assert len(rec.files) > 6
+    assert rec.files[4].name < rec.files[3].name  # the step is in the names
+    assert sorted(tmp_path.iterdir()) == sorted(rec.files[-3:])
+    events = list(TraceSet(sorted(tmp_path.iterdir())))
+    assert events == [alloc(i) for i in range(1000 - len(events), 1000)]
 
 
 def test_age_rotation_happens_on_tick_and_never_leaves_an_empty_file(tmp_path: Path) -> None:
