@@ -39,6 +39,7 @@ from gpujitter.probes.events import (
 KINDS = ("offcpu", "swap", "major", "irq", "minor", "idle", "alloc", "gc", "nodetime", "cuda",
          "gil")  # fmt: skip
 POINT_KINDS = ("migration", "pysample")
+_PLACES = ""  # place points, beside the span kinds, in drop_oldest's merge
 
 
 @dataclass(eq=False, slots=True)
@@ -300,22 +301,27 @@ class Timeline:
         return removed
 
     def drop_oldest(self, n: int) -> int:
-        """Drop the n oldest spans across kinds (count-based eviction); place points go only
-        when no span is left to drop."""
-        oldest = heapq.merge(
-            *(((s.start, k) for s in spans) for k, spans in self.spans.items() if spans)
-        )
+        """Drop the n oldest entries, spans of any kind and place points by their times
+        (count-based eviction); the last place point stays, so the thread's CPU stays
+        known. Returns how many went."""
+        # zip binds each kind as its list is taken ((start, k) in a generator read the
+        # loop's last kind when consumed: every entry was counted against one list, and
+        # nothing was dropped while the engine's count went down)
+        starts = self._starts
+        lists = [zip(starts[k], itertools.repeat(k)) for k, spans in self.spans.items() if spans]
+        places = self.places
+        if len(places) > 1:
+            times = (p[0] for p in itertools.islice(places, len(places) - 1))
+            lists.append(zip(times, itertools.repeat(_PLACES)))
         counts: dict[str, int] = {}
-        for _, kind in itertools.islice(oldest, n):
+        for _, kind in itertools.islice(heapq.merge(*lists), n):
             counts[kind] = counts.get(kind, 0) + 1
+        placed = counts.pop(_PLACES, 0)
+        if placed:
+            self._drop_places(placed)
         for kind, k in counts.items():
             spans = self.spans[kind]
             self.horizon = max([self.horizon, *(s.end for s in spans[:k])])
             del spans[:k]
             del self._starts[kind][:k]
-        dropped = sum(counts.values())
-        if dropped < n and len(self.places) > 1:
-            k = min(n - dropped, len(self.places) - 1)
-            self._drop_places(k)
-            dropped += k
-        return dropped
+        return sum(counts.values()) + placed
