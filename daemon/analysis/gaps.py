@@ -88,6 +88,11 @@ class GapConfig:
     # Off-CPU intervals kept per thread (those with a run-queue wait of at least
     # cuda_resolution_ns): a bound for threads that the sync verdicts never consume.
     max_offcpu_per_thread: int = 4096
+    # Only a thread's own syncs read its intervals: those of a thread that made no sync
+    # within history_ns are kept this long, for a first sync whose record comes after the
+    # intervals inside it (another ring buffer, a poll later). Kept for the whole history,
+    # a watched process of 4000 threads that never sync held ~1.2 million of them (470 MB).
+    offcpu_unsynced_ns: int = 5_000_000_000
     # A thread spinning in a sync sees the drain within this of getting its CPU back (one
     # poll, the return path); a sync that spun on longer found the GPU still busy then.
     spin_return_ns: int = 2_000_000
@@ -116,7 +121,7 @@ class GapConfig:
         # cannot work with, e.g. a run of idle samples of length 0, which it indexes.
         for name in ("min_gap_ns", "settle_ns", "feeder_window_ns", "cuda_resolution_ns",
                      "busy_sync_ns", "history_ns", "offcpu_settle_ns", "spin_return_ns",
-                     "drained_return_ns"):  # fmt: skip
+                     "drained_return_ns", "offcpu_unsynced_ns"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise GpujitterError(f"gaps: {name} must not be negative")
         if self.power_min_samples < 1:
@@ -366,6 +371,7 @@ class GapDetector:
         # however many candidates wait.
         self._due_ns = 0
         self.offcpu: dict[int, _OffCpuKept] = {}  # tid -> intervals with a run-queue wait
+        self.syncing: dict[int, int] = {}  # tid -> end of its latest sync
         # Syncs with no run-queue wait inside, by (tid, func) and (tid, ""), and by tgid.
         self.clean: dict[tuple[int, str], deque[_Sync]] = {}
         self.clean_spans: dict[int, deque[_Sync]] = {}
@@ -431,6 +437,7 @@ class GapDetector:
     def _on_cuda(self, ev: CudaCall) -> None:
         self.last_call[ev.tgid] = max(self.last_call.get(ev.tgid, 0), ev.ts_ns + ev.dur_ns)
         if ev.api == "sync":
+            self.syncing[ev.tid] = ev.ts_ns + ev.dur_ns
             queued = ev.after_idle_ns > 0 and ev.prev_api not in ("", "sync")
             sync = _Sync(ev.tgid, ev.tid, ev.ts_ns, ev.ts_ns + ev.dur_ns, ev.func,
                          ev.ts_ns - ev.after_idle_ns if queued else 0)  # fmt: skip
@@ -475,7 +482,11 @@ class GapDetector:
         if kept is None:
             kept = self.offcpu[ev.tid] = _OffCpuKept(self.config.max_offcpu_per_thread)
         kept.add(ev)
-        kept.forget_before(self.now_ns - self.config.history_ns)
+        kept.forget_before(self.now_ns - self._offcpu_kept_ns(ev.tid))
+
+    def _offcpu_kept_ns(self, tid: int) -> int:
+        cfg = self.config
+        return cfg.history_ns if tid in self.syncing else cfg.offcpu_unsynced_ns
 
     def _sweep(self) -> None:
         """Forget processes and threads gone quiet (exited, mostly): each one's history is
@@ -493,10 +504,15 @@ class GapDetector:
         _drop_stale(self.clean_queued, horizon)
         _drop_stale(self.waited, horizon)
         _drop_stale(self.waited_queued, horizon)
+        for tid in [t for t, end in self.syncing.items() if end < horizon]:
+            del self.syncing[tid]
         # a thread's intervals may all have gone already (a history shorter than their wait)
-        for tid in [
-            t for t, kept in self.offcpu.items() if not kept or kept.last_end_ns() < horizon
-        ]:
+        gone = []
+        for tid, kept in self.offcpu.items():
+            kept.forget_before(self.now_ns - self._offcpu_kept_ns(tid))
+            if not kept:
+                gone.append(tid)
+        for tid in gone:
             del self.offcpu[tid]
 
     def _remember_busy(self, sync: _Sync) -> None:

@@ -61,3 +61,43 @@ def test_intervals_past_the_bound_go_oldest_arrival_first() -> None:
     assert detect(woken_late([WOKEN, BEFORE, AFTER]), detector) == []
     detector = GapDetector(GapConfig(max_offcpu_per_thread=2))
     assert len(detect(woken_late([BEFORE, AFTER, WOKEN]), detector)) == 1
+
+
+def hog_wait(tid: int, at_ms: int) -> OffCpu:
+    """A 2 ms preemption, all of it on the run queue."""
+    return OffCpu(ts_ns=at_ms * MS, end_ns=(at_ms + 2) * MS, tid=tid, tgid=PID, cpu=0,
+                  cpu_in=0, state="preempted", runnable_ns=at_ms * MS, other_tid=99,
+                  other_comm="hog")  # fmt: skip
+
+
+def test_a_thread_that_never_syncs_keeps_its_intervals_only_briefly() -> None:
+    # Only a thread's own syncs read its intervals. A process of thousands of threads that
+    # never sync kept each one's for the whole history (60 s): ~470 MB at 20k a second.
+    from gpujitter.daemon.analysis.gaps import GapConfig
+
+    cfg = GapConfig(offcpu_unsynced_ns=5_000 * MS)
+    detector = GapDetector(cfg)
+    syncer, other, quiet = PID, PID + 1, PID + 2
+    sync = CudaCall(ts_ns=1 * MS, dur_ns=2 * MS, tid=syncer, tgid=PID, cpu=0, api="sync",
+                    func="cuStreamSynchronize", prev_tid=syncer, prev_api="launch")  # fmt: skip
+    detector.feed(sync)
+    detector.feed(hog_wait(quiet, 10))
+    for at_ms in range(10, 20_000, 10):
+        detector.feed(hog_wait(syncer, at_ms))
+        detector.feed(hog_wait(other, at_ms))
+    assert len(detector.offcpu[syncer]) == 1999  # the whole history (60 s): all of them
+    assert len(detector.offcpu[other]) == 501  # those ending in the last 5 s (bounds in)
+    assert quiet not in detector.offcpu  # gone with the sweep, though it never added again
+    # Once the syncing thread's last sync is past the history, it is kept as briefly.
+    detector.feed(hog_wait(other, 65_000))
+    assert syncer not in detector.syncing
+    detector.feed(hog_wait(syncer, 65_010))
+    assert len(detector.offcpu[syncer]) == 1
+
+
+def test_a_first_sync_reported_after_the_intervals_inside_it_still_finds_them() -> None:
+    # The thread's first sync: its intervals came in while it was unknown as a syncing one,
+    # a poll (here a second of other threads' intervals) before the sync's own record.
+    later = [hog_wait(PID + 1, at_ms) for at_ms in range(230, 1_230, 10)]
+    gaps = detect([WOKEN, *later, woken_late([])[0]])
+    assert [(g.ts_ns, g.end_ns, "sched" in g.sources) for g in gaps] == [(160 * MS, 200 * MS, True)]
