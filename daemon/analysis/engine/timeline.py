@@ -215,7 +215,7 @@ class Timeline:
 
     @property
     def size(self) -> int:
-        return sum(len(s) for s in self.spans.values()) + len(self.places)
+        return sum(map(len, self.spans.values())) + len(self.places)
 
     def overlapping(self, kind: str, a: int, b: int) -> list[Span]:
         """Spans of `kind` that share time with [a, b); points inside [a, b)."""
