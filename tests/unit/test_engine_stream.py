@@ -333,6 +333,25 @@ def test_a_crowd_of_threads_over_the_bound_leaves_the_feeding_threads_evidence()
     assert len(kept.places) == 900  # where it ran, too
 
 
+def test_a_thread_of_one_span_costs_its_span_not_a_list_of_every_kind() -> None:
+    """A job starting 500 threads a second: each thread's timeline held an empty list of
+    every kind of span (3 KB before its first span), 30k of them in the retention, 100 MB."""
+    engine = Engine(TWO_NODES, CONFIG)
+    crowd = Stream()
+    for i in range(5_000):
+        crowd.offcpu(i / 100, i / 100 + 0.001, tid=10_000 + i, comm="worker")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for ev in crowd.events:
+            engine.feed(ev)
+        per_thread = (tracemalloc.get_traced_memory()[0] - before) / 5_000
+    finally:
+        tracemalloc.stop()
+    assert engine.stats().threads == 5_000
+    assert per_thread < 2_000, per_thread  # 1.6 KB, the event itself (~400 B) included
+
+
 def test_a_gap_older_than_the_retained_history_says_so():
     s = Stream().ran(0, 1000).ran(1000, 2000).ran(2000, 3000).ran(3000, 4000)
     config = replace(CONFIG, retention_ns=2 * SEC, lateness_ns=SEC, evict_every_ns=0)

@@ -130,7 +130,7 @@ class Divider:
         spans = [
             (k, s)
             for k in CLAIMING_KINDS
-            if tl.spans[k]  # most kinds of most threads hold nothing: no call for them
+            if tl.spans.get(k)  # most kinds of most threads hold nothing: no call for them
             for s in tl.overlapping(k, a, b)
             if s.end > s.start
         ]
@@ -255,7 +255,7 @@ def _cuts(tl: Timeline, spans: list[tuple[str, Span]], a: int, b: int) -> list[i
         cuts.add(sp.end)
         if kind == "offcpu":
             cuts.add(_clip(sp, sp.event.runnable_ns))
-    if tl.spans["migration"]:
+    if tl.spans.get("migration"):
         cuts.update(m.start for m in tl.overlapping("migration", a, b))
     return sorted([c for c in cuts if a <= c <= b])
 

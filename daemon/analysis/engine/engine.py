@@ -280,7 +280,7 @@ class Engine:
             if self._size - freed <= target or heard >= recent:
                 break
             tl = self._timelines[tid]
-            if not tl.spans["cuda"]:
+            if not tl.launcher:
                 quiet.append(tl)
                 freed += tl.size
         for tl in quiet:
@@ -292,7 +292,7 @@ class Engine:
                 # taken held the loop half a second among 120k threads); each gives up an
                 # entry at least, or goes whole
                 order = sorted(
-                    (t for t in self._timelines.values() if bool(t.spans["cuda"]) == launchers),
+                    (t for t in self._timelines.values() if t.launcher == launchers),
                     key=lambda t: (-t.size, t.tid),
                 )
                 if not order:

@@ -33,12 +33,11 @@ from gpujitter.probes.events import (
     PySample,
 )
 
-# Span kinds, one list each per timeline. Windowed kinds (irq, minor, nodetime) are in-kernel
-# aggregates whose time is spread over their window; the others are exact intervals, and
-# migration holds points.
+# Span kinds, one list each per timeline once it holds one. Windowed kinds (irq, minor,
+# nodetime) are in-kernel aggregates whose time is spread over their window; the others are
+# exact intervals. Two more hold points (start == end): migration and pysample.
 KINDS = ("offcpu", "swap", "major", "irq", "minor", "idle", "alloc", "gc", "nodetime", "cuda",
          "gil")  # fmt: skip
-POINT_KINDS = ("migration", "pysample")
 _PLACES = ""  # place points, beside the span kinds, in drop_oldest's merge
 
 
@@ -149,11 +148,14 @@ class Timeline:
         self.tgid = tgid
         self.comm = ""
         self._comm_ts = -1
-        self.spans: dict[str, list[Span]] = {k: [] for k in (*KINDS, *POINT_KINDS)}
+        # A list per kind from the kind's first span on: most threads hold one or two kinds,
+        # and a list of each for every thread made a thread's timeline 3 KB before its first
+        # span (a job starting 500 threads a second: 30k of them in the retention, 100 MB).
+        self.spans: dict[str, list[Span]] = {}
         # Each list's starts, in step with it (every change to a list here changes both):
         # bisected without a key function, which a window's read of every kind costs.
-        self._starts: dict[str, list[int]] = {k: [] for k in self.spans}
-        self.longest: dict[str, int] = dict.fromkeys(self.spans, 0)
+        self._starts: dict[str, list[int]] = {}
+        self.longest: dict[str, int] = {}
         self.places: list[tuple[int, int, int]] = []
         # Each CPU of the places with the time of its first place point: every remedy asks
         # which CPUs the job's threads were seen on, and a scan of the places is their length.
@@ -174,7 +176,10 @@ class Timeline:
         if comm and ev.ts_ns >= self._comm_ts:
             self.comm, self._comm_ts = comm, ev.ts_ns
         kind = rule.kind if rule.kind_of is None else rule.kind_of(ev)
-        spans = self.spans[kind]
+        spans = self.spans.get(kind)
+        if spans is None:
+            spans = self.spans[kind] = []
+            self._starts[kind], self.longest[kind] = [], 0
         last = spans[-1] if spans else None
         if last is None or last.start < start or (last.start == start and last.end < end):
             spans.append(Span(start, end, ev))  # the usual case: in (start, end) order
@@ -210,8 +215,13 @@ class Timeline:
         since = self.open_since
         if not since or any(spans and spans[-1].start > since for spans in self.spans.values()):
             return 0
-        offcpu = self.spans["offcpu"]
+        offcpu = self.spans.get("offcpu")
         return 0 if offcpu and offcpu[-1].start == since else since
+
+    @property
+    def launcher(self) -> bool:
+        """Whether it holds CUDA calls (a thread that feeds a GPU)."""
+        return bool(self.spans.get("cuda"))
 
     @property
     def size(self) -> int:
@@ -219,7 +229,7 @@ class Timeline:
 
     def overlapping(self, kind: str, a: int, b: int) -> list[Span]:
         """Spans of `kind` that share time with [a, b); points inside [a, b)."""
-        spans = self.spans[kind]
+        spans = self.spans.get(kind)
         if not spans:
             return []  # most kinds of most threads: asked for each kind at every division
         starts = self._starts[kind]
