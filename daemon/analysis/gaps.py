@@ -311,9 +311,6 @@ class _OffCpuKept:
     def __len__(self) -> int:
         return len(self.arrived)
 
-    def last_end_ns(self) -> int:
-        return self.arrived[-1].end_ns
-
     def inside(self, start: int, end: int) -> list[OffCpu]:
         """The intervals lying inside [start, end], in time order."""
         found = []
