@@ -126,13 +126,24 @@ class OwnScheduling:
             self.notes.append(f"the daemon's threads now at nice {self.nice} "
                               f"({why})")  # fmt: skip
 
-    def keep_off(self, watched: Iterable[int]) -> frozenset[int]:
+    def keep_off(self, watched: Iterable[int], feeders: Iterable[int] = ()) -> frozenset[int]:
         """Run on the CPUs the watched processes' threads may not use; where that leaves
-        none, on all this process may use (never on nothing). Returns the CPUs chosen."""
+        none, on those the feeding threads (`feeders`: the tids that call CUDA, whose waits
+        idle a GPU) may not use; where that leaves none too, on all this process may use
+        (never on nothing). Returns the CPUs chosen."""
         theirs: set[int] = set()
         for tgid in watched:
             theirs |= allowed_cpus(self.proc, tgid)
-        cpus = (self.base_cpus - theirs) or self.base_cpus
+        cpus = self.base_cpus - theirs
+        if not cpus:
+            # A job's helpers free to run anywhere (a forked child, a pool) left the daemon on
+            # the feeding thread's own CPU: its waits behind the daemon were self-inflicted
+            # gaps (a churning child beside a feeder pinned to CPU 1: 107 in 10 minutes).
+            feeding: set[int] = set()
+            for tid in feeders:
+                with contextlib.suppress(OSError):  # gone
+                    feeding |= os.sched_getaffinity(tid)
+            cpus = (self.base_cpus - feeding) or self.base_cpus
         if cpus != self.cpus:
             self.cpus = cpus
             for tid in sorted(self._seen - self._host):  # tend() pins the ones it meets later

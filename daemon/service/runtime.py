@@ -37,7 +37,7 @@ from gpujitter.daemon.service.sdnotify import Notifier
 from gpujitter.daemon.service.state import NodeState
 from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.probes.base import Emit
-from gpujitter.probes.events import Event, ProbeStatus, WatchChange
+from gpujitter.probes.events import CudaCall, Event, ProbeStatus, WatchChange
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import GpuInfo
 from gpujitter.probes.procfs import alive, process_age_ns
@@ -57,6 +57,8 @@ HANDED_TIMEOUT_S = 0.5
 # The watched processes may pin their threads at any time: their CPUs are read again this
 # often, besides whenever the watched set changes.
 REPIN_NS = 10_000_000_000
+# A thread that made no CUDA call for this long is no longer kept clear of (keep_off).
+FEEDER_QUIET_NS = 60_000_000_000
 
 
 class EventQueue:
@@ -332,6 +334,7 @@ class Runtime:
         self._strays_said: set[int] = set()  # each is said once
         self._me = psutil.Process()
         self._watched: set[int] = set()  # tgids, from the meta.watch changes seen
+        self._feeders: dict[int, int] = {}  # tid -> when it last called CUDA (stream time)
         self._repin_at = 0  # when to read the watched processes' CPUs again (0: at once)
         # The footprint, measured on the runtime's thread each tick (psutil is not for two).
         # CPU: the process's CPU time to the ns over the tick's own window ((monotonic ns,
@@ -585,6 +588,8 @@ class Runtime:
         hooks: list[Callable[[Any], None]] = []
         if issubclass(kind, WatchChange):
             hooks.append(self._watch_changed)
+        if issubclass(kind, CudaCall):
+            hooks.append(self._fed)
         hooks += [s.event for s in self.sinks
                   if type(s).event is not Sink.event and s.wants(kind)]  # fmt: skip
         self._on_event[kind] = hooks
@@ -594,6 +599,12 @@ class Runtime:
         self._watched.difference_update(ev.removed)
         self._watched.update(ev.added)
         self._repin_at = 0
+
+    def _fed(self, ev: CudaCall) -> None:
+        """A thread that calls CUDA: the daemon keeps off its CPUs where it can (keep_off)."""
+        if ev.tid not in self._feeders:
+            self._repin_at = 0
+        self._feeders[ev.tid] = ev.ts_ns
 
     def _finding(self, found: Event) -> None:
         self.state.observe(found)
@@ -668,7 +679,10 @@ class Runtime:
         announced = own.tend(now)
         if now >= self._repin_at:
             self._repin_at = now + REPIN_NS
-            own.keep_off(self._watched)
+            quiet = [t for t, at in self._feeders.items() if at < now - FEEDER_QUIET_NS]
+            for tid in quiet:
+                del self._feeders[tid]
+            own.keep_off(self._watched, self._feeders)
         if announced is not None:
             self.queue.emit(announced)
         while own.notes:

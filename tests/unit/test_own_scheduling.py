@@ -35,7 +35,9 @@ CHILD = textwrap.dedent(
     t.start()
     second = own.tend(time.monotonic_ns())
     third = own.tend(time.monotonic_ns())
-    cpus = sorted(own.keep_off(int(p) for p in sys.argv[1:]))
+    args = sys.argv[1:]
+    feeders = [int(a.removeprefix('feeder=')) for a in args if a.startswith('feeder=')]
+    cpus = sorted(own.keep_off([int(a) for a in args if a.isdigit()], feeders))
     policies = thread_policies(Path("/proc"), os.getpid())
     own.keep_up(5, time.monotonic_ns())  # a tick that lost 5 events
     print(json.dumps({
@@ -53,7 +55,7 @@ CHILD = textwrap.dedent(
 )
 
 
-def run_child(*watched: int) -> dict:
+def run_child(*watched: int | str) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, *map(str, watched)], capture_output=True,
                          text=True, timeout=60, check=True)  # fmt: skip
     return json.loads(out.stdout)
@@ -132,6 +134,25 @@ def test_it_never_pins_to_nothing() -> None:
         everywhere.wait()
     assert got["cpus"] == sorted(os.sched_getaffinity(0))
     assert run_child(2**22 + 7)["cpus"] == sorted(os.sched_getaffinity(0))  # a gone process
+
+
+def test_where_the_job_may_run_everywhere_it_keeps_off_the_feeding_threads_cpus(
+    pinned_to_cpu0: int,
+) -> None:
+    """A job whose helpers may run on every CPU (a forked child, a pool) left the daemon on
+    the feeding thread's own CPU: the feeder's waits behind it were self-inflicted gaps."""
+    everywhere = subprocess.Popen(["sleep", "60"])  # the watched job's unpinned helper
+    try:
+        got = run_child(everywhere.pid, f"feeder={pinned_to_cpu0}")
+        unpinned = run_child(everywhere.pid, f"feeder={everywhere.pid}")
+        gone = run_child(everywhere.pid, f"feeder={2**22 + 7}")
+    finally:
+        everywhere.kill()
+        everywhere.wait()
+    rest = sorted(os.sched_getaffinity(0) - {0})
+    assert got["cpus"] == rest
+    assert all(a == rest for a in got["affinity"]), got["affinity"]
+    assert unpinned["cpus"] == gone["cpus"] == sorted(os.sched_getaffinity(0))  # never nothing
 
 
 def test_slices_give_every_item() -> None:
