@@ -333,6 +333,25 @@ def test_a_crowd_of_threads_over_the_bound_leaves_the_feeding_threads_evidence()
     assert len(kept.places) == 900  # where it ran, too
 
 
+def test_a_thread_dropped_whole_by_count_comes_back_knowing_what_was_evicted() -> None:
+    """40 threads of one sleep each, all heard within the lateness window, over a bound of
+    40: the count passes empty some timelines and drop them whole. One that comes back must
+    say its evicted sleep was evicted, not that no data was ever there."""
+    engine = Engine(TWO_NODES, replace(CONFIG, max_spans=40))
+    crowd = Stream(tid=300, tgid=100)
+    for k in range(40):
+        crowd.offcpu(k, k + 0.5, tid=300 + k)
+    for ev in crowd.events:
+        engine.feed(ev)
+    assert 301 not in engine._timelines  # dropped whole, its sleep at 1 ms with it
+    back = Stream(tid=301, tgid=100).offcpu(100, 101, tid=301).gap(1, 1.5, tid_after=301)
+    for ev in back.events:
+        engine.feed(ev)
+    (attribution,) = engine.flush()
+    assert [(p.cause, [getattr(e, "reason", None) for e in p.evidence])
+            for p in attribution.parts] == [("unexplained", ["evicted"])]  # fmt: skip
+
+
 def test_a_thread_of_one_span_costs_its_span_not_a_list_of_every_kind() -> None:
     """A job starting 500 threads a second: each thread's timeline held an empty list of
     every kind of span (3 KB before its first span), 30k of them in the retention, 100 MB."""

@@ -284,8 +284,7 @@ class Engine:
                 quiet.append(tl)
                 freed += tl.size
         for tl in quiet:
-            self._gone[tl.tid] = max(self._now, tl.horizon)
-            self._drop_timeline(tl)
+            self._drop_timeline(tl, gone=True)
         for launchers in (False, True):  # the launchers' only once the others' are gone
             while self._size > target:
                 # a pass over the timelines as they stand, sorted once (a pass per entry
@@ -301,13 +300,18 @@ class Engine:
                     if self._size <= target:
                         break
                     if not any(tl.spans.values()):
-                        self._drop_timeline(tl)
+                        self._drop_timeline(tl, gone=True)
                         continue
                     dropped = tl.drop_oldest(min(self._size - target, max(1, tl.size // 2)))
                     self._size -= dropped
                     self._evicted += dropped
 
-    def _drop_timeline(self, tl: Timeline) -> None:
+    def _drop_timeline(self, tl: Timeline, gone: bool = False) -> None:
+        """`gone`: dropped by count, not for its age: a thread that comes back starts a
+        timeline with this one's horizon (what was evicted is said as evicted, not as no
+        data)."""
+        if gone:
+            self._gone[tl.tid] = max(self._now, tl.horizon)
         self._size -= tl.size
         self._evicted += tl.size
         del self._timelines[tl.tid]
