@@ -89,10 +89,13 @@ class GapConfig:
     # cuda_resolution_ns): a bound for threads that the sync verdicts never consume.
     max_offcpu_per_thread: int = 4096
     # Only a thread's own syncs read its intervals: those of a thread that made no sync
-    # within history_ns are kept this long, for a first sync whose record comes after the
-    # intervals inside it (another ring buffer, a poll later). Kept for the whole history,
-    # a watched process of 4000 threads that never sync held ~1.2 million of them (470 MB).
+    # within history_ns are kept this long, and its last offcpu_unsynced_last whatever their
+    # age (within the history): a first sync's record comes at its return, after the
+    # intervals inside it, and a thread in a sync does nothing else, so the last few are
+    # those a sync of any length reads (its wake-up, its last preemption). Kept for the whole
+    # history, a watched process of 4000 threads that never sync held ~1.2 million (470 MB).
     offcpu_unsynced_ns: int = 5_000_000_000
+    offcpu_unsynced_last: int = 8
     # A thread spinning in a sync sees the drain within this of getting its CPU back (one
     # poll, the return path); a sync that spun on longer found the GPU still busy then.
     spin_return_ns: int = 2_000_000
@@ -128,6 +131,8 @@ class GapConfig:
             raise GpujitterError("gaps: power_min_samples must be at least 1")
         if self.max_offcpu_per_thread < 1:
             raise GpujitterError("gaps: max_offcpu_per_thread must be at least 1")
+        if self.offcpu_unsynced_last < 0:
+            raise GpujitterError("gaps: offcpu_unsynced_last must not be negative")
         if not 0 < self.power_idle_fraction < 1:
             raise GpujitterError("gaps: power_idle_fraction must be between 0 and 1")
         if self.power_min_swing_w < 0:
@@ -297,9 +302,10 @@ class _OffCpuKept:
         self.keys.insert(at, key)
         self.by_time.insert(at, o)
 
-    def forget_before(self, horizon: int) -> None:
-        """Drop the oldest arrivals while they ended before the horizon."""
-        while self.arrived and self.arrived[0].end_ns < horizon:
+    def forget_before(self, horizon: int, keep: int = 0) -> None:
+        """Drop the oldest arrivals while they ended before the horizon, down to the last
+        `keep` of them."""
+        while len(self.arrived) > keep and self.arrived[0].end_ns < horizon:
             self._forget(self.arrived.popleft())
 
     def _forget(self, o: OffCpu) -> None:
@@ -479,11 +485,15 @@ class GapDetector:
         if kept is None:
             kept = self.offcpu[ev.tid] = _OffCpuKept(self.config.max_offcpu_per_thread)
         kept.add(ev)
-        kept.forget_before(self.now_ns - self._offcpu_kept_ns(ev.tid))
+        self._forget_offcpu(ev.tid, kept)
 
-    def _offcpu_kept_ns(self, tid: int) -> int:
+    def _forget_offcpu(self, tid: int, kept: _OffCpuKept) -> None:
+        """A thread's intervals past the history; a thread's that made no sync in it, past
+        offcpu_unsynced_ns but for its last offcpu_unsynced_last."""
         cfg = self.config
-        return cfg.history_ns if tid in self.syncing else cfg.offcpu_unsynced_ns
+        kept.forget_before(self.now_ns - cfg.history_ns)
+        if tid not in self.syncing:
+            kept.forget_before(self.now_ns - cfg.offcpu_unsynced_ns, cfg.offcpu_unsynced_last)
 
     def _sweep(self) -> None:
         """Forget processes and threads gone quiet (exited, mostly): each one's history is
@@ -506,7 +516,7 @@ class GapDetector:
         # a thread's intervals may all have gone already (a history shorter than their wait)
         gone = []
         for tid, kept in self.offcpu.items():
-            kept.forget_before(self.now_ns - self._offcpu_kept_ns(tid))
+            self._forget_offcpu(tid, kept)
             if not kept:
                 gone.append(tid)
         for tid in gone:

@@ -87,12 +87,13 @@ def test_a_thread_that_never_syncs_keeps_its_intervals_only_briefly() -> None:
         detector.feed(hog_wait(other, at_ms))
     assert len(detector.offcpu[syncer]) == 1999  # the whole history (60 s): all of them
     assert len(detector.offcpu[other]) == 501  # those ending in the last 5 s (bounds in)
-    assert quiet not in detector.offcpu  # gone with the sweep, though it never added again
+    assert len(detector.offcpu[quiet]) == 1  # its last few stay: a first sync's own
     # Once the syncing thread's last sync is past the history, it is kept as briefly.
     detector.feed(hog_wait(other, 65_000))
     assert syncer not in detector.syncing
+    assert quiet not in detector.offcpu  # past the history: swept, though it never added again
     detector.feed(hog_wait(syncer, 65_010))
-    assert len(detector.offcpu[syncer]) == 1
+    assert len(detector.offcpu[syncer]) == cfg.offcpu_unsynced_last  # the new one and 7 more
 
 
 def test_a_first_sync_reported_after_the_intervals_inside_it_still_finds_them() -> None:
@@ -101,3 +102,23 @@ def test_a_first_sync_reported_after_the_intervals_inside_it_still_finds_them() 
     later = [hog_wait(PID + 1, at_ms) for at_ms in range(230, 1_230, 10)]
     gaps = detect([WOKEN, *later, woken_late([])[0]])
     assert [(g.ts_ns, g.end_ns, "sched" in g.sources) for g in gaps] == [(160 * MS, 200 * MS, True)]
+
+
+def test_a_first_sync_longer_than_the_unsynced_window_keeps_its_wake_up() -> None:
+    # A thread's first sync in the history, 8.1 s long: woken at 3.0 s (the GPU's
+    # completion), then preempted until 8.99 s. Its record comes at its return; the wake-up
+    # ended 5 s before, past offcpu_unsynced_ns, and was forgotten: no gap. A thread in a
+    # sync does nothing else: its last few intervals are what the sync reads.
+    def at(start_ms: int, end_ms: int, runnable_ms: int, state: str, tid: int = PID) -> OffCpu:
+        return OffCpu(ts_ns=start_ms * MS, end_ns=end_ms * MS, tid=tid, tgid=PID, cpu=0,
+                      cpu_in=0, state=state, runnable_ns=runnable_ms * MS,  # type: ignore[arg-type]
+                      other_tid=99, other_comm="hog")  # fmt: skip
+
+    others = [hog_wait(PID + 1, ms) for ms in range(1_000, 9_000, 100)]
+    sync = CudaCall(ts_ns=900 * MS, dur_ns=8_100 * MS, tid=PID, tgid=PID, cpu=0, api="sync",
+                    func="cuStreamSynchronize", prev_tid=PID, prev_api="launch")  # fmt: skip
+    intervals = [at(1_000, 3_900, 3_000, "sleeping"), *others, at(3_900, 8_990, 3_900, "preempted")]
+    gaps = detect([*sorted(intervals, key=lambda e: e.end_ns), sync])  # as they end, then it
+    assert [(g.ts_ns, g.end_ns, "sched" in g.sources) for g in gaps] == [
+        (3_000 * MS, 9_000 * MS, True)
+    ]
