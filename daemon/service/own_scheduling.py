@@ -63,6 +63,9 @@ class OwnScheduling:
         self._host = self.tids() if shared else set()  # the caller's threads: left alone
         self.base_cpus = frozenset(os.sched_getaffinity(0))  # where it may run: systemd's
         self.cpus = self.base_cpus
+        # Whether the last keep_off found every CPU open to the watched processes, and so
+        # chose by the feeding threads: a new one matters then, and only then.
+        self.by_feeders = False
         self.notes: list[str] = []
         self.level = level  # index into KEEP_UP_LEVELS
         self._seen: set[int] = set()
@@ -135,6 +138,7 @@ class OwnScheduling:
         for tgid in watched:
             theirs |= allowed_cpus(self.proc, tgid)
         cpus = self.base_cpus - theirs
+        self.by_feeders = not cpus
         if not cpus:
             # A job's helpers free to run anywhere (a forked child, a pool) left the daemon on
             # the feeding thread's own CPU: its waits behind the daemon were self-inflicted

@@ -588,7 +588,7 @@ class Runtime:
         hooks: list[Callable[[Any], None]] = []
         if issubclass(kind, WatchChange):
             hooks.append(self._watch_changed)
-        if issubclass(kind, CudaCall):
+        if issubclass(kind, CudaCall) and self.own is not None:
             hooks.append(self._fed)
         hooks += [s.event for s in self.sinks
                   if type(s).event is not Sink.event and s.wants(kind)]  # fmt: skip
@@ -601,8 +601,11 @@ class Runtime:
         self._repin_at = 0
 
     def _fed(self, ev: CudaCall) -> None:
-        """A thread that calls CUDA: the daemon keeps off its CPUs where it can (keep_off)."""
-        if ev.tid not in self._feeders:
+        """A thread that calls CUDA: the daemon keeps off its CPUs where it can (keep_off),
+        from the next tick when that is what places it (not for each thread a server starts)."""
+        if ev.tid <= 0:
+            return
+        if ev.tid not in self._feeders and self.own is not None and self.own.by_feeders:
             self._repin_at = 0
         self._feeders[ev.tid] = ev.ts_ns
 
