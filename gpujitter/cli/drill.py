@@ -9,14 +9,14 @@ import sys
 from typing import TYPE_CHECKING
 
 from gpujitter.cli.command import Command
-from gpujitter.cli.options import path_arg
+from gpujitter.cli.options import duration_arg_ns, path_arg
 from gpujitter.cli.output import print_json, table
 from gpujitter.daemon.drill.scenarios import SCENARIOS
 from gpujitter.daemon.drill.score import TARGETS
 from gpujitter.errors import GpujitterError
 from gpujitter.files import can_create
 from gpujitter.text import printable
-from gpujitter.units import format_ns, parse_duration_ns
+from gpujitter.units import format_ns
 
 if TYPE_CHECKING:
     from gpujitter.daemon.drill.runner import DrillResult
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         raise GpujitterError(f"--stall-ms {args.stall_ms}: want a length above 0 ms")
     if args.keep_trace is not None:  # said now, not after the drill (its result lost then)
         can_create(args.keep_trace, "--keep-trace")
-    duration_s = parse_duration_ns(args.duration, "s") / 1e9 if args.duration is not None else None
+    duration_s = None if (ns := duration_arg_ns(args)) is None else ns / 1e9
     if duration_s is not None and duration_s <= 0:  # 0 read as "the scenario's default"
         raise GpujitterError(f"--duration {args.duration}: want a time above 0")
     opts = DrillOptions(

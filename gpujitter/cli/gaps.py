@@ -12,7 +12,7 @@ from typing import IO
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.gpus import add_nvml_source_args, nvml_backend, save_recording
-from gpujitter.cli.options import add_watch_args, path_arg, watch_from_args
+from gpujitter.cli.options import add_watch_args, duration_arg_ns, path_arg, watch_from_args
 from gpujitter.cli.output import print_ndjson
 from gpujitter.cli.progress import Progress
 from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU, GapConfig
@@ -26,7 +26,7 @@ from gpujitter.files import can_create
 from gpujitter.probes.clock import clock_ref, format_wall
 from gpujitter.probes.events import ClockRef, Event, ProbeStatus, to_record
 from gpujitter.text import dumps, printable
-from gpujitter.units import format_ns, parse_duration_ns, with_unit
+from gpujitter.units import format_ns, with_unit
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -222,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
         return replay(args, out)
     from gpujitter.probes.topology import load_topology
 
-    duration_ns = parse_duration_ns(args.duration, "s") if args.duration is not None else None
+    duration_ns = duration_arg_ns(args)
     thresholds = {
         "cuda": {
             "quiet": _tracer_time(args.quiet_stretch, "--quiet-stretch", "quiet"),

@@ -16,9 +16,16 @@ from gpujitter.daemon.service.config import (
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
+from gpujitter.units import parse_duration_ns
 
 # An output file given as "-": standard output. Compared as given: ./- names a file "-".
 STDOUT = "-"
+
+
+def duration_arg_ns(args: argparse.Namespace) -> int | None:
+    """--duration in ns (a bare number in seconds); None when it was not given. An empty
+    value is refused as any bad one, not taken as "not given" (run until stopped)."""
+    return None if args.duration is None else parse_duration_ns(args.duration, "s")
 
 
 def path_arg(text: str) -> Path:

@@ -15,6 +15,7 @@ from gpujitter.cli.options import (
     add_threshold_arg,
     add_topology_args,
     add_watch_args,
+    duration_arg_ns,
     parse_thresholds,
     topology_from_args,
     watch_from_args,
@@ -66,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     names = registry.select(args.probes)
     options = precise_options(args, names)
-    duration_ns = parse_duration_ns(args.duration, "s") if args.duration is not None else None
+    duration_ns = duration_arg_ns(args)
     shown = _Shown(args, clock_ref())
     # Every option is checked before the first line is printed: a mistake is one line.
     watch, thresholds = watch_from_args(args), parse_thresholds(args.threshold)

@@ -12,7 +12,13 @@ from pathlib import Path
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.gpus import add_nvml_source_args, nvml_backend, save_recording
-from gpujitter.cli.options import parse_thresholds, path_arg, topology_from_args, watch_from_args
+from gpujitter.cli.options import (
+    duration_arg_ns,
+    parse_thresholds,
+    path_arg,
+    topology_from_args,
+    watch_from_args,
+)
 from gpujitter.cli.output import print_json
 from gpujitter.cli.probe import add_arguments as add_probe_arguments
 from gpujitter.cli.probe import exit_status, precise_options
@@ -77,7 +83,7 @@ def run(args: argparse.Namespace, source: EventSource | None = None) -> int:
     names = registry.select(args.probes)
     overrides = parse_thresholds(args.threshold)
     rotation = rotation_from_args(args)
-    duration_ns = parse_duration_ns(args.duration, "s") if args.duration is not None else None
+    duration_ns = duration_arg_ns(args)
     out: Path = args.output
     if rotation is None and out.exists():
         raise GpujitterError(f"{out} exists; remove it or choose another name")

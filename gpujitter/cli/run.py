@@ -8,8 +8,7 @@ import sys
 from typing import Any
 
 from gpujitter.cli.command import Command
-from gpujitter.cli.options import add_threshold_arg, add_watch_args, path_arg
-from gpujitter.units import parse_duration_ns
+from gpujitter.cli.options import add_threshold_arg, add_watch_args, duration_arg_ns, path_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -89,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from gpujitter.daemon.service.config import check_node, load_config, probe_names
 
     config = load_config(args.config, flags=flags_of(args))
-    duration_ns = parse_duration_ns(args.duration, "s") if args.duration is not None else None
+    duration_ns = duration_arg_ns(args)
     if args.print_config:
         check_node(config, starting=False)
         probe_names(config)  # the names are known probes
