@@ -54,9 +54,10 @@ K = TypeVar("K")
 SWEEP_EVERY_NS = 1_000_000_000  # stream time between looks for exited processes' history
 
 
-# Board power of any GPU lies well inside this: an idle floor outside it (a damaged file, a
-# trace header made by hand) is refused.
-PLAUSIBLE_IDLE_W = (1.0, 5000.0)
+def plausible_idle_w(watts: float) -> bool:
+    """Whether `watts` can be a board's idle power: any GPU's lies well inside 1-5000 W. An
+    idle floor outside it (a damaged file, a trace header made by hand, NaN) is refused."""
+    return 1.0 <= watts <= 5000.0
 
 
 @dataclass(frozen=True, slots=True)

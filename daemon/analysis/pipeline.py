@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpujitter.daemon.analysis.engine.engine import Engine, EngineConfig
-from gpujitter.daemon.analysis.gaps import PLAUSIBLE_IDLE_W, GapConfig, GapDetector
+from gpujitter.daemon.analysis.gaps import GapConfig, GapDetector, plausible_idle_w
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import BadRecord, Event, typed
 from gpujitter.probes.topology import Topology
@@ -29,9 +29,8 @@ class AnalysisConfig:
     idle_floors_w: Mapping[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        low, high = PLAUSIBLE_IDLE_W
         for gpu, watts in self.idle_floors_w.items():
-            if not low <= watts <= high:  # NaN too
+            if not plausible_idle_w(watts):
                 raise GpujitterError(
                     f"idle_floors_w: GPU {gpu}: {watts} W is no board's idle power"
                 )

@@ -9,7 +9,6 @@ line: the detector then waits for fresh evidence, as on a first start.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from gpujitter.daemon.analysis.gaps import PLAUSIBLE_IDLE_W
+from gpujitter.daemon.analysis.gaps import plausible_idle_w
 from gpujitter.daemon.sinks.rotation import fsync_dir
 from gpujitter.errors import GpujitterError
 from gpujitter.files import read_regular
@@ -112,8 +111,7 @@ def _parse(doc: Any) -> dict[str, dict[str, Any]]:
             and isinstance(entry.get("model"), str)
             and isinstance(watts, (int, float))
             and not isinstance(watts, bool)
-            and math.isfinite(watts)
-            and PLAUSIBLE_IDLE_W[0] <= watts <= PLAUSIBLE_IDLE_W[1]
+            and plausible_idle_w(watts)
         ):
             raise _Invalid(f"bad entry for {key}")
     return boards
