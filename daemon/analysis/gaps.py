@@ -125,15 +125,14 @@ class GapConfig:
         # cannot work with, e.g. a run of idle samples of length 0, which it indexes.
         for name in ("min_gap_ns", "settle_ns", "feeder_window_ns", "cuda_resolution_ns",
                      "busy_sync_ns", "history_ns", "offcpu_settle_ns", "spin_return_ns",
-                     "drained_return_ns", "offcpu_unsynced_ns"):  # fmt: skip
+                     "drained_return_ns", "offcpu_unsynced_ns",
+                     "offcpu_unsynced_last"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise GpujitterError(f"gaps: {name} must not be negative")
         if self.power_min_samples < 1:
             raise GpujitterError("gaps: power_min_samples must be at least 1")
         if self.max_offcpu_per_thread < 1:
             raise GpujitterError("gaps: max_offcpu_per_thread must be at least 1")
-        if self.offcpu_unsynced_last < 0:
-            raise GpujitterError("gaps: offcpu_unsynced_last must not be negative")
         if not 0 < self.power_idle_fraction < 1:
             raise GpujitterError("gaps: power_idle_fraction must be between 0 and 1")
         if self.power_min_swing_w < 0:
@@ -515,13 +514,10 @@ class GapDetector:
         for tid in [t for t, end in self.syncing.items() if end < horizon]:
             del self.syncing[tid]
         # a thread's intervals may all have gone already (a history shorter than their wait)
-        gone = []
-        for tid, kept in self.offcpu.items():
+        for tid, kept in list(self.offcpu.items()):
             self._forget_offcpu(tid, kept)
             if not kept:
-                gone.append(tid)
-        for tid in gone:
-            del self.offcpu[tid]
+                del self.offcpu[tid]
 
     def _remember_busy(self, sync: _Sync) -> None:
         spans = self.busy.setdefault(sync.tgid, deque())

@@ -682,9 +682,8 @@ class Runtime:
         announced = own.tend(now)
         if now >= self._repin_at:
             self._repin_at = now + REPIN_NS
-            quiet = [t for t, at in self._feeders.items() if at < now - FEEDER_QUIET_NS]
-            for tid in quiet:
-                del self._feeders[tid]
+            since = now - FEEDER_QUIET_NS
+            self._feeders = {t: at for t, at in self._feeders.items() if at >= since}
             own.keep_off(self._watched, self._feeders)
         if announced is not None:
             self.queue.emit(announced)
