@@ -30,6 +30,15 @@ def open_regular(path: Path, what: str) -> BinaryIO:
     return open(fd, "rb")
 
 
+def mode_of(path: str | Path) -> int:
+    """st_mode of what `path` names (links followed); 0 where nothing is; OSError where it
+    cannot be looked at (a folder on the way this user may not search)."""
+    try:
+        return os.stat(path).st_mode
+    except FileNotFoundError:
+        return 0
+
+
 def can_create(path: Path, what: str) -> None:
     """GpujitterError('<what> <path>: <why>') unless `path` could be created now: it does
     not exist and its folder exists and may be written. For an output made after long
@@ -40,12 +49,11 @@ def can_create(path: Path, what: str) -> None:
     if os.path.lexists(path):
         raise GpujitterError(f"{what} {path} exists; remove it or choose another name")
     try:
-        if not stat.S_ISDIR(os.stat(folder).st_mode):
-            raise GpujitterError(f"{what} {path}: no folder {folder}")
-    except FileNotFoundError:
-        raise GpujitterError(f"{what} {path}: no folder {folder}") from None
+        folder_mode = mode_of(folder)
     except OSError as err:  # a folder on the way this user may not search
         raise GpujitterError(f"{what} {path}: {err.strerror}") from None
+    if not stat.S_ISDIR(folder_mode):
+        raise GpujitterError(f"{what} {path}: no folder {folder}")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise GpujitterError(f"{what} {path}: folder {folder} may not be written")
 

@@ -8,7 +8,6 @@ import argparse
 import contextlib
 import gzip
 import io
-import os
 import stat
 import sys
 import zlib
@@ -23,7 +22,7 @@ from gpujitter.cli.options import STDOUT, add_traces_arg, path_arg
 from gpujitter.cli.output import print_json
 from gpujitter.cli.progress import Progress
 from gpujitter.errors import GpujitterError
-from gpujitter.files import read_regular
+from gpujitter.files import mode_of, read_regular
 from gpujitter.text import printable
 
 
@@ -89,7 +88,7 @@ def _created(name: str) -> Iterator[BinaryIO | gzip.GzipFile]:
         raise GpujitterError("-o: an empty file name")
     path = Path(name)
     try:
-        if os.path.exists(path) and not stat.S_ISREG(mode := os.stat(path).st_mode):
+        if (mode := mode_of(path)) and not stat.S_ISREG(mode):
             if stat.S_ISDIR(mode):
                 raise GpujitterError(f"{path} is a directory")
             raw, made = open(path, "wb"), False  # noqa: SIM115 (closed below) a pipe, a device
