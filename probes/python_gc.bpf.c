@@ -7,9 +7,11 @@
  * generation. Cost: two uprobe hits per collection (a USDT marker is a nop, emulated without
  * single-stepping), none between collections.
  *
- * Interpreters: one slot per distinct interpreter file (MAX_INTERPRETERS), each with its own
- * entry programs, so that a program knows where that build keeps the markers' arguments
- * (interp_args[slot], written by python_gc.py from the stapsdt note).
+ * Interpreters: one slot per distinct interpreter file (MAX_INTERPRETERS), where that build
+ * keeps the markers' arguments (interp_args[slot], written by python_gc.py from the stapsdt
+ * note). A marker's program learns the slot from its uprobe-multi link's cookie; on a kernel
+ * without such links (< 6.6), from being that slot's own copy (GJ_PER_SLOT: SLOT_PROGRAMS
+ * pairs, each ~20 ms of the start's compile).
  */
 #include "gpujitter.h"
 
@@ -175,12 +177,18 @@ static __always_inline int on_marker(struct pt_regs *ctx, u32 interp, bool start
     return end(read_arg(ctx, &args->collected));
 }
 
-/* Per interpreter slot, its USDT markers: gc_start_N, gc_done_N. */
+#ifdef GJ_PER_SLOT
+/* Per interpreter slot, its USDT markers: gc_start_N, gc_done_N (SLOT_PROGRAMS of them). */
 #define GJ_INTERP(i)                                                           \
     int gc_start_##i(struct pt_regs *ctx) { return on_marker(ctx, i, true); } \
     int gc_done_##i(struct pt_regs *ctx) { return on_marker(ctx, i, false); }
 GJ_INTERP(0) GJ_INTERP(1) GJ_INTERP(2) GJ_INTERP(3)
 GJ_INTERP(4) GJ_INTERP(5) GJ_INTERP(6) GJ_INTERP(7)
+#else
+/* Every interpreter's markers: the link's cookie is the slot. */
+int gc_start_any(struct pt_regs *ctx) { return on_marker(ctx, bpf_get_attach_cookie(ctx), true); }
+int gc_done_any(struct pt_regs *ctx) { return on_marker(ctx, bpf_get_attach_cookie(ctx), false); }
+#endif
 
 /* A build without the markers: entry to and return from its collector function (the
  * generation is the second argument of gc_collect_main in CPython 3.8-3.12, the return

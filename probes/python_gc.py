@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpujitter.probes import contract
+from gpujitter.probes import contract, uprobe_multi
 from gpujitter.probes.base import BpfProbe, ProbeContext
 from gpujitter.probes.elf import SHT_NOTE, ElfFile
 from gpujitter.probes.events import Event, GcPause
@@ -40,9 +40,9 @@ from gpujitter.probes.mapped_scan import MappedScan, file_key
 from gpujitter.probes.perf_event import PerfEventAttr, bpf_event_fd
 from gpujitter.probes.procfs import alive, in_root, mapped_files
 from gpujitter.probes.registry import Hook, ProbeSpec
-from gpujitter.probes.uprobe_multi import BPF_PROG_TYPE_KPROBE
 
-MAX_INTERPRETERS = 8  # entry-program slots in python_gc.bpf.c
+MAX_INTERPRETERS = 64  # interpreter files with markers, each a slot of interp_args
+SLOT_PROGRAMS = 8  # without uprobe-multi links, the slots with programs (GJ_PER_SLOT's copies)
 GENERATIONS = 3
 # Register names of stapsdt argument specs; reg_value() in the .bpf.c reads them by index.
 REGISTERS = ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp",
@@ -318,10 +318,18 @@ class PythonGcProbe(InterpreterProbe):
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
         self.ref_ctr = kernel_has_ref_ctr()
-        self._fds: list[int] = []
+        self._fds: list[int] = []  # perf events or uprobe-multi links: closed, detached
         self._slots = 0
+        # One program per marker, its slot the links' cookie, where the kernel makes
+        # uprobe-multi links and the option `uprobe_multi` is not off; else a copy per slot.
+        self.linked = True
         self._hists: Log2Map | None = None
         self._last_ns = time.monotonic_ns()  # the histograms' last read
+
+    def cflags(self, ctx: ProbeContext) -> list[str]:
+        self.linked = bool(ctx.options.get(self.name, {}).get("uprobe_multi", True))
+        self.linked = self.linked and uprobe_multi.supported()
+        return super().cflags(ctx) + ([] if self.linked else ["-DGJ_PER_SLOT"])
 
     def attach(self, ctx: ProbeContext) -> None:
         self._hists = Log2Map(
@@ -349,8 +357,9 @@ class PythonGcProbe(InterpreterProbe):
             self.bpf.attach_uprobe(name=path, addr=hooks.symbol_address, fn_name="gc_enter")
             self.bpf.attach_uretprobe(name=path, addr=hooks.symbol_address, fn_name="gc_leave")
             return
-        if self._slots >= MAX_INTERPRETERS:
-            raise RuntimeError(f"more than {MAX_INTERPRETERS} distinct interpreters")
+        most = MAX_INTERPRETERS if self.linked else SLOT_PROGRAMS
+        if self._slots >= most:
+            raise RuntimeError(f"more than {most} distinct interpreters")
         slot = self._slots
         assert hooks.start is not None and hooks.done is not None
         args = self.bpf["interp_args"]
@@ -360,8 +369,13 @@ class PythonGcProbe(InterpreterProbe):
         fds = []
         try:
             for marker, prog in ((hooks.start, "gc_start"), (hooks.done, "gc_done")):
-                fn = self.bpf.load_func(f"{prog}_{slot}", BPF_PROG_TYPE_KPROBE)
-                fds.append(attach_uprobe_fd(fn.fd, path, marker.offset, marker.semaphore))
+                if self.linked:
+                    fd = uprobe_multi.load_program(self.bpf, f"{prog}_any")
+                    fds.append(uprobe_multi.link(fd, path, [marker.offset], [slot], returns=False,
+                                                 ref_ctr_offsets=[marker.semaphore]))  # fmt: skip
+                else:
+                    fn = self.bpf.load_func(f"{prog}_{slot}", uprobe_multi.BPF_PROG_TYPE_KPROBE)
+                    fds.append(attach_uprobe_fd(fn.fd, path, marker.offset, marker.semaphore))
         except OSError:
             for fd in fds:
                 os.close(fd)

@@ -125,18 +125,23 @@ def link(
     *,
     returns: bool,
     pid: int = 0,
+    ref_ctr_offsets: Sequence[int] = (),
 ) -> int:
     """Attach `prog_fd` at the file offsets of `path` (entry, or return when `returns`), in
     process `pid` only when given (the kernel plants breakpoints in that process alone); the
-    link's fd, which detaches everything at once when closed. OSError when refused."""
+    link's fd, which detaches everything at once when closed. ref_ctr_offsets: per offset,
+    the file offset of a USDT semaphore the kernel raises while attached (0: none). OSError
+    when refused."""
     raw_path = ct.create_string_buffer(os.fsencode(path))
     raw_offsets = (ct.c_uint64 * len(offsets))(*offsets)
     raw_cookies = (ct.c_uint64 * len(cookies))(*cookies)
+    raw_ref_ctrs = (ct.c_uint64 * len(ref_ctr_offsets))(*ref_ctr_offsets)
     attr = _LinkCreate(
         prog_fd=prog_fd,
         attach_type=BPF_TRACE_UPROBE_MULTI,
         path=ct.addressof(raw_path),
         offsets=ct.addressof(raw_offsets),
+        ref_ctr_offsets=ct.addressof(raw_ref_ctrs) if any(ref_ctr_offsets) else 0,
         cookies=ct.addressof(raw_cookies),
         cnt=len(offsets),
         multi_flags=BPF_F_UPROBE_MULTI_RETURN if returns else 0,
