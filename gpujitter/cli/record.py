@@ -65,15 +65,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def rotation_from_args(args: argparse.Namespace) -> Rotation | None:
-    if not (args.rotate_size or args.rotate_age):
-        if args.keep_files or args.keep_size:
+    """The rotation the options ask for; None without --rotate-size or --rotate-age. A value
+    given is parsed even when empty (`--rotate-age ''` is a mistake, not "no rotation")."""
+    size, age, keep_size = args.rotate_size, args.rotate_age, args.keep_size
+    if size is None and age is None:
+        if args.keep_files or keep_size is not None:
             raise GpujitterError("--keep-files/--keep-size need --rotate-size or --rotate-age")
         return None
     return Rotation(
-        max_bytes=parse_size_bytes(args.rotate_size) if args.rotate_size else 0,
-        max_age_ns=parse_duration_ns(args.rotate_age, "s") if args.rotate_age else 0,
+        max_bytes=parse_size_bytes(size) if size is not None else 0,
+        max_age_ns=parse_duration_ns(age, "s") if age is not None else 0,
         keep_files=args.keep_files,
-        keep_bytes=parse_size_bytes(args.keep_size) if args.keep_size else 0,
+        keep_bytes=parse_size_bytes(keep_size) if keep_size is not None else 0,
     )
 
 

@@ -89,6 +89,10 @@ def test_a_file_left_out_of_a_directory_is_named_on_its_own_line(
         (["--rotate-size", "10Q"], "bad size"),
         (["--rotate-size", "1M", "--keep-size", "100k"], "at least the file size"),
         (["--rotate-age", "soon"], "bad duration"),
+        (["--rotate-age", ""], "bad duration"),  # not taken as no rotation
+        (["--rotate-size", ""], "bad size"),
+        (["--rotate-size", "1M", "--keep-size", ""], "bad size"),
+        (["--keep-size", ""], "need --rotate-size or --rotate-age"),
         (["nosuchprobe"], "unknown probe"),
         (["-t", "malloc.nope=1ms"], "has no threshold"),
     ],
