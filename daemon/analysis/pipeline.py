@@ -9,7 +9,7 @@ in force live.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,8 +43,13 @@ class AnalysisConfig:
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> AnalysisConfig:
-        """Settings a newer version added are ignored; missing ones take their defaults; one
-        of the wrong type is refused, named."""
+        """Settings a newer version added are ignored; missing ones take their defaults, or
+        what the version before them did (_AS_BEFORE); one of the wrong type is refused,
+        named."""
+        gaps = rec.get("gaps")
+        if isinstance(gaps, Mapping):
+            older = {k: was(gaps) for k, was in _AS_BEFORE.items() if k not in gaps}
+            rec = {**rec, "gaps": {**gaps, **older}} if older else rec
         try:
             config = typed(cls, rec)
         except BadRecord as err:
@@ -52,6 +57,15 @@ class AnalysisConfig:
         except GpujitterError as err:  # a value GapConfig or EngineConfig refuses
             raise GpujitterError(f"bad analysis settings in trace header: {err}") from None
         return config
+
+
+# Gap settings that changed what the detector does when they came, and for a header written
+# before them, the value that does what its daemon did: the replay of an older trace gives
+# what that daemon logged. offcpu_unsynced_ns (f8244af): every thread's off-CPU intervals were
+# kept for the whole history.
+_AS_BEFORE: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "offcpu_unsynced_ns": lambda gaps: gaps.get("history_ns", GapConfig().history_ns),
+}
 
 
 class Pipeline:

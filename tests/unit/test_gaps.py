@@ -301,6 +301,25 @@ def test_engine_settings_and_idle_floors_out_of_range_are_refused(
         AnalysisConfig.from_record(rec)
 
 
+def test_a_header_written_before_a_setting_replays_as_its_daemon_ran() -> None:
+    """offcpu_unsynced_ns came with a behaviour (a thread that never synced keeps 5 s of its
+    off-CPU intervals, not the history): a header without it is an older daemon's, which
+    kept them for the whole history; a header with it says what its daemon used."""
+    from gpujitter.daemon.offline.recordings import open_recording
+
+    rec = AnalysisConfig().to_record()
+    rec["gaps"]["history_ns"] = 30_000_000_000
+    assert AnalysisConfig.from_record(rec).gaps.offcpu_unsynced_ns == 5_000_000_000
+    del rec["gaps"]["offcpu_unsynced_ns"]
+    assert AnalysisConfig.from_record(rec).gaps.offcpu_unsynced_ns == 30_000_000_000
+    del rec["gaps"]["history_ns"]
+    assert AnalysisConfig.from_record(rec).gaps.offcpu_unsynced_ns == 60_000_000_000
+    older = open_recording([FIXTURES / "gaps" / "h200-realjob-sync.gjtrace"]).header.analysis
+    assert "offcpu_unsynced_ns" not in older["gaps"]  # recorded before the setting
+    config = AnalysisConfig.from_record(older).gaps
+    assert config.offcpu_unsynced_ns == config.history_ns
+
+
 @pytest.mark.parametrize("history_ns", [0, 1])
 def test_a_history_shorter_than_the_waits_it_keeps(history_ns: int) -> None:
     """A header's history_ns of 0 or 1 (valid values) ended the replay of a real recording
