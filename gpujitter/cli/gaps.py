@@ -177,7 +177,7 @@ def analysis_from_args(args: argparse.Namespace) -> AnalysisConfig:
 def _tracer_time(value: str | None, flag: str, name: str) -> int:
     """--quiet-stretch, --sync-block: the cuda probe's threshold `name` (1 ms unless given),
     read as every threshold is (a bare number is ms here)."""
-    given = f"cuda.{name}={with_unit(value or '1ms', 'ms')}"
+    given = f"cuda.{name}={with_unit('1ms' if value is None else value, 'ms')}"
     ((_, ns),) = parse_value("probes.thresholds", given, flag)
     return int(ns)
 

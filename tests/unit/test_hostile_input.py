@@ -399,6 +399,7 @@ def test_nvml_options_that_would_do_nothing_are_refused(tmp_path: Path) -> None:
         (("--min-gap", "0"), "--min-gap: gaps.min_gap: expected a time above 0 and at most 10s"),
         (("--min-gap", "20s"), "gaps.min_gap: expected a time above 0 and at most 10s"),
         (("--quiet-stretch", "2h"), "cuda.quiet = '2h': expected a time from 0 and at most 1h"),
+        (("--sync-block", ""), "--sync-block: probes.thresholds: expected"),  # not 1 ms
         (("--libcuda", "/nonexistent/libcuda.so"), "--libcuda /nonexistent/libcuda.so: no such"),
         (
             ("--save-events", "/nonexistent/x.ndjson"),
