@@ -20,10 +20,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log", metavar="PATH", help="attribution log, JSON lines ('' for none)")
     p.add_argument(
-        "--record", metavar="PATH", help="also record the raw event stream as trace files in PATH"
+        "--record",
+        metavar="PATH",
+        help="also record the raw event stream as trace files in PATH ('' for none)",
     )
     p.add_argument("--socket", metavar="PATH", help="stream socket ('' for none)")
-    p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics there")
+    p.add_argument(
+        "--metrics", metavar="HOST:PORT", help="serve Prometheus metrics there ('' for none)"
+    )
     p.add_argument(
         "--probes",
         metavar="LIST",
