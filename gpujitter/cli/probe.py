@@ -56,7 +56,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     precise.add_argument(
         "--window",
-        default="30s",
         metavar="TIME",
         help="how long --precise stays attached (default 30s, at most 1h)",
     )
@@ -139,13 +138,16 @@ class _Shown(Sink):
 def precise_options(args: argparse.Namespace, names: list[str]) -> dict[str, dict[str, Any]]:
     """ProbeContext.options for --precise/--window (checked here, so mistakes are one line)."""
     if not args.precise:
+        if args.window is not None:  # else silently nothing: the user meant a precise window
+            raise GpujitterError("--window is how long --precise stays attached: add --precise PID")
         return {}
     if "malloc" not in names:
         raise GpujitterError("--precise is a mode of the malloc probe: add `malloc` to PROBE")
     parse_value("watch.pids", args.precise, "flag --precise")  # 1..pid_max, as --pid
-    window_ns = parse_duration_ns(args.window, "s")
+    window = "30s" if args.window is None else args.window
+    window_ns = parse_duration_ns(window, "s")
     if not 0 < window_ns <= MAX_WINDOW_NS:
-        raise GpujitterError(f"--window {args.window}: want a time above 0 and at most 1h")
+        raise GpujitterError(f"--window {window}: want a time above 0 and at most 1h")
     return {"malloc": {"precise_pids": args.precise, "precise_window_ns": window_ns}}
 
 

@@ -90,6 +90,7 @@ def test_a_file_left_out_of_a_directory_is_named_on_its_own_line(
         (["--rotate-size", "1M", "--keep-size", "100k"], "at least the file size"),
         (["--rotate-age", "soon"], "bad duration"),
         (["--rotate-age", ""], "bad duration"),  # not taken as no rotation
+        (["--window", "10s"], "--window is how long --precise stays attached"),  # was ignored
         (["--rotate-size", ""], "bad size"),
         (["--rotate-size", "1M", "--keep-size", ""], "bad size"),
         (["--keep-size", ""], "need --rotate-size or --rotate-age"),
