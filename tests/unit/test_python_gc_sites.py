@@ -4,6 +4,7 @@ collector symbol reported as having no GC probe (never an error)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,9 +13,11 @@ import pytest
 
 from gpujitter.probes.python_gc import (
     INTERPRETER,
+    MAX_INTERPRETERS,
     NO_GC_PROBE,
     REG_NONE,
     REGISTERS,
+    SLOT_PROGRAMS,
     MarkerArg,
     interpreter_hooks,
     parse_arg,
@@ -122,3 +125,13 @@ def test_the_collector_symbol_of_a_non_pie_executable_is_given_by_its_address(
                    if line.endswith(" gc_collect_main"))  # fmt: skip
     hooks = interpreter_hooks(binary)
     assert hooks.via == "symbol" and hooks.symbol_address == address
+
+
+def test_the_per_slot_programs_are_as_many_as_the_loader_uses() -> None:
+    """Without uprobe-multi links the loader attaches gc_start_N/gc_done_N for N below
+    SLOT_PROGRAMS: the .bpf.c must define exactly those (a missing copy is a load error at
+    the Nth interpreter, an extra one a compile cost for nothing)."""
+    source = (Path(__file__).parents[2] / "probes" / "python_gc.bpf.c").read_text()
+    per_slot = source.split("#ifdef GJ_PER_SLOT", 1)[1].split("#else", 1)[0]
+    slots = sorted(int(n) for n in re.findall(r"\bGJ_INTERP\((\d+)\)", per_slot))
+    assert slots == list(range(SLOT_PROGRAMS)) and SLOT_PROGRAMS <= MAX_INTERPRETERS
