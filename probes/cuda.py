@@ -201,8 +201,7 @@ class CudaProbe(BpfProbe):
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
         roles = [role for _, role in TRACED] + [0] * (MAX_FUNCS - len(TRACED))
-        self.linked = bool(ctx.options.get(self.name, {}).get("uprobe_multi", True))
-        self.linked = self.linked and uprobe_multi.supported()
+        self.linked = uprobe_multi.wanted(ctx.options.get(self.name, {}))
         # The per-address programs only where needed: their 48 copies of the entry path
         # tripled the compile (0.5 -> 1.5 CPU-s here).
         per_address = [] if self.linked else ["-DGJ_PER_ADDRESS"]

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from gpujitter.probes import contract
+from gpujitter.probes import contract, uprobe_multi
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import AllocSyscall, Event
 from gpujitter.probes.log2 import Log2Map
@@ -66,7 +66,7 @@ class MallocProbe(BpfProbe):
             window_ns=opts.get("precise_window_ns", DEFAULT_WINDOW_NS),
             threshold_ns=self.threshold(ctx, "call"),
             deliver=self.deliver,
-            linked=bool(opts.get("uprobe_multi", True)),
+            linked=uprobe_multi.wanted(opts),
         )
         try:
             self.reason = self.precise.start()

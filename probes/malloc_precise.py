@@ -38,9 +38,10 @@ class PreciseWindow:
         self.deliver = deliver
         self.bpf: Any = None
         self.sites: dict[tuple[int, int], Site] = {}  # (tgid, probe address) -> site
-        # Uprobe-multi links (fds), two per file per process, where the kernel makes them:
-        # the window's end then waits for the kernel once, not once per breakpoint (~110 ms
-        # each on the 2-CPU VM, quiet or busy: 12 of them outlasted a second).
+        # Uprobe-multi links (fds), two per file per process, where `linked` (the kernel makes
+        # them and the option allows, uprobe_multi.wanted): the window's end then waits for
+        # the kernel once, not once per breakpoint (~110 ms each on the 2-CPU VM, quiet or
+        # busy: 12 of them outlasted a second).
         self.links: list[int] = []
         self.linked = linked
         self.start_ns = 0
@@ -73,7 +74,7 @@ class PreciseWindow:
 
         def attach(bpf: Any) -> None:
             for pid, sites in per_pid.items():
-                if self.linked and uprobe_multi.supported():
+                if self.linked:
                     self._link(bpf, pid, sites)
                 else:
                     for site in sites:

@@ -327,8 +327,7 @@ class PythonGcProbe(InterpreterProbe):
         self._last_ns = time.monotonic_ns()  # the histograms' last read
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
-        self.linked = bool(ctx.options.get(self.name, {}).get("uprobe_multi", True))
-        self.linked = self.linked and uprobe_multi.supported()
+        self.linked = uprobe_multi.wanted(ctx.options.get(self.name, {}))
         return super().cflags(ctx) + ([] if self.linked else ["-DGJ_PER_SLOT"])
 
     def attach(self, ctx: ProbeContext) -> None:

@@ -10,7 +10,7 @@ import ctypes as ct
 import errno
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 BPF_LINK_CREATE = 28
@@ -71,6 +71,12 @@ def supported() -> bool:
     if _supported is None:
         _supported = _probe_kernel()
     return _supported
+
+
+def wanted(options: Mapping[str, Any]) -> bool:
+    """Whether a probe with these options (its part of ProbeContext.options) uses links: the
+    kernel makes them and the option `uprobe_multi` is not off."""
+    return bool(options.get("uprobe_multi", True)) and supported()
 
 
 def _probe_kernel() -> bool:
