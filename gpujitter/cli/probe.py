@@ -144,11 +144,13 @@ def precise_options(args: argparse.Namespace, names: list[str]) -> dict[str, dic
     if "malloc" not in names:
         raise GpujitterError("--precise is a mode of the malloc probe: add `malloc` to PROBE")
     parse_value("watch.pids", args.precise, "flag --precise")  # 1..pid_max, as --pid
-    window = "30s" if args.window is None else args.window
-    window_ns = parse_duration_ns(window, "s")
-    if not 0 < window_ns <= MAX_WINDOW_NS:
-        raise GpujitterError(f"--window {window}: want a time above 0 and at most 1h")
-    return {"malloc": {"precise_pids": args.precise, "precise_window_ns": window_ns}}
+    options: dict[str, Any] = {"precise_pids": args.precise}
+    if args.window is not None:  # else the probe's own default (malloc.DEFAULT_WINDOW_NS)
+        window_ns = parse_duration_ns(args.window, "s")
+        if not 0 < window_ns <= MAX_WINDOW_NS:
+            raise GpujitterError(f"--window {args.window}: want a time above 0 and at most 1h")
+        options["precise_window_ns"] = window_ns
+    return {"malloc": options}
 
 
 # Fields other than ts_ns/end_ns that hold a CLOCK_MONOTONIC time, not a duration.
