@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpujitter.probes import bpf_syscall
 from gpujitter.probes.host import read_raw
 
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 # bpf(BPF_ENABLE_STATS, {type = BPF_STATS_RUN_TIME}): statistics stay on while the returned
 # fd is open, counted per holder, so neither the sysctl nor another holder is disturbed.
-_NR_BPF = {"x86_64": 321, "aarch64": 280}
 BPF_ENABLE_STATS = 32
 BPF_STATS_RUN_TIME = 0
 SAMPLE_EVERY_NS = 60_000_000_000  # sampled mode: one measured stretch a minute
@@ -65,15 +64,18 @@ def stats_on() -> bool:
         return False
 
 
+class _EnableStats(ctypes.Structure):
+    """union bpf_attr, as BPF_ENABLE_STATS reads it."""
+
+    _fields_ = [("type", ctypes.c_uint32)]
+
+
 def enable_stats() -> int:
     """An fd that keeps BPF run-time statistics on until closed; -1 when refused."""
-    nr = _NR_BPF.get(platform.machine())
-    if nr is None:
+    try:
+        return bpf_syscall.bpf(BPF_ENABLE_STATS, _EnableStats(BPF_STATS_RUN_TIME))
+    except OSError:
         return -1
-    libc = ctypes.CDLL(None, use_errno=True)
-    attr = (ctypes.c_uint32 * 4)(BPF_STATS_RUN_TIME, 0, 0, 0)
-    fd = libc.syscall(nr, BPF_ENABLE_STATS, ctypes.byref(attr), ctypes.sizeof(attr))
-    return int(fd) if fd >= 0 else -1
 
 
 @dataclass(frozen=True, slots=True)

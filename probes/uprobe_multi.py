@@ -9,14 +9,14 @@ from __future__ import annotations
 import ctypes as ct
 import errno
 import os
-import platform
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from gpujitter.probes import bpf_syscall
 
 BPF_LINK_CREATE = 28
 BPF_TRACE_UPROBE_MULTI = 48  # enum bpf_attach_type
 BPF_F_UPROBE_MULTI_RETURN = 1
-_SYS_BPF = {"x86_64": 321, "aarch64": 280}
 
 
 class _LinkCreate(ct.Structure):
@@ -38,26 +38,6 @@ class _LinkCreate(ct.Structure):
     ]
 
 
-class _ProgLoad(ct.Structure):
-    """union bpf_attr, as BPF_PROG_LOAD reads it (up to expected_attach_type)."""
-
-    _fields_ = [
-        ("prog_type", ct.c_uint32),
-        ("insn_cnt", ct.c_uint32),
-        ("insns", ct.c_uint64),
-        ("license", ct.c_uint64),
-        ("log_level", ct.c_uint32),
-        ("log_size", ct.c_uint32),
-        ("log_buf", ct.c_uint64),
-        ("kern_version", ct.c_uint32),
-        ("prog_flags", ct.c_uint32),
-        ("prog_name", ct.c_char * 16),
-        ("prog_ifindex", ct.c_uint32),
-        ("expected_attach_type", ct.c_uint32),
-    ]
-
-
-BPF_PROG_LOAD = 5
 BPF_PROG_TYPE_KPROBE = 2
 _RETURN_ZERO = bytes.fromhex("b7000000000000009500000000000000")  # r0 = 0; exit
 _supported: bool | None = None
@@ -80,17 +60,8 @@ def wanted(options: Mapping[str, Any]) -> bool:
 
 
 def _probe_kernel() -> bool:
-    insns = ct.create_string_buffer(_RETURN_ZERO, len(_RETURN_ZERO))
-    license_ = ct.create_string_buffer(b"GPL")
-    attr = _ProgLoad(
-        prog_type=BPF_PROG_TYPE_KPROBE,
-        insn_cnt=len(_RETURN_ZERO) // 8,
-        insns=ct.addressof(insns),
-        license=ct.addressof(license_),
-        expected_attach_type=BPF_TRACE_UPROBE_MULTI,
-    )
     try:
-        prog = _bpf(BPF_PROG_LOAD, attr)
+        prog = bpf_syscall.load(BPF_PROG_TYPE_KPROBE, _RETURN_ZERO, BPF_TRACE_UPROBE_MULTI)
     except OSError:
         return False
     try:
@@ -100,20 +71,6 @@ def _probe_kernel() -> bool:
     finally:
         os.close(prog)
     return True  # cannot happen (no such file), but a link made is a link the kernel has
-
-
-def _bpf(command: int, attr: ct.Structure) -> int:
-    """The bpf() system call; the fd it returns, or OSError."""
-    number = _SYS_BPF.get(platform.machine())
-    if number is None:
-        raise OSError(errno.ENOSYS, f"bpf() not wired for {platform.machine()}")
-    libc = ct.CDLL(None, use_errno=True)
-    fd = int(libc.syscall(ct.c_long(number), ct.c_int(command), ct.byref(attr),
-                          ct.c_uint(ct.sizeof(attr))))  # fmt: skip
-    if fd < 0:
-        err = ct.get_errno()
-        raise OSError(err, os.strerror(err))
-    return fd
 
 
 def load_program(bpf: Any, fn_name: str) -> int:
@@ -154,6 +111,6 @@ def link(
         pid=pid,
     )
     try:
-        return _bpf(BPF_LINK_CREATE, attr)
+        return bpf_syscall.bpf(BPF_LINK_CREATE, attr)
     except OSError as err:
         raise OSError(err.errno, f"uprobe-multi link on {path}: {err.strerror}") from None
