@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpujitter.probes import tp_cookie
 from gpujitter.probes.base import (
     BPF_DIR,
     COMPILE_FLAGS,
@@ -364,6 +365,9 @@ class PartView:
     funcs: dict[bytes, Any] = field(default_factory=dict)  # programs it loaded (cost, stats)
     tracepoint_fds: dict[str, int] = field(default_factory=dict)
     raw_tracepoint_fds: dict[str, int] = field(default_factory=dict)
+    # A program attached with cookies: its (real) name -> the raw tracepoints it is on, which
+    # its name does not tell (hook_of).
+    shared_hooks: dict[str, list[str]] = field(default_factory=dict)
     uprobes: list[bytes] = field(default_factory=list)  # bcc's event names
     perf_events: list[tuple[int, int]] = field(default_factory=list)
 
@@ -415,19 +419,34 @@ class PartView:
             elif hook and hook[1] not in skip:
                 self.attach_raw_tracepoint(tp=hook[1], fn_name=name)
 
-    def attach_raw_tracepoint(self, *, tp: str | bytes, fn_name: str | bytes) -> None:
+    def attach_raw_tracepoint(
+        self, *, tp: str | bytes, fn_name: str | bytes, cookie: int | None = None
+    ) -> None:
+        """Attach fn_name on the raw tracepoint `tp`; with a cookie (probes/tp_cookie.py), one
+        program may serve several hooks and read which one ran."""
         from bcc import BPF
         from bcc.libbcc import lib
 
         event = tp.decode() if isinstance(tp, bytes) else tp
         fn = self.load_func(fn_name, BPF.RAW_TRACEPOINT)
-        fd = lib.bpf_attach_raw_tracepoint(fn.fd, event.encode())
+        if cookie is None:
+            fd = lib.bpf_attach_raw_tracepoint(fn.fd, event.encode())
+        else:
+            try:
+                fd = tp_cookie.attach(fn.fd, event, cookie)
+            except OSError as err:
+                raise ProbeUnavailable(f"cannot attach raw tracepoint {event}: {err}") from None
+            self.shared_hooks.setdefault(fn.name.decode(), []).append(event)
         if fd < 0:
             raise ProbeUnavailable(f"cannot attach raw tracepoint {event}")
         self.raw_tracepoint_fds[event] = fd
 
     def detach_raw_tracepoint(self, *, tp: str | bytes) -> None:
-        os.close(self.raw_tracepoint_fds.pop(tp.decode() if isinstance(tp, bytes) else tp))
+        event = tp.decode() if isinstance(tp, bytes) else tp
+        os.close(self.raw_tracepoint_fds.pop(event))
+        for events in self.shared_hooks.values():
+            if event in events:
+                events.remove(event)
 
     def detach_tracepoint(self, tp: str) -> None:
         from bcc.libbcc import lib
@@ -514,6 +533,7 @@ class PartView:
             for fd in self.raw_tracepoint_fds.values():
                 os.close(fd)
             self.raw_tracepoint_fds.clear()
+            self.shared_hooks.clear()
             for ev_name in self.uprobes:
                 self.bpf.detach_uprobe_event(ev_name)
             self.uprobes.clear()

@@ -2,10 +2,11 @@
  * per CPU and per source for every CPU (a vector that finds the CPU idle is counted, not
  * timed), and the part of it that was stolen from watched threads. Hooks: raw tracepoints
  * irq_handler_entry/exit, softirq_entry/exit and, when the kernel has them, the irq_vectors
- * <vector>_entry/exit pairs. Raw tracepoints hand over the tracepoint's arguments (all plain
- * numbers here) without building a perf record, which halves the cost per hook. Cost: two
- * short programs per interrupt, hash updates only (nothing is streamed: user space reads the
- * maps).
+ * <vector>_entry/exit pairs (one program pair for all of them, told apart by the
+ * attachment's cookie, where the kernel passes one). Raw tracepoints hand over the
+ * tracepoint's arguments (all plain numbers here) without building a perf record, which
+ * halves the cost per hook. Cost: two short programs per interrupt, hash updates only
+ * (nothing is streamed: user space reads the maps).
  *
  * In interrupt context `current` is the task that was interrupted, so work that ran while a
  * watched thread was current was stolen from it; no scheduler hook is needed. Softirqs run
@@ -212,9 +213,11 @@ static __always_inline int vector_entered(u16 sub, u32 num)
     return 0;
 }
 
+#ifdef GJ_PER_VECTOR
 /* One entry/exit pair per vector, each (int vector), compiled in when its tracepoints exist
  * (irq.py checks tracefs): bcc attaches every probe it compiles, and one missing hook would
- * fail the whole probe. */
+ * fail the whole probe. Only where the kernel passes no cookie to a raw tracepoint program
+ * (before 6.10), or with the option tp_cookies off. */
 #define VECTOR_PROBES(name, sub)                                                               \
     RAW_TRACEPOINT_PROBE(name##_entry) { return vector_entered(sub, ctx->args[0]); }          \
     RAW_TRACEPOINT_PROBE(name##_exit) { return exited(KIND_VECTOR, sub, ctx->args[0]); }
@@ -236,4 +239,17 @@ VECTOR_PROBES(irq_work, VEC_IRQ_WORK)
 #endif
 #ifdef HAVE_X86_PLATFORM_IPI
 VECTOR_PROBES(x86_platform_ipi, VEC_X86_PLATFORM_IPI)
+#endif
+#else
+/* One pair for every vector: irq.py attaches each to the <vector>_entry (or _exit) raw
+ * tracepoints there are, with the vector's VEC_* as the cookie. Each copy of a pair above was
+ * its own compile (~7 ms of LLVM a program on the development VM) and its own load. */
+int vector_entry_any(struct bpf_raw_tracepoint_args *ctx)
+{
+    return vector_entered((u16)bpf_get_attach_cookie(ctx), ctx->args[0]);
+}
+int vector_exit_any(struct bpf_raw_tracepoint_args *ctx)
+{
+    return exited(KIND_VECTOR, (u16)bpf_get_attach_cookie(ctx), ctx->args[0]);
+}
 #endif

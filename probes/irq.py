@@ -20,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from gpujitter.probes import contract
+from gpujitter.probes import contract, tp_cookie
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
 from gpujitter.probes.events import CpuStats, Event, IrqStolen
 from gpujitter.probes.host import HostPaths, parse_cpulist, read_text
@@ -93,6 +93,7 @@ class IrqProbe(BpfProbe):
         self.topology = Topology(cpu_node={})
         self.window_ns = spec.thresholds["window"]
         self.missing_vectors: list[str] = []
+        self.shared_vectors = False  # one program pair for all vectors (cflags)
         self._names: dict[int, str] = {}
         self._swept_window = 0
         self._last_stats: dict[int, bytes] = {}  # stats slot -> its per-CPU values, raw
@@ -111,11 +112,27 @@ class IrqProbe(BpfProbe):
         # drivers request later (a GPU's at its first use); the last slot takes the rest.
         numbered = [int(row.label) for row in read_table(HostPaths()).values() if row.numbered]
         self.hardirq_slots = (max(numbered, default=0) + IRQ_HEADROOM) // 64 * 64 + 64
+        # One program pair for all vectors, told apart by the attachment's cookie, where the
+        # kernel passes one (attach below); else a pair compiled per vector.
+        self.shared_vectors = tp_cookie.wanted(ctx.options.get(self.name, {}))
+        per_vector = [] if self.shared_vectors else ["-DGJ_PER_VECTOR"]
         return [
             *super().cflags(ctx),
             f"-DHARDIRQ_SLOTS={self.hardirq_slots}",
-            *(f"-DHAVE_{v.upper()}" for v in present),
+            *per_vector,
+            *(f"-DHAVE_{v.upper()}" for v in present if per_vector),
         ]
+
+    def attach(self, ctx: ProbeContext) -> None:
+        if not self.shared_vectors:
+            return
+        for sub, vector in enumerate(VECTORS):
+            if vector in self.missing_vectors:
+                continue
+            for edge in ("entry", "exit"):
+                self.bpf.attach_raw_tracepoint(
+                    tp=f"{vector}_{edge}", fn_name=f"vector_{edge}_any", cookie=sub
+                )
 
     def irq_of_slot(self, slot: int) -> IrqId:
         """Which interrupt a slot of the per-CPU stats array counts (see irq.bpf.c)."""

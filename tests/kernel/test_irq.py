@@ -33,6 +33,15 @@ from tests.kernel.conftest import Recorded, run_probes
 DISK_IRQ_NAME = "virtio1-req.0"
 CPU = max(os.sched_getaffinity(0))  # where the tests pin their workers (the disk IRQ too)
 EVERY_WINDOW = {"irq": {"stolen": 0}}
+# The vectors' programs: one pair for all, told apart by the attachment's cookie (where the
+# kernel passes one, as here), or a pair compiled per vector (older kernels).
+SHARED = pytest.mark.parametrize("shared", [True, False], ids=["one-pair", "pair-per-vector"])
+
+
+def vectors(shared: bool) -> dict[str, dict[str, Any]]:
+    return {"irq": {"tp_cookies": shared}}
+
+
 BLOCK = 4096
 
 # Workers pin themselves to one CPU and, with a real-time priority, own it (but for the 5 %
@@ -233,7 +242,8 @@ def test_disk_irq_on_a_watched_cpu_is_stolen_time(
     assert run.rec.status("irq").lost_kernel == 0
 
 
-def test_busy_watched_thread_loses_timer_ticks_and_ipis() -> None:
+@SHARED
+def test_busy_watched_thread_loses_timer_ticks_and_ipis(shared: bool) -> None:
     with children() as kids:
         spinner = kids.spinner(seconds=1.5, rt=1)
         during: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -246,7 +256,8 @@ def test_busy_watched_thread_loses_timer_ticks_and_ipis() -> None:
             during["rows"] = (before, tuple(counts(r)[CPU] for r in rows))
 
         outer_before = tuple(counts(r)[CPU] for r in rows)
-        rec = run_probes(["irq"], load, watch=WatchSpec(pids={spinner}), thresholds=EVERY_WINDOW)
+        rec = run_probes(["irq"], load, watch=WatchSpec(pids={spinner}), thresholds=EVERY_WINDOW,
+                         options=vectors(shared))  # fmt: skip
         outer_after = tuple(counts(r)[CPU] for r in rows)
     inner = dict(zip(rows, (b - a for a, b in zip(*during["rows"], strict=True)), strict=True))
     outer = dict(
@@ -312,7 +323,7 @@ class Ipis:
     outer: int  # and while the probe was attached
 
 
-def ipis_while_bouncing(cpu: int, other: int, n: int, *, busy: bool) -> Ipis:
+def ipis_while_bouncing(cpu: int, other: int, n: int, *, busy: bool, shared: bool) -> Ipis:
     with children() as kids:
         kids.start(BOUNCE.format(cpu=cpu, other=other, n=n))
         if busy:  # holds the CPU between the bounces; the woken process preempts it
@@ -331,7 +342,7 @@ def ipis_while_bouncing(cpu: int, other: int, n: int, *, busy: bool) -> Ipis:
         os.sched_setaffinity(0, {other})
         try:
             outer_before = sum(counts(r)[cpu] for r in IPI_ROWS)
-            rec = run_probes(["irq"], load, watch=WatchSpec())
+            rec = run_probes(["irq"], load, watch=WatchSpec(), options=vectors(shared))
             outer = sum(counts(r)[cpu] for r in IPI_ROWS) - outer_before
         finally:
             os.sched_setaffinity(0, mine)
@@ -339,7 +350,8 @@ def ipis_while_bouncing(cpu: int, other: int, n: int, *, busy: bool) -> Ipis:
     return Ipis(sum(r[2] for r in rows), sum(r[1] for r in rows), during[0], outer)
 
 
-def test_ipis_that_wake_an_idle_cpu_are_counted_not_timed() -> None:
+@SHARED
+def test_ipis_that_wake_an_idle_cpu_are_counted_not_timed(shared: bool) -> None:
     """An IPI that wakes a thread onto an idle CPU takes no task's time: the per-CPU totals
     count it and give it none (irq.bpf.c, vector_entered), which spares two clock reads per
     such wake-up. The same wake-ups while a spinner holds the CPU interrupt a task, and are
@@ -347,7 +359,7 @@ def test_ipis_that_wake_an_idle_cpu_are_counted_not_timed() -> None:
     others = os.sched_getaffinity(0) - {CPU}
     assert others, "the bounce needs two CPUs"
     cpu, n = min(others), 1000  # not CPU, where the other tests pin their load
-    busy = ipis_while_bouncing(cpu, CPU, n, busy=True)
+    busy = ipis_while_bouncing(cpu, CPU, n, busy=True, shared=shared)
     assert busy.ns > 0
     per_busy_ipi = busy.ns / busy.count
     # An IPI that finds another task on the CPU (this machine is shared) is timed: the
@@ -355,7 +367,7 @@ def test_ipis_that_wake_an_idle_cpu_are_counted_not_timed() -> None:
     # 0-15 ns, against 230-410 ns an IPI that interrupts the spinner; timed, an IPI that woke
     # the idle CPU took ~1.5 µs (its handler ran on cold caches), 5 times the spinner's.
     for _ in range(3):
-        idle = ipis_while_bouncing(cpu, CPU, n, busy=False)
+        idle = ipis_while_bouncing(cpu, CPU, n, busy=False, shared=shared)
         # the waker's 0.5 ms outlasts the idle CPU's polling: each wake-up takes an IPI
         assert idle.inner >= n // 2, f"{idle.inner} IPIs for {n} wake-ups"
         if idle.ns / idle.count < per_busy_ipi / 2:
@@ -528,8 +540,9 @@ def test_unwatched_threads_lose_nothing_that_is_reported() -> None:
     assert ticks_on_cpu > ticks_stolen > 0
 
 
+@SHARED
 def test_missing_vector_hooks_degrade_the_probe_and_the_rest_works(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared: bool
 ) -> None:
     """A kernel without most irq_vectors tracepoints (forced: the probe looks them up in a
     tracefs that has only the local timer's) gets a degraded probe that says what it
@@ -545,7 +558,8 @@ def test_missing_vector_hooks_degrade_the_probe_and_the_rest_works(
             kids.go()
             kids.wait()
 
-        rec = run_probes(["irq"], load, watch=WatchSpec(pids={spinner}), thresholds=EVERY_WINDOW)
+        rec = run_probes(["irq"], load, watch=WatchSpec(pids={spinner}), thresholds=EVERY_WINDOW,
+                         options=vectors(shared))  # fmt: skip
     status = rec.status("irq")
     assert status.state == "degraded"
     assert "reschedule" in status.reason and "local_timer" not in status.reason
