@@ -328,18 +328,33 @@ def floor_programs() -> Iterator[Any]:
         bpf.cleanup()
 
 
-def mirror_hooks(programs: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+def mirror_hooks(
+    programs: list[str], shared: dict[str, list[str]] | None = None
+) -> tuple[list[tuple[str, str]], list[str]]:
     """The hook of each of the set's programs (probe:function) that an empty program can
     take: ("raw", event) or ("tp", "category:event"), one per program (the kernel runs each
-    attached program of a hook in turn); and the programs left out (perf events, uprobes:
-    their hooks are not named by the function)."""
+    attached program of a hook in turn), and every raw tracepoint of a program that `shared`
+    names (one program on several hooks, attached with cookies: which of them ran is not
+    known, and an empty program on a hook that does not fire costs nothing); and the
+    programs left out (perf events, uprobes: their hooks are not named by the function)."""
     hooks, left = [], []
     for name in programs:
         if hook := hook_of(name.partition(":")[2]):
             hooks.append(hook)
+        elif shared and name in shared:
+            hooks += [("raw", event) for event in shared[name]]
         else:
             left.append(name)
     return hooks, left
+
+
+def shared_hooks(probes: ProbeSet) -> dict[str, list[str]]:
+    """probe:function -> the raw tracepoints of each program the set attached with cookies."""
+    out = {}
+    for probe in probes.running:
+        for fn, events in getattr(bcc_object(probe), "shared_hooks", {}).items():
+            out[f"{probe.name}:{fn}"] = list(events)
+    return out
 
 
 @contextlib.contextmanager
@@ -457,11 +472,12 @@ def measure(
         programs: dict[str, dict[str, list[float]]] = {w: {} for w in [*workloads, "unwatched"]}
         floored: dict[str, list[Run]] = {w: [] for w in workloads}
         mirrored: dict[str, tuple[list[tuple[str, str]], list[str]]] = {}
+        shared: dict[str, list[str]] = {}  # programs on several hooks (from the set's runs)
 
         def floor_run(w: str) -> None:
             # the hooks of the set's programs that ran on this workload (its kernel runs)
             own = sorted(k for k in programs[w] if not k.startswith("floor:"))
-            mirrored[w] = mirror_hooks(own)
+            mirrored[w] = mirror_hooks(own, shared)
             with hook_floor(mirrored[w][0]):
                 floored[w].append(run_workload(timed[w], args[w], None, warm_up))
 
@@ -487,6 +503,7 @@ def measure(
                         }
                     )
                     results["rss_mb"].append(me.memory_info().rss / 2**20)
+                    shared.update(shared_hooks(probes))
                     # The events of the timed run alone: the warm-up's would inflate its rate.
                     run = run_workload(timed[w], args[w], probes, warm_up, timed=events.clear)
                     probed[w].append(run)

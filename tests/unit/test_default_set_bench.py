@@ -47,6 +47,15 @@ def test_two_programs_on_one_hook_are_two_floors() -> None:
     assert hooks == [("raw", "sched_switch"), ("raw", "sched_switch")]
 
 
+def test_a_program_on_several_hooks_is_a_floor_on_each() -> None:
+    # irq's vectors share one program pair where attachments carry cookies (tp_cookie.py):
+    # the name tells no hook, the view's shared_hooks every one
+    shared = {"irq:vector_entry_any": ["local_timer_entry", "reschedule_entry"]}
+    hooks, left = mirror_hooks(["irq:vector_entry_any", "faults:on_major_done"], shared)
+    assert hooks == [("raw", "local_timer_entry"), ("raw", "reschedule_entry")]
+    assert left == ["faults:on_major_done"]
+
+
 def test_a_category_with_underscores() -> None:
     hooks, left = mirror_hooks(["x:x__tracepoint__irq_vectors__local_timer_entry"])
     assert hooks == [("tp", "irq_vectors:local_timer_entry")] and not left
