@@ -270,6 +270,37 @@ def test_unused_hooks_are_information(host_tree: MakeTree) -> None:
     assert fentry.status == "info" and "--load tries one" in fentry.detail
 
 
+def test_shared_programs_by_the_kernels_version(host_tree: MakeTree) -> None:
+    links, cookies = list(hooks.check_shared_programs(env_of(host_tree("dev-vm"))))
+    assert (links.check, links.status) == ("uprobe-multi links", "info")
+    assert links.detail.startswith("yes (kernel 6.18; --load asks)")
+    assert cookies.detail.startswith("yes (kernel 6.18; --load asks)")
+    files = {"proc/sys/kernel/osrelease": "6.8.0-45-generic"}
+    links, cookies = list(hooks.check_shared_programs(env_of(host_tree("dev-vm", files=files))))
+    assert links.detail.startswith("yes (kernel 6.8;")
+    assert cookies.detail.startswith("no (kernel 6.8;") and "pair per vector" in cookies.detail
+    files = {"proc/sys/kernel/osrelease": "5.15.0-91-generic"}
+    links, _ = list(hooks.check_shared_programs(env_of(host_tree("dev-vm", files=files))))
+    assert links.detail.startswith("no (kernel 5.15;") and "a stop take seconds" in links.detail
+
+
+def test_shared_programs_asked_of_the_kernel_with_load(
+    host_tree: MakeTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # what the kernel answers wins over its version; unprivileged, the version tells
+    monkeypatch.setattr(hooks, "SHARED_PROGRAMS", tuple(
+        (name, since, lambda since=since: since < (6, 8), spared, otherwise)
+        for name, since, _, spared, otherwise in hooks.SHARED_PROGRAMS
+    ))  # fmt: skip
+    env = env_of(host_tree("dev-vm"), load=True)
+    monkeypatch.setattr(DoctorEnv, "privileged", lambda self: "root")
+    links, cookies = list(hooks.check_shared_programs(env))
+    assert links.detail.startswith("yes (asked)") and cookies.detail.startswith("no (asked)")
+    monkeypatch.setattr(DoctorEnv, "privileged", lambda self: None)
+    _, cookies = list(hooks.check_shared_programs(env))
+    assert cookies.detail.startswith("yes (kernel 6.18;")
+
+
 def test_memlock(host_tree: MakeTree) -> None:
     new = one(host.check_memlock, env_of(host_tree("dev-vm")))
     assert new.status == "pass" and "charged to the memory cgroup" in new.detail

@@ -1,6 +1,7 @@
 """Doctor checks of the probes' hooks: for each registered probe, whether each tracepoint,
 perf event, uprobe and USDT marker it needs is here (HOOK_CHECKS, one finder per hook kind),
-and, for the record, the hooks gpujitter never uses (kprobes, fentry)."""
+whether the kernel lets one program serve many hooks (uprobe-multi links, raw tracepoint
+cookies), and, for the record, the hooks gpujitter never uses (kprobes, fentry)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 from gpujitter.daemon.analysis import remedies
 from gpujitter.daemon.checks.doctor.model import DoctorEnv, Result, check
+from gpujitter.probes import tp_cookie, uprobe_multi
 from gpujitter.probes.host import HostPaths, read_file
 from gpujitter.probes.registry import Hook
 
@@ -230,6 +232,36 @@ def check_unused_hooks(env: DoctorEnv) -> Iterator[Result]:
         btf = "BTF present" if (env.paths.sys / "kernel/btf/vmlinux").exists() else "no BTF"
         state = f"not tried ({btf}; --load tries one)"
     yield Result("fentry", "info", f"{state}; gpujitter does not use fentry/fexit")
+
+
+# Where one BPF program may serve many hooks, each attachment telling it which one it is on
+# (docs/architecture.md): the kernel versions that brought them, what each spares.
+SHARED_PROGRAMS = (
+    ("uprobe-multi links", (6, 6), uprobe_multi.supported,
+     "cuda, python_gc and malloc's precise mode attach one link a file, detached at once",
+     "a uprobe per address, attached and detached one by one: libcuda's ~60 make a stop "
+     "take seconds"),
+    ("raw tracepoint cookies", (6, 10), tp_cookie.supported,
+     "irq's vectors share one program pair",
+     "irq compiles a program pair per vector (~0.05 CPU-s more at start)"),
+)  # fmt: skip
+
+
+@check
+def check_shared_programs(env: DoctorEnv) -> Iterator[Result]:
+    """The newer attachments the probes use where the kernel has them (asked of the kernel
+    with --load, else told by its version): without them a probe falls back to a program
+    per hook, which costs start and stop time, not what it sees."""
+    for name, since, supported, spared, otherwise in SHARED_PROGRAMS:
+        if env.load and env.privileged():  # unprivileged, the kernel would refuse anyway
+            has, how = supported(), "asked"
+            source = "bpf(2): a do-nothing program loaded and attached"
+        else:
+            has = env.kernel_version >= since
+            how = f"kernel {'.'.join(map(str, env.kernel_version))}; --load asks"
+            source = str(env.paths.proc / "sys/kernel/osrelease")
+        said = f"yes ({how}): {spared}" if has else f"no ({how}): {otherwise}"
+        yield Result(name, "info", said, source=source)
 
 
 def kernel_config(paths: HostPaths) -> dict[str, str]:
