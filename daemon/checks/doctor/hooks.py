@@ -255,7 +255,7 @@ def check_shared_programs(env: DoctorEnv) -> Iterator[Result]:
     for name, since, supported, spared, otherwise in SHARED_PROGRAMS:
         if env.load and env.privileged():  # unprivileged, the kernel would refuse anyway
             has, how = supported(), "asked"
-            source = "bpf(2): a do-nothing program loaded and attached"
+            source = "bpf(2): a do-nothing program offered to the kernel"
         else:
             has = env.kernel_version >= since
             how = f"kernel {'.'.join(map(str, env.kernel_version))}; --load asks"
