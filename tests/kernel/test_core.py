@@ -186,13 +186,18 @@ def test_a_process_matching_a_comm_pattern_is_watched_when_it_execs(tmp_path: Pa
 
 # Starts THREADS short-lived threads one after another, then exits.
 THREADS = 20
+# join() returns before the thread's last instructions in the kernel: the exit of the last
+# one could come after the main thread's on a busy CPU, when its process is no longer
+# watched (the process's exit says it then). Its task gone from /proc first.
 THREADER = textwrap.dedent(f"""
-    import sys, threading, time
+    import os, sys, threading, time
     sys.stdin.readline()
     for _ in range({THREADS}):
         t = threading.Thread(target=time.sleep, args=(0.001,))
         t.start()
         t.join()
+    while len(os.listdir("/proc/self/task")) > 1:
+        time.sleep(0.001)
     print(threading.get_native_id(), flush=True)
 """)
 
