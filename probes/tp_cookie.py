@@ -8,6 +8,7 @@ default module's compile on the development VM; docs/performance.md).
 from __future__ import annotations
 
 import ctypes as ct
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -18,7 +19,6 @@ BPF_RAW_TRACEPOINT_OPEN = 17
 BPF_PROG_TYPE_RAW_TRACEPOINT = 17
 # r0 = bpf_get_attach_cookie(ctx) (helper 174, ctx still in r1); r0 = 0; exit
 _READS_COOKIE = bytes.fromhex("85000000ae000000b7000000000000009500000000000000")
-_supported: bool | None = None
 
 
 class _RawTracepointOpen(ct.Structure):
@@ -32,18 +32,16 @@ class _RawTracepointOpen(ct.Structure):
     ]
 
 
+@functools.cache
 def supported() -> bool:
     """Whether a raw tracepoint program may read its attachment's cookie here, asked once per
     process without compiling anything: a kernel before 6.10 refuses the helper in such a
     program (and the cookie in the attach)."""
-    global _supported
-    if _supported is None:
-        try:
-            os.close(bpf_syscall.load(BPF_PROG_TYPE_RAW_TRACEPOINT, _READS_COOKIE))
-            _supported = True
-        except OSError:
-            _supported = False
-    return _supported
+    try:
+        os.close(bpf_syscall.load(BPF_PROG_TYPE_RAW_TRACEPOINT, _READS_COOKIE))
+    except OSError:
+        return False
+    return True
 
 
 def wanted(options: Mapping[str, Any]) -> bool:
@@ -58,7 +56,4 @@ def attach(prog_fd: int, event: str, cookie: int) -> int:
     (closing it detaches), or OSError when refused."""
     name = ct.create_string_buffer(event.encode())
     attr = _RawTracepointOpen(name=ct.addressof(name), prog_fd=prog_fd, cookie=cookie)
-    try:
-        return bpf_syscall.bpf(BPF_RAW_TRACEPOINT_OPEN, attr)
-    except OSError as err:
-        raise OSError(err.errno, f"raw tracepoint {event}: {err.strerror}") from None
+    return bpf_syscall.bpf(BPF_RAW_TRACEPOINT_OPEN, attr)

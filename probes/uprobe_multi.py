@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import errno
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,17 +41,14 @@ class _LinkCreate(ct.Structure):
 
 BPF_PROG_TYPE_KPROBE = 2
 _RETURN_ZERO = bytes.fromhex("b7000000000000009500000000000000")  # r0 = 0; exit
-_supported: bool | None = None
 
 
+@functools.cache
 def supported() -> bool:
     """Whether this kernel makes uprobe-multi links, asked once per process without compiling
     anything: a do-nothing program is linked to a file that does not exist, which such a
     kernel refuses with ENOENT (it got as far as the path) and an older one with EINVAL."""
-    global _supported
-    if _supported is None:
-        _supported = _probe_kernel()
-    return _supported
+    return _probe_kernel()
 
 
 def wanted(options: Mapping[str, Any]) -> bool:
