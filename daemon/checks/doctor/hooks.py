@@ -252,13 +252,15 @@ def check_shared_programs(env: DoctorEnv) -> Iterator[Result]:
     """The newer attachments the probes use where the kernel has them (asked of the kernel
     with --load, else told by its version): without them a probe falls back to a program
     per hook, which costs start and stop time, not what it sees."""
+    ask = env.load and env.privileged()  # unprivileged, the kernel would refuse anyway
+    version = env.kernel_version
     for name, since, supported, spared, otherwise in SHARED_PROGRAMS:
-        if env.load and env.privileged():  # unprivileged, the kernel would refuse anyway
+        if ask:
             has, how = supported(), "asked"
             source = "bpf(2): a do-nothing program offered to the kernel"
         else:
-            has = env.kernel_version >= since
-            how = f"kernel {'.'.join(map(str, env.kernel_version))}; --load asks"
+            has = version >= since
+            how = f"kernel {'.'.join(map(str, version))}; --load asks"
             source = str(env.paths.proc / "sys/kernel/osrelease")
         said = f"yes ({how}): {spared}" if has else f"no ({how}): {otherwise}"
         yield Result(name, "info", said, source=source)
