@@ -26,13 +26,18 @@ from bench import alternated
 from gpujitter.probes import registry
 from gpujitter.probes.events import IrqStolen
 from gpujitter.probes.irq import IrqProbe
+from gpujitter.probes.log2 import Log2Map
 from gpujitter.probes.runner import ProbeSet, ProbeThread
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import CoreBpf, WatchSpec
 
 # Per class, the methods timed where the class itself defines them (an inherited one is
 # timed once, under the class that defines it).
-TIMED = {ProbeSet: ("poll", "tick", "measure_cost"), CoreBpf: ("poll", "refresh")}
+TIMED = {
+    ProbeSet: ("poll", "tick", "measure_cost"),
+    CoreBpf: ("poll", "refresh"),
+    Log2Map: ("delta",),  # the histograms' share of the probes' samples
+}
 PER_PROBE = ("poll", "sample", "lost_kernel")
 
 
