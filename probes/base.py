@@ -16,7 +16,7 @@ import os
 import resource
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
@@ -30,6 +30,7 @@ from gpujitter.text import decode_name
 
 if TYPE_CHECKING:
     from gpujitter.probes.bundle import Bundle, ModulePart
+    from gpujitter.probes.log2 import Log2Map
     from gpujitter.probes.registry import ProbeSpec
     from gpujitter.probes.topology import Topology
     from gpujitter.probes.watch import CoreBpf
@@ -147,6 +148,11 @@ class Probe(Counted, abc.ABC):
 
     def sample(self, now_ns: int) -> Iterable[Event]:
         """Periodic aggregates read from kernel maps (called about once a second)."""
+        return ()
+
+    def log2_maps(self) -> Sequence[Log2Map]:
+        """Its in-kernel log2 histograms, which the runner reads at its own, slower cadence
+        (probes/runner.py HIST_EVERY_NS; none by default)."""
         return ()
 
     def programs(self) -> list[int]:

@@ -99,7 +99,6 @@ class CstateProbe(BpfProbe):
         self.paths = HostPaths()
         self.states: dict[int, dict[int, IdleState]] = {}
         self._cpus: list[int] = []
-        self._last_ns = 0
         self._ledger: IdleLedger | None = None
         self._hists: Log2Map | None = None
         self.carrier = 0  # the carrier's part number in this probe's module; 0: none
@@ -132,7 +131,6 @@ class CstateProbe(BpfProbe):
         self._hists = Log2Map(
             self.bpf["wake_log2"], [f"wake_to_run.{n}" for n in [*names, "busy"]], self.name
         )
-        self._last_ns = time.monotonic_ns()
         self._ledger = IdleLedger(*self._read_words())
 
     def decode(self, ring: str, rec: Any) -> IdleWake:
@@ -188,10 +186,10 @@ class CstateProbe(BpfProbe):
                 )
                 for cpu, states in gains.items()
             ]
-        if self._hists is not None:
-            events += self._hists.delta(now_ns, now_ns - self._last_ns)
-        self._last_ns = now_ns
         return events
+
+    def log2_maps(self) -> list[Log2Map]:
+        return [self._hists] if self._hists is not None else []
 
 
 SPECS = (

@@ -1,4 +1,5 @@
-"""In-kernel log2 histograms read once a second and handed on as Log2Hist deltas.
+"""In-kernel log2 histograms, handed on as Log2Hist deltas every HIST_EVERY_NS (the probe set's
+runner reads them, probes/runner.py) and once more as the probes stop.
 
 A histogram map is a BPF_PERCPU_ARRAY of one entry, a struct of one u64 array holding one
 or more histograms back to back, LOG2_SLOTS slots each, slot `bpf_log2l(v)` counting v
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import ctypes as ct
 import errno
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,20 +28,23 @@ class Log2Map:
 
     Each histogram's bytes on every CPU are compared with the last read's: only a histogram
     that changed on some CPU is summed across the CPUs, which is the read's Python cost (65
-    slots times every CPU: 16 on the H200), and most stay unchanged from one second to the
+    slots times every CPU: 16 on the H200), and most stay unchanged from one read to the
     next (idle states nobody woke from, GC generations that did not run)."""
 
-    def __init__(self, table: Any, names: Sequence[str], probe: str) -> None:
+    def __init__(self, table: Any, names: Sequence[str], probe: str, now_ns: int = 0) -> None:
         self.names = tuple(names)
         self.probe = probe
         self.table = table
+        self.read_ns = now_ns or time.monotonic_ns()  # counted since: the last read, or now
         self._value = table.Leaf()  # the entry on every possible CPU, one after the other
         self._cpus = table.Leaf._length_
         self._stride = ct.sizeof(table.Leaf) // self._cpus  # one CPU's histograms, in bytes
         self._raw = [b""] * len(self.names)  # each histogram's bytes at the last read
         self._last = [[0] * LOG2_SLOTS for _ in self.names]  # and its slots summed
 
-    def delta(self, now_ns: int, interval_ns: int) -> list[Log2Hist]:
+    def delta(self, now_ns: int) -> list[Log2Hist]:
+        """What each histogram gained since the last read (or the map's making), read at
+        now_ns; none for one that did not change."""
         from bcc.libbcc import lib  # only where a map was loaded: bcc is there
 
         key = ct.c_uint32(0)
@@ -47,6 +52,7 @@ class Log2Map:
             err = ct.get_errno()
             raise OSError(err, f"reading {self.probe}'s histograms: {errno.errorcode.get(err)}")
         every = bytes(self._value)
+        interval_ns, self.read_ns = now_ns - self.read_ns, now_ns
         span = LOG2_SLOTS * _SLOT_BYTES
         out = []
         for i, name in enumerate(self.names):

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from gpujitter.probes import contract, uprobe_multi
 from gpujitter.probes.base import BpfProbe, ProbeContext, ProbeUnavailable
-from gpujitter.probes.events import AllocSyscall, Event
+from gpujitter.probes.events import AllocSyscall
 from gpujitter.probes.log2 import Log2Map
 from gpujitter.probes.malloc_precise import PreciseWindow
 from gpujitter.probes.progstats import program_fds
@@ -49,14 +48,12 @@ class MallocProbe(BpfProbe):
         super().__init__(spec)
         self.precise: PreciseWindow | None = None
         self._hists: Log2Map | None = None
-        self._last_ns = 0
 
     def start(self, ctx: ProbeContext) -> None:
         if platform.machine() not in SYSCALL_NR:
             raise ProbeUnavailable(f"system call numbers of {platform.machine()} not known")
         super().start(ctx)
         self._hists = Log2Map(self.bpf["latency_log2"], SYSCALLS, self.name)
-        self._last_ns = time.monotonic_ns()
         opts = ctx.options.get(self.name, {})
         pids = opts.get("precise_pids") or ()
         if not pids:
@@ -85,10 +82,9 @@ class MallocProbe(BpfProbe):
             ret=rec.ret,
         )
 
-    def sample(self, now_ns: int) -> Iterable[Event]:
-        """Every call's latency per system call, as Log2Hist named after it."""
-        interval, self._last_ns = now_ns - self._last_ns, now_ns
-        return self._hists.delta(now_ns, interval) if self._hists is not None else []
+    def log2_maps(self) -> list[Log2Map]:
+        """Every call's latency per system call, handed on as Log2Hist named after it."""
+        return [self._hists] if self._hists is not None else []
 
     def poll(self) -> None:
         super().poll()

@@ -324,7 +324,6 @@ class PythonGcProbe(InterpreterProbe):
         # uprobe-multi links and the option `uprobe_multi` is not off; else a copy per slot.
         self.linked = True
         self._hists: Log2Map | None = None
-        self._last_ns = time.monotonic_ns()  # the histograms' last read
 
     def cflags(self, ctx: ProbeContext) -> list[str]:
         self.linked = uprobe_multi.wanted(ctx.options.get(self.name, {}))
@@ -389,8 +388,10 @@ class PythonGcProbe(InterpreterProbe):
 
     def sample(self, now_ns: int) -> list[Event]:
         self.rescan()
-        interval, self._last_ns = now_ns - self._last_ns, now_ns
-        return list(self._hists.delta(now_ns, interval)) if self._hists else []
+        return []
+
+    def log2_maps(self) -> list[Log2Map]:
+        return [self._hists] if self._hists is not None else []
 
     def collections(self) -> dict[str, int]:
         """Collections seen so far per generation ("unknown": the build gave none)."""

@@ -16,7 +16,6 @@ which PyTorch makes in every operator call: off by default (docs/probes.md has t
 from __future__ import annotations
 
 import struct
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,7 +106,6 @@ class PythonGilProbe(InterpreterProbe):
     def __init__(self, spec: ProbeSpec) -> None:
         super().__init__(spec)
         self._hist: Log2Map | None = None
-        self._last_ns = time.monotonic_ns()  # the histogram's last read
 
     def attach(self, ctx: ProbeContext) -> None:
         self._hist = Log2Map(self.bpf["short_log2"], ["gil.wait"], self.name)
@@ -137,8 +135,10 @@ class PythonGilProbe(InterpreterProbe):
 
     def sample(self, now_ns: int) -> list[Event]:
         self.rescan()
-        interval, self._last_ns = now_ns - self._last_ns, now_ns
-        return list(self._hist.delta(now_ns, interval)) if self._hist else []
+        return []
+
+    def log2_maps(self) -> list[Log2Map]:
+        return [self._hist] if self._hist is not None else []
 
     def acquisitions(self) -> int:
         """GIL acquisitions of watched threads seen so far, all durations."""

@@ -2,7 +2,8 @@
 reported unavailable and the rest keep running. One thread does all bcc work (bcc objects
 are not thread-safe): it consumes ring buffers every `poll_ms`, or sooner when the kernel
 wakes it for a burst, and, once a second, reads in-kernel aggregates, refreshes the watched
-set and reports probe health (the core's too, as the probe CORE_PROBE).
+set and reports probe health (the core's too, as the probe CORE_PROBE); the probes' log2
+histograms every HIST_EVERY_NS, and all of it once more at the stop.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ from gpujitter.probes.watch import CoreBpf, WatchSpec, module_parts
 # (docs/performance.md, "Fewer wake-ups"). A burst does not wait for it: the kernel wakes
 # the drain after GJ_WAKE_RECORDS records (gpujitter.h), half the smallest ring.
 POLL_MS = 250
+# The probes' in-kernel log2 histograms (Log2Hist) are handed on this often, and once more at
+# the stop. Nothing in the daemon reads them (they are for `gpujitter probe` and recordings),
+# and reading one costs a copy of it from every CPU and a sum of its slots across them in
+# Python: on a 16-CPU host, beside a training job, they were a fifth of the probe thread's
+# samples (docs/performance.md, "Histograms every 10 s").
+HIST_EVERY_NS = 10_000_000_000
 
 
 class RingWaits:
@@ -135,6 +142,7 @@ class ProbeSet:
         self.meter = CostMeter()
         self.waits = RingWaits()
         self._last_tick = 0
+        self._hists_read = 0  # when the histograms were handed on last
 
     def start(self, release: bool = True) -> list[ProbeStatus]:
         """Load the core, then every probe (compiled as one module with the core's part
@@ -170,7 +178,7 @@ class ProbeSet:
         # start() refreshed the watched set and reported health: the first tick is due a
         # second from now, and the first measured stretch starts now (not when the core was
         # up: the probes' compiles since would count as a stretch in which nothing ran)
-        self._last_tick = time.monotonic_ns()
+        self._last_tick = self._hists_read = time.monotonic_ns()
         self.measure_cost(self._last_tick)
         self._watch_rings()
         return statuses
@@ -210,12 +218,19 @@ class ProbeSet:
             else:
                 probe.cost = Cost()
 
-    def tick(self, now_ns: int) -> None:
-        """Once a second: aggregates, watched-set refresh, cost, health."""
+    def tick(self, now_ns: int, final: bool = False) -> None:
+        """Once a second: aggregates, watched-set refresh, cost, health; the histograms every
+        HIST_EVERY_NS, and at the `final` tick (the stop) what they counted since."""
         self.core.refresh(now_ns)
         for probe in self.running:
             for ev in probe.sample(now_ns):
                 self.emit(ev)
+        if final or now_ns - self._hists_read >= HIST_EVERY_NS:
+            self._hists_read = now_ns
+            for probe in self.running:
+                for hists in probe.log2_maps():
+                    for ev in hists.delta(now_ns):
+                        self.emit(ev)
         self.measure_cost(now_ns)
         self.emit(self.core.status(now_ns))
         for probe in self.probes:
@@ -240,7 +255,7 @@ class ProbeSet:
             due += [d for p in self.running if (d := p.due_ns()) is not None]
             self.waits.wait(max(0.0, min(poll_ms, (min(due) - now) / 1e6)) / 1000)
         self.poll()
-        self.tick(time.monotonic_ns())
+        self.tick(time.monotonic_ns(), final=True)
 
     def close(self) -> None:
         """Detach every probe, then the core module (the probes' programs use its maps).

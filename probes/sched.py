@@ -102,7 +102,6 @@ class SchedProbe(BpfProbe):
         self.slower = ""  # why not: the perf tracepoints instead
         self.nodes = 1
         self._last: dict[int, _Totals] = {}
-        self._last_ns = 0
         self._oncpu = Ledger({}, 0)  # per thread, on-CPU ns per node handed out
         self._cpu_node: dict[int, int] = {}
         self._hists: list[Log2Map] = []
@@ -149,11 +148,11 @@ class SchedProbe(BpfProbe):
         if self.slower:
             self.state = "degraded"
             self.reason = "; ".join(r for r in (self.reason, self.slower) if r)
-        self._last_ns = time.monotonic_ns()
-        self._oncpu = Ledger({}, self._last_ns)
+        now = time.monotonic_ns()
+        self._oncpu = Ledger({}, now)
         self._hists = [
-            Log2Map(self.bpf["offcpu_log2"], [f"offcpu.{s}" for s in STATES], self.name),
-            Log2Map(self.bpf["runq_log2"], ["runq"], self.name),
+            Log2Map(self.bpf["offcpu_log2"], [f"offcpu.{s}" for s in STATES], self.name, now),
+            Log2Map(self.bpf["runq_log2"], ["runq"], self.name, now),
         ]
 
     def decode(self, ring: str, rec: Any) -> Event:
@@ -203,11 +202,10 @@ class SchedProbe(BpfProbe):
         )
 
     def sample(self, now_ns: int) -> Iterable[Event]:
-        events = list(self._thread_totals())
-        for hists in self._hists:
-            events += hists.delta(now_ns, now_ns - self._last_ns)
-        self._last_ns = now_ns
-        return events
+        return list(self._thread_totals())
+
+    def log2_maps(self) -> list[Log2Map]:
+        return self._hists
 
     def _slots(self) -> dict[int, tuple[int, int]]:
         """CPU -> (tid, since_ns) of the watched thread on it, from one copy of `running`."""

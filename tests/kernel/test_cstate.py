@@ -380,7 +380,8 @@ def test_beside_sched_one_program_per_scheduler_hook_and_each_stops_alone() -> N
                 untraced = untraced_switch_ins(logged(), child.pid)
             now = time.monotonic_ns()
             if not close_cstate:
-                wakes = [h for h in cstate.sample(now) if isinstance(h, Log2Hist)]
+                (hists,) = cstate.log2_maps()
+                wakes = hists.delta(now)
                 assert sum(n for h in wakes for _, n in h.buckets) >= 21 - untraced
                 cstate.close()
             else:
