@@ -246,7 +246,8 @@ def _daemon_status(path: Path) -> dict[str, Any]:
 
 def _window_counts(first: dict[str, Any], last: dict[str, Any], window_s: float) -> dict[str, Any]:
     """What the daemon counted between two of its status records: events a second by probe,
-    and the attributions, self-inflicted ones and lost events in the window."""
+    each probe's state at the end, and the attributions, self-inflicted ones and lost events
+    in the window."""
     if not first or not last:
         return {}
 
@@ -258,6 +259,8 @@ def _window_counts(first: dict[str, Any], last: dict[str, Any], window_s: float)
     keys = ("attributions", "self_inflicted", "lost_kernel", "lost_user")
     return {
         "events_per_s_by_probe": dict(sorted(by_probe.items(), key=lambda kv: -kv[1])),
+        # a probe that delivered nothing: running with nothing to see, or degraded?
+        "probe_states": {p: c.get("state", "") for p, c in (last.get("probe_cost") or {}).items()},
         **{k: int(last.get(k, 0)) - int(first.get(k, 0)) for k in keys},
     }
 
