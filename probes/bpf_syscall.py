@@ -11,7 +11,8 @@ import os
 import platform
 
 BPF_PROG_LOAD = 5
-_SYS_BPF = {"x86_64": 321, "aarch64": 280}
+_SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(platform.machine())
+_libc = ct.CDLL(None, use_errno=True)
 
 
 class ProgLoad(ct.Structure):
@@ -35,12 +36,10 @@ class ProgLoad(ct.Structure):
 
 def bpf(command: int, attr: ct.Structure) -> int:
     """The bpf() system call; the fd it returns, or OSError."""
-    number = _SYS_BPF.get(platform.machine())
-    if number is None:
+    if _SYS_BPF is None:
         raise OSError(errno.ENOSYS, f"bpf() not wired for {platform.machine()}")
-    libc = ct.CDLL(None, use_errno=True)
-    fd = int(libc.syscall(ct.c_long(number), ct.c_int(command), ct.byref(attr),
-                          ct.c_uint(ct.sizeof(attr))))  # fmt: skip
+    fd = int(_libc.syscall(ct.c_long(_SYS_BPF), ct.c_int(command), ct.byref(attr),
+                           ct.c_uint(ct.sizeof(attr))))  # fmt: skip
     if fd < 0:
         err = ct.get_errno()
         raise OSError(err, os.strerror(err))
