@@ -359,8 +359,8 @@ def in_kernel_cost(workloads: Workloads) -> dict[str, dict[str, float]]:
     }
     for fn, events in shared.items():
         if (s := stats[fn]).run_cnt:
-            empty = [floor[f"raw_tracepoint__{e}"] for e in events]
-            runs, ns = sum(e.run_cnt for e in empty), sum(e.run_time_ns for e in empty)
+            floors = [floor[f"raw_tracepoint__{e}"] for e in events]
+            runs, ns = sum(f.run_cnt for f in floors), sum(f.run_time_ns for f in floors)
             out[f"{fn} ({', '.join(events)})"] = {
                 "runs": s.run_cnt,
                 "ns_per_run": per_run(s),

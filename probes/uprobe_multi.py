@@ -48,16 +48,6 @@ def supported() -> bool:
     """Whether this kernel makes uprobe-multi links, asked once per process without compiling
     anything: a do-nothing program is linked to a file that does not exist, which such a
     kernel refuses with ENOENT (it got as far as the path) and an older one with EINVAL."""
-    return _probe_kernel()
-
-
-def wanted(options: Mapping[str, Any]) -> bool:
-    """Whether a probe with these options (its part of ProbeContext.options) uses links: the
-    kernel makes them and the option `uprobe_multi` is not off."""
-    return bool(options.get("uprobe_multi", True)) and supported()
-
-
-def _probe_kernel() -> bool:
     try:
         prog = bpf_syscall.load(BPF_PROG_TYPE_KPROBE, _RETURN_ZERO, BPF_TRACE_UPROBE_MULTI)
     except OSError:
@@ -69,6 +59,12 @@ def _probe_kernel() -> bool:
     finally:
         os.close(prog)
     return True  # cannot happen (no such file), but a link made is a link the kernel has
+
+
+def wanted(options: Mapping[str, Any]) -> bool:
+    """Whether a probe with these options (its part of ProbeContext.options) uses links: the
+    kernel makes them and the option `uprobe_multi` is not off."""
+    return bool(options.get("uprobe_multi", True)) and supported()
 
 
 def load_program(bpf: Any, fn_name: str) -> int:
