@@ -222,12 +222,13 @@ class ProbeSet:
         """Once a second: aggregates, watched-set refresh, cost, health; the histograms every
         HIST_EVERY_NS, and at the `final` tick (the stop) what they counted since."""
         self.core.refresh(now_ns)
-        for probe in self.running:
+        running = self.running
+        for probe in running:
             for ev in probe.sample(now_ns):
                 self.emit(ev)
         if final or now_ns - self._hists_read >= HIST_EVERY_NS:
             self._hists_read = now_ns
-            for probe in self.running:
+            for probe in running:
                 for hists in probe.log2_maps():
                     for ev in hists.delta(now_ns):
                         self.emit(ev)
