@@ -17,6 +17,7 @@ a uprobe trap (~0.7 us on the GPU VM), synchronisations also a uretprobe (docs/g
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import subprocess
@@ -32,6 +33,7 @@ from gpujitter.probes.host import HostPaths
 from gpujitter.probes.mapped_scan import MappedScan, file_key
 from gpujitter.probes.procfs import alive, in_root, mapped_files, read_maps
 from gpujitter.probes.registry import Hook, ProbeSpec
+from gpujitter.probes.watch import ExitReader
 
 # Roles (0: none), per function as GJ_ROLE_<id>; the .bpf.c tells syncs apart by these two.
 LAUNCH, GRAPH, COPY, COPY_SYNC, SYNC = 1, 2, 3, 4, 5
@@ -187,6 +189,7 @@ class CudaProbe(BpfProbe):
         super().__init__(spec)
         self.libs: dict[tuple[int, int], str] = {}  # attached files: (dev, inode) -> path
         self._core: Any = None  # the watched set (probes/watch.py CoreBpf)
+        self._exits: ExitReader | None = None  # its exits, at each sample
         self.symbols: dict[str, int] = {}  # traced function -> files it is attached in
         self.failed: dict[str, str] = {}  # path -> why it could not be attached
         # (path, address, entry program, with a return probe): what attach put in place.
@@ -218,6 +221,7 @@ class CudaProbe(BpfProbe):
 
     def start(self, ctx: ProbeContext) -> None:
         self._core = ctx.watched_set("scan")
+        self._exits = ExitReader(self._core)
         super().start(ctx)
         self._update_state()
 
@@ -316,27 +320,48 @@ class CudaProbe(BpfProbe):
 
     def sample(self, now_ns: int) -> tuple[()]:
         self.scan_processes()
-        self._forget_exited()
+        assert self._exits is not None  # started
+        exited = self._exits.take(now_ns)
+        if exited is None:
+            self._forget_exited()
+        else:
+            self._forget(exited)
         return ()
 
+    def _forget(self, exited: list[tuple[int, int]]) -> None:
+        """The entries of threads and processes the core saw exit."""
+        procs, syncs = self.bpf["procs"], self.bpf["syncs"]
+        for tgid, tid in exited:
+            self._drop_sync(procs, syncs, syncs.Key(tid))
+            if tid == tgid:
+                with contextlib.suppress(KeyError):  # it never called libcuda
+                    del procs[procs.Key(tgid)]
+                self.scan.forget(tgid)
+
     def _forget_exited(self) -> None:
-        procs = self.bpf["procs"]
+        """A walk of the maps and /proc for entries of threads and processes gone."""
+        procs, syncs = self.bpf["procs"], self.bpf["syncs"]
         for key in list(procs):
             if not alive(self.paths, key.value):
                 del procs[key]
         self.scan.forget_exited()
-        # A thread that exited inside a synchronisation never returns from it: drop it, or
-        # its process would count as synchronising (GPU busy) for good.
-        syncs = self.bpf["syncs"]
-        for key, entry in list(syncs.items()):
-            if alive(self.paths, key.value):
-                continue
-            del syncs[key]
-            tgid = procs.Key(entry.tgid)
-            state = procs.get(tgid)
-            if state is not None and state.syncing > 0:
-                state.syncing -= 1
-                procs[tgid] = state
+        for key in list(syncs):
+            if not alive(self.paths, key.value):
+                self._drop_sync(procs, syncs, key)
+
+    @staticmethod
+    def _drop_sync(procs: Any, syncs: Any, key: Any) -> None:
+        """A thread that exited inside a synchronisation never returns from it: drop it, or
+        its process would count as synchronising (GPU busy) for good."""
+        entry = syncs.get(key)
+        if entry is None:
+            return
+        del syncs[key]
+        tgid = procs.Key(entry.tgid)
+        state = procs.get(tgid)
+        if state is not None and state.syncing > 0:
+            state.syncing -= 1
+            procs[tgid] = state
 
     def hit_counts(self) -> dict[str, int]:
         """Calls per traced function so far (watched processes), summed over CPUs."""

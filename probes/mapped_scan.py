@@ -32,7 +32,7 @@ def file_key(path: str) -> tuple[int, int] | None:
 
 class MappedScan:
     """Which processes to look at; call `due` each scan, `done` for a process found to map
-    what was wanted, `forget_exited` once a second."""
+    what was wanted, `forget` for one that exited, `forget_exited` to look for those."""
 
     def __init__(self, late_load_ns: int = LATE_LOAD_NS, paths: HostPaths | None = None) -> None:
         self.late_load_ns = late_load_ns
@@ -78,6 +78,10 @@ class MappedScan:
         """Drop processes that exited (a reused pid is looked at afresh); returns them."""
         gone = [p for p in self._first_seen if not alive(self.paths, p)]
         for pid in gone:
-            del self._first_seen[pid]
-            self.scanned.discard(pid)
+            self.forget(pid)
         return gone
+
+    def forget(self, pid: int) -> None:
+        """Drop a process known to have exited."""
+        self._first_seen.pop(pid, None)
+        self.scanned.discard(pid)

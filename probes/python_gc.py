@@ -40,6 +40,7 @@ from gpujitter.probes.mapped_scan import MappedScan, file_key
 from gpujitter.probes.perf_event import PerfEventAttr, bpf_event_fd
 from gpujitter.probes.procfs import alive, in_root, mapped_files
 from gpujitter.probes.registry import Hook, ProbeSpec
+from gpujitter.probes.watch import ExitReader
 
 MAX_INTERPRETERS = 64  # interpreter files with markers, each a slot of interp_args
 SLOT_PROGRAMS = 8  # without uprobe-multi links, the slots with programs (GJ_PER_SLOT's copies)
@@ -263,12 +264,14 @@ class InterpreterProbe(BpfProbe):
         super().__init__(spec)
         self.scan = MappedScan()
         self._core: Any = None  # the watched set (probes/watch.py CoreBpf)
+        self._exits: ExitReader | None = None  # its exits, at each rescan
         self.paths = HostPaths()
         # Interpreter files looked at, by (dev, inode): (the path as mapped, how probed).
         self.interpreters: dict[tuple[int, int], tuple[str, Any]] = {}
 
     def start(self, ctx: ProbeContext) -> None:
         self._core = ctx.watched_set("scan")
+        self._exits = ExitReader(self._core)
         super().start(ctx)
         self._update_state()
 
@@ -297,16 +300,26 @@ class InterpreterProbe(BpfProbe):
             or "no Python interpreter seen in the watched processes yet"
         )
 
-    def rescan(self) -> None:
-        """Once a second: processes that appeared, and per-thread map entries of threads that
+    def rescan(self, now_ns: int) -> None:
+        """At each tick: processes that appeared, and per-thread map entries of threads that
         exited inside what the probe times (their return never came)."""
         self.scan_processes()
-        self.scan.forget_exited()
-        for name in self.per_thread:
-            table = self.bpf[name]
-            for key in list(table.keys()):
-                if not alive(self.paths, key.value):
-                    del table[key]
+        assert self._exits is not None  # started
+        exited = self._exits.take(now_ns)
+        tables = [self.bpf[name] for name in self.per_thread]
+        if exited is None:  # a walk of the maps and /proc
+            self.scan.forget_exited()
+            for table in tables:
+                for key in list(table):
+                    if not alive(self.paths, key.value):
+                        del table[key]
+            return
+        for tgid, tid in exited:
+            if tid == tgid:
+                self.scan.forget(tgid)
+            for table in tables:  # keyed by thread id, or by process id (the same id)
+                with contextlib.suppress(KeyError):
+                    del table[table.Key(tid)]
 
 
 class PythonGcProbe(InterpreterProbe):
@@ -387,7 +400,7 @@ class PythonGcProbe(InterpreterProbe):
         return str(how.why) if how.via == "none" else f"probed via {how.via}"
 
     def sample(self, now_ns: int) -> list[Event]:
-        self.rescan()
+        self.rescan(now_ns)
         return []
 
     def log2_maps(self) -> list[Log2Map]:

@@ -134,7 +134,7 @@ class PythonGilProbe(InterpreterProbe):
         return f"probed at {TAKER} (by {how.found})" + (" past endbr64" if how.skip else "")
 
     def sample(self, now_ns: int) -> list[Event]:
-        self.rescan()
+        self.rescan(now_ns)
         return []
 
     def log2_maps(self) -> list[Log2Map]:

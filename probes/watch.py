@@ -19,6 +19,7 @@ import fnmatch
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,12 @@ WHY_PID, WHY_COMM, WHY_CGROUP, WHY_GPU, WHY_FORK = 0x01, 0x02, 0x04, 0x08, 0x80
 # A process the spec chooses has its children walked at this many refreshes (CoreBpf._walks).
 ROOT_WALKS = 2
 EXEC, EXIT_PROCESS, EXIT_THREAD = 0, 1, 2  # proc_event.exited
+# Exits the core keeps for the probes that read them at their tick (ExitLog): a reader that
+# more exits passed since its last read walks its maps instead.
+EXITS_KEPT = 256
+# How often a reader walks its maps all the same: entries of the exits no record told of
+# (a record lost, counted; a process no longer watched when it ended).
+WALK_EVERY_NS = 10_000_000_000
 # What watch.bpf.c gets as -D options.
 CONSTANTS = {
     "GJ_WHY_FORK": WHY_FORK,
@@ -239,6 +246,53 @@ def module_parts(parts: Sequence[ModulePart]) -> list[ModulePart]:
     return list(parts) if _core is not None else [CORE_PART, *parts]
 
 
+class ExitLog:
+    """The exits of watched threads and processes as the core streamed them: a count, and the
+    latest EXITS_KEPT (tgid, tid), for the probes that keep entries per thread or process in
+    their maps. Each deletes the ids of the exits since its last read (ExitReader), where a
+    walk of its maps would find them: every bucket of a hash sized for 64k threads, then /proc
+    for each key, 0.5 ms a tick for the cuda probe alone on an H100 host."""
+
+    def __init__(self, kept: int = EXITS_KEPT) -> None:
+        self.count = 0
+        self._kept: deque[tuple[int, int]] = deque(maxlen=kept)
+
+    def add(self, tgid: int, tid: int) -> None:
+        self.count += 1
+        self._kept.append((tgid, tid))
+
+    def since(self, count: int) -> list[tuple[int, int]] | None:
+        """The exits after the first `count`, oldest first; None where some of them are no
+        longer kept."""
+        new = self.count - count
+        if new > len(self._kept):
+            return None
+        return list(self._kept)[len(self._kept) - new :]
+
+
+class ExitReader:
+    """One probe's reading of its core's exits, tick by tick (probes keep no other record of
+    which of their threads and processes ended)."""
+
+    def __init__(self, core: CoreBpf, walk_every_ns: int = WALK_EVERY_NS) -> None:
+        self._core = core
+        self._read = core.exits.count
+        self._walk_every_ns = walk_every_ns
+        self._walked_ns: int | None = None
+
+    def take(self, now_ns: int) -> list[tuple[int, int]] | None:
+        """The (tgid, tid) of the exits since the last take; None when the probe is to walk
+        its maps instead: at the first take, where the core streams no exits (every process
+        watched), where more came than it keeps, and every walk_every_ns."""
+        new = self._core.exits_since(self._read)
+        self._read = self._core.exits.count
+        due = self._walked_ns is None or now_ns - self._walked_ns >= self._walk_every_ns
+        if new is None or due:
+            self._walked_ns = now_ns
+            return None
+        return new
+
+
 class CoreBpf(Counted):
     """The core module as one probe set uses it: the shared maps (exported to every probe
     loaded after it in this process) and the exec/exit stream. Everything else depends on
@@ -265,6 +319,7 @@ class CoreBpf(Counted):
         # Its ring's losses since this set's start (gj_lost, its count then), in its
         # meta.probe (CORE_PROBE) as a probe's.
         self._lost: tuple[PerCpuSum, int] | None = None
+        self.exits = ExitLog()  # written by on_proc, read by the probes' ExitReaders
 
     def start(
         self, emit: Callable[[Event], Any], parts: Sequence[ModulePart] = ()
@@ -314,6 +369,11 @@ class CoreBpf(Counted):
         refresh that read the kernel's set (a read of that map each was ~0.1 ms)."""
         return None if self.spec.all else list(self.watched)
 
+    def exits_since(self, count: int) -> list[tuple[int, int]] | None:
+        """The exits streamed after the first `count` (ExitLog.since); None where the kernel
+        streams none: with every process watched, exits are not filtered to stream."""
+        return None if self.spec.all else self.exits.since(count)
+
     def programs(self) -> list[int]:
         """The fds of its BPF programs (fork, exec, exit), for its cost: its part's alone,
         none of the probes' that share its module."""
@@ -330,9 +390,11 @@ class CoreBpf(Counted):
     def on_proc(self, rec: Any) -> None:
         comm = comm_str(rec.comm)
         if rec.exited == EXIT_THREAD:
+            self.exits.add(rec.tgid, rec.tid)
             self.deliver(ThreadExit(ts_ns=rec.ts_ns, tgid=rec.tgid, tid=rec.tid))
             return
         if rec.exited == EXIT_PROCESS:
+            self.exits.add(rec.tgid, rec.tid)
             self.deliver(ProcExit(ts_ns=rec.ts_ns, tgid=rec.tgid, comm=comm))
             self._processes.discard(rec.tgid)
             if self.watched.pop(rec.tgid, None) is not None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gpujitter.daemon.drill.build import build_stub
-from gpujitter.probes.cuda import COPY_SYNC, SYNC, TRACED
+from gpujitter.probes.cuda import COPY_SYNC, SYNC, TRACED, CudaProbe
 from gpujitter.probes.events import CudaCall
 from gpujitter.probes.watch import WatchSpec
 from tests.kernel.conftest import Recorded, run_probes
@@ -244,3 +244,129 @@ def test_a_job_started_before_the_probe_that_loads_libcuda_later_is_traced(stub:
     (launch,) = quiet_launches(rec.events, child.pid)
     assert launch.after_idle_ns >= 50 * MS  # the 60 ms pause
     assert rec.status("cuda").state == "running"
+
+
+# A feeder whose second thread dies inside a synchronisation (SYS_exit from a signal handler:
+# the thread ends, the process goes on), so that the sync's return never comes. It loads the
+# stub and says "ready"; at "go" it queues 1.5 s of simulated GPU work, blocks a thread on it
+# in cuStreamSynchronize and kills that thread 200 ms in, says the thread's id, waits 2.5 s
+# (ticks of the probe pass), then launches, pauses 100 ms and launches again; at "end" it exits.
+DIES_IN_SYNC = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, void *, void **, void **);
+typedef int (*sync_t)(void *);
+static sync_t stream_sync;
+static volatile pid_t syncer;
+
+static void die(int sig) { (void)sig; syscall(SYS_exit, 0); }
+
+static void *sync_forever(void *arg)
+{
+    (void)arg;
+    syncer = (pid_t)syscall(SYS_gettid);
+    stream_sync(NULL);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    char line[16];
+    void *lib = dlopen(argv[1], RTLD_NOW);
+    launch_t launch = (launch_t)dlsym(lib, "cuLaunchKernel");
+    stream_sync = (sync_t)dlsym(lib, "cuStreamSynchronize");
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = die;
+    sigaction(SIGUSR1, &sa, NULL);
+    printf("ready\n");
+    fflush(stdout);
+    fgets(line, sizeof(line), stdin);
+    launch(NULL, 1500000, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    pthread_t t;
+    pthread_create(&t, NULL, sync_forever, NULL);
+    usleep(200000);
+    pthread_kill(t, SIGUSR1);
+    usleep(50000);
+    printf("%d\n", (int)syncer);
+    fflush(stdout);
+    sleep(2);
+    usleep(500000);
+    launch(NULL, 10, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    usleep(100000);
+    launch(NULL, 10, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    fgets(line, sizeof(line), stdin);
+    return argc > 2;
+}
+"""
+
+
+def test_a_thread_that_dies_inside_a_sync_is_forgotten_at_its_exit(
+    stub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread that ends inside a synchronisation leaves its process counted as synchronising
+    (the GPU busy) until the probe drops it: then quiet stretches are reported again. The
+    probe learns of the exit from the core's exit stream at its next tick; it does not walk
+    its maps and /proc for it (the walk comes at the first tick and every 10 s)."""
+    source = tmp_path / "dies_in_sync.c"
+    source.write_text(DIES_IN_SYNC)
+    exe = tmp_path / "dies_in_sync"
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(source), "-ldl", "-lpthread"], check=True)
+    walks: list[float] = []
+    forgotten: list[tuple[int, int]] = []
+    walk, forget = CudaProbe._forget_exited, CudaProbe._forget
+
+    def counted_walk(self: CudaProbe) -> None:
+        walks.append(time.monotonic())
+        walk(self)
+
+    def seen_forget(self: CudaProbe, exited: list[tuple[int, int]]) -> None:
+        forgotten.extend(exited)
+        forget(self, exited)
+
+    monkeypatch.setattr(CudaProbe, "_forget_exited", counted_walk)
+    monkeypatch.setattr(CudaProbe, "_forget", seen_forget)
+    child = subprocess.Popen([str(exe), str(stub)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None
+    assert child.stdout.readline() == "ready\n"  # the stub is mapped: the first scan finds it
+    syncer = 0
+
+    def load() -> None:
+        nonlocal syncer
+        assert child.stdin is not None and child.stdout is not None
+        time.sleep(1.2)  # a tick: the libcuda in its maps attached
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        syncer = int(child.stdout.readline())
+        time.sleep(3.0)  # the launches after the probe's ticks
+        child.stdin.write("end\n")
+        child.stdin.flush()
+        assert child.wait(timeout=10) == 0
+        time.sleep(1.5)  # a tick after the process's exit
+
+    try:
+        rec = run_probes(["cuda"], load, watch=WatchSpec(pids={child.pid}),
+                         thresholds={"cuda": {"quiet": 20 * MS}})  # fmt: skip
+    finally:
+        child.kill()
+        child.wait()
+    assert syncer and syncer != child.pid
+    launches = quiet_launches(rec.events, child.pid)
+    # Both launches after the thread's death: the first after the ~2.7 s since the work was
+    # queued, the second after the 100 ms pause. With the dead thread still counted inside
+    # its sync, neither would be.
+    assert len(launches) == 2
+    assert launches[0].after_idle_ns >= 2000 * MS
+    assert 90 * MS <= launches[1].after_idle_ns <= 100 * MS + SLACK_NS
+    assert (child.pid, syncer) in forgotten and (child.pid, child.pid) in forgotten
+    assert len(walks) == 1  # the first tick's: the exits came from the core's stream
+    assert rec.status("cuda").lost_kernel == 0
