@@ -324,7 +324,7 @@ class CudaProbe(BpfProbe):
         exited = self._exits.take(now_ns)
         if exited is None:
             self._forget_exited()
-        else:
+        elif exited:
             self._forget(exited)
         return ()
 

@@ -306,6 +306,8 @@ class InterpreterProbe(BpfProbe):
         self.scan_processes()
         assert self._exits is not None  # started
         exited = self._exits.take(now_ns)
+        if exited == []:
+            return
         tables = [self.bpf[name] for name in self.per_thread]
         if exited is None:  # a walk of the maps and /proc
             self.scan.forget_exited()
