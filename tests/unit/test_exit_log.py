@@ -8,7 +8,14 @@ from types import SimpleNamespace
 
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.topology import Topology
-from gpujitter.probes.watch import EXIT_PROCESS, EXIT_THREAD, CoreBpf, ExitReader, WatchSpec
+from gpujitter.probes.watch import (
+    EXIT_PROCESS,
+    EXIT_THREAD,
+    EXITS_KEPT,
+    CoreBpf,
+    ExitReader,
+    WatchSpec,
+)
 
 S = 1_000_000_000
 
@@ -46,7 +53,7 @@ def test_a_reader_walks_every_10_s_and_when_more_exits_came_than_are_kept() -> N
     assert reader.take(0) is None
     assert reader.take(9 * S) == []
     assert reader.take(10 * S) is None  # exits no record told of: a record lost, say
-    for tid in range(11, 11 + 300):  # more than the 256 kept
+    for tid in range(11, 12 + EXITS_KEPT):  # one more than are kept
         c.on_proc(exit_record(10, tid))
     assert reader.take(11 * S) is None
     c.on_proc(exit_record(10, 400))
