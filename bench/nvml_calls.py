@@ -1,8 +1,9 @@
 """What one NVML read costs the calling thread, per way of calling it: pynvml's wrappers of
 nvmlDeviceGetSamples and nvmlDeviceGetProcessUtilization ask the driver twice (once for a
 size, then for the samples), the same functions called once into a buffer kept between
-calls, and the size query alone. CPU time of this thread (the daemon's NVML thread pays
-it) and wall time per call, medians over interleaved rounds; needs a GPU.
+calls, and the size query alone; and the compute-process list as the sampler reads it every
+2 s (pynvml's nvmlDeviceGetComputeRunningProcesses). CPU time of this thread (the daemon's
+NVML thread pays it) and wall time per call, medians over interleaved rounds; needs a GPU.
 
     python3 -m bench.nvml_calls [--calls 200] [--rounds 5] [--json]
 """
@@ -63,6 +64,9 @@ def ways(nv: Any, handle: Any) -> dict[str, Callable[[], object]]:
 
     out["processes: pynvml (size, then samples)"] = lambda: _procs(nv, handle)
     out["processes: once, into a kept buffer of 64"] = procs_once
+    out["compute processes: pynvml (as the sampler)"] = lambda: (
+        nv.nvmlDeviceGetComputeRunningProcesses(handle)
+    )
     return out
 
 
