@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes as ct
 import fnmatch
+import itertools
 import os
 import threading
 import time
@@ -269,7 +270,7 @@ class ExitLog:
         new = self.count - count
         if new > len(self._kept):
             return None
-        return list(self._kept)[len(self._kept) - new :]
+        return list(itertools.islice(self._kept, len(self._kept) - new, None))
 
 
 class ExitReader:
@@ -286,12 +287,12 @@ class ExitReader:
         """The (tgid, tid) of the exits since the last take; None when the probe is to walk
         its maps instead: at the first take, where the core streams no exits (every process
         watched), where more came than it keeps, and every walk_every_ns."""
-        new = self._core.exits_since(self._read)
+        new = None
+        if self._walked_ns is not None and now_ns - self._walked_ns < self._walk_every_ns:
+            new = self._core.exits_since(self._read)
         self._read = self._core.exits.count
-        due = self._walked_ns is None or now_ns - self._walked_ns >= self._walk_every_ns
-        if new is None or due:
+        if new is None:
             self._walked_ns = now_ns
-            return None
         return new
 
 
@@ -391,12 +392,12 @@ class CoreBpf(Counted):
 
     def on_proc(self, rec: Any) -> None:
         comm = comm_str(rec.comm)
-        if rec.exited == EXIT_THREAD:
+        if rec.exited != EXEC:
             self.exits.add(rec.tgid, rec.tid)
+        if rec.exited == EXIT_THREAD:
             self.deliver(ThreadExit(ts_ns=rec.ts_ns, tgid=rec.tgid, tid=rec.tid))
             return
         if rec.exited == EXIT_PROCESS:
-            self.exits.add(rec.tgid, rec.tid)
             self.deliver(ProcExit(ts_ns=rec.ts_ns, tgid=rec.tgid, comm=comm))
             self._processes.discard(rec.tgid)
             if self.watched.pop(rec.tgid, None) is not None:
