@@ -42,7 +42,8 @@
 #                dropped before each start, --cold)
 #   rssgrowth    the daemon's resident memory over its first minutes beside the training job,
 #                and the mappings that grew (bench/rss_growth.py; RSS_GROWTH_SECONDS, default 150)
-#   nvmlcalls    what one NVML read costs, per way of calling it (bench/nvml_calls.py)
+#   nvmlcalls    what one NVML read costs, per way of calling it, and the sampler's reads at
+#                their cadences, beside the training job (bench/nvml_calls.py)
 #   nvmlmemory   NVML's memory and CPU in a fresh process, step by step (bench/nvml_memory.py)
 #   phases       where that start goes: wall, CPU and peak memory by phase (bench/start_phases.py)
 #   defaultset   the default set's cost on the C microbenchmarks (ping-pong, faults, alloc,
@@ -167,9 +168,11 @@ for step in $steps; do
         kill -INT "$pid"; sleep 5
         ;;
     nvmlcalls)
-        log "nvmlcalls: NVML reads' cost by way of calling"
-        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 120 python3 -P -m bench.nvml_calls \
+        log "nvmlcalls: NVML reads' cost by way of calling, and the sampler's beside the job"
+        start_train_job /tmp/gj/nvmlcalls  # the process lists the sampler meets: the job's
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 150 python3 -P -m bench.nvml_calls \
             --json > "$out/nvml_calls.json")
+        kill -INT "$pid"; sleep 5
         ;;
     nvmlmemory)
         log "nvmlmemory: NVML's memory in a fresh process, step by step"
