@@ -54,7 +54,9 @@
 #                DEFAULT_SET_TURNS=N times each (default 1), into default_set-TAG-{this,
 #                before}-TURN.json; a run call of its own)
 # Usage: tools/gpu_session.sh TREE BCC_TARBALL [STEP...]   (TREE: a copy of the repository
-# holding .whl/ with an orjson wheel for the node's python3)
+# holding .whl/ with an orjson wheel for the node's python3; BCC_TARBALL "-": no bcc, for
+# steps that load no probe (nvmlcalls, nvmlmemory): one run call without the bundle, which
+# with the tree is more than a call may carry)
 set -uo pipefail
 tree=$(cd "$1" && pwd)
 bundle=$2
@@ -65,7 +67,9 @@ mkdir -p "$out" /tmp/gj
 log() { printf '==> %s\n' "$*"; }
 
 log "setup: bcc bundle, orjson, gpujitter link tree"
-mkdir -p /opt/bcc && tar -C /opt/bcc -xJf "$bundle" && eval "$(/opt/bcc/activate-bcc)"
+if [ "$bundle" != - ]; then
+    mkdir -p /opt/bcc && tar -C /opt/bcc -xJf "$bundle" && eval "$(/opt/bcc/activate-bcc)"
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$tree"/.whl/*.whl
 rm -rf /tmp/pkg && mkdir -p /tmp/pkg/gpujitter
 for f in "$tree"/gpujitter/*; do ln -s "$f" /tmp/pkg/gpujitter/; done
