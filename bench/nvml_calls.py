@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 SAMPLE_TYPES = {"power": 0, "util": 1}
+KINDS = {code: kind for kind, code in SAMPLE_TYPES.items()}
 
 
 def _timed(call: Callable[[], object], n: int) -> tuple[float, float]:
@@ -100,7 +101,7 @@ def sampler_cost(seconds: float) -> dict[str, Any]:
         try:
             return untimed(fn_name, *args, gpu=gpu)
         finally:
-            key = f"{fn_name} {args[1]}" if fn_name == "nvmlDeviceGetSamples" else fn_name
+            key = f"{fn_name} {KINDS[args[1]]}" if fn_name == "nvmlDeviceGetSamples" else fn_name
             row = spent.setdefault(key, [0, 0])
             row[0] += 1
             row[1] += time.thread_time_ns() - start
@@ -118,7 +119,9 @@ def sampler_cost(seconds: float) -> dict[str, Any]:
         nvml.try_call = timed  # type: ignore[method-assign]
         cpu0, wall0 = time.thread_time_ns(), time.monotonic()
         sampler.run(lambda: time.monotonic() - wall0 >= seconds)
-        result["thread_cpu_ms_per_s"] = (time.thread_time_ns() - cpu0) / 1e6 / seconds
+        # the loop ends at the first poll past `seconds`: rates over what it ran
+        result["seconds"] = time.monotonic() - wall0
+        result["thread_cpu_ms_per_s"] = (time.thread_time_ns() - cpu0) / 1e6 / result["seconds"]
 
     try:
         thread = threading.Thread(target=run, name="gpujitter-nvml")
@@ -126,12 +129,12 @@ def sampler_cost(seconds: float) -> dict[str, Any]:
         thread.join()
     finally:
         nvml.close()
-    reads = {k: {"calls": n, "cpu_us_per_call": ns / n / 1e3, "cpu_ms_per_s": ns / 1e6 / seconds}
+    ran = result["seconds"]
+    reads = {k: {"calls": n, "cpu_us_per_call": ns / n / 1e3, "cpu_ms_per_s": ns / 1e6 / ran}
              for k, (n, ns) in sorted(spent.items())}  # fmt: skip
     result["reads"] = reads
     result["reads_ms_per_s"] = sum(r["cpu_ms_per_s"] for r in reads.values())
-    result["events_per_s"] = events[0] / seconds
-    result["seconds"] = seconds
+    result["events_per_s"] = events[0] / ran
     return result
 
 
