@@ -23,7 +23,9 @@ import orjson
 from gpujitter.daemon.sinks.jsonlog import (
     LOG_SCHEMA,
     MAX_LINE_BYTES,
+    TOO_LONG,
     JsonLogReader,
+    LineDamage,
     numbered_lines,
     rotated_files,
 )
@@ -98,12 +100,15 @@ def sniff(path: Path) -> str:
 class Recording:
     """One recording, whatever its format. header: a trace's own; for the other kinds one
     made of what they hold (the wall clock of an events file's meta.clock; host, kernel and
-    topology unknown). damage: notes gathered while reading (torn tails, skipped kinds)."""
+    topology unknown). damage: notes gathered while reading (torn tails, skipped kinds,
+    damaged lines); corrupt: an events file's or a log's damaged lines, skipped (a trace's
+    damage is its TraceSet's)."""
 
     kind: str
     paths: list[Path]
     header: TraceHeader
     damage: list[str] = field(default_factory=list)
+    corrupt: int = 0
     _traces: TraceSet | None = None
     _read: int = 0  # bytes of the events files read so far
 
@@ -155,7 +160,7 @@ class Recording:
             return
         # One log named: it and its rotated files, oldest first; several: each as named.
         rotated = len(self.paths) == 1
-        self._read = 0
+        self._read, self.damage, self.corrupt = 0, [], 0
         for path in self.paths:
             if self.kind == EVENTS:
                 yield from _events(path, self)
@@ -212,10 +217,14 @@ def _made_header(path: Path, kind: str) -> TraceHeader:
 
 def _events(path: Path, into: Recording | None) -> Iterator[Event]:
     """An events file's events; a line of an unknown kind is skipped and noted (a newer
-    writer), a broken one ends the read with one line."""
-    skipped = 0
+    writer), and so is a damaged one (the events after it are read)."""
+    skipped = torn = 0
+    damaged = LineDamage()
     with open_regular(path, "cannot read") as f:
-        for n, line in numbered_lines(f, path, "event", "file"):
+        for n, line in numbered_lines(f):
+            if line is None:
+                damaged.add(n, TOO_LONG)
+                continue
             if into is not None:
                 into._read += len(line)
             if not line.strip():
@@ -224,19 +233,27 @@ def _events(path: Path, into: Recording | None) -> Iterator[Event]:
                 rec = orjson.loads(line)
             except orjson.JSONDecodeError:
                 if not line.endswith(b"\n"):  # a torn last line: the writer was stopped
-                    if into is not None:
-                        into.damage.append(f"{path}: torn last line ({len(line)} bytes)")
-                    return
-                raise GpujitterError(f"{path}:{n}: not a JSON line") from None
+                    torn = len(line)
+                    break
+                damaged.add(n, "not a JSON line")
+                continue
             if isinstance(rec, dict) and not _known_kind(rec.get("type")):
                 skipped += 1
                 continue
             try:
-                yield from_record(rec)
+                ev = from_record(rec)
             except BadRecord as err:
-                raise GpujitterError(f"{path}:{n}: {err}") from None
-    if skipped and into is not None:
-        into.damage.append(f"{path}: {skipped} records of kinds this version does not know")
+                damaged.add(n, str(err))
+                continue
+            yield ev
+    if into is not None:
+        into.corrupt += damaged.count
+        if damaged.count:
+            into.damage.append(damaged.note(path))
+        if torn:
+            into.damage.append(f"{path}: torn last line ({torn} bytes)")
+        if skipped:
+            into.damage.append(f"{path}: {skipped} records of kinds this version does not know")
 
 
 def _logged(path: Path, into: Recording | None, rotated: bool) -> Iterator[Event]:
@@ -246,5 +263,6 @@ def _logged(path: Path, into: Recording | None, rotated: bool) -> Iterator[Event
     for rec in reader:
         if _known_kind(rec.get("type")):
             yield from_record({k: v for k, v in rec.items() if k != "schema"})
-    if reader.torn_bytes and into is not None:
-        into.damage.append(f"{path}: torn last line ({reader.torn_bytes} bytes)")
+    if into is not None:
+        into.corrupt += sum(d.count for d in reader.damaged.values())
+        into.damage += reader.damage_notes()

@@ -49,6 +49,7 @@ DROPPED = "log.dropped"  # the record that says how many records a failing disk 
 # Past any record the daemon writes (an attribution lists a bounded number of threads and
 # evidence): a longer run without a newline is damage, not a torn last line.
 MAX_LINE_BYTES = 1 << 20
+TOO_LONG = f"over {MAX_LINE_BYTES} bytes without a newline, longer than any record"
 _TAIL_CHUNK = 1 << 16
 _GONE_CHECK_NS = 1_000_000_000  # how often a write asks whether the file was deleted
 ROTATE_RETRY_NS = 60_000_000_000  # after a rotation that could not rename
@@ -374,9 +375,12 @@ class JsonLogReader:
     oldest first, with `rotated=True`), each line naming it; or, given `stream_schema`, also
     a captured socket stream, whose first line (the hello) names it for the lines after it.
     A torn last line of a file (no newline, at most MAX_LINE_BYTES) is skipped and counted
-    in `torn_bytes`. A broken line elsewhere, a longer run without a newline, a record of
-    another schema, or a record of an event kind with a field of the wrong type raises
-    GpujitterError with one line."""
+    in `torn_bytes`. A damaged line elsewhere (no JSON, a longer run without a newline, a
+    record whose type is no string, a record of an event kind with a field of the wrong
+    type, a field named in `times` that is no int) is skipped and counted, as a trace's
+    damaged records are: one bad line does not cost the records after it; damage_notes()
+    names it. A record of another schema raises GpujitterError with one line: that is
+    another file, not damage."""
 
     def __init__(
         self,
@@ -385,64 +389,106 @@ class JsonLogReader:
         rotated: bool = False,
         schema: str = LOG_SCHEMA,
         stream_schema: str | None = None,
+        times: tuple[str, ...] = (),
     ):
         self.path = Path(path)
         self.files = rotated_files(self.path) if rotated else [self.path]
         self.schema = schema
         self.stream_schema = stream_schema
-        self.torn_bytes = 0
+        self.times = times  # fields any record holds as ints where it has them
+        self.torn: dict[Path, int] = {}
+        self.damaged: dict[Path, LineDamage] = {}
+
+    @property
+    def torn_bytes(self) -> int:
+        return sum(self.torn.values())
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        self.torn_bytes = 0
+        self.torn, self.damaged = {}, {}
         for path in self.files:
             yield from self._read(path)
+
+    def damage_notes(self) -> list[str]:
+        """What the last iteration skipped, one line a file and kind of damage."""
+        notes = [d.note(path) for path, d in self.damaged.items()]
+        return notes + [f"{path}: torn last line ({n} bytes)" for path, n in self.torn.items()]
 
     def _read(self, path: Path) -> Iterator[dict[str, Any]]:
         # a rotated file is opened by its name alone: a FIFO by that name would block
         f = open_regular(path, "cannot open log")
         schema, named_once = self.schema, False
+        damaged = self.damaged.setdefault(path, LineDamage())
         with f:
-            for lineno, line in numbered_lines(f, path):
-                where = f"{path}:{lineno}"
+            for lineno, line in numbered_lines(f):
+                if line is None:
+                    damaged.add(lineno, TOO_LONG)
+                    continue
                 if not line.endswith(b"\n"):
-                    self.torn_bytes += len(line)
-                    return
-                rec = _json_line(where, line)
+                    self.torn[path] = len(line)
+                    break
+                try:
+                    rec = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    damaged.add(lineno, "not a JSON line")
+                    continue
                 if lineno == 1 and self.stream_schema and _names(rec, self.stream_schema):
                     schema, named_once = self.stream_schema, True
                 if not (named_once and isinstance(rec, dict) and "schema" not in rec):
-                    _check_schema(where, rec, schema)
-                kind = rec.get("type", "")
+                    _check_schema(f"{path}:{lineno}", rec, schema)
+                kind = rec.get("type")
                 if not isinstance(kind, str):  # what every reader of records keys on
-                    raise GpujitterError(f"{where}: record type is not a string")
+                    damaged.add(lineno, "record type is not a string")
+                    continue
+                if bad := next((k for k in self.times if type(rec.get(k, 0)) is not int), None):
+                    damaged.add(lineno, f"bad {kind[:40]} record: {bad}: want int, "
+                                        f"got {type(rec[bad]).__name__}")  # fmt: skip
+                    continue
                 if kind in event_kinds():
                     try:
                         from_record(rec)
                     except BadRecord as err:
-                        raise GpujitterError(f"{where}: {err}") from None
+                        damaged.add(lineno, str(err))
+                        continue
                 yield rec
+        if not damaged.count:
+            del self.damaged[path]
 
 
-def numbered_lines(
-    f: BinaryIO, path: Path, what: str = "record", whole: str = "log"
-) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) of a JSON-lines file, at most MAX_LINE_BYTES each: a run longer
-    than that without a newline is no last line cut short but damage, one line naming it.
-    The last line may lack its newline (a writer stopped mid-line): the caller judges it."""
-    for n, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+def numbered_lines(f: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, line) of a JSON-lines file, at most MAX_LINE_BYTES each. A run longer
+    than that without a newline is no last line cut short but damage: it is read through
+    to its newline and given as None. The last line may lack its newline (a writer stopped
+    mid-line): the caller judges it."""
+    n = 0
+    while line := f.readline(MAX_LINE_BYTES + 1):
+        n += 1
         if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-            raise GpujitterError(
-                f"{path}:{n}: over {MAX_LINE_BYTES} bytes without a newline, longer than any "
-                f"{what}; the {whole} is damaged"
-            )
-        yield n, line
+            while (more := f.readline(MAX_LINE_BYTES)) and not more.endswith(b"\n"):
+                pass
+            yield n, None
+        else:
+            yield n, line
 
 
-def _json_line(where: str, line: bytes) -> Any:
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError:
-        raise GpujitterError(f"{where}: not a JSON line; the log is damaged") from None
+class LineDamage:
+    """The damaged lines of one JSON-lines file, skipped: how many, and the first."""
+
+    __slots__ = ("count", "first")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first = ""
+
+    def add(self, lineno: int, why: str) -> None:
+        self.count += 1
+        if not self.first:
+            self.first = f"line {lineno}, {why}"
+
+    def note(self, path: Path) -> str:
+        return (
+            f"{path}: {self.count} damaged line(s) skipped, the first: {self.first}; "
+            "the file is damaged"
+        )
 
 
 def _names(rec: Any, schema: str) -> bool:

@@ -88,7 +88,7 @@ def inspect_other(rec: Recording) -> dict[str, Any]:
         "first_ns": first,
         "last_ns": last,
         "damage": rec.damage + ([error] if error else []),
-        "readable": error is None,
+        "readable": error is None and not rec.corrupt,
     }
 
 

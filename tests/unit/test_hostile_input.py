@@ -114,19 +114,24 @@ def test_a_file_name_that_is_not_utf8_reads_as_escaped_json(tmp_path: Path) -> N
 @pytest.mark.parametrize("line", [1, 2])
 def test_a_record_type_that_is_not_a_string(tmp_path: Path, line: int) -> None:
     events = tmp_path / "events.ndjson"
-    good = orjson.dumps({"type": "meta.clock", "ts_ns": 1, "wall_ns": 1, "source": "x"})
+    good = orjson.dumps({"type": "meta.clock", "ts_ns": 1, "realtime_ns": 1})
     bad = b'{"type": {"a": 1}, "ts_ns": 1}'
     events.write_bytes(b"\n".join([bad] if line == 1 else [good, bad]) + b"\n")
     proc = gpujitter("trace", "--json", str(events))
-    assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr, proc.stderr
+    # the first line says what a file is: no kind there, no events file; later, a kind
+    # this version does not know (a newer writer's), skipped and said
+    assert proc.returncode == (2 if line == 1 else 0), proc.stderr
+    assert "Traceback" not in proc.stderr
     log = tmp_path / "attributions.jsonl"
     log.write_bytes(
         b'{"schema": "gpujitter.attribution/1", "type": "gpu.attribution"}\n' * (line - 1)
         + b'{"schema": "gpujitter.attribution/1", "type": ["gpu.attribution"]}\n'
     )
-    for command in ("trace", "report"):
+    # damage, skipped and said: `trace` exits 1 for it, `report` reads on
+    for command, status in (("trace", 1), ("report", 0)):
         proc = gpujitter(command, str(log))
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.returncode == status and "Traceback" not in proc.stderr, proc.stderr
+        assert "damaged line(s) skipped" in proc.stdout
 
 
 def test_toml_nested_deeper_than_the_parser_recurses(tmp_path: Path) -> None:

@@ -109,11 +109,42 @@ def test_a_file_holding_only_a_torn_line_is_emptied(tmp_path: Path) -> None:
     assert len(lines(path)) == 1
 
 
-def test_readers_refuse_broken_lines_and_other_schemas_in_one_line(tmp_path: Path) -> None:
+def test_readers_skip_damaged_lines_and_read_on(tmp_path: Path) -> None:
+    """A bit flip or a crash's zeros in the middle of a log cost the lines they hit, not the
+    records after them (as a trace's damaged records): counted and named, the first."""
+    path = tmp_path / "a.jsonl"
+    with JsonLog(path) as log:
+        for i in range(4):
+            log.write(gap(i))
+    good = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(
+        good[0]
+        + b'{"schema": "gpuj\n'  # cut short, the next line's start past it
+        + good[1].replace(b'"gpu":1', b'"gpu":"1"')  # a field of the wrong type
+        + b"\0" * (MAX_LINE_BYTES + 5) + good[2]  # zeros with no newline, then a line
+        + orjson.dumps({"schema": LOG_SCHEMA, "type": 7}) + b"\n"
+        + good[3]
+    )  # fmt: skip
+    reader = JsonLogReader(path)
+    assert [from_record(r) for r in reader] == [gap(0), gap(3)]
+    assert reader.damage_notes() == [
+        f"{path}: 4 damaged line(s) skipped, the first: line 2, not a JSON line; "
+        "the file is damaged"
+    ]
+    path.write_bytes(good[0] + good[1].replace(b'"gpu":1', b'"gpu":"1"') + good[2])
+    assert len(list(reader)) == 2
+    assert (
+        "the first: line 2, bad gpu.gap record: gpu: want int, got str"
+        in (reader.damage_notes()[0])
+    )
+    path.write_bytes(b"".join(good))
+    assert len(list(reader)) == 4 and reader.damage_notes() == []
+
+
+def test_readers_refuse_other_schemas_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
     ok = orjson.dumps({"schema": LOG_SCHEMA, "type": "x"}) + b"\n"
     for content, message in [
-        (ok + b'{"schema": "gpuj\n' + ok, ":2: not a JSON line"),
         (ok + b'{"type": "x"}\n', ":2: not a gpujitter.attribution/N record"),
         (
             b'{"schema": "gpujitter.attribution/2"}\n',

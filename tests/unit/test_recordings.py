@@ -154,14 +154,22 @@ def test_a_line_too_long_inside_an_events_file_is_damage(
     formats: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Read as a torn last line, it ended the read there in silence: 100 events of 2,841,
-    no gap, exit 0."""
+    no gap, exit 0. It is damage, skipped and said; the events after it are read."""
     lines = formats[EVENTS].read_bytes().splitlines(keepends=True)
     long = tmp_path / "long.ndjson"
     long.write_bytes(b"".join(lines[:100]) + b" " * (2 << 20) + b"\n" + b"".join(lines[100:]))
-    for argv in (["report"], ["gaps", "--replay-events"]):
-        assert main([*argv, str(long)]) == 2
-        assert f"{long}:101: over 1048576 bytes without a newline" in capsys.readouterr().err
+    note = f"{long}: 1 damaged line(s) skipped, the first: line 101, over 1048576 bytes"
+    assert main(["gaps", "--replay-events", str(long), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert note in err
+    assert main(["gaps", "--replay-events", str(formats[EVENTS]), "--json"]) == 0
+    assert capsys.readouterr().out == out  # every gap of the whole file
+    assert main(["report", str(long)]) == 0
+    assert note in capsys.readouterr().out
     assert main(["trace", str(long)]) == 1
+    assert note in capsys.readouterr().out
+    rec = open_recording([long])
+    assert sum(1 for _ in rec) == len(lines) and rec.corrupt == 1
     # a line of the longest length read whole (its newline past it) is no damage
     edge = tmp_path / "edge.ndjson"
     edge.write_bytes(b"".join(lines[:100]) + b" " * (1 << 20) + b"\n" + b"".join(lines[100:]))

@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.daemon.offline.recordings import EVENTS, TRACE, WHAT, sniff
-from gpujitter.errors import GpujitterError
-from gpujitter.text import printable
 from gpujitter.tui.feeds import Feed, Receiver
 from gpujitter.tui.inbox import ReplayPosition
 
@@ -85,20 +83,16 @@ def _ndjson_records(path: Path, watch: Watch = unwatched) -> Iterator[Record]:
     from gpujitter.daemon.sinks.trace import path_stat
 
     st = path_stat(path)
-    records = JsonLogReader(path, stream_schema=STREAM_SCHEMA)
+    # The times the replay plays by: event kinds have theirs checked by their types, the
+    # stream's own messages (hello, snapshot, daemon.status) and later versions' kinds not.
+    records = JsonLogReader(path, stream_schema=STREAM_SCHEMA, times=_TIMES)
     # the reader does not say how far it is in the file: its records are counted
-    for n, rec in enumerate(watch(records, lambda: None, st.st_size if st else 0), 1):
-        if not isinstance(rec.get("type"), str):
-            raise GpujitterError(f"{path}:{n}: not a stream record (no type)")
-        # The times the replay plays by; event kinds had theirs checked, the stream's own
-        # messages (hello, snapshot, daemon.status) and kinds of later versions had not.
-        for key in _TIMES:
-            if key in rec and type(rec[key]) is not int:
-                raise GpujitterError(f"{path}:{n}: bad {printable(rec['type'])[:40]} record: "
-                                     f"{key}: want int, got {type(rec[key]).__name__}")  # fmt: skip
+    for rec in watch(records, lambda: None, st.st_size if st else 0):
         if rec["type"] != "hello":
             rec.pop("schema", None)  # the attribution log's per-line schema tag
         yield rec
+    for note in records.damage_notes():  # what the reading skipped (the status line says so)
+        yield {"type": "replay.damage", "message": note}
 
 
 def _analysed(path: Path, watch: Watch = unwatched) -> Iterator[Record]:
