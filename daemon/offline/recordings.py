@@ -23,7 +23,6 @@ import orjson
 from gpujitter.daemon.sinks.jsonlog import (
     LOG_SCHEMA,
     MAX_LINE_BYTES,
-    TOO_LONG,
     JsonLogReader,
     LineDamage,
     numbered_lines,
@@ -218,13 +217,10 @@ def _made_header(path: Path, kind: str) -> TraceHeader:
 def _events(path: Path, into: Recording | None) -> Iterator[Event]:
     """An events file's events; a line of an unknown kind is skipped and noted (a newer
     writer), and so is a damaged one (the events after it are read)."""
-    skipped = torn = 0
+    skipped = 0
     damaged = LineDamage()
     with open_regular(path, "cannot read") as f:
-        for n, line in numbered_lines(f):
-            if line is None:
-                damaged.add(n, TOO_LONG)
-                continue
+        for n, line in numbered_lines(f, damaged):
             if into is not None:
                 into._read += len(line)
             if not line.strip():
@@ -233,7 +229,7 @@ def _events(path: Path, into: Recording | None) -> Iterator[Event]:
                 rec = orjson.loads(line)
             except orjson.JSONDecodeError:
                 if not line.endswith(b"\n"):  # a torn last line: the writer was stopped
-                    torn = len(line)
+                    damaged.torn = len(line)
                     break
                 damaged.add(n, "not a JSON line")
                 continue
@@ -248,10 +244,7 @@ def _events(path: Path, into: Recording | None) -> Iterator[Event]:
             yield ev
     if into is not None:
         into.corrupt += damaged.count
-        if damaged.count:
-            into.damage.append(damaged.note(path))
-        if torn:
-            into.damage.append(f"{path}: torn last line ({torn} bytes)")
+        into.damage += damaged.notes(path)
         if skipped:
             into.damage.append(f"{path}: {skipped} records of kinds this version does not know")
 

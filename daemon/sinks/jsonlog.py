@@ -49,7 +49,6 @@ DROPPED = "log.dropped"  # the record that says how many records a failing disk 
 # Past any record the daemon writes (an attribution lists a bounded number of threads and
 # evidence): a longer run without a newline is damage, not a torn last line.
 MAX_LINE_BYTES = 1 << 20
-TOO_LONG = f"over {MAX_LINE_BYTES} bytes without a newline, longer than any record"
 _TAIL_CHUNK = 1 << 16
 _GONE_CHECK_NS = 1_000_000_000  # how often a write asks whether the file was deleted
 ROTATE_RETRY_NS = 60_000_000_000  # after a rotation that could not rename
@@ -396,22 +395,20 @@ class JsonLogReader:
         self.schema = schema
         self.stream_schema = stream_schema
         self.times = times  # fields any record holds as ints where it has them
-        self.torn: dict[Path, int] = {}
-        self.damaged: dict[Path, LineDamage] = {}
+        self.damaged: dict[Path, LineDamage] = {}  # the files with damage, by the last read
 
     @property
     def torn_bytes(self) -> int:
-        return sum(self.torn.values())
+        return sum(d.torn for d in self.damaged.values())
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        self.torn, self.damaged = {}, {}
+        self.damaged = {}
         for path in self.files:
             yield from self._read(path)
 
     def damage_notes(self) -> list[str]:
         """What the last iteration skipped, one line a file and kind of damage."""
-        notes = [d.note(path) for path, d in self.damaged.items()]
-        return notes + [f"{path}: torn last line ({n} bytes)" for path, n in self.torn.items()]
+        return [note for path, d in self.damaged.items() for note in d.notes(path)]
 
     def _read(self, path: Path) -> Iterator[dict[str, Any]]:
         # a rotated file is opened by its name alone: a FIFO by that name would block
@@ -419,12 +416,9 @@ class JsonLogReader:
         schema, named_once = self.schema, False
         damaged = self.damaged.setdefault(path, LineDamage())
         with f:
-            for lineno, line in numbered_lines(f):
-                if line is None:
-                    damaged.add(lineno, TOO_LONG)
-                    continue
+            for lineno, line in numbered_lines(f, damaged):
                 if not line.endswith(b"\n"):
-                    self.torn[path] = len(line)
+                    damaged.torn = len(line)
                     break
                 try:
                     rec = orjson.loads(line)
@@ -450,45 +444,52 @@ class JsonLogReader:
                         damaged.add(lineno, str(err))
                         continue
                 yield rec
-        if not damaged.count:
+        if not (damaged.count or damaged.torn):
             del self.damaged[path]
 
 
-def numbered_lines(f: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
+def numbered_lines(f: BinaryIO, damaged: LineDamage) -> Iterator[tuple[int, bytes]]:
     """(line number, line) of a JSON-lines file, at most MAX_LINE_BYTES each. A run longer
     than that without a newline is no last line cut short but damage: it is read through
-    to its newline and given as None. The last line may lack its newline (a writer stopped
-    mid-line): the caller judges it."""
+    to its newline and counted in `damaged`. The last line may lack its newline (a writer
+    stopped mid-line): the caller judges it."""
     n = 0
     while line := f.readline(MAX_LINE_BYTES + 1):
         n += 1
         if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
             while (more := f.readline(MAX_LINE_BYTES)) and not more.endswith(b"\n"):
                 pass
-            yield n, None
+            damaged.add(n, f"over {MAX_LINE_BYTES} bytes without a newline, longer than any record")
         else:
             yield n, line
 
 
 class LineDamage:
-    """The damaged lines of one JSON-lines file, skipped: how many, and the first."""
+    """The damaged lines of one JSON-lines file, skipped: how many, and the first; and the
+    bytes of its torn last line (a writer stopped mid-line), which is no damage."""
 
-    __slots__ = ("count", "first")
+    __slots__ = ("count", "first", "torn")
 
     def __init__(self) -> None:
         self.count = 0
         self.first = ""
+        self.torn = 0
 
     def add(self, lineno: int, why: str) -> None:
         self.count += 1
         if not self.first:
             self.first = f"line {lineno}, {why}"
 
-    def note(self, path: Path) -> str:
-        return (
-            f"{path}: {self.count} damaged line(s) skipped, the first: {self.first}; "
-            "the file is damaged"
-        )
+    def notes(self, path: Path) -> list[str]:
+        notes = []
+        if self.count:
+            notes.append(
+                f"{path}: {self.count} damaged line(s) skipped, the first: {self.first}; "
+                "the file is damaged"
+            )
+        if self.torn:
+            notes.append(f"{path}: torn last line ({self.torn} bytes)")
+        return notes
 
 
 def _names(rec: Any, schema: str) -> bool:
