@@ -77,7 +77,8 @@ def _following(first: Record | None, rest: Iterator[Record]) -> Iterator[Record]
 
 def _ndjson_records(path: Path, watch: Watch = unwatched) -> Iterator[Record]:
     """A captured socket stream or the attribution log, through the log's reader: schema,
-    torn last line and field types checked as for the daemon's own log."""
+    torn last line and field types checked as for the daemon's own log, damaged lines
+    skipped and noted."""
     from gpujitter.daemon.sinks.jsonlog import JsonLogReader
     from gpujitter.daemon.sinks.stream import STREAM_SCHEMA
     from gpujitter.daemon.sinks.trace import path_stat
@@ -86,7 +87,7 @@ def _ndjson_records(path: Path, watch: Watch = unwatched) -> Iterator[Record]:
     # The times the replay plays by: event kinds have theirs checked by their types, the
     # stream's own messages (hello, snapshot, daemon.status) and later versions' kinds not.
     records = JsonLogReader(path, stream_schema=STREAM_SCHEMA, times=_TIMES)
-    # the reader does not say how far it is in the file: its records are counted
+    # the reader does not say how far it is in the file: no position for the progress
     for rec in watch(records, lambda: None, st.st_size if st else 0):
         if rec["type"] != "hello":
             rec.pop("schema", None)  # the attribution log's per-line schema tag
