@@ -219,10 +219,11 @@ def _events(path: Path, into: Recording | None) -> Iterator[Event]:
     writer), and so is a damaged one (the events after it are read)."""
     skipped = 0
     damaged = LineDamage()
+    before = into._read if into is not None else 0  # the files named ahead of this one
     with open_regular(path, "cannot read") as f:
         for n, line in numbered_lines(f, damaged):
-            if into is not None:
-                into._read += len(line)
+            if into is not None:  # the file's offset: an over-long damaged run counts too
+                into._read = before + f.tell()
             if not line.strip():
                 continue
             try:

@@ -170,6 +170,12 @@ def test_a_line_too_long_inside_an_events_file_is_damage(
     assert note in capsys.readouterr().out
     rec = open_recording([long])
     assert sum(1 for _ in rec) == len(lines) and rec.corrupt == 1
+    # progress counts the damaged run's bytes: it ends at the file's size (it jumped past
+    # the 2 MiB before), and runs on over a second file named
+    assert rec.position() == rec.size == long.stat().st_size
+    both = open_recording([long, formats[EVENTS]])
+    seen = [both.position() for _ in both]
+    assert seen == sorted(seen) and both.position() == both.size
     # a line of the longest length read whole (its newline past it) is no damage
     edge = tmp_path / "edge.ndjson"
     edge.write_bytes(b"".join(lines[:100]) + b" " * (1 << 20) + b"\n" + b"".join(lines[100:]))
