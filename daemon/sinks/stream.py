@@ -65,8 +65,9 @@ SNAPSHOT_EVERY_S = 1.0  # per client: snapshots asked for faster are built once 
 SNAPSHOT_BUILDS_PER_S = 2
 QUEUE_BYTES = 4 << 20  # per client: what may wait unsent, a snapshot or two and live records
 MAX_CLIENTS = 64  # past this a connection is refused (the unit caps the daemon's fds)
-# New connections wait in the listen backlog (LISTEN_BACKLOG; past it connect() waits) between
-# rounds of admission this far apart: a new client's hello is that much later at most.
+# New connections wait in the listen backlog (LISTEN_BACKLOG; past it a client's connect()
+# waits, see `connect`) between rounds of admission this far apart: a new client's hello is
+# that much later at most.
 ADMIT_EVERY_S = 0.05
 LISTEN_BACKLOG = 64
 # Idle connections cost nothing to hold, so one user could fill MAX_CLIENTS and lock out
@@ -827,6 +828,32 @@ def _answers(path: Path) -> bool:
     return True
 
 
+def connect(path: Path, timeout_s: float) -> socket.socket:
+    """A client's connection to the daemon at `path`, with `timeout_s` as its timeout. While
+    the listen backlog is full (clients come faster than the admission rounds take them: a
+    burst, or one that connects and hangs up in a loop) a connect() under a timeout fails at
+    once with EAGAIN, and a client reading that as "no daemon" would stay away (or `top`
+    would run the probes a second time beside the daemon). A blocking connect() instead
+    waits in the kernel's queue for a slot, woken as the daemon accepts, for as long as the
+    socket's send timeout: so it is made that way. BlockingIOError: no slot came in time
+    (a daemon is there); other OSErrors as connect() raises them."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        usec = max(int(timeout_s * 1e6), 1000)
+        sock.setsockopt(
+            socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", *divmod(usec, 1_000_000))
+        )
+        sock.connect(str(path))
+        # A signal that interrupts the wait makes Python finish connect() by polling, which
+        # on a unix socket reports success although none happened: ENOTCONN here instead.
+        sock.getpeername()
+        sock.settimeout(timeout_s)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def first_records(path: Path, types: Iterable[str], timeout_s: float) -> dict[str, dict[str, Any]]:
     """A client for a moment: the first record of each of `types` that the daemon listening
     at `path` sends a new client (its "hello", its "snapshot"), by type; those that did not
@@ -837,9 +864,7 @@ def first_records(path: Path, types: Iterable[str], timeout_s: float) -> dict[st
     got: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
     buf = b""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-        client.settimeout(timeout_s)
-        client.connect(str(path))
+    with connect(path, timeout_s) as client:
         while wanted - got.keys() and (left := deadline - time.monotonic()) > 0:
             client.settimeout(left)  # the deadline holds for each recv, not between lines
             try:

@@ -271,6 +271,78 @@ def test_a_connect_loop_costs_a_snapshot_a_round_not_one_a_connection(tmp_path: 
         srv.close()
 
 
+def test_a_full_backlog_makes_a_client_wait_for_a_slot_not_give_up(tmp_path: Path) -> None:
+    """With a timeout set, a unix socket's connect() fails at once (EAGAIN) while the
+    listener's backlog is full; the clients read that as "no daemon" (and `top` would then
+    run its own probes beside the daemon). They wait for a slot now, up to their timeout."""
+    from gpujitter.tui.feeds.socket import daemon_listening
+
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as busy:
+        busy.bind(str(path))
+        busy.listen(0)
+        held = []
+        while True:  # fill the backlog
+            w = socket.socket(socket.AF_UNIX)
+            w.setblocking(False)
+            try:
+                w.connect(str(path))
+            except BlockingIOError:
+                w.close()
+                break
+            held.append(w)
+        start = time.monotonic()
+        with pytest.raises(BlockingIOError):
+            stream.connect(path, 0.3)
+        assert 0.25 < time.monotonic() - start < 2
+        assert daemon_listening(path)  # there, if busy
+        threading.Timer(0.2, lambda: busy.accept()[0].close()).start()
+        start = time.monotonic()
+        stream.connect(path, 5.0).close()  # in as the listener takes one
+        assert time.monotonic() - start < 2
+        for w in held:
+            w.close()
+
+
+FLOOD = """
+import socket, sys, time
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(sys.argv[1])
+    except OSError:
+        pass
+    s.close()
+"""
+
+
+def test_clients_get_in_beside_a_connect_and_close_loop(tmp_path: Path) -> None:
+    """Two processes connecting and hanging up in a loop keep the backlog full between the
+    admission rounds: `top --json`, `doctor` and `top`'s "is a daemon there?" were told
+    there was none (EAGAIN), found by an audit of the daemon's socket."""
+    import subprocess
+    import sys
+
+    from gpujitter.tui.feeds.socket import daemon_listening
+
+    snapshot = [{"type": "snapshot"}]
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=lambda: snapshot).start()
+    floods = [subprocess.Popen([sys.executable, "-c", FLOOD, str(srv.path), "4"]) for _ in range(2)]
+    try:
+        time.sleep(0.5)
+        for _ in range(5):
+            assert daemon_listening(srv.path)
+            got = first_records(srv.path, ("hello", "snapshot"), 2.0)
+            assert set(got) == {"hello", "snapshot"}
+        assert all(f.poll() is None for f in floods)  # the loops ran throughout
+    finally:
+        for f in floods:
+            f.kill()
+            f.wait()
+        srv.close()
+
+
 # -- finding 6: garbage requests ---------------------------------------------------------------
 
 

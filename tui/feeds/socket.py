@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 
-from gpujitter.daemon.sinks.stream import QUEUE_BYTES
+from gpujitter.daemon.sinks.stream import QUEUE_BYTES, connect
 from gpujitter.errors import GpujitterError
 from gpujitter.tui.feeds import Feed, Receiver
 
@@ -44,16 +44,14 @@ def refusal(path: Path, err: OSError) -> str | None:
 def daemon_listening(path: Path) -> bool:
     """A daemon accepts connections at `path` (the embedded mode's test). A daemon whose
     socket refuses this user is no reason to run the probes here instead: GpujitterError."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(1.0)
     try:
-        sock.connect(str(path))
+        connect(path, 1.0).close()
+    except BlockingIOError:
+        return True  # there, its backlog full (clients arriving faster than it takes them)
     except OSError as err:
         if (why := refusal(path, err)) is not None:
             raise GpujitterError(why) from None
         return False
-    finally:
-        sock.close()
     return True
 
 
@@ -156,16 +154,14 @@ class SocketFeed(Feed):
     def _connect(self, sink: Receiver) -> socket.socket | None:
         """A connection, or None (the status line says why). It is announced as connected
         once the daemon's hello arrives: a refusal comes as an error line instead."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(POLL_S)
         try:
-            sock.connect(str(self.path))
+            return connect(self.path, POLL_S)
+        except BlockingIOError:
+            why = "the daemon's backlog is full (clients come faster than it takes them), retrying"
         except OSError as err:
-            sock.close()
             why = refusal(self.path, err) or f"no daemon, retrying ({err.strerror or err})"
-            sink.connection("waiting", why)
-            return None
-        return sock
+        sink.connection("waiting", why)
+        return None
 
     def _read(self, sock: socket.socket, sink: Receiver, stopped: Callable[[], bool]) -> Session:
         """Read until the daemon hangs up or stopped()."""
