@@ -39,6 +39,10 @@ MAX_MIN_GAP_NS = 10_000_000_000
 # Records a stream client may fall behind by; a client further behind is better told it
 # lost records than held in the daemon's memory (MemoryMax in the unit).
 MAX_SOCKET_QUEUE = 1 << 20
+# And at least: each second the daemon publishes a status, a record per probe and one per
+# CPU at once, faster than the stream thread sends them; a queue shorter than that burst
+# dropped records of a client that reads without pause (4 lost half the statuses on 2 CPUs).
+MIN_SOCKET_QUEUE = 256
 PID_MAX = Path("/proc/sys/kernel/pid_max")
 # The kernel's ceiling on 64-bit machines, if pid_max cannot be read.
 PID_MAX_LIMIT = 4_194_304
@@ -321,7 +325,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("socket.mode", _mode, 0o660, "socket file mode", shown=lambda mode: f"{mode:04o}"),
     Setting(
         "socket.queue",
-        _at_least(1, MAX_SOCKET_QUEUE),
+        _at_least(MIN_SOCKET_QUEUE, MAX_SOCKET_QUEUE),
         4096,
         "messages queued per client before dropping",
     ),

@@ -75,8 +75,8 @@ OTHER_CPUS = str(Path(__file__).parents[1] / "fixtures" / "topology-other-cpus.t
 
 # (settings in the file, flags, the key the message names, what else it must say)
 BAD: list[tuple[dict[str, Any], tuple[str, ...], str, str]] = [
-    ({"socket.queue": 0}, (), "socket.queue", "at least 1"),
-    ({"socket.queue": -1}, (), "socket.queue", "at least 1"),
+    ({"socket.queue": 0}, (), "socket.queue", "at least 256"),
+    ({"socket.queue": 255}, (), "socket.queue", "at least 256"),
     ({"socket.queue": 1.5}, (), "socket.queue", "whole number"),
     ({"socket.queue": 10**9}, (), "socket.queue", "at most"),
     ({"log.keep": -1}, (), "log.keep", "at least 0"),
@@ -239,7 +239,7 @@ def good_settings(tmp_path: Path, port: int) -> dict[str, Any]:
     cgroup.mkdir()
     (cgroup / "cgroup.procs").touch()
     return {
-        "socket.queue": 1,
+        "socket.queue": 256,
         "log.keep": 0,
         "probes.enable": ["+faults"],
         "probes.thresholds": {"sched.offcpu": "1h", "irq.stolen": 1},
