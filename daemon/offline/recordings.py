@@ -67,7 +67,7 @@ def sniff(path: Path) -> str:
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise GpujitterError(f"{path}: not a regular file (save a stream to a file first)")
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "cannot read") as f:  # it may have changed since the stat
             head = f.read(len(MAGIC))
             if head == MAGIC:
                 return TRACE

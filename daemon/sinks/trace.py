@@ -34,6 +34,7 @@ from gpujitter import __version__
 from gpujitter.daemon.analysis import records  # noqa: F401 (registers the daemon's event kinds)
 from gpujitter.daemon.sinks.rotation import fsync_dir
 from gpujitter.errors import GpujitterError
+from gpujitter.files import open_regular
 from gpujitter.probes.clock import clock_ref, wall_ns
 from gpujitter.probes.events import (
     SCHEMA_MAJOR,
@@ -438,10 +439,9 @@ class TraceReader:
         self.corrupt_at = ""  # the first corrupt record: what and where
         self.unread_bytes = 0
         self.unread_at = ""
-        try:
-            self._file: BinaryIO = open(self.path, "rb")  # noqa: SIM115 (closed by close())
-        except OSError as err:
-            raise _io_error(self.path, "open", err) from None
+        # A regular file only: a FIFO among a directory's traces would block the open (the
+        # paths named were sniffed before; those found in a directory were not).
+        self._file: BinaryIO = open_regular(self.path, "cannot open")
         try:
             self.format_version = self._read_preamble()
             self.header = self._read_header()

@@ -206,6 +206,46 @@ def test_a_rotated_log_that_is_no_regular_file_is_refused_not_waited_on(
     assert "attributions.jsonl.1: not a regular file" in capsys.readouterr().err
 
 
+def test_a_fifo_among_a_directorys_traces_is_left_out_not_waited_on(
+    formats: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The paths named are checked before they are opened; the traces found in a directory
+    were opened as they came, and a FIFO among them held trace, report, export and top
+    --replay for ever. Here a reader that opens it is let go (a writer comes and goes)."""
+    import threading
+    import time
+
+    (tmp_path / "d").mkdir()
+    trace = tmp_path / "d" / "a.gjtrace"
+    trace.write_bytes(formats[TRACE].read_bytes())
+    fifo = tmp_path / "d" / "z.gjtrace"
+    os.mkfifo(fifo)
+    opened, done = [], threading.Event()
+
+    def writer() -> None:  # opens only while a reader holds the FIFO open
+        while not done.is_set():
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                opened.append(1)
+            except OSError:
+                time.sleep(0.01)
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        assert main(["trace", str(tmp_path / "d")]) == 1  # damaged: one file left out
+        assert f"damage: cannot open {fifo}: not a regular file" in capsys.readouterr().out
+        assert main(["report", str(tmp_path / "d"), "--json"]) == 0
+        capsys.readouterr()
+        out = tmp_path / "out.json"
+        assert main(["export", str(tmp_path / "d"), "-o", str(out)]) == 0
+        assert out.stat().st_size > 0
+    finally:
+        done.set()
+        thread.join()
+    assert not opened
+
+
 @pytest.mark.parametrize(
     ("content", "why"),
     [

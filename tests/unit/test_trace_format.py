@@ -229,7 +229,9 @@ def test_empty_and_foreign_files_are_refused_in_one_line(tmp_path: Path) -> None
         path.write_bytes(content)
         assert "not a gpujitter trace" in one_line_error(path)
     assert "No such file" in one_line_error(tmp_path / "missing.gjtrace")
-    assert "Is a directory" in one_line_error(tmp_path)
+    assert "not a regular file" in one_line_error(tmp_path)  # a directory
+    os.mkfifo(tmp_path / "fifo.gjtrace")  # not waited on
+    assert "not a regular file" in one_line_error(tmp_path / "fifo.gjtrace")
 
 
 def test_malformed_but_checksummed_input_is_refused_or_skipped(tmp_path: Path) -> None:
