@@ -4,6 +4,8 @@ what it was named as; every failure is one line naming the file."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -54,8 +56,29 @@ def can_create(path: Path, what: str) -> None:
         raise GpujitterError(f"{what} {path}: {err.strerror}") from None
     if not stat.S_ISDIR(folder_mode):
         raise GpujitterError(f"{what} {path}: no folder {folder}")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise GpujitterError(f"{what} {path}: folder {folder} may not be written")
+    if (why := _creates_no_file(folder)) is not None:
+        raise GpujitterError(f"{what} {path}: folder {folder} takes no new file ({why})")
+
+
+def _creates_no_file(folder: Path) -> str | None:
+    """Why a file cannot be made in `folder`, or None. Tried, not judged from the mode:
+    root passes every access() check, and /proc, /sys or a read-only mount refuse it
+    anyway. An unnamed file first (O_TMPFILE: nothing to clean up); where the file system
+    has none, a named one, removed at once."""
+    try:
+        os.close(os.open(folder, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+        return None
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return err.strerror
+    probe = folder / f".gpujitter-probe-{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    except OSError as err:
+        return err.strerror
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return None
 
 
 def read_regular(path: Path, what: str, max_bytes: int, kind: str) -> bytes:

@@ -23,6 +23,11 @@ from gpujitter.text import printable
 from gpujitter.units import format_ns
 
 BUCKETS = 48  # columns of the idle-by-cause chart
+# Each page's first bytes: how `report --html` knows a file it may replace (a page of its
+# own, the report run again) from one it must not (a recording, a document named by mistake).
+TITLE = "GPU idle gaps on "  # and the host's name
+_HEAD = f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{TITLE}"
+
 DURATION_EDGES_MS = (5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
 
@@ -299,3 +304,8 @@ class Page:
             "node, with their UTC offset above.</p></body></html>\n"
         )
         return "".join(out)
+
+
+def is_report_page(head: bytes) -> bool:
+    """Whether a file's first bytes are those of a page `report --html` wrote."""
+    return head.startswith(_HEAD.encode())

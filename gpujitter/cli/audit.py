@@ -9,7 +9,7 @@ import dataclasses
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import add_topology_args, count
 from gpujitter.cli.output import print_json, table
-from gpujitter.cli.topo import add_root_arg, override_banner, paths_from_args
+from gpujitter.cli.topo import add_root_arg, override_banner, paths_from_args, reading_tree
 from gpujitter.text import printable
 
 MARK = {"ok": "OK", "info": "INFO", "warn": "WARN", "critical": "CRIT"}
@@ -56,25 +56,29 @@ def run(args: argparse.Namespace) -> int:
     from gpujitter.probes.nvml import Nvml, NvmlUnavailable, open_nvml
     from gpujitter.probes.topology import load_topology
 
-    paths = paths_from_args(args)
-    nvml: Nvml | None = None
-    if paths.live and not args.no_nvml:
+    with reading_tree(args):
+        paths = paths_from_args(args)
+        nvml: Nvml | None = None
+        if paths.live and not args.no_nvml:
+            try:
+                nvml = open_nvml()
+            except (NvmlUnavailable, ImportError):
+                nvml = None
         try:
-            nvml = open_nvml()
-        except (NvmlUnavailable, ImportError):
-            nvml = None
-    try:
-        topo = load_topology(
-            paths, args.topology_override, nvml=nvml or (False if args.no_nvml else None)
+            topo = load_topology(
+                paths, args.topology_override, nvml=nvml or (False if args.no_nvml else None)
+            )
+            processes = find_gpu_processes(paths, topo, args.pid, nvml)
+        finally:
+            if nvml is not None:
+                nvml.close()
+        ctx = AuditContext(
+            paths=paths,
+            topology=topo,
+            processes=processes,
+            max_exit_latency_us=args.max_exit_latency,
         )
-        processes = find_gpu_processes(paths, topo, args.pid, nvml)
-    finally:
-        if nvml is not None:
-            nvml.close()
-    ctx = AuditContext(
-        paths=paths, topology=topo, processes=processes, max_exit_latency_us=args.max_exit_latency
-    )
-    findings = run_audit(ctx, args.rule)
+        findings = run_audit(ctx, args.rule)
     failed = args.fail_on != "never" and bool(at_least(findings, args.fail_on))
     if args.json:
         print_json(

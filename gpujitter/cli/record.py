@@ -88,14 +88,16 @@ def run(args: argparse.Namespace, source: EventSource | None = None) -> int:
     rotation = rotation_from_args(args)
     duration_ns = duration_arg_ns(args)
     out: Path = args.output
-    if rotation is None and out.exists():
-        raise GpujitterError(f"{out} exists; remove it or choose another name")
-    if rotation is not None and out.exists() and not out.is_dir():
-        raise GpujitterError(f"{out}: rotation writes a directory, and this is a file")
     try:
+        if rotation is None and out.exists():
+            raise GpujitterError(f"{out} exists; remove it or choose another name")
+        if rotation is not None and out.exists() and not out.is_dir():
+            raise GpujitterError(f"{out}: rotation writes a directory, and this is a file")
         check_parent(out)
     except ValueError as err:
         raise GpujitterError(f"--output {out}: {err}") from None
+    except OSError as err:  # a name too long, a folder on the way this user may not search
+        raise GpujitterError(f"--output {out}: {err.strerror}") from None
     topology, watch = topology_from_args(args), watch_from_args(args)
     # The node's settings as the daemon reads them: the same gap length and kept idle floors
     # in the header, so that `report` reads this trace as it would a `run --record` one.

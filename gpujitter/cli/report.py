@@ -30,6 +30,7 @@ from gpujitter.daemon.offline.longest import Longest
 from gpujitter.daemon.offline.recordings import TRACE, Recording, open_recording
 from gpujitter.daemon.sinks.trace import TraceHeader, file_identity
 from gpujitter.errors import GpujitterError
+from gpujitter.files import open_regular
 from gpujitter.probes.clock import format_wall
 from gpujitter.probes.events import Event, to_record
 from gpujitter.probes.topology import Topology
@@ -58,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--html", metavar="FILE",
                    help="also write the report as one self-contained HTML page (charts "
                    "of idle time by cause, gap durations, culprits, fixes); - for standard "
-                   "output, the report then on standard error")  # fmt: skip
+                   "output, the report then on standard error. An existing file is replaced "
+                   "only if it is such a page")  # fmt: skip
     p.add_argument("--top", type=count, default=10, metavar="N",
                    help="show the N longest gaps with their breakdown (default 10)")  # fmt: skip
 
@@ -106,6 +108,32 @@ def override_line(topo: Topology) -> str:
     )
 
 
+def may_replace(path: Path) -> None:
+    """--html's file, checked before the work: a page this command wrote (the report run
+    again) is replaced, and so is an empty file; anything else there, a recording or a
+    document named by mistake, is refused, not lost. What is no file (a pipe, a terminal,
+    /dev/null) is written through; a link is judged by what it points at."""
+    from gpujitter.daemon.offline.html_report import is_report_page
+
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise GpujitterError(f"--html {path}: is a directory")
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return
+        with open_regular(path, "--html") as f:
+            head = f.read(256)
+    except FileNotFoundError:
+        return
+    except OSError as err:  # a name too long, a folder this user may not search
+        raise GpujitterError(f"--html {path}: {err.strerror}") from None
+    if not is_report_page(head):
+        raise GpujitterError(
+            f"--html {path} exists and is no gpujitter report page; remove it or choose "
+            "another name"
+        )
+
+
 def write_html(
     path: Path | None,
     page: Page,
@@ -114,6 +142,8 @@ def write_html(
     start_ns: int,
     end_ns: int,
 ) -> None:
+    from gpujitter.daemon.offline.html_report import TITLE
+
     watching = f"; watching {header.watch or 'everything'}" if traces.kind == TRACE else ""
     meta = [
         reading_line(traces) + watching,
@@ -121,7 +151,7 @@ def write_html(
         *filter(None, [override_line(header.topology)]),
         *(f"damage: {note}" for note in traces.damage),
     ]  # fmt: skip
-    text = page.render(title=f"GPU idle gaps on {header.host}", meta=meta,
+    text = page.render(title=f"{TITLE}{header.host}", meta=meta,
                        start_ns=start_ns, end_ns=end_ns)  # fmt: skip
     if path is None:  # standard output: what fails there is main()'s to tell, as for any output
         sys.stdout.flush()
@@ -274,6 +304,8 @@ def run(args: argparse.Namespace) -> int:
     html = None if args.html in (None, STDOUT) else Path(args.html)
     if html and file_identity(html) in {file_identity(p) for p in traces.files}:
         raise GpujitterError(f"--html {args.html} is a recording being read; choose another name")
+    if html:
+        may_replace(html)
     header = traces.header
     start = parse_when(args.start, traces) if args.start is not None else None
     end = parse_when(args.end, traces) if args.end is not None else None

@@ -4,11 +4,14 @@ probes and the attribution see it, saying when an override file is in force."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections import defaultdict
+from collections.abc import Iterator
 
 from gpujitter.cli.command import Command
 from gpujitter.cli.options import add_topology_args, path_arg
 from gpujitter.cli.output import print_json, table
+from gpujitter.errors import GpujitterError
 from gpujitter.probes.host import HostPaths, format_cpulist
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.text import printable
@@ -30,9 +33,20 @@ def add_root_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def paths_from_args(args: argparse.Namespace) -> HostPaths:
-    from gpujitter.errors import GpujitterError
+@contextlib.contextmanager
+def reading_tree(args: argparse.Namespace) -> Iterator[None]:
+    """The node's files read as one step: a file missing is judged where it is read, but
+    one that cannot be reached (a recorded tree's folder this user may not search, a name
+    too long for the system) is one line naming it, not an internal error."""
+    try:
+        yield
+    except OSError as err:
+        where = f"--root {args.root}: " if args.root is not None else ""
+        what = printable(str(err.filename)) if err.filename else "the node's files"
+        raise GpujitterError(f"{where}cannot read {what}: {err.strerror or err}") from None
 
+
+def paths_from_args(args: argparse.Namespace) -> HostPaths:
     if args.root is None:
         return HostPaths()
     if not (args.root / "proc").is_dir() or not (args.root / "sys").is_dir():
@@ -41,9 +55,10 @@ def paths_from_args(args: argparse.Namespace) -> HostPaths:
 
 
 def run(args: argparse.Namespace) -> int:
-    topo = load_topology(
-        paths_from_args(args), args.topology_override, nvml=False if args.no_nvml else None
-    )
+    with reading_tree(args):
+        topo = load_topology(
+            paths_from_args(args), args.topology_override, nvml=False if args.no_nvml else None
+        )
     if args.json:
         print_json(topo.to_record())
     else:

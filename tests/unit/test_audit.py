@@ -982,3 +982,17 @@ def test_whole_audit_of_the_bad_tree_counts(host_tree: MakeTree) -> None:
     severities = [f.severity for f in findings]
     assert severities.count("critical") == 1 and severities.count("warn") == 13
     assert all(f.fix for f in findings if f.severity in ("warn", "critical"))
+
+
+def test_a_recorded_tree_with_a_folder_this_user_may_not_search_is_one_line(
+    host_tree: MakeTree,
+) -> None:
+    """Python's is_dir() raises where a folder on the way may not be searched: `topo` and
+    `audit` ended in "internal error: PermissionError" (exit 70)."""
+    from gpujitter.cli import main
+
+    paths = host_tree(*GOOD)
+    root = paths.proc.parent
+    (root / "sys/devices").chmod(0)
+    for command in ("topo", "audit"):
+        assert as_another_user(lambda c=command: main([c, "--root", str(root), "--no-nvml"])) == 2

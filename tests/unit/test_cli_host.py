@@ -141,6 +141,17 @@ def test_gpu_minus_1_placed_by_the_override_is_named_by_topo_and_doctor(tmp_path
             ("drill", "clean", "--duration", "5s", "--keep-trace", "/nonexistent/x.gjtrace"),
             "--keep-trace /nonexistent/x.gjtrace: no folder /nonexistent",
         ),
+        # a folder root may "access" that takes no file: found after the drill before
+        (
+            ("drill", "clean", "--duration", "5s", "--keep-trace", "/proc/x.gjtrace"),
+            "--keep-trace /proc/x.gjtrace: folder /proc takes no new file",
+        ),
+        (("gpus", "--json", "--nvml-record", "/sys/x.jsonl"), "folder /sys takes no new file"),
+        # a name the system refuses was an internal error (exit 70), in the record's case
+        # after the work
+        (("topo", "--root", "/" + "r" * 300), "cannot read /rrr"),
+        (("audit", "--root", "/" + "r" * 300), "File name too long"),
+        (("record", "-o", "/tmp/" + "o" * 300, "-d", "1s"), "File name too long"),
     ],
 )
 def test_bad_input_is_one_line(args: tuple[str, ...], said: str) -> None:

@@ -157,7 +157,10 @@ def test_report_html_to_standard_output_keeps_the_report_apart(tmp_path: Path) -
 
 def test_report_html_keeps_the_permissions_of_the_page_it_replaces(tmp_path: Path) -> None:
     page = tmp_path / "report.html"
-    page.write_text("old")
+    # a page written before the generator tag: known by its head and title
+    page.write_text(
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>GPU idle gaps on n</title>"
+    )
     page.chmod(0o640)
     proc = gpujitter("report", str(EXAMPLE), "--html", str(page), capture_output=True)
     assert proc.returncode == 0, proc.stderr

@@ -266,21 +266,44 @@ def test_an_empty_path_is_refused_not_read_as_this_directory() -> None:
 
 def test_an_html_page_replaces_a_file_whole_and_writes_through_a_link(tmp_path: Path) -> None:
     page = tmp_path / "page.html"
-    page.write_text("the old page")
     assert gpujitter("report", str(EXAMPLE), "--html", str(page)).returncode == 0
-    assert page.read_text().startswith("<!DOCTYPE html>")
+    old = page.read_text() + "<!-- the old page -->"  # the report run before
+    page.write_text(old)
+    assert gpujitter("report", str(EXAMPLE), "--html", str(page)).returncode == 0
+    assert page.read_text().startswith("<!DOCTYPE html>") and page.read_text() != old
     assert sorted(p.name for p in tmp_path.iterdir()) == ["page.html"]  # no temporary left
     # a link is written through, never replaced by a file of its own
     link = tmp_path / "link.html"
     link.symlink_to(page)
-    page.write_text("the old page")
+    page.write_text(old)
     assert gpujitter("report", str(EXAMPLE), "--html", str(link)).returncode == 0
     assert link.is_symlink() and page.read_text().startswith("<!DOCTYPE html>")
     # where it cannot be written, the page there stays as it was
-    page.write_text("the old page")
+    page.write_text(old)
     (tmp_path / ".page.html.tmp").mkdir()  # the temporary's name taken: the write fails
     refused(gpujitter("report", str(EXAMPLE), "--html", str(page)), "--html")
-    assert page.read_text() == "the old page"
+    assert page.read_text() == old
+
+
+def test_an_html_page_never_replaces_what_is_no_page_of_its_own(tmp_path: Path) -> None:
+    """Any file named was replaced, another recording or a document named by mistake, and
+    through a link too; it is refused before the work now, and left as it was."""
+    recording = tmp_path / "other.gjtrace"
+    shutil.copy(EXAMPLE, recording)
+    notes = tmp_path / "notes.html"
+    notes.write_text("<!DOCTYPE html><p>the team's runbook</p>")
+    link = tmp_path / "link.html"
+    link.symlink_to(recording)
+    for target in (recording, notes, link):
+        refused(
+            gpujitter("report", str(EXAMPLE), "--html", str(target)),
+            f"--html {target} exists and is no gpujitter report page",
+        )
+    assert recording.read_bytes() == EXAMPLE.read_bytes()
+    assert notes.read_text() == "<!DOCTYPE html><p>the team's runbook</p>"
+    refused(gpujitter("report", str(EXAMPLE), "--html", str(tmp_path)), "is a directory")
+    long = tmp_path / ("x" * 300)  # said before the work, not an internal error after it
+    refused(gpujitter("report", str(EXAMPLE), "--html", str(long)), "File name too long")
 
 
 def test_json_nested_past_what_the_writer_takes_is_one_line() -> None:
