@@ -78,8 +78,12 @@ def normalize_bus_id(bus_id: str | bytes) -> str:
     return f"{int(domain, 16):04x}:{rest}"
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
+def _text(value: object, missing: str) -> str:
+    """A string NVML returned (bytes in older pynvml); `missing` for none, or for anything
+    else (a replayed recording may hold any JSON there)."""
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    return value if isinstance(value, str) and value else missing
 
 
 class Nvml:
@@ -142,8 +146,7 @@ class Nvml:
             return None, code
 
     def driver_version(self) -> str | None:
-        version = self.call("nvmlSystemGetDriverVersion")
-        return None if version is None else _text(version)
+        return _text(self.call("nvmlSystemGetDriverVersion"), "") or None
 
     def device_count(self) -> int:
         return int(self.call("nvmlDeviceGetCount") or 0)
@@ -230,8 +233,8 @@ class Nvml:
         mode = self.call("nvmlDeviceGetPersistenceMode", h, gpu=index)
         return GpuInfo(
             index=index,
-            name=_text(self.call("nvmlDeviceGetName", h, gpu=index) or "unknown"),
-            uuid=_text(self.call("nvmlDeviceGetUUID", h, gpu=index) or ""),
+            name=_text(self.call("nvmlDeviceGetName", h, gpu=index), "unknown"),
+            uuid=_text(self.call("nvmlDeviceGetUUID", h, gpu=index), ""),
             pci_bus_id=bus_id,
             numa_node=node if isinstance(node, int) and node >= 0 else None,
             local_cpus=_cpus_from_mask(mask) if mask is not None else (),

@@ -213,7 +213,7 @@ def daemon_snapshot(path: Path) -> dict[str, Any]:
         got = first_records(path, ["snapshot"], SNAPSHOT_WAIT_S)
     except OSError as err:
         raise GpujitterError(
-            f"no daemon answers at {path} ({err.strerror}): --json prints a running "
+            f"no daemon answers at {path} ({err.strerror or err}): --json prints a running "
             "daemon's snapshot (a recording's: gpujitter report --json)"
         ) from None
     if "snapshot" not in got:

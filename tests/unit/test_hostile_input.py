@@ -80,6 +80,29 @@ def test_an_nvml_replay_that_is_not_a_recording(
     refused(gpujitter("gpus", "--json", "--nvml-replay", str(path)), said)
 
 
+def test_an_nvml_replay_whose_text_answers_are_no_text_is_read_as_without_them(
+    tmp_path: Path,
+) -> None:
+    """A name, UUID or driver version replayed as a JSON object or a number went into the
+    output as it was: `gpus --json` ended in "cannot be written as JSON" (text mode printed
+    the object). Such an answer is no answer: "unknown", as when the driver gives none."""
+    lines = []
+    for line in NVML_IDLE.read_bytes().splitlines(keepends=True):
+        rec = orjson.loads(line)
+        if rec.get("fn") in ("nvmlDeviceGetName", "nvmlDeviceGetUUID"):
+            rec["ret"] = {"a": [1, 2]}
+        elif rec.get("fn") == "nvmlSystemGetDriverVersion":
+            rec["ret"] = 7
+        lines.append(orjson.dumps(rec) + b"\n")
+    path = tmp_path / "nvml.jsonl"
+    path.write_bytes(b"".join(lines))
+    proc = gpujitter("gpus", "--json", "--nvml-replay", str(path))
+    assert proc.returncode == 0, proc.stderr
+    out = orjson.loads(proc.stdout)
+    assert [(g["name"], g["uuid"]) for g in out["gpus"]] == [("unknown", "")] * len(out["gpus"])
+    assert out["gpus"] and out["driver"] is None
+
+
 def test_an_nvml_record_path_that_cannot_be_written_is_said_before_the_work(
     tmp_path: Path,
 ) -> None:
