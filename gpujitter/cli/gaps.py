@@ -236,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
     odd = [path for path in args.libcuda if not os.path.isfile(path)]
     if odd:  # a FIFO's open would wait for ever; a directory or a device is no library
         raise GpujitterError(f"--libcuda {odd[0]}: not a regular file")
+    for path in args.libcuda:  # else it would wait, "degraded", for calls that never come
+        _check_libcuda(path)
     backend = nvml_backend(args)  # None with --no-nvml (refused beside its options)
     watch, topology = watch_from_args(args), load_topology(nvml=False if args.no_nvml else None)
     saved = SavedEvents(args.save_events, ref) if args.save_events else None
@@ -293,3 +295,20 @@ COMMAND = Command(
     add_arguments=add_arguments,
     run=run,
 )
+
+
+def _check_libcuda(path: str) -> None:
+    """GpujitterError unless `path` is an ELF file that exports the launch the tracer must
+    hook (other files named by mistake: a script, a trace, the wrong library)."""
+    from gpujitter.probes.cuda import FUNC_NAMES
+    from gpujitter.probes.elf import ElfFile
+
+    try:
+        with ElfFile(path) as elf:
+            exported = elf.exported_functions()
+    except OSError as err:
+        raise GpujitterError(f"--libcuda {path}: {err.strerror}") from None
+    except ValueError as err:  # its message names the file
+        raise GpujitterError(f"--libcuda {err}") from None
+    if FUNC_NAMES[0] not in exported:
+        raise GpujitterError(f"--libcuda {path}: exports no {FUNC_NAMES[0]}; not a libcuda")

@@ -60,8 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("rotation (writes a directory of traces, each complete)")
     g.add_argument("--rotate-size", metavar="SIZE", help="start a new file at SIZE (e.g. 100M)")
     g.add_argument("--rotate-age", metavar="TIME", help="start a new file every TIME (e.g. 1h)")
-    g.add_argument("--keep-files", type=int, default=0, metavar="N", help="keep at most N files")
-    g.add_argument("--keep-size", metavar="SIZE", help="keep at most SIZE of files in all")
+    g.add_argument("--keep-files", type=int, default=0, metavar="N",
+                   help="keep at most N files in the directory, earlier recordings' counted: "
+                   "the oldest are removed")  # fmt: skip
+    g.add_argument("--keep-size", metavar="SIZE",
+                   help="keep at most SIZE of files in all, likewise")  # fmt: skip
 
 
 def rotation_from_args(args: argparse.Namespace) -> Rotation | None:
@@ -155,7 +158,13 @@ def run(args: argparse.Namespace, source: EventSource | None = None) -> int:
         print(
             f"recorded {capture.events} events ({format_bytes(capture.bytes)}) into {out}"
             + (f" ({len(kept)} files)" if rotation is not None else "")
-            + f"; {summary['lost']} lost",
+            + f"; {summary['lost']} lost"
+            + (
+                f"; removed the oldest {len(capture.removed)} file(s) there (earlier "
+                "recordings' count too) to keep within --keep-files/--keep-size"
+                if capture.removed
+                else ""
+            ),
             file=sys.stderr,
         )
         for s in statuses.values():

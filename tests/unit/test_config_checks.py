@@ -293,6 +293,9 @@ OTHERS = [
     # A FIFO's open waited for a writer for ever, deaf to ^C.
     (("gaps", "--no-nvml", "--libcuda", "{tmp}/fifo"), "not a regular file"),
     (("gaps", "--no-nvml", "--libcuda", "{tmp}"), "not a regular file"),
+    # Another file named by mistake ran "degraded" for ever, waiting for calls.
+    (("gaps", "--no-nvml", "--libcuda", "/etc/passwd"), "not a 64-bit little-endian ELF"),
+    (("gaps", "--no-nvml", "--libcuda", "/bin/sh"), "exports no cuLaunchKernel; not a libcuda"),
     # NaN passed `<= 0` (a traceback from the feeding loop); 0 s ran the 60 s default.
     (("drill", "clean", "--stall-ms", "nan"), "--stall-ms"),
     (("drill", "clean", "--duration", "0s"), "--duration"),
