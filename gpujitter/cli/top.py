@@ -98,6 +98,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # What only live probes (embedded) or a daemon use: beside --replay, refused.
 LIVE_ONLY = ("probes", "socket", "topology_override", "pid", "comm", "cgroup", "pod", "slurm_job")
+# What shapes the view or its own probes: beside --json (the daemon's snapshot), refused.
+VIEW_ONLY = ("probes", "topology_override", "pid", "comm", "cgroup", "pod", "slurm_job", "audit",
+             "paused")  # fmt: skip
 
 
 def make_feed(args: argparse.Namespace, watch: Watch | None = None) -> Feed:
@@ -232,6 +235,13 @@ def run(args: argparse.Namespace) -> int:
             raise GpujitterError(
                 "--json prints the daemon's snapshot; for a recording: gpujitter report "
                 "--json, for the probes in this process: gpujitter probe --json"
+            )
+        idle = [f"--{name.replace('_', '-')}" for name in VIEW_ONLY if getattr(args, name)]
+        idle += ["--at"] * (args.at != "start") + ["--speed"] * (args.speed != 1.0)
+        if idle:  # a script that passes them expects them to count
+            raise GpujitterError(
+                f"--json prints the daemon's snapshot as it is: {', '.join(idle)} would do "
+                "nothing with it"
             )
         from gpujitter.cli.output import print_json
 

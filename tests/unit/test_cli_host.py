@@ -136,6 +136,11 @@ def test_gpu_minus_1_placed_by_the_override_is_named_by_topo_and_doctor(tmp_path
             ("top", "--replay", "examples/h200-training.gjtrace", "--pid", "1"),
             "--replay plays a recording: --pid would do nothing with it",
         ),
+        # the daemon's snapshot as it is: they were taken, unchecked, and did nothing
+        (
+            ("top", "--json", "--probes", "nosuch", "--audit", "x.json", "--at", "bogus"),
+            "--json prints the daemon's snapshot as it is: --probes, --audit, --at would do",
+        ),
         # checked after the drill ran (8-60 s), its score then lost
         (
             ("drill", "clean", "--duration", "5s", "--keep-trace", "/nonexistent/x.gjtrace"),
