@@ -28,6 +28,11 @@ print(rss_mb() - before)
 
 def _growth(statement: str, pycache: Path) -> float:
     env = {**os.environ, "PYTHONPYCACHEPREFIX": str(pycache), "PYTHONDONTWRITEBYTECODE": "1"}
+    # Whether glibc gives back what the compile freed on its own (the heap's top past the
+    # trim threshold, a large block mapped apart) follows the heap's layout, which any
+    # change of the paths or the code moves: the clean clone's CI read 5.2 MB where the
+    # checkout read 14 for one tree. Held off here, the premise is the worst case's.
+    env |= {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(1 << 30)}
     # Run from the empty folder: from a checkout's root, `-c` put the root first on the path
     # and the import added 5.1 MB where the clean clone's CI read 14.7.
     out = subprocess.run([sys.executable, "-c", _GROWTH.format(statement)], env=env,
