@@ -253,12 +253,14 @@ class JsonLog:
                     self._reopen_if_gone(now_ns)
                 if self._fd is None:
                     self._open()  # it failed after a rotation or a reopen: try again
-                if self.failures.failing:
-                    self._append(self._dropped_line(now_ns))
-                    self.failures.recovered()
-                if self._rotation_due(now_ns, len(line)):
+                # The episode's count goes with the record, as one write: alone, the short
+                # marker fit where the record did not, writing was said to work again, and
+                # the drops that followed went unsaid within the minute's note.
+                lines = self._dropped_line(now_ns) + line if self.failures.failing else line
+                if self._rotation_due(now_ns, len(lines)):
                     self._rotate(now_ns)
-                self._append(line)
+                self._append(lines)
+                self.failures.recovered()
             except GpujitterError as err:
                 self.failures.failed(str(err), now_ns)
                 return False
@@ -285,7 +287,7 @@ class JsonLog:
                 os.ftruncate(self._fd, self.size)
             raise GpujitterError(f"cannot write log {self.path}: short write (disk full?)")
         self.size += written
-        self.lines += 1
+        self.lines += line.count(b"\n")
 
     def _rotation_due(self, now_ns: int, length: int) -> bool:
         if not self.rotation or not self.size or now_ns < self._rotate_after_ns:

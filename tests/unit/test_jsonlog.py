@@ -276,6 +276,25 @@ def test_disk_full_drops_counts_says_once_and_recovers(tmp_path: Path) -> None:
     assert f"{out['dropped']} records were dropped" in out["said"][1]
 
 
+def test_room_for_the_drop_note_but_not_the_record_is_no_recovery(tmp_path: Path) -> None:
+    """Records larger than the room left: the short drop note alone fit, so writing was said
+    to work again at once while the record behind it was refused, and the drops after that
+    went unsaid (found with the log on a full tmpfs: "writing again; 1 records were
+    dropped", then ~500 dropped in silence). The note goes with its record now."""
+    path = tmp_path / "a.jsonl"
+    child = _DISK_FULL_CHILD.replace('"y" * 97', '"y" * 1900').replace("range(100)", "range(10)")
+    child = child.replace("range(100, 110)", "range(10, 12)")
+    done = subprocess.run([sys.executable, "-c", child, str(path)],
+                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    out = orjson.loads(done.stdout)
+    assert out["ok"] == [True] * 2 + [False] * 8 + [True] * 2
+    assert len(out["said"]) == 2 and "dropping records" in out["said"][0]
+    assert "8 records were dropped" in out["said"][1]
+    records = list(JsonLogReader(path))
+    assert [r["type"] for r in records] == ["t", "t", DROPPED, "t", "t"]
+    assert records[2]["count"] == 8
+
+
 def test_a_line_shown_with_tail_carries_no_control_character(tmp_path: Path) -> None:
     """Names are other processes' choice: the C1 controls, DEL and bidi overrides that orjson
     leaves raw are written as \\u escapes, so `tail -f` on the log cannot drive the terminal;
