@@ -30,7 +30,9 @@ import io
 import os
 import queue
 import select
+import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -81,6 +83,8 @@ from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.text import dumps, inert_json, printable
 
+_IDLE = "\0idle"  # _LineWriter's own: no line of the console is this
+
 
 class _LineWriter:
     """Lines to one stream, written by a thread of its own: a stream that stops taking them
@@ -96,11 +100,15 @@ class _LineWriter:
     QUEUE_LINES = 1000
     POLL_S = 0.1
 
-    def __init__(self, stream: TextIO, name: str) -> None:
+    def __init__(
+        self, stream: TextIO, name: str, on_gone: Callable[[], None] | None = None
+    ) -> None:
         self.stream = stream
         self.dropped = 0
+        self.on_gone = on_gone  # called once when the reader is gone (EPIPE): it writes no more
         self._lines: queue.Queue[str | None] = queue.Queue(self.QUEUE_LINES)
         self._fd = _own_copy(stream)
+        self.is_pipe = self._fd >= 0 and stat.S_ISFIFO(os.fstat(self._fd).st_mode)
         self._encoding = getattr(stream, "encoding", None) or "utf-8"
         # a character its encoding lacks is escaped, as the CLI's streams do (_standard_streams)
         errors = getattr(stream, "errors", None)
@@ -121,20 +129,47 @@ class _LineWriter:
     def _write(self) -> None:
         said = 0
         try:
-            while (line := self._lines.get()) is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    if self.dropped > said:
+            while (line := self._next_line()) is not None:
+                if line is _IDLE:  # nothing to write for a while: is the reader still there?
+                    if self._reader_gone():
+                        self._gone()
+                        return
+                    continue
+                if self.dropped > said:
+                    with contextlib.suppress(OSError, ValueError):
                         print(f"# {self.dropped - said} console lines dropped (output blocked)",
                               file=sys.stderr, flush=True)  # fmt: skip
-                        said = self.dropped
+                    said = self.dropped
+                try:
                     if self._fd < 0:
                         self.stream.write(line + "\n")
                         self.stream.flush()
                     elif not self._write_fd((line + "\n").encode(self._encoding, self._errors)):
                         return
+                except BrokenPipeError:
+                    self._gone()
+                    return
+                except (OSError, ValueError):
+                    pass
         finally:
             if self._fd >= 0:
                 os.close(self._fd)
+
+    def _next_line(self) -> str | None:
+        """The next line, None at close, or _IDLE after a second without one."""
+        try:
+            return self._lines.get(timeout=1.0)
+        except queue.Empty:
+            return _IDLE
+
+    def _gone(self) -> None:
+        if self.on_gone is not None:
+            self.on_gone()
+
+    def _reader_gone(self) -> bool:
+        """Whether a pipe's reader closed its end (POLLERR), seen without a write: a daemon
+        with no attribution to print would otherwise never learn it (`run --json | head`)."""
+        return self._fd >= 0 and any(ev & select.POLLERR for _, ev in self._poller.poll(0))
 
     def _write_fd(self, data: bytes) -> bool:
         """All of `data`, unless close() gives up on the reader first (False)."""
@@ -185,7 +220,7 @@ class Console:
         self.as_json = as_json
         self.clock = clock
         self.quiet = quiet
-        self._out = _LineWriter(out, "gpujitter-console")
+        self._out = _LineWriter(out, "gpujitter-console", on_gone=self._out_gone)
         self._err = _LineWriter(sys.stderr, "gpujitter-notes")
 
     def attribution(self, attr: Attribution) -> None:
@@ -199,6 +234,18 @@ class Console:
     def note(self, text: str) -> None:
         """A line for the operator (the journal under systemd)."""
         self._err.put(f"# {printable(text)}")
+
+    def _out_gone(self) -> None:
+        """Standard output's reader went away. At the end of a pipeline (`gpujitter run
+        --json | head -1`) the daemon stops, as any command there does: it ran on, printing
+        to nobody, until killed. Anywhere else (the journal's socket) it keeps watching: the
+        log and the socket still have its attributions."""
+        if self._out.is_pipe:
+            self.note("standard output's reader is gone (broken pipe): stopping")
+            os.kill(os.getpid(), signal.SIGTERM)  # the stop every signal takes: all flushed
+        else:
+            self.note("standard output is gone (broken pipe): attributions go on to the log "
+                      "and the socket only")  # fmt: skip
 
     def close(self, timeout_s: float = 0.3) -> None:
         """Write what waits, within `timeout_s` in all (a stuck terminal cannot hold up the

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -102,3 +103,31 @@ def test_a_pipe_nobody_reads_leaves_the_stream_free_for_the_last_flush(
     finally:
         out.close()
         os.close(read_end)
+
+
+@pytest.mark.parametrize("printing", [True, False])
+def test_a_pipes_reader_gone_stops_the_daemon_as_a_pipelines_command(
+    monkeypatch: pytest.MonkeyPatch, printing: bool
+) -> None:
+    """`gpujitter run --json | head -1`: every write's EPIPE was swallowed and the daemon ran
+    on, printing to nobody, until killed. It stops now (the signal every stop takes), seen
+    on the next write or, with nothing to print, within a second or two of the reader's
+    going; elsewhere (the journal's socket) it only says so."""
+    journal = Journal()
+    monkeypatch.setattr(sys, "stderr", journal)
+    signals: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: signals.append((pid, sig)))
+    read_end, write_end = os.pipe()
+    out = io.TextIOWrapper(io.BufferedWriter(io.FileIO(write_end, "w")), encoding="utf-8")
+    console = Console(out, as_json=True, clock=None)
+    try:
+        os.close(read_end)
+        if printing:
+            console.attribution(attribution_behind("trainer").one())
+        assert journal.lines.get(timeout=5) == (
+            "# standard output's reader is gone (broken pipe): stopping"
+        )
+        assert signals == [(os.getpid(), signal.SIGTERM)]
+        console.close()
+    finally:
+        out.close()
