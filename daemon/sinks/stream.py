@@ -69,6 +69,7 @@ MAX_CLIENTS = 64  # past this a connection is refused (the unit caps the daemon'
 # waits, see `connect`) between rounds of admission this far apart: a new client's hello is
 # that much later at most.
 ADMIT_EVERY_S = 0.05
+PATH_CHECK_S = 5.0  # how often the server looks whether its path still names its socket
 LISTEN_BACKLOG = 64
 # Idle connections cost nothing to hold, so one user could fill MAX_CLIENTS and lock out
 # everyone else: a user other than root may hold MAX_PER_UID, and such users together all but
@@ -202,6 +203,8 @@ class StreamServer:
         self._note = Notes("gpujitter stream")
         self._stop = threading.Event()
         self._listener = self._listen(mode, group)
+        self._path_checked = time.monotonic()
+        self._path_lost = False
         self._pause = ListenerPause(self._sel, self._listener, "accept")  # no spare either
         self._thread = threading.Thread(target=self._serve, name="gpujitter-stream", daemon=True)
         self.dropped_total = 0
@@ -352,7 +355,26 @@ class StreamServer:
             for client in clients:
                 self._guarded(client, self._tend, client)
             self._build_snapshot(clients)
+            self._check_path()
             wait_s = self._wait_s(clients)
+
+    def _check_path(self) -> None:
+        """Say once when the socket's path no longer names this server's socket (removed by
+        hand, a tmpfiles clean-up of /run, another daemon bound there): the clients connected
+        are still served, but no new one can reach it, and nothing else would tell."""
+        now = time.monotonic()
+        if self._path_lost or now < self._path_checked + PATH_CHECK_S:
+            return
+        self._path_checked = now
+        try:
+            st = os.lstat(self.path)
+            ours = (st.st_dev, st.st_ino) == self._inode
+        except OSError:
+            ours = False
+        if not ours:
+            self._path_lost = True
+            self._note("path", f"socket {self.path} was removed or replaced: new clients "
+                       "cannot reach this daemon until it restarts")  # fmt: skip
 
     def _wait_s(self, clients: list[_Client]) -> float:
         """How long the server thread may wait for sockets: a second, less where a client's

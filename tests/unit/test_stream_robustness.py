@@ -548,3 +548,30 @@ def test_too_long_socket_path_says_so(tmp_path: Path) -> None:
         GpujitterError, match=r"path too long for a unix socket \(\d+ bytes, at most 107\)"
     ):
         StreamServer(path, hello=dict, snapshot=list)
+
+
+def test_a_socket_removed_under_the_daemon_is_said_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rm` of the socket (or a clean-up of /run) left the daemon unreachable to any new
+    client, and nothing said so: `top` then read "no daemon" beside a running one."""
+    monkeypatch.setattr(stream, "PATH_CHECK_S", 0.1)
+    srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=list).start()
+    try:
+        client = connect(srv.path)
+        read_lines(client, 1)
+        srv.path.unlink()
+        deadline = time.monotonic() + 5
+        said = ""
+        while "was removed or replaced" not in said and time.monotonic() < deadline:
+            time.sleep(0.1)
+            said += capsys.readouterr().err
+        assert said.count("\n") == 1
+        assert f"socket {srv.path} was removed or replaced: new clients cannot reach" in said
+        srv.publish({"type": "gap"})  # those connected are still served
+        assert read_lines(client, 1) == [{"type": "gap"}]
+        time.sleep(0.5)
+        assert capsys.readouterr().err == ""  # once
+        client.close()
+    finally:
+        srv.close()
