@@ -57,6 +57,13 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
+#if GJ_GROUP_DEAD
+    /* The process ends with the last of its threads, whichever it is: a leader retired by
+     * another thread's exec, or gone by pthread_exit, leaves it running under its id. */
+    bool process = args->group_dead;
+#else
+    bool process = tid == tgid;
+#endif
     if (tid != tgid) {
         /* Forks of watched processes add every new task id, threads too (the tracepoint
          * cannot tell them apart); a thread's entry goes when the thread does. */
@@ -67,7 +74,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
         return 0;
     /* A watched process's thread exits are streamed too, so that user space forgets the
      * thread at once: short-lived threads would otherwise pile up in what it keeps. */
-    if (tid == tgid) {
+    if (process) {
         gj_watched.delete(&tgid);
         gj_watched_changed();
     }
@@ -79,7 +86,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     e->ts_ns = bpf_ktime_get_ns();
     e->tgid = tgid;
     e->tid = tid;
-    e->exited = tid == tgid ? GJ_EXIT_PROCESS : GJ_EXIT_THREAD;
+    e->exited = process ? GJ_EXIT_PROCESS : GJ_EXIT_THREAD;
     bpf_get_current_comm(&e->comm, sizeof(e->comm));
     e->filename[0] = 0;
     proc_events.ringbuf_submit(e, gj_wake_flags());

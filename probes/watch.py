@@ -52,6 +52,7 @@ from gpujitter.probes.host import (
 from gpujitter.probes.mapbatch import PerCpuSum
 from gpujitter.probes.procfs import process_start, task_ids
 from gpujitter.probes.progstats import program_fds
+from gpujitter.probes.registry import TRACEFS
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.workload import WorkloadReader, matches_pod, matches_slurm_job
 
@@ -68,12 +69,25 @@ EXITS_KEPT = 32
 # How often a reader walks its maps all the same: entries of the exits no record told of
 # (a record lost, counted; a process no longer watched when it ended).
 WALK_EVERY_NS = 10_000_000_000
+
+
+def _exit_tells_group_dead() -> bool:
+    """Whether this kernel's sched_process_exit says when a thread group's last thread goes
+    (its `group_dead` field, since 6.16): without it the leader's exit is taken for the
+    process's, which a leader that goes first (another thread's exec, pthread_exit) is not."""
+    try:
+        return "group_dead;" in (TRACEFS / "events/sched/sched_process_exit/format").read_text()
+    except OSError:
+        return False
+
+
 # What watch.bpf.c gets as -D options.
 CONSTANTS = {
     "GJ_WHY_FORK": WHY_FORK,
     "GJ_EXEC": EXEC,
     "GJ_EXIT_PROCESS": EXIT_PROCESS,
     "GJ_EXIT_THREAD": EXIT_THREAD,
+    "GJ_GROUP_DEAD": int(_exit_tells_group_dead()),
 }
 
 
@@ -392,7 +406,11 @@ class CoreBpf(Counted):
 
     def on_proc(self, rec: Any) -> None:
         comm = comm_str(rec.comm)
-        if rec.exited != EXEC:
+        if rec.exited == EXIT_PROCESS:  # its readers take (tgid, tgid) for the process's end
+            if rec.tid != rec.tgid:  # the last thread of a group whose leader went first
+                self.exits.add(rec.tgid, rec.tid)
+            self.exits.add(rec.tgid, rec.tgid)
+        elif rec.exited == EXIT_THREAD and rec.tid != rec.tgid:  # a leader's, not the process's
             self.exits.add(rec.tgid, rec.tid)
         if rec.exited == EXIT_THREAD:
             self.deliver(ThreadExit(ts_ns=rec.ts_ns, tgid=rec.tgid, tid=rec.tid))

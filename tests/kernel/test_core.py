@@ -316,3 +316,48 @@ def test_a_slurm_jobs_processes_are_watched_and_announced_with_their_job(tmp_pat
     assert {(e.workload.kind, e.workload.slurm_job, e.workload.slurm_step) for e in infos} == {
         ("slurm", job, "0")
     }
+
+
+# The main thread waits for the go line, then a second thread execs (the kernel retires the
+# leader, the process goes on under its id as `sleep`), or the main thread leaves first
+# (pthread_exit) and the second thread ends the process half a second later.
+LEADER_FIRST = textwrap.dedent("""
+    import os, sys, threading, time
+    sys.stdin.readline()
+    if sys.argv[1] == "exec":
+        threading.Thread(target=os.execv, args=("/bin/sleep", ["sleep", "1.5"])).start()
+        time.sleep(30)
+    else:
+        threading.Thread(target=lambda: (time.sleep(0.5), os._exit(0))).start()
+        import ctypes
+        ctypes.CDLL(None).pthread_exit(None)
+""")
+
+
+@pytest.mark.parametrize("how", ["exec", "pthread_exit"])
+def test_a_leader_that_goes_first_is_no_process_exit(how: str) -> None:
+    """The leader's exit was taken for the process's: an exec from another thread said
+    "pid N exited" of a process running on under its id (unwatched until the next refresh,
+    and its real exit never said), found by the field audit."""
+    job = subprocess.Popen([sys.executable, "-c", LEADER_FIRST, how], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+    def load() -> None:
+        assert job.stdin is not None
+        job.stdin.write("go\n")
+        job.stdin.flush()
+        time.sleep(0.8)
+        assert job.poll() is None or how == "pthread_exit"  # execed: still running
+        assert job.wait(timeout=30) == 0
+
+    rec = run_probes(["sched"], load, watch=WatchSpec(pids={job.pid}), settle_s=0.5)
+    exits = rec.of(ProcExit, tgid=job.pid)
+    assert len(exits) == 1  # the process's end, once
+    removed = [w for w in rec.of(WatchChange) if job.pid in w.removed]
+    assert [w.reason for w in removed] == ["exit"]
+    if how == "exec":  # it ended 1.5 s after the exec, not at it
+        execed = rec.of(ProcExec, tgid=job.pid)
+        assert execed and exits[0].ts_ns - execed[0].ts_ns > 1_000_000_000
+    else:  # the leader's exit is a thread's; the process ended half a second later
+        leader = [e for e in rec.of(ThreadExit, tgid=job.pid) if e.tid == job.pid]
+        assert leader and exits[0].ts_ns - leader[0].ts_ns > 300_000_000
