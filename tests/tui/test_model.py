@@ -240,6 +240,13 @@ def test_a_sample_that_is_no_finite_number_is_refused_and_bars_stay_in_range() -
     assert [v for _, v, _ in m.series(0, "util")] == [42.0]
     assert m.ignored == {"gpu.sample (malformed)": 3}
     assert bars([-50.0, 0.0, 100.0, 250.0], 100.0, "").plain == "▁▁██"
+    # finite samples whose column sums past any float (two of 1e308): drawn at the edge,
+    # where int(inf) ended the app (the TUI audit's recording)
+    m.apply(sample(1e308))
+    m.apply(sample(1e308))
+    summed = columns(m.series(0, "util"), 0, 10 * S, 1)
+    assert bars(summed, 100.0, "").plain == "█"
+    assert bars([float("-inf"), float("nan")], 100.0, "").plain == "▁▁"
 
 
 def test_live_values_that_cannot_be_measurements_are_refused_as_malformed() -> None:

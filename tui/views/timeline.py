@@ -4,6 +4,7 @@ cause's colour, and bars sharing idle time among causes, with the legend of the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 from rich.text import Text
@@ -52,9 +53,13 @@ def bars(values: Sequence[float | None], top: float, style: str) -> Text:
             out.append(" ")
             continue
         # Clamped both ways: a value above the top, or below zero (a counter's glitch), is
-        # drawn at the edge rather than indexing BLOCKS from its end.
-        level = 0 if top <= 0 else int(v / top * (len(BLOCKS) - 1) + 0.5)
-        level = max(0, min(len(BLOCKS) - 1, level))
+        # drawn at the edge rather than indexing BLOCKS from its end; so is one past any
+        # float (a recording's 1e308 twice in a column sums to inf: int() of it raised).
+        ratio = v / top if top > 0 else 0.0
+        if math.isfinite(ratio):
+            level = max(0, min(len(BLOCKS) - 1, int(ratio * (len(BLOCKS) - 1) + 0.5)))
+        else:
+            level = len(BLOCKS) - 1 if ratio > 0 else 0
         out.append(BLOCKS[level], style=style if v > 0 else "dim " + style)
     return out
 
