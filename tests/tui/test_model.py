@@ -329,3 +329,14 @@ def attribution(**fields: Any) -> Attribution:
     base: dict[str, Any] = {"ts_ns": 0, "end_ns": 10, "gpu": 1, "sources": ("cuda",),
                             "resolution_ns": US, "confidence": 0.9, "parts": ()}  # fmt: skip
     return Attribution(**{**base, **fields})
+
+
+def test_an_idle_total_fits_its_column_whatever_its_size() -> None:
+    """Printed as ms, 100 s of idle in the window took 8 columns of the 7, and the panel's
+    idle row wrapped (the time axis fell out of the box; compact, the total was not shown)."""
+    from gpujitter.tui.views.gpus import VALUE, _total
+
+    totals = [40_000, 5 * MS, 9_999 * MS, 10 * S, 200 * S, 999 * S, 5_000 * S, 10**18]
+    shown = [_total(ns) for ns in totals]
+    assert shown[:5] == ["0.04ms", "5.00ms", "9999ms", "10.0s", "200.0s"]
+    assert all(len(t) < VALUE for t in shown), shown

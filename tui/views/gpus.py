@@ -21,6 +21,21 @@ from gpujitter.tui.views.timeline import bars, cause_bar, columns, gap_marks, le
 
 LABEL = 6  # "util  "
 VALUE = 7  # " 100% " / " 412W"
+
+
+def _total(ns: int) -> str:
+    """A window's idle total in the value column: ms up to 10 s, then s, then h (printed as
+    ms, 100 s took 8 columns, and the row wrapped out of its panel)."""
+    if ns < 10_000_000_000:
+        return f"{ms(ns)}ms"
+    seconds = ns / 1e9
+    if seconds < 1000:
+        return f"{seconds:.1f}s"
+    if seconds < 100_000:
+        return f"{seconds:.0f}s"
+    return f"{min(seconds / 3600, 99_999):.0f}h"
+
+
 IDLE_BAR = 24  # cells of the idle-by-cause bar; its causes are named after it
 WINDOWS_S = (10, 30, 60, 120, 300, 600)
 FULL_LINES = 7  # header, feeders, util, power, gaps, idle, time axis
@@ -111,7 +126,7 @@ class GpuPanel(Widget):
             words.append(f" {label} {percent(ns, total)}")
         words.truncate(bar_w - width, overflow="ellipsis", pad=True)
         row.append_text(words)
-        row.append(f"{ms(total) + 'ms':>{VALUE}}", style="bold")
+        row.append(f"{_total(total):>{VALUE}}", style="bold")
         return row
 
     def render(self) -> Text:
