@@ -16,7 +16,7 @@ to the terminal raw.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast, get_args
 
@@ -76,18 +76,7 @@ def gap(rec: Record) -> GpuGap:
     ev = from_record(dict(rec))
     if not isinstance(ev, GpuGap):
         raise BadRecord(f"not a gpu.gap record: {rec.get('type')!r}")
-    _measured(ev.resolution_ns, ev.confidence)
     return inert_record(ev)
-
-
-def _measured(resolution_ns: int, confidence: float, durations: Iterable[int] = ()) -> None:
-    """BadRecord for what no measurement gives: a negative resolution or duration, a
-    confidence outside 0..1 (shown, they read as measured: "±-5ns", "-4000000000%")."""
-    count(resolution_ns, "resolution_ns")
-    for ns in durations:
-        count(ns, "a duration")
-    if not 0 <= confidence <= 1:
-        raise BadRecord(f"confidence outside 0..1: {confidence}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,13 +128,6 @@ def attribution(rec: Record) -> Attribution:
     ev = from_record(rec)
     if not isinstance(ev, Attribution):
         raise BadRecord(f"not a gpu.attribution record: {rec.get('type')!r}")
-    _measured(ev.resolution_ns, ev.confidence, (
-        ev.self_ns,
-        *(p.ns for p in ev.parts),
-        *(t.ns for t in ev.threads),
-        *(t.hops for t in ev.threads),
-        *(c.ns for t in ev.threads for c in t.causes),
-    ))  # fmt: skip
     # The breakdown reads an item of evidence only through its `words`, which
     # UnknownEvidence has as every known kind does.
     kept = tuple(
