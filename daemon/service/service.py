@@ -156,9 +156,10 @@ class _LineWriter:
                 os.close(self._fd)
 
     def _next_line(self) -> str | None:
-        """The next line, None at close, or _IDLE after a second without one."""
+        """The next line, None at close, or _IDLE after a second without one (only where a
+        reader's going is acted on: the notes' writer need not wake each second)."""
         try:
-            return self._lines.get(timeout=1.0)
+            return self._lines.get(timeout=1.0 if self.on_gone is not None else None)
         except queue.Empty:
             return _IDLE
 
