@@ -5,15 +5,29 @@ log, the socket stream and replay all use one serialisation."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpujitter.probes.events import Event, event_kind, native_frame
 from gpujitter.units import format_bytes, format_ns
 
 
-def backwards(ev: GpuGap | Attribution) -> str | None:
-    """A gap that ends before it starts: no view can place it, no sum holds."""
-    return f"end_ns {ev.end_ns} before ts_ns {ev.ts_ns}" if ev.end_ns < ev.ts_ns else None
+def unmeasured(ev: GpuGap | Attribution) -> str | None:
+    """What no detector gives, so that a view would show it as measured: a gap that ends
+    before it starts (no view can place it, no sum holds), a negative resolution, a
+    confidence outside 0..1 ("±-5ns", "-4000000000%")."""
+    if ev.end_ns < ev.ts_ns:
+        return f"end_ns {ev.end_ns} before ts_ns {ev.ts_ns}"
+    if ev.resolution_ns < 0:
+        return f"resolution_ns: negative ({ev.resolution_ns})"
+    if not 0 <= ev.confidence <= 1:
+        return f"confidence: outside 0..1 ({ev.confidence})"
+    return None
+
+
+def _negative(values: Iterable[tuple[str, int]]) -> str | None:
+    """The first (place, value) whose value is below zero, as a problem."""
+    return next((f"{where}: negative ({ns})" for where, ns in values if ns < 0), None)
 
 
 @event_kind("gpu.gap")
@@ -49,7 +63,7 @@ class GpuGap(Event):
         return f"{self.gpu}:{self.ts_ns}"
 
     def problem(self) -> str | None:
-        return backwards(self)
+        return unmeasured(self)
 
 
 # ---------------------------------------------------------------------------------------
@@ -493,7 +507,15 @@ class Attribution(Event):
         return f"{self.gpu}:{self.ts_ns}"
 
     def problem(self) -> str | None:
-        return backwards(self)
+        # A share, a thread's time or a waker's distance below zero is no measurement either.
+        return unmeasured(self) or _negative((
+            ("self_ns", self.self_ns),
+            *((f"parts[{i}].ns", p.ns) for i, p in enumerate(self.parts)),
+            *((f"threads[{i}].ns", t.ns) for i, t in enumerate(self.threads)),
+            *((f"threads[{i}].hops", t.hops) for i, t in enumerate(self.threads)),
+            *((f"threads[{i}].causes[{j}].ns", c.ns)
+              for i, t in enumerate(self.threads) for j, c in enumerate(t.causes)),
+        ))  # fmt: skip
 
     @property
     def gap(self) -> GpuGap:

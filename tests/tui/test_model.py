@@ -4,6 +4,7 @@ stream, CPU halves merged and aged, placements judged, bad input counted not rai
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from datetime import UTC
 from typing import Any
 
@@ -264,10 +265,17 @@ def test_live_values_that_cannot_be_measurements_are_refused_as_malformed() -> N
              "lost_kernel": -1})  # fmt: skip
     m.apply({"type": "cpu.stats", "ts_ns": S, "interval_ns": S, "cpu": 3,
              "hardirq_ns": -(10**18)})  # fmt: skip
+    # a resolution, a part or a thread's time below zero, a confidence outside 0..1
+    m.apply(to_record(replace(gap(2 * S, 3 * S), resolution_ns=-5)))
+    m.apply(to_record(replace(gap(2 * S, 3 * S), confidence=-3.0)))
+    m.apply(to_record(attribution(ts_ns=2 * S, end_ns=3 * S, parts=(Part("swap_in", -S),))))
+    m.apply(to_record(attribution(ts_ns=2 * S, end_ns=3 * S, confidence=1.5)))
+    m.apply(to_record(attribution(ts_ns=2 * S, end_ns=3 * S, threads=(
+        ThreadRole(tid=1, tgid=1, comm="t", role="waker", ns=5, hops=-1),))))  # fmt: skip
     assert m.daemon_dropped == 0 and m.status is None and not m.gaps and not m.probes
     assert not m.cpus and not m.attributions
     assert m.ignored == {"dropped (malformed)": 1, "daemon.status (malformed)": 1,
-                         "gpu.gap (malformed)": 1, "gpu.attribution (malformed)": 1,
+                         "gpu.gap (malformed)": 3, "gpu.attribution (malformed)": 4,
                          "meta.probe (malformed)": 2, "cpu.stats (malformed)": 1}  # fmt: skip
     m.apply({"type": "meta.probe", "ts_ns": S, "probe": "irq", "state": "paused"})
     m.apply({"type": "meta.probe", "ts_ns": S, "probe": "sched", "state": "running"})

@@ -116,6 +116,54 @@ def test_ill_typed_fields_are_refused_by_from_record_naming_the_field() -> None:
         from_record([1, 2])  # type: ignore[arg-type]
 
 
+def test_a_well_typed_gap_or_attribution_that_no_detector_gives_is_refused_by_from_record() -> None:
+    # The one decoder that the trace reader, the attribution log's reader and the TUI share:
+    # what it lets through a view shows as measured ("±-5ns", "-4000000000%").
+    kinds = {e.KIND: orjson.loads(orjson.dumps(to_record(e))) for e in every_kind()}
+    gap, attribution = kinds["gpu.gap"], kinds["gpu.attribution"]
+    assert attribution["parts"] and attribution["threads"] and attribution["threads"][0]["causes"]
+    for rec in (gap, attribution):
+        assert from_record(rec).problem() is None
+        for field, value, message in [
+            ("resolution_ns", -5, "resolution_ns: negative"),
+            ("confidence", -3.0, "confidence: outside 0..1"),
+            ("confidence", 1.5, "confidence: outside 0..1"),
+            ("end_ns", rec["ts_ns"] - 1, r"end_ns \d+ before ts_ns"),
+        ]:
+            with pytest.raises(ValueError, match=f"bad {rec['type']} record: {message}"):
+                from_record(rec | {field: value})
+        assert from_record(rec | {"confidence": 0, "resolution_ns": 0}).problem() is None
+    for place, message in [
+        (("self_ns",), r"self_ns: negative"),
+        (("parts", 0, "ns"), r"parts\[0\]\.ns: negative"),
+        (("threads", 0, "ns"), r"threads\[0\]\.ns: negative"),
+        (("threads", 0, "hops"), r"threads\[0\]\.hops: negative"),
+        (("threads", 0, "causes", 0, "ns"), r"threads\[0\]\.causes\[0\]\.ns: negative"),
+    ]:
+        bad = json.loads(json.dumps(attribution))
+        parent = bad
+        for key in place[:-1]:
+            parent = parent[key]
+        parent[place[-1]] = -1
+        with pytest.raises(ValueError, match=message):
+            from_record(bad)
+
+
+def test_an_unmeasurable_attribution_in_a_trace_is_damage_not_a_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    payloads = write_trace(tmp_path / "real.gjtrace")
+    index = next(i for i, p in enumerate(payloads) if b'"gpu.attribution"' in p)
+    rec = orjson.loads(payloads[index])
+    rec["confidence"] = -40000000.0
+    path = tmp_path / "bad.gjtrace"
+    mutated = [*payloads[:index], orjson.dumps(rec), *payloads[index + 1 :]]
+    path.write_bytes(preamble() + b"".join(map(frame, mutated)))
+    assert main(["trace", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "1 damaged record(s) skipped" in out and "confidence: outside 0..1" in out
+
+
 def test_an_ill_typed_record_is_damage_named_by_file_record_kind_and_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

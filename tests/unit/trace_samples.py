@@ -34,8 +34,8 @@ def _value(hint: Any, name: str, counter: Iterator[int]) -> Any:
     if hint is int:
         # Past 2**32 (and for addresses past 2**63) so that no narrowing goes unnoticed.
         return (1 << 63) + next(counter) if name == "address" else (1 << 33) + next(counter)
-    if hint is float:
-        return 0.25 + next(counter)
+    if hint is float:  # a confidence is a fraction: from_record refuses one outside 0..1
+        return 1 / (2 + next(counter)) if name == "confidence" else 0.25 + next(counter)
     if hint is str:
         return f"{name}-é{next(counter)}"
     raise TypeError(f"no sample value for {name}: {hint!r}")
