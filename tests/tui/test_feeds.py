@@ -470,6 +470,25 @@ def test_a_line_longer_than_any_the_daemon_sends_is_skipped_to_its_newline(
         checked.set()
 
 
+def test_json_lines_that_are_no_object_are_counted_as_bad_lines(tmp_path: Path) -> None:
+    """`[1,2]`, `5`, `"x"`, `null`: JSON, but no record: counted with the lines that are not
+    JSON (they used to vanish without a count), and the records around them still arrive."""
+    hello = orjson.dumps({"type": "hello", "pid": 7}) + b"\n"
+    done = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        if done.is_set():
+            return
+        conn.sendall(b'[1,2]\n5\n"x"\nnull\n{not json\n' + hello)
+        done.wait(5)
+
+    feed = SocketFeed(tmp_path / "s.sock")
+    with listening(feed.path, serve), feeding(feed) as heard:
+        wait_for(lambda: heard.got == [{"type": "hello", "pid": 7}], "the hello")
+        assert feed.bad_lines == 5
+        done.set()
+
+
 def test_a_socket_that_refuses_this_user_is_not_taken_for_no_daemon(
     closed_to_others: Path,
 ) -> None:

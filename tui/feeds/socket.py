@@ -3,9 +3,9 @@ daemon goes away (restart, upgrade) wait and connect again. A try that ends with
 session (no hello and snapshot, or an error line: the daemon refusing this client) backs off
 from `retry_s` to `retry_max_s`, so that a daemon that accepts and hangs up is not asked a
 thousand times a second; the status line says why it ended. A line longer than LINE_BYTES
-is skipped to its newline and counted with the lines that are not JSON (`bad_lines`). Runs
-in the app's worker thread; every blocking call has a short timeout so that quitting is
-never held up.
+is skipped to its newline and counted with the lines that are no JSON object
+(`bad_lines`). Runs in the app's worker thread; every blocking call has a short timeout so
+that quitting is never held up.
 """
 
 from __future__ import annotations
@@ -192,11 +192,12 @@ class SocketFeed(Feed):
                 try:
                     rec = orjson.loads(line)
                 except orjson.JSONDecodeError:
+                    rec = None
+                if not isinstance(rec, dict):  # JSON that is no object is no record either
                     self.bad_lines += 1
                     continue
-                if isinstance(rec, dict):
-                    records.append(rec)
-                    self._note(rec, session, sink)
+                records.append(rec)
+                self._note(rec, session, sink)
             self.bad_lines += lines.overlong
             lines.overlong = 0
             if records:
