@@ -38,6 +38,7 @@ struct sync_entry {
     u16 func;
     u16 prev_func;
     u8 prev_role;
+    u8 counted;        /* in its process's `syncing` (not where the process had no slot) */
 };
 BPF_HASH(syncs, u32, struct sync_entry, GJ_MAX_THREADS);
 
@@ -118,16 +119,17 @@ static __always_inline void sync_begin(u64 now, u32 tid, u32 tgid, u16 func)
     }
     struct sync_entry fresh = {.ts_ns = now, .depth = 1, .tgid = tgid, .func = func};
     struct proc_state *p = proc_of(tgid);
-    if (p) {
-        if (p->last_ns && p->syncing <= 0) {
-            fresh.after_idle_ns = now - p->last_ns;
-            fresh.prev_tid = p->last_tid;
-            fresh.prev_func = p->last_func;
-            fresh.prev_role = p->last_role;
-        }
-        __sync_fetch_and_add(&p->syncing, 1);
+    if (p && p->last_ns && p->syncing <= 0) {
+        fresh.after_idle_ns = now - p->last_ns;
+        fresh.prev_tid = p->last_tid;
+        fresh.prev_func = p->last_func;
+        fresh.prev_role = p->last_role;
     }
-    syncs.update(&tid, &fresh);
+    fresh.counted = p != 0;
+    /* Counted only once its entry is kept (the map may be full): a sync whose return finds
+     * no entry must not leave the process counted as synchronising for good. */
+    if (syncs.update(&tid, &fresh) == 0 && p)
+        __sync_fetch_and_add(&p->syncing, 1);
 }
 
 static __always_inline int on_enter(u16 func, u8 role)
@@ -164,7 +166,8 @@ static __always_inline int on_return(void)
     struct proc_state *p = procs.lookup(&tgid);
     if (!p)
         return 0;
-    __sync_fetch_and_add(&p->syncing, -1);
+    if (done.counted)
+        __sync_fetch_and_add(&p->syncing, -1);
     u16 func = done.func;
     /* Blocked long enough, or the end of a quiet stretch in which work was queued (one
      * begun at a sync's return had nothing left to run: the next launch reports it). */

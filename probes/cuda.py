@@ -266,13 +266,18 @@ class CudaProbe(BpfProbe):
         syncing = [site.offset for site in sites if site.role in (SYNC, COPY_SYNC)]
         made: list[int] = []
         try:
-            enter = uprobe_multi.load_program(self.bpf, "enter_any")
-            made.append(uprobe_multi.link(enter, path, at, cookies, returns=False))
+            # Returns first: a sync entered between the two links would otherwise be seen
+            # going in and never coming out, and its thread and process stay "inside a sync"
+            # (every later sync of that thread nested in it, no quiet stretch of the
+            # process reported) for as long as the thread lives. A return whose entry was
+            # not seen is ignored.
             if syncing:
                 leave = uprobe_multi.load_program(self.bpf, "leave_any")
                 made.append(
                     uprobe_multi.link(leave, path, syncing, [0] * len(syncing), returns=True)
                 )
+            enter = uprobe_multi.load_program(self.bpf, "enter_any")
+            made.append(uprobe_multi.link(enter, path, at, cookies, returns=False))
         except Exception as err:
             for fd in made:
                 os.close(fd)
@@ -288,10 +293,10 @@ class CudaProbe(BpfProbe):
         attached = 0
         for site in sites:
             entry, syncing = f"enter_{site.func_id}", site.role in (SYNC, COPY_SYNC)
-            try:
-                self.bpf.attach_uprobe(name=path, addr=site.addr, fn_name=entry)
+            try:  # the return first, as in _attach_linked
                 if syncing:
                     self.bpf.attach_uretprobe(name=path, addr=site.addr, fn_name="leave_sync")
+                self.bpf.attach_uprobe(name=path, addr=site.addr, fn_name=entry)
             except Exception as err:
                 self.failed[path] = f"{site.symbol}: {err}"
                 continue
@@ -359,7 +364,7 @@ class CudaProbe(BpfProbe):
         del syncs[key]
         tgid = procs.Key(entry.tgid)
         state = procs.get(tgid)
-        if state is not None and state.syncing > 0:
+        if state is not None and entry.counted and state.syncing > 0:
             state.syncing -= 1
             procs[tgid] = state
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from gpujitter.daemon.drill.build import build_stub
+from gpujitter.probes import uprobe_multi
 from gpujitter.probes.cuda import COPY_SYNC, SYNC, TRACED, CudaProbe
 from gpujitter.probes.events import CudaCall
 from gpujitter.probes.watch import WatchSpec
@@ -372,3 +373,118 @@ def test_a_thread_that_dies_inside_a_sync_is_forgotten_at_its_exit(
     assert (child.pid, syncer) in forgotten and (child.pid, child.pid) in forgotten
     assert len(walks) == 1  # the first tick's: the exits came from the core's stream
     assert rec.status("cuda").lost_kernel == 0
+
+
+# A feeder whose second thread calls cuStreamSynchronize on an empty queue without pause (each
+# call returns at once) from before the probe attaches until "go"; then that thread queues
+# 50 ms of work and waits for it, and the main thread launches, pauses 100 ms and launches.
+SPINS_IN_SYNC = r"""
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <unistd.h>
+
+typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, void *, void **, void **);
+typedef int (*sync_t)(void *);
+static launch_t launch;
+static sync_t stream_sync;
+static volatile int phase;
+
+static void *spin(void *arg)
+{
+    (void)arg;
+    while (phase == 0)
+        stream_sync(NULL);
+    while (phase == 1)
+        usleep(1000);
+    launch(NULL, 50000, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    stream_sync(NULL);
+    while (phase != 3)
+        usleep(1000);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    char line[16];
+    if (argc != 2)
+        return 2; /* usage: spins_in_sync LIBCUDA */
+    void *lib = dlopen(argv[1], RTLD_NOW);
+    launch = (launch_t)dlsym(lib, "cuLaunchKernel");
+    stream_sync = (sync_t)dlsym(lib, "cuStreamSynchronize");
+    pthread_t t;
+    pthread_create(&t, NULL, spin, NULL);
+    printf("ready\n");
+    fflush(stdout);
+    fgets(line, sizeof(line), stdin);
+    phase = 1;
+    usleep(20000);
+    phase = 2;
+    usleep(200000);
+    launch(NULL, 1000, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    usleep(100000);
+    launch(NULL, 1000, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    printf("done\n");
+    fflush(stdout);
+    fgets(line, sizeof(line), stdin);
+    phase = 3;
+    pthread_join(t, NULL);
+    return 0;
+}
+"""
+
+
+def test_a_sync_in_progress_while_the_probes_attach_does_not_mute_the_process(
+    stub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry and return probes of one library go in one after the other. A sync entered
+    between them, if the entries went first, was seen going in and never coming out: its
+    thread's every later sync counted as nested in it (none reported), its process as
+    synchronising for good (no quiet stretch reported), the probe "running" with thousands
+    of calls a second and no event. Here 300 ms pass between the two links while a thread
+    syncs without pause: the thread's 50 ms sync and the main thread's 100 ms pause after it
+    must still be reported."""
+    source = tmp_path / "spins_in_sync.c"
+    source.write_text(SPINS_IN_SYNC)
+    exe = tmp_path / "spins_in_sync"
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(source), "-ldl", "-lpthread"], check=True)
+    link = uprobe_multi.link
+    linked: list[bool] = []
+
+    def slow_link(*args: Any, **kwargs: Any) -> int:
+        fd = link(*args, **kwargs)
+        linked.append(kwargs["returns"])
+        if len(linked) == 1:
+            time.sleep(0.3)  # the other link comes 300 ms later
+        return fd
+
+    monkeypatch.setattr(uprobe_multi, "link", slow_link)
+    child = subprocess.Popen([str(exe), str(stub)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None
+    assert child.stdout.readline() == "ready\n"  # the stub mapped, the thread syncing
+
+    def load() -> None:
+        assert child.stdin is not None and child.stdout is not None
+        time.sleep(2.0)  # ticks: the libcuda in its maps attached, the thread still syncing
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "done\n"
+        child.stdin.write("end\n")
+        child.stdin.flush()
+        assert child.wait(timeout=10) == 0
+
+    try:
+        rec = run_probes(["cuda"], load, watch=WatchSpec(pids={child.pid}),
+                         thresholds={"cuda": {"quiet": 20 * MS, "sync": 10 * MS}})  # fmt: skip
+    finally:
+        child.kill()
+        child.wait()
+    assert len(linked) == 2, linked  # linked mode: one link of entries, one of returns
+    calls = [e for e in rec.events if isinstance(e, CudaCall) and e.tgid == child.pid]
+    waits = [e for e in calls if e.api == "sync" and e.dur_ns >= 40 * MS]
+    assert len(waits) == 1, calls  # the thread's 50 ms sync
+    assert any(90 * MS <= e.after_idle_ns <= 100 * MS + SLACK_NS
+               for e in quiet_launches(rec.events, child.pid)), calls  # fmt: skip
+    assert rec.status("cuda").state == "running"
