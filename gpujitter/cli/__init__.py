@@ -188,6 +188,17 @@ def _standard_streams() -> None:
     argparse fails on None, and print() would send the message to standard output. Text
     that the output's encoding cannot hold (PYTHONIOENCODING=ascii, a latin-1 terminal: a
     µ or a ± of ours, an undecodable byte of a file's name) is escaped, not an error."""
+    # A closed descriptor 0, 1 or 2 goes to /dev/null before anything opens a file: else the
+    # first file opened (a trace, a log, a BPF map) would take its number, and a C library's
+    # write to "standard error" (bcc's and libbpf's warnings) would land in it.
+    for fd, mode in ((0, os.O_RDONLY), (1, os.O_WRONLY), (2, os.O_WRONLY)):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, mode)  # the lowest free number: `fd` itself
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115  # the process's, to its end
     if sys.stdout is None:

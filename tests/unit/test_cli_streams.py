@@ -68,6 +68,32 @@ def test_closed_error_stream_keeps_the_status_and_the_output_clean() -> None:
     assert proc.stdout == b""
 
 
+def test_closed_standard_descriptors_are_taken_by_dev_null_not_by_our_files(
+    tmp_path: Path,
+) -> None:
+    """Started with 0, 1 and 2 closed (a careless init script), the first files a command
+    opens would take those numbers, and a C library's write to standard error (bcc's
+    warnings) would land in a trace or a log. Each is /dev/null before the command runs."""
+    seen = tmp_path / "fds.json"
+    child = f"""if True:
+        import os, orjson
+        from gpujitter.cli import main
+        for fd in (0, 1, 2):
+            os.close(fd)
+        code = main(["report", {str(EXAMPLE)!r}, "--html", {str(tmp_path / "r.html")!r}])
+        links = [os.readlink(f"/proc/self/fd/{{fd}}") for fd in (0, 1, 2)]
+        with open({str(seen)!r}, "wb") as f:
+            f.write(orjson.dumps({{"code": code, "links": links}}))
+    """
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    proc = subprocess.run([sys.executable, "-c", child], env=environ, timeout=60,
+                          capture_output=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    got = orjson.loads(seen.read_bytes())
+    assert got["links"] == [os.devnull] * 3, got
+    assert (tmp_path / "r.html").read_bytes().startswith(b"<!DOCTYPE html>")
+
+
 def test_an_ascii_output_gets_our_symbols_escaped() -> None:
     proc = gpujitter("report", str(EXAMPLE), env={"PYTHONIOENCODING": "ascii"},
                      capture_output=True)  # fmt: skip
