@@ -160,7 +160,7 @@ def test_a_watched_pid_that_exits_is_said_and_stray_signals_do_not_end_the_daemo
     assert said[-1].startswith("# stopped: "), said
 
 
-def test_a_watched_pid_with_no_process_is_said_at_start() -> None:
+def test_a_watched_pid_with_no_process_or_a_kernel_threads_is_said_at_start() -> None:
     # A mistyped or stale --pid watches nothing; the run says so rather than log nothing.
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that was a process a moment ago, none now
@@ -168,3 +168,9 @@ def test_a_watched_pid_with_no_process_is_said_at_start() -> None:
     assert done.returncode == 0, done.stderr
     assert f"# watch: pid {gone.pid}: no such process" in done.stderr.splitlines()
     assert f"pid {os.getpid()}: no such process" not in done.stderr
+    # pid 2, kthreadd: no GPU work, no gap is ever its (it was watched in silence)
+    done = gpujitter(*RUN, "--probes", "malloc", "--pid", "2", "--pid", str(os.getpid()))
+    assert done.returncode == 0, done.stderr
+    assert ("# watch: pid 2: a kernel thread (kthreadd), not a GPU process: nothing can be "
+            "attributed to it") in done.stderr.splitlines()  # fmt: skip
+    assert f"pid {os.getpid()}: a kernel thread" not in done.stderr
