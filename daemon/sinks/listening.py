@@ -49,6 +49,14 @@ class ListenerPause:
         self._data = data  # what the listener is registered with
         self._until = 0.0  # monotonic s; 0: not paused
 
+    def replace(self, listener: socket.socket) -> None:
+        """Serve `listener` from now on in place of the one given (which the caller closes):
+        in the selector at once, or at the pause's end while paused."""
+        if not self._until:
+            self._sel.unregister(self._listener)
+            self._sel.register(listener, selectors.EVENT_READ, self._data)
+        self._listener = listener
+
     def pause(self, seconds: float = FD_PAUSE_S) -> None:
         self._sel.unregister(self._listener)
         self._until = time.monotonic() + seconds

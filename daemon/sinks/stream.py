@@ -202,6 +202,7 @@ class StreamServer:
         self._spare = _spare_fd()
         self._note = Notes("gpujitter stream")
         self._stop = threading.Event()
+        self._mode, self._group = mode, group  # to bind the path again where it was removed
         self._listener = self._listen(mode, group)
         self._path_checked = time.monotonic()
         self._path_lost = False
@@ -359,22 +360,42 @@ class StreamServer:
             wait_s = self._wait_s(clients)
 
     def _check_path(self) -> None:
-        """Say once when the socket's path no longer names this server's socket (removed by
-        hand, a tmpfiles clean-up of /run, another daemon bound there): the clients connected
-        are still served, but no new one can reach it, and nothing else would tell."""
+        """Every PATH_CHECK_S, whether the socket's path still names this server's socket.
+        Removed (by hand, a tmpfiles clean-up of /run), no new client could reach the daemon
+        and nothing would tell: the socket is made there again, and said. Taken by something
+        else (another daemon bound there, a file put in its place): that is not this
+        daemon's to remove, and said once. The clients connected are served throughout."""
         now = time.monotonic()
         if self._path_lost or now < self._path_checked + PATH_CHECK_S:
             return
         self._path_checked = now
         try:
             st = os.lstat(self.path)
-            ours = (st.st_dev, st.st_ino) == self._inode
+        except FileNotFoundError:
+            self._bind_again()
+            return
         except OSError:
-            ours = False
-        if not ours:
+            return  # (a folder above made unsearchable: nothing to tell apart, no client either)
+        if (st.st_dev, st.st_ino) != self._inode:
             self._path_lost = True
-            self._note("path", f"socket {self.path} was removed or replaced: new clients "
-                       "cannot reach this daemon until it restarts")  # fmt: skip
+            self._note("path", f"socket {self.path} was replaced: new clients reach what is "
+                       "there now, not this daemon, until it restarts")  # fmt: skip
+
+    def _bind_again(self) -> None:
+        """A listener at the path again. Connections already in the old one's backlog are
+        admitted first; closing it would reset them."""
+        try:
+            listener = self._listen(self._mode, self._group)
+        except GpujitterError as err:
+            self._path_lost = True
+            self._note("path", f"{err}: the socket was removed and cannot be made again; new "
+                       "clients cannot reach this daemon until it restarts")  # fmt: skip
+            return
+        self._admit_waiting()
+        self._pause.replace(listener)
+        self._listener.close()
+        self._listener = listener
+        self._note("path", f"socket {self.path} was removed: listening there again")
 
     def _wait_s(self, clients: list[_Client]) -> float:
         """How long the server thread may wait for sockets: a second, less where a client's
@@ -423,6 +444,11 @@ class StreamServer:
         """A round of admission: every connection waiting, then the listener out of the
         selector until the next round (ADMIT_EVERY_S), or FD_PAUSE_S while out of
         descriptors."""
+        self._pause.pause(self._admit_waiting())
+
+    def _admit_waiting(self) -> float:
+        """Every connection waiting in the listener's backlog admitted; how long the
+        listener should then rest."""
         socks: list[socket.socket] = []
         pause_s = ADMIT_EVERY_S
         while len(socks) < LISTEN_BACKLOG:
@@ -443,7 +469,7 @@ class StreamServer:
             socks.append(sock)
         if socks:
             self._admit(socks)
-        self._pause.pause(pause_s)
+        return pause_s
 
     def _refuse_with_spare(self) -> bool:
         """Out of descriptors: give up the spare one for a moment, so that the waiting

@@ -10,7 +10,9 @@ import contextlib
 import errno
 import os
 import resource
+import shutil
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -550,24 +552,50 @@ def test_too_long_socket_path_says_so(tmp_path: Path) -> None:
         StreamServer(path, hello=dict, snapshot=list)
 
 
-def test_a_socket_removed_under_the_daemon_is_said_once(
+def test_a_socket_removed_under_the_daemon_is_made_again_and_said(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`rm` of the socket (or a clean-up of /run) left the daemon unreachable to any new
-    client, and nothing said so: `top` then read "no daemon" beside a running one."""
+    """`rm` of the socket (or a clean-up of /run, its folder too) left the daemon unreachable
+    to any new client, and nothing said so: `top` then read "no daemon" beside a running
+    one. The socket is made again, with its mode, and said; those connected are served
+    throughout."""
+    monkeypatch.setattr(stream, "PATH_CHECK_S", 0.1)
+    path = tmp_path / "run" / "s.sock"
+    srv = StreamServer(path, hello=dict, snapshot=list, mode=0o640).start()
+    try:
+        client = connect(srv.path)
+        read_lines(client, 1)
+        path.unlink()
+        said = wait_said(capsys, "listening there again")
+        assert said == [f"gpujitter stream: socket {path} was removed: listening there again"]
+        shutil.rmtree(path.parent)  # again, its folder too (said within the minute's note)
+        deadline = time.monotonic() + 5
+        while not path.is_socket() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert path.is_socket() and stat.S_IMODE(path.stat().st_mode) == 0o640
+        with connect(path) as again:  # a new client reaches it
+            assert read_lines(again, 1)
+        srv.publish({"type": "gap"})  # the first is still served
+        assert read_lines(client, 1) == [{"type": "gap"}]
+        client.close()
+    finally:
+        srv.close()
+    assert not path.exists()  # the socket it made again is its own to remove
+
+
+def test_a_socket_path_taken_by_something_else_is_said_once_and_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(stream, "PATH_CHECK_S", 0.1)
     srv = StreamServer(tmp_path / "s.sock", hello=dict, snapshot=list).start()
     try:
         client = connect(srv.path)
         read_lines(client, 1)
         srv.path.unlink()
-        deadline = time.monotonic() + 5
-        said = ""
-        while "was removed or replaced" not in said and time.monotonic() < deadline:
-            time.sleep(0.1)
-            said += capsys.readouterr().err
-        assert said.count("\n") == 1
-        assert f"socket {srv.path} was removed or replaced: new clients cannot reach" in said
+        srv.path.write_text("not a socket\n")  # in its place before the next look
+        said = wait_said(capsys, "was replaced")
+        assert said == [f"gpujitter stream: socket {srv.path} was replaced: new clients reach "
+                        "what is there now, not this daemon, until it restarts"]  # fmt: skip
         srv.publish({"type": "gap"})  # those connected are still served
         assert read_lines(client, 1) == [{"type": "gap"}]
         time.sleep(0.5)
@@ -575,3 +603,13 @@ def test_a_socket_removed_under_the_daemon_is_said_once(
         client.close()
     finally:
         srv.close()
+    assert srv.path.read_text() == "not a socket\n"  # not its own: left in place
+
+
+def wait_said(capsys: pytest.CaptureFixture[str], words: str) -> list[str]:
+    deadline = time.monotonic() + 5
+    said = ""
+    while words not in said and time.monotonic() < deadline:
+        time.sleep(0.05)
+        said += capsys.readouterr().err
+    return said.splitlines()
