@@ -50,7 +50,7 @@ from gpujitter.probes.host import (
     status_fields,
 )
 from gpujitter.probes.mapbatch import PerCpuSum
-from gpujitter.probes.procfs import process_start, task_ids
+from gpujitter.probes.procfs import is_kernel_thread, process_start, task_ids
 from gpujitter.probes.progstats import program_fds
 from gpujitter.probes.registry import TRACEFS
 from gpujitter.probes.topology import Topology
@@ -116,6 +116,20 @@ class WatchSpec:
         if self.gpu_processes is not None:
             parts.append("GPU processes")
         return ", ".join(parts) or "nothing"
+
+    def unwatchable(self, paths: HostPaths) -> list[str]:
+        """Each pid given that watches nothing, in one line: a mistyped or stale id, or a
+        kernel thread's (`-p 2`), which launches no GPU work, so that no gap can be its. Said
+        at the start rather than left to an empty log."""
+        said = []
+        for pid in sorted(self.pids):
+            if process_start(paths, pid, zombie=False) is None:
+                said.append(f"watch: pid {pid}: no such process")
+            elif is_kernel_thread(paths, pid):
+                comm = read_name(paths.proc / str(pid) / "comm") or "?"
+                said.append(f"watch: pid {pid}: a kernel thread ({comm}), not a GPU process: "
+                            "nothing can be attributed to it")  # fmt: skip
+        return said
 
 
 def cgroup_members(cgroup: Path) -> list[int]:

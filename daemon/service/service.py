@@ -36,7 +36,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -77,8 +77,7 @@ from gpujitter.probes import registry
 from gpujitter.probes.base import memory_short
 from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import Event, WatchChange, to_record
-from gpujitter.probes.host import HostPaths, memory_limit, read_name
-from gpujitter.probes.procfs import is_kernel_thread, process_start
+from gpujitter.probes.host import HostPaths, memory_limit
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.text import dumps, inert_json, printable
@@ -270,21 +269,6 @@ def watch_of(config: Config) -> WatchSpec:
     return spec
 
 
-def unwatchable(paths: HostPaths, pids: Iterable[int]) -> list[str]:
-    """A --pid that watches nothing, one line each, said at the start rather than left to an
-    empty log: a mistyped or stale id, or a kernel thread's (`-p 2`), which launches no GPU
-    work, so that no gap can be its."""
-    said = []
-    for pid in sorted(pids):
-        if process_start(paths, pid, zombie=False) is None:
-            said.append(f"watch: pid {pid}: no such process")
-        elif is_kernel_thread(paths, pid):
-            comm = read_name(paths.proc / str(pid) / "comm") or "?"
-            said.append(f"watch: pid {pid}: a kernel thread ({comm}), not a GPU process: "
-                        "nothing can be attributed to it")  # fmt: skip
-    return said
-
-
 class Daemon:
     """`gpujitter run`: the runtime (daemon/service/runtime.py) over the live probes, or
     over `source` when given (a recording, a test's events), analysing every event, with the log,
@@ -374,7 +358,7 @@ class Daemon:
             # not only in the status records (a unit's journal shows nothing else).
             said = [f"probe {s.probe} unavailable: {s.reason}"
                     for s in self.source.statuses if s.state == "unavailable"]  # fmt: skip
-            said += unwatchable(HostPaths(), self.watch.pids)
+            said += self.watch.unwatchable(HostPaths())
             # Faults this node makes slow at random read as host work: said once, here.
             said += slow_fault_notes(HostPaths(), self.topology)
             if self.console:

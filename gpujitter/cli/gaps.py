@@ -25,6 +25,7 @@ from gpujitter.errors import GpujitterError
 from gpujitter.files import can_create
 from gpujitter.probes.clock import clock_ref, format_wall
 from gpujitter.probes.events import ClockRef, Event, ProbeStatus, to_record
+from gpujitter.probes.host import HostPaths
 from gpujitter.text import dumps, printable
 from gpujitter.units import format_ns, with_unit
 
@@ -258,6 +259,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(printable(f"# gaps >= {args.min_gap}; watching {watch.describe()}"),
                   file=sys.stderr)  # fmt: skip
+            for line in watch.unwatchable(HostPaths()):
+                print(printable(f"# {line}"), file=sys.stderr)
 
     try:
         Runtime(source, topology, sinks=sinks, analysis=lambda _: analysis,

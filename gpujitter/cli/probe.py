@@ -27,6 +27,7 @@ from gpujitter.errors import GpujitterError
 from gpujitter.probes import registry
 from gpujitter.probes.clock import clock_ref, format_wall
 from gpujitter.probes.events import CORE_PROBE, ClockRef, Event, ProbeStatus, to_record
+from gpujitter.probes.host import HostPaths
 from gpujitter.probes.malloc_precise import MAX_WINDOW_NS
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.text import printable
@@ -77,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             printable(f"# probes: {', '.join(names)}; watching {watch.describe()}"), file=sys.stderr
         )
+        for line in watch.unwatchable(HostPaths()):
+            print(printable(f"# {line}"), file=sys.stderr)
     # The kernel probes alone (no NVML, no GPU processes), every event shown, none analysed.
     source = LiveSource(names, topology=topology, watch=watch, thresholds=thresholds,
                         options=options, nvml=False, gpu_processes=False)  # fmt: skip

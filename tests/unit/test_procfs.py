@@ -295,3 +295,17 @@ def test_a_cgroup_name_with_a_line_break_is_one_path() -> None:
 
     text = "0::/user.slice/a\x0c0::/kubepods/podX/" + "f" * 64 + "\n"
     assert cgroup_paths(text) == ["/user.slice/a\x0c0::/kubepods/podX/" + "f" * 64]
+
+
+def test_pids_that_watch_nothing_are_named_one_line_each() -> None:
+    """A pid that names no process, or a kernel thread (pid 2, kthreadd: no GPU work), is
+    said by `run`, `probe` and `gaps` at their start; a live user process is not."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    spec = WatchSpec(pids={os.getpid(), 2, gone.pid})
+    assert spec.unwatchable(HostPaths()) == sorted(
+        [f"watch: pid {gone.pid}: no such process",
+         "watch: pid 2: a kernel thread (kthreadd), not a GPU process: nothing can be "
+         "attributed to it"],
+        key=lambda line: int(line.split()[2].rstrip(":")),
+    )  # fmt: skip
