@@ -140,3 +140,18 @@ def test_a_file_name_of_bytes_that_are_not_utf8_reaches_every_sink_written_as_it
         written,
         written,
     ]
+
+
+def test_a_comm_decoded_again_is_the_same_string_and_the_cache_stays_bounded() -> None:
+    # The engine keeps a minute of events, each naming its task: one string per name, not
+    # one per event (138k copies beside a job churning threads).
+    from gpujitter.probes import base
+
+    raw = b"pt_data_worker\0\0"
+    first = base.comm_str(raw)
+    again = bytes(bytearray(raw))  # equal bytes, another object (as each event's are)
+    assert first == "pt_data_worker" and again is not raw and base.comm_str(again) is first
+    assert base.comm_str(b"pt_data_worke\xff\0") == "pt_data_worke\\xff"  # one byte apart
+    for n in range(base._NAMES_MAX + 10):  # a crowd of distinct names
+        assert base.comm_str(f"t{n}".encode()) == f"t{n}"
+    assert len(base._NAMES) <= base._NAMES_MAX
