@@ -568,7 +568,7 @@ def test_a_socket_removed_under_the_daemon_is_made_again_and_said(
         path.unlink()
         said = wait_said(capsys, "listening there again")
         assert said == [f"gpujitter stream: socket {path} was removed: listening there again"]
-        shutil.rmtree(path.parent)  # again, its folder too (counted in the next such line, 10 min on)
+        shutil.rmtree(path.parent)  # again, its folder too (said in the next line, 10 min on)
         deadline = time.monotonic() + 5
         while not path.is_socket() and time.monotonic() < deadline:
             time.sleep(0.05)
