@@ -18,8 +18,12 @@ def open_regular(path: Path, what: str) -> BinaryIO:
     """Regular file `path` opened for reading; GpujitterError('<what> <path>: <why>') for
     anything else (a FIFO, a device), without waiting on it."""
     try:
-        # O_NONBLOCK: a FIFO's open returns at once, to be refused below (on a regular file
-        # the flag changes nothing)
+        # Looked at before it is opened: an open, even one that does not wait, lets a FIFO's
+        # writer in and may act on a device (a tape rewinds, a modem line rises).
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise GpujitterError(f"{what} {path}: not a regular file")
+        # O_NONBLOCK: a FIFO put in its place since returns at once, to be refused below
+        # (on a regular file the flag changes nothing)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         raise GpujitterError(f"{what} {path}: {err.strerror}") from None
