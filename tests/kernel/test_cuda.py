@@ -74,6 +74,15 @@ def trace(
     return child, rec
 
 
+def compiled(folder: Path, name: str, source: str) -> Path:
+    """A feeder program in C (it loads the stub itself), built in `folder`."""
+    (folder / f"{name}.c").write_text(source)
+    exe = folder / name
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(folder / f"{name}.c"), "-ldl", "-lpthread"],
+                   check=True)  # fmt: skip
+    return exe
+
+
 def quiet_spans(truth: list[dict[str, Any]]) -> list[tuple[int, int]]:
     """Each host pause by its tightest measured edges: the return of the call before it (its
     t1) to the entry of the call after it (its t0). The pause's own clock reads sit inside,
@@ -319,10 +328,7 @@ def test_a_thread_that_dies_inside_a_sync_is_forgotten_at_its_exit(
     (the GPU busy) until the probe drops it: then quiet stretches are reported again. The
     probe learns of the exit from the core's exit stream at its next tick; it does not walk
     its maps and /proc for it (the walk comes at the first tick and every 10 s)."""
-    source = tmp_path / "dies_in_sync.c"
-    source.write_text(DIES_IN_SYNC)
-    exe = tmp_path / "dies_in_sync"
-    subprocess.run(["gcc", "-O1", "-o", str(exe), str(source), "-ldl", "-lpthread"], check=True)
+    exe = compiled(tmp_path, "dies_in_sync", DIES_IN_SYNC)
     walks: list[float] = []
     forgotten: list[tuple[int, int]] = []
     walk, forget = CudaProbe._forget_exited, CudaProbe._forget
@@ -445,10 +451,7 @@ def test_a_sync_in_progress_while_the_probes_attach_does_not_mute_the_process(
     of calls a second and no event. Here 300 ms pass between the two links while a thread
     syncs without pause: the thread's 50 ms sync and the main thread's 100 ms pause after it
     must still be reported."""
-    source = tmp_path / "spins_in_sync.c"
-    source.write_text(SPINS_IN_SYNC)
-    exe = tmp_path / "spins_in_sync"
-    subprocess.run(["gcc", "-O1", "-o", str(exe), str(source), "-ldl", "-lpthread"], check=True)
+    exe = compiled(tmp_path, "spins_in_sync", SPINS_IN_SYNC)
     link = uprobe_multi.link
     linked: list[bool] = []
 
