@@ -182,6 +182,26 @@ static __always_inline int on_return(void)
     return 0;
 }
 
+/* A thread that exits inside a synchronisation never returns from it. Its entry goes at its
+ * own exit, and its process's count with an atomic add: from user space, a read-modify-write
+ * of the process's state after the exit raced with its other threads' syncs (a count lost
+ * either way leaves the process muted for good, or its syncs' launches "after quiet").
+ * Every task's exit runs this; a thread with no sync in flight costs one hash lookup. */
+RAW_TRACEPOINT_PROBE(sched_process_exit)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct sync_entry *s = syncs.lookup(&tid);
+    if (!s)
+        return 0;
+    u32 tgid = s->tgid;
+    u8 counted = s->counted;
+    syncs.delete(&tid);
+    struct proc_state *p = procs.lookup(&tgid);
+    if (p && counted)
+        __sync_fetch_and_add(&p->syncing, -1);
+    return 0;
+}
+
 #ifdef GJ_PER_ADDRESS
 /* Where the kernel has no uprobe-multi links: one entry program per traced function id (its
  * role a compile-time constant), one return program shared by all synchronising functions. */

@@ -334,39 +334,22 @@ class CudaProbe(BpfProbe):
         return ()
 
     def _forget(self, exited: list[tuple[int, int]]) -> None:
-        """The entries of threads and processes the core saw exit."""
-        procs, syncs = self.bpf["procs"], self.bpf["syncs"]
+        """The entries of processes the core saw exit (a thread's sync in flight goes at its
+        exit, in the kernel: cuda.bpf.c)."""
+        procs = self.bpf["procs"]
         for tgid, tid in exited:
-            self._drop_sync(procs, syncs, syncs.Key(tid))
             if tid == tgid:
                 with contextlib.suppress(KeyError):  # it never called libcuda
                     del procs[procs.Key(tgid)]
                 self.scan.forget(tgid)
 
     def _forget_exited(self) -> None:
-        """A walk of the maps and /proc for entries of threads and processes gone."""
-        procs, syncs = self.bpf["procs"], self.bpf["syncs"]
+        """A walk of the processes' entries and /proc for those gone."""
+        procs = self.bpf["procs"]
         for key in list(procs):
             if not alive(self.paths, key.value):
                 del procs[key]
         self.scan.forget_exited()
-        for key in list(syncs):
-            if not alive(self.paths, key.value):
-                self._drop_sync(procs, syncs, key)
-
-    @staticmethod
-    def _drop_sync(procs: Any, syncs: Any, key: Any) -> None:
-        """A thread that exited inside a synchronisation never returns from it: drop it, or
-        its process would count as synchronising (GPU busy) for good."""
-        entry = syncs.get(key)
-        if entry is None:
-            return
-        del syncs[key]
-        tgid = procs.Key(entry.tgid)
-        state = procs.get(tgid)
-        if state is not None and entry.counted and state.syncing > 0:
-            state.syncing -= 1
-            procs[tgid] = state
 
     def hit_counts(self) -> dict[str, int]:
         """Calls per traced function so far (watched processes), summed over CPUs."""

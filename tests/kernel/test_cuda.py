@@ -324,22 +324,20 @@ int main(int argc, char **argv)
 def test_a_thread_that_dies_inside_a_sync_is_forgotten_at_its_exit(
     stub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A thread that ends inside a synchronisation leaves its process counted as synchronising
-    (the GPU busy) until the probe drops it: then quiet stretches are reported again. The
-    probe learns of the exit from the core's exit stream at its next tick; it does not walk
-    its maps and /proc for it (the walk comes at the first tick and every 10 s)."""
+    """A thread that ends inside a synchronisation would leave its process counted as
+    synchronising (the GPU busy) for good. The kernel drops it at the thread's exit, so quiet
+    stretches are reported again with no help from user space: here the probe's own
+    forgetting (of processes, from the core's exit stream at each tick, or by a walk of its
+    maps and /proc at the first tick and every 10 s) is turned off, and only recorded."""
     exe = compiled(tmp_path, "dies_in_sync", DIES_IN_SYNC)
     walks: list[float] = []
     forgotten: list[tuple[int, int]] = []
-    walk, forget = CudaProbe._forget_exited, CudaProbe._forget
 
     def counted_walk(self: CudaProbe) -> None:
         walks.append(time.monotonic())
-        walk(self)
 
     def seen_forget(self: CudaProbe, exited: list[tuple[int, int]]) -> None:
         forgotten.extend(exited)
-        forget(self, exited)
 
     monkeypatch.setattr(CudaProbe, "_forget_exited", counted_walk)
     monkeypatch.setattr(CudaProbe, "_forget", seen_forget)
