@@ -192,7 +192,9 @@ class NodeModel:
 
     def cpu_rows(self) -> list[CpuRow]:
         cpus = sorted(set(self.cpus) | set(self.hello.cpu_node))
-        threads = self.status.threads if self.status else ()
+        by_cpu: dict[int, list[tuple[WatchedThread, bool]]] = {}
+        for t in self.status.threads if self.status else ():
+            by_cpu.setdefault(t.cpu, []).append((t, self.placed_remote(t)))
         rows = []
         for cpu in cpus:
             state = self.cpus.get(cpu) or CpuState(cpu)
@@ -208,7 +210,6 @@ class NodeModel:
             if state.idle is not None and state.idle.interval_ns > 0:
                 share = [(name, ns / state.idle.interval_ns) for name, ns in state.idle.idle_ns]
                 idle = tuple(sorted(share, key=lambda s: s[1], reverse=True))
-            here = tuple((t, self.placed_remote(t)) for t in threads if t.cpu == cpu)
             rows.append(
                 CpuRow(
                     cpu=cpu,
@@ -218,7 +219,7 @@ class NodeModel:
                     idle=idle,
                     top_irqs=irq.top_irqs if irq else (),
                     remote_irqs=irq.remote_irqs if irq else (),
-                    threads=here,
+                    threads=tuple(by_cpu.get(cpu, ())),
                 )
             )
         return rows

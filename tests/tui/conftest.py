@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.text import Text
 from textual.pilot import Pilot
+from textual.widgets import DataTable
 
 from gpujitter.daemon.sinks.stream import StreamServer
 from gpujitter.tui import audit
@@ -71,6 +73,21 @@ async def until(pilot: Pilot, ready: Callable[[], bool], what: str, timeout: flo
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await pilot.pause(0.02)
     await pilot.pause()
+
+
+async def send(pilot: Pilot, *records: dict[str, Any], reset: bool = False) -> None:
+    """One batch from the feed, taken in and drawn as the app does."""
+    app = pilot.app
+    assert isinstance(app, GpujitterTop)
+    if reset:
+        app.inbox.reset()
+    app.inbox.records(records)
+    await until(pilot, lambda: not app.inbox.pending, "the batch")
+
+
+def table_shown(table: DataTable[Text]) -> list[tuple[str, list[str]]]:
+    """A table's rows as drawn: each row's key and its cells' text, in order."""
+    return [(str(r.key.value), [c.plain for c in table.get_row(r.key)]) for r in table.ordered_rows]
 
 
 async def settled(pilot: Pilot) -> None:

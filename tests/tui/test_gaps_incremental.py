@@ -10,15 +10,13 @@ from unittest.mock import patch
 
 import pytest
 from rich.text import Text
-from textual.pilot import Pilot
 
 from gpujitter.daemon.analysis.records import Part
 from gpujitter.probes.events import to_record
-from gpujitter.tui.app import GpujitterTop
 from gpujitter.tui.model import GAP_LIMIT
 from gpujitter.tui.views.breakdown import GapScreen
 from gpujitter.tui.views.gaps import SORTS, GapsTable
-from tests.tui.conftest import NothingYet, make_app, until
+from tests.tui.conftest import NothingYet, make_app, send, table_shown, until
 from tests.tui.test_model import attribution, gap
 
 S = 1_000_000_000
@@ -51,23 +49,9 @@ def rebuilt(table: GapsTable) -> Rows:
     return [(k, [c.plain for c in row]) for k, row in cells if table.matches(row)]
 
 
-def shown(table: GapsTable) -> Rows:
-    return [(str(r.key.value), [c.plain for c in table.get_row(r.key)]) for r in table.ordered_rows]
-
-
-async def send(pilot: Pilot, *records: dict[str, Any], reset: bool = False) -> None:
-    """One batch from the feed, taken in and drawn as the app does."""
-    app = pilot.app
-    assert isinstance(app, GpujitterTop)
-    if reset:
-        app.inbox.reset()
-    app.inbox.records(records)
-    await until(pilot, lambda: not app.inbox.pending, "the batch")
-
-
 def check(table: GapsTable) -> None:
     expected = rebuilt(table)
-    assert shown(table) == expected
+    assert table_shown(table) == expected
     total = len(table.model.gaps)
     count = f"{total} gaps" if len(expected) == total else f"{len(expected)} of {total} gaps"
     assert Text.from_markup(str(table.border_title)).plain.startswith(count)
