@@ -259,8 +259,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(printable(f"# gaps >= {args.min_gap}; watching {watch.describe()}"),
                   file=sys.stderr)  # fmt: skip
-            for line in watch.unwatchable(HostPaths()):
-                print(printable(f"# {line}"), file=sys.stderr)
+        for line in watch.unwatchable(HostPaths()):  # a warning: in --json too
+            print(printable(f"# {line}"), file=sys.stderr)
 
     try:
         Runtime(source, topology, sinks=sinks, analysis=lambda _: analysis,

@@ -78,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             printable(f"# probes: {', '.join(names)}; watching {watch.describe()}"), file=sys.stderr
         )
-        for line in watch.unwatchable(HostPaths()):
-            print(printable(f"# {line}"), file=sys.stderr)
+    for line in watch.unwatchable(HostPaths()):  # a warning: in --json too (stdout is the data)
+        print(printable(f"# {line}"), file=sys.stderr)
     # The kernel probes alone (no NVML, no GPU processes), every event shown, none analysed.
     source = LiveSource(names, topology=topology, watch=watch, thresholds=thresholds,
                         options=options, nvml=False, gpu_processes=False)  # fmt: skip

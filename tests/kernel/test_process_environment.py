@@ -174,3 +174,14 @@ def test_a_watched_pid_with_no_process_or_a_kernel_threads_is_said_at_start() ->
     assert ("# watch: pid 2: a kernel thread (kthreadd), not a GPU process: nothing can be "
             "attributed to it") in done.stderr.splitlines()  # fmt: skip
     assert f"pid {os.getpid()}: a kernel thread" not in done.stderr
+    # `probe` and `gaps` say it too, with --json as without (stdout is their data, stderr
+    # the warning).
+    for command in (["probe", "malloc", "--duration", "1s"], ["gaps", "--no-nvml", "--duration",
+                    "1s", "--min-gap", "5ms"]):  # fmt: skip
+        for json_out in ([], ["--json"]):
+            done = gpujitter(*command, *json_out, "--pid", str(gone.pid), "--pid", "2")
+            assert done.returncode == 0, done.stderr
+            said = done.stderr.splitlines()
+            assert f"# watch: pid {gone.pid}: no such process" in said, (command, json_out, said)
+            kthreadd = "# watch: pid 2: a kernel thread (kthreadd)"
+            assert any(line.startswith(kthreadd) for line in said), (command, json_out, said)
