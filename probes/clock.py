@@ -4,6 +4,7 @@ ClockRef (a monotonic and a realtime reading taken back to back)."""
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from datetime import datetime
 
 from gpujitter.probes.events import ClockRef
@@ -23,6 +24,19 @@ def clock_ref() -> ClockRef:
     return ClockRef(ts_ns=best[1], realtime_ns=best[2])
 
 
+# How far the wall clock may move against the monotonic one between two references before
+# it counts as set: the two readings of a reference are ~0.1 µs apart, and NTP's slewing
+# moves both clocks alike, so anything over this is a step (chrony's or ntpd's, a date set
+# by hand, a VM's clock put right after a pause).
+STEP_NS = 1_000_000
+
+
+def stepped(ref: ClockRef, now: ClockRef) -> int:
+    """How far the wall clock was set between two references, in ns (0: not set)."""
+    moved = (now.realtime_ns - now.ts_ns) - (ref.realtime_ns - ref.ts_ns)
+    return moved if abs(moved) > STEP_NS else 0
+
+
 def wall_ns(ref: ClockRef, mono_ns: int) -> int:
     return ref.realtime_ns + (mono_ns - ref.ts_ns)
 
@@ -33,3 +47,21 @@ def format_wall(ref: ClockRef, mono_ns: int, *, date: bool = False) -> str:
     Prometheus and Grafana times can be compared with."""
     dt = datetime.fromtimestamp(wall_ns(ref, mono_ns) / 1e9).astimezone()
     return dt.strftime("%Y-%m-%d %H:%M:%S.%f %z" if date else "%H:%M:%S.%f")
+
+
+class Clocks:
+    """The wall clock's references through a recording, the first its header's, then each
+    meta.clock a run sent when the clock was set: a time is shown by the latest reference
+    taken at or before it."""
+
+    def __init__(self, first: ClockRef) -> None:
+        self._refs = [first]
+        self._taken = [first.ts_ns]
+
+    def add(self, ref: ClockRef) -> None:
+        if ref.ts_ns >= self._taken[-1]:  # a recording's are in order; a stray is not kept
+            self._refs.append(ref)
+            self._taken.append(ref.ts_ns)
+
+    def at(self, mono_ns: int) -> ClockRef:
+        return self._refs[max(bisect_right(self._taken, mono_ns) - 1, 0)]

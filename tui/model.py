@@ -277,6 +277,8 @@ def _snapshot(m: NodeModel, rec: Record) -> None:
             m.apply(item)
     if rec.get("status"):
         m.apply(rec["status"])
+    if rec.get("clock"):  # the wall clock was set since the hello's reference
+        m.apply(rec["clock"])
     m._saw(int(rec.get("ts_ns", 0)))
     m.changed |= {"gpus", "gaps", "cpus", "status"}
 

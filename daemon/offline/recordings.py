@@ -26,6 +26,7 @@ from gpujitter.daemon.sinks.jsonlog import (
     JsonLogReader,
     LineDamage,
     numbered_lines,
+    rfc3339_ns,
     rotated_files,
 )
 from gpujitter.daemon.sinks.trace import (
@@ -38,6 +39,7 @@ from gpujitter.daemon.sinks.trace import (
 )
 from gpujitter.errors import GpujitterError
 from gpujitter.files import open_regular
+from gpujitter.probes.clock import stepped
 from gpujitter.probes.events import BadRecord, ClockRef, Event, event_kinds, from_record
 from gpujitter.probes.topology import Topology
 
@@ -140,7 +142,8 @@ class Recording:
 
     @property
     def wall_clock(self) -> bool:
-        """Whether its times can be read as wall time (a log has no clock reference)."""
+        """Whether its times can be read as wall time (a log whose lines carry no `time`, as
+        before they did, has no clock)."""
         return self.header.clock.realtime_ns != 0
 
     @property
@@ -251,12 +254,22 @@ def _events(path: Path, into: Recording | None) -> Iterator[Event]:
 
 
 def _logged(path: Path, into: Recording | None, rotated: bool) -> Iterator[Event]:
-    """An attribution log's records as events (with its rotated files, oldest first)."""
+    """An attribution log's records as events (with its rotated files, oldest first), and
+    the wall clock its lines' `time` give, as a meta.clock before the first such line and
+    before each line whose time says the clock was set (a log keeps no reference itself)."""
     reader = JsonLogReader(path, rotated=rotated)
     rec: dict[str, Any]
+    clock: ClockRef | None = None
     for rec in reader:
         if _known_kind(rec.get("type")):
-            yield from_record({k: v for k, v in rec.items() if k != "schema"})
+            ev = from_record({k: v for k, v in rec.items() if k not in ("schema", "time")})
+            wall = rfc3339_ns(rec.get("time"))
+            if wall:
+                ref = ClockRef(ts_ns=ev.ts_ns, realtime_ns=wall)
+                if clock is None or stepped(clock, ref):
+                    clock = ref
+                    yield ref
+            yield ev
     if into is not None:
         into.corrupt += sum(d.count for d in reader.damaged.values())
         into.damage += reader.damage_notes()

@@ -37,7 +37,8 @@ from gpujitter.daemon.service.sdnotify import Notifier
 from gpujitter.daemon.service.state import NodeState
 from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.probes.base import Emit
-from gpujitter.probes.events import CudaCall, Event, ProbeStatus, WatchChange
+from gpujitter.probes.clock import clock_ref, stepped
+from gpujitter.probes.events import ClockRef, CudaCall, Event, ProbeStatus, WatchChange
 from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import GpuInfo
 from gpujitter.probes.procfs import alive, process_age_ns
@@ -323,6 +324,11 @@ class Runtime:
         self.say = say or (lambda text: None)
         self.pipeline: Pipeline | None = None
         self.state = NodeState(topology)
+        # The wall clock against the monotonic one, for what prints wall times (the console,
+        # the log's `time`, the stream's hello): this node's, for a live source (a recorded
+        # one's times are its recording's). A live run looks each tick whether it was set
+        # since, and sends the new reference down the stream as a meta.clock event.
+        self.clock: ClockRef | None = clock_ref() if source.on_this_node else None
         self.ready = False  # the source started: from then on a stop is clean
         self.start_ns = 0  # when the source had started (durations count from here)
         self.attributions = 0  # made since start
@@ -661,6 +667,7 @@ class Runtime:
         self._events_at_tick = self.state.events
         if self.source.on_this_node:
             self.state.forget_gone(_ALIVE)
+            self._follow_clock()
         status = self.status()
         for sink in self.sinks:
             sink.tick(now, status)
@@ -670,6 +677,21 @@ class Runtime:
         self._tend_own(now)
         if self.notifier is not None:
             self.notifier.status(status_line(status))
+
+    def _follow_clock(self) -> None:
+        """A wall clock set while the run goes on (NTP's first sync after a boot, a date set
+        by hand): said once a step, and its new reference sent on as an event, which every
+        sink that prints wall times takes (and a trace records), so that their times follow
+        the clock rather than the one the run started with."""
+        now = clock_ref()
+        moved = stepped(self.clock, now) if self.clock is not None else 0
+        if moved:
+            self.clock = now
+            self.say(
+                f"clock: the wall clock was set {moved / 1e9:+.3f} s: wall times from here on "
+                "follow it (earlier lines keep the times of the clock then)"
+            )
+            self.queue.emit(now)
 
     def _tend_own(self, now: int) -> None:
         """Our threads: new ones get their policy; off the watched processes' CPUs when the

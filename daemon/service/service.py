@@ -76,7 +76,7 @@ from gpujitter.daemon.sinks.trace import TraceHeader
 from gpujitter.probes import registry
 from gpujitter.probes.base import memory_short
 from gpujitter.probes.clock import clock_ref
-from gpujitter.probes.events import Event, WatchChange, to_record
+from gpujitter.probes.events import ClockRef, Event, WatchChange, to_record
 from gpujitter.probes.host import HostPaths, memory_limit
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
@@ -215,10 +215,12 @@ class Console:
     its own (_LineWriter), so a terminal or pipe that stops reading never stops the main
     loop, and a stuck `out` never silences the notes (the journal)."""
 
-    def __init__(self, out: TextIO, as_json: bool, clock: Any, *, quiet: bool = False) -> None:
+    def __init__(
+        self, out: TextIO, as_json: bool, *, clock: ClockRef | None = None, quiet: bool = False
+    ) -> None:
         self.out = out
         self.as_json = as_json
-        self.clock = clock
+        self.clock = clock  # the runtime's, once it runs (ConsoleSink): None prints no wall time
         self.quiet = quiet
         self._out = _LineWriter(out, "gpujitter-console", on_gone=self._out_gone)
         self._err = _LineWriter(sys.stderr, "gpujitter-notes")
@@ -382,7 +384,6 @@ class Daemon:
 
     def _sinks(self, runtime: Runtime) -> list[Sink]:
         cfg = self.config
-        clock = clock_ref()
         sinks: list[Sink] = []
         files: list[str] = []
         if cfg["record.path"]:
@@ -398,7 +399,9 @@ class Daemon:
             sinks.append(LogSink(JsonLog(cfg["log.path"], rotation, say=self._say)))
             files.append("log")
         if cfg["socket.path"]:
-            hello = self._hello(clock)  # built here: the stream's thread only copies it
+            # built here: the stream's thread only copies it (a clock set later is the
+            # snapshot's `clock`, and a meta.clock record to the clients connected)
+            hello = self._hello(runtime.clock or clock_ref())  # (a test's recorded source)
             stream = StreamServer(
                 Path(cfg["socket.path"]),
                 hello=lambda: dict(hello),
@@ -419,7 +422,7 @@ class Daemon:
         sinks.append(_Keeper(self))  # last: closes first, while the others still write
         return sinks
 
-    def _hello(self, clock: Any) -> dict[str, Any]:
+    def _hello(self, clock: ClockRef) -> dict[str, Any]:
         return {
             "version": __version__,
             "host": socket.gethostname(),

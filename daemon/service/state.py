@@ -18,6 +18,7 @@ from typing import Any
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.daemon.service.status import DaemonStatus, ProbeCost, WatchedThread
 from gpujitter.probes.events import (
+    ClockRef,
     CpuStats,
     Event,
     GpuProcesses,
@@ -35,7 +36,7 @@ from gpujitter.probes.topology import Topology
 # the daemon (a trace keeps them).
 STREAMED = frozenset(
     {"gpu.gap", "gpu.attribution", "cpu.stats", "meta.probe", "gpu.sample", "gpu.procs",
-     "meta.watch"}
+     "meta.watch", "meta.clock"}
 )  # fmt: skip
 RECENT = 200  # gaps and attributions kept for the snapshot
 MAX_THREADS = 4096  # watched threads whose placement is kept
@@ -48,6 +49,8 @@ class NodeState:
         self.gpus = gpus or []
         self._lock = threading.Lock()
         self.probes: dict[str, ProbeStatus] = {}
+        # The wall clock's reference since it was set during the run (None: as the hello's).
+        self.clock: ClockRef | None = None
         # The irq and cstate probes each send their half of a CPU's figures (interrupt time;
         # idle residency): the latest of each half is kept.
         self.cpus: dict[tuple[int, str], CpuStats] = {}
@@ -209,6 +212,7 @@ class NodeState:
             attributions = list(self.attributions)
             cpus = sorted(self.cpus.items())
             procs = sorted(self.procs.items())
+            clock = self.clock
         return {
             "type": "snapshot",
             "ts_ns": now_ns,
@@ -219,7 +223,7 @@ class NodeState:
             "cpus": [to_record(c) for _, c in cpus],
             "procs": [to_record(p) for _, p in procs],
             "status": status.to_record(),
-        }
+        } | ({"clock": to_record(clock)} if clock is not None else {})
 
 
 # What each kind of record changes in the state, by its exact type (a lookup per event
@@ -235,4 +239,5 @@ _KEEPERS: dict[type[Event], Callable[[NodeState, Any], None]] = {
     Migration: NodeState._migration,
     ThreadExit: NodeState._thread_exit,
     ProcExit: NodeState._proc_exit,
+    ClockRef: lambda state, ev: setattr(state, "clock", ev),
 }

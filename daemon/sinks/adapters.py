@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.daemon.service.runtime import Sink
 from gpujitter.daemon.service.state import STREAMED
-from gpujitter.probes.events import Event, ProbeStatus, to_record
+from gpujitter.probes.events import ClockRef, Event, ProbeStatus, to_record
 
 if TYPE_CHECKING:
     from gpujitter.daemon.service.runtime import Runtime
@@ -47,11 +47,33 @@ class CaptureSink(Sink):
         self.capture.close()
 
 
-class LogSink(Sink):
-    """Each attribution as one JSON line; reopened at SIGHUP (after logrotate)."""
+class _WallTimes(Sink):
+    """A sink that writes wall times: by the runtime's clock, then by each meta.clock (the
+    wall clock set during the run), the only events it takes."""
+
+    def started(self, runtime: Runtime) -> None:
+        self.follow(runtime.clock)
+
+    def wants(self, kind: type[Event]) -> bool:
+        return kind is ClockRef
+
+    def event(self, ev: Event) -> None:
+        assert isinstance(ev, ClockRef)
+        self.follow(ev)
+
+    def follow(self, clock: ClockRef | None) -> None:
+        raise NotImplementedError
+
+
+class LogSink(_WallTimes):
+    """Each attribution as one JSON line, its `time` by the clock of the moment; reopened at
+    SIGHUP (after logrotate)."""
 
     def __init__(self, log: JsonLog) -> None:
         self.log = log
+
+    def follow(self, clock: ClockRef | None) -> None:
+        self.log.clock = clock
 
     def finding(self, found: Event) -> None:
         if isinstance(found, Attribution):
@@ -68,11 +90,15 @@ class LogSink(Sink):
         self.log.close()
 
 
-class ConsoleSink(Sink):
-    """Each attribution as a line (or NDJSON) on the console."""
+class ConsoleSink(_WallTimes):
+    """Each attribution as a line (or NDJSON) on the console, its wall time by the clock of
+    the moment."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
+
+    def follow(self, clock: ClockRef | None) -> None:
+        self.console.clock = clock
 
     def finding(self, found: Event) -> None:
         if isinstance(found, Attribution):

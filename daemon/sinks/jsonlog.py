@@ -16,6 +16,7 @@ such a stretch is a `log.dropped` record with the count, the reason and the time
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import ctypes
 import errno
@@ -25,6 +26,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -34,9 +36,11 @@ from gpujitter.daemon.sinks.diskfull import WriteFailures, no_room, to_stderr
 from gpujitter.daemon.sinks.rotation import Rotation, fsync_dir, say_once
 from gpujitter.errors import GpujitterError
 from gpujitter.files import open_regular
+from gpujitter.probes.clock import wall_ns
 from gpujitter.probes.events import (
     SCHEMA_MAJOR,
     BadRecord,
+    ClockRef,
     Event,
     event_kinds,
     from_record,
@@ -146,6 +150,10 @@ class JsonLog:
         # does not is someone else's at a mistyped path (--log /etc/hosts).
         self._family = b'{"schema":' + orjson.dumps(schema.rsplit("/", 1)[0] + "/")[:-1]
         self.mode = mode
+        # The wall clock's reference (LogSink keeps it current): each line then says when
+        # its record began as `time`, RFC 3339 in UTC, which log shippers and people read;
+        # None writes none (ts_ns alone is CLOCK_MONOTONIC).
+        self.clock: ClockRef | None = None
         self.lines = 0
         self.repaired_bytes = 0
         self.failures = WriteFailures(f"log {self.path}", say or to_stderr)
@@ -238,10 +246,14 @@ class JsonLog:
     def write(self, record: Event | Mapping[str, Any]) -> bool:
         """Append one record (an event, or a plain mapping) as one line; False when the
         disk refused it (dropped and counted in `failures`)."""
+        clock = self.clock  # one read: the runtime's thread may replace it meanwhile
         if isinstance(record, Event):
             raw = to_json(record, self._lead)
+            if clock is not None:  # after the schema, which comes first on every line
+                cut = 1 + len(self._lead)
+                raw = raw[:cut] + b'"time":"' + rfc3339(clock, record.ts_ns) + b'",' + raw[cut:]
         else:
-            raw = dumps({"schema": self.schema, **record})
+            raw = self._plain(record, clock)
         # inert_json: names in it are other processes' choice, and people `tail -f` a log.
         line = inert_json(raw) + b"\n"
         with self._lock:
@@ -256,7 +268,8 @@ class JsonLog:
                 # The episode's count goes with the record, as one write: alone, the short
                 # marker fit where the record did not, writing was said to work again, and
                 # the drops that followed went unsaid within the minute's note.
-                lines = self._dropped_line(now_ns) + line if self.failures.failing else line
+                failing = self.failures.failing
+                lines = self._dropped_line(now_ns, clock) + line if failing else line
                 if self._rotation_due(now_ns, len(lines)):
                     self._rotate(now_ns)
                 self._append(lines)
@@ -266,11 +279,17 @@ class JsonLog:
                 return False
             return True
 
-    def _dropped_line(self, now_ns: int) -> bytes:
+    def _plain(self, record: Mapping[str, Any], clock: ClockRef | None) -> bytes:
+        """A record that is no event as a line's JSON, its schema and time first."""
+        ts_ns = record.get("ts_ns")
+        wall = {"time": rfc3339(clock, ts_ns).decode()} if clock and type(ts_ns) is int else {}
+        return dumps({"schema": self.schema, **wall, **record})
+
+    def _dropped_line(self, now_ns: int, clock: ClockRef | None) -> bytes:
         f = self.failures
-        rec = {"schema": self.schema, "type": DROPPED, "ts_ns": now_ns, "count": f.dropped,
-               "since_ns": f.since_ns, "reason": f.reason}  # fmt: skip
-        return orjson.dumps(rec) + b"\n"
+        rec = {"type": DROPPED, "ts_ns": now_ns, "count": f.dropped, "since_ns": f.since_ns,
+               "reason": f.reason}  # fmt: skip
+        return self._plain(rec, clock) + b"\n"
 
     def _append(self, line: bytes) -> None:
         assert self._fd is not None
@@ -448,6 +467,25 @@ class JsonLogReader:
                 yield rec
         if not (damaged.count or damaged.torn):
             del self.damaged[path]
+
+
+def rfc3339(clock: ClockRef, mono_ns: int) -> bytes:
+    """A monotonic time as the wall clock's, in UTC to the microsecond:
+    2026-12-07T12:01:07.250123Z."""
+    seconds, ns = divmod(wall_ns(clock, mono_ns), 1_000_000_000)
+    return time.strftime(f"%Y-%m-%dT%H:%M:%S.{ns // 1000:06d}Z", time.gmtime(seconds)).encode()
+
+
+def rfc3339_ns(text: object) -> int | None:
+    """A line's `time` (rfc3339's form) as ns since the epoch; None for anything else (a
+    file from elsewhere, a line written before lines had one)."""
+    if not isinstance(text, str) or len(text) != 27:
+        return None
+    try:
+        when = datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ")
+    except ValueError:
+        return None
+    return calendar.timegm(when.timetuple()) * 1_000_000_000 + when.microsecond * 1000
 
 
 def numbered_lines(f: BinaryIO, damaged: LineDamage) -> Iterator[tuple[int, bytes]]:

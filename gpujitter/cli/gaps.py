@@ -96,7 +96,7 @@ class Printer:
         )
 
     def _when(self, ts_ns: int) -> str:
-        """Wall time, or seconds since boot for a recording without a clock (a log)."""
+        """Wall time, or seconds since boot for a recording without a clock (an old log)."""
         return format_wall(self.ref, ts_ns) if self.ref else f"t={ts_ns / 1e9:.6f}s"
 
     def status(self, st: ProbeStatus) -> None:
@@ -125,6 +125,8 @@ class _Shown(Sink):
             self.out.status(ev)
         elif self.analysed and isinstance(ev, Attribution):
             self.out.gap(ev.gap)
+        elif isinstance(ev, ClockRef) and self.out.ref is not None:
+            self.out.ref = ev  # the wall clock was set: later gaps by the clock of then
 
     def finding(self, found: Event) -> None:
         if isinstance(found, GpuGap):

@@ -124,7 +124,9 @@ class _Shown(Sink):
         self.statuses: dict[str, ProbeStatus] = {}
 
     def event(self, ev: Event) -> None:
-        if isinstance(ev, ProbeStatus):
+        if isinstance(ev, ClockRef):
+            self.ref = ev  # the wall clock was set: the events after it by its new time
+        elif isinstance(ev, ProbeStatus):
             previous = self.statuses.get(ev.probe)
             self.statuses[ev.probe] = ev
             if previous is not None and (previous.state, previous.reason) == (ev.state, ev.reason):

@@ -31,8 +31,8 @@ from gpujitter.daemon.offline.recordings import TRACE, Recording, open_recording
 from gpujitter.daemon.sinks.trace import TraceHeader, file_identity
 from gpujitter.errors import GpujitterError
 from gpujitter.files import open_regular
-from gpujitter.probes.clock import format_wall
-from gpujitter.probes.events import Event, to_record
+from gpujitter.probes.clock import Clocks, format_wall
+from gpujitter.probes.events import ClockRef, Event, to_record
 from gpujitter.probes.topology import Topology
 from gpujitter.text import printable
 from gpujitter.units import format_ns, parse_duration_ns
@@ -326,10 +326,13 @@ def run(args: argparse.Namespace) -> int:
     gaps = 0
     seen_gpus: set[int] = set()
     span: list[int] = []  # first and last event time, for the HTML charts
+    clocks = Clocks(header.clock)  # and the clock's, where it was set during the run
 
     def events() -> Iterator[Event]:
         for ev in progress.events(traces, traces.position):
             span[:] = [min(span[0], ev.ts_ns), max(span[1], ev.ts_ns)] if span else [ev.ts_ns] * 2
+            if type(ev) is ClockRef:
+                clocks.add(ev)
             yield ev
 
     with JsonSpool() if args.json else contextlib.nullcontext() as spool:
@@ -389,7 +392,7 @@ def run(args: argparse.Namespace) -> int:
     longest = summary.longest.items()
     say(f"\nlongest {len(longest)} gaps:")
     for a in longest:
-        say(one_line(a, header.clock if traces.wall_clock else None))
+        say(one_line(a, clocks.at(a.ts_ns) if traces.wall_clock else None))
         for remedy in a.remedies:
             say(f"    fix: {printable(remedy)}")
     return 0

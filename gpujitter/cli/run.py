@@ -107,9 +107,8 @@ def run(args: argparse.Namespace) -> int:
     # Before the daemon's imports (~0.4 s), which the compile then overlaps.
     start_compile(config)
     from gpujitter.daemon.service.service import Console, Daemon
-    from gpujitter.probes.clock import clock_ref
 
-    console = Console(sys.stdout, args.json, clock_ref(), quiet=args.quiet)
+    console = Console(sys.stdout, args.json, quiet=args.quiet)
     daemon = Daemon(config, console=console, nvml=not args.no_nvml, duration_ns=duration_ns)
     return daemon.run()
 

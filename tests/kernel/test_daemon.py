@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -18,6 +19,9 @@ from typing import Any
 import pytest
 
 from gpujitter.daemon.drill.build import build_stub
+from gpujitter.daemon.sinks.jsonlog import rfc3339
+from gpujitter.probes.clock import format_wall
+from gpujitter.probes.events import ClockRef
 from tests.kernel.test_cuda import FEED, SLACK_NS, quiet_spans
 
 GPUJITTER = Path(sys.executable).with_name("gpujitter")
@@ -69,6 +73,12 @@ def drain(sock: socket.socket, into: list[dict[str, Any]], buf: bytearray) -> bo
     return open_
 
 
+def records(line: dict[str, Any]) -> dict[str, Any]:
+    """A log line's record: without what the log adds to each line (its schema, the wall
+    time of the record's start)."""
+    return {k: v for k, v in line.items() if k not in ("schema", "time")}
+
+
 def test_run_logs_streams_records_and_report_matches(stub: Path, tmp_path: Path) -> None:
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(tmp_path / "notify"))
@@ -94,6 +104,7 @@ def test_run_logs_streams_records_and_report_matches(stub: Path, tmp_path: Path)
         buf = bytearray()
         drain(sock, stream, buf)
         assert stream[0]["type"] == "hello" and stream[1]["type"] == "snapshot"
+        hello_clock = ClockRef(**{k: stream[0]["clock"][k] for k in ("ts_ns", "realtime_ns")})
         assert feeder.stdin is not None and feeder.stdout is not None
         feeder.stdin.write("go\n")
         feeder.stdin.flush()
@@ -124,13 +135,14 @@ def test_run_logs_streams_records_and_report_matches(stub: Path, tmp_path: Path)
         assert t1 <= attr["end_ns"] <= t1 + SLACK_NS
         assert sum(p["ns"] for p in attr["parts"]) == attr["end_ns"] - attr["ts_ns"]
         assert attr["tgids"] == [feeder.pid]
-    assert printed == [{k: v for k, v in a.items() if k != "schema"} for a in logged]
+        assert attr["time"] == rfc3339(hello_clock, attr["ts_ns"]).decode()  # the run's clock
+    assert printed == [records(a) for a in logged]
 
     kinds = [r["type"] for r in stream]
     assert "daemon.status" in kinds and "meta.probe" in kinds
     assert len([r for r in stream if r["type"] == "gpu.gap"]) == len(pauses)
     streamed = [r for r in stream if r["type"] == "gpu.attribution"]
-    assert streamed == [{k: v for k, v in a.items() if k != "schema"} for a in logged]
+    assert streamed == [records(a) for a in logged]
     status = next(r for r in stream if r["type"] == "daemon.status")
     assert status["rss_bytes"] > 0 and status["clients"] == 1
 
@@ -139,4 +151,114 @@ def test_run_logs_streams_records_and_report_matches(stub: Path, tmp_path: Path)
         check=True,
     )  # fmt: skip
     replayed = json.loads(report.stdout)["attributions"]
-    assert replayed == [{k: v for k, v in a.items() if k != "schema"} for a in logged]
+    assert replayed == [records(a) for a in logged]
+
+
+# CLOCK_REALTIME as one process reads it, moved by the ns in the file GJ_CLOCK_SHIFT names
+# (an int64, read through a shared mapping at each call): a wall clock set for the daemon
+# alone, not for the node (the other tests, the test's own clock).
+CLOCK_SHIFT = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile int64_t *shift;
+
+int clock_gettime(clockid_t id, struct timespec *ts)
+{
+    static int (*real)(clockid_t, struct timespec *);
+    if (!real)
+        real = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
+    int rc = real(id, ts);
+    if (rc != 0 || id != CLOCK_REALTIME)
+        return rc;
+    if (!shift) {
+        int fd = open(getenv("GJ_CLOCK_SHIFT"), O_RDONLY);
+        void *map = mmap(NULL, sizeof(*shift), PROT_READ, MAP_SHARED, fd, 0);
+        close(fd);
+        if (map == MAP_FAILED)
+            return rc;
+        shift = map;
+    }
+    int64_t ns = (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec + *shift;
+    ts->tv_sec = ns / 1000000000;
+    ts->tv_nsec = ns % 1000000000;
+    return 0;
+}
+"""
+SHIFT_NS = 5_000_000_000
+
+
+def test_a_wall_clock_set_during_the_run_is_followed(stub: Path, tmp_path: Path) -> None:
+    """The daemon's wall clock is set +5 s after its start (as an NTP step after a boot
+    sets it): the run says so, sends the new reference on the stream (and in the snapshot
+    of a client that connects later), and the console's lines, the log's `time` and
+    `report` on the recording all give the gaps after it by the new clock, not the 5 s
+    earlier times of the one the run started with."""
+    (tmp_path / "shift.c").write_text(CLOCK_SHIFT)
+    shim = tmp_path / "shift.so"
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "shift.c"),
+                    "-ldl"], check=True)  # fmt: skip
+    shift = tmp_path / "shift"
+    shift.write_bytes(struct.pack("<q", 0))
+    feeder = subprocess.Popen(
+        [sys.executable, *FEED, str(stub), json.dumps(schedule())],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    log, trace, sock_path = tmp_path / "attr.jsonl", tmp_path / "traces", tmp_path / "gj.sock"
+    (tmp_path / "empty.toml").touch()
+    daemon = subprocess.Popen(
+        [str(GPUJITTER), "run", "--no-nvml", "--pid", str(feeder.pid), "--log", str(log),
+         "--record", str(trace), "--socket", str(sock_path), "--probes", "malloc,cuda",
+         "--config", str(tmp_path / "empty.toml")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "LD_PRELOAD": str(shim), "GJ_CLOCK_SHIFT": str(shift)},
+    )  # fmt: skip
+    try:
+        sock, stream = read_stream(sock_path, time.monotonic() + 60)
+        buf = bytearray()
+        while len(stream) < 2:
+            drain(sock, stream, buf)
+        hello = stream[0]["clock"]
+        with open(shift, "r+b") as f:  # the clock set, as a step sets it
+            os.pwrite(f.fileno(), struct.pack("<q", SHIFT_NS), 0)
+        deadline = time.monotonic() + 10
+        while not any(r["type"] == "meta.clock" for r in stream):
+            assert time.monotonic() < deadline, "no meta.clock on the stream"
+            drain(sock, stream, buf)
+        stepped = next(r for r in stream if r["type"] == "meta.clock")
+        late, late_stream = read_stream(sock_path, time.monotonic() + 10)
+        while len(late_stream) < 2:
+            drain(late, late_stream, bytearray())
+        late.close()
+        assert feeder.stdin is not None and feeder.stdout is not None
+        feeder.stdin.write("go\n")
+        feeder.stdin.flush()
+        feeder.stdout.readline()
+        assert feeder.wait(timeout=30) == 0
+        time.sleep(3.5)  # past the engine's lateness: every pause attributed
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+    sock.close()
+    out, err = daemon.communicate(timeout=60)
+    assert daemon.returncode == 0, err
+    moved = (stepped["realtime_ns"] - stepped["ts_ns"]) - (hello["realtime_ns"] - hello["ts_ns"])
+    assert abs(moved - SHIFT_NS) < 1_000_000
+    assert "# clock: the wall clock was set +5.000 s" in err, err
+    assert late_stream[1]["clock"] == stepped  # a client connecting later is told too
+    clock = ClockRef(ts_ns=stepped["ts_ns"], realtime_ns=stepped["realtime_ns"])
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(logged) == len(PAUSES_MS)
+    whens = [format_wall(clock, a["ts_ns"])[:-3] for a in logged]
+    assert [a["time"] for a in logged] == [rfc3339(clock, a["ts_ns"]).decode() for a in logged]
+    printed = out.splitlines()
+    assert len(printed) == len(PAUSES_MS)
+    assert all(f" at {when}: " in line for when, line in zip(whens, printed, strict=True))
+    report = subprocess.run([str(GPUJITTER), "report", str(trace)], capture_output=True,
+                            text=True, check=True)  # fmt: skip
+    assert all(f" at {when}: " in report.stdout for when in whens), report.stdout

@@ -175,7 +175,6 @@ def stream(node: Node) -> list[dict[str, Any]]:
     """hello, snapshot and the minute's records, in the order a client receives them: the
     runtime's output, with the daemon.status it sends once a second."""
     merged = FeedingLoop(plan=[], topology=node.topology)
-    merged.emit(T0, "meta", ClockRef(ts_ns=T0, realtime_ns=REALTIME_NS))
     for status in node.probes:
         merged.emit(T0, "meta", status)
     merged.emitted += node.reports

@@ -348,3 +348,16 @@ def test_an_idle_total_fits_its_column_whatever_its_size() -> None:
     shown = [_total(ns) for ns in totals]
     assert shown[:5] == ["0.04ms", "5.00ms", "9999ms", "10.0s", "200.0s"]
     assert all(len(t) < VALUE for t in shown), shown
+
+
+def test_a_wall_clock_set_during_the_run_moves_the_times_shown() -> None:
+    """A meta.clock record (the daemon's clock was set), or the snapshot's `clock` for a
+    client that connects after that, replaces the hello's reference."""
+    hello = {"type": "hello", "clock": {"type": "meta.clock", "ts_ns": S, "realtime_ns": 100 * S}}
+    stepped = {"type": "meta.clock", "ts_ns": 2 * S, "realtime_ns": 101 * S + 3_600 * S}
+    for late in (False, True):
+        m = NodeModel(WallClock(tz=UTC))
+        m.apply(hello)
+        assert m.clock.wall_ns(5 * S) == 104 * S
+        m.apply({"type": "snapshot", "ts_ns": 3 * S, "clock": stepped} if late else stepped)
+        assert m.clock.wall_ns(5 * S) == 104 * S + 3_600 * S

@@ -25,7 +25,7 @@ from gpujitter.daemon.sinks.jsonlog import (
 )
 from gpujitter.daemon.sinks.rotation import Rotation
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import from_record
+from gpujitter.probes.events import ClockRef, from_record
 from tests.unit.sink_child import kill_when_ready, sink_writer
 
 
@@ -55,6 +55,29 @@ def test_one_line_per_record_each_with_its_schema(tmp_path: Path) -> None:
     assert list(JsonLogReader(path))[1] == {
         "schema": LOG_SCHEMA, "type": "note", "gap": "0:1", "causes": {"swap": 12},
     }  # fmt: skip
+
+
+def test_a_line_says_its_records_start_by_the_wall_clock_of_the_moment(tmp_path: Path) -> None:
+    """With a clock, each line carries `time` (RFC 3339, UTC, µs) after its schema, by the
+    clock it is given then; readers keep going by ts_ns (the record read back is the one
+    written)."""
+    path = tmp_path / "attributions.jsonl"
+    start = ClockRef(ts_ns=10**6, realtime_ns=1_796_644_867_250_123_000)  # 2026-12-07T12:01:07
+    with JsonLog(path) as log:
+        log.write(gap(1))  # no clock: no time
+        log.clock = start
+        log.write(gap(1))
+        log.write({"type": "note", "ts_ns": 2 * 10**6})
+        log.clock = ClockRef(ts_ns=3 * 10**6, realtime_ns=start.realtime_ns + 3_600 * 10**9)
+        log.write(gap(3))  # the clock set an hour on meanwhile
+    first, second, note, third = (orjson.loads(line) for line in lines(path))
+    assert "time" not in first
+    assert list(second)[:3] == ["schema", "time", "type"]
+    assert second["time"] == "2026-12-07T12:01:07.250123Z" and from_record(second) == gap(1)
+    assert note["time"] == "2026-12-07T12:01:07.251123Z"
+    assert third["time"] == "2026-12-07T13:01:07.250123Z" and from_record(third) == gap(3)
+    read = [r.get("time") for r in JsonLogReader(path)]
+    assert read == [None, second["time"], note["time"], third["time"]]
 
 
 def test_file_mode_is_0640_whatever_the_umask_and_the_fd_appends(tmp_path: Path) -> None:

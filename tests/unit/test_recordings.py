@@ -20,10 +20,11 @@ from gpujitter.daemon.offline.recordings import EVENTS, LOG, TRACE, open_recordi
 from gpujitter.daemon.sinks.jsonlog import JsonLog, rotated_files
 from gpujitter.daemon.sinks.trace import TraceReader, trace_paths
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import to_record
+from gpujitter.probes.events import ClockRef, to_record
 from tests.unit.forked import as_nobody, in_child
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "h200-training.gjtrace"
+HOUR = 3_600_000_000_000
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,42 @@ def _run(argv: list[str]) -> str:
 
 def _run_json(argv: list[str]) -> dict:
     return json.loads(_run(argv))
+
+
+def test_a_log_whose_lines_carry_their_time_reads_by_the_wall_clock(
+    formats: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The daemon's log lines carry `time`: a report of the log gives the trace's wall times
+    and takes wall times for --from; a clock set during the run (an hour on, from the
+    third line) moves the times of the lines after it, and only those."""
+    with TraceReader(EXAMPLE) as reader:
+        clock = reader.header.clock
+    logged = [json.loads(line) for line in formats[LOG].read_text().splitlines()]
+    for name, step_at in (("timed.jsonl", None), ("stepped.jsonl", 2)):
+        with JsonLog(tmp_path / name) as log:
+            log.clock = clock
+            for n, line in enumerate(logged):
+                if n == step_at:
+                    log.clock = ClockRef(ts_ns=clock.ts_ns, realtime_ns=clock.realtime_ns + HOUR)
+                log.write({k: v for k, v in line.items() if k != "schema"})
+    assert open_recording([tmp_path / "timed.jsonl"]).wall_clock
+    assert main(["report", str(formats[TRACE])]) == 0
+    want = longest_lines(capsys.readouterr().out)
+    assert main(["report", str(tmp_path / "timed.jsonl")]) == 0
+    assert longest_lines(capsys.readouterr().out) == want
+    assert main(["report", "--from", "12:01:50", str(tmp_path / "timed.jsonl")]) == 0
+    capsys.readouterr()
+    events = list(open_recording([tmp_path / "stepped.jsonl"]))
+    clocks = [e for e in events if isinstance(e, ClockRef)]
+    offsets = [c.realtime_ns - c.ts_ns for c in clocks]  # to the µs that `time` keeps
+    start = clock.realtime_ns - clock.ts_ns
+    assert len(offsets) == 2 and abs(offsets[0] - start) < 1000
+    assert abs(offsets[1] - start - HOUR) < 1000
+    assert events.index(clocks[1]) == 3  # before the third line's record, after two
+
+
+def longest_lines(report: str) -> list[str]:
+    return [line for line in report.splitlines() if " idle " in line and " at " in line]
 
 
 @pytest.mark.parametrize("kind", [TRACE, EVENTS, LOG])
