@@ -17,8 +17,7 @@ from gpujitter.daemon.analysis.describe import gpu_name, one_line
 from gpujitter.daemon.analysis.engine.causes import CAUSES, cause_colour, cause_label
 from gpujitter.daemon.analysis.records import Attribution, IrqEvidence, TaskEvidence, task_name
 from gpujitter.daemon.offline.longest import Longest
-from gpujitter.probes.clock import format_wall
-from gpujitter.probes.events import ClockRef
+from gpujitter.probes.clock import Clocks, format_wall
 from gpujitter.text import printable
 from gpujitter.units import format_ns
 
@@ -219,10 +218,12 @@ class Page:
     per gap the few ints the chart over time needs (~60 bytes a gap; an attribution is
     ~3 KB and a day of a busy node has hundreds of thousands)."""
 
-    def __init__(self, clock: ClockRef, top: int = 10) -> None:
-        self.clock = clock
+    def __init__(self, clocks: Clocks, top: int = 10) -> None:
+        self.clock = clocks.at(0)  # the recording's first: the chart's axis
+        # a gap's line by the clock of its time (a clock set during the run moves it), as
+        # the recording's events have given them so far: those before the gap's
         self.per_gpu: dict[int, GpuSummary] = defaultdict(
-            lambda: GpuSummary(Longest(top, lambda a: one_line(a, clock)))
+            lambda: GpuSummary(Longest(top, lambda a: one_line(a, clocks.at(a.ts_ns))))
         )
         self._cause_ids: dict[str, int] = {}  # the chart's parts name their cause by number
         self._causes: list[str] = []

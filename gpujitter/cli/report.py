@@ -179,10 +179,10 @@ def write_html(
         raise GpujitterError(f"--html {path}: {err.strerror}{beside}") from None
 
 
-def _page(header: TraceHeader, top: int) -> Page:
+def _page(clocks: Clocks, top: int) -> Page:
     from gpujitter.daemon.offline.html_report import Page
 
-    return Page(header.clock, top)
+    return Page(clocks, top)
 
 
 class Summary:
@@ -321,12 +321,12 @@ def run(args: argparse.Namespace) -> int:
         )
 
     summary = Summary(args.top)
+    clocks = Clocks(header.clock)  # and each the run sent when its clock was set
     # the page's sums, counts and longest gaps, as they come (--json writes them aside)
-    page = _page(header, args.top) if args.html else None
+    page = _page(clocks, args.top) if args.html else None
     gaps = 0
     seen_gpus: set[int] = set()
     span: list[int] = []  # first and last event time, for the HTML charts
-    clocks = Clocks(header.clock)  # and the clock's, where it was set during the run
 
     def events() -> Iterator[Event]:
         for ev in progress.events(traces, traces.position):

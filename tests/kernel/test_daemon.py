@@ -262,3 +262,7 @@ def test_a_wall_clock_set_during_the_run_is_followed(stub: Path, tmp_path: Path)
     report = subprocess.run([str(GPUJITTER), "report", str(trace)], capture_output=True,
                             text=True, check=True)  # fmt: skip
     assert all(f" at {when}: " in report.stdout for when in whens), report.stdout
+    page = tmp_path / "report.html"
+    subprocess.run([str(GPUJITTER), "report", str(trace), "--html", str(page)],
+                   capture_output=True, check=True)  # fmt: skip
+    assert all(f" at {when}: " in page.read_text() for when in whens)
