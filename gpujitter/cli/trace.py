@@ -76,6 +76,8 @@ def inspect_other(rec: Recording) -> dict[str, Any]:
     try:
         with Progress(rec.size) as progress:
             for ev in progress.events(rec, rec.position):
+                if rec.analysed and type(ev) is ClockRef:
+                    continue  # a log's clock is read from its lines' `time`: no record of it
                 kinds[ev.KIND] += 1
                 first, last = _span(first, last, ev)
     except GpujitterError as err:

@@ -80,6 +80,9 @@ def test_a_log_whose_lines_carry_their_time_reads_by_the_wall_clock(
     assert longest_lines(capsys.readouterr().out) == want
     assert main(["report", "--from", "12:01:50", str(tmp_path / "timed.jsonl")]) == 0
     capsys.readouterr()
+    # what the log holds: its lines' records, the clock read from them no record of it
+    held = _run_json(["trace", "--json", str(tmp_path / "timed.jsonl")])
+    assert held["kinds"] == {"gpu.attribution": len(logged)}
     events = list(open_recording([tmp_path / "stepped.jsonl"]))
     clocks = [e for e in events if isinstance(e, ClockRef)]
     offsets = [c.realtime_ns - c.ts_ns for c in clocks]  # to the µs that `time` keeps
