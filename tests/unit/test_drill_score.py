@@ -88,6 +88,18 @@ def test_missed_stalls_wrong_causes_and_false_gaps_each_miss_their_target() -> N
     assert not s.passed
 
 
+def test_a_stall_the_injection_left_short_needs_no_top_cause() -> None:
+    # The real job's sync scenario once: the hog missed one of its five turns, and the
+    # stall it should have made lasted 0.1 ms; the four others were found and named.
+    stalls = [stall(i, 100 + 200 * i, 130 + 200 * i) for i in (0, 1, 3, 4)]
+    stalls.insert(2, stall(2, 500, 500.1))
+    attrs = [attribution(st.t0_ns / MS, st.t1_ns / MS, runq_wait=30) for st in stalls
+             if st.index != 2]  # fmt: skip
+    s = score("runq_wait", stalls, attrs, (0, 2_000 * MS))
+    assert (s.top_right, s.injected) == (4, 5)
+    assert s.targets["found_all"] and s.targets["top_cause"]
+
+
 def test_short_stalls_need_not_be_found() -> None:
     s = score("alloc_stall", [stall(0, 100, 109)], [], (0, 1_000 * MS))
     assert s.targets["found_all"] is True
