@@ -5,7 +5,7 @@ adapter over the writer that does the work. A command picks the ones it needs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.daemon.service.runtime import Sink
@@ -47,22 +47,27 @@ class CaptureSink(Sink):
         self.capture.close()
 
 
+class _Clocked(Protocol):
+    clock: ClockRef | None  # the reference its wall times are written by
+
+
 class _WallTimes(Sink):
-    """A sink that writes wall times: by the runtime's clock, then by each meta.clock (the
-    wall clock set during the run), the only events it takes."""
+    """A sink whose writer writes wall times (the log, the console): its clock is the
+    runtime's, then each meta.clock's (the wall clock set during the run), the only events
+    it takes."""
+
+    def __init__(self, writer: _Clocked) -> None:
+        self._writer = writer
 
     def started(self, runtime: Runtime) -> None:
-        self.follow(runtime.clock)
+        self._writer.clock = runtime.clock
 
     def wants(self, kind: type[Event]) -> bool:
         return kind is ClockRef
 
     def event(self, ev: Event) -> None:
         assert isinstance(ev, ClockRef)
-        self.follow(ev)
-
-    def follow(self, clock: ClockRef | None) -> None:
-        raise NotImplementedError
+        self._writer.clock = ev
 
 
 class LogSink(_WallTimes):
@@ -70,10 +75,8 @@ class LogSink(_WallTimes):
     SIGHUP (after logrotate)."""
 
     def __init__(self, log: JsonLog) -> None:
+        super().__init__(log)
         self.log = log
-
-    def follow(self, clock: ClockRef | None) -> None:
-        self.log.clock = clock
 
     def finding(self, found: Event) -> None:
         if isinstance(found, Attribution):
@@ -95,10 +98,8 @@ class ConsoleSink(_WallTimes):
     the moment."""
 
     def __init__(self, console: Console) -> None:
+        super().__init__(console)
         self.console = console
-
-    def follow(self, clock: ClockRef | None) -> None:
-        self.console.clock = clock
 
     def finding(self, found: Event) -> None:
         if isinstance(found, Attribution):
