@@ -47,7 +47,15 @@ from typing import Any, TypeVar
 
 from gpujitter.daemon.analysis.records import GpuGap
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import CudaCall, Event, GpuProcesses, GpuSample, OffCpu
+from gpujitter.probes.events import (
+    CudaCall,
+    Event,
+    GpuProcesses,
+    GpuSample,
+    OffCpu,
+    ProcExit,
+    ThreadExit,
+)
 
 UNKNOWN_GPU = -1  # a process NVML did not (yet) list on any GPU
 K = TypeVar("K")
@@ -95,6 +103,10 @@ class GapConfig:
     # intervals inside it, and a thread in a sync does nothing else, so the last few are
     # those a sync of any length reads (its wake-up, its last preemption). Kept for the whole
     # history, a watched process of 4000 threads that never sync held ~1.2 million (470 MB).
+    # A thread's exit lets its intervals go this long after it, whole: the exit comes
+    # through the core's ring, its last sync's record through the cuda ring, in either
+    # order (a job that starts ~2,800 short threads a second left ~12k threads' last 8 for
+    # the history, ~5 MB).
     offcpu_unsynced_ns: int = 5_000_000_000
     offcpu_unsynced_last: int = 8
     # A thread spinning in a sync sees the drain within this of getting its CPU back (one
@@ -375,6 +387,7 @@ class GapDetector:
         self._due_ns = 0
         self.offcpu: dict[int, _OffCpuKept] = {}  # tid -> intervals with a run-queue wait
         self.syncing: dict[int, int] = {}  # tid -> end of its latest sync
+        self.exited: dict[int, int] = {}  # tid with intervals kept -> when it exited
         # Syncs with no run-queue wait inside, by (tid, func) and (tid, ""), and by tgid.
         self.clean: dict[tuple[int, str], deque[_Sync]] = {}
         self.clean_spans: dict[int, deque[_Sync]] = {}
@@ -396,6 +409,8 @@ class GapDetector:
             GpuSample: self._on_sample,
             GpuProcesses: self._on_procs,
             OffCpu: self._on_offcpu,
+            ThreadExit: lambda ev: self._exited(ev.tid, ev.ts_ns),
+            ProcExit: lambda ev: self._exited(ev.tgid, ev.ts_ns),  # the leader: mostly last
         }
 
     def gpu(self, index: int) -> _GpuState:
@@ -487,6 +502,10 @@ class GapDetector:
         kept.add(ev)
         self._forget_offcpu(ev.tid, kept)
 
+    def _exited(self, tid: int, ts_ns: int) -> None:
+        if tid in self.offcpu:
+            self.exited[tid] = ts_ns
+
     def _forget_offcpu(self, tid: int, kept: _OffCpuKept) -> None:
         """A thread's intervals past the history; a thread's that made no sync in it, past
         offcpu_unsynced_ns but for its last offcpu_unsynced_last."""
@@ -513,6 +532,13 @@ class GapDetector:
         _drop_stale(self.waited_queued, horizon)
         for tid in [t for t, end in self.syncing.items() if end < horizon]:
             del self.syncing[tid]
+        # Exited threads' intervals up to their exit, whole: a reused tid's are later ones.
+        gone = self.now_ns - self.config.offcpu_unsynced_ns
+        for tid in [t for t, ts in self.exited.items() if ts < gone]:
+            exit_ns = self.exited.pop(tid)
+            kept = self.offcpu.get(tid)
+            if kept is not None:
+                kept.forget_before(exit_ns + 1)
         # a thread's intervals may all have gone already (a history shorter than their wait)
         for tid, kept in list(self.offcpu.items()):
             self._forget_offcpu(tid, kept)

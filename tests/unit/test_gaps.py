@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from gpujitter.cli import main
-from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU, GapConfig, GapDetector
+from gpujitter.daemon.analysis.gaps import SWEEP_EVERY_NS, UNKNOWN_GPU, GapConfig, GapDetector
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.daemon.sinks.trace import TraceReader
@@ -25,6 +25,7 @@ from gpujitter.probes.events import (
     GpuProcesses,
     GpuSample,
     OffCpu,
+    ThreadExit,
     from_record,
 )
 from tests.conftest import FIXTURES
@@ -387,6 +388,22 @@ def test_the_starved_gap_waits_for_the_off_cpu_intervals_however_the_rings_inter
     assert len(detect(events)) == 3
 
 
+def test_a_threads_exit_read_before_its_last_syncs_record_keeps_what_the_sync_reads() -> None:
+    # The exit comes through the core's ring, the sync's record through the cuda ring: an
+    # exit read first (here, one before each stalled sync's record) must not take the
+    # off-CPU intervals inside that sync with it.
+    events, _ = replay_trace(SYNC_CONTENTION)
+    gaps = detect(events)
+    ends = {g.end_ns for g in gaps}  # a starved gap ends at its sync's return
+    exits_first: list[Event] = []
+    for ev in events:
+        if isinstance(ev, CudaCall) and ev.api == "sync" and ev.ts_ns + ev.dur_ns in ends:
+            exits_first.append(ThreadExit(ts_ns=ev.ts_ns + ev.dur_ns, tgid=ev.tgid, tid=ev.tid))
+        exits_first.append(ev)
+    assert len(exits_first) == len(events) + 3
+    assert detect(exits_first) == gaps
+
+
 def at_the_samplers_cadence(stream: list[Event]) -> list[Event]:
     """A stream the sampler read every 500 ms, as its cadence now delivers it (utilisation
     and the processes every 2 s): each poll's utilisation samples (a poll emits them before
@@ -506,3 +523,45 @@ def test_what_exited_feeders_leave_behind_goes_after_the_history() -> None:
     history_s = detector.config.history_ns // (1_000 * MS)
     assert max(held[2 * history_s :]) <= max(held[: 2 * history_s]) * 1.1
     assert len(detector.busy) <= history_s + 2
+
+
+def churning_threads(exits: bool, seconds: int = 30) -> GapDetector:
+    """A watched process that never syncs and starts 100 short threads a second, each
+    preempted 10 times (run-queue waits worth keeping) before it exits."""
+    detector = GapDetector()
+    for k in range(seconds * 100):
+        t = k * 10 * MS
+        tid = 2000 + k
+        for i in range(10):
+            detector.feed(
+                OffCpu(ts_ns=t + i * 200_000, end_ns=t + i * 200_000 + 150_000, tid=tid,
+                       tgid=1999, cpu=0, cpu_in=0, state="preempted",
+                       runnable_ns=t + i * 200_000, other_tid=99, other_comm="hog")
+            )  # fmt: skip
+        if exits:
+            detector.feed(ThreadExit(ts_ns=t + 9 * MS, tgid=1999, tid=tid))
+    return detector
+
+
+def test_an_exited_threads_intervals_go_soon_after_its_exit() -> None:
+    # A job churning threads kept each one's last intervals for the whole history.
+    cfg = GapConfig()
+    kept = churning_threads(exits=True)
+    exited_lately = (cfg.offcpu_unsynced_ns + SWEEP_EVERY_NS) // (10 * MS) + 1
+    assert len(kept.offcpu) <= exited_lately
+    assert len(churning_threads(exits=False).offcpu) == 3000  # without exits: all of them
+    # The latest to exit keep theirs (a sync's record read after the exit reads them).
+    assert len(kept.offcpu[2000 + 2999]) == 10
+
+
+def test_a_reused_tid_keeps_the_new_threads_intervals() -> None:
+    detector = GapDetector()
+    wait = dict(tgid=1999, cpu=0, cpu_in=0, state="preempted", other_tid=99, other_comm="hog")
+    detector.feed(OffCpu(ts_ns=0, end_ns=100_000, tid=7, runnable_ns=0, **wait))
+    detector.feed(ThreadExit(ts_ns=MS, tgid=1999, tid=7))
+    # the tid again, a new thread of the same process, before the exit's intervals go
+    detector.feed(OffCpu(ts_ns=2 * MS, end_ns=2 * MS + 100_000, tid=7, runnable_ns=2 * MS, **wait))
+    for s in range(1, 8):  # stream time moves on past the exit's delay (another thread)
+        detector.feed(OffCpu(ts_ns=s * 1_000 * MS, end_ns=s * 1_000 * MS + 100_000, tid=8,
+                             runnable_ns=s * 1_000 * MS, **wait))  # fmt: skip
+    assert [o.ts_ns for o in detector.offcpu[7].by_time] == [2 * MS]
