@@ -68,7 +68,7 @@ from gpujitter.daemon.sinks.adapters import (
     StreamSink,
 )
 from gpujitter.daemon.sinks.capture import TraceCapture
-from gpujitter.daemon.sinks.jsonlog import JsonLog
+from gpujitter.daemon.sinks.jsonlog import JsonLog, rfc3339
 from gpujitter.daemon.sinks.metrics import DaemonMetrics
 from gpujitter.daemon.sinks.rotation import Rotation
 from gpujitter.daemon.sinks.stream import StreamServer
@@ -210,10 +210,11 @@ def _own_copy(stream: TextIO) -> int:
 
 
 class Console:
-    """Where the daemon's own lines go: attributions on `out` (one line each, or NDJSON;
-    none when `quiet`), notes for the operator on stderr. Each stream has a writer thread of
-    its own (_LineWriter), so a terminal or pipe that stops reading never stops the main
-    loop, and a stuck `out` never silences the notes (the journal)."""
+    """Where the daemon's own lines go: attributions on `out` (one line each, or NDJSON led
+    by the wall `time` as the log's lines are; none when `quiet`), notes for the operator on
+    stderr. Each stream has a writer thread of its own (_LineWriter), so a terminal or pipe
+    that stops reading never stops the main loop, and a stuck `out` never silences the notes
+    (the journal)."""
 
     def __init__(
         self, out: TextIO, as_json: bool, *, clock: ClockRef | None = None, quiet: bool = False
@@ -229,7 +230,9 @@ class Console:
         if self.quiet:
             return
         if self.as_json:
-            self._out.put(inert_json(dumps(to_record(attr))).decode())
+            clock = self.clock  # one read: the runtime's thread may replace it meanwhile
+            wall = {"time": rfc3339(clock, attr.ts_ns).decode()} if clock is not None else {}
+            self._out.put(inert_json(dumps({**wall, **to_record(attr)})).decode())
         else:
             self._out.put(one_line(attr, self.clock))
 

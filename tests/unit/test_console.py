@@ -11,9 +11,12 @@ import sys
 import threading
 import time
 
+import orjson
 import pytest
 
 from gpujitter.daemon.service.service import Console
+from gpujitter.daemon.sinks.jsonlog import JsonLog, rfc3339_ns
+from gpujitter.probes.events import ClockRef, from_record
 from tests.unit.test_hostile_names import attribution_behind
 
 
@@ -131,3 +134,29 @@ def test_a_pipes_reader_gone_stops_the_daemon_as_a_pipelines_command(
         console.close()
     finally:
         out.close()
+
+
+def test_json_lines_carry_the_wall_time_the_log_gives_the_same_record(tmp_path) -> None:
+    """`gpujitter run --json | jq` had only CLOCK_MONOTONIC ns to say when a gap was; each
+    line leads with the log's `time` now, by the clock in force (one set later is followed),
+    and says none where there is no clock (a replay's times are its recording's)."""
+    attr = attribution_behind("trainer").one()
+    lines = []
+    for clock in (None, ClockRef(ts_ns=0, realtime_ns=1_767_268_867 * 10**9),
+                  ClockRef(ts_ns=0, realtime_ns=1_767_268_872 * 10**9)):  # fmt: skip
+        out = io.StringIO()
+        console = Console(out, as_json=True, clock=clock)
+        log = JsonLog(tmp_path / f"{len(lines)}.log")
+        log.clock = clock
+        console.attribution(attr)
+        log.write(attr)
+        console.close(timeout_s=5)
+        log.close()
+        line = orjson.loads(out.getvalue())
+        assert line == {k: v for k, v in orjson.loads(log.path.read_bytes()).items()
+                        if k != "schema"}  # fmt: skip
+        assert from_record({k: v for k, v in line.items() if k != "time"}) == attr
+        lines.append(line)
+    assert "time" not in lines[0]
+    assert next(iter(lines[1])) == "time"  # first, as in the log after its schema
+    assert rfc3339_ns(lines[2]["time"]) - rfc3339_ns(lines[1]["time"]) == 5 * 10**9
