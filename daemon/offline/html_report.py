@@ -219,7 +219,7 @@ class Page:
     ~3 KB and a day of a busy node has hundreds of thousands)."""
 
     def __init__(self, clocks: Clocks, top: int = 10) -> None:
-        self.clock = clocks.at(0)  # the recording's first: the chart's axis
+        self.clocks = clocks
         # a gap's line by the clock of its time (a clock set during the run moves it), as
         # the recording's events have given them so far: those before the gap's
         self.per_gpu: dict[int, GpuSummary] = defaultdict(
@@ -261,8 +261,10 @@ class Page:
             yield ts_ns, end_ns, parts
             i += 3 + 2 * n
 
+    def _wall(self, mono_ns: int) -> str:
+        return format_wall(self.clocks.at(mono_ns), mono_ns, date=True)
+
     def render(self, *, title: str, meta: Sequence[str], start_ns: int, end_ns: int) -> str:
-        clock = self.clock
         out = [
             "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
             f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>",
@@ -300,8 +302,8 @@ class Page:
             out.append(f"<h3>The {len(longest)} longest gaps</h3>")
             out += [f'<p class="fix">{_e(line)}</p>' for line in longest]
         out.append(
-            f'<p class="meta">Recorded from {_e(format_wall(clock, start_ns, date=True))} to '
-            f"{_e(format_wall(clock, end_ns, date=True))}; gap times are local to the recording "
+            f'<p class="meta">Recorded from {_e(self._wall(start_ns))} to '
+            f"{_e(self._wall(end_ns))}; gap times are local to the recording "
             "node, with their UTC offset above.</p></body></html>\n"
         )
         return "".join(out)

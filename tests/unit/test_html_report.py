@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from gpujitter.cli import main
+from gpujitter.daemon.offline.html_report import Page
 from gpujitter.daemon.sinks.trace import TraceWriter
+from gpujitter.probes.clock import Clocks
 from gpujitter.probes.events import ClockRef
 from tests.fixtures.streams.feeding import FeedingLoop
 from tests.fixtures.streams.synthetic import TWO_NODES
@@ -133,3 +135,13 @@ def test_the_page_is_what_it_was_when_every_attribution_was_held(
     assert main(["report", str(trace), *options, "--html", str(page)]) == 0
     got = page.read_bytes()
     assert (hashlib.sha256(got).hexdigest(), len(got)) == EARLIER[case]
+
+
+def test_the_recordings_span_is_said_by_the_clock_of_each_end(utc: None) -> None:
+    """The page said the recording's end by its first clock: a clock set +5 s during the run
+    (NTP's first sync) left the end 5 s off what the journal and the log had said."""
+    s = 1_000_000_000
+    clocks = Clocks(ClockRef(ts_ns=0, realtime_ns=1_767_268_800 * s))  # 2026-01-01 12:00:00
+    clocks.add(ClockRef(ts_ns=30 * s, realtime_ns=(1_767_268_800 + 35) * s))
+    text = Page(clocks).render(title="t", meta=[], start_ns=10 * s, end_ns=60 * s)
+    assert "Recorded from 2026-01-01 12:00:10.000000 +0000 to 2026-01-01 12:01:05.000000" in text
