@@ -3,7 +3,9 @@ never its name, and read as one stream of typed events.
 
 - a trace (`gpujitter record`, `run --record`), or a directory of rotated trace files;
 - an events file (`gaps --save-events`): NDJSON events, the first a meta.clock;
-- an attribution log (`run --log`, its rotated files): attributions already made.
+- an attribution log (`run --log`, its rotated files): attributions already made;
+- `gpujitter run --json`'s output: the same attributions, as printed (the log's lines less
+  their schema).
 
 `report`, `trace`, `export` and `gaps --replay-events` open their inputs here, so each reads
 every format or refuses it in one line; a log is shown as it was logged (not re-analysed),
@@ -20,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from gpujitter.daemon.analysis.records import Attribution
 from gpujitter.daemon.sinks.jsonlog import (
     LOG_SCHEMA,
     MAX_LINE_BYTES,
@@ -43,15 +46,19 @@ from gpujitter.probes.clock import stepped
 from gpujitter.probes.events import BadRecord, ClockRef, Event, event_kinds, from_record
 from gpujitter.probes.topology import Topology
 
-TRACE, EVENTS, LOG, STREAM = "trace", "events", "log", "stream"
+TRACE, EVENTS, LOG, PRINTED, STREAM = "trace", "events", "log", "printed", "stream"
 # A captured socket stream (its first line the hello naming it): only `top --replay` plays it.
 STREAM_PREFIX = "gpujitter.stream/"
 WHAT = {
     TRACE: "a trace",
     EVENTS: "an events file (gaps --save-events)",
     LOG: "an attribution log (attributions as logged, not re-analysed)",
+    PRINTED: "attributions as `gpujitter run --json` printed them (not re-analysed)",
 }
-FORMATS = "a trace, a directory of them, an events file (gaps --save-events) or an attribution log"
+FORMATS = (
+    "a trace, a directory of them, an events file (gaps --save-events), an attribution log "
+    "or the output of run --json"
+)
 
 
 def _known_kind(kind: object) -> bool:
@@ -93,7 +100,8 @@ def sniff(path: Path) -> str:
         if isinstance(schema, str) and schema.startswith(STREAM_PREFIX):
             return STREAM
         if "schema" not in first and _known_kind(first.get("type")):
-            return EVENTS
+            # an events file begins with its wall clock, never with an attribution
+            return PRINTED if first["type"] == Attribution.KIND else EVENTS
     raise GpujitterError(f"{path}: not a gpujitter recording ({FORMATS})")
 
 
@@ -137,8 +145,9 @@ class Recording:
 
     @property
     def analysed(self) -> bool:
-        """Its attributions were made when it was written (a log): not replayed again."""
-        return self.kind == LOG
+        """Its attributions were made when it was written (a log, run --json's output): not
+        replayed again."""
+        return self.kind in (LOG, PRINTED)
 
     @property
     def wall_clock(self) -> bool:
@@ -167,7 +176,7 @@ class Recording:
             if self.kind == EVENTS:
                 yield from _events(path, self)
             else:
-                yield from _logged(path, self, rotated)
+                yield from _logged(path, self, rotated and self.kind == LOG, self.kind)
 
 
 def _kind(path: Path, files: int) -> str:
@@ -201,7 +210,7 @@ def open_recording(args: Sequence[str | Path]) -> Recording:
 def _made_header(path: Path, kind: str) -> TraceHeader:
     clock = ClockRef(ts_ns=0, realtime_ns=0)
     start_ns = 0
-    for ev in _events(path, None) if kind == EVENTS else _logged(path, None, False):
+    for ev in _events(path, None) if kind == EVENTS else _logged(path, None, False, kind):
         if isinstance(ev, ClockRef):
             clock = ev
         start_ns = ev.ts_ns
@@ -253,11 +262,12 @@ def _events(path: Path, into: Recording | None) -> Iterator[Event]:
             into.damage.append(f"{path}: {skipped} records of kinds this version does not know")
 
 
-def _logged(path: Path, into: Recording | None, rotated: bool) -> Iterator[Event]:
-    """An attribution log's records as events (with its rotated files, oldest first), and
-    the wall clock its lines' `time` give, as a meta.clock before the first such line and
-    before each line whose time says the clock was set (a log keeps no reference itself)."""
-    reader = JsonLogReader(path, rotated=rotated)
+def _logged(path: Path, into: Recording | None, rotated: bool, kind: str) -> Iterator[Event]:
+    """An attribution log's records as events (with its rotated files, oldest first), or
+    run --json's (`kind` PRINTED: its lines name no schema), and the wall clock their lines'
+    `time` give, as a meta.clock before the first such line and before each line whose time
+    says the clock was set (neither keeps a reference itself)."""
+    reader = JsonLogReader(path, rotated=rotated, schema=LOG_SCHEMA if kind == LOG else None)
     rec: dict[str, Any]
     clock: ClockRef | None = None
     for rec in reader:

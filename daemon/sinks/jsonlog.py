@@ -393,7 +393,8 @@ class JsonLog:
 class JsonLogReader:
     """Reads JSON lines that name their schema: the attribution log (and its rotated files,
     oldest first, with `rotated=True`), each line naming it; or, given `stream_schema`, also
-    a captured socket stream, whose first line (the hello) names it for the lines after it.
+    a captured socket stream, whose first line (the hello) names it for the lines after it;
+    or, with `schema=None`, lines that name none (`gpujitter run --json`'s).
     A torn last line of a file (no newline, at most MAX_LINE_BYTES) is skipped and counted
     in `torn_bytes`. A damaged line elsewhere (no JSON, a longer run without a newline, a
     record whose type is no string, a record of an event kind with a field of the wrong
@@ -407,7 +408,7 @@ class JsonLogReader:
         path: str | Path,
         *,
         rotated: bool = False,
-        schema: str = LOG_SCHEMA,
+        schema: str | None = LOG_SCHEMA,
         stream_schema: str | None = None,
         times: tuple[str, ...] = (),
     ):
@@ -448,7 +449,11 @@ class JsonLogReader:
                     continue
                 if lineno == 1 and self.stream_schema and _names(rec, self.stream_schema):
                     schema, named_once = self.stream_schema, True
-                if not (named_once and isinstance(rec, dict) and "schema" not in rec):
+                if schema is None:
+                    if not isinstance(rec, dict):
+                        damaged.add(lineno, "not a JSON object")
+                        continue
+                elif not (named_once and isinstance(rec, dict) and "schema" not in rec):
                     _check_schema(f"{path}:{lineno}", rec, schema)
                 kind = rec.get("type")
                 if not isinstance(kind, str):  # what every reader of records keys on

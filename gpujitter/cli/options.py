@@ -54,7 +54,8 @@ def add_traces_arg(p: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="TRACE",
         help="recordings: trace files, directories of them (a rotated recording), events "
-        "files (gaps --save-events) or attribution logs; files or glob patterns",
+        "files (gaps --save-events), attribution logs or run --json's output; files or glob "
+        "patterns",
     )
 
 

@@ -69,7 +69,8 @@ def inspect(path: Path, progress: Progress, before: int = 0) -> dict[str, Any]:
 
 
 def inspect_other(rec: Recording) -> dict[str, Any]:
-    """An events file or an attribution log: its events per kind, span and damage."""
+    """An events file, an attribution log or run --json's output: its events per kind, span and
+    damage."""
     kinds: Counter[str] = Counter()
     first = last = None
     error = None

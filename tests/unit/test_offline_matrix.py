@@ -1,7 +1,7 @@
 """Every offline command (`report`, `trace`, `top --replay`, `gaps --replay-events`) reads every
 format gpujitter writes — a trace, a rotated trace directory, a `gaps --save-events` file, an
-attribution log — each written by the daemon's own sinks on one run of the runtime, and says
-in one line what it is reading when that is not a trace."""
+attribution log, `run --json`'s output — each written by the daemon's own sinks on one run of
+the runtime, and says in one line what it is reading when that is not a trace."""
 
 from __future__ import annotations
 
@@ -19,28 +19,45 @@ from gpujitter.cli.gaps import SavedEvents
 from gpujitter.cli.top import make_feed
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig
 from gpujitter.daemon.service.runtime import ListSource, Runtime
-from gpujitter.daemon.sinks.adapters import CaptureSink, LogSink
+from gpujitter.daemon.service.service import Console
+from gpujitter.daemon.sinks.adapters import CaptureSink, ConsoleSink, LogSink
 from gpujitter.daemon.sinks.capture import TraceCapture
 from gpujitter.daemon.sinks.jsonlog import JsonLog
 from gpujitter.daemon.sinks.rotation import Rotation
 from gpujitter.daemon.sinks.trace import TraceReader
+from gpujitter.probes.events import ClockRef
 from gpujitter.tui.feeds.replay import GAP_KINDS, ReplayFeed
 from gpujitter.tui.inbox import ReplayPosition
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "h200-training.gjtrace"
-FORMATS = ("trace", "rotated", "events", "log")
+FORMATS = ("trace", "rotated", "events", "log", "printed")
 # What each says it reads (the first line of `report`, `gaps`' stderr, top's title bar).
 SAYS = {
     "events": "an events file (gaps --save-events)",
     "log": "an attribution log (attributions as logged, not re-analysed)",
+    "printed": "attributions as `gpujitter run --json` printed them (not re-analysed)",
 }
+ANALYSED = ("log", "printed")  # attributions already made: not replayed
+
+
+class LiveConsole(ConsoleSink):
+    """The console of a live run, whose lines carry their wall `time` (a replay's runtime has
+    no clock of this node to give them)."""
+
+    def __init__(self, console: Console, clock: ClockRef) -> None:
+        super().__init__(console)
+        self.clock = clock
+
+    def started(self, runtime: Runtime) -> None:
+        self.console.clock = self.clock
 
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The example trace's events through the runtime as the daemon runs it, with its
-    trace capture (one file; a rotated directory), its attribution log and the
-    `gaps --save-events` writer as sinks."""
+    trace capture (one file; a rotated directory), its attribution log, its console with
+    `--json` (with the wall clock a live run has) and the `gaps --save-events` writer as
+    sinks."""
     out = tmp_path_factory.mktemp("written")
     with TraceReader(EXAMPLE) as reader:
         header = reader.header
@@ -50,17 +67,24 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "rotated": out / "rotated",
         "events": out / "events.ndjson",
         "log": out / "attributions.jsonl",
+        "printed": out / "run-json.ndjson",
     }
+    printed = paths["printed"].open("w")
+    console = Console(printed, as_json=True)
     sinks = [
         CaptureSink(TraceCapture(paths["trace"], header)),
         CaptureSink(TraceCapture(paths["rotated"], header, Rotation(max_bytes=800_000))),
         SavedEvents(paths["events"], header.clock),
         LogSink(JsonLog(paths["log"])),
+        LiveConsole(console, header.clock),
     ]
     Runtime(
         ListSource(events), header.topology, sinks=sinks, signals=False,
         analysis=lambda _: AnalysisConfig.from_record(header.analysis),
     ).run()  # fmt: skip
+    console.close(timeout_s=10)
+    printed.close()
+    assert b'{"time":' in paths["printed"].read_bytes()[:10]
     assert len(list(paths["rotated"].iterdir())) == 3
     return paths
 
@@ -159,10 +183,10 @@ def test_every_command_reads_every_format(
         assert SAYS[kind] in said, said
     else:
         assert not any(what in said for what in SAYS.values()), said
-    if command == "gaps --replay-events" and kind == "log":
+    if command == "gaps --replay-events" and kind in ANALYSED:
         # The log holds the attributed gaps only: each of them is among the detector's.
         assert set(found) <= set(want) and found
-    elif command == "trace" and kind == "log":
+    elif command == "trace" and kind in ANALYSED:
         assert found == [("gpu.attribution", len(report(written["trace"], capsys)[1]))]
     else:
         assert found == want

@@ -2,9 +2,9 @@
 (`gpujitter record`, a rotated directory) or an events file (`gaps --save-events`), whose
 events go through the daemon's runtime stepped by the replay (its pipeline and node state,
 as live), or an NDJSON file of stream records (a captured socket stream, the attribution
-log). The records keep the recording's order and play against a replay clock: play/pause,
-step, jump to the next gap, seek (backwards reads the recording again from its start and
-plays up to the target at once), speed.
+log, `run --json`'s output). The records keep the recording's order and play against a
+replay clock: play/pause, step, jump to the next gap, seek (backwards reads the recording
+again from its start and plays up to the target at once), speed.
 
 Commands arrive from the app's thread (ReplayControl) and are carried out on the worker's.
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpujitter.daemon.offline.recordings import EVENTS, TRACE, WHAT, sniff
+from gpujitter.daemon.offline.recordings import EVENTS, PRINTED, TRACE, WHAT, sniff
 from gpujitter.tui.feeds import Feed, Receiver
 from gpujitter.tui.inbox import ReplayPosition
 
@@ -59,7 +59,10 @@ def read_recording(path: Path, watch: Watch = unwatched) -> tuple[list[Record], 
     the rest, in the order they were sent or recorded, read as they are taken). `watch`:
     what is read goes through it (progress)."""
     kind = sniff(path)
-    records = _analysed(path, watch) if kind in (TRACE, EVENTS) else _ndjson_records(path, watch)
+    if kind in (TRACE, EVENTS):
+        records = _analysed(path, watch)
+    else:
+        records = _ndjson_records(path, watch, printed=kind == PRINTED)
     scene: list[Record] = []
     for rec in records:
         if rec.get("type") not in SCENE_KINDS:
@@ -75,10 +78,12 @@ def _following(first: Record | None, rest: Iterator[Record]) -> Iterator[Record]
     yield from rest
 
 
-def _ndjson_records(path: Path, watch: Watch = unwatched) -> Iterator[Record]:
-    """A captured socket stream or the attribution log, through the log's reader: schema,
-    torn last line and field types checked as for the daemon's own log, damaged lines
-    skipped and noted."""
+def _ndjson_records(
+    path: Path, watch: Watch = unwatched, *, printed: bool = False
+) -> Iterator[Record]:
+    """A captured socket stream, the attribution log or `run --json`'s output (`printed`:
+    its lines name no schema), through the log's reader: schema, torn last line and field
+    types checked as for the daemon's own log, damaged lines skipped and noted."""
     from gpujitter.daemon.sinks.jsonlog import JsonLogReader
     from gpujitter.daemon.sinks.stream import STREAM_SCHEMA
     from gpujitter.daemon.sinks.trace import path_stat
@@ -86,7 +91,10 @@ def _ndjson_records(path: Path, watch: Watch = unwatched) -> Iterator[Record]:
     st = path_stat(path)
     # The times the replay plays by: event kinds have theirs checked by their types, the
     # stream's own messages (hello, snapshot, daemon.status) and later versions' kinds not.
-    records = JsonLogReader(path, stream_schema=STREAM_SCHEMA, times=_TIMES)
+    if printed:
+        records = JsonLogReader(path, schema=None, times=_TIMES)
+    else:
+        records = JsonLogReader(path, stream_schema=STREAM_SCHEMA, times=_TIMES)
     # the reader does not say how far it is in the file: no position for the progress
     for rec in watch(records, lambda: None, st.st_size if st else 0):
         if rec["type"] != "hello":
