@@ -103,10 +103,10 @@ class GapConfig:
     # intervals inside it, and a thread in a sync does nothing else, so the last few are
     # those a sync of any length reads (its wake-up, its last preemption). Kept for the whole
     # history, a watched process of 4000 threads that never sync held ~1.2 million (470 MB).
-    # A thread's exit lets its intervals go this long after it, whole: the exit comes
-    # through the core's ring, its last sync's record through the cuda ring, in either
-    # order (a job that starts ~2,800 short threads a second left ~12k threads' last 8 for
-    # the history, ~5 MB).
+    # A thread's exit lets its intervals up to it go this long after it: the exit comes
+    # through the core's ring, its last sync's record through the cuda ring and its
+    # intervals through the sched ring, in any order (beside a job churning threads, ~30 %
+    # of those kept were exited threads' last 8, kept for the history).
     offcpu_unsynced_ns: int = 5_000_000_000
     offcpu_unsynced_last: int = 8
     # A thread spinning in a sync sees the drain within this of getting its CPU back (one
@@ -387,7 +387,9 @@ class GapDetector:
         self._due_ns = 0
         self.offcpu: dict[int, _OffCpuKept] = {}  # tid -> intervals with a run-queue wait
         self.syncing: dict[int, int] = {}  # tid -> end of its latest sync
-        self.exited: dict[int, int] = {}  # tid with intervals kept -> when it exited
+        # (when, tid) of threads' exits, in arrival order: every exit, since a thread's
+        # intervals may come after its exit (the sched ring read later than the core's)
+        self.exits: deque[tuple[int, int]] = deque()
         # Syncs with no run-queue wait inside, by (tid, func) and (tid, ""), and by tgid.
         self.clean: dict[tuple[int, str], deque[_Sync]] = {}
         self.clean_spans: dict[int, deque[_Sync]] = {}
@@ -409,8 +411,8 @@ class GapDetector:
             GpuSample: self._on_sample,
             GpuProcesses: self._on_procs,
             OffCpu: self._on_offcpu,
-            ThreadExit: lambda ev: self._exited(ev.tid, ev.ts_ns),
-            ProcExit: lambda ev: self._exited(ev.tgid, ev.ts_ns),  # the leader: mostly last
+            ThreadExit: lambda ev: self.exits.append((ev.ts_ns, ev.tid)),
+            ProcExit: lambda ev: self.exits.append((ev.ts_ns, ev.tgid)),  # mostly the last
         }
 
     def gpu(self, index: int) -> _GpuState:
@@ -502,10 +504,6 @@ class GapDetector:
         kept.add(ev)
         self._forget_offcpu(ev.tid, kept)
 
-    def _exited(self, tid: int, ts_ns: int) -> None:
-        if tid in self.offcpu:
-            self.exited[tid] = ts_ns
-
     def _forget_offcpu(self, tid: int, kept: _OffCpuKept) -> None:
         """A thread's intervals past the history; a thread's that made no sync in it, past
         offcpu_unsynced_ns but for its last offcpu_unsynced_last."""
@@ -533,9 +531,9 @@ class GapDetector:
         for tid in [t for t, end in self.syncing.items() if end < horizon]:
             del self.syncing[tid]
         # Exited threads' intervals up to their exit, whole: a reused tid's are later ones.
-        gone = self.now_ns - self.config.offcpu_unsynced_ns
-        for tid in [t for t, ts in self.exited.items() if ts < gone]:
-            exit_ns = self.exited.pop(tid)
+        exits, gone = self.exits, self.now_ns - self.config.offcpu_unsynced_ns
+        while exits and exits[0][0] < gone:
+            exit_ns, tid = exits.popleft()
             kept = self.offcpu.get(tid)
             if kept is not None:
                 kept.forget_before(exit_ns + 1)

@@ -527,19 +527,23 @@ def test_what_exited_feeders_leave_behind_goes_after_the_history() -> None:
 
 def churning_threads(exits: bool, seconds: int = 30) -> GapDetector:
     """A watched process that never syncs and starts 100 short threads a second, each
-    preempted 10 times (run-queue waits worth keeping) before it exits."""
+    preempted 10 times (run-queue waits worth keeping) before it exits; every other exit is
+    read before the thread's intervals (the core's ring drained before the sched ring)."""
     detector = GapDetector()
     for k in range(seconds * 100):
         t = k * 10 * MS
         tid = 2000 + k
+        exit_ev = ThreadExit(ts_ns=t + 9 * MS, tgid=1999, tid=tid)
+        if exits and k % 2:
+            detector.feed(exit_ev)
         for i in range(10):
             detector.feed(
                 OffCpu(ts_ns=t + i * 200_000, end_ns=t + i * 200_000 + 150_000, tid=tid,
                        tgid=1999, cpu=0, cpu_in=0, state="preempted",
                        runnable_ns=t + i * 200_000, other_tid=99, other_comm="hog")
             )  # fmt: skip
-        if exits:
-            detector.feed(ThreadExit(ts_ns=t + 9 * MS, tgid=1999, tid=tid))
+        if exits and not k % 2:
+            detector.feed(exit_ev)
     return detector
 
 
