@@ -28,8 +28,8 @@ from gpujitter.daemon.sinks.jsonlog import (
     MAX_LINE_BYTES,
     JsonLogReader,
     LineDamage,
+    LinesClock,
     numbered_lines,
-    rfc3339_ns,
     rotated_files,
 )
 from gpujitter.daemon.sinks.trace import (
@@ -42,7 +42,6 @@ from gpujitter.daemon.sinks.trace import (
 )
 from gpujitter.errors import GpujitterError
 from gpujitter.files import open_regular
-from gpujitter.probes.clock import stepped
 from gpujitter.probes.events import BadRecord, ClockRef, Event, event_kinds, from_record
 from gpujitter.probes.topology import Topology
 
@@ -269,16 +268,12 @@ def _logged(path: Path, into: Recording | None, rotated: bool, kind: str) -> Ite
     says the clock was set (neither keeps a reference itself)."""
     reader = JsonLogReader(path, rotated=rotated, schema=LOG_SCHEMA if kind == LOG else None)
     rec: dict[str, Any]
-    clock: ClockRef | None = None
+    clock = LinesClock()
     for rec in reader:
         if _known_kind(rec.get("type")):
             ev = from_record({k: v for k, v in rec.items() if k not in ("schema", "time")})
-            wall = rfc3339_ns(rec.get("time"))
-            if wall:
-                ref = ClockRef(ts_ns=ev.ts_ns, realtime_ns=wall)
-                if clock is None or stepped(clock, ref):
-                    clock = ref
-                    yield ref
+            if (ref := clock.read(rec)) is not None:
+                yield ref
             yield ev
     if into is not None:
         into.corrupt += sum(d.count for d in reader.damaged.values())

@@ -36,7 +36,7 @@ from gpujitter.daemon.sinks.diskfull import WriteFailures, no_room, to_stderr
 from gpujitter.daemon.sinks.rotation import Rotation, fsync_dir, say_once
 from gpujitter.errors import GpujitterError
 from gpujitter.files import open_regular
-from gpujitter.probes.clock import wall_ns
+from gpujitter.probes.clock import stepped, wall_ns
 from gpujitter.probes.events import (
     SCHEMA_MAJOR,
     BadRecord,
@@ -491,6 +491,28 @@ def rfc3339_ns(text: object) -> int | None:
     except ValueError:
         return None
     return calendar.timegm(when.timetuple()) * 1_000_000_000 + when.microsecond * 1000
+
+
+class LinesClock:
+    """The wall clock a log's lines give (it keeps no reference itself): each line's `time`
+    against its `ts_ns`, taken at the first line that has one and again where a line's says
+    the clock was set."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self) -> None:
+        self.ref: ClockRef | None = None
+
+    def read(self, rec: Mapping[str, Any]) -> ClockRef | None:
+        """The line's reference where it is a new one, else None."""
+        wall, ts_ns = rfc3339_ns(rec.get("time")), rec.get("ts_ns")
+        if not wall or type(ts_ns) is not int:
+            return None
+        ref = ClockRef(ts_ns=ts_ns, realtime_ns=wall)
+        if self.ref is not None and not stepped(self.ref, ref):
+            return None
+        self.ref = ref
+        return ref
 
 
 def numbered_lines(f: BinaryIO, damaged: LineDamage) -> Iterator[tuple[int, bytes]]:

@@ -20,7 +20,7 @@ from gpujitter.daemon.sinks.jsonlog import JsonLog
 from gpujitter.daemon.sinks.stream import StreamServer
 from gpujitter.daemon.sinks.trace import TraceHeader, TraceReader, TraceWriter
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import CpuStats, ProbeStatus, to_record
+from gpujitter.probes.events import ClockRef, CpuStats, ProbeStatus, to_record
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
 from gpujitter.tui.feeds import Feed, Receiver
@@ -117,6 +117,33 @@ def test_recordings_are_ordered_by_when_the_daemon_sends_each_record(tmp_path: P
     assert scene == [] and [r.get("gpu") for r in records] == [0, 1, None]
     assert "schema" not in records[0]
     assert records[2] == {"type": "replay.damage", "message": f"{log}: torn last line (16 bytes)"}
+
+
+def test_a_log_replay_takes_its_wall_clock_from_the_lines_time(tmp_path: Path) -> None:
+    """`report` read a log's times by its lines' `time`; `top --replay` of the same log had
+    no clock at all (a log has no hello) and showed no wall time. The clock comes before
+    the first line that has a time, and again where a line's says it was set."""
+    log = tmp_path / "attributions.jsonl"
+    s = 1_000_000_000
+    gap = GpuGap(ts_ns=5 * s, end_ns=6 * s, gpu=0, sources=("util",), resolution_ns=1,
+                 confidence=1)  # fmt: skip
+    with JsonLog(log) as w:
+        w.write(gap)  # no clock: a line of before lines had a time
+        w.clock = ClockRef(ts_ns=0, realtime_ns=1_767_268_800 * s)
+        w.write(dataclasses.replace(gap, ts_ns=7 * s, end_ns=8 * s))
+        w.write(dataclasses.replace(gap, ts_ns=9 * s, end_ns=10 * s))
+        w.clock = ClockRef(ts_ns=10 * s, realtime_ns=(1_767_268_800 + 15) * s)  # set +5 s
+        w.write(dataclasses.replace(gap, ts_ns=11 * s, end_ns=12 * s))
+    _, records = read(log)
+    assert [(r["type"], r.get("realtime_ns")) for r in records] == [
+        ("gpu.gap", None),
+        ("meta.clock", (1_767_268_800 + 7) * s),
+        ("gpu.gap", None),
+        ("gpu.gap", None),
+        ("meta.clock", (1_767_268_800 + 16) * s),
+        ("gpu.gap", None),
+    ]
+    assert records[1]["ts_ns"] == 7 * s
 
 
 def test_a_log_replay_skips_damaged_lines_and_refuses_another_schema(tmp_path: Path) -> None:

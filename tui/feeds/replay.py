@@ -84,9 +84,10 @@ def _ndjson_records(
     """A captured socket stream, the attribution log or `run --json`'s output (`printed`:
     its lines name no schema), through the log's reader: schema, torn last line and field
     types checked as for the daemon's own log, damaged lines skipped and noted."""
-    from gpujitter.daemon.sinks.jsonlog import JsonLogReader
+    from gpujitter.daemon.sinks.jsonlog import JsonLogReader, LinesClock
     from gpujitter.daemon.sinks.stream import STREAM_SCHEMA
     from gpujitter.daemon.sinks.trace import path_stat
+    from gpujitter.probes.events import to_record
 
     st = path_stat(path)
     # The times the replay plays by: event kinds have theirs checked by their types, the
@@ -95,10 +96,13 @@ def _ndjson_records(
         records = JsonLogReader(path, schema=None, times=_TIMES)
     else:
         records = JsonLogReader(path, stream_schema=STREAM_SCHEMA, times=_TIMES)
+    clock = LinesClock()  # a log's wall clock is its lines' `time` (a stream has a hello)
     # the reader does not say how far it is in the file: no position for the progress
     for rec in watch(records, lambda: None, st.st_size if st else 0):
         if rec["type"] != "hello":
             rec.pop("schema", None)  # the attribution log's per-line schema tag
+            if (ref := clock.read(rec)) is not None:
+                yield to_record(ref)
         yield rec
     for note in records.damage_notes():  # what the reading skipped (the status line says so)
         yield {"type": "replay.damage", "message": note}
