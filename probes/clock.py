@@ -41,11 +41,23 @@ def wall_ns(ref: ClockRef, mono_ns: int) -> int:
     return ref.realtime_ns + (mono_ns - ref.ts_ns)
 
 
+def wall_time(ref: ClockRef, mono_ns: int) -> datetime | None:
+    """The local wall time of a monotonic timestamp; None where no datetime holds it (a
+    recording's clock or times from a damaged or made-up file: years past 9999)."""
+    try:
+        return datetime.fromtimestamp(wall_ns(ref, mono_ns) / 1e9).astimezone()
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
 def format_wall(ref: ClockRef, mono_ns: int, *, date: bool = False) -> str:
     """Local wall time of a monotonic timestamp: 12:01:07.250123, or with the date and the
     zone's UTC offset if asked (2026-12-01 12:01:07.250123 +0000), which journalctl,
-    Prometheus and Grafana times can be compared with."""
-    dt = datetime.fromtimestamp(wall_ns(ref, mono_ns) / 1e9).astimezone()
+    Prometheus and Grafana times can be compared with; a time no clock holds as seconds of
+    the monotonic clock (+12.250123s)."""
+    dt = wall_time(ref, mono_ns)
+    if dt is None:
+        return f"+{mono_ns / 1e9:.6f}s"
     return dt.strftime("%Y-%m-%d %H:%M:%S.%f %z" if date else "%H:%M:%S.%f")
 
 

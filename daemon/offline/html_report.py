@@ -191,7 +191,8 @@ _CULPRITS = (
 
 def _shares(causes: Counter[str], total_ns: int) -> Iterable[tuple[str, str, str]]:
     for cause, ns in causes.most_common():
-        yield cause_label(cause), format_ns(ns), f"{100 * ns / total_ns:.1f} %"
+        # max: gaps of no length (a log's hand-made line) make a total of 0
+        yield cause_label(cause), format_ns(ns), f"{100 * ns / max(total_ns, 1):.1f} %"
 
 
 def _table(head: Sequence[str], rows: Iterable[Sequence[object]]) -> str:

@@ -14,6 +14,7 @@ and every command says what it is reading when it is not a trace.
 
 from __future__ import annotations
 
+import itertools
 import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -203,23 +204,33 @@ def open_recording(args: Sequence[str | Path]) -> Recording:
     if kind == TRACE:
         traces = TraceSet(paths)
         return Recording(TRACE, traces.paths, traces.headers[0], _traces=traces)
-    return Recording(kind, paths, _made_header(paths[0], kind))
+    return Recording(kind, paths, _made_header(paths, kind))
 
 
-def _made_header(path: Path, kind: str) -> TraceHeader:
+# How far a header made for a log looks for its wall clock: a log an older version began
+# has lines without `time` before the first with one.
+CLOCK_LOOKS = 10_000
+
+
+def _made_header(paths: list[Path], kind: str) -> TraceHeader:
+    """Its start is the first record's, of the oldest file read (one log named: its rotated
+    files first); its clock the first its records give."""
     clock = ClockRef(ts_ns=0, realtime_ns=0)
-    start_ns = 0
-    for ev in _events(path, None) if kind == EVENTS else _logged(path, None, False, kind):
+    start_ns: int | None = None
+    files = rotated_files(paths[0]) if kind == LOG and len(paths) == 1 else paths
+    read = (_events(p, None) if kind == EVENTS else _logged(p, None, False, kind) for p in files)
+    for ev in itertools.islice(itertools.chain.from_iterable(read), CLOCK_LOOKS):
+        if start_ns is None:
+            start_ns = ev.ts_ns
         if isinstance(ev, ClockRef):
             clock = ev
-        start_ns = ev.ts_ns
-        break
+            break
     return TraceHeader(
         host="?",
         kernel="?",
         topology=Topology(cpu_node={}),
         clock=clock,
-        start_ns=start_ns,
+        start_ns=start_ns or 0,
         probes=(),
         thresholds={},
     )

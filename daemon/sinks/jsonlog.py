@@ -395,13 +395,13 @@ class JsonLogReader:
     oldest first, with `rotated=True`), each line naming it; or, given `stream_schema`, also
     a captured socket stream, whose first line (the hello) names it for the lines after it;
     or, with `schema=None`, lines that name none (`gpujitter run --json`'s).
-    A torn last line of a file (no newline, at most MAX_LINE_BYTES) is skipped and counted
-    in `torn_bytes`. A damaged line elsewhere (no JSON, a longer run without a newline, a
-    record whose type is no string, a record of an event kind with a field of the wrong
-    type, a field named in `times` that is no int) is skipped and counted, as a trace's
-    damaged records are: one bad line does not cost the records after it; damage_notes()
-    names it. A record of another schema raises GpujitterError with one line: that is
-    another file, not damage."""
+    A torn last line of a file (no newline and no whole JSON, at most MAX_LINE_BYTES) is
+    skipped and counted in `torn_bytes`. A damaged line elsewhere (no JSON, JSON that is no
+    object, a longer run without a newline, a record whose type is no string, a record of
+    an event kind with a field of the wrong type, a field named in `times` that is no int)
+    is skipped and counted, as a trace's damaged records are: one bad line does not cost
+    the records after it; damage_notes() names it. A record of another schema raises
+    GpujitterError with one line: that is another file, not damage."""
 
     def __init__(
         self,
@@ -439,21 +439,22 @@ class JsonLogReader:
         damaged = self.damaged.setdefault(path, LineDamage())
         with f:
             for lineno, line in numbered_lines(f, damaged):
-                if not line.endswith(b"\n"):
-                    damaged.torn = len(line)
-                    break
                 try:
                     rec = orjson.loads(line)
                 except orjson.JSONDecodeError:
+                    if not line.endswith(b"\n"):  # a writer stopped mid-line
+                        damaged.torn = len(line)
+                        break
                     damaged.add(lineno, "not a JSON line")
+                    continue
+                # (a last line without its newline that is whole JSON is a record: no prefix
+                # of an object's text is an object)
+                if not isinstance(rec, dict):
+                    damaged.add(lineno, "not a JSON object")
                     continue
                 if lineno == 1 and self.stream_schema and _names(rec, self.stream_schema):
                     schema, named_once = self.stream_schema, True
-                if schema is None:
-                    if not isinstance(rec, dict):
-                        damaged.add(lineno, "not a JSON object")
-                        continue
-                elif not (named_once and isinstance(rec, dict) and "schema" not in rec):
+                if schema is not None and not (named_once and "schema" not in rec):
                     _check_schema(f"{path}:{lineno}", rec, schema)
                 kind = rec.get("type")
                 if not isinstance(kind, str):  # what every reader of records keys on

@@ -31,7 +31,7 @@ from gpujitter.daemon.offline.recordings import TRACE, Recording, open_recording
 from gpujitter.daemon.sinks.trace import TraceHeader, file_identity
 from gpujitter.errors import GpujitterError
 from gpujitter.files import open_regular
-from gpujitter.probes.clock import Clocks, format_wall
+from gpujitter.probes.clock import Clocks, format_wall, wall_time
 from gpujitter.probes.events import ClockRef, Event, to_record
 from gpujitter.probes.topology import Topology
 from gpujitter.text import printable
@@ -73,7 +73,11 @@ def parse_when(text: str, rec: Recording) -> int:
         return header.start_ns + parse_duration_ns(m.group(1), "s")
     if not rec.wall_clock:
         raise GpujitterError(f"{rec.what} has no wall clock: give times as +OFFSET (e.g. +90s)")
-    start = datetime.fromtimestamp(header.start_wall_ns / 1e9).astimezone()
+    start = wall_time(header.clock, header.start_ns)
+    if start is None:
+        raise GpujitterError(
+            f"{rec.what}'s wall clock is out of range (damaged?): give times as +OFFSET"
+        )
     parsed = _clock_time(text.strip(), start)
     if parsed is None:
         raise GpujitterError(
@@ -385,7 +389,7 @@ def run(args: argparse.Namespace) -> int:
     for gpu, s in by_gpu.items():
         say(f"\n{gpu_name(gpu)}: {s['gaps']} gaps, {format_ns(s['idle_ns'])} idle")
         rows = [
-            (cause_label(cause), format_ns(ns), f"{100 * ns / s['idle_ns']:.1f}%")
+            (cause_label(cause), format_ns(ns), f"{100 * ns / max(s['idle_ns'], 1):.1f}%")
             for cause, ns in s["causes"].items()
         ]
         say(table(["CAUSE", "TIME", "SHARE"], rows))

@@ -22,9 +22,10 @@ from gpujitter.cli.output import print_json
 from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU
 from gpujitter.daemon.analysis.records import Attribution, Part, TaskEvidence
 from gpujitter.daemon.offline.recordings import open_recording
+from gpujitter.daemon.sinks.jsonlog import JsonLog
 from gpujitter.daemon.sinks.trace import TraceWriter
 from gpujitter.probes.clock import wall_ns
-from gpujitter.probes.events import to_record
+from gpujitter.probes.events import ClockRef, to_record
 from tests.fixtures.streams.synthetic import MS, T0, TWO_NODES, Stream
 from tests.unit.trace_samples import header, one_gap_trace
 
@@ -295,3 +296,69 @@ def test_a_temporary_directory_that_takes_no_file_is_one_line(
         "No space left on device (TMPDIR names another directory)\n"
     )
     assert main(["report", str(trace)]) == 0 and "GPU0: 1 gaps" in capsys.readouterr().out
+
+
+def written_log(path: Path, attrs: list[Attribution], clock_from: int = 0) -> Path:
+    """A daemon's log of `attrs`, its lines from the `clock_from`th on with a `time` (an
+    older version wrote none)."""
+    with JsonLog(path) as log:
+        for i, a in enumerate(attrs):
+            wall = ClockRef(ts_ns=T0, realtime_ns=1_767_268_800 * 10**9)  # 2026-01-01 12:00
+            log.clock = wall if i >= clock_from else None
+            log.write(a)
+    return path
+
+
+def report_of(*argv: str, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    assert main(["report", *argv]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_a_rotated_log_reads_from_its_oldest_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its start and clock came from the current file alone: `--from +0` left out the
+    rotated files' gaps, and just after a rotation (the current file empty) the whole log
+    had no wall clock."""
+    attrs = list(attributions(8))
+    whole = written_log(tmp_path / "whole.log", attrs)
+    rotated = tmp_path / "attr.log"
+    lines = whole.read_bytes().splitlines(keepends=True)
+    Path(f"{rotated}.2").write_bytes(b"".join(lines[:4]))
+    Path(f"{rotated}.1").write_bytes(b"".join(lines[4:]))
+    rotated.write_bytes(b"")
+    for argv in (["--from", "+0"], ["--to", "+150ms"], ["--from", "12:00:00"]):
+        assert (
+            report_of(*argv, str(rotated), capsys=capsys)[1:]
+            == report_of(*argv, str(whole), capsys=capsys)[1:]
+        )
+    assert main(["report", "--json", "--to", "+150ms", str(rotated)]) == 0
+    assert len(json.loads(capsys.readouterr().out)["attributions"]) == 4
+
+
+def test_a_log_begun_by_an_older_version_takes_its_clock_from_its_later_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    attrs = list(attributions(6))
+    older = written_log(tmp_path / "attr.log", attrs, clock_from=2)
+    out = report_of("--from", "12:00:00", str(older), capsys=capsys)
+    assert "gaps" in "\n".join(out) and not any("t=" in line for line in out)
+
+
+def test_what_no_clock_holds_and_gaps_of_no_length_are_reported_not_crashed_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A made-up or damaged log: a line's time in the year 9999 (local time past the
+    datetime's range), a gap of no length (its shares divided by 0), a last line without
+    its newline (read: it is whole JSON). Each was an internal error, or a lost line."""
+    attrs = list(attributions(4))
+    attrs[1] = replace(attrs[1], end_ns=attrs[1].ts_ns, parts=())
+    path = written_log(tmp_path / "attr.log", attrs)
+    text = path.read_bytes()
+    first_time = json.loads(text.splitlines()[0])["time"]
+    path.write_bytes(text.replace(first_time.encode(), b"9999-12-31T23:59:59.999999Z", 1)[:-1])
+    for argv in ([], ["--html", str(tmp_path / "r.html")], ["--from", "+0"]):
+        assert main(["report", *argv, str(path)]) == 0, argv
+    capsys.readouterr()
+    assert main(["report", "--json", str(path)]) == 0
+    assert len(json.loads(capsys.readouterr().out)["attributions"]) == 4

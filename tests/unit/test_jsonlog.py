@@ -173,12 +173,20 @@ def test_readers_refuse_other_schemas_in_one_line(tmp_path: Path) -> None:
             b'{"schema": "gpujitter.attribution/2"}\n',
             ":1: record of schema gpujitter.attribution/2",
         ),
-        (b"[1]\n", ":1: not a gpujitter.attribution/N record"),
     ]:
         path.write_bytes(content)
         with pytest.raises(GpujitterError) as err:
             list(JsonLogReader(path))
         assert message in str(err.value) and "\n" not in str(err.value)
+    # JSON that is no object is a damaged line, as a line that is no JSON is: it stopped the
+    # whole read with the refusal of another file's line
+    path.write_bytes(ok + b"null\n[1]\n" + ok)
+    reader = JsonLogReader(path)
+    assert len(list(reader)) == 2
+    assert (
+        "2 damaged line(s) skipped, the first: line 2, not a JSON object"
+        in (reader.damage_notes()[0])
+    )
     with pytest.raises(GpujitterError, match="cannot open log"):
         list(JsonLogReader(tmp_path / "missing.jsonl"))
 
