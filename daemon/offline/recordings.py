@@ -25,6 +25,7 @@ import orjson
 
 from gpujitter.daemon.analysis.records import Attribution
 from gpujitter.daemon.sinks.jsonlog import (
+    DROPPED,
     LOG_SCHEMA,
     MAX_LINE_BYTES,
     JsonLogReader,
@@ -280,12 +281,25 @@ def _logged(path: Path, into: Recording | None, rotated: bool, kind: str) -> Ite
     reader = JsonLogReader(path, rotated=rotated, schema=LOG_SCHEMA if kind == LOG else None)
     rec: dict[str, Any]
     clock = LinesClock()
+    dropped = skipped = 0
     for rec in reader:
         if _known_kind(rec.get("type")):
             ev = from_record({k: v for k, v in rec.items() if k not in ("schema", "time")})
             if (ref := clock.read(rec)) is not None:
                 yield ref
             yield ev
+        elif rec["type"] == DROPPED:  # what the disk refused: said, as nothing else holds it
+            count = rec.get("count")
+            dropped += count if type(count) is int and count > 0 else 0
+        else:
+            skipped += 1
     if into is not None:
         into.corrupt += sum(d.count for d in reader.damaged.values())
         into.damage += reader.damage_notes()
+        if dropped:
+            into.damage.append(
+                f"{path}: {dropped} attributions the daemon could not write (log.dropped: "
+                "the disk refused them); they are not in this report"
+            )
+        if skipped:
+            into.damage.append(f"{path}: {skipped} records of kinds this version does not know")

@@ -362,3 +362,22 @@ def test_what_no_clock_holds_and_gaps_of_no_length_are_reported_not_crashed_on(
     capsys.readouterr()
     assert main(["report", "--json", str(path)]) == 0
     assert len(json.loads(capsys.readouterr().out)["attributions"]) == 4
+
+
+def test_what_the_disk_refused_the_log_is_said_and_unknown_kinds_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log.dropped line (the daemon's count of the attributions a full disk cost) and a
+    newer version's kinds were skipped without a word: the report read as complete."""
+    path = written_log(tmp_path / "attr.log", list(attributions(2)))
+    lines = path.read_bytes().splitlines(keepends=True)
+    dropped = {"schema": "gpujitter.attribution/1", "type": "log.dropped", "ts_ns": T0 + MS,
+               "count": 1234, "since_ns": T0, "reason": "No space left on device"}  # fmt: skip
+    newer = {"schema": "gpujitter.attribution/1", "type": "gpu.newkind", "ts_ns": T0}
+    path.write_bytes(lines[0] + (json.dumps(dropped) + "\n" + json.dumps(newer) + "\n").encode()
+                     + lines[1])  # fmt: skip
+    out = report_of(str(path), capsys=capsys)
+    assert any("1234 attributions the daemon could not write" in line for line in out), out
+    assert any("1 records of kinds this version does not know" in line for line in out), out
+    assert main(["report", "--json", str(path)]) == 0
+    assert len(json.loads(capsys.readouterr().out)["attributions"]) == 2
