@@ -152,9 +152,20 @@ def from_record(rec: dict[str, Any]) -> Event:
         ev: Event = typed(cls, rec)
     except BadRecord as err:
         raise BadRecord(f"bad {kind} record: {err}") from None
-    if (why := ev.problem()) is not None:
+    if (why := _untimed(ev) or ev.problem()) is not None:
         raise BadRecord(f"bad {kind} record: {why}")
     return ev
+
+
+def _untimed(ev: Event) -> str | None:
+    """Times no clock gave: CLOCK_MONOTONIC is never negative, and a span never ends before it
+    begins (a made-up line's ts_ns -5 read as a gap of 324 s)."""
+    if ev.ts_ns < 0:
+        return f"ts_ns: negative ({ev.ts_ns})"
+    end = getattr(ev, "end_ns", None)
+    if type(end) is int and end < ev.ts_ns:
+        return f"end_ns {end} before ts_ns {ev.ts_ns}"
+    return None
 
 
 def typed(hint: Any, value: Any, where: str = "") -> Any:

@@ -149,6 +149,19 @@ def test_a_well_typed_gap_or_attribution_that_no_detector_gives_is_refused_by_fr
             from_record(bad)
 
 
+def test_times_no_clock_gives_are_refused_for_every_kind() -> None:
+    """CLOCK_MONOTONIC is never negative and no span ends before it begins: a made-up line
+    with ts_ns -5 read as a gap of 324 s, an off-CPU interval ending before its start was
+    taken in."""
+    for ev in every_kind():
+        rec = orjson.loads(orjson.dumps(to_record(ev)))
+        with pytest.raises(ValueError, match=r"ts_ns: negative \(-5\)"):
+            from_record(rec | {"ts_ns": -5})
+        if "end_ns" in rec:
+            with pytest.raises(ValueError, match=r"end_ns \d+ before ts_ns"):
+                from_record(rec | {"end_ns": rec["ts_ns"] - 1})
+
+
 def test_an_unmeasurable_attribution_in_a_trace_is_damage_not_a_row(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
