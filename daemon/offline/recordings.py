@@ -67,6 +67,11 @@ def _known_kind(kind: object) -> bool:
     return isinstance(kind, str) and kind in event_kinds()
 
 
+# Blank lines before a JSON-lines file's first record that sniff reads past (its readers
+# skip blank lines: a file edited by hand or joined with others).
+BLANK_LINES_SKIPPED = 1000
+
+
 def sniff(path: Path) -> str:
     """Which kind of recording a path holds (a directory: rotated traces). Only a regular
     file or a directory: a FIFO would block the open, and a pipe's first bytes, read here,
@@ -82,6 +87,10 @@ def sniff(path: Path) -> str:
             if head == MAGIC:
                 return TRACE
             line = head + f.readline(MAX_LINE_BYTES)
+            for _ in range(BLANK_LINES_SKIPPED):  # the first record after blank lines
+                if line.strip() or not (more := f.readline(MAX_LINE_BYTES)):
+                    break
+                line = more
     except OSError as err:
         raise GpujitterError(f"cannot read {path}: {err.strerror}") from None
     if not line:

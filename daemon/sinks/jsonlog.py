@@ -435,10 +435,12 @@ class JsonLogReader:
     def _read(self, path: Path) -> Iterator[dict[str, Any]]:
         # a rotated file is opened by its name alone: a FIFO by that name would block
         f = open_regular(path, "cannot open log")
-        schema, named_once = self.schema, False
+        schema, named_once, first = self.schema, False, True  # first: no record read yet
         damaged = self.damaged.setdefault(path, LineDamage())
         with f:
             for lineno, line in numbered_lines(f, damaged):
+                if not line.strip():  # no record (a file edited by hand): as an events file's
+                    continue
                 try:
                     rec = orjson.loads(line)
                 except orjson.JSONDecodeError:
@@ -452,8 +454,9 @@ class JsonLogReader:
                 if not isinstance(rec, dict):
                     damaged.add(lineno, "not a JSON object")
                     continue
-                if lineno == 1 and self.stream_schema and _names(rec, self.stream_schema):
+                if first and self.stream_schema and _names(rec, self.stream_schema):
                     schema, named_once = self.stream_schema, True
+                first = False
                 if schema is not None and not (named_once and "schema" not in rec):
                     _check_schema(f"{path}:{lineno}", rec, schema)
                 kind = rec.get("type")

@@ -556,3 +556,9 @@ def test_a_daemon_that_takes_the_connection_and_says_nothing_is_said(
             "the silence said",
         )
         release.set()
+
+
+def test_a_captured_stream_after_blank_lines_replays_as_it_was_sent(tmp_path: Path) -> None:
+    padded = tmp_path / "node.ndjson"
+    padded.write_bytes(b"\n\n" + STREAM.read_bytes())
+    assert read(padded) == read(STREAM)

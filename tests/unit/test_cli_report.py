@@ -381,3 +381,18 @@ def test_what_the_disk_refused_the_log_is_said_and_unknown_kinds_counted(
     assert any("1 records of kinds this version does not know" in line for line in out), out
     assert main(["report", "--json", str(path)]) == 0
     assert len(json.loads(capsys.readouterr().out)["attributions"]) == 2
+
+
+def test_blank_lines_in_a_log_are_no_record_and_no_damage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Twelve blank lines before the first record (a file edited by hand) made it 'not a
+    gpujitter recording'; fewer, or blank lines between records, were damage (trace exit 1),
+    where an events file skipped them."""
+    clean = written_log(tmp_path / "clean.log", list(attributions(4)))
+    lines = clean.read_bytes().splitlines(keepends=True)
+    blank = tmp_path / "blank.log"
+    blank.write_bytes(b"\n" * 12 + lines[0] + b"\n  \n" + b"".join(lines[1:]) + b"\n")
+    assert report_of(str(blank), capsys=capsys)[1:] == report_of(str(clean), capsys=capsys)[1:]
+    assert main(["trace", str(blank)]) == 0
+    assert "damage: none" in capsys.readouterr().out
