@@ -13,11 +13,9 @@ from gpujitter.units import format_bytes, format_ns
 
 
 def unmeasured(ev: GpuGap | Attribution) -> str | None:
-    """What no detector gives, so that a view would show it as measured: a gap that ends
-    before it starts (no view can place it, no sum holds), a negative resolution, a
-    confidence outside 0..1 ("±-5ns", "-4000000000%")."""
-    if ev.end_ns < ev.ts_ns:
-        return f"end_ns {ev.end_ns} before ts_ns {ev.ts_ns}"
+    """What no detector gives, so that a view would show it as measured: a negative
+    resolution, a confidence outside 0..1 ("±-5ns", "-4000000000%"). (A gap that ends before
+    it starts is refused for every kind by from_record.)"""
     if ev.resolution_ns < 0:
         return f"resolution_ns: negative ({ev.resolution_ns})"
     if not 0 <= ev.confidence <= 1:
