@@ -135,9 +135,7 @@ class Recording:
     def files(self) -> list[Path]:
         """Every file reading it opens: those named, and a log's rotated files where one log
         is named (what an output must never be written over)."""
-        if self.kind == LOG and len(self.paths) == 1:
-            return rotated_files(self.paths[0]) or self.paths
-        return self.paths
+        return _files_read(self.kind, self.paths)
 
     @property
     def size(self) -> int:
@@ -189,6 +187,14 @@ class Recording:
                 yield from _logged(path, self, rotated and self.kind == LOG, self.kind)
 
 
+def _files_read(kind: str, paths: list[Path]) -> list[Path]:
+    """The files a recording's reading opens, oldest first: one log named is it and its
+    rotated files; anything else, the files named."""
+    if kind == LOG and len(paths) == 1:
+        return rotated_files(paths[0]) or paths
+    return paths
+
+
 def _kind(path: Path, files: int) -> str:
     """sniff(), but a trace file of several whose start is damaged (its magic) is a trace:
     TraceSet leaves it out, said so, and reads the others."""
@@ -227,8 +233,10 @@ def _made_header(paths: list[Path], kind: str) -> TraceHeader:
     files first); its clock the first its records give."""
     clock = ClockRef(ts_ns=0, realtime_ns=0)
     start_ns: int | None = None
-    files = rotated_files(paths[0]) if kind == LOG and len(paths) == 1 else paths
-    read = (_events(p, None) if kind == EVENTS else _logged(p, None, False, kind) for p in files)
+    read = (
+        _events(p, None) if kind == EVENTS else _logged(p, None, False, kind)
+        for p in _files_read(kind, paths)
+    )
     for ev in itertools.islice(itertools.chain.from_iterable(read), CLOCK_LOOKS):
         if start_ns is None:
             start_ns = ev.ts_ns
