@@ -14,6 +14,7 @@ and every command says what it is reading when it is not a trace.
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import stat
 from collections.abc import Iterator, Sequence
@@ -86,7 +87,8 @@ def sniff(path: Path) -> str:
             head = f.read(len(MAGIC))
             if head == MAGIC:
                 return TRACE
-            line = head + f.readline(MAX_LINE_BYTES)
+            # (a byte-order mark before the first line is no part of it: numbered_lines)
+            line = (head + f.readline(MAX_LINE_BYTES)).removeprefix(codecs.BOM_UTF8)
             for _ in range(BLANK_LINES_SKIPPED):  # the first record after blank lines
                 if line.strip() or not (more := f.readline(MAX_LINE_BYTES)):
                     break

@@ -17,6 +17,7 @@ such a stretch is a `log.dropped` record with the count, the reason and the time
 from __future__ import annotations
 
 import calendar
+import codecs
 import contextlib
 import ctypes
 import errno
@@ -523,10 +524,13 @@ def numbered_lines(f: BinaryIO, damaged: LineDamage) -> Iterator[tuple[int, byte
     """(line number, line) of a JSON-lines file, at most MAX_LINE_BYTES each. A run longer
     than that without a newline is no last line cut short but damage: it is read through
     to its newline and counted in `damaged`. The last line may lack its newline (a writer
-    stopped mid-line): the caller judges it."""
+    stopped mid-line): the caller judges it. A UTF-8 byte-order mark before the first line
+    (an editor's on some systems, which JSON lines do not have) is no part of it."""
     n = 0
     while line := f.readline(MAX_LINE_BYTES + 1):
         n += 1
+        if n == 1:
+            line = line.removeprefix(codecs.BOM_UTF8)
         if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
             while (more := f.readline(MAX_LINE_BYTES)) and not more.endswith(b"\n"):
                 pass

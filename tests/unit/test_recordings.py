@@ -5,6 +5,7 @@ each format the daemon's sinks write)."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import io
 import json
@@ -102,6 +103,27 @@ def test_each_format_is_told_by_its_content(formats: dict[str, Path], kind: str)
     assert rec.kind == kind
     assert rec.analysed == (kind == LOG)
     assert rec.wall_clock == (kind != LOG)  # a log carries no clock reference
+
+
+@pytest.mark.parametrize("kind", [EVENTS, LOG])
+def test_a_byte_order_mark_before_the_first_line_is_read_past(
+    formats: dict[str, Path], tmp_path: Path, kind: str
+) -> None:
+    """An editor on some systems saves UTF-8 with a byte-order mark first: the file was
+    "not a gpujitter recording" (sniff), and its first line damage to the readers."""
+    marked = tmp_path / formats[kind].name
+    marked.write_bytes(codecs.BOM_UTF8 + formats[kind].read_bytes())
+    rec = open_recording([marked])
+    assert rec.kind == kind
+    assert (
+        _run_json(["report", "--json", str(marked)])["summary"]
+        == _run_json(["report", "--json", str(formats[kind])])["summary"]
+    )
+    held = _run_json(["trace", "--json", str(marked)])
+    assert (
+        held["damage"] == []
+        and held["kinds"] == _run_json(["trace", "--json", str(formats[kind])])["kinds"]
+    )
 
 
 @pytest.mark.parametrize("kind", [EVENTS, LOG])
