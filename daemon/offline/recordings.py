@@ -182,11 +182,29 @@ class Recording:
         # One log named: it and its rotated files, oldest first; several: each as named.
         rotated = len(self.paths) == 1
         self._read, self.damage, self.corrupt = 0, [], 0
-        for path in self.paths:
-            if self.kind == EVENTS:
+        if self.kind == EVENTS:
+            for path in self.paths:
                 yield from _events(path, self)
-            else:
-                yield from _logged(path, self, rotated and self.kind == LOG, self.kind)
+            return
+        # A gap is attributed once: the same gap in two files is one file's copy named
+        # beside it (or two run --json captures of one recording), counted once. (A trace's
+        # copy is refused by its header; a log has none.)
+        seen: set[tuple[int, int, int]] = set()
+        again = 0
+        for path in self.paths:
+            for ev in _logged(path, self, rotated and self.kind == LOG, self.kind):
+                if isinstance(ev, Attribution):
+                    key = (ev.gpu, ev.ts_ns, ev.end_ns)
+                    if key in seen:
+                        again += 1
+                        continue
+                    seen.add(key)
+                yield ev
+        if again:
+            self.damage.append(
+                f"{again} attributions read more than once (a copy named beside its "
+                "original, or lines joined twice): each counted once"
+            )
 
 
 def _files_read(kind: str, paths: list[Path]) -> list[Path]:

@@ -126,6 +126,23 @@ def test_a_byte_order_mark_before_the_first_line_is_read_past(
     )
 
 
+def test_a_logs_copy_named_beside_it_is_counted_once(
+    formats: dict[str, Path], tmp_path: Path
+) -> None:
+    """A trace's copy is refused by its header; a log's copy named beside it doubled every
+    gap, idle time and cause of the report without a word."""
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(formats[LOG].read_bytes())
+    want = _run_json(["report", "--json", str(formats[LOG])])
+    got = _run_json(["report", "--json", str(formats[LOG]), str(copy)])
+    assert got["summary"] == want["summary"]
+    assert len(got["attributions"]) == len(want["attributions"])
+    held = _run_json(["trace", "--json", str(formats[LOG]), str(copy)])
+    n = len(want["attributions"])
+    assert held["kinds"] == {"gpu.attribution": n}
+    assert any(f"{n} attributions read more than once" in d for d in held["damage"])
+
+
 @pytest.mark.parametrize("kind", [EVENTS, LOG])
 def test_report_of_any_format_equals_the_traces(formats: dict[str, Path], kind: str) -> None:
     want = _run_json(["report", "--json", str(formats[TRACE])])
