@@ -16,6 +16,7 @@ import os
 import resource
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -401,6 +402,70 @@ def threshold_cflags(spec: ProbeSpec, ctx: ProbeContext) -> list[str]:
     ]
 
 
+# How long one drain of the rings (ProbeSet.poll: every ring of the set's module) may go on
+# before it hands the probe thread back to its loop. libbpf's consume reads a ring until it
+# finds it empty: where records come faster than this thread takes them (a job churning
+# thousands of threads a second on a saturated node, this thread given a sliver of a CPU)
+# it never did, and the loop's ticks, statuses and stop waited behind it (`gpujitter record
+# -d 110s` beside such a job ran on for over 15 minutes). What a cut drain leaves stays in
+# the ring for the next one; what the ring cannot hold meanwhile the kernel counts as lost.
+DRAIN_SLICE_NS = 100_000_000
+_CHECK_EVERY = 64  # records a ring's callback hands on between two reads of the clock
+
+
+class _Drain(threading.local):
+    """The drain under way on this thread: its deadline (0: none, a consume outside a
+    ProbeSet's poll reads to the end) and whether a callback found it passed."""
+
+    deadline_ns = 0
+    cut = False
+
+
+_DRAIN = _Drain()
+
+
+class DrainSlice:
+    """One drain of the rings within `slice_ns`; `cut` says, after it, whether the slice ran
+    out with records left."""
+
+    def __init__(self, slice_ns: int = DRAIN_SLICE_NS) -> None:
+        self.slice_ns = slice_ns
+        self.cut = False
+
+    def __enter__(self) -> DrainSlice:
+        _DRAIN.deadline_ns = time.monotonic_ns() + self.slice_ns
+        _DRAIN.cut = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cut = _DRAIN.cut
+        _DRAIN.deadline_ns, _DRAIN.cut = 0, False
+
+
+class SliceCheck:
+    """What a ring's callback returns once it has handed its record on: -1 once the drain's
+    slice is spent (libbpf's consume then ends, that record consumed), else 0. The clock is
+    read every _CHECK_EVERY records of the ring; once cut, every record ends the consume (the
+    set's other probes consume the same module in the same drain)."""
+
+    __slots__ = ("_left",)
+
+    def __init__(self) -> None:
+        self._left = _CHECK_EVERY
+
+    def __call__(self) -> int:
+        self._left -= 1
+        if self._left > 0:
+            return 0
+        self._left = _CHECK_EVERY
+        d = _DRAIN
+        if d.cut or (d.deadline_ns and time.monotonic_ns() >= d.deadline_ns):
+            d.cut = True
+            self._left = 1
+            return -1
+        return 0
+
+
 def consume_rings(bpf: Any) -> None:
     """Deliver every record bpf's ring buffers hold (bcc's ring_buffer_consume), the GIL
     held throughout. bcc calls libbcc as a CDLL, which lets the GIL go for the call, so each
@@ -504,6 +569,7 @@ class BpfProbe(Probe):
     def _callback(self, ring: str) -> Callable[[Any, int, int], int]:
         table = self.bpf[ring]
         record: Any = None  # the ring's record struct, known from its first record
+        drained = SliceCheck()
 
         def on_record(_ctx: Any, data: int, _size: int) -> int:
             nonlocal record
@@ -516,7 +582,7 @@ class BpfProbe(Probe):
             ev = self.decode(ring, record.from_address(data))
             if ev is not None:
                 self.deliver(ev)
-            return 0
+            return drained()
 
         return on_record
 

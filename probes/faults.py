@@ -25,6 +25,7 @@ from gpujitter.probes.base import (
     Probe,
     ProbeContext,
     ProbeUnavailable,
+    SliceCheck,
     comm_str,
     threshold_cflags,
 )
@@ -132,6 +133,7 @@ class FaultPrograms:
 
         self.bpf = load_part(ctx, self.part(ctx), attach)
         self._ring = self.bpf["fault_records"]
+        self._drained = SliceCheck()
         self._ring.open_ring_buffer(self._on_record)
         self._sampled_ns = time.monotonic_ns()
 
@@ -152,7 +154,7 @@ class FaultPrograms:
         probe = self.owner(rec.cls)
         if probe is not None:
             probe.deliver(decode(rec))
-        return 0
+        return self._drained()
 
     def poll(self) -> None:
         self.bpf.ring_buffer_consume()

@@ -18,6 +18,8 @@ from typing import Any
 from gpujitter.errors import GpujitterError
 from gpujitter.probes import bundle, registry
 from gpujitter.probes.base import (
+    DRAIN_SLICE_NS,
+    DrainSlice,
     Emit,
     Probe,
     ProbeContext,
@@ -38,6 +40,10 @@ from gpujitter.probes.watch import CoreBpf, WatchSpec, module_parts
 # (docs/performance.md, "Fewer wake-ups"). A burst does not wait for it: the kernel wakes
 # the drain after GJ_WAKE_RECORDS records (gpujitter.h), half the smallest ring.
 POLL_MS = 250
+# The last drain, at the stop, may take this long (DRAIN_SLICE_NS for the others): a ring's
+# few thousand records take tens of ms; where the thread gets a sliver of a CPU (a saturated
+# node) the stop cannot wait for them, and what is left goes with the maps.
+STOP_DRAIN_NS = 500_000_000
 # The probes' in-kernel log2 histograms (Log2Hist) are handed on this often, and once more at
 # the stop. Nothing in the daemon reads them (they are for `gpujitter probe` and recordings),
 # and reading one costs a copy of it from every CPU and a sum of its slots across them in
@@ -187,11 +193,15 @@ class ProbeSet:
     def running(self) -> list[Probe]:
         return [p for p in self.probes if p.state in ("running", "degraded")]
 
-    def poll(self) -> None:
-        self.core.poll()
-        for probe in self.running:
-            probe.poll()
+    def poll(self, slice_ns: int = DRAIN_SLICE_NS) -> bool:
+        """Drain every ring, for `slice_ns` at most; True where that ran out first (records
+        are left: the loop drains again before it waits)."""
+        with DrainSlice(slice_ns) as drain:
+            self.core.poll()
+            for probe in self.running:
+                probe.poll()
         self.core.rearm()
+        return drain.cut
 
     def _watch_rings(self) -> None:
         probes = [fd for probe in self.running for fd in probe.ring_fds()]
@@ -245,17 +255,19 @@ class ProbeSet:
         what the probes counted since the last tick (per-CPU totals, histograms, losses) is
         handed over, not dropped with the maps."""
         while not should_stop():
-            self.poll()
+            cut = self.poll()
             now = time.monotonic_ns()
             if now - self._last_tick >= tick_ms * 1_000_000:
                 self._last_tick = now
                 self.tick(now)
             if self.handed is not None:
                 self.handed()
+            if cut:
+                continue
             due = [self._last_tick + tick_ms * 1_000_000]
             due += [d for p in self.running if (d := p.due_ns()) is not None]
             self.waits.wait(max(0.0, min(poll_ms, (min(due) - now) / 1e6)) / 1000)
-        self.poll()
+        self.poll(STOP_DRAIN_NS)
         self.tick(time.monotonic_ns(), final=True)
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpujitter.probes import contract
-from gpujitter.probes.base import Counted, ProbeUnavailable, comm_str
+from gpujitter.probes.base import Counted, ProbeUnavailable, SliceCheck, comm_str
 from gpujitter.probes.bundle import Bundle, ModulePart, PartView
 from gpujitter.probes.contract import CFG_FLAGS, CFG_GEN, CFG_SELF_TGID, WATCH_ALL
 from gpujitter.probes.events import (
@@ -241,12 +241,13 @@ class _LoadedCore:
         self.bpf = view
         self.attached = False
         self.owner: CoreBpf | None = None
+        self._drained = SliceCheck()
         self.bpf["proc_events"].open_ring_buffer(self._on_proc)
 
     def _on_proc(self, ctx: Any, data: int, size: int) -> int:
         if self.owner is not None:  # what a finished borrower left unread goes nowhere
             self.owner.on_proc(self.bpf["proc_events"].event(data))
-        return 0
+        return self._drained()
 
     def lend(self, owner: CoreBpf) -> PartView:
         if not self.attached:

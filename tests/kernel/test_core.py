@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -267,6 +268,66 @@ def test_a_burst_of_exits_while_the_drain_is_held_up_is_not_lost() -> None:
     rec = run_probes(["sched"], load, watch=WatchSpec(pids={job.pid}), settle_s=0.5)
     assert len({e.tid for e in rec.of(ThreadExit, tgid=job.pid)}) == BURST
     assert rec.status("core").lost_kernel == 0
+
+
+# Threads that end as fast as the process can start them, until it is killed.
+CHURNER = textwrap.dedent("""
+    import sys, threading
+    sys.stdin.readline()
+    while True:
+        threads = [threading.Thread(target=int) for _ in range(100)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+""")
+
+
+def test_a_ring_filled_faster_than_it_is_drained_leaves_the_loop_its_ticks_and_stop() -> None:
+    """libbpf's consume reads a ring until it finds it empty: beside a job churning threads
+    on a saturated node, the probe thread given a sliver of a CPU never found the core's so,
+    and `gpujitter record -d 110s` ran on for over 15 minutes, its statuses and stop waiting
+    behind the drain. Here the drain is slowed by its consumer (100 µs an exit's record,
+    the churner's exits come faster): the loop still ticks every second, and a stop ends it
+    while the churner runs on."""
+    job = subprocess.Popen(
+        [sys.executable, "-c", CHURNER], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        text=True,
+    )  # fmt: skip
+    events: list = []
+
+    def slow(ev: object) -> None:
+        events.append(ev)
+        if isinstance(ev, ThreadExit):  # a record of the core's ring
+            until = time.perf_counter_ns() + 100_000
+            while time.perf_counter_ns() < until:
+                pass
+
+    # Were the drain not cut, the test would wait on the churner: it is killed at 30 s.
+    killer = threading.Timer(30.0, job.kill)
+    killer.start()
+    try:
+        pt = ProbeThread(["sched"], topology=load_topology(nvml=False),
+                         watch=WatchSpec(pids={job.pid}), emit=slow)  # fmt: skip
+        with pt:
+            assert job.stdin is not None
+            job.stdin.write("go\n")
+            job.stdin.flush()
+            start = time.monotonic_ns()
+            time.sleep(4.0)
+            exits = sum(isinstance(e, ThreadExit) and e.tgid == job.pid for e in events)
+            stopping = time.monotonic()
+        stopped_s = time.monotonic() - stopping
+        assert job.poll() is None, "the churner was killed before the stop: the drain hung"
+    finally:
+        killer.cancel()
+        job.kill()
+        job.wait()
+    assert exits > 1000  # the churner did churn, and the drain read it
+    ticks = [e for e in events if isinstance(e, ProbeStatus) and e.probe == "core"
+             and start < e.ts_ns < start + 4_000_000_000]  # fmt: skip
+    assert len(ticks) >= 3, f"{len(ticks)} statuses in 4 s of a drain that never empties"
+    assert stopped_s < 3.0, f"the stop took {stopped_s:.1f} s"
 
 
 def test_probe_sets_run_one_after_another_in_one_process() -> None:
