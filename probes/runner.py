@@ -250,10 +250,11 @@ class ProbeSet:
     def run(
         self, should_stop: Callable[[], bool], poll_ms: int = POLL_MS, tick_ms: int = 1000
     ) -> None:
-        """Poll every poll_ms, or as soon as the kernel wakes a ring (a burst); tick every
-        tick_ms. A stop ends the wait at once (`waits.wake`), then drains and ticks once more:
-        what the probes counted since the last tick (per-CPU totals, histograms, losses) is
-        handed over, not dropped with the maps."""
+        """Poll every poll_ms, or as soon as the kernel wakes a ring (a burst), or at once
+        after a drain its slice cut short (records left); tick every tick_ms. A stop ends
+        the wait at once (`waits.wake`), then drains and ticks once more: what the probes
+        counted since the last tick (per-CPU totals, histograms, losses) is handed over, not
+        dropped with the maps."""
         while not should_stop():
             cut = self.poll()
             now = time.monotonic_ns()
