@@ -182,29 +182,11 @@ class Recording:
         # One log named: it and its rotated files, oldest first; several: each as named.
         rotated = len(self.paths) == 1
         self._read, self.damage, self.corrupt = 0, [], 0
-        if self.kind == EVENTS:
-            for path in self.paths:
-                yield from _events(path, self)
-            return
-        # A gap is attributed once: the same gap in two files is one file's copy named
-        # beside it (or two run --json captures of one recording), counted once. (A trace's
-        # copy is refused by its header; a log has none.)
-        seen: set[tuple[int, int, int]] = set()
-        again = 0
         for path in self.paths:
-            for ev in _logged(path, self, rotated and self.kind == LOG, self.kind):
-                if isinstance(ev, Attribution):
-                    key = (ev.gpu, ev.ts_ns, ev.end_ns)
-                    if key in seen:
-                        again += 1
-                        continue
-                    seen.add(key)
-                yield ev
-        if again:
-            self.damage.append(
-                f"{again} attributions read more than once (a copy named beside its "
-                "original, or lines joined twice): each counted once"
-            )
+            if self.kind == EVENTS:
+                yield from _events(path, self)
+            else:
+                yield from _logged(path, self, rotated and self.kind == LOG, self.kind)
 
 
 def _files_read(kind: str, paths: list[Path]) -> list[Path]:
@@ -240,7 +222,32 @@ def open_recording(args: Sequence[str | Path]) -> Recording:
     if kind == TRACE:
         traces = TraceSet(paths)
         return Recording(TRACE, traces.paths, traces.headers[0], _traces=traces)
+    if kind in (LOG, PRINTED):
+        _refuse_copies(paths, kind)
     return Recording(kind, paths, _made_header(paths, kind))
+
+
+def _refuse_copies(paths: list[Path], kind: str) -> None:
+    """Two files named that begin with the same attribution are one and its copy (or two
+    captures of one run): read together, every gap, idle time and share would count twice.
+    A trace's copy is refused by its header; a log has none, but a gap is attributed once,
+    so its first attribution tells it (each file's first alone: no memory kept per line)."""
+    if len(paths) < 2:
+        return
+    firsts: dict[tuple[int, int, int], Path] = {}
+    for path in paths:
+        first = next(
+            (ev for ev in _logged(path, None, False, kind) if isinstance(ev, Attribution)), None
+        )
+        if first is None:
+            continue
+        key = (first.gpu, first.ts_ns, first.end_ns)
+        if key in firsts:
+            raise GpujitterError(
+                f"{firsts[key]} and {path} begin with the same attribution (one is a copy of "
+                "the other, or both a capture of one run): read one of them"
+            )
+        firsts[key] = path
 
 
 # How far a header made for a log looks for its wall clock: a log an older version began
