@@ -467,12 +467,13 @@ class SliceCheck:
 
 
 def consume_rings(bpf: Any) -> None:
-    """Deliver every record bpf's ring buffers hold (bcc's ring_buffer_consume), the GIL
-    held throughout. bcc calls libbcc as a CDLL, which lets the GIL go for the call, so each
-    record's callback had to take it back: beside a busy thread (the daemon's analysis)
-    every record waited its turn, 1.75-2.35 µs of this thread's CPU a record against
-    0.44-0.50 µs held (bench/ring_gil.py; docs/performance.md). libbpf's consume never
-    blocks, and the callbacks are Python: nothing could have run beside them."""
+    """Deliver the records bpf's ring buffers hold (bcc's ring_buffer_consume; all of them
+    unless the drain's slice ends first: SliceCheck), the GIL held throughout. bcc calls
+    libbcc as a CDLL, which lets the GIL go for the call, so each record's callback had to
+    take it back: beside a busy thread (the daemon's analysis) every record waited its
+    turn, 1.75-2.35 µs of this thread's CPU a record against 0.44-0.50 µs held
+    (bench/ring_gil.py; docs/performance.md). libbpf's consume never blocks, and the
+    callbacks are Python: nothing could have run beside them."""
     manager = bpf._ringbuf_manager  # bcc's libbpf ring_buffer, one per module
     if manager:
         _consume_holding_gil()(manager)
