@@ -428,7 +428,7 @@ class DrainSlice:
     """One drain of the rings within `slice_ns`; `cut` says, after it, whether the slice ran
     out with records left."""
 
-    def __init__(self, slice_ns: int = DRAIN_SLICE_NS) -> None:
+    def __init__(self, slice_ns: int) -> None:
         self.slice_ns = slice_ns
         self.cut = False
 
