@@ -157,14 +157,23 @@ def from_record(rec: dict[str, Any]) -> Event:
     return ev
 
 
+# CLOCK_MONOTONIC counts from boot: 2**60 ns is 36 years of uptime, which no machine has run.
+UPTIME_MAX_NS = 2**60
+
+
 def _untimed(ev: Event) -> str | None:
-    """Times no clock gave: CLOCK_MONOTONIC is never negative, and a span never ends before it
-    begins (a made-up line's ts_ns -5 read as a gap of 324 s)."""
+    """Times no clock gave: CLOCK_MONOTONIC is never negative nor decades past a boot, and a
+    span never ends before it begins (a made-up line's ts_ns -5 read as a gap of 324 s; one
+    event at ts_ns 2**62 moved the engine's clock past every other, which it then dropped as
+    too late)."""
     if ev.ts_ns < 0:
         return f"ts_ns: negative ({ev.ts_ns})"
     end = getattr(ev, "end_ns", None)
     if type(end) is int and end < ev.ts_ns:
         return f"end_ns {end} before ts_ns {ev.ts_ns}"
+    last = max(ev.ts_ns, end if type(end) is int else 0, ev.ts_ns + getattr(ev, "dur_ns", 0))
+    if last > UPTIME_MAX_NS:
+        return f"ends at {last} ns, decades past any boot (CLOCK_MONOTONIC)"
     return None
 
 

@@ -283,9 +283,57 @@ def _made_header(paths: list[Path], kind: str) -> TraceHeader:
 
 def _events(path: Path, into: Recording | None) -> Iterator[Event]:
     """An events file's events; a line of an unknown kind is skipped and noted (a newer
-    writer), and so is a damaged one (the events after it are read)."""
-    skipped = 0
+    writer), and so is a damaged one (the events after it are read), a time that leaps
+    away and back included (_leaps_skipped)."""
     damaged = LineDamage()
+    yield from _leaps_skipped(_numbered_events(path, into, damaged), damaged)
+    if into is not None:
+        into.corrupt += damaged.count
+        into.damage += damaged.notes(path)
+
+
+# An events file is written as the events come: each record's time is close to the latest
+# before it (off-CPU intervals are written at their end, which is that time). One past all
+# of those by more than this, with the next record back before it by as much, is a damaged
+# time, not a pause (the records after a pause share its time): one event an hour ahead
+# moved the engine's clock an hour on, and it took every later event for one too late.
+LEAP_NS = 60_000_000_000
+
+
+def _latest_ns(ev: Event) -> int:
+    end = getattr(ev, "end_ns", 0)
+    return max(ev.ts_ns, end, ev.ts_ns + getattr(ev, "dur_ns", 0))
+
+
+def _leaps_skipped(read: Iterator[tuple[int, Event]], damaged: LineDamage) -> Iterator[Event]:
+    """The events less those whose time leaps LEAP_NS past every one before them and the
+    one after them (each a damaged line): a leap is held until the next event says which."""
+    clock = -1  # the latest time of the events let through
+    held: tuple[int, Event, int] | None = None  # a leap: its line, the event, its time
+    for n, ev in read:
+        t = _latest_ns(ev)
+        if held is not None:
+            line, leap, leap_t = held
+            held = None
+            if t < leap_t - LEAP_NS:
+                ahead = (leap_t - clock) / 1e9
+                damaged.add(line, f"its time is {ahead:.0f} s past the events around it")
+            else:
+                clock = leap_t
+                yield leap
+        if clock >= 0 and t > clock + LEAP_NS:
+            held = (n, ev, t)
+            continue
+        clock = max(clock, t)
+        yield ev
+    if held is not None:  # nothing after it to say otherwise
+        yield held[1]
+
+
+def _numbered_events(
+    path: Path, into: Recording | None, damaged: LineDamage
+) -> Iterator[tuple[int, Event]]:
+    skipped = 0
     before = into._read if into is not None else 0  # the files named ahead of this one
     with open_regular(path, "cannot read") as f:
         for n, line in numbered_lines(f, damaged):
@@ -309,12 +357,9 @@ def _events(path: Path, into: Recording | None) -> Iterator[Event]:
             except BadRecord as err:
                 damaged.add(n, str(err))
                 continue
-            yield ev
-    if into is not None:
-        into.corrupt += damaged.count
-        into.damage += damaged.notes(path)
-        if skipped:
-            into.damage.append(f"{path}: {skipped} records of kinds this version does not know")
+            yield n, ev
+    if into is not None and skipped:
+        into.damage.append(f"{path}: {skipped} records of kinds this version does not know")
 
 
 def _logged(path: Path, into: Recording | None, rotated: bool, kind: str) -> Iterator[Event]:

@@ -265,6 +265,40 @@ def test_a_line_too_long_inside_an_events_file_is_damage(
     assert sum(1 for _ in open_recording([edge])) == len(lines)
 
 
+def test_an_events_time_leaping_away_and_back_is_damage_and_a_pause_is_not(
+    formats: dict[str, Path], tmp_path: Path
+) -> None:
+    """One power sample an hour ahead moved the engine's clock an hour on: every event after
+    it came too late, and the gaps' host work read as unexplained, without a word of damage.
+    One at 2**62 ns did the same."""
+    lines = formats[EVENTS].read_bytes().splitlines(keepends=True)
+    want = _run_json(["report", "--json", str(formats[EVENTS])])
+    i = next(n for n in range(1000, len(lines)) if b'"gpu.sample"' in lines[n])
+    sample = orjson.loads(lines[i])
+    for ts_ns, said in [
+        (sample["ts_ns"] + HOUR, f"line {i + 1}, its time is 3600 s past the events around it"),
+        (2**62, f"line {i + 1}, bad gpu.sample record: ends at {2**62} ns, decades past"),
+    ]:
+        leap = tmp_path / "leap.ndjson"
+        leap.write_bytes(b"".join([*lines[:i], orjson.dumps(sample | {"ts_ns": ts_ns}) + b"\n",
+                                   *lines[i + 1 :]]))  # fmt: skip
+        got = _run_json(["report", "--json", str(leap)])
+        assert len(got["damage"]) == 1 and said in got["damage"][0]
+        assert got["summary"] == want["summary"]
+        assert got["attributions"] == want["attributions"]
+
+    # The same hour as a pause: every event from there on an hour later, read whole.
+    paused = tmp_path / "paused.ndjson"
+    later = [orjson.loads(line) for line in lines[i:]]
+    for rec in later:
+        rec["ts_ns"] += HOUR
+        if "end_ns" in rec:
+            rec["end_ns"] += HOUR
+    paused.write_bytes(b"".join([*lines[:i], *(orjson.dumps(r) + b"\n" for r in later)]))
+    rec = open_recording([paused])
+    assert sum(1 for _ in rec) == len(lines) and rec.damage == [] and rec.corrupt == 0
+
+
 def test_a_log_left_empty_by_its_rotation_is_read_with_its_rotated_files(
     formats: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -160,6 +160,16 @@ def test_times_no_clock_gives_are_refused_for_every_kind() -> None:
         if "end_ns" in rec:
             with pytest.raises(ValueError, match=r"end_ns \d+ before ts_ns"):
                 from_record(rec | {"end_ns": rec["ts_ns"] - 1})
+        # decades past a boot, by itself or at its end (one such event moved the engine's
+        # clock past every other): 2**60 ns is 36 years
+        spans = "end_ns" in rec
+        for change in [{"ts_ns": 2**62} | ({"end_ns": 2**62} if spans else {}),
+                       {"end_ns": 2**60 + 1}, {"dur_ns": 2**61}]:  # fmt: skip
+            if change.keys() <= rec.keys():
+                with pytest.raises(ValueError, match=r"ends at \d+ ns, decades past any boot"):
+                    from_record(rec | change)
+        late = {"ts_ns": 2**59} | ({"end_ns": 2**59 + 1} if spans else {})
+        assert from_record(rec | late).ts_ns == 2**59  # 18 years: kept
 
 
 def test_an_unmeasurable_attribution_in_a_trace_is_damage_not_a_row(
