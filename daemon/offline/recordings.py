@@ -71,50 +71,67 @@ def _known_kind(kind: object) -> bool:
 # Blank lines before a JSON-lines file's first record that sniff reads past (its readers
 # skip blank lines: a file edited by hand or joined with others).
 BLANK_LINES_SKIPPED = 1000
+# Lines that say nothing of their file (damaged: no JSON, no known kind) that sniff reads
+# past to the first that does: the readers skip and count them as damage, and one damaged
+# first line refused the whole recording after it.
+UNTOLD_LINES_SKIPPED = 16
 
 
 def sniff(path: Path) -> str:
-    """Which kind of recording a path holds (a directory: rotated traces). Only a regular
-    file or a directory: a FIFO would block the open, and a pipe's first bytes, read here,
-    would be gone for the reader that follows."""
+    """Which kind of recording a path holds (a directory: rotated traces), told by its magic
+    or by its first record that tells. Only a regular file or a directory: a FIFO would
+    block the open, and a pipe's first bytes, read here, would be gone for the reader that
+    follows."""
     st = path_stat(path)
     if st is not None and stat.S_ISDIR(st.st_mode):
         return TRACE
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise GpujitterError(f"{path}: not a regular file (save a stream to a file first)")
+    blank = untold = 0
     try:
         with open_regular(path, "cannot read") as f:  # it may have changed since the stat
             head = f.read(len(MAGIC))
             if head == MAGIC:
                 return TRACE
+            f.seek(0)  # (the magic's bytes may hold more than one short line)
             # (a byte-order mark before the first line is no part of it: numbered_lines)
-            line = (head + f.readline(MAX_LINE_BYTES)).removeprefix(codecs.BOM_UTF8)
-            for _ in range(BLANK_LINES_SKIPPED):  # the first record after blank lines
-                if line.strip() or not (more := f.readline(MAX_LINE_BYTES)):
-                    break
-                line = more
+            line = f.readline(MAX_LINE_BYTES).removeprefix(codecs.BOM_UTF8)
+            while line and blank < BLANK_LINES_SKIPPED and untold < UNTOLD_LINES_SKIPPED:
+                if not line.strip():
+                    blank += 1
+                elif (kind := _told(line)) is not None:
+                    return kind
+                else:
+                    untold += 1
+                line = f.readline(MAX_LINE_BYTES)
     except OSError as err:
         raise GpujitterError(f"cannot read {path}: {err.strerror}") from None
-    if not line:
+    if not untold and not line:
         # A daemon's log stays empty until its first attribution, and is so again right after
         # a rotation: its rotated files hold what it recorded.
         if len(rotated_files(path)) > 1:
             return LOG
         raise GpujitterError(f"{path}: empty, nothing recorded in it ({FORMATS})")
+    raise GpujitterError(f"{path}: not a gpujitter recording ({FORMATS})")
+
+
+def _told(line: bytes) -> str | None:
+    """The kind of recording a JSON line says its file is (None: it says nothing)."""
     try:
         first = orjson.loads(line)
     except orjson.JSONDecodeError:
-        first = None
-    if isinstance(first, dict):
-        schema = first.get("schema")
-        if isinstance(schema, str) and schema.startswith(LOG_SCHEMA.rsplit("/", 1)[0] + "/"):
-            return LOG
-        if isinstance(schema, str) and schema.startswith(STREAM_PREFIX):
-            return STREAM
-        if "schema" not in first and _known_kind(first.get("type")):
-            # an events file begins with its wall clock, never with an attribution
-            return PRINTED if first["type"] == Attribution.KIND else EVENTS
-    raise GpujitterError(f"{path}: not a gpujitter recording ({FORMATS})")
+        return None
+    if not isinstance(first, dict):
+        return None
+    schema = first.get("schema")
+    if isinstance(schema, str) and schema.startswith(LOG_SCHEMA.rsplit("/", 1)[0] + "/"):
+        return LOG
+    if isinstance(schema, str) and schema.startswith(STREAM_PREFIX):
+        return STREAM
+    if "schema" not in first and _known_kind(first.get("type")):
+        # an events file begins with its wall clock, never with an attribution
+        return PRINTED if first["type"] == Attribution.KIND else EVENTS
+    return None
 
 
 @dataclass(slots=True)

@@ -126,6 +126,27 @@ def test_a_byte_order_mark_before_the_first_line_is_read_past(
     )
 
 
+@pytest.mark.parametrize("kind", [EVENTS, LOG])
+@pytest.mark.parametrize("first", [b"\0\0\0\0", b'{"time": 1', b"[]"])
+def test_a_damaged_first_line_is_damage_not_another_file(
+    formats: dict[str, Path], tmp_path: Path, kind: str, first: bytes
+) -> None:
+    """The first line alone said what a file was: one damaged there (a crash's zeros, a torn
+    edit) refused the whole recording after it as "not a gpujitter recording"."""
+    damaged = tmp_path / formats[kind].name
+    damaged.write_bytes(first + b"\n" + formats[kind].read_bytes())
+    assert open_recording([damaged]).kind == kind
+    got = _run_json(["report", "--json", str(damaged)])
+    assert got["summary"] == _run_json(["report", "--json", str(formats[kind])])["summary"]
+    assert len(got["damage"]) == 1 and "line 1, " in got["damage"][0]
+
+    # what no line among the first 16 tells is none of gpujitter's
+    untold = tmp_path / "untold.ndjson"
+    untold.write_bytes(first + b"\n" * 2 + b"junk\n" * 15 + formats[kind].read_bytes())
+    with pytest.raises(GpujitterError, match="not a gpujitter recording"):
+        open_recording([untold])
+
+
 def test_a_logs_copy_named_beside_it_is_refused(
     formats: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
