@@ -161,18 +161,27 @@ def from_record(rec: dict[str, Any]) -> Event:
 UPTIME_MAX_NS = 2**60
 
 
+def end_of(ev: Event) -> int:
+    """When what an event tells ends: its end_ns, or ts_ns on by its duration or the
+    interval it totals (the engine's watermark moves to it)."""
+    end = ev.ts_ns + max(getattr(ev, "dur_ns", 0), getattr(ev, "interval_ns", 0), 0)
+    return max(end, getattr(ev, "end_ns", 0))
+
+
 def _untimed(ev: Event) -> str | None:
-    """Times no clock gave: CLOCK_MONOTONIC is never negative nor decades past a boot, and a
-    span never ends before it begins (a made-up line's ts_ns -5 read as a gap of 324 s; one
-    event at ts_ns 2**62 moved the engine's clock past every other, which it then dropped as
-    too late)."""
+    """Times no clock gave: CLOCK_MONOTONIC is never negative nor decades past a boot, a
+    span never ends before it begins, and no duration is negative (a made-up line's ts_ns
+    -5 read as a gap of 324 s; one event ending at 2**62 ns moved the engine's clock past
+    every other, which it then dropped as too late)."""
     if ev.ts_ns < 0:
         return f"ts_ns: negative ({ev.ts_ns})"
     end = getattr(ev, "end_ns", None)
     if type(end) is int and end < ev.ts_ns:
         return f"end_ns {end} before ts_ns {ev.ts_ns}"
-    last = max(ev.ts_ns, end if type(end) is int else 0, ev.ts_ns + getattr(ev, "dur_ns", 0))
-    if last > UPTIME_MAX_NS:
+    for name in ("dur_ns", "interval_ns"):
+        if getattr(ev, name, 0) < 0:
+            return f"{name}: negative ({getattr(ev, name)})"
+    if (last := end_of(ev)) > UPTIME_MAX_NS:
         return f"ends at {last} ns, decades past any boot (CLOCK_MONOTONIC)"
     return None
 

@@ -45,7 +45,14 @@ from gpujitter.daemon.sinks.trace import (
 )
 from gpujitter.errors import GpujitterError
 from gpujitter.files import open_regular
-from gpujitter.probes.events import BadRecord, ClockRef, Event, event_kinds, from_record
+from gpujitter.probes.events import (
+    BadRecord,
+    ClockRef,
+    Event,
+    end_of,
+    event_kinds,
+    from_record,
+)
 from gpujitter.probes.topology import Topology
 
 TRACE, EVENTS, LOG, PRINTED, STREAM = "trace", "events", "log", "printed", "stream"
@@ -317,18 +324,13 @@ def _events(path: Path, into: Recording | None) -> Iterator[Event]:
 LEAP_NS = 60_000_000_000
 
 
-def _latest_ns(ev: Event) -> int:
-    end = getattr(ev, "end_ns", 0)
-    return max(ev.ts_ns, end, ev.ts_ns + getattr(ev, "dur_ns", 0))
-
-
 def _leaps_skipped(read: Iterator[tuple[int, Event]], damaged: LineDamage) -> Iterator[Event]:
     """The events less those whose time leaps LEAP_NS past every one before them and the
     one after them (each a damaged line): a leap is held until the next event says which."""
     clock = -1  # the latest time of the events let through
     held: tuple[int, Event, int] | None = None  # a leap: its line, the event, its time
     for n, ev in read:
-        t = _latest_ns(ev)
+        t = end_of(ev)
         if held is not None:
             line, leap, leap_t = held
             held = None

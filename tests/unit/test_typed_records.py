@@ -164,10 +164,14 @@ def test_times_no_clock_gives_are_refused_for_every_kind() -> None:
         # clock past every other): 2**60 ns is 36 years
         spans = "end_ns" in rec
         for change in [{"ts_ns": 2**62} | ({"end_ns": 2**62} if spans else {}),
-                       {"end_ns": 2**60 + 1}, {"dur_ns": 2**61}]:  # fmt: skip
+                       {"end_ns": 2**60 + 1}, {"dur_ns": 2**61}, {"interval_ns": 2**61}]:  # fmt: skip
             if change.keys() <= rec.keys():
                 with pytest.raises(ValueError, match=r"ends at \d+ ns, decades past any boot"):
                     from_record(rec | change)
+        for name in ("dur_ns", "interval_ns"):  # a duration is never negative either
+            if name in rec:
+                with pytest.raises(ValueError, match=f"{name}: negative \\(-1\\)"):
+                    from_record(rec | {name: -1})
         late = {"ts_ns": 2**59} | ({"end_ns": 2**59 + 1} if spans else {})
         assert from_record(rec | late).ts_ns == 2**59  # 18 years: kept
 

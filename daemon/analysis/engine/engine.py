@@ -39,6 +39,7 @@ from gpujitter.probes.events import (
     OwnThreads,
     ProbeStatus,
     WorkloadInfo,
+    end_of,
 )
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.workload import label
@@ -101,12 +102,6 @@ class EngineStats:
     follow_cut: int = 0  # gaps with a wait left unfollowed: the waker budget ran out
 
 
-def _end_of(ev: Any) -> int:
-    """When an event's content ends: how far it moves the watermark."""
-    end = ev.ts_ns + max(getattr(ev, "dur_ns", 0), getattr(ev, "interval_ns", 0), 0)
-    return max(end, getattr(ev, "end_ns", 0))
-
-
 class Engine:
     def __init__(self, topology: Topology, config: EngineConfig | None = None) -> None:
         self.topology = topology
@@ -157,7 +152,7 @@ class Engine:
             start, end = rule.bounds(ev)
             self._on_span(ev, rule, start, end)
         else:
-            end = _end_of(ev)
+            end = end_of(ev)
             handler = self._handlers.get(type(ev))
             if handler is not None:
                 handler(ev)
