@@ -93,12 +93,15 @@ class Pipeline:
         out.extend(self.engine.flush())
         return out
 
+    def run(self, events: Iterable[Event]) -> Iterator[Event]:
+        """Every gap and attribution of a whole stream (a trace, a drill), in order."""
+        for ev in events:
+            yield from self.feed(ev)
+        yield from self.flush()
+
 
 def analyse(
     events: Iterable[Event], topology: Topology, config: AnalysisConfig | None = None
 ) -> Iterator[Event]:
-    """Every gap and attribution of a whole stream (a trace, a drill), in order."""
-    pipeline = Pipeline(topology, config)
-    for ev in events:
-        yield from pipeline.feed(ev)
-    yield from pipeline.flush()
+    """Every gap and attribution of a whole stream, by a pipeline of its own."""
+    return Pipeline(topology, config).run(events)

@@ -24,7 +24,7 @@ from gpujitter.cli.output import json_bytes, table
 from gpujitter.cli.progress import Progress
 from gpujitter.daemon.analysis.describe import gpu_name, one_line
 from gpujitter.daemon.analysis.engine.causes import cause_label
-from gpujitter.daemon.analysis.pipeline import AnalysisConfig, analyse
+from gpujitter.daemon.analysis.pipeline import AnalysisConfig, Pipeline
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.daemon.offline.longest import Longest
 from gpujitter.daemon.offline.recordings import TRACE, Recording, open_recording
@@ -289,6 +289,19 @@ def _spool_error(err: OSError) -> GpujitterError:
     )
 
 
+def late_note(pipeline: Pipeline) -> list[str]:
+    """What the engine took too late to attribute with, said: records out of time order by
+    more than its lateness (hand-edited, or recordings of one node overlapping in time read
+    one after the other) left the gaps they fell in attributed without them, in silence."""
+    late = pipeline.engine.stats().late_events
+    if not late:
+        return []
+    after = format_ns(pipeline.config.engine.lateness_ns)
+    return [f"{late} events came over {after} after later ones (out of time order, or "
+            "recordings of one node that overlap in time): the gaps they fell in were "
+            "attributed without them"]  # fmt: skip
+
+
 def reading_line(rec: Recording) -> str:
     """What is being read, as the first line of a report says it."""
     header = rec.header
@@ -341,7 +354,8 @@ def run(args: argparse.Namespace) -> int:
 
     with JsonSpool() if args.json else contextlib.nullcontext() as spool:
         with Progress(traces.size) as progress:
-            found = events() if traces.analysed else analyse(events(), header.topology, config)
+            pipeline = None if traces.analysed else Pipeline(header.topology, config)
+            found = events() if pipeline is None else pipeline.run(events())
             for out in found:
                 if isinstance(out, (GpuGap, Attribution)):
                     seen_gpus.add(out.gpu)
@@ -353,6 +367,8 @@ def run(args: argparse.Namespace) -> int:
                         spool.add(out)
                 elif isinstance(out, GpuGap) and wanted(out):
                     gaps += 1
+            if pipeline is not None:
+                traces.damage += late_note(pipeline)
         # with the page on standard output, the report goes beside it
         told = sys.stderr if args.html == STDOUT else sys.stdout
         if page is not None:

@@ -20,6 +20,7 @@ import pytest
 from gpujitter.cli import main
 from gpujitter.cli.output import print_json
 from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU
+from gpujitter.daemon.analysis.pipeline import Pipeline
 from gpujitter.daemon.analysis.records import Attribution, Part, TaskEvidence
 from gpujitter.daemon.offline.recordings import open_recording
 from gpujitter.daemon.sinks.jsonlog import JsonLog
@@ -118,7 +119,7 @@ def test_the_text_report_holds_the_longest_gaps_not_every_attribution(
         gc.collect()
         alive.append(sum(isinstance(o, Attribution) for o in gc.get_objects()))
 
-    monkeypatch.setattr("gpujitter.cli.report.analyse", attributed)
+    monkeypatch.setattr(Pipeline, "run", lambda _, events: attributed(events, None, None))
     assert main(["report", str(trace), "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert alive[0] <= 4  # the 3 longest, and the one just yielded
@@ -204,7 +205,7 @@ def test_the_json_report_writes_what_the_whole_document_was(
             pass
         yield from attributions(n, hostile=True)
 
-    monkeypatch.setattr("gpujitter.cli.report.analyse", attributed)
+    monkeypatch.setattr(Pipeline, "run", lambda _, events: attributed(events, None, None))
     expected = whole_document(trace, list(attributions(n, hostile=True)))
     doc = json.loads(expected)
     assert doc["damage"] and "\\xe9" in doc["traces"][0] and len(doc["summary"]) == 4
@@ -231,7 +232,7 @@ def test_the_json_report_holds_no_attribution(
         gc.collect()
         alive.append(sum(isinstance(o, Attribution) for o in gc.get_objects()))
 
-    monkeypatch.setattr("gpujitter.cli.report.analyse", attributed)
+    monkeypatch.setattr(Pipeline, "run", lambda _, events: attributed(events, None, None))
     assert main(["report", "--json", str(trace), "--top", "3"]) == 0
     assert alive[0] <= 4  # the text report's 3 longest, and the one just yielded
     doc = json.loads(capsys.readouterr().out)
@@ -255,7 +256,7 @@ def test_the_html_report_holds_no_attribution(
         gc.collect()
         alive.append(sum(isinstance(o, Attribution) for o in gc.get_objects()))
 
-    monkeypatch.setattr("gpujitter.cli.report.analyse", attributed)
+    monkeypatch.setattr(Pipeline, "run", lambda _, events: attributed(events, None, None))
     page = tmp_path / "page.html"
     assert main(["report", "--html", str(page), str(trace), "--top", "3"]) == 0
     assert alive[0] <= 4  # the text report's 3 longest, and the one just yielded

@@ -320,6 +320,25 @@ def test_an_events_time_leaping_away_and_back_is_damage_and_a_pause_is_not(
     assert sum(1 for _ in rec) == len(lines) and rec.damage == [] and rec.corrupt == 0
 
 
+def test_events_out_of_time_order_are_said_not_dropped_in_silence(
+    formats: dict[str, Path], tmp_path: Path
+) -> None:
+    """Records written long after later ones (a file edited, two recordings of one node that
+    overlap in time named together) came after the engine had attributed the gaps they fell
+    in: their time went to the gaps' unexplained share without a word."""
+    lines = formats[EVENTS].read_bytes().splitlines(keepends=True)
+    assert _run_json(["report", "--json", str(formats[EVENTS])])["damage"] == []
+    moved = [n for n, line in enumerate(lines[1:2000], 1) if b'"sched.offcpu"' in line]
+    late = tmp_path / "late.ndjson"
+    late.write_bytes(
+        b"".join(line for n, line in enumerate(lines) if n not in moved)
+        + b"".join(lines[n] for n in moved)
+    )
+    (note,) = _run_json(["report", "--json", str(late)])["damage"]
+    assert note.startswith(f"{len(moved)} events came over 2.00s after later ones")
+    assert f"damage: {note}" in _run(["report", str(late)])
+
+
 def test_a_log_left_empty_by_its_rotation_is_read_with_its_rotated_files(
     formats: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -163,8 +163,8 @@ def test_times_no_clock_gives_are_refused_for_every_kind() -> None:
         # decades past a boot, by itself or at its end (one such event moved the engine's
         # clock past every other): 2**60 ns is 36 years
         spans = "end_ns" in rec
-        for change in [{"ts_ns": 2**62} | ({"end_ns": 2**62} if spans else {}),
-                       {"end_ns": 2**60 + 1}, {"dur_ns": 2**61}, {"interval_ns": 2**61}]:  # fmt: skip
+        far = [{"ts_ns": 2**62} | ({"end_ns": 2**62} if spans else {}), {"end_ns": 2**60 + 1}]
+        for change in [*far, {"dur_ns": 2**61}, {"interval_ns": 2**61}]:
             if change.keys() <= rec.keys():
                 with pytest.raises(ValueError, match=r"ends at \d+ ns, decades past any boot"):
                     from_record(rec | change)
