@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpujitter.daemon.drill.helpers import die_with_parent
+from gpujitter.daemon.drill.helpers import die_with_parent, leave_interrupts_to_the_drill
 from gpujitter.daemon.drill.injectors import INJECTORS, Injector, load_inject
 from gpujitter.daemon.drill.schedule import caller
 
@@ -211,6 +211,7 @@ def feed(cfg: FeederConfig, gpu: StubGpu | TorchGpu, injector: Injector) -> dict
 
 def main() -> None:
     die_with_parent()
+    leave_interrupts_to_the_drill()  # its loader worker's too
     cfg = FeederConfig.from_json(sys.argv[1])
     os.sched_setaffinity(0, {cfg.cpu})
     lib = load_inject(cfg.inject_lib)

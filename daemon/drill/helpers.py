@@ -56,6 +56,14 @@ def die_with_parent(parent: int = 0) -> None:
         os._exit(1)
 
 
+def leave_interrupts_to_the_drill() -> None:
+    """Ctrl-C ignored (SIGINT; a fork inherits this): a terminal sends it to the drill's
+    whole process group, and the drill stops its children itself once it has put back what
+    it changed. Taken here too, it only printed a KeyboardInterrupt traceback from wherever
+    the process was."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def deadlines(fd: int):
     """Each deadline the feeder sends, until it closes its end."""
     while True:
@@ -105,6 +113,7 @@ def io(fd: int, path: str, threads: int, cpus: list[int]) -> None:
 
 def main() -> None:
     die_with_parent()
+    leave_interrupts_to_the_drill()
     role, fd = sys.argv[1], int(sys.argv[2])
     # A name of its own, so that attributions name the helper (comm), not "python3".
     ct.CDLL(None).prctl(PR_SET_NAME, f"gj-drill-{role}".encode(), 0, 0, 0)

@@ -444,13 +444,18 @@ def page_cluster() -> Iterator[str]:
 
 
 def stopped_at_first_stall(
-    scenario: str, sig: signal.Signals, running: Callable[[], None] = lambda: None
-) -> subprocess.Popen[str]:
+    scenario: str,
+    sig: signal.Signals,
+    running: Callable[[], None] = lambda: None,
+    group: bool = False,
+) -> tuple[subprocess.Popen[str], str]:
     """`gpujitter drill SCENARIO` (8 s, 3 stalls) sent `sig` once it reports its first stall,
-    right after `running()` has looked at it; waited for."""
+    right after `running()` has looked at it; waited for; with what it wrote to stderr after
+    the signal. With `group`, the signal goes to its whole process group, as a terminal
+    sends Ctrl-C."""
     drill_proc = subprocess.Popen(
         [str(GPUJITTER), "drill", scenario, "--duration", "8s", "--stalls", "3"],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=group,
     )  # fmt: skip
     assert drill_proc.stderr is not None
     try:
@@ -458,12 +463,15 @@ def stopped_at_first_stall(
             if "stall 1/3" in line:
                 break
         running()
-        drill_proc.send_signal(sig)
-        drill_proc.wait(timeout=60)
+        if group:
+            os.killpg(drill_proc.pid, sig)
+        else:
+            drill_proc.send_signal(sig)
+        after = drill_proc.communicate(timeout=60)[1]
     finally:
         if drill_proc.poll() is None:
             drill_proc.kill()
-    return drill_proc
+    return drill_proc, after
 
 
 def test_sigint_leaves_the_system_as_it_was(page_cluster: str) -> None:
@@ -473,13 +481,21 @@ def test_sigint_leaves_the_system_as_it_was(page_cluster: str) -> None:
         assert Path("/proc/sys/vm/page-cluster").read_text().strip() == "0"
         assert "gpujitter-drill-" in Path("/proc/swaps").read_text()
 
-    drill_proc = stopped_at_first_stall("swap", signal.SIGINT, changed)
+    drill_proc, _ = stopped_at_first_stall("swap", signal.SIGINT, changed)
     assert drill_proc.returncode == 130
     assert "gpujitter-drill-" not in Path("/proc/swaps").read_text()
     assert not list(MEMCG_V1.glob(f"gpujitter-drill-{drill_proc.pid}"))
     assert set(Path("/var/tmp").glob("gpujitter-drill-*")) == scratch_before
     leftovers = subprocess.run(["pgrep", "-f", "gpujitter.daemon.drill"], capture_output=True)
     assert leftovers.stdout == b"", "the feeding loop or a helper outlived the drill"
+
+
+def test_ctrl_c_on_a_terminal_prints_no_traceback() -> None:
+    """A terminal's Ctrl-C reaches the drill's children too (the feeding loop, the hog):
+    each printed a KeyboardInterrupt traceback beside the drill's clean exit."""
+    drill_proc, after = stopped_at_first_stall("contention", signal.SIGINT, group=True)
+    assert drill_proc.returncode == 130
+    assert "Traceback" not in after, after
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
@@ -508,7 +524,7 @@ def test_the_next_drill_puts_back_what_a_killed_one_left(page_cluster: str) -> N
     """A drill killed outright (SIGKILL, the OOM killer) leaves its swap file on, vm.page-cluster
     at 0, its memory cgroup and its work folder; the next drill puts them back from the
     killed one's undo log, and says so."""
-    drill_proc = stopped_at_first_stall("swap", signal.SIGKILL)
+    drill_proc, _ = stopped_at_first_stall("swap", signal.SIGKILL)
     assert drill_proc.returncode == -signal.SIGKILL
     assert Path("/proc/sys/vm/page-cluster").read_text().strip() == "0"  # what a kill leaves
     assert "gpujitter-drill-" in Path("/proc/swaps").read_text()
