@@ -368,7 +368,9 @@ def _numbered_events(
                     break
                 damaged.add(n, "not a JSON line")
                 continue
-            if isinstance(rec, dict) and not _known_kind(rec.get("type")):
+            # a kind a newer writer added is noted; no kind, or one that is no name, is damage
+            kind = rec.get("type") if isinstance(rec, dict) else None
+            if isinstance(kind, str) and not _known_kind(kind):
                 skipped += 1
                 continue
             try:
