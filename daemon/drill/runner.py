@@ -46,6 +46,9 @@ TAIL_S = 1.0  # last stall -> end
 MIN_SPACING_S = 0.5  # between stalls, beyond the stall itself (pools refill, faults settle)
 SETTLE_S = 0.5  # after the loop: the ring buffers drain (stalls end >= TAIL_S before it)
 READY_TIMEOUT_S = 300.0  # set-up (a swap fill, a CUDA context) before the loop starts
+# The longest loop: a drill keeps every event in memory until the loop ends, and waits for
+# the loop's records with a selector, whose timeout stops at 2**31 ms (24.8 days).
+MAX_DURATION_S = 24 * 3600
 WORK_ROOT = Path("/var/tmp")  # scratch files must be on a disk: tmpfs has no page cache to drop
 
 Progress = Callable[[str], None]

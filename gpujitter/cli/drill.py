@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "-d",
         "--duration",
         metavar="TIME",
-        help="how long the loop runs (default 20s; 60s for clean)",
+        help="how long the loop runs (default 20s; 60s for clean; at most 24h)",
     )
     p.add_argument(
         "--stalls",
@@ -69,7 +69,7 @@ def progress(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpujitter.daemon.drill.runner import DrillOptions, run_drill
+    from gpujitter.daemon.drill.runner import MAX_DURATION_S, DrillOptions, run_drill
 
     if args.stalls < 1:
         raise GpujitterError("--stalls must be at least 1")
@@ -78,8 +78,11 @@ def run(args: argparse.Namespace) -> int:
     if args.keep_trace is not None:  # said now, not after the drill (its result lost then)
         can_create(args.keep_trace, "--keep-trace")
     duration_s = None if (ns := duration_arg_ns(args)) is None else ns / 1e9
-    if duration_s is not None and duration_s <= 0:  # 0 read as "the scenario's default"
-        raise GpujitterError(f"--duration {args.duration}: want a time above 0")
+    # 0 was read as "the scenario's default"; 9999h failed once the probes were attached
+    if duration_s is not None and not 0 < duration_s <= MAX_DURATION_S:
+        raise GpujitterError(
+            f"--duration {args.duration}: want a time above 0, at most {MAX_DURATION_S // 3600}h"
+        )
     opts = DrillOptions(
         duration_s=duration_s,
         stalls=args.stalls,

@@ -299,6 +299,9 @@ OTHERS = [
     # NaN passed `<= 0` (a traceback from the feeding loop); 0 s ran the 60 s default.
     (("drill", "clean", "--stall-ms", "nan"), "--stall-ms"),
     (("drill", "clean", "--duration", "0s"), "--duration"),
+    # An internal error (OverflowError, exit 70) once the probes were attached.
+    (("drill", "clean", "--duration", "9999h"), "want a time above 0, at most 24h"),
+    (("drill", "clean", "--duration", "99999999999999999999999h"), "at most 24h"),
 ]
 
 
