@@ -222,14 +222,16 @@ def _files_read(kind: str, paths: list[Path]) -> list[Path]:
 
 
 def _kind(path: Path, files: int) -> str:
-    """sniff(), but a trace file of several whose start is damaged (its magic) is a trace:
-    TraceSet leaves it out, said so, and reads the others."""
+    """sniff(), but a trace file of several that cannot be read as one (its start damaged,
+    a dangling link, a directory) is a trace: TraceSet leaves it out, said so, and reads
+    the others."""
     try:
-        return sniff(path)
+        kind = sniff(path)
     except GpujitterError:
-        if files > 1 and path.name.endswith(SUFFIX) and path_stat(path) is not None:
+        if files > 1 and path.name.endswith(SUFFIX):
             return TRACE
         raise
+    return kind
 
 
 def open_recording(args: Sequence[str | Path]) -> Recording:
@@ -244,7 +246,7 @@ def open_recording(args: Sequence[str | Path]) -> Recording:
             f"{paths[0]}: a captured socket stream: play it with gpujitter top --replay"
         )
     if kind == TRACE:
-        traces = TraceSet(paths)
+        traces = TraceSet(args)  # (a directory's entry that is no trace: left out, said)
         return Recording(TRACE, traces.paths, traces.headers[0], _traces=traces)
     if kind in (LOG, PRINTED):
         _refuse_copies(paths, kind)

@@ -363,6 +363,29 @@ def test_a_rotated_log_that_is_no_regular_file_is_refused_not_waited_on(
     assert "attributions.jsonl.1: not a regular file" in capsys.readouterr().err
 
 
+def test_a_directorys_entry_that_is_no_trace_file_is_left_out(
+    formats: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dangling link, a link loop or a folder named like a trace among a directory's
+    traces refused the whole recording in one line (a folder's traces were read into it);
+    each is left out and said, as a damaged segment is."""
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.gjtrace").write_bytes(formats[TRACE].read_bytes())
+    (d / "latest.gjtrace").symlink_to(tmp_path / "gone.gjtrace")
+    (d / "loop.gjtrace").symlink_to("loop.gjtrace")
+    (d / "nested.gjtrace").mkdir()
+    (d / "nested.gjtrace" / "b.gjtrace").write_bytes(formats[TRACE].read_bytes())
+    want = _run_json(["report", "--json", str(formats[TRACE])])
+    got = _run_json(["report", "--json", str(d)])
+    assert got["summary"] == want["summary"]
+    assert [note.split(": ", 1)[0] for note in got["damage"]] == [
+        f"cannot open {d / name}" for name in ("latest.gjtrace", "loop.gjtrace", "nested.gjtrace")
+    ]
+    assert all(note.endswith("; left out") for note in got["damage"])
+    assert main(["trace", str(d)]) == 1
+
+
 def test_a_fifo_among_a_directorys_traces_is_left_out_not_waited_on(
     formats: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
