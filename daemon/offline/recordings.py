@@ -156,6 +156,8 @@ class Recording:
     corrupt: int = 0
     _traces: TraceSet | None = None
     _read: int = 0  # bytes of the events files read so far
+    # a log's or run --json capture's first attribution -> its file (_first_attributions)
+    _firsts: dict[tuple[int, int, int], Path] = field(default_factory=dict)
 
     @property
     def files(self) -> list[Path]:
@@ -206,11 +208,19 @@ class Recording:
         # One log named: it and its rotated files, oldest first; several: each as named.
         rotated = len(self.paths) == 1
         self._read, self.damage, self.corrupt = 0, [], 0
+        met: dict[tuple[int, int, int], Path] = {}  # a file's first attribution -> read in
         for path in self.paths:
             if self.kind == EVENTS:
                 yield from _events(path, self)
-            else:
-                yield from _logged(path, self, rotated and self.kind == LOG, self.kind)
+                continue
+            for ev in _logged(path, self, rotated and self.kind == LOG, self.kind):
+                # A gap is attributed once: a file's first attribution met twice means one
+                # file holds another's lines from its start on, or its own twice.
+                if type(ev) is Attribution and (key := _key(ev)) in self._firsts:
+                    if key in met:
+                        raise GpujitterError(_repeated(met[key], path))
+                    met[key] = path
+                yield ev
 
 
 def _files_read(kind: str, paths: list[Path]) -> list[Path]:
@@ -248,18 +258,20 @@ def open_recording(args: Sequence[str | Path]) -> Recording:
     if kind == TRACE:
         traces = TraceSet(args)  # (a directory's entry that is no trace: left out, said)
         return Recording(TRACE, traces.paths, traces.headers[0], _traces=traces)
-    if kind in (LOG, PRINTED):
-        _refuse_copies(paths, kind)
-    return Recording(kind, paths, _made_header(paths, kind))
+    firsts = _first_attributions(paths, kind) if kind in (LOG, PRINTED) else {}
+    return Recording(kind, paths, _made_header(paths, kind), _firsts=firsts)
 
 
-def _refuse_copies(paths: list[Path], kind: str) -> None:
-    """Two files named that begin with the same attribution are one and its copy (or two
-    captures of one run): read together, every gap, idle time and share would count twice.
-    A trace's copy is refused by its header; a log has none, but a gap is attributed once,
-    so its first attribution tells it (each file's first alone: no memory kept per line)."""
-    if len(paths) < 2:
-        return
+def _key(attr: Attribution) -> tuple[int, int, int]:
+    return attr.gpu, attr.ts_ns, attr.end_ns
+
+
+def _first_attributions(paths: list[Path], kind: str) -> dict[tuple[int, int, int], Path]:
+    """Each file's first attribution, for the reading to tell a file that repeats another's
+    (or its own) lines: read together, every gap, idle time and share would count twice. A
+    trace's copy is refused by its header; a log has none, but a gap is attributed once.
+    Two files that begin with the same attribution are refused here, before any reading
+    (each file's first alone: no memory kept per line)."""
     firsts: dict[tuple[int, int, int], Path] = {}
     for path in paths:
         first = next(
@@ -267,13 +279,24 @@ def _refuse_copies(paths: list[Path], kind: str) -> None:
         )
         if first is None:
             continue
-        key = (first.gpu, first.ts_ns, first.end_ns)
-        if key in firsts:
+        if (key := _key(first)) in firsts:
             raise GpujitterError(
                 f"{firsts[key]} and {path} begin with the same attribution (one is a copy of "
                 "the other, or both a capture of one run): read one of them"
             )
         firsts[key] = path
+    return firsts
+
+
+def _repeated(before: Path, path: Path) -> str:
+    """Why a recording is refused whose file `path` holds again an attribution read in
+    `before`."""
+    if before == path:
+        return f"{path} holds its attributions twice (a file joined with its copy): read it once"
+    return (
+        f"{path} and {before} hold the same attributions (one a copy of a part of the other, "
+        "or logs that overlap): read each attribution once"
+    )
 
 
 # How far a header made for a log looks for its wall clock: a log an older version began

@@ -167,6 +167,21 @@ def test_a_logs_copy_named_beside_it_is_refused(
     got = _run_json(["report", "--json", str(older), str(newer)])
     assert got["summary"] == want["summary"]
 
+    # A copy of a part of it (whichever is named first), or a log joined with its copy,
+    # counted every repeated gap twice (63 gaps for 32): refused in one line once met.
+    part = tmp_path / "part.jsonl"
+    part.write_bytes(b"".join(lines[2:]))
+    joined = tmp_path / "joined.jsonl"
+    joined.write_bytes(b"".join(lines * 2))
+    for named, said in [
+        ([formats[LOG], part], f"{part} and {formats[LOG]} hold the same attributions"),
+        ([part, formats[LOG]], f"{formats[LOG]} and {part} hold the same attributions"),
+        ([joined], f"{joined} holds its attributions twice"),
+    ]:
+        assert main(["report", *map(str, named)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
+
 
 @pytest.mark.parametrize("kind", [EVENTS, LOG])
 def test_report_of_any_format_equals_the_traces(formats: dict[str, Path], kind: str) -> None:
