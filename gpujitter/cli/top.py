@@ -5,8 +5,10 @@ views."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -163,12 +165,20 @@ def reading_shown(shown: bool | None = None, stream: TextIO | None = None) -> It
         yield watch
 
 
+# A kill (systemd, `timeout`), the terminal's hangup, an interrupt sent by kill (Ctrl-C at the
+# keyboard is a key to the app). SIGTERM and SIGHUP killed the process with the terminal left
+# in the app's modes (alternate screen, mouse tracking, hidden cursor); SIGINT exited 0.
+QUIT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def probe_output_aside() -> Iterator[type[Any]]:
     """Yield a Textual driver that draws on a duplicate of the terminal, and point fd 2 at a
     file while the app runs: bcc and clang write to fd 2 (the probes capture it while they
     compile), which must neither tear the screen nor mix the screen's bytes into a probe's
-    error text. What was said there is summed up in one line afterwards."""
+    error text. What was said there is summed up in one line afterwards. The driver ends
+    the app on QUIT_SIGNALS as `q` does, its return code 128 + the signal's number (the
+    status a shell reports for a death by it)."""
     from textual.drivers.linux_driver import LinuxDriver
 
     terminal = os.fdopen(os.dup(2), "w")
@@ -178,14 +188,27 @@ def probe_output_aside() -> Iterator[type[Any]]:
             super().__init__(app, **kwargs)
             self._file = terminal
 
+        def start_application_mode(self) -> None:
+            loop = asyncio.get_running_loop()
+            for signum in QUIT_SIGNALS:
+                loop.add_signal_handler(signum, partial(self._app.exit, return_code=128 + signum))
+            super().start_application_mode()
+
+        def stop_application_mode(self) -> None:
+            super().stop_application_mode()
+            for signum in QUIT_SIGNALS:
+                asyncio.get_running_loop().remove_signal_handler(signum)
+
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as aside, terminal:
+    with tempfile.TemporaryFile() as aside:
         os.dup2(aside.fileno(), 2)
         try:
             yield TerminalDriver
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+            with contextlib.suppress(OSError):  # a hangup took the terminal: its flush fails
+                terminal.close()
             aside.seek(0)
             said = aside.read().decode(errors="backslashreplace").strip().splitlines()
             if said:
@@ -257,7 +280,8 @@ def run(args: argparse.Namespace) -> int:
         app.run()
     # Textual prints a crash's traceback itself and sets 1; the CLI's code for it is 70
     # (internal error), as for any command, so that a wrapper can tell it from a clean quit.
-    return 70 if app.return_code else 0
+    code = app.return_code or 0
+    return 70 if code == 1 else code
 
 
 COMMAND = Command(

@@ -1,15 +1,23 @@
-"""`gpujitter top`'s command line: which feed it picks, where a replay starts, and the
-one-line errors (the app itself is tested through Pilot)."""
+"""`gpujitter top`'s command line: which feed it picks, where a replay starts, the one-line
+errors and how a signal ends it (the app itself is tested through Pilot)."""
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import io
 import json
 import os
+import pty
 import re
+import select
+import signal
+import struct
 import subprocess
 import sys
+import termios
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -184,3 +192,56 @@ def test_the_last_message_the_probes_left_on_stderr_is_shown_inert(
         "gpujitter top: last message on stderr: clang: /tmp/\\x1b]0;pwned\\x07/\\xff.h: "
         "no such file\n"
     )
+
+
+def terminal_output(master: int, done: Callable[[bytes], bool]) -> bytes:
+    """What the other side of a pseudo-terminal writes until `done(all of it)`, it closes its
+    side or 30 s pass."""
+    got, deadline = b"", time.monotonic() + 30
+    while not done(got) and time.monotonic() < deadline:
+        if select.select([master], [], [], 0.1)[0]:
+            try:
+                got += os.read(master, 1 << 16)
+            except OSError:  # EIO: every descriptor of its side is closed
+                break
+    return got
+
+
+def stopped_on_a_terminal(stop: signal.Signals | None) -> tuple[int, bytes]:
+    """`gpujitter top --replay` on a pseudo-terminal of its own, sent `stop` (None: `q` typed)
+    once it has drawn: its exit status, and what it wrote from then on."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    cmd = [sys.executable, "-m", "gpujitter", "top", "--replay", str(STREAM)]
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    try:
+        assert b"GPU" in terminal_output(master, lambda got: b"GPU" in got)
+        if stop is None:
+            os.write(master, b"q")
+        else:
+            proc.send_signal(stop)
+        after = terminal_output(master, lambda _: False)
+        return proc.wait(timeout=10), after
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("stop", "code"),
+    [(None, 0), (signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)],
+    ids=["q", "sigterm", "sighup", "sigint"],
+)
+def test_a_signal_quits_as_q_does_and_gives_the_terminal_back(
+    stop: signal.Signals | None, code: int
+) -> None:
+    """SIGTERM (systemd, `timeout`) and SIGHUP killed the app with the terminal left on the
+    alternate screen, tracking the mouse, its cursor hidden; SIGINT exited 0."""
+    status, after = stopped_on_a_terminal(stop)
+    assert status == code
+    for restored in (b"\x1b[?1049l", b"\x1b[?1000l", b"\x1b[?25h"):  # screen, mouse, cursor
+        assert restored in after
+    assert b"Traceback" not in after
