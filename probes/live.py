@@ -58,7 +58,7 @@ class LiveProbes:
         self.paths = paths
         self.nvml: Nvml | None = None
         self.gpus: list[GpuInfo] = []
-        self.statuses: list[ProbeStatus] = []
+        self.statuses: list[ProbeStatus] = []  # each one's at the start: NVML's, the probes'
         self._probes: Any = None
         self._stack = contextlib.ExitStack()
 
@@ -88,7 +88,7 @@ class LiveProbes:
             )
             self._stack.enter_context(probes)
             self._probes = probes
-            self.statuses = probes.statuses
+            self.statuses += probes.statuses
         except BaseException:
             self._stack.close()
             raise
@@ -101,8 +101,11 @@ class LiveProbes:
         try:
             self.nvml = open_nvml(backend)
         except NvmlUnavailable as err:
-            self.emit(ProbeStatus(ts_ns=time.monotonic_ns(), probe="nvml", state="unavailable",
-                                  reason=str(err)))  # fmt: skip
+            # Kept with the probes' statuses too: `run` says at start what is unavailable.
+            status = ProbeStatus(ts_ns=time.monotonic_ns(), probe="nvml", state="unavailable",
+                                 reason=str(err))  # fmt: skip
+            self.emit(status)
+            self.statuses.append(status)
             return None
         self._stack.callback(self.nvml.close)
         self.gpus = self.nvml.gpus(os.cpu_count() or 1)

@@ -5,6 +5,7 @@ attribution per pause, stream the same over its socket, record the raw events, a
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -19,10 +20,14 @@ from typing import Any
 import pytest
 
 from gpujitter.daemon.drill.build import build_stub
+from gpujitter.daemon.service.config import load_config
+from gpujitter.daemon.service.service import Console, Daemon
 from gpujitter.daemon.sinks.jsonlog import rfc3339
 from gpujitter.probes.clock import format_wall
 from gpujitter.probes.events import ClockRef
+from gpujitter.probes.nvml_session import NvmlPlayback
 from tests.kernel.test_cuda import FEED, SLACK_NS, quiet_spans
+from tests.unit.test_nvml_errors import NO_DRIVER
 
 GPUJITTER = Path(sys.executable).with_name("gpujitter")
 PAUSES_MS = (40, 80, 60)
@@ -267,3 +272,23 @@ def test_a_wall_clock_set_during_the_run_is_followed(stub: Path, tmp_path: Path)
     subprocess.run([str(GPUJITTER), "report", str(trace), "--html", str(page)],
                    capture_output=True, check=True)  # fmt: skip
     assert all(f" at {when}: " in page.read_text() for when in whens)
+
+
+def test_a_node_without_nvml_is_said_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run` on a node without NVML said only `probes attached: ...` (gaps and record say
+    it, and so did the daemon's status): its gaps then come from libcuda alone. NVML's
+    answers are those of a node with no driver (recorded), so a GPU node says it too."""
+    (tmp_path / "empty.toml").touch()  # no /etc/gpujitter/gpujitter.toml of this node
+    config = load_config(tmp_path / "empty.toml", environ={"GPUJITTER_STATE_DIR": str(tmp_path)},
+                         flags={"log.path": ("--log", ""), "socket.path": ("--socket", ""),
+                                "probes.enable": ("--probes", "sched")})  # fmt: skip
+    console = Console(io.StringIO(), as_json=False)
+    Daemon(config, console=console, nvml=NvmlPlayback(NO_DRIVER), duration_ns=500_000_000).run()
+    said = capsys.readouterr().err.splitlines()
+    assert said[0].startswith("# probes attached: sched;"), said
+    assert said[1] == (
+        "# probe nvml unavailable: NVML library (libnvidia-ml.so.1) not found: no NVIDIA "
+        "driver on this node"
+    )
