@@ -227,6 +227,19 @@ def example_offer(path: Path = CHECKOUT / EXAMPLE_TRACE) -> Offer | None:
     return Offer(f"gpujitter top --replay {shown}", partial(ReplayFeed, path))
 
 
+def check_saved_audit(path: Path) -> None:
+    """GpujitterError unless `path` reads as `gpujitter audit --json`'s output: said at the
+    start, as a bad --replay is; the Audit view of an app already open said it, exit 0."""
+    from gpujitter.tui.audit import load_file
+
+    try:
+        error = load_file(path).error
+    except GpujitterError as err:
+        raise GpujitterError(f"--audit: {err}") from None
+    if error:
+        raise GpujitterError(f"--audit: {path}: {error}")
+
+
 SNAPSHOT_WAIT_S = 5.0  # a daemon answers a connection with its snapshot at once
 
 
@@ -270,6 +283,8 @@ def run(args: argparse.Namespace) -> int:
 
         print_json(daemon_snapshot(socket_from_args(args)))
         return 0
+    if args.audit is not None:
+        check_saved_audit(args.audit)
     with reading_shown() as watch:
         feed = make_feed(args, watch)  # bad input is reported first, terminal or not
     if not sys.stdin.isatty() or not sys.stderr.isatty():

@@ -111,7 +111,7 @@ def test_the_first_pass_over_a_recording_shows_how_far_it_is(
 
 
 def test_the_progress_line_is_gone_before_the_app_takes_the_screen(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`top --replay` on a terminal: the line is written while the recording is read, and
     erased before the app starts; nothing of it is written once the app draws."""
@@ -129,7 +129,9 @@ def test_the_progress_line_is_gone_before_the_app_takes_the_screen(
         at_start.append(capsys.readouterr().err)
 
     monkeypatch.setattr(GpujitterTop, "run", run)
-    assert main(["top", "--replay", str(DRILL_TRACE), "--paused", "--audit", "/dev/null"]) == 0
+    saved_audit = tmp_path / "audit.json"  # none run on this node
+    saved_audit.write_text('{"findings": []}')
+    assert main(["top", "--replay", str(DRILL_TRACE), "--paused", "--audit", str(saved_audit)]) == 0
     assert len(at_start) == 1 and SHOWN.findall(at_start[0])
     assert at_start[0].endswith("\r\x1b[K")
     assert capsys.readouterr().err == ""

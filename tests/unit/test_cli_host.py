@@ -136,6 +136,14 @@ def test_gpu_minus_1_placed_by_the_override_is_named_by_topo_and_doctor(tmp_path
             ("top", "--replay", "examples/h200-training.gjtrace", "--pid", "1"),
             "--replay plays a recording: --pid would do nothing with it",
         ),
+        # a saved audit that cannot be read opened the app, its Audit view saying why (exit 0)
+        (
+            ("top", "--replay", "examples/h200-training.gjtrace", "--audit", "/nonexistent"),
+            "--audit: cannot read /nonexistent: No such file or directory",
+        ),
+        (("top", "--audit", "/tmp"), "--audit: cannot read /tmp: not a regular file"),
+        (("top", "--audit", "/dev/zero"), "--audit: cannot read /dev/zero: not a regular file"),
+        (("top", "--audit", "README.md"), "--audit: README.md: not JSON"),
         # the daemon's snapshot as it is: they were taken, unchecked, and did nothing
         (
             ("top", "--json", "--probes", "nosuch", "--audit", "x.json", "--at", "bogus"),
