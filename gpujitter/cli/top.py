@@ -101,8 +101,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # What only live probes (embedded) or a daemon use: beside --replay, refused.
 LIVE_ONLY = ("probes", "socket", "topology_override", "pid", "comm", "cgroup", "pod", "slurm_job")
 # What shapes the view or its own probes: beside --json (the daemon's snapshot), refused.
-VIEW_ONLY = ("probes", "topology_override", "pid", "comm", "cgroup", "pod", "slurm_job", "audit",
-             "paused")  # fmt: skip
+VIEW_ONLY = ("probes", "topology_override", "pid", "comm", "cgroup", "pod", "slurm_job", "audit")
+
+
+def replay_options(args: argparse.Namespace) -> list[str]:
+    """The options given that steer a replay's playback (their defaults tell nothing)."""
+    return (["--at"] * (args.at != "start") + ["--paused"] * args.paused
+            + ["--speed"] * (args.speed != 1.0))  # fmt: skip
 
 
 def make_feed(args: argparse.Namespace, watch: Watch | None = None) -> Feed:
@@ -119,6 +124,10 @@ def make_feed(args: argparse.Namespace, watch: Watch | None = None) -> Feed:
             raise GpujitterError(f"--replay plays a recording: {', '.join(live)} would do "
                                  "nothing with it")  # fmt: skip
         return replay_feed(args, ReplayFeed if watch is None else partial(ReplayFeed, watch=watch))
+    playback = replay_options(args)
+    if playback:  # taken, they did nothing: the live view has no playback to steer
+        raise GpujitterError(f"{', '.join(playback)} would do nothing without --replay (a "
+                             "recording's playback)")  # fmt: skip
     path = socket_from_args(args)
     if args.daemon or (not args.embedded and daemon_listening(path)):
         return SocketFeed(path)
@@ -273,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
                 "--json, for the probes in this process: gpujitter probe --json"
             )
         idle = [f"--{name.replace('_', '-')}" for name in VIEW_ONLY if getattr(args, name)]
-        idle += ["--at"] * (args.at != "start") + ["--speed"] * (args.speed != 1.0)
+        idle += replay_options(args)
         if idle:  # a script that passes them expects them to count
             raise GpujitterError(
                 f"--json prints the daemon's snapshot as it is: {', '.join(idle)} would do "

@@ -144,6 +144,9 @@ def test_gpu_minus_1_placed_by_the_override_is_named_by_topo_and_doctor(tmp_path
         (("top", "--audit", "/tmp"), "--audit: cannot read /tmp: not a regular file"),
         (("top", "--audit", "/dev/zero"), "--audit: cannot read /dev/zero: not a regular file"),
         (("top", "--audit", "README.md"), "--audit: README.md: not JSON"),
+        # the live view has no playback: taken, and they did nothing
+        (("top", "--paused"), "--paused would do nothing without --replay"),
+        (("top", "--at", "end", "--speed", "2"), "--at, --speed would do nothing without --replay"),
         # the daemon's snapshot as it is: they were taken, unchecked, and did nothing
         (
             ("top", "--json", "--probes", "nosuch", "--audit", "x.json", "--at", "bogus"),
