@@ -186,6 +186,14 @@ def _pods(v: Any) -> tuple[str, ...]:
     return pods
 
 
+def _comms(v: Any) -> tuple[str, ...]:
+    """Command-name patterns, shell style."""
+    comms = _list(v)
+    if "" in comms:  # it was taken, and watched nothing
+        raise ValueError("an empty pattern matches no command name")
+    return comms
+
+
 def _slurm_jobs(v: Any) -> tuple[str, ...]:
     jobs = _list(v)
     for job in jobs:
@@ -306,7 +314,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("probes.disable", _probes, (), "probes not to run"),
     Setting("probes.thresholds", _thresholds, (), "emission thresholds, PROBE.KEY = TIME"),
     Setting("watch.pids", _pids, (), "process ids to watch"),
-    Setting("watch.comms", _list, (), "command-name patterns to watch ('python*')"),
+    Setting("watch.comms", _comms, (), "command-name patterns to watch ('python*')"),
     Setting("watch.cgroups", _paths, (), "cgroup directories whose processes are watched"),
     Setting("watch.pods", _pods, (), "Kubernetes pods (NAME or NAMESPACE/NAME) to watch"),
     Setting("watch.slurm_jobs", _slurm_jobs, (), "Slurm job ids whose processes are watched"),

@@ -96,6 +96,7 @@ def add_watch_args(p: argparse.ArgumentParser) -> None:
 
 def watch_from_args(args: argparse.Namespace) -> WatchSpec:
     pids = parse_value("watch.pids", args.pid, "flag --pid") if args.pid else ()
+    comms = parse_value("watch.comms", args.comm, "flag --comm") if args.comm else ()
     pods = parse_value("watch.pods", args.pod, "flag --pod") if args.pod else ()
     jobs = (
         parse_value("watch.slurm_jobs", args.slurm_job, "flag --slurm-job")
@@ -104,7 +105,7 @@ def watch_from_args(args: argparse.Namespace) -> WatchSpec:
     )
     spec = WatchSpec(
         pids=set(pids),
-        comms=list(args.comm),
+        comms=list(comms),
         cgroups=list(args.cgroup),
         pods=list(pods),
         slurm_jobs=list(jobs),
