@@ -35,14 +35,22 @@ def _escape(ch: str) -> str:
     # so a C1 control (U+009B, bytes c2 9b) never reads like the lone byte 0x9b.
     if code < 0x80:
         return f"\\x{code:02x}"
+    if code in _FSDECODED_BYTES:  # the byte, as decode_name writes it
+        return f"\\x{code - 0xDC00:02x}"
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+# os.fsdecode (file names, arguments, the environment) keeps each byte that is not UTF-8
+# (0x80 to 0xff) as a lone surrogate: U+DC00 + the byte.
+_FSDECODED_BYTES = range(0xDC80, 0xDD00)
 
 
 def printable(text: str) -> str:
     """`text` with every character a terminal would act on or hide written as an escape:
     C0 and C1 controls, DEL, format characters (bidi overrides, zero-width ones), line and
     paragraph separators, spaces other than ' ', surrogates, private-use and unassigned code
-    points (all that str.isprintable() refuses). Idempotent; the rest is kept as it is."""
+    points (all that str.isprintable() refuses); os.fsdecode's stand-in for a byte that is
+    not UTF-8 as that byte, `\\xff`. Idempotent; the rest is kept as it is."""
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else _escape(ch) for ch in text)
@@ -50,9 +58,20 @@ def printable(text: str) -> str:
 
 def quoted(value: object, limit: int = 80) -> str:
     """`value` as an error line quotes what someone typed: its repr, printable, cut after
-    `limit` characters (a pasted blob must not turn one line into a page)."""
-    text = repr(value)
+    `limit` characters (a pasted blob must not turn one line into a page); a byte that is
+    not UTF-8 as printable writes it (repr's `\\udcff` is `\\xff`)."""
+    text = _REPR_STAND_IN.sub(_stand_in_as_byte, repr(value))
     return printable(text if len(text) <= limit else text[:limit] + "...")
+
+
+# In a repr: an escaped backslash (kept: what follows it is text), or os.fsdecode's stand-in
+# for a byte (_FSDECODED_BYTES).
+_REPR_STAND_IN = re.compile(r"\\(\\|udc[89a-f][0-9a-f])")
+
+
+def _stand_in_as_byte(m: re.Match[str]) -> str:
+    escaped = m.group(1)
+    return m.group() if escaped == "\\" else f"\\x{escaped[3:]}"
 
 
 _NON_ASCII = re.compile("[^\x00-\x7e]")

@@ -156,7 +156,8 @@ def run(args: argparse.Namespace, source: EventSource | None = None) -> int:
         print_json(summary)
     else:
         print(
-            f"recorded {capture.events} events ({format_bytes(capture.bytes)}) into {out}"
+            f"recorded {capture.events} events ({format_bytes(capture.bytes)}) into "
+            f"{printable(str(out))}"
             + (f" ({len(kept)} files)" if rotation is not None else "")
             + f"; {summary['lost']} lost"
             + (

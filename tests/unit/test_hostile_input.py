@@ -134,6 +134,21 @@ def test_a_file_name_that_is_not_utf8_reads_as_escaped_json(tmp_path: Path) -> N
         assert "\\\\xff\\\\xfe.gjtrace" in proc.stdout
 
 
+def test_a_file_name_that_is_not_utf8_reads_as_its_bytes_in_messages(tmp_path: Path) -> None:
+    """operations.md promises `\\xff` for such a byte; os.fsdecode's stand-in for it was
+    shown `\\udcff`, in a command's summary and in an error's quoted value."""
+    out = os.fsencode(tmp_path) + b"/o\xff.json"
+    proc = gpujitter("export", str(EXAMPLE), "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"{tmp_path}/o\\xff.json: 32 gaps"), proc.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "gpujitter", "run", "--print-config"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "GPUJITTER_METRICS_LISTEN": os.fsdecode(b"\xff")},
+    )  # fmt: skip
+    refused(bad, "(got '\\xff')")
+
+
 @pytest.mark.parametrize("line", [1, 2])
 def test_a_record_type_that_is_not_a_string(tmp_path: Path, line: int) -> None:
     events = tmp_path / "events.ndjson"

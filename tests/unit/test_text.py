@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 
-from gpujitter.text import decode_name, dumps, inert_json, printable
+from gpujitter.text import decode_name, dumps, inert_json, printable, quoted
 
 # What a hostile process may call itself: a terminal title (OSC ... BEL), CSI sequences,
 # the 8-bit CSI, a bidi override, Textual markup, and bytes that are not UTF-8.
@@ -84,6 +84,18 @@ def test_printable_is_idempotent_and_leaves_ordinary_text_alone() -> None:
     for raw in HOSTILE:
         once = printable(decode_name(raw))
         assert printable(once) == once
+
+
+def test_a_byte_of_a_file_name_that_is_not_utf8_reads_as_decode_name_writes_it() -> None:
+    """os.fsdecode keeps such a byte as a lone surrogate (U+DCFF for 0xff), which printable
+    and quoted wrote `\\udcff`: a file name read one way in a message, another in JSON."""
+    name = os.fsdecode(b"o\xff\x80.json")
+    assert printable(name) == "o\\xff\\x80.json" == printable(decode_name(b"o\xff\x80.json"))
+    assert quoted(name) == "'o\\xff\\x80.json'"
+    assert quoted([os.fsdecode(b"\xff")]) == "['\\xff']"
+    # text that reads \udcff, and lone surrogates of other origins, stay as they are
+    assert quoted("\\udcff") == "'\\\\udcff'"
+    assert printable("\udc7f\ud800") == "\\udc7f\\ud800"
 
 
 def test_fuzz_random_comms_never_show_a_control_character_and_never_collide() -> None:
