@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpujitter.cli import main
+from gpujitter.daemon.analysis.pipeline import Pipeline
 from gpujitter.daemon.offline.html_report import Page
 from gpujitter.daemon.sinks.trace import TraceWriter
 from gpujitter.probes.clock import Clocks
@@ -129,7 +130,7 @@ def test_the_page_is_what_it_was_when_every_attribution_was_held(
                 pass
             yield from attributions(250, hostile=True)
 
-        monkeypatch.setattr("gpujitter.cli.report.analyse", attributed)
+        monkeypatch.setattr(Pipeline, "run", lambda _, events: attributed(events, None, None))
         trace = one_gap_trace(tmp_path / "one.gjtrace")
     page = tmp_path / "report.html"
     assert main(["report", str(trace), *options, "--html", str(page)]) == 0
