@@ -45,6 +45,8 @@
 #   nvmlcalls    what one NVML read costs, per way of calling it, and the sampler's reads at
 #                their cadences, beside the training job (bench/nvml_calls.py)
 #   nvmlmemory   NVML's memory and CPU in a fresh process, step by step (bench/nvml_memory.py)
+#   clockstep    what NVML's sample stamps do when the wall clock is stepped back and on
+#                (bench/nvml_clock_step.py; it steps this node's clock and puts it back)
 #   phases       where that start goes: wall, CPU and peak memory by phase (bench/start_phases.py)
 #   defaultset   the default set's cost on the C microbenchmarks (ping-pong, faults, alloc,
 #                steady) and in the kernel per sched event (bench/default_set.py;
@@ -182,6 +184,11 @@ for step in $steps; do
         log "nvmlmemory: NVML's memory in a fresh process, step by step"
         (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 60 python3 -P -m bench.nvml_memory \
             > "$out/nvml-memory.log")
+        ;;
+    clockstep)
+        log "clockstep: NVML's sample stamps across a stepped wall clock"
+        (cd /tmp && PYTHONPATH=$PYTHONPATH:$tree timeout 60 python3 -P -m bench.nvml_clock_step \
+            > "$out/nvml-clock-step.json")
         ;;
     phases)
         log "phases: gpujitter run's start by phase"
