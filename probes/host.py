@@ -181,9 +181,15 @@ def numa_node(text: str | None) -> int | None:
 def proc_pids(paths: HostPaths) -> list[int]:
     """Process ids under /proc, ascending; [] when /proc cannot be listed."""
     try:
-        return sorted(int(n) for n in os.listdir(paths.proc) if n.isdigit())
+        return listed_pids(paths)
     except OSError:
         return []
+
+
+def listed_pids(paths: HostPaths) -> list[int]:
+    """proc_pids, OSError when /proc cannot be listed (out of file descriptors): for a caller
+    that must not take that for a node without processes."""
+    return sorted(int(n) for n in os.listdir(paths.proc) if n.isdigit())
 
 
 # Past any procfs or sysfs file (a process's maps with 100k mappings is ~10 MiB): what reads
@@ -224,8 +230,11 @@ def status_fields(paths: HostPaths, pid: int | str) -> dict[str, str]:
     cannot be read. A name's invalid bytes read as U+FFFD: the kernel takes any name, and
     the other fields must still read."""
     raw = read_raw(f"{paths.proc}/{pid}/status")
-    if raw is None:
-        return {}
+    return {} if raw is None else parse_status(raw)
+
+
+def parse_status(raw: bytes) -> dict[str, str]:
+    """A /proc/PID/status file's bytes as status_fields gives them."""
     text = raw.decode(errors="replace")
     fields = {}
     for line in text.splitlines():

@@ -6,13 +6,19 @@ host.py; interrupts: interrupts.py); HostPaths makes them run on recorded trees.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpujitter.probes.host import HostPaths, read_file, unescape_octal
 
 DELETED = " (deleted)"  # what maps appends to a file unlinked since it was mapped
+# What reading a process's /proc files fails with once it has ended: its folder is gone
+# (ENOENT), or it went while the file was read (ESRCH). Any other failure (out of file
+# descriptors: EMFILE, ENFILE) says nothing of the process.
+GONE = frozenset({errno.ENOENT, errno.ESRCH})
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,14 +184,35 @@ def task_stat_fields(text: str | bytes) -> list[str]:
     return raw[raw.rindex(")") + 2 :].split()
 
 
+def read_while_alive(path: str | Path) -> bytes | None:
+    """A process's /proc file (read_file), None where the process has ended (GONE); OSError
+    for any other failure, which a caller must not take for the process's end."""
+    try:
+        return read_file(path)
+    except OSError as err:
+        if err.errno in GONE:
+            return None
+        raise
+
+
 def process_start(paths: HostPaths, pid: int | str, *, zombie: bool = True) -> int | None:
     """When `pid` started, in clock ticks since boot (stat's field 22): with its id, what
     names one process, since ids are reused. None where it cannot be read (gone), or, unless
     `zombie`, where it has exited and only waits for its parent to reap it."""
     try:
-        fields = task_stat_fields(read_file(paths.proc / str(pid) / "stat"))
+        return read_process_start(paths, pid, zombie=zombie)
+    except OSError:
+        return None
+
+
+def read_process_start(paths: HostPaths, pid: int | str, *, zombie: bool = True) -> int | None:
+    """process_start, whose None says the process has ended (or is not one): OSError where its
+    stat could not be read for another reason (read_while_alive)."""
+    raw = read_while_alive(paths.proc / str(pid) / "stat")
+    try:
+        fields = task_stat_fields(raw or b"")
         return None if not zombie and fields[0] == "Z" else int(fields[19])
-    except (OSError, ValueError, IndexError):
+    except (ValueError, IndexError):
         return None
 
 

@@ -42,15 +42,21 @@ from gpujitter.probes.events import (
 )
 from gpujitter.probes.host import (
     HostPaths,
-    proc_pids,
+    listed_pids,
+    parse_status,
     read_foreign,
     read_name,
     read_raw,
     read_text,
-    status_fields,
 )
 from gpujitter.probes.mapbatch import PerCpuSum
-from gpujitter.probes.procfs import is_kernel_thread, process_start, task_ids
+from gpujitter.probes.procfs import (
+    is_kernel_thread,
+    process_start,
+    read_process_start,
+    read_while_alive,
+    task_ids,
+)
 from gpujitter.probes.progstats import program_fds
 from gpujitter.probes.registry import TRACEFS
 from gpujitter.probes.topology import Topology
@@ -156,7 +162,9 @@ def resolve(
     has followed them since an earlier walk). `pinned`: each of the spec's pids -> the start
     time of the process it named when first resolved (None: none ran), kept by the caller
     from one resolve to the next: a pid names that process only, never one that took its
-    id after it exited."""
+    id after it exited. OSError where /proc cannot be read for another reason than a
+    process's end (the daemon out of file descriptors): then nothing it says is known to
+    have ended, and the caller keeps what it watches."""
     chosen: dict[int, int] = {}
     pinned = {} if pinned is None else pinned
 
@@ -164,12 +172,12 @@ def resolve(
         chosen[tgid] = chosen.get(tgid, 0) | why
 
     for pid in spec.pids:
-        start = process_start(paths, pid, zombie=False)
+        start = read_process_start(paths, pid, zombie=False)
         if start is not None and pinned.setdefault(pid, start) == start:
             add(pid, WHY_PID)
         pinned.setdefault(pid, None)
     if spec.comms:
-        for tgid in proc_pids(paths):
+        for tgid in listed_pids(paths):
             names = {read_name(paths.proc / str(tgid) / "comm") or ""}
             # any bytes the process chose: a name that is not UTF-8 still matches by the rest
             cmdline = read_foreign(paths.proc / str(tgid) / "cmdline") or ""
@@ -182,7 +190,7 @@ def resolve(
             add(tgid, WHY_CGROUP)
     if spec.pods or spec.slurm_jobs:
         reader = workloads or WorkloadReader(paths)
-        for tgid in proc_pids(paths):
+        for tgid in listed_pids(paths):
             w = reader.of(tgid)
             if w is not None and (
                 any(matches_pod(w, p) for p in spec.pods)
@@ -352,6 +360,8 @@ class CoreBpf(Counted):
         # meta.probe (CORE_PROBE) as a probe's.
         self._lost: tuple[PerCpuSum, int] | None = None
         self.exits = ExitLog()  # written by on_proc, read by the probes' ExitReaders
+        # Why the last refresh could not read /proc ("" when it could), in its status.
+        self.unreadable = ""
 
     def start(
         self, emit: Callable[[Event], Any], parts: Sequence[ModulePart] = ()
@@ -415,9 +425,9 @@ class CoreBpf(Counted):
         return 0 if self._lost is None else self._lost[0].read() - self._lost[1]
 
     def status(self, now_ns: int) -> ProbeStatus:
-        """Its health and cost, as a probe's."""
-        state = "running" if self.bpf is not None else "stopped"
-        return self.counted_status(now_ns, CORE_PROBE, state, "")
+        """Its health and cost, as a probe's: degraded while /proc cannot be read."""
+        state = "stopped" if self.bpf is None else "degraded" if self.unreadable else "running"
+        return self.counted_status(now_ns, CORE_PROBE, state, self.unreadable)
 
     def on_proc(self, rec: Any) -> None:
         comm = comm_str(rec.comm)
@@ -466,26 +476,37 @@ class CoreBpf(Counted):
 
     def refresh(self, now_ns: int) -> None:
         """Re-resolve the spec (new PIDs of patterns, cgroup members, GPU processes); keep
-        the processes the kernel added because a watched parent forked them."""
+        the processes the kernel added because a watched parent forked them. Where /proc
+        cannot be read (out of file descriptors), the set stays as it is, the reason in the
+        core's status (degraded), and the next refresh tries again: at its RLIMIT_NOFILE the
+        daemon took a watched --pid for exited and stopped attributing its gaps."""
         kernel = {k.value: v.value for k, v in self.bpf["gj_watched"].items()}
-        wanted = resolve(self.spec, self.paths, self.workloads,
-                         lambda tgid: self._walks.get(tgid, 0) >= ROOT_WALKS,
-                         self._pinned)  # fmt: skip
+        try:
+            wanted = resolve(self.spec, self.paths, self.workloads,
+                             lambda tgid: self._walks.get(tgid, 0) >= ROOT_WALKS,
+                             self._pinned)  # fmt: skip
+            processes = self._fork_followed(kernel)
+        except OSError as err:
+            self.unreadable = (f"cannot read {self.paths.proc} ({err.strerror}): the watched set "
+                               "is kept as it is, and read again each second")  # fmt: skip
+            return
+        self.unreadable = ""
         self._walks = {tgid: self._walks.get(tgid, 0) + 1
                        for tgid, why in wanted.items() if why & ~WHY_FORK}  # fmt: skip
-        processes = set()
-        for tgid, why in kernel.items():
-            # Fork-followed entries stay while the process lives (the kernel drops an entry
-            # at its exit); thread ids that the fork hook added go (their /proc entry names
-            # another Tgid). An entry found to be a process once is not read again while it
-            # stays: beside a training job, its loader workers cost a status read each a
-            # second otherwise.
-            if why & WHY_FORK and (tgid in self._processes or _is_process(self.paths, tgid)):
-                wanted[tgid] = wanted.get(tgid, 0) | WHY_FORK
-                processes.add(tgid)
+        for tgid in processes:
+            wanted[tgid] = wanted.get(tgid, 0) | WHY_FORK
         self._processes = processes
         self.watched = kernel
         self._set(wanted, now_ns, "refresh")
+
+    def _fork_followed(self, kernel: dict[int, int]) -> set[int]:
+        """The kernel's fork-followed entries that are processes: they stay while the
+        process lives (the kernel drops an entry at its exit); thread ids that the fork hook
+        added go (their /proc entry names another Tgid). An entry found to be a process once
+        is not read again while it stays: beside a training job, its loader workers cost a
+        status read each a second otherwise."""
+        return {tgid for tgid, why in kernel.items() if why & WHY_FORK
+                and (tgid in self._processes or _is_process(self.paths, tgid))}  # fmt: skip
 
     def _set(self, wanted: dict[int, int], now_ns: int, reason: str) -> None:
         table = self.bpf["gj_watched"]
@@ -534,4 +555,7 @@ def watched_changed(bpf: Any) -> None:
 
 
 def _is_process(paths: HostPaths, tgid: int) -> bool:
-    return status_fields(paths, tgid).get("Tgid") == str(tgid)
+    """Whether `tgid` is a process's id (a thread's has a /proc entry too); False once it has
+    ended, OSError where its status cannot be read for another reason (read_while_alive)."""
+    raw = read_while_alive(f"{paths.proc}/{tgid}/status")
+    return raw is not None and parse_status(raw).get("Tgid") == str(tgid)

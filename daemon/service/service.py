@@ -76,7 +76,7 @@ from gpujitter.daemon.sinks.trace import TraceHeader
 from gpujitter.probes import registry
 from gpujitter.probes.base import memory_short
 from gpujitter.probes.clock import clock_ref
-from gpujitter.probes.events import ClockRef, Event, WatchChange, to_record
+from gpujitter.probes.events import CORE_PROBE, ClockRef, Event, ProbeStatus, WatchChange, to_record
 from gpujitter.probes.host import HostPaths, memory_limit
 from gpujitter.probes.topology import Topology, load_topology
 from gpujitter.probes.watch import WatchSpec
@@ -451,16 +451,21 @@ class Daemon:
 class _Keeper(Sink):
     """What the daemon keeps: the GPUs' idle floors each tick and at the stop, and the count
     of what it made, said in the journal at the stop: a reader reconciles the log with it
-    (every attribution made is a log line or counted in log_dropped)."""
+    (every attribution made is a log line or counted in log_dropped); and what its watch
+    cannot follow, said in the journal: a --pid that exited, /proc that cannot be read."""
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
         self._gone: set[int] = set()  # the --pid processes said to have exited
+        self._unreadable = ""  # why the core cannot read /proc, as last said ("": it can)
 
     def wants(self, kind: type[Event]) -> bool:
-        return issubclass(kind, WatchChange)
+        return issubclass(kind, (WatchChange, ProbeStatus))
 
     def event(self, ev: Event) -> None:
+        if isinstance(ev, ProbeStatus):
+            self._core(ev)
+            return
         # A --pid process that exits leaves the set for good (probes/watch.py resolve): said
         # once, or a daemon watching nothing would look like one watching a quiet job.
         assert isinstance(ev, WatchChange)
@@ -468,6 +473,17 @@ class _Keeper(Sink):
             self._gone.add(pid)
             self.daemon._say(f"watch: pid {pid} exited; a process given its id later is not "
                              "watched")  # fmt: skip
+
+    def _core(self, ev: ProbeStatus) -> None:
+        """The core's trouble reading /proc (out of file descriptors), said when it starts
+        and when it ends: meanwhile the watched set stays as it was, not followed."""
+        if ev.probe != CORE_PROBE or ev.reason == self._unreadable:
+            return
+        if ev.reason:
+            self.daemon._say(f"watch: {ev.reason}")
+        else:
+            self.daemon._say("watch: /proc read again: the watched set follows it again")
+        self._unreadable = ev.reason
 
     def tick(self, now_ns: int, status: DaemonStatus) -> None:
         self.daemon.keep_floors()

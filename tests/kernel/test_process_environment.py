@@ -9,6 +9,7 @@ import os
 import resource
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -158,6 +159,48 @@ def test_a_watched_pid_that_exits_is_said_and_stray_signals_do_not_end_the_daemo
     strays = [line.split(" ")[1] for line in said if " ignored: " in line]
     assert strays == ["SIGUSR2", "SIGALRM"], said
     assert said[-1].startswith("# stopped: "), said
+
+
+def test_a_daemon_out_of_descriptors_keeps_watching_its_pid_and_says_so(tmp_path: Path) -> None:
+    # At its RLIMIT_NOFILE (stream clients took the rest) the daemon could not open
+    # /proc/PID/stat, said the --pid it watched had exited while it ran, and stopped watching
+    # it. It keeps it now, says once why /proc cannot be read, and once that it can again.
+    job = subprocess.Popen(["sleep", "60"])
+    path = tmp_path / "s.sock"
+    daemon = subprocess.Popen(
+        [str(GPUJITTER), "run", "--no-nvml", "--duration", "8s", "--log", "", "--socket",
+         str(path), "--probes", "sched", "--pid", str(job.pid)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    clients: list[socket.socket] = []
+    try:
+        assert daemon.stderr is not None
+        said = [daemon.stderr.readline()]
+        assert said[0].startswith("# probes attached: "), said
+        time.sleep(1.5)  # past the first tick, which opens what the probes read each tick
+        highest = max(int(fd) for fd in os.listdir(f"/proc/{daemon.pid}/fd"))
+        hard = resource.prlimit(daemon.pid, resource.RLIMIT_NOFILE)[1]
+        resource.prlimit(daemon.pid, resource.RLIMIT_NOFILE, (highest + 8, hard))
+        first = b""
+        while not first.startswith(b'{"type":"error"'):  # until it is out of descriptors
+            clients.append(socket.socket(socket.AF_UNIX))
+            clients[-1].settimeout(5)
+            clients[-1].connect(str(path))
+            first = clients[-1].recv(200)
+        time.sleep(2.5)  # two refreshes at least
+        for client in clients:
+            client.close()
+        said += daemon.stderr.read().splitlines()
+        assert daemon.wait(timeout=60) == 0, said
+    finally:
+        job.kill()
+        daemon.kill()
+        for client in clients:
+            client.close()
+    assert not [line for line in said if "exited" in line], said
+    cannot = [line for line in said if line.startswith("# watch: cannot read /proc")]
+    assert len(cannot) == 1 and "Too many open files" in cannot[0], said
+    assert said.count("# watch: /proc read again: the watched set follows it again") == 1, said
 
 
 def test_a_watched_pid_with_no_process_or_a_kernel_threads_is_said_at_start() -> None:

@@ -6,6 +6,7 @@ cut at the last parenthesis."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -34,6 +35,7 @@ from gpujitter.probes.procfs import (
 )
 from gpujitter.probes.python_gc import interpreter_files
 from gpujitter.probes.watch import WHY_FORK, WHY_PID, WatchSpec, resolve
+from tests.unit.test_stream_robustness import no_descriptor_left
 
 TREE = HostPaths.under(Path(__file__).parents[1] / "fixtures" / "procfs")
 PID = 4242
@@ -186,6 +188,21 @@ def test_a_watched_pid_names_its_process_not_the_next_one_given_its_id(tmp_path:
     process(500, "R", 4000)  # reaped, and its id given to a new process
     process(600, "R", 4100)
     assert resolve(spec, paths, pinned=pinned) == {}
+
+
+def test_a_watched_pid_is_not_taken_for_gone_while_proc_cannot_be_read() -> None:
+    """At its RLIMIT_NOFILE the daemon could not open /proc/PID/stat and resolved its --pid to
+    nothing: it said the process had exited and stopped watching it while it ran. Only the
+    process's end reads as gone; a failure that says nothing of it is raised, for the caller
+    to keep what it watches."""
+    spec, pinned, me = WatchSpec(pids={os.getpid()}), {}, {os.getpid(): WHY_PID}
+    assert resolve(spec, HostPaths(), walked=lambda t: True, pinned=pinned) == me
+    with no_descriptor_left(), pytest.raises(OSError) as raised:
+        resolve(spec, HostPaths(), walked=lambda t: True, pinned=pinned)
+    assert raised.value.errno == errno.EMFILE
+    assert resolve(spec, HostPaths(), walked=lambda t: True, pinned=pinned) == me
+    with no_descriptor_left(), pytest.raises(OSError):
+        resolve(WatchSpec(comms=["python*"]), HostPaths())  # /proc not listed: not "none"
 
 
 def test_a_watched_process_brings_its_children_and_theirs() -> None:
