@@ -62,6 +62,7 @@ _CRC = struct.Struct("<I")
 FRAME_HEADER_SIZE = _FRAME.size
 # No writer makes a record this large; a checksummed length above it is a writer bug.
 MAX_PAYLOAD_BYTES = 16 << 20
+_PAYLOAD_START = b'{"type":'  # how every frame's payload begins (frame(to_json(ev)))
 _CHUNK = 1 << 16
 
 
@@ -437,8 +438,9 @@ class TraceReader:
         self.torn_tail_bytes = 0
         self.corrupt = 0
         self.corrupt_at = ""  # the first corrupt record: what and where
-        self.unread_bytes = 0
+        self.unread_bytes = 0  # past damaged frame headers, to the next intact frame
         self.unread_at = ""
+        self.unread_to_end = False  # no intact frame after the last damaged header
         # A regular file only: a FIFO among a directory's traces would block the open (the
         # paths named were sniffed before; those found in a directory were not).
         self._file: BinaryIO = open_regular(self.path, "cannot open")
@@ -568,6 +570,7 @@ class TraceReader:
         self._file.seek(self._data_start)
         self.torn_tail_bytes = self.corrupt = self.unread_bytes = 0
         self.corrupt_at = self.unread_at = ""
+        self.unread_to_end = False
         offset = self._data_start
         while True:
             try:
@@ -576,9 +579,15 @@ class TraceReader:
                 self.torn_tail_bytes = self._size() - offset
                 return
             except _Unframed as what:
-                self.unread_bytes = self._size() - offset
-                self.unread_at = f"{what} at byte {offset}"
-                return
+                found = self._next_frame(offset)
+                self.unread_bytes += (self._size() if found is None else found) - offset
+                self.unread_at = self.unread_at or f"{what} at byte {offset}"
+                self.unread_to_end = found is None
+                if found is None:
+                    return
+                self._file.seek(found)
+                offset = found
+                continue
             except _BadPayload:
                 self._corrupt(offset, "corrupt record (checksum mismatch)")
                 offset = self._file.tell()
@@ -595,6 +604,32 @@ class TraceReader:
                 else:
                     self._corrupt(offset, "record without a type")
             offset = self._file.tell()
+
+    def _next_frame(self, offset: int) -> int | None:
+        """Where the first intact frame after a damaged frame header at `offset` begins
+        (None: none does). The damage is in the header, not in the frames after it: one
+        flipped bit of a length lost the 1.9 MB of records that followed it. Every payload
+        opens with its kind (`{"type":`), a header's length before it; a frame found there
+        is taken when both its checksums hold. Looked for as far as the next frame can lie
+        (the longest a writer makes), no further."""
+        limit = offset + FRAME_HEADER_SIZE + MAX_PAYLOAD_BYTES
+        at = offset + 1
+        while at < limit:
+            self._file.seek(at)
+            chunk = self._file.read(min(16 * _CHUNK, limit - at) + len(_PAYLOAD_START))
+            if len(chunk) <= len(_PAYLOAD_START):
+                return None
+            i = chunk.find(_PAYLOAD_START)
+            while i >= 0:
+                start = at + i - FRAME_HEADER_SIZE
+                if start > offset:
+                    self._file.seek(start)
+                    with contextlib.suppress(_TornTail, _BadPayload, _Unframed):
+                        if self._frame_at(start) is not None:
+                            return start
+                i = chunk.find(_PAYLOAD_START, i + 1)
+            at += len(chunk) - len(_PAYLOAD_START)
+        return None
 
     def _size(self) -> int:
         return os.fstat(self._file.fileno()).st_size
@@ -629,8 +664,9 @@ class TraceReader:
                 f"{self.corrupt_at}; the trace is damaged"
             )
         if self.unread_bytes:
+            which = "the last " if self.unread_to_end else ""
             notes.append(
-                f"{self.path}: {self.unread_at}; the last {self.unread_bytes} bytes could not "
+                f"{self.path}: {self.unread_at}; {which}{self.unread_bytes} bytes could not "
                 "be read (the trace is damaged)"
             )
         if self.torn_tail_bytes:
