@@ -627,6 +627,9 @@ class IrqStolen(Event):
     total_ns: int
     remote: bool = False
 
+    def problem(self) -> str | None:
+        return _within_span(self)
+
 
 @event_kind("cpu.stats")
 @dataclass(frozen=True, slots=True)
@@ -660,6 +663,21 @@ class MinorFaults(Event):
     cpu: int
     count: int
     total_ns: int
+
+    def problem(self) -> str | None:
+        return _within_span(self)
+
+
+def _within_span(ev: IrqStolen | MinorFaults) -> str | None:
+    """Handlers or faults counted between ts_ns and end_ns (the first's start, the last's
+    end) took no more than that span, and none took less than nothing: one irq.stolen of
+    2**64-1 ns read 1.3 ms of IRQ time in a recording as 323 ms. (Over 2,602 such records
+    of the H200, an H100 host and the dev VM, the total reached the span exactly at most.)"""
+    if ev.count < 0 or ev.total_ns < 0:
+        return f"count {ev.count}, total_ns {ev.total_ns}: negative"
+    if ev.total_ns > ev.end_ns - ev.ts_ns:
+        return f"total_ns {ev.total_ns} longer than its span ({ev.end_ns - ev.ts_ns} ns)"
+    return None
 
 
 @event_kind("fault.major")
