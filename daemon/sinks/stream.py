@@ -13,9 +13,10 @@ sending side still gets what it is owed (within LEAVE_S), then the connection cl
 connection past the caps (MAX_PER_UID for a user other than root, MAX_CLIENTS - ROOT_ROOM for
 such users together, MAX_CLIENTS in all) gets one error line and is closed, as is one that
 comes while the daemon is out of file descriptors. New connections are taken in rounds at
-most ADMIT_EVERY_S apart, all that wait at once, and those of one round share one snapshot and
-one hello: a client that connects and disconnects in a loop costs the daemon a snapshot per
-round, not one per connection (one each held 60 % of a CPU at ~4,300 connections a second).
+most ADMIT_EVERY_S apart, all that wait at once. A user's new clients share one opening (the
+hello and a snapshot, encoded once, then the records published since) for OPENING_S: a client
+that connects and disconnects in a loop costs the daemon a snapshot a second, not one per
+connection or per round, and the bytes of each are shared, never copied per connection.
 Trouble with one client drops that client (said on stderr, at most once per kind per 10
 minutes); the server thread goes on.
 
@@ -69,6 +70,15 @@ MAX_CLIENTS = 64  # past this a connection is refused (the unit caps the daemon'
 # waits, see `connect`) between rounds of admission this far apart: a new client's hello is
 # that much later at most.
 ADMIT_EVERY_S = 0.05
+# A new client's hello and snapshot are built and encoded once and shared, with the records
+# published since, by every client of the same user admitted within this long (a status tick):
+# it starts where it would have started then, and what it reads after adds up to now. Built
+# for each round of admission (a snapshot is a copy of the state and ~270 KB of JSON), ~870
+# connections a second held the daemon at 23-29 % of a CPU and its RSS at 129 MiB, from 58.
+OPENING_S = 1.0
+# Sending takes the queue's lines joined up to this much; a longer line (a snapshot) is sent
+# from the bytes it was queued as, shared by every client of its opening.
+SEND_CHUNK_BYTES = 64 * 1024
 PATH_CHECK_S = 5.0  # how often the server looks whether its path still names its socket
 LISTEN_BACKLOG = 64
 # Idle connections cost nothing to hold, so one user could fill MAX_CLIENTS and lock out
@@ -108,7 +118,7 @@ class _Client:
     pid: int
     queue: deque[bytes] = field(default_factory=deque)
     queued_bytes: int = 0  # in `queue` and `pending`
-    pending: bytes = b""  # partly sent line
+    pending: bytes | memoryview = b""  # taken from `queue`, partly sent
     inbox: bytes = b""  # partly received request
     dropped: int = 0  # records lost since the last "dropped" notice
     dropped_total: int = 0
@@ -123,6 +133,44 @@ class _Client:
     skipping: bool = False  # the rest of a too-long request line is thrown away as it comes
     leave_by: float = 0.0  # monotonic s: it is leaving (see LEAVE_S); 0: it is not
     events: int = 0  # what the selector watches its socket for
+
+
+@dataclass(slots=True)
+class _Opening:
+    """What a user's new clients get first, until `until_s` (OPENING_S): the hello and a
+    snapshot as built once, then every record published for that user since."""
+
+    first: bytes  # the hello and the snapshot
+    until_s: float  # monotonic s
+    since: list[bytes] = field(default_factory=list)  # the records' lines
+    added_bytes: int = 0  # of `since`
+    joined: bytes = b""  # `since` as one, for the clients admitted until the next line
+
+    def add(self, line: bytes) -> None:
+        self.since.append(line)
+        self.added_bytes += len(line)
+        self.joined = b""
+
+    def queued(self) -> list[bytes]:
+        """What a client admitted now is queued: two items, however many records came since
+        (queued one by one, they cost a connect loop more than the rest of its admission)."""
+        if self.since and not self.joined:
+            self.joined = b"".join(self.since)
+        return [self.first, self.joined] if self.since else [self.first]
+
+
+def _chunk(queue: deque[bytes]) -> bytes | memoryview:
+    """The next bytes to send of a client's queue (taken off it): its first line alone when
+    that is SEND_CHUNK_BYTES or longer, as a view of the shared bytes; else the lines that
+    fit in SEND_CHUNK_BYTES, joined (one send for many records)."""
+    if len(queue[0]) >= SEND_CHUNK_BYTES:
+        return memoryview(queue.popleft())
+    lines = [queue.popleft()]
+    size = len(lines[0])
+    while queue and size + len(queue[0]) <= SEND_CHUNK_BYTES:
+        size += len(queue[0])
+        lines.append(queue.popleft())
+    return b"".join(lines)
 
 
 def _spare_fd() -> int | None:
@@ -210,6 +258,7 @@ class StreamServer:
         self._thread = threading.Thread(target=self._serve, name="gpujitter-stream", daemon=True)
         self.dropped_total = 0
         self._snapshot_next = 0.0  # monotonic s from which a requested snapshot may be built
+        self._openings: dict[int, _Opening] = {}  # uid -> its new clients' first lines (lock)
         # Both threads read and fill it without a lock: a dict is only ever replaced whole.
         self._owners: dict[int, int | None] = {}
         self._owners_until = 0.0  # monotonic s
@@ -266,19 +315,20 @@ class StreamServer:
     # -- publishing (any thread) --------------------------------------------------------
 
     def listened(self) -> bool:
-        """Whether any client is connected now. Without one a record goes nowhere: callers
-        skip building it, and publish neither serialises it nor wakes the server thread (a
-        wake-up per streamed record, ~100/s on the H200, cost the daemon CPU for nothing).
-        A client that connects later starts from a snapshot, not from past records."""
-        return bool(self._clients)  # one read of a dict's size: safe without the lock
+        """Whether any client is connected now, or may still be given an opening (within
+        OPENING_S of its snapshot, which the records since must follow). Without either a
+        record goes nowhere: callers skip building it, and publish neither serialises it nor
+        wakes the server thread (a wake-up per streamed record, ~100/s on the H200, cost the
+        daemon CPU for nothing). A client that connects later starts from a new snapshot."""
+        return bool(self._clients or self._openings)  # reads of dicts' sizes: no lock needed
 
     def publish(self, record: dict[str, Any], tgids: Iterable[int] | None = None) -> None:
         """Queue `record` for every client allowed to see it. `tgids`: the processes it
         concerns; None for node-wide records every client may see."""
-        if not self._clients:
+        if not self.listened():
             return
         with self._lock:
-            uids = {c.uid for c in self._clients.values()}
+            uids = {c.uid for c in self._clients.values()} | self._openings.keys()
         # What each user may see, worked out before the lock is taken again: the server
         # thread needs it for every client's reads and writes meanwhile.
         seen: dict[int, bytes | None] = {0: _line(record)}  # uid -> its line, if any
@@ -292,7 +342,19 @@ class StreamServer:
                 # A user's first client may have come meanwhile: it started from a snapshot.
                 if not client.leave_by and (line := seen.get(client.uid)) is not None:
                     self._enqueue(client, line)
+            self._follow_openings(seen)
         self._wake()
+
+    def _follow_openings(self, seen: dict[int, bytes | None]) -> None:
+        """A published record's line for each user (None: not theirs) added to that user's
+        opening; openings past OPENING_S, or grown past a client's queue_bytes, go (the next
+        new client gets a fresh one). Call with the lock held."""
+        now = time.monotonic()
+        for uid, opening in list(self._openings.items()):
+            if now >= opening.until_s or opening.added_bytes > self.queue_bytes:
+                del self._openings[uid]
+            elif (line := seen.get(uid)) is not None:
+                opening.add(line)
 
     def _owner_of(self, tgid: int) -> int | None:
         """`owner(tgid)`, asked once per OWNER_CACHE_S at most."""
@@ -507,12 +569,10 @@ class StreamServer:
         return None
 
     def _admit(self, socks: list[socket.socket]) -> None:
-        """The round's connections, past the caps, each with the hello and the snapshot
-        (built once for the round, encoded once per user: what a user may see is the same for
-        all of that user's connections)."""
-        hello: dict[str, Any] | None = None
-        snapshot: list[dict[str, Any]] = []
-        lines: dict[int, list[bytes]] = {}  # uid -> the first lines its clients get
+        """The round's connections, past the caps, each with its user's opening: the live
+        one, or one made from the snapshot built once for the round (encoded once per user:
+        what a user may see is the same for all of that user's connections)."""
+        snapshot: list[dict[str, Any]] | None = None
         for sock in socks:
             try:
                 sock.setblocking(False)
@@ -521,20 +581,10 @@ class StreamServer:
                     self._refuse(sock, why)
                     continue
                 client = _Client(sock=sock, uid=uid, pid=pid)
-                if hello is None:
-                    hello = {**self.hello(), "type": "hello", "schema": STREAM_SCHEMA}
-                    snapshot = list(self.snapshot())
-                if uid not in lines:
-                    scope = "all" if uid == 0 else f"uid {uid}"
-                    lines[uid] = [_line({**hello, "scope": scope}),
-                                  *map(_line, self._visible(client, snapshot))]  # fmt: skip
-                with self._lock:
-                    for line in lines[uid]:
-                        self._enqueue(client, line, first=True)
-                    client.snapshot_unsent = True
-                    client.tokens_s = time.monotonic()
-                    client.snapshot_due = client.tokens_s + SNAPSHOT_EVERY_S
-                    self._clients[sock.fileno()] = client
+                if not self._join(client):
+                    if snapshot is None:
+                        snapshot = list(self.snapshot())
+                    self._join(client, self._opening(client, snapshot))
                 self._watch(client)
             except Exception as err:  # the connection's own trouble must not end the thread
                 self._note("accept", f"dropped a new client: {type(err).__name__}: {err}")
@@ -543,6 +593,31 @@ class StreamServer:
                 with contextlib.suppress(KeyError, ValueError):
                     self._sel.unregister(sock)
                 sock.close()
+
+    def _opening(self, client: _Client, snapshot: list[dict[str, Any]]) -> _Opening:
+        """A new opening for the client's user: the hello and what the user may see of the
+        snapshot, encoded."""
+        scope = "all" if client.uid == 0 else f"uid {client.uid}"
+        hello = {**self.hello(), "type": "hello", "schema": STREAM_SCHEMA, "scope": scope}
+        first = b"".join([_line(hello), *map(_line, self._visible(client, snapshot))])
+        return _Opening(first, until_s=time.monotonic() + OPENING_S)
+
+    def _join(self, client: _Client, made: _Opening | None = None) -> bool:
+        """Queue its user's opening for a new client (`made`, its user's opening from now on;
+        else the live one) and count it among the clients: from then on it gets what is
+        published. False where its user has no opening live."""
+        with self._lock:  # publish adds to the opening meanwhile
+            opening = made or self._openings.get(client.uid)
+            if opening is None or (opening is not made and time.monotonic() >= opening.until_s):
+                return False
+            self._openings[client.uid] = opening
+            for lines in opening.queued():
+                self._enqueue(client, lines, first=True)
+            client.snapshot_unsent = True
+            client.tokens_s = time.monotonic()
+            client.snapshot_due = client.tokens_s + SNAPSHOT_EVERY_S
+            self._clients[client.sock.fileno()] = client
+        return True
 
     def _visible(self, client: _Client, records: Iterable[dict[str, Any]]) -> Iterable[dict]:
         """The records (and, inside them, the listed entries) this client may see."""
@@ -664,11 +739,11 @@ class StreamServer:
     def _drop_records(self, client: _Client) -> None:
         """Drop the records queued for the client, counted as dropped; the answers to its
         requests stay, as does the rest of a line it may have begun to take. Call with the
-        lock held."""
-        begun = client.pending[: client.pending.find(b"\n") + 1]
-        rest = [line + b"\n" for line in client.pending[len(begun) :].split(b"\n")[:-1]]
-        rest += client.queue
-        answers = [line for line in rest if line.startswith(_NOT_RECORDS)]
+        lock held. (An item of the queue may hold several lines: an opening's.)"""
+        pending = bytes(client.pending)
+        begun = pending[: pending.find(b"\n") + 1]
+        rest = b"".join([pending[len(begun) :], *client.queue]).split(b"\n")[:-1]
+        answers = [line + b"\n" for line in rest if line.startswith(_NOT_RECORDS)]
         client.pending, client.queue = begun, deque(answers)
         client.queued_bytes = len(begun) + sum(map(len, answers))
         lost = len(rest) - len(answers)
@@ -711,8 +786,7 @@ class StreamServer:
     def _flush(self, client: _Client) -> None:
         with self._lock:
             if not client.pending and client.queue:
-                client.pending = b"".join(client.queue)
-                client.queue.clear()
+                client.pending = _chunk(client.queue)
             data = client.pending
         if data:
             try:
@@ -787,7 +861,7 @@ class StreamServer:
                 data = rest[sock]
                 if data is None:
                     client = owner[sock]
-                    data = memoryview(client.pending + b"".join(client.queue))
+                    data = memoryview(b"".join([client.pending, *client.queue]))
                     client.pending, client.queue, client.queued_bytes = b"", deque(), 0  # one copy
                     rest[sock] = data
                 try:

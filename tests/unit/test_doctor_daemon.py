@@ -14,6 +14,7 @@ import pytest
 
 from gpujitter.daemon.checks.doctor import DoctorEnv, Result, load
 from gpujitter.daemon.service.status import DaemonStatus, ProbeCost
+from gpujitter.daemon.sinks import stream
 from gpujitter.daemon.sinks.stream import StreamServer, first_records
 
 
@@ -46,8 +47,11 @@ def status(**kw: object) -> DaemonStatus:
 
 
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[tuple[Path, dict]]:
-    """A stream server whose snapshot carries `said["status"]` (a record), as the daemon's."""
+def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, dict]]:
+    """A stream server whose snapshot carries `said["status"]` (a record), as the daemon's.
+    Each connection gets a snapshot of its own: the tests change what it says between checks
+    without publishing anything (the daemon's, shared for a tick, has its changes follow)."""
+    monkeypatch.setattr(stream, "OPENING_S", 0.0)
     said: dict = {"status": status().to_record(), "hello": {"pid": 4242, "version": "9.9"}}
     srv = StreamServer(
         tmp_path / "gpujitter.sock",
