@@ -24,6 +24,7 @@ from typing import Literal
 from gpujitter.probes.base import Emit
 from gpujitter.probes.events import Event, GpuClockMap, GpuProcesses, GpuSample, ProbeStatus
 from gpujitter.probes.gpu_clock import (
+    EARLY_NS,
     Calibration,
     CalibrationFailed,
     Observation,
@@ -69,6 +70,10 @@ SAMPLER_READINGS = (
 # Sample reads whose lag (read time - sample time) the clock mapping is judged on; the
 # mapping is reported when first made and once more when these are in.
 CALIBRATION_OBSERVATIONS = 64
+# A read's newest sample stamped this long (and a period) before the last read is no sample
+# the last read missed (a stamp comes into a ring at once: lags from 0.3 ms seen, docs/gpu.md)
+# but a sign that NVML's stamps moved back (_hold).
+STAMPS_MOVED_NS = 1_000_000_000
 
 
 def read_every_ns(metric: Literal["util", "power"], ring: int, period_ns: int) -> int:
@@ -90,6 +95,7 @@ class _Stream:
     ring: int = 0  # how many samples NVML keeps (what a read from lastSeen 0 returns)
     skipped: int = 0  # samples the ring dropped before they were read
     due_ns: int = 0  # when it is read next
+    read_ns: int = 0  # when fresh samples were last read
 
     def every_ns(self) -> int:
         return read_every_ns(self.metric, self.ring, self.period_ns)
@@ -104,6 +110,9 @@ class _Gpu:
     share_due_ns: int = 0  # when the processes' SM share is read next
     calibration: Calibration | None = None
     observations: list[Observation] = field(default_factory=list)
+    # The calibrated clock's offset from CLOCK_MONOTONIC that its stamps map with (_hold).
+    offset_ns: int = 0
+    remapped: int = 0  # times NVML's stamps moved and the offset was taken anew
 
 
 class GpuSampler:
@@ -193,11 +202,39 @@ class GpuSampler:
             return
         if len(fresh) > 1:  # the mean spacing of this batch
             stream.period_ns = (fresh[-1].ts_us - fresh[0].ts_us) * 1000 // (len(fresh) - 1)
+        self._hold(gpu, stream, fresh[-1], read_at, offsets)
         if previous and len(got) >= stream.ring:
             # A full ring of unread samples: older ones may have been overwritten.
             self._count_skipped(stream, metric, previous, fresh[0].ts_us)
         for sample in fresh:
-            self._emit_sample(gpu, metric, stream, sample, offsets)
+            self._emit_sample(gpu, metric, stream, sample)
+
+    def _hold(
+        self,
+        gpu: _Gpu,
+        stream: _Stream,
+        newest: NvmlSample,
+        read_at: int,
+        offsets: Mapping[str, int],
+    ) -> None:
+        """Keep the offset the mapping was calibrated with while it holds. NVML stamps on a
+        copy of the wall clock of its own, which does not follow a step of the host's: on an
+        H100, the wall clock stepped 5 s back, the stamps went on 5 s ahead of it for as
+        long as the step lasted (bench/results/h100/nvml-clock-step-34cb069.json); mapped
+        with the host's offset of each read, every sample lay 5 s in the future, and the
+        engine's clock with them. The offset is taken anew only when NVML's stamps moved:
+        the newest sample read would lie after this read, or before the last read by more
+        than a period and STAMPS_MOVED_NS (it followed the host's clock after all)."""
+        assert gpu.calibration is not None
+        mapped = newest.ts_us * 1000 - gpu.offset_ns
+        period = stream.period_ns or NOMINAL_PERIOD_NS[stream.metric]
+        if mapped > read_at + EARLY_NS or (
+            stream.read_ns and mapped < stream.read_ns - period - STAMPS_MOVED_NS
+        ):
+            gpu.offset_ns = offsets[gpu.calibration.source]
+            gpu.remapped += 1
+            self._clock_map(gpu, read_at)
+        stream.read_ns = read_at
 
     def _calibrate(
         self,
@@ -210,6 +247,7 @@ class GpuSampler:
         # A whole-ring read only says when its newest sample was taken (about now).
         fresh = got[-1:] if newest_only else got
         first = not gpu.observations
+        before = gpu.calibration
         gpu.observations += [Observation(s.ts_us, now, dict(offsets)) for s in fresh]
         try:
             gpu.calibration = calibrate(gpu.observations)
@@ -217,15 +255,22 @@ class GpuSampler:
             gpu.calibration = None
             self.nvml.problems[(gpu.index, "clock")] = "NVML timestamps match no host clock"
             return
+        if before is None or before.source != gpu.calibration.source:
+            gpu.offset_ns = offsets[gpu.calibration.source]  # held from here on (_hold)
         if not first and len(gpu.observations) < CALIBRATION_OBSERVATIONS:
             return
+        self._clock_map(gpu, now)
+
+    def _clock_map(self, gpu: _Gpu, now: int) -> None:
+        """The mapping in force, as a record (the trace keeps each)."""
         cal = gpu.calibration
+        assert cal is not None
         self.emit(
             GpuClockMap(
                 ts_ns=now,
                 gpu=gpu.index,
                 source=cal.source,
-                offset_ns=offsets[cal.source],
+                offset_ns=gpu.offset_ns,
                 lag_min_ns=cal.lag_min_ns,
                 lag_median_ns=cal.lag_median_ns,
                 lag_max_ns=cal.lag_max_ns,
@@ -245,11 +290,9 @@ class GpuSampler:
         metric: Literal["util", "power"],
         stream: _Stream,
         sample: NvmlSample,
-        offsets: Mapping[str, int],
     ) -> None:
-        assert gpu.calibration is not None
         period = stream.period_ns or NOMINAL_PERIOD_NS[metric]
-        begin = gpu.calibration.to_mono_ns(sample.ts_us, offsets) - LAG_NS[metric] - period
+        begin = sample.ts_us * 1000 - gpu.offset_ns - LAG_NS[metric] - period
         if begin < self.start_ns:
             return  # history from before the start: the ring's older contents
         stream.read += 1

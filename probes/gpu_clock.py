@@ -21,7 +21,7 @@ CLOCKS = {
     "monotonic": time.CLOCK_MONOTONIC,
 }
 # A sample is never read before it is taken; allow for the two clocks read not quite at once.
-_EARLY_NS = 1_000_000
+EARLY_NS = 1_000_000
 # Nor later than the deepest ring NVML keeps (utilisation: ~71 samples of 200 ms).
 _LATE_NS = 20_000_000_000
 
@@ -70,9 +70,6 @@ class Calibration:
     lag_max_ns: int
     observations: int
 
-    def to_mono_ns(self, ts_us: int, offsets: Mapping[str, int]) -> int:
-        return ts_us * 1000 - offsets[self.source]
-
 
 class CalibrationFailed(Exception):
     """No candidate clock explains the observed timestamps: one line why."""
@@ -87,7 +84,7 @@ def calibrate(observations: Iterable[Observation]) -> Calibration:
     fits: list[tuple[int, str, list[int]]] = []
     for name in CLOCKS:
         lags = [o.read_mono_ns - (o.ts_us * 1000 - o.offsets[name]) for o in obs]
-        if min(lags) >= -_EARLY_NS and max(lags) <= _LATE_NS:
+        if min(lags) >= -EARLY_NS and max(lags) <= _LATE_NS:
             fits.append((int(statistics.median(lags)), name, lags))
     if not fits:
         spread = {

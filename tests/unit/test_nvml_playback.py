@@ -19,7 +19,7 @@ from gpujitter.probes import gpu
 from gpujitter.probes.events import Event, GpuClockMap, GpuProcesses, GpuSample, ProbeStatus
 from gpujitter.probes.gpu import LAG_NS, READ_EVERY_NS, GpuSampler, read_every_ns
 from gpujitter.probes.gpu_clock import Observation, calibrate, offsets_from_header
-from gpujitter.probes.nvml import Nvml
+from gpujitter.probes.nvml import Nvml, NvmlSample
 from gpujitter.probes.nvml_session import NvmlPlayback, load
 from tests.conftest import FIXTURES
 
@@ -141,6 +141,53 @@ def test_samples_map_onto_the_monotonic_clock(training: Played) -> None:
     start, end = entries[0]["t"], entries[-1]["t_end"]
     samples = [e for e in events if isinstance(e, GpuSample)]
     assert all(start - 15_000 * MS < s.ts_ns < end for s in samples)
+
+
+@pytest.mark.parametrize("step_s", [-5, 5, 3600])
+def test_a_stepped_wall_clock_moves_no_sample(training: Played, step_s: int) -> None:
+    """NVML's stamps do not follow a step of the host's wall clock (an H100 stepped 5 s
+    back and on: bench/results/h100/nvml-clock-step-34cb069.json), and the recording's
+    stamps are NVML's: the host's clock stepped midway must move no sample. Mapped with the
+    offset of each read, every sample after a step back lay 5 s in the future."""
+    played = playback_sampler(TRAINING)
+    true = offsets_from_header(played.playback.header)
+    midway = (played.playback.now() + played.playback.end_ns) // 2
+
+    def stepped() -> dict[str, int]:
+        late = played.playback.now() >= midway
+        return {**true, "realtime": true["realtime"] + (step_s * 10**9 if late else 0)}
+
+    played.sampler._offsets = stepped
+    played.run()
+    got = [e for e in played.events if isinstance(e, GpuSample)]
+    assert got == [e for e in training.events if isinstance(e, GpuSample)]
+    assert played.sampler.gpus[0].remapped == 0
+
+
+def test_stamps_that_moved_are_mapped_with_the_offset_then_in_force() -> None:
+    """Where NVML's stamps did move (the newest sample of a read would lie after the read,
+    or long before the read before it), the offset is taken anew and said."""
+    played = playback_sampler(TRAINING)
+    played.run(polls=20)
+    sampler, gpu0 = played.sampler, played.sampler.gpus[0]
+    power = gpu0.streams["power"]
+    held, read_at = gpu0.offset_ns, played.playback.now()
+    newest_us = (read_at + held) // 1000  # stamped as it is read: the mapping holds
+    offsets = {"realtime": held - 5 * 10**9, "boottime": 0, "monotonic": 0}
+    sampler._hold(gpu0, power, NvmlSample(newest_us, 100.0), read_at, offsets)
+    assert (gpu0.offset_ns, gpu0.remapped) == (held, 0)
+    # stamped 5 s on: NVML followed a host clock stepped 5 s on
+    sampler._hold(gpu0, power, NvmlSample(newest_us + 5 * 10**6, 100.0), read_at + 1, offsets)
+    assert (gpu0.offset_ns, gpu0.remapped) == (held - 5 * 10**9, 1)
+    assert played.events[-1] == GpuClockMap(
+        ts_ns=read_at + 1, gpu=0, source="realtime", offset_ns=held - 5 * 10**9,
+        lag_min_ns=gpu0.calibration.lag_min_ns, lag_median_ns=gpu0.calibration.lag_median_ns,
+        lag_max_ns=gpu0.calibration.lag_max_ns, observations=gpu0.calibration.observations,
+    )  # fmt: skip
+    # and back: the newest stamp 2 s before the last read
+    back = newest_us - 2 * 10**6
+    sampler._hold(gpu0, power, NvmlSample(back, 100.0), read_at + 2, {"realtime": held})
+    assert (gpu0.offset_ns, gpu0.remapped) == (held, 2)
 
 
 def test_calibration_from_the_recorded_reads_alone() -> None:
