@@ -80,7 +80,7 @@ class TraceCapture:
             # A place that cannot be written at all is a configuration error.
             if not no_room(err):
                 raise
-            self.failures.failed(str(err), header.start_ns, 0)
+            self.failures.failed(err, header.start_ns, 0)
 
     def _open(self, header: TraceHeader) -> TraceWriter:
         if self.rotation is None:
@@ -145,7 +145,7 @@ class TraceCapture:
             self.rotate()
         w = self._writer
         if w is None:
-            self.failures.failed(self.failures.reason, ev.ts_ns)  # no file to write to
+            self.failures.lost()  # no file to write to
             return
         if self._marker_at is None and w.buffer(data):
             return  # into the buffer only: nothing can fail, nothing to recover
@@ -172,7 +172,7 @@ class TraceCapture:
             frames = w.lost_events - lost_before
             if self._marker_at is not None:
                 frames -= 1  # the meta.lost record that went with them is no event
-            self.failures.failed(str(err), ts_ns, frames)
+            self.failures.failed(err, ts_ns, frames)
             self._marker_at = None
             if w is self._writer:
                 self._queue_marker(w, ts_ns)
@@ -221,7 +221,7 @@ class TraceCapture:
         try:
             self._writer = self._open(header)
         except GpujitterError as err:
-            self.failures.failed(str(err), header.start_ns, 0)
+            self.failures.failed(err, header.start_ns, 0)
             return
         if self.failures.failing:
             self._queue_marker(self._writer, header.start_ns)

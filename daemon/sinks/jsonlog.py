@@ -171,7 +171,7 @@ class JsonLog:
             # A place that cannot be written at all is a configuration error.
             if not no_room(err):
                 raise
-            self.failures.failed(str(err), time.monotonic_ns(), 0)
+            self.failures.failed(err, time.monotonic_ns(), 0)
 
     def _open(self) -> None:
         # Read access too: a torn last line is found by reading the tail. Never through a
@@ -276,7 +276,7 @@ class JsonLog:
                 self._append(lines)
                 self.failures.recovered()
             except GpujitterError as err:
-                self.failures.failed(str(err), now_ns)
+                self.failures.failed(err, now_ns)
                 return False
             return True
 
@@ -367,7 +367,7 @@ class JsonLog:
             try:
                 self._open()
             except GpujitterError as err:  # said now; the next write that can opens it
-                self.failures.failed(str(err), time.monotonic_ns(), 0)
+                self.failures.failed(err, time.monotonic_ns(), 0)
 
     def close(self) -> None:
         """fsync and close; the log is then durable up to its last line. What a failing

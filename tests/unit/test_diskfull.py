@@ -3,10 +3,14 @@ disk at its full mark fails and recovers by turns, and each turn used to say two
 
 from __future__ import annotations
 
+import errno
+import os
+
 import pytest
 
 from gpujitter.daemon.sinks import diskfull
 from gpujitter.daemon.sinks.diskfull import SAY_EVERY_NS, WriteFailures
+from gpujitter.errors import GpujitterError
 
 S = 1_000_000_000
 
@@ -63,3 +67,45 @@ def test_an_unsaid_episode_that_goes_on_is_said_once_it_has_lasted(clock: Clock)
         clock.ns += S
     assert len(clock.said) == 3 and "dropping records" in clock.said[-1]
     assert f.failing and f.dropped == 100
+
+
+def failure(number: int, text: str) -> GpujitterError:
+    """A sink's error as the sinks raise one: in its words, from the OSError behind it."""
+    try:
+        try:
+            raise OSError(number, os.strerror(number))
+        except OSError:
+            raise GpujitterError(f"{text}: {os.strerror(number)}") from None
+    except GpujitterError as err:
+        return err
+
+
+def test_each_new_kind_of_failure_is_said_at_once_and_a_kind_said_once_a_minute(
+    clock: Clock,
+) -> None:
+    """Within a minute the log's folder was removed, the log made immutable, replaced by a
+    folder, then by a link: only the first failure got its lines; the rest showed only as
+    log_failing in the status. Each kind (errno) is said when it starts; one said already
+    within the minute is counted into the next line, as a disk at its full mark's are."""
+    f = clock.failures("log /x.jsonl")
+    kinds = [(errno.ENOENT, "cannot open log /x.jsonl"), (errno.EPERM, "cannot write log /x.jsonl"),
+             (errno.EISDIR, "cannot open log /x.jsonl"), (errno.ELOOP, "cannot open log /x.jsonl"),
+             (errno.ENOENT, "cannot open log /x.jsonl")]  # fmt: skip
+    for number, text in kinds:
+        f.failed(failure(number, text), clock.ns, 3)
+        clock.ns += 5 * S
+        f.recovered()
+        clock.ns += 5 * S
+    starts = [line for line in clock.said if "dropping records" in line]
+    assert [line.split(": ")[1].split(";")[0] for line in starts] == [
+        "No such file or directory", "Operation not permitted", "Is a directory",
+        "Too many levels of symbolic links",
+    ]  # fmt: skip
+    assert clock.said.count("log /x.jsonl: writing again; 3 records were dropped") == 4
+    # Another kind while one fails: what fails now, said, and the episode's count goes on.
+    f.failed(failure(errno.ENOSPC, "cannot write log /x.jsonl"), clock.ns)
+    f.failed(failure(errno.EIO, "cannot write log /x.jsonl"), clock.ns)
+    assert f.reason == "cannot write log /x.jsonl: Input/output error" and f.dropped == 2
+    assert clock.said[-1].startswith("cannot write log /x.jsonl: Input/output error; dropping")
+    assert f.recovered() == 2
+    assert clock.said[-1].startswith("log /x.jsonl: writing again; 2 records were dropped")

@@ -437,16 +437,24 @@ def test_a_log_that_cannot_be_renamed_is_written_on_and_rotated_later(tmp_path: 
     assert [from_record(r) for r in JsonLogReader(path)] == [gap(100)]
 
 
-def test_a_deleted_log_is_opened_again_and_a_missing_folder_counted(
+@pytest.fixture
+def log_in_a_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[JsonLog, Path, list[str]]:
+    """A log at logs/a.jsonl that asks at every write whether its file is still there (not
+    each second), and the lines it said."""
+    monkeypatch.setattr(jsonlog, "_GONE_CHECK_NS", 0)
+    (tmp_path / "logs").mkdir()
+    said: list[str] = []
+    return JsonLog(tmp_path / "logs" / "a.jsonl", say=said.append), tmp_path / "logs", said
+
+
+def test_a_deleted_log_is_opened_again_and_a_missing_folder_counted(
+    log_in_a_folder: tuple[JsonLog, Path, list[str]],
 ) -> None:
     # Lines went into the unlinked file, each write said True, nothing was counted.
-    monkeypatch.setattr(jsonlog, "_GONE_CHECK_NS", 0)  # ask at every write, not each second
-    folder = tmp_path / "logs"
-    folder.mkdir()
-    path = folder / "a.jsonl"
-    said: list[str] = []
-    log = JsonLog(path, say=said.append)
+    log, folder, said = log_in_a_folder
+    path = log.path
     assert log.write(gap(0))
     path.unlink()
     assert log.write(gap(1))
@@ -460,6 +468,42 @@ def test_a_deleted_log_is_opened_again_and_a_missing_folder_counted(
     assert log.write(gap(3))
     log.close()
     assert [r["type"] for r in JsonLogReader(path)] == [DROPPED, "gpu.gap"]
+
+
+def test_failures_of_other_kinds_in_a_minute_are_each_said(
+    log_in_a_folder: tuple[JsonLog, Path, list[str]], tmp_path: Path
+) -> None:
+    # The log's folder removed, then a folder, a link and a FIFO put at its name within a
+    # minute: only the first failure was said, the rest showed only in the status.
+    log, folder, said = log_in_a_folder
+    path = log.path
+    put_there = [
+        lambda: folder.rmdir(),
+        lambda: path.mkdir(),
+        lambda: path.symlink_to(tmp_path / "victim"),
+        lambda: os.mkfifo(path),
+    ]
+    for n, put in enumerate(put_there):
+        assert log.write(gap(2 * n))
+        path.unlink()
+        put()
+        assert not log.write(gap(2 * n + 1))
+        if path.is_dir() and not path.is_symlink():
+            path.rmdir()
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            folder.mkdir()
+    assert log.write(gap(8))
+    log.close()
+    failed = [line.split(": ", 1)[1] for line in said if "dropping records" in line]
+    assert failed == [
+        "No such file or directory; dropping records until writes succeed again",
+        "Is a directory; dropping records until writes succeed again",
+        "a symbolic link (give the file's own path); dropping records until writes succeed again",
+        "not a regular file; dropping records until writes succeed again",
+    ]
+    assert sum("writing again; 1 records were dropped" in line for line in said) == 4
 
 
 def test_a_log_another_daemon_writes_is_refused(tmp_path: Path) -> None:
