@@ -41,6 +41,8 @@ from typing import Any
 
 import orjson
 
+from gpujitter.signals import STOPPED_WHILE_STARTING
+
 REPO = Path(__file__).resolve().parent.parent
 GPUJITTER = Path(sys.executable).with_name("gpujitter")
 FEED_COMM = "gjsoak-feed"  # the daemon watches the feeding loop by this name
@@ -662,8 +664,9 @@ class Daemon:
         if sig == signal.SIGTERM:
             life.exit_s = now() - t0
             if life.ready_s is None:
-                life.end = "sigterm-early"  # before READY: the signal's default is fine
-            if life.status not in ((0, -signal.SIGTERM) if life.ready_s is None else (0,)):
+                life.end = "sigterm-early"  # before READY: stopped at once, or once attached
+            early = (0, STOPPED_WHILE_STARTING)
+            if life.status not in (early if life.ready_s is None else (0,)):
                 life.problems.append(f"exit status {life.status} after SIGTERM")
         assert self.proc.stdout is not None
         self.proc.stdout.close()

@@ -8,9 +8,10 @@ mode are configurations of it: which source, which sinks, whether it analyses.
 
 Stopping: SIGTERM/SIGINT (when it owns the signals) or the caller's `stopped` end the loop;
 the source stops and hands over what it held, the queue is drained, the pipeline flushed,
-then the sinks close, last added first. SIGHUP or SIGUSR1 (where asked: the daemon) has the
-sinks reopen their files; other signals whose default would end it unflushed are ignored, each
-said once.
+then the sinks close, last added first. Before the source has started (the probes' compile),
+either signal ends the process at once with one line and exit 130 (stop_while_starting).
+SIGHUP or SIGUSR1 (where asked: the daemon) has the sinks reopen their files; other signals
+whose default would end it unflushed are ignored, each said once.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from gpujitter.probes.host import HostPaths
 from gpujitter.probes.nvml import GpuInfo
 from gpujitter.probes.procfs import alive, process_age_ns
 from gpujitter.probes.topology import Topology
-from gpujitter.signals import RELOAD_SIGNALS, STRAY_SIGNALS
+from gpujitter.signals import RELOAD_SIGNALS, STOP_SIGNALS, STRAY_SIGNALS, stop_while_starting
 
 TICK_NS = 1_000_000_000
 # How long the loop gathers events before it takes them (unless a burst fills a quarter of
@@ -360,11 +361,8 @@ class Runtime:
         self.queue.wake()
 
     def _on_stop(self, signum: int, frame: object) -> None:
-        if not self.ready:
-            # Still compiling and attaching probes (seconds): nothing has been analysed,
-            # so nothing is lost by stopping at once, as the signal's default would.
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+        if not self.ready:  # still compiling and attaching probes (seconds)
+            stop_while_starting(signum, frame)
         self.stop()
 
     def _on_hup(self, signum: int, frame: object) -> None:
@@ -376,7 +374,7 @@ class Runtime:
     def _take_signals(self) -> dict[int, Any]:
         if not self.signals:
             return {}
-        handlers: dict[int, Any] = {signal.SIGTERM: self._on_stop, signal.SIGINT: self._on_stop}
+        handlers: dict[int, Any] = dict.fromkeys(STOP_SIGNALS, self._on_stop)
         if self.reload:
             handlers |= dict.fromkeys(RELOAD_SIGNALS, self._on_hup)
             handlers |= dict.fromkeys(STRAY_SIGNALS, self._on_stray)
@@ -504,6 +502,7 @@ class Runtime:
                 self._close_sinks()
 
     def _open(self, ready: Callable[[Runtime], None] | None) -> None:
+        self.ready = True  # the source started: a stop from here on closes what opens below
         if self.analysis is not None:
             self.pipeline = Pipeline(self.topology, self.analysis(self.source))
         self.state.gpus = self.source.gpus
@@ -514,7 +513,6 @@ class Runtime:
         self._on_event = {}
         self._on_finding = [s.finding for s in self.sinks if type(s).finding is not Sink.finding]
         self._tend_own(time.monotonic_ns())
-        self.ready = True
         if self.own is not None:
             self.own.step_to(0)
         self.start_ns = time.monotonic_ns()

@@ -24,7 +24,7 @@ from typing import NoReturn
 from gpujitter import __version__
 from gpujitter.cli.command import Command
 from gpujitter.errors import GpujitterError
-from gpujitter.signals import RELOAD_SIGNALS, STRAY_SIGNALS
+from gpujitter.signals import RELOAD_SIGNALS, STOP_SIGNALS, STRAY_SIGNALS, stop_while_starting
 from gpujitter.text import printable
 
 # Order is the order `gpujitter --help` lists them in.
@@ -86,7 +86,9 @@ def build_parser(commands: Sequence[Command]) -> Parser:
 
 # Commands whose SIGHUP means "reload" once they run: a hangup during their import and start
 # (before the daemon's handler is in place) is ignored, not the default's death; so are the
-# other signals the daemon takes (SIGUSR1, the strays).
+# other signals the daemon takes (SIGUSR1, the strays). SIGTERM and SIGINT stop them as the
+# runtime does before its probes are attached: one line and exit 130, not the default's
+# death without a word (systemctl stop during the seconds of the probes' compile).
 RELOADS = frozenset({"run"})
 
 
@@ -96,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if named[0] in RELOADS and len(named) == 1:
         for signum in (*RELOAD_SIGNALS, *STRAY_SIGNALS):
             signal.signal(signum, signal.SIG_IGN)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, stop_while_starting)
     parser = build_parser(load_commands(named))
     name = f"gpujitter {named[0]}" if len(named) == 1 else "gpujitter"  # (`COMMAND --help`)
     try:

@@ -943,6 +943,7 @@ NOT_SANDBOX = {
     "Restart",
     "RestartSec",
     "RestartPreventExitStatus",
+    "SuccessExitStatus",
     *UNIT_DIRECTORIES,
     "StateDirectoryMode",
     "LogsDirectoryMode",

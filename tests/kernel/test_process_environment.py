@@ -5,6 +5,7 @@ in "internal error" (exit 70, which the unit restarts on), or left a probe unava
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shlex
@@ -16,8 +17,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from gpujitter.daemon.checks.audit import slow_fault_notes
 from gpujitter.probes.host import HostPaths, status_fields
+from gpujitter.probes.registry import TRACEFS
 from gpujitter.probes.topology import load_topology
 
 GPUJITTER = Path(sys.executable).with_name("gpujitter")
@@ -129,6 +133,52 @@ def test_a_hangup_while_starting_does_not_kill_the_daemon() -> None:
     proc.send_signal(signal.SIGHUP)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
+
+
+def handles(pid: int, signum: int) -> bool:
+    """Whether the process has a handler of its own for `signum` now (SigCgt)."""
+    return bool(int(status_fields(HostPaths(), pid).get("SigCgt", "0"), 16) >> (signum - 1) & 1)
+
+
+def compiling(pid: int) -> bool:
+    """Whether the process's probes compile now (the capture of clang's messages is open)."""
+    with contextlib.suppress(OSError):
+        return any("memfd:gpujitter-compile" in os.readlink(f"/proc/{pid}/fd/{fd}")
+                   for fd in os.listdir(f"/proc/{pid}/fd"))  # fmt: skip
+    return False
+
+
+@pytest.mark.parametrize(
+    ("signum", "in_compile"),
+    [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGINT, True)],
+)
+def test_a_stop_while_starting_is_one_line_and_exit_130(
+    tmp_path: Path, signum: int, in_compile: bool
+) -> None:
+    # SIGTERM while the daemon imported and its probes compiled (its first ~3 s) ended it by
+    # the default action: status 143, not a word, where operations.md promises 130. It is
+    # taken as soon as the CLI runs, with one line, the socket and log never made.
+    log, path = tmp_path / "a.jsonl", tmp_path / "s.sock"
+    proc = subprocess.Popen(
+        [str(GPUJITTER), "run", "--no-nvml", "--log", str(log), "--socket", str(path),
+         "--pid", str(os.getpid())],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (handles(proc.pid, signal.SIGTERM) and (compiling(proc.pid) or not in_compile)):
+        assert time.monotonic() < deadline and proc.poll() is None, "never in that state"
+        time.sleep(0.002)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == (
+        f"# stopped by {signal.Signals(signum).name} while starting, before the probes were "
+        "attached: nothing was analysed or written"
+    ), err
+    assert not log.exists() and not path.exists()
+    for events in ("uprobe_events", "kprobe_events"):  # bcc names its events by its pid
+        with contextlib.suppress(FileNotFoundError):
+            assert f"_bcc_{proc.pid}" not in (TRACEFS / events).read_text()
 
 
 def test_a_watched_pid_that_exits_is_said_and_stray_signals_do_not_end_the_daemon() -> None:

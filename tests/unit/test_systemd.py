@@ -113,6 +113,7 @@ def test_unit_is_a_notify_service_with_watchdog_restart_limits_and_reload() -> N
     assert int(unit["StartLimitBurst"][0]) * restart_s < seconds(unit["StartLimitIntervalSec"][0])
     assert start_s >= 60  # clang compiles one program per probe before READY=1
     assert one("RestartPreventExitStatus") == "2"  # GpujitterError: config or environment
+    assert one("SuccessExitStatus") == "130"  # a stop while the probes compile
     # A fault of gpujitter's own (exit 70) is restarted, and its traceback reaches the
     # journal: on a terminal it would be one line (gpujitter.cli.entry).
     assert one("Environment") == "GPUJITTER_DEBUG=1"
