@@ -164,12 +164,16 @@ def test_a_stop_while_starting_is_one_line_and_exit_130(
          "--pid", str(os.getpid())],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not (handles(proc.pid, signal.SIGTERM) and (compiling(proc.pid) or not in_compile)):
-        assert time.monotonic() < deadline and proc.poll() is None, "never in that state"
-        time.sleep(0.002)
-    proc.send_signal(signum)
-    _, err = proc.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 30
+        while not (handles(proc.pid, signal.SIGTERM) and (compiling(proc.pid) or not in_compile)):
+            assert time.monotonic() < deadline and proc.poll() is None, "never in that state"
+            time.sleep(0.002)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # (a daemon left running by a failed test holds its probes)
+        proc.wait()
     assert proc.returncode == 130, err
     assert err.splitlines()[-1] == (
         f"# stopped by {signal.Signals(signum).name} while starting, before the probes were "
