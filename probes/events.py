@@ -152,13 +152,16 @@ def from_record(rec: dict[str, Any]) -> Event:
         ev: Event = typed(cls, rec)
     except BadRecord as err:
         raise BadRecord(f"bad {kind} record: {err}") from None
-    if (why := _untimed(ev) or ev.problem()) is not None:
+    if (why := _no_measurement(ev) or ev.problem()) is not None:
         raise BadRecord(f"bad {kind} record: {why}")
     return ev
 
 
 # CLOCK_MONOTONIC counts from boot: 2**60 ns is 36 years of uptime, which no machine has run.
 UPTIME_MAX_NS = 2**60
+# NVML numbers a node's GPUs from 0, far fewer than this: a crafted file of 300,000 GPU
+# indexes took 1.2 GB of the reader's memory (state per GPU).
+GPUS_MAX = 1024
 
 
 def end_of(ev: Event) -> int:
@@ -168,11 +171,12 @@ def end_of(ev: Event) -> int:
     return max(end, getattr(ev, "end_ns", 0))
 
 
-def _untimed(ev: Event) -> str | None:
-    """Times no clock gave: CLOCK_MONOTONIC is never negative nor decades past a boot, a
-    span never ends before it begins, and no duration is negative (a made-up line's ts_ns
-    -5 read as a gap of 324 s; one event ending at 2**62 ns moved the engine's clock past
-    every other, which it then dropped as too late)."""
+def _no_measurement(ev: Event) -> str | None:
+    """What no record of any kind holds: times no clock gave (CLOCK_MONOTONIC is never
+    negative nor decades past a boot, a span never ends before it begins, no duration is
+    negative: a made-up line's ts_ns -5 read as a gap of 324 s; one event ending at 2**62 ns
+    moved the engine's clock past every other, which it then dropped as too late), or a GPU
+    index no node has."""
     if ev.ts_ns < 0:
         return f"ts_ns: negative ({ev.ts_ns})"
     end = getattr(ev, "end_ns", None)
@@ -183,6 +187,8 @@ def _untimed(ev: Event) -> str | None:
             return f"{name}: negative ({getattr(ev, name)})"
     if (last := end_of(ev)) > UPTIME_MAX_NS:
         return f"ends at {last} ns, decades past any boot (CLOCK_MONOTONIC)"
+    if not -1 <= (gpu := getattr(ev, "gpu", 0)) < GPUS_MAX:
+        return f"gpu: {gpu}, no GPU index (0 to {GPUS_MAX - 1}, or -1: not known)"
     return None
 
 

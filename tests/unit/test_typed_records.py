@@ -21,7 +21,7 @@ from gpujitter.daemon.analysis.pipeline import AnalysisConfig
 from gpujitter.daemon.sinks.jsonlog import JsonLog
 from gpujitter.daemon.sinks.trace import PREAMBLE_SIZE, TraceWriter, frame, preamble
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.events import Event, from_record, to_record
+from gpujitter.probes.events import GPUS_MAX, Event, from_record, to_record
 from gpujitter.tui.feeds.replay import read_recording
 from gpujitter.tui.model import NodeModel
 from tests.unit.trace_samples import every_kind, header
@@ -174,6 +174,20 @@ def test_times_no_clock_gives_are_refused_for_every_kind() -> None:
                     from_record(rec | {name: -1})
         late = {"ts_ns": 2**59} | ({"end_ns": 2**59 + 2**40} if spans else {})
         assert from_record(rec | late).ts_ns == 2**59  # 18 years: kept
+
+
+def test_a_gpu_index_no_node_has_is_refused() -> None:
+    """A crafted events file of 300,000 GPU indexes took 1.2 GB of report's memory (state
+    per GPU): an index is 0 to GPUS_MAX - 1, or -1 for a GPU not known."""
+    kinds = [orjson.loads(orjson.dumps(to_record(e))) for e in every_kind()]
+    with_gpu = [rec for rec in kinds if "gpu" in rec]
+    assert {rec["type"] for rec in with_gpu} >= {"gpu.sample", "gpu.gap", "gpu.attribution"}
+    for rec in with_gpu:
+        for gpu in (-1, 0, GPUS_MAX - 1):
+            assert from_record(rec | {"gpu": gpu}).gpu == gpu  # type: ignore[attr-defined]
+        for gpu in (-2, GPUS_MAX, 300_000):
+            with pytest.raises(ValueError, match=f"gpu: {gpu}, no GPU index"):
+                from_record(rec | {"gpu": gpu})
 
 
 def test_a_total_longer_than_the_span_it_was_counted_in_is_refused() -> None:

@@ -35,6 +35,8 @@ def _value(hint: Any, name: str, counter: Iterator[int]) -> Any:
         # Past 2**32 (and for addresses past 2**63) so that no narrowing goes unnoticed.
         if name == "address":
             return (1 << 63) + next(counter)
+        if name == "gpu":  # an index a node has
+            return next(counter) % 8
         # a span's end far enough on for the totals counted within it (irq.stolen, fault.minor)
         return (1 << 35 if name == "end_ns" else 1 << 33) + next(counter)
     if hint is float:  # a confidence is a fraction: from_record refuses one outside 0..1
