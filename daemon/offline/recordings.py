@@ -236,12 +236,11 @@ def _kind(path: Path, files: int) -> str:
     a dangling link, a directory) is a trace: TraceSet leaves it out, said so, and reads
     the others."""
     try:
-        kind = sniff(path)
+        return sniff(path)
     except GpujitterError:
         if files > 1 and path.name.endswith(SUFFIX):
             return TRACE
         raise
-    return kind
 
 
 def open_recording(args: Sequence[str | Path]) -> Recording:
