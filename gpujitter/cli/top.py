@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import select
 import signal
 import sys
 import tempfile
@@ -178,6 +179,59 @@ def reading_shown(shown: bool | None = None, stream: TextIO | None = None) -> It
 # keyboard is a key to the app). SIGTERM and SIGHUP killed the process with the terminal left
 # in the app's modes (alternate screen, mouse tracking, hidden cursor); SIGINT exited 0.
 QUIT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# How often the app looks whether its terminal is still there. One that went away without a
+# SIGHUP reaching the app (the master side closed where the terminal is not the app's
+# controlling one: a harness killed, `setsid`) left it at a full CPU for ever: its input
+# thread read end-of-file in a loop, and its output thread died on EIO, after which the
+# screen's next writes blocked the app's loop.
+HANGUP_CHECK_S = 0.5
+# What poll() reports of a terminal that hung up (a closed fd: POLLNVAL), asked or not.
+HUNG_UP = select.POLLHUP | select.POLLERR | select.POLLNVAL
+
+
+def hung_up(fds: Iterable[int]) -> bool:
+    """Whether any of these descriptors' terminal hung up, or the descriptor is closed."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, 0)
+    return any(events & HUNG_UP for _, events in poller.poll(0))
+
+
+class TerminalOutput:
+    """The app's output to its terminal, as Textual's writer thread uses it: once a write or
+    flush fails (EIO: the terminal hung up), `gone` is called once and what follows is
+    dropped, where the failure had ended that thread and the app then waited for it for
+    ever at its next frames."""
+
+    def __init__(self, file: TextIO) -> None:
+        self.file = file
+        self.failed = False
+        self.gone: Callable[[], None] = lambda: None
+
+    def write(self, text: str) -> int:
+        if not self.failed:
+            try:
+                self.file.write(text)
+            except OSError:
+                self._failed()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.failed:
+            try:
+                self.file.flush()
+            except OSError:
+                self._failed()
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+    def isatty(self) -> bool:
+        return True
+
+    def _failed(self) -> None:
+        self.failed = True
+        self.gone()
 
 
 @contextlib.contextmanager
@@ -187,26 +241,47 @@ def probe_output_aside() -> Iterator[type[Any]]:
     compile), which must neither tear the screen nor mix the screen's bytes into a probe's
     error text. What was said there is summed up in one line afterwards. The driver ends
     the app on QUIT_SIGNALS as `q` does, its return code 128 + the signal's number (the
-    status a shell reports for a death by it)."""
+    status a shell reports for a death by it), and as on SIGHUP when its terminal is gone
+    though no signal came (HANGUP_CHECK_S)."""
     from textual.drivers.linux_driver import LinuxDriver
 
-    terminal = os.fdopen(os.dup(2), "w")
+    terminal = TerminalOutput(os.fdopen(os.dup(2), "w"))
 
     class TerminalDriver(LinuxDriver):
         def __init__(self, app: Any, **kwargs: Any) -> None:
             super().__init__(app, **kwargs)
-            self._file = terminal
+            self._file = terminal  # type: ignore[assignment]  # what Textual uses of a file
+            terminal.gone = self._hung_up_from_thread
+            self._hangup_check: asyncio.TimerHandle | None = None
 
         def start_application_mode(self) -> None:
             loop = asyncio.get_running_loop()
             for signum in QUIT_SIGNALS:
                 loop.add_signal_handler(signum, partial(self._app.exit, return_code=128 + signum))
             super().start_application_mode()
+            self._check_terminal()
 
         def stop_application_mode(self) -> None:
+            if self._hangup_check is not None:
+                self._hangup_check.cancel()
+                self._hangup_check = None
             super().stop_application_mode()
             for signum in QUIT_SIGNALS:
                 asyncio.get_running_loop().remove_signal_handler(signum)
+
+        def _check_terminal(self) -> None:
+            if hung_up((self.fileno, terminal.fileno())):
+                terminal.failed = True  # nothing more is written there, nor said at the end
+                self._hung_up()
+            else:
+                self._hangup_check = self._loop.call_later(HANGUP_CHECK_S, self._check_terminal)
+
+        def _hung_up(self) -> None:
+            self._app.exit(return_code=128 + signal.SIGHUP)
+
+        def _hung_up_from_thread(self) -> None:  # the writer thread's
+            with contextlib.suppress(RuntimeError):  # the loop closed: the app has ended
+                self._loop.call_soon_threadsafe(self._hung_up)
 
     saved = os.dup(2)
     with tempfile.TemporaryFile() as aside:
@@ -217,10 +292,10 @@ def probe_output_aside() -> Iterator[type[Any]]:
             os.dup2(saved, 2)
             os.close(saved)
             with contextlib.suppress(OSError):  # a hangup took the terminal: its flush fails
-                terminal.close()
+                terminal.file.close()
             aside.seek(0)
             said = aside.read().decode(errors="backslashreplace").strip().splitlines()
-            if said:
+            if said and not terminal.failed:  # else there is no terminal to say it on
                 last = printable(said[-1])
                 print(f"gpujitter top: last message on stderr: {last}", file=sys.stderr)
 

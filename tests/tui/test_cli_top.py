@@ -4,6 +4,7 @@ errors and how a signal ends it (the app itself is tested through Pilot)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import io
 import json
@@ -23,7 +24,14 @@ from pathlib import Path
 import pytest
 
 from gpujitter.cli import build_parser, load_commands, main, progress
-from gpujitter.cli.top import make_feed, probe_output_aside, reading_shown
+from gpujitter.cli.top import (
+    CHECKOUT,
+    EXAMPLE_TRACE,
+    TerminalOutput,
+    make_feed,
+    probe_output_aside,
+    reading_shown,
+)
 from gpujitter.tui.app import GpujitterTop
 from gpujitter.tui.feeds.embedded import EmbeddedFeed
 from gpujitter.tui.feeds.replay import ReplayFeed
@@ -247,3 +255,58 @@ def test_a_signal_quits_as_q_does_and_gives_the_terminal_back(
     for restored in (b"\x1b[?1049l", b"\x1b[?1000l", b"\x1b[?25h"):  # screen, mouse, cursor
         assert restored in after
     assert b"Traceback" not in after
+
+
+@pytest.mark.parametrize("how", ["closed", "holder killed"])
+def test_a_terminal_gone_without_a_hangup_signal_ends_it(how: str) -> None:
+    """The pseudo-terminal's master closed (or its holder killed with SIGKILL) where the
+    terminal is not the app's controlling one (its own session, as `setsid`): no SIGHUP comes.
+    The app stayed at a full CPU for ever, its input thread reading end-of-file in a loop and
+    its loop blocked behind a dead output thread; it quits now as on SIGHUP, within 2 s. The
+    example plays on (32 s of a real run), so the app is drawing when its terminal goes."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    cmd = [sys.executable, "-m", "gpujitter", "top", "--replay", str(CHECKOUT / EXAMPLE_TRACE)]
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    holder = None
+    try:
+        assert b"GPU" in terminal_output(master, lambda got: b"GPU" in got)
+        playing = time.monotonic() + 1  # it plays for a second, drawing as it goes
+        terminal_output(master, lambda _: time.monotonic() > playing)
+        if how == "holder killed":
+            holder = subprocess.Popen(["sleep", "60"], pass_fds=[master])
+        os.close(master)
+        master = -1
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        gone = time.monotonic()
+        assert proc.wait(timeout=5) == 129
+        assert time.monotonic() - gone < 2
+    finally:
+        if master >= 0:
+            os.close(master)
+        for child in (proc, holder):
+            if child is not None and child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+def test_output_that_fails_is_said_once_and_dropped_after() -> None:
+    """Textual's output thread died at the first write to a terminal that had gone (EIO), and
+    the app's loop then blocked for ever on the writes queued for it."""
+    read, write = os.pipe()
+    os.close(read)  # writes fail with EPIPE, as they fail with EIO on a hung-up terminal
+    said: list[str] = []
+    out = TerminalOutput(os.fdopen(write, "w"))
+    out.gone = lambda: said.append("gone")
+    try:
+        for text in ("frame", "frame"):
+            assert out.write(text) == len(text)
+            out.flush()
+    finally:
+        with contextlib.suppress(OSError):
+            out.file.close()
+    assert out.failed
+    assert said == ["gone"]
