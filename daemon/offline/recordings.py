@@ -348,34 +348,35 @@ def _events(path: Path, into: Recording | None) -> Iterator[Event]:
 LEAP_NS = 60_000_000_000
 
 
-def _leaps_skipped(read: Iterator[tuple[int, Event]], damaged: LineDamage) -> Iterator[Event]:
+def _leaps_skipped(read: Iterator[tuple[int, int, Event]], damaged: LineDamage) -> Iterator[Event]:
     """The events less those whose time leaps LEAP_NS past every one before them and the
     one after them (each a damaged line): a leap is held until the next event says which."""
     clock = -1  # the latest time of the events let through
-    held: tuple[int, Event, int] | None = None  # a leap: its line, the event, its time
-    for n, ev in read:
+    held: tuple[int, int, Event, int] | None = None  # a leap: its line, size, event and time
+    for n, size, ev in read:
         t = end_of(ev)
         if held is not None:
-            line, leap, leap_t = held
+            line, leap_size, leap, leap_t = held
             held = None
             if t < leap_t - LEAP_NS:
                 ahead = (leap_t - clock) / 1e9
-                damaged.add(line, f"its time is {ahead:.0f} s past the events around it")
+                damaged.add(line, f"its time is {ahead:.0f} s past the events around it", leap_size)
             else:
                 clock = leap_t
                 yield leap
         if clock >= 0 and t > clock + LEAP_NS:
-            held = (n, ev, t)
+            held = (n, size, ev, t)
             continue
         clock = max(clock, t)
         yield ev
     if held is not None:  # nothing after it to say otherwise
-        yield held[1]
+        yield held[2]
 
 
 def _numbered_events(
     path: Path, into: Recording | None, damaged: LineDamage
-) -> Iterator[tuple[int, Event]]:
+) -> Iterator[tuple[int, int, Event]]:
+    """(line number, its bytes, event) of an events file's records."""
     skipped = 0
     before = into._read if into is not None else 0  # the files named ahead of this one
     with open_regular(path, "cannot read") as f:
@@ -390,7 +391,7 @@ def _numbered_events(
                 if not line.endswith(b"\n"):  # a torn last line: the writer was stopped
                     damaged.torn = len(line)
                     break
-                damaged.add(n, "not a JSON line")
+                damaged.add(n, "not a JSON line", len(line), line.count(b"\0"))
                 continue
             # a kind a newer writer added is noted; no kind, or one that is no name, is damage
             kind = rec.get("type") if isinstance(rec, dict) else None
@@ -400,9 +401,9 @@ def _numbered_events(
             try:
                 ev = from_record(rec)
             except BadRecord as err:
-                damaged.add(n, str(err))
+                damaged.add(n, str(err), len(line))
                 continue
-            yield n, ev
+            yield n, len(line), ev
     if into is not None and skipped:
         into.damage.append(f"{path}: {skipped} records of kinds this version does not know")
 

@@ -448,12 +448,12 @@ class JsonLogReader:
                     if not line.endswith(b"\n"):  # a writer stopped mid-line
                         damaged.torn = len(line)
                         break
-                    damaged.add(lineno, "not a JSON line")
+                    damaged.add(lineno, "not a JSON line", len(line), line.count(b"\0"))
                     continue
                 # (a last line without its newline that is whole JSON is a record: no prefix
                 # of an object's text is an object)
                 if not isinstance(rec, dict):
-                    damaged.add(lineno, "not a JSON object")
+                    damaged.add(lineno, "not a JSON object", len(line))
                     continue
                 if first and self.stream_schema and _names(rec, self.stream_schema):
                     schema, named_once = self.stream_schema, True
@@ -462,17 +462,17 @@ class JsonLogReader:
                     _check_schema(f"{path}:{lineno}", rec, schema)
                 kind = rec.get("type")
                 if not isinstance(kind, str):  # what every reader of records keys on
-                    damaged.add(lineno, "record type is not a string")
+                    damaged.add(lineno, "record type is not a string", len(line))
                     continue
                 if bad := next((k for k in self.times if type(rec.get(k, 0)) is not int), None):
                     damaged.add(lineno, f"bad {kind[:40]} record: {bad}: want int, "
-                                        f"got {type(rec[bad]).__name__}")  # fmt: skip
+                                        f"got {type(rec[bad]).__name__}", len(line))  # fmt: skip
                     continue
                 if kind in event_kinds():
                     try:
                         from_record(rec)
                     except BadRecord as err:
-                        damaged.add(lineno, str(err))
+                        damaged.add(lineno, str(err), len(line))
                         continue
                 yield rec
         if not (damaged.count or damaged.torn):
@@ -532,35 +532,53 @@ def numbered_lines(f: BinaryIO, damaged: LineDamage) -> Iterator[tuple[int, byte
         if n == 1:
             line = line.removeprefix(codecs.BOM_UTF8)
         if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            size, zeros = len(line), line.count(b"\0")
             while (more := f.readline(MAX_LINE_BYTES)) and not more.endswith(b"\n"):
-                pass
-            damaged.add(n, f"over {MAX_LINE_BYTES} bytes without a newline, longer than any record")
+                size, zeros = size + len(more), zeros + more.count(b"\0")
+            damaged.add(
+                n, f"over {MAX_LINE_BYTES} bytes without a newline, longer than any record",
+                size + len(more), zeros + more.count(b"\0"),
+            )  # fmt: skip
         else:
             yield n, line
 
 
 class LineDamage:
-    """The damaged lines of one JSON-lines file, skipped: how many, and the first; and the
-    bytes of its torn last line (a writer stopped mid-line), which is no damage."""
+    """The damaged lines of one JSON-lines file, skipped: how many, their bytes and zero
+    bytes, and the first; and the bytes of its torn last line (a writer stopped mid-line),
+    which is no damage. A line counts what its newlines bound, and a crash's block of zeros
+    holds none: the lines it overwrote read as one, so the note says the bytes lost too."""
 
-    __slots__ = ("count", "first", "torn")
+    __slots__ = ("bytes", "count", "first", "torn", "zeros")
 
     def __init__(self) -> None:
         self.count = 0
+        self.bytes = 0
+        self.zeros = 0
         self.first = ""
         self.torn = 0
 
-    def add(self, lineno: int, why: str) -> None:
+    def add(self, lineno: int, why: str, size: int, zeros: int = 0) -> None:
+        """A damaged line: its number, why, its bytes (its newline included) and how many
+        of them are zero bytes (no writer of JSON lines writes one)."""
         self.count += 1
+        self.bytes += size
+        self.zeros += zeros
         if not self.first:
             self.first = f"line {lineno}, {why}"
 
     def notes(self, path: Path) -> list[str]:
         notes = []
         if self.count:
+            zeros = (
+                f", {self.zeros} of them zeros (a crash's block that never reached the disk: "
+                "the records it overwrote are lost, how many is not known)"
+                if self.zeros
+                else ""
+            )
             notes.append(
                 f"{path}: {self.count} damaged line(s) skipped, the first: {self.first}; "
-                "the file is damaged"
+                f"{self.bytes} bytes in all{zeros}; the file is damaged"
             )
         if self.torn:
             notes.append(f"{path}: torn last line ({self.torn} bytes)")

@@ -140,19 +140,22 @@ def test_readers_skip_damaged_lines_and_read_on(tmp_path: Path) -> None:
         for i in range(4):
             log.write(gap(i))
     good = path.read_bytes().splitlines(keepends=True)
-    path.write_bytes(
-        good[0]
-        + b'{"schema": "gpuj\n'  # cut short, the next line's start past it
-        + good[1].replace(b'"gpu":1', b'"gpu":"1"')  # a field of the wrong type
-        + b"\0" * (MAX_LINE_BYTES + 5) + good[2]  # zeros with no newline, then a line
-        + orjson.dumps({"schema": LOG_SCHEMA, "type": 7}) + b"\n"
-        + good[3]
-    )  # fmt: skip
+    damaged = [
+        b'{"schema": "gpuj\n',  # cut short, the next line's start past it
+        good[1].replace(b'"gpu":1', b'"gpu":"1"'),  # a field of the wrong type
+        b"\0" * (MAX_LINE_BYTES + 5) + good[2],  # zeros with no newline, then a line
+        orjson.dumps({"schema": LOG_SCHEMA, "type": 7}) + b"\n",
+    ]
+    path.write_bytes(good[0] + b"".join(damaged) + good[3])
     reader = JsonLogReader(path)
     assert [from_record(r) for r in reader] == [gap(0), gap(3)]
+    # the zeros overwrote a line's start and its newline (here gap 2's): four lines read as
+    # damaged, and the bytes say what they held (a record is some 200 bytes)
     assert reader.damage_notes() == [
         f"{path}: 4 damaged line(s) skipped, the first: line 2, not a JSON line; "
-        "the file is damaged"
+        f"{sum(map(len, damaged))} bytes in all, {MAX_LINE_BYTES + 5} of them zeros (a "
+        "crash's block that never reached the disk: the records it overwrote are lost, how "
+        "many is not known); the file is damaged"
     ]
     path.write_bytes(good[0] + good[1].replace(b'"gpu":1', b'"gpu":"1"') + good[2])
     assert len(list(reader)) == 2

@@ -301,6 +301,30 @@ def test_a_line_too_long_inside_an_events_file_is_damage(
     assert sum(1 for _ in open_recording([edge])) == len(lines)
 
 
+def test_a_crashs_block_of_zeros_over_several_lines_is_said_by_what_it_cost(
+    formats: dict[str, Path], tmp_path: Path
+) -> None:
+    """A block of zeros (a crash: the file's length reached the disk, its data did not) over
+    33 lines holds none of their newlines: it read as "1 damaged line(s) skipped", as one
+    bad record would. Its bytes and zeros are said, and that the records in it are lost."""
+    whole = formats[EVENTS].read_bytes()
+    at = 100 * 4096
+    zeros = tmp_path / "zeros.ndjson"
+    zeros.write_bytes(whole[:at] + bytes(8192) + whole[at + 8192 :])
+    lost = whole[at : at + 8192].count(b"\n") + 1  # the lines it overwrote and the one it cut
+    begun = whole.rindex(b"\n", 0, at) + 1  # the damaged line: from the cut one's start
+    ended = whole.index(b"\n", at + 8192) + 1  # to the end of the one its end cut into
+    rec = open_recording([zeros])
+    assert sum(1 for _ in rec) == whole.count(b"\n") - lost and rec.corrupt == 1
+    line = whole[:at].count(b"\n") + 1
+    assert rec.damage == [
+        f"{zeros}: 1 damaged line(s) skipped, the first: line {line}, not a JSON line; "
+        f"{ended - begun} bytes in all, 8192 of them zeros (a crash's block that never "
+        "reached the disk: the records it overwrote are lost, how many is not known); the "
+        "file is damaged"
+    ]
+
+
 def test_an_events_time_leaping_away_and_back_is_damage_and_a_pause_is_not(
     formats: dict[str, Path], tmp_path: Path
 ) -> None:
