@@ -325,6 +325,49 @@ def test_a_crashs_block_of_zeros_over_several_lines_is_said_by_what_it_cost(
     ]
 
 
+def test_a_logged_attribution_whose_parts_do_not_add_up_to_its_gap_is_damage(
+    formats: dict[str, Path], tmp_path: Path
+) -> None:
+    """A log line whose causes came to more than its gap (or less) was read as it was: shares
+    over 100 % in the report, idle time that went to no cause. The engine's parts add up to
+    the gap exactly and the log writes them unrounded: such a line is damage, said, and the
+    rest read. The one slack is a double's spacing past 2**53 ns (104 days of uptime), where
+    a tool that reads numbers as doubles (jq 1.6) gives ts_ns and end_ns back rounded."""
+    lines = formats[LOG].read_text().splitlines(keepends=True)
+    want = _run_json(["report", "--json", str(formats[LOG])])
+    for extra in (1, -1, 10_000_000):
+        rec = json.loads(lines[5])
+        rec["parts"][-1]["ns"] += extra  # (still not negative)
+        changed = tmp_path / "changed.jsonl"
+        changed.write_text("".join([*lines[:5], json.dumps(rec) + "\n", *lines[6:]]))
+        total = sum(p["ns"] for p in rec["parts"])
+        got = _run_json(["report", "--json", str(changed)])
+        assert got["damage"] == [
+            f"{changed}: 1 damaged line(s) skipped, the first: line 6, bad gpu.attribution "
+            f"record: parts add up to {total} ns, the gap is {total - extra} ns; "
+            f"{len(json.dumps(rec)) + 1} bytes in all; the file is damaged"
+        ]
+        assert len(got["attributions"]) == len(want["attributions"]) - 1
+
+    # a node up 200 days, its log read back through doubles (as jq 1.6 writes it): no
+    # damage; parts 3 ns off their gap, past a double's spacing there (2 ns), are
+    def off(rec: dict) -> int:
+        return sum(p["ns"] for p in rec["parts"]) - (rec["end_ns"] - rec["ts_ns"])
+
+    rounded = [json.loads(line) for line in lines]
+    for rec in rounded:
+        for key in ("ts_ns", "end_ns"):
+            rec[key] = int(float(rec[key] + 200 * 86_400 * 10**9))
+    assert 0 < max(abs(off(rec)) for rec in rounded) <= 2
+    uptime = tmp_path / "uptime.jsonl"
+    uptime.write_text("".join(json.dumps(rec) + "\n" for rec in rounded))
+    assert _run_json(["report", "--json", str(uptime)])["damage"] == []
+    rounded[5]["parts"][-1]["ns"] += 3 - off(rounded[5])
+    uptime.write_text("".join(json.dumps(rec) + "\n" for rec in rounded))
+    (note,) = _run_json(["report", "--json", str(uptime)])["damage"]
+    assert "line 6, bad gpu.attribution record: parts add up to" in note
+
+
 def test_an_events_time_leaping_away_and_back_is_damage_and_a_pause_is_not(
     formats: dict[str, Path], tmp_path: Path
 ) -> None:

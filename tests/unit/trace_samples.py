@@ -53,7 +53,11 @@ def _nested(cls: Any, counter: Iterator[int]) -> Any:
 
 
 def sample_event(cls: type[Event], counter: Iterator[int]) -> Event:
-    return _nested(cls, counter)
+    ev = _nested(cls, counter)
+    parts = getattr(ev, "parts", None)
+    if parts is not None:  # an attribution's parts add up to its gap (from_record checks)
+        ev = dataclasses.replace(ev, end_ns=ev.ts_ns + sum(p.ns for p in parts))
+    return ev
 
 
 def every_kind() -> list[Event]:
