@@ -64,16 +64,29 @@ def format_wall(ref: ClockRef, mono_ns: int, *, date: bool = False) -> str:
 class Clocks:
     """The wall clock's references through a recording, the first its header's, then each
     meta.clock a run sent when the clock was set: a time is shown by the latest reference
-    taken at or before it."""
+    taken at or before it. `notes`: each reference that set the clock, said, so that the
+    times it moved are explained where they are shown."""
 
     def __init__(self, first: ClockRef) -> None:
         self._refs = [first]
         self._taken = [first.ts_ns]
+        self.notes: list[str] = []
 
     def add(self, ref: ClockRef) -> None:
-        if ref.ts_ns >= self._taken[-1]:  # a recording's are in order; a stray is not kept
-            self._refs.append(ref)
-            self._taken.append(ref.ts_ns)
+        if ref.ts_ns < self._taken[-1]:  # a recording's are in order; a stray is not kept
+            return
+        # (an events file repeats its first reference, and a log's lines give one each time
+        # their `time` says the clock was set: only a step moves the times after it; a log
+        # whose first lines carry no `time` has no clock until one does, which sets none)
+        if self._refs[-1].realtime_ns and (moved := stepped(self._refs[-1], ref)):
+            self.notes.append(
+                f"clock: the wall clock was set {moved / 1e9:+.3f} s during the recording, at "
+                f"{format_wall(self._refs[-1], ref.ts_ns, date=True)} "
+                f"({format_wall(ref, ref.ts_ns)} by the new clock): the times from there on "
+                "are by the new clock"
+            )
+        self._refs.append(ref)
+        self._taken.append(ref.ts_ns)
 
     def at(self, mono_ns: int) -> ClockRef:
         return self._refs[max(bisect_right(self._taken, mono_ns) - 1, 0)]

@@ -23,7 +23,7 @@ from gpujitter.daemon.service.config import parse_value
 from gpujitter.daemon.service.runtime import ListSource, LiveSource, Runtime, Sink
 from gpujitter.errors import GpujitterError
 from gpujitter.files import can_create
-from gpujitter.probes.clock import clock_ref, format_wall
+from gpujitter.probes.clock import Clocks, clock_ref, format_wall
 from gpujitter.probes.events import ClockRef, Event, ProbeStatus, to_record
 from gpujitter.probes.host import HostPaths
 from gpujitter.text import dumps, printable
@@ -75,9 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class Printer:
     """Gaps (and probe health changes) as text lines or NDJSON records."""
 
-    def __init__(self, as_json: bool, ref: ClockRef | None) -> None:
+    def __init__(self, as_json: bool, clocks: Clocks | None) -> None:
         self.as_json = as_json
-        self.ref = ref
+        self.clocks = clocks  # None: a recording without a wall clock (an old log)
         self.gaps = 0
         self._states: dict[str, str] = {}
 
@@ -97,7 +97,7 @@ class Printer:
 
     def _when(self, ts_ns: int) -> str:
         """Wall time, or seconds since boot for a recording without a clock (an old log)."""
-        return format_wall(self.ref, ts_ns) if self.ref else f"t={ts_ns / 1e9:.6f}s"
+        return format_wall(self.clocks.at(ts_ns), ts_ns) if self.clocks else f"t={ts_ns / 1e9:.6f}s"
 
     def status(self, st: ProbeStatus) -> None:
         key = f"{st.state}:{st.reason}"
@@ -125,8 +125,8 @@ class _Shown(Sink):
             self.out.status(ev)
         elif self.analysed and isinstance(ev, Attribution):
             self.out.gap(ev.gap)
-        elif isinstance(ev, ClockRef) and self.out.ref is not None:
-            self.out.ref = ev  # the wall clock was set: later gaps by the clock of then
+        elif isinstance(ev, ClockRef) and self.out.clocks is not None:
+            self.out.clocks.add(ev)  # the wall clock was set: the gaps after it by the new one
 
     def finding(self, found: Event) -> None:
         if isinstance(found, GpuGap):
@@ -200,7 +200,7 @@ def replay(args: argparse.Namespace, out: Printer) -> int:
         raise GpujitterError(f"--replay-events: {err}") from None
     if rec.kind != TRACE and not args.json:
         print(printable(f"# reading {rec.what}"), file=sys.stderr)
-    out.ref = rec.header.clock if rec.wall_clock else None
+    out.clocks = Clocks(rec.header.clock) if rec.wall_clock else None
     # on a terminal the gaps printed as they are found show how far it is: no line between
     with Progress(rec.size, shown=sys.stderr.isatty() and not sys.stdout.isatty()) as progress:
         Runtime(
@@ -209,6 +209,9 @@ def replay(args: argparse.Namespace, out: Printer) -> int:
             analysis=None if rec.analysed else lambda _: analysis,
             signals=False,
         ).run()  # fmt: skip
+    if out.clocks is not None and not args.json:  # what moved the times printed
+        for note in out.clocks.notes:
+            print(printable(f"# {note}"), file=sys.stderr)
     for note in rec.damage:  # what the reading tolerated (a torn tail, skipped kinds)
         print(printable(f"damage: {note}"), file=sys.stderr)
     return 0
@@ -216,7 +219,7 @@ def replay(args: argparse.Namespace, out: Printer) -> int:
 
 def run(args: argparse.Namespace) -> int:
     ref = clock_ref()
-    out = Printer(args.json, ref)
+    out = Printer(args.json, Clocks(ref))
     if args.replay_events is not None:
         given = [f"--{name.replace('_', '-')}" for name in LIVE_ONLY if getattr(args, name)]
         if given:  # they would do nothing, without a word (--save-events: no file)

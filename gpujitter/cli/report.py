@@ -153,6 +153,7 @@ def write_html(
         reading_line(traces) + watching,
         *([] if traces.wall_clock else ["no wall clock in it: times are since the node booted"]),
         *filter(None, [override_line(header.topology)]),
+        *page.clocks.notes,
         *(f"damage: {note}" for note in traces.damage),
     ]  # fmt: skip
     text = page.render(title=f"{TITLE}{header.host}", meta=meta,
@@ -393,6 +394,8 @@ def run(args: argparse.Namespace) -> int:
     say(printable(reading_line(traces)))
     if header.topology.override:
         say(printable(override_line(header.topology)))
+    for note in clocks.notes:  # what moved the times printed below
+        say(printable(note))
     for note in traces.damage:
         say(f"damage: {printable(note)}")
     if not summary.attributed:

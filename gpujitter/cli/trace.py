@@ -16,7 +16,7 @@ from gpujitter.daemon.analysis.pipeline import AnalysisConfig
 from gpujitter.daemon.offline.recordings import TRACE, Recording, open_recording
 from gpujitter.daemon.sinks.trace import TraceHeader, TraceReader
 from gpujitter.errors import GpujitterError
-from gpujitter.probes.clock import format_wall
+from gpujitter.probes.clock import Clocks, format_wall
 from gpujitter.probes.events import ClockRef, Event
 from gpujitter.text import printable
 from gpujitter.units import format_bytes, format_ns
@@ -39,15 +39,25 @@ def _span(first: int | None, last: int | None, ev: Event) -> tuple[int | None, i
     return min(first, ts_ns), max(last, ts_ns)
 
 
-def inspect(path: Path, progress: Progress, before: int = 0) -> dict[str, Any]:
-    """One file's header, counts and damage; corruption is reported, not raised. before:
-    the bytes of the files read before it (progress)."""
+def _span_text(clocks: Clocks, first: int, last: int) -> str:
+    """The first and the last event's wall time, each by the clock of its time."""
+    return (
+        f"{format_wall(clocks.at(first), first, date=True)} .. {format_wall(clocks.at(last), last)}"
+    )
+
+
+def inspect(path: Path, progress: Progress, before: int = 0) -> tuple[dict[str, Any], Clocks]:
+    """One file's header, counts and damage, and its wall clock's references; corruption is
+    reported, not raised. before: the bytes of the files read before it (progress)."""
     kinds: Counter[str] = Counter()
     first = last = None
     with TraceReader(path) as reader:
+        clocks = Clocks(reader.header.clock)
         for ev in progress.events(reader, lambda: before + reader.offset):
             kinds[ev.KIND] += 1
             first, last = _span(first, last, ev)
+            if type(ev) is ClockRef:
+                clocks.add(ev)
         header = reader.header
         damage = reader.damage_notes()
         try:  # what report and export would refuse the trace for
@@ -63,22 +73,26 @@ def inspect(path: Path, progress: Progress, before: int = 0) -> dict[str, Any]:
             "kinds": dict(sorted(kinds.items())),
             "first_ns": first,
             "last_ns": last,
+            "clock_set": clocks.notes,
             "damage": damage,
             "readable": not reader.damaged,
-        }
+        }, clocks
 
 
-def inspect_other(rec: Recording) -> dict[str, Any]:
+def inspect_other(rec: Recording) -> tuple[dict[str, Any], Clocks]:
     """An events file, an attribution log or run --json's output: its events per kind, span and
-    damage."""
+    damage, and its wall clock's references."""
     kinds: Counter[str] = Counter()
     first = last = None
     error = None
+    clocks = Clocks(rec.header.clock)
     try:
         with Progress(rec.size) as progress:
             for ev in progress.events(rec, rec.position):
-                if rec.analysed and type(ev) is ClockRef:
-                    continue  # a log's clock is read from its lines' `time`: no record of it
+                if type(ev) is ClockRef:
+                    clocks.add(ev)
+                    if rec.analysed:  # a log's clock is read from its lines' `time`: no record
+                        continue
                 kinds[ev.KIND] += 1
                 first, last = _span(first, last, ev)
     except GpujitterError as err:
@@ -90,9 +104,10 @@ def inspect_other(rec: Recording) -> dict[str, Any]:
         "kinds": dict(sorted(kinds.items())),
         "first_ns": first,
         "last_ns": last,
+        "clock_set": clocks.notes,
         "damage": rec.damage + ([error] if error else []),
         "readable": error is None and not rec.corrupt,
-    }
+    }, clocks
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,11 +117,14 @@ def run(args: argparse.Namespace) -> int:
     traces = rec.traces
     assert traces is not None  # a trace recording's
     files: list[dict[str, Any]] = []
+    clocks: list[Clocks] = []
     read = 0
     with Progress(rec.size) as progress:
         for path in traces.paths:
-            files.append(inspect(path, progress, read))
-            read += files[-1]["bytes"]
+            f, c = inspect(path, progress, read)
+            files.append(f)
+            clocks.append(c)
+            read += f["bytes"]
     kinds: Counter[str] = Counter()
     for f in files:
         kinds.update(f["kinds"])
@@ -121,8 +139,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     else:
-        for f, header in zip(files, traces.headers, strict=True):
-            print(describe(f, header))
+        for f, header, c in zip(files, traces.headers, clocks, strict=True):
+            print(describe(f, header, c))
         for path, why in traces.unreadable:
             print(f"{printable(str(path))}\n  damage: {printable(why)} (left out)")
         if len(files) + len(unreadable) > 1:
@@ -132,21 +150,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_other(rec: Recording, as_json: bool) -> int:
-    f = inspect_other(rec)
+    f, clocks = inspect_other(rec)
     if as_json:
         print_json(f)
         return 0 if f["readable"] else 1
-    clock = rec.header.clock if rec.wall_clock else None
     span = "none"
     if f["first_ns"] is not None:
         span = (
-            f"{format_wall(clock, f['first_ns'], date=True)} .. {format_wall(clock, f['last_ns'])}"
-            if clock
+            _span_text(clocks, f["first_ns"], f["last_ns"])
+            if rec.wall_clock
             else f"t={f['first_ns']}ns .. t={f['last_ns']}ns"
         ) + f" ({format_ns(f['last_ns'] - f['first_ns'])})"
     lines = [
         f"{', '.join(f['paths'])}  ({rec.what}: no header, so no host, probes or topology)",
         f"  events {span}",
+        *(f"  {note}" for note in f["clock_set"]),
         kinds_line(f),
         *([f"  damage: {d}" for d in f["damage"]] or ["  damage: none"]),
     ]
@@ -160,14 +178,13 @@ def kinds_line(f: dict[str, Any]) -> str:
     )
 
 
-def describe(f: dict[str, Any], header: TraceHeader) -> str:
+def describe(f: dict[str, Any], header: TraceHeader, clocks: Clocks) -> str:
     h = f["header"]
     topo = header.topology
     span = ""
     if f["first_ns"] is not None:
         span = (
-            f"{format_wall(header.clock, f['first_ns'], date=True)} .. "
-            f"{format_wall(header.clock, f['last_ns'])} "
+            f"{_span_text(clocks, f['first_ns'], f['last_ns'])} "
             f"({format_ns(f['last_ns'] - f['first_ns'])})"
         )
     thresholds = "; ".join(
@@ -181,6 +198,7 @@ def describe(f: dict[str, Any], header: TraceHeader) -> str:
         f"  host {h['host']}, kernel {h['kernel']}, session {h['session']} segment {h['segment']}",
         f"  started {format_wall(header.clock, header.start_ns, date=True)}; "
         f"events {span or 'none'}",
+        *(f"  {note}" for note in f["clock_set"]),
         f"  probes {', '.join(h['probes']) or 'none'}"
         + (f" (thresholds: {thresholds})" if thresholds else "")
         + f"; watching {h['watch'] or 'unknown'}",

@@ -1,11 +1,12 @@
 """Recorded host trees for the unit tests: tests/fixtures/hosts/<name>/ (proc, sys, etc),
 copied into a temporary folder, optionally with overlay trees or single files laid over
-them, so each test states the one difference it is about."""
+them, so each test states the one difference it is about; and wall times in UTC."""
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,14 @@ def host_tree(tmp_path: Path) -> MakeTree:
 def h200_nvml() -> PlaybackBackend:
     """NVML as the H200 machine answered it (driver 580.159, one GPU, a torch process)."""
     return PlaybackBackend.load(HOSTS / "h200-vm" / "nvml.json")
+
+
+@pytest.fixture
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Wall times in UTC, as the tests that name them write them (the commands and pages
+    print local time)."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()

@@ -7,8 +7,6 @@ import hashlib
 import re
 import shutil
 import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -103,16 +101,6 @@ CASES = {  # what to read (the feeding loop's recording, or 250 hostile attribut
     "hostile_top0": ("hostile", ["--top", "0"]),
     "hostile_top40": ("hostile", ["--top", "40", "--from", "+995s", "--to", "+996.5s"]),
 }
-
-
-@pytest.fixture
-def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Wall times in UTC, as the earlier pages were written (the page prints local time)."""
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

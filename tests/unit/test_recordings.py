@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from gpujitter.daemon.offline.recordings import EVENTS, LOG, TRACE, open_recordi
 from gpujitter.daemon.sinks.jsonlog import JsonLog, rotated_files
 from gpujitter.daemon.sinks.trace import TraceReader, trace_paths
 from gpujitter.errors import GpujitterError
+from gpujitter.probes.clock import wall_ns
 from gpujitter.probes.events import ClockRef, to_record
 from tests.unit.forked import as_nobody, in_child
 
@@ -95,6 +97,58 @@ def test_a_log_whose_lines_carry_their_time_reads_by_the_wall_clock(
 
 def longest_lines(report: str) -> list[str]:
     return [line for line in report.splitlines() if " idle " in line and " at " in line]
+
+
+def stepped(formats: dict[str, Path], tmp_path: Path, kind: str) -> Path:
+    """The events file or the log of the example with the wall clock set an hour on half-way
+    (12:02:01 of the recording), as the daemon records it: a meta.clock in the events, a
+    `time` an hour on in the log's lines from there."""
+    with TraceReader(EXAMPLE) as reader:
+        clock = reader.header.clock
+    lines = formats[EVENTS].read_bytes().splitlines(keepends=True)
+    half = len(lines) // 2
+    at = orjson.loads(lines[half - 1])["ts_ns"]
+    step = ClockRef(ts_ns=at, realtime_ns=wall_ns(clock, at) + HOUR)
+    path = tmp_path / f"stepped.{kind}"
+    if kind == EVENTS:
+        path.write_bytes(b"".join([*lines[:half], orjson.dumps(to_record(step)) + b"\n",
+                                   *lines[half:]]))  # fmt: skip
+        return path
+    with JsonLog(path) as log:
+        for line in map(json.loads, formats[LOG].read_text().splitlines()):
+            log.clock = step if line["ts_ns"] >= at else clock
+            log.write({k: v for k, v in line.items() if k != "schema"})
+    return path
+
+
+@pytest.mark.parametrize("kind", [EVENTS, LOG])
+def test_a_clock_set_during_the_recording_is_said_where_its_times_are_shown(
+    formats: dict[str, Path], tmp_path: Path, kind: str, utc: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A second reference (the daemon's meta.clock when the wall clock was set, a log line's
+    `time` an hour on) moved the times of every gap after it an hour on, without a word: it
+    is the node's clock, honoured, and said wherever times are shown, by how much and when."""
+    path = stepped(formats, tmp_path, kind)
+    note = "clock: the wall clock was set +3600.000 s during the recording, at 2026-12-01 12:0"
+    assert main(["report", "--top", "100", str(path)]) == 0
+    out = capsys.readouterr().out
+    (said,) = [line for line in out.splitlines() if line.startswith("clock: ")]
+    assert said.startswith(note) and said.endswith("by the new clock")
+    hours = Counter(line.split(" at ")[1][:2] for line in longest_lines(out))
+    assert hours["12"] and hours["13"] and hours["12"] + hours["13"] == 32
+    page = tmp_path / "report.html"
+    assert main(["report", str(path), "--html", str(page)]) == 0
+    assert note in page.read_text()
+    assert main(["trace", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"  {note}" in out and " .. 13:02:" in out  # the last event by the clock of then
+    assert main(["gaps", "--replay-events", str(path)]) == 0
+    assert f"# {note}" in capsys.readouterr().err
+    # a clock that was not set is said by no command (an events file repeats its first)
+    for argv in (["report"], ["trace"], ["gaps", "--replay-events"]):
+        assert main([*argv, str(formats[EVENTS])]) == 0
+        assert "clock: " not in "".join(capsys.readouterr())
 
 
 @pytest.mark.parametrize("kind", [TRACE, EVENTS, LOG])
