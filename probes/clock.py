@@ -90,3 +90,7 @@ class Clocks:
 
     def at(self, mono_ns: int) -> ClockRef:
         return self._refs[max(bisect_right(self._taken, mono_ns) - 1, 0)]
+
+    def wall_ns(self, mono_ns: int) -> int:
+        """A monotonic time as the wall clock of its time showed it (as it is printed)."""
+        return wall_ns(self.at(mono_ns), mono_ns)

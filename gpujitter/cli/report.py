@@ -14,6 +14,7 @@ import sys
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TextIO
@@ -65,12 +66,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="show the N longest gaps with their breakdown (default 10)")  # fmt: skip
 
 
-def parse_when(text: str, rec: Recording) -> int:
-    """A user's point in time -> CLOCK_MONOTONIC ns of the recording."""
+@dataclass(frozen=True, slots=True)
+class When:
+    """A user's point in time: ns of the wall clock (`wall`), or of the recording's monotonic
+    clock (+OFFSET). A record is set against a wall time by the clock of its own time, the
+    one its time is printed by: a clock set during the run moves both alike."""
+
+    ns: int
+    wall: bool
+
+    def of(self, clocks: Clocks, mono_ns: int) -> int:
+        """A record's time on this point's clock."""
+        return clocks.wall_ns(mono_ns) if self.wall else mono_ns
+
+
+def parse_when(text: str, rec: Recording) -> When:
+    """A user's point in time, on the clock it names."""
     header = rec.header
     m = _OFFSET.match(text.strip())
     if m:
-        return header.start_ns + parse_duration_ns(m.group(1), "s")
+        return When(header.start_ns + parse_duration_ns(m.group(1), "s"), wall=False)
     if not rec.wall_clock:
         raise GpujitterError(f"{rec.what} has no wall clock: give times as +OFFSET (e.g. +90s)")
     start = wall_time(header.clock, header.start_ns)
@@ -86,7 +101,14 @@ def parse_when(text: str, rec: Recording) -> int:
         )
     if parsed.tzinfo is None:  # local time, as the report prints it
         parsed = parsed.replace(tzinfo=start.tzinfo)
-    return header.clock.ts_ns + (round(parsed.timestamp() * 1e9) - header.clock.realtime_ns)
+    return When(round(parsed.timestamp() * 1e9), wall=True)
+
+
+def chart_end(when: When | None, seen_ns: int) -> int:
+    """Where the page's charts begin or end: at an offset given, a point of the monotonic
+    clock; else at the first or the last event in the range (a wall time may be no one
+    point of it: the clock set around it shows some times twice, or none)."""
+    return when.ns if when is not None and not when.wall else seen_ns
 
 
 def _clock_time(text: str, start: datetime) -> datetime | None:
@@ -327,30 +349,34 @@ def run(args: argparse.Namespace) -> int:
     header = traces.header
     start = parse_when(args.start, traces) if args.start is not None else None
     end = parse_when(args.end, traces) if args.end is not None else None
-    if start is not None and end is not None and end <= start:
+    # (a wall time and an offset are on two clocks: which comes first is known only as the
+    # recording is read, and an empty range is said then)
+    if start is not None and end is not None and start.wall == end.wall and end.ns <= start.ns:
         raise GpujitterError(f"--to {args.end} is not after --from {args.start}")
     config = AnalysisConfig.from_record(header.analysis)
+    clocks = Clocks(header.clock)  # and each the run sent when its clock was set
 
-    def wanted(ev: GpuGap | Attribution) -> bool:
-        return (
-            (start is None or ev.ts_ns >= start)
-            and (end is None or ev.ts_ns < end)
-            and (not args.gpu or ev.gpu in args.gpu)
+    def in_range(mono_ns: int) -> bool:
+        return (start is None or start.of(clocks, mono_ns) >= start.ns) and (
+            end is None or end.of(clocks, mono_ns) < end.ns
         )
 
+    def wanted(ev: GpuGap | Attribution) -> bool:
+        return in_range(ev.ts_ns) and (not args.gpu or ev.gpu in args.gpu)
+
     summary = Summary(args.top)
-    clocks = Clocks(header.clock)  # and each the run sent when its clock was set
     # the page's sums, counts and longest gaps, as they come (--json writes them aside)
     page = _page(clocks, args.top) if args.html else None
     gaps = 0
     seen_gpus: set[int] = set()
-    span: list[int] = []  # first and last event time, for the HTML charts
+    span: list[int] = []  # first and last event time in the range, for the HTML charts
 
     def events() -> Iterator[Event]:
         for ev in progress.events(traces, traces.position):
-            span[:] = [min(span[0], ev.ts_ns), max(span[1], ev.ts_ns)] if span else [ev.ts_ns] * 2
             if type(ev) is ClockRef:
                 clocks.add(ev)
+            if in_range(t := ev.ts_ns):
+                span[:] = [min(span[0], t), max(span[1], t)] if span else [t] * 2
             yield ev
 
     with JsonSpool() if args.json else contextlib.nullcontext() as spool:
@@ -374,7 +400,7 @@ def run(args: argparse.Namespace) -> int:
         told = sys.stderr if args.html == STDOUT else sys.stdout
         if page is not None:
             first, last = span or [header.start_ns] * 2
-            write_html(html, page, header, traces, start or first, end or last)
+            write_html(html, page, header, traces, chart_end(start, first), chart_end(end, last))
         by_gpu = summary.by_gpu()
         if spool is not None:
             spool.print_document({

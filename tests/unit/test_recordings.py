@@ -151,6 +151,25 @@ def test_a_clock_set_during_the_recording_is_said_where_its_times_are_shown(
         assert "clock: " not in "".join(capsys.readouterr())
 
 
+@pytest.mark.parametrize("kind", [EVENTS, LOG])
+def test_from_and_to_take_the_clock_each_gap_is_printed_by(
+    formats: dict[str, Path], tmp_path: Path, kind: str, utc: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """--from/--to were read with the recording's first clock and the times printed with the
+    clock of each gap's time: after a clock set an hour on, `--from 13:02:00` found nothing
+    of the gaps printed at 13:02, and `--from 12:02:03` listed gaps printed at 13:02."""
+    path = stepped(formats, tmp_path, kind)
+    assert main(["report", "--top", "100", str(path)]) == 0
+    printed = longest_lines(capsys.readouterr().out)
+    for start, end in [("13:02:00", "13:02:10"), ("12:02:03", "12:02:59"),
+                       ("12:01:55", "13:02:05"), ("13:00:00", "14:00:00")]:  # fmt: skip
+        want = [line for line in printed if start <= line.split(" at ")[1] < end]
+        assert main(["report", "--top", "100", "--from", start, "--to", end, str(path)]) == 0
+        assert longest_lines(capsys.readouterr().out) == want, (start, end)
+    assert len([line for line in printed if "at 13:02:0" in line]) > 0
+
+
 @pytest.mark.parametrize("kind", [TRACE, EVENTS, LOG])
 def test_each_format_is_told_by_its_content(formats: dict[str, Path], kind: str) -> None:
     rec = open_recording([formats[kind]])
