@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import ctypes as ct
+import errno
 import functools
 import os
 import resource
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
+from gpujitter.errors import GpujitterError
 from gpujitter.probes import contract, procfs
 from gpujitter.probes.events import Event, ProbeStatus
 from gpujitter.probes.host import HostPaths, MemoryLimit
@@ -269,6 +271,38 @@ def open_files_needed() -> int:
     return 192 + 6 * (os.cpu_count() or 1)
 
 
+# An open that fails for want of a descriptor: this process's limit (EMFILE), the node's (ENFILE).
+OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
+
+
+def out_of_descriptors(err: OSError) -> str:
+    """What an EMFILE or ENFILE means, in one line: which limit, and what to raise."""
+    what = f"{err.strerror}: {err.filename}" if err.filename is not None else err.strerror
+    if err.errno == errno.ENFILE:
+        return (
+            f"out of file descriptors ({what}): the node's file table is full "
+            "(/proc/sys/fs/file-nr): find what holds them, or raise fs.file-max"
+        )
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return (
+        f"out of file descriptors ({what}): none is left under its open-file limit of {soft} "
+        f"(ulimit -n, LimitNOFILE=); the probes may take {open_files_needed()} on this node, "
+        "besides any it was started with: raise the limit (the unit sets 65536)"
+    )
+
+
+@contextlib.contextmanager
+def descriptors_said() -> Iterator[None]:
+    """EMFILE or ENFILE within the block raised as GpujitterError, out_of_descriptors' line:
+    an environment's limit, said as one, not a fault of gpujitter's own."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in OUT_OF_DESCRIPTORS:
+            raise
+        raise GpujitterError(out_of_descriptors(err)) from None
+
+
 # The memory a start wants room for: its peak, the probes' compile, was 144-173 MB on an H100
 # host once NVML waited for it (197-199 MB on the H200 with NVML beside it; docs/performance.md,
 # "Start and stop"), and a steady daemon holds ~130 MB. Under a cgroup limit below it, a start
@@ -303,18 +337,37 @@ def compile_blocked() -> str | None:
             "that exists"
         )
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = open_files_needed()
+    held = descriptors_open(soft)
+    need = open_files_needed() + max(0, held - HELD_AT_COMPILE)
     if soft < need and soft != resource.RLIM_INFINITY:
         want = need if hard == resource.RLIM_INFINITY else min(hard, max(need, 65536))
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
             soft = want
     if soft < need:
+        already = f", with {held} descriptors open already" if held > HELD_AT_COMPILE else ""
         return (
             f"open-file limit {soft} (ulimit -n, LimitNOFILE=) is below the {need} the "
-            "probes may take on this node"
+            f"probes may take on this node{already}"
         )
     return None
+
+
+# The descriptors a start may hold itself when it compiles, which open_files_needed counts:
+# the standard streams, Python's, and the files of a compile begun ahead on another thread
+# (4 to 13 for `run` on the development VM, as those come and go). Past them, what the
+# process holds counts against its limit too: a start passed 150 descriptors by what started
+# it (a supervisor that leaks its own), under a limit of 204, crashed libbcc (SIGSEGV).
+HELD_AT_COMPILE = 16
+
+
+def descriptors_open(limit: int) -> int:
+    """How many descriptors this process holds: all of `limit` where none is left to count
+    them with, 0 where /proc cannot tell."""
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1  # less the one that lists them
+    except OSError as err:
+        return limit if err.errno in OUT_OF_DESCRIPTORS else 0
 
 
 def bpf_source(path: Path) -> str:

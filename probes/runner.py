@@ -24,6 +24,7 @@ from gpujitter.probes.base import (
     Probe,
     ProbeContext,
     ProbeUnavailable,
+    descriptors_said,
     release_compiler_memory,
 )
 from gpujitter.probes.bundle import ModulePart
@@ -63,6 +64,7 @@ class RingWaits:
         self._fds: set[int] = set()
         self._stop_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._epoll.register(self._stop_fd, select.EPOLLIN)
+        self._closing = threading.Lock()  # a stop's wake-up (its thread) against the close
 
     def watch(self, fds: Iterable[int]) -> None:
         """Wait on these rings too (fds already waited on are left as they are)."""
@@ -74,13 +76,17 @@ class RingWaits:
         self._epoll.poll(timeout_s)
 
     def wake(self) -> None:
-        """End the wait now, and every later one (a stop)."""
-        os.eventfd_write(self._stop_fd, 1)
+        """End the wait now, and every later one (a stop); nothing once closed (the probe
+        thread's set ended, by an error it hands on: a stop's EBADF here replaced it)."""
+        with self._closing:
+            if not self._epoll.closed:
+                os.eventfd_write(self._stop_fd, 1)
 
     def close(self) -> None:
-        if not self._epoll.closed:
-            self._epoll.close()
-            os.close(self._stop_fd)
+        with self._closing:
+            if not self._epoll.closed:
+                self._epoll.close()
+                os.close(self._stop_fd)
 
 
 def set_parts(probes: Sequence[Probe], ctx: ProbeContext) -> list[ModulePart]:
@@ -320,7 +326,9 @@ class ProbeThread:
     def _main(self) -> None:
         names, kwargs = self._set_args
         try:
-            with ProbeSet(names, **kwargs) as probes:
+            # Out of descriptors (a limit lowered under the daemon, descriptors it inherited),
+            # a tick's open failed and the error read `standard output: Bad file descriptor`.
+            with descriptors_said(), ProbeSet(names, **kwargs) as probes:
                 self._waits = probes.waits
                 self.statuses = probes.start(release=False)
                 self.started.set()

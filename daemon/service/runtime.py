@@ -37,7 +37,7 @@ from gpujitter.daemon.service.own_scheduling import OwnScheduling, in_slices
 from gpujitter.daemon.service.sdnotify import Notifier
 from gpujitter.daemon.service.state import NodeState
 from gpujitter.daemon.service.status import DaemonStatus
-from gpujitter.probes.base import Emit
+from gpujitter.probes.base import Emit, descriptors_said
 from gpujitter.probes.clock import clock_ref, stepped
 from gpujitter.probes.events import ClockRef, CudaCall, Event, ProbeStatus, WatchChange
 from gpujitter.probes.host import HostPaths
@@ -444,7 +444,8 @@ class Runtime:
         self._tend_own(time.monotonic_ns())
         self.source.start(self.queue.emit, self.queue.handed)
         try:
-            self._open(ready)
+            with descriptors_said():  # the sinks' files and sockets, at the probes' heels
+                self._open(ready)
             self._loop()
             if self.own is not None:
                 # Stopping: the last drain, the probes' detaches and the flushes run as the

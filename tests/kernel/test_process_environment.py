@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpujitter.daemon.checks.audit import slow_fault_notes
+from gpujitter.probes.base import open_files_needed
 from gpujitter.probes.host import HostPaths, status_fields
 from gpujitter.probes.registry import TRACEFS
 from gpujitter.probes.topology import load_topology
@@ -44,6 +45,23 @@ def gpujitter(
 def attached(err: str) -> set[str]:
     line = next(x for x in err.splitlines() if x.startswith("# probes attached: "))
     return set(line.removeprefix("# probes attached: ").split(";")[0].split(", "))
+
+
+def attached_daemon(duration: str, *argv: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """`run` with the sched probe alone, no log and no socket, once it said its probes are
+    attached: the process, and that line (killed where it says anything else first)."""
+    daemon = subprocess.Popen(
+        [str(GPUJITTER), "run", "--no-nvml", "--duration", duration, "--log", "", "--socket",
+         "", "--probes", "sched", *argv],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert daemon.stderr is not None
+    said = [daemon.stderr.readline()]
+    if not said[0].startswith("# probes attached: "):
+        daemon.kill()
+        daemon.wait()
+        raise AssertionError(said)
+    return daemon, said
 
 
 def test_the_probes_attached_at_start_stay_available_with_warnings_as_errors() -> None:
@@ -86,6 +104,56 @@ def test_an_open_file_limit_the_probes_cannot_live_with_is_one_line() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (32, hard))
 
     assert gpujitter(*RUN, "--probes", "sched", before=soft_only).returncode == 0
+
+
+def test_descriptors_a_start_was_passed_count_against_its_open_file_limit() -> None:
+    # A start under a limit the probes fit in, passed 150 descriptors by what started it (a
+    # supervisor that leaks its own), crashed libbcc (SIGSEGV, no word); at 70, an internal
+    # error. A few, which the probes' figure has room for, change nothing.
+    need = open_files_needed()
+
+    def at_need() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, need))
+
+    def passed(count: int) -> subprocess.CompletedProcess[str]:
+        fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(count)]
+        try:
+            return subprocess.run(
+                [str(GPUJITTER), *RUN], pass_fds=fds,
+                preexec_fn=at_need, capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    done = passed(150)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert f"open-file limit {need} (ulimit -n, LimitNOFILE=) is below the " in done.stderr
+    assert "descriptors open already" in done.stderr
+    done = passed(8)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_daemon_out_of_descriptors_at_its_first_tick_says_which_limit() -> None:
+    # Its limit lowered under it (prlimit) before its first tick: a tick's open failed, the
+    # probe thread died, and the stop's wake-up of its closed set read `standard output: Bad
+    # file descriptor` in its place. Now one line naming the limit, exit 2, probes detached.
+    daemon, said = attached_daemon("10s")
+    try:
+        assert daemon.stderr is not None
+        hard = resource.prlimit(daemon.pid, resource.RLIMIT_NOFILE)[1]
+        resource.prlimit(daemon.pid, resource.RLIMIT_NOFILE, (16, hard))  # below what it holds
+        said += daemon.stderr.read().splitlines()
+        assert daemon.wait(timeout=60) == 2, said
+    finally:
+        daemon.kill()
+        daemon.wait()
+    assert said[-1].startswith(
+        "gpujitter run: error: out of file descriptors (Too many open files"
+    ), said
+    assert "none is left under its open-file limit of 16 (ulimit -n, LimitNOFILE=)" in said[-1]
+    assert not [line for line in said if "Traceback" in line or "Bad file" in line], said
 
 
 def test_a_deleted_current_folder_is_named(tmp_path: Path) -> None:
@@ -190,24 +258,20 @@ def test_a_watched_pid_that_exits_is_said_and_stray_signals_do_not_end_the_daemo
     # later is another one: tests/unit/test_procfs.py); said once. SIGUSR2 and SIGALRM, by
     # their default, ended it on the spot with nothing flushed.
     job = subprocess.Popen(["sleep", "60"])
-    daemon = subprocess.Popen(
-        [str(GPUJITTER), "run", "--no-nvml", "--duration", "5s", "--log", "", "--socket", "",
-         "--probes", "sched", "--pid", str(job.pid)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
     try:
-        assert daemon.stderr is not None
-        said = [daemon.stderr.readline()]
-        assert said[0].startswith("# probes attached: "), said
-        job.kill()
-        job.wait()
-        for signum in (signal.SIGUSR2, signal.SIGALRM, signal.SIGUSR2):
-            daemon.send_signal(signum)
-        said += daemon.stderr.read().splitlines()
-        assert daemon.wait(timeout=60) == 0, said
+        daemon, said = attached_daemon("5s", "--pid", str(job.pid))
+        try:
+            assert daemon.stderr is not None
+            job.kill()
+            job.wait()
+            for signum in (signal.SIGUSR2, signal.SIGALRM, signal.SIGUSR2):
+                daemon.send_signal(signum)
+            said += daemon.stderr.read().splitlines()
+            assert daemon.wait(timeout=60) == 0, said
+        finally:
+            daemon.kill()
     finally:
         job.kill()
-        daemon.kill()
     exited = f"# watch: pid {job.pid} exited; a process given its id later is not watched"
     assert said.count(exited) == 1, said
     strays = [line.split(" ")[1] for line in said if " ignored: " in line]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import itertools
 import json
 import os
@@ -31,9 +32,11 @@ from gpujitter.daemon.service.service import Daemon
 from gpujitter.daemon.service.status import DaemonStatus
 from gpujitter.daemon.sinks.metrics import DaemonMetrics
 from gpujitter.daemon.sinks.trace import TraceReader
+from gpujitter.errors import GpujitterError
 from gpujitter.probes import bundle
 from gpujitter.probes.events import Event, Migration, OffCpu, to_record
 from gpujitter.probes.nvml import GpuInfo, NvmlUnavailable
+from gpujitter.probes.runner import RingWaits
 from gpujitter.probes.topology import load_topology
 from gpujitter.tui.model import NodeModel
 from gpujitter.tui.views.status import status_text
@@ -296,6 +299,32 @@ def test_sigterm_ends_the_loops_wait_at_once(monkeypatch: pytest.MonkeyPatch) ->
 
     runtime.run(ready=term_later)
     assert sent and time.monotonic() - sent[0] < 10
+
+
+class OutOfDescriptors(Kept):
+    def started(self, runtime: Runtime) -> None:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))  # socketpair() at the limit
+
+
+def test_a_start_out_of_descriptors_is_one_line_naming_the_limit() -> None:
+    """A sink that cannot open its socket or file for want of a descriptor, the probes just
+    attached (descriptors the daemon was started with): an internal error before (exit 70,
+    which the unit restarts on); now the limit and what to raise, its sinks closed."""
+    sinks = [Kept(), OutOfDescriptors()]
+    runtime = Runtime(ListSource([], live=True), load_topology(), sinks=sinks, signals=False)
+    with pytest.raises(GpujitterError, match=r"^out of file descriptors \(Too many open files\)"
+                       r": none is left under its open-file limit of \d+ \(ulimit -n"):  # fmt: skip
+        runtime.run()
+    assert all(sink.closed for sink in sinks)
+
+
+def test_a_probe_sets_waits_woken_after_they_closed_raise_nothing() -> None:
+    """The probe thread's set closes its waits as it ends, on an error too; the stop's wake-up
+    after that raised EBADF, which replaced the error it was ending on (`standard output: Bad
+    file descriptor`, from a probe thread out of descriptors)."""
+    waits = RingWaits()
+    waits.close()
+    waits.wake()
 
 
 def report_of(trace: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
