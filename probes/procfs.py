@@ -155,9 +155,20 @@ def task_ids(paths: HostPaths, pid: int | str) -> list[int]:
     """The thread ids of process `pid` (its task folder), ascending; [] when it is gone or
     cannot be read."""
     try:
-        return sorted(int(t) for t in os.listdir(f"{paths.proc}/{pid}/task") if t.isdigit())
+        return listed_task_ids(paths, pid)
     except OSError:
         return []
+
+
+def listed_task_ids(paths: HostPaths, pid: int | str) -> list[int]:
+    """task_ids, [] only where the process has ended (GONE): OSError for any other failure,
+    which says nothing of its threads."""
+    try:
+        return sorted(int(t) for t in os.listdir(f"{paths.proc}/{pid}/task") if t.isdigit())
+    except OSError as err:
+        if err.errno in GONE:
+            return []
+        raise
 
 
 def thread_count(paths: HostPaths, pid: int | str) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as ct
+import errno
 import fnmatch
 import itertools
 import os
@@ -40,27 +41,20 @@ from gpujitter.probes.events import (
     WatchChange,
     WorkloadInfo,
 )
-from gpujitter.probes.host import (
-    HostPaths,
-    listed_pids,
-    parse_status,
-    read_foreign,
-    read_name,
-    read_raw,
-    read_text,
-)
+from gpujitter.probes.host import HostPaths, listed_pids, parse_status, read_file, read_name
 from gpujitter.probes.mapbatch import PerCpuSum
 from gpujitter.probes.procfs import (
     is_kernel_thread,
+    listed_task_ids,
     process_start,
     read_process_start,
     read_while_alive,
-    task_ids,
 )
 from gpujitter.probes.progstats import program_fds
 from gpujitter.probes.registry import TRACEFS
 from gpujitter.probes.topology import Topology
 from gpujitter.probes.workload import WorkloadReader, matches_pod, matches_slurm_job
+from gpujitter.text import decode_name
 
 # Why a process is in the kernel map (the map's value, bits).
 WHY_PID, WHY_COMM, WHY_CGROUP, WHY_GPU, WHY_FORK = 0x01, 0x02, 0x04, 0x08, 0x80
@@ -138,15 +132,48 @@ class WatchSpec:
         return said
 
 
+# What reading a cgroup's directory or its cgroup.procs fails with once the cgroup is
+# removed (ENODEV: while it dies); a threaded cgroup's cgroup.procs cannot be read (EOPNOTSUPP).
+CGROUP_GONE = frozenset({errno.ENOENT, errno.ENODEV})
+THREADED = errno.EOPNOTSUPP
+
+
 def cgroup_members(cgroup: Path) -> list[int]:
     """Every process in cgroup directory `cgroup` and the cgroups below it: on cgroup v2 a
     job's, a pod's or a slice's own cgroup holds none itself once it has controllers, its
     processes are in its children. A threaded cgroup's cgroup.procs cannot be read
-    (EOPNOTSUPP): its processes are its domain parent's."""
+    (EOPNOTSUPP): its processes are its domain parent's. OSError where a directory or a
+    cgroup.procs cannot be read for another reason than the cgroup's removal (out of file
+    descriptors, EACCES, EIO): its processes are not known to have left, and the walk had
+    taken them for none (os.walk passes over what it cannot list)."""
+
+    def unlisted(err: OSError) -> None:
+        if err.errno not in CGROUP_GONE:
+            raise err
+
     out: list[int] = []
-    for root, _, _ in os.walk(cgroup):
-        out += [int(pid) for pid in (read_text(Path(root) / "cgroup.procs") or "").split()]
+    for root, _, _ in os.walk(cgroup, onerror=unlisted):
+        try:
+            out += [int(pid) for pid in read_file(Path(root) / "cgroup.procs").split()]
+        except OSError as err:
+            if err.errno not in CGROUP_GONE and err.errno != THREADED:
+                raise
     return out
+
+
+def command_names(paths: HostPaths, tgid: int) -> set[str] | None:
+    """What --comm patterns match of a process: its name (comm) and its program's base name
+    (cmdline's first word, any bytes it chose: a name that is not UTF-8 still matches by the
+    rest). None once it has ended; OSError where either cannot be read for another reason
+    (read_while_alive), which is no name: the watch took it for one that matches nothing."""
+    comm = read_while_alive(paths.proc / str(tgid) / "comm")
+    cmdline = read_while_alive(paths.proc / str(tgid) / "cmdline")
+    if comm is None or cmdline is None:
+        return None
+    names = {decode_name(comm.removesuffix(b"\n"))}
+    if cmdline:
+        names.add(os.path.basename(cmdline.decode(errors="replace").split("\0", 1)[0]))
+    return names - {""}
 
 
 def resolve(
@@ -162,9 +189,10 @@ def resolve(
     has followed them since an earlier walk). `pinned`: each of the spec's pids -> the start
     time of the process it named when first resolved (None: none ran), kept by the caller
     from one resolve to the next: a pid names that process only, never one that took its
-    id after it exited. OSError where /proc cannot be read for another reason than a
-    process's end (the daemon out of file descriptors): then nothing it says is known to
-    have ended, and the caller keeps what it watches."""
+    id after it exited. OSError where /proc or a cgroup cannot be read for another reason
+    than a process's end or a cgroup's removal (the daemon out of file descriptors): then
+    nothing it says is known to have ended, and the caller keeps what it watches; a cgroup's
+    failure names the cgroup's directory as its file."""
     chosen: dict[int, int] = {}
     pinned = {} if pinned is None else pinned
 
@@ -178,20 +206,20 @@ def resolve(
         pinned.setdefault(pid, None)
     if spec.comms:
         for tgid in listed_pids(paths):
-            names = {read_name(paths.proc / str(tgid) / "comm") or ""}
-            # any bytes the process chose: a name that is not UTF-8 still matches by the rest
-            cmdline = read_foreign(paths.proc / str(tgid) / "cmdline") or ""
-            if cmdline:
-                names.add(os.path.basename(cmdline.split("\0", 1)[0]))
-            if any(fnmatch.fnmatchcase(n, pat) for n in names if n for pat in spec.comms):
+            names = command_names(paths, tgid) or set()
+            if any(fnmatch.fnmatchcase(n, pat) for n in names for pat in spec.comms):
                 add(tgid, WHY_COMM)
     for cgroup in spec.cgroups:
-        for tgid in cgroup_members(Path(cgroup)):
+        try:
+            members = cgroup_members(Path(cgroup))
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, str(cgroup)) from err
+        for tgid in members:
             add(tgid, WHY_CGROUP)
     if spec.pods or spec.slurm_jobs:
         reader = workloads or WorkloadReader(paths)
         for tgid in listed_pids(paths):
-            w = reader.of(tgid)
+            w = reader.read(tgid)
             if w is not None and (
                 any(matches_pod(w, p) for p in spec.pods)
                 or any(matches_slurm_job(w, j) for j in spec.slurm_jobs)
@@ -210,14 +238,17 @@ def resolve(
 
 
 def _descendants(paths: HostPaths, roots: list[int]) -> set[int]:
-    """The processes below `roots` (from /proc/PID/task/TID/children)."""
+    """The processes below `roots` (from /proc/PID/task/TID/children); OSError where a
+    process's threads or children cannot be read for another reason than its end: a walk
+    that found none there would be counted as done (CoreBpf._walks), its children never
+    looked for again."""
     found: set[int] = set()
     todo = list(roots)
     while todo:
         pid = todo.pop()
         task = f"{paths.proc}/{pid}/task"
-        for tid in task_ids(paths, pid):  # none when gone, or not readable
-            for child in (read_raw(f"{task}/{tid}/children") or b"").decode().split():
+        for tid in listed_task_ids(paths, pid):  # none when gone
+            for child in (read_while_alive(f"{task}/{tid}/children") or b"").decode().split():
                 if child.isdigit() and int(child) not in found:
                     found.add(int(child))
                     todo.append(int(child))
@@ -476,10 +507,11 @@ class CoreBpf(Counted):
 
     def refresh(self, now_ns: int) -> None:
         """Re-resolve the spec (new PIDs of patterns, cgroup members, GPU processes); keep
-        the processes the kernel added because a watched parent forked them. Where /proc
-        cannot be read (out of file descriptors), the set stays as it is, the reason in the
-        core's status (degraded), and the next refresh tries again: at its RLIMIT_NOFILE the
-        daemon took a watched --pid for exited and stopped attributing its gaps."""
+        the processes the kernel added because a watched parent forked them. Where /proc or
+        a watched cgroup cannot be read (out of file descriptors), the set stays as it is,
+        the reason in the core's status (degraded), and the next refresh tries again: at its
+        RLIMIT_NOFILE the daemon took a watched --pid for exited, and a --comm or --cgroup
+        process for one that no longer matched, and stopped attributing its gaps."""
         kernel = {k.value: v.value for k, v in self.bpf["gj_watched"].items()}
         try:
             wanted = resolve(self.spec, self.paths, self.workloads,
@@ -487,8 +519,7 @@ class CoreBpf(Counted):
                              self._pinned)  # fmt: skip
             processes = self._fork_followed(kernel)
         except OSError as err:
-            self.unreadable = (f"cannot read {self.paths.proc} ({err.strerror}): the watched set "
-                               "is kept as it is, and read again each second")  # fmt: skip
+            self.unreadable = unreadable(self._where(err), err.strerror or str(err))
             return
         self.unreadable = ""
         self._walks = {tgid: self._walks.get(tgid, 0) + 1
@@ -498,6 +529,14 @@ class CoreBpf(Counted):
         self._processes = processes
         self.watched = kernel
         self._set(wanted, now_ns, "refresh")
+
+    def _where(self, err: OSError) -> str:
+        """What could not be read: /proc for any of its files (one line for all of them, not
+        one per process), else the file the error names (a watched cgroup's directory)."""
+        name = err.filename
+        if name is None or Path(os.fsdecode(name)).is_relative_to(self.paths.proc):
+            return str(self.paths.proc)
+        return os.fsdecode(name)
 
     def _fork_followed(self, kernel: dict[int, int]) -> set[int]:
         """The kernel's fork-followed entries that are processes: they stay while the
@@ -531,8 +570,11 @@ class CoreBpf(Counted):
         too, met here at the next refresh), for processes in a container, pod or job."""
         self._announced &= set(self.watched)
         for tgid in sorted(set(self.watched) - self._announced):
+            try:
+                w = self.workloads.read(tgid)
+            except OSError:  # unread, not "in none": read again at the next refresh
+                continue
             self._announced.add(tgid)
-            w = self.workloads.of(tgid)
             if w is not None:
                 self.deliver(WorkloadInfo(ts_ns=now_ns, tgid=tgid, workload=w))
 
@@ -545,6 +587,20 @@ class CoreBpf(Counted):
                 _core.give_back(self)
         self.bpf = None
         self._lost = None
+
+
+UNREADABLE = ": the watched set is kept as it is, and read again each second"
+
+
+def unreadable(where: str, why: str) -> str:
+    """The core's reason while the watch cannot read `where` (/proc, a watched cgroup)."""
+    return f"cannot read {where} ({why}){UNREADABLE}"
+
+
+def unreadable_where(reason: str) -> str:
+    """What an unreadable() reason says could not be read."""
+    head = reason.removeprefix("cannot read ").removesuffix(UNREADABLE)
+    return head[: head.rfind(" (")] if " (" in head else head
 
 
 def watched_changed(bpf: Any) -> None:

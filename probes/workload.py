@@ -19,7 +19,8 @@ from typing import Any
 
 import orjson
 
-from gpujitter.probes.host import HostPaths, read_raw, read_text, status_fields
+from gpujitter.probes.host import HostPaths, read_text, status_fields
+from gpujitter.probes.procfs import read_while_alive
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +231,18 @@ class WorkloadReader:
         self._cache: OrderedDict[bytes, Workload | None] = OrderedDict()
 
     def of(self, pid: int) -> Workload | None:
-        """The workload of a process; None when it is in none, or gone."""
-        raw = read_raw(f"{self.paths.proc}/{pid}/cgroup")
+        """The workload of a process; None when it is in none, or gone, or its cgroup file
+        cannot be read."""
+        try:
+            return self.read(pid)
+        except OSError:
+            return None
+
+    def read(self, pid: int) -> Workload | None:
+        """of(), None only where the process is in none or has ended: OSError where its
+        cgroup file cannot be read for another reason (out of descriptors), which says
+        nothing of where it runs (read_while_alive)."""
+        raw = read_while_alive(f"{self.paths.proc}/{pid}/cgroup")
         if not raw:
             return None
         if raw in self._cache:

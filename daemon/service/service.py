@@ -79,7 +79,7 @@ from gpujitter.probes.clock import clock_ref
 from gpujitter.probes.events import CORE_PROBE, ClockRef, Event, ProbeStatus, WatchChange, to_record
 from gpujitter.probes.host import HostPaths, memory_limit
 from gpujitter.probes.topology import Topology, load_topology
-from gpujitter.probes.watch import WatchSpec
+from gpujitter.probes.watch import WatchSpec, unreadable_where
 from gpujitter.text import dumps, inert_json, printable
 
 _IDLE = "\0idle"  # _LineWriter's own: no line of the console is this
@@ -452,7 +452,8 @@ class _Keeper(Sink):
     """What the daemon keeps: the GPUs' idle floors each tick and at the stop, and the count
     of what it made, said in the journal at the stop: a reader reconciles the log with it
     (every attribution made is a log line or counted in log_dropped); and what its watch
-    cannot follow, said in the journal: a --pid that exited, /proc that cannot be read."""
+    cannot follow, said in the journal: a --pid that exited, /proc or a watched cgroup that
+    cannot be read."""
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
@@ -475,14 +476,16 @@ class _Keeper(Sink):
                              "watched")  # fmt: skip
 
     def _core(self, ev: ProbeStatus) -> None:
-        """The core's trouble reading /proc (out of file descriptors), said when it starts
-        and when it ends: meanwhile the watched set stays as it was, not followed."""
+        """The core's trouble reading /proc or a watched cgroup (out of file descriptors),
+        said when it starts and when it ends: meanwhile the watched set stays as it was, not
+        followed."""
         if ev.probe != CORE_PROBE or ev.reason == self._unreadable:
             return
         if ev.reason:
             self.daemon._say(f"watch: {ev.reason}")
         else:
-            self.daemon._say("watch: /proc read again: the watched set follows it again")
+            where = unreadable_where(self._unreadable)
+            self.daemon._say(f"watch: {where} read again: the watched set follows it again")
         self._unreadable = ev.reason
 
     def tick(self, now_ns: int, status: DaemonStatus) -> None:

@@ -103,6 +103,19 @@ class Recorded:
         ][-1]
 
 
+def cgroup_hierarchy() -> Path:
+    """A cgroup hierarchy this process can make cgroups in and move processes into (the cpu
+    controller's under cgroup v1, else the v2 one)."""
+    found = next(
+        (Path(p) for p in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/cgroup")
+         if (Path(p) / "cgroup.procs").exists()),
+        None,
+    )  # fmt: skip
+    if found is None:
+        pytest.fail("no writable cgroup hierarchy: CI runs as root with one")
+    return found
+
+
 def run_probes(
     names: Sequence[str],
     load: Callable[[], Any],

@@ -30,7 +30,7 @@ from gpujitter.probes.host import HostPaths
 from gpujitter.probes.runner import ProbeSet, ProbeThread
 from gpujitter.probes.topology import load_topology
 from gpujitter.probes.watch import ROOT_WALKS, WatchSpec
-from tests.kernel.conftest import run_probes
+from tests.kernel.conftest import cgroup_hierarchy, run_probes
 from tests.kernel.test_malloc import allocating_child
 
 MAPS = 8
@@ -389,14 +389,7 @@ def test_a_slurm_jobs_processes_are_watched_and_announced_with_their_job(tmp_pat
     """A process in a cgroup laid out as slurmstepd lays out its v1 job steps is chosen by
     --slurm-job and announced (meta.workload) with the job and step, as is its forked child."""
     job = f"9{os.getpid()}"
-    hierarchy = next(
-        (Path(p) for p in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/cgroup")
-         if (Path(p) / "cgroup.procs").exists()),
-        None,
-    )  # fmt: skip
-    if hierarchy is None:
-        pytest.fail("no writable cgroup hierarchy: CI runs as root with one")
-    step = hierarchy / "slurm" / "uid_0" / f"job_{job}" / "step_0"
+    step = cgroup_hierarchy() / "slurm" / "uid_0" / f"job_{job}" / "step_0"
     step.mkdir(parents=True)
     sleeper = subprocess.Popen(
         [sys.executable, "-c", "import os, time; os.fork() or time.sleep(3); time.sleep(3)"],

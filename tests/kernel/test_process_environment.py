@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ from gpujitter.probes.base import open_files_needed
 from gpujitter.probes.host import HostPaths, status_fields
 from gpujitter.probes.registry import TRACEFS
 from gpujitter.probes.topology import load_topology
+from tests.kernel.conftest import cgroup_hierarchy
 
 GPUJITTER = Path(sys.executable).with_name("gpujitter")
 RUN = ["run", "--no-nvml", "--duration", "2s", "--log", "", "--socket", ""]
@@ -279,46 +280,82 @@ def test_a_watched_pid_that_exits_is_said_and_stray_signals_do_not_end_the_daemo
     assert said[-1].startswith("# stopped: "), said
 
 
-def test_a_daemon_out_of_descriptors_keeps_watching_its_pid_and_says_so(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def sleeping_job(by: str) -> Iterator[tuple[list[str], str]]:
+    """A `sleep` to watch by --pid, or by --cgroup (a cgroup of its own, made for it): the
+    flags that watch it, and what the watch reads to find it."""
+    if by == "pid":
+        job = subprocess.Popen(["sleep", "60"])
+        try:
+            yield ["--pid", str(job.pid)], "/proc"
+        finally:
+            job.kill()
+            job.wait()
+        return
+    group = cgroup_hierarchy() / f"gpujitter-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        job = subprocess.Popen(
+            ["sleep", "60"],
+            preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
+        )
+        try:
+            yield ["--cgroup", str(group)], str(group)
+        finally:
+            job.kill()
+            job.wait()
+    finally:
+        deadline = time.monotonic() + 5
+        while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        group.rmdir()
+
+
+@pytest.mark.parametrize("by", ["pid", "cgroup"])
+def test_a_daemon_out_of_descriptors_keeps_watching_its_job_and_says_so(
+    by: str, tmp_path: Path
+) -> None:
     # At its RLIMIT_NOFILE (stream clients took the rest) the daemon could not open
     # /proc/PID/stat, said the --pid it watched had exited while it ran, and stopped watching
-    # it. It keeps it now, says once why /proc cannot be read, and once that it can again.
-    job = subprocess.Popen(["sleep", "60"])
+    # it; a --cgroup's directory that it could not list read as a cgroup without processes,
+    # and its processes left the watched set with nothing said. It keeps them now, says once
+    # what cannot be read, and once that it can again.
     path = tmp_path / "s.sock"
-    daemon = subprocess.Popen(
-        [str(GPUJITTER), "run", "--no-nvml", "--duration", "8s", "--log", "", "--socket",
-         str(path), "--probes", "sched", "--pid", str(job.pid)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
     clients: list[socket.socket] = []
-    try:
-        assert daemon.stderr is not None
-        said = [daemon.stderr.readline()]
-        assert said[0].startswith("# probes attached: "), said
-        time.sleep(1.5)  # past the first tick, which opens what the probes read each tick
-        highest = max(int(fd) for fd in os.listdir(f"/proc/{daemon.pid}/fd"))
-        hard = resource.prlimit(daemon.pid, resource.RLIMIT_NOFILE)[1]
-        resource.prlimit(daemon.pid, resource.RLIMIT_NOFILE, (highest + 8, hard))
-        first = b""
-        while not first.startswith(b'{"type":"error"'):  # until it is out of descriptors
-            clients.append(socket.socket(socket.AF_UNIX))
-            clients[-1].settimeout(5)
-            clients[-1].connect(str(path))
-            first = clients[-1].recv(200)
-        time.sleep(2.5)  # two refreshes at least
-        for client in clients:
-            client.close()
-        said += daemon.stderr.read().splitlines()
-        assert daemon.wait(timeout=60) == 0, said
-    finally:
-        job.kill()
-        daemon.kill()
-        for client in clients:
-            client.close()
+    with sleeping_job(by) as (flags, where):
+        daemon = subprocess.Popen(
+            [str(GPUJITTER), "run", "--no-nvml", "--duration", "8s", "--log", "", "--socket",
+             str(path), "--probes", "sched", *flags],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert daemon.stderr is not None
+            said = [daemon.stderr.readline()]
+            assert said[0].startswith("# probes attached: "), said
+            time.sleep(1.5)  # past the first tick, which opens what the probes read each tick
+            highest = max(int(fd) for fd in os.listdir(f"/proc/{daemon.pid}/fd"))
+            hard = resource.prlimit(daemon.pid, resource.RLIMIT_NOFILE)[1]
+            resource.prlimit(daemon.pid, resource.RLIMIT_NOFILE, (highest + 8, hard))
+            first = b""
+            while not first.startswith(b'{"type":"error"'):  # until it is out of descriptors
+                clients.append(socket.socket(socket.AF_UNIX))
+                clients[-1].settimeout(5)
+                clients[-1].connect(str(path))
+                first = clients[-1].recv(200)
+            time.sleep(2.5)  # two refreshes at least
+            for client in clients:
+                client.close()
+            said += daemon.stderr.read().splitlines()
+            assert daemon.wait(timeout=60) == 0, said
+        finally:
+            daemon.kill()
+            for client in clients:
+                client.close()
     assert not [line for line in said if "exited" in line], said
-    cannot = [line for line in said if line.startswith("# watch: cannot read /proc")]
+    cannot = [line for line in said if line.startswith(f"# watch: cannot read {where} (")]
     assert len(cannot) == 1 and "Too many open files" in cannot[0], said
-    assert said.count("# watch: /proc read again: the watched set follows it again") == 1, said
+    again = f"# watch: {where} read again: the watched set follows it again"
+    assert said.count(again) == 1, said
 
 
 def test_a_watched_pid_with_no_process_or_a_kernel_threads_is_said_at_start() -> None:

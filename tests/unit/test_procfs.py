@@ -34,7 +34,18 @@ from gpujitter.probes.procfs import (
     thread_count,
 )
 from gpujitter.probes.python_gc import interpreter_files
-from gpujitter.probes.watch import WHY_FORK, WHY_PID, WatchSpec, resolve
+from gpujitter.probes.watch import (
+    WHY_CGROUP,
+    WHY_COMM,
+    WHY_FORK,
+    WHY_PID,
+    WatchSpec,
+    cgroup_members,
+    resolve,
+    unreadable,
+    unreadable_where,
+)
+from gpujitter.probes.workload import WorkloadReader
 from tests.unit.test_stream_robustness import no_descriptor_left
 
 TREE = HostPaths.under(Path(__file__).parents[1] / "fixtures" / "procfs")
@@ -203,6 +214,77 @@ def test_a_watched_pid_is_not_taken_for_gone_while_proc_cannot_be_read() -> None
     assert resolve(spec, HostPaths(), walked=lambda t: True, pinned=pinned) == me
     with no_descriptor_left(), pytest.raises(OSError):
         resolve(WatchSpec(comms=["python*"]), HostPaths())  # /proc not listed: not "none"
+
+
+def test_a_process_whose_names_cannot_be_read_is_no_answer_to_a_comm_pattern(
+    tmp_path: Path,
+) -> None:
+    """--comm: a process whose comm or cmdline could not be read (out of descriptors, EACCES,
+    EIO) read as one with no name, matched nothing and left the watched set while it ran.
+    Only its end (its /proc entry gone) is no match now; any other failure is raised, for the
+    caller to keep what it watches (here a directory where the file was: EISDIR)."""
+    paths = HostPaths.under(tmp_path)
+    for pid, comm, cmdline in ((100, b"pt_main_thread", b"/usr/bin/python3\0train.py\0"),
+                               (200, b"sleep", b"sleep\x0060\0")):  # fmt: skip
+        (tmp_path / f"proc/{pid}").mkdir(parents=True)
+        (tmp_path / f"proc/{pid}/comm").write_bytes(comm + b"\n")
+        (tmp_path / f"proc/{pid}/cmdline").write_bytes(cmdline)
+    spec = WatchSpec(comms=["python*", "pt_*"])
+    assert resolve(spec, paths) == {100: WHY_COMM}
+    for name in ("comm", "cmdline"):
+        (tmp_path / f"proc/100/{name}").rename(tmp_path / "kept")
+        (tmp_path / f"proc/100/{name}").mkdir()
+        with pytest.raises(OSError) as raised:
+            resolve(spec, paths)
+        assert raised.value.errno == errno.EISDIR
+        (tmp_path / f"proc/100/{name}").rmdir()
+        (tmp_path / "kept").rename(tmp_path / f"proc/100/{name}")
+    assert resolve(spec, paths) == {100: WHY_COMM}
+    for name in ("comm", "cmdline"):
+        (tmp_path / f"proc/100/{name}").unlink()  # ended: its entry goes
+    assert resolve(spec, paths) == {}
+
+
+def test_a_cgroup_that_cannot_be_read_is_no_cgroup_without_processes(tmp_path: Path) -> None:
+    """--cgroup: a cgroup directory that could not be listed (out of descriptors: os.walk
+    passes over it) or whose cgroup.procs could not be read read as one without processes,
+    and they left the watched set while they ran. Only the cgroup's removal reads as none now;
+    resolve names the watched cgroup, for the daemon to say which it cannot read."""
+    job = tmp_path / "job_42"
+    (job / "step_0").mkdir(parents=True)
+    (job / "cgroup.procs").write_text("")
+    (job / "step_0" / "cgroup.procs").write_text("101\n102\n")
+    assert sorted(cgroup_members(job)) == [101, 102]
+    with no_descriptor_left(), pytest.raises(OSError) as raised:
+        cgroup_members(job)
+    assert raised.value.errno == errno.EMFILE
+    (job / "step_0" / "cgroup.procs").unlink()
+    (job / "step_0" / "cgroup.procs").mkdir()
+    with pytest.raises(OSError) as raised:
+        resolve(WatchSpec(cgroups=[job]), HostPaths.under(tmp_path))
+    assert (raised.value.errno, raised.value.filename) == (errno.EISDIR, str(job))
+    assert cgroup_members(tmp_path / "gone") == []
+
+
+def test_a_workload_that_cannot_be_read_is_no_answer_to_a_pod_or_job(tmp_path: Path) -> None:
+    """--pod and --slurm-job: a process whose /proc/PID/cgroup could not be read was in no
+    pod or job, and left the watched set while it ran; its label was never said either."""
+    paths = HostPaths.under(tmp_path)
+    (tmp_path / "proc/300").mkdir(parents=True)
+    (tmp_path / "proc/300/cgroup").write_text("0::/system.slice/slurmstepd.scope/job_7/step_0\n")
+    assert resolve(WatchSpec(slurm_jobs=["7"]), paths) == {300: WHY_CGROUP}
+    (tmp_path / "proc/300/cgroup").unlink()
+    (tmp_path / "proc/300/cgroup").mkdir()
+    with pytest.raises(OSError):
+        resolve(WatchSpec(slurm_jobs=["7"]), paths)
+    assert WorkloadReader(paths).of(300) is None  # labels elsewhere: none where unread
+    (tmp_path / "proc/300/cgroup").rmdir()
+    assert WorkloadReader(paths).read(300) is None  # ended
+
+
+def test_what_the_watch_cannot_read_is_named_back_from_its_reason() -> None:
+    for where in ("/proc", "/sys/fs/cgroup/cpu/a (b)/job"):
+        assert unreadable_where(unreadable(where, "Too many open files")) == where
 
 
 def test_a_watched_process_brings_its_children_and_theirs() -> None:
