@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_right
 from datetime import datetime
+from itertools import pairwise
 
 from gpujitter.probes.events import ClockRef
 
@@ -65,28 +66,54 @@ class Clocks:
     """The wall clock's references through a recording, the first its header's, then each
     meta.clock a run sent when the clock was set: a time is shown by the latest reference
     taken at or before it. `notes`: each reference that set the clock, said, so that the
-    times it moved are explained where they are shown."""
+    times it moved are explained where they are shown, and each one not followed.
+
+    A reference read after one taken later (by the monotonic clock) is out of time order:
+    records of two timelines read one after the other. One that says what the clock in
+    force at its time says is a repeat (recordings of one node that overlap); one that says
+    what the next reference says is that one's step seen earlier (a meta.clock written after
+    a rotation's header took the new clock), followed from its time. Any other is not
+    followed but said, with how far it puts the clock: following it would move the times of
+    records around it that it need not belong to, some of them already shown by the clock in
+    force."""
 
     def __init__(self, first: ClockRef) -> None:
         self._refs = [first]
         self._taken = [first.ts_ns]
-        self.notes: list[str] = []
+        self._unfollowed: list[str] = []
 
-    def add(self, ref: ClockRef) -> None:
-        if ref.ts_ns < self._taken[-1]:  # a recording's are in order; a stray is not kept
-            return
+    @property
+    def notes(self) -> list[str]:
         # (an events file repeats its first reference, and a log's lines give one each time
         # their `time` says the clock was set: only a step moves the times after it; a log
         # whose first lines carry no `time` has no clock until one does, which sets none)
-        if self._refs[-1].realtime_ns and (moved := stepped(self._refs[-1], ref)):
-            self.notes.append(
-                f"clock: the wall clock was set {moved / 1e9:+.3f} s during the recording, at "
-                f"{format_wall(self._refs[-1], ref.ts_ns, date=True)} "
-                f"({format_wall(ref, ref.ts_ns)} by the new clock): the times from there on "
-                "are by the new clock"
-            )
-        self._refs.append(ref)
-        self._taken.append(ref.ts_ns)
+        steps = [
+            _set_note(before, ref, moved)
+            for before, ref in pairwise(self._refs)
+            if before.realtime_ns and (moved := stepped(before, ref))
+        ]
+        return steps + self._unfollowed
+
+    def add(self, ref: ClockRef) -> None:
+        if ref.ts_ns >= self._taken[-1]:
+            self._refs.append(ref)
+            self._taken.append(ref.ts_ns)
+            return
+        at = bisect_right(self._taken, ref.ts_ns)
+        if not stepped(self._refs[max(at - 1, 0)], ref):
+            return  # what the clock in force then says: a repeat
+        if at and not stepped(ref, self._refs[at]):  # the next one's step, seen earlier
+            self._refs.insert(at, ref)
+            self._taken.insert(at, ref.ts_ns)
+            return
+        shown = self.at(ref.ts_ns)
+        self._unfollowed.append(
+            "clock: a wall-clock reference out of time order (taken before one read ahead of "
+            "it: records of two timelines read one after the other, recordings of one node "
+            f"that overlap, or a file edited) says {format_wall(ref, ref.ts_ns, date=True)} "
+            f"where the times shown say {format_wall(shown, ref.ts_ns)} "
+            f"({stepped(shown, ref) / 1e9:+.3f} s): not followed"
+        )
 
     def at(self, mono_ns: int) -> ClockRef:
         return self._refs[max(bisect_right(self._taken, mono_ns) - 1, 0)]
@@ -94,3 +121,13 @@ class Clocks:
     def wall_ns(self, mono_ns: int) -> int:
         """A monotonic time as the wall clock of its time showed it (as it is printed)."""
         return wall_ns(self.at(mono_ns), mono_ns)
+
+
+def _set_note(before: ClockRef, ref: ClockRef, moved: int) -> str:
+    """A reference that set the clock, said: by how much, when by both clocks."""
+    return (
+        f"clock: the wall clock was set {moved / 1e9:+.3f} s during the recording, at "
+        f"{format_wall(before, ref.ts_ns, date=True)} "
+        f"({format_wall(ref, ref.ts_ns)} by the new clock): the times from there on "
+        "are by the new clock"
+    )

@@ -170,6 +170,36 @@ def test_from_and_to_take_the_clock_each_gap_is_printed_by(
     assert len([line for line in printed if "at 13:02:0" in line]) > 0
 
 
+def test_a_clock_reference_out_of_time_order_is_said_not_dropped(
+    formats: dict[str, Path], tmp_path: Path, utc: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A meta.clock taken before the latest one read (records of two timelines read one
+    after the other) was dropped without a word, whatever it said of the clock. One that
+    none of the others bears out is not followed, and said: by how far it puts the clock."""
+    with TraceReader(EXAMPLE) as reader:
+        clock = reader.header.clock
+    lines = formats[EVENTS].read_bytes().splitlines(keepends=True)
+    half, late = (orjson.loads(lines[n])["ts_ns"] for n in (len(lines) // 2, len(lines) * 3 // 4))
+
+    def ref(at: int, ahead: int) -> bytes:
+        return orjson.dumps(to_record(ClockRef(ts_ns=at, realtime_ns=wall_ns(clock, at) + ahead)))
+
+    path = tmp_path / "edited.ndjson"
+    at = len(lines) * 3 // 4
+    path.write_bytes(b"".join([*lines[:at], ref(late, HOUR) + b"\n", *lines[at:],
+                               ref(half, HOUR // 2) + b"\n"]))  # fmt: skip
+    assert main(["report", "--top", "100", str(path)]) == 0
+    out = capsys.readouterr().out
+    (said,) = [line for line in out.splitlines() if "out of time order" in line]
+    assert said.startswith("clock: a wall-clock reference out of time order (taken before one")
+    assert said.endswith(" says 2026-12-01 12:32:01.254390 +0000 where the times shown say "
+                         "12:02:01.254390 (+1800.000 s): not followed")  # fmt: skip
+    hours = Counter(line.split(" at ")[1][:2] for line in longest_lines(out))
+    assert set(hours) == {"12", "13"}  # the half hour followed by none
+    assert main(["gaps", "--replay-events", str(path)]) == 0
+    assert f"# {said}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("kind", [TRACE, EVENTS, LOG])
 def test_each_format_is_told_by_its_content(formats: dict[str, Path], kind: str) -> None:
     rec = open_recording([formats[kind]])
