@@ -17,6 +17,7 @@ import contextlib
 import ctypes as ct
 import errno
 import fnmatch
+import functools
 import itertools
 import os
 import threading
@@ -25,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpujitter.probes import contract
 from gpujitter.probes.base import Counted, ProbeUnavailable, SliceCheck, comm_str
@@ -132,6 +133,11 @@ class WatchSpec:
         return said
 
 
+_T = TypeVar("_T")
+
+# What fails every read of /proc alike, not one process's: the whole set is then kept.
+SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
 # What reading a cgroup's directory or its cgroup.procs fails with once the cgroup is
 # removed (ENODEV: while it dies); a threaded cgroup's cgroup.procs cannot be read (EOPNOTSUPP).
 CGROUP_GONE = frozenset({errno.ENOENT, errno.ENODEV})
@@ -182,6 +188,7 @@ def resolve(
     workloads: WorkloadReader | None = None,
     walked: Callable[[int], bool] = lambda tgid: False,
     pinned: dict[int, int | None] | None = None,
+    undecided: dict[int, OSError] | None = None,
 ) -> dict[int, int]:
     """tgid -> why-bits for the processes the spec selects right now (a pod's or a Slurm
     job's processes are selected by their cgroup, so they carry the cgroup bit), with their
@@ -192,12 +199,25 @@ def resolve(
     id after it exited. OSError where /proc or a cgroup cannot be read for another reason
     than a process's end or a cgroup's removal (the daemon out of file descriptors): then
     nothing it says is known to have ended, and the caller keeps what it watches; a cgroup's
-    failure names the cgroup's directory as its file."""
+    failure names the cgroup's directory as its file. `undecided`: where given, a process
+    whose name or cgroup file fails it alone (EACCES from a security module, EIO) is put
+    there instead, and the rest resolved: the --comm and --pod scans read every process of
+    the node, and one such process would otherwise hold the whole set still for as long as
+    it runs; a shortage of descriptors or memory (SHORTAGE) fails every read, and is raised."""
     chosen: dict[int, int] = {}
     pinned = {} if pinned is None else pinned
 
     def add(tgid: int, why: int) -> None:
         chosen[tgid] = chosen.get(tgid, 0) | why
+
+    def per_process(read: Callable[[int], _T], tgid: int) -> _T | None:
+        try:
+            return read(tgid)
+        except OSError as err:
+            if undecided is None or err.errno in SHORTAGE:
+                raise
+            undecided[tgid] = err
+            return None
 
     for pid in spec.pids:
         start = read_process_start(paths, pid, zombie=False)
@@ -206,7 +226,7 @@ def resolve(
         pinned.setdefault(pid, None)
     if spec.comms:
         for tgid in listed_pids(paths):
-            names = command_names(paths, tgid) or set()
+            names = per_process(functools.partial(command_names, paths), tgid) or set()
             if any(fnmatch.fnmatchcase(n, pat) for n in names for pat in spec.comms):
                 add(tgid, WHY_COMM)
     for cgroup in spec.cgroups:
@@ -219,7 +239,7 @@ def resolve(
     if spec.pods or spec.slurm_jobs:
         reader = workloads or WorkloadReader(paths)
         for tgid in listed_pids(paths):
-            w = reader.read(tgid)
+            w = per_process(reader.read, tgid)
             if w is not None and (
                 any(matches_pod(w, p) for p in spec.pods)
                 or any(matches_slurm_job(w, j) for j in spec.slurm_jobs)
@@ -513,15 +533,16 @@ class CoreBpf(Counted):
         RLIMIT_NOFILE the daemon took a watched --pid for exited, and a --comm or --cgroup
         process for one that no longer matched, and stopped attributing its gaps."""
         kernel = {k.value: v.value for k, v in self.bpf["gj_watched"].items()}
+        undecided: dict[int, OSError] = {}
         try:
             wanted = resolve(self.spec, self.paths, self.workloads,
                              lambda tgid: self._walks.get(tgid, 0) >= ROOT_WALKS,
-                             self._pinned)  # fmt: skip
+                             self._pinned, undecided)  # fmt: skip
             processes = self._fork_followed(kernel)
         except OSError as err:
             self.unreadable = unreadable(self._where(err), err.strerror or str(err))
             return
-        self.unreadable = ""
+        self.unreadable = self._undecided(undecided, wanted)
         self._walks = {tgid: self._walks.get(tgid, 0) + 1
                        for tgid, why in wanted.items() if why & ~WHY_FORK}  # fmt: skip
         for tgid in processes:
@@ -529,6 +550,21 @@ class CoreBpf(Counted):
         self._processes = processes
         self.watched = kernel
         self._set(wanted, now_ns, "refresh")
+
+    def _undecided(self, undecided: dict[int, OSError], wanted: dict[int, int]) -> str:
+        """Keep what each process whose files failed it alone was watched for (as the whole
+        set is kept where /proc cannot be read); the reason names the lowest of them, one
+        that is not watched yet may be missed until it can be read."""
+        for tgid in undecided:
+            if tgid in self.watched:
+                wanted[tgid] = wanted.get(tgid, 0) | self.watched[tgid] & ~WHY_FORK
+        if not undecided:
+            return ""
+        first = min(undecided)
+        err = undecided[first]
+        where = os.fsdecode(err.filename or self.paths.proc / str(first))  # a read names none
+        more = f" and {len(undecided) - 1} more" if len(undecided) > 1 else ""
+        return unreadable(where + more, err.strerror or str(err), UNDECIDED)
 
     def _where(self, err: OSError) -> str:
         """What could not be read: /proc for any of its files (one line for all of them, not
@@ -590,16 +626,21 @@ class CoreBpf(Counted):
 
 
 UNREADABLE = ": the watched set is kept as it is, and read again each second"
+UNDECIDED = (
+    ": what those processes were watched for is kept, the rest followed, and they are "
+    "read again each second"
+)
 
 
-def unreadable(where: str, why: str) -> str:
-    """The core's reason while the watch cannot read `where` (/proc, a watched cgroup)."""
-    return f"cannot read {where} ({why}){UNREADABLE}"
+def unreadable(where: str, why: str, then: str = UNREADABLE) -> str:
+    """The core's reason while the watch cannot read `where` (/proc, a watched cgroup, or
+    one process's file: UNDECIDED)."""
+    return f"cannot read {where} ({why}){then}"
 
 
 def unreadable_where(reason: str) -> str:
     """What an unreadable() reason says could not be read."""
-    head = reason.removeprefix("cannot read ").removesuffix(UNREADABLE)
+    head = reason.removeprefix("cannot read ").removesuffix(UNREADABLE).removesuffix(UNDECIDED)
     return head[: head.rfind(" (")] if " (" in head else head
 
 

@@ -317,6 +317,46 @@ def test_a_fork_followed_process_is_read_once_and_a_thread_id_goes(
     assert read == [11, 12]
 
 
+def test_one_process_whose_name_cannot_be_read_holds_only_itself_still(host_tree: MakeTree):
+    """--comm reads every process's name on the node: one whose comm fails it alone (a
+    security module's EACCES; here a directory, EISDIR) held the whole watched set still for
+    as long as it ran, the job's new processes never added. What that process was watched
+    for is kept, the rest followed; the core is degraded, naming it, until it reads again."""
+
+    def process(pid: int) -> dict[str, str]:  # named `python`, and so its program
+        return {**_procs((pid, "0::/user.slice\n")), f"proc/{pid}/cmdline": "python\0"}
+
+    paths = host_tree(files={**process(100), **process(200)})
+    core = CoreBpf(WatchSpec(comms=["python"]), Topology(cpu_node={0: 0}), paths)
+    table = _KernelMap()
+    core.bpf = {"gj_watched": table, "gj_config": _KernelArray()}
+    core._emit = lambda ev: None
+
+    def unreadable(pid: int) -> None:
+        comm = paths.proc / str(pid) / "comm"
+        comm.unlink()
+        comm.mkdir()
+
+    core.refresh(now_ns=100)
+    assert sorted(core.watched) == [100, 200] and core.unreadable == ""
+    unreadable(200)
+    for pid in (300, 400):  # the job's new processes, the second as unreadable
+        for name, text in process(pid).items():
+            (paths.proc.parent / name).parent.mkdir(parents=True, exist_ok=True)
+            (paths.proc.parent / name).write_text(text)
+    unreadable(400)
+    core.refresh(now_ns=200)
+    assert sorted(table.why) == sorted(core.watched) == [100, 200, 300]
+    assert core.unreadable.startswith(f"cannot read {paths.proc}/200 and 1 more (Is a directory)")
+    assert watch.unreadable_where(core.unreadable) == f"{paths.proc}/200 and 1 more"
+    assert core.status(300).state == "degraded"
+    for pid in (200, 400):
+        (paths.proc / str(pid) / "comm").rmdir()
+        (paths.proc / str(pid) / "comm").write_text("python\n")
+    core.refresh(now_ns=300)
+    assert sorted(core.watched) == [100, 200, 300, 400] and core.unreadable == ""
+
+
 def _info(ts_ms: float, tgid: int, **fields: str) -> WorkloadInfo:
     return WorkloadInfo(ts_ns=ns(ts_ms), tgid=tgid, workload=Workload(**fields))
 
