@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_right
+from collections.abc import Container, Mapping
 from datetime import datetime
 from itertools import pairwise
 
@@ -75,12 +76,27 @@ class Clocks:
     a rotation's header took the new clock), followed from its time. Any other is not
     followed but said, with how far it puts the clock: following it would move the times of
     records around it that it need not belong to, some of them already shown by the clock in
-    force."""
+    force.
 
-    def __init__(self, first: ClockRef) -> None:
+    began: the references that are a trace file's header (a rotated recording's later file)
+    and the file, for the note to say where the clock was found set; restarts: those that
+    began a later boot (the node restarted: its monotonic clock began again, and a time no
+    longer names one moment), said, after which none is followed: the records read on are
+    shown by the clock of the boot before, as the note says."""
+
+    def __init__(
+        self,
+        first: ClockRef,
+        *,
+        began: Mapping[ClockRef, object] | None = None,
+        restarts: Container[ClockRef] = (),
+    ) -> None:
         self._refs = [first]
         self._taken = [first.ts_ns]
         self._unfollowed: list[str] = []
+        self._began = {} if began is None else began
+        self._restarts = restarts
+        self._restarted = False
 
     @property
     def notes(self) -> list[str]:
@@ -88,13 +104,29 @@ class Clocks:
         # their `time` says the clock was set: only a step moves the times after it; a log
         # whose first lines carry no `time` has no clock until one does, which sets none)
         steps = [
-            _set_note(before, ref, moved)
+            _set_note(before, ref, moved, self._began.get(ref))
             for before, ref in pairwise(self._refs)
             if before.realtime_ns and (moved := stepped(before, ref))
         ]
         return steps + self._unfollowed
 
     def add(self, ref: ClockRef) -> None:
+        if self._restarted:  # a later boot's: how its times are shown is said
+            return
+        if ref in self._restarts:
+            self._restarted = True
+            where = (
+                f"before {self._began[ref]} began" if ref in self._began else "during the recording"
+            )
+            self._unfollowed.append(
+                f"clock: the node restarted {where} (its monotonic clock began again; it "
+                f"booted at {format_wall(ref, 0, date=True)} by its clock): the times from "
+                "there on are shown by the clock of the boot before "
+                f"({stepped(ref, self.at(ref.ts_ns)) / 1e9:+.3f} s off where it began), and "
+                "its records are read after that boot's, out of time order: read each boot's "
+                "files on their own"
+            )
+            return
         if ref.ts_ns >= self._taken[-1]:
             self._refs.append(ref)
             self._taken.append(ref.ts_ns)
@@ -123,10 +155,16 @@ class Clocks:
         return wall_ns(self.at(mono_ns), mono_ns)
 
 
-def _set_note(before: ClockRef, ref: ClockRef, moved: int) -> str:
-    """A reference that set the clock, said: by how much, when by both clocks."""
+def _set_note(before: ClockRef, ref: ClockRef, moved: int, began: object = None) -> str:
+    """A reference that set the clock, said: by how much, when by both clocks (a file's
+    header: by the time that file began)."""
+    where = (
+        f"between the recording's files, by the time {began} began at"
+        if began is not None
+        else "during the recording, at"
+    )
     return (
-        f"clock: the wall clock was set {moved / 1e9:+.3f} s during the recording, at "
+        f"clock: the wall clock was set {moved / 1e9:+.3f} s {where} "
         f"{format_wall(before, ref.ts_ns, date=True)} "
         f"({format_wall(ref, ref.ts_ns)} by the new clock): the times from there on "
         "are by the new clock"

@@ -45,6 +45,7 @@ from gpujitter.daemon.sinks.trace import (
 )
 from gpujitter.errors import GpujitterError
 from gpujitter.files import open_regular
+from gpujitter.probes.clock import Clocks, wall_ns
 from gpujitter.probes.events import (
     BadRecord,
     ClockRef,
@@ -156,6 +157,8 @@ class Recording:
     corrupt: int = 0
     _traces: TraceSet | None = None
     _read: int = 0  # bytes of the events files read so far
+    # the wall-clock references read that began a later boot (_restarted), for clocks()
+    _restarts: set[ClockRef] = field(default_factory=set)
     # a log's or run --json capture's first attribution -> its file (_first_attributions)
     _firsts: dict[tuple[int, int, int], Path] = field(default_factory=dict)
 
@@ -200,7 +203,28 @@ class Recording:
         """A trace recording's files (those left out too, `unreadable`); None for others."""
         return self._traces
 
+    def clocks(self) -> Clocks:
+        """Its wall clock's references, to be given those its reading meets (as a meta.clock
+        event): each said where it moves the times shown, a trace file's header by its file,
+        and a later boot's as the node's restart."""
+        began = self._traces.began if self._traces is not None else {}
+        return Clocks(self.header.clock, began=began, restarts=self._restarts)
+
     def __iter__(self) -> Iterator[Event]:
+        """Its events, the wall clock's references among them; a reference that began a later
+        boot is kept in `_restarts` before it is given."""
+        self._restarts.clear()
+        clock, last_ns = self.header.clock, 0  # the latest reference, the latest record's time
+        for ev in self._read_all():
+            if type(ev) is ClockRef:
+                if _restarted(clock, ev, last_ns):
+                    self._restarts.add(ev)
+                clock = ev
+            elif ev.ts_ns > last_ns:
+                last_ns = ev.ts_ns
+            yield ev
+
+    def _read_all(self) -> Iterator[Event]:
         if self._traces is not None:
             yield from self._traces
             self.damage = list(self._traces.damage)
@@ -221,6 +245,19 @@ class Recording:
                         raise GpujitterError(_repeated(met[key], path))
                     met[key] = path
                 yield ev
+
+
+def _restarted(clock: ClockRef, ref: ClockRef, last_ns: int) -> bool:
+    """Whether a wall-clock reference is of a later boot than the records read before it:
+    its monotonic time is behind theirs by more than a record's time may leap (the node's
+    monotonic clock began again; one of its boot is never behind them by so much), and by its
+    own clock its boot came after the latest of them (two recordings of one boot that
+    overlap share its start, give or take a clock set)."""
+    return (
+        clock.realtime_ns != 0
+        and ref.ts_ns < last_ns - LEAP_NS
+        and ref.realtime_ns - ref.ts_ns > wall_ns(clock, last_ns)
+    )
 
 
 def _files_read(kind: str, paths: list[Path]) -> list[Path]:

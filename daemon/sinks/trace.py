@@ -35,7 +35,7 @@ from gpujitter.daemon.analysis import records  # noqa: F401 (registers the daemo
 from gpujitter.daemon.sinks.rotation import fsync_dir
 from gpujitter.errors import GpujitterError
 from gpujitter.files import open_regular
-from gpujitter.probes.clock import clock_ref, wall_ns
+from gpujitter.probes.clock import clock_ref, stepped, wall_ns
 from gpujitter.probes.events import (
     SCHEMA_MAJOR,
     SCHEMA_MINOR,
@@ -772,7 +772,12 @@ class TraceSet:
     each header; file names do not matter). Only
     one file is open at a time. Damage is collected per file in `damage`. A file whose
     header cannot be read is left out, in `unreadable` (path, why), as long as another one
-    can be: one damaged segment does not cost the others (none readable: its error)."""
+    can be: one damaged segment does not cost the others (none readable: its error).
+
+    Each file's header takes the wall clock afresh: where it is not the clock the files
+    before left in force (set while the daemon was stopped, or between a step and the tick
+    that would have sent it), the stream gives it as a meta.clock before the file's events,
+    as the daemon would have, and `began` names the file it began (for what says it)."""
 
     def __init__(self, args: Sequence[str | Path]) -> None:
         headers = []
@@ -804,6 +809,7 @@ class TraceSet:
         self.paths = [p for p, _ in headers]
         self.headers = [h for _, h in headers]
         self.damage: list[str] = []
+        self.began: dict[ClockRef, Path] = {}  # a header's clock given as a meta.clock: its file
         self._read = 0  # bytes of the files read to their end
         self._reader: TraceReader | None = None
 
@@ -815,11 +821,20 @@ class TraceSet:
         """Every file's events in turn; afterwards `damage` has each file's damage notes."""
         _one_timeline(list(zip(self.paths, self.headers, strict=True)))
         self.damage = [f"{why}; left out" for _, why in self.unreadable]
+        self.began.clear()
         self._read = 0
-        for path in self.paths:
+        clock = self.headers[0].clock  # the latest reference read
+        for path, header in zip(self.paths, self.headers, strict=True):
             with TraceReader(path) as reader:
                 self._reader = reader
-                yield from reader
+                if stepped(clock, header.clock):  # set since the files before were written
+                    self.began[header.clock] = path
+                    yield header.clock
+                clock = header.clock
+                for ev in reader:
+                    if type(ev) is ClockRef:
+                        clock = ev
+                    yield ev
                 self.damage += reader.damage_notes()
                 self._read += reader._size()
                 self._reader = None

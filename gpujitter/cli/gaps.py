@@ -200,7 +200,7 @@ def replay(args: argparse.Namespace, out: Printer) -> int:
         raise GpujitterError(f"--replay-events: {err}") from None
     if rec.kind != TRACE and not args.json:
         print(printable(f"# reading {rec.what}"), file=sys.stderr)
-    out.clocks = Clocks(rec.header.clock) if rec.wall_clock else None
+    out.clocks = rec.clocks() if rec.wall_clock else None
     # on a terminal the gaps printed as they are found show how far it is: no line between
     with Progress(rec.size, shown=sys.stderr.isatty() and not sys.stdout.isatty()) as progress:
         Runtime(

@@ -320,9 +320,9 @@ def late_note(pipeline: Pipeline) -> list[str]:
     if not late:
         return []
     after = format_ns(pipeline.config.engine.lateness_ns)
-    return [f"{late} events came over {after} after later ones (out of time order, or "
-            "recordings of one node that overlap in time): the gaps they fell in were "
-            "attributed without them"]  # fmt: skip
+    return [f"{late} events came over {after} after later ones (out of time order, "
+            "recordings of one node that overlap in time, or a restart of it between files): "
+            "the gaps they fell in were attributed without them"]  # fmt: skip
 
 
 def reading_line(rec: Recording) -> str:
@@ -354,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
     if start is not None and end is not None and start.wall == end.wall and end.ns <= start.ns:
         raise GpujitterError(f"--to {args.end} is not after --from {args.start}")
     config = AnalysisConfig.from_record(header.analysis)
-    clocks = Clocks(header.clock)  # and each the run sent when its clock was set
+    clocks = traces.clocks()  # and each the run sent when its clock was set
 
     def in_range(mono_ns: int) -> bool:
         return (start is None or start.of(clocks, mono_ns) >= start.ns) and (

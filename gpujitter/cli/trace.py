@@ -85,7 +85,7 @@ def inspect_other(rec: Recording) -> tuple[dict[str, Any], Clocks]:
     kinds: Counter[str] = Counter()
     first = last = None
     error = None
-    clocks = Clocks(rec.header.clock)
+    clocks = rec.clocks()
     try:
         with Progress(rec.size) as progress:
             for ev in progress.events(rec, rec.position):

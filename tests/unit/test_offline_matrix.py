@@ -57,7 +57,8 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The example trace's events through the runtime as the daemon runs it, with its
     trace capture (one file; a rotated directory), its attribution log, its console with
     `--json` (with the wall clock a live run has) and the `gaps --save-events` writer as
-    sinks."""
+    sinks. A rotation takes the wall clock afresh: the recording's, as it would have been
+    on its node (this machine's is another timeline, which the readers follow)."""
     out = tmp_path_factory.mktemp("written")
     with TraceReader(EXAMPLE) as reader:
         header = reader.header
@@ -78,10 +79,12 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         LogSink(JsonLog(paths["log"])),
         LiveConsole(console, header.clock),
     ]
-    Runtime(
-        ListSource(events), header.topology, sinks=sinks, signals=False,
-        analysis=lambda _: AnalysisConfig.from_record(header.analysis),
-    ).run()  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("gpujitter.daemon.sinks.capture.clock_ref", lambda: header.clock)
+        Runtime(
+            ListSource(events), header.topology, sinks=sinks, signals=False,
+            analysis=lambda _: AnalysisConfig.from_record(header.analysis),
+        ).run()  # fmt: skip
     console.close(timeout_s=10)
     printed.close()
     assert b'{"time":' in paths["printed"].read_bytes()[:10]

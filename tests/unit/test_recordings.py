@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -20,10 +21,10 @@ import pytest
 from gpujitter.cli import main
 from gpujitter.daemon.offline.recordings import EVENTS, LOG, TRACE, open_recording, sniff
 from gpujitter.daemon.sinks.jsonlog import JsonLog, rotated_files
-from gpujitter.daemon.sinks.trace import TraceReader, trace_paths
+from gpujitter.daemon.sinks.trace import TraceReader, TraceWriter, trace_paths
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.clock import wall_ns
-from gpujitter.probes.events import ClockRef, to_record
+from gpujitter.probes.events import ClockRef, Event, to_record
 from tests.unit.forked import as_nobody, in_child
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "h200-training.gjtrace"
@@ -197,6 +198,88 @@ def test_a_clock_reference_out_of_time_order_is_said_not_dropped(
     hours = Counter(line.split(" at ")[1][:2] for line in longest_lines(out))
     assert set(hours) == {"12", "13"}  # the half hour followed by none
     assert main(["gaps", "--replay-events", str(path)]) == 0
+    assert f"# {said}" in capsys.readouterr().err
+
+
+def _earlier(ev: Event, by_ns: int) -> Event:
+    """An event as a boot whose monotonic clock is `by_ns` behind would have timed it."""
+    fields = ("ts_ns", "end_ns", "runnable_ns")
+    times = {f: getattr(ev, f) - by_ns for f in fields if getattr(ev, f, 0)}
+    return dataclasses.replace(ev, **times)
+
+
+def two_files(tmp_path: Path, *, ahead: int = 0, restart_at: int = 0) -> Path:
+    """The example as two trace files of one recording, the wall clock set `ahead` between
+    them (its second file's header takes the new clock); or, with `restart_at`, the second a
+    recording of a later boot of the node, five minutes after the first's last record: its
+    monotonic clock began again, and its file begins at `restart_at` of it."""
+    with TraceReader(EXAMPLE) as reader:
+        header = reader.header
+        events = list(reader)
+    half = len(events) // 2
+    cut = max(e.ts_ns for e in events[:half])
+    out = tmp_path / ("restarted" if restart_at else "rotated")
+    out.mkdir()
+    rest = events[half:]
+    moved = ClockRef(ts_ns=cut, realtime_ns=wall_ns(header.clock, cut) + ahead)
+    second = dataclasses.replace(header, segment=1, start_ns=cut, clock=moved)
+    if restart_at:
+        back = min(e.ts_ns for e in rest) - restart_at - 1_000_000
+        booted = wall_ns(header.clock, cut) + 300_000_000_000  # by its clock
+        rest = [_earlier(e, back) for e in rest]
+        clock = ClockRef(ts_ns=restart_at, realtime_ns=booted + restart_at)
+        second = dataclasses.replace(header, session="b007ed0a9a10", start_ns=restart_at,
+                                     clock=clock)  # fmt: skip
+    for name, hdr, part in (("a", header, events[:half]), ("b", second, rest)):
+        with TraceWriter(out / f"{name}.gjtrace", hdr) as w:
+            for ev in part:
+                w.write(ev)
+    return out
+
+
+def test_a_clock_set_between_the_files_of_a_recording_is_followed_and_said(
+    tmp_path: Path, utc: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each file's header takes the wall clock afresh, and the readers took the first's
+    only: a clock set an hour on while the daemon was stopped printed the next file's gaps an
+    hour early, without a word. Its header is read as the meta.clock the daemon would have
+    sent: the gaps after it by the new clock, said with the file where it was found."""
+    rotated = two_files(tmp_path, ahead=HOUR)
+    assert main(["report", "--top", "100", str(rotated)]) == 0
+    out = capsys.readouterr().out
+    (said,) = [line for line in out.splitlines() if line.startswith("clock: ")]
+    assert said.startswith(
+        "clock: the wall clock was set +3600.000 s between the recording's files, by the time "
+        f"{rotated / 'b.gjtrace'} began at 2026-12-01 12:02:01."
+    ) and said.endswith("by the new clock")
+    printed = longest_lines(out)
+    hours = Counter(line.split(" at ")[1][:2] for line in printed)
+    assert hours["12"] and hours["13"] and hours["12"] + hours["13"] == 32
+    assert main(["report", "--top", "100", "--from", "13:00:00", str(rotated)]) == 0
+    assert longest_lines(capsys.readouterr().out) == [p for p in printed if " at 13:" in p]
+    assert main(["gaps", "--replay-events", str(rotated)]) == 0
+    assert f"# {said}" in capsys.readouterr().err
+
+
+def test_a_restart_between_the_files_of_a_recording_is_said_and_moves_no_earlier_time(
+    tmp_path: Path, utc: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A later boot's file (the node restarted: its monotonic clock began again) begins at a
+    monotonic time the files before it passed: its header's clock followed from there would
+    print the earlier boot's later gaps by the later boot's clock. The restart is said, and
+    no reference is followed after it: the earlier boot's gaps print as they do alone."""
+    restarted = two_files(tmp_path, restart_at=265_000_000_000)  # its first file: from 258 s
+    assert main(["report", "--top", "100", str(restarted / "a.gjtrace")]) == 0
+    alone = longest_lines(capsys.readouterr().out)
+    assert main(["report", "--top", "100", str(restarted)]) == 0
+    out = capsys.readouterr().out
+    assert set(alone) < set(longest_lines(out))
+    (said,) = [line for line in out.splitlines() if line.startswith("clock: ")]
+    assert said.startswith(
+        f"clock: the node restarted before {restarted / 'b.gjtrace'} began (its monotonic "
+        "clock began again; it booted at 2026-12-01 12:07:"
+    ) and said.endswith("read each boot's files on their own")
+    assert main(["gaps", "--replay-events", str(restarted)]) == 0
     assert f"# {said}" in capsys.readouterr().err
 
 

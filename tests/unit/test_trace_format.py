@@ -337,7 +337,13 @@ def test_a_sessions_segments_are_read_in_their_order_whatever_the_wall_clock_did
     write_trace(tmp_path / "z.gjtrace", [alloc(9)],
                 header(clock=later, session="fedcba987654", start_ns=9_000_000_000))  # fmt: skip
     traces = TraceSet([tmp_path])
-    assert list(traces) == [alloc(0), alloc(1), alloc(2), alloc(3), alloc(9)]
+    # each header that found the clock set gives it before its file's events
+    h = traces.headers
+    assert list(traces) == [alloc(0), h[1].clock, alloc(1), alloc(2), h[3].clock, alloc(3),
+                            h[4].clock, alloc(9)]  # fmt: skip
+    assert traces.began == {h[n].clock: tmp_path / f"{n}.gjtrace" for n in (1, 3)} | {
+        h[4].clock: tmp_path / "z.gjtrace"
+    }
     assert traces.headers[0].start_wall_ns == header(start_ns=5_000_000_000).start_wall_ns
 
 
