@@ -426,7 +426,7 @@ def _numbered_events(
                 rec = orjson.loads(line)
             except orjson.JSONDecodeError:
                 if not line.endswith(b"\n"):  # a torn last line: the writer was stopped
-                    damaged.torn = len(line)
+                    damaged.tear(line)
                     break
                 damaged.add(n, "not a JSON line", len(line), line.count(b"\0"))
                 continue

@@ -446,7 +446,7 @@ class JsonLogReader:
                     rec = orjson.loads(line)
                 except orjson.JSONDecodeError:
                     if not line.endswith(b"\n"):  # a writer stopped mid-line
-                        damaged.torn = len(line)
+                        damaged.tear(line)
                         break
                     damaged.add(lineno, "not a JSON line", len(line), line.count(b"\0"))
                     continue
@@ -543,13 +543,21 @@ def numbered_lines(f: BinaryIO, damaged: LineDamage) -> Iterator[tuple[int, byte
             yield n, line
 
 
+# What zero bytes in a JSON-lines file are (no writer of JSON lines writes one).
+ZEROS_LOST = (
+    "a crash's block that never reached the disk: the records it overwrote are lost, how many "
+    "is not known"
+)
+
+
 class LineDamage:
     """The damaged lines of one JSON-lines file, skipped: how many, their bytes and zero
     bytes, and the first; and the bytes of its torn last line (a writer stopped mid-line),
-    which is no damage. A line counts what its newlines bound, and a crash's block of zeros
-    holds none: the lines it overwrote read as one, so the note says the bytes lost too."""
+    which is no damage, and the zeros among them. A line counts what its newlines bound, and
+    a crash's block of zeros holds none: the lines it overwrote read as one, so the note says
+    the bytes lost too (at the file's end too, where they read as a torn last line)."""
 
-    __slots__ = ("bytes", "count", "first", "torn", "zeros")
+    __slots__ = ("bytes", "count", "first", "torn", "torn_zeros", "zeros")
 
     def __init__(self) -> None:
         self.count = 0
@@ -557,6 +565,12 @@ class LineDamage:
         self.zeros = 0
         self.first = ""
         self.torn = 0
+        self.torn_zeros = 0
+
+    def tear(self, line: bytes) -> None:
+        """The file's last line, cut short (no newline, no whole JSON)."""
+        self.torn = len(line)
+        self.torn_zeros = line.count(b"\0")
 
     def add(self, lineno: int, why: str, size: int, zeros: int = 0) -> None:
         """A damaged line: its number, why, its bytes (its newline included) and how many
@@ -570,18 +584,14 @@ class LineDamage:
     def notes(self, path: Path) -> list[str]:
         notes = []
         if self.count:
-            zeros = (
-                f", {self.zeros} of them zeros (a crash's block that never reached the disk: "
-                "the records it overwrote are lost, how many is not known)"
-                if self.zeros
-                else ""
-            )
+            zeros = f", {self.zeros} of them zeros ({ZEROS_LOST})" if self.zeros else ""
             notes.append(
                 f"{path}: {self.count} damaged line(s) skipped, the first: {self.first}; "
                 f"{self.bytes} bytes in all{zeros}; the file is damaged"
             )
         if self.torn:
-            notes.append(f"{path}: torn last line ({self.torn} bytes)")
+            zeros = f", {self.torn_zeros} of them zeros ({ZEROS_LOST})" if self.torn_zeros else ""
+            notes.append(f"{path}: torn last line ({self.torn} bytes){zeros}")
         return notes
 
 

@@ -511,6 +511,29 @@ def test_a_crashs_block_of_zeros_over_several_lines_is_said_by_what_it_cost(
     ]
 
 
+@pytest.mark.parametrize("kind", [EVENTS, LOG])
+def test_a_crashs_block_of_zeros_at_the_end_is_said_as_zeros(
+    formats: dict[str, Path], tmp_path: Path, kind: str
+) -> None:
+    """At the file's end a crash's block of zeros (over the last lines, and past them as the
+    file grew) holds no newline: it was noted as a "torn last line (8192 bytes)", as if the
+    writer had stopped in one line. It is said as zeros, as such a block elsewhere is."""
+    whole = formats[kind].read_bytes()
+    at = whole.rindex(b"\n", 0, len(whole) - 1000) + 1 + 30  # into a line, lines after it
+    zeros = tmp_path / f"zeros.{kind}"
+    zeros.write_bytes(whole[:at] + bytes(8192))
+    rec = open_recording([zeros])
+    assert sum(1 for ev in rec if ev.KIND != "meta.clock") > 0
+    assert rec.damage == [
+        f"{zeros}: torn last line (8222 bytes), 8192 of them zeros (a crash's block that never "
+        "reached the disk: the records it overwrote are lost, how many is not known)"
+    ]
+    # a line cut short without zeros is said as it was
+    zeros.write_bytes(whole[:at])
+    rec = open_recording([zeros])
+    assert sum(1 for _ in rec) and rec.damage == [f"{zeros}: torn last line (30 bytes)"]
+
+
 def test_a_logged_attribution_whose_parts_do_not_add_up_to_its_gap_is_damage(
     formats: dict[str, Path], tmp_path: Path
 ) -> None:
