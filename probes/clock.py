@@ -100,15 +100,20 @@ class Clocks:
 
     @property
     def notes(self) -> list[str]:
+        steps = [_set_note(before, ref, self._began.get(ref)) for before, ref in self.steps]
+        return steps + self._unfollowed
+
+    @property
+    def steps(self) -> list[tuple[ClockRef, ClockRef]]:
+        """Each pair of references, in time order, of which the second set the clock."""
         # (an events file repeats its first reference, and a log's lines give one each time
         # their `time` says the clock was set: only a step moves the times after it; a log
         # whose first lines carry no `time` has no clock until one does, which sets none)
-        steps = [
-            _set_note(before, ref, moved, self._began.get(ref))
+        return [
+            (before, ref)
             for before, ref in pairwise(self._refs)
-            if before.realtime_ns and (moved := stepped(before, ref))
+            if before.realtime_ns and stepped(before, ref)
         ]
-        return steps + self._unfollowed
 
     def add(self, ref: ClockRef) -> None:
         if self._restarted:  # a later boot's: how its times are shown is said
@@ -155,9 +160,10 @@ class Clocks:
         return wall_ns(self.at(mono_ns), mono_ns)
 
 
-def _set_note(before: ClockRef, ref: ClockRef, moved: int, began: object = None) -> str:
+def _set_note(before: ClockRef, ref: ClockRef, began: object = None) -> str:
     """A reference that set the clock, said: by how much, when by both clocks (a file's
     header: by the time that file began)."""
+    moved = stepped(before, ref)
     where = (
         f"between the recording's files, by the time {began} began at"
         if began is not None

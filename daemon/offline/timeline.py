@@ -22,6 +22,7 @@ from gpujitter.daemon.analysis.engine.causes import cause_label
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig, Pipeline
 from gpujitter.daemon.analysis.records import Attribution
 from gpujitter.errors import GpujitterError
+from gpujitter.probes.clock import Clocks, format_wall, stepped, wall_ns
 from gpujitter.probes.events import (
     AllocCall,
     AllocSyscall,
@@ -52,11 +53,17 @@ def _us(ns: int) -> float:
 @dataclass(slots=True)
 class Clock:
     """Monotonic ns (the recording's) -> the output's ts in µs. Without a profiler trace
-    that is the monotonic clock itself; with one, the profiler's own time base."""
+    that is the monotonic clock itself; with one, the profiler's own time base: the wall
+    clock in force at each time (`wall`, given the recording's references as they are read:
+    a clock set during the recording moves the times after it, as it moved the profiler's),
+    less the profiler's base (`offset_ns`)."""
 
     offset_ns: int = 0
+    wall: Clocks | None = None
 
     def ts(self, mono_ns: int) -> float:
+        if self.wall is not None:
+            return _us(self.wall.wall_ns(mono_ns) + self.offset_ns)
         return _us(mono_ns + self.offset_ns)
 
 
@@ -119,6 +126,8 @@ class TimelineWriter:
 
     def event(self, ev: Event) -> None:
         assert self._pipeline is not None
+        if type(ev) is ClockRef and self.clock.wall is not None:
+            self.clock.wall.add(ev)  # the wall clock was set: the times after it by the new one
         self._evidence(ev)
         for found in self._pipeline.feed(ev):
             self._finding(found)
@@ -205,15 +214,44 @@ def export(
     return writer
 
 
-def profiler_clock(profiler: dict[str, Any], ref: ClockRef) -> Clock:
-    """The offset that puts the recording (CLOCK_MONOTONIC, with `ref` pairing it with the
-    wall clock) on a Kineto trace's time base. Kineto writes ts in µs of the wall clock,
+def profiler_clock(profiler: dict[str, Any], wall: Clocks) -> Clock:
+    """What puts the recording (CLOCK_MONOTONIC, `wall` pairing it with the wall clock of
+    each time) on a Kineto trace's time base. Kineto writes ts in µs of the wall clock,
     either absolute or relative to `baseTimeNanoseconds`."""
+    return Clock(offset_ns=-_base_ns(profiler), wall=wall)
+
+
+def _base_ns(profiler: dict[str, Any]) -> int:
     base_ns = profiler.get("baseTimeNanoseconds", 0)
     if not isinstance(base_ns, int) or base_ns < 0:
         raise GpujitterError("profiler trace: baseTimeNanoseconds is not a time")
-    # mono -> wall: + (realtime - ts) of the reference; wall -> the trace's ts: - base.
-    return Clock(offset_ns=ref.realtime_ns - ref.ts_ns - base_ns)
+    return base_ns
+
+
+def steps_in_profile(
+    wall: Clocks, profiler: dict[str, Any], events: list[dict[str, Any]]
+) -> list[str]:
+    """Each setting of the wall clock that falls within the profiler trace's span, said: the
+    recording's events on either side are each placed by the clock of their time, but the
+    profiler's own times there need not follow it (PyTorch's profiler fits its clock to the
+    wall clock between its start and its stop), so the two may not line up around it."""
+    timed = [e["ts"] for e in events if type(e.get("ts")) in (int, float)]
+    if not timed:
+        return []
+    base_ns = _base_ns(profiler)
+    first_ns, last_ns = base_ns + round(min(timed) * 1000), base_ns + round(max(timed) * 1000)
+    said = []
+    for before, ref in wall.steps:
+        was, now = wall_ns(before, ref.ts_ns), wall_ns(ref, ref.ts_ns)
+        if min(was, now) <= last_ns and max(was, now) >= first_ns:
+            said.append(
+                f"merge: the wall clock was set {stepped(before, ref) / 1e9:+.3f} s at "
+                f"{format_wall(before, ref.ts_ns, date=True)}, within the profiler trace's "
+                "span: its own times there need not follow it (PyTorch's profiler fits its "
+                "clock to the wall clock between its start and its stop), so its events and "
+                "the recording's may not line up around it"
+            )
+    return said
 
 
 def profiler_events(profiler: Any) -> list[dict[str, Any]]:

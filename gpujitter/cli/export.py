@@ -116,7 +116,12 @@ def _created(name: str) -> Iterator[BinaryIO | gzip.GzipFile]:
 def run(args: argparse.Namespace) -> int:
     from gpujitter.daemon.analysis.pipeline import AnalysisConfig
     from gpujitter.daemon.offline.recordings import open_recording
-    from gpujitter.daemon.offline.timeline import export, profiler_clock, profiler_events
+    from gpujitter.daemon.offline.timeline import (
+        export,
+        profiler_clock,
+        profiler_events,
+        steps_in_profile,
+    )
 
     traces = open_recording(args.traces)
     if traces.analysed:
@@ -125,20 +130,25 @@ def run(args: argparse.Namespace) -> int:
             "an events file"
         )
     header = traces.header
-    clock, extra = None, []
+    clock, extra, profiler = None, [], {}
+    wall = traces.clocks()  # given the recording's references as the export reads them
     if args.merge:
         profiler = _load_profiler(args.merge)
         extra = profiler_events(profiler)
-        clock = profiler_clock(profiler, header.clock)
+        clock = profiler_clock(profiler, wall)
     with _created(args.output) as out, Progress(traces.size) as progress:
         writer = export(progress.events(traces, traces.position), out, header.topology,
                         AnalysisConfig.from_record(header.analysis), clock, extra)  # fmt: skip
         if args.output == STDOUT:  # all of it out (or failed) before the summary
             out.flush()
+    # With a profiler's trace, the timeline is on the wall clock: each setting of it during
+    # the recording moved the times after it, said as report says it, and one within the
+    # profiler's span may leave the two apart there.
+    said = wall.notes + steps_in_profile(wall, profiler, extra) if args.merge else []
     # with the timeline on standard output, what tells of it goes beside it
     report = sys.stderr if args.output == STDOUT else sys.stdout
     summary = {"output": str(args.output), "gaps": writer.gaps, "slices": writer.slices,
-               "merged_events": len(extra), "damage": traces.damage}  # fmt: skip
+               "merged_events": len(extra), "clock": said, "damage": traces.damage}  # fmt: skip
     if args.json:
         print_json(summary, report)
     else:
@@ -148,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
         print(printable(f"{where}: {writer.gaps} gaps, {writer.slices} slices{merged}; "
                         "open it in https://ui.perfetto.dev or chrome://tracing"),
               file=report)  # fmt: skip
+        for note in said:
+            print(printable(note), file=report)
         for note in traces.damage:
             print(printable(f"damage: {note}"), file=report)
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -14,11 +15,14 @@ import pytest
 
 from gpujitter.cli import main
 from gpujitter.daemon.offline.timeline import GPU_PID
+from gpujitter.probes.clock import wall_ns
+from gpujitter.probes.events import ClockRef
 from tests.conftest import FIXTURES
 from tests.fixtures.streams.synthetic import MS, T0
 from tests.unit.trace_samples import one_gap_trace
 
 PHASES = {"X", "C", "M"}
+HOUR = 3_600_000_000_000
 
 
 @pytest.fixture
@@ -135,6 +139,7 @@ def test_what_it_says_of_the_output_is_inert(trace: Path, tmp_path: Path, capsys
 
 
 PROFILER = FIXTURES / "profiler"
+PROFILER_TRACE = PROFILER / "h200.pt.trace.json.gz"
 
 
 def test_a_pytorch_profiler_trace_of_the_same_run_is_merged_on_its_clock(tmp_path: Path) -> None:
@@ -144,11 +149,16 @@ def test_a_pytorch_profiler_trace_of_the_same_run_is_merged_on_its_clock(tmp_pat
     readings, put on the profiler's clock by a pair read back to back) and no operator of
     the training thread runs inside the sleep."""
     out = tmp_path / "merged.json"
-    profiler = PROFILER / "h200.pt.trace.json.gz"
-    assert main(["export", str(PROFILER / "h200-run.gjtrace"), "--merge", str(profiler),
+    assert main(["export", str(PROFILER / "h200-run.gjtrace"), "--merge", str(PROFILER_TRACE),
                  "-o", str(out)]) == 0  # fmt: skip
-    events = load(out)
+    each_gap_between_the_steps_it_stalled(load(out))
+
+
+def each_gap_between_the_steps_it_stalled(events: list[dict]) -> None:
+    """The recording's gaps on the profiler's clock, between the training steps of the
+    fixture's run that they stalled (a sleep before step 5, host work before step 8)."""
     check_structure([e for e in events if e.get("cat") == "gpujitter"])
+    profiler = PROFILER_TRACE
     truth = orjson.loads((PROFILER / "h200-steps.json").read_bytes())
     base = orjson.loads(gzip.decompress(profiler.read_bytes()))["baseTimeNanoseconds"]
     pair = truth["clocks"][0]
@@ -173,6 +183,39 @@ def test_a_pytorch_profiler_trace_of_the_same_run_is_merged_on_its_clock(tmp_pat
         and sleep["ts"] + 1000 < e["ts"] < sleep["ts"] + sleep["dur"] - 1000
     ]  # fmt: skip
     assert inside == [] and any(e.get("cat") == "kernel" for e in events)
+
+
+def test_a_clock_set_during_the_recording_moves_the_merge_as_it_moved_the_profiler(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The recording was put on the profiler's clock by its first wall clock: a clock set an
+    hour on before the profiler ran (NTP's first sync after the daemon started) put every
+    gap an hour away from the steps it stalled. Each time is placed by the clock in force
+    then, and the setting said; one within the profiler's span is said as such."""
+    from gpujitter.daemon.sinks.trace import TraceReader, TraceWriter
+
+    with TraceReader(PROFILER / "h200-run.gjtrace") as reader:
+        header, events = reader.header, list(reader)
+    true = header.clock
+    for at_s, moved in ((395, HOUR), (402.3, HOUR // 7200)):  # before the profile; in it
+        at = round(at_s * 1e9)
+        slow = replace(true, realtime_ns=true.realtime_ns - moved)  # the clock before it
+        step = ClockRef(ts_ns=at, realtime_ns=wall_ns(true, at))
+        trace = tmp_path / f"set-{at_s}.gjtrace"
+        n = next(n for n, ev in enumerate(events) if ev.ts_ns >= at)  # sent at its tick
+        with TraceWriter(trace, replace(header, clock=slow)) as w:
+            for ev in [*events[:n], step, *events[n:]]:
+                w.write(ev)
+        out = tmp_path / f"merged-{at_s}.json"
+        assert main(["export", str(trace), "--merge", str(PROFILER_TRACE), "-o", str(out)]) == 0
+        said = capsys.readouterr().out.splitlines()[1:]
+        if at_s == 395:
+            each_gap_between_the_steps_it_stalled(load(out))
+            assert len(said) == 1
+        assert said[0].startswith(f"clock: the wall clock was set +{moved / 1e9:.3f} s during")
+        if at_s != 395:
+            assert said[1].startswith("merge: the wall clock was set +0.500 s at 2026-12-01 ")
+            assert said[1].endswith("the recording's may not line up around it")
 
 
 def test_a_gil_wait_shows_on_the_thread_with_its_holder(tmp_path: Path) -> None:
