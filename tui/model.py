@@ -15,6 +15,7 @@ from typing import Any
 
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.daemon.service.status import DaemonStatus, WatchedThread
+from gpujitter.probes.clock import STEP_NS
 from gpujitter.probes.events import CpuStats, ProbeStatus
 from gpujitter.probes.nvml import GpuInfo
 from gpujitter.text import printable
@@ -100,6 +101,9 @@ class NodeModel:
         # "error: MESSAGE" (the daemon's error lines); at most IGNORED_KEYS keys.
         self.ignored: Counter[str] = Counter()
         self.damage: list[str] = []  # a replayed recording's damage notes (what it lacks)
+        # Each setting of the wall clock a meta.clock said (when, by the monotonic clock, and
+        # by how much): every time shown moved with it, which the status line says.
+        self.clock_set: list[tuple[int, int]] = []
         self.changed: set[str] = {"gpus", "gaps", "cpus", "status"}
 
     # -- folding records in ---------------------------------------------------------
@@ -374,7 +378,10 @@ def _exec(m: NodeModel, rec: Record) -> None:
 
 @handles("meta.clock")
 def _clock(m: NodeModel, rec: Record) -> None:
-    m.clock = WallClock(int(rec["ts_ns"]), int(rec["realtime_ns"]), m._tz)
+    was, m.clock = m.clock, WallClock(int(rec["ts_ns"]), int(rec["realtime_ns"]), m._tz)
+    moved = m.clock.wall_ns(0) - was.wall_ns(0)  # (a repeat of the reference moves nothing)
+    if was.known and abs(moved) > STEP_NS:
+        m.clock_set.append((m.clock.ts_ns, moved))
     m.changed |= {"gaps", "status"}
 
 

@@ -230,6 +230,42 @@ def test_a_damaged_recording_replays_what_it_holds_and_says_so(tmp_path: Path) -
     assert "damaged recording: 1 note(s), see gpujitter trace" in text
 
 
+def test_a_clock_set_during_a_replayed_recording_is_said_in_the_status_line(
+    tmp_path: Path,
+) -> None:
+    """top --replay followed a meta.clock (and a rotated file's header that found the clock
+    set) and moved every time it showed without a word; the status line says it."""
+    from datetime import UTC
+
+    from gpujitter.tui.model import NodeModel
+    from gpujitter.tui.text import WallClock
+    from gpujitter.tui.views.status import status_text
+
+    header = dataclasses.replace(
+        TraceHeader.now(Topology(cpu_node={0: 0, 1: 1}), ["irq"], {}),
+        clock=ClockRef(ts_ns=0, realtime_ns=1_767_268_800 * S),  # 2026-01-01 12:00:00 UTC
+        start_ns=S,
+    )
+    set_on = ClockRef(ts_ns=3 * S, realtime_ns=(1_767_268_803 + 3600) * S)  # an hour on
+    second = dataclasses.replace(header, segment=1, start_ns=3 * S, clock=set_on)
+    rotated = tmp_path / "rotated"
+    rotated.mkdir()
+    for name, hdr, at in (("a", header, (1, 2)), ("b", second, (3, 4))):
+        with TraceWriter(rotated / f"{name}.gjtrace", hdr) as w:
+            for t in at:
+                w.write(CpuStats(ts_ns=t * S, interval_ns=S, cpu=1, hardirq_ns=t))
+    scene, rest = read(rotated)
+    model = NodeModel(WallClock(tz=UTC))
+    model.apply_all([*scene, *rest])
+    text = status_text(model, None, None, inbox_dropped=0, paused=False).plain
+    assert "clock set +3600.000 s at 13:00:03" in text
+    # a reference that sets nothing (an events file repeats its first) is said by none
+    model = NodeModel(WallClock(tz=UTC))
+    model.apply_all([*scene, *(r for r in rest if r["type"] != "meta.clock"), {
+        "type": "meta.clock", "ts_ns": 4 * S, "realtime_ns": (1_767_268_804 * S)}])  # fmt: skip
+    assert "clock set" not in status_text(model, None, None, inbox_dropped=0, paused=False).plain
+
+
 R = TypeVar("R", bound=Receiver)
 
 

@@ -2,7 +2,8 @@
 silent for a while, retrying and why, embedded, replay position), what a non-root client is
 shown of the node, the current view's filter, probe health, events lost, the daemon's own
 CPU, the gaps it caused itself (self-inflicted), records dropped on the way (by the daemon
-for this client, and by this app's inbox), and lines and records skipped as unreadable."""
+for this client, and by this app's inbox), lines and records skipped as unreadable, and a
+wall clock set while it played or ran (every time shown moved with it)."""
 
 from __future__ import annotations
 
@@ -106,6 +107,11 @@ def status_text(
     if model.damage:  # what is played lacks what the damage took: `gpujitter trace` says what
         parts.append(Text(f"damaged recording: {len(model.damage)} note(s), see gpujitter trace",
                           style="bold red"))  # fmt: skip
+    if model.clock_set:  # every time shown is by the clock as it was last set
+        at_ns, moved = model.clock_set[-1]
+        times = f"{len(model.clock_set)}×, last " if len(model.clock_set) > 1 else ""
+        parts.append(Text(f"clock set {times}{moved / 1e9:+.3f} s at {model.clock.time(at_ns)}",
+                          style="bold yellow"))  # fmt: skip
     if filter_text:  # a narrowed view never passes for the whole picture
         parts.append(Text(f'filter "{printable(filter_text)}"', style="bold yellow"))
     lost = model.lost_events()
