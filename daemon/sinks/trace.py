@@ -32,6 +32,7 @@ import orjson
 
 from gpujitter import __version__
 from gpujitter.daemon.analysis import records  # noqa: F401 (registers the daemon's event kinds)
+from gpujitter.daemon.sinks.jsonlog import ZEROS_LOST
 from gpujitter.daemon.sinks.rotation import fsync_dir
 from gpujitter.errors import GpujitterError
 from gpujitter.files import open_regular
@@ -406,7 +407,12 @@ class TraceWriter:
 
 
 class _TornTail(Exception):
-    """The data ends inside a frame: the writer stopped mid-write."""
+    """The data ends inside a frame: the writer stopped mid-write, or (`zeros`) a crash's
+    block of zeros from the frame's start to the end that never reached the disk."""
+
+    def __init__(self, *, zeros: bool = False) -> None:
+        super().__init__()
+        self.zeros = zeros
 
 
 class _BadPayload(Exception):
@@ -436,6 +442,7 @@ class TraceReader:
         self.records = 0
         self.skipped: Counter[str] = Counter()
         self.torn_tail_bytes = 0
+        self.torn_tail_zeros = 0  # of those, zeros (a crash's block that never reached disk)
         self.corrupt = 0
         self.corrupt_at = ""  # the first corrupt record: what and where
         self.unread_bytes = 0  # past damaged frame headers, to the next intact frame
@@ -512,7 +519,7 @@ class TraceReader:
         length, payload_crc, head_crc = _FRAME.unpack(head)
         if zlib.crc32(head[:8]) != head_crc:
             if not any(head) and self._rest_is_zero():  # size grew, data never landed
-                raise _TornTail
+                raise _TornTail(zeros=True)
             raise _Unframed("corrupt record header (checksum mismatch)")
         if length > MAX_PAYLOAD_BYTES:
             raise _Unframed(f"record of {length} bytes (larger than any writer makes)")
@@ -564,19 +571,31 @@ class TraceReader:
                 return False
         return True
 
+    def _zeros_from(self, offset: int) -> int:
+        """The zero bytes of the torn last frame at `offset` past its frame header (whose
+        length holds zeros; a JSON payload none): at most the longest frame a writer makes."""
+        self._file.seek(offset + FRAME_HEADER_SIZE)
+        zeros = 0
+        while chunk := self._file.read(_CHUNK):
+            zeros += chunk.count(0)
+        return zeros
+
     def raw(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """(offset, record dict) for every intact frame after the header, unknown kinds
         included; damage is counted (restarting on every call), not raised."""
         self._file.seek(self._data_start)
-        self.torn_tail_bytes = self.corrupt = self.unread_bytes = 0
+        self.torn_tail_bytes = self.torn_tail_zeros = self.corrupt = self.unread_bytes = 0
         self.corrupt_at = self.unread_at = ""
         self.unread_to_end = False
         offset = self._data_start
         while True:
             try:
                 payload = self._frame_at(offset)
-            except _TornTail:
+            except _TornTail as torn:
                 self.torn_tail_bytes = self._size() - offset
+                self.torn_tail_zeros = (
+                    self.torn_tail_bytes if torn.zeros else self._zeros_from(offset)
+                )
                 return
             except _Unframed as what:
                 found = self._next_frame(offset)
@@ -670,9 +689,13 @@ class TraceReader:
                 "be read (the trace is damaged)"
             )
         if self.torn_tail_bytes:
+            why = (
+                f", {self.torn_tail_zeros} of them zeros ({ZEROS_LOST})"
+                if self.torn_tail_zeros
+                else "; the writer stopped mid-write"
+            )
             notes.append(
-                f"{self.path}: torn last record dropped ({self.torn_tail_bytes} bytes; "
-                "the writer stopped mid-write)"
+                f"{self.path}: torn last record dropped ({self.torn_tail_bytes} bytes{why})"
             )
         if self.skipped:
             kinds = ", ".join(f"{k} ({n})" for k, n in sorted(self.skipped.items()))

@@ -16,6 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from gpujitter.daemon.sinks.jsonlog import ZEROS_LOST
 from gpujitter.daemon.sinks.trace import (
     FRAME_HEADER_SIZE,
     PREAMBLE_SIZE,
@@ -152,6 +153,11 @@ def test_zero_filled_tail_is_a_torn_tail(tmp_path: Path) -> None:
     got, reader = read(path)
     assert got == events
     assert reader.torn_tail_bytes == 5000
+    # said as the zeros they are, in the JSON-lines readers' words, not as a writer stopped
+    (note,) = reader.damage_notes()
+    assert note.endswith(
+        f"torn last record dropped (5000 bytes, 5000 of them zeros ({ZEROS_LOST}))"
+    )
     # A size set with no data written (sparse): its holes are skipped, not read (4 GiB of
     # them took half a minute), and data after a hole is still looked at.
     with open(path, "r+b") as f:
@@ -163,6 +169,11 @@ def test_zero_filled_tail_is_a_torn_tail(tmp_path: Path) -> None:
     got, reader = read(path)
     assert got == events and reader.unread_bytes == 5000 + (4 << 30) + 1
     assert "corrupt record header (checksum mismatch)" in reader.damage_notes()[0]
+    # a frame cut short, no zeros in its payload (its length's are no crash's): as before
+    path.unlink()
+    path.write_bytes(write_trace(path, events)[:-3])
+    (note,) = read(path)[1].damage_notes()
+    assert note.endswith("bytes; the writer stopped mid-write)")
 
 
 @pytest.mark.parametrize("bit", [0, 20, 31, 40, 64])  # the length's, its checksum's
