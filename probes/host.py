@@ -225,6 +225,13 @@ def read_raw(path: str | Path) -> bytes | None:
         return None
 
 
+def boot_id(paths: HostPaths) -> str:
+    """This boot's id (/proc/sys/kernel/random/boot_id, a UUID the kernel draws at each
+    boot): what tells a recording's boots apart, their monotonic clocks each beginning at
+    zero. "" where it cannot be read."""
+    return (read_text(paths.proc / "sys/kernel/random/boot_id") or "").strip()
+
+
 def status_fields(paths: HostPaths, pid: int | str) -> dict[str, str]:
     """/proc/PID/status as {'Name': 'python3', 'Cpus_allowed_list': '0-3', ...}; {} when it
     cannot be read. A name's invalid bytes read as U+FFFD: the kernel takes any name, and

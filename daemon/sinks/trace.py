@@ -48,11 +48,12 @@ from gpujitter.probes.events import (
     to_json,
     typed,
 )
+from gpujitter.probes.host import HostPaths, boot_id
 from gpujitter.probes.topology import Topology
 
 MAGIC = b"\x89GJTRACE"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+FORMAT_MINOR = 1  # 1.1: the header's boot_id
 SUFFIX = ".gjtrace"
 
 _PREAMBLE = struct.Struct("<8sHH")  # then crc32 of these 12 bytes
@@ -104,6 +105,9 @@ class TraceHeader:
     schema: tuple[int, int] = (SCHEMA_MAJOR, SCHEMA_MINOR)  # of the events (docs/schema.md)
     session: str = ""
     segment: int = 0
+    # The node's boot (/proc/sys/kernel/random/boot_id): files of one boot share a monotonic
+    # clock; "" in files of writers before format 1.1
+    boot_id: str = ""
     # Gap-detection and attribution settings in force while recording (AnalysisConfig),
     # so that `report` replays with them; empty: the defaults of the reading version.
     analysis: Mapping[str, Any] = field(default_factory=dict)
@@ -116,7 +120,9 @@ class TraceHeader:
         thresholds: Mapping[str, Mapping[str, int]],
         watch: str = "",
         analysis: Mapping[str, Any] | None = None,
+        paths: HostPaths | None = None,
     ) -> TraceHeader:
+        """This node's header now; `paths`: where its /proc is (a recorded tree in tests)."""
         uname = os.uname()
         return cls(
             host=socket.gethostname(),
@@ -128,6 +134,7 @@ class TraceHeader:
             thresholds={p: dict(t) for p, t in thresholds.items()},
             watch=watch,
             session=uuid.uuid4().hex[:12],
+            boot_id=boot_id(paths or HostPaths()),
             analysis=dict(analysis or {}),
         )
 
@@ -143,6 +150,7 @@ class TraceHeader:
             "schema": list(self.schema),
             "session": self.session,
             "segment": self.segment,
+            "boot_id": self.boot_id,
             "start_ns": self.start_ns,
             "clock": {"ts_ns": self.clock.ts_ns, "realtime_ns": self.clock.realtime_ns},
             "probes": list(self.probes),
@@ -178,6 +186,7 @@ class TraceHeader:
             schema=schema,
             session=key("session", str, ""),
             segment=key("segment", int, 0),
+            boot_id=key("boot_id", str, ""),
             analysis=key("analysis", dict[str, Any], {}),
         )
 
@@ -835,6 +844,38 @@ class TraceSet:
         self.began: dict[ClockRef, Path] = {}  # a header's clock given as a meta.clock: its file
         self._read = 0  # bytes of the files read to their end
         self._reader: TraceReader | None = None
+
+    def boots(self) -> list[TraceSet]:
+        """Its files by the boot of the node they were written in (the header's `boot_id`:
+        each boot's monotonic clock begins at zero), each boot's in their order, the boots
+        in the order of their first file. A file of no boot id (a writer before format 1.1)
+        goes with the file before it (the first: with the boot after it); the readers tell a
+        restart among such files by their times. The files left out go with the first."""
+        boots: dict[str, TraceSet] = {}
+        key = ""
+        for path, header in zip(self.paths, self.headers, strict=True):
+            if header.boot_id and header.boot_id != key:
+                if key == "" and "" in boots:  # the files of no id so far: of this boot
+                    boots[header.boot_id] = boots.pop("")
+                key = header.boot_id
+            part = boots.setdefault(key, self._part())
+            part.paths.append(path)
+            part.headers.append(header)
+        parts = list(boots.values())
+        parts[0].unreadable = self.unreadable
+        return parts
+
+    def _part(self) -> TraceSet:
+        """An empty set of some of its files (boots)."""
+        part = object.__new__(TraceSet)
+        part.unreadable, part.paths, part.headers, part.damage = [], [], [], []
+        part.began, part._read, part._reader = {}, 0, None
+        return part
+
+    @property
+    def boot_known(self) -> bool:
+        """Whether each of its files names the boot it was written in."""
+        return all(h.boot_id for h in self.headers)
 
     def position(self) -> int:
         """Bytes read so far, of all the files (for progress)."""

@@ -41,7 +41,7 @@ def test_trace_shows_header_counts_span_and_damage(
     assert f["kinds"] == dict.fromkeys(kinds, 1) and doc["events"] == 5
     assert f["header"] == json.loads(json.dumps(header().to_record()))
     assert f["first_ns"] == min(ev.ts_ns for ev in every_kind()[:5])
-    assert (f["damage"], f["readable"], f["format"]) == ([], True, "1.0")
+    assert (f["damage"], f["readable"], f["format"]) == ([], True, "1.1")
 
 
 def test_trace_says_the_override_placed_gpu_minus_1(

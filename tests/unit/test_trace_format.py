@@ -18,6 +18,8 @@ import pytest
 
 from gpujitter.daemon.sinks.jsonlog import ZEROS_LOST
 from gpujitter.daemon.sinks.trace import (
+    FORMAT_MAJOR,
+    FORMAT_MINOR,
     FRAME_HEADER_SIZE,
     PREAMBLE_SIZE,
     TraceHeader,
@@ -30,6 +32,7 @@ from gpujitter.daemon.sinks.trace import (
 )
 from gpujitter.errors import GpujitterError
 from gpujitter.probes.events import AllocSyscall, Event, OffCpu, from_record, to_json, to_record
+from gpujitter.probes.host import HostPaths
 from tests.unit.sink_child import kill_when_ready, sink_writer
 from tests.unit.trace_samples import every_kind, header
 
@@ -82,7 +85,7 @@ def test_every_kind_round_trips_with_the_header(tmp_path: Path) -> None:
     got, reader = read(path)
     assert got == events
     assert reader.header == header()
-    assert reader.format_version == (1, 0)
+    assert reader.format_version == (1, 1)
     assert (reader.records, reader.torn_tail_bytes, reader.skipped) == (len(events), 0, {})
     assert reader.damage_notes() == []
 
@@ -619,3 +622,22 @@ def test_without_proc_the_writer_goes_through_its_temporary_name(
     finally:
         sink._can_name_unnamed.cache_clear()
     assert_the_one_trace(writer)
+
+
+def test_the_header_names_the_nodes_boot_and_one_without_it_reads(tmp_path: Path) -> None:
+    """Each file's header carries the boot it was written in (a reboot begins the monotonic
+    clock again; the readers tell a recording's boots apart by it), read from the host's
+    /proc; a header of a writer before format 1.1 has none and reads as ""."""
+    proc = tmp_path / "host/proc/sys/kernel/random"
+    proc.mkdir(parents=True)
+    (proc / "boot_id").write_text("3f9c2a7d-1e04-4b4e-9a52-6c1d0e7b8f21\n")
+    made = TraceHeader.now(header().topology, ["irq"], {}, paths=HostPaths.under(tmp_path / "host"))
+    assert made.boot_id == "3f9c2a7d-1e04-4b4e-9a52-6c1d0e7b8f21"
+    path = tmp_path / "t.gjtrace"
+    with TraceWriter(path, made) as w:
+        w.write(alloc(1))
+    with TraceReader(path) as reader:
+        assert reader.header.boot_id == made.boot_id
+        assert reader.format_version == (FORMAT_MAJOR, FORMAT_MINOR) == (1, 1)
+    older = {k: v for k, v in made.to_record().items() if k != "boot_id"}
+    assert TraceHeader.from_record(older).boot_id == ""
