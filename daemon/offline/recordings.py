@@ -15,6 +15,7 @@ and every command says what it is reading when it is not a trace.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import itertools
 import stat
 from collections.abc import Iterator, Sequence
@@ -45,7 +46,7 @@ from gpujitter.daemon.sinks.trace import (
 )
 from gpujitter.errors import GpujitterError
 from gpujitter.files import open_regular
-from gpujitter.probes.clock import Clocks, wall_ns
+from gpujitter.probes.clock import Clocks, format_wall, wall_ns
 from gpujitter.probes.events import (
     BadRecord,
     ClockRef,
@@ -212,17 +213,45 @@ class Recording:
 
     def __iter__(self) -> Iterator[Event]:
         """Its events, the wall clock's references among them; a reference that began a later
-        boot is kept in `_restarts` before it is given."""
+        boot is kept in `_restarts` before it is given (none where each trace file names its
+        boot: boots() reads each on its own)."""
         self._restarts.clear()
+        told = self._traces is not None and self._traces.boot_known
         clock, last_ns = self.header.clock, 0  # the latest reference, the latest record's time
         for ev in self._read_all():
             if type(ev) is ClockRef:
-                if _restarted(clock, ev, last_ns):
+                if not told and _restarted(clock, ev, last_ns):
                     self._restarts.add(ev)
+                    last_ns = 0  # the boot's records, for the next restart
                 clock = ev
             elif ev.ts_ns > last_ns:
                 last_ns = ev.ts_ns
             yield ev
+
+    def boots(self) -> Iterator[Boot]:
+        """Its boots of the node, oldest first, each to be read to its end before the next is
+        given: a trace's files by the boot their header names, and within those (files of no
+        boot id, a log's or an events file's lines) at each restart their times tell
+        (_restarted). A single boot's events are those the recording gives. Afterwards
+        `damage` is every boot's."""
+        parts = [self]
+        if self._traces is not None and len(sets := self._traces.boots()) > 1:
+            parts = [Recording(TRACE, t.paths, t.headers[0], _traces=t) for t in sets]
+        boots: list[Boot] = []
+        before = 0  # bytes of the parts read before
+        for part in parts:
+            events = iter(part)
+            clock: ClockRef | None = part.header.clock
+            while clock is not None:
+                boot = Boot(part, clock, len(boots) + 1, events, before, boots)
+                boots.append(boot)
+                yield boot
+                for _ in boot:  # what its reader left unread
+                    pass
+                clock = boot.next_clock
+            before += part.size
+        if parts[0] is not self:
+            self.damage = [note for part in parts for note in part.damage]
 
     def _read_all(self) -> Iterator[Event]:
         if self._traces is not None:
@@ -245,6 +274,84 @@ class Recording:
                         raise GpujitterError(_repeated(met[key], path))
                     met[key] = path
                 yield ev
+
+
+class Boot:
+    """One boot of the node in a recording: its events, read through their own pipeline and
+    shown by its own clock. `number` of `of` (`of` is known once every boot is read: boots()
+    is a stream); `boot_id` its trace header's ("" in other recordings and older traces);
+    `first_ns`, `last_ns`: the span of its records' times, once read."""
+
+    def __init__(
+        self,
+        rec: Recording,
+        clock: ClockRef,
+        number: int,
+        events: Iterator[Event],
+        before: int,
+        boots: list[Boot],
+    ) -> None:
+        self.rec = rec
+        self.clock = clock  # its first wall-clock reference
+        self.number = number
+        self.header = rec.header if number == 1 or clock == rec.header.clock else (
+            dataclasses.replace(rec.header, clock=clock, start_ns=clock.ts_ns)
+        )  # fmt: skip
+        self.boot_id = rec.header.boot_id if clock == rec.header.clock else ""
+        self.first_ns: int | None = None
+        self.last_ns: int | None = None
+        self.next_clock: ClockRef | None = None  # the reference that began the next boot
+        self._events = events
+        self._before = before
+        self._boots = boots
+        self._started = number > 1 and clock != rec.header.clock  # its first event: `clock`
+        self._done = False
+
+    @property
+    def of(self) -> int:
+        return len(self._boots)
+
+    def clocks(self) -> Clocks:
+        """Its wall clock's references, as Recording.clocks() gives a recording's."""
+        began = self.rec._traces.began if self.rec._traces is not None else {}
+        return Clocks(self.clock, began=began)
+
+    def line(self, clocks: Clocks) -> str:
+        """What introduces it, once read, by its clock: `boot 2 of 2: 3f9c2a7d, 2026-12-01
+        12:14:03.000000 +0000 to 12:40:00.000000`."""
+        which = self.boot_id[:8] or (
+            "no boot id (a restart told by its times)" if self.number > 1 else "no boot id"
+        )
+        first, last = self.first_ns, self.last_ns
+        if first is None or last is None:
+            return f"boot {self.number} of {self.of}: {which}, no records"
+        return (
+            f"boot {self.number} of {self.of}: {which}, "
+            f"{format_wall(clocks.at(first), first, date=True)} to "
+            f"{format_wall(clocks.at(last), last)}"
+        )
+
+    def position(self) -> int | None:
+        """Bytes read so far, of the whole recording (for progress)."""
+        at = self.rec.position()
+        return None if at is None else self._before + at
+
+    def __iter__(self) -> Iterator[Event]:
+        """Its events, once: the stream goes on to the next boot's."""
+        if self._done:
+            return
+        if self._started:  # the reference that began it, met at the end of the boot before
+            self._started = False
+            yield self.clock
+        for ev in self._events:
+            if type(ev) is ClockRef and ev in self.rec._restarts:
+                self.next_clock, self._done = ev, True
+                return
+            t = ev.ts_ns
+            self.first_ns = t if self.first_ns is None else min(self.first_ns, t)
+            self.last_ns = t if self.last_ns is None else max(self.last_ns, t)
+            yield ev
+        self._done = True
 
 
 def _restarted(clock: ClockRef, ref: ClockRef, last_ns: int) -> bool:

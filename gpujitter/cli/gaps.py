@@ -18,7 +18,7 @@ from gpujitter.cli.progress import Progress
 from gpujitter.daemon.analysis.gaps import UNKNOWN_GPU, GapConfig
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
-from gpujitter.daemon.offline.recordings import TRACE, open_recording
+from gpujitter.daemon.offline.recordings import TRACE, Boot, open_recording
 from gpujitter.daemon.service.config import parse_value
 from gpujitter.daemon.service.runtime import ListSource, LiveSource, Runtime, Sink
 from gpujitter.errors import GpujitterError
@@ -190,6 +190,20 @@ LIVE_ONLY = ("duration", "quiet_stretch", "sync_block", "libcuda", "save_events"
              "nvml_record", "pid", "comm", "cgroup", "pod", "slurm_job")  # fmt: skip
 
 
+def _restart_said(out: Printer, boot: Boot) -> None:
+    """Where a later boot's gaps begin: a line on standard error (the boots' spans are said
+    at the end), or with --json a `recording.boot` record before its gaps."""
+    if out.as_json:
+        print_ndjson({"type": "recording.boot", "boot": boot.number, "boot_id": boot.boot_id,
+                      "clock": to_record(boot.clock)})  # fmt: skip
+        return
+    which = boot.boot_id[:8] or "no boot id (a restart told by its times)"
+    print(printable(f"# the node restarted: boot {boot.number}, {which}, its clock from "
+                    f"{format_wall(boot.clock, boot.clock.ts_ns, date=True)}; the gaps below "
+                    "are this boot's, through a detector of their own"),
+          file=sys.stderr)  # fmt: skip
+
+
 def replay(args: argparse.Namespace, out: Printer) -> int:
     """The detector over any recording's events; an attribution log's gaps as it logged them
     (it holds no events to detect from)."""
@@ -200,18 +214,27 @@ def replay(args: argparse.Namespace, out: Printer) -> int:
         raise GpujitterError(f"--replay-events: {err}") from None
     if rec.kind != TRACE and not args.json:
         print(printable(f"# reading {rec.what}"), file=sys.stderr)
-    out.clocks = rec.clocks() if rec.wall_clock else None
+    boots: list[tuple[Boot, Clocks | None]] = []
     # on a terminal the gaps printed as they are found show how far it is: no line between
     with Progress(rec.size, shown=sys.stderr.isatty() and not sys.stdout.isatty()) as progress:
-        Runtime(
-            ListSource(progress.events(rec, rec.position), label=rec.what), rec.header.topology,
-            sinks=[_Shown(out, live=False, analysed=rec.analysed)],
-            analysis=None if rec.analysed else lambda _: analysis,
-            signals=False,
-        ).run()  # fmt: skip
-    if out.clocks is not None and not args.json:  # what moved the times printed
-        for note in out.clocks.notes:
-            print(printable(f"# {note}"), file=sys.stderr)
+        for boot in rec.boots():  # each through its own detector, by its own clock
+            out.clocks = boot.clocks() if rec.wall_clock else None
+            boots.append((boot, out.clocks))
+            if boot.number > 1:
+                _restart_said(out, boot)
+            Runtime(
+                ListSource(progress.events(boot, boot.position), label=rec.what),
+                boot.header.topology,
+                sinks=[_Shown(out, live=False, analysed=rec.analysed)],
+                analysis=None if rec.analysed else lambda _: analysis,
+                signals=False,
+            ).run()  # fmt: skip
+            if out.clocks is not None and not args.json:  # what moved the times printed
+                for note in out.clocks.notes:
+                    print(printable(f"# {note}"), file=sys.stderr)
+    if len(boots) > 1 and not args.json:
+        for boot, clocks in boots:
+            print(printable(f"# {boot.line(clocks or Clocks(boot.clock))}"), file=sys.stderr)
     for note in rec.damage:  # what the reading tolerated (a torn tail, skipped kinds)
         print(printable(f"damage: {note}"), file=sys.stderr)
     return 0

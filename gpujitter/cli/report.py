@@ -13,8 +13,8 @@ import stat
 import sys
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TextIO
@@ -28,7 +28,7 @@ from gpujitter.daemon.analysis.engine.causes import cause_label
 from gpujitter.daemon.analysis.pipeline import AnalysisConfig, Pipeline
 from gpujitter.daemon.analysis.records import Attribution, GpuGap
 from gpujitter.daemon.offline.longest import Longest
-from gpujitter.daemon.offline.recordings import TRACE, Recording, open_recording
+from gpujitter.daemon.offline.recordings import TRACE, Boot, Recording, open_recording
 from gpujitter.daemon.sinks.trace import TraceHeader, file_identity
 from gpujitter.errors import GpujitterError
 from gpujitter.files import open_regular
@@ -167,6 +167,7 @@ def write_html(
     traces: Recording,
     start_ns: int,
     end_ns: int,
+    boots: int = 1,
 ) -> None:
     from gpujitter.daemon.offline.html_report import TITLE
 
@@ -176,6 +177,9 @@ def write_html(
         *([] if traces.wall_clock else ["no wall clock in it: times are since the node booted"]),
         *filter(None, [override_line(header.topology)]),
         *page.clocks.notes,
+        *([f"the node restarted during the recording: this page is its first boot's, of "
+           f"{boots} (the text report and --json give each); name each boot's files on "
+           "their own for a page of it"] if boots > 1 else []),
         *(f"damage: {note}" for note in traces.damage),
     ]  # fmt: skip
     text = page.render(title=f"{TITLE}{header.host}", meta=meta,
@@ -353,55 +357,32 @@ def run(args: argparse.Namespace) -> int:
     # recording is read, and an empty range is said then)
     if start is not None and end is not None and start.wall == end.wall and end.ns <= start.ns:
         raise GpujitterError(f"--to {args.end} is not after --from {args.start}")
-    config = AnalysisConfig.from_record(header.analysis)
-    clocks = traces.clocks()  # and each the run sent when its clock was set
-
-    def in_range(mono_ns: int) -> bool:
-        return (start is None or start.of(clocks, mono_ns) >= start.ns) and (
-            end is None or end.of(clocks, mono_ns) < end.ns
-        )
-
-    def wanted(ev: GpuGap | Attribution) -> bool:
-        return in_range(ev.ts_ns) and (not args.gpu or ev.gpu in args.gpu)
-
-    summary = Summary(args.top)
-    # the page's sums, counts and longest gaps, as they come (--json writes them aside)
-    page = _page(clocks, args.top) if args.html else None
-    gaps = 0
+    reports: list[BootReport] = []
     seen_gpus: set[int] = set()
     span: list[int] = []  # first and last event time in the range, for the HTML charts
-
-    def events() -> Iterator[Event]:
-        for ev in progress.events(traces, traces.position):
-            if type(ev) is ClockRef:
-                clocks.add(ev)
-            if in_range(t := ev.ts_ns):
-                span[:] = [min(span[0], t), max(span[1], t)] if span else [t] * 2
-            yield ev
+    page: Page | None = None
 
     with JsonSpool() if args.json else contextlib.nullcontext() as spool:
         with Progress(traces.size) as progress:
-            pipeline = None if traces.analysed else Pipeline(header.topology, config)
-            found = events() if pipeline is None else pipeline.run(events())
-            for out in found:
-                if isinstance(out, (GpuGap, Attribution)):
-                    seen_gpus.add(out.gpu)
-                if isinstance(out, Attribution) and wanted(out):
-                    summary.add(out)
-                    if page is not None:
-                        page.add(out)
-                    if spool is not None:
-                        spool.add(out)
-                elif isinstance(out, GpuGap) and wanted(out):
-                    gaps += 1
-            if pipeline is not None:
-                traces.damage += late_note(pipeline)
+            for boot in traces.boots():
+                # a later boot's monotonic clock is another: an offset is set against it by
+                # the wall time it is on the first boot's clock
+                first = reports[0].clocks if reports else None
+                this = BootReport(boot, boot.clocks(), Summary(args.top),
+                                  _on(start, first), _on(end, first))  # fmt: skip
+                reports.append(this)
+                if page is None and args.html:  # (the page is the first boot's clock's)
+                    page = _page(this.clocks, args.top)
+                _read_boot(this, traces, progress, args, seen_gpus, span, page, spool)
+        several = len(reports) > 1
+        traces.damage += [f"boot {r.boot.number}: {n}" if several else n
+                          for r in reports for n in r.late]  # fmt: skip
         # with the page on standard output, the report goes beside it
         told = sys.stderr if args.html == STDOUT else sys.stdout
         if page is not None:
-            first, last = span or [header.start_ns] * 2
-            write_html(html, page, header, traces, chart_end(start, first), chart_end(end, last))
-        by_gpu = summary.by_gpu()
+            first_ns, last_ns = span or [header.start_ns] * 2
+            write_html(html, page, header, traces, chart_end(start, first_ns),
+                       chart_end(end, last_ns), len(reports))  # fmt: skip
         if spool is not None:
             spool.print_document({
                 "traces": [str(p) for p in traces.paths],
@@ -412,7 +393,8 @@ def run(args: argparse.Namespace) -> int:
                 "topology_override": header.topology.override,
                 "topology_unknown_gpu_node": header.topology.unknown_gpu_node,
                 "damage": traces.damage,
-                "summary": {str(g): s for g, s in by_gpu.items()},
+                "summary": {str(g): s for g, s in _over_all(reports).items()},
+                **({"boots": [r.to_json() for r in reports]} if len(reports) > 1 else {}),
             }, told)  # fmt: skip
             return 0
     # A trace is a file from elsewhere: whatever it holds is shown inert (gpujitter.text).
@@ -420,18 +402,140 @@ def run(args: argparse.Namespace) -> int:
     say(printable(reading_line(traces)))
     if header.topology.override:
         say(printable(override_line(header.topology)))
-    for note in clocks.notes:  # what moved the times printed below
-        say(printable(note))
+    if len(reports) > 1:
+        say(f"the node restarted during the recording: {len(reports)} boots, each read "
+            "through its own gap detection and attribution and shown by its own clock, "
+            "oldest first; each boot's totals are its own")  # fmt: skip
+    else:
+        for note in reports[0].clocks.notes:  # what moved the times printed below
+            say(printable(note))
     for note in traces.damage:
         say(f"damage: {printable(note)}")
+    for r in reports:
+        if len(reports) > 1:
+            say(f"\n{r.boot.line(r.clocks)}")
+            for note in r.clocks.notes:
+                say(printable(note))
+        _say_boot(r, say, traces, args.gpu, seen_gpus)
+    return 0
+
+
+@dataclass(slots=True)
+class BootReport:
+    """One boot's part of a report: its clock, its sums and longest gaps, its gaps counted,
+    and --from/--to on its clock."""
+
+    boot: Boot
+    clocks: Clocks
+    summary: Summary
+    start: When | None
+    end: When | None
+    gaps: int = 0
+    late: list[str] = field(default_factory=list)  # late_note's
+
+    def in_range(self, mono_ns: int) -> bool:
+        start, end, clocks = self.start, self.end, self.clocks
+        return (start is None or start.of(clocks, mono_ns) >= start.ns) and (
+            end is None or end.of(clocks, mono_ns) < end.ns
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        boot = self.boot
+        first, last = boot.first_ns, boot.last_ns
+        return {
+            "boot": boot.number,
+            "boot_id": boot.boot_id,
+            "first_wall_ns": None if first is None else self.clocks.wall_ns(first),
+            "last_wall_ns": None if last is None else self.clocks.wall_ns(last),
+            "clock": self.clocks.notes,
+            # its attributions: the next this many of the document's, in order
+            "attributions": self.summary.attributed,
+            "summary": {str(g): s for g, s in self.summary.by_gpu().items()},
+        }
+
+
+def _on(when: When | None, first: Clocks | None) -> When | None:
+    """A point in time for a later boot (`first`: the first boot's clocks): an offset, on the
+    first boot's monotonic clock, as the wall time it is there."""
+    if when is None or when.wall or first is None:
+        return when
+    return When(first.wall_ns(when.ns), wall=True)
+
+
+def _read_boot(
+    r: BootReport,
+    traces: Recording,
+    progress: Progress,
+    args: argparse.Namespace,
+    seen_gpus: set[int],
+    span: list[int],
+    page: Page | None,
+    spool: JsonSpool | None,
+) -> None:
+    """One boot's events through a pipeline of its own, into its report."""
+    boot, clocks = r.boot, r.clocks
+    later = boot.number > 1  # (the HTML page is the first boot's)
+
+    def wanted(ev: GpuGap | Attribution) -> bool:
+        return r.in_range(ev.ts_ns) and (not args.gpu or ev.gpu in args.gpu)
+
+    def events() -> Iterator[Event]:
+        for ev in progress.events(boot, boot.position):
+            if type(ev) is ClockRef:
+                clocks.add(ev)
+            if r.in_range(t := ev.ts_ns) and not later:
+                span[:] = [min(span[0], t), max(span[1], t)] if span else [t] * 2
+            yield ev
+
+    config = AnalysisConfig.from_record(boot.header.analysis)
+    pipeline = None if traces.analysed else Pipeline(boot.header.topology, config)
+    found = events() if pipeline is None else pipeline.run(events())
+    for out in found:
+        if isinstance(out, (GpuGap, Attribution)):
+            seen_gpus.add(out.gpu)
+        if isinstance(out, Attribution) and wanted(out):
+            r.summary.add(out)
+            if page is not None and not later:
+                page.add(out)
+            if spool is not None:
+                spool.add(out)
+        elif isinstance(out, GpuGap) and wanted(out):
+            r.gaps += 1
+    if pipeline is not None:
+        r.late = late_note(pipeline)
+
+
+def _over_all(reports: list[BootReport]) -> dict[int, dict[str, Any]]:
+    """Per GPU its gaps, idle time and time by cause, over every boot."""
+    if len(reports) == 1:
+        return reports[0].summary.by_gpu()
+    total = Summary(0)
+    for r in reports:
+        for gpu, s in r.summary.per_gpu.items():
+            t = total.per_gpu[gpu]
+            t["gaps"] += s["gaps"]
+            t["idle_ns"] += s["idle_ns"]
+            t["causes"].update(s["causes"])
+    return total.by_gpu()
+
+
+def _say_boot(
+    r: BootReport,
+    say: Callable[..., None],
+    traces: Recording,
+    gpus: list[int],
+    seen_gpus: set[int],
+) -> None:
+    """One boot's per-cause tables and longest gaps, by its clock."""
+    summary, gaps = r.summary, r.gaps
     if not summary.attributed:
         say("no GPU idle gaps in this range" + (f" ({gaps} gaps, none attributed)" if gaps else ""))
-        if missing := sorted(set(args.gpu) - seen_gpus):
+        if missing := sorted(set(gpus) - seen_gpus):
             known = ", ".join(gpu_name(g) for g in sorted(seen_gpus)) or "none"
             say(f"{', '.join(gpu_name(g) for g in missing)}: not in this recording "
                 f"(GPUs with gaps: {known})")  # fmt: skip
-        return 0
-    for gpu, s in by_gpu.items():
+        return
+    for gpu, s in summary.by_gpu().items():
         say(f"\n{gpu_name(gpu)}: {s['gaps']} gaps, {format_ns(s['idle_ns'])} idle")
         rows = [
             (cause_label(cause), format_ns(ns), f"{100 * ns / max(s['idle_ns'], 1):.1f}%")
@@ -441,10 +545,9 @@ def run(args: argparse.Namespace) -> int:
     longest = summary.longest.items()
     say(f"\nlongest {len(longest)} gaps:")
     for a in longest:
-        say(one_line(a, clocks.at(a.ts_ns) if traces.wall_clock else None))
+        say(one_line(a, r.clocks.at(a.ts_ns) if traces.wall_clock else None))
         for remedy in a.remedies:
             say(f"    fix: {printable(remedy)}")
-    return 0
 
 
 COMMAND = Command(
@@ -456,7 +559,8 @@ COMMAND = Command(
         trace, and summarise: per GPU, the gaps and where their time went by cause; then
         the longest gaps, each with its breakdown and the fix for its main cause. The
         attributions are exactly those the daemon logged live for the same recording.
-        --json gives the summary and every attribution.
+        --json gives the summary and every attribution. A recording over a restart of
+        the node is read boot by boot, each boot by its own clock (docs/postmortem.md).
     """,
     examples="""
         # everything in a rotated recording

@@ -14,6 +14,7 @@ import os
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -208,11 +209,15 @@ def _earlier(ev: Event, by_ns: int) -> Event:
     return dataclasses.replace(ev, **times)
 
 
-def two_files(tmp_path: Path, *, ahead: int = 0, restart_at: int = 0) -> Path:
+def two_files(
+    tmp_path: Path, *, ahead: int = 0, restart_at: int = 0, boot_ids: tuple[str, str] = ("", "")
+) -> Path:
     """The example as two trace files of one recording, the wall clock set `ahead` between
     them (its second file's header takes the new clock); or, with `restart_at`, the second a
     recording of a later boot of the node, five minutes after the first's last record: its
-    monotonic clock began again, and its file begins at `restart_at` of it."""
+    monotonic clock began again, and its file begins at `restart_at` of it (past the first
+    file's records, where the boot came up slower). `boot_ids`: the headers' boot ids (a
+    writer of format 1.1), none by default (1.0)."""
     with TraceReader(EXAMPLE) as reader:
         header = reader.header
         events = list(reader)
@@ -230,6 +235,8 @@ def two_files(tmp_path: Path, *, ahead: int = 0, restart_at: int = 0) -> Path:
         clock = ClockRef(ts_ns=restart_at, realtime_ns=booted + restart_at)
         second = dataclasses.replace(header, session="b007ed0a9a10", start_ns=restart_at,
                                      clock=clock)  # fmt: skip
+    header = dataclasses.replace(header, boot_id=boot_ids[0])
+    second = dataclasses.replace(second, boot_id=boot_ids[1])
     for name, hdr, part in (("a", header, events[:half]), ("b", second, rest)):
         with TraceWriter(out / f"{name}.gjtrace", hdr) as w:
             for ev in part:
@@ -267,20 +274,107 @@ def test_a_restart_between_the_files_of_a_recording_is_said_and_moves_no_earlier
     """A later boot's file (the node restarted: its monotonic clock began again) begins at a
     monotonic time the files before it passed: its header's clock followed from there would
     print the earlier boot's later gaps by the later boot's clock. The restart is said, and
-    no reference is followed after it: the earlier boot's gaps print as they do alone."""
+    the earlier boot's gaps print as they do alone; gaps --replay-events says where the
+    later boot's gaps begin, and each boot's span at the end."""
     restarted = two_files(tmp_path, restart_at=265_000_000_000)  # its first file: from 258 s
     assert main(["report", "--top", "100", str(restarted / "a.gjtrace")]) == 0
     alone = longest_lines(capsys.readouterr().out)
     assert main(["report", "--top", "100", str(restarted)]) == 0
     out = capsys.readouterr().out
     assert set(alone) < set(longest_lines(out))
-    (said,) = [line for line in out.splitlines() if line.startswith("clock: ")]
-    assert said.startswith(
-        f"clock: the node restarted before {restarted / 'b.gjtrace'} began (its monotonic "
-        "clock began again; it booted at 2026-12-01 12:07:"
-    ) and said.endswith("read each boot's files on their own")
+    assert "the node restarted during the recording: 2 boots" in out
     assert main(["gaps", "--replay-events", str(restarted)]) == 0
-    assert f"# {said}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "# the node restarted: boot 2, no boot id (a restart told by its times), its clock " \
+        "from 2026-12-01 12:11:26." in err  # fmt: skip
+    assert "# boot 2 of 2: no boot id (a restart told by its times), 2026-12-01 12:11:26." in err
+
+
+def sections(report: str) -> dict[str, list[str]]:
+    """A report's longest gaps per boot section ("boot 1 of 2: ..." lines), by that line."""
+    out: dict[str, list[str]] = {}
+    at = ""
+    for line in report.splitlines():
+        if line.startswith("boot "):
+            at = line
+        elif " idle " in line and " at " in line:
+            out.setdefault(at, []).append(line)
+    return out
+
+
+def alone(path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[list[str], Any]:
+    """A file's longest gaps and --json summary as report gives them read alone."""
+    assert main(["report", "--top", "100", *args, str(path)]) == 0
+    lines = longest_lines(capsys.readouterr().out)
+    assert main(["report", "--json", *args, str(path)]) == 0
+    return lines, json.loads(capsys.readouterr().out)
+
+
+def test_a_recording_across_a_restart_is_read_boot_by_boot_each_by_its_own_clock(
+    tmp_path: Path, utc: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A later boot's records were read after the earlier boot's, through one engine run and
+    out of time order, and printed by the earlier boot's clock (as early as 11:56 for a boot
+    of 12:07). Each boot (told here by its times: files of format 1.0) goes through its own
+    gap detection and attribution, its section introduced by one line and shown by its own
+    clock: each boot's gaps are those of its files read alone, at the same times."""
+    restarted = two_files(tmp_path, restart_at=265_000_000_000)
+    first, first_doc = alone(restarted / "a.gjtrace", capsys)
+    second, second_doc = alone(restarted / "b.gjtrace", capsys)
+    assert main(["report", "--top", "100", str(restarted)]) == 0
+    out = capsys.readouterr().out
+    assert "the node restarted during the recording: 2 boots" in out
+    got = sections(out)
+    assert list(got) == [
+        "boot 1 of 2: no boot id, 2026-12-01 12:01:44.774708 +0000 to 12:02:01.234681",
+        "boot 2 of 2: no boot id (a restart told by its times), 2026-12-01 "
+        "12:11:26.235681 +0000 to 12:11:42.429403",
+    ]
+    assert list(got.values()) == [first, second]
+    assert main(["report", "--json", str(restarted)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    boots = doc["boots"]
+    assert [b["summary"] for b in boots] == [first_doc["summary"], second_doc["summary"]]
+    assert [b["attributions"] for b in boots] == [
+        len(first_doc["attributions"]),
+        len(second_doc["attributions"]),
+    ]
+    assert doc["attributions"] == first_doc["attributions"] + second_doc["attributions"]
+    # --from/--to by the wall clock each boot's gaps are printed by
+    assert main(["report", "--top", "100", "--from", "12:05:00", str(restarted)]) == 0
+    assert [g for g in sections(capsys.readouterr().out).values() if g] == [second]
+    assert main(["report", "--top", "100", "--to", "12:05:00", str(restarted)]) == 0
+    assert [g for g in sections(capsys.readouterr().out).values() if g] == [first]
+
+
+def test_a_restart_the_times_hide_is_told_by_the_headers_boot_ids(
+    tmp_path: Path, utc: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A later boot whose monotonic times begin above the earlier boot's records (a slower
+    boot, a shorter run before it) is no restart by its times: its header's clock was
+    followed as a clock set between the files, and both boots went through one engine run.
+    The headers' boot ids tell it: each boot on its own, as read alone."""
+    ids = ("3f9c2a7d-1e04-4b4e-9a52-6c1d0e7b8f21", "b007ed0a-9a10-4c2e-8d11-0a9e7c6b5d43")
+    above = two_files(tmp_path, restart_at=700_000_000_000, boot_ids=ids)
+    first, first_doc = alone(above / "a.gjtrace", capsys)
+    second, second_doc = alone(above / "b.gjtrace", capsys)
+    assert main(["report", "--top", "100", str(above)]) == 0
+    out = capsys.readouterr().out
+    got = sections(out)
+    assert [line.split(",")[0] for line in got] == [
+        "boot 1 of 2: 3f9c2a7d",
+        "boot 2 of 2: b007ed0a",
+    ]
+    assert list(got.values()) == [first, second]
+    assert not [line for line in out.splitlines() if line.startswith("clock: ")]
+    assert main(["report", "--json", str(above)]) == 0
+    boots = json.loads(capsys.readouterr().out)["boots"]
+    assert [(b["boot_id"], b["summary"]) for b in boots] == [
+        (ids[0], first_doc["summary"]),
+        (ids[1], second_doc["summary"]),
+    ]
+    # each file read alone, one boot: its report as before, no section
+    assert "boot " not in "".join(first) and "boots" not in first_doc
 
 
 @pytest.mark.parametrize("kind", [TRACE, EVENTS, LOG])
