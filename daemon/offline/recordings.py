@@ -213,14 +213,18 @@ class Recording:
 
     def __iter__(self) -> Iterator[Event]:
         """Its events, the wall clock's references among them; a reference that began a later
-        boot is kept in `_restarts` before it is given (none where each trace file names its
-        boot: boots() reads each on its own)."""
+        boot is kept in `_restarts` before it is given: where each trace file names its boot,
+        a file's of another boot; else one its times tell (_restarted)."""
         self._restarts.clear()
         told = self._traces is not None and self._traces.boot_known
         clock, last_ns = self.header.clock, 0  # the latest reference, the latest record's time
         for ev in self._read_all():
             if type(ev) is ClockRef:
-                if not told and _restarted(clock, ev, last_ns):
+                if (
+                    ev in self._traces.rebooted
+                    if told and self._traces is not None
+                    else _restarted(clock, ev, last_ns)
+                ):
                     self._restarts.add(ev)
                     last_ns = 0  # the boot's records, for the next restart
                 clock = ev

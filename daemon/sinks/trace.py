@@ -842,6 +842,8 @@ class TraceSet:
         self.headers = [h for _, h in headers]
         self.damage: list[str] = []
         self.began: dict[ClockRef, Path] = {}  # a header's clock given as a meta.clock: its file
+        # the header clocks given that began another boot (its boot_id), for what says it
+        self.rebooted: set[ClockRef] = set()
         self._read = 0  # bytes of the files read to their end
         self._reader: TraceReader | None = None
 
@@ -869,7 +871,7 @@ class TraceSet:
         """An empty set of some of its files (boots)."""
         part = object.__new__(TraceSet)
         part.unreadable, part.paths, part.headers, part.damage = [], [], [], []
-        part.began, part._read, part._reader = {}, 0, None
+        part.began, part.rebooted, part._read, part._reader = {}, set(), 0, None
         return part
 
     @property
@@ -887,14 +889,19 @@ class TraceSet:
         self.damage = [f"{why}; left out" for _, why in self.unreadable]
         self.began.clear()
         self._read = 0
+        self.rebooted.clear()
         clock = self.headers[0].clock  # the latest reference read
+        boot = self.headers[0].boot_id
         for path, header in zip(self.paths, self.headers, strict=True):
             with TraceReader(path) as reader:
                 self._reader = reader
-                if stepped(clock, header.clock):  # set since the files before were written
-                    self.began[header.clock] = path
+                # (a file of another boot: its clock is another timeline's)
+                if boot and header.boot_id and header.boot_id != boot:
+                    self.rebooted.add(header.clock)
+                if stepped(clock, header.clock) or header.clock in self.rebooted:
+                    self.began[header.clock] = path  # set since the files before were written
                     yield header.clock
-                clock = header.clock
+                clock, boot = header.clock, header.boot_id or boot
                 for ev in reader:
                     if type(ev) is ClockRef:
                         clock = ev

@@ -373,6 +373,15 @@ def test_a_restart_the_times_hide_is_told_by_the_headers_boot_ids(
         (ids[0], first_doc["summary"]),
         (ids[1], second_doc["summary"]),
     ]
+    # what reads it as one stream (trace, export, top --replay) says the restart the ids
+    # tell, and follows no clock after it
+    rec = open_recording([above])
+    clocks = rec.clocks()
+    for ev in rec:
+        if type(ev) is ClockRef:
+            clocks.add(ev)
+    (said,) = clocks.notes
+    assert said.startswith(f"clock: the node restarted before {above / 'b.gjtrace'} began")
     # each file read alone, one boot: its report as before, no section
     assert "boot " not in "".join(first) and "boots" not in first_doc
 
