@@ -145,6 +145,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"{printable(str(path))}\n  damage: {printable(why)} (left out)")
         if len(files) + len(unreadable) > 1:
             print(f"total: {len(files)} files, {result['events']} events")
+            if len(boots := traces.boots()) > 1:  # each a timeline of its own (report reads so)
+                print(printable(f"boots: {len(boots)}, " + "; ".join(
+                    f"{b.headers[0].boot_id[:8] or 'no boot id'}: {len(b.paths)} file(s)"
+                    for b in boots)))  # fmt: skip
             print(table(["KIND", "EVENTS"], sorted(kinds.items())))
     return 0 if all(f["readable"] for f in files) and not unreadable else 1
 
@@ -195,7 +199,8 @@ def describe(f: dict[str, Any], header: TraceHeader, clocks: Clocks) -> str:
     lines = [
         f"{f['path']}  ({format_bytes(f['bytes'])}, format {f['format']}, "
         f"schema {h['schema'][0]}.{h['schema'][1]}, gpujitter {h['gpujitter']})",
-        f"  host {h['host']}, kernel {h['kernel']}, session {h['session']} segment {h['segment']}",
+        f"  host {h['host']}, kernel {h['kernel']}, session {h['session']} segment {h['segment']}"
+        + (f", boot {header.boot_id}" if header.boot_id else ""),
         f"  started {format_wall(header.clock, header.start_ns, date=True)}; "
         f"events {span or 'none'}",
         *(f"  {note}" for note in f["clock_set"]),

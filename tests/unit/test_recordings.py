@@ -373,6 +373,11 @@ def test_a_restart_the_times_hide_is_told_by_the_headers_boot_ids(
         (ids[0], first_doc["summary"]),
         (ids[1], second_doc["summary"]),
     ]
+    # trace names each file's boot, and the boots
+    assert main(["trace", str(above)]) == 0
+    listed = capsys.readouterr().out
+    assert f"segment 0, boot {ids[0]}" in listed and f"segment 0, boot {ids[1]}" in listed
+    assert "boots: 2, 3f9c2a7d: 1 file(s); b007ed0a: 1 file(s)" in listed
     # what reads it as one stream (trace, export, top --replay) says the restart the ids
     # tell, and follows no clock after it
     rec = open_recording([above])
