@@ -96,6 +96,7 @@ class _Stream:
     skipped: int = 0  # samples the ring dropped before they were read
     due_ns: int = 0  # when it is read next
     read_ns: int = 0  # when fresh samples were last read
+    checked_ns: int = 0  # when its silence was last checked for stamps that moved back
 
     def every_ns(self) -> int:
         return read_every_ns(self.metric, self.ring, self.period_ns)
@@ -184,6 +185,8 @@ class GpuSampler:
         metric = stream.metric
         got = self.nvml.samples(gpu.index, metric, stream.last_seen_us)
         read_at = self._clock()  # every sample returned existed by now
+        if got == [] and self._moved_back(gpu, stream, read_at, offsets):
+            got = self.nvml.samples(gpu.index, metric, stream.last_seen_us)
         if not got:
             return
         first_read = stream.last_seen_us == 0
@@ -235,6 +238,46 @@ class GpuSampler:
             gpu.remapped += 1
             self._clock_map(gpu, read_at)
         stream.read_ns = read_at
+
+    def _moved_back(
+        self, gpu: _Gpu, stream: _Stream, read_at: int, offsets: Mapping[str, int]
+    ) -> bool:
+        """Whether NVML's stamps moved back behind the newest one read, the offset then taken
+        anew. NVML takes up a step of the host's wall clock back in the end: on an H100, 61 s
+        after a step of 60 s back, its stamps went from 60 s ahead of the wall clock to 9 ms
+        behind it at once (bench/results/h100/nvml-clock-step-long-68b1586.json). Asked for
+        the samples after the newest stamp read, it then gives none until its stamps pass
+        that stamp again, as long as the step: a silence _hold never sees. So a stream that
+        has had no sample for a period and STAMPS_MOVED_NS reads its ring whole once, and
+        where the ring's newest stamp lies that far before the newest read, every stream of
+        the GPU reads on from its last read, by the offset now in force."""
+        period = stream.period_ns or NOMINAL_PERIOD_NS[stream.metric]
+        since = max(stream.read_ns, stream.checked_ns)
+        if gpu.calibration is None or not since or read_at - since < period + STAMPS_MOVED_NS:
+            return False
+        stream.checked_ns = read_at
+        ring = self.nvml.samples(gpu.index, stream.metric, 0)
+        if not ring or ring[-1].ts_us * 1000 > stream.last_seen_us * 1000 - STAMPS_MOVED_NS:
+            return False
+        # NVML took up the host's step where the host's offset now maps the ring's newest
+        # stamp to about now; where it does not (no step seen, or another), the offset is
+        # the one that does, by the calibration's median lag.
+        newest_ns, held = ring[-1].ts_us * 1000, gpu.offset_ns
+        gpu.offset_ns = offsets[gpu.calibration.source]
+        if (
+            not read_at - period - STAMPS_MOVED_NS
+            <= newest_ns - gpu.offset_ns
+            <= read_at + EARLY_NS
+        ):
+            gpu.offset_ns = newest_ns - read_at + gpu.calibration.lag_median_ns
+        gpu.remapped += 1
+        self._clock_map(gpu, read_at)
+        # Each stream's newest stamp read, moved as the stamps moved, is the same sample.
+        moved_us = (held - gpu.offset_ns) // 1000
+        for each in gpu.streams.values():
+            each.last_seen_us = max(0, each.last_seen_us - moved_us)
+        gpu.proc_last_us = 0  # the share's next read takes what the ring holds
+        return True
 
     def _calibrate(
         self,

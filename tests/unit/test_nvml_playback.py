@@ -12,6 +12,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -162,6 +164,76 @@ def test_a_stepped_wall_clock_moves_no_sample(training: Played, step_s: int) -> 
     got = [e for e in played.events if isinstance(e, GpuSample)]
     assert got == [e for e in training.events if isinstance(e, GpuSample)]
     assert played.sampler.gpus[0].remapped == 0
+
+
+class TakesUpTheStep(NvmlPlayback):
+    """The recording's NVML taking up a step of the host's wall clock `by_s` back from
+    `at_ns` on, as an H100's did 61 s after a step of 60 s: every stamp of its rings read
+    from then on lies by_s earlier, and so does the lastSeenTimeStamp each read passes."""
+
+    def __init__(self, recording: Path, at_ns: int, by_s: int, **kwargs: Any) -> None:
+        super().__init__(recording, **kwargs)
+        self.at_ns, self.by_us = at_ns, by_s * 10**6
+
+    def _ring_call(self, name: str, gpu: int | None, args: tuple[Any, ...]) -> Any:
+        if name != "nvmlDeviceGetSamples" or self.now() < self.at_ns:
+            return super()._ring_call(name, gpu, args)
+        *head, last_seen = args
+        value_type, samples = super()._ring_call(name, gpu, (*head, last_seen + self.by_us))
+        moved = [SimpleNamespace(**{**vars(s), "timeStamp": s.timeStamp - self.by_us})
+                 for s in samples]  # fmt: skip
+        return value_type, moved
+
+
+def test_stamps_that_took_up_a_step_back_are_read_on_from_the_last_read(training: Played) -> None:
+    """The host's wall clock stepped 5 s back midway, and NVML's stamps took it up 2 s
+    later: asked for the samples after the newest stamp read (then 5 s ahead of its
+    stamps), NVML gave none until its stamps passed it again, and the sampler was blind
+    for as long as the step (60 s on the H100). It reads its ring whole once a stream has
+    been silent for a period and a second, sees the stamps moved, takes the offset anew
+    and reads on from its last read: the same samples as the run without a step."""
+    clock = SteppedClock()
+    header, _ = load(TRAINING)
+    start = NvmlPlayback(TRAINING, clock=clock).now()
+    end = NvmlPlayback(TRAINING, clock=clock).end_ns
+    midway = (start + end) // 2
+    playback = TakesUpTheStep(TRAINING, midway + 2 * 10**9, 5, clock=clock)
+    true = offsets_from_header(header)
+
+    def stepped() -> dict[str, int]:
+        late = playback.now() >= midway
+        return {**true, "realtime": true["realtime"] - (5 * 10**9 if late else 0)}
+
+    events: list[Event] = []
+    sampler = GpuSampler(
+        Nvml(playback).open(), events.append, cpu_count=16, offsets=stepped, clock=playback.now
+    )
+    Played(playback, sampler, events, clock).run()
+    got = [e for e in events if isinstance(e, GpuSample)]
+    assert got == [e for e in training.events if isinstance(e, GpuSample)]
+    assert sampler.gpus[0].remapped == 1
+    moved = [e for e in events if isinstance(e, GpuClockMap)][-1]
+    assert moved.offset_ns == true["realtime"] - 5 * 10**9
+    assert midway + 2 * 10**9 < moved.ts_ns < midway + 4 * 10**9
+
+
+def test_stamps_that_moved_back_with_no_step_of_the_host_are_read_on() -> None:
+    """Stamps that moved back with no step of the host's clock to say by how much: each
+    stream reads on from the time of its last read, not blind for 5 s."""
+    clock = SteppedClock()
+    first = NvmlPlayback(TRAINING, clock=clock)
+    at = (first.now() + first.end_ns) // 2
+    playback = TakesUpTheStep(TRAINING, at, 5, clock=clock)
+    played = Played(playback, GpuSampler(
+        Nvml(playback).open(), (events := []).append, cpu_count=16,
+        offsets=lambda: offsets_from_header(playback.header), clock=playback.now,
+    ), events, clock)  # fmt: skip
+    played.run()
+    assert played.sampler.gpus[0].remapped == 1
+    for metric in ("power", "util"):  # read on within a second and a period of the move
+        after = [e.ts_ns for e in events if isinstance(e, GpuSample) and e.metric == metric
+                 and e.ts_ns > at - 5 * 10**9]  # fmt: skip
+        assert after and min(after) < at - 5 * 10**9 + 1_500 * MS, metric
 
 
 def test_stamps_that_moved_are_mapped_with_the_offset_then_in_force() -> None:
