@@ -416,7 +416,14 @@ def run(args: argparse.Namespace) -> int:
             say(f"\n{r.boot.line(r.clocks)}")
             for note in r.clocks.notes:
                 say(printable(note))
-        _say_boot(r, say, traces, args.gpu, seen_gpus)
+        _say_boot(r, say, traces)
+    # said once, for the whole recording: a GPU named that no boot's gaps were on
+    if not any(r.summary.attributed for r in reports) and (
+        missing := sorted(set(args.gpu or ()) - seen_gpus)
+    ):
+        known = ", ".join(gpu_name(g) for g in sorted(seen_gpus)) or "none"
+        say(f"{', '.join(gpu_name(g) for g in missing)}: not in this recording "
+            f"(GPUs with gaps: {known})")  # fmt: skip
     return 0
 
 
@@ -519,21 +526,11 @@ def _over_all(reports: list[BootReport]) -> dict[int, dict[str, Any]]:
     return total.by_gpu()
 
 
-def _say_boot(
-    r: BootReport,
-    say: Callable[..., None],
-    traces: Recording,
-    gpus: list[int],
-    seen_gpus: set[int],
-) -> None:
+def _say_boot(r: BootReport, say: Callable[..., None], traces: Recording) -> None:
     """One boot's per-cause tables and longest gaps, by its clock."""
     summary, gaps = r.summary, r.gaps
     if not summary.attributed:
         say("no GPU idle gaps in this range" + (f" ({gaps} gaps, none attributed)" if gaps else ""))
-        if missing := sorted(set(gpus) - seen_gpus):
-            known = ", ".join(gpu_name(g) for g in sorted(seen_gpus)) or "none"
-            say(f"{', '.join(gpu_name(g) for g in missing)}: not in this recording "
-                f"(GPUs with gaps: {known})")  # fmt: skip
         return
     for gpu, s in summary.by_gpu().items():
         say(f"\n{gpu_name(gpu)}: {s['gaps']} gaps, {format_ns(s['idle_ns'])} idle")

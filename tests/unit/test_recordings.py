@@ -345,6 +345,9 @@ def test_a_recording_across_a_restart_is_read_boot_by_boot_each_by_its_own_clock
     assert [g for g in sections(capsys.readouterr().out).values() if g] == [second]
     assert main(["report", "--top", "100", "--to", "12:05:00", str(restarted)]) == 0
     assert [g for g in sections(capsys.readouterr().out).values() if g] == [first]
+    # a GPU no boot had gaps on is said once, for the recording, not once a boot
+    assert main(["report", "--gpu", "7", str(restarted)]) == 0
+    assert capsys.readouterr().out.count("GPU7: not in this recording") == 1
 
 
 def test_a_restart_the_times_hide_is_told_by_the_headers_boot_ids(
