@@ -234,10 +234,14 @@ class GpuSampler:
         if mapped > read_at + EARLY_NS or (
             stream.read_ns and mapped < stream.read_ns - period - STAMPS_MOVED_NS
         ):
-            gpu.offset_ns = offsets[gpu.calibration.source]
-            gpu.remapped += 1
-            self._clock_map(gpu, read_at)
+            self._remap(gpu, offsets[gpu.calibration.source], read_at)
         stream.read_ns = read_at
+
+    def _remap(self, gpu: _Gpu, offset_ns: int, now: int) -> None:
+        """NVML's stamps moved: the offset taken anew, counted and said (a gpu.clock record)."""
+        gpu.offset_ns = offset_ns
+        gpu.remapped += 1
+        self._clock_map(gpu, now)
 
     def _moved_back(
         self, gpu: _Gpu, stream: _Stream, read_at: int, offsets: Mapping[str, int]
@@ -263,15 +267,10 @@ class GpuSampler:
         # stamp to about now; where it does not (no step seen, or another), the offset is
         # the one that does, by the calibration's median lag.
         newest_ns, held = ring[-1].ts_us * 1000, gpu.offset_ns
-        gpu.offset_ns = offsets[gpu.calibration.source]
-        if (
-            not read_at - period - STAMPS_MOVED_NS
-            <= newest_ns - gpu.offset_ns
-            <= read_at + EARLY_NS
-        ):
-            gpu.offset_ns = newest_ns - read_at + gpu.calibration.lag_median_ns
-        gpu.remapped += 1
-        self._clock_map(gpu, read_at)
+        offset = offsets[gpu.calibration.source]
+        if not read_at - period - STAMPS_MOVED_NS <= newest_ns - offset <= read_at + EARLY_NS:
+            offset = newest_ns - read_at + gpu.calibration.lag_median_ns
+        self._remap(gpu, offset, read_at)
         # Each stream's newest stamp read, moved as the stamps moved, is the same sample.
         moved_us = (held - gpu.offset_ns) // 1000
         for each in gpu.streams.values():
