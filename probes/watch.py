@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpujitter.probes import contract
-from gpujitter.probes.base import Counted, ProbeUnavailable, SliceCheck, comm_str
+from gpujitter.probes.base import (
+    OUT_OF_DESCRIPTORS,
+    Counted,
+    ProbeUnavailable,
+    SliceCheck,
+    comm_str,
+)
 from gpujitter.probes.bundle import Bundle, ModulePart, PartView
 from gpujitter.probes.contract import CFG_FLAGS, CFG_GEN, CFG_SELF_TGID, WATCH_ALL
 from gpujitter.probes.events import (
@@ -136,7 +142,7 @@ class WatchSpec:
 _T = TypeVar("_T")
 
 # What fails every read of /proc alike, not one process's: the whole set is then kept.
-SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+SHORTAGE = OUT_OF_DESCRIPTORS | {errno.ENOMEM}
 
 # What reading a cgroup's directory or its cgroup.procs fails with once the cgroup is
 # removed (ENODEV: while it dies); a threaded cgroup's cgroup.procs cannot be read (EOPNOTSUPP).
